@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Make this machine ready to run Castad: Python environment from the lock file,
+# PostgreSQL and RabbitMQ reachable, a Hangul font for video captions, then every
+# service database created and migrated and the RabbitMQ topology declared.
+# Idempotent: a second run only checks. Installs Debian packages only as root.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PG_HOST=127.0.0.1 PG_PORT=5432 AMQP_PORT=5672
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
+is_root() { [ "$(id -u)" = 0 ]; }
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+apt_install() {
+  is_root || return 1
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q "$@" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "$@" >/dev/null; }
+}
+wait_port() {
+  for _ in $(seq 1 60); do port_open "$1" "$2" && return 0; sleep 1; done
+  return 1
+}
+
+# 1. Python 3.11 and the virtual environment, from requirements.lock.
+PYTHON=""
+for candidate in python3.11 python3; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys, venv; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+    PYTHON=$(command -v "$candidate"); break
+  fi
+done
+if [ -z "$PYTHON" ]; then
+  apt_install python3 python3-venv && PYTHON=$(command -v python3) \
+    || die "Python 3.11 with venv is needed: apt-get install python3 python3-venv (Debian 12), then rerun."
+fi
+LOCK_SUM=$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.castad-lock 2>/dev/null)" != "$LOCK_SUM" ]; then
+  say "creating .venv from requirements.lock"
+  "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements.lock
+  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "$LOCK_SUM" > .venv/.castad-lock
+fi
+
+# 2. PostgreSQL on 127.0.0.1:5432, user postgres without a password.
+if ! port_open $PG_HOST $PG_PORT; then
+  if is_root; then
+    say "PostgreSQL not running: installing and starting Debian's postgresql"
+    apt_install postgresql || die "could not install postgresql"
+    version=$(ls /etc/postgresql | sort -V | tail -1)
+    hba=/etc/postgresql/$version/main/pg_hba.conf
+    if ! grep -q "castad: local trust" "$hba"; then
+      # Local development only: trust connections from this machine.
+      sed -i "1i host all postgres 127.0.0.1/32 trust # castad: local trust" "$hba"
+    fi
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start || pg_ctlcluster "$version" main reload
+    wait_port $PG_HOST $PG_PORT || die "PostgreSQL did not start; see /var/log/postgresql"
+  else
+    die "PostgreSQL is not reachable on $PG_HOST:$PG_PORT. As root run: apt-get install postgresql,
+then allow 'host all postgres 127.0.0.1/32 trust' in pg_hba.conf and start it
+(pg_ctlcluster <version> main start); or point CASTAD_*_DATABASE_URL at your server."
+  fi
+fi
+
+# 3. RabbitMQ on 127.0.0.1:5672 (guest/guest works from localhost).
+if ! port_open $PG_HOST $AMQP_PORT; then
+  if is_root; then
+    say "RabbitMQ not running: installing and starting Debian's rabbitmq-server"
+    apt_install rabbitmq-server || die "could not install rabbitmq-server"
+    rabbitmq-server -detached || true
+    wait_port $PG_HOST $AMQP_PORT || die "RabbitMQ did not start; see /var/log/rabbitmq"
+  else
+    die "RabbitMQ is not reachable on $PG_HOST:$AMQP_PORT. As root run: apt-get install rabbitmq-server
+and start it (rabbitmq-server -detached); or point CASTAD_AMQP_URL at your broker."
+  fi
+fi
+
+# 4. A font with Hangul glyphs for the captions (ffmpeg itself comes from imageio-ffmpeg).
+if ! .venv/bin/python -c 'from castad_video import provider; provider.find_hangul_font()' 2>/dev/null; then
+  if is_root; then
+    say "installing Debian's fonts-nanum for Korean captions"
+    apt_install fonts-nanum || die "could not install fonts-nanum"
+  else
+    die "No font with Hangul glyphs. As root run: apt-get install fonts-nanum, or set CASTAD_VIDEO_FONT_PATH."
+  fi
+fi
+
+# 5. Databases, migrations, exchange, queues and bindings.
+.venv/bin/castad-admin setup

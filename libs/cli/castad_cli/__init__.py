@@ -1,0 +1,1 @@
+"""`castad`: submit a brief, watch its progress live, show its status."""

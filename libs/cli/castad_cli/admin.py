@@ -1,0 +1,132 @@
+"""`castad-admin`: set up the local stack, run the demo, export schemas, list settings."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+import uuid
+from typing import Annotated
+
+import typer
+from castad_contracts import brief, schemas
+from castad_runtime import settings
+from pydantic_settings import BaseSettings
+from rich.console import Console
+
+from castad_cli import client as client_
+from castad_cli import main as cli_main
+from castad_cli import progress, stack
+
+app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
+console = Console()
+
+DEMO_BRIEF = brief.Brief(
+    customer_name="스테이 머뭄",
+    region="군산",
+    detail_region_info="바다가 보이는 조용한 한옥 스테이, 근대 골목 산책",
+    language=brief.Language.KOREAN,
+    genre=brief.Genre.KPOP,
+    orientation=brief.Orientation.VERTICAL,
+    duration_s=20,
+)
+
+
+@app.command()
+def setup() -> None:
+    """Create and migrate every service database and declare the RabbitMQ topology."""
+    for line in stack.prepare():
+        console.print(f"[green]✓[/] {line}")
+
+
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option(help="gateway port for the demo")] = 8000,
+    timeout_s: Annotated[float, typer.Option(help="give up after this long")] = 600.0,
+) -> None:
+    """Start every service, run one brief to a finished video, stop the services."""
+    setup()
+    logs = settings.REPO_ROOT / "var" / "log" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    services = stack.Stack({"CASTAD_API_PORT": str(port)}, logs)
+    base_url = f"http://127.0.0.1:{port}"
+    console.print(f"starting api, relay, lyric, song and video (logs in {logs})")
+    services.start_all()
+    try:
+        services.wait_ready(base_url)
+        client = client_.Client(base_url)
+        accepted = client.submit(DEMO_BRIEF, f"demo-{uuid.uuid4()}")
+        console.print(f"submitted {DEMO_BRIEF.customer_name} ({DEMO_BRIEF.region}): pipeline {accepted.id}")
+        deadline = time.monotonic() + timeout_s
+
+        def stream() -> client_.Iterator[tuple[str, dict[str, object]]]:
+            for item in client.events(accepted.id):
+                services.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"demo did not finish within {timeout_s} s")
+                yield item
+
+        progress.watch(stream(), console)
+        view = client.status(accepted.id)
+        if view.status != "SUCCEEDED":
+            console.print(f"[red]pipeline {view.status}: {view.error_code}: {view.error_message}")
+            raise typer.Exit(1)
+        for stage in view.stages:
+            assert stage.artifact is not None
+            console.print(f"{stage.stage.value:>6}: {cli_main._local_path(stage.artifact.uri)}")
+        video = view.stages[-1].artifact
+        assert video is not None
+        console.print(f"[bold green]Finished video:[/] {cli_main._local_path(video.uri)}")
+    finally:
+        services.stop_all()
+        console.print("services stopped")
+
+
+@app.command("schemas")
+def export_schemas(directory: pathlib.Path) -> None:
+    """Write every event's JSON Schema (and the envelope's and the brief's) into DIRECTORY."""
+    for path in schemas.write_schemas(directory):
+        console.print(str(path))
+
+
+def settings_table() -> str:
+    """Markdown table of every setting: variable, default, meaning."""
+    from castad_api import settings as api_settings
+    from castad_relay import settings as relay_settings
+    from castad_runtime.stage import service as stage_service
+    from castad_video import service as video
+
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    seen: set[str] = set()
+    sources: list[tuple[type[BaseSettings], str]] = [
+        (settings.CommonSettings, ""),
+        (api_settings.ApiSettings, "CASTAD_API_"),
+        (relay_settings.RelaySettings, "CASTAD_RELAY_"),
+        (stage_service.StageSettings, "CASTAD_<STAGE>_"),
+        (video.VideoSettings, "CASTAD_VIDEO_"),
+    ]
+    for cls, prefix in sources:
+        for name, field in cls.model_fields.items():
+            variable = settings.env_var(cls, name, prefix)
+            if variable in seen or (prefix == "CASTAD_VIDEO_" and name in stage_service.StageSettings.model_fields):
+                continue
+            seen.add(variable)
+            default = field.default
+            if name == "database_url" and prefix == "CASTAD_<STAGE>_":
+                default = settings.database_url_default("<stage>")
+            if isinstance(default, tuple):
+                default = ",".join(default)
+            if isinstance(default, pathlib.Path):
+                default = os.path.relpath(default, settings.REPO_ROOT)
+            shown = "" if default is None else str(default)
+            rows.append(f"| `{variable}` | `{shown}` | {field.description or ''} |")
+    return "\n".join(rows)
+
+
+@app.command("settings")
+def print_settings() -> None:
+    """Print the table of every setting (the README's copy must match it)."""
+    print(settings_table())
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,138 @@
+"""The local stack: the services of infra/local/Procfile, their databases and topology."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from castad_api import service as api_service
+from castad_api import settings as api_settings
+from castad_contracts import topology
+from castad_lyric import service as lyric_service
+from castad_runtime import messaging, migrations, settings
+from castad_song import service as song_service
+from castad_video import service as video_service
+
+PROCFILE = settings.REPO_ROOT / "infra" / "local" / "Procfile"
+
+
+@dataclasses.dataclass(frozen=True)
+class Database:
+    service: str
+    settings_class: type[Any]
+    migrations_dir: pathlib.Path
+
+
+DATABASES = (
+    Database("api", api_settings.ApiSettings, api_service.MIGRATIONS),
+    Database("lyric", lyric_service.LyricSettings, lyric_service.MIGRATIONS),
+    Database("song", song_service.SongSettings, song_service.MIGRATIONS),
+    Database("video", video_service.VideoSettings, video_service.MIGRATIONS),
+)
+
+
+def prepare(env: Mapping[str, str] | None = None) -> list[str]:
+    """Create and migrate every service database, declare the topology. Returns what was done."""
+    done = []
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        for database in DATABASES:
+            config = database.settings_class()
+            created = migrations.ensure_database(config.database_url)
+            migrations.upgrade(config.database_url, database.migrations_dir)
+            done.append(f"{database.service}: database {'created and ' if created else ''}migrated")
+        common = settings.CommonSettings()
+        messaging.declare_topology(common.amqp_url, topology.Topology(common.namespace))
+        done.append(f"rabbitmq: exchange, queues and bindings of namespace {common.namespace!r} declared")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return done
+
+
+def commands() -> dict[str, str]:
+    """Service name -> shell command, from the Procfile."""
+    result = {}
+    for line in PROCFILE.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, command = line.split(":", 1)
+            result[name.strip()] = command.strip()
+    return result
+
+
+class Stack:
+    """Each service as its own process, started, stopped and killed one by one."""
+
+    def __init__(self, env: Mapping[str, str], log_dir: pathlib.Path) -> None:
+        self.env = {**os.environ, "PYTHON": sys.executable, **env}
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands = commands()
+
+    def start(self, name: str, extra_env: Mapping[str, str] | None = None) -> None:
+        with (self.log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
+            self.processes[name] = subprocess.Popen(
+                self.commands[name],
+                shell=True,
+                env={**self.env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def start_all(self) -> None:
+        for name in self.commands:
+            self.start(name)
+
+    def signal(self, name: str, sig: int) -> None:
+        process = self.processes[name]
+        if process.poll() is None:
+            os.killpg(process.pid, sig)
+
+    def stop(self, name: str, timeout_s: float = 20.0) -> None:
+        process = self.processes.pop(name, None)
+        if process is None:
+            return
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+
+    def check_alive(self) -> None:
+        dead = {name: p.returncode for name, p in self.processes.items() if p.poll() is not None}
+        if dead:
+            raise RuntimeError(f"services exited: {dead}; logs in {self.log_dir}")
+
+    def wait_ready(self, base_url: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"gateway at {base_url} not ready after {timeout_s} s; logs in {self.log_dir}")

@@ -1,0 +1,69 @@
+"""The envelope every event travels in: CloudEvents 1.0 attribute names.
+
+`subject` is the pipeline id, `schemaversion` (a CloudEvents extension attribute)
+selects the payload model, and `traceparent`/`tracestate` carry the W3C trace
+context so that one pipeline is one trace.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from castad_contracts import events
+
+CONTENT_TYPE = "application/cloudevents+json"
+
+
+class Envelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    specversion: Literal["1.0"] = "1.0"
+    id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    source: str = Field(description="the producing service, e.g. /castad/lyric")
+    type: str = Field(description="event type, also the routing key")
+    subject: str = Field(description="the pipeline id")
+    time: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    datacontenttype: Literal["application/json"] = "application/json"
+    schemaversion: int = Field(default=1, ge=1)
+    traceparent: str | None = None
+    tracestate: str | None = None
+    data: dict[str, object]
+
+    def payload(self) -> events.Payload:
+        """The typed payload; raises UnknownEventType or pydantic.ValidationError."""
+        model = events.payload_model(self.type, self.schemaversion)
+        return model.model_validate(self.data)
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Envelope:
+        return cls.model_validate_json(raw)
+
+
+def wrap(
+    payload: events.Payload,
+    event_type: str,
+    source: str,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+) -> Envelope:
+    """Put a payload in a new envelope with the current schema version of its type."""
+    version = events.CURRENT_VERSION[event_type]
+    expected = events.payload_model(event_type, version)
+    if not isinstance(payload, expected):
+        raise TypeError(f"{event_type} v{version} carries {expected.__name__}, not {type(payload).__name__}")
+    return Envelope(
+        source=source,
+        type=event_type,
+        subject=payload.pipeline_id,
+        schemaversion=version,
+        traceparent=traceparent,
+        tracestate=tracestate,
+        data=payload.model_dump(mode="json"),
+    )

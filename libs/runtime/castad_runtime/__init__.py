@@ -1,0 +1,1 @@
+"""Runtime shared by Castad's services: database, outbox, inbox, messaging, stage machine."""

@@ -1,0 +1,58 @@
+"""The command line every service shares: `python -m castad_<service> run|migrate`."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pydantic
+import typer
+from pydantic_settings import BaseSettings
+
+from castad_runtime import migrations, settings
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(factory: type[S]) -> S:
+    """Read settings or stop with every bad variable named."""
+    try:
+        return factory()
+    except pydantic.ValidationError as error:
+        for problem in error.errors():
+            field = str(problem["loc"][0])
+            name = settings.env_var(factory, field) if field in factory.model_fields else field
+            typer.echo(f"bad setting {name}={problem.get('input')!r}: {problem['msg']}", err=True)
+        raise typer.Exit(2) from None
+
+
+def service_app(
+    name: str,
+    settings_factory: type[BaseSettings],
+    run: Callable[[Any], None],
+    migrations_dir: pathlib.Path | None,
+) -> typer.Typer:
+    app = typer.Typer(help=f"Castad {name} service.", no_args_is_help=True, add_completion=False)
+
+    @app.callback()
+    def main() -> None:
+        """Settings come from CASTAD_* environment variables (see the README)."""
+
+    @app.command("run")
+    def run_command() -> None:
+        """Run the service until SIGTERM or Ctrl-C."""
+        run(load_settings(settings_factory))
+
+    if migrations_dir is not None:
+
+        @app.command("migrate")
+        def migrate_command() -> None:
+            """Create the service's database if missing and apply every migration."""
+            config: Any = load_settings(settings_factory)
+            database_url = str(config.database_url)
+            migrations.ensure_database(database_url)
+            migrations.upgrade(database_url, migrations_dir)
+            typer.echo(f"{name}: database migrated")
+
+    return app

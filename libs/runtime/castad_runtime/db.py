@@ -1,0 +1,44 @@
+"""Engines, transactions and the post-commit outbox wake-up."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+
+OUTBOX_CHANNEL = "castad_outbox"
+_NOTIFY = "castad_notify"
+
+
+def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
+    return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=600)
+
+
+def notify_after_commit(conn: sa.Connection, channel: str, payload: str = "") -> None:
+    """Send NOTIFY channel, payload once this transaction has committed."""
+    conn.info.setdefault(_NOTIFY, set()).add((channel, payload))
+
+
+def mark_outbox_written(conn: sa.Connection) -> None:
+    notify_after_commit(conn, OUTBOX_CHANNEL)
+
+
+@contextlib.contextmanager
+def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """One local transaction, then its notifications (an outbox write wakes the relay).
+
+    The NOTIFY is sent after the commit, in its own statement: a NOTIFY inside the
+    writing transaction takes a database-wide lock at commit and serialises every
+    writer (see BENCHMARKS.md). A lost notification only delays the rows until the
+    relay's fallback poll.
+    """
+    with engine.connect() as conn:
+        conn.info.pop(_NOTIFY, None)
+        with conn.begin():
+            yield conn
+        notifications = conn.info.pop(_NOTIFY, None)
+        if notifications:
+            for channel, payload in sorted(notifications):
+                conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
+            conn.commit()

@@ -1,0 +1,66 @@
+"""Process lifecycle shared by the services: set-up, a Dramatiq worker, clean stop on a signal."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import dramatiq
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+from castad_runtime import logs, telemetry
+
+log = logging.getLogger(__name__)
+
+
+class Background(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def worker_id(service: str) -> str:
+    return f"{service}@{socket.gethostname()}:{os.getpid()}"
+
+
+def start_observability(service: str, log_level: str) -> None:
+    logs.setup(service, log_level)
+    telemetry.setup(service)
+
+
+class ConsumerWorker:
+    """A Dramatiq worker consuming the service's queue inside this process."""
+
+    def __init__(self, broker: RabbitmqBroker, threads: int) -> None:
+        self.worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=100)
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self.worker.stop(timeout=10_000)
+
+
+def run_until_signalled(service: str, parts: Sequence[Background], on_stop: Callable[[], None] | None = None) -> None:
+    """Start the parts, block until SIGTERM or SIGINT, stop them in reverse order."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    started: list[Background] = []
+    try:
+        for part in parts:
+            part.start()
+            started.append(part)
+        log.info("%s running", service)
+        stop.wait()
+        log.info("%s stopping", service)
+    finally:
+        for part in reversed(started):
+            part.stop()
+        if on_stop:
+            on_stop()
+        telemetry.shutdown()

@@ -1,0 +1,65 @@
+"""Settings every Castad process shares, read from CASTAD_* environment variables.
+
+Each service's settings class derives from one of these and adds its own fields
+under its own prefix (CASTAD_API_, CASTAD_LYRIC_, ...). Construction validates
+every value, so a composition root fails at start on a bad one.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Annotated
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
+DEFAULT_ARTIFACTS_DIR = REPO_ROOT / "var" / "artifacts"
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
+POSTGRES_URL = r"^postgresql(\+psycopg)?://"
+
+
+def env_var(cls: type[BaseSettings], field: str, prefix: str | None = None) -> str:
+    """The environment variable that sets `field` of a settings class."""
+    alias = cls.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return str(alias.choices[0])
+    return f"{cls.model_config.get('env_prefix', '') if prefix is None else prefix}{field}".upper()
+
+
+def _common(name: str) -> AliasChoices:
+    return AliasChoices(f"CASTAD_{name.upper()}")
+
+
+class CommonSettings(BaseSettings):
+    """Settings of every process (variables without a service prefix)."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    amqp_url: Annotated[
+        str, Field(validation_alias=_common("amqp_url"), pattern=r"^amqps?://", description="RabbitMQ to use")
+    ] = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    namespace: Annotated[
+        str,
+        Field(
+            validation_alias=_common("namespace"),
+            pattern=r"^[a-z][a-z0-9_-]*$",
+            description="prefix of exchange and queue names, so several installations can share a broker",
+        ),
+    ] = "castad"
+    artifacts_dir: Annotated[
+        pathlib.Path,
+        Field(validation_alias=_common("artifacts_dir"), description="where the stages write their files"),
+    ] = DEFAULT_ARTIFACTS_DIR
+    log_level: Annotated[
+        str,
+        Field(
+            validation_alias=_common("log_level"),
+            pattern=r"^(DEBUG|INFO|WARNING|ERROR)$",
+            description="DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr",
+        ),
+    ] = "INFO"
+
+
+def database_url_default(service: str) -> str:
+    return f"{DEFAULT_PG}/castad_{service}"

@@ -1,0 +1,1 @@
+"""The stage machine every stage service runs around its provider."""

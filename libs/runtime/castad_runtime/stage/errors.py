@@ -1,0 +1,24 @@
+"""Errors a provider raises; the stage machine decides retry or failure from them."""
+
+from __future__ import annotations
+
+
+class ProviderError(Exception):
+    """A provider call failed. `retryable` says whether another attempt may succeed."""
+
+    retryable: bool = True
+
+    def __init__(self, code: str, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class RetryableProviderError(ProviderError):
+    retryable = True
+
+
+class PermanentProviderError(ProviderError):
+    retryable = False

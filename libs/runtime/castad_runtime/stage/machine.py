@@ -1,0 +1,87 @@
+"""The stage state machine and retry policy: pure logic, no I/O.
+
+PENDING --claim--> RUNNING --ok--> SUCCEEDED
+   ^                  |
+   +-- due -- RETRY_WAIT <--retryable--+
+                      +--non-retryable or attempts exhausted--> FAILED
+(any non-terminal) --cancel--> CANCELED
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+
+
+class Status(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELED})
+CLAIMABLE = frozenset({Status.PENDING, Status.RETRY_WAIT})
+
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.RUNNING, Status.CANCELED}),
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.RETRY_WAIT, Status.FAILED, Status.CANCELED}),
+    Status.RETRY_WAIT: frozenset({Status.RUNNING, Status.CANCELED}),
+    Status.SUCCEEDED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.CANCELED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    pass
+
+
+def check_transition(current: Status, target: Status) -> None:
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransition(f"{current} -> {target} is not a stage transition")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter, up to max_attempts attempts in all."""
+
+    max_attempts: int = 5
+    base_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter must be within [0, 1]")
+        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
+            raise ValueError("need 0 <= base_delay_s <= max_delay_s")
+
+    def delay_s(self, failed_attempt: int, rng: random.Random) -> float:
+        """Delay after the given failed attempt (1-based): base * 2^(n-1), capped, minus jitter."""
+        ceiling = min(self.max_delay_s, self.base_delay_s * 2 ** (failed_attempt - 1))
+        return ceiling * (1 - self.jitter * rng.random())
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    status: Status
+    delay_s: float = 0.0
+
+
+def after_failure(
+    policy: RetryPolicy, attempt: int, max_attempts: int, retryable: bool, rng: random.Random
+) -> Decision:
+    """What a failed attempt leads to: another try later, or the end."""
+    if retryable and attempt < max_attempts:
+        return Decision(Status.RETRY_WAIT, policy.delay_s(attempt, rng))
+    return Decision(Status.FAILED)

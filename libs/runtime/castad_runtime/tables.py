@@ -1,0 +1,76 @@
+"""Tables the shared runtime reads and writes in a service's own database.
+
+Migrations create them (castad_runtime.migration_ops); a test checks that the
+migrated schema matches these definitions.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+metadata = sa.MetaData()
+
+TZ = sa.DateTime(timezone=True)
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("event_id", pg.UUID(as_uuid=True), nullable=False, unique=True),
+    sa.Column("pipeline_id", sa.Text, nullable=False),
+    sa.Column("routing_key", sa.Text, nullable=False),
+    sa.Column("envelope", pg.JSONB, nullable=False),
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("published_at", TZ),
+    sa.Index("outbox_unpublished", "id", postgresql_where=sa.text("published_at IS NULL")),
+)
+
+inbox = sa.Table(
+    "inbox",
+    metadata,
+    sa.Column("event_id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("event_type", sa.Text, nullable=False),
+    sa.Column("pipeline_id", sa.Text, nullable=False),
+    sa.Column("received_at", TZ, nullable=False, server_default=sa.func.now()),
+)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("pipeline_id", sa.Text, nullable=False, unique=True),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("due_at", TZ, nullable=False),
+    sa.Column("lease_owner", sa.Text),
+    sa.Column("lease_expires_at", TZ),
+    sa.Column("input", pg.JSONB, nullable=False),
+    sa.Column("result", pg.JSONB),
+    sa.Column("last_error_code", sa.Text),
+    sa.Column("last_error_message", sa.Text),
+    sa.Column("traceparent", sa.Text),
+    sa.Column("tracestate", sa.Text),
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("finished_at", TZ),
+    sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT')")),
+    sa.Index("jobs_leased", "lease_expires_at", postgresql_where=sa.text("status = 'RUNNING'")),
+)
+
+attempts = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("job_id", pg.UUID(as_uuid=True), sa.ForeignKey("jobs.id"), nullable=False),
+    sa.Column("number", sa.Integer, nullable=False),
+    sa.Column("worker", sa.Text, nullable=False),
+    sa.Column("started_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("finished_at", TZ),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("error_code", sa.Text),
+    sa.Column("error_message", sa.Text),
+    sa.UniqueConstraint("job_id", "number", name="attempts_job_number"),
+)

@@ -1,0 +1,75 @@
+"""OpenTelemetry set-up and W3C trace context carried in envelopes.
+
+Exporting follows the standard variables: spans go to OTLP over HTTP when
+OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set and
+OTEL_TRACES_EXPORTER is not "none"; OTEL_SERVICE_NAME overrides the service name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+_provider: TracerProvider | None = None
+
+
+def setup(service: str) -> None:
+    global _provider
+    if _provider is not None:
+        return
+    name = os.environ.get("OTEL_SERVICE_NAME") or f"castad-{service}"
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    if _otlp_wanted():
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    _provider = provider
+
+
+def _otlp_wanted() -> bool:
+    if os.environ.get("OTEL_TRACES_EXPORTER", "otlp") == "none":
+        return False
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def shutdown() -> None:
+    """Flush spans still buffered; call before the process exits."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def current_trace_headers() -> tuple[str | None, str | None]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent"), carrier.get("tracestate")
+
+
+def context_from(traceparent: str | None, tracestate: str | None) -> context.Context:
+    carrier = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
+    return propagate.extract(carrier)
+
+
+@contextlib.contextmanager
+def continued(traceparent: str | None, tracestate: str | None) -> Iterator[None]:
+    """Make the given remote context current for the block."""
+    token = context.attach(context_from(traceparent, tracestate))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def current_trace_id() -> str | None:
+    span_context = trace.get_current_span().get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else None

@@ -1,0 +1,1 @@
+"""The REST gateway: accepts briefs, publishes pipeline.requested, serves its projection."""

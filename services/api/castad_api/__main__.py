@@ -1,0 +1,3 @@
+from castad_api import service
+
+service.app()

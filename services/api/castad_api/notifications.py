@@ -1,0 +1,54 @@
+"""Wakes event streams when the projection commits: one LISTEN connection per process."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+
+import psycopg
+
+from castad_api import repository
+
+log = logging.getLogger(__name__)
+
+
+class PipelineNotifications:
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        self._waiters: dict[str, set[asyncio.Event]] = collections.defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="pipeline-notifications")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait(self, pipeline_id: str, timeout_s: float) -> None:
+        """Return when this pipeline's timeline grew, or after timeout_s."""
+        event = asyncio.Event()
+        self._waiters[pipeline_id].add(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
+        finally:
+            self._waiters[pipeline_id].discard(event)
+            if not self._waiters[pipeline_id]:
+                del self._waiters[pipeline_id]
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {repository.PIPELINE_EVENTS_CHANNEL}")
+                    async for notice in conn.notifies():
+                        for event in self._waiters.get(notice.payload, ()):
+                            event.set()
+            except psycopg.Error as error:
+                log.warning("notification listener lost its database (%s); streams fall back to polling", error)
+                await asyncio.sleep(1.0)

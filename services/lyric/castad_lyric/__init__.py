@@ -1,0 +1,1 @@
+"""Lyric stage: turns a brief into song lyrics."""

@@ -1,0 +1,3 @@
+from castad_lyric import service
+
+service.app()

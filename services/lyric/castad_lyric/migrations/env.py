@@ -1,0 +1,3 @@
+from castad_runtime import migrations
+
+migrations.run_env()

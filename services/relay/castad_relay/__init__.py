@@ -1,0 +1,1 @@
+"""The outbox relay: moves committed outbox rows of every service to RabbitMQ."""

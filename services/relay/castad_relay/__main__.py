@@ -1,0 +1,3 @@
+from castad_relay import service
+
+service.app()

@@ -1,0 +1,1 @@
+"""Song stage: turns lyrics into a sung WAV."""

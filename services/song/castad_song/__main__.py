@@ -1,0 +1,3 @@
+from castad_song import service
+
+service.app()

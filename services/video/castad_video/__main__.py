@@ -1,0 +1,3 @@
+from castad_video import service
+
+service.app()

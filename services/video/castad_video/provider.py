@@ -1,0 +1,417 @@
+"""Video providers: caption a song with its lyrics and encode an MP4."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import random
+import shutil
+import subprocess
+import tempfile
+import wave
+from collections.abc import Sequence
+from typing import Protocol
+
+import imageio_ffmpeg
+import numpy as np
+from castad_contracts import brief, events
+from castad_runtime.stage import errors
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+FONT_ENV = "CASTAD_VIDEO_FONT_PATH"
+KNOWN_FONTS: tuple[pathlib.Path, ...] = (
+    pathlib.Path("/usr/share/fonts/truetype/nanum/NanumGothicBold.ttf"),
+    pathlib.Path("/usr/share/fonts/truetype/nanum/NanumGothic.ttf"),
+    pathlib.Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Bold.ttc"),
+    pathlib.Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"),
+    pathlib.Path("/usr/share/fonts/truetype/noto/NotoSansCJK-Bold.ttc"),
+    pathlib.Path("/usr/share/fonts/truetype/noto/NotoSansCJK-Regular.ttc"),
+)
+STDERR_TAIL_LINES = 12
+MAX_CAPTION_LINES = 3
+HEADER_LINES = 2
+MIN_FONT_PX = 8
+_UNASSIGNED = "\uffff"
+
+Rgb = tuple[int, int, int]
+
+
+class VideoProvider(Protocol):
+    def render(
+        self,
+        brief: brief.Brief,
+        lyrics: events.Lyrics,
+        timed_lines: Sequence[events.TimedLine],
+        song_path: pathlib.Path,
+        out_path: pathlib.Path,
+        seed: str,
+    ) -> Video: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Video:
+    width: int
+    height: int
+    duration_s: float
+
+
+class FontNotFound(LookupError):
+    """No installed font can draw Hangul."""
+
+
+def _glyph_pixels(font: ImageFont.FreeTypeFont, text: str) -> bytes:
+    size = int(font.size * 2)
+    image = Image.new("L", (size, size))
+    ImageDraw.Draw(image).text((size // 4, size // 4), text, font=font, fill=255)
+    return image.tobytes()
+
+
+def draws_hangul(path: pathlib.Path) -> bool:
+    """Whether the font has a real glyph for '가', not just its notdef box."""
+    try:
+        font = ImageFont.truetype(str(path), 48)
+    except OSError:
+        return False
+    hangul = _glyph_pixels(font, "가")
+    return any(hangul) and hangul != _glyph_pixels(font, _UNASSIGNED)
+
+
+def _fc_match_korean() -> list[pathlib.Path]:
+    fc_match = shutil.which("fc-match")
+    if fc_match is None:
+        return []
+    try:
+        found = subprocess.run(
+            [fc_match, "--format=%{file}", ":lang=ko"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [pathlib.Path(found.stdout.strip())] if found.returncode == 0 and found.stdout.strip() else []
+
+
+def find_hangul_font(explicit: pathlib.Path | None = None) -> pathlib.Path:
+    """The explicit font if it exists, else the first installed font that draws Hangul."""
+    if explicit is not None and explicit.is_file():
+        return explicit
+    for candidate in (*KNOWN_FONTS, *_fc_match_korean()):
+        if candidate.is_file() and draws_hangul(candidate):
+            return candidate
+    raise FontNotFound(f"no font that can draw Hangul was found; install Debian's fonts-nanum or set {FONT_ENV}")
+
+
+def frame_size(orientation: brief.Orientation, short_side: int) -> tuple[int, int]:
+    """(width, height) with an exact 9:16 or 16:9 aspect and even sides, short side rounded down to 18k."""
+    unit = max(short_side // 18, 1)
+    short, long = 18 * unit, 32 * unit
+    return (short, long) if orientation == brief.Orientation.VERTICAL else (long, short)
+
+
+@dataclasses.dataclass(frozen=True)
+class Palette:
+    top: Rgb
+    bottom: Rgb
+    accent: Rgb
+    text: Rgb = (255, 255, 255)
+    outline: Rgb = (18, 18, 28)
+
+
+PALETTES: dict[brief.Genre, Palette] = {
+    brief.Genre.KPOP: Palette((255, 95, 162), (106, 92, 255), (255, 230, 109)),
+    brief.Genre.BALLAD: Palette((43, 58, 103), (224, 168, 153), (255, 214, 165)),
+    brief.Genre.HIPHOP: Palette((20, 20, 24), (70, 60, 80), (249, 215, 28)),
+    brief.Genre.ROCK: Palette((26, 0, 0), (139, 0, 0), (255, 107, 53)),
+    brief.Genre.JAZZ: Palette((15, 32, 39), (44, 83, 100), (212, 175, 55)),
+    brief.Genre.TROT: Palette((255, 154, 60), (194, 24, 91), (255, 241, 118)),
+    brief.Genre.ACOUSTIC: Palette((86, 140, 60), (200, 170, 110), (255, 248, 225)),
+}
+
+
+def _gradient(size: tuple[int, int], palette: Palette) -> Image.Image:
+    width, height = size
+    rows = np.linspace(0.0, 1.0, height)[:, None]
+    cols = np.linspace(0.0, 1.0, width)[None, :]
+    mix = (0.8 * rows + 0.2 * cols)[..., None]
+    pixels = (1.0 - mix) * np.array(palette.top) + mix * np.array(palette.bottom)
+    return Image.fromarray(pixels.astype(np.uint8), "RGB")
+
+
+def _bokeh(size: tuple[int, int], rng: random.Random) -> Image.Image:
+    width, height = size
+    short = min(size)
+    layer = Image.new("RGBA", size, (255, 255, 255, 0))
+    draw = ImageDraw.Draw(layer)
+    for _ in range(14):
+        radius = rng.uniform(0.04, 0.16) * short
+        x, y = rng.uniform(0, width), rng.uniform(0, height)
+        draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=(255, 255, 255, rng.randint(18, 55)))
+    return layer.filter(ImageFilter.GaussianBlur(max(short / 60, 1)))
+
+
+class FrameRenderer:
+    """Draws the still frames of a video: a title card and one frame per caption."""
+
+    def __init__(self, brief: brief.Brief, size: tuple[int, int], font_path: pathlib.Path, seed: str) -> None:
+        self._brief = brief
+        self._size = size
+        self._font_path = font_path
+        self._palette = PALETTES[brief.genre]
+        self._fonts: dict[int, ImageFont.FreeTypeFont] = {}
+        background = _gradient(size, self._palette).convert("RGBA")
+        self._background = Image.alpha_composite(background, _bokeh(size, random.Random(seed)))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self._size
+
+    def title_card(self, title: str) -> Image.Image:
+        return self._frame(title, self._palette.accent, scale=0.11)
+
+    def caption(self, text: str, chorus: bool = False) -> Image.Image:
+        colour = self._palette.accent if chorus else self._palette.text
+        return self._frame(text, colour, scale=0.085)
+
+    def _frame(self, text: str, colour: Rgb, scale: float) -> Image.Image:
+        image = self._background.copy()
+        self._header(image)
+        self._centered(image, text, colour, scale)
+        return image.convert("RGB")
+
+    def _font(self, size: int) -> ImageFont.FreeTypeFont:
+        if size not in self._fonts:
+            self._fonts[size] = ImageFont.truetype(str(self._font_path), size)
+        return self._fonts[size]
+
+    def _header(self, image: Image.Image) -> None:
+        """Business name over region, top centre, underlined."""
+        width, height = self._size
+        short = min(self._size)
+        draw = ImageDraw.Draw(image)
+        palette = self._palette
+        y = 0.05 * height
+        for text, scale, colour in (
+            (self._brief.customer_name, 0.065, palette.text),
+            (self._brief.region, 0.042, palette.accent),
+        ):
+            caption = self._caption(text, round(scale * short), 0.9 * width, HEADER_LINES)
+            _, top, _, bottom = caption.box(draw, (width / 2, 0))
+            caption.draw(draw, (width / 2, y - top), colour, palette.outline)
+            y += bottom - top + 0.35 * caption.font.size
+        draw.line((0.38 * width, y, 0.62 * width, y), fill=palette.accent, width=max(short // 160, 1))
+
+    def _centered(self, image: Image.Image, text: str, colour: Rgb, scale: float) -> None:
+        width, height = self._size
+        caption = self._caption(text, round(scale * min(self._size)), 0.86 * width, MAX_CAPTION_LINES)
+        centre = (width / 2, 0.56 * height)
+        draw = ImageDraw.Draw(image)
+        _drop_shadow(image, caption, centre, caption.box(draw, centre))
+        caption.draw(draw, centre, colour, self._palette.outline)
+
+    def _caption(self, text: str, size: int, max_width: float, max_lines: int) -> Caption:
+        """Text wrapped at the largest font, down to 40% of size, that fits in max_lines."""
+        font = self._font(max(size, MIN_FONT_PX))
+        lines = wrap(text, font, max_width)
+        while len(lines) > max_lines and font.size > max(0.4 * size, MIN_FONT_PX):
+            font = self._font(max(int(font.size * 0.9), MIN_FONT_PX))
+            lines = wrap(text, font, max_width)
+        return Caption("\n".join(lines), font, round(0.25 * font.size), max(round(font.size / 12), 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Caption:
+    """A wrapped text block drawn centred on a point, with an outline."""
+
+    block: str
+    font: ImageFont.FreeTypeFont
+    spacing: int
+    stroke: int
+
+    def box(self, draw: ImageDraw.ImageDraw, centre: tuple[float, float]) -> tuple[float, float, float, float]:
+        return draw.multiline_textbbox(
+            centre,
+            self.block,
+            font=self.font,
+            anchor="mm",
+            align="center",
+            spacing=self.spacing,
+            stroke_width=self.stroke,
+        )
+
+    def draw(
+        self,
+        draw: ImageDraw.ImageDraw,
+        centre: tuple[float, float],
+        fill: Rgb | tuple[int, int, int, int],
+        outline: Rgb | tuple[int, int, int, int],
+    ) -> None:
+        draw.multiline_text(
+            centre,
+            self.block,
+            font=self.font,
+            anchor="mm",
+            align="center",
+            spacing=self.spacing,
+            fill=fill,
+            stroke_width=self.stroke,
+            stroke_fill=outline,
+        )
+
+
+def _drop_shadow(
+    image: Image.Image, caption: Caption, centre: tuple[float, float], box: tuple[float, float, float, float]
+) -> None:
+    """A soft shadow under the caption, blurred only over the caption's own box."""
+    offset = max(round(caption.font.size / 14), 1)
+    pad = 3 * offset
+    left, top = max(int(box[0]) - pad, 0), max(int(box[1]) - pad, 0)
+    right, bottom = min(int(box[2]) + 2 * pad, image.width), min(int(box[3]) + 2 * pad, image.height)
+    if right <= left or bottom <= top:
+        return
+    layer = Image.new("RGBA", (right - left, bottom - top), (0, 0, 0, 0))
+    shade = (0, 0, 0, 140)
+    caption.draw(ImageDraw.Draw(layer), (centre[0] - left + offset, centre[1] - top + offset), shade, shade)
+    image.alpha_composite(layer.filter(ImageFilter.GaussianBlur(offset)), dest=(left, top))
+
+
+def wrap(text: str, font: ImageFont.FreeTypeFont, max_width: float) -> list[str]:
+    """Greedy word wrap; a word wider than the line is broken between characters."""
+    lines: list[str] = []
+    current = ""
+    for word in text.split():
+        for piece in _pieces(word, font, max_width):
+            candidate = f"{current} {piece}" if current else piece
+            if current and font.getlength(candidate) > max_width:
+                lines.append(current)
+                current = piece
+            else:
+                current = candidate
+    return [*lines, current] if current else lines
+
+
+def _pieces(word: str, font: ImageFont.FreeTypeFont, max_width: float) -> list[str]:
+    pieces: list[str] = []
+    current = ""
+    for char in word:
+        if current and font.getlength(current + char) > max_width:
+            pieces.append(current)
+            current = char
+        else:
+            current += char
+    return [*pieces, current]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shot:
+    """One still on screen: a caption, or the title card when text is None."""
+
+    text: str | None
+    chorus: bool
+    duration_s: float
+
+
+def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], duration_s: float) -> list[Shot]:
+    """The title card until the first line, then each line until the next one starts; sums to duration_s."""
+    chorus_lines = {line for section in lyrics.sections if section.kind == "chorus" for line in section.lines}
+    starts: list[tuple[float, str | None]] = [(0.0, None)]
+    for line in timed_lines:
+        start = min(max(line.start_s, starts[-1][0]), duration_s)
+        starts.append((start, line.text))
+    ends = [start for start, _ in starts[1:]] + [duration_s]
+    return [
+        Shot(text, text in chorus_lines, end - start)
+        for (start, text), end in zip(starts, ends, strict=True)
+        if end - start > 1e-3
+    ]
+
+
+def song_duration(song_path: pathlib.Path) -> float:
+    if not song_path.is_file():
+        raise errors.PermanentProviderError("song_missing", f"no song file at {song_path}")
+    try:
+        with wave.open(str(song_path), "rb") as song:
+            duration = song.getnframes() / song.getframerate()
+    except (wave.Error, EOFError) as error:
+        raise errors.PermanentProviderError("song_unreadable", f"{song_path} is not a WAV file: {error}") from error
+    if duration <= 0:
+        raise errors.PermanentProviderError("song_unreadable", f"{song_path} holds no audio")
+    return duration
+
+
+def _concat_list(plan: Sequence[Shot], frames: Sequence[pathlib.Path]) -> str:
+    entries = [f"file '{frame.name}'\nduration {shot.duration_s:.6f}" for shot, frame in zip(plan, frames, strict=True)]
+    # The concat demuxer ignores the last duration unless the last file is listed once more.
+    return "\n".join(["ffconcat version 1.0", *entries, f"file '{frames[-1].name}'", ""])
+
+
+class LocalVideoProvider:
+    """Renders caption stills with Pillow and encodes them with the song using ffmpeg."""
+
+    def __init__(
+        self,
+        short_side: int = 720,
+        fps: int = 24,
+        font_path: pathlib.Path | None = None,
+        ffmpeg: str | None = None,
+    ) -> None:
+        self._short_side = short_side
+        self._fps = fps
+        self._font_path = find_hangul_font(font_path)
+        self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
+
+    @property
+    def font_path(self) -> pathlib.Path:
+        return self._font_path
+
+    def render(
+        self,
+        brief: brief.Brief,
+        lyrics: events.Lyrics,
+        timed_lines: Sequence[events.TimedLine],
+        song_path: pathlib.Path,
+        out_path: pathlib.Path,
+        seed: str,
+    ) -> Video:
+        duration = song_duration(song_path)
+        width, height = frame_size(brief.orientation, self._short_side)
+        renderer = FrameRenderer(brief, (width, height), self._font_path, seed)
+        plan = shots(lyrics, timed_lines, duration)
+        with tempfile.TemporaryDirectory(prefix="castad-video-") as workdir:
+            frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir))
+            listing = pathlib.Path(workdir) / "frames.ffconcat"
+            listing.write_text(_concat_list(plan, frames), encoding="utf-8")
+            self._encode(listing, song_path, out_path, duration)
+        return Video(width=width, height=height, duration_s=duration)
+
+    @staticmethod
+    def _write_frames(
+        renderer: FrameRenderer, title: str, plan: Sequence[Shot], workdir: pathlib.Path
+    ) -> list[pathlib.Path]:
+        written: dict[tuple[str | None, bool], pathlib.Path] = {}
+        frames: list[pathlib.Path] = []
+        for shot in plan:
+            key = (shot.text, shot.chorus)
+            if key not in written:
+                path = workdir / f"frame-{len(written):04d}.png"
+                image = renderer.title_card(title) if shot.text is None else renderer.caption(shot.text, shot.chorus)
+                image.save(path, compress_level=1)
+                written[key] = path
+            frames.append(written[key])
+        return frames
+
+    def _encode(self, listing: pathlib.Path, song_path: pathlib.Path, out_path: pathlib.Path, duration: float) -> None:
+        command = [
+            self._ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
+            "-f", "concat", "-safe", "0", "-i", str(listing),
+            "-i", str(song_path),
+            "-map", "0:v:0", "-map", "1:a:0",
+            "-vf", f"format=yuv420p,fps={self._fps}", "-r", str(self._fps),
+            "-c:v", "libx264", "-preset", "veryfast", "-tune", "stillimage",
+            "-c:a", "aac", "-b:a", "128k",
+            "-t", f"{duration:.3f}", "-movflags", "+faststart", "-f", "mp4", str(out_path),
+        ]  # fmt: skip
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+        except OSError as error:
+            raise errors.PermanentProviderError("render_failed", f"cannot run {self._ffmpeg}: {error}") from error
+        if result.returncode != 0:
+            tail = "\n".join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
+            raise errors.PermanentProviderError("render_failed", tail or f"ffmpeg exited with {result.returncode}")

@@ -1,0 +1,62 @@
+"""Composition root of the video service: reacts to song.completed, renders the MP4."""
+
+from __future__ import annotations
+
+import pathlib
+
+from castad_contracts import events
+from castad_runtime import artifacts, cli, settings
+from castad_runtime.stage import errors, repository, runner
+from castad_runtime.stage import service as stage_service
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from castad_video import provider
+
+MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
+
+
+class VideoSettings(stage_service.StageSettings):
+    model_config = SettingsConfigDict(env_prefix="CASTAD_VIDEO_", extra="ignore", frozen=True)
+
+    database_url: str = Field(default=settings.database_url_default("video"), pattern=settings.POSTGRES_URL)
+    short_side: int = Field(default=720, ge=144, le=2160, description="pixels of the video's shorter side")
+    fps: int = Field(default=24, ge=1, le=60, description="frame rate of the MP4")
+    font_path: pathlib.Path | None = Field(default=None, description="TTF/OTF font with Hangul glyphs")
+    ffmpeg: str | None = Field(default=None, description="ffmpeg binary (default: the one from imageio-ffmpeg)")
+
+
+def make_work(config: stage_service.StageSettings) -> runner.Work:
+    assert isinstance(config, VideoSettings)
+    renderer = provider.LocalVideoProvider(
+        short_side=config.short_side, fps=config.fps, font_path=config.font_path, ffmpeg=config.ffmpeg
+    )
+    store = artifacts.ArtifactStore(config.artifacts_dir)
+
+    def work(job: repository.Job) -> runner.Output:
+        done = events.SongCompleted.model_validate(job.input)
+        try:
+            song_path = store.path(done.artifact)
+        except ValueError as error:
+            raise errors.PermanentProviderError("song_unreachable", str(error)) from None
+        scratch = store.scratch_path(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4")
+        video = renderer.render(done.brief, done.lyrics, done.timed_lines, song_path, scratch, seed=job.pipeline_id)
+        artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
+        return runner.Output(artifact, {"width": video.width, "height": video.height})
+
+    return work
+
+
+DEFINITION = stage_service.StageDefinition(
+    stage=events.Stage.VIDEO,
+    trigger=events.stage_event(events.Stage.SONG, "completed"),
+    completed_model=events.VideoCompleted,
+    make_work=make_work,
+)
+
+
+def run(config: VideoSettings) -> None:
+    stage_service.run(DEFINITION, config)
+
+
+app = cli.service_app("video", VideoSettings, run, MIGRATIONS)

@@ -1,0 +1,59 @@
+"""Fixtures shared by the integration and end-to-end tests.
+
+Every test that needs servers gets an `Installation` of its own: one database per
+service, cloned from templates migrated once per test session, and its own
+RabbitMQ namespace (exchange, queues and bindings). Nothing is shared with the
+local stack or with another test, so the tests can run next to `make up`.
+
+A missing server is a failure, never a skip: `make test` starts or installs the
+servers before pytest runs, so a missing one means the set-up is broken.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from castad_cli import stack
+from castad_runtime import messaging, migrations
+from sqlalchemy.engine import make_url
+
+from tests.support import Installation, database_url, require_servers
+
+SERVICES = tuple(database.service for database in stack.DATABASES)
+
+
+@pytest.fixture(scope="session")
+def migrated_templates() -> Iterator[dict[str, str]]:
+    """A freshly migrated template database per service, made once per test session."""
+    require_servers()
+    session = uuid.uuid4().hex[:8]
+    templates = {}
+    try:
+        for database in stack.DATABASES:
+            url = database_url(f"castad_tpl_{session}_{database.service}")
+            templates[database.service] = url
+            migrations.ensure_database(url)
+            migrations.upgrade(url, database.migrations_dir)
+        yield {service: make_url(url).database or "" for service, url in templates.items()}
+    finally:
+        for url in templates.values():
+            migrations.drop_database(url)
+
+
+@pytest.fixture
+def installation(migrated_templates: dict[str, str], tmp_path: pathlib.Path) -> Iterator[Installation]:
+    test_id = uuid.uuid4().hex[:10]
+    urls = {service: database_url(f"castad_t{test_id}_{service}") for service in SERVICES}
+    result = Installation(f"t{test_id}", urls, tmp_path / "artifacts")
+    try:
+        for service, url in urls.items():
+            migrations.ensure_database(url, template=migrated_templates[service])
+        messaging.declare_topology(result.amqp_url, result.topology)
+        yield result
+    finally:
+        messaging.delete_topology(result.amqp_url, result.topology)
+        for url in urls.values():
+            migrations.drop_database(url)

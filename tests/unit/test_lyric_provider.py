@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import pytest
+from castad_contracts import brief, events
+from castad_lyric import provider
+
+KOREAN = brief.Brief(
+    customer_name="스테이 머뭄",
+    region="군산",
+    detail_region_info="바다가 보이는 조용한 한옥 스테이, 근대 문화 거리와 가까운 숙소",
+    language=brief.Language.KOREAN,
+    genre=brief.Genre.BALLAD,
+    duration_s=30,
+)
+ENGLISH = brief.Brief(
+    customer_name="Cafe Luna",
+    region="Jeonju",
+    detail_region_info="Hand-drip coffee and fresh pastries, a short walk from the hanok village",
+    language=brief.Language.ENGLISH,
+    genre=brief.Genre.JAZZ,
+    duration_s=30,
+)
+
+
+def write(source: brief.Brief, seed: str = "pipeline-1") -> events.Lyrics:
+    return provider.LocalLyricProvider().write(source, seed)
+
+
+def text_of(lyrics: events.Lyrics) -> str:
+    return "\n".join([lyrics.title, *lyrics.lines()])
+
+
+@pytest.mark.parametrize("source", [KOREAN, ENGLISH], ids=["korean", "english"])
+def test_lyrics_mention_the_business_and_its_region(source: brief.Brief) -> None:
+    lyrics = write(source)
+
+    assert source.customer_name in text_of(lyrics)
+    assert source.region in text_of(lyrics)
+    assert lyrics.language == source.language
+    assert lyrics.title
+
+
+@pytest.mark.parametrize("source", [KOREAN, ENGLISH], ids=["korean", "english"])
+def test_every_chorus_names_the_business(source: brief.Brief) -> None:
+    choruses = [section for section in write(source).sections if section.kind == "chorus"]
+
+    assert all(any(source.customer_name in line for line in chorus.lines) for chorus in choruses)
+
+
+@pytest.mark.parametrize("source", [KOREAN, ENGLISH], ids=["korean", "english"])
+def test_verses_alternate_with_a_chorus_that_repeats_word_for_word(source: brief.Brief) -> None:
+    sections = write(source).sections
+
+    assert [section.kind for section in sections[:4]] == ["verse", "chorus", "verse", "chorus"]
+    assert sections[1].lines == sections[3].lines
+    assert sections[0].lines != sections[2].lines
+
+
+def test_the_details_of_the_place_are_woven_into_the_verses() -> None:
+    verses = "\n".join(line for s in write(KOREAN).sections if s.kind == "verse" for line in s.lines)
+
+    assert any(word in verses for word in ("바다", "한옥", "스테이", "근대", "문화", "거리", "숙소"))
+
+
+def test_the_genre_sets_the_mood_of_the_words() -> None:
+    ballad = text_of(write(KOREAN.model_copy(update={"genre": brief.Genre.BALLAD})))
+    hiphop = text_of(write(KOREAN.model_copy(update={"genre": brief.Genre.HIPHOP})))
+
+    assert ballad != hiphop
+
+
+def test_the_same_seed_writes_the_same_lyrics() -> None:
+    assert write(KOREAN, "seed") == write(KOREAN, "seed")
+    assert write(ENGLISH, "seed") == write(ENGLISH, "seed")
+
+
+def test_different_seeds_write_different_lyrics() -> None:
+    seeds = [f"pipeline-{n}" for n in range(5)]
+
+    assert len({text_of(write(KOREAN, seed)) for seed in seeds}) == len(seeds)
+    assert len({text_of(write(ENGLISH, seed)) for seed in seeds}) == len(seeds)
+
+
+def test_korean_lyrics_are_mostly_hangul() -> None:
+    letters = [char for char in text_of(write(KOREAN)) if char.isalpha()]
+    hangul = [char for char in letters if "\uac00" <= char <= "\ud7a3"]
+
+    assert len(hangul) / len(letters) > 0.9
+
+
+def test_english_lyrics_contain_no_hangul() -> None:
+    assert not any("\uac00" <= char <= "\ud7a3" for char in text_of(write(ENGLISH)))
+
+
+@pytest.mark.parametrize(("source", "limit"), [(KOREAN, 22), (ENGLISH, 40)], ids=["korean", "english"])
+def test_lines_are_short_enough_to_caption(source: brief.Brief, limit: int) -> None:
+    for seed in ("a", "b", "c"):
+        assert max(len(line) for line in write(source, seed).lines()) <= limit
+
+
+def test_longer_songs_get_more_lines() -> None:
+    lengths = [len(write(KOREAN.model_copy(update={"duration_s": d})).lines()) for d in (10, 30, 60, 180)]
+
+    assert lengths == sorted(lengths)
+    assert lengths[0] < lengths[-1]
+
+
+def test_a_three_second_song_still_has_two_verses_and_two_choruses() -> None:
+    lyrics = write(ENGLISH.model_copy(update={"duration_s": 3}))
+
+    assert [section.kind for section in lyrics.sections] == ["verse", "chorus", "verse", "chorus"]
+    assert all(section.lines for section in lyrics.sections)
+
+
+def test_long_songs_get_a_bridge() -> None:
+    kinds = [section.kind for section in write(KOREAN.model_copy(update={"duration_s": 90})).sections]
+
+    assert "bridge" in kinds
+
+
+def test_lyrics_need_no_details_about_the_place() -> None:
+    lyrics = write(KOREAN.model_copy(update={"detail_region_info": ""}))
+
+    assert KOREAN.customer_name in text_of(lyrics)
+    assert len(lyrics.lines()) >= 8
+
+
+@pytest.mark.parametrize(
+    ("word", "particle", "expected"),
+    [
+        ("군산", "으로", "군산으로"),
+        ("서울", "으로", "서울로"),
+        ("부산", "이", "부산이"),
+        ("카페", "이", "카페가"),
+        ("머뭄", "이야", "머뭄이야"),
+        ("오월", "과", "오월과"),
+        ("스테이", "을", "스테이를"),
+    ],
+)
+def test_korean_particles_follow_the_final_consonant(word: str, particle: str, expected: str) -> None:
+    assert provider.with_particle(word, particle) == expected
+
+
+def test_keywords_drop_particles_and_modifiers() -> None:
+    found = provider.keywords("바다가 보이는 조용한 한옥 스테이", brief.Language.KOREAN)
+
+    assert found == ("바다", "한옥", "스테이")

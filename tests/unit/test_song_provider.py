@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import statistics
+import time
+import wave
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from castad_contracts import brief, events
+from castad_song import provider
+
+BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Genre.KPOP, duration_s=12)
+LYRICS = events.Lyrics(
+    title="군산의 스테이 머뭄",
+    language=brief.Language.KOREAN,
+    sections=(
+        events.LyricSection(kind="verse", lines=("군산에 노을이 내리면", "바다가 보이는 한옥")),
+        events.LyricSection(kind="chorus", lines=("오늘도 스테이 머뭄에서", "랄랄라 만나요")),
+        events.LyricSection(kind="verse", lines=("골목 끝에서 쉬어 가요", "다시 오고 싶은 곳")),
+        events.LyricSection(kind="chorus", lines=("오늘도 스테이 머뭄에서", "랄랄라 만나요")),
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wav:
+    channels: int
+    sample_width: int
+    sample_rate: int
+    samples: npt.NDArray[np.int16]
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.size / self.sample_rate
+
+
+def read(path: pathlib.Path) -> Wav:
+    with wave.open(str(path), "rb") as song:
+        samples = np.frombuffer(song.readframes(song.getnframes()), dtype="<i2")
+        return Wav(song.getnchannels(), song.getsampwidth(), song.getframerate(), samples)
+
+
+def compose(
+    tmp_path: pathlib.Path, source: brief.Brief = BRIEF, lyrics: events.Lyrics = LYRICS, name: str = "song.wav"
+) -> tuple[provider.Song, pathlib.Path]:
+    out = tmp_path / name
+    return provider.LocalSongProvider().compose(source, lyrics, out, seed="pipeline-1"), out
+
+
+def test_the_song_is_a_16_bit_mono_wav_at_the_sample_rate(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "song.wav"
+    provider.LocalSongProvider(sample_rate=16000).compose(BRIEF, LYRICS, out, seed="s")
+
+    wav = read(out)
+
+    assert (wav.channels, wav.sample_width, wav.sample_rate) == (1, 2, 16000)
+
+
+@pytest.mark.parametrize("duration_s", [3, 12, 47])
+def test_the_song_lasts_as_long_as_the_brief_asks(tmp_path: pathlib.Path, duration_s: int) -> None:
+    song, out = compose(tmp_path, BRIEF.model_copy(update={"duration_s": duration_s}))
+
+    assert abs(read(out).duration_s - duration_s) < 0.1
+    assert abs(song.duration_s - duration_s) < 0.1
+
+
+def test_the_song_is_loud_but_does_not_clip(tmp_path: pathlib.Path) -> None:
+    samples = read(compose(tmp_path)[1]).samples
+    scaled = samples / 32768.0
+
+    assert np.sqrt(np.mean(scaled**2)) > 0.05
+    assert np.max(np.abs(samples)) < 32767
+
+
+def test_the_song_starts_and_ends_without_a_click(tmp_path: pathlib.Path) -> None:
+    samples = read(compose(tmp_path)[1]).samples
+
+    assert abs(int(samples[0])) < 100
+    assert abs(int(samples[-1])) < 100
+
+
+def test_different_lyrics_sound_different(tmp_path: pathlib.Path) -> None:
+    other = LYRICS.model_copy(
+        update={
+            "sections": (events.LyricSection(kind="verse", lines=("전혀 다른 가사가 여기에",)), *LYRICS.sections[1:])
+        }
+    )
+    first = read(compose(tmp_path, name="a.wav")[1]).samples
+    second = read(compose(tmp_path, lyrics=other, name="b.wav")[1]).samples
+
+    assert not np.array_equal(first, second)
+
+
+def test_the_same_inputs_sound_the_same(tmp_path: pathlib.Path) -> None:
+    first = read(compose(tmp_path, name="a.wav")[1]).samples
+    second = read(compose(tmp_path, name="b.wav")[1]).samples
+
+    assert np.array_equal(first, second)
+
+
+def test_hip_hop_is_faster_and_busier_than_a_ballad() -> None:
+    ballad = provider.arrange(BRIEF.model_copy(update={"genre": brief.Genre.BALLAD}), LYRICS, "s")
+    hiphop = provider.arrange(BRIEF.model_copy(update={"genre": brief.Genre.HIPHOP}), LYRICS, "s")
+    drums: frozenset[provider.Voice] = frozenset({"kick", "snare", "hat"})
+
+    assert provider.tempo_bpm(brief.Genre.BALLAD) < provider.tempo_bpm(brief.Genre.HIPHOP)
+    assert hiphop.onsets_per_second(drums) > 2 * ballad.onsets_per_second(drums)
+
+
+def test_each_genre_has_its_own_sound(tmp_path: pathlib.Path) -> None:
+    sounds = {
+        read(compose(tmp_path, BRIEF.model_copy(update={"genre": genre}), name=f"{genre}.wav")[1]).samples.tobytes()
+        for genre in brief.Genre
+    }
+
+    assert len(sounds) == len(brief.Genre)
+
+
+def test_every_lyric_line_is_timed_in_order_within_the_song(tmp_path: pathlib.Path) -> None:
+    song, _ = compose(tmp_path)
+    lines = song.timed_lines
+
+    assert [line.text for line in lines] == LYRICS.lines()
+    assert all(0 <= line.start_s < line.end_s <= song.duration_s for line in lines)
+    assert all(before.end_s <= after.start_s for before, after in zip(lines, lines[1:], strict=False))
+    assert lines[0].start_s < 0.15 * song.duration_s
+    assert lines[-1].end_s > 0.85 * song.duration_s
+
+
+def test_every_syllable_is_sung_as_one_note_inside_its_line() -> None:
+    arrangement = provider.arrange(BRIEF, LYRICS, "s")
+    lead = [note for note in arrangement.notes if note.voice == "lead"]
+
+    for line in arrangement.timed_lines:
+        notes = [note for note in lead if line.start_s <= note.start_s < line.end_s]
+        assert len(notes) == len(provider.syllables(line.text))
+    assert len(lead) == sum(len(provider.syllables(text)) for text in LYRICS.lines())
+
+
+def test_the_chorus_is_sung_higher_and_louder_than_the_verses() -> None:
+    arrangement = provider.arrange(BRIEF, LYRICS, "s")
+    chorus_lines = set(LYRICS.sections[1].lines)
+
+    def lead_notes(chorus: bool) -> list[provider.Note]:
+        windows = [line for line in arrangement.timed_lines if (line.text in chorus_lines) == chorus]
+        return [
+            note
+            for note in arrangement.notes
+            if note.voice == "lead" and any(w.start_s <= note.start_s < w.end_s for w in windows)
+        ]
+
+    chorus, verse = lead_notes(True), lead_notes(False)
+
+    assert statistics.mean(n.pitch for n in chorus) > statistics.mean(n.pitch for n in verse)
+    assert min(n.velocity for n in chorus) > max(n.velocity for n in verse)
+
+
+def test_syllables_are_hangul_syllables_digits_and_english_vowel_groups() -> None:
+    assert provider.syllables("안녕, coffee time at Luna's 24") == ["안", "녕", "o", "ee", "i", "a", "u", "a", "2", "4"]
+
+
+def test_thirty_seconds_of_song_take_well_under_a_second_of_cpu(tmp_path: pathlib.Path) -> None:
+    source = BRIEF.model_copy(update={"duration_s": 30})
+    compose(tmp_path, source, name="warm-up.wav")
+
+    started = time.process_time()
+    compose(tmp_path, source)
+
+    assert time.process_time() - started < 1.0

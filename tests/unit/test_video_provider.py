@@ -1,0 +1,255 @@
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import re
+import subprocess
+import wave
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+from castad_contracts import brief, events
+from castad_runtime.stage import errors
+from castad_video import provider
+from PIL import Image, ImageChops, ImageFont
+
+SONG_S = 4.0
+SHORT_SIDE = 240
+FPS = 6
+FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
+BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Genre.KPOP, duration_s=4)
+LYRICS = events.Lyrics(
+    title="군산의 스테이 머뭄",
+    language=brief.Language.KOREAN,
+    sections=(
+        events.LyricSection(kind="verse", lines=("군산에 노을이 내리면",)),
+        events.LyricSection(kind="chorus", lines=("오늘도 스테이 머뭄에서",)),
+    ),
+)
+TIMED = (
+    events.TimedLine(text="군산에 노을이 내리면", start_s=0.5, end_s=2.2),
+    events.TimedLine(text="오늘도 스테이 머뭄에서", start_s=2.2, end_s=3.8),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    video_codec: str
+    audio_codec: str
+    width: int
+    height: int
+    duration_s: float
+
+
+def probe(path: pathlib.Path) -> Probe:
+    """What `ffmpeg -i` says about a file (imageio-ffmpeg ships no ffprobe)."""
+    stderr = subprocess.run([FFMPEG, "-hide_banner", "-i", str(path)], capture_output=True, text=True).stderr
+    hours, minutes, seconds = re.search(r"Duration: (\d+):(\d+):([\d.]+)", stderr).groups()  # type: ignore[union-attr]
+    video = re.search(r"Video: (\w+).*?, (\d+)x(\d+)", stderr)
+    audio = re.search(r"Audio: (\w+)", stderr)
+    assert video is not None and audio is not None, stderr
+    return Probe(
+        video_codec=video.group(1),
+        audio_codec=audio.group(1),
+        width=int(video.group(2)),
+        height=int(video.group(3)),
+        duration_s=int(hours) * 3600 + int(minutes) * 60 + float(seconds),
+    )
+
+
+def frame_at(video: pathlib.Path, time_s: float, out: pathlib.Path) -> Image.Image:
+    command = [FFMPEG, "-v", "error", "-y", "-ss", str(time_s), "-i", str(video), "-frames:v", "1", str(out)]
+    subprocess.run(command, check=True, capture_output=True)
+    return Image.open(out).convert("RGB")
+
+
+def write_tone(path: pathlib.Path, seconds: float, sample_rate: int = 22050) -> None:
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    samples = (0.3 * np.sin(2 * math.pi * 440.0 * t) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(samples.tobytes())
+
+
+@pytest.fixture(scope="module")
+def song(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("song") / "song.wav"
+    write_tone(path, SONG_S)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local() -> provider.LocalVideoProvider:
+    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS)
+
+
+@pytest.fixture(scope="module")
+def rendered(
+    local: provider.LocalVideoProvider, song: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[brief.Orientation, tuple[provider.Video, pathlib.Path]]:
+    out_dir = tmp_path_factory.mktemp("video")
+    videos = {}
+    for orientation in brief.Orientation:
+        out = out_dir / f"{orientation}.mp4"
+        source = BRIEF.model_copy(update={"orientation": orientation})
+        videos[orientation] = (local.render(source, LYRICS, TIMED, song, out, seed="pipeline-1"), out)
+    return videos
+
+
+def test_a_horizontal_video_is_16_by_9_h264_with_aac_audio(
+    rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]],
+) -> None:
+    video, path = rendered[brief.Orientation.HORIZONTAL]
+
+    found = probe(path)
+
+    assert (found.video_codec, found.audio_codec) == ("h264", "aac")
+    assert found.width * 9 == found.height * 16
+    assert (found.width, found.height) == (video.width, video.height)
+    assert found.width % 2 == 0 and found.height % 2 == 0
+
+
+def test_a_vertical_video_is_9_by_16(rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]]) -> None:
+    video, path = rendered[brief.Orientation.VERTICAL]
+
+    found = probe(path)
+
+    assert (found.video_codec, found.audio_codec) == ("h264", "aac")
+    assert found.width * 16 == found.height * 9
+    assert (found.width, found.height) == (video.width, video.height)
+    assert found.width <= SHORT_SIDE and found.width % 2 == 0 and found.height % 2 == 0
+
+
+@pytest.mark.parametrize("orientation", list(brief.Orientation))
+def test_the_video_lasts_as_long_as_the_song(
+    rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]], orientation: brief.Orientation
+) -> None:
+    video, path = rendered[orientation]
+
+    assert abs(probe(path).duration_s - SONG_S) < 0.25
+    assert video.duration_s == pytest.approx(SONG_S)
+
+
+def test_a_frame_shows_the_caption_sung_at_that_time(
+    rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]], tmp_path: pathlib.Path
+) -> None:
+    _, path = rendered[brief.Orientation.VERTICAL]
+
+    title = np.asarray(frame_at(path, 0.2, tmp_path / "title.png"), dtype=np.float64)
+    verse = np.asarray(frame_at(path, 1.5, tmp_path / "verse.png"), dtype=np.float64)
+    chorus = np.asarray(frame_at(path, 3.0, tmp_path / "chorus.png"), dtype=np.float64)
+
+    assert verse.std() > 20
+    assert np.mean(np.abs(verse - title)) > 2
+    assert np.mean(np.abs(chorus - verse)) > 2
+
+
+def ink(image: Image.Image, background: Image.Image) -> float:
+    """Share of pixels that differ from the background."""
+    difference = np.asarray(ImageChops.difference(image, background).convert("L"))
+    return float(np.mean(difference > 40))
+
+
+def test_the_caption_renderer_draws_hangul_glyphs_not_missing_glyph_boxes() -> None:
+    font = provider.find_hangul_font()
+    renderer = provider.FrameRenderer(BRIEF, provider.frame_size(BRIEF.orientation, 360), font, "s")
+
+    empty = renderer.caption("")
+    hangul = renderer.caption("가나다")
+    missing = renderer.caption("\uffff\uffff\uffff")
+
+    assert 0.005 < ink(hangul, empty) < 0.2
+    assert ink(hangul, missing) > 0.005
+
+
+def test_the_found_font_draws_hangul() -> None:
+    assert provider.draws_hangul(provider.find_hangul_font())
+
+
+def test_an_explicit_font_that_exists_is_used(tmp_path: pathlib.Path) -> None:
+    explicit = provider.find_hangul_font()
+
+    assert provider.find_hangul_font(explicit) == explicit
+
+
+def test_an_explicit_font_that_does_not_exist_falls_back_to_an_installed_one(tmp_path: pathlib.Path) -> None:
+    found = provider.find_hangul_font(tmp_path / "missing.ttf")
+
+    assert found.is_file() and provider.draws_hangul(found)
+
+
+def test_no_hangul_font_tells_how_to_install_one(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    not_a_font = tmp_path / "not-a-font.ttf"
+    not_a_font.write_text("plain text")
+    monkeypatch.setattr(provider, "KNOWN_FONTS", (not_a_font, tmp_path / "absent.ttf"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    with pytest.raises(provider.FontNotFound, match="fonts-nanum.*CASTAD_VIDEO_FONT_PATH"):
+        provider.find_hangul_font()
+
+
+@pytest.mark.parametrize(
+    ("orientation", "short_side", "expected"),
+    [
+        (brief.Orientation.VERTICAL, 720, (720, 1280)),
+        (brief.Orientation.HORIZONTAL, 720, (1280, 720)),
+        (brief.Orientation.VERTICAL, 240, (234, 416)),
+        (brief.Orientation.HORIZONTAL, 1080, (1920, 1080)),
+    ],
+)
+def test_frame_sizes_have_an_exact_aspect_and_even_sides(
+    orientation: brief.Orientation, short_side: int, expected: tuple[int, int]
+) -> None:
+    assert provider.frame_size(orientation, short_side) == expected
+
+
+def test_shots_start_with_the_title_card_and_last_as_long_as_the_song() -> None:
+    shots = provider.shots(LYRICS, TIMED, SONG_S)
+
+    assert [shot.text for shot in shots] == [None, *(line.text for line in TIMED)]
+    assert [shot.chorus for shot in shots] == [False, False, True]
+    assert sum(shot.duration_s for shot in shots) == pytest.approx(SONG_S)
+
+
+def test_long_captions_wrap_within_the_frame() -> None:
+    font = ImageFont.truetype(str(provider.find_hangul_font()), 40)
+    lines = provider.wrap("바다가 보이는 조용한 한옥 스테이에서 쉬어 가요", font, 300)
+
+    assert len(lines) > 1
+    assert all(font.getlength(line) <= 300 for line in lines)
+
+
+def test_a_missing_song_is_a_permanent_error(local: provider.LocalVideoProvider, tmp_path: pathlib.Path) -> None:
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        local.render(BRIEF, LYRICS, TIMED, tmp_path / "absent.wav", tmp_path / "out.mp4", seed="s")
+
+    assert raised.value.code == "song_missing"
+    assert not raised.value.retryable
+
+
+def test_an_ffmpeg_failure_is_a_permanent_error_with_its_stderr(
+    local: provider.LocalVideoProvider, song: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    out = tmp_path / "no-such-directory" / "out.mp4"
+
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        local.render(BRIEF, LYRICS, TIMED, song, out, seed="s")
+
+    assert raised.value.code == "render_failed"
+    assert "no-such-directory" in raised.value.message
+
+
+def test_a_song_that_is_not_a_wav_is_a_permanent_error(
+    local: provider.LocalVideoProvider, tmp_path: pathlib.Path
+) -> None:
+    broken = tmp_path / "song.wav"
+    broken.write_bytes(b"not a wav")
+
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        local.render(BRIEF, LYRICS, TIMED, broken, tmp_path / "out.mp4", seed="s")
+
+    assert raised.value.code == "song_unreadable"
