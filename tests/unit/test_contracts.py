@@ -1,0 +1,118 @@
+"""The contracts every service shares: brief, envelope, event registry, topology, schemas."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pydantic
+import pytest
+from castad_contracts import brief, envelope, events, schemas, topology
+
+NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", detail_region_info="바다가 보이는 한옥")
+ARTIFACT = events.Artifact(uri="file:///tmp/a.txt", sha256="0" * 64, size=3, media_type="text/plain")
+LYRICS = events.Lyrics(
+    title="머뭄",
+    language=brief.Language.KOREAN,
+    sections=(events.LyricSection(kind="verse", lines=("군산 바다", "머뭄에서")),),
+)
+
+
+def test_a_brief_has_the_documented_defaults():
+    assert BRIEF.language is brief.Language.KOREAN
+    assert BRIEF.orientation is brief.Orientation.VERTICAL
+    assert BRIEF.duration_s == brief.DEFAULT_DURATION_S
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "reason"),
+    [
+        ({"customer_name": ""}, "customer_name", "at least 1 character"),
+        ({"customer_name": "a\x07b"}, "customer_name", "control characters"),
+        ({"region": "x" * 81}, "region", "at most 80 characters"),
+        ({"orientation": "square"}, "orientation", "'vertical' or 'horizontal'"),
+        ({"duration_s": 2}, "duration_s", "greater than or equal to 3"),
+        ({"duration_s": 181}, "duration_s", "less than or equal to 180"),
+        ({"colour": "red"}, "colour", "Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_brief_names_the_field_and_the_reason(fields, field, reason):
+    document = {"customer_name": "머뭄", "region": "군산", **fields}
+    with pytest.raises(pydantic.ValidationError) as raised:
+        brief.Brief.model_validate(document)
+    errors = raised.value.errors()
+    assert [error["loc"][0] for error in errors] == [field]
+    assert reason in errors[0]["msg"]
+
+
+def test_an_envelope_survives_the_wire_unchanged():
+    payload = events.LyricCompleted(
+        pipeline_id="p-1",
+        stage=events.Stage.LYRIC,
+        job_id="j-1",
+        attempt=2,
+        artifact=ARTIFACT,
+        completed_at=NOW,
+        brief=BRIEF,
+        lyrics=LYRICS,
+    )
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sent = envelope.wrap(payload, "lyric.completed", "/castad/lyric", traceparent=traceparent)
+
+    received = envelope.Envelope.from_json(sent.to_json())
+
+    assert received == sent
+    assert received.subject == "p-1"
+    assert received.traceparent == traceparent
+    assert received.payload() == payload
+    assert set(json.loads(sent.to_json())) >= {"specversion", "id", "source", "type", "subject", "time"}
+
+
+def test_wrap_refuses_a_payload_of_the_wrong_type():
+    started = events.StageStarted(pipeline_id="p", stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW)
+    with pytest.raises(TypeError, match="lyric.completed v1 carries LyricCompleted, not StageStarted"):
+        envelope.wrap(started, "lyric.completed", "/castad/lyric")
+
+
+def test_an_unknown_type_or_version_has_no_payload_model():
+    unknown = envelope.Envelope(source="/x", type="lyric.exploded", subject="p", data={})
+    with pytest.raises(events.UnknownEventType):
+        unknown.payload()
+    future = envelope.Envelope(source="/x", type="lyric.started", subject="p", schemaversion=99, data={})
+    with pytest.raises(events.UnknownEventType):
+        future.payload()
+
+
+def test_every_stage_fact_is_registered_with_a_current_version():
+    for stage in events.Stage:
+        for fact in ("started", "retrying", "completed", "failed"):
+            event_type = events.stage_event(stage, fact)
+            assert events.payload_model(event_type, events.CURRENT_VERSION[event_type])
+    assert events.PIPELINE_REQUESTED in events.EVENT_TYPES
+
+
+def test_each_stage_consumes_what_the_previous_one_completes():
+    subscriptions = topology.SUBSCRIPTIONS
+    assert subscriptions["lyric"].routing_keys == (events.PIPELINE_REQUESTED,)
+    assert subscriptions["song"].routing_keys == ("lyric.completed",)
+    assert subscriptions["video"].routing_keys == ("song.completed",)
+    assert set(subscriptions["api"].routing_keys) == {"lyric.*", "song.*", "video.*"}
+
+
+def test_a_namespace_prefixes_every_name():
+    topo = topology.Topology("t1")
+    assert topo.exchange == "t1.events"
+    assert topo.queue("song") == "t1.song"
+    assert topo.dead_letter_queue == "t1.dead-letter"
+
+
+def test_every_event_gets_a_json_schema_file(tmp_path):
+    written = schemas.write_schemas(tmp_path)
+    names = {path.name for path in written}
+    for event_type, version in events.REGISTRY:
+        assert f"{event_type}.v{version}.schema.json" in names
+    assert {"envelope.schema.json", "brief.schema.json"} <= names
+    song = json.loads((tmp_path / "song.completed.v1.schema.json").read_text())
+    assert song["$id"] == "urn:castad:event:song.completed:v1"
+    assert {"timed_lines", "artifact", "lyrics"} <= set(song["properties"])

@@ -1,0 +1,90 @@
+"""The gateway's projection rules: positions never move a stage backwards."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from castad_api import model
+from castad_api.model import PipelineStatus, StageStatus
+from castad_contracts import events
+
+LYRIC, SONG, VIDEO = events.STAGE_ORDER
+NOW = dt.datetime(2026, 11, 23, tzinfo=dt.UTC)
+
+
+def test_facts_of_one_attempt_are_ordered_started_retrying_then_terminal():
+    assert model.position("started", 1) < model.position("retrying", 1) < model.position("completed", 1)
+    assert model.position("retrying", 1) < model.position("started", 2)
+    assert model.position("failed", 3) == model.position("completed", 3)
+
+
+def test_a_late_started_is_stale_after_completed():
+    assert model.position("started", 2) < model.position("completed", 2)
+    assert model.position("retrying", 1) < model.position("completed", 2)
+
+
+def test_any_terminal_fact_outranks_every_later_attempts_progress():
+    assert model.position("started", 9) < model.position("completed", 1)
+
+
+@pytest.mark.parametrize(
+    ("stages", "expected"),
+    [
+        ({}, PipelineStatus.PENDING),
+        ({LYRIC: StageStatus.RUNNING}, PipelineStatus.RUNNING),
+        ({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.RETRY_WAIT}, PipelineStatus.RUNNING),
+        ({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.FAILED}, PipelineStatus.FAILED),
+        (
+            {LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.SUCCEEDED, VIDEO: StageStatus.SUCCEEDED},
+            PipelineStatus.SUCCEEDED,
+        ),
+    ],
+)
+def test_the_pipeline_status_follows_its_stages(stages, expected):
+    assert model.pipeline_status(stages) is expected
+
+
+def test_progress_is_a_third_per_succeeded_stage():
+    assert model.progress({}) == 0
+    assert model.progress({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.RUNNING}) == 33
+    assert model.progress({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.SUCCEEDED}) == 67
+    assert model.progress(dict.fromkeys(events.STAGE_ORDER, StageStatus.SUCCEEDED)) == 100
+
+
+def test_split_type_reads_stage_and_fact():
+    assert model.split_type("song.retrying") == (SONG, "retrying")
+    with pytest.raises(ValueError):
+        model.split_type("pipeline.requested")
+
+
+def test_sse_data_has_the_seed_shape_and_the_error_of_a_retry():
+    retrying = events.StageRetrying(
+        pipeline_id="p",
+        stage=SONG,
+        job_id="j",
+        attempt=2,
+        max_attempts=5,
+        error_code="rate_limited",
+        error_message="try later",
+        next_attempt_at=NOW,
+    )
+    data = model.sse_data(SONG, "retrying", retrying, PipelineStatus.RUNNING, 33)
+    assert data == {
+        "step": "song",
+        "status": "retrying",
+        "progress": 33,
+        "pipeline_status": "RUNNING",
+        "attempt": 2,
+        "error": {"code": "rate_limited", "message": "try later"},
+        "next_attempt_at": NOW.isoformat(),
+        "max_attempts": 5,
+    }
+
+
+def test_the_final_sse_data_carries_the_artifact_links():
+    links = {"video": {"uri": "file:///v.mp4"}}
+    data = model.sse_data(None, "succeeded", None, PipelineStatus.SUCCEEDED, 100, artifacts=links)
+    assert data["step"] == "pipeline"
+    assert data["artifacts"] == links
+    assert "attempt" not in data
