@@ -53,8 +53,11 @@ class Publisher:
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
                 await self.close()
-                self._connection = await aiormq.connect(self.amqp_url)
-                self._channel = await self._connection.channel(publisher_confirms=True)
+                # aiormq has no handshake timeout: a broker that accepts the connection but never
+                # answers (a network partition) would otherwise hold every source's relay forever.
+                async with asyncio.timeout(self.confirm_timeout_s):
+                    self._connection = await aiormq.connect(self.amqp_url)
+                    self._channel = await self._connection.channel(publisher_confirms=True)
             return self._channel
 
     async def close(self) -> None:

@@ -1,0 +1,129 @@
+"""Fixtures of the integration tests: engines on the installation's databases, a broker
+connection, the relay running in this process, and Dramatiq's global state put back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import dramatiq
+import dramatiq.broker
+import dramatiq.message
+import pytest
+import sqlalchemy as sa
+from castad_relay import relay
+from castad_relay import settings as relay_settings
+from castad_runtime import db, messaging, process
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+from tests.integration.helpers import Amqp, LoopThread
+from tests.support import Installation
+
+
+@pytest.fixture
+def engines(installation: Installation) -> Iterator[dict[str, sa.Engine]]:
+    """One engine per service database, disposed after the test."""
+    made = {service: db.make_engine(url) for service, url in installation.database_urls.items()}
+    try:
+        yield made
+    finally:
+        for engine in made.values():
+            engine.dispose()
+
+
+@pytest.fixture
+def amqp(installation: Installation) -> Iterator[Amqp]:
+    connection = Amqp(installation.amqp_url)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+class RunningRelay:
+    """`relay.run` on an event loop of its own, stopped through the asyncio.Event it takes."""
+
+    def __init__(self, config: relay_settings.RelaySettings) -> None:
+        self.config = config
+        self._thread = LoopThread()
+        self._stop = asyncio.Event()
+        self._run = self._thread.submit(relay.run(config, self._stop))
+        self._stopped = False
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._thread.call(self._stop.set)
+        try:
+            self._run.result(timeout=15)  # re-raises whatever ended the relay early
+        finally:
+            self._thread.close()
+
+
+RelayConfig = Callable[..., relay_settings.RelaySettings]
+StartRelay = Callable[..., RunningRelay]
+
+
+@pytest.fixture
+def relay_config(installation: Installation, monkeypatch: pytest.MonkeyPatch) -> RelayConfig:
+    """Relay settings read from the installation's environment, as the relay reads them, plus overrides."""
+    for name, value in installation.env().items():
+        monkeypatch.setenv(name, value)
+
+    def make(amqp_url: str | None = None, **fields: Any) -> relay_settings.RelaySettings:
+        if amqp_url is not None:
+            monkeypatch.setenv("CASTAD_AMQP_URL", amqp_url)
+        fields.setdefault("retry_delay_s", 0.1)
+        return relay_settings.RelaySettings(**fields)
+
+    return make
+
+
+@pytest.fixture
+def start_relay(relay_config: RelayConfig) -> Iterator[StartRelay]:
+    """Start relays (`relay.run`) in this process; every one is stopped after the test."""
+    running: list[RunningRelay] = []
+
+    def start(amqp_url: str | None = None, **fields: Any) -> RunningRelay:
+        running.append(RunningRelay(relay_config(amqp_url, **fields)))
+        return running[-1]
+
+    try:
+        yield start
+    finally:
+        for each in reversed(running):
+            each.stop()
+
+
+RunConsumer = Callable[..., messaging.EventConsumer]
+
+
+@pytest.fixture
+def run_consumer(installation: Installation) -> Iterator[RunConsumer]:
+    """A service's event consumer in this process, as its composition root runs it: a Dramatiq
+    RabbitMQ broker, the EventConsumer actor on the service's queue, a Dramatiq worker.
+
+    EventConsumer sets Dramatiq's global broker and encoder; the previous ones are put back.
+    """
+    previous = dramatiq.broker.global_broker, dramatiq.message.global_encoder
+    running: list[tuple[RabbitmqBroker, process.ConsumerWorker]] = []
+
+    def run(service: str, handlers: Mapping[str, messaging.Handler], threads: int = 2) -> messaging.EventConsumer:
+        assert not running, "one consumer per test: Dramatiq's encoder is global"
+        broker = messaging.make_broker(installation.amqp_url)
+        consumer = messaging.EventConsumer(broker, service, installation.topology, handlers)
+        worker = process.ConsumerWorker(broker, threads)
+        worker.start()
+        running.append((broker, worker))
+        return consumer
+
+    try:
+        yield run
+    finally:
+        for broker, worker in running:
+            worker.stop()
+            broker.close()
+        dramatiq.broker.global_broker = previous[0]
+        dramatiq.set_encoder(previous[1])

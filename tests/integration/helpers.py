@@ -1,0 +1,261 @@
+"""Small tools the integration tests share: polling, events, the outbox, queues, an event loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import datetime as dt
+import json
+import random
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+import pika
+import sqlalchemy as sa
+from castad_contracts import brief, envelope, events
+from castad_runtime import db, inbox, messaging, outbox, tables
+from castad_runtime.stage import machine, repository, runner
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
+    """Call `probe` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what or probe}")
+        time.sleep(interval)
+
+
+def sample_brief() -> brief.Brief:
+    return brief.Brief(customer_name="바다책방", region="속초", detail_region_info="동명항 옆 작은 서점")
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def pipeline_requested(pipeline_id: str | None = None, **fields: Any) -> events.PipelineRequested:
+    return events.PipelineRequested(
+        pipeline_id=pipeline_id or str(uuid.uuid4()), brief=sample_brief(), requested_at=now(), **fields
+    )
+
+
+def requested_envelope(pipeline_id: str | None = None) -> envelope.Envelope:
+    return envelope.wrap(pipeline_requested(pipeline_id), events.PIPELINE_REQUESTED, "/castad/api")
+
+
+def lyric_started(pipeline_id: str, attempt: int) -> events.StageStarted:
+    """A stage fact the gateway's queue is bound to; `attempt` doubles as a sequence number."""
+    return events.StageStarted(
+        pipeline_id=pipeline_id, stage=events.Stage.LYRIC, job_id=str(uuid.uuid4()), attempt=attempt, started_at=now()
+    )
+
+
+def write_events(engine: sa.Engine, payloads: Iterable[events.Payload], event_type: str) -> list[envelope.Envelope]:
+    """Each payload in its own committed transaction, as a service writes them."""
+    written = []
+    for payload in payloads:
+        with db.transaction(engine) as conn:
+            written.append(outbox.add(conn, payload, event_type, "/castad/test"))
+    return written
+
+
+def output() -> runner.Output:
+    """What a lyric attempt returns: an artifact and the lyrics."""
+    artifact = events.Artifact(uri="file:///lyric.txt", sha256="0" * 64, size=1, media_type="text/plain")
+    lyrics = events.Lyrics(
+        title="바다", language=brief.Language.KOREAN, sections=(events.LyricSection(kind="verse", lines=("라",)),)
+    )
+    return runner.Output(artifact, {"lyrics": lyrics})
+
+
+def succeed(job: repository.Job) -> runner.Output:
+    return output()
+
+
+def stage_runner(
+    engine: sa.Engine,
+    work: Callable[[repository.Job], runner.Output],
+    *,
+    worker: str = "worker-a",
+    max_attempts: int = 3,
+    backoff_s: float = 0.05,
+    lease_s: float = 30.0,
+    attempt_timeout_s: float = 10.0,
+) -> runner.StageRunner:
+    policy = machine.RetryPolicy(max_attempts, backoff_s, max(backoff_s, 60.0), jitter=0.0)
+    limits = runner.Limits(policy, lease_s, attempt_timeout_s)
+    return runner.StageRunner(
+        events.Stage.LYRIC, engine, work, events.LyricCompleted, limits, worker, rng=random.Random(0)
+    )
+
+
+class Counted:
+    """Wraps a handler; counts the deliveries it finished handling (with or without an error)."""
+
+    def __init__(self, handler: messaging.Handler) -> None:
+        self.handler = handler
+        self.finished = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, env: envelope.Envelope, payload: events.Payload) -> None:
+        try:
+            self.handler(env, payload)
+        finally:
+            with self._lock:
+                self.finished += 1
+
+
+def stage_trigger_handler(engine: sa.Engine, fail_first: bool = False) -> messaging.Handler:
+    """The lyric stage's pipeline.requested handler, as castad_runtime.stage.service wires it."""
+    stage = stage_runner(engine, succeed)
+    failed: list[bool] = []
+
+    def on_trigger(env: envelope.Envelope, payload: events.Payload) -> None:
+        with db.transaction(engine) as conn:
+            if inbox.first_delivery(conn, env):
+                stage.accept(conn, payload)
+                if fail_first and not failed:
+                    failed.append(True)
+                    raise ConnectionError("database went away before the commit")
+
+    return on_trigger
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxRow:
+    id: int
+    event_id: uuid.UUID
+    pipeline_id: str
+    routing_key: str
+    published_at: dt.datetime | None
+
+
+def outbox_rows(engine: sa.Engine) -> list[OutboxRow]:
+    t = tables.outbox
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(t.c.id, t.c.event_id, t.c.pipeline_id, t.c.routing_key, t.c.published_at).order_by(t.c.id)
+        )
+        return [OutboxRow(**row._mapping) for row in rows]
+
+
+def all_published(engine: sa.Engine) -> bool:
+    rows = outbox_rows(engine)
+    return bool(rows) and all(row.published_at is not None for row in rows)
+
+
+def count(engine: sa.Engine, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one()
+
+
+def with_port(amqp_url: str, port: int) -> str:
+    """The same broker URL through another port on 127.0.0.1 (the proxy's)."""
+    parts = urllib.parse.urlsplit(amqp_url)
+    credentials = parts.netloc.rpartition("@")[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{credentials}@127.0.0.1:{port}"))
+
+
+def broker_address(amqp_url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(amqp_url)
+    return parts.hostname or "127.0.0.1", parts.port or 5672
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivered:
+    routing_key: str
+    body: bytes
+    properties: pika.BasicProperties
+
+    @property
+    def document(self) -> dict[str, Any]:
+        return json.loads(self.body)
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return self.properties.headers or {}
+
+    @property
+    def event_id(self) -> uuid.UUID:
+        return uuid.UUID(self.document["id"])
+
+
+class Amqp:
+    """A plain pika connection for the test's side of the broker: publish, read a queue."""
+
+    def __init__(self, amqp_url: str) -> None:
+        self.connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        self.channel = self.connection.channel()
+        self.channel.confirm_delivery()
+
+    def close(self) -> None:
+        if self.connection.is_open:
+            self.connection.close()
+
+    def publish(self, exchange: str, routing_key: str, body: bytes, message_id: str | None = None) -> None:
+        properties = pika.BasicProperties(delivery_mode=2, message_id=message_id, content_type="application/json")
+        self.channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+
+    def take_all(self, queue: str) -> list[Delivered]:
+        """Every message now in the queue, in queue order (removed from it)."""
+        taken = []
+        while True:
+            method, properties, body = self.channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return taken
+            taken.append(Delivered(method.routing_key, body, properties))
+
+    def take(self, queue: str, n: int, timeout: float = 10.0) -> list[Delivered]:
+        """Wait until `n` messages were taken from the queue."""
+        taken: list[Delivered] = []
+
+        def enough() -> bool:
+            taken.extend(self.take_all(queue))
+            return len(taken) >= n
+
+        eventually(enough, timeout=timeout, interval=0.05, what=f"{n} messages on {queue} (got {len(taken)})")
+        return taken
+
+    def depth(self, queue: str) -> int:
+        return self.channel.queue_declare(queue, passive=True).method.message_count
+
+
+class LoopThread:
+    """An asyncio event loop on its own thread, for the relay's coroutines; closed with every task."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, fn: Callable[[], object]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def close(self) -> None:
+        self.submit(self._cancel_everything()).result(timeout=15)
+        self.submit(self.loop.shutdown_asyncgens()).result(timeout=5)
+        self.submit(self.loop.shutdown_default_executor()).result(timeout=5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.loop.close()
+
+    @staticmethod
+    async def _cancel_everything() -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

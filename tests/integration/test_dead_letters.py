@@ -1,0 +1,64 @@
+"""Messages a service cannot read or handle are parked in the dead-letter queue with the reason,
+and its consumer (a real Dramatiq worker on the service's queue) goes on with the next one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from castad_contracts import events
+from castad_runtime import tables
+
+from tests.integration.helpers import Counted, count, eventually, requested_envelope, stage_trigger_handler
+
+pytestmark = pytest.mark.integration
+
+
+def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_one_is_handled(
+    installation, engines, amqp, run_consumer
+):
+    """Five bad messages on the lyric queue, then a good one: each bad one lands in <ns>.dead-letter
+    with its body and an x-castad-reason naming what is wrong; none blocks, crashes or is retried,
+    and the good pipeline.requested still creates its job."""
+    topology = installation.topology
+    handler = Counted(stage_trigger_handler(engines["lyric"]))
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=1)
+    unknown = requested_envelope().model_copy(update={"type": "pipeline.exploded"})
+    unreadable = requested_envelope().model_copy(update={"data": {"pipeline_id": "p-1", "brief": {}}})
+    bad = {
+        b"\x00\xffnot json at all{": "not JSON",
+        b"[1, 2, 3]": "not a JSON object",
+        json.dumps({"specversion": "1.0", "type": "pipeline.requested"}).encode(): "invalid envelope",
+        unknown.to_json(): "no handler for 'pipeline.exploded' in lyric",
+        unreadable.to_json(): "unreadable pipeline.requested payload",
+    }
+    good = requested_envelope()
+
+    for body in bad:
+        amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, body)
+    amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, good.to_json(), message_id=str(good.id))
+
+    eventually(lambda: handler.finished == 1, what="the good message handled")
+    dead = amqp.take(topology.dead_letter_queue, len(bad))
+
+    reasons = {message.headers["x-castad-reason"]: message for message in dead}
+    for body, reason in bad.items():
+        [parked] = [message for text, message in reasons.items() if text.startswith(reason)]
+        assert _same_document(parked.body, body), reason
+        assert parked.headers["x-castad-service"] == "lyric"
+        assert parked.headers["x-castad-queue"] == topology.queue("lyric")
+    assert "brief" in next(text for text in reasons if text.startswith("unreadable"))
+    assert count(engines["lyric"], tables.jobs) == 1
+    assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
+    for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):
+        assert amqp.depth(queue) == 0, queue
+
+
+def _same_document(parked: bytes, published: bytes) -> bool:
+    """Raw bytes are parked as they came; a parsed envelope is parked as the same JSON document."""
+    if parked == published:
+        return True
+    try:
+        return json.loads(parked) == json.loads(published)
+    except ValueError:
+        return False

@@ -1,0 +1,127 @@
+"""The transactional outbox on a real PostgreSQL: rows commit or vanish with the state change
+they announce, and the relay's wake-up (NOTIFY castad_outbox) goes out after the commit only."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from castad_contracts import events
+from castad_runtime import db, outbox, tables
+from castad_runtime.stage import repository
+
+from tests.integration.helpers import count, lyric_started, outbox_rows, pipeline_requested
+
+pytestmark = pytest.mark.integration
+
+PROBE = "castad_test_probe"
+
+
+class Boom(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def listening(url: str) -> Iterator[psycopg.Connection]:
+    """A plain psycopg connection LISTENing on the outbox channel and on a probe channel."""
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True) as conn:
+        conn.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
+        conn.execute(f"LISTEN {PROBE}")
+        yield conn
+
+
+def notifications_before_probe(listener: psycopg.Connection, engine: sa.Engine) -> list[str]:
+    """Channels notified before a probe sent now from another session.
+
+    PostgreSQL delivers notifications in commit order, so once the probe arrives every
+    notification committed earlier has arrived too: an empty list proves that none was sent.
+    """
+    token = uuid.uuid4().hex
+    with engine.connect() as conn:
+        conn.execute(sa.select(sa.func.pg_notify(PROBE, token)))
+        conn.commit()
+    seen = []
+    for notification in listener.notifies(timeout=5):
+        if (notification.channel, notification.payload) == (PROBE, token):
+            return seen
+        seen.append(notification.channel)
+    raise AssertionError(f"probe not received within 5 s (got {seen})")
+
+
+def create_job(conn: sa.Connection, pipeline_id: str) -> None:
+    trigger = pipeline_requested(pipeline_id)
+    repository.create(conn, pipeline_id, trigger.model_dump(mode="json"), 3, None, None)
+
+
+def test_outbox_row_commits_with_the_state_change_it_announces(engines):
+    """Inside the transaction nobody else sees the job or its event; after commit both are there, as written."""
+    engine = engines["lyric"]
+    pipeline_id = str(uuid.uuid4())
+    with db.transaction(engine) as conn:
+        create_job(conn, pipeline_id)
+        env = outbox.add(conn, lyric_started(pipeline_id, 1), events.stage_event(events.Stage.LYRIC, "started"), "/t")
+        assert count(engine, tables.jobs) == 0
+        assert outbox_rows(engine) == []
+
+    assert count(engine, tables.jobs, tables.jobs.c.pipeline_id == pipeline_id) == 1
+    [row] = outbox_rows(engine)
+    assert (row.event_id, row.pipeline_id, row.routing_key, row.published_at) == (
+        env.id,
+        pipeline_id,
+        "lyric.started",
+        None,
+    )
+    with engine.connect() as conn:
+        stored = conn.execute(sa.select(tables.outbox.c.envelope)).scalar_one()
+    assert stored == env.model_dump(mode="json")
+
+
+def test_outbox_row_disappears_with_a_rollback(engines):
+    """An exception after the state change and its event were written leaves neither behind."""
+    engine = engines["lyric"]
+    pipeline_id = str(uuid.uuid4())
+    with pytest.raises(Boom), db.transaction(engine) as conn:
+        create_job(conn, pipeline_id)
+        outbox.add(conn, lyric_started(pipeline_id, 1), "lyric.started", "/t")
+        raise Boom()
+
+    assert count(engine, tables.jobs) == 0
+    assert outbox_rows(engine) == []
+
+
+def test_notify_goes_out_once_after_commit_never_before(installation, engines):
+    """No NOTIFY while the writing transaction is open; exactly one after it commits, however many rows."""
+    engine = engines["lyric"]
+    pipeline_id = str(uuid.uuid4())
+    with listening(installation.database_urls["lyric"]) as listener:
+        with db.transaction(engine) as conn:
+            create_job(conn, pipeline_id)
+            for attempt in (1, 2, 3):
+                outbox.add(conn, lyric_started(pipeline_id, attempt), "lyric.started", "/t")
+            assert notifications_before_probe(listener, engine) == []
+
+        assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
+        assert len(outbox_rows(engine)) == 3
+
+
+def test_no_notify_after_a_rollback_or_without_an_outbox_write(installation, engines):
+    """A rolled-back outbox write wakes nobody, nor does a committed transaction that wrote no event."""
+    engine = engines["lyric"]
+    with listening(installation.database_urls["lyric"]) as listener:
+        with pytest.raises(Boom), db.transaction(engine) as conn:
+            outbox.add(conn, lyric_started(str(uuid.uuid4()), 1), "lyric.started", "/t")
+            raise Boom()
+        assert notifications_before_probe(listener, engine) == []
+
+        with db.transaction(engine) as conn:
+            create_job(conn, str(uuid.uuid4()))
+        assert notifications_before_probe(listener, engine) == []
+
+        # The next committed write wakes the relay again: the rollback left no stale state behind.
+        with db.transaction(engine) as conn:
+            outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
+        assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]

@@ -1,0 +1,350 @@
+"""The stage machine on a real PostgreSQL: claims, attempts, retries, leases and timeouts.
+
+A StageRunner of the lyric stage runs a scripted provider (`work`) against the lyric
+database of the installation, as castad_runtime.stage.service wires it; several runners
+with different worker ids play several workers or processes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from castad_contracts import events
+from castad_runtime import db, tables
+from castad_runtime.stage import errors, machine, repository, runner, scheduler
+
+from tests.integration.helpers import eventually, output, pipeline_requested, stage_runner, succeed
+
+pytestmark = pytest.mark.integration
+
+Status = machine.Status
+
+
+class Script:
+    """A provider that raises or returns, call by call, as told; then always returns."""
+
+    def __init__(self, *steps: Exception | None) -> None:
+        self.steps = list(steps)
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, job: repository.Job) -> runner.Output:
+        with self._lock:
+            self.calls += 1
+            step = self.steps.pop(0) if self.steps else None
+        if step is not None:
+            raise step
+        return output()
+
+
+def add_job(stage: runner.StageRunner, **trigger: Any) -> str:
+    """A pipeline.requested accepted by the stage: one PENDING job, due now."""
+    request = pipeline_requested(**trigger)
+    with db.transaction(stage.engine) as conn:
+        assert stage.accept(conn, request)
+    return request.pipeline_id
+
+
+def job_row(engine: sa.Engine, pipeline_id: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(tables.jobs).where(tables.jobs.c.pipeline_id == pipeline_id)).one()
+
+
+def attempt_rows(engine: sa.Engine, pipeline_id: str) -> list[Any]:
+    a, j = tables.attempts, tables.jobs
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(a).join(j, j.c.id == a.c.job_id).where(j.c.pipeline_id == pipeline_id).order_by(a.c.number)
+            )
+        )
+
+
+def emitted(engine: sa.Engine, pipeline_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """(event type, payload) of every outbox row of the pipeline, in the order written."""
+    o = tables.outbox
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(o.c.routing_key, o.c.envelope).where(o.c.pipeline_id == pipeline_id).order_by(o.c.id)
+        )
+        return [(row.routing_key, row.envelope["data"]) for row in rows]
+
+
+def facts(engine: sa.Engine, pipeline_id: str) -> list[tuple[str, int]]:
+    return [(kind.split(".", 1)[1], data["attempt"]) for kind, data in emitted(engine, pipeline_id)]
+
+
+def status_of(engine: sa.Engine, pipeline_id: str) -> Status:
+    return Status(job_row(engine, pipeline_id).status)
+
+
+def end_spans(claims: Iterable[runner.Claim | None]) -> None:
+    for claim in claims:
+        if claim is not None:
+            claim.span.end()
+
+
+@pytest.fixture
+def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+    return engines["lyric"]
+
+
+@pytest.fixture
+def run_scheduler() -> Iterator[Callable[[runner.StageRunner], scheduler.JobScheduler]]:
+    """JobSchedulers polling every 50 ms, stopped after the test."""
+    started: list[scheduler.JobScheduler] = []
+
+    def start(stage: runner.StageRunner) -> scheduler.JobScheduler:
+        jobs = scheduler.JobScheduler(stage, concurrency=2, poll_s=0.05)
+        jobs.start()
+        started.append(jobs)
+        return jobs
+
+    yield start
+    for jobs in started:
+        jobs.stop()
+
+
+def race(n: int, body: Callable[[int], Any]) -> list[Any]:
+    """Run body(i) on n threads released at the same instant; their results in thread order."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+    failures: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[i] = body(i)
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert not failures, failures
+    return results
+
+
+def test_of_runners_racing_for_one_due_job_exactly_one_claims_it(engine):
+    """Eight workers claim at the same instant: one wins the compare-and-set, one attempt is opened."""
+    runners = [stage_runner(engine, succeed, worker=f"worker-{i}") for i in range(8)]
+    pipeline_id = add_job(runners[0])
+
+    claims = race(len(runners), lambda i: runners[i].claim_next())
+    end_spans(claims)
+
+    winners = [i for i, claim in enumerate(claims) if claim is not None]
+    assert len(winners) == 1
+    job = job_row(engine, pipeline_id)
+    assert (job.status, job.version, job.attempts, job.lease_owner) == ("RUNNING", 1, 1, f"worker-{winners[0]}")
+    [attempt] = attempt_rows(engine, pipeline_id)
+    assert (attempt.number, attempt.worker, attempt.outcome) == (1, f"worker-{winners[0]}", "running")
+    assert facts(engine, pipeline_id) == [("started", 1)]
+
+
+def test_racing_runners_claim_each_of_many_jobs_exactly_once(engine):
+    """Eight workers claim until nothing is due: six jobs, six claims, each job by one worker."""
+    runners = [stage_runner(engine, succeed, worker=f"worker-{i}") for i in range(8)]
+    pipelines = {add_job(runners[0]) for _ in range(6)}
+
+    def claim_all(i: int) -> list[runner.Claim]:
+        claims = []
+        while (claim := runners[i].claim_next()) is not None:
+            claims.append(claim)
+        return claims
+
+    claims = [claim for claimed in race(len(runners), claim_all) for claim in claimed]
+    end_spans(claims)
+
+    assert sorted(claim.job.pipeline_id for claim in claims) == sorted(pipelines)
+    for pipeline_id in pipelines:
+        assert len(attempt_rows(engine, pipeline_id)) == 1
+        assert facts(engine, pipeline_id) == [("started", 1)]
+
+
+def test_a_retryable_failure_waits_its_backoff_then_is_claimed_again(engine):
+    """Attempt 1 fails retryably: RETRY_WAIT with due_at one backoff (1 s) ahead, a StageRetrying event
+    announcing it, no claim before it is due; attempt 2 is claimed once due and succeeds."""
+    work = Script(errors.RetryableProviderError("busy", "provider busy"))
+    stage = stage_runner(engine, work, backoff_s=1.0)
+    pipeline_id = add_job(stage)
+
+    stage.execute(stage.claim_next())
+
+    job = job_row(engine, pipeline_id)
+    assert (job.status, job.attempts, job.last_error_code, job.lease_owner) == ("RETRY_WAIT", 1, "busy", None)
+    assert job.due_at - job.updated_at == dt.timedelta(seconds=1)
+    [(_, started), (kind, retrying)] = emitted(engine, pipeline_id)
+    assert kind == "lyric.retrying"
+    assert (retrying["attempt"], retrying["max_attempts"], retrying["error_code"]) == (1, 3, "busy")
+    assert dt.datetime.fromisoformat(retrying["next_attempt_at"]) == job.due_at
+    assert stage.claim_next() is None, "claimed a second before it was due"
+
+    claim = eventually(stage.claim_next, timeout=5, interval=0.05, what="the retry claimed once due")
+    stage.execute(claim)
+
+    first, second = attempt_rows(engine, pipeline_id)
+    assert (first.outcome, first.error_code, second.outcome) == ("failed_retryable", "busy", "succeeded")
+    assert second.started_at >= job.due_at
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert facts(engine, pipeline_id) == [("started", 1), ("retrying", 1), ("started", 2), ("completed", 2)]
+    assert work.calls == 2
+
+
+def test_when_attempts_run_out_the_job_fails_with_a_stage_failed_event(engine, run_scheduler):
+    """Every attempt fails retryably; the pipeline's own limit (3, under the service's 5) ends it:
+    FAILED after three attempt rows, the last event a StageFailed of attempt 3."""
+    work = Script(*(errors.RetryableProviderError("flaky", f"try {n}") for n in range(1, 10)))
+    stage = stage_runner(engine, work, max_attempts=5)
+    pipeline_id = add_job(stage, max_attempts={events.Stage.LYRIC: 3})
+    run_scheduler(stage)
+
+    eventually(lambda: status_of(engine, pipeline_id).terminal, what="the job ended")
+
+    job = job_row(engine, pipeline_id)
+    assert (job.status, job.attempts, job.max_attempts) == ("FAILED", 3, 3)
+    assert job.finished_at is not None
+    assert [(a.number, a.outcome, a.error_code) for a in attempt_rows(engine, pipeline_id)] == [
+        (n, "failed_retryable", "flaky") for n in (1, 2, 3)
+    ]
+    assert facts(engine, pipeline_id) == [
+        ("started", 1),
+        ("retrying", 1),
+        ("started", 2),
+        ("retrying", 2),
+        ("started", 3),
+        ("failed", 3),
+    ]
+    kind, failed = emitted(engine, pipeline_id)[-1]
+    assert (kind, failed["error_code"], failed["error_message"]) == ("lyric.failed", "flaky", "try 3")
+    assert work.calls == 3
+
+
+def test_a_non_retryable_error_fails_the_job_at_once(engine, run_scheduler):
+    """A permanent provider error on attempt 1 of 3 ends the job: no retry, one attempt row."""
+    work = Script(errors.PermanentProviderError("bad_brief", "cannot sing this"))
+    stage = stage_runner(engine, work)
+    pipeline_id = add_job(stage)
+    run_scheduler(stage)
+
+    eventually(lambda: status_of(engine, pipeline_id).terminal, what="the job ended")
+
+    assert status_of(engine, pipeline_id) is Status.FAILED
+    assert [(a.outcome, a.error_code) for a in attempt_rows(engine, pipeline_id)] == [("failed", "bad_brief")]
+    assert facts(engine, pipeline_id) == [("started", 1), ("failed", 1)]
+    assert work.calls == 1
+
+
+def test_an_expired_lease_is_recovered_by_another_runner_and_the_job_completes(engine, run_scheduler):
+    """Worker A claims and dies (no heartbeat, 0.5 s lease). Worker B's scheduler counts the attempt
+    as lost once the lease expired, retries and completes the job. A's late result changes nothing."""
+    dead = stage_runner(engine, succeed, worker="worker-a", lease_s=0.5)
+    pipeline_id = add_job(dead)
+    zombie = dead.claim_next()
+    assert zombie is not None
+    run_scheduler(stage_runner(engine, succeed, worker="worker-b"))
+
+    eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="B completed the job")
+
+    lost, done = attempt_rows(engine, pipeline_id)
+    assert (lost.worker, lost.outcome, lost.error_code) == ("worker-a", "failed_retryable", "lease_expired")
+    assert lost.finished_at - lost.started_at >= dt.timedelta(seconds=0.5)
+    assert (done.worker, done.outcome) == ("worker-b", "succeeded")
+    assert facts(engine, pipeline_id) == [("started", 1), ("retrying", 1), ("started", 2), ("completed", 2)]
+
+    before = (job_row(engine, pipeline_id), attempt_rows(engine, pipeline_id), emitted(engine, pipeline_id))
+    dead.execute(zombie)  # the dead worker wakes up and reports a result for its lost claim
+    assert (job_row(engine, pipeline_id), attempt_rows(engine, pipeline_id), emitted(engine, pipeline_id)) == before
+
+
+def test_a_hung_provider_call_times_out_as_a_retryable_failure(engine):
+    """A provider call that never returns ends the attempt after attempt_timeout_s (0.5 s): RETRY_WAIT,
+    error attempt_timeout, and the worker is free again."""
+    release = threading.Event()
+
+    def hang(job: repository.Job) -> runner.Output:
+        release.wait(timeout=30)
+        return output()
+
+    stage = stage_runner(engine, hang, attempt_timeout_s=0.5)
+    pipeline_id = add_job(stage)
+    claim = stage.claim_next()
+    assert claim is not None
+    provider_thread = f"provider-{claim.job.id}"
+    try:
+        started = time.monotonic()
+        stage.execute(claim)
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        for thread in threading.enumerate():
+            if thread.name == provider_thread:
+                thread.join(timeout=5)
+
+    assert 0.5 <= elapsed < 5
+    job = job_row(engine, pipeline_id)
+    assert (job.status, job.last_error_code) == ("RETRY_WAIT", "attempt_timeout")
+    assert [(a.outcome, a.error_code) for a in attempt_rows(engine, pipeline_id)] == [
+        ("failed_retryable", "attempt_timeout")
+    ]
+    assert facts(engine, pipeline_id) == [("started", 1), ("retrying", 1)]
+
+
+def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(engine):
+    """An attempt runs for several times its 0.6 s lease while another worker keeps looking for lost
+    leases and due jobs: the heartbeat keeps moving the lease ahead, nobody steals the job, and it
+    succeeds on its first attempt."""
+    finish = threading.Event()
+
+    def slow(job: repository.Job) -> runner.Output:
+        finish.wait(timeout=30)
+        return output()
+
+    alive = stage_runner(engine, slow, worker="worker-a", lease_s=0.6)
+    thief = stage_runner(engine, succeed, worker="worker-b")
+    pipeline_id = add_job(alive)
+    claim = alive.claim_next()
+    assert claim is not None
+    stop = threading.Event()
+    stolen: list[object] = []
+
+    def look_for_lost_work() -> None:
+        while not stop.wait(0.05):
+            if recovered := thief.recover_expired_leases():
+                stolen.append(recovered)
+            if (taken := thief.claim_next()) is not None:
+                taken.span.end()
+                stolen.append(taken)
+
+    leases: set[dt.datetime] = set()
+    claimed = time.monotonic()
+
+    def outlived_its_lease_thrice() -> bool:
+        leases.add(job_row(engine, pipeline_id).lease_expires_at)
+        return time.monotonic() - claimed > 3 * 0.6 and len(leases) >= 6
+
+    threads = [threading.Thread(target=alive.execute, args=(claim,)), threading.Thread(target=look_for_lost_work)]
+    for thread in threads:
+        thread.start()
+    try:
+        eventually(outlived_its_lease_thrice, timeout=10, what="1.8 s of attempt, the lease renewed 5 times")
+    finally:
+        finish.set()
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+
+    assert stolen == []
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert [(a.number, a.worker, a.outcome) for a in attempt_rows(engine, pipeline_id)] == [
+        (1, "worker-a", "succeeded")
+    ]
+    assert facts(engine, pipeline_id) == [("started", 1), ("completed", 1)]
