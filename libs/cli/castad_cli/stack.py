@@ -81,8 +81,10 @@ class Stack:
 
     def start(self, name: str, extra_env: Mapping[str, str] | None = None) -> None:
         with (self.log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
+            # `exec`: the service replaces the shell, so waiting for this process waits for the
+            # service itself (a shell dies at once on SIGTERM and would leave it still stopping).
             self.processes[name] = subprocess.Popen(
-                self.commands[name],
+                f"exec {self.commands[name]}",
                 shell=True,
                 env={**self.env, **(extra_env or {})},
                 stdout=log,

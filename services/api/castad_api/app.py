@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -18,7 +20,9 @@ from castad_contracts import api, brief, events
 from castad_runtime import artifacts, db, outbox
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from castad_api import model, notifications, projection, repository
@@ -205,14 +209,17 @@ async def pipeline_events(
 
 async def _stream(gw: Gateway, pipeline_id: uuid.UUID, after: int) -> AsyncIterator[dict[str, Any]]:
     while True:
-        rows, terminal = await run_in_threadpool(_timeline, gw.engine, pipeline_id, after)
-        for row in rows:
-            after = row.seq
-            yield {"id": str(row.seq), "event": "progress", "data": json.dumps(row.data, ensure_ascii=False)}
-        if terminal and not rows:
-            return
-        if not rows:
-            await gw.notifications.wait(str(pipeline_id), gw.config.sse_poll_s)
+        # Subscribed before the read, so that a projection committed after it still wakes the wait.
+        with gw.notifications.subscribe(str(pipeline_id)) as grown:
+            rows, terminal = await run_in_threadpool(_timeline, gw.engine, pipeline_id, after)
+            for row in rows:
+                after = row.seq
+                yield {"id": str(row.seq), "event": "progress", "data": json.dumps(row.data, ensure_ascii=False)}
+            if terminal and not rows:
+                return
+            if not rows:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(grown.wait(), gw.config.sse_poll_s)
 
 
 def _timeline(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> tuple[list[Any], bool]:
@@ -287,10 +294,25 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gw
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.include_router(router)
     app.include_router(health)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)
     return app
+
+
+async def _invalid_request(_: Request, exc: Exception) -> Response:
+    """FastAPI's 422, made safe for any input it echoes back. FastAPI's own handler answers with a 500
+    when an input holds a lone surrogate ("\\ud800" in the JSON: UTF-8 cannot encode it, so the body
+    is ASCII-escaped) or is Infinity (`1e400`: strict JSON has no such number, so inputs are left out)."""
+    assert isinstance(exc, RequestValidationError)
+    detail = jsonable_encoder(exc.errors())
+    try:
+        body = json.dumps({"detail": detail}, ensure_ascii=True, allow_nan=False)
+    except ValueError:
+        detail = [{key: value for key, value in error.items() if key != "input"} for error in detail]
+        body = json.dumps({"detail": detail}, ensure_ascii=True, allow_nan=False)
+    return Response(body, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, media_type="application/json")
 
 
 class BodyLimit:
@@ -317,7 +339,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise _BodyTooLarge()
+                    raise _BodyTooLarge(self.max_bytes)
             return message
 
         try:
@@ -326,8 +348,12 @@ class BodyLimit:
             await _too_large(self.max_bytes, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(HTTPException):
+    """Raised while the body is read. An HTTPException, because FastAPI turns any other exception
+    from reading the body into a 400; this one it re-raises, and it is answered as this 413."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(status.HTTP_413_CONTENT_TOO_LARGE, f"request body larger than {max_bytes} bytes")
 
 
 async def _too_large(max_bytes: int, send: Any) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+from collections.abc import Iterator
 
 import psycopg
 
@@ -29,17 +30,26 @@ class PipelineNotifications:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def wait(self, pipeline_id: str, timeout_s: float) -> None:
-        """Return when this pipeline's timeline grew, or after timeout_s."""
+    @contextlib.contextmanager
+    def subscribe(self, pipeline_id: str) -> Iterator[asyncio.Event]:
+        """An event set when this pipeline's timeline grows, from now on.
+
+        Subscribe before reading the timeline: a notification that comes between the
+        read and the wait would otherwise be missed until the next poll.
+        """
         event = asyncio.Event()
         self._waiters[pipeline_id].add(event)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout_s)
+            yield event
         finally:
             self._waiters[pipeline_id].discard(event)
             if not self._waiters[pipeline_id]:
                 del self._waiters[pipeline_id]
+
+    async def wait(self, pipeline_id: str, timeout_s: float) -> None:
+        """Return when this pipeline's timeline grew, or after timeout_s."""
+        with self.subscribe(pipeline_id) as event, contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
 
     async def _listen(self) -> None:
         while True:

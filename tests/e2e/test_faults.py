@@ -1,0 +1,215 @@
+"""Flaky and broken providers: retryable failures are retried to success, a permanent one ends the pipeline."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import pathlib
+import urllib.parse
+import uuid
+
+import pytest
+from castad_contracts import brief
+
+from tests.e2e.conftest import STAGE_SERVICES, in_order, outbox_facts, sample_brief
+
+pytestmark = pytest.mark.e2e
+
+FLAKY = {f"CASTAD_{stage}_FAULT_FAILURE_RATE": "0.3" for stage in ("LYRIC", "SONG", "VIDEO")}
+PIPELINES = 20
+
+
+def _file(uri: str) -> pathlib.Path:
+    parsed = urllib.parse.urlparse(uri)
+    assert parsed.scheme == "file", uri
+    return pathlib.Path(urllib.parse.unquote(parsed.path))
+
+
+def _sha256(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.timeout(240)
+def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_recorded(castad, dbs, installation):
+    running = castad(FLAKY)
+    genres = list(brief.Genre)
+    ids = [
+        running.submit(
+            brief.Brief(
+                customer_name=f"가게 {n}",
+                region="군산",
+                detail_region_info="바다가 보이는 한옥",
+                language=brief.Language.KOREAN if n % 2 else brief.Language.ENGLISH,
+                genre=genres[n % len(genres)],
+                orientation=brief.Orientation.VERTICAL if n % 3 else brief.Orientation.HORIZONTAL,
+                duration_s=3,
+            )
+        )
+        for n in range(PIPELINES)
+    ]
+    assert len(set(ids)) == PIPELINES
+
+    views = running.wait_terminal(ids, timeout_s=180)
+
+    assert {pid: view.status for pid, view in views.items()} == dict.fromkeys(ids, "SUCCEEDED")
+    failures = {service: 0 for service in STAGE_SERVICES}
+    for service in STAGE_SERVICES:
+        jobs = dbs.jobs_of(service, ids)
+        # Exactly one job per pipeline in this stage's own database, and it succeeded.
+        assert sorted(job["pipeline_id"] for job in jobs) == sorted(ids), service
+        for job in jobs:
+            assert job["status"] == "SUCCEEDED", (service, dict(job))
+            assert job["lease_owner"] is None and job["finished_at"] is not None
+            attempts = dbs.attempts_of(service, job["id"])
+            # Every attempt is a row: 1..n, all failed (retryable, injected) but the last.
+            assert job["attempts"] == len(attempts) >= 1, (service, dict(job))
+            assert [a["number"] for a in attempts] == list(range(1, len(attempts) + 1))
+            *failed, last = attempts
+            assert last["outcome"] == "succeeded" and last["error_code"] is None
+            for attempt in failed:
+                assert attempt["outcome"] == "failed_retryable", dict(attempt)
+                assert attempt["error_code"] == "injected_fault"
+                assert attempt["finished_at"] is not None
+            failures[service] += len(failed)
+
+            # The gateway shows the same attempt count and the artifact this job made.
+            stage = next(s for s in views[job["pipeline_id"]].stages if s.stage.value == service)
+            assert stage.status == "SUCCEEDED"
+            assert stage.attempts == job["attempts"]
+            artifact = job["result"]["artifact"]
+            assert stage.artifact is not None and stage.artifact.sha256 == artifact["sha256"]
+            path = _file(artifact["uri"])
+            assert path.is_file() and path.stat().st_size == artifact["size"]
+            assert _sha256(path) == artifact["sha256"]
+
+        # One completed event per job in this stage's outbox, every outbox row published.
+        completed = [r for r in dbs.outbox_of(service) if r["routing_key"] == f"{service}.completed"]
+        assert sorted(r["pipeline_id"] for r in completed) == sorted(ids)
+        retrying = [r for r in dbs.outbox_of(service) if r["routing_key"] == f"{service}.retrying"]
+        assert len(retrying) == failures[service]
+    assert sum(failures.values()) > 0, failures
+    running.wait_until("every outbox row published", lambda: dbs.unpublished() == {})
+
+    # One artifact file per stage and nothing else visible in each pipeline's directory.
+    for pid in ids:
+        names = sorted(p.name for p in (installation.artifacts_dir / pid).iterdir() if not p.name.startswith("."))
+        assert names == ["lyric.txt", "song.wav", "video.mp4"], (pid, names)
+
+    # Listing: newest first, cursor pagination covers every pipeline once.
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        params: dict[str, str | int] = {"limit": 7, "status": "SUCCEEDED"}
+        if cursor:
+            params["cursor"] = cursor
+        page = running.http.get("/v1/pipelines", params=params)
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert len(body["items"]) <= 7
+        seen.extend(item["id"] for item in body["items"])
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
+    created = [views[pid].created_at for pid in seen]
+    assert created == sorted(created, reverse=True)
+    for status, stage, expected in (("FAILED", None, 0), ("RUNNING", None, 0), (None, "video", PIPELINES)):
+        params = {"limit": 100} | ({"status": status} if status else {}) | ({"stage": stage} if stage else {})
+        assert len(running.http.get("/v1/pipelines", params=params).json()["items"]) == expected
+
+
+@pytest.mark.timeout(120)
+def test_a_permanent_failure_ends_the_pipeline_at_that_stage_and_nothing_later_starts(castad, dbs):
+    running = castad({"CASTAD_SONG_FAULT_FAILURE_RATE": "1", "CASTAD_SONG_FAULT_RETRYABLE": "false"})
+    pipeline_id = running.submit(sample_brief())
+
+    view = running.wait_terminal([pipeline_id])[pipeline_id]
+
+    # The gateway's status names the stage and the error.
+    assert view.status == "FAILED"
+    assert view.current_stage is not None and view.current_stage.value == "song"
+    assert view.error_code == "injected_fault"
+    assert view.error_message is not None and "permanent fault" in view.error_message
+    stages = {s.stage.value: s for s in view.stages}
+    assert stages["lyric"].status == "SUCCEEDED"
+    assert stages["song"].status == "FAILED"
+    assert stages["song"].attempts == 1  # not retried: the error is not retryable
+    assert stages["song"].last_error_code == "injected_fault"
+    assert stages["video"].status == "PENDING"
+    assert stages["video"].attempts == 0 and stages["video"].started_at is None
+
+    # The event stream ends on the failure, with the error.
+    events = running.events(pipeline_id)
+    last_id, last_event, final = events[-1]
+    assert last_event == "progress"
+    assert final["step"] == "song" and final["status"] == "failed"
+    assert final["pipeline_status"] == "FAILED"
+    assert final["error"] == {"code": "injected_fault", "message": view.error_message}
+    assert "lyric" in final["artifacts"] and "song" not in final["artifacts"]
+    steps = [(e[2]["step"], e[2]["status"]) for e in events]
+    final_step = ("song", "failed")
+    assert steps[-1] == final_step
+    assert steps[0] == ("pipeline", "requested")
+    full = [("pipeline", "requested"), ("lyric", "started"), ("lyric", "completed"), ("song", "started"), final_step]
+    assert in_order(steps, full) and ("lyric", "completed") in steps
+    assert [int(e[0]) for e in events] == sorted(int(e[0]) for e in events)
+    # Resuming after the last event gives nothing more; after the first, everything else.
+    assert running.events(pipeline_id, last_event_id=last_id) == []
+    assert running.events(pipeline_id, last_event_id=events[0][0]) == events[1:]
+
+    # The song database: one job, FAILED after one attempt; nothing announced it completed.
+    (job,) = dbs.jobs_of("song", [pipeline_id])
+    assert job["status"] == "FAILED" and job["attempts"] == 1
+    assert job["last_error_code"] == "injected_fault"
+    (attempt,) = dbs.attempts_of("song", job["id"])
+    assert attempt["outcome"] == "failed" and attempt["error_code"] == "injected_fault"
+    assert [r["routing_key"] for r in dbs.outbox_of("song", pipeline_id)] == ["song.started", "song.failed"]
+
+    # Every event was published, and the video stage never heard of this pipeline.
+    running.wait_until("every outbox row published", lambda: dbs.unpublished() == {})
+    assert dbs.jobs_of("video", [pipeline_id]) == []
+    assert dbs.inbox_of("video", pipeline_id) == []
+    assert dbs.outbox_of("video", pipeline_id) == []
+
+    # Listing by status and by stage finds it; an unknown or bad id is a clean 4xx.
+    failed = running.http.get("/v1/pipelines", params={"status": "FAILED", "stage": "song"}).json()
+    assert [item["id"] for item in failed["items"]] == [pipeline_id]
+    assert running.http.get("/v1/pipelines", params={"status": "SUCCEEDED"}).json()["items"] == []
+    assert running.http.get("/v1/pipelines", params={"stage": "video"}).json()["items"] == []
+    unknown = running.http.get(f"/v1/pipelines/{uuid.uuid4()}/events")
+    assert unknown.status_code == 404
+    missing = running.http.get(f"/v1/pipelines/{pipeline_id}/artifacts/video")
+    assert missing.status_code == 404 and "video" in missing.json()["detail"]
+    bad_cursor = running.http.get("/v1/pipelines", params={"cursor": base64.b64encode(b"nope").decode()})
+    assert bad_cursor.status_code == 422 and "cursor" in bad_cursor.text
+
+
+@pytest.mark.timeout(120)
+def test_retryable_failures_end_the_pipeline_once_the_attempts_run_out(castad, dbs):
+    running = castad({"CASTAD_VIDEO_FAULT_FAILURE_RATE": "1", "CASTAD_VIDEO_MAX_ATTEMPTS": "3"})
+    pipeline_id = running.submit(sample_brief())
+
+    view = running.wait_terminal([pipeline_id])[pipeline_id]
+
+    assert view.status == "FAILED" and view.error_code == "injected_fault"
+    video = next(s for s in view.stages if s.stage.value == "video")
+    assert (video.status, video.attempts, video.max_attempts) == ("FAILED", 3, 3)
+    (job,) = dbs.jobs_of("video", [pipeline_id])
+    assert (job["status"], job["attempts"], job["max_attempts"]) == ("FAILED", 3, 3)
+    attempts = dbs.attempts_of("video", job["id"])
+    assert [(a["number"], a["error_code"]) for a in attempts] == [(n, "injected_fault") for n in (1, 2, 3)]
+    assert all(a["outcome"].startswith("failed") and a["finished_at"] for a in attempts)
+    expected = [
+        ("video", "started", 1),
+        ("video", "retrying", 1),
+        ("video", "started", 2),
+        ("video", "retrying", 2),
+        ("video", "started", 3),
+        ("video", "failed", 3),
+    ]
+    assert outbox_facts(dbs.outbox_of("video", pipeline_id)) == expected
+    events = running.events(pipeline_id)
+    steps = [(e["step"], e["status"], e["attempt"]) for _, _, e in events if e["step"] == "video"]
+    assert in_order(steps, expected) and steps[-1] == ("video", "failed", 3)
+    assert events[-1][2]["error"]["code"] == "injected_fault"
+    assert events[-1][2]["pipeline_status"] == "FAILED"
