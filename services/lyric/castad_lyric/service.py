@@ -11,7 +11,7 @@ from castad_runtime.stage import service as stage_service
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from castad_lyric import provider
+from castad_lyric import instant, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -32,7 +32,9 @@ def render_text(lyrics: events.Lyrics) -> str:
 
 
 def make_work(config: stage_service.StageSettings) -> runner.Work:
-    writer = provider.LocalLyricProvider()
+    writer: provider.LyricProvider = (
+        instant.InstantLyricProvider() if config.provider == "instant" else provider.LocalLyricProvider()
+    )
     store = artifacts.ArtifactStore(config.artifacts_dir)
 
     def work(job: repository.Job) -> runner.Output:

@@ -11,7 +11,7 @@ from castad_runtime.stage import service as stage_service
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from castad_song import provider
+from castad_song import instant, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -23,7 +23,9 @@ class SongSettings(stage_service.StageSettings):
 
 
 def make_work(config: stage_service.StageSettings) -> runner.Work:
-    composer = provider.LocalSongProvider()
+    composer: provider.SongProvider = (
+        instant.InstantSongProvider() if config.provider == "instant" else provider.LocalSongProvider()
+    )
     store = artifacts.ArtifactStore(config.artifacts_dir)
 
     def work(job: repository.Job) -> runner.Output:

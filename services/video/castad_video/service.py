@@ -11,7 +11,7 @@ from castad_runtime.stage import service as stage_service
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from castad_video import provider
+from castad_video import instant, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -28,9 +28,13 @@ class VideoSettings(stage_service.StageSettings):
 
 def make_work(config: stage_service.StageSettings) -> runner.Work:
     assert isinstance(config, VideoSettings)
-    renderer = provider.LocalVideoProvider(
-        short_side=config.short_side, fps=config.fps, font_path=config.font_path, ffmpeg=config.ffmpeg
-    )
+    renderer: provider.VideoProvider
+    if config.provider == "instant":
+        renderer = instant.InstantVideoProvider(ffmpeg=config.ffmpeg)
+    else:
+        renderer = provider.LocalVideoProvider(
+            short_side=config.short_side, fps=config.fps, font_path=config.font_path, ffmpeg=config.ffmpeg
+        )
     store = artifacts.ArtifactStore(config.artifacts_dir)
 
     def work(job: repository.Job) -> runner.Output:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
+from typing import Literal
 
 from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
@@ -29,6 +30,10 @@ class StageSettings(settings.CommonSettings):
     concurrency: int = Field(default=2, ge=1, le=64, description="attempts running at once in this process")
     consumer_threads: int = Field(default=2, ge=1, le=64, description="Dramatiq threads handling events")
     poll_s: float = Field(default=0.5, gt=0, le=60, description="how often due retries and lost leases are checked")
+    provider: Literal["local", "instant"] = Field(
+        default="local",
+        description="`local` makes the real artifact offline; `instant` writes a tiny valid one at once (benchmarks)",
+    )
     fault_failure_rate: float = Field(default=0.0, ge=0, le=1, description="share of provider calls that fail")
     fault_retryable: bool = Field(default=True, description="whether injected failures are retryable")
     fault_latency_s: float = Field(default=0.0, ge=0, description="added delay before every provider call")
@@ -85,6 +90,8 @@ def run(definition: StageDefinition, config: StageSettings) -> None:
     messaging.declare_topology(config.amqp_url, topo)
     broker = messaging.make_broker(config.amqp_url)
     messaging.EventConsumer(broker, service, topo, {definition.trigger: on_trigger})
+    # Parts stop in reverse order: the scheduler first, so that a stopping service claims no new
+    # attempt while it waits for its running ones; events still arriving only become job rows.
     process.run_until_signalled(
-        service, [jobs, process.ConsumerWorker(broker, config.consumer_threads)], on_stop=engine.dispose
+        service, [process.ConsumerWorker(broker, config.consumer_threads), jobs], on_stop=engine.dispose
     )

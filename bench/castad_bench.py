@@ -1,0 +1,463 @@
+"""A. Castad end to end with instant providers, every service its own process.
+
+One isolated installation per run, like the tests': a database per service
+(`castad_bench_<run>_<service>`, migrated by castad_runtime.migrations through
+castad_cli.stack.prepare), its own RabbitMQ namespace (`bench-<run>`), its own artifacts
+directory, and api, relay, lyric, song and video started from infra/local/Procfile by
+castad_cli.stack.Stack with `CASTAD_<STAGE>_PROVIDER=instant`. Everything else keeps its
+documented default.
+
+Timestamps all come from one host clock: PostgreSQL's (now(), clock_timestamp()) and
+Python's time.time() are both CLOCK_REALTIME of this machine.
+
+- commit: during the idle run only, a deferred constraint trigger on each outbox, added
+  by the harness to its own databases, records clock_timestamp() per row when the
+  writing transaction COMMITs (deferred triggers fire at COMMIT, before the commit's WAL
+  flush). outbox.created_at is now() = the start of the writing transaction, earlier.
+- notify seen: a LISTEN connection of the harness on each database, next to the relay's.
+- broker routed: arrival on a tap queue of the harness bound to the exchange with `#`.
+- published: outbox.published_at, set by the relay after RabbitMQ confirmed the row.
+- handler start: inbox.received_at in the consuming service = now() of the handler's
+  transaction, whose first statement is the inbox insert.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime as dt
+import functools
+import json
+import os
+import pathlib
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+import httpx_sse
+import pika
+import psycopg
+from castad_cli import stack as stack_
+from castad_contracts import brief, topology
+from castad_runtime import db, messaging, migrations
+
+from bench import common, cpu, stats
+
+SERVICES = ("api", "lyric", "song", "video")
+STAGES = ("lyric", "song", "video")
+TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
+# The chain of a pipeline: (event type, producing database, consuming database).
+CHAIN = (
+    ("pipeline.requested", "api", "lyric"),
+    ("lyric.completed", "lyric", "song"),
+    ("song.completed", "song", "video"),
+    ("video.completed", "video", "api"),
+)
+
+COMMIT_CLOCK = """
+CREATE TABLE IF NOT EXISTS bench_commit (event_id uuid PRIMARY KEY, committed_at timestamptz NOT NULL);
+CREATE OR REPLACE FUNCTION bench_commit_time() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO bench_commit VALUES (NEW.event_id, clock_timestamp());
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER bench_commit_time AFTER INSERT ON outbox
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION bench_commit_time();
+"""
+COMMIT_CLOCK_OFF = "DROP TRIGGER IF EXISTS bench_commit_time ON outbox; DROP FUNCTION IF EXISTS bench_commit_time();"
+
+
+def _ts(value: dt.datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def sample_brief(number: int) -> brief.Brief:
+    return brief.Brief(
+        customer_name=f"Bench Cafe {number}",
+        region="Busan",
+        detail_region_info="a small cafe by the sea",
+        language=brief.Language.ENGLISH,
+        genre=brief.Genre.JAZZ,
+        duration_s=3,
+    )
+
+
+class Tap(threading.Thread):
+    """Records when each event reaches a queue of ours bound to the exchange (`#`)."""
+
+    def __init__(self, exchange: str) -> None:
+        super().__init__(name="tap", daemon=True)
+        self.connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+        self.channel = self.connection.channel()
+        declared = self.channel.queue_declare("", exclusive=True, auto_delete=True)
+        self.queue = declared.method.queue
+        self.channel.queue_bind(self.queue, exchange, routing_key="#")
+        self.seen: dict[str, float] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        for method, properties, _ in self.channel.consume(self.queue, auto_ack=True, inactivity_timeout=0.1):
+            if method is not None and properties.message_id:
+                self.seen[properties.message_id] = time.time()
+            if self.stopping.is_set():
+                break
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+        try:
+            self.channel.cancel()
+            self.connection.close()
+        except Exception:
+            pass
+
+
+class NotifyClock(threading.Thread):
+    """Records when outbox notifications of one database arrive (a LISTEN like the relay's)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(name="notify-clock", daemon=True)
+        self.conn = psycopg.connect(common.dsn(url), autocommit=True)
+        self.conn.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
+        self.arrivals: list[float] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            for _ in self.conn.notifies(timeout=0.1):
+                self.arrivals.append(time.time())
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+        self.conn.close()
+
+
+@dataclasses.dataclass
+class Record:
+    pipeline_id: str
+    posted: float  # client clock when the POST was sent
+    streamed: float | None = None  # client clock when the terminal event arrived on the SSE stream
+
+
+class CastadBench:
+    def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path) -> None:
+        self.cleanup = cleanup
+        self.namespace = f"bench-{common.RUN_ID}"
+        self.topology = topology.Topology(self.namespace)
+        self.urls = {svc: common.database_url(f"castad_bench_{common.RUN_ID}_{svc}") for svc in SERVICES}
+        self.artifacts_dir = workdir / "artifacts"
+        self.log_dir = workdir / "logs"
+        self.port = common.free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.stack: stack_.Stack | None = None
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+
+    def env(self) -> dict[str, str]:
+        return {
+            "CASTAD_AMQP_URL": common.AMQP_URL,
+            "CASTAD_NAMESPACE": self.namespace,
+            "CASTAD_ARTIFACTS_DIR": str(self.artifacts_dir),
+            "CASTAD_RELAY_SOURCES": ",".join(self.urls.values()),
+            "CASTAD_API_PORT": str(self.port),
+            "OTEL_TRACES_EXPORTER": "none",
+            **{f"CASTAD_{svc.upper()}_DATABASE_URL": url for svc, url in self.urls.items()},
+            **{f"CASTAD_{stage.upper()}_PROVIDER": "instant" for stage in STAGES},
+        }
+
+    # -- set-up and tear-down ------------------------------------------------------------
+
+    def setup(self) -> None:
+        for url in self.urls.values():
+            self.cleanup.push(f"drop {url.rsplit('/', 1)[-1]}", functools.partial(migrations.drop_database, url))
+        self.cleanup.push("delete topology", lambda: messaging.delete_topology(common.AMQP_URL, self.topology))
+        self.cleanup.push("remove artifacts", lambda: shutil.rmtree(self.artifacts_dir, ignore_errors=True))
+        for line in stack_.prepare(self.env()):
+            common.log.info("castad: %s", line)
+
+    def start(self) -> None:
+        self.stack = stack_.Stack(self.env(), self.log_dir)
+        self.cleanup.push("stop services", self.stack.stop_all)
+        self.stack.start_all()
+        self.stack.wait_ready(self.base_url, timeout_s=120)
+        self.cleanup.push("close clients", self._close_clients)
+
+    def commit_clock(self, on: bool) -> None:
+        for url in self.urls.values():
+            with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+                conn.execute(COMMIT_CLOCK if on else COMMIT_CLOCK_OFF)
+
+    # -- driving -------------------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = httpx.Client(base_url=self.base_url, timeout=30)
+            self._local.client = client
+            self._clients.append(client)  # list.append is atomic; closed at the end
+        return client
+
+    def _close_clients(self) -> None:
+        for client in self._clients:
+            client.close()
+
+    def submit(self, number: int) -> Record:
+        body = sample_brief(number).model_dump_json()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": f"bench-{uuid.uuid4()}"}
+        posted = time.time()
+        response = self._client().post("/v1/pipelines", content=body, headers=headers)
+        if response.status_code != 202:
+            raise RuntimeError(f"gateway answered {response.status_code}: {response.text[:300]}")
+        return Record(response.json()["id"], posted)
+
+    def follow(self, record: Record) -> str:
+        """Read the pipeline's event stream until its terminal event; returns the final status."""
+        with httpx_sse.connect_sse(self._client(), "GET", f"/v1/pipelines/{record.pipeline_id}/events") as source:
+            for sse in source.iter_sse():
+                if not sse.data:
+                    continue
+                status = json.loads(sse.data).get("pipeline_status")
+                if status in TERMINAL:
+                    record.streamed = time.time()
+                    return str(status)
+        raise RuntimeError(f"event stream of {record.pipeline_id} closed before a terminal event")
+
+    def sequential(self, count: int, first: int, pause_s: float = 0.02) -> list[Record]:
+        """One pipeline at a time: submit, follow its stream to the end, pause, next."""
+        records = []
+        for number in range(first, first + count):
+            assert self.stack is not None
+            self.stack.check_alive()
+            record = self.submit(number)
+            status = self.follow(record)
+            if status != "SUCCEEDED":
+                raise RuntimeError(f"pipeline {record.pipeline_id} ended {status}; logs in {self.log_dir}")
+            records.append(record)
+            time.sleep(pause_s)
+        return records
+
+    def wait_all(self, ids: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
+            while True:
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'SUCCEEDED'), count(*) FILTER (WHERE status = 'FAILED')"
+                    " FROM pipelines WHERE id = ANY(%s::uuid[])",
+                    (ids,),
+                ).fetchone()
+                assert row is not None
+                done, failed = row
+                if failed:
+                    raise RuntimeError(f"{failed} pipelines FAILED; logs in {self.log_dir}")
+                if done == len(ids):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{done} of {len(ids)} pipelines SUCCEEDED after {timeout_s} s")
+                assert self.stack is not None
+                self.stack.check_alive()
+                time.sleep(0.05)
+
+    def throughput(self, count: int, concurrency: int, first: int, timeout_s: float = 300) -> dict[str, Any]:
+        """Submit `count` pipelines, at most `concurrency` requests at a time, until all SUCCEEDED."""
+        before = self.cpu_snapshot()
+        started = time.time()
+        with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="submit") as pool:
+            records = list(pool.map(self.submit, range(first, first + count)))
+        submitted = time.time()
+        ids = [record.pipeline_id for record in records]
+        self.wait_all(ids, timeout_s)
+        after = self.cpu_snapshot()
+        with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[])", (ids,)
+            ).fetchall()
+        last = max(_ts(finished) or 0.0 for _, finished in rows)
+        latencies = [(_ts(finished) or 0.0) - (_ts(created) or 0.0) for created, finished in rows]
+        seconds = last - started
+        return {
+            "pipelines": count,
+            "concurrency": concurrency,
+            "seconds": seconds,
+            "rate": count / seconds,
+            "submit_seconds": submitted - started,
+            "latency_ms": stats.summary(stats.ms(latencies)),
+            "cpu_ms_per_pipeline": {name: cpu.used(before[name], after[name]) * 1000 / count for name in before},
+        }
+
+    def cpu_snapshot(self) -> dict[str, cpu.Snapshot]:
+        assert self.stack is not None
+        snapshots = {name: cpu.snapshot(cpu.in_group(p.pid)) for name, p in self.stack.processes.items()}
+        snapshots["postgres"] = cpu.snapshot(cpu.postgres_backends(f"castad_bench_{common.RUN_ID}_"))
+        snapshots["rabbitmq"] = cpu.snapshot(cpu.rabbitmq())
+        snapshots["client"] = cpu.snapshot(lambda pid, pgrp, cmdline: pid == os.getpid())
+        return snapshots
+
+    # -- the idle run with its observers ----------------------------------------------------
+
+    def idle(self, count: int, warmup: int) -> dict[str, Any]:
+        """Warm up, then `count` pipelines one at a time with every clock of the handoff running."""
+        self.commit_clock(True)
+        observers: list[Any] = []
+        try:
+            tap = Tap(self.topology.exchange)
+            observers.append(tap)
+            clocks = {svc: NotifyClock(url) for svc, url in self.urls.items()}
+            observers.extend(clocks.values())
+            for observer in observers:
+                observer.start()
+            self.sequential(warmup, first=0)
+            records = self.sequential(count, first=warmup)
+        finally:
+            for observer in observers:
+                observer.stop()
+            self.commit_clock(False)
+        return analyse_idle(self.urls, records, tap.seen, {svc: clock.arrivals for svc, clock in clocks.items()})
+
+
+def _rows(url: str, query: str) -> list[dict[str, Any]]:
+    with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+        cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cursor.execute(query).fetchall()
+
+
+def _match_notifications(outbox: list[dict[str, Any]], arrivals: list[float]) -> dict[str, float]:
+    """Pair the k-th committed outbox transaction of a database with the k-th notification.
+
+    Every outbox-writing transaction sends exactly one notification after its commit, and
+    in a database one transaction follows the other while one pipeline runs at a time, so
+    the orders agree. Returns nothing if the counts differ (a pairing would be a guess).
+    """
+    committed = sorted((row["committed"], str(row["event_id"])) for row in outbox if row["committed"] is not None)
+    if len(committed) != len(arrivals):
+        common.log.warning("notify clock: %d commits, %d notifications; not paired", len(committed), len(arrivals))
+        return {}
+    return {event_id: arrival for (_, event_id), arrival in zip(committed, sorted(arrivals), strict=True)}
+
+
+def analyse_idle(
+    urls: dict[str, str], records: list[Record], tapped: dict[str, float], arrivals: dict[str, list[float]]
+) -> dict[str, Any]:
+    ids = {record.pipeline_id for record in records}
+    events: dict[str, dict[str, Any]] = {}  # event id -> producer side
+    received: dict[str, dict[str, float]] = {svc: {} for svc in SERVICES}  # consumer -> event id -> handler start
+    notified: dict[str, float] = {}
+    for svc, url in urls.items():
+        outbox = _rows(
+            url,
+            "SELECT o.event_id, o.pipeline_id, o.routing_key, o.created_at, o.published_at,"
+            " c.committed_at FROM outbox o LEFT JOIN bench_commit c USING (event_id)",
+        )
+        for row in outbox:
+            row["committed"] = _ts(row["committed_at"])
+        notified.update(_match_notifications(outbox, arrivals[svc]))
+        for row in outbox:
+            event_id = str(row["event_id"])
+            events[event_id] = {
+                "event_id": event_id,
+                "service": svc,
+                "type": row["routing_key"],
+                "pipeline_id": row["pipeline_id"],
+                "created": _ts(row["created_at"]),
+                "committed": row["committed"],
+                "published": _ts(row["published_at"]),
+                "notified": notified.get(event_id),
+                "tapped": tapped.get(event_id),
+            }
+        for row in _rows(url, "SELECT event_id, received_at FROM inbox"):
+            received[svc][str(row["event_id"])] = row["received_at"].timestamp()
+
+    # Per database: when each row was on the broker but not yet confirmed to the relay.
+    in_flight: dict[str, list[tuple[str, float, float]]] = {svc: [] for svc in SERVICES}
+    for event in events.values():
+        if event["tapped"] is not None and event["published"] is not None:
+            in_flight[event["service"]].append((event["event_id"], event["tapped"], event["published"]))
+
+    def hops(kinds: Iterable[tuple[str, str, str]]) -> dict[str, stats.Summary]:
+        parts: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "total",
+                "from_tx_start",
+                "commit_to_notify",
+                "notify_to_broker",
+                "broker_to_handler",
+                "confirmed",
+                "total_while_relay_awaited_confirm",
+            )
+        }
+        for event in events.values():
+            if event["pipeline_id"] not in ids:
+                continue
+            for kind, producer, consumer in kinds:
+                if event["type"] != kind or event["service"] != producer:
+                    continue
+                start = received[consumer].get(event["event_id"])
+                if start is None or event["committed"] is None:
+                    continue
+                parts["total"].append(start - event["committed"])
+                parts["from_tx_start"].append(start - event["created"])
+                if event["published"] is not None:
+                    parts["confirmed"].append(event["published"] - event["committed"])
+                if event["notified"] is not None and event["tapped"] is not None:
+                    parts["commit_to_notify"].append(event["notified"] - event["committed"])
+                    parts["notify_to_broker"].append(event["tapped"] - event["notified"])
+                    parts["broker_to_handler"].append(start - event["tapped"])
+                    if _relay_was_waiting(event, in_flight[producer]):
+                        parts["total_while_relay_awaited_confirm"].append(start - event["committed"])
+        return {name: stats.summary(stats.ms(values)) for name, values in parts.items()}
+
+    projection_kinds = [(f"{stage}.{fact}", stage, "api") for stage in STAGES for fact in ("started", "completed")]
+    result: dict[str, Any] = {
+        "pipelines": len(records),
+        "handoff_stages": hops(CHAIN[:3]),
+        "handoff_per_hop": {kind: hops([(kind, p, c)]) for kind, p, c in CHAIN},
+        "handoff_to_projection": hops(projection_kinds),
+    }
+    # End to end, from the api database's projection and from the client's event stream.
+    api_rows = _rows(urls["api"], "SELECT id, created_at, finished_at FROM pipelines")
+    projected = [
+        row["finished_at"].timestamp() - row["created_at"].timestamp()
+        for row in api_rows
+        if str(row["id"]) in ids and row["finished_at"] is not None
+    ]
+    streamed = [r.streamed - r.posted for r in records if r.streamed is not None]
+    result["e2e_projection_ms"] = stats.summary(stats.ms(projected))
+    result["e2e_client_ms"] = stats.summary(stats.ms(streamed))
+    # Inside each stage: handler start -> attempt claimed -> completed event committed.
+    inside: dict[str, Any] = {}
+    for stage in STAGES:
+        jobs = _rows(
+            urls[stage],
+            "SELECT j.pipeline_id, j.created_at, a.started_at FROM jobs j JOIN attempts a ON a.job_id = j.id"
+            " AND a.number = 1",
+        )
+        completed = {
+            e["pipeline_id"]: e["committed"]
+            for e in events.values()
+            if e["service"] == stage and e["type"] == f"{stage}.completed" and e["committed"] is not None
+        }
+        to_claim, to_done = [], []
+        for job in jobs:
+            if job["pipeline_id"] not in ids or job["pipeline_id"] not in completed:
+                continue
+            to_claim.append(job["started_at"].timestamp() - job["created_at"].timestamp())
+            to_done.append(completed[job["pipeline_id"]] - job["created_at"].timestamp())
+        inside[stage] = {
+            "handler_to_claim_ms": stats.summary(stats.ms(to_claim)),
+            "handler_to_completed_commit_ms": stats.summary(stats.ms(to_done)),
+        }
+    result["inside_stage"] = inside
+    result["notify_paired"] = bool(notified)
+    return result
+
+
+def _relay_was_waiting(event: dict[str, Any], in_flight: list[tuple[str, float, float]]) -> bool:
+    """Whether the row's NOTIFY came while the relay awaited the confirm of an earlier row of its database."""
+    return any(
+        other != event["event_id"] and tapped < event["notified"] < confirmed for other, tapped, confirmed in in_flight
+    )

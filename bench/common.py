@@ -1,0 +1,88 @@
+"""What every part of the harness shares: server addresses, names of this run, clean-up."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+from castad_runtime import settings
+
+log = logging.getLogger("bench")
+
+AMQP_URL = os.environ.get("CASTAD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+PG_URL = os.environ.get("CASTAD_BENCH_PG_URL", settings.DEFAULT_PG)  # postgresql+psycopg://user@host:port
+REPO_ROOT = settings.REPO_ROOT
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+def database_url(name: str) -> str:
+    return f"{PG_URL}/{name}"
+
+
+def dsn(url: str) -> str:
+    """A libpq connection string from a SQLAlchemy URL."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def admin_dsn() -> str:
+    return dsn(database_url("postgres"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cleanup:
+    """Undo steps run last-in first-out, each at most once, whatever fails."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[str, Callable[[], None]]] = []
+
+    def push(self, what: str, step: Callable[[], None]) -> None:
+        self._steps.append((what, step))
+
+    def run(self) -> None:
+        while self._steps:
+            what, step = self._steps.pop()
+            try:
+                step()
+            except Exception as error:  # keep cleaning up the rest
+                print(f"bench: clean-up step {what!r} failed: {error}", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Cleanup]:
+        """Run the steps pushed inside the block when it ends, however it ends."""
+        depth = len(self._steps)
+        try:
+            yield self
+        finally:
+            while len(self._steps) > depth:
+                what, step = self._steps.pop()
+                try:
+                    step()
+                except Exception as error:
+                    print(f"bench: clean-up step {what!r} failed: {error}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM (and SIGHUP) raise KeyboardInterrupt, so `finally` blocks clean up as on Ctrl-C."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

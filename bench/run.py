@@ -1,0 +1,125 @@
+"""`make bench`: run A (Castad), B (plain Dramatiq) and C (NOTIFY), then rewrite BENCHMARKS.md.
+
+Everything runs against the local servers (127.0.0.1) in databases, queues and processes
+of this run only, removed at the end however the run ends (Ctrl-C and SIGTERM included).
+Logs of the services stay in var/bench/<run id>/logs only if the run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pathlib
+import shutil
+import sys
+import time
+from typing import Any
+
+from bench import castad_bench, common, machine, notify, peer, report
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--pipelines", type=int, default=200, help="pipelines of each throughput run")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight while submitting to Castad")
+    parser.add_argument(
+        "--peer-sustained", type=int, default=2000, help="pipelines of a longer throughput run of the plain pipeline"
+    )
+    parser.add_argument("--idle", type=int, default=50, help="pipelines run one at a time for latencies")
+    parser.add_argument("--warmup", type=int, default=5, help="pipelines run before measuring")
+    parser.add_argument("--notify-threads", type=int, default=8)
+    parser.add_argument("--notify-per-thread", type=int, default=1000, help="transactions per writer and round")
+    parser.add_argument("--notify-rounds", type=int, default=2)
+    parser.add_argument("--only", choices=("castad", "peer", "notify"), action="append", help="run only these parts")
+    parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
+    return parser.parse_args(argv)
+
+
+def _phase(results: dict[str, Any], name: str) -> None:
+    results.setdefault("load", {})[name] = machine.load()
+    common.log.info("%s (load average %.2f %.2f %.2f)", name, *machine.load())
+
+
+def run_castad(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+    with cleanup.scope():
+        bench = castad_bench.CastadBench(cleanup, workdir)
+        bench.setup()
+        bench.start()
+        idle = bench.idle(args.idle, warmup=args.warmup)
+        throughput = bench.throughput(args.pipelines, args.concurrency, first=args.warmup + args.idle)
+        settings = {key: value for key, value in bench.env().items() if not key.endswith(("_URL", "_SOURCES"))}
+    return {"idle": idle, "throughput": throughput, "env": settings}
+
+
+def run_peer(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    processes, threads = os.cpu_count() or 1, 8
+    for name, confirm in (("defaults", False), ("confirms", True)):
+        with cleanup.scope():
+            driver = peer.Peer(cleanup, workdir, confirm)
+            driver.start(processes, threads)
+            idle = driver.idle(args.idle, warmup=args.warmup)
+            throughput = driver.throughput(args.pipelines)
+            results[name] = {"idle": idle, "throughput": throughput, "processes": processes, "threads": threads}
+            if name == "defaults" and args.peer_sustained:
+                results[name]["sustained"] = driver.throughput(args.peer_sustained)
+    return results
+
+
+def run_notify(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+    python = notify.run(args.notify_threads, args.notify_per_thread, args.notify_rounds, cleanup)
+    pgbench = notify.run_pgbench(str(workdir), args.notify_threads, args.notify_per_thread, args.notify_rounds, cleanup)
+    return {"python": python, "pgbench": pgbench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    common.log.setLevel(logging.INFO)
+    parts = args.only or ["castad", "peer", "notify"]
+    workdir = (common.REPO_ROOT / "var" / "bench" / common.RUN_ID).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cleanup = common.Cleanup()
+    results: dict[str, Any] = {"run_id": common.RUN_ID, "args": {k: str(v) for k, v in vars(args).items()}}
+    started = time.monotonic()
+    ok = False
+    try:
+        with common.interrupt_on_sigterm():
+            results["facts"] = machine.facts()
+            _phase(results, "start")
+            if "castad" in parts:
+                results["castad"] = run_castad(args, cleanup, workdir)
+                _phase(results, "after castad")
+            if "peer" in parts:
+                results["peer"] = run_peer(args, cleanup, workdir)
+                _phase(results, "after peer")
+            if "notify" in parts:
+                results["notify"] = run_notify(args, cleanup, workdir)
+                _phase(results, "after notify")
+        ok = True
+    except KeyboardInterrupt:
+        common.log.error("interrupted; cleaning up")
+    finally:
+        cleanup.run()
+        results["seconds"] = time.monotonic() - started
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+        if ok:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            common.log.error("logs kept in %s; raw results in %s", workdir, args.json)
+    if not ok:
+        return 1
+    if set(parts) == {"castad", "peer", "notify"}:
+        args.output.write_text(report.render(results))
+        common.log.info("wrote %s in %.0f s", args.output, results["seconds"])
+    else:
+        common.log.info("partial run (%s): %s not rewritten; raw results in %s", parts, args.output.name, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The instant video provider: a tiny ready-made MP4 at once, so benchmarks measure everything around it."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import tempfile
+from collections.abc import Sequence
+
+import imageio_ffmpeg
+from castad_contracts import brief, events
+
+from castad_video import provider
+
+SHORT_SIDE = 18  # 18x32 or 32x18 pixels
+
+
+class InstantVideoProvider:
+    """One black H.264 frame in the brief's orientation, encoded once per orientation at start-up.
+
+    A job reads the song's length (so a missing or broken song still fails as it would
+    with the local provider) and writes the prepared bytes.
+    """
+
+    def __init__(self, ffmpeg: str | None = None) -> None:
+        self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
+        self._clips = {orientation: self._encode(orientation) for orientation in brief.Orientation}
+
+    def render(
+        self,
+        brief: brief.Brief,
+        lyrics: events.Lyrics,
+        timed_lines: Sequence[events.TimedLine],
+        song_path: pathlib.Path,
+        out_path: pathlib.Path,
+        seed: str,
+    ) -> provider.Video:
+        duration = provider.song_duration(song_path)
+        width, height = provider.frame_size(brief.orientation, SHORT_SIDE)
+        out_path.write_bytes(self._clips[brief.orientation])
+        return provider.Video(width=width, height=height, duration_s=duration)
+
+    def _encode(self, orientation: brief.Orientation) -> bytes:
+        width, height = provider.frame_size(orientation, SHORT_SIDE)
+        with tempfile.TemporaryDirectory(prefix="castad-instant-") as workdir:
+            out = pathlib.Path(workdir) / "clip.mp4"
+            command = [
+                self._ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
+                "-f", "lavfi", "-i", f"color=c=black:s={width}x{height}:r=1:d=1",
+                "-c:v", "libx264", "-pix_fmt", "yuv420p", "-movflags", "+faststart", "-f", "mp4", str(out),
+            ]  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise RuntimeError(f"{self._ffmpeg} could not encode the instant clip: {result.stderr.strip()}")
+            return out.read_bytes()
