@@ -28,10 +28,11 @@ def mark_outbox_written(conn: sa.Connection) -> None:
 def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
     """One local transaction, then its notifications (an outbox write wakes the relay).
 
-    The NOTIFY is sent after the commit, in its own statement: a NOTIFY inside the
-    writing transaction takes a database-wide lock at commit and serialises every
-    writer (see BENCHMARKS.md). A lost notification only delays the rows until the
-    relay's fallback poll.
+    The NOTIFY is sent after the commit, in one autocommit statement of its own (one
+    round trip, no BEGIN and COMMIT): a NOTIFY inside the writing transaction takes a
+    cluster-wide lock at commit and holds it through the commit's WAL flush, which
+    serialises every notifying writer (see BENCHMARKS.md). A lost notification only
+    delays the rows until the relay's fallback poll.
     """
     with engine.connect() as conn:
         conn.info.pop(_NOTIFY, None)
@@ -39,6 +40,7 @@ def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
             yield conn
         notifications = conn.info.pop(_NOTIFY, None)
         if notifications:
-            for channel, payload in sorted(notifications):
-                conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
-            conn.commit()
+            # The isolation level goes back to the default when the connection returns to the pool.
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            calls = [sa.func.pg_notify(channel, payload) for channel, payload in sorted(notifications)]
+            conn.execute(sa.select(*calls))

@@ -3,7 +3,9 @@
 Jobs are claimed from the database only when a slot of the local pool is free, so
 nothing waits in worker memory: a due retry stays a row with `due_at` until a slot
 takes it. Handlers call `wake()` after committing a new job for a prompt start;
-`poll_s` bounds how late a retry or an expired lease is noticed.
+`poll_s` bounds how late a retry or an expired lease is noticed. Expired leases are
+looked for once per `poll_s`, not on every wake-up: a wake-up is about new work, and
+a look costs a transaction.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 
 import sqlalchemy as sa
 
 from castad_runtime.stage import runner as runner_
 
 log = logging.getLogger(__name__)
+RECOVER_BATCH = 20  # expired leases recovered per look; after a full one, the next turn looks again
 
 
 class JobScheduler:
@@ -45,10 +49,13 @@ class JobScheduler:
         self._pool.shutdown(wait=True)
 
     def _loop(self) -> None:
+        recover_at = 0.0
         while not self._stopping.is_set():
             self._wake.clear()
             try:
-                self.runner.recover_expired_leases()
+                due = time.monotonic() >= recover_at
+                if due and self.runner.recover_expired_leases(RECOVER_BATCH) < RECOVER_BATCH:
+                    recover_at = time.monotonic() + self.poll_s
                 self._fill_slots()
             except sa.exc.SQLAlchemyError:
                 log.exception("scheduler could not reach its database; trying again")
