@@ -13,10 +13,12 @@ from castad_contracts import brief, events
 from castad_video import provider
 
 SHORT_SIDE = 18  # 18x32 or 32x18 pixels
+CLIP_S = 1.0
 
 
 class InstantVideoProvider:
-    """One black H.264 frame in the brief's orientation, encoded once per orientation at start-up.
+    """A one-second black H.264 clip with silent AAC audio in the brief's orientation, encoded
+    once per orientation at start-up.
 
     A job reads the song's length (so a missing or broken song still fails as it would
     with the local provider) and writes the prepared bytes.
@@ -35,10 +37,10 @@ class InstantVideoProvider:
         out_path: pathlib.Path,
         seed: str,
     ) -> provider.Video:
-        duration = provider.song_duration(song_path)
+        provider.song_duration(song_path)
         width, height = provider.frame_size(brief.orientation, SHORT_SIDE)
         out_path.write_bytes(self._clips[brief.orientation])
-        return provider.Video(width=width, height=height, duration_s=duration)
+        return provider.Video(width=width, height=height, duration_s=CLIP_S)
 
     def _encode(self, orientation: brief.Orientation) -> bytes:
         width, height = provider.frame_size(orientation, SHORT_SIDE)
@@ -46,8 +48,10 @@ class InstantVideoProvider:
             out = pathlib.Path(workdir) / "clip.mp4"
             command = [
                 self._ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
-                "-f", "lavfi", "-i", f"color=c=black:s={width}x{height}:r=1:d=1",
-                "-c:v", "libx264", "-pix_fmt", "yuv420p", "-movflags", "+faststart", "-f", "mp4", str(out),
+                "-f", "lavfi", "-i", f"color=c=black:s={width}x{height}:r=1:d={CLIP_S}",
+                "-f", "lavfi", "-i", f"anullsrc=r=8000:cl=mono:d={CLIP_S}",
+                "-c:v", "libx264", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest",
+                "-movflags", "+faststart", "-f", "mp4", str(out),
             ]  # fmt: skip
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode != 0:

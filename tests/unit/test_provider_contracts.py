@@ -1,0 +1,105 @@
+"""What every provider of a stage promises its service, checked for each implementation.
+
+The stage services choose a provider by `CASTAD_<STAGE>_PROVIDER`; whichever runs,
+the artifact and the values the service puts in its `completed` event must hold.
+"""
+
+from __future__ import annotations
+
+import wave
+
+import pytest
+from castad_contracts import brief, events
+from castad_lyric import instant as lyric_instant
+from castad_lyric import provider as lyric_provider
+from castad_runtime.stage import errors
+from castad_song import instant as song_instant
+from castad_song import provider as song_provider
+from castad_video import instant as video_instant
+from castad_video import provider as video_provider
+
+from tests.unit.test_video_provider import probe
+
+BRIEFS = [
+    brief.Brief(customer_name="바다책방", region="속초", duration_s=3, orientation=brief.Orientation.VERTICAL),
+    brief.Brief(
+        customer_name="Cafe Blue",
+        region="Busan",
+        language=brief.Language.ENGLISH,
+        genre=brief.Genre.JAZZ,
+        duration_s=3,
+        orientation=brief.Orientation.HORIZONTAL,
+    ),
+]
+LYRIC_PROVIDERS = {"local": lyric_provider.LocalLyricProvider, "instant": lyric_instant.InstantLyricProvider}
+SONG_PROVIDERS = {"local": song_provider.LocalSongProvider, "instant": song_instant.InstantSongProvider}
+VIDEO_PROVIDERS = {
+    "local": lambda: video_provider.LocalVideoProvider(short_side=144, fps=2),
+    "instant": video_instant.InstantVideoProvider,
+}
+
+
+@pytest.fixture(scope="module", params=list(VIDEO_PROVIDERS))
+def video_renderer(request):
+    return VIDEO_PROVIDERS[request.param]()
+
+
+@pytest.mark.parametrize("kind", list(LYRIC_PROVIDERS))
+@pytest.mark.parametrize("source", BRIEFS, ids=["korean", "english"])
+def test_lyrics_are_in_the_briefs_language_and_name_the_business_and_region(kind, source):
+    lyrics = LYRIC_PROVIDERS[kind]().write(source, seed="p-1")
+    assert lyrics.language is source.language
+    text = "\n".join(lyrics.lines())
+    assert lyrics.lines() and all(line.strip() for line in lyrics.lines())
+    assert source.customer_name in text
+    assert source.region in text
+
+
+@pytest.mark.parametrize("kind", list(SONG_PROVIDERS))
+@pytest.mark.parametrize("source", BRIEFS, ids=["korean", "english"])
+def test_a_song_is_a_wav_as_long_as_it_says_with_every_line_timed_in_order(kind, source, tmp_path):
+    lyrics = lyric_provider.LocalLyricProvider().write(source, seed="p-1")
+    out = tmp_path / "song.wav"
+
+    song = SONG_PROVIDERS[kind]().compose(source, lyrics, out, seed="p-1")
+
+    with wave.open(str(out), "rb") as wav:
+        assert wav.getnframes() > 0
+        assert wav.getnframes() / wav.getframerate() == pytest.approx(song.duration_s, abs=0.01)
+    assert [line.text for line in song.timed_lines] == lyrics.lines()
+    ends = [0.0]
+    for line in song.timed_lines:
+        assert ends[-1] <= line.start_s < line.end_s <= song.duration_s + 1e-6
+        ends.append(line.end_s)
+
+
+@pytest.mark.parametrize("source", BRIEFS, ids=["vertical", "horizontal"])
+def test_a_video_is_h264_and_aac_in_the_briefs_orientation_as_reported(video_renderer, source, tmp_path):
+    lyrics = lyric_provider.LocalLyricProvider().write(source, seed="p-1")
+    song_path = tmp_path / "song.wav"
+    song = song_provider.LocalSongProvider().compose(source, lyrics, song_path, seed="p-1")
+    out = tmp_path / "video.mp4"
+
+    video = video_renderer.render(source, lyrics, song.timed_lines, song_path, out, seed="p-1")
+
+    found = probe(out)
+    assert (found.video_codec, found.audio_codec) == ("h264", "aac")
+    assert (found.width, found.height) == (video.width, video.height)
+    assert (video.width < video.height) == (source.orientation is brief.Orientation.VERTICAL)
+    short, long = sorted((video.width, video.height))
+    assert short * 16 == long * 9
+    assert found.duration_s == pytest.approx(video.duration_s, abs=0.5)
+
+
+def test_a_missing_song_is_a_permanent_error_for_every_renderer(video_renderer, tmp_path):
+    lyrics = events.Lyrics(title="t", language=brief.Language.KOREAN, sections=())
+    with pytest.raises(errors.ProviderError) as raised:
+        video_renderer.render(BRIEFS[0], lyrics, (), tmp_path / "none.wav", tmp_path / "v.mp4", seed="p")
+    assert not raised.value.retryable
+
+
+def test_every_provider_kind_is_a_setting_value():
+    from castad_runtime.stage import service
+
+    kinds = set(service.StageSettings.model_fields["provider"].annotation.__args__)
+    assert kinds == set(LYRIC_PROVIDERS) == set(SONG_PROVIDERS) == set(VIDEO_PROVIDERS)
