@@ -46,11 +46,6 @@ class PipelineNotifications:
             if not self._waiters[pipeline_id]:
                 del self._waiters[pipeline_id]
 
-    async def wait(self, pipeline_id: str, timeout_s: float) -> None:
-        """Return when this pipeline's timeline grew, or after timeout_s."""
-        with self.subscribe(pipeline_id) as event, contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
-
     async def _listen(self) -> None:
         while True:
             try:
