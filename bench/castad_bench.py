@@ -152,7 +152,7 @@ class CastadBench:
         self.urls = {svc: common.database_url(f"castad_bench_{common.RUN_ID}_{svc}") for svc in SERVICES}
         self.artifacts_dir = workdir / "artifacts"
         self.log_dir = workdir / "logs"
-        self.port = common.free_port()
+        self.port = stack_.free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.stack: stack_.Stack | None = None
         self._local = threading.local()

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,12 +32,6 @@ def dsn(url: str) -> str:
 
 def admin_dsn() -> str:
     return dsn(database_url("postgres"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Cleanup:

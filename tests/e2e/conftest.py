@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import pathlib
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -77,12 +76,6 @@ def outbox_facts(rows: list[Any]) -> list[tuple[str, str, int | None]]:
     return facts
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def sample_brief(customer: str = "바다책방", duration_s: int = 3) -> brief.Brief:
     return brief.Brief(
         customer_name=customer,
@@ -97,7 +90,7 @@ def sample_brief(customer: str = "바다책방", duration_s: int = 3) -> brief.B
 class RunningCastad:
     def __init__(self, installation: Installation, env: Mapping[str, str], log_dir: pathlib.Path) -> None:
         self.installation = installation
-        self.port = free_port()
+        self.port = stack_.free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.services = stack_.Stack({**installation.env(), **FAST, **env, "CASTAD_API_PORT": str(self.port)}, log_dir)
         self.client = client_.Client(self.base_url)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ from castad_song import service as song_service
 from castad_video import service as video_service
 
 PROCFILE = settings.REPO_ROOT / "infra" / "local" / "Procfile"
+EPHEMERAL_PORTS = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,25 @@ def prepare(env: Mapping[str, str] | None = None) -> list[str]:
         os.environ.clear()
         os.environ.update(saved)
     return done
+
+
+def free_port() -> int:
+    """A free port on 127.0.0.1 for a service to listen on, below the kernel's ephemeral range.
+
+    A port from binding port 0 is an ephemeral one: between closing that probe and the service
+    binding it, another process's outgoing connection may take it (seen as "address already in
+    use" while the services start and connect). Ports below the range are only ever taken on
+    purpose.
+    """
+    first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
+    for port in random.sample(range(10000, first_ephemeral), 100):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between 10000 and {first_ephemeral}")
 
 
 def commands() -> dict[str, str]:
