@@ -24,3 +24,6 @@ def test_a_brief_becomes_lyrics_a_song_and_a_video(castad):
         assert download.status_code == 200
         assert hashlib.sha256(download.content).hexdigest() == stage.artifact.sha256
         assert len(download.content) == stage.artifact.size
+        suffix = {"lyric": ".txt", "song": ".wav", "video": ".mp4"}[stage.stage.value]
+        disposition = download.headers["content-disposition"]
+        assert disposition.endswith(f'filename="{pipeline_id}-{stage.stage.value}{suffix}"'), disposition

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pathlib
 import re
 import subprocess
+import time
 import wave
 
 import imageio_ffmpeg
@@ -84,7 +86,7 @@ def song(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def local() -> provider.LocalVideoProvider:
-    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS)
+    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, timeout_s=120)
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +243,26 @@ def test_an_ffmpeg_failure_is_a_permanent_error_with_its_stderr(
 
     assert raised.value.code == "render_failed"
     assert "no-such-directory" in raised.value.message
+
+
+def test_an_ffmpeg_outlasting_the_timeout_is_killed_and_the_render_fails_retryably(
+    song: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    pid_file = tmp_path / "ffmpeg.pid"
+    hanging = tmp_path / "ffmpeg"
+    hanging.write_text(f"#!/bin/sh\necho $$ > '{pid_file}'\nexec sleep 60\n", encoding="utf-8")
+    hanging.chmod(0o755)
+    slow = provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, ffmpeg=str(hanging), timeout_s=1.5)
+    started = time.monotonic()
+
+    with pytest.raises(errors.RetryableProviderError) as raised:
+        slow.render(BRIEF, LYRICS, TIMED, song, tmp_path / "out.mp4", seed="s")
+
+    assert time.monotonic() - started < 10
+    assert raised.value.code == "render_timeout"
+    assert raised.value.retryable
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text(encoding="utf-8")), 0)
 
 
 def test_a_song_that_is_not_a_wav_is_a_permanent_error(

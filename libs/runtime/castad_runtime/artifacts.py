@@ -9,9 +9,19 @@ import urllib.parse
 
 from castad_contracts import events
 
+DIGEST_NAME_CHARS = 16  # hex characters of the sha256 in a final name: 64 bits
+
 
 class ArtifactStore:
-    """Files under `root/<pipeline id>/<stage><suffix>`; an attempt writes a private temp file first."""
+    """Files under `root/<pipeline id>/<stage>-<sha256 prefix><suffix>`, content-addressed.
+
+    An attempt writes its own scratch file, then `keep` moves it to a name derived from its
+    bytes. A timed-out attempt may still finish after a newer one has published its artifact;
+    with content-addressed names its late `keep` either replaces a file with the same bytes or
+    writes a different file, so the sha256 and size in an event always describe the file at
+    its URI. A pipeline's directory may therefore hold more than one file of a stage; only the
+    one named in the stage's completed event is its artifact.
+    """
 
     def __init__(self, root: pathlib.Path) -> None:
         self.root = root.resolve()
@@ -22,10 +32,10 @@ class ArtifactStore:
         return directory / f".{stage.value}.attempt{attempt}{suffix}"
 
     def keep(self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str) -> events.Artifact:
-        """Move an attempt's file to its final name and describe it."""
-        final = self.root / pipeline_id / f"{stage.value}{scratch.suffix}"
+        """Move an attempt's file to its content-addressed final name and describe it."""
         digest = _sha256(scratch)
         size = scratch.stat().st_size
+        final = self.root / pipeline_id / f"{stage.value}-{digest[:DIGEST_NAME_CHARS]}{scratch.suffix}"
         os.replace(scratch, final)
         return events.Artifact(uri=final.as_uri(), sha256=digest, size=size, media_type=media_type)
 

@@ -243,7 +243,7 @@ def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDe
     if not path.exists():
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact file is missing")
     media_type = artifact.media_type
-    return FileResponse(path, media_type=media_type, filename=f"{pipeline_id}-{path.name}")
+    return FileResponse(path, media_type=media_type, filename=f"{pipeline_id}-{stage.value}{path.suffix}")
 
 
 health = APIRouter()

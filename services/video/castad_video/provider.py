@@ -8,6 +8,7 @@ import random
 import shutil
 import subprocess
 import tempfile
+import time
 import wave
 from collections.abc import Sequence
 from typing import Protocol
@@ -343,7 +344,13 @@ def _concat_list(plan: Sequence[Shot], frames: Sequence[pathlib.Path]) -> str:
 
 
 class LocalVideoProvider:
-    """Renders caption stills with Pillow and encodes them with the song using ffmpeg."""
+    """Renders caption stills with Pillow and encodes them with the song using ffmpeg.
+
+    `timeout_s` is the longest one render may take, frames and encoding together: ffmpeg is
+    killed when it runs out and the render fails as retryable `render_timeout`. The video
+    service passes its attempt timeout, so that an attempt it has given up on does not leave
+    ffmpeg running beside the attempts that follow.
+    """
 
     def __init__(
         self,
@@ -351,11 +358,13 @@ class LocalVideoProvider:
         fps: int = 24,
         font_path: pathlib.Path | None = None,
         ffmpeg: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self._short_side = short_side
         self._fps = fps
         self._font_path = find_hangul_font(font_path)
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
+        self._timeout_s = timeout_s
 
     @property
     def font_path(self) -> pathlib.Path:
@@ -370,6 +379,7 @@ class LocalVideoProvider:
         out_path: pathlib.Path,
         seed: str,
     ) -> Video:
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         duration = song_duration(song_path)
         width, height = frame_size(brief.orientation, self._short_side)
         renderer = FrameRenderer(brief, (width, height), self._font_path, seed)
@@ -378,7 +388,7 @@ class LocalVideoProvider:
             frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir))
             listing = pathlib.Path(workdir) / "frames.ffconcat"
             listing.write_text(_concat_list(plan, frames), encoding="utf-8")
-            self._encode(listing, song_path, out_path, duration)
+            self._encode(listing, song_path, out_path, duration, deadline)
         return Video(width=width, height=height, duration_s=duration)
 
     @staticmethod
@@ -397,7 +407,14 @@ class LocalVideoProvider:
             frames.append(written[key])
         return frames
 
-    def _encode(self, listing: pathlib.Path, song_path: pathlib.Path, out_path: pathlib.Path, duration: float) -> None:
+    def _encode(
+        self,
+        listing: pathlib.Path,
+        song_path: pathlib.Path,
+        out_path: pathlib.Path,
+        duration: float,
+        deadline: float | None,
+    ) -> None:
         command = [
             self._ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
             "-f", "concat", "-safe", "0", "-i", str(listing),
@@ -408,8 +425,14 @@ class LocalVideoProvider:
             "-c:a", "aac", "-b:a", "128k",
             "-t", f"{duration:.3f}", "-movflags", "+faststart", "-f", "mp4", str(out_path),
         ]  # fmt: skip
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            # On timeout, subprocess.run kills ffmpeg and waits for it before raising.
+            result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise errors.RetryableProviderError(
+                "render_timeout", f"the render took longer than {self._timeout_s:g} s; ffmpeg was stopped"
+            ) from None
         except OSError as error:
             raise errors.PermanentProviderError("render_failed", f"cannot run {self._ffmpeg}: {error}") from error
         if result.returncode != 0:

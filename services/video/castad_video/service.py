@@ -33,7 +33,11 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
         renderer = instant.InstantVideoProvider(ffmpeg=config.ffmpeg)
     else:
         renderer = provider.LocalVideoProvider(
-            short_side=config.short_side, fps=config.fps, font_path=config.font_path, ffmpeg=config.ffmpeg
+            short_side=config.short_side,
+            fps=config.fps,
+            font_path=config.font_path,
+            ffmpeg=config.ffmpeg,
+            timeout_s=config.attempt_timeout_s,
         )
     store = artifacts.ArtifactStore(config.artifacts_dir)
 

@@ -1,0 +1,59 @@
+"""The artifact store: content-addressed final names, so a published description stays true."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+
+from castad_contracts import events
+from castad_runtime import artifacts
+
+PIPELINE = "pipeline-1"
+STAGE = events.Stage.VIDEO
+
+
+def kept(store: artifacts.ArtifactStore, attempt: int, content: bytes) -> events.Artifact:
+    scratch = store.scratch_path(PIPELINE, STAGE, attempt, ".mp4")
+    scratch.write_bytes(content)
+    return store.keep(scratch, PIPELINE, STAGE, "video/mp4")
+
+
+def visible_names(store: artifacts.ArtifactStore) -> list[str]:
+    return sorted(path.name for path in (store.root / PIPELINE).iterdir() if not path.name.startswith("."))
+
+
+def test_a_final_name_is_the_stage_and_the_first_16_hex_of_the_sha256(tmp_path: pathlib.Path) -> None:
+    store = artifacts.ArtifactStore(tmp_path)
+
+    artifact = kept(store, 1, b"frames")
+
+    digest = hashlib.sha256(b"frames").hexdigest()
+    assert store.path(artifact) == tmp_path.resolve() / PIPELINE / f"video-{digest[:16]}.mp4"
+    assert (artifact.sha256, artifact.size, artifact.media_type) == (digest, len(b"frames"), "video/mp4")
+
+
+def test_a_late_keep_of_other_bytes_leaves_the_published_file_as_described(tmp_path: pathlib.Path) -> None:
+    store = artifacts.ArtifactStore(tmp_path)
+    published = kept(store, 2, b"the attempt that won")
+
+    late = kept(store, 1, b"an abandoned attempt, finishing late")
+
+    assert late.uri != published.uri
+    for artifact, content in ((published, b"the attempt that won"), (late, b"an abandoned attempt, finishing late")):
+        path = store.path(artifact)
+        assert path.read_bytes() == content
+        assert path.stat().st_size == artifact.size == len(content)
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == artifact.sha256
+    assert len(visible_names(store)) == 2
+
+
+def test_keeps_of_the_same_bytes_share_one_file(tmp_path: pathlib.Path) -> None:
+    store = artifacts.ArtifactStore(tmp_path)
+
+    first = kept(store, 1, b"same bytes")
+    second = kept(store, 2, b"same bytes")
+
+    assert second == first
+    assert store.path(first).read_bytes() == b"same bytes"
+    assert visible_names(store) == [store.path(first).name]
+    assert list((tmp_path / PIPELINE).glob(".*")) == []
