@@ -71,8 +71,9 @@ def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(cast
     assert set(events[-1][2]["artifacts"]) == {"lyric", "song", "video"}
     middle = len(events) // 2
     assert running.events(pipeline_id, last_event_id=events[middle][0]) == events[middle + 1 :]
-    bad_resume = running.http.get(f"/v1/pipelines/{pipeline_id}/events", headers={"Last-Event-ID": "x1"})
-    assert bad_resume.status_code == 422 and "Last-Event-ID" in bad_resume.text
+    for bad_id in ("x1", "\u00b2".encode("latin-1"), "9" * 5000):
+        bad_resume = running.http.get(f"/v1/pipelines/{pipeline_id}/events", headers={"Last-Event-ID": bad_id})
+        assert bad_resume.status_code == 422 and "Last-Event-ID" in bad_resume.text, bad_id
 
 
 @pytest.mark.timeout(120)

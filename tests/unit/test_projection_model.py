@@ -39,6 +39,11 @@ def test_any_terminal_fact_outranks_every_later_attempts_progress():
             {LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.SUCCEEDED, VIDEO: StageStatus.SUCCEEDED},
             PipelineStatus.SUCCEEDED,
         ),
+        (
+            {LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.RUNNING, VIDEO: StageStatus.SUCCEEDED},
+            PipelineStatus.RUNNING,
+        ),
+        ({LYRIC: StageStatus.SUCCEEDED, VIDEO: StageStatus.SUCCEEDED}, PipelineStatus.RUNNING),
     ],
 )
 def test_the_pipeline_status_follows_its_stages(stages, expected):
@@ -60,7 +65,7 @@ def test_split_type_reads_stage_and_fact():
 
 def test_sse_data_has_the_seed_shape_and_the_error_of_a_retry():
     retrying = events.StageRetrying(
-        pipeline_id="p",
+        pipeline_id="6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f",
         stage=SONG,
         job_id="j",
         attempt=2,

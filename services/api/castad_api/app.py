@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -200,7 +201,8 @@ async def pipeline_events(
     """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable."""
     after = 0
     if last_event_id:
-        if not last_event_id.isdigit():
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "Last-Event-ID: must be an id this stream sent")
         after = int(last_event_id)
     await run_in_threadpool(_load, gw, pipeline_id)

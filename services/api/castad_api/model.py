@@ -56,7 +56,9 @@ def split_type(event_type: str) -> tuple[events.Stage, str]:
 def pipeline_status(stage_status: dict[events.Stage, StageStatus]) -> PipelineStatus:
     if StageStatus.FAILED in stage_status.values():
         return PipelineStatus.FAILED
-    if stage_status.get(events.Stage.VIDEO) is StageStatus.SUCCEEDED:
+    # Every stage, not just the last: the gateway may project video.completed before a
+    # retried song.completed, and a pipeline is done only with all its artifacts known.
+    if all(stage_status.get(stage) is StageStatus.SUCCEEDED for stage in events.STAGE_ORDER):
         return PipelineStatus.SUCCEEDED
     if stage_status:
         return PipelineStatus.RUNNING
