@@ -125,3 +125,20 @@ def test_no_notify_after_a_rollback_or_without_an_outbox_write(installation, eng
         with db.transaction(engine) as conn:
             outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
         assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
+
+
+def test_a_failing_notify_after_commit_leaves_the_committed_work_committed(engines, caplog):
+    """The wake-up is sent after the commit: if it fails (here a payload over PostgreSQL's 8000-byte
+    limit), the caller still sees success, the rows are there, and the connection serves the next
+    transaction."""
+    engine = engines["lyric"]
+    pipeline_id = str(uuid.uuid4())
+    with db.transaction(engine) as conn:
+        outbox.add(conn, lyric_started(pipeline_id, 1), "lyric.started", "/t")
+        db.notify_after_commit(conn, PROBE, "x" * 9000)
+
+    assert [row.pipeline_id for row in outbox_rows(engine)] == [pipeline_id]
+    assert "NOTIFY after commit failed" in caplog.text
+    with db.transaction(engine) as conn:
+        create_job(conn, pipeline_id)
+    assert count(engine, tables.jobs, tables.jobs.c.pipeline_id == pipeline_id) == 1

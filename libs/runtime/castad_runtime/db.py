@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import sqlalchemy as sa
+
+log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "castad_outbox"
 _NOTIFY = "castad_notify"
@@ -32,7 +35,9 @@ def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
     round trip, no BEGIN and COMMIT): a NOTIFY inside the writing transaction takes a
     cluster-wide lock at commit and holds it through the commit's WAL flush, which
     serialises every notifying writer (see BENCHMARKS.md). A lost notification only
-    delays the rows until the relay's fallback poll.
+    delays the rows until the relay's fallback poll, so a NOTIFY that fails is logged,
+    not raised: the transaction it follows has committed, and its caller must not
+    treat that work as undone.
     """
     with engine.connect() as conn:
         conn.info.pop(_NOTIFY, None)
@@ -43,4 +48,7 @@ def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
             # The isolation level goes back to the default when the connection returns to the pool.
             conn.execution_options(isolation_level="AUTOCOMMIT")
             calls = [sa.func.pg_notify(channel, payload) for channel, payload in sorted(notifications)]
-            conn.execute(sa.select(*calls))
+            try:
+                conn.execute(sa.select(*calls))
+            except sa.exc.DBAPIError as error:
+                log.warning("NOTIFY after commit failed, listeners catch up by polling: %s", error)
