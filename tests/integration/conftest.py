@@ -110,10 +110,12 @@ def run_consumer(installation: Installation) -> Iterator[RunConsumer]:
     previous = dramatiq.broker.global_broker, dramatiq.message.global_encoder
     running: list[tuple[RabbitmqBroker, process.ConsumerWorker]] = []
 
-    def run(service: str, handlers: Mapping[str, messaging.Handler], threads: int = 2) -> messaging.EventConsumer:
+    def run(
+        service: str, handlers: Mapping[str, messaging.Handler], threads: int = 2, max_retries: int = 20
+    ) -> messaging.EventConsumer:
         assert not running, "one consumer per test: Dramatiq's encoder is global"
         broker = messaging.make_broker(installation.amqp_url)
-        consumer = messaging.EventConsumer(broker, service, installation.topology, handlers)
+        consumer = messaging.EventConsumer(broker, service, installation.topology, handlers, max_retries)
         worker = process.ConsumerWorker(broker, threads)
         worker.start()
         running.append((broker, worker))

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_one_is_handled(
     installation, engines, amqp, run_consumer
 ):
-    """Five bad messages on the lyric queue, then a good one: each bad one lands in <ns>.dead-letter
+    """Six bad messages on the lyric queue, then a good one: each bad one lands in <ns>.dead-letter
     with its body and an x-castad-reason naming what is wrong; none blocks, crashes or is retried,
     and the good pipeline.requested still creates its job."""
     topology = installation.topology
@@ -31,6 +31,9 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
         json.dumps({"specversion": "1.0", "type": "pipeline.requested"}).encode(): "invalid envelope",
         unknown.to_json(): "no handler for 'pipeline.exploded' in lyric",
         unreadable.to_json(): "unreadable pipeline.requested payload",
+        json.dumps({"actor_name": "x", "queue_name": "q", "args": 5, "message_id": "m"}).encode(): (
+            "invalid Dramatiq message"
+        ),
     }
     good = requested_envelope()
 
@@ -50,6 +53,34 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     assert "brief" in next(text for text in reasons if text.startswith("unreadable"))
     assert count(engines["lyric"], tables.jobs) == 1
     assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
+    for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):
+        assert amqp.depth(queue) == 0, queue
+
+
+def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_retry(installation, amqp, run_consumer):
+    """A handler that always raises: Dramatiq retries the message with backoff, and after the last
+    retry it lands in <ns>.dead-letter with the error as its reason (not in Dramatiq's .XQ, where it
+    would expire unexplained); the queue goes on with the next message."""
+    topology = installation.topology
+    calls: list[str] = []
+
+    def failing(env, payload):
+        calls.append(payload.pipeline_id)
+        if payload.pipeline_id == doomed.subject:
+            raise RuntimeError("the stage database refuses this pipeline")
+
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: failing}, threads=1, max_retries=2)
+    doomed, good = requested_envelope(), requested_envelope()
+    amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, doomed.to_json(), message_id=str(doomed.id))
+    amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, good.to_json(), message_id=str(good.id))
+
+    [parked] = amqp.take(topology.dead_letter_queue, 1, timeout=30)
+
+    assert json.loads(parked.body) == json.loads(doomed.to_json())
+    assert parked.headers["x-castad-reason"] == (
+        "pipeline.requested handler failed 3 times, last: RuntimeError('the stage database refuses this pipeline')"
+    )
+    assert calls.count(doomed.subject) == 3 and calls.count(good.subject) == 1
     for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
 

@@ -10,6 +10,7 @@ import pytest
 from castad_contracts import brief, envelope, events, schemas, topology
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
 BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", detail_region_info="바다가 보이는 한옥")
 ARTIFACT = events.Artifact(uri="file:///tmp/a.txt", sha256="0" * 64, size=3, media_type="text/plain")
 LYRICS = events.Lyrics(
@@ -48,7 +49,7 @@ def test_a_bad_brief_names_the_field_and_the_reason(fields, field, reason):
 
 def test_an_envelope_survives_the_wire_unchanged():
     payload = events.LyricCompleted(
-        pipeline_id="p-1",
+        pipeline_id=PIPELINE,
         stage=events.Stage.LYRIC,
         job_id="j-1",
         attempt=2,
@@ -63,23 +64,31 @@ def test_an_envelope_survives_the_wire_unchanged():
     received = envelope.Envelope.from_json(sent.to_json())
 
     assert received == sent
-    assert received.subject == "p-1"
+    assert received.subject == PIPELINE
     assert received.traceparent == traceparent
     assert received.payload() == payload
     assert set(json.loads(sent.to_json())) >= {"specversion", "id", "source", "type", "subject", "time"}
 
 
+@pytest.mark.parametrize("pipeline_id", ["p-1", "", PIPELINE.upper(), PIPELINE + "0"])
+def test_a_pipeline_id_is_a_lowercase_uuid_in_payload_and_envelope(pipeline_id):
+    with pytest.raises(pydantic.ValidationError, match="pipeline_id"):
+        events.StageStarted(pipeline_id=pipeline_id, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW)
+    with pytest.raises(pydantic.ValidationError, match="subject"):
+        envelope.Envelope(source="/x", type="lyric.started", subject=pipeline_id, data={})
+
+
 def test_wrap_refuses_a_payload_of_the_wrong_type():
-    started = events.StageStarted(pipeline_id="p", stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW)
+    started = events.StageStarted(pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW)
     with pytest.raises(TypeError, match="lyric.completed v1 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
 def test_an_unknown_type_or_version_has_no_payload_model():
-    unknown = envelope.Envelope(source="/x", type="lyric.exploded", subject="p", data={})
+    unknown = envelope.Envelope(source="/x", type="lyric.exploded", subject=PIPELINE, data={})
     with pytest.raises(events.UnknownEventType):
         unknown.payload()
-    future = envelope.Envelope(source="/x", type="lyric.started", subject="p", schemaversion=99, data={})
+    future = envelope.Envelope(source="/x", type="lyric.started", subject=PIPELINE, schemaversion=99, data={})
     with pytest.raises(events.UnknownEventType):
         future.payload()
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
+import dramatiq
 import pytest
 from castad_contracts import envelope, events
 from castad_runtime import messaging
 
 ENCODER = messaging.EnvelopeEncoder("t.song", "song.on_event")
+PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
 
 
 def published(**changes: object) -> bytes:
-    document = envelope.Envelope(source="/castad/lyric", type="lyric.started", subject="p-1", data={}).model_dump(
+    document = envelope.Envelope(source="/castad/lyric", type="lyric.started", subject=PIPELINE, data={}).model_dump(
         mode="json"
     )
     document.update(changes)
@@ -47,9 +50,49 @@ def test_anything_else_goes_to_the_dead_letter_actor_with_its_reason(raw, reason
     assert why.startswith(reason)
 
 
-def test_dramatiqs_own_messages_keep_their_form():
-    own = {"queue_name": "t.song", "actor_name": "song.on_event", "args": [], "message_id": "m-1", "kwargs": {}}
+def own_message(**changes: object) -> dict[str, Any]:
+    """A retry as Dramatiq enqueues it for the event actor (as JSON has it: lists, not tuples)."""
+    message = dramatiq.Message(
+        queue_name="t.song",
+        actor_name="song.on_event",
+        args=[json.loads(published())],
+        kwargs={},
+        options={"retries": 1, "traceback": "..."},
+    ).asdict()
+    message.update(changes)
+    return json.loads(json.dumps(message))
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        own_message(),
+        own_message(queue_name="t.song.DQ", options={"eta": 1}),
+        own_message(actor_name=messaging.DEAD_LETTER_ACTOR, args=["aGk=", "why"]),
+    ],
+)
+def test_dramatiqs_own_messages_keep_their_form(own):
     assert ENCODER.decode(ENCODER.encode(own)) == own
+
+
+@pytest.mark.parametrize(
+    ("own", "reason"),
+    [
+        (own_message(args=5), "invalid Dramatiq message: args"),
+        ({k: v for k, v in own_message().items() if k != "options"}, "invalid Dramatiq message: options"),
+        (own_message(queue_name="t.video"), "a Dramatiq message for queue 't.video'"),
+        (own_message(actor_name="video.on_event"), "a Dramatiq message for unknown actor 'video.on_event'"),
+        (own_message(args=[]), "a Dramatiq message with bad arguments for song.on_event"),
+        (own_message(kwargs={"x": 1}), "a Dramatiq message with bad arguments"),
+    ],
+)
+def test_a_dramatiq_message_the_queue_cannot_run_is_dead_lettered(own, reason):
+    raw = ENCODER.encode(own)
+    message = ENCODER.decode(raw)
+    assert message["actor_name"] == messaging.DEAD_LETTER_ACTOR
+    kept, why = message["args"]
+    assert base64.b64decode(kept) == raw
+    assert why.startswith(reason)
 
 
 def test_an_unknown_event_type_is_still_a_valid_envelope_for_the_consumer_to_refuse():

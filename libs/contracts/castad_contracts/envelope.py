@@ -25,7 +25,7 @@ class Envelope(BaseModel):
     id: uuid.UUID = Field(default_factory=uuid.uuid4)
     source: str = Field(description="the producing service, e.g. /castad/lyric")
     type: str = Field(description="event type, also the routing key")
-    subject: str = Field(description="the pipeline id")
+    subject: events.PipelineId
     time: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
     datacontenttype: Literal["application/json"] = "application/json"
     schemaversion: int = Field(default=1, ge=1)

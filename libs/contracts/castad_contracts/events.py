@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,10 +26,21 @@ class Stage(enum.StrEnum):
 STAGE_ORDER: tuple[Stage, ...] = (Stage.LYRIC, Stage.SONG, Stage.VIDEO)
 
 
+# The gateway names pipelines by str(uuid.uuid4()); an event about anything else is refused
+# when it is read, so that it is dead-lettered at once instead of failing its handler.
+PipelineId = Annotated[
+    str,
+    Field(
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        description="the pipeline id, a lowercase UUID",
+    ),
+]
+
+
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    pipeline_id: str
+    pipeline_id: PipelineId
 
 
 class Artifact(BaseModel):

@@ -4,9 +4,9 @@ The relay publishes CloudEvents envelopes (not Dramatiq messages) to the topic
 exchange. Each consuming service has one queue and one actor, `<service>.on_event`;
 `EnvelopeEncoder` turns every envelope arriving on that queue into a message for
 that actor, and `EventConsumer` dispatches it by event type to the service's
-handlers. Anything that cannot be parsed or has no handler goes, with the reason,
-to the dead-letter queue and is acknowledged: it never crashes a worker or blocks
-the queue.
+handlers. Anything that cannot be parsed, has no handler, or still fails its handler
+after the last retry goes, with the reason, to the dead-letter queue and is
+acknowledged: it never crashes a worker or blocks the queue.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import pydantic
 from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.common import dq_name
 from dramatiq.encoder import Encoder, MessageData
+from dramatiq.middleware import CurrentMessage
 from opentelemetry import trace
 
 from castad_runtime import logs, telemetry
@@ -33,11 +35,13 @@ from castad_runtime import logs, telemetry
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_ACTOR = "castad.dead_letter"
+REASON_MAX = 1000  # characters of a dead letter's reason header
 Handler = Callable[[envelope_.Envelope, events.Payload], None]
 
 
 def make_broker(amqp_url: str) -> RabbitmqBroker:
     broker = RabbitmqBroker(url=amqp_url, confirm_delivery=True)
+    broker.add_middleware(CurrentMessage())  # lets the event actor see how often it was retried
     dramatiq.set_broker(broker)
     return broker
 
@@ -68,9 +72,26 @@ class EnvelopeEncoder(Encoder):
             return self._dead(data, "not a JSON object")
         if "specversion" in document:
             return self._event(data, document)
-        if {"actor_name", "queue_name", "args", "message_id"} <= document.keys():
-            return document
+        if "actor_name" in document:
+            return self._own(data, document)
         return self._dead(data, "neither a CloudEvents envelope nor a Dramatiq message")
+
+    def _own(self, data: bytes, document: dict[str, Any]) -> MessageData:
+        """A message Dramatiq enqueued itself (a retry, via the delay queue): kept only if it is
+        one of this queue's, for its actors, with their arguments, else Dramatiq would refuse it
+        or its actor would fail on it every time."""
+        try:
+            message = _DramatiqMessage.model_validate(document)
+        except pydantic.ValidationError as error:
+            return self._dead(data, f"invalid Dramatiq message: {_short(error)}")
+        if message.queue_name not in (self.queue_name, dq_name(self.queue_name)):
+            return self._dead(data, f"a Dramatiq message for queue {message.queue_name!r}")
+        arguments = {self.actor_name: (dict,), DEAD_LETTER_ACTOR: (str, str)}.get(message.actor_name)
+        if arguments is None:
+            return self._dead(data, f"a Dramatiq message for unknown actor {message.actor_name!r}")
+        if message.kwargs or [type(arg) for arg in message.args] != list(arguments):
+            return self._dead(data, f"a Dramatiq message with bad arguments for {message.actor_name}")
+        return document
 
     def _event(self, data: bytes, document: dict[str, Any]) -> MessageData:
         try:
@@ -96,6 +117,20 @@ class EnvelopeEncoder(Encoder):
         }
 
 
+class _DramatiqMessage(pydantic.BaseModel):
+    """The fields of dramatiq.Message, as its JSON encoder writes them."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+
+    queue_name: str
+    actor_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    message_id: str
+    message_timestamp: int
+
+
 def _short(error: pydantic.ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
 
@@ -115,6 +150,7 @@ class EventConsumer:
         self.service = service
         self.topology = topo
         self.handlers = dict(handlers)
+        self.max_retries = max_retries
         self.queue_name = topo.queue(service)
         self.tracer = telemetry.tracer(f"castad.{service}")
         dramatiq.set_encoder(EnvelopeEncoder(self.queue_name, event_actor_name(service)))
@@ -158,7 +194,15 @@ class EventConsumer:
             ),
             logs.bound(env.subject, str(env.id)),
         ):
-            handler(env, payload)
+            try:
+                handler(env, payload)
+            except Exception as error:
+                message = CurrentMessage.get_current_message()
+                retries = message.options.get("retries", 0) if message else 0
+                if retries < self.max_retries:
+                    raise  # Dramatiq retries it with backoff
+                reason = f"{env.type} handler failed {retries + 1} times, last: {error!r}"
+                self.dead_letter(_encode(document), reason[:REASON_MAX])
 
     def dead_letter(self, raw_b64: str, reason: str) -> None:
         """Park a message that cannot be handled, with the reason in its headers."""
