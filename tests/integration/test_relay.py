@@ -7,15 +7,20 @@ between the relay and the shared RabbitMQ, which other tests keep using.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import events
 from castad_relay import relay
+from castad_relay import settings as relay_settings
 
 from tests.integration.helpers import (
     Delivered,
@@ -70,6 +75,37 @@ def unpublished(engine: sa.Engine) -> list[bool]:
 
 def published(rows: Iterable[OutboxRow]) -> set[uuid.UUID]:
     return {row.event_id for row in rows if row.published_at is not None}
+
+
+def unconfirmed_rounds(caplog: pytest.LogCaptureFixture) -> int:
+    """Publish rounds the relay logged as not all confirmed."""
+    return sum(record.name == relay.log.name and "unconfirmed" in record.getMessage() for record in caplog.records)
+
+
+def sessions(engine: sa.Engine, where: str) -> int:
+    """The other sessions on the engine's database that match `where`, a condition on pg_stat_activity."""
+    query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    with engine.connect() as conn:
+        return conn.execute(sa.text(f"{query} AND {where}")).scalar_one()
+
+
+LISTENING = "query ILIKE 'LISTEN%'"  # a listener's last statement: it then only waits for notifications
+WAITING_FOR_LEADERSHIP = "wait_event_type = 'Lock' AND wait_event = 'advisory'"
+
+
+@contextlib.contextmanager
+def replicas(
+    config: relay_settings.RelaySettings, exchange: str
+) -> Iterator[tuple[LoopThread, list[relay.SourceRelay]]]:
+    """Two relays on the first source of `config`, each with a publisher of its own, on one event loop."""
+    loop = LoopThread()
+    publishers = [relay.Publisher(config.amqp_url, exchange, config.confirm_timeout_s) for _ in range(2)]
+    try:
+        yield loop, [relay.SourceRelay(config.sources[0], publisher, config) for publisher in publishers]
+    finally:
+        for publisher in publishers:
+            loop.submit(publisher.close()).result(timeout=5)
+        loop.close()
 
 
 def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engines, amqp, start_relay):
@@ -128,13 +164,14 @@ def test_a_notify_wakes_the_relay_long_before_its_fallback_poll(engines, start_r
         eventually(lambda: all_published(engine), timeout=5, what="a row published on NOTIFY, not on the 30 s poll")
 
 
-def test_a_row_the_broker_does_not_confirm_stays_unpublished_and_holds_back_its_pipeline_only(
-    installation, engines, amqp, start_relay
+def test_a_row_the_broker_does_not_confirm_holds_back_the_later_rows_of_its_pipeline_only(
+    installation, engines, amqp, start_relay, caplog
 ):
-    """A row RabbitMQ cannot route (mandatory publish, no binding) is never marked published, nor is
-    any later row of its pipeline; other pipelines flow. Once a queue is bound, the stuck rows are
-    marked, in order."""
+    """A row RabbitMQ cannot route (mandatory publish, no binding) is never marked published; no later
+    row of its pipeline is sent, let alone marked, even in the same batch; other pipelines flow. Once a
+    queue is bound, the stuck rows go out and are marked, in order, each once."""
     engine = engines["api"]
+    api_queue = installation.topology.queue("api")
     stuck, free = str(uuid.uuid4()), str(uuid.uuid4())
     [first] = write_events(engine, [lyric_started(stuck, 1)], STARTED)
     [unroutable] = write_events(
@@ -145,10 +182,9 @@ def test_a_row_the_broker_does_not_confirm_stays_unpublished_and_holds_back_its_
     start_relay(fallback_poll_s=30)
 
     eventually(lambda: published(outbox_rows(engine)) == {first.id} | {env.id for env in others}, what="free rows")
-    # The relay keeps retrying the stuck pipeline (a retry re-publishes its later rows too); none gets marked.
-    api_queue = installation.topology.queue("api")
-    eventually(lambda: amqp.depth(api_queue) >= 6, what="several rounds of retries")
+    eventually(lambda: unconfirmed_rounds(caplog) >= 3, what="several rounds of retries")
     assert published(outbox_rows(engine)) == {first.id} | {env.id for env in others}
+    assert sequences(amqp.take_all(api_queue)) == {stuck: [1], free: [1, 2]}  # not the stuck pipeline's 3
 
     amqp.channel.queue_bind(installation.topology.queue("lyric"), installation.topology.exchange, unroutable.type)
     eventually(lambda: all_published(engine), what="stuck rows published once routable")
@@ -156,9 +192,7 @@ def test_a_row_the_broker_does_not_confirm_stays_unpublished_and_holds_back_its_
     assert rows[first.id].published_at <= rows[unroutable.id].published_at <= rows[after.id].published_at
     [cancel] = amqp.take(installation.topology.queue("lyric"), 1)
     assert cancel.event_id == unroutable.id
-    by_pipeline = sequences(amqp.take_all(api_queue))
-    assert by_pipeline[free] == [1, 2]
-    assert by_pipeline[stuck][0] == 1 and set(by_pipeline[stuck][1:]) == {3}
+    assert sequences(amqp.take_all(api_queue)) == {stuck: [3]}
 
 
 def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines, amqp, start_relay):
@@ -185,7 +219,7 @@ def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines
 
 def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start_relay):
     """While the broker is unreachable rows stay unpublished and none is lost; once it is back the
-    relay resumes by itself (no NOTIFY, no fallback poll) and publishes each row once, in order."""
+    relay resumes by itself (no NOTIFY, no fallback poll) and publishes each row once, in order per pipeline."""
     api_queue = installation.topology.queue("api")
     pipelines = [str(uuid.uuid4()) for _ in range(3)]
     with running_proxy(broker_address(installation.amqp_url)) as proxy:
@@ -211,17 +245,17 @@ def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start
     assert sorted(message.event_id for message in delivered) == sorted(
         row.event_id for row in outbox_rows(engines["lyric"])[3:] + outbox_rows(engines["song"])
     )
-    lyric_ids = [row.event_id for row in outbox_rows(engines["lyric"])[3:]]
-    song_ids = [row.event_id for row in outbox_rows(engines["song"])]
-    ids = [message.event_id for message in delivered]
-    assert [i for i in ids if i in lyric_ids] == lyric_ids
-    assert [i for i in ids if i in song_ids] == song_ids
+    lyric_ids = {row.event_id for row in outbox_rows(engines["lyric"])}
+    from_lyric = [message for message in delivered if message.event_id in lyric_ids]
+    from_song = [message for message in delivered if message.event_id not in lyric_ids]
+    for source in (from_lyric, from_song):  # each source's pipelines in the order their rows were written
+        assert all(attempts == sorted(attempts) for attempts in sequences(source).values())
 
 
 def test_a_broker_that_stops_answering_only_makes_rows_wait(installation, engines, amqp, start_relay):
     """A network partition: the relay's connection and every new one go silent, nothing is closed. The
     relay gives up on silent connections (after confirm_timeout_s) instead of waiting forever, and
-    publishes every row once, in order, when the network heals."""
+    publishes every row once, in order per pipeline, when the network heals."""
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     pipelines = [str(uuid.uuid4()) for _ in range(3)]
@@ -240,7 +274,7 @@ def test_a_broker_that_stops_answering_only_makes_rows_wait(installation, engine
         eventually(lambda: all_published(engine), timeout=15, what="rows published after the partition")
     delivered = amqp.take_all(api_queue)
 
-    assert [message.event_id for message in delivered] == [row.event_id for row in outbox_rows(engine)[1:]]
+    assert sorted(message.event_id for message in delivered) == sorted(row.event_id for row in outbox_rows(engine)[1:])
     assert sequences(delivered) == {pipeline: [1, 2, 3, 4] for pipeline in pipelines}
 
 
@@ -250,12 +284,7 @@ def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(insta
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
-    loop = LoopThread()
-    publishers = [
-        relay.Publisher(config.amqp_url, installation.topology.exchange, config.confirm_timeout_s) for _ in range(2)
-    ]
-    relays = [relay.SourceRelay(config.sources[0], publisher, config) for publisher in publishers]
-    try:
+    with replicas(config, installation.topology.exchange) as (loop, relays):
         tasks = [loop.submit(each.run_forever()) for each in relays]
         write_events(engine, interleaved([str(uuid.uuid4()) for _ in range(3)], 10, seed=3), STARTED)
         eventually(lambda: all_published(engine), what="30 rows published")
@@ -268,7 +297,51 @@ def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(insta
         eventually(lambda: all_published(engine), what="rows published by the standby")
         eventually(lambda: [relays[leader].published, relays[1 - leader].published] == [30, 5], what="counts")
         assert len(amqp.take_all(api_queue)) == 5
-    finally:
-        for publisher in publishers:
-            loop.submit(publisher.close()).result(timeout=5)
-        loop.close()
+
+
+def test_a_standby_relay_does_not_listen_until_it_leads(installation, engines, relay_config):
+    """A standby that LISTENed would never read its notifications and so hold back PostgreSQL's
+    notification queue, shared by the whole server, until every NOTIFY fails. Only the leader listens;
+    the standby starts when it takes over, and misses no row committed before."""
+    engine = engines["lyric"]
+    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+    with replicas(config, installation.topology.exchange) as (loop, relays):
+        tasks = [loop.submit(each.run_forever()) for each in relays]
+        write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        eventually(lambda: all_published(engine), what="a row published: the leader is past its LISTEN")
+        eventually(lambda: sessions(engine, WAITING_FOR_LEADERSHIP) == 1, what="the standby waiting for the lock")
+        assert sessions(engine, LISTENING) == 1
+
+        leader = next(i for i, each in enumerate(relays) if each.published)
+        tasks[leader].cancel()
+        eventually(lambda: sessions(engine, WAITING_FOR_LEADERSHIP) == 0, what="the standby taking the lock")
+        write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        eventually(lambda: relays[1 - leader].published == 1, what="the row published by the new leader")
+        eventually(lambda: sessions(engine, LISTENING) == 1, what="the new leader listening, the old one gone")
+        write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        eventually(lambda: relays[1 - leader].published == 2, timeout=5, what="a row published on NOTIFY")
+
+
+def test_an_unexpected_error_is_logged_with_its_traceback_and_the_relay_carries_on(
+    installation, engines, start_relay, monkeypatch, caplog
+):
+    """An error that is neither the database's nor the broker's (a bug) does not end the source's relay:
+    it is logged with the traceback, and the relay starts over after retry_delay_s and publishes."""
+    pending = relay.SourceRelay._pending
+    failures: list[RuntimeError] = []
+
+    async def fails_once(self: relay.SourceRelay, conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+        if not failures:
+            failures.append(RuntimeError("a bug in the drain"))
+            raise failures[0]
+        return await pending(self, conn)
+
+    monkeypatch.setattr(relay.SourceRelay, "_pending", fails_once)
+    engine = engines["lyric"]
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    start_relay(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+
+    eventually(lambda: all_published(engine), what="the row published after the error")
+    [logged] = [record for record in caplog.records if record.name == relay.log.name and record.exc_info]
+    assert logged.levelno == logging.ERROR
+    assert logged.exc_info is not None and logged.exc_info[1] is failures[0]

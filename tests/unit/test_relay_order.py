@@ -1,12 +1,73 @@
-"""Which confirmed rows the relay may mark published without breaking per-pipeline order."""
+"""Per-pipeline order in the relay: how a batch goes out on the wire, and which confirmed rows it may
+mark published. Publishing runs against a fake confirm-mode channel; the integration tests run it
+against RabbitMQ."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+from typing import Any
+
+import aiormq
+import pytest
 from castad_relay import relay
+from pamqp import commands as spec
+from pamqp import header
+
+CREATED = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
 
 
-def rows(*pipelines: str) -> list[dict[str, object]]:
-    return [{"id": index, "pipeline_id": pipeline} for index, pipeline in enumerate(pipelines, start=1)]
+def rows(*pipelines: str) -> list[dict[str, Any]]:
+    """Outbox rows as the relay reads them, ids 1..n, of the given pipelines in that order."""
+    return [
+        {
+            "id": index,
+            "event_id": index,
+            "pipeline_id": pipeline,
+            "routing_key": "stage.lyric.started",
+            "envelope": {},
+            "created_at": CREATED,
+        }
+        for index, pipeline in enumerate(pipelines, start=1)
+    ]
+
+
+def unroutable() -> aiormq.exceptions.PublishError:
+    """What aiormq raises when the broker returns a mandatory message it could not route."""
+    returned = spec.Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="castad", routing_key="nowhere")
+    message = aiormq.abc.DeliveredMessage(returned, header.ContentHeader(), b"", channel=None)  # type: ignore[arg-type]
+    return aiormq.exceptions.PublishError(message, returned)
+
+
+class FakeChannel:
+    """A confirm-mode channel that answers each publish after a round trip (other publishes may go out
+    meanwhile): an ack, or what `answers` says for that row id. It records when each row was sent and
+    answered."""
+
+    is_closed = False
+
+    def __init__(self, answers: dict[int, object] | None = None) -> None:
+        self.answers = answers or {}
+        self.events: list[tuple[str, int]] = []
+
+    async def basic_publish(self, body: bytes, *, properties: spec.Basic.Properties, **_: object) -> object:
+        row_id = int(properties.message_id or "")
+        self.events.append(("sent", row_id))
+        await asyncio.sleep(0)
+        self.events.append(("answered", row_id))
+        answer = self.answers.get(row_id, spec.Basic.Ack())
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def sent(self) -> list[int]:
+        return [row_id for event, row_id in self.events if event == "sent"]
+
+
+def publish(batch: list[dict[str, Any]], channel: FakeChannel) -> tuple[list[bool], relay.Publisher]:
+    publisher = relay.Publisher("amqp://never-connected", "castad", confirm_timeout_s=1)
+    publisher._channel = channel  # an open channel: publish uses it instead of connecting
+    return asyncio.run(publisher.publish(batch)), publisher
 
 
 def test_every_confirmed_row_is_published():
@@ -20,3 +81,45 @@ def test_a_rejected_row_holds_back_the_later_rows_of_its_pipeline_only():
 
 def test_earlier_rows_of_a_pipeline_stay_published_when_a_later_one_fails():
     assert relay.publishable(rows("a", "a", "a"), [True, False, True]) == [1]
+
+
+def test_a_pipelines_rows_are_sent_one_at_a_time_each_once_the_one_before_is_confirmed():
+    channel = FakeChannel()
+    confirmed, _ = publish(rows("a", "a", "a"), channel)
+
+    assert confirmed == [True, True, True]
+    assert channel.events == [(event, row_id) for row_id in (1, 2, 3) for event in ("sent", "answered")]
+
+
+def test_different_pipelines_are_sent_without_waiting_for_each_other():
+    channel = FakeChannel()
+    confirmed, _ = publish(rows("a", "b", "c", "a"), channel)
+
+    assert confirmed == [True, True, True, True]
+    assert channel.events[:3] == [("sent", 1), ("sent", 2), ("sent", 3)]
+
+
+@pytest.mark.parametrize(
+    "answer", [spec.Basic.Nack(), unroutable(), TimeoutError()], ids=["nacked", "unroutable", "timed-out"]
+)
+def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(answer: object):
+    channel = FakeChannel({1: answer})
+    batch = rows("a", "b", "a", "b", "a")
+    confirmed, _ = publish(batch, channel)
+
+    assert sorted(channel.sent()) == [1, 2, 4]
+    assert confirmed == [False, True, False, True, False]
+    assert relay.publishable(batch, confirmed) == [2, 4]
+
+
+@pytest.mark.parametrize(
+    ("answer", "closes"),
+    [(spec.Basic.Nack(), False), (unroutable(), False), (TimeoutError(), True), (ConnectionResetError(), True)],
+    ids=["nacked", "unroutable", "timed-out", "connection-lost"],
+)
+def test_only_a_failure_that_may_have_broken_the_channel_closes_it(answer: object, closes: bool):
+    channel = FakeChannel({2: answer})
+    confirmed, publisher = publish(rows("a", "b"), channel)
+
+    assert confirmed == [True, False]
+    assert (publisher._channel is None) == closes

@@ -1,13 +1,16 @@
 """Drains outbox tables into the topic exchange, with publisher confirms.
 
 One task per source database. It holds a session advisory lock, so a second relay
-replica waits as a hot standby instead of publishing the same rows. It LISTENs on
-the outbox channel and drains whenever a writer's NOTIFY arrives (or, should one be
-missed, every `fallback_poll_s`). A drain publishes a batch in insertion order on
-one channel without waiting between messages, then waits for all confirms and marks
-only the confirmed rows; a pipeline whose row was not confirmed keeps its later
-rows for the next round, so order per pipeline holds. Any database or broker error
-leaves rows unpublished; the task reconnects and carries on.
+replica waits as a hot standby instead of publishing the same rows. Only once it
+leads does it LISTEN on the outbox channel (a standby that listened would never read
+its notifications and so hold back PostgreSQL's notification queue, shared by the
+whole server); it drains then, and whenever a writer's NOTIFY arrives (or, should
+one be missed, every `fallback_poll_s`). A drain publishes a batch on one channel:
+rows of different pipelines concurrently, the rows of one pipeline one after another,
+each once the broker has confirmed the one before. After a row that is not confirmed
+its pipeline's later rows are not sent; they wait for the next round with it, so no
+consumer gets a pipeline's event before an earlier one. Only confirmed rows are
+marked published. Any error leaves rows unpublished; the task reconnects and carries on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,15 +71,35 @@ class Publisher:
                 await connection.close()
 
     async def publish(self, rows: Sequence[dict[str, Any]]) -> list[bool]:
-        """Publish in order; True for each row the broker confirmed as routed."""
+        """Publish a batch; True for each row, in row order, that the broker confirmed as routed.
+
+        Pipelines go out concurrently, each pipeline's rows in order and one at a time: a row is sent
+        once the one before it is confirmed, and none after one that is not (nacked, returned as
+        unroutable, timed out), so a consumer never gets a pipeline's row before an earlier one.
+        """
         channel = await self.channel()
-        tasks = [asyncio.ensure_future(self._publish_one(channel, row)) for row in rows]
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        confirmed = [isinstance(result, spec.Basic.Ack) for result in results]
-        if not all(confirmed):
-            failure = next(r for r in results if not isinstance(r, spec.Basic.Ack))
-            log.warning("%d of %d publishes unconfirmed: %r", confirmed.count(False), len(rows), failure)
-            if isinstance(failure, BaseException) and not isinstance(failure, aiormq.exceptions.PublishError):
+        # Per row: the broker's answer, the exception the publish raised, or None if it was not sent.
+        outcomes: list[object] = [None] * len(rows)
+        by_pipeline: defaultdict[str, list[int]] = defaultdict(list)
+        for index, row in enumerate(rows):
+            by_pipeline[row["pipeline_id"]].append(index)
+
+        async def in_order(indexes: list[int]) -> None:
+            for index in indexes:
+                try:
+                    outcomes[index] = await self._publish_one(channel, rows[index])
+                except Exception as error:
+                    outcomes[index] = error
+                if not isinstance(outcomes[index], spec.Basic.Ack):
+                    return
+
+        await asyncio.gather(*(in_order(indexes) for indexes in by_pipeline.values()))
+        confirmed = [isinstance(outcome, spec.Basic.Ack) for outcome in outcomes]
+        failures = [outcome for outcome in outcomes if not isinstance(outcome, spec.Basic.Ack | None)]
+        if failures:
+            log.warning("%d of %d publishes unconfirmed: %r", confirmed.count(False), len(rows), failures[0])
+            # A nack or an unroutable return leaves the channel usable; a timeout or an error may not.
+            if any(not isinstance(failure, spec.Basic.Nack | aiormq.exceptions.PublishError) for failure in failures):
                 await self.close()
         return confirmed
 
@@ -141,10 +165,12 @@ class SourceRelay:
         while True:
             try:
                 await self._run()
-            except asyncio.CancelledError:
-                raise
             except (psycopg.Error, OSError) as error:
                 log.warning("relay %s: database unavailable (%s); retrying", self.name, error)
+            except Exception:
+                # Anything else is a bug, but it must not end this database's relay for good.
+                # (Cancellation is not an Exception: it still ends the task.)
+                log.exception("relay %s: unexpected error; retrying", self.name)
             await asyncio.sleep(self.config.retry_delay_s)
 
     async def _run(self) -> None:
@@ -152,10 +178,12 @@ class SourceRelay:
             await psycopg.AsyncConnection.connect(self.url, autocommit=True) as listener,
             await psycopg.AsyncConnection.connect(self.url, autocommit=True) as worker,
         ):
-            await listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
             log.info("relay %s: waiting for leadership", self.name)
             await worker.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
             log.info("relay %s: leading", self.name)
+            # Listen only now (see the module docstring); the first drain below picks up every row
+            # committed before the LISTEN, whose NOTIFY this session did not get.
+            await listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
             while True:
                 await self._drain(worker)
                 async for _ in listener.notifies(timeout=self.config.fallback_poll_s, stop_after=1):
