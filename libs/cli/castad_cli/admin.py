@@ -49,7 +49,7 @@ def demo(
     logs = settings.REPO_ROOT / "var" / "log" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     services = stack.Stack({"CASTAD_API_PORT": str(port)}, logs)
     base_url = f"http://127.0.0.1:{port}"
-    console.print(f"starting api, relay, lyric, song and video (logs in {logs})")
+    console.print(f"starting api, relay, lyric, song and video (logs in {logs})", soft_wrap=True)
     services.start_all()
     try:
         services.wait_ready(base_url)
@@ -72,10 +72,10 @@ def demo(
             raise typer.Exit(1)
         for stage in view.stages:
             assert stage.artifact is not None
-            console.print(f"{stage.stage.value:>6}: {cli_main._local_path(stage.artifact.uri)}")
+            console.print(f"{stage.stage.value:>6}: {cli_main._local_path(stage.artifact.uri)}", soft_wrap=True)
         video = view.stages[-1].artifact
         assert video is not None
-        console.print(f"[bold green]Finished video:[/] {cli_main._local_path(video.uri)}")
+        console.print(f"[bold green]Finished video:[/] {cli_main._local_path(video.uri)}", soft_wrap=True)
     finally:
         services.stop_all()
         console.print("services stopped")
@@ -85,7 +85,7 @@ def demo(
 def export_schemas(directory: pathlib.Path) -> None:
     """Write every event's JSON Schema (and the envelope's and the brief's) into DIRECTORY."""
     for path in schemas.write_schemas(directory):
-        console.print(str(path))
+        console.print(str(path), soft_wrap=True)
 
 
 def settings_table() -> str:

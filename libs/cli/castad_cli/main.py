@@ -85,7 +85,7 @@ def _watch(client: client_.Client, pipeline_id: str) -> int:
     if final.status == "SUCCEEDED":
         video = next(s.artifact for s in final.stages if s.stage.value == "video")
         assert video is not None
-        console.print(f"[green]done[/]: {_local_path(video.uri)}")
+        console.print(f"[green]done[/]: {_local_path(video.uri)}", soft_wrap=True)
         return 0
     console.print(f"[red]{final.status}[/]: {final.error_code}: {final.error_message} ({last.get('step')})")
     return 1
