@@ -97,35 +97,44 @@ def start_relay(relay_config: RelayConfig) -> Iterator[StartRelay]:
             each.stop()
 
 
-RunConsumer = Callable[..., messaging.EventConsumer]
+class Consumers:
+    """Runs a service's event consumer in this process, as its composition root runs it: a Dramatiq
+    RabbitMQ broker, the EventConsumer actor on the service's queue, a Dramatiq worker."""
+
+    def __init__(self, installation: Installation) -> None:
+        self.installation = installation
+        self.running: list[tuple[RabbitmqBroker, process.ConsumerWorker]] = []
+
+    def __call__(
+        self, service: str, handlers: Mapping[str, messaging.Handler], threads: int = 2, max_retries: int = 20
+    ) -> messaging.EventConsumer:
+        assert not self.running, "one consumer per test: Dramatiq's encoder is global"
+        broker = messaging.make_broker(self.installation.amqp_url)
+        consumer = messaging.EventConsumer(broker, service, self.installation.topology, handlers, max_retries)
+        worker = process.ConsumerWorker(broker, threads)
+        worker.start()
+        self.running.append((broker, worker))
+        return consumer
+
+    def stop(self) -> None:
+        """Stop the worker and close its connections: what it did not acknowledge is ready again."""
+        for broker, worker in self.running:
+            worker.stop()
+            broker.close()
+        self.running.clear()
 
 
 @pytest.fixture
-def run_consumer(installation: Installation) -> Iterator[RunConsumer]:
-    """A service's event consumer in this process, as its composition root runs it: a Dramatiq
-    RabbitMQ broker, the EventConsumer actor on the service's queue, a Dramatiq worker.
+def run_consumer(installation: Installation) -> Iterator[Consumers]:
+    """Start a consumer with `run_consumer(service, handlers)`; stopped after the test.
 
     EventConsumer sets Dramatiq's global broker and encoder; the previous ones are put back.
     """
     previous = dramatiq.broker.global_broker, dramatiq.message.global_encoder
-    running: list[tuple[RabbitmqBroker, process.ConsumerWorker]] = []
-
-    def run(
-        service: str, handlers: Mapping[str, messaging.Handler], threads: int = 2, max_retries: int = 20
-    ) -> messaging.EventConsumer:
-        assert not running, "one consumer per test: Dramatiq's encoder is global"
-        broker = messaging.make_broker(installation.amqp_url)
-        consumer = messaging.EventConsumer(broker, service, installation.topology, handlers, max_retries)
-        worker = process.ConsumerWorker(broker, threads)
-        worker.start()
-        running.append((broker, worker))
-        return consumer
-
+    consumers = Consumers(installation)
     try:
-        yield run
+        yield consumers
     finally:
-        for broker, worker in running:
-            worker.stop()
-            broker.close()
+        consumers.stop()
         dramatiq.broker.global_broker = previous[0]
         dramatiq.set_encoder(previous[1])

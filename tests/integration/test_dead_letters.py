@@ -85,6 +85,33 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
         assert amqp.depth(queue) == 0, queue
 
 
+def test_a_bad_message_on_the_delay_queue_is_dead_lettered_and_acknowledged_there(installation, amqp, run_consumer):
+    """Only Dramatiq writes to <queue>.DQ (retries waiting for their time), but what it cannot run
+    from there is dead-lettered too, and acknowledged on the delay queue: once the worker has
+    stopped, nothing comes back to it."""
+    topology = installation.topology
+    delay_queue = topology.queue("lyric") + ".DQ"
+    run_consumer("lyric", {}, threads=1)
+    bad = {
+        "queue_name": delay_queue,
+        "actor_name": "lyric.on_event",
+        "args": [],
+        "kwargs": {},
+        "options": {},
+        "message_id": "m-1",
+        "message_timestamp": 0,
+    }
+    amqp.publish("", delay_queue, json.dumps(bad).encode())
+
+    [parked] = amqp.take(topology.dead_letter_queue, 1)
+    run_consumer.stop()
+
+    assert parked.headers["x-castad-reason"] == "a Dramatiq message with bad arguments for lyric.on_event"
+    assert json.loads(parked.body) == bad
+    for queue in (topology.queue("lyric"), delay_queue, topology.queue("lyric") + ".XQ"):
+        assert amqp.depth(queue) == 0, queue
+
+
 def _same_document(parked: bytes, published: bytes) -> bool:
     """Raw bytes are parked as they came; a parsed envelope is parked as the same JSON document."""
     if parked == published:

@@ -93,6 +93,14 @@ def test_a_dramatiq_message_the_queue_cannot_run_is_dead_lettered(own, reason):
     kept, why = message["args"]
     assert base64.b64decode(kept) == raw
     assert why.startswith(reason)
+    assert message["queue_name"] == "t.song"
+
+
+def test_a_bad_message_from_the_delay_queue_is_dead_lettered_on_the_delay_queue():
+    """Dramatiq acknowledges a message through the consumer of the queue it names: naming the main
+    queue would leave the delivery on the delay queue unacknowledged, to come back later."""
+    message = ENCODER.decode(ENCODER.encode(own_message(queue_name="t.song.DQ", args=[])))
+    assert (message["actor_name"], message["queue_name"]) == (messaging.DEAD_LETTER_ACTOR, "t.song.DQ")
 
 
 def test_an_unknown_event_type_is_still_a_valid_envelope_for_the_consumer_to_refuse():

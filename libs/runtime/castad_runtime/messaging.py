@@ -80,18 +80,26 @@ class EnvelopeEncoder(Encoder):
         """A message Dramatiq enqueued itself (a retry, via the delay queue): kept only if it is
         one of this queue's, for its actors, with their arguments, else Dramatiq would refuse it
         or its actor would fail on it every time."""
+        reason = self._unrunnable(document)
+        if reason is None:
+            return document
+        # Dramatiq acknowledges a message on the queue its message names: the delay queue's own.
+        delayed = document.get("queue_name") == dq_name(self.queue_name)
+        return self._dead(data, reason, dq_name(self.queue_name) if delayed else self.queue_name)
+
+    def _unrunnable(self, document: dict[str, Any]) -> str | None:
         try:
             message = _DramatiqMessage.model_validate(document)
         except pydantic.ValidationError as error:
-            return self._dead(data, f"invalid Dramatiq message: {_short(error)}")
+            return f"invalid Dramatiq message: {_short(error)}"
         if message.queue_name not in (self.queue_name, dq_name(self.queue_name)):
-            return self._dead(data, f"a Dramatiq message for queue {message.queue_name!r}")
+            return f"a Dramatiq message for queue {message.queue_name!r}"
         arguments = {self.actor_name: (dict,), DEAD_LETTER_ACTOR: (str, str)}.get(message.actor_name)
         if arguments is None:
-            return self._dead(data, f"a Dramatiq message for unknown actor {message.actor_name!r}")
+            return f"a Dramatiq message for unknown actor {message.actor_name!r}"
         if message.kwargs or [type(arg) for arg in message.args] != list(arguments):
-            return self._dead(data, f"a Dramatiq message with bad arguments for {message.actor_name}")
-        return document
+            return f"a Dramatiq message with bad arguments for {message.actor_name}"
+        return None
 
     def _event(self, data: bytes, document: dict[str, Any]) -> MessageData:
         try:
@@ -100,14 +108,15 @@ class EnvelopeEncoder(Encoder):
             return self._dead(data, f"invalid envelope: {_short(error)}")
         return self._message(self.actor_name, [document], str(env.id))
 
-    def _dead(self, data: bytes, reason: str) -> MessageData:
+    def _dead(self, data: bytes, reason: str, queue_name: str | None = None) -> MessageData:
         raw = base64.b64encode(data).decode()
-        return self._message(DEAD_LETTER_ACTOR, [raw, reason], None)
+        return self._message(DEAD_LETTER_ACTOR, [raw, reason], None, queue_name)
 
-    def _message(self, actor: str, args: list[Any], message_id: str | None) -> MessageData:
-
+    def _message(
+        self, actor: str, args: list[Any], message_id: str | None, queue_name: str | None = None
+    ) -> MessageData:
         return {
-            "queue_name": self.queue_name,
+            "queue_name": queue_name or self.queue_name,
             "actor_name": actor,
             "args": args,
             "kwargs": {},
