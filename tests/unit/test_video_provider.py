@@ -265,6 +265,22 @@ def test_an_ffmpeg_outlasting_the_timeout_is_killed_and_the_render_fails_retryab
         os.kill(int(pid_file.read_text(encoding="utf-8")), 0)
 
 
+def test_ffmpeg_is_not_started_when_drawing_the_frames_used_up_the_time(
+    song: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    started_file = tmp_path / "ffmpeg.started"
+    recorder = tmp_path / "ffmpeg"
+    recorder.write_text(f"#!/bin/sh\ntouch '{started_file}'\n", encoding="utf-8")
+    recorder.chmod(0o755)
+    hurried = provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, ffmpeg=str(recorder), timeout_s=1e-6)
+
+    with pytest.raises(errors.RetryableProviderError) as raised:
+        hurried.render(BRIEF, LYRICS, TIMED, song, tmp_path / "out.mp4", seed="s")
+
+    assert raised.value.code == "render_timeout"
+    assert not started_file.exists()
+
+
 def test_a_song_that_is_not_a_wav_is_a_permanent_error(
     local: provider.LocalVideoProvider, tmp_path: pathlib.Path
 ) -> None:

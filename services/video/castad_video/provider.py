@@ -347,9 +347,10 @@ class LocalVideoProvider:
     """Renders caption stills with Pillow and encodes them with the song using ffmpeg.
 
     `timeout_s` is the longest one render may take, frames and encoding together: ffmpeg is
-    killed when it runs out and the render fails as retryable `render_timeout`. The video
-    service passes its attempt timeout, so that an attempt it has given up on does not leave
-    ffmpeg running beside the attempts that follow.
+    killed when it runs out (or not started if drawing the frames used it up) and the render
+    fails as retryable `render_timeout`. The video service passes its attempt timeout, so an
+    attempt it has given up on leaves ffmpeg running only for as long as the attempt spent
+    before the render began (reading its inputs, an injected fault's latency).
     """
 
     def __init__(
@@ -425,7 +426,11 @@ class LocalVideoProvider:
             "-c:a", "aac", "-b:a", "128k",
             "-t", f"{duration:.3f}", "-movflags", "+faststart", "-f", "mp4", str(out_path),
         ]  # fmt: skip
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            raise errors.RetryableProviderError(
+                "render_timeout", f"drawing the frames took the whole {self._timeout_s:g} s; ffmpeg not started"
+            )
         try:
             # On timeout, subprocess.run kills ffmpeg and waits for it before raising.
             result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout)
