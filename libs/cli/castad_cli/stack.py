@@ -71,7 +71,8 @@ def free_port() -> int:
     purpose.
     """
     first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
-    for port in random.sample(range(10000, first_ephemeral), 100):
+    candidates = range(10000, first_ephemeral)
+    for port in random.sample(candidates, min(100, len(candidates))):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
