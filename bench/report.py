@@ -38,7 +38,7 @@ medians of each set of three runs.
 
 Only the claim (1.6 ms sooner in both sets) and the NOTIFY (0.1 to 0.2 ms) moved the same way
 twice; the throughput, CPU and end-to-end differences change sign between the sets and are
-within the noise of this shared machine. None of the changes brings the handoff near 5 ms."""
+within the noise of this shared machine. None of the changes moved the handoff measurably."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:
