@@ -245,14 +245,19 @@ def test_an_ffmpeg_failure_is_a_permanent_error_with_its_stderr(
     assert "no-such-directory" in raised.value.message
 
 
+def with_fake_ffmpeg(tmp_path: pathlib.Path, script: str, timeout_s: float) -> provider.LocalVideoProvider:
+    """A local provider whose ffmpeg is a shell script."""
+    fake = tmp_path / "ffmpeg"
+    fake.write_text(f"#!/bin/sh\n{script}\n", encoding="utf-8")
+    fake.chmod(0o755)
+    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, ffmpeg=str(fake), timeout_s=timeout_s)
+
+
 def test_an_ffmpeg_outlasting_the_timeout_is_killed_and_the_render_fails_retryably(
     song: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
     pid_file = tmp_path / "ffmpeg.pid"
-    hanging = tmp_path / "ffmpeg"
-    hanging.write_text(f"#!/bin/sh\necho $$ > '{pid_file}'\nexec sleep 60\n", encoding="utf-8")
-    hanging.chmod(0o755)
-    slow = provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, ffmpeg=str(hanging), timeout_s=1.5)
+    slow = with_fake_ffmpeg(tmp_path, f"echo $$ > '{pid_file}'\nexec sleep 60", timeout_s=1.5)
     started = time.monotonic()
 
     with pytest.raises(errors.RetryableProviderError) as raised:
@@ -269,10 +274,7 @@ def test_ffmpeg_is_not_started_when_drawing_the_frames_used_up_the_time(
     song: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
     started_file = tmp_path / "ffmpeg.started"
-    recorder = tmp_path / "ffmpeg"
-    recorder.write_text(f"#!/bin/sh\ntouch '{started_file}'\n", encoding="utf-8")
-    recorder.chmod(0o755)
-    hurried = provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, ffmpeg=str(recorder), timeout_s=1e-6)
+    hurried = with_fake_ffmpeg(tmp_path, f"touch '{started_file}'", timeout_s=1e-6)
 
     with pytest.raises(errors.RetryableProviderError) as raised:
         hurried.render(BRIEF, LYRICS, TIMED, song, tmp_path / "out.mp4", seed="s")
