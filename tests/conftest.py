@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from castad_cli import stack
+from castad_local import stack
 from castad_runtime import messaging, migrations
 from sqlalchemy.engine import make_url
 

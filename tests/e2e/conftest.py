@@ -23,8 +23,8 @@ import pytest
 import sqlalchemy as sa
 from castad_api import tables as api_tables
 from castad_cli import client as client_
-from castad_cli import stack as stack_
 from castad_contracts import api, brief
+from castad_local import stack as stack_
 from castad_runtime import tables
 from sqlalchemy.pool import NullPool
 
@@ -111,7 +111,7 @@ class RunningCastad:
         return self.client.submit(body or sample_brief(), key).id
 
     def wait_terminal(self, pipeline_ids: list[str], timeout_s: float = 120.0) -> dict[str, api.PipelineView]:
-        """Poll until every pipeline is SUCCEEDED or FAILED; fail the test on timeout."""
+        """Poll until every pipeline is SUCCEEDED, FAILED or CANCELED; fail the test on timeout."""
         deadline = time.monotonic() + timeout_s
         views: dict[str, api.PipelineView] = {}
         pending = list(pipeline_ids)
@@ -189,6 +189,7 @@ class Databases:
     inbox = tables.inbox
     pipelines = api_tables.pipelines
     timeline = api_tables.timeline
+    dead_letters = api_tables.dead_letters
 
     def __init__(self, urls: Mapping[str, str]) -> None:
         self.engines = {service: sa.create_engine(url, poolclass=NullPool) for service, url in urls.items()}

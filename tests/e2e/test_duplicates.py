@@ -85,6 +85,7 @@ def test_an_event_published_twice_has_one_effect(castad, dbs, broker):
     assert _consumed(running, broker, song_queue, "song")
     assert _consumed(running, broker, api_queue, "api")
     assert broker.ready(broker.topology.dead_letter_queue) == 0
+    assert dbs.rows("api", dbs.dead_letters.select()) == []  # none recorded by the gateway either
 
     # Song: still one job with the same attempts, no second song.completed, the event seen once.
     (job_after,) = dbs.jobs_of("song", [pipeline_id])

@@ -44,7 +44,8 @@ def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(cast
     pipeline_id = bodies[0]["id"]
     assert {b["id"] for b in bodies} == {pipeline_id}
     assert sum(b["created"] for b in bodies) == 1
-    links = {"self": f"/v1/pipelines/{pipeline_id}", "events": f"/v1/pipelines/{pipeline_id}/events"}
+    base = f"/v1/pipelines/{pipeline_id}"
+    links = {"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel", "retry": f"{base}/retry"}
     assert bodies[0]["links"] == links
     rows = dbs.rows("api", dbs.pipelines.select().where(dbs.pipelines.c.idempotency_key == key))
     assert [str(row["id"]) for row in rows] == [pipeline_id]

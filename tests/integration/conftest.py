@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from castad_relay import relay
 from castad_relay import settings as relay_settings
-from castad_runtime import db, messaging, process
+from castad_runtime import consumer, db, messaging, process
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from tests.integration.helpers import Amqp, LoopThread
@@ -106,15 +106,16 @@ class Consumers:
         self.running: list[tuple[RabbitmqBroker, process.ConsumerWorker]] = []
 
     def __call__(
-        self, service: str, handlers: Mapping[str, messaging.Handler], threads: int = 2, max_retries: int = 20
-    ) -> messaging.EventConsumer:
+        self, service: str, handlers: Mapping[str, consumer.Handler], threads: int = 2, **options: Any
+    ) -> consumer.EventConsumer:
+        """`options` are EventConsumer's keyword arguments (max_retries, hold_s, registry)."""
         assert not self.running, "one consumer per test: Dramatiq's encoder is global"
         broker = messaging.make_broker(self.installation.amqp_url)
-        consumer = messaging.EventConsumer(broker, service, self.installation.topology, handlers, max_retries)
+        started = consumer.EventConsumer(broker, service, self.installation.topology, handlers, **options)
         worker = process.ConsumerWorker(broker, threads)
         worker.start()
         self.running.append((broker, worker))
-        return consumer
+        return started
 
     def stop(self) -> None:
         """Stop the worker and close its connections: what it did not acknowledge is ready again."""

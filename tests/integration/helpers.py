@@ -10,7 +10,6 @@ import json
 import random
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
@@ -18,8 +17,8 @@ from typing import Any, TypeVar
 import pika
 import sqlalchemy as sa
 from castad_contracts import brief, envelope, events
-from castad_runtime import db, inbox, messaging, outbox, tables
-from castad_runtime.stage import machine, repository, runner
+from castad_runtime import consumer, db, inbox, outbox, tables
+from castad_runtime.stage import cancellation, handlers, machine, repository, runner
 
 T = TypeVar("T")
 
@@ -79,22 +78,23 @@ def output() -> runner.Output:
     return runner.Output(artifact, {"lyrics": lyrics})
 
 
-def succeed(job: repository.Job) -> runner.Output:
+def succeed(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
     return output()
 
 
 def stage_runner(
     engine: sa.Engine,
-    work: Callable[[repository.Job], runner.Output],
+    work: runner.Work,
     *,
     worker: str = "worker-a",
     max_attempts: int = 3,
     backoff_s: float = 0.05,
     lease_s: float = 30.0,
     attempt_timeout_s: float = 10.0,
+    cancel_grace_s: float = 5.0,
 ) -> runner.StageRunner:
     policy = machine.RetryPolicy(max_attempts, backoff_s, max(backoff_s, 60.0), jitter=0.0)
-    limits = runner.Limits(policy, lease_s, attempt_timeout_s)
+    limits = runner.Limits(policy, lease_s, attempt_timeout_s, cancel_grace_s)
     return runner.StageRunner(
         events.Stage.LYRIC, engine, work, events.LyricCompleted, limits, worker, rng=random.Random(0)
     )
@@ -103,7 +103,7 @@ def stage_runner(
 class Counted:
     """Wraps a handler; counts the deliveries it finished handling (with or without an error)."""
 
-    def __init__(self, handler: messaging.Handler) -> None:
+    def __init__(self, handler: consumer.Handler) -> None:
         self.handler = handler
         self.finished = 0
         self._lock = threading.Lock()
@@ -116,20 +116,21 @@ class Counted:
                 self.finished += 1
 
 
-def stage_trigger_handler(engine: sa.Engine, fail_first: bool = False) -> messaging.Handler:
-    """The lyric stage's pipeline.requested handler, as castad_runtime.stage.service wires it."""
-    stage = stage_runner(engine, succeed)
+def stage_trigger_handler(engine: sa.Engine, fail_first: bool = False) -> consumer.Handler:
+    """The lyric stage's pipeline.requested handler, as castad_runtime.stage.service wires it; with
+    `fail_first`, the first delivery loses its connection before the commit (its job is not created)."""
+    on_trigger = handlers.StageHandlers(engine, stage_runner(engine, succeed), wake=lambda: None).on_trigger
     failed: list[bool] = []
 
-    def on_trigger(env: envelope.Envelope, payload: events.Payload) -> None:
-        with db.transaction(engine) as conn:
-            if inbox.first_delivery(conn, env):
-                stage.accept(conn, payload)
-                if fail_first and not failed:
-                    failed.append(True)
-                    raise ConnectionError("database went away before the commit")
+    def handle(env: envelope.Envelope, payload: events.Payload) -> None:
+        if fail_first and not failed:
+            failed.append(True)
+            with db.transaction(engine) as conn:
+                inbox.first_delivery(conn, env)
+                raise ConnectionError("database went away before the commit")
+        on_trigger(env, payload)
 
-    return on_trigger
+    return handle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,18 +159,6 @@ def all_published(engine: sa.Engine) -> bool:
 def count(engine: sa.Engine, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
     with engine.connect() as conn:
         return conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one()
-
-
-def with_port(amqp_url: str, port: int) -> str:
-    """The same broker URL through another port on 127.0.0.1 (the proxy's)."""
-    parts = urllib.parse.urlsplit(amqp_url)
-    credentials = parts.netloc.rpartition("@")[0]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{credentials}@127.0.0.1:{port}"))
-
-
-def broker_address(amqp_url: str) -> tuple[str, int]:
-    parts = urllib.parse.urlsplit(amqp_url)
-    return parts.hostname or "127.0.0.1", parts.port or 5672
 
 
 @dataclasses.dataclass(frozen=True)

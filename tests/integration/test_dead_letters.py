@@ -78,7 +78,7 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
 
     assert json.loads(parked.body) == json.loads(doomed.to_json())
     assert parked.headers["x-castad-reason"] == (
-        "pipeline.requested handler failed 3 times, last: RuntimeError('the stage database refuses this pipeline')"
+        "pipeline.requested handler failed 3 times, last: RuntimeError: the stage database refuses this pipeline"
     )
     assert calls.count(doomed.subject) == 3 and calls.count(good.subject) == 1
     for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import types
 import uuid
 
 import pytest
 import sqlalchemy as sa
-from castad_api import app as gateway
-from castad_api import projection
+from castad_api import operations, projection
 from castad_api import tables as api_tables
 from castad_contracts import brief, envelope, events
 from castad_runtime import db, inbox, outbox, tables
@@ -136,8 +134,9 @@ def test_a_redelivered_trigger_creates_one_job(installation, engines, amqp, run_
 
 
 def test_a_handler_that_fails_before_commit_takes_effect_on_redelivery(installation, engines, amqp, run_consumer):
-    """The inbox row is written in the handler's transaction: when that transaction fails, Dramatiq's
-    retry is not mistaken for a duplicate and creates the job (once), so no delivery is lost."""
+    """The inbox row is written in the handler's transaction: when that transaction fails (here on a
+    lost connection, an outage), the retry is not mistaken for a duplicate and creates the job (once),
+    so no delivery is lost."""
     engine = engines["lyric"]
     handler = Counted(stage_trigger_handler(engine, fail_first=True))
     run_consumer("lyric", {events.PIPELINE_REQUESTED: handler})
@@ -153,20 +152,23 @@ def test_a_handler_that_fails_before_commit_takes_effect_on_redelivery(installat
 def test_a_redelivered_stage_event_changes_the_gateways_projection_once(installation, engines, amqp, run_consumer):
     """lyric.started delivered twice to the gateway: the stage, pipeline and timeline change once."""
     engine = engines["api"]
-    accepted = gateway.create_pipeline(
-        brief.Brief(customer_name="Cafe Blue", region="Busan"), "key-1", types.SimpleNamespace(engine=engine)
-    )
+    with db.transaction(engine) as conn:
+        accepted = operations.create(conn, brief.Brief(customer_name="Cafe Blue", region="Busan"), "key-1", 3600)
     handler = Counted(lambda env, payload: projection.apply(engine, env, payload))
     run_consumer("api", {"lyric.started": handler})
     started = events.StageStarted(
-        pipeline_id=accepted.id, stage=events.Stage.LYRIC, job_id=str(uuid.uuid4()), attempt=1, started_at=now()
+        pipeline_id=str(accepted.pipeline_id),
+        stage=events.Stage.LYRIC,
+        job_id=str(uuid.uuid4()),
+        attempt=1,
+        started_at=now(),
     )
     env = envelope.wrap(started, "lyric.started", "/castad/lyric")
 
     publish_twice(amqp, installation, env)
     eventually(lambda: handler.finished == 2, what="both deliveries handled")
 
-    pipeline_id = uuid.UUID(accepted.id)
+    pipeline_id = accepted.pipeline_id
     timeline = api_tables.timeline
     assert [row.event_type for row in _timeline(engine, pipeline_id)] == ["pipeline.requested", "lyric.started"]
     assert count(engine, timeline, timeline.c.event_id == env.id) == 1

@@ -8,18 +8,18 @@ compare (partial-index predicates, identity columns, constraint definitions).
 
 from __future__ import annotations
 
+import concurrent.futures
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from castad_api import tables as api_tables
-from castad_cli import stack
+from castad_local import stack
 from castad_runtime import migrations, tables
 
 from tests.support import database_url
@@ -28,7 +28,15 @@ pytestmark = pytest.mark.integration
 
 STAGE_TABLES = (tables.outbox, tables.inbox, tables.jobs, tables.attempts)
 SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
-    "api": (tables.outbox, tables.inbox, api_tables.pipelines, api_tables.stages, api_tables.timeline),
+    "api": (
+        tables.outbox,
+        tables.inbox,
+        api_tables.pipelines,
+        api_tables.stages,
+        api_tables.timeline,
+        api_tables.dead_letters,
+        api_tables.dead_letter_actions,
+    ),
     "lyric": STAGE_TABLES,
     "song": STAGE_TABLES,
     "video": STAGE_TABLES,
@@ -119,12 +127,62 @@ def test_migrations_go_down_to_nothing_and_up_again_to_the_same_schema(installat
     recreates the same schema."""
     for service, engine in engines.items():
         before = catalog(engine)
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS[service]))
-        config.attributes["database_url"] = installation.database_urls[service]
-
-        command.downgrade(config, "base")
+        migrations.downgrade(installation.database_urls[service], MIGRATIONS[service], "base")
         assert catalog(engine) == {"columns": [], "indexes": [], "constraints": []}, service
 
         migrations.upgrade(installation.database_urls[service], MIGRATIONS[service])
         assert catalog(engine) == before, service
+
+
+def revisions(service: str) -> list[str]:
+    """The service's revisions, oldest first."""
+    return [script.revision for script in reversed(list(ScriptDirectory(str(MIGRATIONS[service])).walk_revisions()))]
+
+
+def test_every_migration_only_expands_so_the_version_still_running_keeps_working(scratch_engine):
+    """Expand/contract: during a rolling upgrade the old pods run against the new schema, so a
+    migration may add tables, nullable (or defaulted) columns and indexes, and relax a NOT NULL;
+    it may not drop or rename a table or a column, change a type, or tighten a NULL."""
+    url = scratch_engine.url.render_as_string(hide_password=False)
+    for service in MIGRATIONS:
+        previous: dict[str, dict[str, tuple[Any, ...]]] = {}
+        for revision in revisions(service):
+            migrations.upgrade(url, MIGRATIONS[service], revision)
+            current = columns(scratch_engine)
+            for table, before in previous.items():
+                after = current.get(table)
+                assert after is not None, f"{service} {revision} drops table {table}"
+                for name, (data_type, nullable, _) in before.items():
+                    assert name in after, f"{service} {revision} drops or renames {table}.{name}"
+                    assert after[name][0] == data_type, f"{service} {revision} changes the type of {table}.{name}"
+                    assert after[name][1] or not nullable, f"{service} {revision} makes {table}.{name} NOT NULL"
+                for name in after.keys() - before.keys():
+                    _, nullable, default = after[name]
+                    assert nullable or default is not None, (
+                        f"{service} {revision} adds {table}.{name} NOT NULL without a default"
+                    )
+            previous = current
+        migrations.downgrade(url, MIGRATIONS[service], "base")
+
+
+def columns(engine: sa.Engine) -> dict[str, dict[str, tuple[Any, ...]]]:
+    """Table -> column -> (type, nullable, default), alembic_version aside."""
+    result: dict[str, dict[str, tuple[Any, ...]]] = {}
+    for table, column, data_type, nullable, default in catalog_columns(engine):
+        result.setdefault(table, {})[column] = (data_type, nullable == "YES", default)
+    return result
+
+
+def catalog_columns(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    return [row[:5] for row in catalog(engine)["columns"]]
+
+
+def test_two_migrators_at_once_take_turns_and_both_succeed(scratch_engine):
+    """A hook Job run twice, or beside an old one still going: the second waits, then finds nothing to do."""
+    url = scratch_engine.url.render_as_string(hide_password=False)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(migrations.upgrade, url, MIGRATIONS["lyric"]) for _ in range(2)]
+        for run in runs:
+            run.result(timeout=120)
+    with scratch_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == revisions("lyric")[-1]

@@ -54,7 +54,7 @@ def notifications_before_probe(listener: psycopg.Connection, engine: sa.Engine) 
 
 def create_job(conn: sa.Connection, pipeline_id: str) -> None:
     trigger = pipeline_requested(pipeline_id)
-    repository.create(conn, pipeline_id, trigger.model_dump(mode="json"), 3, None, None)
+    repository.accept_trigger(conn, pipeline_id, trigger.model_dump(mode="json"), 3, None, None)
 
 
 def test_outbox_row_commits_with_the_state_change_it_announces(engines):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,28 +19,28 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from castad_contracts import events
-from castad_relay import relay
+from castad_contracts import envelope, events
+from castad_relay import publisher, relay
 from castad_relay import settings as relay_settings
+from castad_runtime import db, outbox, tables
 
+from bench.faults.proxy import address_of, running_proxy, through
 from tests.integration.helpers import (
     Delivered,
     LoopThread,
     OutboxRow,
     all_published,
-    broker_address,
     eventually,
     lyric_started,
     outbox_rows,
     pipeline_requested,
-    with_port,
     write_events,
 )
-from tests.integration.tcp_proxy import running_proxy
 
 pytestmark = pytest.mark.integration
 
 STARTED = events.stage_event(events.Stage.LYRIC, "started")  # bound to the gateway's queue
+UNHEARD = "pipeline.unheard"  # bound to no queue
 
 
 def interleaved(pipelines: Sequence[str], per_pipeline: int, seed: int) -> list[events.StageStarted]:
@@ -77,11 +78,6 @@ def published(rows: Iterable[OutboxRow]) -> set[uuid.UUID]:
     return {row.event_id for row in rows if row.published_at is not None}
 
 
-def unconfirmed_rounds(caplog: pytest.LogCaptureFixture) -> int:
-    """Publish rounds the relay logged as not all confirmed."""
-    return sum(record.name == relay.log.name and "unconfirmed" in record.getMessage() for record in caplog.records)
-
-
 def sessions(engine: sa.Engine, where: str) -> int:
     """The other sessions on the engine's database that match `where`, a condition on pg_stat_activity."""
     query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -99,12 +95,15 @@ def replicas(
 ) -> Iterator[tuple[LoopThread, list[relay.SourceRelay]]]:
     """Two relays on the first source of `config`, each with a publisher of its own, on one event loop."""
     loop = LoopThread()
-    publishers = [relay.Publisher(config.amqp_url, exchange, config.confirm_timeout_s) for _ in range(2)]
+    publishers = [
+        publisher.Publisher(config.amqp_url, exchange, config.confirm_timeout_s, config.max_message_bytes)
+        for _ in range(2)
+    ]
     try:
-        yield loop, [relay.SourceRelay(config.sources[0], publisher, config) for publisher in publishers]
+        yield loop, [relay.SourceRelay(config.sources[0], each, config, "unused.dead-letter") for each in publishers]
     finally:
-        for publisher in publishers:
-            loop.submit(publisher.close()).result(timeout=5)
+        for each in publishers:
+            loop.submit(each.close()).result(timeout=5)
         loop.close()
 
 
@@ -164,35 +163,87 @@ def test_a_notify_wakes_the_relay_long_before_its_fallback_poll(engines, start_r
         eventually(lambda: all_published(engine), timeout=5, what="a row published on NOTIFY, not on the 30 s poll")
 
 
-def test_a_row_the_broker_does_not_confirm_holds_back_the_later_rows_of_its_pipeline_only(
-    installation, engines, amqp, start_relay, caplog
+def write_unroutable(engine: sa.Engine, pipeline_id: str, routing_key: str = UNHEARD) -> uuid.UUID:
+    """An outbox row of an event type no queue is bound to: RabbitMQ returns it, as unroutable."""
+    env = envelope.Envelope(source="/castad/test", type=routing_key, subject=pipeline_id, data={})
+    with db.transaction(engine) as conn:
+        conn.execute(
+            tables.outbox.insert().values(
+                event_id=env.id, pipeline_id=pipeline_id, routing_key=routing_key, envelope=env.model_dump(mode="json")
+            )
+        )
+        db.mark_outbox_written(conn)
+    return env.id
+
+
+def outbox_row(engine: sa.Engine, event_id: uuid.UUID) -> sa.RowMapping:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(tables.outbox).where(tables.outbox.c.event_id == event_id)).mappings().one()
+
+
+def publish_delay_s(engine: sa.Engine, event_id: uuid.UUID) -> float:
+    row = outbox_row(engine, event_id)
+    return (row["published_at"] - row["created_at"]).total_seconds()
+
+
+def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_its_pipeline(
+    installation, engines, amqp, start_relay
 ):
-    """A row RabbitMQ cannot route (mandatory publish, no binding) is never marked published; no later
-    row of its pipeline is sent, let alone marked, even in the same batch; other pipelines flow. Once a
-    queue is bound, the stuck rows go out and are marked, in order, each once."""
+    """A row RabbitMQ cannot route is tried again with a growing delay and parked after its third try,
+    with the reason; no later row of its pipeline goes out meanwhile, while other pipelines' rows go out
+    in milliseconds. After the fix (a queue bound) an operator republishes it: it and the rows it held
+    back go out, in order, each once."""
     engine = engines["api"]
     api_queue = installation.topology.queue("api")
-    stuck, free = str(uuid.uuid4()), str(uuid.uuid4())
+    stuck = str(uuid.uuid4())
     [first] = write_events(engine, [lyric_started(stuck, 1)], STARTED)
-    [unroutable] = write_events(
-        engine, [events.PipelineCancelRequested(pipeline_id=stuck)], events.PIPELINE_CANCEL_REQUESTED
-    )
+    refused = write_unroutable(engine, stuck)
     [after] = write_events(engine, [lyric_started(stuck, 3)], STARTED)
-    others = write_events(engine, [lyric_started(free, 1), lyric_started(free, 2)], STARTED)
-    start_relay(fallback_poll_s=30)
+    start_relay(fallback_poll_s=30, retry_delay_s=0.2, max_publish_attempts=3)
 
-    eventually(lambda: published(outbox_rows(engine)) == {first.id} | {env.id for env in others}, what="free rows")
-    eventually(lambda: unconfirmed_rounds(caplog) >= 3, what="several rounds of retries")
-    assert published(outbox_rows(engine)) == {first.id} | {env.id for env in others}
-    assert sequences(amqp.take_all(api_queue)) == {stuck: [1], free: [1, 2]}  # not the stuck pipeline's 3
+    eventually(lambda: outbox_row(engine, refused)["publish_attempts"] >= 1, what="a first refusal")
+    for _ in range(10):  # while it backs off, and once it is parked
+        [free] = write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        eventually(lambda free=free: outbox_row(engine, free.id)["published_at"] is not None, timeout=5)
+        assert publish_delay_s(engine, free.id) < 0.5
+        time.sleep(0.1)
+    parked = eventually(lambda: outbox_row(engine, refused)["parked_at"], timeout=10, what="the row parked")
 
-    amqp.channel.queue_bind(installation.topology.queue("lyric"), installation.topology.exchange, unroutable.type)
-    eventually(lambda: all_published(engine), what="stuck rows published once routable")
+    row = outbox_row(engine, refused)
+    assert (row["publish_attempts"], row["last_error"]) == (3, "returned by the broker: NO_ROUTE")
+    assert parked >= row["created_at"]
+    assert outbox_row(engine, after.id)["published_at"] is None
+    assert sequences(amqp.take_all(api_queue))[stuck] == [1]
+    with engine.connect() as conn:
+        parked_rows = conn.execute(sa.select(tables.outbox.c.event_id).where(tables.outbox.c.parked_at.is_not(None)))
+        assert list(parked_rows.scalars()) == [refused]
+
+    amqp.channel.queue_declare(f"{installation.namespace}.unheard", exclusive=True)  # gone with the connection
+    amqp.channel.queue_bind(f"{installation.namespace}.unheard", installation.topology.exchange, UNHEARD)
+    with db.transaction(engine) as conn:
+        assert outbox.republish(conn, [refused]) == 1
+    eventually(lambda: all_published(engine), what="the republished row and the one it held back")
+
     rows = {row.event_id: row for row in outbox_rows(engine)}
-    assert rows[first.id].published_at <= rows[unroutable.id].published_at <= rows[after.id].published_at
-    [cancel] = amqp.take(installation.topology.queue("lyric"), 1)
-    assert cancel.event_id == unroutable.id
-    assert sequences(amqp.take_all(api_queue)) == {stuck: [3]}
+    assert rows[first.id].published_at <= rows[refused].published_at <= rows[after.id].published_at
+    [unheard] = amqp.take(f"{installation.namespace}.unheard", 1)
+    assert unheard.event_id == refused
+    assert sequences(amqp.take_all(api_queue))[stuck] == [3]
+
+
+def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engines, amqp, start_relay):
+    """250 rows of 250 pipelines, all unroutable, ahead of good ones (a batch is 200 rows): the good
+    rows go out as soon as the refused ones are backing off."""
+    engine = engines["lyric"]
+    for _ in range(250):
+        write_unroutable(engine, str(uuid.uuid4()))
+    good = write_events(engine, [lyric_started(str(uuid.uuid4()), 1) for _ in range(5)], STARTED)
+    start_relay(fallback_poll_s=30, retry_delay_s=5.0)
+
+    eventually(
+        lambda: all(outbox_row(engine, env.id)["published_at"] for env in good), timeout=10, what="the good rows"
+    )
+    assert len(amqp.take(installation.topology.queue("api"), 5)) == 5
 
 
 def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines, amqp, start_relay):
@@ -200,8 +251,8 @@ def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines
     the outbox; it is marked once the confirm gets through."""
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
-    with running_proxy(broker_address(installation.amqp_url)) as proxy:
-        start_relay(amqp_url=with_port(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=30)
+    with running_proxy(address_of(installation.amqp_url)) as proxy:
+        start_relay(amqp_url=through(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=30)
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
         eventually(lambda: all_published(engine), what="a first row over the proxy")
         amqp.take(api_queue, 1)
@@ -222,8 +273,8 @@ def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start
     relay resumes by itself (no NOTIFY, no fallback poll) and publishes each row once, in order per pipeline."""
     api_queue = installation.topology.queue("api")
     pipelines = [str(uuid.uuid4()) for _ in range(3)]
-    with running_proxy(broker_address(installation.amqp_url)) as proxy:
-        start_relay(amqp_url=with_port(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=2)
+    with running_proxy(address_of(installation.amqp_url)) as proxy:
+        start_relay(amqp_url=through(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=2)
         write_events(engines["lyric"], [lyric_started(pipeline, 1) for pipeline in pipelines], STARTED)
         eventually(lambda: all_published(engines["lyric"]), what="rows before the outage")
         amqp.take(api_queue, 3)
@@ -259,8 +310,8 @@ def test_a_broker_that_stops_answering_only_makes_rows_wait(installation, engine
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     pipelines = [str(uuid.uuid4()) for _ in range(3)]
-    with running_proxy(broker_address(installation.amqp_url)) as proxy:
-        start_relay(amqp_url=with_port(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=1)
+    with running_proxy(address_of(installation.amqp_url)) as proxy:
+        start_relay(amqp_url=through(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=1)
         write_events(engine, [lyric_started(pipelines[0], 1)], STARTED)
         eventually(lambda: all_published(engine), what="a row before the partition")
         amqp.take(api_queue, 1)

@@ -8,6 +8,7 @@ with different worker ids play several workers or processes.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -17,8 +18,9 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import events
 from castad_runtime import db, tables
-from castad_runtime.stage import errors, machine, repository, runner, scheduler
+from castad_runtime.stage import cancellation, errors, machine, repository, runner, scheduler
 
+from bench.faults import outage
 from tests.integration.helpers import eventually, output, pipeline_requested, stage_runner, succeed
 
 pytestmark = pytest.mark.integration
@@ -34,7 +36,7 @@ class Script:
         self.calls = 0
         self._lock = threading.Lock()
 
-    def __call__(self, job: repository.Job) -> runner.Output:
+    def __call__(self, job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         with self._lock:
             self.calls += 1
             step = self.steps.pop(0) if self.steps else None
@@ -244,8 +246,8 @@ def test_a_non_retryable_error_fails_the_job_at_once(engine, run_scheduler):
 
 
 def test_an_expired_lease_is_recovered_by_another_runner_and_the_job_completes(engine, run_scheduler):
-    """Worker A claims and dies (no heartbeat, 0.5 s lease). Worker B's scheduler counts the attempt
-    as lost once the lease expired, retries and completes the job. A's late result changes nothing."""
+    """Worker A claims and dies (no heartbeat, 0.5 s lease). Worker B's scheduler hands the attempt
+    back once the lease expired, uncounted, and completes the job. A's late result changes nothing."""
     dead = stage_runner(engine, succeed, worker="worker-a", lease_s=0.5)
     pipeline_id = add_job(dead)
     zombie = dead.claim_next()
@@ -255,47 +257,245 @@ def test_an_expired_lease_is_recovered_by_another_runner_and_the_job_completes(e
     eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="B completed the job")
 
     lost, done = attempt_rows(engine, pipeline_id)
-    assert (lost.worker, lost.outcome, lost.error_code) == ("worker-a", "failed_retryable", "lease_expired")
+    assert (lost.worker, lost.outcome, lost.error_code) == ("worker-a", "interrupted", "lease_expired")
     assert lost.finished_at - lost.started_at >= dt.timedelta(seconds=0.5)
     assert (done.worker, done.outcome) == ("worker-b", "succeeded")
     assert facts(engine, pipeline_id) == [("started", 1), ("retrying", 1), ("started", 2), ("completed", 2)]
+    # A lost worker is the machinery's failure: attempt 1 is not charged, so attempts up to 4 of 3 may run.
+    assert job_row(engine, pipeline_id).counted_attempts == 1
+    assert emitted(engine, pipeline_id)[1][1]["max_attempts"] == 4
 
     before = (job_row(engine, pipeline_id), attempt_rows(engine, pipeline_id), emitted(engine, pipeline_id))
     dead.execute(zombie)  # the dead worker wakes up and reports a result for its lost claim
     assert (job_row(engine, pipeline_id), attempt_rows(engine, pipeline_id), emitted(engine, pipeline_id)) == before
 
 
-def test_a_hung_provider_call_times_out_as_a_retryable_failure(engine):
-    """A provider call that never returns ends the attempt after attempt_timeout_s (0.5 s): RETRY_WAIT,
-    error attempt_timeout, and the worker is free again."""
-    release = threading.Event()
+def provider_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith("provider-")]
 
-    def hang(job: repository.Job) -> runner.Output:
-        release.wait(timeout=30)
+
+def test_a_hung_provider_call_is_cancelled_at_its_timeout_and_really_stops(engine):
+    """A provider call that would never return ends after attempt_timeout_s (0.5 s): its work is
+    cancelled and gone, the attempt is a retryable attempt_timeout, and the worker is free again."""
+    cancelled: list[cancellation.Reason | None] = []
+
+    def hang(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        try:
+            cancel.sleep(None)
+        finally:
+            cancelled.append(cancel.reason)
         return output()
 
     stage = stage_runner(engine, hang, attempt_timeout_s=0.5)
     pipeline_id = add_job(stage)
     claim = stage.claim_next()
     assert claim is not None
-    provider_thread = f"provider-{claim.job.id}"
-    try:
-        started = time.monotonic()
-        stage.execute(claim)
-        elapsed = time.monotonic() - started
-    finally:
-        release.set()
-        for thread in threading.enumerate():
-            if thread.name == provider_thread:
-                thread.join(timeout=5)
 
-    assert 0.5 <= elapsed < 5
+    started = time.monotonic()
+    stage.execute(claim)
+    elapsed = time.monotonic() - started
+
+    assert 0.5 <= elapsed < 3
+    assert cancelled == [cancellation.Reason.TIMEOUT]
+    assert provider_threads() == []
     job = job_row(engine, pipeline_id)
-    assert (job.status, job.last_error_code) == ("RETRY_WAIT", "attempt_timeout")
+    assert (job.status, job.last_error_code, job.counted_attempts) == ("RETRY_WAIT", "attempt_timeout", 1)
     assert [(a.outcome, a.error_code) for a in attempt_rows(engine, pipeline_id)] == [
         ("failed_retryable", "attempt_timeout")
     ]
     assert facts(engine, pipeline_id) == [("started", 1), ("retrying", 1)]
+
+
+def test_hangs_never_push_concurrency_past_its_setting(engine, run_scheduler):
+    """Six jobs on two slots; every provider call hangs until cancelled at 0.3 s, then the retries
+    succeed. At no time do more than two provider calls run, and none is left running."""
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    def hang_then_succeed(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            if job.attempts == 1:
+                cancel.sleep(None)
+            return output()
+        finally:
+            with lock:
+                running[0] -= 1
+
+    stage = stage_runner(engine, hang_then_succeed, attempt_timeout_s=0.3)
+    pipelines = [add_job(stage) for _ in range(6)]
+    run_scheduler(stage)
+
+    eventually(lambda: all(status_of(engine, p) is Status.SUCCEEDED for p in pipelines), timeout=20)
+
+    assert most[0] == 2
+    assert running[0] == 0 and provider_threads() == []
+
+
+def test_a_provider_that_ignores_its_cancellation_keeps_its_slot_until_it_returns(engine, run_scheduler):
+    """One slot. The first call ignores its cancellation and returns 1.5 s later: its attempt is
+    recorded as timed out at once, but the next job starts only after that call has returned."""
+    calls: list[tuple[str, float, float]] = []
+
+    def stubborn(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        started = time.monotonic()
+        if not calls:
+            time.sleep(1.5)  # deaf to `cancel`
+        calls.append((job.pipeline_id, started, time.monotonic()))
+        return output()
+
+    stage = stage_runner(engine, stubborn, attempt_timeout_s=0.2, cancel_grace_s=0.2, backoff_s=10.0)
+    first = add_job(stage)
+    second = add_job(stage)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=0.05)
+    jobs.start()
+    try:
+        eventually(lambda: status_of(engine, second) is Status.SUCCEEDED, timeout=10)
+    finally:
+        jobs.stop()
+
+    (p1, _, first_ended), (p2, second_started, _) = calls
+    assert (p1, p2) == (first, second)
+    assert second_started >= first_ended
+    assert (job_row(engine, first).status, job_row(engine, first).last_error_code) == ("RETRY_WAIT", "attempt_timeout")
+
+
+def test_a_stopping_service_hands_back_its_running_attempt_uncounted(engine):
+    """A scheduler stops while an attempt runs: after its grace period the work is cancelled and the
+    attempt handed back (interrupted, worker_stopped, not counted), due at once; the next worker
+    takes it at once and finishes it as attempt 2 with the whole budget."""
+    entered = threading.Event()
+
+    def endless(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        entered.set()
+        cancel.sleep(None)
+        return output()
+
+    stopping = stage_runner(engine, endless, worker="worker-a")
+    pipeline_id = add_job(stopping)
+    jobs = scheduler.JobScheduler(stopping, concurrency=1, poll_s=0.05, grace_s=0.3)
+    jobs.start()
+    assert entered.wait(5)
+
+    started = time.monotonic()
+    jobs.stop()
+
+    assert time.monotonic() - started < 3
+    job = job_row(engine, pipeline_id)
+    assert (job.status, job.attempts, job.counted_attempts, job.lease_owner) == ("RETRY_WAIT", 1, 0, None)
+    assert job.due_at <= job.updated_at
+    [attempt] = attempt_rows(engine, pipeline_id)
+    assert (attempt.outcome, attempt.error_code, attempt.worker) == ("interrupted", "worker_stopped", "worker-a")
+    kind, retrying = emitted(engine, pipeline_id)[-1]
+    assert (kind, retrying["error_code"], retrying["max_attempts"]) == ("lyric.retrying", "worker_stopped", 4)
+
+    successor = stage_runner(engine, succeed, worker="worker-b")
+    claim = successor.claim_next()
+    assert claim is not None and claim.job.attempts == 2
+    successor.execute(claim)
+    job = job_row(engine, pipeline_id)
+    assert (job.status, job.attempts, job.counted_attempts) == ("SUCCEEDED", 2, 1)
+
+
+def test_an_outage_inside_the_work_hands_the_attempt_back_and_costs_nothing(engine, run_scheduler):
+    """The disk is full on the first try: an outage, not the work's fault. Handed back after a backoff,
+    not counted; the next try succeeds. With max_attempts=1 a counted failure would have ended it."""
+    work = Script(OSError(errno.ENOSPC, "No space left on device"))
+    stage = stage_runner(engine, work, max_attempts=1)
+    pipeline_id = add_job(stage)
+    run_scheduler(stage)
+
+    eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the retry after the outage")
+
+    assert [(a.outcome, a.error_code) for a in attempt_rows(engine, pipeline_id)] == [
+        ("interrupted", "outage"),
+        ("succeeded", None),
+    ]
+    assert job_row(engine, pipeline_id).counted_attempts == 1
+
+
+def test_the_finish_of_an_attempt_rides_out_a_database_outage(engine, installation):
+    """The database goes away as the work returns, for longer than the lease: the outcome is recorded
+    once it is back, as the attempt's own success; nothing is lost to lease recovery."""
+    url = installation.database_urls["lyric"]
+
+    def succeed_into_an_outage(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        outage.block(url)
+        threading.Timer(2.5, outage.unblock, [url]).start()
+        return output()
+
+    stage = stage_runner(engine, succeed_into_an_outage, lease_s=1.0)
+    pipeline_id = add_job(stage)
+    claim = stage.claim_next()
+    assert claim is not None
+
+    stage.execute(claim)
+
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert [(a.number, a.outcome) for a in attempt_rows(engine, pipeline_id)] == [(1, "succeeded")]
+    assert facts(engine, pipeline_id) == [("started", 1), ("completed", 1)]
+
+
+def test_a_lost_claim_cancels_the_work_and_records_nothing(engine):
+    """Somebody else moves the job on (here: its version bumped, as a takeover does); the heartbeat
+    notices within a third of the lease, the work is cancelled, and this worker records nothing."""
+    reasons: list[cancellation.Reason | None] = []
+    entered = threading.Event()
+
+    def wait(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        entered.set()
+        try:
+            cancel.sleep(30)
+        finally:
+            reasons.append(cancel.reason)
+        return output()
+
+    stage = stage_runner(engine, wait, lease_s=0.6)
+    pipeline_id = add_job(stage)
+    claim = stage.claim_next()
+    assert claim is not None
+    thread = threading.Thread(target=stage.execute, args=(claim,))
+    thread.start()
+    assert entered.wait(5)
+    with engine.begin() as conn:
+        conn.execute(sa.update(tables.jobs).values(version=tables.jobs.c.version + 1))
+
+    thread.join(5)
+
+    assert not thread.is_alive()
+    assert reasons == [cancellation.Reason.SUPERSEDED]
+    [attempt] = attempt_rows(engine, pipeline_id)
+    assert attempt.outcome == "running"
+    assert facts(engine, pipeline_id) == [("started", 1)]
+
+
+def test_a_worker_never_recovers_the_lease_of_an_attempt_it_is_still_running(engine):
+    """After an outage longer than the lease, a worker's own look for lost leases skips the attempts it
+    runs (their heartbeat renews them); another worker's look does take them over."""
+    release = threading.Event()
+
+    def wait(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        release.wait(10)
+        return output()
+
+    own = stage_runner(engine, wait, worker="worker-a", lease_s=30)
+    add_job(own)
+    claim = own.claim_next()
+    assert claim is not None
+    thread = threading.Thread(target=own.execute, args=(claim,))
+    thread.start()
+    try:
+        eventually(lambda: own.active_jobs() == [claim.job.id])
+        with engine.begin() as conn:
+            conn.execute(sa.update(tables.jobs).values(lease_expires_at=sa.func.now() - sa.text("interval '1 s'")))
+
+        assert own.recover_expired_leases() == 0
+        assert stage_runner(engine, succeed, worker="worker-b").recover_expired_leases() == 1
+    finally:
+        release.set()
+        thread.join(10)
 
 
 def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(engine):
@@ -304,7 +504,7 @@ def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(eng
     succeeds on its first attempt."""
     finish = threading.Event()
 
-    def slow(job: repository.Job) -> runner.Output:
+    def slow(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         finish.wait(timeout=30)
         return output()
 

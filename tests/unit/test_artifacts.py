@@ -13,9 +13,9 @@ STAGE = events.Stage.VIDEO
 
 
 def kept(store: artifacts.ArtifactStore, attempt: int, content: bytes) -> events.Artifact:
-    scratch = store.scratch_path(PIPELINE, STAGE, attempt, ".mp4")
-    scratch.write_bytes(content)
-    return store.keep(scratch, PIPELINE, STAGE, "video/mp4")
+    with store.scratch(PIPELINE, STAGE, attempt, ".mp4") as scratch:
+        scratch.write_bytes(content)
+        return store.keep(scratch, PIPELINE, STAGE, "video/mp4")
 
 
 def visible_names(store: artifacts.ArtifactStore) -> list[str]:
@@ -57,3 +57,25 @@ def test_keeps_of_the_same_bytes_share_one_file(tmp_path: pathlib.Path) -> None:
     assert store.path(first).read_bytes() == b"same bytes"
     assert visible_names(store) == [store.path(first).name]
     assert list((tmp_path / PIPELINE).glob(".*")) == []
+
+
+def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: pathlib.Path) -> None:
+    store = artifacts.ArtifactStore(tmp_path)
+    try:
+        with store.scratch(PIPELINE, STAGE, 1, ".mp4") as scratch:
+            scratch.write_bytes(b"half a video")
+            raise RuntimeError("the render failed")
+    except RuntimeError:
+        pass
+    # A worker killed mid-write leaves its file; the next attempt of the stage clears it.
+    left = tmp_path / PIPELINE / ".video.attempt2.mp4"
+    left.write_bytes(b"from a killed worker")
+    other_stage = tmp_path / PIPELINE / ".song.attempt1.wav"
+    other_stage.write_bytes(b"still being written")
+
+    artifact = kept(store, 3, b"the real video")
+
+    assert sorted(path.name for path in (tmp_path / PIPELINE).iterdir()) == [
+        ".song.attempt1.wav",
+        store.path(artifact).name,
+    ]

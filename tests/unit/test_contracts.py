@@ -84,12 +84,12 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
-def test_an_unknown_type_or_version_has_no_payload_model():
+def test_an_unknown_type_has_no_payload_model_and_a_newer_version_is_told_apart():
     unknown = envelope.Envelope(source="/x", type="lyric.exploded", subject=PIPELINE, data={})
     with pytest.raises(events.UnknownEventType):
         unknown.payload()
     future = envelope.Envelope(source="/x", type="lyric.started", subject=PIPELINE, schemaversion=99, data={})
-    with pytest.raises(events.UnknownEventType):
+    with pytest.raises(events.NewerSchemaVersion, match="version 99 is newer than 1"):
         future.payload()
 
 
@@ -97,15 +97,16 @@ def test_every_stage_fact_is_registered_with_a_current_version():
     for stage in events.Stage:
         for fact in ("started", "retrying", "completed", "failed"):
             event_type = events.stage_event(stage, fact)
-            assert events.payload_model(event_type, events.CURRENT_VERSION[event_type])
-    assert events.PIPELINE_REQUESTED in events.EVENT_TYPES
+            assert events.REGISTRY.model(event_type, events.REGISTRY.current_version(event_type))
+    assert events.PIPELINE_REQUESTED in events.REGISTRY.event_types
 
 
 def test_each_stage_consumes_what_the_previous_one_completes():
     subscriptions = topology.SUBSCRIPTIONS
-    assert subscriptions["lyric"].routing_keys == (events.PIPELINE_REQUESTED,)
-    assert subscriptions["song"].routing_keys == ("lyric.completed",)
-    assert subscriptions["video"].routing_keys == ("song.completed",)
+    operator = ("pipeline.cancel_requested", "pipeline.retry_requested", "outbox.republish_requested")
+    assert subscriptions["lyric"].routing_keys == (events.PIPELINE_REQUESTED, *operator)
+    assert subscriptions["song"].routing_keys == ("lyric.completed", *operator)
+    assert subscriptions["video"].routing_keys == ("song.completed", *operator)
     assert set(subscriptions["api"].routing_keys) == {"lyric.*", "song.*", "video.*"}
 
 
@@ -119,9 +120,55 @@ def test_a_namespace_prefixes_every_name():
 def test_every_event_gets_a_json_schema_file(tmp_path):
     written = schemas.write_schemas(tmp_path)
     names = {path.name for path in written}
-    for event_type, version in events.REGISTRY:
+    for (event_type, version), _ in events.REGISTRY.items():
         assert f"{event_type}.v{version}.schema.json" in names
     assert {"envelope.schema.json", "brief.schema.json"} <= names
     song = json.loads((tmp_path / "song.completed.v1.schema.json").read_text())
     assert song["$id"] == "urn:castad:event:song.completed:v1"
     assert {"timed_lines", "artifact", "lyrics"} <= set(song["properties"])
+
+
+class _StartedV2(events.StageStarted):
+    worker: str
+
+
+class _StartedV3(_StartedV2):
+    attempt_label: str
+
+
+def _upgraded_registry() -> events.Registry:
+    """lyric.started as a later release would know it: v2 adds `worker`, v3 adds `attempt_label`."""
+    registry = events.REGISTRY.copy()
+    registry.register("lyric.started", 2, _StartedV2, lambda data: {**data, "worker": "unknown"})
+    registry.register("lyric.started", 3, _StartedV3, lambda data: {**data, "attempt_label": f"#{data['attempt']}"})
+    return registry
+
+
+def test_an_old_version_is_upcast_step_by_step_to_the_newest_model_a_consumer_knows():
+    v1 = events.StageStarted(pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=2, started_at=NOW)
+    old = envelope.wrap(v1, "lyric.started", "/castad/lyric")
+    assert old.schemaversion == 1
+
+    read = old.payload(_upgraded_registry())
+
+    assert isinstance(read, _StartedV3)
+    assert (read.worker, read.attempt_label, read.attempt) == ("unknown", "#2", 2)
+    # The default registry, which the copy did not change, still reads it as v1.
+    assert type(old.payload()) is events.StageStarted
+
+
+def test_an_old_version_must_be_valid_under_its_own_model_before_it_is_upcast():
+    broken = envelope.Envelope(source="/x", type="lyric.started", subject=PIPELINE, schemaversion=1, data={})
+    with pytest.raises(pydantic.ValidationError, match="attempt"):
+        broken.payload(_upgraded_registry())
+
+
+def test_a_version_needs_its_predecessor_and_an_upcast_from_it():
+    registry = events.REGISTRY.copy()
+    with pytest.raises(ValueError, match="does not follow"):
+        registry.register("lyric.started", 3, _StartedV3, lambda data: data)
+    with pytest.raises(ValueError, match="upcast"):
+        registry.register("lyric.started", 2, _StartedV2)
+    with pytest.raises(ValueError, match="upcast"):
+        registry.register("lyric.brand_new", 1, events.StageStarted, lambda data: data)
+    assert events.REGISTRY.current_version("lyric.started") == 1

@@ -9,9 +9,9 @@ from typing import Any
 import dramatiq
 import pytest
 from castad_contracts import envelope, events
-from castad_runtime import messaging
+from castad_runtime import encoder
 
-ENCODER = messaging.EnvelopeEncoder("t.song", "song.on_event")
+ENCODER = encoder.EnvelopeEncoder("t.song", "song.on_event")
 PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
 
 
@@ -44,7 +44,7 @@ def test_an_envelope_becomes_a_message_for_the_services_event_actor():
 )
 def test_anything_else_goes_to_the_dead_letter_actor_with_its_reason(raw, reason):
     message = ENCODER.decode(raw)
-    assert message["actor_name"] == messaging.DEAD_LETTER_ACTOR
+    assert message["actor_name"] == encoder.DEAD_LETTER_ACTOR
     kept, why = message["args"]
     assert base64.b64decode(kept) == raw
     assert why.startswith(reason)
@@ -68,7 +68,7 @@ def own_message(**changes: object) -> dict[str, Any]:
     [
         own_message(),
         own_message(queue_name="t.song.DQ", options={"eta": 1}),
-        own_message(actor_name=messaging.DEAD_LETTER_ACTOR, args=["aGk=", "why"]),
+        own_message(actor_name=encoder.DEAD_LETTER_ACTOR, args=["aGk=", "why"]),
     ],
 )
 def test_dramatiqs_own_messages_keep_their_form(own):
@@ -89,7 +89,7 @@ def test_dramatiqs_own_messages_keep_their_form(own):
 def test_a_dramatiq_message_the_queue_cannot_run_is_dead_lettered(own, reason):
     raw = ENCODER.encode(own)
     message = ENCODER.decode(raw)
-    assert message["actor_name"] == messaging.DEAD_LETTER_ACTOR
+    assert message["actor_name"] == encoder.DEAD_LETTER_ACTOR
     kept, why = message["args"]
     assert base64.b64decode(kept) == raw
     assert why.startswith(reason)
@@ -100,7 +100,7 @@ def test_a_bad_message_from_the_delay_queue_is_dead_lettered_on_the_delay_queue(
     """Dramatiq acknowledges a message through the consumer of the queue it names: naming the main
     queue would leave the delivery on the delay queue unacknowledged, to come back later."""
     message = ENCODER.decode(ENCODER.encode(own_message(queue_name="t.song.DQ", args=[])))
-    assert (message["actor_name"], message["queue_name"]) == (messaging.DEAD_LETTER_ACTOR, "t.song.DQ")
+    assert (message["actor_name"], message["queue_name"]) == (encoder.DEAD_LETTER_ACTOR, "t.song.DQ")
 
 
 def test_an_unknown_event_type_is_still_a_valid_envelope_for_the_consumer_to_refuse():

@@ -93,3 +93,56 @@ def test_the_final_sse_data_carries_the_artifact_links():
     assert data["step"] == "pipeline"
     assert data["artifacts"] == links
     assert "attempt" not in data
+
+
+@pytest.mark.parametrize(
+    ("stages", "expected"),
+    [
+        ({}, PipelineStatus.CANCELING),
+        ({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.RUNNING}, PipelineStatus.CANCELING),
+        ({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.CANCELED}, PipelineStatus.CANCELING),
+        (
+            {LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.CANCELED, VIDEO: StageStatus.CANCELED},
+            PipelineStatus.CANCELED,
+        ),
+        # A failure committed before the cancel reached its stage: the pipeline failed.
+        ({LYRIC: StageStatus.FAILED, SONG: StageStatus.CANCELED}, PipelineStatus.FAILED),
+        # The last stage completed before its cancel came: the cancel lost the race.
+        (dict.fromkeys(events.STAGE_ORDER, StageStatus.SUCCEEDED), PipelineStatus.SUCCEEDED),
+    ],
+)
+def test_with_a_cancel_pending_the_pipeline_ends_once_every_stage_has_answered(stages, expected):
+    assert model.pipeline_status(stages, cancel_pending=True) is expected
+
+
+def test_a_retry_floor_makes_every_event_of_the_attempts_before_it_stale():
+    failed_at_3 = model.Applied(model.position("failed", 3), floor_attempt=3)
+    assert model.is_stale("started", 3, 0, failed_at_3)
+    assert model.is_stale("retrying", 2, 0, failed_at_3)
+    reopened = model.Applied((0, 3, 0), floor_attempt=3)  # as a retry leaves it
+    assert not model.is_stale("started", 4, 0, reopened)
+    assert model.is_stale("failed", 3, 0, reopened)
+
+
+def test_a_canceled_answer_is_stale_only_once_a_later_cancel_was_applied():
+    reopened = model.Applied((0, 3, 0), floor_attempt=3, operation=1)
+    # Canceled again before the reopened job ran: same attempt number, a later request.
+    assert not model.is_stale("canceled", 3, 3, reopened)
+    assert model.is_stale("canceled", 3, 1, reopened)
+    canceled = model.Applied(model.position("canceled", 2), operation=3)
+    assert model.is_stale("retrying", 2, 0, canceled)
+    assert model.is_stale("completed", 2, 0, canceled)
+
+
+def test_a_retry_resumes_at_the_first_stage_that_did_not_succeed():
+    assert model.resume_stage({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.FAILED}) is SONG
+    assert model.resume_stage({LYRIC: StageStatus.CANCELED, SONG: StageStatus.CANCELED}) is LYRIC
+    assert model.resume_stage({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.SUCCEEDED}) is VIDEO
+
+
+def test_the_current_stage_is_the_first_one_heard_of_that_has_not_succeeded():
+    assert model.current_stage({}) is None
+    assert model.current_stage({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.RUNNING}) is SONG
+    retried = {LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.PENDING, VIDEO: StageStatus.PENDING}
+    assert model.current_stage(retried) is SONG
+    assert model.current_stage(dict.fromkeys(events.STAGE_ORDER, StageStatus.SUCCEEDED)) is VIDEO

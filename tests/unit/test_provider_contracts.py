@@ -12,7 +12,7 @@ import pytest
 from castad_contracts import brief, events
 from castad_lyric import instant as lyric_instant
 from castad_lyric import provider as lyric_provider
-from castad_runtime.stage import errors
+from castad_runtime.stage import cancellation, errors
 from castad_song import instant as song_instant
 from castad_song import provider as song_provider
 from castad_video import instant as video_instant
@@ -61,7 +61,7 @@ def test_a_song_is_a_wav_as_long_as_it_says_with_every_line_timed_in_order(kind,
     lyrics = lyric_provider.LocalLyricProvider().write(source, seed="p-1")
     out = tmp_path / "song.wav"
 
-    song = SONG_PROVIDERS[kind]().compose(source, lyrics, out, seed="p-1")
+    song = SONG_PROVIDERS[kind]().compose(source, lyrics, out, seed="p-1", cancel=cancellation.Cancellation())
 
     with wave.open(str(out), "rb") as wav:
         assert wav.getnframes() > 0
@@ -77,10 +77,14 @@ def test_a_song_is_a_wav_as_long_as_it_says_with_every_line_timed_in_order(kind,
 def test_a_video_is_h264_and_aac_in_the_briefs_orientation_as_reported(video_renderer, source, tmp_path):
     lyrics = lyric_provider.LocalLyricProvider().write(source, seed="p-1")
     song_path = tmp_path / "song.wav"
-    song = song_provider.LocalSongProvider().compose(source, lyrics, song_path, seed="p-1")
+    song = song_provider.LocalSongProvider().compose(
+        source, lyrics, song_path, seed="p-1", cancel=cancellation.Cancellation()
+    )
     out = tmp_path / "video.mp4"
 
-    video = video_renderer.render(source, lyrics, song.timed_lines, song_path, out, seed="p-1")
+    video = video_renderer.render(
+        source, lyrics, song.timed_lines, song_path, out, seed="p-1", cancel=cancellation.Cancellation()
+    )
 
     found = probe(out)
     assert (found.video_codec, found.audio_codec) == ("h264", "aac")
@@ -94,7 +98,15 @@ def test_a_video_is_h264_and_aac_in_the_briefs_orientation_as_reported(video_ren
 def test_a_missing_song_is_a_permanent_error_for_every_renderer(video_renderer, tmp_path):
     lyrics = events.Lyrics(title="t", language=brief.Language.KOREAN, sections=())
     with pytest.raises(errors.ProviderError) as raised:
-        video_renderer.render(BRIEFS[0], lyrics, (), tmp_path / "none.wav", tmp_path / "v.mp4", seed="p")
+        video_renderer.render(
+            BRIEFS[0],
+            lyrics,
+            (),
+            tmp_path / "none.wav",
+            tmp_path / "v.mp4",
+            seed="p",
+            cancel=cancellation.Cancellation(),
+        )
     assert not raised.value.retryable
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiormq
 import pytest
+from castad_relay import publisher as publisher_
 from castad_relay import relay
 from pamqp import commands as spec
 from pamqp import header
@@ -64,62 +65,99 @@ class FakeChannel:
         return [row_id for event, row_id in self.events if event == "sent"]
 
 
-def publish(batch: list[dict[str, Any]], channel: FakeChannel) -> tuple[list[bool], relay.Publisher]:
-    publisher = relay.Publisher("amqp://never-connected", "castad", confirm_timeout_s=1)
+PUBLISHED = publisher_.Sent.PUBLISHED
+SUSPECT = publisher_.Sent.SUSPECT
+HELD_BACK = publisher_.Sent.HELD_BACK
+
+
+def publish(
+    batch: list[dict[str, Any]], channel: FakeChannel, max_message_bytes: int = 1 << 20
+) -> tuple[list[publisher_.RowResult], publisher_.Publisher]:
+    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, max_message_bytes)
     publisher._channel = channel  # an open channel: publish uses it instead of connecting
     return asyncio.run(publisher.publish(batch)), publisher
 
 
+def channel_closed() -> aiormq.exceptions.ChannelClosed:
+    return aiormq.exceptions.ChannelPreconditionFailed("PRECONDITION_FAILED - message size exceeds max")
+
+
 def test_every_confirmed_row_is_published():
-    assert relay.publishable(rows("a", "b", "a"), [True, True, True]) == [1, 2, 3]
+    assert relay.publishable(rows("a", "b", "a"), [PUBLISHED] * 3) == [1, 2, 3]
 
 
 def test_a_rejected_row_holds_back_the_later_rows_of_its_pipeline_only():
     batch = rows("a", "b", "a", "b", "c")
-    assert relay.publishable(batch, [False, True, True, True, True]) == [2, 4, 5]
+    results = [publisher_.Refused("nacked"), PUBLISHED, PUBLISHED, PUBLISHED, PUBLISHED]
+    assert relay.publishable(batch, results) == [2, 4, 5]
 
 
 def test_earlier_rows_of_a_pipeline_stay_published_when_a_later_one_fails():
-    assert relay.publishable(rows("a", "a", "a"), [True, False, True]) == [1]
+    assert relay.publishable(rows("a", "a", "a"), [PUBLISHED, None, HELD_BACK]) == [1]
 
 
 def test_a_pipelines_rows_are_sent_one_at_a_time_each_once_the_one_before_is_confirmed():
     channel = FakeChannel()
-    confirmed, _ = publish(rows("a", "a", "a"), channel)
+    results, _ = publish(rows("a", "a", "a"), channel)
 
-    assert confirmed == [True, True, True]
+    assert results == [PUBLISHED] * 3
     assert channel.events == [(event, row_id) for row_id in (1, 2, 3) for event in ("sent", "answered")]
 
 
 def test_different_pipelines_are_sent_without_waiting_for_each_other():
     channel = FakeChannel()
-    confirmed, _ = publish(rows("a", "b", "c", "a"), channel)
+    results, _ = publish(rows("a", "b", "c", "a"), channel)
 
-    assert confirmed == [True, True, True, True]
+    assert results == [PUBLISHED] * 4
     assert channel.events[:3] == [("sent", 1), ("sent", 2), ("sent", 3)]
 
 
 @pytest.mark.parametrize(
-    "answer", [spec.Basic.Nack(), unroutable(), TimeoutError()], ids=["nacked", "unroutable", "timed-out"]
+    ("answer", "result"),
+    [
+        (spec.Basic.Nack(), publisher_.Refused("nacked by the broker")),
+        (unroutable(), publisher_.Refused("returned by the broker: NO_ROUTE")),
+        (TimeoutError(), None),
+        (channel_closed(), SUSPECT),
+    ],
+    ids=["nacked", "unroutable", "timed-out", "channel-closed"],
 )
-def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(answer: object):
+def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(answer: object, result: object):
     channel = FakeChannel({1: answer})
     batch = rows("a", "b", "a", "b", "a")
-    confirmed, _ = publish(batch, channel)
+    results, _ = publish(batch, channel)
 
     assert sorted(channel.sent()) == [1, 2, 4]
-    assert confirmed == [False, True, False, True, False]
-    assert relay.publishable(batch, confirmed) == [2, 4]
+    assert results == [result, PUBLISHED, HELD_BACK, PUBLISHED, HELD_BACK]
+    assert relay.publishable(batch, results) == [2, 4]
 
 
 @pytest.mark.parametrize(
     ("answer", "closes"),
-    [(spec.Basic.Nack(), False), (unroutable(), False), (TimeoutError(), True), (ConnectionResetError(), True)],
-    ids=["nacked", "unroutable", "timed-out", "connection-lost"],
+    [
+        (spec.Basic.Nack(), False),
+        (unroutable(), False),
+        (TimeoutError(), True),
+        (ConnectionResetError(), True),
+        (channel_closed(), True),
+    ],
+    ids=["nacked", "unroutable", "timed-out", "connection-lost", "channel-closed"],
 )
 def test_only_a_failure_that_may_have_broken_the_channel_closes_it(answer: object, closes: bool):
     channel = FakeChannel({2: answer})
-    confirmed, publisher = publish(rows("a", "b"), channel)
+    results, publisher = publish(rows("a", "b"), channel)
 
-    assert confirmed == [True, False]
+    assert results[0] is PUBLISHED and results[1] is not PUBLISHED
     assert (publisher._channel is None) == closes
+
+
+def test_a_row_over_the_size_limit_is_refused_without_being_sent():
+    channel = FakeChannel()
+    batch = rows("a", "b")
+    batch[0]["envelope"] = {"data": "x" * 5000}
+
+    results, _ = publish(batch, channel, max_message_bytes=4096)
+
+    assert channel.sent() == [2]
+    assert isinstance(results[0], publisher_.Refused) and "over the 4096 byte limit" in results[0].reason
+    assert results[1] is PUBLISHED

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from castad_contracts import brief, events
+from castad_runtime.stage import cancellation
 from castad_song import provider
 
 BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Genre.KPOP, duration_s=12)
@@ -47,12 +48,16 @@ def compose(
     tmp_path: pathlib.Path, source: brief.Brief = BRIEF, lyrics: events.Lyrics = LYRICS, name: str = "song.wav"
 ) -> tuple[provider.Song, pathlib.Path]:
     out = tmp_path / name
-    return provider.LocalSongProvider().compose(source, lyrics, out, seed="pipeline-1"), out
+    return provider.LocalSongProvider().compose(
+        source, lyrics, out, seed="pipeline-1", cancel=cancellation.Cancellation()
+    ), out
 
 
 def test_the_song_is_a_16_bit_mono_wav_at_the_sample_rate(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "song.wav"
-    provider.LocalSongProvider(sample_rate=16000).compose(BRIEF, LYRICS, out, seed="s")
+    provider.LocalSongProvider(sample_rate=16000).compose(
+        BRIEF, LYRICS, out, seed="s", cancel=cancellation.Cancellation()
+    )
 
     wav = read(out)
 

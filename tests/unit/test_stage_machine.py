@@ -18,6 +18,12 @@ LEGAL = {
     (Status.RUNNING, Status.CANCELED),
     (Status.RETRY_WAIT, Status.RUNNING),
     (Status.RETRY_WAIT, Status.CANCELED),
+    # An operator's retry, and the trigger of a job a retry reopened before it came.
+    (Status.FAILED, Status.PENDING),
+    (Status.CANCELED, Status.PENDING),
+    (Status.CANCELED, Status.WAITING),
+    (Status.WAITING, Status.PENDING),
+    (Status.WAITING, Status.CANCELED),
 }
 
 
@@ -30,9 +36,10 @@ def test_only_the_documented_transitions_are_allowed(current, target):
             machine.check_transition(current, target)
 
 
-def test_terminal_states_are_exactly_succeeded_failed_canceled():
+def test_terminal_states_are_exactly_succeeded_failed_canceled_and_only_a_retry_leaves_them():
     assert {status for status in Status if status.terminal} == {Status.SUCCEEDED, Status.FAILED, Status.CANCELED}
-    assert all(not machine.TRANSITIONS[status] for status in Status if status.terminal)
+    assert all(machine.TRANSITIONS[status] <= {Status.PENDING, Status.WAITING} for status in Status if status.terminal)
+    assert not machine.TRANSITIONS[Status.SUCCEEDED]
 
 
 def test_backoff_doubles_and_is_capped_without_jitter():

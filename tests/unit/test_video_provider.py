@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 import pathlib
 import re
 import subprocess
+import threading
 import time
 import wave
 
@@ -13,7 +15,8 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 from castad_contracts import brief, events
-from castad_runtime.stage import errors
+from castad_runtime import outages
+from castad_runtime.stage import cancellation, errors
 from castad_video import provider
 from PIL import Image, ImageChops, ImageFont
 
@@ -86,7 +89,7 @@ def song(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def local() -> provider.LocalVideoProvider:
-    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, timeout_s=120)
+    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,8 @@ def rendered(
     for orientation in brief.Orientation:
         out = out_dir / f"{orientation}.mp4"
         source = BRIEF.model_copy(update={"orientation": orientation})
-        videos[orientation] = (local.render(source, LYRICS, TIMED, song, out, seed="pipeline-1"), out)
+        video = local.render(source, LYRICS, TIMED, song, out, seed="pipeline-1", cancel=cancellation.Cancellation())
+        videos[orientation] = (video, out)
     return videos
 
 
@@ -227,7 +231,15 @@ def test_long_captions_wrap_within_the_frame() -> None:
 
 def test_a_missing_song_is_a_permanent_error(local: provider.LocalVideoProvider, tmp_path: pathlib.Path) -> None:
     with pytest.raises(errors.PermanentProviderError) as raised:
-        local.render(BRIEF, LYRICS, TIMED, tmp_path / "absent.wav", tmp_path / "out.mp4", seed="s")
+        local.render(
+            BRIEF,
+            LYRICS,
+            TIMED,
+            tmp_path / "absent.wav",
+            tmp_path / "out.mp4",
+            seed="s",
+            cancel=cancellation.Cancellation(),
+        )
 
     assert raised.value.code == "song_missing"
     assert not raised.value.retryable
@@ -239,48 +251,85 @@ def test_an_ffmpeg_failure_is_a_permanent_error_with_its_stderr(
     out = tmp_path / "no-such-directory" / "out.mp4"
 
     with pytest.raises(errors.PermanentProviderError) as raised:
-        local.render(BRIEF, LYRICS, TIMED, song, out, seed="s")
+        local.render(BRIEF, LYRICS, TIMED, song, out, seed="s", cancel=cancellation.Cancellation())
 
     assert raised.value.code == "render_failed"
     assert "no-such-directory" in raised.value.message
 
 
-def with_fake_ffmpeg(tmp_path: pathlib.Path, script: str, timeout_s: float) -> provider.LocalVideoProvider:
+def with_fake_ffmpeg(tmp_path: pathlib.Path, script: str) -> provider.LocalVideoProvider:
     """A local provider whose ffmpeg is a shell script."""
     fake = tmp_path / "ffmpeg"
     fake.write_text(f"#!/bin/sh\n{script}\n", encoding="utf-8")
     fake.chmod(0o755)
-    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, ffmpeg=str(fake), timeout_s=timeout_s)
+    return provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=FPS, ffmpeg=str(fake))
 
 
-def test_an_ffmpeg_outlasting_the_timeout_is_killed_and_the_render_fails_retryably(
-    song: pathlib.Path, tmp_path: pathlib.Path
+def render_with(
+    renderer: provider.LocalVideoProvider, song: pathlib.Path, tmp_path: pathlib.Path, **kw: object
 ) -> None:
+    cancel = kw.pop("cancel", None) or cancellation.Cancellation()
+    renderer.render(BRIEF, LYRICS, TIMED, song, tmp_path / "out.mp4", seed="s", cancel=cancel)  # type: ignore[arg-type]
+
+
+def test_a_cancelled_render_kills_its_ffmpeg_at_once(song: pathlib.Path, tmp_path: pathlib.Path) -> None:
     pid_file = tmp_path / "ffmpeg.pid"
-    slow = with_fake_ffmpeg(tmp_path, f"echo $$ > '{pid_file}'\nexec sleep 60", timeout_s=1.5)
+    slow = with_fake_ffmpeg(tmp_path, f"echo $$ > '{pid_file}'\nexec sleep 60")
+    cancel = cancellation.Cancellation()
+    raised: list[BaseException] = []
+
+    def render() -> None:
+        try:
+            render_with(slow, song, tmp_path, cancel=cancel)
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=render)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text(encoding="utf-8").strip():
+        assert time.monotonic() < deadline, "ffmpeg never started"
+        time.sleep(0.02)
     started = time.monotonic()
+    cancel.cancel(cancellation.Reason.TIMEOUT)
+    thread.join(10)
 
-    with pytest.raises(errors.RetryableProviderError) as raised:
-        slow.render(BRIEF, LYRICS, TIMED, song, tmp_path / "out.mp4", seed="s")
-
-    assert time.monotonic() - started < 10
-    assert raised.value.code == "render_timeout"
-    assert raised.value.retryable
+    assert time.monotonic() - started < 5
+    assert [type(error) for error in raised] == [cancellation.Cancelled]
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text(encoding="utf-8")), 0)
 
 
-def test_ffmpeg_is_not_started_when_drawing_the_frames_used_up_the_time(
+def test_ffmpeg_runs_in_a_session_of_its_own_so_a_stop_signal_to_the_service_misses_it(
     song: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
-    started_file = tmp_path / "ffmpeg.started"
-    hurried = with_fake_ffmpeg(tmp_path, f"touch '{started_file}'", timeout_s=1e-6)
+    ids = tmp_path / "ids"
+    renderer = with_fake_ffmpeg(tmp_path, f"echo $$ $(cut -d' ' -f6 /proc/$$/stat) > '{ids}'")
+
+    render_with(renderer, song, tmp_path)
+
+    pid, session = map(int, ids.read_text(encoding="utf-8").split())
+    assert session == pid != os.getsid(0)
+
+
+def test_an_ffmpeg_killed_by_a_signal_fails_the_render_retryably(song: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    renderer = with_fake_ffmpeg(tmp_path, "echo 'out of memory, probably' >&2\nkill -9 $$")
 
     with pytest.raises(errors.RetryableProviderError) as raised:
-        hurried.render(BRIEF, LYRICS, TIMED, song, tmp_path / "out.mp4", seed="s")
+        render_with(renderer, song, tmp_path)
 
-    assert raised.value.code == "render_timeout"
-    assert not started_file.exists()
+    assert raised.value.code == "render_interrupted"
+    assert "SIGKILL" in raised.value.message
+
+
+def test_an_ffmpeg_out_of_disk_is_an_outage_not_a_failed_render(song: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    renderer = with_fake_ffmpeg(tmp_path, "echo 'out.mp4: No space left on device' >&2\nexit 1")
+
+    with pytest.raises(OSError) as raised:
+        render_with(renderer, song, tmp_path)
+
+    assert raised.value.errno == errno.ENOSPC
+    assert outages.is_resource_shortage(raised.value)
 
 
 def test_a_song_that_is_not_a_wav_is_a_permanent_error(
@@ -290,6 +339,6 @@ def test_a_song_that_is_not_a_wav_is_a_permanent_error(
     broken.write_bytes(b"not a wav")
 
     with pytest.raises(errors.PermanentProviderError) as raised:
-        local.render(BRIEF, LYRICS, TIMED, broken, tmp_path / "out.mp4", seed="s")
+        local.render(BRIEF, LYRICS, TIMED, broken, tmp_path / "out.mp4", seed="s", cancel=cancellation.Cancellation())
 
     assert raised.value.code == "song_unreadable"

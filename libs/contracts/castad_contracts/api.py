@@ -1,10 +1,11 @@
-"""Response bodies of the gateway's REST API (the request body is `brief.Brief`)."""
+"""Request and response bodies of the gateway's REST API (a pipeline's request body is `brief.Brief`)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from castad_contracts import brief, events
 
@@ -12,6 +13,8 @@ from castad_contracts import brief, events
 class Links(BaseModel):
     self: str
     events: str
+    cancel: str
+    retry: str
 
 
 class PipelineAccepted(BaseModel):
@@ -49,6 +52,10 @@ class PipelineView(BaseModel):
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
+    cancel_requested_at: dt.datetime | None = Field(description="set while a cancel is pending or decided it")
+    cancel_reason: str | None
+    retries: int = Field(description="operator retries so far")
+    deadline_at: dt.datetime | None = Field(description="canceled (deadline_exceeded) if not ended by then")
     stages: list[StageView]
     links: Links
 
@@ -60,3 +67,104 @@ class PipelinePage(BaseModel):
 
 class Problem(BaseModel):
     detail: str
+
+
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=500), AfterValidator(brief.no_control_characters)]
+Filter = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(brief.no_control_characters)]
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"reason": "the customer withdrew"}]})
+
+    reason: Reason = "canceled by an operator"
+
+
+class RetryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{}, {"max_attempts": {"song": 8}}]})
+
+    max_attempts: dict[events.Stage, Annotated[int, Field(ge=1, le=100)]] | None = Field(
+        default=None, description="attempt budget per stage for this retry (default: each stage's setting)"
+    )
+
+
+class ActionAccepted(BaseModel):
+    """A cancel or retry recorded: the stages carry it out; the pipeline's status and event stream follow."""
+
+    id: str
+    status: str = Field(description="the pipeline's status now (CANCELING after a cancel, RUNNING after a retry)")
+    operation: int | None = Field(description="the request's number; null when a cancel had been asked already")
+    resumes_at: events.Stage | None = Field(default=None, description="after a retry: the stage that runs again")
+    links: Links
+
+
+class Conflict(BaseModel):
+    detail: str
+    status: str = Field(description="the state that does not allow the action")
+
+
+class DeadLetterAction(BaseModel):
+    action: str
+    actor: str
+    detail: str
+    at: dt.datetime
+
+
+class DeadLetter(BaseModel):
+    id: int
+    kind: str = Field(
+        description="message: a queue could not handle it; parked: an outbox row the broker refused;"
+        " unrecordable: a message recorded bare (its headers could not be stored)"
+    )
+    status: str = Field(description="dead, replayed or discarded")
+    service: str | None
+    queue: str | None
+    reason: str
+    event_id: str | None
+    event_type: str | None
+    schema_version: int | None
+    pipeline_id: str | None
+    received_at: dt.datetime
+    replays: int
+    body_size: int
+
+
+class DeadLetterDetail(DeadLetter):
+    headers: dict[str, Any]
+    body: str = Field(description="as received: text if it is UTF-8, else base64 (see body_encoding); capped")
+    body_encoding: str = Field(description="utf-8 or base64")
+    body_truncated: bool
+    actions: list[DeadLetterAction]
+
+
+class DeadLetterPage(BaseModel):
+    items: list[DeadLetter]
+    next_cursor: str | None
+
+
+class DeadLetterFilter(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"service": "lyric", "event_type": "pipeline.requested", "limit": 50}]},
+    )
+
+    service: Filter | None = None
+    event_type: Filter | None = None
+    reason: Filter | None = Field(default=None, description="a part of the reason")
+    pipeline_id: Filter | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class Discard(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"reason": "a test message"}]})
+
+    reason: Reason
+
+
+class Replayed(BaseModel):
+    id: int
+    detail: str
+
+
+class BulkReplayed(BaseModel):
+    replayed: list[int]
+    refused: dict[int, str] = Field(description="dead letters not replayed, and why")

@@ -28,22 +28,23 @@ class Genre(enum.StrEnum):
     ACOUSTIC = "acoustic"
 
 
-def _no_control_characters(value: str) -> str:
+def no_control_characters(value: str) -> str:
     if any(ord(char) < 32 and char not in "\n\t" for char in value):
         raise ValueError("control characters are not allowed")
     return value
 
 
-def _text(min_length: int, max_length: int) -> object:
+def text(min_length: int, max_length: int) -> object:
+    """Free text: stripped, within the lengths, without control characters but newline and tab."""
     return Annotated[
         str,
         StringConstraints(strip_whitespace=True, min_length=min_length, max_length=max_length),
-        AfterValidator(_no_control_characters),
+        AfterValidator(no_control_characters),
     ]
 
 
-Name = _text(1, 80)
-Details = _text(0, 500)
+Name = text(1, 80)
+Details = text(0, 500)
 
 MIN_DURATION_S = 3
 MAX_DURATION_S = 180

@@ -33,10 +33,12 @@ class Envelope(BaseModel):
     tracestate: str | None = None
     data: dict[str, object]
 
-    def payload(self) -> events.Payload:
-        """The typed payload; raises UnknownEventType or pydantic.ValidationError."""
-        model = events.payload_model(self.type, self.schemaversion)
-        return model.model_validate(self.data)
+    def payload(self, registry: events.Registry = events.REGISTRY) -> events.Payload:
+        """The typed payload, as the newest model the registry knows (older versions are upcast).
+
+        Raises UnknownEventType, NewerSchemaVersion or pydantic.ValidationError.
+        """
+        return registry.read(self.type, self.schemaversion, self.data)
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()
@@ -54,8 +56,8 @@ def wrap(
     tracestate: str | None = None,
 ) -> Envelope:
     """Put a payload in a new envelope with the current schema version of its type."""
-    version = events.CURRENT_VERSION[event_type]
-    expected = events.payload_model(event_type, version)
+    version = events.REGISTRY.current_version(event_type)
+    expected = events.REGISTRY.model(event_type, version)
     if not isinstance(payload, expected):
         raise TypeError(f"{event_type} v{version} carries {expected.__name__}, not {type(payload).__name__}")
     return Envelope(

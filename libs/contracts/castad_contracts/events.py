@@ -2,15 +2,18 @@
 
 Event types are past-tense facts. A payload is self-contained: a consumer never
 calls the producer to do its work. Each type carries a schema version; when a
-payload changes shape, add a new model under a new version and keep the old one
-registered so that events still sitting in a queue stay consumable.
+payload changes shape, register a new model under the next version with an upcast
+from the previous one (see Registry), so that events still sitting in a queue stay
+consumable.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Annotated, Literal
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -100,8 +103,11 @@ class StageStarted(Payload):
 class StageRetrying(Payload):
     stage: Stage
     job_id: str
-    attempt: int = Field(ge=1, description="the attempt that failed")
-    max_attempts: int
+    attempt: int = Field(ge=1, description="the attempt that failed or was handed back")
+    max_attempts: int = Field(
+        description="number of the last attempt that may run: attempts handed back by a stopping or lost worker"
+        " (error codes worker_stopped, lease_expired, outage) are not counted against the budget"
+    )
     error_code: str
     error_message: str
     next_attempt_at: dt.datetime
@@ -141,20 +147,66 @@ class VideoCompleted(StageCompleted):
     height: int
 
 
-class PipelineCancelRequested(Payload):
+OPERATION = (
+    "number of this operator request among the pipeline's cancels and retries, from 1; every stage applies"
+    " them in this order"
+)
+
+
+class StageCanceled(Payload):
+    """A stage stopped its job for a cancel request, or, having none yet, will never start one."""
+
+    stage: Stage
+    job_id: str
+    attempt: int = Field(ge=0, description="attempts the job had started (0: canceled before it ever ran)")
+    operation: int = Field(ge=1, description="the cancel request this answers")
+    reason: str
+    canceled_at: dt.datetime
+
+
+class PipelineCancelRequestedV1(Payload):
     reason: str = ""
 
 
-class PipelineRetryRequested(Payload):
+class PipelineCancelRequested(Payload):
+    """Every stage is to stop the pipeline: a job not started never starts, a running attempt is stopped,
+    and a stage not reached yet will not start; a stage that completed keeps its artifact."""
+
+    operation: int = Field(ge=1, description=OPERATION)
+    reason: str = Field(max_length=500, description="the operator's words, or deadline_exceeded")
+
+
+class PipelineRetryRequestedV1(Payload):
     stage: Stage
+
+
+class PipelineRetryRequested(Payload):
+    """A FAILED or CANCELED pipeline resumes at `stage`, the first that did not succeed, with a fresh attempt
+    budget; stages that succeeded are not run again."""
+
+    operation: int = Field(ge=1, description=OPERATION)
+    stage: Stage
+    max_attempts: dict[Stage, int] | None = Field(
+        default=None, description="per-stage attempt budget for this retry (default: each stage's setting)"
+    )
+
+
+class OutboxRepublishRequested(Payload):
+    """The service whose outbox holds the parked row with this event id is to hand it back to the relay.
+    `pipeline_id` is the row's own."""
+
+    event_id: uuid.UUID
 
 
 PIPELINE_REQUESTED = "pipeline.requested"
 PIPELINE_CANCEL_REQUESTED = "pipeline.cancel_requested"
 PIPELINE_RETRY_REQUESTED = "pipeline.retry_requested"
+OUTBOX_REPUBLISH_REQUESTED = "outbox.republish_requested"
+OPERATOR_REQUESTS = (PIPELINE_CANCEL_REQUESTED, PIPELINE_RETRY_REQUESTED, OUTBOX_REPUBLISH_REQUESTED)
+StageFact = Literal["started", "retrying", "completed", "failed", "canceled"]
 
 
-def stage_event(stage: Stage, fact: Literal["started", "retrying", "completed", "failed"]) -> str:
+def stage_event(stage: Stage, fact: StageFact) -> str:
     return f"{stage.value}.{fact}"
 
 
@@ -164,31 +216,104 @@ _COMPLETED: dict[Stage, type[Payload]] = {
     Stage.VIDEO: VideoCompleted,
 }
 
-# (event type, schema version) -> payload model. Never remove an entry.
-REGISTRY: dict[tuple[str, int], type[Payload]] = {
-    (PIPELINE_REQUESTED, 1): PipelineRequested,
-    (PIPELINE_CANCEL_REQUESTED, 1): PipelineCancelRequested,
-    (PIPELINE_RETRY_REQUESTED, 1): PipelineRetryRequested,
-}
+Upcast = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class SchemaError(LookupError):
+    """An event this registry cannot read."""
+
+
+class UnknownEventType(SchemaError):
+    """No payload model is registered for this event type, or for this older version of it."""
+
+
+class NewerSchemaVersion(SchemaError):
+    """The event has a newer schema version than this registry knows: its producer was upgraded first."""
+
+
+class Registry:
+    """Event type and schema version -> payload model, and how to read every older version.
+
+    The rule for a schema change (a rolling deploy may run old and new code side by side):
+    the producer writes the newest version it knows; a consumer reads every version up to
+    the newest it knows, upcasting older ones step by step to its current model, and raises
+    NewerSchemaVersion for a version newer than that (its consumer holds such an event for
+    a while, waiting for its own upgrade, rather than dead-lettering it). A version is never
+    removed, so an event still in a queue or a dead-letter queue stays readable.
+    """
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, int], type[Payload]] = {}
+        self._upcasts: dict[tuple[str, int], Upcast] = {}
+        self._current: dict[str, int] = {}
+
+    def register(self, event_type: str, version: int, model: type[Payload], upcast: Upcast | None = None) -> None:
+        """Add `version` of an event type; from version 2 on, `upcast` turns version-1 data into this version's."""
+        if version != self._current.get(event_type, 0) + 1:
+            raise ValueError(f"{event_type}: version {version} does not follow {self._current.get(event_type, 0)}")
+        if (version > 1) != (upcast is not None):
+            raise ValueError(f"{event_type} v{version}: an upcast from the previous version is needed from v2 on")
+        self._models[(event_type, version)] = model
+        if upcast is not None:
+            self._upcasts[(event_type, version)] = upcast
+        self._current[event_type] = version
+
+    def copy(self) -> Registry:
+        """An independent registry with the same entries (to add versions to, e.g. in a test)."""
+        other = Registry()
+        other._models, other._upcasts, other._current = dict(self._models), dict(self._upcasts), dict(self._current)
+        return other
+
+    def current_version(self, event_type: str) -> int:
+        try:
+            return self._current[event_type]
+        except KeyError:
+            raise UnknownEventType(f"no payload model for {event_type!r}") from None
+
+    def model(self, event_type: str, version: int) -> type[Payload]:
+        try:
+            return self._models[(event_type, version)]
+        except KeyError:
+            raise UnknownEventType(f"no payload model for {event_type!r} version {version}") from None
+
+    def read(self, event_type: str, version: int, data: dict[str, Any]) -> Payload:
+        """The payload as the current model of its type, upcast from an older version if need be.
+
+        Raises UnknownEventType, NewerSchemaVersion or pydantic.ValidationError.
+        """
+        current = self.current_version(event_type)
+        if version > current:
+            raise NewerSchemaVersion(f"{event_type} version {version} is newer than {current}, the newest known here")
+        payload = self.model(event_type, version).model_validate(data)
+        for step in range(version + 1, current + 1):
+            upgraded = self._upcasts[(event_type, step)](payload.model_dump(mode="json"))
+            payload = self._models[(event_type, step)].model_validate(upgraded)
+        return payload
+
+    def items(self) -> list[tuple[tuple[str, int], type[Payload]]]:
+        return sorted(self._models.items())
+
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        return tuple(sorted(self._current))
+
+
+REGISTRY = Registry()
+REGISTRY.register(PIPELINE_REQUESTED, 1, PipelineRequested)
+# Version 1 of the operator requests had no order; read as the first request of their pipeline.
+REGISTRY.register(PIPELINE_CANCEL_REQUESTED, 1, PipelineCancelRequestedV1)
+REGISTRY.register(
+    PIPELINE_CANCEL_REQUESTED,
+    2,
+    PipelineCancelRequested,
+    lambda data: {**data, "operation": 1, "reason": data["reason"][:500] or "canceled"},
+)
+REGISTRY.register(PIPELINE_RETRY_REQUESTED, 1, PipelineRetryRequestedV1)
+REGISTRY.register(PIPELINE_RETRY_REQUESTED, 2, PipelineRetryRequested, lambda data: {**data, "operation": 1})
+REGISTRY.register(OUTBOX_REPUBLISH_REQUESTED, 1, OutboxRepublishRequested)
 for _stage in Stage:
-    REGISTRY[(stage_event(_stage, "started"), 1)] = StageStarted
-    REGISTRY[(stage_event(_stage, "retrying"), 1)] = StageRetrying
-    REGISTRY[(stage_event(_stage, "completed"), 1)] = _COMPLETED[_stage]
-    REGISTRY[(stage_event(_stage, "failed"), 1)] = StageFailed
-
-CURRENT_VERSION: dict[str, int] = {}
-for _type, _version in REGISTRY:
-    CURRENT_VERSION[_type] = max(_version, CURRENT_VERSION.get(_type, 0))
-
-EVENT_TYPES: tuple[str, ...] = tuple(sorted(CURRENT_VERSION))
-
-
-class UnknownEventType(LookupError):
-    """No payload model is registered for this event type and version."""
-
-
-def payload_model(event_type: str, version: int) -> type[Payload]:
-    try:
-        return REGISTRY[(event_type, version)]
-    except KeyError:
-        raise UnknownEventType(f"no payload model for {event_type!r} version {version}") from None
+    REGISTRY.register(stage_event(_stage, "started"), 1, StageStarted)
+    REGISTRY.register(stage_event(_stage, "retrying"), 1, StageRetrying)
+    REGISTRY.register(stage_event(_stage, "completed"), 1, _COMPLETED[_stage])
+    REGISTRY.register(stage_event(_stage, "failed"), 1, StageFailed)
+    REGISTRY.register(stage_event(_stage, "canceled"), 1, StageCanceled)

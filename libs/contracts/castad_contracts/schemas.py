@@ -18,7 +18,7 @@ def write_schemas(directory: pathlib.Path) -> list[pathlib.Path]:
         "envelope.schema.json": envelope.Envelope.model_json_schema(),
         "brief.schema.json": brief.Brief.model_json_schema(),
     }
-    for (event_type, version), model in sorted(events.REGISTRY.items()):
+    for (event_type, version), model in events.REGISTRY.items():
         schema = model.model_json_schema()
         schema["$id"] = f"urn:castad:event:{event_type}:v{version}"
         schema["title"] = f"{event_type} v{version}"

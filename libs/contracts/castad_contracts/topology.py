@@ -26,9 +26,9 @@ def _all_stage_facts() -> tuple[str, ...]:
 
 SUBSCRIPTIONS: dict[str, Subscription] = {
     "api": Subscription("api", _all_stage_facts()),
-    "lyric": Subscription("lyric", (events.PIPELINE_REQUESTED,)),
-    "song": Subscription("song", (events.stage_event(events.Stage.LYRIC, "completed"),)),
-    "video": Subscription("video", (events.stage_event(events.Stage.SONG, "completed"),)),
+    "lyric": Subscription("lyric", (events.PIPELINE_REQUESTED, *events.OPERATOR_REQUESTS)),
+    "song": Subscription("song", (events.stage_event(events.Stage.LYRIC, "completed"), *events.OPERATOR_REQUESTS)),
+    "video": Subscription("video", (events.stage_event(events.Stage.SONG, "completed"), *events.OPERATOR_REQUESTS)),
 }
 
 

@@ -10,7 +10,7 @@ import pydantic
 import typer
 from pydantic_settings import BaseSettings
 
-from castad_runtime import migrations, settings
+from castad_runtime import migrations, redact, settings
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -23,7 +23,8 @@ def load_settings(factory: type[S]) -> S:
         for problem in error.errors():
             field = str(problem["loc"][0])
             name = settings.env_var(factory, field) if field in factory.model_fields else field
-            typer.echo(f"bad setting {name}={problem.get('input')!r}: {problem['msg']}", err=True)
+            value = redact.mask(repr(problem.get("input")))
+            typer.echo(f"bad setting {name}={value}: {redact.mask(problem['msg'])}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Iterator
 
@@ -16,6 +17,11 @@ _NOTIFY = "castad_notify"
 
 def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
     return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=600)
+
+
+def seconds_from_now(seconds: float) -> sa.ColumnElement[dt.datetime]:
+    """SQL for the database's now() plus `seconds` (its clock, not this process's)."""
+    return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.literal(seconds, sa.Float))
 
 
 def notify_after_commit(conn: sa.Connection, channel: str, payload: str = "") -> None:

@@ -1,4 +1,4 @@
-"""Structured JSON logs carrying pipeline_id, event_id and trace_id."""
+"""Structured JSON logs carrying pipeline_id, event_id and trace_id, credentials masked."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from pythonjsonlogger import json as jsonlogger
 
-from castad_runtime import telemetry
+from castad_runtime import redact, telemetry
 
 _pipeline_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("pipeline_id", default=None)
 _event_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("event_id", default=None)
@@ -29,11 +29,18 @@ class _ContextFilter(logging.Filter):
         return True
 
 
+class _MaskingFormatter(jsonlogger.JsonFormatter):
+    """JSON lines with every credential masked, wherever it appears (a message, an exception, a field)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact.mask(super().format(record))
+
+
 def setup(service: str, level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_ContextFilter(service))
     handler.setFormatter(
-        jsonlogger.JsonFormatter(
+        _MaskingFormatter(
             "%(asctime)s %(levelname)s %(name)s %(message)s %(service)s %(pipeline_id)s %(event_id)s %(trace_id)s",
             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
         )

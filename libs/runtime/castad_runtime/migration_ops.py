@@ -79,3 +79,60 @@ def create_stage_tables_v1() -> None:
 def drop_v1(*table_names: str) -> None:
     for name in table_names:
         op.drop_table(name)
+
+
+def add_outbox_parking_v2() -> None:
+    """Per-row publish retries and parking: a row the broker refuses backs off, then waits for an operator."""
+    op.add_column("outbox", sa.Column("publish_attempts", sa.Integer, nullable=False, server_default="0"))
+    op.add_column("outbox", sa.Column("last_error", sa.Text))
+    op.add_column("outbox", sa.Column("retry_at", TZ))
+    op.add_column("outbox", sa.Column("parked_at", TZ))
+    op.drop_index("outbox_unpublished", "outbox")
+    op.create_index(
+        "outbox_unpublished", "outbox", ["id"], postgresql_where=sa.text("published_at IS NULL AND parked_at IS NULL")
+    )
+    op.create_index(
+        "outbox_held",
+        "outbox",
+        ["pipeline_id", "id"],
+        postgresql_where=sa.text("published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL)"),
+    )
+
+
+def drop_outbox_parking_v2() -> None:
+    op.drop_index("outbox_held", "outbox")
+    op.drop_index("outbox_unpublished", "outbox")
+    op.create_index("outbox_unpublished", "outbox", ["id"], postgresql_where=sa.text("published_at IS NULL"))
+    for column in ("parked_at", "retry_at", "last_error", "publish_attempts"):
+        op.drop_column("outbox", column)
+
+
+def add_counted_attempts_v2() -> None:
+    """Attempts charged against max_attempts, apart from attempts started: the machinery's are not."""
+    op.add_column("jobs", sa.Column("counted_attempts", sa.Integer, nullable=False, server_default="0"))
+    op.execute("UPDATE jobs SET counted_attempts = attempts - CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END")
+
+
+def drop_counted_attempts_v2() -> None:
+    op.drop_column("jobs", "counted_attempts")
+
+
+def add_outbox_destination_v3() -> None:
+    """A row may go to one queue (a replayed dead letter) instead of the events exchange."""
+    op.add_column("outbox", sa.Column("destination", sa.Text))
+
+
+def drop_outbox_destination_v3() -> None:
+    op.drop_column("outbox", "destination")
+
+
+def add_operator_requests_v3() -> None:
+    """Jobs know their pipeline's operator requests: canceled before their trigger (no input), in order."""
+    op.alter_column("jobs", "input", nullable=True)
+    op.add_column("jobs", sa.Column("last_operation", sa.Integer, nullable=False, server_default="0"))
+
+
+def drop_operator_requests_v3() -> None:
+    op.drop_column("jobs", "last_operation")
+    op.execute("DELETE FROM jobs WHERE input IS NULL")  # jobs canceled before they had anything to run
+    op.alter_column("jobs", "input", nullable=False)

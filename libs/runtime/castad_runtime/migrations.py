@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from alembic import command, context
 from alembic.config import Config
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+# Held while a service's migrations run: two migrators (a hook Job run twice, a Job beside a
+# local `migrate`) take turns, and the second finds nothing left to do.
+MIGRATION_LOCK = 0x0CA57AD0
 
 
 def ensure_database(database_url: str, template: str | None = None) -> bool:
-    """Create the database named in the URL if it does not exist. True if created."""
+    """Create the database named in the URL if it does not exist. True if created.
+
+    Where the server's maintenance database is closed to this user (a managed PostgreSQL whose
+    databases are made by its operators), a database that takes a connection is taken as there.
+    """
     url = make_url(database_url)
-    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
-        with admin.connect() as conn:
+        try:
+            conn = admin.connect()
+        except sa.exc.OperationalError:
+            if template is None and _accepts_connections(url):
+                return False
+            raise
+        with conn:
             exists = conn.execute(
                 sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}
             ).scalar()
@@ -40,23 +56,53 @@ def drop_database(database_url: str) -> None:
         admin.dispose()
 
 
-def upgrade(database_url: str, migrations_dir: pathlib.Path) -> None:
+def _accepts_connections(url: sa.URL) -> bool:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect():
+            return True
+    except sa.exc.OperationalError:
+        return False
+    finally:
+        engine.dispose()
+
+
+def upgrade(database_url: str, migrations_dir: pathlib.Path, revision: str = "head") -> None:
+    """Apply the migrations up to `revision`, holding the service's migration lock meanwhile."""
+    _under_lock(database_url, migrations_dir, command.upgrade, revision)
+
+
+def downgrade(database_url: str, migrations_dir: pathlib.Path, revision: str) -> None:
+    _under_lock(database_url, migrations_dir, command.downgrade, revision)
+
+
+def _under_lock(
+    database_url: str, migrations_dir: pathlib.Path, action: Callable[[Config, str], None], revision: str
+) -> None:
     config = Config()
     config.set_main_option("script_location", str(migrations_dir))
-    config.attributes["database_url"] = database_url
-    command.upgrade(config, "head")
+    engine = sa.create_engine(database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
+            conn.commit()
+            try:
+                config.attributes["connection"] = conn
+                action(config, revision)
+                conn.commit()
+            finally:
+                conn.rollback()
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+                conn.commit()
+    finally:
+        engine.dispose()
 
 
 def run_env() -> None:
-    """Body of every service's migrations/env.py (online mode only)."""
-    url = context.config.attributes.get("database_url") or context.config.get_main_option("sqlalchemy.url")
-    if not url:
-        raise RuntimeError("no database URL: run migrations through `python -m castad_<service> migrate`")
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            context.configure(connection=conn)
-            with context.begin_transaction():
-                context.run_migrations()
-    finally:
-        engine.dispose()
+    """Body of every service's migrations/env.py (online mode only), on the connection `upgrade` holds."""
+    conn = context.config.attributes.get("connection")
+    if conn is None:
+        raise RuntimeError("run migrations through `python -m castad_<service> migrate`")
+    context.configure(connection=conn)
+    with context.begin_transaction():
+        context.run_migrations()

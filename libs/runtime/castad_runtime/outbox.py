@@ -1,9 +1,7 @@
-"""Write events to the outbox in the caller's transaction; read and mark them for the relay."""
+"""Write events to the outbox in the caller's transaction; republish the rows the relay parked."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import uuid
 from collections.abc import Sequence
 
@@ -21,40 +19,39 @@ def add(conn: sa.Connection, payload: events.Payload, event_type: str, source: s
     """
     traceparent, tracestate = telemetry.current_trace_headers()
     env = envelope_.wrap(payload, event_type, source, traceparent, tracestate)
-    conn.execute(
-        tables.outbox.insert().values(
-            event_id=env.id,
-            pipeline_id=env.subject,
-            routing_key=env.type,
-            envelope=env.model_dump(mode="json"),
-        )
-    )
-    db.mark_outbox_written(conn)
+    append(conn, env)
     return env
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    id: int
-    event_id: uuid.UUID
-    pipeline_id: str
-    routing_key: str
-    envelope: dict[str, object]
-    created_at: dt.datetime
+def append(
+    conn: sa.Connection, env: envelope_.Envelope, destination: str | None = None, delivery_id: uuid.UUID | None = None
+) -> None:
+    """An envelope as it is, to the events exchange or (`destination`) to one queue alone.
+
+    `delivery_id` names the row and the message when the same event is sent again (a replayed dead
+    letter): the envelope keeps its id, by which the consumer's inbox knows it.
+    """
+    conn.execute(
+        tables.outbox.insert().values(
+            event_id=delivery_id or env.id,
+            pipeline_id=env.subject,
+            routing_key=env.type,
+            envelope=env.model_dump(mode="json"),
+            destination=destination,
+        )
+    )
+    db.mark_outbox_written(conn)
 
 
-def pending(conn: sa.Connection, limit: int) -> list[Row]:
-    """The oldest unpublished rows, in commit-independent insertion order."""
+def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
+    """Hand parked rows back to the relay (once the cause is fixed): their tries start over.
+    Returns how many were parked here; the relay is woken after the commit."""
     t = tables.outbox
     result = conn.execute(
-        sa.select(t.c.id, t.c.event_id, t.c.pipeline_id, t.c.routing_key, t.c.envelope, t.c.created_at)
-        .where(t.c.published_at.is_(None))
-        .order_by(t.c.id)
-        .limit(limit)
+        t.update()
+        .where(t.c.event_id.in_(list(event_ids)), t.c.parked_at.is_not(None), t.c.published_at.is_(None))
+        .values(parked_at=None, retry_at=None, publish_attempts=0, last_error=None)
     )
-    return [Row(**row._mapping) for row in result]
-
-
-def mark_published(conn: sa.Connection, ids: Sequence[int]) -> None:
-    if ids:
-        conn.execute(tables.outbox.update().where(tables.outbox.c.id.in_(ids)).values(published_at=sa.func.now()))
+    if result.rowcount:
+        db.mark_outbox_written(conn)
+    return result.rowcount

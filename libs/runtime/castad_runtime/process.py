@@ -13,7 +13,7 @@ from typing import Protocol
 import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from castad_runtime import logs, telemetry
+from castad_runtime import health, logs, telemetry
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,28 @@ class ConsumerWorker:
     def stop(self) -> None:
         self.worker.stop(timeout=10_000)
 
+    def threads(self) -> list[threading.Thread]:
+        """Dramatiq's consumer and worker threads (for the liveness probe)."""
+        return [*self.worker.consumers.values(), *self.worker.workers]
 
-def run_until_signalled(service: str, parts: Sequence[Background], on_stop: Callable[[], None] | None = None) -> None:
-    """Start the parts, block until SIGTERM or SIGINT, stop them in reverse order."""
+
+def run_until_signalled(
+    service: str,
+    parts: Sequence[Background],
+    on_stop: Callable[[], None] | None = None,
+    probes: health.ProbeServer | None = None,
+) -> None:
+    """Start the parts, block until SIGTERM or SIGINT, stop them in reverse order.
+
+    The probes answer from before the first part starts until the last one stopped; from
+    the signal on, readiness says "stopping".
+    """
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     started: list[Background] = []
+    if probes is not None:
+        probes.start()
     try:
         for part in parts:
             part.start()
@@ -59,8 +74,12 @@ def run_until_signalled(service: str, parts: Sequence[Background], on_stop: Call
         stop.wait()
         log.info("%s stopping", service)
     finally:
+        if probes is not None:
+            probes.stopping.set()
         for part in reversed(started):
             part.stop()
         if on_stop:
             on_stop()
+        if probes is not None:
+            probes.stop()
         telemetry.shutdown()

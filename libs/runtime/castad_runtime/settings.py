@@ -13,10 +13,24 @@ from typing import Annotated
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
-DEFAULT_ARTIFACTS_DIR = REPO_ROOT / "var" / "artifacts"
+DEFAULT_ARTIFACTS_DIR = pathlib.Path("var", "artifacts")
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
 POSTGRES_URL = r"^postgresql(\+psycopg)?://"
+
+# Where the stages write their files and the gateway reads them (not the relay's business).
+ArtifactsDir = Annotated[
+    pathlib.Path,
+    Field(
+        validation_alias=AliasChoices("CASTAD_ARTIFACTS_DIR"),
+        description="where the stages write their files and the gateway reads them (relative: from the working"
+        " directory)",
+    ),
+]
+
+# A worker's probe port (see castad_runtime.health).
+HealthPort = Annotated[
+    int | None, Field(ge=1, le=65535, description="serve /healthz and /readyz on this port (off when unset)")
+]
 
 
 def env_var(cls: type[BaseSettings], field: str, prefix: str | None = None) -> str:
@@ -47,10 +61,25 @@ class CommonSettings(BaseSettings):
             description="prefix of exchange and queue names, so several installations can share a broker",
         ),
     ] = "castad"
-    artifacts_dir: Annotated[
-        pathlib.Path,
-        Field(validation_alias=_common("artifacts_dir"), description="where the stages write their files"),
-    ] = DEFAULT_ARTIFACTS_DIR
+    hold_events_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("hold_events_s"),
+            gt=0,
+            description="a consumer holds an event it cannot take yet (a newer schema version than it knows, an"
+            " operator request ahead of an earlier one) this long before dead-lettering it",
+        ),
+    ] = 3600.0
+    handler_retries: Annotated[
+        int,
+        Field(
+            validation_alias=_common("handler_retries"),
+            ge=0,
+            le=100,
+            description="a handler failing for a reason of its own (not an outage) is tried this many times more,"
+            " up to 10 s apart, then its message is dead-lettered",
+        ),
+    ] = 20
     log_level: Annotated[
         str,
         Field(

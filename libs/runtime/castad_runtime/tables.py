@@ -23,7 +23,19 @@ outbox = sa.Table(
     sa.Column("envelope", pg.JSONB, nullable=False),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("published_at", TZ),
-    sa.Index("outbox_unpublished", "id", postgresql_where=sa.text("published_at IS NULL")),
+    # A row the broker refused: how often, why, when to try again; parked once the tries ran out.
+    sa.Column("publish_attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_error", sa.Text),
+    sa.Column("retry_at", TZ),
+    sa.Column("parked_at", TZ),
+    sa.Column("destination", sa.Text),  # a queue to send the row to alone; NULL: the events exchange
+    sa.Index("outbox_unpublished", "id", postgresql_where=sa.text("published_at IS NULL AND parked_at IS NULL")),
+    sa.Index(
+        "outbox_held",
+        "pipeline_id",
+        "id",
+        postgresql_where=sa.text("published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL)"),
+    ),
 )
 
 inbox = sa.Table(
@@ -43,16 +55,21 @@ jobs = sa.Table(
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("version", sa.Integer, nullable=False, server_default="0"),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    # Attempts charged against max_attempts: those the machinery lost are not (see the stage runner).
+    sa.Column("counted_attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("max_attempts", sa.Integer, nullable=False),
     sa.Column("due_at", TZ, nullable=False),
     sa.Column("lease_owner", sa.Text),
     sa.Column("lease_expires_at", TZ),
-    sa.Column("input", pg.JSONB, nullable=False),
+    # The trigger's payload; NULL while it has not come (a CANCELED or WAITING job).
+    sa.Column("input", pg.JSONB(none_as_null=True)),
     sa.Column("result", pg.JSONB),
     sa.Column("last_error_code", sa.Text),
     sa.Column("last_error_message", sa.Text),
     sa.Column("traceparent", sa.Text),
     sa.Column("tracestate", sa.Text),
+    # Operator requests (cancels, retries) of the pipeline applied here, in order: the last one's number.
+    sa.Column("last_operation", sa.Integer, nullable=False, server_default="0"),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),

@@ -8,6 +8,7 @@ OTEL_TRACES_EXPORTER is not "none"; OTEL_SERVICE_NAME overrides the service name
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 from collections.abc import Iterator
 
@@ -24,13 +25,23 @@ def setup(service: str) -> None:
     if _provider is not None:
         return
     name = os.environ.get("OTEL_SERVICE_NAME") or f"castad-{service}"
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    # HTTP spans in OpenTelemetry's stable conventions (http.request.method, http.response.status_code, ...).
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
+    resource = {"service.name": name, "service.namespace": "castad", "service.version": _version(service)}
+    provider = TracerProvider(resource=Resource.create(resource))
     if _otlp_wanted():
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _provider = provider
+
+
+def _version(service: str) -> str:
+    try:
+        return importlib.metadata.version(f"castad-{service}")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _otlp_wanted() -> bool:

@@ -1,4 +1,9 @@
-"""Applies stage events to the gateway's read model, once each, never backwards."""
+"""Applies stage events to the gateway's read model, once each, never backwards.
+
+Every change to a pipeline, a stage's event or an operator's request, ends in `record`:
+the pipeline's status recomputed from its stages, a timeline entry (what its event
+stream shows) and a notification that wakes the streams.
+"""
 
 from __future__ import annotations
 
@@ -24,34 +29,50 @@ def apply(engine: sa.Engine, env: envelope_.Envelope, payload: events.Payload) -
 
 def _apply(conn: sa.Connection, env: envelope_.Envelope, payload: events.Payload) -> None:
     pipeline_id = uuid.UUID(payload.pipeline_id)
-    if repository.lock_pipeline(conn, pipeline_id) is None:
+    pipeline = repository.lock_pipeline(conn, pipeline_id)
+    if pipeline is None:
         log.warning("event %s for a pipeline this gateway never accepted", env.type)
         return
     stage, fact = model.split_type(env.type)
     attempt = int(getattr(payload, "attempt", 0))
-    pos = model.position(fact, attempt)
-    current = repository.stage_position(conn, pipeline_id, stage)
-    if current is not None and pos <= current:
+    operation = int(getattr(payload, "operation", 0))
+    superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
+    if superseded or model.is_stale(fact, attempt, operation, repository.stage_applied(conn, pipeline_id, stage)):
         log.info("stale %s (attempt %d) ignored", env.type, attempt)
         return
-    repository.save_stage(conn, pipeline_id, stage, pos, _stage_values(fact, payload))
-    statuses = repository.stage_statuses(conn, pipeline_id)
-    status = model.pipeline_status(statuses)
+    repository.save_stage(conn, pipeline_id, stage, model.position(fact, attempt), _stage_values(fact, payload))
+    record(conn, pipeline, env.id, env.type, stage, fact, payload)
+
+
+def record(
+    conn: sa.Connection,
+    pipeline: Any,
+    event_id: uuid.UUID,
+    event_type: str,
+    stage: events.Stage | None,
+    fact: str,
+    payload: events.Payload | None = None,
+    **details: Any,
+) -> model.PipelineStatus:
+    """After a change to `pipeline` (its row, locked) or its stages: its new status, a timeline entry, a wake-up."""
+    statuses = repository.stage_statuses(conn, pipeline.id)
+    status = model.pipeline_status(statuses, cancel_pending=pipeline.cancel_requested_at is not None)
     percent = model.progress(statuses)
-    changes: dict[str, Any] = {
-        "status": status.value,
-        "progress": percent,
-        "current_stage": (model.current_stage(statuses) or stage).value,
-    }
+    current = model.current_stage(statuses) or stage
+    changes: dict[str, Any] = {"status": status.value, "progress": percent, "current_stage": current and current.value}
     if isinstance(payload, events.StageFailed):
         changes.update(error_code=payload.error_code, error_message=payload.error_message)
-    if status.terminal:
+    if status is model.PipelineStatus.CANCELED:
+        code = model.DEADLINE_EXCEEDED if pipeline.cancel_reason == model.DEADLINE_EXCEEDED else "canceled"
+        changes.update(error_code=code, error_message=pipeline.cancel_reason)
+    if status.terminal and not model.PipelineStatus(pipeline.status).terminal:
         changes["finished_at"] = sa.func.now()
-    repository.update_pipeline(conn, pipeline_id, **changes)
-    final = repository.artifacts(conn, pipeline_id) if status.terminal else None
-    data = model.sse_data(stage, fact, payload, status, percent, final)
-    repository.append_timeline(conn, pipeline_id, env.id, env.type, data)
-    db.notify_after_commit(conn, repository.PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
+    repository.update_pipeline(conn, pipeline.id, **changes)
+    final = repository.artifacts(conn, pipeline.id) if status.terminal else None
+    data = model.sse_data(stage, fact, payload, status, percent, final, **details)
+    repository.append_timeline(conn, pipeline.id, event_id, event_type, data)
+    db.notify_after_commit(conn, repository.PIPELINE_EVENTS_CHANNEL, str(pipeline.id))
+    return status
 
 
 def _stage_values(fact: str, payload: events.Payload) -> dict[str, Any]:
@@ -75,6 +96,14 @@ def _stage_values(fact: str, payload: events.Payload) -> dict[str, Any]:
     elif isinstance(payload, events.StageCompleted):
         values.update(
             artifact=payload.artifact.model_dump(mode="json"), finished_at=payload.completed_at, next_attempt_at=None
+        )
+    elif isinstance(payload, events.StageCanceled):
+        values.update(
+            operation=payload.operation,
+            last_error_code="canceled",
+            last_error_message=payload.reason,
+            finished_at=payload.canceled_at,
+            next_attempt_at=None,
         )
     return values
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from castad_contracts import events
+from castad_runtime import db
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_api import model, tables
@@ -17,7 +18,9 @@ from castad_api import model, tables
 pipelines = tables.pipelines
 stages = tables.stages
 timeline = tables.timeline
+letters = tables.dead_letters
 PIPELINE_EVENTS_CHANNEL = "castad_pipeline_events"
+TERMINAL = [status.value for status in model.PipelineStatus if status.terminal]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Created:
 
 
 def create_pipeline(
-    conn: sa.Connection, pipeline_id: uuid.UUID, key: str, request_hash: str, brief: dict[str, Any]
+    conn: sa.Connection, pipeline_id: uuid.UUID, key: str, request_hash: str, brief: dict[str, Any], deadline_s: float
 ) -> Created:
     """Insert unless the key exists; then return what the key already points at."""
     inserted = conn.execute(
@@ -39,6 +42,7 @@ def create_pipeline(
             request_hash=request_hash,
             brief=brief,
             status=model.PipelineStatus.PENDING,
+            deadline_at=db.seconds_from_now(deadline_s),
         )
         .on_conflict_do_nothing(index_elements=[pipelines.c.idempotency_key])
         .returning(pipelines.c.id)
@@ -67,13 +71,33 @@ def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[u
     return result
 
 
-def stage_position(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> model.Position | None:
+def stage_applied(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> model.Applied | None:
     row = conn.execute(
-        sa.select(stages.c.rank, stages.c.attempt, stages.c.step).where(
+        sa.select(stages.c.rank, stages.c.attempt, stages.c.step, stages.c.floor_attempt, stages.c.operation).where(
             stages.c.pipeline_id == pipeline_id, stages.c.stage == stage.value
         )
     ).first()
-    return None if row is None else (row.rank, row.attempt, row.step)
+    if row is None:
+        return None
+    return model.Applied((row.rank, row.attempt, row.step), row.floor_attempt, row.operation)
+
+
+def reopen_stages(conn: sa.Connection, pipeline_id: uuid.UUID, from_stage: events.Stage) -> None:
+    """A retry: this stage and the later ones are PENDING again; events of their earlier attempts are stale."""
+    later = [stage.value for stage in events.STAGE_ORDER[events.STAGE_ORDER.index(from_stage) :]]
+    conn.execute(
+        stages.update()
+        .where(stages.c.pipeline_id == pipeline_id, stages.c.stage.in_(later))
+        .values(
+            status=model.StageStatus.PENDING.value,
+            rank=0,
+            step=0,
+            floor_attempt=stages.c.attempt,
+            next_attempt_at=None,
+            started_at=None,
+            finished_at=None,
+        )
+    )
 
 
 def save_stage(
@@ -102,6 +126,23 @@ def artifacts(conn: sa.Connection, pipeline_id: uuid.UUID) -> dict[str, Any]:
         )
     )
     return {row.stage: row.artifact for row in rows}
+
+
+def overdue(conn: sa.Connection, limit: int) -> list[uuid.UUID]:
+    """Pipelines past their deadline that no cancel was asked for yet, locked (others skip them)."""
+    return list(
+        conn.execute(
+            sa.select(pipelines.c.id)
+            .where(
+                pipelines.c.status.not_in(TERMINAL),
+                pipelines.c.deadline_at <= sa.func.now(),
+                pipelines.c.cancel_requested_at.is_(None),
+            )
+            .order_by(pipelines.c.deadline_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).scalars()
+    )
 
 
 def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) -> None:
@@ -141,3 +182,63 @@ def list_pipelines(
     if after is not None:
         query = query.where(sa.tuple_(pipelines.c.created_at, pipelines.c.id) < sa.tuple_(*after))
     return list(conn.execute(query))
+
+
+@dataclasses.dataclass(frozen=True)
+class LetterFilters:
+    status: str | None = None
+    service: str | None = None
+    event_type: str | None = None
+    reason: str | None = None  # a part of the reason
+    pipeline_id: str | None = None
+
+
+def add_dead_letter(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
+    """Record a dead letter unless its message id is recorded already; its id, or None."""
+    return conn.execute(
+        pg.insert(letters)
+        .values(**fields)
+        .on_conflict_do_nothing(index_elements=[letters.c.message_id])
+        .returning(letters.c.id)
+    ).scalar()
+
+
+def lock_dead_letter(conn: sa.Connection, letter_id: int) -> sa.Row[Any] | None:
+    return conn.execute(sa.select(letters).where(letters.c.id == letter_id).with_for_update()).first()
+
+
+def get_dead_letter(conn: sa.Connection, letter_id: int) -> sa.Row[Any] | None:
+    return conn.execute(sa.select(letters).where(letters.c.id == letter_id)).first()
+
+
+def dead_letters(conn: sa.Connection, filters: LetterFilters, before_id: int | None, limit: int) -> list[sa.Row[Any]]:
+    """Newest first; `before_id` is the id of the last row of the previous page."""
+    query = sa.select(letters).order_by(letters.c.id.desc()).limit(limit)
+    for column, value in (
+        (letters.c.status, filters.status),
+        (letters.c.service, filters.service),
+        (letters.c.event_type, filters.event_type),
+        (letters.c.pipeline_id, filters.pipeline_id),
+    ):
+        if value is not None:
+            query = query.where(column == value)
+    if filters.reason:
+        query = query.where(letters.c.reason.contains(filters.reason, autoescape=True))
+    if before_id is not None:
+        query = query.where(letters.c.id < before_id)
+    return list(conn.execute(query))
+
+
+def dead_letter_acted(conn: sa.Connection, letter_id: int, action: str, actor: str, detail: str, status: str) -> None:
+    conn.execute(
+        tables.dead_letter_actions.insert().values(dead_letter_id=letter_id, action=action, actor=actor, detail=detail)
+    )
+    values: dict[str, Any] = {"status": status, "updated_at": sa.func.now()}
+    if action == "replay":
+        values["replays"] = letters.c.replays + 1
+    conn.execute(letters.update().where(letters.c.id == letter_id).values(**values))
+
+
+def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[sa.Row[Any]]:
+    actions = tables.dead_letter_actions
+    return list(conn.execute(sa.select(actions).where(actions.c.dead_letter_id == letter_id).order_by(actions.c.id)))

@@ -8,6 +8,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 metadata = runtime_tables.metadata
 TZ = runtime_tables.TZ
+OPEN_ENDED = "('SUCCEEDED', 'FAILED', 'CANCELED')"  # pipeline statuses no deadline applies to
 
 pipelines = sa.Table(
     "pipelines",
@@ -24,7 +25,15 @@ pipelines = sa.Table(
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),
+    # Operator requests: how many were made (they are numbered), the pending cancel, retries so far.
+    sa.Column("operations", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cancel_requested_at", TZ),
+    sa.Column("cancel_reason", sa.Text),
+    sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
+    # Cancelled with deadline_exceeded if not ended by then (reset by a retry).
+    sa.Column("deadline_at", TZ),
     sa.Index("pipelines_listing", "created_at", "id"),
+    sa.Index("pipelines_due", "deadline_at", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
 )
 
 stages = sa.Table(
@@ -37,6 +46,9 @@ stages = sa.Table(
     sa.Column("rank", sa.Integer, nullable=False, server_default="0"),
     sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
     sa.Column("step", sa.Integer, nullable=False, server_default="0"),
+    # A retry makes the events of the attempts before it stale: those up to this attempt number.
+    sa.Column("floor_attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("operation", sa.Integer, nullable=False, server_default="0"),  # the last cancel applied
     sa.Column("max_attempts", sa.Integer),
     sa.Column("last_error_code", sa.Text),
     sa.Column("last_error_message", sa.Text),
@@ -56,4 +68,40 @@ timeline = sa.Table(
     sa.Column("data", pg.JSONB, nullable=False),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Index("pipeline_events_by_pipeline", "pipeline_id", "seq"),
+)
+
+dead_letters = sa.Table(
+    "dead_letters",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("message_id", sa.Text, nullable=False, unique=True),  # of the dead-letter message: recorded once
+    sa.Column("kind", sa.Text, nullable=False),  # message: a queue could not handle it; parked: an outbox row
+    sa.Column("service", sa.Text),
+    sa.Column("queue", sa.Text),  # the queue it came from (a replay goes back there)
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("event_id", pg.UUID(as_uuid=True)),
+    sa.Column("event_type", sa.Text),
+    sa.Column("schema_version", sa.Integer),
+    sa.Column("pipeline_id", sa.Text),
+    sa.Column("headers", pg.JSONB, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),  # as received, up to the size cap
+    sa.Column("body_size", sa.Integer, nullable=False),  # as received
+    sa.Column("received_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("status", sa.Text, nullable=False, server_default="dead"),  # dead, replayed, discarded
+    sa.Column("replays", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Index("dead_letters_by_status", "status", "id"),
+    sa.Index("dead_letters_by_pipeline", "pipeline_id", "id"),
+)
+
+dead_letter_actions = sa.Table(
+    "dead_letter_actions",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("dead_letter_id", sa.BigInteger, sa.ForeignKey("dead_letters.id"), nullable=False),
+    sa.Column("action", sa.Text, nullable=False),  # replay, discard
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),  # what was done, or the reason given
+    sa.Column("at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Index("dead_letter_actions_by_letter", "dead_letter_id", "id"),
 )

@@ -6,7 +6,7 @@ import pathlib
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import repository, runner
+from castad_runtime.stage import cancellation, repository, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -37,12 +37,13 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
     )
     store = artifacts.ArtifactStore(config.artifacts_dir)
 
-    def work(job: repository.Job) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         request = events.PipelineRequested.model_validate(job.input)
         lyrics = writer.write(request.brief, seed=job.pipeline_id)
-        scratch = store.scratch_path(job.pipeline_id, events.Stage.LYRIC, job.attempts, ".txt")
-        scratch.write_text(render_text(lyrics), encoding="utf-8")
-        artifact = store.keep(scratch, job.pipeline_id, events.Stage.LYRIC, "text/plain; charset=utf-8")
+        cancel.check()
+        with store.scratch(job.pipeline_id, events.Stage.LYRIC, job.attempts, ".txt") as scratch:
+            scratch.write_text(render_text(lyrics), encoding="utf-8")
+            artifact = store.keep(scratch, job.pipeline_id, events.Stage.LYRIC, "text/plain; charset=utf-8")
         return runner.Output(artifact, {"lyrics": lyrics})
 
     return work

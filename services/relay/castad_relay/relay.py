@@ -4,13 +4,17 @@ One task per source database. It holds a session advisory lock, so a second rela
 replica waits as a hot standby instead of publishing the same rows. Only once it
 leads does it LISTEN on the outbox channel (a standby that listened would never read
 its notifications and so hold back PostgreSQL's notification queue, shared by the
-whole server); it drains then, and whenever a writer's NOTIFY arrives (or, should
-one be missed, every `fallback_poll_s`). A drain publishes a batch on one channel:
-rows of different pipelines concurrently, the rows of one pipeline one after another,
-each once the broker has confirmed the one before. After a row that is not confirmed
-its pipeline's later rows are not sent; they wait for the next round with it, so no
-consumer gets a pipeline's event before an earlier one. Only confirmed rows are
-marked published. Any error leaves rows unpublished; the task reconnects and carries on.
+whole server); it drains then, whenever a writer's NOTIFY arrives, when a backing-off
+row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
+
+A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
+pipeline kept) and marks the confirmed ones published. A row the broker refuses (no
+queue bound to its routing key, nacked, too large) backs off on its own, exponentially,
+and after `max_publish_attempts` refusals is parked with its reason for an operator to
+republish (`castad_runtime.outbox.republish`, through the gateway's dead letters: the relay
+puts a notice of it in the dead-letter queue first); meanwhile it holds back only the later
+rows of its own pipeline, and every other pipeline flows on. Trouble with the broker
+connection charges no row: rows wait, the relay reconnects and carries on.
 """
 
 from __future__ import annotations
@@ -19,132 +23,38 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
+import threading
 import time
-from collections import defaultdict
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import aiormq
 import psycopg
-from castad_contracts import envelope as envelope_
 from castad_contracts import topology
-from castad_runtime import db, telemetry
-from opentelemetry import trace
-from pamqp import commands as spec
+from castad_runtime import backoff, db, messaging, outages, redact
 
+from castad_relay import publisher as publisher_
 from castad_relay import settings as settings_
+from castad_relay import statements
 
 log = logging.getLogger(__name__)
 LOCK_KEY = 0x0CA57AD  # one advisory lock id per database: the relay leader's
+
+PUBLISHED = publisher_.Sent.PUBLISHED
 
 
 def _psycopg_url(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
-class Publisher:
-    """A confirm-mode channel on one connection, reopened after any failure."""
-
-    def __init__(self, amqp_url: str, exchange: str, confirm_timeout_s: float) -> None:
-        self.amqp_url = amqp_url
-        self.exchange = exchange
-        self.confirm_timeout_s = confirm_timeout_s
-        self._connection: aiormq.abc.AbstractConnection | None = None
-        self._channel: aiormq.abc.AbstractChannel | None = None
-        self._lock = asyncio.Lock()
-
-    async def channel(self) -> aiormq.abc.AbstractChannel:
-        async with self._lock:
-            if self._channel is None or self._channel.is_closed:
-                await self.close()
-                # aiormq has no handshake timeout: a broker that accepts the connection but never
-                # answers (a network partition) would otherwise hold every source's relay forever.
-                async with asyncio.timeout(self.confirm_timeout_s):
-                    self._connection = await aiormq.connect(self.amqp_url)
-                    self._channel = await self._connection.channel(publisher_confirms=True)
-            return self._channel
-
-    async def close(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                await connection.close()
-
-    async def publish(self, rows: Sequence[dict[str, Any]]) -> list[bool]:
-        """Publish a batch; True for each row, in row order, that the broker confirmed as routed.
-
-        Pipelines go out concurrently, each pipeline's rows in order and one at a time: a row is sent
-        once the one before it is confirmed, and none after one that is not (nacked, returned as
-        unroutable, timed out), so a consumer never gets a pipeline's row before an earlier one.
-        """
-        channel = await self.channel()
-        # Per row: the broker's answer, the exception the publish raised, or None if it was not sent.
-        outcomes: list[object] = [None] * len(rows)
-        by_pipeline: defaultdict[str, list[int]] = defaultdict(list)
-        for index, row in enumerate(rows):
-            by_pipeline[row["pipeline_id"]].append(index)
-
-        async def in_order(indexes: list[int]) -> None:
-            for index in indexes:
-                try:
-                    outcomes[index] = await self._publish_one(channel, rows[index])
-                except Exception as error:
-                    outcomes[index] = error
-                if not isinstance(outcomes[index], spec.Basic.Ack):
-                    return
-
-        await asyncio.gather(*(in_order(indexes) for indexes in by_pipeline.values()))
-        confirmed = [isinstance(outcome, spec.Basic.Ack) for outcome in outcomes]
-        failures = [outcome for outcome in outcomes if not isinstance(outcome, spec.Basic.Ack | None)]
-        if failures:
-            log.warning("%d of %d publishes unconfirmed: %r", confirmed.count(False), len(rows), failures[0])
-            # A nack or an unroutable return leaves the channel usable; a timeout or an error may not.
-            if any(not isinstance(failure, spec.Basic.Nack | aiormq.exceptions.PublishError) for failure in failures):
-                await self.close()
-        return confirmed
-
-    async def _publish_one(self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any]) -> object:
-        env = row["envelope"]
-        parent = telemetry.context_from(env.get("traceparent"), env.get("tracestate"))
-        tracer = telemetry.tracer("castad.relay")
-        with tracer.start_as_current_span(
-            f"publish {row['routing_key']}",
-            context=parent,
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": "rabbitmq",
-                "messaging.message.id": str(row["event_id"]),
-                "castad.pipeline_id": row["pipeline_id"],
-            },
-        ):
-            # The consumer continues the trace from this publish span.
-            traceparent, tracestate = telemetry.current_trace_headers()
-            body = dict(env, traceparent=traceparent, tracestate=tracestate)
-            headers: dict[str, Any] = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
-            properties = spec.Basic.Properties(
-                content_type=envelope_.CONTENT_TYPE,
-                delivery_mode=2,  # persistent
-                message_id=str(row["event_id"]),
-                message_type=row["routing_key"],
-                timestamp=row["created_at"],
-                headers=headers,
-            )
-            return await channel.basic_publish(
-                json.dumps(body, separators=(",", ":")).encode(),
-                exchange=self.exchange,
-                routing_key=row["routing_key"],
-                properties=properties,
-                mandatory=True,
-                timeout=self.confirm_timeout_s,
-            )
-
-
-def publishable(rows: Sequence[dict[str, Any]], confirmed: Sequence[bool]) -> list[int]:
+def publishable(rows: Sequence[dict[str, Any]], results: Sequence[publisher_.RowResult]) -> list[int]:
     """Ids to mark published: confirmed rows not preceded by an unconfirmed row of their pipeline."""
     blocked: set[str] = set()
     ids = []
-    for row, ok in zip(rows, confirmed, strict=True):
-        if not ok:
+    for row, result in zip(rows, results, strict=True):
+        if result is not PUBLISHED:
             blocked.add(row["pipeline_id"])
         elif row["pipeline_id"] not in blocked:
             ids.append(row["id"])
@@ -154,19 +64,25 @@ def publishable(rows: Sequence[dict[str, Any]], confirmed: Sequence[bool]) -> li
 class SourceRelay:
     """Relays one database's outbox."""
 
-    def __init__(self, url: str, publisher: Publisher, config: settings_.RelaySettings) -> None:
+    def __init__(
+        self, url: str, publisher: publisher_.Publisher, config: settings_.RelaySettings, dead_letter_queue: str
+    ) -> None:
         self.url = _psycopg_url(url)
+        self.dead_letter_queue = dead_letter_queue
         self.name = self.url.rsplit("/", 1)[-1]
         self.publisher = publisher
         self.config = config
         self.published = 0
+        self.parked = 0
+        self._suspects: set[int] = set()  # rows in flight when their channel closed: tried alone next
+        self._rng = random.Random()
 
     async def run_forever(self) -> None:
         while True:
             try:
                 await self._run()
             except (psycopg.Error, OSError) as error:
-                log.warning("relay %s: database unavailable (%s); retrying", self.name, error)
+                log.warning("relay %s: database unavailable (%s); retrying", self.name, redact.describe(error))
             except Exception:
                 # Anything else is a bug, but it must not end this database's relay for good.
                 # (Cancellation is not an Exception: it still ends the task.)
@@ -179,14 +95,15 @@ class SourceRelay:
             await psycopg.AsyncConnection.connect(self.url, autocommit=True) as worker,
         ):
             log.info("relay %s: waiting for leadership", self.name)
-            await worker.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
+            await worker.execute(statements.LOCK_LEADERSHIP, (LOCK_KEY,))
             log.info("relay %s: leading", self.name)
             # Listen only now (see the module docstring); the first drain below picks up every row
             # committed before the LISTEN, whose NOTIFY this session did not get.
             await listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
             while True:
                 await self._drain(worker)
-                async for _ in listener.notifies(timeout=self.config.fallback_poll_s, stop_after=1):
+                wait_s = await self._until_next_retry(worker)
+                async for _ in listener.notifies(timeout=wait_s, stop_after=1):
                     pass
 
     async def _drain(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -194,39 +111,122 @@ class SourceRelay:
             rows = await self._pending(conn)
             if not rows:
                 return
+            suspects = [row for row in rows if row["id"] in self._suspects]
             try:
-                confirmed = await self.publisher.publish(rows)
-            except (TimeoutError, aiormq.exceptions.AMQPError, OSError) as error:
-                log.warning("relay %s: broker unavailable (%s); rows wait", self.name, error)
+                if suspects:
+                    rows = suspects
+                    results = [await self._publish_alone(row) for row in rows]
+                else:
+                    results = await self.publisher.publish(rows)
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
+                log.warning("relay %s: broker unavailable (%s); rows wait", self.name, redact.describe(error))
                 await self.publisher.close()
                 await asyncio.sleep(self.config.retry_delay_s)
                 continue
-            ids = publishable(rows, confirmed)
-            if ids:
-                await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", (ids,))
-                self.published += len(ids)
-            if len(ids) < len(rows):
+            await self._settle(conn, rows, results)
+            if any(result is None for result in results):  # broker trouble, not a refused row
                 await asyncio.sleep(self.config.retry_delay_s)
+
+    async def _publish_alone(self, row: dict[str, Any]) -> publisher_.RowResult:
+        """A suspect on a channel of its own: if the channel closes on it again, it is to blame."""
+        [result] = await self.publisher.publish([row])
+        return (
+            publisher_.Refused("its channel was closed by the broker") if result is publisher_.Sent.SUSPECT else result
+        )
+
+    async def _settle(
+        self, conn: psycopg.AsyncConnection[Any], rows: Sequence[dict[str, Any]], results: list[publisher_.RowResult]
+    ) -> None:
+        ids = publishable(rows, results)
+        if ids:
+            await conn.execute(statements.MARK_PUBLISHED, (ids,))
+            self.published += len(ids)
+        for row, result in zip(rows, results, strict=True):
+            if result is publisher_.Sent.SUSPECT:
+                self._suspects.add(row["id"])
+                continue
+            self._suspects.discard(row["id"])
+            if isinstance(result, publisher_.Refused):
+                await self._refused(conn, row, result.reason)
+
+    async def _refused(self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str) -> None:
+        tries = row["publish_attempts"] + 1
+        delay_s = backoff.exponential_s(
+            tries - 1, self.config.retry_delay_s, self.config.publish_backoff_max_s, jitter=0.5, rng=self._rng
+        )
+        # Parked only once the operators were told (a notice in the dead-letter queue, which the gateway
+        # records); if that fails, the row is tried again and the notice with it.
+        park = tries >= self.config.max_publish_attempts and await self._tell_operators(row, tries, reason)
+        await conn.execute(statements.REFUSED, {"id": row["id"], "reason": reason, "delay_s": delay_s, "park": park})
+        if park:
+            self.parked += 1
+            log.error(
+                "relay %s: parked event %s (%s) after %d refusals: %s; %d parked since start",
+                self.name,
+                row["event_id"],
+                row["routing_key"],
+                tries,
+                reason,
+                self.parked,
+            )
+        else:
+            log.warning(
+                "relay %s: event %s (%s) refused (%s); try %d of %d in %.1f s",
+                self.name,
+                row["event_id"],
+                row["routing_key"],
+                reason,
+                tries + 1,
+                self.config.max_publish_attempts,
+                delay_s,
+            )
+
+    async def _tell_operators(self, row: dict[str, Any], tries: int, reason: str) -> bool:
+        headers = {
+            "x-castad-reason": f"parked after {tries} refusals: {reason}",
+            "x-castad-service": "relay",
+            "x-castad-source": self.name,
+            "x-castad-parked-event": str(row["event_id"]),
+        }
+        body = json.dumps(row["envelope"], separators=(",", ":")).encode()
+        message_id = f"parked:{row['event_id']}:{uuid.uuid4()}"
+        return await self.publisher.publish_dead_letter(self.dead_letter_queue, body, headers, message_id)
 
     async def _pending(self, conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
         cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
-        await cursor.execute(
-            "SELECT id, event_id, pipeline_id, routing_key, envelope, created_at FROM outbox"
-            " WHERE published_at IS NULL ORDER BY id LIMIT %s",
-            (self.config.batch_size,),
-        )
+        await cursor.execute(statements.PENDING, (self.config.batch_size,))
         return await cursor.fetchall()
+
+    async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:
+        """How long to wait for a NOTIFY before draining anyway."""
+        cursor = await conn.execute(statements.NEXT_RETRY_IN)
+        row = await cursor.fetchone()
+        due_in = row[0] if row else None
+        if due_in is None:
+            return self.config.fallback_poll_s
+        return min(self.config.fallback_poll_s, max(float(due_in), 0.0) + 0.01)
+
+
+async def _declare(amqp_url: str, topo: topology.Topology, stop: threading.Event) -> None:
+    with contextlib.suppress(outages.Stopped):
+        await asyncio.to_thread(messaging.declare_topology_when_reachable, amqp_url, topo, stop)
 
 
 async def run(config: settings_.RelaySettings, stop: asyncio.Event) -> None:
     topo = topology.Topology(config.namespace)
-    publisher = Publisher(config.amqp_url, topo.exchange, config.confirm_timeout_s)
-    relays = [SourceRelay(url, publisher, config) for url in config.sources]
+    publisher = publisher_.Publisher(config.amqp_url, topo.exchange, config.confirm_timeout_s, config.max_message_bytes)
+    relays = [SourceRelay(url, publisher, config, topo.dead_letter_queue) for url in config.sources]
     tasks = [asyncio.create_task(relay.run_forever(), name=relay.name) for relay in relays]
+    # Declared by the relay too, so that no event is refused as unroutable because its consumers have
+    # not started yet: a queue keeps what is routed to it until its consumer comes. (On a thread of its
+    # own, told to give up when the relay stops: the broker may be unreachable all the while.)
+    declaring = threading.Event()
+    tasks.append(asyncio.create_task(_declare(config.amqp_url, topo, declaring), name="topology"))
     started = time.monotonic()
     try:
         await stop.wait()
     finally:
+        declaring.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from castad_runtime import cli, process, telemetry
+from castad_runtime import cli, health, process, telemetry
 
 from castad_relay import relay
 from castad_relay import settings as settings_
@@ -22,9 +22,28 @@ def run(config: settings_.RelaySettings) -> None:
 async def _main(config: settings_.RelaySettings) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    probes = None
+    if config.health_port is not None:
+        databases = {f"database {url.rsplit('/', 1)[-1]}": health.database(url) for url in config.sources}
+        probes = health.ProbeServer(
+            config.health_port,
+            liveness={"event loop": health.loop_responsive(loop)},
+            readiness={**databases, "rabbitmq": health.rabbitmq(config.amqp_url)},
+        )
+        probes.start()
+
+    def on_signal() -> None:
+        if probes is not None:
+            probes.stopping.set()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await relay.run(config, stop)
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await relay.run(config, stop)
+    finally:
+        if probes is not None:
+            probes.stop()
 
 
 app = cli.service_app("relay", settings_.RelaySettings, run, None)

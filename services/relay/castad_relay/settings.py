@@ -23,7 +23,20 @@ class RelaySettings(settings.CommonSettings):
         default=2.0, gt=0, le=60, description="drain even without a NOTIFY this often (a missed wake-up)"
     )
     confirm_timeout_s: float = Field(default=15.0, gt=0, description="give up on unconfirmed publishes after")
-    retry_delay_s: float = Field(default=1.0, gt=0, le=60, description="pause after a database or broker error")
+    retry_delay_s: float = Field(
+        default=1.0, gt=0, le=60, description="pause after a database or broker error; first backoff of a refused row"
+    )
+    max_publish_attempts: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="a row the broker refuses (unroutable, nacked, too large) is parked after this many tries",
+    )
+    publish_backoff_max_s: float = Field(default=60.0, gt=0, description="longest wait between tries of a refused row")
+    health_port: settings.HealthPort = None
+    max_message_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="a larger event is refused at once (RabbitMQ's max_message_size)"
+    )
 
     @field_validator("sources", mode="before")
     @classmethod

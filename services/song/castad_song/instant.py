@@ -6,6 +6,7 @@ import pathlib
 import wave
 
 from castad_contracts import brief, events
+from castad_runtime.stage import cancellation
 
 from castad_song import provider
 
@@ -16,7 +17,15 @@ DURATION_S = 0.25
 class InstantSongProvider:
     """A quarter of a second of silence (mono, 16 bit), the lyric lines spread evenly over it."""
 
-    def compose(self, brief: brief.Brief, lyrics: events.Lyrics, out_path: pathlib.Path, seed: str) -> provider.Song:
+    def compose(
+        self,
+        brief: brief.Brief,
+        lyrics: events.Lyrics,
+        out_path: pathlib.Path,
+        seed: str,
+        *,
+        cancel: cancellation.Cancellation,
+    ) -> provider.Song:
         frames = int(SAMPLE_RATE * DURATION_S)
         with wave.open(str(out_path), "wb") as out:
             out.setnchannels(1)

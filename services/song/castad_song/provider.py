@@ -8,12 +8,13 @@ import math
 import pathlib
 import re
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from castad_contracts import brief, events
+from castad_runtime.stage import cancellation
 
 Signal = npt.NDArray[np.float64]
 Voice = Literal["lead", "chord", "bass", "kick", "snare", "hat"]
@@ -23,11 +24,20 @@ BEATS_PER_BAR = 4
 PEAK = 0.89
 EDGE_FADE_S = 0.02
 FADE_OUT_S = 1.0
+CHECK_EVERY_NOTES = 64  # how often synthesis looks whether its attempt was cancelled
 _GAINS: dict[Voice, float] = {"lead": 0.5, "chord": 0.11, "bass": 0.3, "kick": 0.55, "snare": 0.28, "hat": 0.09}
 
 
 class SongProvider(Protocol):
-    def compose(self, brief: brief.Brief, lyrics: events.Lyrics, out_path: pathlib.Path, seed: str) -> Song: ...
+    def compose(
+        self,
+        brief: brief.Brief,
+        lyrics: events.Lyrics,
+        out_path: pathlib.Path,
+        seed: str,
+        *,
+        cancel: cancellation.Cancellation,
+    ) -> Song: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,13 +465,16 @@ def _add(buffer: Signal, signal: Signal, start_s: float, sample_rate: int) -> No
         buffer[start:end] += signal[: end - start]
 
 
-def render(arrangement: Arrangement, sample_rate: int) -> Signal:
-    """Synthesize the arrangement into samples in [-PEAK, PEAK]."""
+def render(arrangement: Arrangement, sample_rate: int, check: Callable[[], None] = lambda: None) -> Signal:
+    """Synthesize the arrangement into samples in [-PEAK, PEAK]; `check` is called between notes
+    (it raises to stop the work)."""
     buffer = np.zeros(int(round(arrangement.duration_s * sample_rate)))
     drums = _drums(sample_rate)
     timbres: dict[Voice, Timbre] = {"lead": arrangement.style.lead, "chord": arrangement.style.pad, "bass": _BASS}
     tones: dict[tuple[Voice, float, int], Signal] = {}
-    for note in arrangement.notes:
+    for index, note in enumerate(arrangement.notes):
+        if index % CHECK_EVERY_NOTES == 0:
+            check()
         gain = _GAINS[note.voice] * note.velocity
         if note.voice in drums:
             _add(buffer, gain * drums[note.voice], note.start_s, sample_rate)
@@ -495,8 +508,16 @@ class LocalSongProvider:
     def __init__(self, sample_rate: int = 22050) -> None:
         self._sample_rate = sample_rate
 
-    def compose(self, brief: brief.Brief, lyrics: events.Lyrics, out_path: pathlib.Path, seed: str) -> Song:
+    def compose(
+        self,
+        brief: brief.Brief,
+        lyrics: events.Lyrics,
+        out_path: pathlib.Path,
+        seed: str,
+        *,
+        cancel: cancellation.Cancellation,
+    ) -> Song:
         arrangement = arrange(brief, lyrics, seed)
-        samples = render(arrangement, self._sample_rate)
+        samples = render(arrangement, self._sample_rate, cancel.check)
         write_wav(out_path, samples, self._sample_rate)
         return Song(duration_s=samples.size / self._sample_rate, timed_lines=arrangement.timed_lines)

@@ -6,7 +6,7 @@ import pathlib
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import repository, runner
+from castad_runtime.stage import cancellation, repository, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -28,11 +28,11 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
     )
     store = artifacts.ArtifactStore(config.artifacts_dir)
 
-    def work(job: repository.Job) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = events.LyricCompleted.model_validate(job.input)
-        scratch = store.scratch_path(job.pipeline_id, events.Stage.SONG, job.attempts, ".wav")
-        song = composer.compose(done.brief, done.lyrics, scratch, seed=job.pipeline_id)
-        artifact = store.keep(scratch, job.pipeline_id, events.Stage.SONG, "audio/wav")
+        with store.scratch(job.pipeline_id, events.Stage.SONG, job.attempts, ".wav") as scratch:
+            song = composer.compose(done.brief, done.lyrics, scratch, seed=job.pipeline_id, cancel=cancel)
+            artifact = store.keep(scratch, job.pipeline_id, events.Stage.SONG, "audio/wav")
         details = {"lyrics": done.lyrics, "timed_lines": song.timed_lines, "song_duration_s": song.duration_s}
         return runner.Output(artifact, details)
 

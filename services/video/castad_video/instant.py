@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import imageio_ffmpeg
 from castad_contracts import brief, events
+from castad_runtime.stage import cancellation
 
 from castad_video import provider
 
@@ -36,6 +37,8 @@ class InstantVideoProvider:
         song_path: pathlib.Path,
         out_path: pathlib.Path,
         seed: str,
+        *,
+        cancel: cancellation.Cancellation,
     ) -> provider.Video:
         provider.song_duration(song_path)
         width, height = provider.frame_size(brief.orientation, SHORT_SIDE)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import pathlib
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
-import time
 import wave
 from collections.abc import Sequence
 from typing import Protocol
@@ -16,7 +17,8 @@ from typing import Protocol
 import imageio_ffmpeg
 import numpy as np
 from castad_contracts import brief, events
-from castad_runtime.stage import errors
+from castad_runtime import outages
+from castad_runtime.stage import cancellation, errors
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 FONT_ENV = "CASTAD_VIDEO_FONT_PATH"
@@ -46,6 +48,8 @@ class VideoProvider(Protocol):
         song_path: pathlib.Path,
         out_path: pathlib.Path,
         seed: str,
+        *,
+        cancel: cancellation.Cancellation,
     ) -> Video: ...
 
 
@@ -346,11 +350,11 @@ def _concat_list(plan: Sequence[Shot], frames: Sequence[pathlib.Path]) -> str:
 class LocalVideoProvider:
     """Renders caption stills with Pillow and encodes them with the song using ffmpeg.
 
-    `timeout_s` is the longest one render may take, frames and encoding together: ffmpeg is
-    killed when it runs out (or not started if drawing the frames used it up) and the render
-    fails as retryable `render_timeout`. The video service passes its attempt timeout, so an
-    attempt it has given up on leaves ffmpeg running only for as long as the attempt spent
-    before the render began (reading its inputs, an injected fault's latency).
+    ffmpeg runs through the attempt's cancellation: in a session of its own (a stop signal
+    sent to the service's process group does not reach it) and killed as soon as the
+    attempt is cancelled (timed out, the service stopping, the claim lost). An ffmpeg killed
+    by a signal it was not sent by the attempt (the kernel's out-of-memory killer, an
+    operator) fails the render retryably; a full disk is an outage, not the render's fault.
     """
 
     def __init__(
@@ -359,13 +363,11 @@ class LocalVideoProvider:
         fps: int = 24,
         font_path: pathlib.Path | None = None,
         ffmpeg: str | None = None,
-        timeout_s: float | None = None,
     ) -> None:
         self._short_side = short_side
         self._fps = fps
         self._font_path = find_hangul_font(font_path)
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
-        self._timeout_s = timeout_s
 
     @property
     def font_path(self) -> pathlib.Path:
@@ -379,28 +381,34 @@ class LocalVideoProvider:
         song_path: pathlib.Path,
         out_path: pathlib.Path,
         seed: str,
+        *,
+        cancel: cancellation.Cancellation,
     ) -> Video:
-        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         duration = song_duration(song_path)
         width, height = frame_size(brief.orientation, self._short_side)
         renderer = FrameRenderer(brief, (width, height), self._font_path, seed)
         plan = shots(lyrics, timed_lines, duration)
         with tempfile.TemporaryDirectory(prefix="castad-video-") as workdir:
-            frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir))
+            frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir), cancel)
             listing = pathlib.Path(workdir) / "frames.ffconcat"
             listing.write_text(_concat_list(plan, frames), encoding="utf-8")
-            self._encode(listing, song_path, out_path, duration, deadline)
+            self._encode(listing, song_path, out_path, duration, cancel)
         return Video(width=width, height=height, duration_s=duration)
 
     @staticmethod
     def _write_frames(
-        renderer: FrameRenderer, title: str, plan: Sequence[Shot], workdir: pathlib.Path
+        renderer: FrameRenderer,
+        title: str,
+        plan: Sequence[Shot],
+        workdir: pathlib.Path,
+        cancel: cancellation.Cancellation,
     ) -> list[pathlib.Path]:
         written: dict[tuple[str | None, bool], pathlib.Path] = {}
         frames: list[pathlib.Path] = []
         for shot in plan:
             key = (shot.text, shot.chorus)
             if key not in written:
+                cancel.check()
                 path = workdir / f"frame-{len(written):04d}.png"
                 image = renderer.title_card(title) if shot.text is None else renderer.caption(shot.text, shot.chorus)
                 image.save(path, compress_level=1)
@@ -414,7 +422,7 @@ class LocalVideoProvider:
         song_path: pathlib.Path,
         out_path: pathlib.Path,
         duration: float,
-        deadline: float | None,
+        cancel: cancellation.Cancellation,
     ) -> None:
         command = [
             self._ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
@@ -426,20 +434,23 @@ class LocalVideoProvider:
             "-c:a", "aac", "-b:a", "128k",
             "-t", f"{duration:.3f}", "-movflags", "+faststart", "-f", "mp4", str(out_path),
         ]  # fmt: skip
-        timeout = None if deadline is None else deadline - time.monotonic()
-        if timeout is not None and timeout <= 0:
-            raise errors.RetryableProviderError(
-                "render_timeout", f"drawing the frames took the whole {self._timeout_s:g} s; ffmpeg not started"
-            )
         try:
-            # On timeout, subprocess.run kills ffmpeg and waits for it before raising.
-            result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise errors.RetryableProviderError(
-                "render_timeout", f"the render took longer than {self._timeout_s:g} s; ffmpeg was stopped"
-            ) from None
+            result = cancel.run(command)
         except OSError as error:
+            if outages.is_resource_shortage(error):
+                raise  # no memory or processes left to start ffmpeg: the machine's failure, not the render's
             raise errors.PermanentProviderError("render_failed", f"cannot run {self._ffmpeg}: {error}") from error
-        if result.returncode != 0:
-            tail = "\n".join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
-            raise errors.PermanentProviderError("render_failed", tail or f"ffmpeg exited with {result.returncode}")
+        check_render(result)
+
+
+def check_render(result: subprocess.CompletedProcess[str]) -> None:
+    """Turn ffmpeg's exit into the render's outcome (a cancelled render never gets here)."""
+    if result.returncode == 0:
+        return
+    tail = "\n".join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
+    if result.returncode < 0 or result.returncode in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
+        name = signal.Signals(abs(result.returncode) % 128).name
+        raise errors.RetryableProviderError("render_interrupted", f"ffmpeg was killed by {name}. {tail}".strip())
+    if "No space left on device" in result.stderr or "Disk quota exceeded" in result.stderr:
+        raise OSError(errno.ENOSPC, f"ffmpeg ran out of disk: {tail}")
+    raise errors.PermanentProviderError("render_failed", tail or f"ffmpeg exited with {result.returncode}")

@@ -6,7 +6,7 @@ import pathlib
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import errors, repository, runner
+from castad_runtime.stage import cancellation, errors, repository, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -37,19 +37,20 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
             fps=config.fps,
             font_path=config.font_path,
             ffmpeg=config.ffmpeg,
-            timeout_s=config.attempt_timeout_s,
         )
     store = artifacts.ArtifactStore(config.artifacts_dir)
 
-    def work(job: repository.Job) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = events.SongCompleted.model_validate(job.input)
         try:
             song_path = store.path(done.artifact)
         except ValueError as error:
             raise errors.PermanentProviderError("song_unreachable", str(error)) from None
-        scratch = store.scratch_path(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4")
-        video = renderer.render(done.brief, done.lyrics, done.timed_lines, song_path, scratch, seed=job.pipeline_id)
-        artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
+        with store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4") as scratch:
+            video = renderer.render(
+                done.brief, done.lyrics, done.timed_lines, song_path, scratch, seed=job.pipeline_id, cancel=cancel
+            )
+            artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
         return runner.Output(artifact, {"width": video.width, "height": video.height})
 
     return work

@@ -1,15 +1,14 @@
-"""Fault injection around a stage's provider call, for tests and demos."""
+"""Fault injection around a stage's provider call, for tests, demos and the fault harness."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
 import threading
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from castad_runtime.stage import errors
+from castad_runtime.stage import cancellation, errors
 
 T = TypeVar("T")
 
@@ -20,28 +19,47 @@ class Faults:
     retryable: bool = True
     latency_s: float = 0.0
     hang_rate: float = 0.0
+    permanent_rate: float = 0.0
+    handler_rate: float = 0.0
 
     @property
     def active(self) -> bool:
-        return bool(self.failure_rate or self.latency_s or self.hang_rate)
+        return bool(self.failure_rate or self.latency_s or self.hang_rate or self.permanent_rate or self.handler_rate)
+
+
+class InjectedHandlerFault(RuntimeError):
+    """A fault injected into the handling of a stage's trigger (a bug that keeps failing)."""
 
 
 class FaultInjector:
-    """Before each call: wait `latency_s`, then hang with `hang_rate`, or fail with `failure_rate`."""
+    """Before each call: wait `latency_s`, then hang with `hang_rate` (until the attempt is
+    cancelled), fail non-retryably with `permanent_rate`, or fail with `failure_rate`
+    (retryable as `retryable` says)."""
 
     def __init__(self, faults: Faults, rng: random.Random | None = None) -> None:
         self.faults = faults
         self.rng = rng or random.Random()
         self._lock = threading.Lock()
 
-    def call(self, fn: Callable[[], T]) -> T:
+    def handler(self) -> None:
+        """Before handling a trigger: fail with `handler_rate`, as a handler bug would."""
+        with self._lock:
+            fail = self.rng.random()
+        if fail < self.faults.handler_rate:
+            raise InjectedHandlerFault("handler fault injected by CASTAD_*_FAULT_HANDLER_RATE")
+
+    def call(self, fn: Callable[[], T], cancel: cancellation.Cancellation) -> T:
         if self.faults.latency_s:
-            time.sleep(self.faults.latency_s)
+            cancel.sleep(self.faults.latency_s)
         with self._lock:
             hang, fail = self.rng.random(), self.rng.random()
         if hang < self.faults.hang_rate:
-            threading.Event().wait()
-        if fail < self.faults.failure_rate:
+            cancel.sleep(None)
+        if fail < self.faults.permanent_rate:
+            raise errors.PermanentProviderError(
+                "injected_fault", "permanent fault injected by CASTAD_*_FAULT_PERMANENT_RATE"
+            )
+        if fail < self.faults.permanent_rate + self.faults.failure_rate:
             kind = "retryable" if self.faults.retryable else "permanent"
             raise errors.ProviderError(
                 "injected_fault",

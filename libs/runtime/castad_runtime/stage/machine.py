@@ -5,6 +5,11 @@ PENDING --claim--> RUNNING --ok--> SUCCEEDED
    +-- due -- RETRY_WAIT <--retryable--+
                       +--non-retryable or attempts exhausted--> FAILED
 (any non-terminal) --cancel--> CANCELED
+FAILED, CANCELED --operator retry--> PENDING (or WAITING when its trigger has not come yet)
+WAITING --its trigger comes--> PENDING
+
+A job canceled before its trigger came is a CANCELED row without input: the trigger, when it
+comes, is kept in it but starts nothing.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ import dataclasses
 import enum
 import random
 
+from castad_runtime import backoff
+
 
 class Status(enum.StrEnum):
+    WAITING = "WAITING"  # reopened by a retry before its trigger came
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     RETRY_WAIT = "RETRY_WAIT"
@@ -31,12 +39,13 @@ TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELED})
 CLAIMABLE = frozenset({Status.PENDING, Status.RETRY_WAIT})
 
 TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.WAITING: frozenset({Status.PENDING, Status.CANCELED}),
     Status.PENDING: frozenset({Status.RUNNING, Status.CANCELED}),
     Status.RUNNING: frozenset({Status.SUCCEEDED, Status.RETRY_WAIT, Status.FAILED, Status.CANCELED}),
     Status.RETRY_WAIT: frozenset({Status.RUNNING, Status.CANCELED}),
     Status.SUCCEEDED: frozenset(),
-    Status.FAILED: frozenset(),
-    Status.CANCELED: frozenset(),
+    Status.FAILED: frozenset({Status.PENDING}),
+    Status.CANCELED: frozenset({Status.PENDING, Status.WAITING}),
 }
 
 
@@ -68,8 +77,7 @@ class RetryPolicy:
 
     def delay_s(self, failed_attempt: int, rng: random.Random) -> float:
         """Delay after the given failed attempt (1-based): base * 2^(n-1), capped, minus jitter."""
-        ceiling = min(self.max_delay_s, self.base_delay_s * 2 ** (failed_attempt - 1))
-        return ceiling * (1 - self.jitter * rng.random())
+        return backoff.exponential_s(failed_attempt - 1, self.base_delay_s, self.max_delay_s, self.jitter, rng)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_runtime import tables
+from castad_runtime import db, tables
 from castad_runtime.stage import machine
 
 jobs = tables.jobs
 attempts = tables.attempts
+CANCELED_CODE = "canceled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +25,8 @@ class Job:
     pipeline_id: str
     status: machine.Status
     version: int
-    attempts: int
+    attempts: int  # attempts started, this one included: its number
+    counted_attempts: int  # attempts charged against max_attempts before this one
     max_attempts: int
     input: dict[str, Any]
     traceparent: str | None
@@ -36,6 +39,7 @@ _JOB_COLUMNS = (
     jobs.c.status,
     jobs.c.version,
     jobs.c.attempts,
+    jobs.c.counted_attempts,
     jobs.c.max_attempts,
     jobs.c.input,
     jobs.c.traceparent,
@@ -49,34 +53,160 @@ def _job(row: Any) -> Job:
     return Job(**values)
 
 
-def _seconds(value: float) -> sa.ColumnElement[dt.datetime]:
-    return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.literal(value, sa.Float))
-
-
-def create(
+def accept_trigger(
     conn: sa.Connection,
     pipeline_id: str,
     job_input: dict[str, Any],
     max_attempts: int,
     traceparent: str | None,
     tracestate: str | None,
+) -> bool:
+    """Record the stage's trigger: a PENDING job, due now. A job reopened by a retry before its trigger
+    came (WAITING) becomes PENDING; a job canceled before its trigger came keeps it for a later retry.
+    True if a job is now due."""
+    insert = pg.insert(jobs).values(
+        id=uuid.uuid4(),
+        pipeline_id=pipeline_id,
+        status=machine.Status.PENDING,
+        max_attempts=max_attempts,
+        due_at=sa.func.now(),
+        input=job_input,
+        traceparent=traceparent,
+        tracestate=tracestate,
+    )
+    upsert = insert.on_conflict_do_update(
+        index_elements=[jobs.c.pipeline_id],
+        set_={
+            "input": insert.excluded.input,
+            "traceparent": insert.excluded.traceparent,
+            "tracestate": insert.excluded.tracestate,
+            "status": sa.case((jobs.c.status == machine.Status.WAITING, machine.Status.PENDING), else_=jobs.c.status),
+            "due_at": sa.func.now(),
+            "version": jobs.c.version + 1,
+            "updated_at": sa.func.now(),
+        },
+        where=jobs.c.input.is_(None),
+    )
+    return conn.execute(upsert.returning(jobs.c.status)).scalar() == machine.Status.PENDING
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A job row locked for an operator request."""
+
+    id: uuid.UUID
+    status: machine.Status
+    attempts: int
+    input: dict[str, Any] | None
+    last_operation: int
+
+
+def lock(conn: sa.Connection, pipeline_id: str) -> Held | None:
+    row = conn.execute(
+        sa.select(jobs.c.id, jobs.c.status, jobs.c.attempts, jobs.c.input, jobs.c.last_operation)
+        .where(jobs.c.pipeline_id == pipeline_id)
+        .with_for_update()
+    ).first()
+    if row is None:
+        return None
+    return Held(row.id, machine.Status(row.status), row.attempts, row.input, row.last_operation)
+
+
+def add_canceled(
+    conn: sa.Connection, pipeline_id: str, operation: int, reason: str, max_attempts: int
 ) -> uuid.UUID | None:
-    """A PENDING job, due now; None if this pipeline already has one."""
+    """A CANCELED job without input, so that the trigger, should it come, starts nothing. None if a job exists."""
+    return _add_without_input(
+        conn,
+        pipeline_id,
+        operation,
+        max_attempts,
+        status=machine.Status.CANCELED,
+        last_error_code=CANCELED_CODE,
+        last_error_message=reason,
+        finished_at=sa.func.now(),
+    )
+
+
+def add_waiting(conn: sa.Connection, pipeline_id: str, operation: int, max_attempts: int) -> uuid.UUID | None:
+    """A WAITING job without input: its trigger, when it comes, makes it PENDING. None if a job exists."""
+    return _add_without_input(conn, pipeline_id, operation, max_attempts, status=machine.Status.WAITING)
+
+
+def _add_without_input(
+    conn: sa.Connection, pipeline_id: str, operation: int, max_attempts: int, **values: Any
+) -> uuid.UUID | None:
     return conn.execute(
         pg.insert(jobs)
         .values(
             id=uuid.uuid4(),
             pipeline_id=pipeline_id,
-            status=machine.Status.PENDING,
             max_attempts=max_attempts,
             due_at=sa.func.now(),
-            input=job_input,
-            traceparent=traceparent,
-            tracestate=tracestate,
+            last_operation=operation,
+            **values,
         )
         .on_conflict_do_nothing(index_elements=[jobs.c.pipeline_id])
         .returning(jobs.c.id)
     ).scalar()
+
+
+def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None:
+    """Cancel a job that has not ended; a running attempt ends as `canceled` (its worker loses the claim)."""
+    machine.check_transition(held.status, machine.Status.CANCELED)
+    conn.execute(
+        jobs.update()
+        .where(jobs.c.id == held.id)
+        .values(
+            status=machine.Status.CANCELED,
+            version=jobs.c.version + 1,
+            lease_owner=None,
+            lease_expires_at=None,
+            last_operation=operation,
+            last_error_code=CANCELED_CODE,
+            last_error_message=reason,
+            finished_at=sa.func.now(),
+            updated_at=sa.func.now(),
+        )
+    )
+    if held.status is machine.Status.RUNNING:
+        conn.execute(
+            attempts.update()
+            .where(attempts.c.job_id == held.id, attempts.c.number == held.attempts, attempts.c.outcome == "running")
+            .values(finished_at=sa.func.now(), outcome="canceled", error_code=CANCELED_CODE, error_message=reason)
+        )
+
+
+def reopen(
+    conn: sa.Connection,
+    held: Held,
+    operation: int,
+    status: machine.Status,
+    max_attempts: int,
+    job_input: dict[str, Any] | None,
+) -> None:
+    """An operator's retry: the job is due again (or waits for its trigger) with a fresh attempt budget."""
+    machine.check_transition(held.status, status)
+    conn.execute(
+        jobs.update()
+        .where(jobs.c.id == held.id)
+        .values(
+            status=status,
+            version=jobs.c.version + 1,
+            due_at=sa.func.now(),
+            counted_attempts=0,
+            max_attempts=max_attempts,
+            input=job_input,
+            last_operation=operation,
+            finished_at=None,
+            updated_at=sa.func.now(),
+        )
+    )
+
+
+def note_operation(conn: sa.Connection, held: Held, operation: int) -> None:
+    """An operator request that changes nothing here (the job had ended, or it was for another stage)."""
+    conn.execute(jobs.update().where(jobs.c.id == held.id).values(last_operation=operation))
 
 
 def claim_next(conn: sa.Connection, worker: str, lease_s: float) -> Job | None:
@@ -97,7 +227,7 @@ def claim_next(conn: sa.Connection, worker: str, lease_s: float) -> Job | None:
             version=jobs.c.version + 1,
             attempts=jobs.c.attempts + 1,
             lease_owner=worker,
-            lease_expires_at=_seconds(lease_s),
+            lease_expires_at=db.seconds_from_now(lease_s),
             updated_at=sa.func.now(),
         )
         .returning(*_JOB_COLUMNS)
@@ -114,20 +244,24 @@ def renew_lease(conn: sa.Connection, job: Job, lease_s: float) -> bool:
     result = conn.execute(
         jobs.update()
         .where(jobs.c.id == job.id, jobs.c.version == job.version, jobs.c.status == machine.Status.RUNNING)
-        .values(lease_expires_at=_seconds(lease_s))
+        .values(lease_expires_at=db.seconds_from_now(lease_s))
     )
     return result.rowcount == 1
 
 
-def expired_leases(conn: sa.Connection, limit: int) -> list[Job]:
-    rows = conn.execute(
+def expired_leases(conn: sa.Connection, limit: int, exclude: Collection[uuid.UUID] = ()) -> list[Job]:
+    """RUNNING jobs whose lease ran out, but for `exclude` (attempts this process is still running:
+    after an outage longer than the lease, their heartbeat renews them, or their finish records them)."""
+    query = (
         sa.select(*_JOB_COLUMNS)
         .where(jobs.c.status == machine.Status.RUNNING, jobs.c.lease_expires_at < sa.func.now())
         .order_by(jobs.c.lease_expires_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    return [_job(row) for row in rows]
+    if exclude:
+        query = query.where(jobs.c.id.not_in(list(exclude)))
+    return [_job(row) for row in conn.execute(query)]
 
 
 def finish_attempt(
@@ -140,8 +274,13 @@ def finish_attempt(
     error_code: str | None = None,
     error_message: str | None = None,
     retry_in_s: float = 0.0,
+    counted: bool = True,
 ) -> bool:
-    """Move a RUNNING job on, only if `job` is still the current claim (CAS on version)."""
+    """Move a RUNNING job on, only if `job` is still the current claim (CAS on version).
+
+    `counted`: the attempt is charged against max_attempts; an attempt the machinery lost
+    (handed back by a stopping worker, lease expired, outage) is not.
+    """
     machine.check_transition(job.status, status)
     values: dict[str, Any] = {
         "status": status,
@@ -149,8 +288,10 @@ def finish_attempt(
         "lease_expires_at": None,
         "updated_at": sa.func.now(),
     }
+    if counted:
+        values["counted_attempts"] = job.counted_attempts + 1
     if status is machine.Status.RETRY_WAIT:
-        values["due_at"] = _seconds(retry_in_s)
+        values["due_at"] = db.seconds_from_now(retry_in_s)
     if status.terminal:
         values["finished_at"] = sa.func.now()
     if result is not None:

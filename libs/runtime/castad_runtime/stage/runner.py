@@ -1,8 +1,22 @@
 """Runs one stage's jobs through the state machine around its provider.
 
-A stage service supplies `work` (provider call plus artifact) and the payload model
-of its `completed` event; everything else (claim, lease, heartbeat, attempts,
-backoff, outbox events) is here, the same for every stage.
+A stage service supplies `work` (provider call plus artifact) and the payload model of its
+`completed` event; everything else (claim, lease, heartbeat, attempts, backoff, outbox
+events) is here, the same for every stage.
+
+What an attempt comes to, and what it costs:
+- its work returns: SUCCEEDED;
+- its provider fails (ProviderError) or the attempt runs out of time (its work is then
+  cancelled): a failure counted against max_attempts, retried with backoff while attempts
+  remain, FAILED after the last one; a non-retryable error fails at once;
+- the machinery fails it: the service stops (running attempts are cancelled after the
+  grace period), the machine runs short of disk or memory in the middle of it, or its
+  worker died and its lease ran out. The attempt is handed back (outcome `interrupted`), is not
+  counted, and the job is due again (at once, or after a backoff for an outage);
+- its claim is lost (its lease was taken over, its job moved on): the work is cancelled
+  and nothing is recorded; whoever holds the job now records what becomes of it.
+An outcome is recorded with the events that announce it in one transaction, tried again
+through a database outage until it commits or the claim turns out to be lost.
 """
 
 from __future__ import annotations
@@ -12,17 +26,24 @@ import datetime as dt
 import logging
 import random
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 from castad_contracts import events
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from castad_runtime import db, logs, outbox, telemetry
-from castad_runtime.stage import errors, machine, repository
+from castad_runtime import consumer, db, logs, outages, outbox, redact, telemetry
+from castad_runtime.stage import cancellation, errors, machine, repository
 
 log = logging.getLogger(__name__)
+
+ERROR_MESSAGE_MAX = 2000
+SUPERVISE_STEP_S = 0.25  # how often a supervisor looks at its attempt's cancellation and clock
+STUCK_LOG_EVERY_S = 60.0  # while a provider ignores its cancellation, say so this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +54,7 @@ class Output:
     details: dict[str, Any]
 
 
-Work = Callable[[repository.Job], Output]
+Work = Callable[[repository.Job, cancellation.Cancellation], Output]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +62,11 @@ class Limits:
     policy: machine.RetryPolicy
     lease_s: float = 30.0
     attempt_timeout_s: float = 600.0
+    cancel_grace_s: float = 5.0  # a cancelled provider must have stopped within this
 
     def __post_init__(self) -> None:
-        if self.lease_s <= 0 or self.attempt_timeout_s <= 0:
-            raise ValueError("lease_s and attempt_timeout_s must be positive")
+        if self.lease_s <= 0 or self.attempt_timeout_s <= 0 or self.cancel_grace_s <= 0:
+            raise ValueError("lease_s, attempt_timeout_s and cancel_grace_s must be positive")
 
 
 @dataclasses.dataclass
@@ -53,8 +75,30 @@ class Claim:
     span: trace.Span
 
 
-class AttemptTimeout(Exception):
-    pass
+@dataclasses.dataclass(frozen=True)
+class Succeeded:
+    output: Output
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """The work failed: counted against max_attempts."""
+
+    code: str
+    message: str
+    retryable: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class HandedBack:
+    """The machinery failed the attempt: not counted, the job is due again after `delay_s`."""
+
+    code: str
+    message: str
+    delay_s: float = 0.0
+
+
+Outcome = Succeeded | Failed | HandedBack
 
 
 class StageRunner:
@@ -77,16 +121,114 @@ class StageRunner:
         self.source = f"/castad/{stage.value}"
         self.tracer = telemetry.tracer(f"castad.{stage.value}")
         self.rng = rng or random.Random()
+        self._active: dict[uuid.UUID, cancellation.Cancellation] = {}
+        self._lock = threading.Lock()
+        self._interrupted = threading.Event()  # the service is stopping: running attempts were cancelled
+        self._give_up = threading.Event()  # stop trying to record outcomes through an outage
 
     def accept(self, conn: sa.Connection, trigger: events.Payload) -> bool:
-        """In the handler's transaction: create this pipeline's job. False if it exists already."""
+        """In the handler's transaction: record this pipeline's trigger. True if a job is now due."""
         overrides = getattr(trigger, "max_attempts", None) or {}
         max_attempts = overrides.get(self.stage, self.limits.policy.max_attempts)
         traceparent, tracestate = telemetry.current_trace_headers()
-        job_id = repository.create(
+        return repository.accept_trigger(
             conn, trigger.pipeline_id, trigger.model_dump(mode="json"), max_attempts, traceparent, tracestate
         )
-        return job_id is not None
+
+    def apply_cancel(self, conn: sa.Connection, request: events.PipelineCancelRequested) -> uuid.UUID | None:
+        """In the handler's transaction: cancel this pipeline's job, or, if it has none yet, make sure it
+        never starts one. Returns the job whose attempt runs, if it does, to stop it at once here."""
+        held = self._in_order(conn, request.pipeline_id, request.operation)
+        if held is None:
+            job_id = repository.add_canceled(
+                conn, request.pipeline_id, request.operation, request.reason, self.limits.policy.max_attempts
+            )
+            if job_id is not None:
+                self._emit_canceled(conn, request, job_id, attempt=0)
+                return None
+            held = repository.lock(conn, request.pipeline_id)  # its trigger came meanwhile
+            assert held is not None
+        if held.status.terminal:
+            repository.note_operation(conn, held, request.operation)
+            return None
+        repository.cancel(conn, held, request.operation, request.reason)
+        self._emit_canceled(conn, request, held.id, attempt=held.attempts)
+        log.info("%s job canceled (%s)", self.stage.value, request.reason)
+        return held.id if held.status is machine.Status.RUNNING else None
+
+    def apply_retry(self, conn: sa.Connection, request: events.PipelineRetryRequested) -> bool:
+        """In the handler's transaction: reopen this stage's job if the pipeline resumes here or before it
+        reached here. True if a job is now due."""
+        held = self._in_order(conn, request.pipeline_id, request.operation)
+        overrides = request.max_attempts or {}
+        budget = overrides.get(self.stage, self.limits.policy.max_attempts)
+        if held is None:
+            # No trigger came yet. The request is recorded (a row WAITING for the trigger, which makes it
+            # PENDING) so that the pipeline's next request is taken in order here too.
+            if repository.add_waiting(conn, request.pipeline_id, request.operation, budget) is not None:
+                return False
+            held = repository.lock(conn, request.pipeline_id)  # its trigger came meanwhile
+            assert held is not None
+        resumes_here = events.STAGE_ORDER.index(self.stage) >= events.STAGE_ORDER.index(request.stage)
+        if not resumes_here or held.status not in (machine.Status.FAILED, machine.Status.CANCELED):
+            repository.note_operation(conn, held, request.operation)
+            return False
+        if held.input is None:
+            repository.reopen(conn, held, request.operation, machine.Status.WAITING, budget, None)
+            return False
+        # Later stages get this retry's budgets from the events this stage writes next.
+        job_input = {**held.input, "max_attempts": {stage.value: n for stage, n in overrides.items()} or None}
+        repository.reopen(conn, held, request.operation, machine.Status.PENDING, budget, job_input)
+        log.info("%s job reopened by a retry, %d attempts", self.stage.value, budget)
+        return True
+
+    def cancel_local(self, job_id: uuid.UUID) -> None:
+        """Stop this job's attempt now if it runs in this process (its cancel is recorded already)."""
+        with self._lock:
+            running = self._active.get(job_id)
+        if running is not None:
+            running.cancel(cancellation.Reason.CANCELED)
+
+    def _in_order(self, conn: sa.Connection, pipeline_id: str, operation: int) -> repository.Held | None:
+        """The job (None: no row), locked; Hold if an earlier operator request of the pipeline is still to come."""
+        held = repository.lock(conn, pipeline_id)
+        last = held.last_operation if held else 0
+        if operation != last + 1:
+            raise consumer.Hold(f"operator request {operation} of {pipeline_id} came before request {last + 1}")
+        return held
+
+    def _emit_canceled(
+        self, conn: sa.Connection, request: events.PipelineCancelRequested, job_id: uuid.UUID, attempt: int
+    ) -> None:
+        payload = events.StageCanceled(
+            pipeline_id=request.pipeline_id,
+            stage=self.stage,
+            job_id=str(job_id),
+            attempt=attempt,
+            operation=request.operation,
+            reason=request.reason,
+            canceled_at=_now(),
+        )
+        outbox.add(conn, payload, events.stage_event(self.stage, "canceled"), self.source)
+
+    def active_jobs(self) -> list[uuid.UUID]:
+        """Jobs whose attempts run in this process now."""
+        with self._lock:
+            return list(self._active)
+
+    def interrupt_all(self) -> int:
+        """Cancel every running attempt because the service stops: each is handed back, not counted."""
+        self._interrupted.set()
+        with self._lock:
+            running = list(self._active.values())
+        for cancel in running:
+            cancel.cancel(cancellation.Reason.SHUTDOWN)
+        return len(running)
+
+    def give_up_recording(self) -> None:
+        """Stop retrying to record outcomes through an outage (the service is about to exit): the
+        leases of those attempts run out, and whoever recovers them hands them back."""
+        self._give_up.set()
 
     def claim_next(self) -> Claim | None:
         with db.transaction(self.engine) as conn:
@@ -103,101 +245,213 @@ class StageRunner:
         return Claim(job, span)
 
     def execute(self, claim: Claim) -> None:
+        """Run the claimed attempt and record its outcome. Returns once its work has stopped (so a
+        slot of the scheduler is never given to a new attempt while an old one still runs)."""
         job = claim.job
-        with trace.use_span(claim.span, end_on_exit=True), logs.bound(job.pipeline_id):
-            log.info("%s attempt %d of %d started", self.stage.value, job.attempts, job.max_attempts)
-            heartbeat = _Heartbeat(self.engine, job, self.limits.lease_s)
-            heartbeat.start()
-            try:
-                output = _call_with_timeout(self.work, job, self.limits.attempt_timeout_s)
-            except errors.ProviderError as error:
-                self._failed(job, error.code, error.message, error.retryable)
-            except AttemptTimeout:
-                message = f"no result within {self.limits.attempt_timeout_s:g} s"
-                self._failed(job, "attempt_timeout", message, True)
-            except Exception as error:  # a bug or an unexpected provider error: retry, but say so
-                log.exception("%s attempt crashed", self.stage.value)
-                self._failed(job, "internal_error", f"{type(error).__name__}: {error}", True)
-            else:
-                self._succeeded(job, output)
-            finally:
-                heartbeat.stop()
+        cancel = cancellation.Cancellation()
+        with self._lock:
+            self._active[job.id] = cancel
+        try:
+            with trace.use_span(claim.span, end_on_exit=True), logs.bound(job.pipeline_id):
+                log.info("%s attempt %d started", self.stage.value, job.attempts)
+                heartbeat = _Heartbeat(
+                    self.engine, job, self.limits.lease_s, lambda: cancel.cancel(cancellation.Reason.SUPERSEDED)
+                )
+                heartbeat.start()
+                try:
+                    worker, result = self._start_work(job, cancel)
+                    ended = self._supervise(worker, cancel)
+                    outcome = self._outcome(job, result, cancel, ended)
+                    if outcome is not None:
+                        self._record(job, outcome)
+                finally:
+                    heartbeat.stop()
+                self._wait_until_stopped(worker, job)
+        finally:
+            with self._lock:
+                self._active.pop(job.id, None)
 
     def recover_expired_leases(self, limit: int = 20) -> int:
-        """Jobs whose worker stopped renewing its lease: count the attempt as lost and retry."""
+        """Jobs whose worker stopped renewing its lease: the attempt is handed back, not counted."""
         with db.transaction(self.engine) as conn:
-            lost = repository.expired_leases(conn, limit)
+            lost = repository.expired_leases(conn, limit, exclude=self.active_jobs())
             for job in lost:
                 with telemetry.continued(job.traceparent, job.tracestate), logs.bound(job.pipeline_id):
-                    log.warning("%s attempt %d lost its lease; recovering", self.stage.value, job.attempts)
-                    self._record_failure(conn, job, "lease_expired", "the worker stopped renewing its lease", True)
+                    log.warning("%s attempt %d lost its lease; handing it back", self.stage.value, job.attempts)
+                    self._write_hand_back(
+                        conn, job, HandedBack("lease_expired", "the worker stopped renewing its lease")
+                    )
         return len(lost)
 
-    def _succeeded(self, job: repository.Job, output: Output) -> None:
-        with db.transaction(self.engine) as conn:
-            result = {"artifact": output.artifact.model_dump(mode="json")}
-            if not repository.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
-                log.warning("%s attempt %d finished after losing its claim", self.stage.value, job.attempts)
-                return
-            trigger = job.input
-            self._emit(
-                conn,
-                job,
-                "completed",
-                self.completed_model,
-                artifact=output.artifact,
-                completed_at=_now(),
-                brief=trigger["brief"],
-                max_attempts=trigger.get("max_attempts"),
-                **output.details,
+    def _start_work(self, job: repository.Job, cancel: cancellation.Cancellation) -> tuple[threading.Thread, dict]:
+        """The provider runs on a thread of its own, so that its supervisor can time it out."""
+        result: dict[str, Any] = {}
+        parent = otel_context.get_current()
+
+        def target() -> None:
+            token = otel_context.attach(parent)
+            try:
+                result["output"] = self.work(job, cancel)
+            except BaseException as error:  # handed to the supervisor
+                result["error"] = error
+            finally:
+                otel_context.detach(token)
+
+        worker = threading.Thread(target=target, name=f"provider-{job.id}", daemon=True)
+        worker.start()
+        return worker, result
+
+    def _supervise(self, worker: threading.Thread, cancel: cancellation.Cancellation) -> bool:
+        """Wait for the work, cancelling it when its time is up; True if it has stopped."""
+        deadline = time.monotonic() + self.limits.attempt_timeout_s
+        while worker.is_alive() and cancel.reason is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                cancel.cancel(cancellation.Reason.TIMEOUT)
+                break
+            worker.join(min(remaining, SUPERVISE_STEP_S))
+        worker.join(self.limits.cancel_grace_s)
+        return not worker.is_alive()
+
+    def _outcome(
+        self, job: repository.Job, result: dict[str, Any], cancel: cancellation.Cancellation, ended: bool
+    ) -> Outcome | None:
+        if ended and "output" in result:
+            return Succeeded(result["output"])
+        if not ended:
+            log.error(
+                "%s provider still running %g s after its cancellation (%s); its slot stays taken until it returns",
+                self.stage.value,
+                self.limits.cancel_grace_s,
+                cancel.reason,
             )
+        # A cancellation explains whatever the cancelled work raised (a killed child, say).
+        if cancel.reason is cancellation.Reason.TIMEOUT:
+            return Failed("attempt_timeout", f"no result within {self.limits.attempt_timeout_s:g} s", True)
+        if cancel.reason is cancellation.Reason.SHUTDOWN:
+            return HandedBack("worker_stopped", "the service stopped before the attempt finished")
+        if cancel.reason in (cancellation.Reason.SUPERSEDED, cancellation.Reason.CANCELED):
+            log.warning("%s attempt %d stopped: %s", self.stage.value, job.attempts, cancel.reason)
+            return None
+        error = result["error"]
+        if isinstance(error, errors.ProviderError):
+            return Failed(error.code, error.message, error.retryable)
+        if outages.is_resource_shortage(error):
+            uncounted = job.attempts - job.counted_attempts
+            return HandedBack("outage", redact.describe(error), self.limits.policy.delay_s(uncounted, self.rng))
+        log.error("%s attempt crashed", self.stage.value, exc_info=error)
+        return Failed("internal_error", redact.describe(error), True)
+
+    def _record(self, job: repository.Job, outcome: Outcome) -> None:
+        def write() -> bool:
+            with db.transaction(self.engine) as conn:
+                return self._write(conn, job, outcome)
+
+        what = f"{self.stage.value} attempt {job.attempts}: recording its outcome"
+        try:
+            recorded = outages.keep_trying(write, what, stop=self._give_up, first_s=0.2)
+        except outages.Stopped:
+            log.warning("%s attempt %d: stopping with its outcome unrecorded", self.stage.value, job.attempts)
+            return
+        if not recorded:
+            log.warning("%s attempt %d: not recorded, the job has moved on", self.stage.value, job.attempts)
+
+    def _write(self, conn: sa.Connection, job: repository.Job, outcome: Outcome) -> bool:
+        if isinstance(outcome, Succeeded):
+            return self._write_success(conn, job, outcome.output)
+        if isinstance(outcome, Failed):
+            return self._write_failure(conn, job, outcome)
+        return self._write_hand_back(conn, job, outcome)
+
+    def _write_success(self, conn: sa.Connection, job: repository.Job, output: Output) -> bool:
+        result = {"artifact": output.artifact.model_dump(mode="json")}
+        if not repository.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
+            return False
+        trigger = job.input
+        self._emit(
+            conn,
+            job,
+            "completed",
+            self.completed_model,
+            artifact=output.artifact,
+            completed_at=_now(),
+            brief=trigger["brief"],
+            max_attempts=trigger.get("max_attempts"),
+            **output.details,
+        )
         log.info("%s succeeded on attempt %d", self.stage.value, job.attempts)
+        return True
 
-    def _failed(self, job: repository.Job, code: str, message: str, retryable: bool) -> None:
-        with db.transaction(self.engine) as conn:
-            self._record_failure(conn, job, code, message, retryable)
-
-    def _record_failure(
-        self, conn: sa.Connection, job: repository.Job, code: str, message: str, retryable: bool
-    ) -> None:
-        decision = machine.after_failure(self.limits.policy, job.attempts, job.max_attempts, retryable, self.rng)
-        outcome = "failed_retryable" if retryable else "failed"
+    def _write_failure(self, conn: sa.Connection, job: repository.Job, failure: Failed) -> bool:
+        counted = job.counted_attempts + 1
+        decision = machine.after_failure(self.limits.policy, counted, job.max_attempts, failure.retryable, self.rng)
+        message = failure.message[:ERROR_MESSAGE_MAX]
         done = repository.finish_attempt(
             conn,
             job,
             decision.status,
-            outcome,
-            error_code=code,
-            error_message=message[:2000],
+            "failed_retryable" if failure.retryable else "failed",
+            error_code=failure.code,
+            error_message=message,
             retry_in_s=decision.delay_s,
         )
         if not done:
-            return
+            return False
         if decision.status is machine.Status.RETRY_WAIT:
             log.warning(
-                "%s attempt %d failed (%s); retry in %.2f s", self.stage.value, job.attempts, code, decision.delay_s
+                "%s attempt %d failed (%s); retry in %.2f s",
+                self.stage.value,
+                job.attempts,
+                failure.code,
+                decision.delay_s,
             )
-            self._emit(
-                conn,
-                job,
-                "retrying",
-                events.StageRetrying,
-                max_attempts=job.max_attempts,
-                error_code=code,
-                error_message=message[:2000],
-                next_attempt_at=repository.due_at(conn, job.id),
+            self._emit_retrying(
+                conn, job, failure.code, message, last_attempt=job.attempts - counted + job.max_attempts
             )
         else:
-            log.error("%s failed for good on attempt %d: %s", self.stage.value, job.attempts, code)
+            log.error("%s failed for good on attempt %d: %s", self.stage.value, job.attempts, failure.code)
             self._emit(
                 conn,
                 job,
                 "failed",
                 events.StageFailed,
-                error_code=code,
-                error_message=message[:2000],
+                error_code=failure.code,
+                error_message=message,
                 failed_at=_now(),
             )
+        return True
+
+    def _write_hand_back(self, conn: sa.Connection, job: repository.Job, back: HandedBack) -> bool:
+        done = repository.finish_attempt(
+            conn,
+            job,
+            machine.Status.RETRY_WAIT,
+            "interrupted",
+            error_code=back.code,
+            error_message=back.message[:ERROR_MESSAGE_MAX],
+            retry_in_s=back.delay_s,
+            counted=False,
+        )
+        if not done:
+            return False
+        log.warning("%s attempt %d handed back (%s), not counted", self.stage.value, job.attempts, back.code)
+        last_attempt = job.attempts - job.counted_attempts + job.max_attempts
+        self._emit_retrying(conn, job, back.code, back.message[:ERROR_MESSAGE_MAX], last_attempt=last_attempt)
+        return True
+
+    def _emit_retrying(
+        self, conn: sa.Connection, job: repository.Job, code: str, message: str, last_attempt: int
+    ) -> None:
+        self._emit(
+            conn,
+            job,
+            "retrying",
+            events.StageRetrying,
+            max_attempts=last_attempt,
+            error_code=code,
+            error_message=message,
+            next_attempt_at=repository.due_at(conn, job.id),
+        )
 
     def _emit(self, conn: sa.Connection, job: repository.Job, fact: Any, model: type[Any], **fields: Any) -> None:
         payload = model(
@@ -205,44 +459,28 @@ class StageRunner:
         )
         outbox.add(conn, payload, events.stage_event(self.stage, fact), self.source)
 
+    def _wait_until_stopped(self, worker: threading.Thread, job: repository.Job) -> None:
+        """Hold the slot while a provider that ignores its cancellation still runs (unless the service stops)."""
+        while worker.is_alive() and not self._interrupted.is_set():
+            worker.join(STUCK_LOG_EVERY_S)
+            if worker.is_alive():
+                log.error(
+                    "%s provider of attempt %d still running after its cancellation", self.stage.value, job.attempts
+                )
+
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _call_with_timeout(work: Work, job: repository.Job, timeout_s: float) -> Output:
-    """Run the provider on a daemon thread so that a hung call cannot hold the worker forever."""
-    box: dict[str, Any] = {}
-    context = trace.set_span_in_context(trace.get_current_span())
-
-    def target() -> None:
-        from opentelemetry import context as otel_context
-
-        token = otel_context.attach(context)
-        try:
-            box["output"] = work(job)
-        except BaseException as error:  # handed to the caller's thread
-            box["error"] = error
-        finally:
-            otel_context.detach(token)
-
-    thread = threading.Thread(target=target, name=f"provider-{job.id}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise AttemptTimeout()
-    if "error" in box:
-        raise box["error"]
-    return box["output"]
-
-
 class _Heartbeat:
-    """Renews the job's lease every third of its length until stopped."""
+    """Renews the job's lease every third of its length until stopped; calls `on_lost` if the claim is lost."""
 
-    def __init__(self, engine: sa.Engine, job: repository.Job, lease_s: float) -> None:
+    def __init__(self, engine: sa.Engine, job: repository.Job, lease_s: float, on_lost: Callable[[], None]) -> None:
         self.engine = engine
         self.job = job
         self.lease_s = lease_s
+        self.on_lost = on_lost
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{job.id}", daemon=True)
 
@@ -254,11 +492,20 @@ class _Heartbeat:
         self._thread.join()
 
     def _loop(self) -> None:
+        failures = 0
         while not self._stop.wait(self.lease_s / 3):
             try:
                 with db.transaction(self.engine) as conn:
-                    if not repository.renew_lease(conn, self.job, self.lease_s):
-                        log.warning("lease of job %s was taken over", self.job.id)
-                        return
-            except sa.exc.SQLAlchemyError:
-                log.exception("heartbeat failed; will try again")
+                    renewed = repository.renew_lease(conn, self.job, self.lease_s)
+            except Exception as error:
+                if not outages.is_outage(error):
+                    log.exception("heartbeat of job %s failed; trying again", self.job.id)
+                elif failures % outages.LOG_EVERY == 0:
+                    log.warning("heartbeat of job %s: outage (%s); trying again", self.job.id, redact.describe(error))
+                failures += 1
+                continue
+            failures = 0
+            if not renewed:
+                log.warning("claim of job %s lost: its lease was taken over or the job moved on", self.job.id)
+                self.on_lost()
+                return

@@ -5,7 +5,11 @@ nothing waits in worker memory: a due retry stays a row with `due_at` until a sl
 takes it. Handlers call `wake()` after committing a new job for a prompt start;
 `poll_s` bounds how late a retry or an expired lease is noticed. Expired leases are
 looked for once per `poll_s`, not on every wake-up: a wake-up is about new work, and
-a look costs a transaction.
+a look costs a transaction. While the database is out, the loop backs off.
+
+Stopping: no new claims; running attempts get `grace_s` to finish, then are cancelled
+and handed back (not counted), so another worker or this service's next start picks
+them up at once.
 """
 
 from __future__ import annotations
@@ -15,22 +19,25 @@ import logging
 import threading
 import time
 
-import sqlalchemy as sa
-
+from castad_runtime import backoff, outages, redact
 from castad_runtime.stage import runner as runner_
 
 log = logging.getLogger(__name__)
 RECOVER_BATCH = 20  # expired leases recovered per look; after a full one, the next turn looks again
+HAND_BACK_S = 10.0  # after the grace period: time for cancelled attempts to record their hand-back
 
 
 class JobScheduler:
-    def __init__(self, runner: runner_.StageRunner, concurrency: int, poll_s: float) -> None:
-        if concurrency < 1 or poll_s <= 0:
-            raise ValueError("concurrency must be >= 1 and poll_s > 0")
+    def __init__(self, runner: runner_.StageRunner, concurrency: int, poll_s: float, grace_s: float = 20.0) -> None:
+        if concurrency < 1 or poll_s <= 0 or grace_s < 0:
+            raise ValueError("concurrency must be >= 1, poll_s > 0 and grace_s >= 0")
         self.runner = runner
         self.poll_s = poll_s
+        self.grace_s = grace_s
         self._slots = threading.Semaphore(concurrency)
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="stage")
+        self._running = 0
+        self._idle = threading.Condition()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
@@ -41,15 +48,30 @@ class JobScheduler:
     def wake(self) -> None:
         self._wake.set()
 
+    def threads(self) -> list[threading.Thread]:
+        """The scheduler's own thread, once started (for the liveness probe)."""
+        return [self._thread] if self._thread.ident is not None else []
+
     def stop(self) -> None:
-        """Stop claiming; let running attempts finish."""
+        """Stop claiming; give running attempts `grace_s` to finish, then hand them back."""
         self._stopping.set()
         self._wake.set()
         self._thread.join()
-        self._pool.shutdown(wait=True)
+        if not self._wait_idle(self.grace_s):
+            interrupted = self.runner.interrupt_all()
+            log.warning("%d attempts still running after %g s: handing them back", interrupted, self.grace_s)
+            if not self._wait_idle(HAND_BACK_S):
+                self.runner.give_up_recording()
+                self._wait_idle(1.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _wait_idle(self, timeout_s: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout_s)
 
     def _loop(self) -> None:
         recover_at = 0.0
+        delays = backoff.Backoff(first_s=self.poll_s, max_s=max(self.poll_s, 5.0))
         while not self._stopping.is_set():
             self._wake.clear()
             try:
@@ -57,8 +79,14 @@ class JobScheduler:
                 if due and self.runner.recover_expired_leases(RECOVER_BATCH) < RECOVER_BATCH:
                     recover_at = time.monotonic() + self.poll_s
                 self._fill_slots()
-            except sa.exc.SQLAlchemyError:
-                log.exception("scheduler could not reach its database; trying again")
+            except Exception as error:
+                if not outages.is_outage(error):
+                    log.exception("scheduler turn failed; trying again")
+                elif delays.tries % 10 == 0:
+                    log.warning("scheduler cannot reach its database (%s); trying again", redact.describe(error))
+                self._stopping.wait(delays.next_s())
+                continue
+            delays.tries = 0
             self._wake.wait(self.poll_s)
 
     def _fill_slots(self) -> None:
@@ -71,6 +99,8 @@ class JobScheduler:
             if claim is None:
                 self._slots.release()
                 return
+            with self._idle:
+                self._running += 1
             self._pool.submit(self._run, claim)
 
     def _run(self, claim: runner_.Claim) -> None:
@@ -80,4 +110,7 @@ class JobScheduler:
             log.exception("attempt of job %s could not be recorded; its lease will expire", claim.job.id)
         finally:
             self._slots.release()
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
             self._wake.set()

@@ -7,12 +7,11 @@ import random
 from collections.abc import Callable
 from typing import Literal
 
-from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
 from pydantic import Field
 
-from castad_runtime import db, inbox, messaging, process, settings
-from castad_runtime.stage import faults, machine, repository, runner, scheduler
+from castad_runtime import consumer, db, health, messaging, process, settings
+from castad_runtime.stage import cancellation, faults, handlers, machine, repository, runner, scheduler
 
 
 class StageSettings(settings.CommonSettings):
@@ -21,6 +20,7 @@ class StageSettings(settings.CommonSettings):
     database_url: str = Field(
         pattern=settings.POSTGRES_URL, description="the stage's own database (<stage>: lyric, song or video)"
     )
+    artifacts_dir: settings.ArtifactsDir = settings.DEFAULT_ARTIFACTS_DIR
     max_attempts: int = Field(default=5, ge=1, le=100, description="attempts per job, first one included")
     backoff_base_s: float = Field(default=1.0, ge=0, description="delay after the first failed attempt")
     backoff_max_s: float = Field(default=60.0, ge=0, description="longest delay between attempts")
@@ -30,6 +30,12 @@ class StageSettings(settings.CommonSettings):
     concurrency: int = Field(default=2, ge=1, le=64, description="attempts running at once in this process")
     consumer_threads: int = Field(default=2, ge=1, le=64, description="Dramatiq threads handling events")
     poll_s: float = Field(default=0.5, gt=0, le=60, description="how often due retries and lost leases are checked")
+    health_port: settings.HealthPort = None
+    stop_grace_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="a stopping service lets running attempts finish this long, then hands them back (not counted)",
+    )
     provider: Literal["local", "instant"] = Field(
         default="local",
         description="`local` makes the real artifact offline; `instant` writes a tiny valid one at once (benchmarks)",
@@ -37,7 +43,15 @@ class StageSettings(settings.CommonSettings):
     fault_failure_rate: float = Field(default=0.0, ge=0, le=1, description="share of provider calls that fail")
     fault_retryable: bool = Field(default=True, description="whether injected failures are retryable")
     fault_latency_s: float = Field(default=0.0, ge=0, description="added delay before every provider call")
-    fault_hang_rate: float = Field(default=0.0, ge=0, le=1, description="share of provider calls that never return")
+    fault_hang_rate: float = Field(
+        default=0.0, ge=0, le=1, description="share of provider calls that hang until the attempt is cancelled"
+    )
+    fault_permanent_rate: float = Field(
+        default=0.0, ge=0, le=1, description="share of provider calls that fail non-retryably (besides the above)"
+    )
+    fault_handler_rate: float = Field(
+        default=0.0, ge=0, le=1, description="share of trigger handlings that fail as a handler bug would"
+    )
 
     def retry_policy(self) -> machine.RetryPolicy:
         return machine.RetryPolicy(
@@ -53,6 +67,8 @@ class StageSettings(settings.CommonSettings):
             retryable=self.fault_retryable,
             latency_s=self.fault_latency_s,
             hang_rate=self.fault_hang_rate,
+            permanent_rate=self.fault_permanent_rate,
+            handler_rate=self.fault_handler_rate,
         )
 
 
@@ -72,26 +88,37 @@ def run(definition: StageDefinition, config: StageSettings) -> None:
     injector = faults.FaultInjector(config.faults(), random.Random())
     work = definition.make_work(config)
 
-    def faulty_work(job: repository.Job) -> runner.Output:
-        return injector.call(lambda: work(job))
+    def faulty_work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        return injector.call(lambda: work(job, cancel), cancel)
 
     limits = runner.Limits(config.retry_policy(), config.lease_s, config.attempt_timeout_s)
     stage_runner = runner.StageRunner(
         definition.stage, engine, faulty_work, definition.completed_model, limits, process.worker_id(service)
     )
-    jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s)
+    jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s, config.stop_grace_s)
+    stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs.wake, injector)
 
-    def on_trigger(env: envelope_.Envelope, payload: events.Payload) -> None:
-        with db.transaction(engine) as conn:
-            if inbox.first_delivery(conn, env):
-                stage_runner.accept(conn, payload)
-        jobs.wake()
-
-    messaging.declare_topology(config.amqp_url, topo)
+    messaging.declare_topology_when_reachable(config.amqp_url, topo)
     broker = messaging.make_broker(config.amqp_url)
-    messaging.EventConsumer(broker, service, topo, {definition.trigger: on_trigger})
-    # Parts stop in reverse order: the scheduler first, so that a stopping service claims no new
-    # attempt while it waits for its running ones; events still arriving only become job rows.
-    process.run_until_signalled(
-        service, [process.ConsumerWorker(broker, config.consumer_threads), jobs], on_stop=engine.dispose
+    consumer.EventConsumer(
+        broker,
+        service,
+        topo,
+        stage_handlers.table(definition.trigger),
+        max_retries=config.handler_retries,
+        hold_s=config.hold_events_s,
     )
+    worker = process.ConsumerWorker(broker, config.consumer_threads)
+    probes = None
+    if config.health_port is not None:
+        probes = health.ProbeServer(
+            config.health_port,
+            liveness={
+                "consumer": health.threads_alive(worker.threads),
+                "scheduler": health.threads_alive(jobs.threads),
+            },
+            readiness={"database": health.database(config.database_url), "rabbitmq": health.rabbitmq(config.amqp_url)},
+        )
+    # Parts stop in reverse order: the scheduler first, so that a stopping service claims no new
+    # attempt while it finishes or hands back its running ones; events still arriving only become job rows.
+    process.run_until_signalled(service, [worker, jobs], on_stop=engine.dispose, probes=probes)

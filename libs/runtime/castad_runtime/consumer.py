@@ -1,0 +1,246 @@
+"""The one actor on a service's queue: envelopes dispatched by type to the service's handlers.
+
+What becomes of a message. It is acknowledged only once whatever replaces it (a delayed
+copy, a dead letter) has been confirmed by the broker, so nothing is lost in between:
+- its handler commits: acknowledged;
+- the database or the broker is out (`outages.is_outage`): the handler is tried again in
+  this thread with a capped backoff, for as long as the outage lasts. The message is not
+  acknowledged meanwhile, so a worker that stops leaves it in its queue. An outage never
+  uses up a message;
+- its schema version is newer than this service knows (its producer was upgraded first), or
+  its handler cannot take it yet (`Hold`: an operator request ahead of an earlier one):
+  held, that is sent back through Dramatiq's delay queue with a growing delay, for up to
+  `hold_s` after this service first saw it, then dead-lettered;
+- its handler fails for a reason of its own: tried again through the delay queue, up to
+  `max_retries` more times, then dead-lettered with the last error;
+- it cannot be decoded, its type is unknown, no handler takes it, or its payload is
+  invalid: dead-lettered at once (`encoder.EnvelopeEncoder` finds most of these).
+A dead letter goes to `<namespace>.dead-letter` with the reason in `x-castad-reason`.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import dramatiq
+import pika
+import pydantic
+from castad_contracts import envelope as envelope_
+from castad_contracts import events, topology
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.middleware import CurrentMessage, Middleware
+from opentelemetry import trace
+
+from castad_runtime import backoff, encoder, logs, messaging, outages, redact, telemetry
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Handler = Callable[[envelope_.Envelope, events.Payload], None]
+REASON_MAX = 1000  # characters of a dead letter's reason header
+RETRIES_OPTION = "castad_retries"  # message option: how often its handler failed so far
+HELD_SINCE_OPTION = "castad_held_since_ms"  # message option: when this service first held it
+RETRY_BACKOFF_S = (0.2, 10.0)  # first and longest delay between a failing handler's tries
+HOLD_BACKOFF_S = (1.0, 60.0)  # first and longest delay between looks at a newer-version event
+
+
+class Hold(Exception):
+    """Raised by a handler that cannot take its message yet (it depends on one still to come): the
+    message is held like an event of a newer version, then dead-lettered if it is still not takeable."""
+
+
+class _Abandoned(Exception):
+    """The worker stopped during an outage: the message stays unacknowledged, back in its queue."""
+
+
+class _WorkerLifecycle(Middleware):
+    """Tells the consumer when its worker starts stopping and when its consumers are closed."""
+
+    def __init__(self, stopping: threading.Event, closed: threading.Event) -> None:
+        self.stopping = stopping
+        self.closed = closed
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        self.stopping.set()
+
+    def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        self.closed.set()
+
+
+class EventConsumer:
+    """The event actor and the dead-letter actor of a service's queue."""
+
+    def __init__(
+        self,
+        broker: RabbitmqBroker,
+        service: str,
+        topo: topology.Topology,
+        handlers: Mapping[str, Handler],
+        *,
+        max_retries: int = 20,
+        hold_s: float = 3600.0,
+        registry: events.Registry = events.REGISTRY,
+    ) -> None:
+        self.broker = broker
+        self.service = service
+        self.topology = topo
+        self.handlers = dict(handlers)
+        self.max_retries = max_retries
+        self.hold_s = hold_s
+        self.registry = registry
+        self.queue_name = topo.queue(service)
+        self.tracer = telemetry.tracer(f"castad.{service}")
+        self._stopping = threading.Event()
+        self._closed = threading.Event()
+        self._rng = random.Random()
+        broker.add_middleware(_WorkerLifecycle(self._stopping, self._closed))
+        dramatiq.set_encoder(encoder.EnvelopeEncoder(self.queue_name, messaging.event_actor_name(service)))
+        # Nothing but a bug of this module escapes the actors; Dramatiq's own retries are the last resort.
+        self.actor = dramatiq.actor(
+            actor_name=messaging.event_actor_name(service),
+            queue_name=self.queue_name,
+            broker=broker,
+            max_retries=max_retries,
+            time_limit=24 * 3600 * 1000,
+        )(self.on_event)
+        self.dead_actor = dramatiq.actor(
+            actor_name=encoder.DEAD_LETTER_ACTOR, queue_name=self.queue_name, broker=broker, max_retries=max_retries
+        )(self.dead_letter)
+
+    def on_event(self, document: dict[str, Any]) -> None:
+        try:
+            self._dispatch(envelope_.Envelope.model_validate(document), document)
+        except _Abandoned:
+            log.info("worker stopped during an outage; the message stays in %s", self.queue_name)
+
+    def dead_letter(self, raw_b64: str, reason: str) -> None:
+        """The dead-letter actor: messages the encoder could not turn into an event."""
+        try:
+            self._through_outages(lambda: self._publish_dead_letter(base64.b64decode(raw_b64), reason))
+        except _Abandoned:
+            log.info("worker stopped during an outage; the message stays in %s", self.queue_name)
+
+    def _dispatch(self, env: envelope_.Envelope, document: dict[str, Any]) -> None:
+        handler = self.handlers.get(env.type)
+        if handler is None:
+            self._dead(document, f"no handler for {env.type!r} in {self.service}")
+            return
+        try:
+            payload = env.payload(self.registry)
+        except events.NewerSchemaVersion as error:
+            self._through_outages(functools.partial(self._hold, document, str(error)))
+            return
+        except (events.UnknownEventType, pydantic.ValidationError) as error:
+            reason = redact.validation_summary(error) if isinstance(error, pydantic.ValidationError) else str(error)
+            self._dead(document, f"unreadable {env.type} payload: {reason}")
+            return
+        with (
+            telemetry.continued(env.traceparent, env.tracestate),
+            self.tracer.start_as_current_span(
+                f"process {self.topology.exchange}",  # OpenTelemetry messaging: "{operation} {destination}"
+                kind=trace.SpanKind.CONSUMER,
+                attributes={
+                    "messaging.system": "rabbitmq",
+                    "messaging.operation.name": "process",
+                    "messaging.operation.type": "process",
+                    "messaging.destination.name": self.topology.exchange,
+                    "messaging.destination.subscription.name": self.queue_name,
+                    "messaging.message.id": str(env.id),
+                    "messaging.rabbitmq.destination.routing_key": env.type,
+                    "castad.pipeline_id": env.subject,
+                },
+            ),
+            logs.bound(env.subject, str(env.id)),
+        ):
+            try:
+                self._through_outages(lambda: handler(env, payload))
+            except _Abandoned:
+                raise
+            except Hold as hold:
+                self._through_outages(functools.partial(self._hold, document, str(hold)))
+            except Exception as error:
+                self._through_outages(functools.partial(self._retry_later, document, env, error))
+
+    def _through_outages(self, action: Callable[[], T]) -> T:
+        """`action()`, tried again for as long as it fails on an outage; _Abandoned if the worker stops."""
+        try:
+            return outages.keep_trying(action, f"{self.service} consumer (message kept)", stop=self._stopping)
+        except outages.Stopped:
+            # Wait until the worker's consumers are closed: the broker has then put this unacknowledged
+            # message back in the queue, and Dramatiq's ack can only fail.
+            self._closed.wait()
+            raise _Abandoned() from None
+
+    def _retry_later(self, document: dict[str, Any], env: envelope_.Envelope, error: Exception) -> None:
+        message = CurrentMessage.get_current_message()
+        retries = message.options.get(RETRIES_OPTION, 0) if message else self.max_retries
+        if retries >= self.max_retries:
+            self._publish_dead_letter(
+                _encode(document), f"{env.type} handler failed {retries + 1} times, last: {redact.describe(error)}"
+            )
+            return
+        assert message is not None
+        delay_s = backoff.exponential_s(retries, *RETRY_BACKOFF_S, jitter=0.3, rng=self._rng)
+        log.warning(
+            "%s handler failed (%s); try %d of %d in %.1f s",
+            env.type,
+            redact.describe(error),
+            retries + 2,
+            self.max_retries + 1,
+            delay_s,
+            exc_info=True,
+        )
+        self.broker.enqueue(message.copy(options={RETRIES_OPTION: retries + 1}), delay=int(delay_s * 1000))
+
+    def _hold(self, document: dict[str, Any], reason: str) -> None:
+        message = CurrentMessage.get_current_message()
+        now_ms = int(time.time() * 1000)
+        since_ms = message.options.get(HELD_SINCE_OPTION, now_ms) if message else now_ms
+        held_s, remaining_s = (now_ms - since_ms) / 1000, self.hold_s - (now_ms - since_ms) / 1000
+        if message is None or remaining_s <= 0:
+            reason = f"{reason}; held {held_s:.0f} s"
+            self._publish_dead_letter(_encode(document), reason)
+            return
+        delay_s = min(max(held_s, HOLD_BACKOFF_S[0]), HOLD_BACKOFF_S[1], remaining_s)
+        log.warning("%s; held, next look in %.1f s (dead-lettered after %.0f s more)", reason, delay_s, remaining_s)
+        self.broker.enqueue(message.copy(options={HELD_SINCE_OPTION: since_ms}), delay=int(delay_s * 1000))
+
+    def _dead(self, document: dict[str, Any], reason: str) -> None:
+        self._through_outages(lambda: self._publish_dead_letter(_encode(document), reason))
+
+    def _publish_dead_letter(self, body: bytes, reason: str) -> None:
+        """Park a message that cannot be handled, with the reason in its headers; confirmed by the broker."""
+        reason = redact.mask(reason)[:REASON_MAX]
+        log.warning("dead-lettering message: %s", reason)
+        try:
+            self.broker.channel.basic_publish(
+                exchange="",
+                routing_key=self.topology.dead_letter_queue,
+                body=body,
+                properties=pika.BasicProperties(
+                    delivery_mode=2,
+                    message_id=str(uuid.uuid4()),  # the gateway records each dead letter once by it
+                    headers={
+                        "x-castad-reason": reason,
+                        "x-castad-service": self.service,
+                        "x-castad-queue": self.queue_name,
+                    },
+                ),
+                mandatory=True,
+            )
+        except pika.exceptions.AMQPError:
+            del self.broker.connection  # this thread's publishing connection: a new one next time
+            raise
+
+
+def _encode(document: dict[str, Any]) -> bytes:
+    return json.dumps(document).encode()

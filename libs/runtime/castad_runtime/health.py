@@ -1,0 +1,149 @@
+"""Liveness and readiness of a service, and the small HTTP server that answers the probes of a worker.
+
+Liveness says the process is working: its own threads run and its loop answers. It never
+looks at the database or the broker, so an outage of either (which the service rides out
+by itself) never gets a pod restarted. Readiness says the service can reach what it needs
+right now; it turns false while the service stops, too.
+
+Each check returns "ok" or a short reason; `/healthz` and `/readyz` answer 200 when every
+check says "ok" and 503 with the reasons otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+
+import pika
+import pika.exceptions
+import psycopg
+
+log = logging.getLogger(__name__)
+
+OK = "ok"
+TIMEOUT_S = 2
+Check = Callable[[], str]
+
+
+def database(url: str) -> Check:
+    """The database at `url` (SQLAlchemy or libpq form) takes a connection and answers a query."""
+    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+    def check() -> str:
+        try:
+            with psycopg.connect(dsn, connect_timeout=TIMEOUT_S) as conn:
+                conn.execute("SELECT 1")
+            return OK
+        except psycopg.Error as error:
+            return f"unreachable: {type(error).__name__}"
+
+    return check
+
+
+def rabbitmq(url: str) -> Check:
+    """RabbitMQ at `url` accepts a connection."""
+
+    def check() -> str:
+        parameters = pika.URLParameters(url)
+        parameters.socket_timeout = TIMEOUT_S
+        parameters.blocked_connection_timeout = TIMEOUT_S
+        try:
+            pika.BlockingConnection(parameters).close()
+            return OK
+        except pika.exceptions.AMQPError as error:
+            return f"unreachable: {type(error).__name__}"
+
+    return check
+
+
+def threads_alive(threads: Callable[[], list[threading.Thread]]) -> Check:
+    """Every thread that `threads()` lists is running (none died of an unexpected error)."""
+
+    def check() -> str:
+        listed = threads()
+        dead = sorted({thread.name for thread in listed if not thread.is_alive()})
+        if not listed:
+            return "not started"
+        return OK if not dead else f"stopped: {', '.join(dead)}"
+
+    return check
+
+
+def loop_responsive(loop: asyncio.AbstractEventLoop) -> Check:
+    """The asyncio loop runs a callback within the probe's time (nothing blocks it)."""
+
+    def check() -> str:
+        answered = threading.Event()
+        try:
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError as error:  # the loop is closed
+            return f"stopped: {error}"
+        return OK if answered.wait(TIMEOUT_S) else f"no answer within {TIMEOUT_S} s"
+
+    return check
+
+
+def run_checks(checks: Mapping[str, Check]) -> tuple[bool, dict[str, str]]:
+    results = {}
+    for name, check in checks.items():
+        try:
+            results[name] = check()
+        except Exception as error:  # a probe answers; what broke is the answer
+            results[name] = f"check failed: {type(error).__name__}"
+    return all(result == OK for result in results.values()), results
+
+
+class ProbeServer:
+    """`/healthz` (liveness) and `/readyz` (readiness) over HTTP, on a thread of its own."""
+
+    def __init__(self, port: int, liveness: Mapping[str, Check], readiness: Mapping[str, Check]) -> None:
+        self.port = port
+        self.liveness = liveness
+        self.readiness = readiness
+        self.stopping = threading.Event()
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        probes = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                status, body = probes.answer(self.path)
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's signature)
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("0.0.0.0", self.port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="probes", daemon=True)
+        self._thread.start()
+        log.info("probes on port %d: /healthz, /readyz", self.port)
+
+    def answer(self, path: str) -> tuple[int, dict[str, object]]:
+        if path == "/healthz":
+            alive, checks = run_checks(self.liveness)
+            return (200 if alive else 503), {"status": "ok" if alive else "failing", "checks": checks}
+        if path == "/readyz":
+            if self.stopping.is_set():
+                return 503, {"status": "stopping", "checks": {}}
+            ready, checks = run_checks(self.readiness)
+            return (200 if ready else 503), {"status": "ready" if ready else "unavailable", "checks": checks}
+        return 404, {"detail": "not found: try /healthz or /readyz"}
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._server is not None and self._thread is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join()

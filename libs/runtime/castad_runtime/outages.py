@@ -1,0 +1,99 @@
+"""Telling the machinery's failures from the work's, and waiting out the machinery's.
+
+A database or broker that is unreachable, restarting, out of connections or out of disk
+is an outage: it says nothing about the work, so it must never use up a message or an
+attempt. Code that meets one waits (with a capped, jittered backoff) and tries again.
+Anything else (a constraint violation, a bug, a provider's answer) is not an outage.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import pika.exceptions
+import psycopg
+import sqlalchemy as sa
+from dramatiq.errors import BrokerConnectionError
+
+from castad_runtime import backoff, redact
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+LOG_EVERY = 10  # while an outage lasts, log one failed try in this many
+
+# SQLSTATEs that are the server's state, not the statement's: connection exceptions (08),
+# insufficient resources (53: disk full, out of memory, too many connections), system errors
+# (58), the server shutting down or starting (57P01-57P03), and conflicts a retry of the
+# transaction resolves (serialization failure, deadlock, lock timeout, read-only during a failover).
+_OUTAGE_CLASSES = frozenset({"08", "53", "58"})
+_OUTAGE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "40001", "40P01", "55P03", "25006"})
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+# A process short of memory, processes or files: the machine's state, not the work's.
+_RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE})
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether `error` comes from the database, the broker, the network or the disk being unavailable."""
+    if isinstance(error, sa.exc.DBAPIError):
+        return error.connection_invalidated or _is_database_outage(error.orig)
+    if isinstance(error, sa.exc.TimeoutError | sa.exc.DisconnectionError):  # pool exhausted, connection lost
+        return True
+    if isinstance(error, psycopg.Error):
+        return _is_database_outage(error)
+    if isinstance(error, pika.exceptions.AMQPConnectionError | pika.exceptions.AMQPChannelError):
+        return True
+    if isinstance(error, BrokerConnectionError | ConnectionError | TimeoutError):
+        return True
+    return isinstance(error, OSError) and error.errno in _DISK_ERRNOS
+
+
+def is_resource_shortage(error: BaseException) -> bool:
+    """Whether work failed because this machine ran short (disk, memory, processes, open files).
+
+    Inside a provider's work only these are the machinery's failures: a network error or a
+    timeout there is the provider's answer, and costs an attempt."""
+    return isinstance(error, OSError) and error.errno in _RESOURCE_ERRNOS
+
+
+def _is_database_outage(error: BaseException | None) -> bool:
+    if isinstance(error, psycopg.InterfaceError):
+        return True
+    if not isinstance(error, psycopg.Error):
+        return False
+    if error.sqlstate is None:  # the connection itself failed: refused, reset, not accepting connections
+        return isinstance(error, psycopg.OperationalError)
+    return error.sqlstate[:2] in _OUTAGE_CLASSES or error.sqlstate in _OUTAGE_SQLSTATES
+
+
+class Stopped(Exception):
+    """Waiting out an outage was given up: the service is stopping."""
+
+
+def keep_trying(
+    action: Callable[[], T],
+    what: str,
+    stop: threading.Event | None = None,
+    first_s: float = 0.1,
+    max_s: float = 5.0,
+) -> T:
+    """`action()`, tried again after a backoff while it fails on an outage, for as long as the outage
+    lasts; any other error propagates. Raises Stopped if `stop` is set while waiting."""
+    delays = backoff.Backoff(first_s, max_s)
+    while True:
+        try:
+            result = action()
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            if delays.tries % LOG_EVERY == 0:
+                log.warning("%s: outage (%s); trying again", what, redact.describe(error))
+            if delays.wait(stop):
+                raise Stopped() from None
+            continue
+        if delays.tries:
+            log.info("%s: outage over after %d tries", what, delays.tries)
+        return result

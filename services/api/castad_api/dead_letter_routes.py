@@ -1,0 +1,114 @@
+"""Dead letters: messages no queue could handle and outbox rows the relay parked; list, show, replay, discard."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any
+
+from castad_contracts import api
+from castad_runtime import db
+from fastapi import APIRouter, Query, status
+
+from castad_api import dead_letters, errors, repository
+from castad_api.deps import Actor, GatewayDep
+
+router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
+# No control characters: PostgreSQL refuses a NUL, and nothing in a dead letter's fields has one.
+FilterQuery = Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")]
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": api.Problem}}
+
+
+def _summary(row: Any) -> api.DeadLetter:
+    return api.DeadLetter(
+        id=row.id,
+        kind=row.kind,
+        status=row.status,
+        service=row.service,
+        queue=row.queue,
+        reason=row.reason,
+        event_id=str(row.event_id) if row.event_id else None,
+        event_type=row.event_type,
+        schema_version=row.schema_version,
+        pipeline_id=row.pipeline_id,
+        received_at=row.received_at,
+        replays=row.replays,
+        body_size=row.body_size,
+    )
+
+
+@router.get("", response_model=api.DeadLetterPage)
+def list_dead_letters(
+    gw: GatewayDep,
+    status_: Annotated[str | None, Query(alias="status", pattern="^(dead|replayed|discarded)$")] = None,
+    service: FilterQuery = None,
+    event_type: FilterQuery = None,
+    reason: FilterQuery = None,
+    pipeline_id: FilterQuery = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: Annotated[str | None, Query(pattern="^[0-9]{1,18}$")] = None,
+) -> api.DeadLetterPage:
+    """Newest first, filtered by status, service, event type, a part of the reason, pipeline."""
+    filters = repository.LetterFilters(status_, service, event_type, reason, pipeline_id)
+    limit = min(limit, gw.config.page_size_max)
+    with gw.engine.connect() as conn:
+        rows = repository.dead_letters(conn, filters, int(cursor) if cursor else None, limit + 1)
+    page = rows[:limit]
+    next_cursor = str(page[-1].id) if len(rows) > limit else None
+    return api.DeadLetterPage(items=[_summary(row) for row in page], next_cursor=next_cursor)
+
+
+@router.get("/{letter_id}", response_model=api.DeadLetterDetail, responses=NOT_FOUND)
+def get_dead_letter(letter_id: int, gw: GatewayDep) -> api.DeadLetterDetail:
+    """One dead letter with its headers, its body as received (capped) and what operators did with it."""
+    with gw.engine.connect() as conn:
+        row = repository.get_dead_letter(conn, letter_id)
+        if row is None:
+            raise errors.NotFound(f"no dead letter {letter_id}")
+        actions = repository.dead_letter_actions(conn, letter_id)
+    body = bytes(row.body)
+    try:
+        text, encoding = body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(body).decode(), "base64"
+    return api.DeadLetterDetail(
+        **_summary(row).model_dump(),
+        headers=row.headers,
+        body=text,
+        body_encoding=encoding,
+        body_truncated=row.body_size > len(body),
+        actions=[api.DeadLetterAction(action=a.action, actor=a.actor, detail=a.detail, at=a.at) for a in actions],
+    )
+
+
+@router.post(
+    "/{letter_id}/replay",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=api.Replayed,
+    responses={**NOT_FOUND, 409: {"model": api.Conflict}, 422: {"model": api.Problem}},
+)
+def replay_dead_letter(letter_id: int, gw: GatewayDep, actor: Actor = "anonymous") -> api.Replayed:
+    """Send it back to the queue it came from (upcast to the newest version of its type the gateway knows),
+    or hand a parked outbox row back to the relay. Replaying twice is harmless."""
+    with db.transaction(gw.engine) as conn:
+        detail = dead_letters.replay(conn, letter_id, actor)
+    return api.Replayed(id=letter_id, detail=detail)
+
+
+@router.post("/replay", status_code=status.HTTP_202_ACCEPTED, response_model=api.BulkReplayed)
+def replay_dead_letters(body: api.DeadLetterFilter, gw: GatewayDep, actor: Actor = "anonymous") -> api.BulkReplayed:
+    """Replay every dead letter still `dead` that matches the filter, up to `limit`."""
+    filters = repository.LetterFilters(None, body.service, body.event_type, body.reason, body.pipeline_id)
+    with db.transaction(gw.engine) as conn:
+        replayed, refused = dead_letters.replay_matching(conn, filters, actor, body.limit)
+    return api.BulkReplayed(replayed=replayed, refused=refused)
+
+
+@router.post("/{letter_id}/discard", status_code=status.HTTP_200_OK, response_model=api.DeadLetter, responses=NOT_FOUND)
+def discard_dead_letter(
+    letter_id: int, body: api.Discard, gw: GatewayDep, actor: Actor = "anonymous"
+) -> api.DeadLetter:
+    """Give up on it, with a reason: it stays listed as discarded."""
+    with db.transaction(gw.engine) as conn:
+        dead_letters.discard(conn, letter_id, actor, body.reason)
+        row = repository.get_dead_letter(conn, letter_id)
+    return _summary(row)

@@ -1,0 +1,270 @@
+"""Dead letters where an operator can see, replay and discard them.
+
+`Recorder` moves every message of the dead-letter queue into the gateway's database (a
+message is acknowledged only once recorded, and recorded once however often it comes):
+messages a consumer could not handle, and notices of outbox rows the relay parked. A
+replay sends a message back to the queue it came from through the gateway's outbox,
+upcast to the newest version of its type the gateway knows; a parked row is handed back
+to the relay by the service whose outbox holds it. Replaying twice is harmless: the
+consumer's inbox makes the effect happen once. Every replay and discard is an action row
+(who, when, what) and an entry of its pipeline's timeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+import uuid
+from typing import Any
+
+import pika
+import pydantic
+import sqlalchemy as sa
+from castad_contracts import envelope as envelope_
+from castad_contracts import events
+from castad_runtime import backoff, db, outages, outbox, redact
+
+from castad_api import errors, projection, repository
+
+log = logging.getLogger(__name__)
+SOURCE = "/castad/api"
+PARKED_HEADER = "x-castad-parked-event"
+
+
+def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_max: int) -> dict[str, Any]:
+    """The row of a dead-letter message: where it came from, why, and what it is, as far as it can be read.
+    Texts lose their NUL characters, which PostgreSQL cannot store (the body keeps every byte)."""
+    headers = _clean(json.loads(json.dumps(headers, default=str)))
+    fields: dict[str, Any] = {
+        "message_id": _clean(message_id) or _fingerprint(headers, body),
+        "kind": "parked" if headers.get(PARKED_HEADER) else "message",
+        "service": _text(headers.get("x-castad-service")),
+        "queue": _text(headers.get("x-castad-queue")),
+        "reason": _text(headers.get("x-castad-reason")) or "no reason given",
+        "headers": headers,
+        "body": body[:body_max],
+        "body_size": len(body),
+    }
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return fields
+    if isinstance(document, dict):
+        fields["event_type"] = _text(document.get("type"), limit=200)
+        fields["pipeline_id"] = _text(document.get("subject"), limit=200)
+        version = document.get("schemaversion")
+        fields["schema_version"] = version if isinstance(version, int) else None
+        with contextlib.suppress(ValueError):
+            fields["event_id"] = uuid.UUID(str(document.get("id")))
+    return fields
+
+
+def _text(value: object, limit: int = 2000) -> str | None:
+    return _clean(value)[:limit] if isinstance(value, str) else None
+
+
+def _clean(value: Any) -> Any:
+    """`value` (a JSON document) without NUL characters in any of its strings."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_clean(key): _clean(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_clean(item) for item in value]
+    return value
+
+
+def _fingerprint(headers: dict[str, Any], body: bytes) -> str:
+    """For a message without an id: the same message always gets the same one."""
+    digest = hashlib.sha256(body)
+    digest.update(json.dumps(headers, sort_keys=True, default=str).encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _bare(fields: dict[str, Any], error: Exception) -> dict[str, Any]:
+    """What can always be recorded of a dead letter: its id, its body and why the rest could not be."""
+    return {
+        "message_id": fields["message_id"],
+        "kind": "unrecordable",
+        "reason": f"could not be recorded as it is: {redact.describe(error)}",
+        "headers": {},
+        "body": fields["body"],
+        "body_size": fields["body_size"],
+    }
+
+
+def record(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
+    """Record a dead letter once; an entry in its pipeline's timeline if it is one of ours. Its id, None if seen."""
+    letter_id = repository.add_dead_letter(conn, fields)
+    if letter_id is not None:
+        _note(conn, fields.get("pipeline_id"), "dead_letter.recorded", dead_letter=letter_id, reason=fields["reason"])
+    return letter_id
+
+
+def replay(conn: sa.Connection, letter_id: int, actor: str) -> str:
+    """Send a dead letter again; what was done (for the action row and the answer)."""
+    letter = _get(conn, letter_id)
+    if letter.status == "discarded":
+        raise errors.Conflict(f"dead letter {letter_id} was discarded", letter.status)
+    detail = _republish(conn, letter) if letter.kind == "parked" else _send_back(conn, letter)
+    repository.dead_letter_acted(conn, letter_id, "replay", actor, detail, status="replayed")
+    _note(conn, letter.pipeline_id, "dead_letter.replayed", dead_letter=letter_id, actor=actor, detail=detail)
+    return detail
+
+
+def discard(conn: sa.Connection, letter_id: int, actor: str, reason: str) -> None:
+    letter = _get(conn, letter_id)
+    repository.dead_letter_acted(conn, letter_id, "discard", actor, reason, status="discarded")
+    _note(conn, letter.pipeline_id, "dead_letter.discarded", dead_letter=letter_id, actor=actor, detail=reason)
+
+
+def replay_matching(
+    conn: sa.Connection, filters: repository.LetterFilters, actor: str, limit: int
+) -> tuple[list[int], dict[int, str]]:
+    """Replay every dead letter still `dead` that matches, up to `limit`: ids replayed, and why others were not."""
+    replayed, refused = [], {}
+    matching = dataclasses.replace(filters, status="dead")
+    for letter in repository.dead_letters(conn, matching, before_id=None, limit=limit):
+        try:
+            replay(conn, letter.id, actor)
+        except errors.GatewayError as error:
+            refused[letter.id] = str(error)
+        else:
+            replayed.append(letter.id)
+    return replayed, refused
+
+
+def _get(conn: sa.Connection, letter_id: int) -> Any:
+    letter = repository.lock_dead_letter(conn, letter_id)
+    if letter is None:
+        raise errors.NotFound(f"no dead letter {letter_id}")
+    return letter
+
+
+def _send_back(conn: sa.Connection, letter: Any) -> str:
+    if letter.body_size > len(letter.body):
+        raise errors.NotReplayable(f"dead letter {letter.id} was cut to {len(letter.body)} bytes when recorded")
+    if not letter.queue:
+        raise errors.NotReplayable(f"dead letter {letter.id} does not say which queue it came from")
+    try:
+        env = envelope_.Envelope.model_validate_json(letter.body)
+    except pydantic.ValidationError as error:
+        raise errors.NotReplayable(
+            f"dead letter {letter.id} is not an event ({redact.validation_summary(error, limit=2)}): discard it"
+        ) from None
+    env = _upcast(env)
+    outbox.append(conn, env, destination=letter.queue, delivery_id=uuid.uuid4())
+    return f"sent back to {letter.queue} as {env.type} v{env.schemaversion}"
+
+
+def _upcast(env: envelope_.Envelope) -> envelope_.Envelope:
+    """The same event as the newest version of its type this gateway knows, when it knows a newer one."""
+    try:
+        current = events.REGISTRY.current_version(env.type)
+        if env.schemaversion >= current:
+            return env
+        payload = env.payload()
+    except (events.SchemaError, pydantic.ValidationError):
+        return env  # the consumer it goes back to decides
+    return env.model_copy(update={"schemaversion": current, "data": payload.model_dump(mode="json")})
+
+
+def _republish(conn: sa.Connection, letter: Any) -> str:
+    event_id = uuid.UUID(str(letter.headers[PARKED_HEADER]))
+    if outbox.republish(conn, [event_id]):
+        return "handed back to the relay from the gateway's outbox"
+    if letter.pipeline_id is None:
+        raise errors.NotReplayable(f"dead letter {letter.id} does not say which pipeline its row is of")
+    try:
+        request = events.OutboxRepublishRequested(pipeline_id=letter.pipeline_id, event_id=event_id)
+    except pydantic.ValidationError:
+        raise errors.NotReplayable(f"dead letter {letter.id}: {letter.pipeline_id!r} is not a pipeline id") from None
+    outbox.add(conn, request, events.OUTBOX_REPUBLISH_REQUESTED, SOURCE)
+    return "asked the service whose outbox holds it to hand it back to the relay"
+
+
+def _note(conn: sa.Connection, pipeline_id: str | None, event_type: str, **details: Any) -> None:
+    """An entry in the timeline of the pipeline a dead letter is about, if it is one of ours."""
+    try:
+        pipeline = repository.lock_pipeline(conn, uuid.UUID(str(pipeline_id)))
+    except ValueError:
+        return
+    if pipeline is not None:
+        fact = event_type.replace(".", "_")  # dead_letter_replayed, ...: clear on the event stream
+        projection.record(conn, pipeline, uuid.uuid4(), event_type, None, fact, **details)
+
+
+class Recorder:
+    """A consumer of the dead-letter queue on a thread of its own, recording each message before its ack."""
+
+    def __init__(self, amqp_url: str, queue: str, engine: sa.Engine, body_max: int) -> None:
+        self.amqp_url = amqp_url
+        self.queue = queue
+        self.engine = engine
+        self.body_max = body_max
+        self.recorded = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dead-letters", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        delays = backoff.Backoff(first_s=0.5, max_s=10.0)
+        while not self._stop.is_set():
+            try:
+                self._consume()
+            except Exception as error:
+                if not outages.is_outage(error):
+                    log.exception("dead-letter recorder failed; starting over")
+                else:
+                    log.warning("dead-letter recorder lost the broker (%s); reconnecting", redact.describe(error))
+                delays.wait(self._stop)
+
+    def _consume(self) -> None:
+        connection = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
+        try:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=20)
+            for method, properties, body in channel.consume(self.queue, inactivity_timeout=0.5):
+                if self._stop.is_set():
+                    return
+                if method is None:
+                    continue
+                fields = describe(properties.message_id, dict(properties.headers or {}), body, self.body_max)
+                if not self._record(fields):
+                    return  # stopping: the message stays in the queue
+                channel.basic_ack(method.delivery_tag)
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    def _record(self, fields: dict[str, Any]) -> bool:
+        """Record through a database outage; False if the recorder stops first. A message that cannot be
+        recorded as it is (a bug) is recorded bare, so that it does not hold up the queue behind it."""
+
+        def write(row: dict[str, Any]) -> None:
+            with db.transaction(self.engine) as conn:
+                if record(conn, row) is not None:
+                    self.recorded += 1
+
+        try:
+            try:
+                outages.keep_trying(lambda: write(fields), "recording a dead letter", stop=self._stop, first_s=0.2)
+            except outages.Stopped:
+                raise
+            except Exception as error:
+                log.exception("cannot record dead letter %s as it is; recording it bare", fields["message_id"])
+                bare = _bare(fields, error)
+                outages.keep_trying(lambda: write(bare), "recording a dead letter", stop=self._stop, first_s=0.2)
+        except outages.Stopped:
+            return False
+        return True

@@ -1,0 +1,23 @@
+"""What a gateway use case refuses; the HTTP layer maps each to its status in one place."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses."""
+
+
+class NotFound(GatewayError):
+    """No such pipeline or dead letter (404)."""
+
+
+class Conflict(GatewayError):
+    """The pipeline's state does not allow the action (409); `status` says what it is."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotReplayable(GatewayError):
+    """A dead letter that cannot be sent again as it is (422)."""

@@ -1,0 +1,19 @@
+"""api service: outbox rows the broker refuses back off and park.
+
+Revision ID: 0002
+"""
+
+from castad_runtime import migration_ops
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    migration_ops.add_outbox_parking_v2()
+
+
+def downgrade() -> None:
+    migration_ops.drop_outbox_parking_v2()

@@ -1,0 +1,152 @@
+"""What a client asks of a pipeline: its creation, and an operator's levers: cancel, retry from the stage
+that did not succeed, deadlines.
+
+Each is a request recorded in the gateway's database with the event that announces it
+(`pipeline.cancel_requested`, `pipeline.retry_requested`); the stages do the rest. The
+requests of a pipeline are numbered (`operation`) so that every stage applies them in
+order. Every request is an entry of the pipeline's timeline, on its event stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import uuid
+
+import sqlalchemy as sa
+from castad_contracts import brief, events
+from castad_runtime import db, outbox
+
+from castad_api import errors, model, projection, repository
+
+SOURCE = "/castad/api"
+
+
+@dataclasses.dataclass(frozen=True)
+class Accepted:
+    pipeline_id: uuid.UUID
+    status: model.PipelineStatus
+    created: bool  # False: the Idempotency-Key had been used for this body before
+
+
+def create(conn: sa.Connection, body: brief.Brief, key: str, deadline_s: float) -> Accepted:
+    """Accept a brief and publish pipeline.requested; the same key and body again: the same pipeline.
+    The same key with another body is a Conflict."""
+    digest = request_hash(body)
+    created = repository.create_pipeline(conn, uuid.uuid4(), key, digest, body.model_dump(mode="json"), deadline_s)
+    if created.request_hash != digest:
+        raise errors.Conflict(
+            f"Idempotency-Key {key!r} was already used with a different request body; use a new key", "conflict"
+        )
+    if created.new:
+        requested = events.PipelineRequested(
+            pipeline_id=str(created.pipeline_id), brief=body, requested_at=dt.datetime.now(dt.UTC)
+        )
+        env = outbox.add(conn, requested, events.PIPELINE_REQUESTED, SOURCE)
+        projection.record_request(conn, created.pipeline_id, env)
+        return Accepted(created.pipeline_id, model.PipelineStatus.PENDING, True)
+    pipeline = repository.get_pipeline(conn, created.pipeline_id)
+    assert pipeline is not None
+    return Accepted(created.pipeline_id, model.PipelineStatus(pipeline.status), False)
+
+
+def request_hash(body: brief.Brief) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Requested:
+    pipeline_id: uuid.UUID
+    status: model.PipelineStatus
+    operation: int | None  # None: nothing new was requested (a cancel asked again)
+
+
+def cancel(conn: sa.Connection, pipeline_id: uuid.UUID, reason: str, actor: str) -> Requested:
+    """Ask every stage to stop the pipeline. Asking again is harmless; a pipeline that ended is a Conflict."""
+    pipeline = _locked(conn, pipeline_id)
+    status = model.PipelineStatus(pipeline.status)
+    if status in (model.PipelineStatus.CANCELING, model.PipelineStatus.CANCELED):
+        return Requested(pipeline_id, status, None)
+    if status.terminal:
+        raise errors.Conflict(f"pipeline {pipeline_id} has already ended {status.value}", status.value)
+    operation = pipeline.operations + 1
+    repository.update_pipeline(
+        conn, pipeline_id, operations=operation, cancel_requested_at=sa.func.now(), cancel_reason=reason
+    )
+    request = events.PipelineCancelRequested(pipeline_id=str(pipeline_id), operation=operation, reason=reason)
+    env = outbox.add(conn, request, events.PIPELINE_CANCEL_REQUESTED, SOURCE)
+    pipeline = _locked(conn, pipeline_id)
+    status = projection.record(
+        conn, pipeline, env.id, env.type, None, "cancel_requested", reason=reason, operation=operation, actor=actor
+    )
+    return Requested(pipeline_id, status, operation)
+
+
+def retry(
+    conn: sa.Connection,
+    pipeline_id: uuid.UUID,
+    max_attempts: dict[events.Stage, int] | None,
+    deadline_s: float,
+    actor: str,
+) -> tuple[Requested, events.Stage]:
+    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed, with a fresh attempt
+    budget there (and the pipeline a fresh deadline). Anything else is a Conflict."""
+    pipeline = _locked(conn, pipeline_id)
+    status = model.PipelineStatus(pipeline.status)
+    if status not in (model.PipelineStatus.FAILED, model.PipelineStatus.CANCELED):
+        raise errors.Conflict(
+            f"pipeline {pipeline_id} is {status.value}: only a FAILED or CANCELED pipeline can be retried",
+            status.value,
+        )
+    resume = model.resume_stage(repository.stage_statuses(conn, pipeline_id))
+    operation = pipeline.operations + 1
+    repository.reopen_stages(conn, pipeline_id, resume)
+    repository.update_pipeline(
+        conn,
+        pipeline_id,
+        operations=operation,
+        retries=pipeline.retries + 1,
+        cancel_requested_at=None,
+        cancel_reason=None,
+        error_code=None,
+        error_message=None,
+        finished_at=None,
+        deadline_at=db.seconds_from_now(deadline_s),
+    )
+    request = events.PipelineRetryRequested(
+        pipeline_id=str(pipeline_id), operation=operation, stage=resume, max_attempts=max_attempts
+    )
+    env = outbox.add(conn, request, events.PIPELINE_RETRY_REQUESTED, SOURCE)
+    pipeline = _locked(conn, pipeline_id)
+    budgets = {stage.value: n for stage, n in (max_attempts or {}).items()} or None
+    status = projection.record(
+        conn,
+        pipeline,
+        env.id,
+        env.type,
+        None,
+        "retry_requested",
+        resume=resume.value,
+        max_attempts=budgets,
+        operation=operation,
+        actor=actor,
+    )
+    return Requested(pipeline_id, status, operation), resume
+
+
+def cancel_overdue(conn: sa.Connection, limit: int = 100) -> int:
+    """Cancel the pipelines past their deadline (reason deadline_exceeded); how many."""
+    overdue = repository.overdue(conn, limit)
+    for pipeline_id in overdue:
+        cancel(conn, pipeline_id, model.DEADLINE_EXCEEDED, actor="deadline")
+    return len(overdue)
+
+
+def _locked(conn: sa.Connection, pipeline_id: uuid.UUID) -> sa.Row:
+    pipeline = repository.lock_pipeline(conn, pipeline_id)
+    if pipeline is None:
+        raise errors.NotFound(f"no pipeline {pipeline_id}")
+    return pipeline

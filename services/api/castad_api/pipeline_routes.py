@@ -1,0 +1,272 @@
+"""The pipelines: create one, read it, follow it, get its files, cancel it, retry it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import datetime as dt
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from castad_contracts import api, brief, events
+from castad_runtime import db, outages
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+from sse_starlette.sse import EventSourceResponse
+
+from castad_api import errors, model, operations, repository
+from castad_api.deps import Actor, Gateway, GatewayDep
+
+log = logging.getLogger(__name__)
+IdempotencyKey = Annotated[
+    str,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="client-chosen key; the same key and body always give the same pipeline",
+    ),
+]
+router = APIRouter(prefix="/v1", tags=["pipelines"])
+
+
+def require_json(request: Request) -> None:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json")
+
+
+def links(pipeline_id: str) -> api.Links:
+    base = f"/v1/pipelines/{pipeline_id}"
+    return api.Links(self=base, events=f"{base}/events", cancel=f"{base}/cancel", retry=f"{base}/retry")
+
+
+@router.post(
+    "/pipelines",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=api.PipelineAccepted,
+    dependencies=[Depends(require_json)],
+    responses={
+        409: {"model": api.Problem, "description": "the Idempotency-Key was used with another body"},
+        413: {"model": api.Problem},
+        415: {"model": api.Problem},
+    },
+)
+def create_pipeline(body: brief.Brief, key: IdempotencyKey, gw: GatewayDep) -> api.PipelineAccepted:
+    """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike."""
+    with db.transaction(gw.engine) as conn:
+        accepted = operations.create(conn, body, key, gw.config.pipeline_deadline_s)
+    pipeline_id = str(accepted.pipeline_id)
+    return api.PipelineAccepted(
+        id=pipeline_id, status=accepted.status.value, created=accepted.created, links=links(pipeline_id)
+    )
+
+
+@router.post(
+    "/pipelines/{pipeline_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=api.ActionAccepted,
+    responses={
+        404: {"model": api.Problem},
+        409: {"model": api.Conflict, "description": "the pipeline had already ended SUCCEEDED or FAILED"},
+    },
+)
+def cancel_pipeline(
+    pipeline_id: uuid.UUID, gw: GatewayDep, actor: Actor = "anonymous", body: api.CancelRequest | None = None
+) -> api.ActionAccepted:
+    """Cancel a pipeline that has not ended: every stage stops its job (a running attempt is stopped, a stage
+    not reached yet never starts), a stage that completed keeps its artifact. Idempotent: asking again gives
+    202 and changes nothing. The status is CANCELING until every stage has answered, then CANCELED."""
+    reason = (body or api.CancelRequest()).reason
+    with db.transaction(gw.engine) as conn:
+        done = operations.cancel(conn, pipeline_id, reason, actor)
+    return api.ActionAccepted(
+        id=str(pipeline_id), status=done.status.value, operation=done.operation, links=links(str(pipeline_id))
+    )
+
+
+@router.post(
+    "/pipelines/{pipeline_id}/retry",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=api.ActionAccepted,
+    responses={
+        404: {"model": api.Problem},
+        409: {"model": api.Conflict, "description": "the pipeline is not FAILED or CANCELED"},
+    },
+)
+def retry_pipeline(
+    pipeline_id: uuid.UUID, gw: GatewayDep, actor: Actor = "anonymous", body: api.RetryRequest | None = None
+) -> api.ActionAccepted:
+    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed, with a fresh attempt
+    budget (`max_attempts` per stage, optional); stages that succeeded keep their artifacts and are not run
+    again. The pipeline gets a fresh deadline."""
+    overrides = (body or api.RetryRequest()).max_attempts
+    with db.transaction(gw.engine) as conn:
+        done, resume = operations.retry(conn, pipeline_id, overrides, gw.config.pipeline_deadline_s, actor)
+    return api.ActionAccepted(
+        id=str(pipeline_id),
+        status=done.status.value,
+        operation=done.operation,
+        resumes_at=resume,
+        links=links(str(pipeline_id)),
+    )
+
+
+def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
+    pid = str(row.id)
+    by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}
+    stages = []
+    for stage in events.STAGE_ORDER:
+        s = by_stage.get(stage.value)
+        artifact = None
+        if s is not None and s.artifact:
+            artifact = api.ArtifactLink(**s.artifact, download=f"/v1/pipelines/{pid}/artifacts/{stage.value}")
+        stages.append(
+            api.StageView(
+                stage=stage,
+                status=s.status if s else model.StageStatus.PENDING.value,
+                attempts=s.attempt if s else 0,
+                max_attempts=s.max_attempts if s else None,
+                last_error_code=s.last_error_code if s else None,
+                last_error_message=s.last_error_message if s else None,
+                next_attempt_at=s.next_attempt_at if s else None,
+                started_at=s.started_at if s else None,
+                finished_at=s.finished_at if s else None,
+                artifact=artifact,
+            )
+        )
+    return api.PipelineView(
+        id=pid,
+        status=row.status,
+        progress=row.progress,
+        current_stage=row.current_stage,
+        error_code=row.error_code,
+        error_message=row.error_message,
+        brief=row.brief,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        finished_at=row.finished_at,
+        cancel_requested_at=row.cancel_requested_at,
+        cancel_reason=row.cancel_reason,
+        retries=row.retries,
+        deadline_at=row.deadline_at,
+        stages=stages,
+        links=links(pid),
+    )
+
+
+def _load(gw: Gateway, pipeline_id: uuid.UUID) -> api.PipelineView:
+    with gw.engine.connect() as conn:
+        row = repository.get_pipeline(conn, pipeline_id)
+        if row is None:
+            raise errors.NotFound(f"no pipeline {pipeline_id}")
+        return _view(row, repository.get_stages(conn, [pipeline_id])[pipeline_id])
+
+
+@router.get("/pipelines/{pipeline_id}", response_model=api.PipelineView, responses={404: {"model": api.Problem}})
+def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep) -> api.PipelineView:
+    """Overall status and, per stage, status, attempts, last error, times and artifact."""
+    return _load(gw, pipeline_id)
+
+
+def _encode_cursor(row: Any) -> str:
+    return base64.urlsafe_b64encode(f"{row.created_at.isoformat()}|{row.id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
+    try:
+        created, pid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return dt.datetime.fromisoformat(created), uuid.UUID(pid)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "cursor: not a cursor this API returned") from None
+
+
+@router.get("/pipelines", response_model=api.PipelinePage)
+def list_pipelines(
+    gw: GatewayDep,
+    status_: Annotated[model.PipelineStatus | None, Query(alias="status")] = None,
+    stage: events.Stage | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    cursor: str | None = None,
+) -> api.PipelinePage:
+    """Newest first, filtered by overall status and by the stage a pipeline is at."""
+    limit = min(limit, gw.config.page_size_max)
+    after = _decode_cursor(cursor) if cursor else None
+    with gw.engine.connect() as conn:
+        rows = repository.list_pipelines(conn, status_, stage, after, limit + 1)
+        page = rows[:limit]
+        stage_rows = repository.get_stages(conn, [row.id for row in page])
+    next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
+    return api.PipelinePage(items=[_view(row, stage_rows[row.id]) for row in page], next_cursor=next_cursor)
+
+
+@router.get("/pipelines/{pipeline_id}/events", responses={404: {"model": api.Problem}})
+async def pipeline_events(
+    pipeline_id: uuid.UUID,
+    gw: GatewayDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable."""
+    after = 0
+    if last_event_id:
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "Last-Event-ID: must be an id this stream sent")
+        after = int(last_event_id)
+    await run_in_threadpool(_load, gw, pipeline_id)
+    return EventSourceResponse(_stream(gw, pipeline_id, after), ping=gw.config.sse_ping_s)
+
+
+async def _stream(gw: Gateway, pipeline_id: uuid.UUID, after: int) -> AsyncIterator[dict[str, Any]]:
+    while True:
+        # Subscribed before the read, so that a projection committed after it still wakes the wait.
+        with gw.notifications.subscribe(str(pipeline_id)) as grown:
+            try:
+                rows, terminal = await run_in_threadpool(_timeline, gw.engine, pipeline_id, after)
+            except Exception as error:
+                if not outages.is_outage(error):
+                    raise
+                # The database is out: keep the stream (keep-alives go on) and read again later.
+                await asyncio.sleep(gw.config.sse_poll_s)
+                continue
+            for row in rows:
+                after = row.seq
+                yield {"id": str(row.seq), "event": "progress", "data": json.dumps(row.data, ensure_ascii=False)}
+            if terminal and not rows:
+                return
+            if not rows:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(grown.wait(), gw.config.sse_poll_s)
+
+
+def _timeline(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> tuple[list[Any], bool]:
+    with engine.connect() as conn:
+        row = repository.get_pipeline(conn, pipeline_id)
+        terminal = row is not None and model.PipelineStatus(row.status).terminal
+        return repository.timeline_after(conn, pipeline_id, after), terminal
+
+
+@router.get("/pipelines/{pipeline_id}/artifacts/{stage}", responses={404: {"model": api.Problem}})
+def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep) -> FileResponse:
+    """The file a stage produced."""
+    view = _load(gw, pipeline_id)
+    artifact = next(s.artifact for s in view.stages if s.stage is stage)
+    if artifact is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
+    try:
+        path = gw.store.path(artifact)
+    except ValueError:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not stored here") from None
+    if not path.exists():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact file is missing")
+    media_type = artifact.media_type
+    return FileResponse(path, media_type=media_type, filename=f"{pipeline_id}-{stage.value}{path.suffix}")

@@ -1,0 +1,191 @@
+"""Publishing outbox rows on a confirm-mode channel, with an answer per row.
+
+Pipelines go out concurrently, each pipeline's rows in order and one at a time: a row is
+sent once the one before it is confirmed, and none after one that was not, so a consumer
+never gets a pipeline's row before an earlier one. Each row comes back as one of:
+- PUBLISHED: the broker confirmed it, routed;
+- Refused: the broker will not take this row (unroutable, nacked, too large): it is the
+  row's problem, and the relay backs it off and eventually parks it;
+- SUSPECT: its channel was closed while it was in flight; the closing may be its fault or
+  another row's, so the relay tries it again alone before blaming it;
+- HELD_BACK: not sent, because an earlier row of its pipeline was not published;
+- None: lost to trouble with the broker connection, which is nobody's fault: it waits,
+  uncharged, and the relay pauses before trying again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import aiormq
+from castad_contracts import envelope as envelope_
+from castad_runtime import redact, telemetry
+from opentelemetry import trace
+from pamqp import commands as spec
+
+log = logging.getLogger(__name__)
+
+
+class Sent(enum.Enum):
+    PUBLISHED = "published"
+    SUSPECT = "suspect"
+    HELD_BACK = "held back"  # not sent: an earlier row of its pipeline was not published
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    reason: str
+
+
+RowResult = Sent | Refused | None
+
+
+class Publisher:
+    """A confirm-mode channel on one connection, reopened after any failure."""
+
+    def __init__(self, amqp_url: str, exchange: str, confirm_timeout_s: float, max_message_bytes: int) -> None:
+        self.amqp_url = amqp_url
+        self.exchange = exchange
+        self.confirm_timeout_s = confirm_timeout_s
+        self.max_message_bytes = max_message_bytes
+        self._connection: aiormq.abc.AbstractConnection | None = None
+        self._channel: aiormq.abc.AbstractChannel | None = None
+        self._lock = asyncio.Lock()
+        self._tracer = telemetry.tracer("castad.relay")
+
+    async def channel(self) -> aiormq.abc.AbstractChannel:
+        async with self._lock:
+            if self._channel is None or self._channel.is_closed:
+                await self.close()
+                # aiormq has no handshake timeout: a broker that accepts the connection but never
+                # answers (a network partition) would otherwise hold every source's relay forever.
+                async with asyncio.timeout(self.confirm_timeout_s):
+                    self._connection = await aiormq.connect(self.amqp_url)
+                    self._channel = await self._connection.channel(publisher_confirms=True)
+            return self._channel
+
+    async def close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    async def publish(self, rows: Sequence[dict[str, Any]]) -> list[RowResult]:
+        """Publish a batch (see the module docstring); the result of each row, in row order."""
+        channel = await self.channel()
+        results: list[RowResult] = [None] * len(rows)
+        by_pipeline: defaultdict[str, list[int]] = defaultdict(list)
+        for index, row in enumerate(rows):
+            by_pipeline[row["pipeline_id"]].append(index)
+        trouble: list[BaseException] = []
+
+        async def in_order(indexes: list[int]) -> None:
+            for position, index in enumerate(indexes):
+                results[index] = await self._publish_one(channel, rows[index], trouble)
+                if results[index] is not Sent.PUBLISHED:
+                    for later in indexes[position + 1 :]:
+                        results[later] = Sent.HELD_BACK
+                    return
+
+        await asyncio.gather(*(in_order(indexes) for indexes in by_pipeline.values()))
+        if trouble:
+            log.warning(
+                "%d of %d publishes lost to broker trouble: %s", len(trouble), len(rows), redact.describe(trouble[0])
+            )
+        if trouble or any(result is Sent.SUSPECT for result in results):
+            await self.close()
+        return results
+
+    async def publish_dead_letter(self, queue: str, body: bytes, headers: dict[str, Any], message_id: str) -> bool:
+        """Put a copy in the dead-letter queue; True once the broker confirmed it."""
+        try:
+            channel = await self.channel()
+            answer = await channel.basic_publish(
+                body,
+                exchange="",
+                routing_key=queue,
+                properties=spec.Basic.Properties(delivery_mode=2, message_id=message_id, headers=headers),
+                mandatory=True,
+                timeout=self.confirm_timeout_s,
+            )
+        except (
+            TimeoutError,
+            aiormq.exceptions.AMQPError,
+            aiormq.exceptions.ChannelInvalidStateError,
+            OSError,
+        ) as error:
+            log.warning("could not tell the dead-letter queue about a parked row: %s", redact.describe(error))
+            await self.close()
+            return False
+        return isinstance(answer, spec.Basic.Ack)
+
+    async def _publish_one(
+        self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
+    ) -> RowResult:
+        env = row["envelope"]
+        parent = telemetry.context_from(env.get("traceparent"), env.get("tracestate"))
+        # A replayed dead letter goes to one queue through the default exchange (named "").
+        exchange = "" if row.get("destination") else self.exchange
+        routing_key = row.get("destination") or row["routing_key"]
+        with self._tracer.start_as_current_span(
+            f"publish {exchange or '(default)'}",  # OpenTelemetry messaging: "{operation} {destination}"
+            context=parent,
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.operation.name": "publish",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": exchange,
+                "messaging.rabbitmq.destination.routing_key": routing_key,
+                "messaging.message.id": str(row["event_id"]),
+                "castad.pipeline_id": row["pipeline_id"],
+            },
+        ):
+            # The consumer continues the trace from this publish span.
+            traceparent, tracestate = telemetry.current_trace_headers()
+            body = json.dumps(dict(env, traceparent=traceparent, tracestate=tracestate), separators=(",", ":")).encode()
+            if len(body) > self.max_message_bytes:
+                return Refused(f"message of {len(body)} bytes is over the {self.max_message_bytes} byte limit")
+            headers: dict[str, Any] = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
+            properties = spec.Basic.Properties(
+                content_type=envelope_.CONTENT_TYPE,
+                delivery_mode=2,  # persistent
+                message_id=str(row["event_id"]),
+                message_type=row["routing_key"],
+                timestamp=row["created_at"],
+                headers=headers,
+            )
+            try:
+                answer = await channel.basic_publish(
+                    body,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    properties=properties,
+                    mandatory=True,
+                    timeout=self.confirm_timeout_s,
+                )
+            except aiormq.exceptions.PublishError as error:
+                text = error.frame.reply_text if isinstance(error.frame, spec.Basic.Return) else "returned"
+                return Refused(f"returned by the broker: {text}")
+            except aiormq.exceptions.ChannelClosed as error:
+                log.warning("channel closed while publishing %s: %s", row["event_id"], redact.describe(error))
+                return Sent.SUSPECT
+            except (
+                TimeoutError,
+                aiormq.exceptions.AMQPError,
+                aiormq.exceptions.ChannelInvalidStateError,
+                OSError,
+            ) as error:
+                trouble.append(error)
+                return None
+            if isinstance(answer, spec.Basic.Nack):
+                return Refused("nacked by the broker")
+            return Sent.PUBLISHED

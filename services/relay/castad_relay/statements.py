@@ -1,0 +1,42 @@
+"""Every SQL statement the relay runs on a service's outbox table.
+
+A row the broker refused is "held" while it backs off (`retry_at` ahead) or once it is
+parked; a held row holds back the later rows of its own pipeline, and nothing else.
+"""
+
+LOCK_LEADERSHIP = "SELECT pg_advisory_lock(%s)"
+
+# The oldest publishable rows: not published, not parked, not backing off, and with no held
+# row earlier in their pipeline (partial indexes outbox_unpublished and outbox_held).
+PENDING = """
+SELECT id, event_id, pipeline_id, routing_key, envelope, created_at, publish_attempts, destination
+FROM outbox AS o
+WHERE o.published_at IS NULL AND o.parked_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now())
+  AND NOT EXISTS (
+    SELECT 1 FROM outbox AS held
+    WHERE held.pipeline_id = o.pipeline_id AND held.id < o.id AND held.published_at IS NULL
+      AND (held.parked_at IS NOT NULL OR held.retry_at IS NOT NULL)
+      AND (held.parked_at IS NOT NULL OR held.retry_at > now())
+  )
+ORDER BY o.id
+LIMIT %s
+"""
+
+MARK_PUBLISHED = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
+
+# One refusal more: back off, or park (once the tries are used up and the operators were told).
+REFUSED = """
+UPDATE outbox
+SET publish_attempts = publish_attempts + 1,
+    last_error = %(reason)s,
+    retry_at = now() + make_interval(secs => %(delay_s)s),
+    parked_at = CASE WHEN %(park)s THEN now() END
+WHERE id = %(id)s AND published_at IS NULL
+"""
+
+# Seconds until the earliest backing-off row is due (NULL if none backs off).
+NEXT_RETRY_IN = """
+SELECT extract(epoch FROM min(retry_at) - now())
+FROM outbox
+WHERE published_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL
+"""

@@ -1,0 +1,67 @@
+"""The `castad` command against a running gateway: every error is one line and an exit status, never a
+traceback; cancel, retry and dead letters work from the command line."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import uuid
+
+import pytest
+from castad_local import stack
+
+from tests.e2e.conftest import sample_brief
+
+pytestmark = pytest.mark.e2e
+
+CASTAD = str(pathlib.Path(sys.executable).with_name("castad"))
+
+
+def cli(gateway: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CASTAD, "--gateway", gateway, "--actor", "cli-test", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int, says: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("castad: ") and says in lines[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_every_error_is_one_line_and_its_own_exit_status():
+    down = f"http://127.0.0.1:{stack.free_port()}"
+    one_line_error(cli(down, "status", str(uuid.uuid4())), 3, "cannot reach the gateway")
+    one_line_error(cli(down, "cancel", str(uuid.uuid4())), 3, "cannot reach the gateway")
+    one_line_error(cli(down, "dead-letters", "list"), 3, "cannot reach the gateway")
+    one_line_error(cli(down, "retry", str(uuid.uuid4()), "--max-attempts", "lyrics=2"), 2, "STAGE=N")
+
+
+@pytest.mark.timeout(180)
+def test_cancel_retry_and_dead_letters_from_the_command_line(castad):
+    running = castad({"CASTAD_LYRIC_FAULT_HANG_RATE": "1"})
+    gateway = running.base_url
+
+    one_line_error(cli(gateway, "status", str(uuid.uuid4())), 4, "404: no pipeline")
+    one_line_error(cli(gateway, "status", "not-a-pipeline-id"), 2, "422")
+    one_line_error(cli(gateway, "dead-letters", "show", "424242"), 4, "no dead letter")
+
+    hanging = running.submit(sample_brief("걸린 가게"))
+    canceled = cli(gateway, "cancel", hanging, "--reason", "changed my mind")
+    assert canceled.returncode == 0 and f"pipeline {hanging}: CANCELING (cancel #1 requested)" in canceled.stdout
+    assert running.wait_terminal([hanging])[hanging].status == "CANCELED"
+
+    running.services.stop("lyric")
+    running.services.start("lyric", {"CASTAD_LYRIC_FAULT_HANG_RATE": "0"})
+    retried = cli(gateway, "retry", hanging, "--max-attempts", "lyric=3", "--watch")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert f"pipeline {hanging}: RUNNING again from lyric (retry #2)" in retried.stdout
+    assert "done" in retried.stdout
+    one_line_error(cli(gateway, "cancel", hanging), 5, "has already ended SUCCEEDED")
+    one_line_error(cli(gateway, "retry", hanging), 5, "only a FAILED or CANCELED pipeline")
+
+    listed = cli(gateway, "dead-letters", "list", "--status", "dead")
+    assert listed.returncode == 0 and "0 dead letters" in listed.stdout
+    one_line_error(cli(gateway, "dead-letters", "replay"), 2, "give dead letter ids, or --all")

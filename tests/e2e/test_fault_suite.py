@@ -1,0 +1,32 @@
+"""The promise under every kind of fault, in short: the fault harness's SHORT plan (`make faults` runs the
+full one and writes FAULTS.md). At least 100 pipelines; every fault kind once, outages of 20 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.faults import plan, report, run
+from tests.support import require_servers
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.timeout(1200)
+def test_every_accepted_pipeline_ends_in_one_known_outcome_whatever_fails(tmp_path):
+    require_servers()
+
+    result = run.run(plan.SHORT, tmp_path)
+
+    (tmp_path / "FAULTS.md").write_text(report.render(result))
+    assert result.findings == [], f"{len(result.findings)} findings; report and logs in {tmp_path}"
+    assert len(result.snapshot.pipelines) >= plan.SHORT.pipelines
+    assert {fault.kind for fault in result.faults} >= {
+        "kill -9",
+        "SIGTERM mid-render",
+        "database outage",
+        "connections cut",
+        "connections stalled",
+    }
+    assert {fault.target for fault in result.faults if fault.kind == "kill -9"} == set(run.PROCESSES)
+    assert {fault.target for fault in result.faults if fault.kind == "database outage"} == set(run.SERVICES)
+    assert all(fault.recovered_s is not None for fault in result.faults), [f for f in result.faults]

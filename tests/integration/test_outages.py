@@ -1,0 +1,154 @@
+"""A consumer whose database goes away, and events of a schema version it does not know yet.
+
+An outage is the machinery's failure, never the message's: nothing is dead-lettered or used
+up, and every message takes effect once the database is back. An event newer than the
+consumer (its producer was upgraded first) waits for the consumer's own upgrade; an older
+one (the consumer was upgraded first) is read as the newer model.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from castad_contracts import envelope, events
+from castad_runtime import tables
+
+from bench.faults import outage
+from tests.integration.helpers import (
+    Counted,
+    count,
+    eventually,
+    pipeline_requested,
+    requested_envelope,
+    stage_trigger_handler,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class RequestedV2(events.PipelineRequested):
+    """pipeline.requested as a later release writes it."""
+
+    channel: str
+
+
+def upgraded_registry() -> events.Registry:
+    registry = events.REGISTRY.copy()
+    registry.register(events.PIPELINE_REQUESTED, 2, RequestedV2, lambda data: {**data, "channel": "web"})
+    return registry
+
+
+def requested_v2(pipeline_id: str | None = None) -> envelope.Envelope:
+    payload = RequestedV2(**pipeline_requested(pipeline_id).model_dump(), channel="kiosk")
+    return envelope.Envelope(
+        source="/castad/api",
+        type=events.PIPELINE_REQUESTED,
+        subject=payload.pipeline_id,
+        schemaversion=2,
+        data=payload.model_dump(mode="json"),
+    )
+
+
+def publish(amqp, installation, env: envelope.Envelope) -> None:
+    amqp.publish(installation.topology.exchange, env.type, env.to_json(), message_id=str(env.id))
+
+
+def test_a_database_outage_uses_up_no_message_and_each_takes_effect_once_it_is_back(
+    installation, engines, amqp, run_consumer
+):
+    """With max_retries=2 a failing handler is dead-lettered after three tries, well under a second; an
+    outage of several seconds must not count as such failures."""
+    engine = engines["lyric"]
+    handler = Counted(stage_trigger_handler(engine))
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=2, max_retries=2)
+    sent = [requested_envelope() for _ in range(4)]
+
+    with outage.database_down(installation.database_urls["lyric"]):
+        for env in sent:
+            publish(amqp, installation, env)
+        eventually(lambda: handler.finished >= 6, what="handlers failing on the outage, again and again")
+        time.sleep(2)
+        assert amqp.depth(installation.topology.dead_letter_queue) == 0
+
+    eventually(lambda: count(engine, tables.jobs) == len(sent), timeout=30, what="a job per message")
+    assert count(engine, tables.inbox) == len(sent)
+    for queue in (installation.topology.queue("lyric"), installation.topology.dead_letter_queue):
+        assert amqp.depth(queue) == 0, queue
+
+
+def test_a_worker_stopped_during_an_outage_leaves_its_message_in_the_queue(installation, engines, amqp, run_consumer):
+    engine = engines["lyric"]
+    handler = Counted(stage_trigger_handler(engine))
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=1)
+    env = requested_envelope()
+    queue = installation.topology.queue("lyric")
+
+    with outage.database_down(installation.database_urls["lyric"]):
+        publish(amqp, installation, env)
+        eventually(lambda: handler.finished >= 2, what="the handler failing on the outage")
+        run_consumer.stop()
+        assert amqp.depth(queue) == 1
+        assert amqp.depth(installation.topology.dead_letter_queue) == 0
+
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: stage_trigger_handler(engine)}, threads=1)
+    eventually(lambda: count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1, timeout=15)
+    assert amqp.depth(installation.topology.dead_letter_queue) == 0
+
+
+def test_an_event_newer_than_its_consumer_waits_for_the_consumers_upgrade(installation, engines, amqp, run_consumer):
+    """Producer upgraded first: the old consumer holds the v2 event instead of dead-lettering it; the
+    upgraded consumer that replaces it handles it."""
+    engine = engines["lyric"]
+    old = Counted(stage_trigger_handler(engine))
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: old}, threads=1, hold_s=120)
+    env = requested_v2()
+
+    publish(amqp, installation, env)
+    time.sleep(3)
+    assert old.finished == 0
+    assert amqp.depth(installation.topology.dead_letter_queue) == 0
+    run_consumer.stop()
+
+    seen: list[events.Payload] = []
+    handler = stage_trigger_handler(engine)
+
+    def upgraded(env: envelope.Envelope, payload: events.Payload) -> None:
+        seen.append(payload)
+        handler(env, payload)
+
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: upgraded}, threads=1, registry=upgraded_registry())
+    eventually(lambda: count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1, timeout=30)
+    assert [(type(p), getattr(p, "channel", None)) for p in seen] == [(RequestedV2, "kiosk")]
+    assert amqp.depth(installation.topology.dead_letter_queue) == 0
+
+
+def test_an_older_event_is_read_by_an_upgraded_consumer_as_the_newer_model(installation, engines, amqp, run_consumer):
+    """Consumer upgraded first: v1 events still sent by the old producer are upcast to v2."""
+    seen: list[events.Payload] = []
+    handler = stage_trigger_handler(engines["lyric"])
+
+    def upgraded(env: envelope.Envelope, payload: events.Payload) -> None:
+        seen.append(payload)
+        handler(env, payload)
+
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: upgraded}, threads=1, registry=upgraded_registry())
+    env = requested_envelope()
+    publish(amqp, installation, env)
+
+    eventually(lambda: len(seen) == 1)
+    assert isinstance(seen[0], RequestedV2) and seen[0].channel == "web"
+    assert seen[0].pipeline_id == env.subject
+
+
+def test_an_event_still_newer_after_the_hold_is_dead_lettered_with_the_reason(installation, amqp, run_consumer):
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: lambda env, payload: None}, threads=1, hold_s=2)
+    env = requested_v2()
+
+    publish(amqp, installation, env)
+
+    [parked] = amqp.take(installation.topology.dead_letter_queue, 1, timeout=20)
+    reason = parked.headers["x-castad-reason"]
+    assert reason.startswith("pipeline.requested version 2 is newer than 1, the newest known here; held ")
+    assert reason.endswith(" s")
+    assert parked.document["id"] == str(env.id)

@@ -1,0 +1,59 @@
+"""How the gateway records a dead-letter message: what it can read of it, nothing PostgreSQL would refuse."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from castad_api import dead_letters
+
+
+def test_an_event_dead_letter_is_described_by_its_envelope_and_headers():
+    event_id, pipeline_id = uuid.uuid4(), str(uuid.uuid4())
+    body = json.dumps(
+        {"specversion": "1.0", "id": str(event_id), "type": "lyric.started", "subject": pipeline_id, "schemaversion": 2}
+    ).encode()
+    headers = {"x-castad-reason": "no handler", "x-castad-service": "api", "x-castad-queue": "castad.api"}
+
+    row = dead_letters.describe("m-1", headers, body, body_max=1024)
+
+    assert (row["message_id"], row["kind"], row["service"], row["queue"], row["reason"]) == (
+        "m-1",
+        "message",
+        "api",
+        "castad.api",
+        "no handler",
+    )
+    assert (row["event_id"], row["event_type"], row["schema_version"], row["pipeline_id"]) == (
+        event_id,
+        "lyric.started",
+        2,
+        pipeline_id,
+    )
+    assert (row["body"], row["body_size"]) == (body, len(body))
+
+
+def test_nul_characters_never_reach_a_text_column_and_the_body_keeps_every_byte():
+    body = b'{"type": "a\\u0000b", "\\u0000k": 1}\x00'
+    headers = {"x-castad-reason": "\x00k: Extra inputs are not permitted", "x-\x00": ["\x00"]}
+
+    row = dead_letters.describe(None, headers, body, body_max=1024)
+
+    text = json.dumps({key: value for key, value in row.items() if key != "body"}, default=str)
+    assert "\\u0000" not in text
+    assert row["reason"] == "k: Extra inputs are not permitted"
+    assert row["body"] == body  # not JSON (the trailing NUL): recorded as received
+
+
+def test_a_message_without_an_id_gets_the_same_one_each_time_it_comes():
+    first = dead_letters.describe(None, {"x-castad-reason": "r"}, b"garbage", body_max=1024)
+    again = dead_letters.describe(None, {"x-castad-reason": "r"}, b"garbage", body_max=1024)
+    other = dead_letters.describe(None, {"x-castad-reason": "r"}, b"other garbage", body_max=1024)
+
+    assert first["message_id"] == again["message_id"] != other["message_id"]
+    assert first["message_id"].startswith("sha256:")
+
+
+def test_a_parked_row_notice_and_a_body_over_the_cap():
+    row = dead_letters.describe("p", {dead_letters.PARKED_HEADER: str(uuid.uuid4())}, b"x" * 5000, body_max=1024)
+    assert (row["kind"], row["body_size"], len(row["body"]), row["reason"]) == ("parked", 5000, 1024, "no reason given")

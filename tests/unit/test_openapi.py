@@ -1,0 +1,43 @@
+"""The gateway's OpenAPI document: every endpoint with its errors, every request body with an example."""
+
+from __future__ import annotations
+
+import pathlib
+
+import sqlalchemy as sa
+from castad_api import app, deps, notifications, settings
+from castad_runtime import artifacts
+
+
+def openapi(tmp_path: pathlib.Path) -> dict:
+    config = settings.ApiSettings()
+    gateway = deps.Gateway(
+        config=config,
+        engine=sa.create_engine(config.database_url),  # never connected: only the document is built
+        notifications=notifications.PipelineNotifications(config.database_url),
+        store=artifacts.ArtifactStore(tmp_path),
+    )
+    return app.create_app(gateway).openapi()
+
+
+def test_every_operator_endpoint_is_documented_with_its_errors(tmp_path):
+    paths = openapi(tmp_path)["paths"]
+    expected = {
+        ("post", "/v1/pipelines/{pipeline_id}/cancel"): {"202", "404", "409", "422"},
+        ("post", "/v1/pipelines/{pipeline_id}/retry"): {"202", "404", "409", "422"},
+        ("get", "/v1/dead-letters"): {"200", "422"},
+        ("get", "/v1/dead-letters/{letter_id}"): {"200", "404", "422"},
+        ("post", "/v1/dead-letters/{letter_id}/replay"): {"202", "404", "409", "422"},
+        ("post", "/v1/dead-letters/replay"): {"202", "422"},
+        ("post", "/v1/dead-letters/{letter_id}/discard"): {"200", "404", "422"},
+    }
+    for (method, path), statuses in expected.items():
+        operation = paths[path][method]
+        assert statuses <= set(operation["responses"]), (method, path, set(operation["responses"]))
+        assert operation.get("description") or operation.get("summary"), (method, path)
+
+
+def test_every_request_body_of_an_action_has_an_example(tmp_path):
+    schemas = openapi(tmp_path)["components"]["schemas"]
+    for name in ("CancelRequest", "RetryRequest", "DeadLetterFilter", "Discard"):
+        assert schemas[name].get("examples"), name
