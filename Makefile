@@ -2,8 +2,11 @@
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
+PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay services/lyric services/song services/video infra/local
+PYTHON_DIRS := libs services infra/local tests bench
+UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint bench lock schemas
+.PHONY: setup demo up test lint bench faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -17,21 +20,25 @@ up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0
 test: setup lint  ## unit, integration and end-to-end tests
 	@$(BIN)/pytest
 
-lint:
-	@$(BIN)/ruff check libs services tests bench
-	@$(BIN)/ruff format --check libs services tests bench
+lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), and uv.lock matches every pyproject.toml
+	@$(UV) lock --check --offline --quiet || (echo "uv.lock is stale: run make lock" && exit 1)
+	@$(BIN)/hadolint --failure-threshold style services/*/Dockerfile infra/images/bases.Containerfile
+	@$(BIN)/ruff check $(PYTHON_DIRS)
+	@$(BIN)/ruff format --check $(PYTHON_DIRS)
 	@$(BIN)/mypy
+	@for package in $(PACKAGES); do out=$$(cd $$package && $(CURDIR)/$(BIN)/deptry --no-ansi . 2>&1) || { echo "$$package: $$out"; exit 1; }; done
 
 bench: setup  ## Castad vs a plain Dramatiq pipeline; writes BENCHMARKS.md
 	@$(BIN)/python -m bench.run
 
+faults: setup  ## the full fault run (1,000 pipelines, every fault kind, 3-minute outages); writes FAULTS.md
+	@$(BIN)/python -m bench.faults
+
+images: setup  ## build every service's image with podman and run the stack from them to a finished video (root)
+	@$(BIN)/pytest -m images tests/images
+
 schemas: setup  ## JSON Schema of every event into var/schemas
 	@$(BIN)/castad-admin schemas var/schemas
 
-lock:  ## re-resolve dependencies from pyproject.toml into requirements.lock
-	@rm -rf var/lock-venv && python3.11 -m venv var/lock-venv
-	@var/lock-venv/bin/pip install -q --upgrade pip && var/lock-venv/bin/pip install -q -e '.[dev]'
-	@(echo "# Exact versions of every dependency (direct ones are listed in pyproject.toml)."; \
-	  echo "# Regenerate: make lock"; \
-	  var/lock-venv/bin/pip freeze --exclude-editable | grep -v '^castad') > requirements.lock
-	@rm -rf var/lock-venv
+lock: setup  ## re-resolve every package's dependencies into uv.lock (then `make setup` syncs .venv)
+	@$(UV) lock

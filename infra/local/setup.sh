@@ -21,7 +21,7 @@ wait_port() {
   return 1
 }
 
-# 1. Python 3.11 and the virtual environment, from requirements.lock.
+# 1. Python 3.11, uv (the version pyproject.toml requires) and .venv synced from uv.lock.
 PYTHON=""
 for candidate in python3.11 python3; do
   if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys, venv; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
@@ -32,15 +32,15 @@ if [ -z "$PYTHON" ]; then
   apt_install python3 python3-venv && PYTHON=$(command -v python3) \
     || die "Python 3.11 with venv is needed: apt-get install python3 python3-venv (Debian 12), then rerun."
 fi
-LOCK_SUM=$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
-if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.castad-lock 2>/dev/null)" != "$LOCK_SUM" ]; then
-  say "creating .venv from requirements.lock"
-  "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements.lock
-  .venv/bin/python -m pip install -q --no-deps -e .
-  echo "$LOCK_SUM" > .venv/.castad-lock
+UV_VERSION=$(sed -n 's/^required-version = "==\(.*\)"$/\1/p' pyproject.toml)
+UV=var/tools/uv-$UV_VERSION/bin/uv
+if [ ! -x "$UV" ]; then
+  say "installing uv $UV_VERSION into var/tools"
+  "$PYTHON" -m venv "var/tools/uv-$UV_VERSION"
+  "var/tools/uv-$UV_VERSION/bin/pip" install -q "uv==$UV_VERSION"
 fi
+# Every workspace package editable, every other dependency at its locked version; a no-op when in sync.
+UV_PYTHON_DOWNLOADS=never "$UV" sync --frozen --all-packages --python "$PYTHON" --quiet
 
 # 2. PostgreSQL on 127.0.0.1:5432, user postgres without a password.
 if ! port_open $PG_HOST $PG_PORT; then

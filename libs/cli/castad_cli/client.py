@@ -9,52 +9,102 @@ from typing import Any
 
 import httpx
 import httpx_sse
-from castad_contracts import api, brief
+from castad_contracts import api, brief, events
 
 
 class GatewayError(Exception):
-    """The gateway answered with an error; the message carries its detail."""
+    """The gateway answered with an error, or could not be reached; `status` is its HTTP status (None: unreached)."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Client:
-    def __init__(self, base_url: str, timeout_s: float = 10.0) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 10.0, actor: str = "castad-cli") -> None:
+        self.base_url = base_url
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers={"X-Castad-Actor": actor})
 
     def close(self) -> None:
         self.http.close()
 
     def submit(self, body: brief.Brief, idempotency_key: str | None = None) -> api.PipelineAccepted:
-        response = self.http.post(
-            "/v1/pipelines",
-            content=body.model_dump_json(),
-            headers={"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())},
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        return api.PipelineAccepted.model_validate(
+            self._call("POST", "/v1/pipelines", content=body.model_dump_json(), headers=headers)
         )
-        return api.PipelineAccepted.model_validate(_ok(response))
 
     def status(self, pipeline_id: str) -> api.PipelineView:
-        return api.PipelineView.model_validate(_ok(self.http.get(f"/v1/pipelines/{pipeline_id}")))
+        return api.PipelineView.model_validate(self._call("GET", f"/v1/pipelines/{pipeline_id}"))
+
+    def cancel(self, pipeline_id: str, reason: str | None = None) -> api.ActionAccepted:
+        body = api.CancelRequest(reason=reason) if reason else api.CancelRequest()
+        return api.ActionAccepted.model_validate(
+            self._call("POST", f"/v1/pipelines/{pipeline_id}/cancel", json=body.model_dump())
+        )
+
+    def retry(self, pipeline_id: str, max_attempts: dict[events.Stage, int] | None = None) -> api.ActionAccepted:
+        body = api.RetryRequest(max_attempts=max_attempts)
+        return api.ActionAccepted.model_validate(
+            self._call("POST", f"/v1/pipelines/{pipeline_id}/retry", json=body.model_dump(mode="json"))
+        )
+
+    def dead_letters(self, **filters: Any) -> api.DeadLetterPage:
+        params = {key: value for key, value in filters.items() if value is not None}
+        return api.DeadLetterPage.model_validate(self._call("GET", "/v1/dead-letters", params=params))
+
+    def dead_letter(self, letter_id: int) -> api.DeadLetterDetail:
+        return api.DeadLetterDetail.model_validate(self._call("GET", f"/v1/dead-letters/{letter_id}"))
+
+    def replay(self, letter_id: int) -> api.Replayed:
+        return api.Replayed.model_validate(self._call("POST", f"/v1/dead-letters/{letter_id}/replay"))
+
+    def replay_matching(self, selection: api.DeadLetterFilter) -> api.BulkReplayed:
+        return api.BulkReplayed.model_validate(
+            self._call("POST", "/v1/dead-letters/replay", json=selection.model_dump(exclude_none=True))
+        )
+
+    def discard(self, letter_id: int, reason: str) -> api.DeadLetter:
+        return api.DeadLetter.model_validate(
+            self._call("POST", f"/v1/dead-letters/{letter_id}/discard", json={"reason": reason})
+        )
 
     def events(self, pipeline_id: str, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         """(event id, data) of each progress event until the stream closes at a terminal state."""
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        with httpx_sse.connect_sse(
-            self.http, "GET", f"/v1/pipelines/{pipeline_id}/events", headers=headers, timeout=None
-        ) as source:
-            if source.response.status_code != 200:
-                source.response.read()
-                _ok(source.response)
-            for sse in source.iter_sse():
-                if sse.data:
-                    yield sse.id, json.loads(sse.data)
+        try:
+            with httpx_sse.connect_sse(
+                self.http, "GET", f"/v1/pipelines/{pipeline_id}/events", headers=headers, timeout=None
+            ) as source:
+                if source.response.status_code != 200:
+                    source.response.read()
+                    _ok(source.response)
+                for sse in source.iter_sse():
+                    if sse.data:
+                        yield sse.id, json.loads(sse.data)
+        except httpx.TransportError as error:
+            raise _unreachable(self.base_url, error) from None
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise _unreachable(self.base_url, error) from None
+        return _ok(response)
+
+
+def _unreachable(base_url: str, error: httpx.TransportError) -> GatewayError:
+    return GatewayError(f"cannot reach the gateway at {base_url} ({type(error).__name__})", None)
 
 
 def _ok(response: httpx.Response) -> Any:
     if response.is_success:
         return response.json()
     try:
-        detail = response.json().get("detail")
+        body = response.json()
     except ValueError:
-        detail = response.text
+        body = {"detail": response.text.strip()[:200]}
+    detail = body.get("detail") if isinstance(body, dict) else body
     if isinstance(detail, list):
         detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-    raise GatewayError(f"{response.status_code}: {detail}")
+    raise GatewayError(f"{response.status_code}: {detail}", response.status_code)

@@ -1,29 +1,50 @@
-"""`castad submit | watch ID | status ID`."""
+"""`castad`: submit a brief, watch it, show it, cancel or retry it; `castad dead-letters ...` for dead letters.
+
+Every error is one line on stderr and an exit status: 2 the input was refused (also by the
+gateway: 400, 413, 415, 422), 3 the gateway cannot be reached, 4 not found (404), 5 a conflict
+(409: the pipeline's state does not allow it), 6 the gateway is unavailable (503), 1 anything
+else, and for `watch`/`submit`/`retry --watch` a pipeline that did not succeed.
+"""
 
 from __future__ import annotations
 
-import os
+import getpass
 import urllib.parse
 import urllib.request
 from typing import Annotated
 
 import pydantic
 import typer
-from castad_contracts import brief
-from rich.console import Console
+from castad_contracts import brief, events
 from rich.table import Table
 
 from castad_cli import client as client_
-from castad_cli import progress
+from castad_cli import dead_letters, progress
+from castad_cli.terminal import Options, connected, console, errors
 
 app = typer.Typer(help="Talk to a Castad gateway.", no_args_is_help=True, add_completion=False)
-console = Console()
-GatewayOption = Annotated[str, typer.Option("--gateway", envvar="CASTAD_GATEWAY_URL", help="base URL of the gateway")]
+app.add_typer(dead_letters.app, name="dead-letters")
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
+EXIT_BY_STATUS = {None: 3, 400: 2, 404: 4, 409: 5, 413: 2, 415: 2, 422: 2, 503: 6}
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    gateway: Annotated[
+        str, typer.Option("--gateway", envvar="CASTAD_GATEWAY_URL", help="base URL of the gateway")
+    ] = DEFAULT_GATEWAY,
+    actor: Annotated[
+        str | None, typer.Option("--actor", envvar="CASTAD_ACTOR", help="who acts (default: your user name)")
+    ] = None,
+) -> None:
+    """Settings come from options or CASTAD_GATEWAY_URL and CASTAD_ACTOR."""
+    ctx.obj = Options(gateway, actor or getpass.getuser())
 
 
 @app.command()
 def submit(
+    ctx: typer.Context,
     customer_name: Annotated[str, typer.Option(help="business name")],
     region: Annotated[str, typer.Option(help="town or district")],
     detail_region_info: Annotated[str, typer.Option(help="what the place offers")] = "",
@@ -33,7 +54,6 @@ def submit(
     duration_s: int = brief.DEFAULT_DURATION_S,
     idempotency_key: Annotated[str | None, typer.Option(help="default: a new random key")] = None,
     watch_: Annotated[bool, typer.Option("--watch/--no-watch", help="follow progress until done")] = True,
-    gateway: GatewayOption = DEFAULT_GATEWAY,
 ) -> None:
     """Submit a brief; by default follow it to the end."""
     try:
@@ -48,9 +68,9 @@ def submit(
         )
     except pydantic.ValidationError as error:
         for problem in error.errors():
-            console.print(f"[red]{'.'.join(map(str, problem['loc']))}: {problem['msg']}")
+            errors.print(f"castad: {'.'.join(map(str, problem['loc']))}: {problem['msg']}")
         raise typer.Exit(2) from None
-    with _client(gateway) as client:
+    with connected(ctx) as client:
         accepted = client.submit(body, idempotency_key)
         console.print(f"pipeline [bold]{accepted.id}[/] {accepted.status}")
         if watch_:
@@ -58,25 +78,73 @@ def submit(
 
 
 @app.command()
-def watch(pipeline_id: str, gateway: GatewayOption = DEFAULT_GATEWAY) -> None:
-    """Live progress bars of a pipeline until it ends; exit status 1 if it failed."""
-    with _client(gateway) as client:
+def watch(ctx: typer.Context, pipeline_id: str) -> None:
+    """Live progress bars of a pipeline until it ends; exit status 1 if it did not succeed."""
+    with connected(ctx) as client:
         raise typer.Exit(_watch(client, pipeline_id))
 
 
 @app.command()
-def status(pipeline_id: str, gateway: GatewayOption = DEFAULT_GATEWAY) -> None:
+def status(ctx: typer.Context, pipeline_id: str) -> None:
     """Status, attempts, errors and artifacts of a pipeline."""
-    with _client(gateway) as client:
+    with connected(ctx) as client:
         view = client.status(pipeline_id)
-    table = Table(title=f"{view.id}: {view.status} ({view.progress}%)")
+    title = f"{view.id}: {view.status} ({view.progress}%)"
+    if view.retries:
+        title += f", retried {view.retries}×"
+    table = Table(title=title)
     for column in ("stage", "status", "attempts", "last error", "artifact"):
         table.add_column(column)
     for stage in view.stages:
         error = f"{stage.last_error_code}: {stage.last_error_message}" if stage.last_error_code else ""
-        artifact = f"{_local_path(stage.artifact.uri)} ({stage.artifact.size:,} B)" if stage.artifact else ""
+        artifact = f"{local_path(stage.artifact.uri)} ({stage.artifact.size:,} B)" if stage.artifact else ""
         table.add_row(stage.stage.value, stage.status, str(stage.attempts), error, artifact)
     console.print(table)
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    pipeline_id: str,
+    reason: Annotated[str | None, typer.Option(help="why (shown in its status and timeline)")] = None,
+) -> None:
+    """Cancel a pipeline that has not ended (exit 5 if it had ended SUCCEEDED or FAILED)."""
+    with connected(ctx) as client:
+        done = client.cancel(pipeline_id, reason)
+    asked = f"cancel #{done.operation} requested" if done.operation else "cancel had been requested already"
+    console.print(f"pipeline {done.id}: {done.status} ({asked})")
+
+
+@app.command()
+def retry(
+    ctx: typer.Context,
+    pipeline_id: str,
+    max_attempts: Annotated[
+        list[str] | None, typer.Option(help="STAGE=N, the attempt budget of a stage for this retry (repeatable)")
+    ] = None,
+    watch_: Annotated[bool, typer.Option("--watch/--no-watch", help="follow progress until done")] = False,
+) -> None:
+    """Resume a FAILED or CANCELED pipeline where it stopped (exit 5 if it is neither)."""
+    budgets = _budgets(max_attempts or [])
+    with connected(ctx) as client:
+        done = client.retry(pipeline_id, budgets)
+        stage = done.resumes_at.value if done.resumes_at else "?"
+        console.print(f"pipeline {done.id}: {done.status} again from {stage} (retry #{done.operation})")
+        if watch_:
+            raise typer.Exit(_watch(client, pipeline_id))
+
+
+def _budgets(values: list[str]) -> dict[events.Stage, int] | None:
+    budgets: dict[events.Stage, int] = {}
+    for value in values:
+        stage, _, number = value.partition("=")
+        try:
+            budgets[events.Stage(stage.strip())] = int(number)
+        except ValueError:
+            stages = ", ".join(stage.value for stage in events.Stage)
+            errors.print(f"castad: --max-attempts {value!r}: expected STAGE=N with STAGE one of {stages}")
+            raise typer.Exit(2) from None
+    return budgets or None
 
 
 def _watch(client: client_.Client, pipeline_id: str) -> int:
@@ -85,36 +153,20 @@ def _watch(client: client_.Client, pipeline_id: str) -> int:
     if final.status == "SUCCEEDED":
         video = next(s.artifact for s in final.stages if s.stage.value == "video")
         assert video is not None
-        console.print(f"[green]done[/]: {_local_path(video.uri)}", soft_wrap=True)
+        console.print(f"[green]done[/]: {local_path(video.uri)}", soft_wrap=True)
         return 0
     console.print(f"[red]{final.status}[/]: {final.error_code}: {final.error_message} ({last.get('step')})")
     return 1
 
 
-def _local_path(uri: str) -> str:
+def local_path(uri: str) -> str:
     parsed = urllib.parse.urlparse(uri)
     return urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else uri
-
-
-class _client:
-    def __init__(self, gateway: str) -> None:
-        self.client = client_.Client(os.environ.get("CASTAD_GATEWAY_URL", gateway))
-
-    def __enter__(self) -> client_.Client:
-        return self.client
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.close()
-
-
-@app.callback()
-def _errors() -> None:
-    """Exit with a readable message on gateway errors."""
 
 
 def main() -> None:
     try:
         app()
     except client_.GatewayError as error:
-        console.print(f"[red]gateway: {error}")
-        raise SystemExit(1) from None
+        errors.print(f"castad: {error}", markup=False, highlight=False)
+        raise SystemExit(EXIT_BY_STATUS.get(error.status, 1)) from None

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import time
 import uuid
 from typing import Annotated
 
 import typer
+from castad_cli import client as client_
+from castad_cli import main as cli_main
+from castad_cli import progress
 from castad_contracts import brief, schemas
 from castad_runtime import settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
-from castad_cli import client as client_
-from castad_cli import main as cli_main
-from castad_cli import progress, stack
+from castad_local import REPO_ROOT, charts, stack
 
 app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
 console = Console()
@@ -46,7 +46,7 @@ def demo(
 ) -> None:
     """Start every service, run one brief to a finished video, stop the services."""
     setup()
-    logs = settings.REPO_ROOT / "var" / "log" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    logs = REPO_ROOT / "var" / "log" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     services = stack.Stack({"CASTAD_API_PORT": str(port)}, logs)
     base_url = f"http://127.0.0.1:{port}"
     console.print(f"starting api, relay, lyric, song and video (logs in {logs})", soft_wrap=True)
@@ -72,10 +72,10 @@ def demo(
             raise typer.Exit(1)
         for stage in view.stages:
             assert stage.artifact is not None
-            console.print(f"{stage.stage.value:>6}: {cli_main._local_path(stage.artifact.uri)}", soft_wrap=True)
+            console.print(f"{stage.stage.value:>6}: {cli_main.local_path(stage.artifact.uri)}", soft_wrap=True)
         video = view.stages[-1].artifact
         assert video is not None
-        console.print(f"[bold green]Finished video:[/] {cli_main._local_path(video.uri)}", soft_wrap=True)
+        console.print(f"[bold green]Finished video:[/] {cli_main.local_path(video.uri)}", soft_wrap=True)
     finally:
         services.stop_all()
         console.print("services stopped")
@@ -115,11 +115,16 @@ def settings_table() -> str:
                 default = settings.database_url_default("<stage>")
             if isinstance(default, tuple):
                 default = ",".join(default)
-            if isinstance(default, pathlib.Path):
-                default = os.path.relpath(default, settings.REPO_ROOT)
             shown = "" if default is None else str(default)
             rows.append(f"| `{variable}` | `{shown}` | {field.description or ''} |")
     return "\n".join(rows)
+
+
+@app.command("charts")
+def write_charts() -> None:
+    """Rewrite each Helm chart's settings block and values.schema.json from the service's settings."""
+    for path in charts.write():
+        console.print(str(path.relative_to(REPO_ROOT)), soft_wrap=True)
 
 
 @app.command("settings")

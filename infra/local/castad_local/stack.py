@@ -23,7 +23,9 @@ from castad_runtime import messaging, migrations, settings
 from castad_song import service as song_service
 from castad_video import service as video_service
 
-PROCFILE = settings.REPO_ROOT / "infra" / "local" / "Procfile"
+from castad_local import REPO_ROOT
+
+PROCFILE = REPO_ROOT / "infra" / "local" / "Procfile"
 EPHEMERAL_PORTS = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 

@@ -1,0 +1,222 @@
+"""The Helm charts' side of each service's settings: the `settings:` block of values.yaml and
+values.schema.json, both written from the service's settings class, so that every setting a
+service reads is reachable from its chart's values and a wrong value fails at install time.
+
+`castad-admin charts` rewrites them; tests/deploy checks that the committed files match.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+from castad_api import settings as api_settings
+from castad_lyric import service as lyric
+from castad_relay import settings as relay_settings
+from castad_runtime import settings
+from castad_song import service as song
+from castad_video import service as video
+from pydantic_settings import BaseSettings
+
+from castad_local import REPO_ROOT
+
+CHARTS = REPO_ROOT / "infra" / "helm"
+SETTINGS: dict[str, type[BaseSettings]] = {
+    "api": api_settings.ApiSettings,
+    "relay": relay_settings.RelaySettings,
+    "lyric": lyric.LyricSettings,
+    "song": song.SongSettings,
+    "video": video.VideoSettings,
+}
+BEGIN = "# settings:begin (written by `castad-admin charts` from the service's settings; edit values, not keys)"
+END = "# settings:end"
+
+
+def from_structure(service: str) -> dict[str, str]:
+    """Variables the chart sets from its structure (Secrets, ports, volume), not from `settings`."""
+    upper = service.upper()
+    owned = {"CASTAD_AMQP_URL": "broker.existingSecret"}
+    if service == "api":
+        owned |= {"CASTAD_API_HOST": "0.0.0.0", "CASTAD_API_PORT": "containerPort"}
+    else:
+        owned[f"CASTAD_{upper}_HEALTH_PORT"] = "containerPort"
+    if service == "relay":
+        owned["CASTAD_RELAY_SOURCES"] = "sources[].existingSecret"
+    else:
+        owned[f"CASTAD_{upper}_DATABASE_URL"] = "database.existingSecret"
+        owned["CASTAD_ARTIFACTS_DIR"] = "artifacts.mountPath"
+    return owned
+
+
+def variables(service: str) -> dict[str, dict[str, Any]]:
+    """Every variable the service reads -> the JSON Schema of its value (with default and description)."""
+    cls = SETTINGS[service]
+    properties = cls.model_json_schema()["properties"]
+    result = {}
+    for name, field in cls.model_fields.items():
+        alias = field.validation_alias
+        key = str(alias.choices[0]) if alias is not None and hasattr(alias, "choices") else name
+        schema = {k: v for k, v in properties[key].items() if k not in ("title", "format")}
+        result[settings.env_var(cls, name)] = schema
+    return result
+
+
+def chart_settings(service: str) -> dict[str, dict[str, Any]]:
+    owned = from_structure(service)
+    return {name: schema for name, schema in variables(service).items() if name not in owned}
+
+
+def settings_block(service: str) -> str:
+    lines = [BEGIN, "settings:"]
+    for name, schema in chart_settings(service).items():
+        if schema.get("description"):
+            lines.append(f"  # {schema['description']}")
+        lines.append(f"  {name}: {json.dumps(schema.get('default'), ensure_ascii=False)}")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def values_yaml(service: str) -> str:
+    """The chart's values.yaml with its settings block written anew."""
+    path = CHARTS / service / "values.yaml"
+    text = path.read_text(encoding="utf-8")
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + settings_block(service) + text[end:]
+
+
+def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "properties": properties, "required": list(required)}
+
+
+STRING = {"type": "string"}
+NAME = {"type": "string", "minLength": 1}
+BOOLEAN = {"type": "boolean"}
+FREE = {"type": "object"}
+LIST = {"type": "array"}
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+QUANTITY = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"}
+SECRET = _object({"existingSecret": NAME, "key": NAME}, ("existingSecret", "key"))
+RESOURCES = _object(
+    {
+        kind: {"type": "object", "additionalProperties": False, "properties": {"cpu": {}, "memory": {}}}
+        for kind in ("requests", "limits")
+    }
+)
+COMMON_SETTINGS = ("CASTAD_NAMESPACE", "CASTAD_LOG_LEVEL", "CASTAD_HOLD_EVENTS_S", "CASTAD_HANDLER_RETRIES")
+
+
+def values_schema(service: str) -> dict[str, Any]:
+    """The chart's values.schema.json: every key typed, none other allowed, one property per setting."""
+    settings_ = chart_settings(service)
+    properties: dict[str, Any] = {
+        "component": {"const": service},
+        "enabled": {"type": "boolean", "description": "the umbrella chart's switch for this service"},
+        "fullnameOverride": STRING,
+        "castad-common": {"type": "object", "description": "the library chart's (empty) values, added by Helm"},
+        "image": _object(
+            {
+                "registry": NAME,
+                "repository": NAME,
+                "tag": {"type": "string", "description": "empty: the chart's appVersion"},
+                "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+            },
+            ("registry", "repository", "pullPolicy"),
+        ),
+        "imagePullSecrets": {"type": "array", "items": _object({"name": NAME}, ("name",))},
+        "replicaCount": {"type": "integer", "minimum": 1 if service == "relay" else 0},
+        "containerPort": PORT,
+        "portName": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$"},
+        "broker": SECRET,
+        "otel": _object({"endpoint": {"type": "string", "pattern": "^(https?://.+)?$"}}),
+        "terminationGracePeriodSeconds": {"type": "integer", "minimum": 1},
+        "resources": RESOURCES,
+        "podSecurityContext": FREE,
+        "securityContext": FREE,
+        "tmpSizeLimit": QUANTITY,
+        "serviceAccount": _object({"create": BOOLEAN, "name": STRING, "annotations": FREE}, ("create",)),
+        "podDisruptionBudget": _object(
+            {"enabled": BOOLEAN, "maxUnavailable": {"type": ["integer", "string"], "pattern": "^[0-9]+%$"}},
+            ("enabled", "maxUnavailable"),
+        ),
+        "podAnnotations": FREE,
+        "nodeSelector": FREE,
+        "tolerations": LIST,
+        "affinity": FREE,
+        "topologySpreadConstraints": LIST,
+        "global": {
+            "type": "object",
+            "description": "values the umbrella chart gives every service",
+            "properties": {
+                "imageRegistry": STRING,
+                "otel": _object({"endpoint": {"type": "string", "pattern": "^(https?://.+)?$"}}),
+                "artifacts": _object({"claimName": NAME}),
+                "settings": _object({name: _without_default(settings_[name]) for name in COMMON_SETTINGS}),
+            },
+        },
+        "settings": {
+            **_object({name: _without_default(schema) for name, schema in settings_.items()}),
+            "description": "every CASTAD_* setting of the service that its chart does not set itself",
+        },
+    }
+    required = ["component", "image", "replicaCount", "containerPort", "portName", "broker", "settings"]
+    if service == "relay":
+        source = _object(
+            {"name": {"enum": ["api", "lyric", "song", "video"]}, "existingSecret": NAME, "key": NAME},
+            ("name", "existingSecret", "key"),
+        )
+        properties["sources"] = {"type": "array", "minItems": 1, "items": source}
+        required.append("sources")
+    else:
+        properties["database"] = SECRET
+        properties["artifacts"] = _object(
+            {
+                "store": {"enum": ["volume"], "description": "a shared ReadWriteMany volume (see docs/deploy.md)"},
+                "claimName": NAME,
+                "mountPath": {"type": "string", "pattern": "^/"},
+            },
+            ("store", "claimName", "mountPath"),
+        )
+        properties["migrations"] = _object(
+            {
+                "enabled": BOOLEAN,
+                "backoffLimit": {"type": "integer", "minimum": 0},
+                "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+                "resources": RESOURCES,
+            },
+            ("enabled",),
+        )
+        properties["autoscaling"] = _object(
+            {
+                "enabled": BOOLEAN,
+                "minReplicas": {"type": "integer", "minimum": 1},
+                "maxReplicas": {"type": "integer", "minimum": 1},
+                "targetCPUUtilizationPercentage": {"type": "integer", "minimum": 1, "maximum": 100},
+            },
+            ("enabled",),
+        )
+        required += ["database", "artifacts"]
+    if service == "api":
+        properties["service"] = _object(
+            {"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "port": PORT}, ("type", "port")
+        )
+    return {
+        "$schema": "https://json-schema.org/draft-07/schema#",
+        "title": f"castad-{service} chart values",
+        **_object(properties, tuple(required)),
+    }
+
+
+def _without_default(schema: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in schema.items() if key != "default"}
+
+
+def write() -> list[pathlib.Path]:
+    written = []
+    for service in SETTINGS:
+        values = CHARTS / service / "values.yaml"
+        values.write_text(values_yaml(service), encoding="utf-8")
+        schema = CHARTS / service / "values.schema.json"
+        schema.write_text(json.dumps(values_schema(service), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        written += [values, schema]
+    return written

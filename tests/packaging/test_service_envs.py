@@ -1,0 +1,162 @@
+"""Each service imports and starts from its own locked dependencies alone.
+
+For every deployable package, `uv sync --package` builds a virtual environment from uv.lock
+holding that package (installed as a wheel, as an image would hold it) and only what it
+depends on. A dependency a service imports but does not declare fails here; one that
+another service needs but this one should not ship (numpy in the gateway) fails the
+distribution check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+
+import httpx
+import pytest
+from castad_local import REPO_ROOT, stack
+
+from tests.support import Installation
+
+pytestmark = pytest.mark.integration
+
+ENVS = REPO_ROOT / "var" / "envs"
+WORKSPACE = ("castad", "castad-api", "castad-contracts", "castad-lyric", "castad-relay", "castad-runtime")
+WORKSPACE += ("castad-song", "castad-video", "castad-local")
+MEDIA = {"numpy", "pillow", "imageio-ffmpeg"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Package:
+    name: str
+    module: str
+    castad: set[str]  # the workspace distributions its environment holds
+    absent: set[str] = dataclasses.field(default_factory=set)  # third-party ones it must not hold
+    migrates: bool = True
+
+
+SERVICES = (
+    Package("castad-api", "castad_api", {"castad-api", "castad-runtime", "castad-contracts"}, MEDIA),
+    Package("castad-relay", "castad_relay", {"castad-relay", "castad-runtime", "castad-contracts"}, MEDIA, False),
+    Package("castad-lyric", "castad_lyric", {"castad-lyric", "castad-runtime", "castad-contracts"}, MEDIA),
+    Package("castad-song", "castad_song", {"castad-song", "castad-runtime", "castad-contracts"}, {"pillow"}),
+    Package("castad-video", "castad_video", {"castad-video", "castad-runtime", "castad-contracts"}),
+)
+CLIENT = Package("castad", "castad_cli", {"castad", "castad-contracts"}, MEDIA | {"sqlalchemy", "dramatiq", "fastapi"})
+
+
+def uv() -> pathlib.Path:
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["uv"]["required-version"]
+    return REPO_ROOT / "var" / "tools" / f"uv-{version.removeprefix('==')}" / "bin" / "uv"
+
+
+def environment(package: Package) -> pathlib.Path:
+    """The package's own environment, synced from the lock (workspace packages rebuilt every time)."""
+    target = ENVS / package.name
+    command = [str(uv()), "sync", "--frozen", "--no-dev", "--no-editable", "--package", package.name]
+    command += ["--python", sys.executable, "--quiet"]
+    for name in WORKSPACE:
+        command += ["--reinstall-package", name]
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(target), "UV_PYTHON_DOWNLOADS": "never"}
+    env.pop("VIRTUAL_ENV", None)
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return target / "bin" / "python"
+
+
+def distributions(python: pathlib.Path) -> set[str]:
+    listing = subprocess.run(
+        [python, "-c", "import importlib.metadata as m, json; print(json.dumps([d.name for d in m.distributions()]))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {name.lower().replace("_", "-") for name in json.loads(listing.stdout)}
+
+
+IMPORT_ALL = """
+import importlib, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+assert package.__file__ and "site-packages" in package.__file__, package.__file__
+for module in pkgutil.walk_packages(package.__path__, sys.argv[1] + "."):
+    if ".migrations" not in module.name and not module.name.endswith("__main__"):
+        importlib.import_module(module.name)
+"""
+
+
+def check_installed(package: Package) -> pathlib.Path:
+    python = environment(package)
+    installed = distributions(python)
+    assert {name for name in installed if name in WORKSPACE} == package.castad
+    assert installed & package.absent == set()
+    # Every module imports from the installed wheel, not from the checkout.
+    result = subprocess.run(
+        [python, "-c", IMPORT_ALL, package.module], cwd="/", capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return python
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("package", SERVICES, ids=lambda p: p.name)
+def test_a_service_starts_from_its_own_environment(package: Package, installation: Installation, tmp_path):
+    python = check_installed(package)
+    service = package.name.removeprefix("castad-")
+    port = stack.free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("CASTAD_", "VIRTUAL_ENV", "PYTHONPATH"))},
+        **installation.env(),
+        "OTEL_TRACES_EXPORTER": "none",
+        f"CASTAD_{service.upper()}_HEALTH_PORT": str(port),
+        "CASTAD_API_PORT": str(port),
+    }
+    if package.migrates:
+        command = [python, "-m", package.module, "migrate"]
+        migrated = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert migrated.returncode == 0, migrated.stderr
+
+    log = tmp_path / f"{service}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [python, "-m", package.module, "run"], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        answer = None
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+                if answer.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert answer is not None and answer.status_code == 200, log.read_text()
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    assert code == 0, log.read_text()
+
+
+@pytest.mark.timeout(600)
+def test_the_client_cli_runs_with_the_contracts_alone():
+    python = check_installed(CLIENT)
+    castad = python.parent / "castad"
+    shown = subprocess.run([castad, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "submit" in shown.stdout
+    unreachable = subprocess.run(
+        [castad, "--gateway", "http://127.0.0.1:1", "status", "00000000-0000-0000-0000-000000000000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unreachable.returncode == 3, unreachable.stderr
+    assert "Traceback" not in unreachable.stderr
