@@ -2,9 +2,9 @@
 
 One isolated installation per run, like the tests': a database per service
 (`castad_bench_<run>_<service>`, migrated by castad_runtime.migrations through
-castad_cli.stack.prepare), its own RabbitMQ namespace (`bench-<run>`), its own artifacts
+castad_local.stack.prepare), its own RabbitMQ namespace (`bench-<run>`), its own artifacts
 directory, and api, relay, lyric, song and video started from infra/local/Procfile by
-castad_cli.stack.Stack with `CASTAD_<STAGE>_PROVIDER=instant`. Everything else keeps its
+castad_local.stack.Stack with `CASTAD_<STAGE>_PROVIDER=instant`. Everything else keeps its
 documented default.
 
 Timestamps all come from one host clock: PostgreSQL's (now(), clock_timestamp()) and
@@ -41,8 +41,8 @@ import httpx
 import httpx_sse
 import pika
 import psycopg
-from castad_cli import stack as stack_
 from castad_contracts import brief, topology
+from castad_local import stack as stack_
 from castad_runtime import db, messaging, migrations
 
 from bench import common, cpu, stats

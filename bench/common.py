@@ -11,13 +11,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+from castad_local import REPO_ROOT as REPO_ROOT  # the harness writes its results into the repository
 from castad_runtime import settings
 
 log = logging.getLogger("bench")
 
 AMQP_URL = os.environ.get("CASTAD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 PG_URL = os.environ.get("CASTAD_BENCH_PG_URL", settings.DEFAULT_PG)  # postgresql+psycopg://user@host:port
-REPO_ROOT = settings.REPO_ROOT
 RUN_ID = uuid.uuid4().hex[:8]
 
 

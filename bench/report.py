@@ -158,8 +158,8 @@ def render(r: dict[str, Any]) -> str:
     env = castad["env"]
     add(
         "Five processes (api, relay, lyric, song, video) started from `infra/local/Procfile` by "
-        "`castad_cli.stack.Stack`, each with its own database (`castad_bench_<run>_<service>`, made and "
-        "migrated by `castad_cli.stack.prepare`), namespace `" + env["CASTAD_NAMESPACE"] + "` on RabbitMQ, "
+        "`castad_local.stack.Stack`, each with its own database (`castad_bench_<run>_<service>`, made and "
+        "migrated by `castad_local.stack.prepare`), namespace `" + env["CASTAD_NAMESPACE"] + "` on RabbitMQ, "
         "`CASTAD_<STAGE>_PROVIDER=instant` (each stage writes a tiny but valid artifact through its "
         "ArtifactStore: one lyric line, a 0.25 s silent WAV, an 18×32 one-frame H.264 MP4) and every "
         "other setting at its documented default (`OTEL_TRACES_EXPORTER=none`)."

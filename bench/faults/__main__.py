@@ -1,0 +1,48 @@
+"""`make faults` (`python -m bench.faults`): a fault run, then FAULTS.md; exit status 1 on any finding.
+
+`--short` runs the plan `make test` runs (every fault kind once, 20 s outages). Logs of the
+services stay in var/faults/<run id>/logs when the run found anything or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import shutil
+import sys
+
+from bench import common
+from bench.faults import plan, report, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__)
+    parser.add_argument("--short", action="store_true", help="the short plan of `make test`")
+    parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "FAULTS.md")
+    parser.add_argument("--keep", action="store_true", help="leave the databases, queues and files of the run")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("bench").setLevel(logging.INFO)
+    workdir = (common.REPO_ROOT / "var" / "faults" / common.RUN_ID).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        with common.interrupt_on_sigterm():
+            result = run.run(plan.SHORT if args.short else plan.FULL, workdir, keep=args.keep)
+    except KeyboardInterrupt:
+        common.log.error("interrupted; cleaned up; logs in %s", workdir)
+        return 1
+    args.output.write_text(report.render(result))
+    for finding in result.findings:
+        print(f"finding: {finding}", file=sys.stderr)
+    if result.findings:
+        kept = f"; databases castad_faults_{common.RUN_ID}_* kept" if args.keep else ""
+        common.log.error("%d findings; logs in %s; report %s%s", len(result.findings), workdir, args.output, kept)
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    common.log.info("no findings; wrote %s", args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Faults that are messages or rows: poison in every queue, copies of real events, an unroutable row.
+
+Every poison message carries a marker of its own (a UUID in its body), so that the checker
+can tell the dead-letter queue holds exactly the poison injected, each with its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import pathlib
+import threading
+import uuid
+from collections import deque
+
+import pika
+import psycopg
+from castad_contracts import topology
+
+from bench import common
+
+# The event type each service's queue is bound to, to send it as a version it cannot know yet.
+TRIGGERS = {"api": "lyric.started", "lyric": "pipeline.requested", "song": "lyric.completed", "video": "song.completed"}
+EXPECTED_REASON = {"garbage": "not JSON", "unknown_type": "no handler", "newer_version": "is newer than"}
+PROBE_TYPE = "harness.fault_probe"  # an event type no queue is bound to
+
+
+@dataclasses.dataclass(frozen=True)
+class Poison:
+    queue: str
+    kind: str  # a key of EXPECTED_REASON
+    marker: str
+    body: bytes
+
+
+def poison_for(topo: topology.Topology) -> list[Poison]:
+    """Three kinds of poison per service queue: undecodable, of an unknown type, of a newer version."""
+    made = []
+    for service in topo.services:
+        queue = topo.queue(service)
+        marker = str(uuid.uuid4())
+        made.append(Poison(queue, "garbage", marker, f"\x00\xff poison {marker} {{not json".encode("latin-1")))
+        for kind, event_type, version in (
+            ("unknown_type", "harness.exploded", 1),
+            ("newer_version", TRIGGERS[service], 99),
+        ):
+            marker = str(uuid.uuid4())
+            document = {
+                "specversion": "1.0",
+                "id": marker,
+                "source": "/castad/fault-harness",
+                "type": event_type,
+                "subject": str(uuid.uuid4()),
+                "time": "2026-01-01T00:00:00Z",
+                "datacontenttype": "application/json",
+                "schemaversion": version,
+                "data": {"from": "the fault harness"},
+            }
+            made.append(Poison(queue, kind, marker, json.dumps(document).encode()))
+    return made
+
+
+def publish_poison(poison: list[Poison]) -> None:
+    with _channel() as channel:
+        for each in poison:
+            channel.basic_publish("", each.queue, each.body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+class Tap:
+    """Keeps copies of the latest events routed by the exchange (a queue of its own bound to `#`)."""
+
+    def __init__(self, exchange: str, keep: int) -> None:
+        self.exchange = exchange
+        self.connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+        self.channel = self.connection.channel()
+        self.queue = self.channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+        self.channel.queue_bind(self.queue, exchange, routing_key="#")
+        self.kept: deque[tuple[str, pika.BasicProperties, bytes]] = deque(maxlen=keep)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tap", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for method, properties, body in self.channel.consume(self.queue, auto_ack=True, inactivity_timeout=0.2):
+            if method is not None:
+                self.kept.append((method.routing_key, properties, body))
+            if self._stop.is_set():
+                return
+
+    def republish(self) -> int:
+        """Send every kept event again, as a redelivery would bring it: the same id, body and routing."""
+        copies = list(self.kept)
+        with _channel() as channel:
+            for routing_key, properties, body in copies:
+                channel.basic_publish(self.exchange, routing_key, body, properties)
+        return len(copies)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            self.connection.close()
+
+
+def add_unroutable_row(api_database_url: str) -> str:
+    """An outbox row in the gateway's database of an event type no queue is bound to; its event id."""
+    event_id, pipeline_id = str(uuid.uuid4()), str(uuid.uuid4())
+    document = {
+        "specversion": "1.0",
+        "id": event_id,
+        "source": "/castad/fault-harness",
+        "type": PROBE_TYPE,
+        "subject": pipeline_id,
+        "time": "2026-01-01T00:00:00Z",
+        "datacontenttype": "application/json",
+        "schemaversion": 1,
+        "data": {},
+    }
+    with psycopg.connect(common.dsn(api_database_url), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox (event_id, pipeline_id, routing_key, envelope) VALUES (%s, %s, %s, %s)",
+            (event_id, pipeline_id, PROBE_TYPE, json.dumps(document)),
+        )
+        conn.execute("SELECT pg_notify('castad_outbox', '')")
+    return event_id
+
+
+def take_dead_letters(queue: str) -> list[tuple[bytes, dict[str, object]]]:
+    """Every message in the dead-letter queue (removed from it), with its headers."""
+    taken: list[tuple[bytes, dict[str, object]]] = []
+    with _channel() as channel:
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return taken
+            taken.append((body, dict(properties.headers or {})))
+
+
+class _channel:
+    """A confirm-mode channel on a connection of its own, straight to the broker (not through the proxy)."""
+
+    def __enter__(self) -> pika.adapters.blocking_connection.BlockingChannel:
+        self.connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+        channel = self.connection.channel()
+        channel.confirm_delivery()
+        return channel
+
+    def __exit__(self, *exc: object) -> None:
+        self.connection.close()
+
+
+def ffmpeg_children(pid: int) -> list[int]:
+    """Pids of the ffmpeg processes that process `pid` started (in sessions of their own)."""
+    found = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            command = (proc / "cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and b"ffmpeg" in command:
+            found.append(int(proc.name))
+    return found
+
+
+def pipeline_of(pid: int) -> str | None:
+    """The pipeline whose video an ffmpeg process writes (its output path holds the pipeline id)."""
+    try:
+        arguments = (pathlib.Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for argument in arguments:
+        path = pathlib.Path(argument.decode(errors="replace"))
+        if path.name.startswith(".video.attempt"):
+            return path.parent.name
+    return None

@@ -1,0 +1,95 @@
+"""What a fault run does: how much traffic, how long each fault lasts, how the services are set.
+
+`FULL` is `make faults`; `SHORT` is the version `make test` runs (every fault kind once,
+outages shortened). The services run with local providers (real lyrics, WAV and MP4, at
+a small size) behind the fault injector, and with settings that make retries and leases
+quick, so that a run takes minutes, not hours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    name: str
+    pipelines: int  # at least this many accepted before the traffic stops
+    rate_per_s: float  # briefs submitted per second while faults run
+    outage_s: float  # each database outage
+    broker_cut_s: float  # every broker connection dropped and refused this long
+    broker_stall_s: float  # broker connections open but silent this long
+    partition_s: float  # a network partition from the broker (0: none; heals only at heartbeat timeouts)
+    settle_s: float  # the promise: every pipeline terminal within this after the last fault ended
+    quiet_pipelines: int  # submitted while a row is parked and nothing else is injected: handoffs measured
+    duplicates: int  # real messages republished as duplicates
+    operator_interval_s: float  # an operator cancels a recent pipeline or retries an ended one this often
+
+
+SHORT = Plan(
+    name="short",
+    pipelines=100,
+    rate_per_s=1.0,
+    outage_s=20.0,
+    broker_cut_s=6.0,
+    broker_stall_s=4.0,
+    partition_s=0.0,
+    settle_s=120.0,
+    quiet_pipelines=40,
+    duplicates=20,
+    operator_interval_s=3.0,
+)
+
+FULL = Plan(
+    name="full",
+    pipelines=1000,
+    rate_per_s=0.6,
+    outage_s=180.0,
+    broker_cut_s=30.0,
+    broker_stall_s=10.0,
+    partition_s=20.0,
+    settle_s=300.0,
+    quiet_pipelines=100,
+    duplicates=100,
+    operator_interval_s=6.0,
+)
+
+STAGES = ("lyric", "song", "video")
+HOLD_EVENTS_S = 15.0
+PIPELINE_DEADLINE_S = 900.0  # a safety net: no pipeline of a run should need it
+VIDEO_STOP_GRACE_S = 0.5
+VIDEO_ATTEMPT_TIMEOUT_S = 30.0  # long renders of the SIGTERM fault must fit; hangs are cancelled at it
+RELAY_MAX_PUBLISH_ATTEMPTS = 4
+
+
+def service_settings() -> dict[str, str]:
+    """Every service's CASTAD_* settings in a fault run, besides where its databases and broker are."""
+    stage_settings = {
+        "FAULT_FAILURE_RATE": "0.3",  # retryable
+        "FAULT_PERMANENT_RATE": "0.01",
+        "FAULT_HANG_RATE": "0.02",
+        "ATTEMPT_TIMEOUT_S": "4",
+        "MAX_ATTEMPTS": "12",
+        "BACKOFF_BASE_S": "0.05",
+        "BACKOFF_MAX_S": "1",
+        "LEASE_S": "3",
+        "POLL_S": "0.2",
+        "CONCURRENCY": "4",
+        "STOP_GRACE_S": "2",
+    }
+    return {
+        "CASTAD_LOG_LEVEL": "INFO",
+        "OTEL_TRACES_EXPORTER": "none",
+        "CASTAD_HOLD_EVENTS_S": str(HOLD_EVENTS_S),
+        "CASTAD_API_PIPELINE_DEADLINE_S": str(PIPELINE_DEADLINE_S),
+        "CASTAD_VIDEO_SHORT_SIDE": "144",
+        "CASTAD_VIDEO_FPS": "4",
+        "CASTAD_RELAY_FALLBACK_POLL_S": "1",
+        "CASTAD_RELAY_RETRY_DELAY_S": "0.3",
+        "CASTAD_RELAY_PUBLISH_BACKOFF_MAX_S": "2",
+        "CASTAD_RELAY_CONFIRM_TIMEOUT_S": "5",
+        "CASTAD_RELAY_MAX_PUBLISH_ATTEMPTS": str(RELAY_MAX_PUBLISH_ATTEMPTS),
+        **{f"CASTAD_{stage.upper()}_{name}": value for stage in STAGES for name, value in stage_settings.items()},
+        "CASTAD_VIDEO_STOP_GRACE_S": str(VIDEO_STOP_GRACE_S),
+        "CASTAD_VIDEO_ATTEMPT_TIMEOUT_S": str(VIDEO_ATTEMPT_TIMEOUT_S),
+    }

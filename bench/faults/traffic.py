@@ -1,0 +1,167 @@
+"""Briefs submitted at a steady rate, each until accepted, as a careful client does.
+
+A POST that fails (the gateway killed, its database out, the connection reset) is sent
+again with the same Idempotency-Key until a 202 comes back, so a request the gateway
+accepted but whose answer was lost is not submitted twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import threading
+import time
+from collections.abc import Mapping
+
+import httpx
+from castad_contracts import brief
+
+LANGUAGES = tuple(brief.Language)
+GENRES = tuple(brief.Genre)
+ORIENTATIONS = tuple(brief.Orientation)
+GIVE_UP_S = 900.0  # no fault of a run keeps the gateway away this long
+
+
+def make_brief(number: int, duration_s: int | None = None) -> brief.Brief:
+    return brief.Brief(
+        customer_name=f"가게 {number}" if number % 2 else f"Shop {number}",
+        region="군산" if number % 3 else "Busan",
+        detail_region_info="바다가 보이는 한옥, 골목 산책",
+        language=LANGUAGES[number % len(LANGUAGES)],
+        genre=GENRES[number % len(GENRES)],
+        orientation=ORIENTATIONS[number % len(ORIENTATIONS)],
+        duration_s=duration_s or 3 + number % 4,
+    )
+
+
+@dataclasses.dataclass
+class Accepted:
+    pipeline_id: str
+    key: str
+    first_sent: float  # wall clock (time.time()) of the first POST
+    accepted: float  # wall clock of the 202
+    tries: int
+
+
+class Submitter:
+    """Submits briefs at `rate_per_s` on a thread of its own until stopped."""
+
+    def __init__(self, base_url: str, rate_per_s: float, prefix: str) -> None:
+        self.base_url = base_url
+        self.rate_per_s = rate_per_s
+        self.prefix = prefix
+        self.accepted: list[Accepted] = []
+        self.refusals: dict[str, int] = {}  # what answered a POST that was sent again: "503", "connection", ...
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"submitter-{prefix}", daemon=True)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> Submitter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def submit(self, duration_s: int | None = None) -> Accepted:
+        """One brief, sent until accepted (on the caller's thread)."""
+        with self._lock:
+            number = self._next
+            self._next += 1
+        body = make_brief(number, duration_s)
+        key = f"{self.prefix}-{number}"
+        first = time.time()
+        tries = 0
+        with httpx.Client(base_url=self.base_url, timeout=10) as http:
+            while True:
+                tries += 1
+                if time.time() - first > GIVE_UP_S:
+                    raise RuntimeError(f"brief {key} not accepted within {GIVE_UP_S} s")
+                try:
+                    response = http.post(
+                        "/v1/pipelines",
+                        content=body.model_dump_json(),
+                        headers={"Content-Type": "application/json", "Idempotency-Key": key},
+                    )
+                except httpx.HTTPError:
+                    self._refused("connection")
+                else:
+                    if response.status_code == 202:
+                        done = Accepted(response.json()["id"], key, first, time.time(), tries)
+                        with self._lock:
+                            self.accepted.append(done)
+                        return done
+                    if response.status_code < 500:
+                        raise RuntimeError(f"brief {key} refused: {response.status_code} {response.text}")
+                    self._refused(str(response.status_code))
+                time.sleep(min(0.2 * tries, 2.0))
+
+    def _refused(self, what: str) -> None:
+        with self._lock:
+            self.refusals[what] = self.refusals.get(what, 0) + 1
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        sent = 0
+        while not self._stop.is_set():
+            self.submit()
+            sent += 1
+            ahead = started + sent / self.rate_per_s - time.monotonic()
+            if ahead > 0:
+                self._stop.wait(ahead)
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    kind: str  # cancel or retry
+    pipeline_id: str
+    at: float
+    answer: int  # HTTP status
+
+
+class Operator:
+    """An operator at random: every `interval_s`, cancels a recent pipeline or retries an ended one."""
+
+    def __init__(self, base_url: str, submitter: Submitter, interval_s: float, seed: int = 7) -> None:
+        self.base_url = base_url
+        self.submitter = submitter
+        self.interval_s = interval_s
+        self.actions: list[Action] = []
+        self._rng = random.Random(seed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="operator", daemon=True)
+
+    def start(self) -> Operator:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=5, headers={"X-Castad-Actor": "fault-harness"}) as http:
+            while not self._stop.wait(self.interval_s):
+                # The gateway down or its database out: the next turn tries again.
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    self._act(http)
+
+    def _act(self, http: httpx.Client) -> None:
+        if self._rng.random() < 0.5:
+            recent = [a.pipeline_id for a in self.submitter.accepted[-20:]]
+            if recent:
+                self._post(http, "cancel", self._rng.choice(recent), {"reason": "the fault harness changed its mind"})
+            return
+        ended = http.get("/v1/pipelines", params={"status": self._rng.choice(["FAILED", "CANCELED"]), "limit": 20})
+        items = ended.json().get("items", []) if ended.status_code == 200 else []
+        if items:
+            budget = {"max_attempts": {"video": 20}} if self._rng.random() < 0.5 else {}
+            self._post(http, "retry", self._rng.choice(items)["id"], budget)
+
+    def _post(self, http: httpx.Client, kind: str, pipeline_id: str, body: Mapping[str, object]) -> None:
+        answer = http.post(f"/v1/pipelines/{pipeline_id}/{kind}", json=body)
+        if answer.status_code in (202, 409):  # 409: it ended meanwhile, or is not retryable any more
+            self.actions.append(Action(kind, pipeline_id, time.time(), answer.status_code))
