@@ -1,0 +1,116 @@
+{{/*
+The service's Deployment. Workers answer their probes on containerPort (CASTAD_<SERVICE>_HEALTH_PORT),
+the gateway on its HTTP port.
+*/}}
+{{- define "castad.deployment" -}}
+{{- $stopGrace := index (include "castad.settings" . | fromJson) (printf "CASTAD_%s_STOP_GRACE_S" (upper .Values.component)) -}}
+{{- if and (not (kindIs "invalid" $stopGrace)) (lt (float64 .Values.terminationGracePeriodSeconds) (addf $stopGrace 20)) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed CASTAD_%s_STOP_GRACE_S (%v) by at least 20 s: the hand-back and the consumer's stop come after it" .Values.terminationGracePeriodSeconds (upper .Values.component) $stopGrace) -}}
+{{- end -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "castad.fullname" . }}
+  labels:
+    {{- include "castad.labels" . | nindent 4 }}
+spec:
+  {{- if not (and .Values.autoscaling .Values.autoscaling.enabled) }}
+  replicas: {{ .Values.replicaCount }}
+  {{- end }}
+  revisionHistoryLimit: 5
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 0
+      maxSurge: 1
+  selector:
+    matchLabels:
+      {{- include "castad.selectorLabels" . | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "castad.labels" . | nindent 8 }}
+      {{- with .Values.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "castad.serviceAccountName" . }}
+      automountServiceAccountToken: false
+      {{- with .Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      # Longer than the service's own drain: see terminationGracePeriodSeconds in values.yaml.
+      terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+      securityContext:
+        {{- toYaml .Values.podSecurityContext | nindent 8 }}
+      containers:
+        - name: {{ .Values.component }}
+          image: {{ include "castad.image" . | quote }}
+          imagePullPolicy: {{ .Values.image.pullPolicy }}
+          args: ["run"]
+          ports:
+            - name: {{ .Values.portName }}
+              containerPort: {{ .Values.containerPort }}
+              protocol: TCP
+          env:
+            {{- include "castad.env" . | nindent 12 }}
+          startupProbe:
+            httpGet:
+              path: /healthz
+              port: {{ .Values.portName }}
+            periodSeconds: 2
+            failureThreshold: 60
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: {{ .Values.portName }}
+            periodSeconds: 10
+            timeoutSeconds: 5
+            failureThreshold: 6
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: {{ .Values.portName }}
+            periodSeconds: 10
+            timeoutSeconds: 5
+            failureThreshold: 3
+          resources:
+            {{- toYaml .Values.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml .Values.securityContext | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            {{- if .Values.artifacts }}
+            - name: artifacts
+              mountPath: {{ .Values.artifacts.mountPath }}
+            {{- end }}
+      volumes:
+        # The root filesystem is read-only; scratch space lives here.
+        - name: tmp
+          emptyDir:
+            sizeLimit: {{ .Values.tmpSizeLimit }}
+        {{- if .Values.artifacts }}
+        - name: artifacts
+          persistentVolumeClaim:
+            claimName: {{ ((.Values.global.artifacts | default dict).claimName) | default .Values.artifacts.claimName }}
+        {{- end }}
+      {{- with .Values.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end -}}

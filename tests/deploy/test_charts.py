@@ -1,0 +1,257 @@
+"""The Helm charts render, validate against Kubernetes' schemas and cover every setting.
+
+Rendering uses Helm's own Go SDK (helm-python-sdk), so templates, values.schema.json and
+`fail` behave as at `helm install`. Every rendered manifest is validated, strictly (no
+unknown field), against the OpenAPI schemas of the oldest and the newest Kubernetes version
+the charts support (kubernetes-validate).
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import shutil
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from castad_local import REPO_ROOT, charts
+
+SERVICES = tuple(charts.SETTINGS)
+KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the charts' kubeVersion floor, and the newest schemas at hand
+
+# Value sets besides the defaults: a production-like one and a pared-down one.
+PRODUCTION: dict[str, Any] = {
+    "replicaCount": 3,
+    "image": {"registry": "registry.example.internal", "tag": "0.2.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "registry-credentials"}],
+    "otel": {"endpoint": "http://otel-collector.observability:4318"},
+    "podDisruptionBudget": {"enabled": True, "maxUnavailable": "25%"},
+    "nodeSelector": {"kubernetes.io/arch": "amd64"},
+    "tolerations": [{"key": "castad", "operator": "Exists", "effect": "NoSchedule"}],
+    "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+    ],
+    "podAnnotations": {"castad.example/team": "media"},
+    "settings": {"CASTAD_LOG_LEVEL": "DEBUG", "CASTAD_NAMESPACE": "prod"},
+}
+MINIMAL: dict[str, Any] = {
+    "replicaCount": 1,
+    "otel": {"endpoint": ""},
+    "serviceAccount": {"create": False, "name": "castad-shared"},
+    "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1},
+}
+STAGE_PRODUCTION = {
+    "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8},
+    "migrations": {"enabled": True},
+}
+STAGE_MINIMAL = {"migrations": {"enabled": False}}
+
+
+def value_sets(service: str) -> dict[str, dict[str, Any]]:
+    production, minimal = copy.deepcopy(PRODUCTION), copy.deepcopy(MINIMAL)
+    if service != "relay":
+        production |= STAGE_PRODUCTION
+        minimal |= STAGE_MINIMAL
+    if service in ("lyric", "song", "video"):
+        upper = service.upper()
+        production["settings"] |= {f"CASTAD_{upper}_CONCURRENCY": 8, f"CASTAD_{upper}_STOP_GRACE_S": 45.0}
+        production["terminationGracePeriodSeconds"] = 90
+    if service == "api":
+        production["service"] = {"type": "LoadBalancer", "port": 443}
+        production["settings"] |= {"CASTAD_API_MAX_BODY_BYTES": 65536}
+    if service == "video":
+        production["settings"] |= {"CASTAD_VIDEO_FONT_PATH": "/usr/share/fonts/truetype/nanum/NanumGothic.ttf"}
+    if service == "relay":
+        production["settings"] |= {"CASTAD_RELAY_MAX_MESSAGE_BYTES": 16777216}
+    return {"defaults": {}, "production": production, "minimal": minimal}
+
+
+@pytest.fixture(scope="session")
+def chart_dir(tmp_path_factory) -> pathlib.Path:
+    """A copy of infra/helm with every chart's file:// dependencies vendored (helm dependency update)."""
+    root = tmp_path_factory.mktemp("helm") / "helm"
+    shutil.copytree(REPO_ROOT / "infra" / "helm", root)
+    for name in (*SERVICES, "castad"):
+        helm.dependency_update(root / name)
+    return root
+
+
+def render(chart_dir: pathlib.Path, name: str, values: dict[str, Any], *, upgrade: bool = False) -> list[dict]:
+    chart = helm.Chart.load(chart_dir / name)
+    chart.validate_schema(values)  # what `helm install` does before rendering
+    rendered = chart.render(
+        values, name="prod", namespace="media", revision=2 if upgrade else 1, is_install=not upgrade, is_upgrade=upgrade
+    )
+    documents = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            assert "castad" in text
+            continue
+        documents += [doc for doc in yaml.safe_load_all(text) if doc]
+    return documents
+
+
+def by_kind(documents: list[dict], kind: str) -> list[dict]:
+    return [doc for doc in documents if doc["kind"] == kind]
+
+
+def env_of(container: dict) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_value_set_renders_manifests_kubernetes_accepts(chart_dir, service):
+    for label, values in value_sets(service).items():
+        documents = render(chart_dir, service, values)
+        kinds = sorted(doc["kind"] for doc in documents)
+        expected = {"Deployment", "PodDisruptionBudget", "ServiceAccount", "Job", "Service", "HorizontalPodAutoscaler"}
+        assert set(kinds) <= expected, (label, kinds)
+        for document in documents:
+            for version in KUBERNETES_VERSIONS:
+                try:
+                    kubernetes_validate.validate(document, version, strict=True)
+                except kubernetes_validate.ValidationError as error:
+                    pytest.fail(f"{service}/{label}: {document['kind']} invalid on Kubernetes {version}: {error}")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_deployment_is_locked_down_probed_and_labelled(chart_dir, service):
+    (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
+    labels = deployment["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == f"castad-{service}"
+    assert labels["app.kubernetes.io/part-of"] == "castad" and labels["app.kubernetes.io/version"] == "0.2.0"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["image"] == f"localhost/castad/{service}:0.2.0"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    env = env_of(container)
+    port = container["ports"][0]["containerPort"]
+    probe_port = env["CASTAD_API_PORT"] if service == "api" else env[f"CASTAD_{service.upper()}_HEALTH_PORT"]
+    assert probe_port == str(port), "probes must ask the port the service serves them on"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger-collector:4318"
+    assert env["OTEL_SERVICE_NAME"] == f"castad-{service}"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_setting_the_service_reads_is_reachable_from_its_values(chart_dir, service):
+    (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    read = set(charts.variables(service))
+    # Settings whose default is "unset" appear once a value is given; everything else is always set.
+    unset = {name for name, schema in charts.chart_settings(service).items() if schema.get("default") is None}
+    assert read - unset - set(env) == set(), f"settings {service} reads that its chart never sets"
+    values = yaml.safe_load((REPO_ROOT / "infra" / "helm" / service / "values.yaml").read_text())
+    assert set(values["settings"]) == set(charts.chart_settings(service))
+    assert set(values["settings"]) | set(charts.from_structure(service)) == read
+
+
+def test_the_committed_settings_blocks_and_schemas_are_current():
+    for service in SERVICES:
+        directory = REPO_ROOT / "infra" / "helm" / service
+        assert (directory / "values.yaml").read_text() == charts.values_yaml(service), "run castad-admin charts"
+        committed = yaml.safe_load((directory / "values.schema.json").read_text())
+        assert committed == charts.values_schema(service), "run castad-admin charts"
+
+
+@pytest.mark.parametrize(
+    ("service", "values", "complaint"),
+    [
+        ("lyric", {"settings": {"CASTAD_LYRIC_MAX_ATTEMPTS": "five"}}, "CASTAD_LYRIC_MAX_ATTEMPTS"),
+        ("lyric", {"settings": {"CASTAD_LYRIC_MAX_ATTEMPTS": 0}}, "CASTAD_LYRIC_MAX_ATTEMPTS"),
+        ("song", {"settings": {"CASTAD_SONG_PROVIDER": "suno"}}, "CASTAD_SONG_PROVIDER"),
+        ("video", {"settings": {"CASTAD_VIDEO_MAX_ATEMPTS": 3}}, "CASTAD_VIDEO_MAX_ATEMPTS"),
+        ("api", {"settings": {"CASTAD_LOG_LEVEL": "LOUD"}}, "CASTAD_LOG_LEVEL"),
+        ("api", {"replicas": 3}, "replicas"),
+        ("api", {"service": {"type": "Ingress", "port": 80}}, "type"),
+        ("relay", {"replicaCount": 0}, "replicaCount"),
+        ("relay", {"sources": []}, "sources"),
+        ("song", {"database": {"existingSecret": "", "key": "url"}}, "existingSecret"),
+        ("video", {"otel": {"endpoint": "jaeger:4318"}}, "endpoint"),
+        ("lyric", {"global": {"settings": {"CASTAD_LYRIC_CONCURRENCY": 4}}}, "CASTAD_LYRIC_CONCURRENCY"),
+    ],
+)
+def test_a_wrong_value_fails_at_install_time_naming_it(chart_dir, service, values, complaint):
+    with pytest.raises(helm.HelmValuesError, match=complaint):
+        helm.Chart.load(chart_dir / service).validate_schema(values)
+
+
+def test_a_termination_grace_shorter_than_the_drain_is_refused(chart_dir):
+    values = {"settings": {"CASTAD_VIDEO_STOP_GRACE_S": 60.0}, "terminationGracePeriodSeconds": 70}
+    with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
+        render(chart_dir, "video", values)
+    assert by_kind(render(chart_dir, "video", values | {"terminationGracePeriodSeconds": 80}), "Deployment")
+
+
+@pytest.mark.parametrize("service", ("api", "lyric", "song", "video"))
+def test_migrations_run_as_a_hook_before_new_pods_with_the_database_secret(chart_dir, service):
+    for upgrade in (False, True):
+        (job,) = by_kind(render(chart_dir, service, {}, upgrade=upgrade), "Job")
+        annotations = job["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+        assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert container["args"] == ["migrate"]
+        secret = env_of(container)[f"CASTAD_{service.upper()}_DATABASE_URL"]["secretKeyRef"]
+        assert secret == {"name": f"castad-{service}-database", "key": "url"}
+        assert job["metadata"]["name"].endswith(f"-migrate-{2 if upgrade else 1}")
+
+
+def test_the_relay_reads_every_source_from_its_secret_and_joins_them(chart_dir):
+    (deployment,) = by_kind(render(chart_dir, "relay", {}), "Deployment")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    names = ("API", "LYRIC", "SONG", "VIDEO")
+    assert env["CASTAD_RELAY_SOURCES"] == ",".join(f"$(CASTAD_RELAY_SOURCE_{name})" for name in names)
+    order = [item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
+    for name in names:  # Kubernetes expands $(VAR) only from variables defined earlier
+        assert order.index(f"CASTAD_RELAY_SOURCE_{name}") < order.index("CASTAD_RELAY_SOURCES")
+        assert env[f"CASTAD_RELAY_SOURCE_{name}"]["secretKeyRef"]["name"] == f"castad-{name.lower()}-database"
+
+
+def test_numbers_reach_the_environment_as_the_service_parses_them(chart_dir):
+    (deployment,) = by_kind(render(chart_dir, "relay", {}), "Deployment")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["CASTAD_RELAY_MAX_MESSAGE_BYTES"] == "16777216"
+    assert env["CASTAD_HOLD_EVENTS_S"] == "3600"
+    assert "CASTAD_VIDEO_FONT_PATH" not in env
+
+
+def test_the_umbrella_installs_every_service_sharing_one_volume_and_global_settings(chart_dir):
+    values = {"global": {"settings": {"CASTAD_NAMESPACE": "media"}, "otel": {"endpoint": ""}}}
+    documents = render(chart_dir, "castad", values)
+    deployments = {
+        doc["metadata"]["labels"]["app.kubernetes.io/component"]: doc for doc in by_kind(documents, "Deployment")
+    }
+    assert set(deployments) == set(SERVICES)
+    (claim,) = by_kind(documents, "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    for service, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        env = env_of(pod["containers"][0])
+        assert env["CASTAD_NAMESPACE"] == "media" and env["OTEL_TRACES_EXPORTER"] == "none"
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        if service != "relay":
+            assert volumes["artifacts"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    for document in documents:
+        kubernetes_validate.validate(document, KUBERNETES_VERSIONS[-1], strict=True)
+
+    without_video = render(chart_dir, "castad", {"video": {"enabled": False}})
+    assert {doc["metadata"]["name"] for doc in by_kind(without_video, "Deployment")} == {
+        f"prod-castad-{service}" for service in SERVICES if service != "video"
+    }
+
+
+@pytest.mark.parametrize("name", (*SERVICES, "castad"))
+def test_helm_lint_finds_nothing(chart_dir, name):
+    report = helm.lint(chart_dir / name, strict=True, kube_version=f"v{KUBERNETES_VERSIONS[-1]}")
+    problems = [message for message in report["messages"] if message["severity"] >= 2]
+    assert problems == [] and report["errors"] == [], report
