@@ -27,6 +27,9 @@ from castad_runtime import cli, logs, redact
         ("PASSWORD = 'two words'", "PASSWORD = ***"),
         ("postgresql://postgres@127.0.0.1/db (no password)", "postgresql://postgres@127.0.0.1/db (no password)"),
         ("https://example.com/path:8000", "https://example.com/path:8000"),
+        ("Authorization: Bearer abc.def-ghi, next", "Authorization: Bearer ***, next"),
+        ("Incorrect API key provided: sk-proj-ab12****wxyz.", "Incorrect API key provided: ***."),
+        ("a task-list and sk- alone", "a task-list and sk- alone"),
     ],
 )
 def test_every_password_in_a_url_or_connection_string_is_masked(text, masked):

@@ -71,6 +71,19 @@ def test_a_nonsensical_policy_is_refused(kwargs):
         machine.RetryPolicy(**kwargs)
 
 
+def test_a_retry_waits_at_least_as_long_as_the_provider_asked_within_a_cap():
+    policy = machine.RetryPolicy(max_attempts=5, base_delay_s=1.0, max_delay_s=8.0, jitter=0.0)
+    rng = random.Random(0)
+    asked = machine.after_failure(policy, attempt=1, max_attempts=5, retryable=True, rng=rng, retry_after_s=30)
+    shorter = machine.after_failure(policy, attempt=3, max_attempts=5, retryable=True, rng=rng, retry_after_s=0.5)
+    absurd = machine.after_failure(policy, attempt=1, max_attempts=5, retryable=True, rng=rng, retry_after_s=1e9)
+    last = machine.after_failure(policy, attempt=5, max_attempts=5, retryable=True, rng=rng, retry_after_s=30)
+    assert (asked.status, asked.delay_s) == (Status.RETRY_WAIT, 30.0)
+    assert shorter.delay_s == 4.0
+    assert absurd.delay_s == machine.MAX_RETRY_AFTER_S
+    assert last.status is Status.FAILED
+
+
 def test_a_retryable_failure_waits_while_attempts_remain():
     policy = machine.RetryPolicy(max_attempts=3, base_delay_s=1.0, max_delay_s=8.0, jitter=0.0)
     rng = random.Random(0)

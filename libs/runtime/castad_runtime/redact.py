@@ -1,9 +1,9 @@
 """What may leave a process in a log line, a dead letter's reason or an error message.
 
 Credentials are masked wherever they appear (`scheme://user:password@host`, libpq's
-`password=...`); an error is described by its class and the first line of its message,
-never by its repr, which for a database error carries the SQL and its parameters (a
-brief's text, for instance).
+`password=...`, `Bearer <token>`, API keys shaped like `sk-...`); an error is described by
+its class and the first line of its message, never by its repr, which for a database error
+carries the SQL and its parameters (a brief's text, for instance).
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ MASK = "***"
 DESCRIPTION_MAX = 300
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*):(?P<secret>[^\s@/]*)@")
 _KEYWORD_PASSWORD = re.compile(r"(?P<head>\b(?:password|passwd|pwd)\s*=\s*)(?P<secret>'[^']*'|\S+)", re.IGNORECASE)
+_BEARER = re.compile(r"(?P<head>\bBearer\s+)(?P<secret>[^\s,;]+)", re.IGNORECASE)
+_API_KEY = re.compile(r"\bsk-[A-Za-z0-9_*-]{4,}")
 
 
 def mask(text: str) -> str:
-    """`text` with every password in a URL or a libpq connection string replaced by ***."""
+    """`text` with every password (in a URL or a libpq connection string), bearer token and API key replaced by ***."""
     text = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
-    return _KEYWORD_PASSWORD.sub(lambda m: f"{m['head']}{MASK}", text)
+    text = _KEYWORD_PASSWORD.sub(lambda m: f"{m['head']}{MASK}", text)
+    text = _BEARER.sub(lambda m: f"{m['head']}{MASK}", text)
+    return _API_KEY.sub(MASK, text)
 
 
 def describe(error: BaseException) -> str:

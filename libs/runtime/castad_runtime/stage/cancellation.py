@@ -20,7 +20,10 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ class Cancellation:
         self._lock = threading.Lock()
         self._reason: Reason | None = None
         self._children: set[subprocess.Popen[str]] = set()
+        self._waiters: set[threading.Event] = set()
 
     @property
     def reason(self) -> Reason | None:
@@ -57,7 +61,10 @@ class Cancellation:
             if self._reason is None:
                 self._reason = reason
             children = list(self._children)
+            waiters = list(self._waiters)
         self._event.set()
+        for waiter in waiters:
+            waiter.set()
         for child in children:
             _kill_group(child)
 
@@ -70,6 +77,38 @@ class Cancellation:
         """Wait `seconds` (None: until cancelled); raise Cancelled as soon as the attempt is cancelled."""
         self._event.wait(seconds)
         self.check()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run a blocking call (a request to a network provider) and return what it returns.
+
+        The call runs on a thread of its own so that a cancellation ends the attempt at once:
+        Cancelled is raised as soon as the attempt is cancelled, and the abandoned call ends by
+        its own timeout, its result dropped. Whatever the call raises is raised here.
+        """
+        finished = threading.Event()
+        result: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                result["value"] = fn()
+            except BaseException as error:  # handed over to the waiting thread
+                result["error"] = error
+            finally:
+                finished.set()
+
+        with self._lock:
+            self._waiters.add(finished)
+        try:
+            if self._reason is None:
+                threading.Thread(target=target, name="provider-call", daemon=True).start()
+                finished.wait()
+        finally:
+            with self._lock:
+                self._waiters.discard(finished)
+        self.check()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
 
     def run(self, command: Sequence[str], timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         """Run a child process in its own session and return its exit status and output.

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 
 class ProviderError(Exception):
-    """A provider call failed. `retryable` says whether another attempt may succeed."""
+    """A provider call failed. `retryable` says whether another attempt may succeed; `retry_after_s`
+    is how long the provider asked us to wait before the next one (its `Retry-After`), if it said."""
 
     retryable: bool = True
 
-    def __init__(self, code: str, message: str, *, retryable: bool | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, *, retryable: bool | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
         if retryable is not None:
             self.retryable = retryable
 

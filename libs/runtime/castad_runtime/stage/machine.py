@@ -86,10 +86,20 @@ class Decision:
     delay_s: float = 0.0
 
 
+# The longest wait a provider's Retry-After can impose on a job (a larger one is taken as this).
+MAX_RETRY_AFTER_S = 3600.0
+
+
 def after_failure(
-    policy: RetryPolicy, attempt: int, max_attempts: int, retryable: bool, rng: random.Random
+    policy: RetryPolicy,
+    attempt: int,
+    max_attempts: int,
+    retryable: bool,
+    rng: random.Random,
+    retry_after_s: float | None = None,
 ) -> Decision:
-    """What a failed attempt leads to: another try later, or the end."""
+    """What a failed attempt leads to: another try later (never sooner than the provider asked), or the end."""
     if retryable and attempt < max_attempts:
-        return Decision(Status.RETRY_WAIT, policy.delay_s(attempt, rng))
+        asked = min(max(retry_after_s or 0.0, 0.0), MAX_RETRY_AFTER_S)
+        return Decision(Status.RETRY_WAIT, max(policy.delay_s(attempt, rng), asked))
     return Decision(Status.FAILED)

@@ -87,6 +87,7 @@ class Failed:
     code: str
     message: str
     retryable: bool
+    retry_after_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,7 +336,7 @@ class StageRunner:
             return None
         error = result["error"]
         if isinstance(error, errors.ProviderError):
-            return Failed(error.code, error.message, error.retryable)
+            return Failed(error.code, error.message, error.retryable, error.retry_after_s)
         if outages.is_resource_shortage(error):
             uncounted = job.attempts - job.counted_attempts
             return HandedBack("outage", redact.describe(error), self.limits.policy.delay_s(uncounted, self.rng))
@@ -384,7 +385,9 @@ class StageRunner:
 
     def _write_failure(self, conn: sa.Connection, job: repository.Job, failure: Failed) -> bool:
         counted = job.counted_attempts + 1
-        decision = machine.after_failure(self.limits.policy, counted, job.max_attempts, failure.retryable, self.rng)
+        decision = machine.after_failure(
+            self.limits.policy, counted, job.max_attempts, failure.retryable, self.rng, failure.retry_after_s
+        )
         message = failure.message[:ERROR_MESSAGE_MAX]
         done = repository.finish_attempt(
             conn,

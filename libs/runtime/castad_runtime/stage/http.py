@@ -1,0 +1,197 @@
+"""Calling a network provider over HTTP, every failure classified for the stage machine.
+
+A provider adapter (an LLM, a music API, a render API) sends its requests through an
+`HttpProvider`. A request runs through the attempt's `Cancellation`, so a cancel or a
+stop ends the attempt at once; the answer is read up to a size cap; and whatever goes
+wrong becomes a `ProviderError` the stage machine can act on:
+
+- no answer in time, a connection that fails, 408, 409, 429 and 5xx: retryable, waiting
+  at least as long as the provider's `Retry-After` (seconds or an HTTP date) asks;
+- 401 and 403 (`provider_auth`) and any other 4xx (`provider_rejected`): not retryable;
+- an answer that is too large or not JSON (`provider_malformed`): retryable, a glitch may pass.
+
+Error messages carry the provider's own reason, masked (keys and tokens never leave).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import email.utils
+import json
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import pydantic
+
+from castad_runtime import redact
+from castad_runtime.stage import cancellation, errors
+
+MAX_REASON_CHARS = 200
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def retry_after_s(headers: Mapping[str, str], now: dt.datetime | None = None) -> float | None:
+    """How long an answer asks the caller to wait: `retry-after-ms`, or `Retry-After` as seconds or a date."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(float(millis) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max((when - (now or dt.datetime.now(dt.UTC))).total_seconds(), 0.0)
+
+
+def reason(body: bytes) -> str:
+    """The provider's own words about an error: `error.message`, `message` or `detail` of a JSON body."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    candidates: list[Any] = []
+    if isinstance(data, dict):
+        error = data.get("error")
+        candidates = [
+            error.get("message") if isinstance(error, dict) else error,
+            data.get("message"),
+            data.get("detail"),
+        ]
+    text = next((c for c in candidates if isinstance(c, str) and c.strip()), "")
+    text = redact.mask(" ".join(text.split()))
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes) -> errors.ProviderError:
+    """The ProviderError an error answer stands for."""
+    said = reason(body)
+    message = f"{provider} answered {status}" + (f": {said}" if said else "")
+    if status == 429:
+        return errors.ProviderError(
+            "provider_rate_limited", message, retryable=True, retry_after_s=retry_after_s(headers)
+        )
+    if status >= 500 or status in RETRYABLE_STATUSES:
+        return errors.ProviderError(
+            "provider_unavailable", message, retryable=True, retry_after_s=retry_after_s(headers)
+        )
+    if status in (401, 403):
+        return errors.ProviderError("provider_auth", message, retryable=False)
+    return errors.ProviderError("provider_rejected", message, retryable=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Credential:
+    """A provider's key: a setting's value, or a file read at every call (so a mounted Secret can rotate)."""
+
+    value: pydantic.SecretStr | None = None
+    file: pathlib.Path | None = None
+
+    def get(self) -> str:
+        if self.file is not None:
+            try:
+                return self.file.read_text(encoding="utf-8").strip()
+            except OSError as error:
+                raise errors.ProviderError("provider_key_unreadable", f"{self.file}: {error.strerror}") from None
+        return self.value.get_secret_value() if self.value is not None else ""
+
+    def bearer(self) -> dict[str, str]:
+        """The Authorization header carrying the key (none without a key)."""
+        key = self.get()
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+    def json(self, provider: str) -> Any:
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            raise errors.ProviderError("provider_malformed", f"{provider} answered with something not JSON") from None
+
+
+class HttpProvider:
+    """One provider's HTTP client: base URL, timeout, answer size cap and credentials per request."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        timeout_s: float,
+        max_body_bytes: int,
+        headers: Callable[[], Mapping[str, str]] = dict,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.name = name
+        self.timeout_s = timeout_s
+        self.max_body_bytes = max_body_bytes
+        self._headers = headers
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/") + "/",
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            transport=transport,
+            headers={"user-agent": "castad"},
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def json(self, method: str, path: str, cancel: cancellation.Cancellation, **kwargs: Any) -> Any:
+        """Send a request and return its JSON answer; raise ProviderError for anything else."""
+        return self.send(method, path, cancel, **kwargs).json(self.name)
+
+    def send(self, method: str, path: str, cancel: cancellation.Cancellation, **kwargs: Any) -> Answer:
+        """Send a request and return a successful answer (2xx); raise ProviderError for anything else."""
+        try:
+            answer = cancel.call(lambda: self._exchange(method, path.lstrip("/"), **kwargs))
+        except httpx.TimeoutException:
+            raise errors.ProviderError(
+                "provider_timeout", f"{self.name} did not answer within {self.timeout_s:g} s"
+            ) from None
+        except httpx.TransportError as error:
+            raise errors.ProviderError("provider_unreachable", f"{self.name}: {redact.describe(error)}") from None
+        except BodyTooLarge:
+            raise errors.ProviderError(
+                "provider_malformed", f"{self.name} answered with more than {self.max_body_bytes} bytes"
+            ) from None
+        if answer.status >= 400:
+            raise classify(self.name, answer.status, answer.headers, answer.body)
+        if answer.status >= 300:
+            raise errors.ProviderError(
+                "provider_rejected", f"{self.name} redirected ({answer.status})", retryable=False
+            )
+        return answer
+
+    def _exchange(self, method: str, path: str, **kwargs: Any) -> Answer:
+        headers = {**self._headers(), **kwargs.pop("headers", {})}
+        with self._client.stream(method, path, headers=headers, **kwargs) as response:
+            declared = response.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+                raise BodyTooLarge()
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > self.max_body_bytes:
+                    raise BodyTooLarge()
+            return Answer(response.status_code, response.headers, bytes(body))
