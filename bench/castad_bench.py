@@ -81,7 +81,7 @@ def sample_brief(number: int) -> brief.Brief:
         region="Busan",
         detail_region_info="a small cafe by the sea",
         language=brief.Language.ENGLISH,
-        genre=brief.Genre.JAZZ,
+        genre="jazz",
         duration_s=3,
     )
 

@@ -18,7 +18,7 @@ import httpx
 from castad_contracts import brief
 
 LANGUAGES = tuple(brief.Language)
-GENRES = tuple(brief.Genre)
+GENRES = ("pop, ambient", "acoustic folk", "lo-fi hip hop", "jazz", "trot", "indie rock", "ballad")
 ORIENTATIONS = tuple(brief.Orientation)
 GIVE_UP_S = 900.0  # no fault of a run keeps the gateway away this long
 

@@ -14,8 +14,9 @@ cd "$(dirname "$0")/../.."
 SERVICES=("$@")
 [ ${#SERVICES[@]} -gt 0 ] || SERVICES=(api relay lyric song video)
 WORK=var/images
-ROOTFS_IMAGE=localhost/castad/rootfs:bookworm
-ROOTFS_PACKAGES=python3,python3-venv,tini,ca-certificates,fonts-nanum
+ROOTFS_PACKAGES=python3,python3-venv,tini,ca-certificates,fonts-nanum,fonts-noto-cjk
+# Tagged by its package list, so a changed list makes a new root filesystem.
+ROOTFS_IMAGE=localhost/castad/rootfs:bookworm-$(printf %s "$ROOTFS_PACKAGES" | sha256sum | cut -c1-12)
 export CONTAINERS_CONF="$PWD/infra/images/containers.conf"
 
 say() { printf '\033[1m[images]\033[0m %s\n' "$*"; }
@@ -49,7 +50,7 @@ fi
 
 # 2. The bases.
 for target in build media python; do
-  podman build --quiet --squash-all --target "$target" -t "localhost/castad/$target:bookworm" \
+  podman build --quiet --squash-all --target "$target" -t "localhost/castad/$target:bookworm" --build-arg "ROOTFS=$ROOTFS_IMAGE" \
     -f infra/images/bases.Containerfile infra/images >/dev/null
 done
 say "bases: localhost/castad/{build,media,python}:bookworm"

@@ -75,13 +75,18 @@ and start it (rabbitmq-server -detached); or point CASTAD_AMQP_URL at your broke
   fi
 fi
 
-# 4. A font with Hangul glyphs for the captions (ffmpeg itself comes from imageio-ffmpeg).
-if ! .venv/bin/python -c 'from castad_video import provider; provider.find_hangul_font()' 2>/dev/null; then
+# 4. Caption fonts for every language a brief may have: Korean and English (fonts-nanum),
+#    Japanese and Chinese (fonts-noto-cjk). ffmpeg itself comes from imageio-ffmpeg.
+fonts_found() {
+  .venv/bin/python -c 'from castad_contracts import brief; from castad_video import provider
+for language in brief.Language: provider.find_font(language)' 2>/dev/null
+}
+if ! fonts_found; then
   if is_root; then
-    say "installing Debian's fonts-nanum for Korean captions"
-    apt_install fonts-nanum || die "could not install fonts-nanum"
+    say "installing Debian's fonts-nanum and fonts-noto-cjk for the captions"
+    apt_install fonts-nanum fonts-noto-cjk || die "could not install fonts-nanum and fonts-noto-cjk"
   else
-    die "No font with Hangul glyphs. As root run: apt-get install fonts-nanum, or set CASTAD_VIDEO_FONT_PATH."
+    die "Caption fonts are missing. As root run: apt-get install fonts-nanum fonts-noto-cjk, or set CASTAD_VIDEO_FONT_PATH."
   fi
 fi
 

@@ -149,10 +149,20 @@ def test_every_setting_the_service_reads_is_reachable_from_its_values(chart_dir,
     read = set(charts.variables(service))
     # Settings whose default is "unset" appear once a value is given; everything else is always set.
     unset = {name for name, schema in charts.chart_settings(service).items() if schema.get("default") is None}
-    assert read - unset - set(env) == set(), f"settings {service} reads that its chart never sets"
+    secrets = set(charts.secret_settings(service))  # from secretSettings, when given (see below)
+    assert read - unset - secrets - set(env) == set(), f"settings {service} reads that its chart never sets"
     values = yaml.safe_load((REPO_ROOT / "infra" / "helm" / service / "values.yaml").read_text())
     assert set(values["settings"]) == set(charts.chart_settings(service))
-    assert set(values["settings"]) | set(charts.from_structure(service)) == read
+    assert set(values["settings"]) | set(charts.from_structure(service)) | set(charts.secret_settings(service)) == read
+
+
+def test_a_providers_key_comes_from_a_secret_and_never_from_plain_values(chart_dir):
+    key = {"existingSecret": "openai", "key": "api-key"}
+    values = {"settings": {"CASTAD_LYRIC_PROVIDER": "openai"}, "secretSettings": {"CASTAD_LYRIC_OPENAI_API_KEY": key}}
+    (deployment,) = by_kind(render(chart_dir, "lyric", values), "Deployment")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["CASTAD_LYRIC_OPENAI_API_KEY"] == {"secretKeyRef": {"name": "openai", "key": "api-key"}}
+    assert charts.secret_settings("lyric") == ["CASTAD_LYRIC_OPENAI_API_KEY"]
 
 
 def test_the_committed_settings_blocks_and_schemas_are_current():
@@ -178,6 +188,9 @@ def test_the_committed_settings_blocks_and_schemas_are_current():
         ("song", {"database": {"existingSecret": "", "key": "url"}}, "existingSecret"),
         ("video", {"otel": {"endpoint": "jaeger:4318"}}, "endpoint"),
         ("lyric", {"global": {"settings": {"CASTAD_LYRIC_CONCURRENCY": 4}}}, "CASTAD_LYRIC_CONCURRENCY"),
+        ("lyric", {"settings": {"CASTAD_LYRIC_OPENAI_API_KEY": "sk-in-plain-sight"}}, "CASTAD_LYRIC_OPENAI_API_KEY"),
+        ("lyric", {"secretSettings": {"CASTAD_LYRIC_OPENAI_MODEL": {"existingSecret": "s", "key": "k"}}}, "MODEL"),
+        ("lyric", {"secretSettings": {"CASTAD_LYRIC_OPENAI_API_KEY": {"existingSecret": "s"}}}, "key"),
     ],
 )
 def test_a_wrong_value_fails_at_install_time_naming_it(chart_dir, service, values, complaint):

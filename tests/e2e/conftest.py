@@ -81,7 +81,7 @@ def sample_brief(customer: str = "바다책방", duration_s: int = 3) -> brief.B
         customer_name=customer,
         region="속초",
         detail_region_info="동명항 옆 작은 서점, 바다가 보이는 창가 자리",
-        genre=brief.Genre.ACOUSTIC,
+        genre=brief.Style.ACOUSTIC.value,
         orientation=brief.Orientation.VERTICAL,
         duration_s=duration_s,
     )

@@ -21,6 +21,7 @@ LYRICS = events.Lyrics(
 
 
 def test_a_brief_has_the_documented_defaults():
+    assert BRIEF.genre == "pop, ambient" and BRIEF.style is brief.Style.KPOP
     assert BRIEF.language is brief.Language.KOREAN
     assert BRIEF.orientation is brief.Orientation.VERTICAL
     assert BRIEF.duration_s == brief.DEFAULT_DURATION_S
@@ -36,6 +37,9 @@ def test_a_brief_has_the_documented_defaults():
         ({"duration_s": 2}, "duration_s", "greater than or equal to 3"),
         ({"duration_s": 181}, "duration_s", "less than or equal to 180"),
         ({"colour": "red"}, "colour", "Extra inputs are not permitted"),
+        ({"genre": ""}, "genre", "at least 1 character"),
+        ({"genre": "x" * 101}, "genre", "at most 100 characters"),
+        ({"language": "French"}, "language", "'Korean', 'English', 'Japanese' or 'Chinese'"),
     ],
 )
 def test_a_bad_brief_names_the_field_and_the_reason(fields, field, reason):
@@ -80,7 +84,7 @@ def test_a_pipeline_id_is_a_lowercase_uuid_in_payload_and_envelope(pipeline_id):
 
 def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW)
-    with pytest.raises(TypeError, match="lyric.completed v1 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v2 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -172,3 +176,47 @@ def test_a_version_needs_its_predecessor_and_an_upcast_from_it():
     with pytest.raises(ValueError, match="upcast"):
         registry.register("lyric.brand_new", 1, events.StageStarted, lambda data: data)
     assert events.REGISTRY.current_version("lyric.started") == 1
+
+
+def test_a_version_1_event_with_a_brief_is_read_as_version_2_and_a_version_2_value_is_not_version_1():
+    old_brief = {"customer_name": "머뭄", "region": "군산", "genre": "trot", "language": "English"}
+    requested = {"pipeline_id": PIPELINE, "brief": old_brief, "requested_at": NOW.isoformat()}
+
+    read = events.REGISTRY.read(events.PIPELINE_REQUESTED, 1, requested)
+
+    assert (
+        isinstance(read, events.PipelineRequested) and events.REGISTRY.current_version(events.PIPELINE_REQUESTED) == 2
+    )
+    assert (read.brief.genre, read.brief.style, read.brief.language) == (
+        "trot",
+        brief.Style.TROT,
+        brief.Language.ENGLISH,
+    )
+    # What only version 2 can say is refused under version 1: an older consumer would hold such an event.
+    for newer in ({"genre": "acoustic folk"}, {"language": "Japanese"}):
+        with pytest.raises(pydantic.ValidationError):
+            events.REGISTRY.read(events.PIPELINE_REQUESTED, 1, {**requested, "brief": {**old_brief, **newer}})
+
+
+@pytest.mark.parametrize("stage", list(events.Stage))
+def test_every_completed_event_carrying_a_brief_reads_version_1(stage):
+    completed = {
+        "pipeline_id": PIPELINE,
+        "stage": stage.value,
+        "job_id": "j",
+        "attempt": 1,
+        "artifact": ARTIFACT.model_dump(mode="json"),
+        "completed_at": NOW.isoformat(),
+        "brief": {"customer_name": "머뭄", "region": "군산", "genre": "jazz"},
+        "lyrics": LYRICS.model_dump(mode="json"),
+        "timed_lines": [],
+        "song_duration_s": 3.0,
+        "width": 144,
+        "height": 256,
+    }
+    model = events.REGISTRY.model(events.stage_event(stage, "completed"), 2)
+    data = {key: value for key, value in completed.items() if key in model.model_fields}
+
+    read = events.REGISTRY.read(events.stage_event(stage, "completed"), 1, data)
+
+    assert isinstance(read, model) and read.brief.style is brief.Style.JAZZ

@@ -9,7 +9,7 @@ KOREAN = brief.Brief(
     region="군산",
     detail_region_info="바다가 보이는 조용한 한옥 스테이, 근대 문화 거리와 가까운 숙소",
     language=brief.Language.KOREAN,
-    genre=brief.Genre.BALLAD,
+    genre=brief.Style.BALLAD.value,
     duration_s=30,
 )
 ENGLISH = brief.Brief(
@@ -17,7 +17,7 @@ ENGLISH = brief.Brief(
     region="Jeonju",
     detail_region_info="Hand-drip coffee and fresh pastries, a short walk from the hanok village",
     language=brief.Language.ENGLISH,
-    genre=brief.Genre.JAZZ,
+    genre=brief.Style.JAZZ.value,
     duration_s=30,
 )
 
@@ -63,8 +63,8 @@ def test_the_details_of_the_place_are_woven_into_the_verses() -> None:
 
 
 def test_the_genre_sets_the_mood_of_the_words() -> None:
-    ballad = text_of(write(KOREAN.model_copy(update={"genre": brief.Genre.BALLAD})))
-    hiphop = text_of(write(KOREAN.model_copy(update={"genre": brief.Genre.HIPHOP})))
+    ballad = text_of(write(KOREAN.model_copy(update={"genre": brief.Style.BALLAD.value})))
+    hiphop = text_of(write(KOREAN.model_copy(update={"genre": brief.Style.HIPHOP.value})))
 
     assert ballad != hiphop
 
@@ -145,3 +145,61 @@ def test_keywords_drop_particles_and_modifiers() -> None:
     found = provider.keywords("바다가 보이는 조용한 한옥 스테이", brief.Language.KOREAN)
 
     assert found == ("바다", "한옥", "스테이")
+
+
+JAPANESE = brief.Brief(
+    customer_name="海辺の本屋",
+    region="鎌倉",
+    detail_region_info="波の音が聞こえる小さな本屋、カフェとギャラリー",
+    language=brief.Language.JAPANESE,
+    genre="acoustic folk",
+    duration_s=30,
+)
+CHINESE = brief.Brief(
+    customer_name="海边书店",
+    region="厦门",
+    detail_region_info="听得见海浪声的小书店，有咖啡和画廊",
+    language=brief.Language.CHINESE,
+    genre="pop, ambient",
+    duration_s=30,
+)
+KANA = ("\u3040", "\u30ff")
+HAN = ("\u4e00", "\u9fff")
+
+
+def share(text: str, *ranges: tuple[str, str]) -> float:
+    letters = [char for char in text if char.isalpha()]
+    return sum(any(low <= char <= high for low, high in ranges) for char in letters) / len(letters)
+
+
+@pytest.mark.parametrize("seed", ["a", "b", "c"])
+def test_japanese_lyrics_are_kana_and_kanji_name_the_place_and_fit_a_caption(seed: str) -> None:
+    lyrics = write(JAPANESE, seed)
+    text = text_of(lyrics)
+
+    assert lyrics.language is brief.Language.JAPANESE
+    assert JAPANESE.customer_name in text and JAPANESE.region in text
+    assert share(text, KANA, HAN) > 0.95 and share(text, KANA) > 0.2
+    assert max(len(line) for line in lyrics.lines()) <= 16
+
+
+@pytest.mark.parametrize("seed", ["a", "b", "c"])
+def test_chinese_lyrics_are_han_without_kana_name_the_place_and_fit_a_caption(seed: str) -> None:
+    lyrics = write(CHINESE, seed)
+    text = text_of(lyrics)
+
+    assert lyrics.language is brief.Language.CHINESE
+    assert CHINESE.customer_name in text and CHINESE.region in text
+    assert share(text, HAN) > 0.95 and share(text, KANA) == 0
+    assert max(len(line) for line in lyrics.lines()) <= 14
+
+
+@pytest.mark.parametrize(
+    ("detail", "language", "expected"),
+    [
+        ("波の音が聞こえる小さな本屋、カフェとギャラリー", brief.Language.JAPANESE, ("本屋", "カフェ", "ギャラリー")),
+        ("有咖啡和画廊的小书店", brief.Language.CHINESE, ("咖啡", "画廊", "小书店")),
+    ],
+)
+def test_keywords_of_japanese_and_chinese_text_are_its_noun_like_runs(detail, language, expected) -> None:
+    assert provider.keywords(detail, language) == expected

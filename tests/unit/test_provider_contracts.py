@@ -10,13 +10,17 @@ import wave
 
 import pytest
 from castad_contracts import brief, events
+from castad_local.fakes.chat import DEFAULT_KEY, FakeChat
+from castad_lyric import chat as lyric_chat
 from castad_lyric import instant as lyric_instant
 from castad_lyric import provider as lyric_provider
-from castad_runtime.stage import cancellation, errors
+from castad_lyric import service as lyric_service
+from castad_runtime.stage import cancellation, errors, http
 from castad_song import instant as song_instant
 from castad_song import provider as song_provider
 from castad_video import instant as video_instant
 from castad_video import provider as video_provider
+from pydantic import SecretStr
 
 from tests.unit.test_video_provider import probe
 
@@ -26,12 +30,16 @@ BRIEFS = [
         customer_name="Cafe Blue",
         region="Busan",
         language=brief.Language.ENGLISH,
-        genre=brief.Genre.JAZZ,
+        genre=brief.Style.JAZZ.value,
         duration_s=3,
         orientation=brief.Orientation.HORIZONTAL,
     ),
 ]
-LYRIC_PROVIDERS = {"local": lyric_provider.LocalLyricProvider, "instant": lyric_instant.InstantLyricProvider}
+LYRIC_PROVIDERS = {
+    "local": lyric_provider.LocalLyricProvider,
+    "instant": lyric_instant.InstantLyricProvider,
+    "openai": lyric_chat.ChatLyricProvider,  # against a local server that behaves like the API
+}
 SONG_PROVIDERS = {"local": song_provider.LocalSongProvider, "instant": song_instant.InstantSongProvider}
 VIDEO_PROVIDERS = {
     "local": lambda: video_provider.LocalVideoProvider(short_side=144, fps=2),
@@ -44,10 +52,20 @@ def video_renderer(request):
     return VIDEO_PROVIDERS[request.param]()
 
 
+@pytest.fixture(scope="module")
+def chat_client():
+    """A client of the fake Chat Completions server, for the `openai` lyric provider."""
+    with FakeChat() as fake:
+        client = http.HttpProvider("fake", f"{fake.url}/v1", 5, 100_000, http.Credential(SecretStr(DEFAULT_KEY)).bearer)
+        yield client
+        client.close()
+
+
 @pytest.mark.parametrize("kind", list(LYRIC_PROVIDERS))
 @pytest.mark.parametrize("source", BRIEFS, ids=["korean", "english"])
-def test_lyrics_are_in_the_briefs_language_and_name_the_business_and_region(kind, source):
-    lyrics = LYRIC_PROVIDERS[kind]().write(source, seed="p-1")
+def test_lyrics_are_in_the_briefs_language_and_name_the_business_and_region(kind, source, chat_client):
+    writer = lyric_chat.ChatLyricProvider(chat_client, "m") if kind == "openai" else LYRIC_PROVIDERS[kind]()
+    lyrics = writer.write(source, seed="p-1", cancel=cancellation.Cancellation())
     assert lyrics.language is source.language
     text = "\n".join(lyrics.lines())
     assert lyrics.lines() and all(line.strip() for line in lyrics.lines())
@@ -114,4 +132,5 @@ def test_every_provider_kind_is_a_setting_value():
     from castad_runtime.stage import service
 
     kinds = set(service.StageSettings.model_fields["provider"].annotation.__args__)
-    assert kinds == set(LYRIC_PROVIDERS) == set(SONG_PROVIDERS) == set(VIDEO_PROVIDERS)
+    assert kinds == set(SONG_PROVIDERS) == set(VIDEO_PROVIDERS)
+    assert set(lyric_service.LyricSettings.model_fields["provider"].annotation.__args__) == set(LYRIC_PROVIDERS)

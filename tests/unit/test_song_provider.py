@@ -13,7 +13,7 @@ from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
 from castad_song import provider
 
-BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Genre.KPOP, duration_s=12)
+BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Style.KPOP.value, duration_s=12)
 LYRICS = events.Lyrics(
     title="군산의 스테이 머뭄",
     language=brief.Language.KOREAN,
@@ -107,21 +107,41 @@ def test_the_same_inputs_sound_the_same(tmp_path: pathlib.Path) -> None:
 
 
 def test_hip_hop_is_faster_and_busier_than_a_ballad() -> None:
-    ballad = provider.arrange(BRIEF.model_copy(update={"genre": brief.Genre.BALLAD}), LYRICS, "s")
-    hiphop = provider.arrange(BRIEF.model_copy(update={"genre": brief.Genre.HIPHOP}), LYRICS, "s")
+    ballad = provider.arrange(BRIEF.model_copy(update={"genre": brief.Style.BALLAD.value}), LYRICS, "s")
+    hiphop = provider.arrange(BRIEF.model_copy(update={"genre": brief.Style.HIPHOP.value}), LYRICS, "s")
     drums: frozenset[provider.Voice] = frozenset({"kick", "snare", "hat"})
 
-    assert provider.tempo_bpm(brief.Genre.BALLAD) < provider.tempo_bpm(brief.Genre.HIPHOP)
+    assert provider.tempo_bpm(brief.Style.BALLAD) < provider.tempo_bpm(brief.Style.HIPHOP)
     assert hiphop.onsets_per_second(drums) > 2 * ballad.onsets_per_second(drums)
 
 
-def test_each_genre_has_its_own_sound(tmp_path: pathlib.Path) -> None:
+def test_each_style_has_its_own_sound(tmp_path: pathlib.Path) -> None:
     sounds = {
-        read(compose(tmp_path, BRIEF.model_copy(update={"genre": genre}), name=f"{genre}.wav")[1]).samples.tobytes()
-        for genre in brief.Genre
+        read(
+            compose(tmp_path, BRIEF.model_copy(update={"genre": style.value}), name=f"{style}.wav")[1]
+        ).samples.tobytes()
+        for style in brief.Style
     }
 
-    assert len(sounds) == len(brief.Genre)
+    assert len(sounds) == len(brief.Style)
+
+
+@pytest.mark.parametrize(
+    ("genre", "style"),
+    [
+        ("pop, ambient", brief.Style.KPOP),
+        ("acoustic folk", brief.Style.ACOUSTIC),
+        ("Lo-Fi Hip Hop", brief.Style.BALLAD),
+        ("smooth jazz, lounge", brief.Style.JAZZ),
+        ("신나는 트로트", brief.Style.TROT),
+        ("indie rock", brief.Style.ROCK),
+        ("gregorian chant", brief.DEFAULT_STYLE),
+    ],
+)
+def test_a_free_text_genre_is_sung_in_the_closest_style_it_names_first(genre: str, style: brief.Style) -> None:
+    source = BRIEF.model_copy(update={"genre": genre})
+    assert source.style is style
+    assert provider.arrange(source, LYRICS, "s").style.bpm == provider.tempo_bpm(style)
 
 
 def test_every_lyric_line_is_timed_in_order_within_the_song(tmp_path: pathlib.Path) -> None:

@@ -18,13 +18,13 @@ from castad_contracts import brief, events
 from castad_runtime import outages
 from castad_runtime.stage import cancellation, errors
 from castad_video import provider
-from PIL import Image, ImageChops, ImageFont
+from PIL import Image, ImageChops
 
 SONG_S = 4.0
 SHORT_SIDE = 240
 FPS = 6
 FFMPEG = imageio_ffmpeg.get_ffmpeg_exe()
-BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Genre.KPOP, duration_s=4)
+BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Style.KPOP.value, duration_s=4)
 LYRICS = events.Lyrics(
     title="군산의 스테이 머뭄",
     language=brief.Language.KOREAN,
@@ -160,42 +160,61 @@ def ink(image: Image.Image, background: Image.Image) -> float:
     return float(np.mean(difference > 40))
 
 
-def test_the_caption_renderer_draws_hangul_glyphs_not_missing_glyph_boxes() -> None:
-    font = provider.find_hangul_font()
+CAPTIONS = {
+    brief.Language.KOREAN: "가나다",
+    brief.Language.ENGLISH: "Hello",
+    brief.Language.JAPANESE: "ひらがなカタカナ漢字",
+    brief.Language.CHINESE: "海边书店",
+}
+
+
+@pytest.mark.parametrize("language", list(brief.Language))
+def test_the_caption_renderer_draws_every_languages_glyphs_not_missing_glyph_boxes(language) -> None:
+    font = provider.find_font(language)
     renderer = provider.FrameRenderer(BRIEF, provider.frame_size(BRIEF.orientation, 360), font, "s")
 
     empty = renderer.caption("")
-    hangul = renderer.caption("가나다")
-    missing = renderer.caption("\uffff\uffff\uffff")
+    drawn = renderer.caption(CAPTIONS[language])
+    missing = renderer.caption("\uffff" * len(CAPTIONS[language]))
 
-    assert 0.005 < ink(hangul, empty) < 0.2
-    assert ink(hangul, missing) > 0.005
-
-
-def test_the_found_font_draws_hangul() -> None:
-    assert provider.draws_hangul(provider.find_hangul_font())
+    assert 0.005 < ink(drawn, empty) < 0.3
+    assert ink(drawn, missing) > 0.005
 
 
-def test_an_explicit_font_that_exists_is_used(tmp_path: pathlib.Path) -> None:
-    explicit = provider.find_hangul_font()
+@pytest.mark.parametrize("language", list(brief.Language))
+def test_the_found_font_draws_the_language(language) -> None:
+    assert provider.draws(provider.find_font(language), language)
 
-    assert provider.find_hangul_font(explicit) == explicit
+
+def test_a_korean_only_font_is_not_taken_for_japanese_or_chinese() -> None:
+    nanum = provider.Font(pathlib.Path("/usr/share/fonts/truetype/nanum/NanumGothic.ttf"))
+    assert provider.draws(nanum, brief.Language.KOREAN)
+    assert not provider.draws(nanum, brief.Language.JAPANESE)
+    assert not provider.draws(nanum, brief.Language.CHINESE)
+    assert provider.find_font(brief.Language.JAPANESE, explicit=nanum.path) != nanum
+
+
+def test_an_explicit_font_that_draws_the_language_is_used(tmp_path: pathlib.Path) -> None:
+    explicit = provider.find_font(brief.Language.KOREAN).path
+
+    assert provider.find_font(brief.Language.KOREAN, explicit).path == explicit
 
 
 def test_an_explicit_font_that_does_not_exist_falls_back_to_an_installed_one(tmp_path: pathlib.Path) -> None:
-    found = provider.find_hangul_font(tmp_path / "missing.ttf")
+    found = provider.find_font(brief.Language.KOREAN, tmp_path / "missing.ttf")
 
-    assert found.is_file() and provider.draws_hangul(found)
+    assert found.path.is_file() and provider.draws(found, brief.Language.KOREAN)
 
 
-def test_no_hangul_font_tells_how_to_install_one(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_font_tells_how_to_install_one(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     not_a_font = tmp_path / "not-a-font.ttf"
     not_a_font.write_text("plain text")
-    monkeypatch.setattr(provider, "KNOWN_FONTS", (not_a_font, tmp_path / "absent.ttf"))
+    fonts = (provider.Font(not_a_font), provider.Font(tmp_path / "absent.ttf"))
+    monkeypatch.setattr(provider, "KNOWN_FONTS", {language: fonts for language in brief.Language})
     monkeypatch.setenv("PATH", str(tmp_path))
 
-    with pytest.raises(provider.FontNotFound, match="fonts-nanum.*CASTAD_VIDEO_FONT_PATH"):
-        provider.find_hangul_font()
+    with pytest.raises(provider.FontNotFound, match="fonts-noto-cjk.*CASTAD_VIDEO_FONT_PATH"):
+        provider.find_font(brief.Language.CHINESE)
 
 
 @pytest.mark.parametrize(
@@ -222,7 +241,7 @@ def test_shots_start_with_the_title_card_and_last_as_long_as_the_song() -> None:
 
 
 def test_long_captions_wrap_within_the_frame() -> None:
-    font = ImageFont.truetype(str(provider.find_hangul_font()), 40)
+    font = provider.find_font(brief.Language.KOREAN).at(40)
     lines = provider.wrap("바다가 보이는 조용한 한옥 스테이에서 쉬어 가요", font, 300)
 
     assert len(lines) > 1

@@ -26,7 +26,7 @@ DEMO_BRIEF = brief.Brief(
     region="군산",
     detail_region_info="바다가 보이는 조용한 한옥 스테이, 근대 골목 산책",
     language=brief.Language.KOREAN,
-    genre=brief.Genre.KPOP,
+    genre="k-pop, bright synth",
     orientation=brief.Orientation.VERTICAL,
     duration_s=20,
 )
@@ -91,6 +91,7 @@ def export_schemas(directory: pathlib.Path) -> None:
 def settings_table() -> str:
     """Markdown table of every setting: variable, default, meaning."""
     from castad_api import settings as api_settings
+    from castad_lyric import service as lyric
     from castad_relay import settings as relay_settings
     from castad_runtime.stage import service as stage_service
     from castad_video import service as video
@@ -102,12 +103,18 @@ def settings_table() -> str:
         (api_settings.ApiSettings, "CASTAD_API_"),
         (relay_settings.RelaySettings, "CASTAD_RELAY_"),
         (stage_service.StageSettings, "CASTAD_<STAGE>_"),
+        (lyric.LyricSettings, "CASTAD_LYRIC_"),
         (video.VideoSettings, "CASTAD_VIDEO_"),
     ]
+    stage_fields = stage_service.StageSettings.model_fields
     for cls, prefix in sources:
         for name, field in cls.model_fields.items():
             variable = settings.env_var(cls, name, prefix)
-            if variable in seen or (prefix == "CASTAD_VIDEO_" and name in stage_service.StageSettings.model_fields):
+            # A stage's own rows: its own settings, and a shared one it describes differently.
+            shared = name == "database_url" or (
+                name in stage_fields and field.description == stage_fields[name].description
+            )
+            if variable in seen or (cls is not stage_service.StageSettings and prefix != "" and shared):
                 continue
             seen.add(variable)
             default = field.default

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import typing
 from typing import Any
 
 from castad_api import settings as api_settings
@@ -17,6 +18,7 @@ from castad_relay import settings as relay_settings
 from castad_runtime import settings
 from castad_song import service as song
 from castad_video import service as video
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 from castad_local import REPO_ROOT
@@ -62,9 +64,19 @@ def variables(service: str) -> dict[str, dict[str, Any]]:
     return result
 
 
+def secret_settings(service: str) -> list[str]:
+    """Variables holding a secret (a provider's key): a chart takes them from existing Secrets only."""
+    cls = SETTINGS[service]
+    return [
+        settings.env_var(cls, name)
+        for name, field in cls.model_fields.items()
+        if field.annotation is SecretStr or SecretStr in typing.get_args(field.annotation)
+    ]
+
+
 def chart_settings(service: str) -> dict[str, dict[str, Any]]:
-    owned = from_structure(service)
-    return {name: schema for name, schema in variables(service).items() if name not in owned}
+    skipped = set(from_structure(service)) | set(secret_settings(service))
+    return {name: schema for name, schema in variables(service).items() if name not in skipped}
 
 
 def settings_block(service: str) -> str:
@@ -73,6 +85,10 @@ def settings_block(service: str) -> str:
         if schema.get("description"):
             lines.append(f"  # {schema['description']}")
         lines.append(f"  {name}: {json.dumps(schema.get('default'), ensure_ascii=False)}")
+    secrets = secret_settings(service)
+    lines.append("# Settings that are secrets, each from an existing Secret: {existingSecret: name, key: key}.")
+    lines.append(f"# Any of: {', '.join(secrets)}." if secrets else "# This service has none.")
+    lines.append("secretSettings: {}")
     lines.append(END)
     return "\n".join(lines)
 
@@ -157,6 +173,10 @@ def values_schema(service: str) -> dict[str, Any]:
         "settings": {
             **_object({name: _without_default(schema) for name, schema in settings_.items()}),
             "description": "every CASTAD_* setting of the service that its chart does not set itself",
+        },
+        "secretSettings": {
+            **_object({name: SECRET for name in secret_settings(service)}),
+            "description": "settings that are secrets (a provider's key), each from an existing Secret",
         },
     }
     required = ["component", "image", "replicaCount", "containerPort", "portName", "broker", "settings"]

@@ -49,7 +49,7 @@ def submit(
     region: Annotated[str, typer.Option(help="town or district")],
     detail_region_info: Annotated[str, typer.Option(help="what the place offers")] = "",
     language: brief.Language = brief.Language.KOREAN,
-    genre: brief.Genre = brief.Genre.KPOP,
+    genre: Annotated[str, typer.Option(help="style tags, free text (e.g. 'acoustic folk')")] = brief.DEFAULT_GENRE,
     orientation: brief.Orientation = brief.Orientation.VERTICAL,
     duration_s: int = brief.DEFAULT_DURATION_S,
     idempotency_key: Annotated[str | None, typer.Option(help="default: a new random key")] = None,

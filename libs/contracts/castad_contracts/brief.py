@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+import re
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
@@ -11,6 +12,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 class Language(enum.StrEnum):
     KOREAN = "Korean"
     ENGLISH = "English"
+    JAPANESE = "Japanese"
+    CHINESE = "Chinese"
 
 
 class Orientation(enum.StrEnum):
@@ -18,7 +21,9 @@ class Orientation(enum.StrEnum):
     HORIZONTAL = "horizontal"
 
 
-class Genre(enum.StrEnum):
+class Style(enum.StrEnum):
+    """The musical styles the local providers know; a brief's free-text genre maps to the closest."""
+
     KPOP = "k-pop"
     BALLAD = "ballad"
     HIPHOP = "hip-hop"
@@ -28,23 +33,55 @@ class Genre(enum.StrEnum):
     ACOUSTIC = "acoustic"
 
 
+DEFAULT_GENRE = "pop, ambient"  # the seed's own default
+DEFAULT_STYLE = Style.KPOP
+
+# Words of a genre (lower case, as written in it) -> the style they point to.
+_STYLE_WORDS: dict[Style, tuple[str, ...]] = {
+    Style.KPOP: (
+        "k-pop",
+        "kpop",
+        "pop",
+        "dance",
+        "edm",
+        "electro",
+        "electronic",
+        "synth",
+        "disco",
+        "idol",
+        "케이팝",
+        "댄스",
+    ),
+    Style.BALLAD: ("ballad", "r&b", "rnb", "soul", "ambient", "lo-fi", "lofi", "chill", "piano", "발라드"),
+    Style.HIPHOP: ("hip-hop", "hiphop", "hip hop", "rap", "trap", "drill", "힙합", "랩"),
+    Style.ROCK: ("rock", "punk", "metal", "grunge", "록", "락"),
+    Style.JAZZ: ("jazz", "swing", "bossa", "blues", "lounge", "재즈"),
+    Style.TROT: ("trot", "enka", "트로트"),
+    Style.ACOUSTIC: ("acoustic", "folk", "guitar", "country", "unplugged", "어쿠스틱", "포크"),
+}
+_STYLE_PATTERN = re.compile(
+    "|".join(sorted((re.escape(w) for words in _STYLE_WORDS.values() for w in words), key=len, reverse=True))
+)
+_STYLE_OF_WORD = {word: style for style, words in _STYLE_WORDS.items() for word in words}
+
+
+def closest_style(genre: str) -> Style:
+    """The style of the first word of `genre` that names one ("pop, ambient" -> k-pop); the default if none does."""
+    found = _STYLE_PATTERN.search(genre.lower())
+    return _STYLE_OF_WORD[found.group()] if found else DEFAULT_STYLE
+
+
 def no_control_characters(value: str) -> str:
     if any(ord(char) < 32 and char not in "\n\t" for char in value):
         raise ValueError("control characters are not allowed")
     return value
 
 
-def text(min_length: int, max_length: int) -> object:
-    """Free text: stripped, within the lengths, without control characters but newline and tab."""
-    return Annotated[
-        str,
-        StringConstraints(strip_whitespace=True, min_length=min_length, max_length=max_length),
-        AfterValidator(no_control_characters),
-    ]
-
-
-Name = text(1, 80)
-Details = text(0, 500)
+# Free text: stripped, within its lengths, without control characters but newline and tab.
+_NO_CONTROL = AfterValidator(no_control_characters)
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=80), _NO_CONTROL]
+Details = Annotated[str, StringConstraints(strip_whitespace=True, min_length=0, max_length=500), _NO_CONTROL]
+GenreText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100), _NO_CONTROL]
 
 MIN_DURATION_S = 3
 MAX_DURATION_S = 180
@@ -56,19 +93,19 @@ class Brief(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    customer_name: Name = Field(  # type: ignore[valid-type]
-        description="Name of the business, as it should be sung.", examples=["스테이 머뭄"]
-    )
-    region: Name = Field(  # type: ignore[valid-type]
-        description="Town or district the business is in.", examples=["군산"]
-    )
-    detail_region_info: Details = Field(  # type: ignore[valid-type]
+    customer_name: Name = Field(description="Name of the business, as it should be sung.", examples=["스테이 머뭄"])
+    region: Name = Field(description="Town or district the business is in.", examples=["군산"])
+    detail_region_info: Details = Field(
         default="",
         description="Free text about the place: what it offers, what is nearby.",
         examples=["바다가 보이는 조용한 한옥 스테이"],
     )
     language: Language = Field(default=Language.KOREAN, description="Language of the lyrics.")
-    genre: Genre = Field(default=Genre.KPOP, description="Musical genre of the song.")
+    genre: GenreText = Field(
+        default=DEFAULT_GENRE,
+        description="Musical genre of the song as style tags, free text passed to the music provider as written.",
+        examples=["pop, ambient", "acoustic folk"],
+    )
     orientation: Orientation = Field(
         default=Orientation.VERTICAL,
         description="vertical (9:16, for shorts) or horizontal (16:9).",
@@ -79,3 +116,19 @@ class Brief(BaseModel):
         le=MAX_DURATION_S,
         description="Length of the song and the video in seconds.",
     )
+
+    @property
+    def style(self) -> Style:
+        """The local providers' style closest to the genre."""
+        return closest_style(self.genre)
+
+
+# What version 1 of the events carrying a brief allowed (see castad_contracts.events).
+V1Language = Literal["Korean", "English"]
+
+
+class BriefV1(Brief):
+    """A brief as version 1 of the events knew it: a genre from a fixed list, Korean or English."""
+
+    genre: Literal["k-pop", "ballad", "hip-hop", "rock", "jazz", "trot", "acoustic"] = "k-pop"
+    language: V1Language = "Korean"  # type: ignore[assignment]

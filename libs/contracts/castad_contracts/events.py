@@ -164,6 +164,38 @@ class StageCanceled(Payload):
     canceled_at: dt.datetime
 
 
+# Version 1 of the events that carry a brief or lyrics knew fewer values: a genre from a fixed list and
+# Korean or English only. Version 2 (free-text genre, four languages) reads every version-1 event as it is.
+BriefV1 = brief_.BriefV1
+
+
+class LyricsV1(Lyrics):
+    language: brief_.V1Language  # type: ignore[assignment]
+
+
+class PipelineRequestedV1(PipelineRequested):
+    brief: BriefV1
+
+
+class LyricCompletedV1(LyricCompleted):
+    brief: BriefV1
+    lyrics: LyricsV1
+
+
+class SongCompletedV1(SongCompleted):
+    brief: BriefV1
+    lyrics: LyricsV1
+
+
+class VideoCompletedV1(VideoCompleted):
+    brief: BriefV1
+
+
+def _same(data: dict[str, Any]) -> dict[str, Any]:
+    """The upcast of a version whose every payload is valid in the next as it is."""
+    return data
+
+
 class PipelineCancelRequestedV1(Payload):
     reason: str = ""
 
@@ -214,6 +246,11 @@ _COMPLETED: dict[Stage, type[Payload]] = {
     Stage.LYRIC: LyricCompleted,
     Stage.SONG: SongCompleted,
     Stage.VIDEO: VideoCompleted,
+}
+_COMPLETED_V1: dict[Stage, type[Payload]] = {
+    Stage.LYRIC: LyricCompletedV1,
+    Stage.SONG: SongCompletedV1,
+    Stage.VIDEO: VideoCompletedV1,
 }
 
 Upcast = Callable[[dict[str, Any]], dict[str, Any]]
@@ -299,7 +336,8 @@ class Registry:
 
 
 REGISTRY = Registry()
-REGISTRY.register(PIPELINE_REQUESTED, 1, PipelineRequested)
+REGISTRY.register(PIPELINE_REQUESTED, 1, PipelineRequestedV1)
+REGISTRY.register(PIPELINE_REQUESTED, 2, PipelineRequested, _same)
 # Version 1 of the operator requests had no order; read as the first request of their pipeline.
 REGISTRY.register(PIPELINE_CANCEL_REQUESTED, 1, PipelineCancelRequestedV1)
 REGISTRY.register(
@@ -314,6 +352,7 @@ REGISTRY.register(OUTBOX_REPUBLISH_REQUESTED, 1, OutboxRepublishRequested)
 for _stage in Stage:
     REGISTRY.register(stage_event(_stage, "started"), 1, StageStarted)
     REGISTRY.register(stage_event(_stage, "retrying"), 1, StageRetrying)
-    REGISTRY.register(stage_event(_stage, "completed"), 1, _COMPLETED[_stage])
+    REGISTRY.register(stage_event(_stage, "completed"), 1, _COMPLETED_V1[_stage])
+    REGISTRY.register(stage_event(_stage, "completed"), 2, _COMPLETED[_stage], _same)
     REGISTRY.register(stage_event(_stage, "failed"), 1, StageFailed)
     REGISTRY.register(stage_event(_stage, "canceled"), 1, StageCanceled)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from castad_contracts import brief, events
+from castad_runtime.stage import cancellation
 
 SectionKind = Literal["verse", "chorus", "bridge"]
 
@@ -21,7 +22,7 @@ MAX_KEYWORDS = 10
 
 
 class LyricProvider(Protocol):
-    def write(self, brief: brief.Brief, seed: str) -> events.Lyrics: ...
+    def write(self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation) -> events.Lyrics: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Phrasebook:
     hooks: tuple[str, ...]
     choruses: tuple[str, ...]
     bridges: tuple[str, ...]
-    moods: Mapping[brief.Genre, Mood]
+    moods: Mapping[brief.Style, Mood]
 
 
 KOREAN = Phrasebook(
@@ -118,43 +119,43 @@ KOREAN = Phrasebook(
         "마음속에 {name}",
     ),
     moods={
-        brief.Genre.KPOP: Mood(
+        brief.Style.KPOP: Mood(
             ("반짝이는", "설레는", "눈부신", "두근대는"),
             ("햇살", "별빛", "리듬", "무지개"),
             ("오늘 밤", "이번 주말", "지금 이 순간"),
             ("예이예", "랄랄라", "오오오"),
         ),
-        brief.Genre.BALLAD: Mood(
+        brief.Style.BALLAD: Mood(
             ("그리운", "따스한", "잔잔한", "포근한"),
             ("노을", "추억", "달빛", "바람"),
             ("해 질 무렵", "조용한 밤", "어느 저녁"),
             ("음음", "오오"),
         ),
-        brief.Genre.HIPHOP: Mood(
+        brief.Style.HIPHOP: Mood(
             ("거침없는", "뜨거운", "자유로운", "당당한"),
             ("비트", "에너지", "리듬", "골목"),
             ("오늘 밤", "지금 당장", "매일 매일"),
             ("예", "렛츠 고", "요"),
         ),
-        brief.Genre.ROCK: Mood(
+        brief.Style.ROCK: Mood(
             ("뜨거운", "힘찬", "거침없는", "끝없는"),
             ("함성", "불꽃", "바람", "질주"),
             ("이 밤", "지금", "밤새도록"),
             ("헤이", "워어", "예"),
         ),
-        brief.Genre.JAZZ: Mood(
+        brief.Style.JAZZ: Mood(
             ("느긋한", "은은한", "낭만적인", "부드러운"),
             ("선율", "커피 향", "달빛", "밤공기"),
             ("늦은 밤", "어느 저녁", "비 오는 날"),
             ("두비두바", "샤바다", "음"),
         ),
-        brief.Genre.TROT: Mood(
+        brief.Style.TROT: Mood(
             ("정다운", "흥겨운", "구성진", "신나는"),
             ("인연", "사랑", "웃음꽃", "정"),
             ("오늘 하루", "이 밤", "좋은 날"),
             ("얼씨구", "좋다 좋아", "어기야"),
         ),
-        brief.Genre.ACOUSTIC: Mood(
+        brief.Style.ACOUSTIC: Mood(
             ("소박한", "싱그러운", "포근한", "맑은"),
             ("햇살", "바람", "기타 소리", "풀내음"),
             ("아침 햇살 속", "주말 오후", "산책길"),
@@ -224,43 +225,43 @@ ENGLISH = Phrasebook(
         "Just one more {noun}",
     ),
     moods={
-        brief.Genre.KPOP: Mood(
+        brief.Style.KPOP: Mood(
             ("shining", "electric", "sparkling", "brand new"),
             ("sunlight", "starlight", "rhythm", "rainbow"),
             ("tonight", "this weekend", "right now"),
             ("oh-oh", "la-la", "hey hey"),
         ),
-        brief.Genre.BALLAD: Mood(
+        brief.Style.BALLAD: Mood(
             ("tender", "golden", "quiet", "gentle"),
             ("sunset", "memory", "moonlight", "breeze"),
             ("at dusk", "late at night", "this evening"),
             ("oh", "ooh"),
         ),
-        brief.Genre.HIPHOP: Mood(
+        brief.Style.HIPHOP: Mood(
             ("bold", "fresh", "wild", "real"),
             ("beat", "groove", "energy", "block"),
             ("tonight", "all day", "every day"),
             ("yeah", "uh", "let's go"),
         ),
-        brief.Genre.ROCK: Mood(
+        brief.Style.ROCK: Mood(
             ("burning", "loud", "restless", "endless"),
             ("fire", "thunder", "highway", "roar"),
             ("tonight", "right now", "all night"),
             ("hey", "whoa", "oh yeah"),
         ),
-        brief.Genre.JAZZ: Mood(
+        brief.Style.JAZZ: Mood(
             ("mellow", "smoky", "velvet", "easy"),
             ("melody", "coffee", "moonlight", "night air"),
             ("after hours", "late tonight", "this evening"),
             ("doo-bee-doo", "ba-da", "oh"),
         ),
-        brief.Genre.TROT: Mood(
+        brief.Style.TROT: Mood(
             ("cheerful", "joyful", "lively", "warm"),
             ("fortune", "love", "laughter", "good times"),
             ("all day long", "tonight", "this season"),
             ("hey", "ya-ho", "oh-ho"),
         ),
-        brief.Genre.ACOUSTIC: Mood(
+        brief.Style.ACOUSTIC: Mood(
             ("simple", "fresh", "gentle", "bright"),
             ("sunshine", "breeze", "guitar", "meadow"),
             ("this morning", "all afternoon", "on Sunday"),
@@ -269,12 +270,250 @@ ENGLISH = Phrasebook(
     },
 )
 
-_PHRASEBOOKS = {brief.Language.KOREAN: KOREAN, brief.Language.ENGLISH: ENGLISH}
+JAPANESE = Phrasebook(
+    max_chars=16,
+    titles=("{region}の{name}", "{name}のうた", "{adj}{name}", "こんにちは、{name}", "{region}、{name}"),
+    openers=(
+        "{region}に{noun}が降れば",
+        "{adj}{region}の{time}",
+        "{region}の風に誘われて",
+        "たどり着いたよ{region}",
+        "{time}、{region}で",
+        "{region}の路地の先",
+        "{region}へ行こう",
+        "{region}の{noun}をたどって",
+    ),
+    details=(
+        "{phrase}",
+        "{phrase}、そこで会おう",
+        "{phrase}、あの場所へ",
+        "{kw}が待つところ",
+        "{kw}と過ごす{time}",
+        "{kw}の物語",
+        "{kw}、そして{noun}",
+        "{adj}{kw}に会いに",
+    ),
+    verses=(
+        "{adj}{noun}をたどって",
+        "{adj}一日の終わりに",
+        "窓の外には{noun}",
+        "心が先に着く場所",
+        "{noun}が休む場所",
+        "{name}の扉を開けば",
+        "{name}でひと休み",
+        "一緒に歩こう",
+        "{noun}の下で笑顔",
+        "また来たい場所",
+        "{adj}思い出ひとつ",
+        "少し休んでいこう",
+    ),
+    hooks=(
+        "{call}、{name}",
+        "{region}には{name}",
+        "今日も{name}で会おう",
+        "{adj}場所{name}",
+        "{name}へおいでよ",
+        "{region}の誇り{name}",
+        "いつでも{name}",
+        "ここが{name}",
+    ),
+    choruses=(
+        "{name}と一緒なら",
+        "{region}で会いましょう",
+        "{call}{call}",
+        "{adj}今日を歌おう",
+        "{kw}と君と僕",
+        "帰っておいで{region}",
+        "僕らの{adj}時間",
+        "{noun}をこめて歌おう",
+        "手をつないで{region}で",
+        "{name}、{name}",
+    ),
+    bridges=(
+        "時が流れても",
+        "忘れられない{noun}",
+        "{phrase}",
+        "もう一度ここ{region}",
+        "{adj}夢を見た夜",
+        "いつかまた会おう",
+        "心の中に{name}",
+    ),
+    moods={
+        brief.Style.KPOP: Mood(
+            ("きらめく", "ときめく", "まぶしい", "弾ける"),
+            ("光", "星空", "リズム", "虹"),
+            ("今夜", "この週末", "今この瞬間"),
+            ("イェイイェイ", "ラララ", "オーオー"),
+        ),
+        brief.Style.BALLAD: Mood(
+            ("なつかしい", "あたたかい", "静かな", "やさしい"),
+            ("夕焼け", "思い出", "月明かり", "風"),
+            ("夕暮れ", "夜更け", "今宵"),
+            ("ラララ", "ウー"),
+        ),
+        brief.Style.HIPHOP: Mood(
+            ("熱い", "新しい", "ワイルドな", "リアルな"),
+            ("ビート", "グルーヴ", "エナジー", "ストリート"),
+            ("今夜", "一日中", "毎日"),
+            ("イェー", "ヘイ", "レッツゴー"),
+        ),
+        brief.Style.ROCK: Mood(
+            ("燃える", "響く", "止まらない", "果てしない"),
+            ("炎", "雷", "ハイウェイ", "叫び"),
+            ("今夜", "今すぐ", "夜通し"),
+            ("ヘイ", "ウォー", "オーイェー"),
+        ),
+        brief.Style.JAZZ: Mood(
+            ("甘い", "ほろ苦い", "ゆるやかな", "しっとりした"),
+            ("メロディー", "コーヒー", "月明かり", "夜風"),
+            ("真夜中", "今夜遅く", "この夜"),
+            ("ドゥビドゥ", "バダ", "オー"),
+        ),
+        brief.Style.TROT: Mood(
+            ("陽気な", "楽しい", "にぎやかな", "あたたかい"),
+            ("福", "恋", "笑い声", "いい時間"),
+            ("一日中", "今夜", "この季節"),
+            ("ヘイ", "ヤッホー", "ソレ"),
+        ),
+        brief.Style.ACOUSTIC: Mood(
+            ("素朴な", "さわやかな", "やさしい", "明るい"),
+            ("陽だまり", "そよ風", "ギター", "野原"),
+            ("朝", "昼下がり", "日曜日"),
+            ("ラララ", "フフン", "オー"),
+        ),
+    },
+)
+
+CHINESE = Phrasebook(
+    max_chars=14,
+    titles=("{region}的{name}", "{name}之歌", "{adj}{name}", "你好，{name}", "{region}，{name}"),
+    openers=(
+        "走在{region}的街头",
+        "{region}的{time}",
+        "{region}的风吹过来",
+        "来到了{region}",
+        "{time}，在{region}",
+        "{region}小巷的尽头",
+        "一起去{region}",
+        "沿着{region}的{noun}",
+    ),
+    details=(
+        "{phrase}",
+        "{phrase}，在那里相见",
+        "{phrase}，就在那里",
+        "{kw}在等着你",
+        "和{kw}一起的{time}",
+        "满是{kw}的故事",
+        "{kw}，还有{noun}",
+        "去见{adj}{kw}",
+    ),
+    verses=(
+        "追着{adj}{noun}",
+        "{adj}一天的尽头",
+        "窗外是{noun}",
+        "心先到达的地方",
+        "{noun}停留的地方",
+        "推开{name}的门",
+        "在{name}歇一歇",
+        "我们一起走",
+        "{noun}下的笑容",
+        "还想再来的地方",
+        "{adj}回忆一个个",
+        "停下来歇一会",
+    ),
+    hooks=(
+        "{call}，{name}",
+        "{region}有{name}",
+        "今天也在{name}见",
+        "{adj}地方{name}",
+        "快来{name}吧",
+        "{region}的骄傲{name}",
+        "随时都在{name}",
+        "这里就是{name}",
+    ),
+    choruses=(
+        "和{name}在一起",
+        "在{region}相见",
+        "{call}{call}",
+        "歌唱{adj}今天",
+        "{kw}和你和我",
+        "回到{region}来",
+        "我们{adj}时光",
+        "把{noun}唱进歌里",
+        "牵着手在{region}",
+        "{name}，{name}",
+    ),
+    bridges=(
+        "就算时光流逝",
+        "难忘的{noun}",
+        "{phrase}",
+        "再一次来到{region}",
+        "{adj}梦的夜晚",
+        "总有一天再相见",
+        "心中的{name}",
+    ),
+    moods={
+        brief.Style.KPOP: Mood(
+            ("闪亮的", "心动的", "耀眼的", "跳动的"),
+            ("阳光", "星光", "节奏", "彩虹"),
+            ("今晚", "这个周末", "此时此刻"),
+            ("耶耶", "啦啦啦", "哦哦哦"),
+        ),
+        brief.Style.BALLAD: Mood(
+            ("思念的", "温暖的", "宁静的", "温柔的"),
+            ("晚霞", "回忆", "月光", "微风"),
+            ("黄昏", "深夜", "今夜"),
+            ("啦啦啦", "呜"),
+        ),
+        brief.Style.HIPHOP: Mood(
+            ("大胆的", "新鲜的", "狂野的", "真实的"),
+            ("节拍", "律动", "能量", "街头"),
+            ("今晚", "一整天", "每一天"),
+            ("耶", "嘿", "走吧"),
+        ),
+        brief.Style.ROCK: Mood(
+            ("燃烧的", "响亮的", "不停的", "无尽的"),
+            ("火焰", "雷声", "公路", "呐喊"),
+            ("今晚", "现在", "整夜"),
+            ("嘿", "哇哦", "哦耶"),
+        ),
+        brief.Style.JAZZ: Mood(
+            ("醇厚的", "慵懒的", "丝绒般的", "轻松的"),
+            ("旋律", "咖啡", "月光", "夜风"),
+            ("午夜", "今晚", "这个夜晚"),
+            ("嘟比嘟", "叭哒", "哦"),
+        ),
+        brief.Style.TROT: Mood(
+            ("欢快的", "快乐的", "热闹的", "温暖的"),
+            ("福气", "爱情", "笑声", "好时光"),
+            ("一整天", "今晚", "这个季节"),
+            ("嘿", "呀吼", "哦吼"),
+        ),
+        brief.Style.ACOUSTIC: Mood(
+            ("朴素的", "清新的", "温柔的", "明亮的"),
+            ("阳光", "微风", "吉他", "草地"),
+            ("清晨", "午后", "星期天"),
+            ("啦啦", "嗯哼", "哦"),
+        ),
+    },
+)
+
+_PHRASEBOOKS = {
+    brief.Language.KOREAN: KOREAN,
+    brief.Language.ENGLISH: ENGLISH,
+    brief.Language.JAPANESE: JAPANESE,
+    brief.Language.CHINESE: CHINESE,
+}
 
 _PHRASE_SPLIT = {
     brief.Language.KOREAN: re.compile(r"[,.;:!?·/\n]+|\s+그리고\s+|\s+및\s+"),
     brief.Language.ENGLISH: re.compile(r"[,.;:!?/\n]+|\s+and\s+", re.IGNORECASE),
+    brief.Language.JAPANESE: re.compile(r"[、。,.;:!?！？・「」/\n\s]+"),
+    brief.Language.CHINESE: re.compile(r"[，。、,.;:!?！？；：/\n\s]+"),
 }
+# Noun-like runs of Han characters or katakana, the keywords of Japanese and Chinese free text.
+_HAN_OR_KATAKANA = re.compile(r"[\u4e00-\u9fff\u30a0-\u30ff]{2,8}")
+_CHINESE_FUNCTION_CHARS = re.compile(r"[的和与在有是了也都就还很一个]")
 
 _ENGLISH_STOPWORDS = frozenset(
     [
@@ -438,6 +677,11 @@ def _korean_keyword(word: str) -> str:
 
 def keywords(detail: str, language: brief.Language) -> tuple[str, ...]:
     """Pick the noun-like words of free text, stripped of particles."""
+    if language == brief.Language.JAPANESE:
+        return _dedupe(_HAN_OR_KATAKANA.findall(detail))[:MAX_KEYWORDS]
+    if language == brief.Language.CHINESE:
+        runs = (run for part in _PHRASE_SPLIT[language].split(detail) for run in _CHINESE_FUNCTION_CHARS.split(part))
+        return _dedupe([run for run in runs if 2 <= len(run) <= 6])[:MAX_KEYWORDS]
     words = re.findall(r"[\w'-]+", detail)
     if language == brief.Language.KOREAN:
         found = [_korean_keyword(word) for word in words]
@@ -508,14 +752,14 @@ def _bridge(writer: _Writer, book: Phrasebook, count: int) -> tuple[str, ...]:
 class LocalLyricProvider:
     """Writes lyrics offline from phrase templates, deterministically for a seed."""
 
-    def write(self, brief: brief.Brief, seed: str) -> events.Lyrics:
+    def write(self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation | None = None) -> events.Lyrics:
         book = _PHRASEBOOKS[brief.language]
         vocabulary = Vocabulary(
             name=brief.customer_name,
             region=brief.region,
             phrases=phrases(brief.detail_region_info, brief.language, book.max_chars),
             keywords=keywords(brief.detail_region_info, brief.language),
-            mood=book.moods[brief.genre],
+            mood=book.moods[brief.style],
         )
         writer = _Writer(book, vocabulary, random.Random(seed))
         kinds = structure(brief.duration_s)

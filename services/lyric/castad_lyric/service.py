@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import pathlib
+from typing import Literal, Self
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, repository, runner
+from castad_runtime.stage import cancellation, http, repository, runner
 from castad_runtime.stage import service as stage_service
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_lyric import instant, provider
+from castad_lyric import chat, instant, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -20,6 +21,29 @@ class LyricSettings(stage_service.StageSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_LYRIC_", extra="ignore", frozen=True)
 
     database_url: str = Field(default=settings.database_url_default("lyric"), pattern=settings.POSTGRES_URL)
+    provider: Literal["local", "instant", "openai"] = Field(  # type: ignore[assignment]  # one more than a stage's
+        default="local",
+        description="`local` writes lyrics offline; `instant` one line at once (benchmarks); `openai` asks an"
+        " OpenAI-compatible Chat Completions server (CASTAD_LYRIC_OPENAI_*)",
+    )
+    openai_base_url: str = Field(
+        default="https://api.openai.com/v1", pattern=r"^https?://", description="the Chat Completions server's base URL"
+    )
+    openai_api_key: SecretStr | None = Field(
+        default=None, description="its API key (or CASTAD_LYRIC_OPENAI_API_KEY_FILE); never logged"
+    )
+    openai_api_key_file: pathlib.Path | None = Field(
+        default=None, description="a file holding the API key, read at every call (a mounted Secret can rotate)"
+    )
+    openai_model: str = Field(default="gpt-4o-mini", min_length=1, description="the model to ask")
+    openai_timeout_s: float = Field(default=60.0, gt=0, description="longest wait for one answer")
+    openai_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
+
+    @model_validator(mode="after")
+    def _key_for_openai(self) -> Self:
+        if self.provider == "openai" and self.openai_api_key is None and self.openai_api_key_file is None:
+            raise ValueError("provider openai needs CASTAD_LYRIC_OPENAI_API_KEY or CASTAD_LYRIC_OPENAI_API_KEY_FILE")
+        return self
 
 
 def render_text(lyrics: events.Lyrics) -> str:
@@ -31,15 +55,29 @@ def render_text(lyrics: events.Lyrics) -> str:
     return "\n".join(parts)
 
 
-def make_work(config: stage_service.StageSettings) -> runner.Work:
-    writer: provider.LyricProvider = (
-        instant.InstantLyricProvider() if config.provider == "instant" else provider.LocalLyricProvider()
-    )
+def make_writer(config: LyricSettings) -> provider.LyricProvider:
+    if config.provider == "instant":
+        return instant.InstantLyricProvider()
+    if config.provider == "openai":
+        key = http.Credential(config.openai_api_key, config.openai_api_key_file)
+        client = http.HttpProvider(
+            "the Chat Completions server",
+            config.openai_base_url,
+            config.openai_timeout_s,
+            config.openai_max_answer_bytes,
+            headers=key.bearer,
+        )
+        return chat.ChatLyricProvider(client, config.openai_model)
+    return provider.LocalLyricProvider()
+
+
+def make_work(config: LyricSettings) -> runner.Work:
+    writer = make_writer(config)
     store = artifacts.ArtifactStore(config.artifacts_dir)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         request = events.PipelineRequested.model_validate(job.input)
-        lyrics = writer.write(request.brief, seed=job.pipeline_id)
+        lyrics = writer.write(request.brief, seed=job.pipeline_id, cancel=cancel)
         cancel.check()
         with store.scratch(job.pipeline_id, events.Stage.LYRIC, job.attempts, ".txt") as scratch:
             scratch.write_text(render_text(lyrics), encoding="utf-8")
@@ -49,7 +87,7 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
     return work
 
 
-DEFINITION = stage_service.StageDefinition(
+DEFINITION = stage_service.StageDefinition[LyricSettings](
     stage=events.Stage.LYRIC,
     trigger=events.PIPELINE_REQUESTED,
     completed_model=events.LyricCompleted,

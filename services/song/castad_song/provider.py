@@ -105,8 +105,8 @@ _YONANUKI_MINOR = (0, 2, 3, 7, 8)
 _BASS = Timbre((1.0, 0.45, 0.12), decay=1.2, release_s=0.04)
 _PAD = Timbre((1.0, 0.3, 0.1), decay=0.5, attack_s=0.04, release_s=0.2)
 
-STYLES: dict[brief.Genre, Style] = {
-    brief.Genre.KPOP: Style(
+STYLES: dict[brief.Style, Style] = {
+    brief.Style.KPOP: Style(
         bpm=118,
         scale=_MAJOR,
         progression=((0, 4, 7), (7, 11, 14), (9, 12, 16), (5, 9, 12)),
@@ -120,7 +120,7 @@ STYLES: dict[brief.Genre, Style] = {
         lead=Timbre((1.0, 0.45, 0.3, 0.18, 0.1), vibrato_semitones=0.15, vibrato_hz=5.5),
         pad=_PAD,
     ),
-    brief.Genre.BALLAD: Style(
+    brief.Style.BALLAD: Style(
         bpm=68,
         scale=_MAJOR,
         progression=((0, 4, 7), (9, 12, 16), (5, 9, 12), (7, 11, 14)),
@@ -134,7 +134,7 @@ STYLES: dict[brief.Genre, Style] = {
         lead=Timbre((1.0, 0.25, 0.08), vibrato_semitones=0.25, attack_s=0.03, release_s=0.12),
         pad=Timbre((1.0, 0.2, 0.05), decay=0.3, attack_s=0.15, release_s=0.4),
     ),
-    brief.Genre.HIPHOP: Style(
+    brief.Style.HIPHOP: Style(
         bpm=92,
         scale=_MINOR,
         progression=((0, 3, 7), (8, 12, 15), (3, 7, 10), (10, 14, 17)),
@@ -148,7 +148,7 @@ STYLES: dict[brief.Genre, Style] = {
         lead=Timbre((1.0, 0.0, 0.33, 0.0, 0.2, 0.0, 0.14), decay=2.5, release_s=0.03),
         pad=_PAD,
     ),
-    brief.Genre.ROCK: Style(
+    brief.Style.ROCK: Style(
         bpm=132,
         scale=_MAJOR,
         progression=((0, 4, 7), (5, 9, 12), (7, 11, 14), (5, 9, 12)),
@@ -162,7 +162,7 @@ STYLES: dict[brief.Genre, Style] = {
         lead=Timbre((1.0, 0.7, 0.5, 0.35, 0.25, 0.15), vibrato_semitones=0.2, vibrato_hz=6.0),
         pad=Timbre((1.0, 0.8, 0.6, 0.4, 0.3), decay=1.0),
     ),
-    brief.Genre.JAZZ: Style(
+    brief.Style.JAZZ: Style(
         bpm=112,
         scale=_MAJOR,
         progression=((2, 5, 9, 12), (7, 11, 14, 17), (0, 4, 7, 11), (9, 12, 16, 19)),
@@ -177,7 +177,7 @@ STYLES: dict[brief.Genre, Style] = {
         pad=Timbre((1.0, 0.2, 0.05, 0.0, 0.0, 0.05), decay=1.5),
         walking_bass=True,
     ),
-    brief.Genre.TROT: Style(
+    brief.Style.TROT: Style(
         bpm=130,
         scale=_YONANUKI_MINOR,
         progression=((0, 3, 7), (5, 8, 12), (7, 11, 14), (0, 3, 7)),
@@ -191,7 +191,7 @@ STYLES: dict[brief.Genre, Style] = {
         lead=Timbre((1.0, 0.55, 0.3, 0.15), vibrato_semitones=0.6, vibrato_hz=6.5),
         pad=Timbre((1.0, 0.5, 0.25), decay=6.0),
     ),
-    brief.Genre.ACOUSTIC: Style(
+    brief.Style.ACOUSTIC: Style(
         bpm=96,
         scale=_MAJOR,
         progression=((0, 4, 7), (5, 9, 12), (9, 12, 16), (7, 11, 14)),
@@ -216,8 +216,8 @@ _SYLLABLE = re.compile(r"[\uac00-\ud7a3]|[0-9]|[A-Za-z']+")
 _VOWEL_GROUP = re.compile(r"[aeiouy]+")
 
 
-def tempo_bpm(genre: brief.Genre) -> float:
-    return STYLES[genre].bpm
+def tempo_bpm(style: brief.Style) -> float:
+    return STYLES[style].bpm
 
 
 def syllables(text: str) -> list[str]:
@@ -395,7 +395,7 @@ def _bass(times: Sequence[float], bar_end: float, grid: _Grid, chord: Sequence[i
 
 def arrange(brief: brief.Brief, lyrics: events.Lyrics, seed: str) -> Arrangement:
     """Lay out the melody, chords, bass and drums of the whole song."""
-    style = STYLES[brief.genre]
+    style = STYLES[brief.style]
     tonic = _TONIC + _KEY_SHIFTS[_stable_int(seed) % len(_KEY_SHIFTS)]
     grid = _Grid(float(brief.duration_s), style, tonic)
     lines = _lines(lyrics)

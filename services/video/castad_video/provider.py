@@ -22,14 +22,56 @@ from castad_runtime.stage import cancellation, errors
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 FONT_ENV = "CASTAD_VIDEO_FONT_PATH"
-KNOWN_FONTS: tuple[pathlib.Path, ...] = (
-    pathlib.Path("/usr/share/fonts/truetype/nanum/NanumGothicBold.ttf"),
-    pathlib.Path("/usr/share/fonts/truetype/nanum/NanumGothic.ttf"),
-    pathlib.Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Bold.ttc"),
-    pathlib.Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"),
-    pathlib.Path("/usr/share/fonts/truetype/noto/NotoSansCJK-Bold.ttc"),
-    pathlib.Path("/usr/share/fonts/truetype/noto/NotoSansCJK-Regular.ttc"),
+
+
+@dataclasses.dataclass(frozen=True)
+class Font:
+    """A font file, and the face to use when it is a collection (.ttc)."""
+
+    path: pathlib.Path
+    index: int = 0
+
+    def at(self, size: int) -> ImageFont.FreeTypeFont:
+        return ImageFont.truetype(str(self.path), size, index=self.index)
+
+
+_NANUM = tuple(
+    pathlib.Path("/usr/share/fonts/truetype/nanum", name) for name in ("NanumGothicBold.ttf", "NanumGothic.ttf")
 )
+_NOTO_CJK = tuple(
+    pathlib.Path(folder, name)
+    for folder in ("/usr/share/fonts/opentype/noto", "/usr/share/fonts/truetype/noto")
+    for name in ("NotoSansCJK-Bold.ttc", "NotoSansCJK-Regular.ttc")
+)
+# Noto Sans CJK collections hold one face per region, each with that region's glyph forms.
+_NOTO_CJK_FACE = {
+    brief.Language.JAPANESE: 0,
+    brief.Language.KOREAN: 1,
+    brief.Language.CHINESE: 2,
+    brief.Language.ENGLISH: 1,
+}
+KNOWN_FONTS: dict[brief.Language, tuple[Font, ...]] = {
+    language: (
+        *(Font(path) for path in _NANUM if language in (brief.Language.KOREAN, brief.Language.ENGLISH)),
+        *(Font(path, _NOTO_CJK_FACE[language]) for path in _NOTO_CJK),
+    )
+    for language in brief.Language
+}
+# Text a caption font must draw for a language: its own letters (for Japanese and Chinese, forms
+# a Korean font's Hanja lack), and Latin for names and tags.
+SAMPLES = {
+    brief.Language.KOREAN: "가힣A",
+    brief.Language.ENGLISH: "Aa",
+    brief.Language.JAPANESE: "あア駅円A",
+    brief.Language.CHINESE: "汉书这A",
+}
+_FC_LANG = {
+    brief.Language.KOREAN: "ko",
+    brief.Language.ENGLISH: "en",
+    brief.Language.JAPANESE: "ja",
+    brief.Language.CHINESE: "zh-cn",
+}
+FONT_PACKAGES = "Debian's fonts-nanum (Korean) and fonts-noto-cjk (Japanese, Chinese)"
 STDERR_TAIL_LINES = 12
 MAX_CAPTION_LINES = 3
 HEADER_LINES = 2
@@ -61,7 +103,7 @@ class Video:
 
 
 class FontNotFound(LookupError):
-    """No installed font can draw Hangul."""
+    """No installed font can draw a language's captions."""
 
 
 def _glyph_pixels(font: ImageFont.FreeTypeFont, text: str) -> bytes:
@@ -71,37 +113,43 @@ def _glyph_pixels(font: ImageFont.FreeTypeFont, text: str) -> bytes:
     return image.tobytes()
 
 
-def draws_hangul(path: pathlib.Path) -> bool:
-    """Whether the font has a real glyph for '가', not just its notdef box."""
+def draws(font: Font, language: brief.Language) -> bool:
+    """Whether the font has a real glyph for every character of the language's sample, not its notdef box."""
     try:
-        font = ImageFont.truetype(str(path), 48)
+        face = font.at(48)
     except OSError:
         return False
-    hangul = _glyph_pixels(font, "가")
-    return any(hangul) and hangul != _glyph_pixels(font, _UNASSIGNED)
+    missing = _glyph_pixels(face, _UNASSIGNED)
+    return all(
+        any(pixels) and pixels != missing for pixels in (_glyph_pixels(face, char) for char in SAMPLES[language])
+    )
 
 
-def _fc_match_korean() -> list[pathlib.Path]:
+def _fc_match(language: brief.Language) -> list[Font]:
     fc_match = shutil.which("fc-match")
     if fc_match is None:
         return []
     try:
         found = subprocess.run(
-            [fc_match, "--format=%{file}", ":lang=ko"], capture_output=True, text=True, timeout=10, check=False
+            [fc_match, "--format=%{file}\t%{index}", f":lang={_FC_LANG[language]}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [pathlib.Path(found.stdout.strip())] if found.returncode == 0 and found.stdout.strip() else []
+    path, _, index = found.stdout.strip().partition("\t")
+    return [Font(pathlib.Path(path), int(index) if index.isdigit() else 0)] if found.returncode == 0 and path else []
 
 
-def find_hangul_font(explicit: pathlib.Path | None = None) -> pathlib.Path:
-    """The explicit font if it exists, else the first installed font that draws Hangul."""
-    if explicit is not None and explicit.is_file():
-        return explicit
-    for candidate in (*KNOWN_FONTS, *_fc_match_korean()):
-        if candidate.is_file() and draws_hangul(candidate):
+def find_font(language: brief.Language, explicit: pathlib.Path | None = None) -> Font:
+    """The explicit font if it draws the language, else the first installed font that does."""
+    candidates = [Font(explicit)] if explicit is not None else []
+    for candidate in (*candidates, *KNOWN_FONTS[language], *_fc_match(language)):
+        if candidate.path.is_file() and draws(candidate, language):
             return candidate
-    raise FontNotFound(f"no font that can draw Hangul was found; install Debian's fonts-nanum or set {FONT_ENV}")
+    raise FontNotFound(f"no font that can draw {language} was found; install {FONT_PACKAGES} or set {FONT_ENV}")
 
 
 def frame_size(orientation: brief.Orientation, short_side: int) -> tuple[int, int]:
@@ -120,14 +168,14 @@ class Palette:
     outline: Rgb = (18, 18, 28)
 
 
-PALETTES: dict[brief.Genre, Palette] = {
-    brief.Genre.KPOP: Palette((255, 95, 162), (106, 92, 255), (255, 230, 109)),
-    brief.Genre.BALLAD: Palette((43, 58, 103), (224, 168, 153), (255, 214, 165)),
-    brief.Genre.HIPHOP: Palette((20, 20, 24), (70, 60, 80), (249, 215, 28)),
-    brief.Genre.ROCK: Palette((26, 0, 0), (139, 0, 0), (255, 107, 53)),
-    brief.Genre.JAZZ: Palette((15, 32, 39), (44, 83, 100), (212, 175, 55)),
-    brief.Genre.TROT: Palette((255, 154, 60), (194, 24, 91), (255, 241, 118)),
-    brief.Genre.ACOUSTIC: Palette((86, 140, 60), (200, 170, 110), (255, 248, 225)),
+PALETTES: dict[brief.Style, Palette] = {
+    brief.Style.KPOP: Palette((255, 95, 162), (106, 92, 255), (255, 230, 109)),
+    brief.Style.BALLAD: Palette((43, 58, 103), (224, 168, 153), (255, 214, 165)),
+    brief.Style.HIPHOP: Palette((20, 20, 24), (70, 60, 80), (249, 215, 28)),
+    brief.Style.ROCK: Palette((26, 0, 0), (139, 0, 0), (255, 107, 53)),
+    brief.Style.JAZZ: Palette((15, 32, 39), (44, 83, 100), (212, 175, 55)),
+    brief.Style.TROT: Palette((255, 154, 60), (194, 24, 91), (255, 241, 118)),
+    brief.Style.ACOUSTIC: Palette((86, 140, 60), (200, 170, 110), (255, 248, 225)),
 }
 
 
@@ -155,11 +203,11 @@ def _bokeh(size: tuple[int, int], rng: random.Random) -> Image.Image:
 class FrameRenderer:
     """Draws the still frames of a video: a title card and one frame per caption."""
 
-    def __init__(self, brief: brief.Brief, size: tuple[int, int], font_path: pathlib.Path, seed: str) -> None:
+    def __init__(self, brief: brief.Brief, size: tuple[int, int], font: Font, seed: str) -> None:
         self._brief = brief
         self._size = size
-        self._font_path = font_path
-        self._palette = PALETTES[brief.genre]
+        self._face = font
+        self._palette = PALETTES[brief.style]
         self._fonts: dict[int, ImageFont.FreeTypeFont] = {}
         background = _gradient(size, self._palette).convert("RGBA")
         self._background = Image.alpha_composite(background, _bokeh(size, random.Random(seed)))
@@ -183,7 +231,7 @@ class FrameRenderer:
 
     def _font(self, size: int) -> ImageFont.FreeTypeFont:
         if size not in self._fonts:
-            self._fonts[size] = ImageFont.truetype(str(self._font_path), size)
+            self._fonts[size] = self._face.at(size)
         return self._fonts[size]
 
     def _header(self, image: Image.Image) -> None:
@@ -366,12 +414,16 @@ class LocalVideoProvider:
     ) -> None:
         self._short_side = short_side
         self._fps = fps
-        self._font_path = find_hangul_font(font_path)
+        self._font_path = font_path
+        self._fonts: dict[brief.Language, Font] = {}
+        self.font_for(brief.Language.KOREAN)  # the default language: a service that cannot draw it does not start
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
 
-    @property
-    def font_path(self) -> pathlib.Path:
-        return self._font_path
+    def font_for(self, language: brief.Language) -> Font:
+        """The caption font of a language, looked up once (FontNotFound when none is installed)."""
+        if language not in self._fonts:
+            self._fonts[language] = find_font(language, self._font_path)
+        return self._fonts[language]
 
     def render(
         self,
@@ -386,7 +438,11 @@ class LocalVideoProvider:
     ) -> Video:
         duration = song_duration(song_path)
         width, height = frame_size(brief.orientation, self._short_side)
-        renderer = FrameRenderer(brief, (width, height), self._font_path, seed)
+        try:
+            font = self.font_for(lyrics.language)
+        except FontNotFound as error:
+            raise errors.PermanentProviderError("font_missing", str(error)) from None
+        renderer = FrameRenderer(brief, (width, height), font, seed)
         plan = shots(lyrics, timed_lines, duration)
         with tempfile.TemporaryDirectory(prefix="castad-video-") as workdir:
             frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir), cancel)

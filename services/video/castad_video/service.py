@@ -22,7 +22,9 @@ class VideoSettings(stage_service.StageSettings):
     database_url: str = Field(default=settings.database_url_default("video"), pattern=settings.POSTGRES_URL)
     short_side: int = Field(default=720, ge=144, le=2160, description="pixels of the video's shorter side")
     fps: int = Field(default=24, ge=1, le=60, description="frame rate of the MP4")
-    font_path: pathlib.Path | None = Field(default=None, description="TTF/OTF font with Hangul glyphs")
+    font_path: pathlib.Path | None = Field(
+        default=None, description="caption font (TTF, OTF); default: the first installed one that draws the language"
+    )
     ffmpeg: str | None = Field(default=None, description="ffmpeg binary (default: the one from imageio-ffmpeg)")
 
 

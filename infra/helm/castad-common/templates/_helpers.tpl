@@ -109,6 +109,9 @@ connection URLs from existing Secrets, every CASTAD_* setting, OpenTelemetry.
 - name: CASTAD_RELAY_SOURCES
   value: {{ join "," $sources | quote }}
 {{- end }}
+{{- range $name, $secret := .Values.secretSettings }}
+{{ include "castad.secretEnv" (dict "name" $name "secret" $secret "what" (printf "secretSettings (%s)" $name)) }}
+{{- end }}
 {{- range $name, $value := (include "castad.settings" . | fromJson) }}
 {{- if not (kindIs "invalid" $value) }}{{/* null: the service's own default */}}
 - name: {{ $name }}

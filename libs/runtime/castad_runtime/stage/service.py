@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from castad_contracts import events, topology
 from pydantic import Field
@@ -72,15 +72,18 @@ class StageSettings(settings.CommonSettings):
         )
 
 
+S = TypeVar("S", bound=StageSettings)
+
+
 @dataclasses.dataclass(frozen=True)
-class StageDefinition:
+class StageDefinition(Generic[S]):
     stage: events.Stage
     trigger: str
     completed_model: type[events.StageCompleted]
-    make_work: Callable[[StageSettings], runner.Work]
+    make_work: Callable[[S], runner.Work]
 
 
-def run(definition: StageDefinition, config: StageSettings) -> None:
+def run(definition: StageDefinition[S], config: S) -> None:
     service = definition.stage.value
     process.start_observability(service, config.log_level)
     topo = topology.Topology(config.namespace)

@@ -1,0 +1,138 @@
+"""Lyrics from an LLM: any server speaking OpenAI's Chat Completions API.
+
+One request per attempt: `POST {base_url}/chat/completions` with the brief as JSON in the
+user message and a strict JSON Schema as `response_format`, so the answer is the lyrics
+as data. The answer is validated into the lyrics model; what the model refuses to write
+(`refusal`, or `finish_reason: content_filter`) fails for good, as do 400, 401, 403 and
+404; a rate limit, a server error, a timeout or an answer that does not fit is retried
+(after the server's `Retry-After` when it sends one). See castad_runtime.stage.http.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from castad_contracts import brief, events
+from castad_runtime import redact
+from castad_runtime.stage import cancellation, errors, http
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from castad_lyric import provider
+
+Line = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=120)]
+
+SYSTEM_PROMPT = (
+    "You write the lyrics of a short, catchy marketing song for a local business. The user message is the"
+    " brief as JSON. Write every word in the brief's `language`. Sing the business's name (customer_name)"
+    " and its region by name, use what detail_region_info says about the place, and fit the genre. Follow"
+    " `sections` in order, each with about `lines_per_section` short singable lines (at most"
+    " `max_chars_per_line` characters). Answer with the JSON the schema asks for, nothing else."
+)
+
+RESPONSE_FORMAT: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "lyrics",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["title", "sections"],
+            "properties": {
+                "title": {"type": "string"},
+                "sections": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["kind", "lines"],
+                        "properties": {
+                            "kind": {"type": "string", "enum": ["verse", "chorus", "bridge"]},
+                            "lines": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["verse", "chorus", "bridge"]
+    lines: list[Line] = Field(min_length=1, max_length=12)
+
+
+class _Written(BaseModel):
+    """The answer's content, as the schema asks for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: Line
+    sections: list[_Section] = Field(min_length=1, max_length=12)
+
+
+def request_body(source: brief.Brief, seed: str, model: str) -> dict[str, Any]:
+    kinds = provider.structure(source.duration_s)
+    wanted = {
+        **source.model_dump(mode="json", include={"customer_name", "region", "detail_region_info", "language"}),
+        "genre": str(source.genre),
+        "duration_s": source.duration_s,
+        "sections": list(kinds),
+        "lines_per_section": provider.lines_per_section(source.duration_s, len(kinds)),
+        "max_chars_per_line": 40,
+    }
+    return {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": json.dumps(wanted, ensure_ascii=False)},
+        ],
+        "response_format": RESPONSE_FORMAT,
+        # The same pipeline asks the same way on every attempt (servers that support it repeat themselves).
+        "seed": int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "big"),
+    }
+
+
+def lyrics_of(answer: Any, language: brief.Language) -> events.Lyrics:
+    """The lyrics in a Chat Completions answer; ProviderError when there are none."""
+    try:
+        choice = answer["choices"][0]
+        message = choice["message"]
+        refusal, content, finish = message.get("refusal"), message.get("content"), choice.get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise errors.ProviderError("provider_malformed", "the answer has no choices[0].message") from None
+    if refusal:
+        raise errors.ProviderError("content_refused", f"the model refused: {str(refusal)[:200]}", retryable=False)
+    if finish == "content_filter":
+        raise errors.ProviderError(
+            "content_filtered", "the server's content filter stopped the lyrics", retryable=False
+        )
+    if finish == "length":
+        raise errors.ProviderError("provider_truncated", "the lyrics were cut off at the token limit")
+    if not isinstance(content, str):
+        raise errors.ProviderError("provider_malformed", "the answer's message has no content")
+    try:
+        written = _Written.model_validate_json(content)
+    except ValidationError as error:
+        raise errors.ProviderError(
+            "provider_malformed", f"the lyrics do not fit: {redact.validation_summary(error, 3)}"
+        ) from None
+    sections = tuple(events.LyricSection(kind=s.kind, lines=tuple(s.lines)) for s in written.sections)
+    return events.Lyrics(title=written.title, language=language, sections=sections)
+
+
+class ChatLyricProvider:
+    """Writes lyrics with an OpenAI-compatible Chat Completions server."""
+
+    def __init__(self, client: http.HttpProvider, model: str) -> None:
+        self._client = client
+        self._model = model
+
+    def write(self, source: brief.Brief, seed: str, cancel: cancellation.Cancellation) -> events.Lyrics:
+        answer = self._client.json("POST", "chat/completions", cancel, json=request_body(source, seed, self._model))
+        return lyrics_of(answer, source.language)

@@ -1,0 +1,161 @@
+"""The Chat Completions lyric provider against a local server that behaves like OpenAI's API:
+every kind of answer it can give, and how each becomes lyrics or a classified failure."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+from castad_contracts import brief
+from castad_local.fakes.chat import DEFAULT_KEY, FakeChat, Reply
+from castad_lyric import chat
+from castad_runtime.stage import cancellation, errors, http
+from pydantic import SecretStr
+
+SOURCE = brief.Brief(
+    customer_name="바다책방", region="속초", detail_region_info="파도 소리가 들리는 작은 책방", duration_s=20
+)
+
+
+CLIENTS: list[http.HttpProvider] = []
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with FakeChat() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _close_clients():
+    yield
+    for thread in threading.enumerate():  # calls a cancel abandoned end by their own timeout
+        if thread.name == "provider-call":
+            thread.join(10)
+    while CLIENTS:
+        CLIENTS.pop().close()
+
+
+def client_for(url: str, headers=dict, timeout_s: float = 5.0, max_bytes: int = 100_000) -> http.HttpProvider:
+    client = http.HttpProvider("the fake", url, timeout_s, max_bytes, headers=headers)
+    CLIENTS.append(client)
+    return client
+
+
+def provider_for(fake, key: str = DEFAULT_KEY, timeout_s: float = 5.0, max_bytes: int = 100_000, **credential):
+    credential = credential or {"value": SecretStr(key)}
+    client = client_for(f"{fake.url}/v1", http.Credential(**credential).bearer, timeout_s, max_bytes)
+    return chat.ChatLyricProvider(client, "gpt-test")
+
+
+def failure(fake, *replies: Reply, **options) -> errors.ProviderError:
+    fake.script(*replies)
+    with pytest.raises(errors.ProviderError) as caught:
+        provider_for(fake, **options).write(SOURCE, "p-1", cancellation.Cancellation())
+    return caught.value
+
+
+def test_a_good_answer_becomes_lyrics_in_the_briefs_language_naming_the_business(fake):
+    before = len(fake.received)
+    lyrics = provider_for(fake).write(SOURCE, "p-1", cancellation.Cancellation())
+    again = provider_for(fake).write(SOURCE, "p-1", cancellation.Cancellation())
+
+    assert lyrics.language is brief.Language.KOREAN
+    text = "\n".join(lyrics.lines())
+    assert SOURCE.customer_name in text and SOURCE.region in text
+    first, second = fake.received[before:]
+    assert first["model"] == "gpt-test"
+    assert first["response_format"]["json_schema"]["strict"] is True
+    assert first["seed"] == second["seed"] and lyrics == again  # the same pipeline asks the same way
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "expected"), [("7", 7.0), (None, None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)]
+)
+def test_a_rate_limit_is_retryable_after_what_the_server_asks(fake, retry_after, expected):
+    error = failure(fake, Reply("status", status=429, retry_after=retry_after))
+    assert (error.code, error.retryable, error.retry_after_s) == ("provider_rate_limited", True, expected)
+    assert "429" in error.message
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 408])
+def test_a_server_error_is_retryable(fake, status):
+    error = failure(fake, Reply("status", status=status, retry_after="3"))
+    assert (error.code, error.retryable, error.retry_after_s) == ("provider_unavailable", True, 3.0)
+
+
+def test_a_wrong_key_fails_for_good_and_the_key_never_shows(fake):
+    error = failure(fake, key="sk-wrong-key-123456")
+    assert (error.code, error.retryable) == ("provider_auth", False)
+    assert "sk-wrong" not in error.message and "401" in error.message
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [(400, "provider_rejected"), (404, "provider_rejected"), (403, "provider_auth")]
+)
+def test_a_refused_request_fails_for_good(fake, status, code):
+    error = failure(fake, Reply("status", status=status))
+    assert (error.code, error.retryable) == (code, False)
+
+
+@pytest.mark.parametrize(
+    ("reply", "code", "retryable"),
+    [
+        (Reply("refusal"), "content_refused", False),
+        (Reply("content_filter"), "content_filtered", False),
+        (Reply("length"), "provider_truncated", True),
+        (Reply("malformed"), "provider_malformed", True),
+        (Reply("oversized", size=200_000), "provider_malformed", True),
+    ],
+)
+def test_an_answer_without_usable_lyrics_is_classified(fake, reply, code, retryable):
+    error = failure(fake, reply)
+    assert (error.code, error.retryable) == (code, retryable)
+
+
+def test_no_answer_in_time_is_a_retryable_timeout(fake):
+    started = time.monotonic()
+    error = failure(fake, Reply("hang", seconds=3), timeout_s=0.5)
+    assert (error.code, error.retryable) == ("provider_timeout", True)
+    assert time.monotonic() - started < 2.5
+
+
+def test_an_unreachable_server_is_retryable():
+    with FakeChat() as gone:
+        url = gone.url
+    client = client_for(f"{url}/v1", timeout_s=2.0)
+    with pytest.raises(errors.ProviderError) as caught:
+        chat.ChatLyricProvider(client, "m").write(SOURCE, "p-1", cancellation.Cancellation())
+    assert (caught.value.code, caught.value.retryable) == ("provider_unreachable", True)
+
+
+def test_a_cancel_ends_a_waiting_call_at_once(fake):
+    fake.script(Reply("hang", seconds=3))
+    cancel = cancellation.Cancellation()
+    threading.Timer(0.3, cancel.cancel, args=(cancellation.Reason.CANCELED,)).start()
+    started = time.monotonic()
+    with pytest.raises(cancellation.Cancelled):
+        provider_for(fake, timeout_s=10).write(SOURCE, "p-1", cancel)
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_key_file_is_read_at_every_call_so_a_rotated_key_is_used(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-first-key\n")
+    with FakeChat(api_key="sk-first-key") as rotating:
+        writer = provider_for(rotating, file=key_file)
+        assert writer.write(SOURCE, "p-1", cancellation.Cancellation()).lines()
+        rotating.api_key = "sk-second-key"
+        key_file.write_text("sk-second-key")
+        assert writer.write(SOURCE, "p-1", cancellation.Cancellation()).lines()
+
+
+def test_retry_after_reads_seconds_milliseconds_and_dates():
+    now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+    assert http.retry_after_s({"retry-after": "12"}, now) == 12.0
+    assert http.retry_after_s({"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
+    assert http.retry_after_s({"retry-after": "Thu, 01 Jan 2026 12:00:30 GMT"}, now) == 30.0
+    assert http.retry_after_s({"retry-after": "soon"}, now) is None
+    assert http.retry_after_s({}, now) is None
