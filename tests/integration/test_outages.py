@@ -27,25 +27,28 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
-class RequestedV2(events.PipelineRequested):
-    """pipeline.requested as a later release writes it."""
+NEXT = events.REGISTRY.current_version(events.PIPELINE_REQUESTED) + 1
+
+
+class RequestedNext(events.PipelineRequested):
+    """pipeline.requested as a later release writes it (the version after the newest known here)."""
 
     channel: str
 
 
 def upgraded_registry() -> events.Registry:
     registry = events.REGISTRY.copy()
-    registry.register(events.PIPELINE_REQUESTED, 2, RequestedV2, lambda data: {**data, "channel": "web"})
+    registry.register(events.PIPELINE_REQUESTED, NEXT, RequestedNext, lambda data: {**data, "channel": "web"})
     return registry
 
 
-def requested_v2(pipeline_id: str | None = None) -> envelope.Envelope:
-    payload = RequestedV2(**pipeline_requested(pipeline_id).model_dump(), channel="kiosk")
+def requested_next(pipeline_id: str | None = None) -> envelope.Envelope:
+    payload = RequestedNext(**pipeline_requested(pipeline_id).model_dump(), channel="kiosk")
     return envelope.Envelope(
         source="/castad/api",
         type=events.PIPELINE_REQUESTED,
         subject=payload.pipeline_id,
-        schemaversion=2,
+        schemaversion=NEXT,
         data=payload.model_dump(mode="json"),
     )
 
@@ -97,12 +100,12 @@ def test_a_worker_stopped_during_an_outage_leaves_its_message_in_the_queue(insta
 
 
 def test_an_event_newer_than_its_consumer_waits_for_the_consumers_upgrade(installation, engines, amqp, run_consumer):
-    """Producer upgraded first: the old consumer holds the v2 event instead of dead-lettering it; the
+    """Producer upgraded first: the old consumer holds the newer event instead of dead-lettering it; the
     upgraded consumer that replaces it handles it."""
     engine = engines["lyric"]
     old = Counted(stage_trigger_handler(engine))
     run_consumer("lyric", {events.PIPELINE_REQUESTED: old}, threads=1, hold_s=120)
-    env = requested_v2()
+    env = requested_next()
 
     publish(amqp, installation, env)
     time.sleep(3)
@@ -119,12 +122,12 @@ def test_an_event_newer_than_its_consumer_waits_for_the_consumers_upgrade(instal
 
     run_consumer("lyric", {events.PIPELINE_REQUESTED: upgraded}, threads=1, registry=upgraded_registry())
     eventually(lambda: count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1, timeout=30)
-    assert [(type(p), getattr(p, "channel", None)) for p in seen] == [(RequestedV2, "kiosk")]
+    assert [(type(p), getattr(p, "channel", None)) for p in seen] == [(RequestedNext, "kiosk")]
     assert amqp.depth(installation.topology.dead_letter_queue) == 0
 
 
 def test_an_older_event_is_read_by_an_upgraded_consumer_as_the_newer_model(installation, engines, amqp, run_consumer):
-    """Consumer upgraded first: v1 events still sent by the old producer are upcast to v2."""
+    """Consumer upgraded first: events of the older version still sent by the old producer are upcast."""
     seen: list[events.Payload] = []
     handler = stage_trigger_handler(engines["lyric"])
 
@@ -137,18 +140,20 @@ def test_an_older_event_is_read_by_an_upgraded_consumer_as_the_newer_model(insta
     publish(amqp, installation, env)
 
     eventually(lambda: len(seen) == 1)
-    assert isinstance(seen[0], RequestedV2) and seen[0].channel == "web"
+    assert isinstance(seen[0], RequestedNext) and seen[0].channel == "web"
     assert seen[0].pipeline_id == env.subject
 
 
 def test_an_event_still_newer_after_the_hold_is_dead_lettered_with_the_reason(installation, amqp, run_consumer):
     run_consumer("lyric", {events.PIPELINE_REQUESTED: lambda env, payload: None}, threads=1, hold_s=2)
-    env = requested_v2()
+    env = requested_next()
 
     publish(amqp, installation, env)
 
     [parked] = amqp.take(installation.topology.dead_letter_queue, 1, timeout=20)
     reason = parked.headers["x-castad-reason"]
-    assert reason.startswith("pipeline.requested version 2 is newer than 1, the newest known here; held ")
+    assert reason.startswith(
+        f"pipeline.requested version {NEXT} is newer than {NEXT - 1}, the newest known here; held "
+    )
     assert reason.endswith(" s")
     assert parked.document["id"] == str(env.id)
