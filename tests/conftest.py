@@ -20,7 +20,7 @@ from castad_local import stack
 from castad_runtime import messaging, migrations
 from sqlalchemy.engine import make_url
 
-from tests.support import Installation, database_url, require_servers
+from tests.support import Installation, ObjectStore, database_url, require_servers
 
 SERVICES = tuple(database.service for database in stack.DATABASES)
 
@@ -57,3 +57,18 @@ def installation(migrated_templates: dict[str, str], tmp_path: pathlib.Path) -> 
         messaging.delete_topology(result.amqp_url, result.topology)
         for url in urls.values():
             migrations.drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
+    """An S3-compatible server for the session; each test makes a bucket of its own (`bucket`)."""
+    store = ObjectStore(tmp_path_factory.mktemp("moto") / "server.log")
+    yield store
+    store.stop()
+
+
+@pytest.fixture
+def bucket(object_store: ObjectStore) -> str:
+    name = f"castad-{uuid.uuid4().hex[:12]}"
+    object_store.client().create_bucket(Bucket=name)
+    return name

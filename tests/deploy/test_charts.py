@@ -156,6 +156,28 @@ def test_every_setting_the_service_reads_is_reachable_from_its_values(chart_dir,
     assert set(values["settings"]) | set(charts.from_structure(service)) | set(charts.secret_settings(service)) == read
 
 
+@pytest.mark.parametrize("service", ("api", "video"))
+def test_with_a_bucket_the_volume_is_scratch_space_and_credentials_come_from_a_secret(chart_dir, service):
+    artifacts = {
+        "store": "s3",
+        "claimName": "unused",
+        "mountPath": "/var/lib/castad/artifacts",
+        "scratchSizeLimit": "3Gi",
+        "credentialsSecret": "castad-s3",
+    }
+    values = {"artifacts": artifacts, "settings": {"CASTAD_ARTIFACTS_S3_BUCKET": "media"}}
+    (deployment,) = by_kind(render(chart_dir, service, values), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = env_of(container)
+    assert (env["CASTAD_ARTIFACTS_STORE"], env["CASTAD_ARTIFACTS_S3_BUCKET"]) == ("s3", "media")
+    assert container["envFrom"] == [{"secretRef": {"name": "castad-s3"}}]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "artifacts"]
+    assert volume == {"name": "artifacts", "emptyDir": {"sizeLimit": "3Gi"}}
+    (default,) = by_kind(render(chart_dir, service, {}), "Deployment")
+    assert "envFrom" not in default["spec"]["template"]["spec"]["containers"][0]
+
+
 def test_a_providers_key_comes_from_a_secret_and_never_from_plain_values(chart_dir):
     key = {"existingSecret": "openai", "key": "api-key"}
     values = {"settings": {"CASTAD_LYRIC_PROVIDER": "openai"}, "secretSettings": {"CASTAD_LYRIC_OPENAI_API_KEY": key}}
@@ -187,6 +209,7 @@ def test_the_committed_settings_blocks_and_schemas_are_current():
         ("relay", {"sources": []}, "sources"),
         ("song", {"database": {"existingSecret": "", "key": "url"}}, "existingSecret"),
         ("video", {"otel": {"endpoint": "jaeger:4318"}}, "endpoint"),
+        ("song", {"artifacts": {"store": "gcs", "claimName": "c", "mountPath": "/a"}}, "store"),
         ("lyric", {"global": {"settings": {"CASTAD_LYRIC_CONCURRENCY": 4}}}, "CASTAD_LYRIC_CONCURRENCY"),
         ("lyric", {"settings": {"CASTAD_LYRIC_OPENAI_API_KEY": "sk-in-plain-sight"}}, "CASTAD_LYRIC_OPENAI_API_KEY"),
         ("lyric", {"secretSettings": {"CASTAD_LYRIC_OPENAI_MODEL": {"existingSecret": "s", "key": "k"}}}, "MODEL"),

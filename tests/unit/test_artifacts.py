@@ -12,18 +12,18 @@ PIPELINE = "pipeline-1"
 STAGE = events.Stage.VIDEO
 
 
-def kept(store: artifacts.ArtifactStore, attempt: int, content: bytes) -> events.Artifact:
+def kept(store: artifacts.VolumeStore, attempt: int, content: bytes) -> events.Artifact:
     with store.scratch(PIPELINE, STAGE, attempt, ".mp4") as scratch:
         scratch.write_bytes(content)
         return store.keep(scratch, PIPELINE, STAGE, "video/mp4")
 
 
-def visible_names(store: artifacts.ArtifactStore) -> list[str]:
+def visible_names(store: artifacts.VolumeStore) -> list[str]:
     return sorted(path.name for path in (store.root / PIPELINE).iterdir() if not path.name.startswith("."))
 
 
 def test_a_final_name_is_the_stage_and_the_first_16_hex_of_the_sha256(tmp_path: pathlib.Path) -> None:
-    store = artifacts.ArtifactStore(tmp_path)
+    store = artifacts.VolumeStore(tmp_path)
 
     artifact = kept(store, 1, b"frames")
 
@@ -33,7 +33,7 @@ def test_a_final_name_is_the_stage_and_the_first_16_hex_of_the_sha256(tmp_path: 
 
 
 def test_a_late_keep_of_other_bytes_leaves_the_published_file_as_described(tmp_path: pathlib.Path) -> None:
-    store = artifacts.ArtifactStore(tmp_path)
+    store = artifacts.VolumeStore(tmp_path)
     published = kept(store, 2, b"the attempt that won")
 
     late = kept(store, 1, b"an abandoned attempt, finishing late")
@@ -48,7 +48,7 @@ def test_a_late_keep_of_other_bytes_leaves_the_published_file_as_described(tmp_p
 
 
 def test_keeps_of_the_same_bytes_share_one_file(tmp_path: pathlib.Path) -> None:
-    store = artifacts.ArtifactStore(tmp_path)
+    store = artifacts.VolumeStore(tmp_path)
 
     first = kept(store, 1, b"same bytes")
     second = kept(store, 2, b"same bytes")
@@ -60,7 +60,7 @@ def test_keeps_of_the_same_bytes_share_one_file(tmp_path: pathlib.Path) -> None:
 
 
 def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: pathlib.Path) -> None:
-    store = artifacts.ArtifactStore(tmp_path)
+    store = artifacts.VolumeStore(tmp_path)
     try:
         with store.scratch(PIPELINE, STAGE, 1, ".mp4") as scratch:
             scratch.write_bytes(b"half a video")

@@ -15,7 +15,7 @@ def openapi(tmp_path: pathlib.Path) -> dict:
         config=config,
         engine=sa.create_engine(config.database_url),  # never connected: only the document is built
         notifications=notifications.PipelineNotifications(config.database_url),
-        store=artifacts.ArtifactStore(tmp_path),
+        store=artifacts.VolumeStore(tmp_path),
     )
     return app.create_app(gateway).openapi()
 

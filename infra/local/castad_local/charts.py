@@ -48,6 +48,7 @@ def from_structure(service: str) -> dict[str, str]:
     else:
         owned[f"CASTAD_{upper}_DATABASE_URL"] = "database.existingSecret"
         owned["CASTAD_ARTIFACTS_DIR"] = "artifacts.mountPath"
+        owned["CASTAD_ARTIFACTS_STORE"] = "artifacts.store"
     return owned
 
 
@@ -191,9 +192,19 @@ def values_schema(service: str) -> dict[str, Any]:
         properties["database"] = SECRET
         properties["artifacts"] = _object(
             {
-                "store": {"enum": ["volume"], "description": "a shared ReadWriteMany volume (see docs/deploy.md)"},
+                "store": {
+                    "enum": ["volume", "s3"],
+                    "description": "volume: a shared ReadWriteMany volume; s3: a bucket (settings"
+                    " CASTAD_ARTIFACTS_S3_*; see docs/deploy.md)",
+                },
                 "claimName": NAME,
                 "mountPath": {"type": "string", "pattern": "^/"},
+                "scratchSizeLimit": QUANTITY,
+                "credentialsSecret": {
+                    "type": "string",
+                    "description": "s3: a Secret whose keys become the environment (AWS_ACCESS_KEY_ID,"
+                    " AWS_SECRET_ACCESS_KEY); empty: the pod's own identity",
+                },
             },
             ("store", "claimName", "mountPath"),
         )

@@ -1,4 +1,18 @@
-"""Artifacts on disk, referenced by file URI, sha256 and size."""
+"""Artifacts: content-addressed files in a shared volume or an S3-compatible bucket.
+
+Both stores name an artifact by its bytes, `<pipeline id>/<stage>-<sha256 prefix><suffix>`.
+An attempt writes its own scratch file (`scratch`, always on local disk), then `keep` moves or
+uploads it under the name derived from its bytes. A timed-out attempt may still finish after a
+newer one has published its artifact; with content-addressed names its late `keep` either
+replaces a file with the same bytes or writes a different one, so the sha256 and size in an
+event always describe what is at its URI. A pipeline may therefore hold more than one file of a
+stage; only the one named in the stage's completed event is its artifact.
+
+A stage that needs an earlier stage's artifact (the video needs the song) reads it through
+`local_copy`; the gateway serves one through `serve`: a local file, or a presigned URL to
+redirect to. An object store that cannot be reached raises outages.StoreUnavailable, the
+machinery's failure, never the work's.
+"""
 
 from __future__ import annotations
 
@@ -6,62 +20,192 @@ import contextlib
 import hashlib
 import os
 import pathlib
+import tempfile
 import urllib.parse
 from collections.abc import Iterator
+from typing import Any, Protocol
 
 from castad_contracts import events
+
+from castad_runtime import outages, redact, settings
 
 DIGEST_NAME_CHARS = 16  # hex characters of the sha256 in a final name: 64 bits
 
 
-class ArtifactStore:
-    """Files under `root/<pipeline id>/<stage>-<sha256 prefix><suffix>`, content-addressed.
+class ArtifactStore(Protocol):
+    def scratch(
+        self, pipeline_id: str, stage: events.Stage, attempt: int, suffix: str
+    ) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
-    An attempt writes its own scratch file (`scratch`), then `keep` moves it to a name derived
-    from its bytes. A timed-out attempt may still finish after a newer one has published its artifact;
-    with content-addressed names its late `keep` either replaces a file with the same bytes or
-    writes a different file, so the sha256 and size in an event always describe the file at
-    its URI. A pipeline's directory may therefore hold more than one file of a stage; only the
-    one named in the stage's completed event is its artifact.
-    """
+    def keep(
+        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str
+    ) -> events.Artifact: ...
+
+    def local_copy(self, artifact: events.Artifact) -> contextlib.AbstractContextManager[pathlib.Path]: ...
+
+    def serve(self, artifact: events.Artifact) -> pathlib.Path | str: ...
+
+
+class ArtifactMissing(LookupError):
+    """The artifact is not in this store (another store's, removed, or its bytes changed)."""
+
+
+def make_store(config: settings.StoreSettings) -> ArtifactStore:
+    if config.artifacts_store == "s3":
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=config.artifacts_s3_endpoint_url,
+            region_name=config.artifacts_s3_region,
+            config=Config(
+                signature_version="s3v4",
+                connect_timeout=5,
+                read_timeout=60,
+                retries={"mode": "standard", "max_attempts": 3},
+                s3={"addressing_style": "path" if config.artifacts_s3_endpoint_url else "auto"},
+            ),
+        )
+        assert config.artifacts_s3_bucket is not None  # the settings refuse s3 without a bucket
+        return S3Store(
+            client,
+            config.artifacts_s3_bucket,
+            config.artifacts_s3_prefix,
+            config.artifacts_dir,
+            config.artifacts_presign_s,
+        )
+    return VolumeStore(config.artifacts_dir)
+
+
+@contextlib.contextmanager
+def _scratch(directory: pathlib.Path, stage: events.Stage, attempt: int, suffix: str) -> Iterator[pathlib.Path]:
+    """A file for an attempt to write, removed when the block ends unless it was kept.
+
+    Scratch files of earlier attempts of the stage (left by a worker that was killed, or by an
+    attempt abandoned while it was still writing) are removed first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f".{stage.value}.attempt*"):
+        stale.unlink(missing_ok=True)
+    path = directory / f".{stage.value}.attempt{attempt}{suffix}"
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str) -> str:
+    return f"{pipeline_id}/{stage.value}-{digest[:DIGEST_NAME_CHARS]}{suffix}"
+
+
+class VolumeStore:
+    """Files under `root`, a directory every stage and the gateway mount."""
 
     def __init__(self, root: pathlib.Path) -> None:
         self.root = root.resolve()
 
-    @contextlib.contextmanager
-    def scratch(self, pipeline_id: str, stage: events.Stage, attempt: int, suffix: str) -> Iterator[pathlib.Path]:
-        """A file for an attempt to write, removed when the block ends unless `keep` moved it.
-
-        Scratch files of earlier attempts of the stage (left by a worker that was killed, or by
-        an attempt abandoned while it was still writing) are removed first.
-        """
-        directory = self.root / pipeline_id
-        directory.mkdir(parents=True, exist_ok=True)
-        for stale in directory.glob(f".{stage.value}.attempt*"):
-            stale.unlink(missing_ok=True)
-        path = directory / f".{stage.value}.attempt{attempt}{suffix}"
-        try:
-            yield path
-        finally:
-            path.unlink(missing_ok=True)
+    def scratch(
+        self, pipeline_id: str, stage: events.Stage, attempt: int, suffix: str
+    ) -> contextlib.AbstractContextManager[pathlib.Path]:
+        return _scratch(self.root / pipeline_id, stage, attempt, suffix)
 
     def keep(self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str) -> events.Artifact:
         """Move an attempt's file to its content-addressed final name and describe it."""
         digest = _sha256(scratch)
         size = scratch.stat().st_size
-        final = self.root / pipeline_id / f"{stage.value}-{digest[:DIGEST_NAME_CHARS]}{scratch.suffix}"
+        final = self.root / _name(pipeline_id, stage, digest, scratch.suffix)
         os.replace(scratch, final)
         return events.Artifact(uri=final.as_uri(), sha256=digest, size=size, media_type=media_type)
 
     def path(self, artifact: events.Artifact) -> pathlib.Path:
-        """The local file of an artifact; raises ValueError if it is not under this store."""
+        """The local file of an artifact; raises ArtifactMissing if it is not under this store."""
         parsed = urllib.parse.urlparse(artifact.uri)
         if parsed.scheme != "file":
-            raise ValueError(f"not a local artifact: {artifact.uri}")
+            raise ArtifactMissing(f"not a local artifact: {artifact.uri}")
         path = pathlib.Path(urllib.parse.unquote(parsed.path)).resolve()
         if not path.is_relative_to(self.root):
-            raise ValueError(f"artifact outside {self.root}: {artifact.uri}")
+            raise ArtifactMissing(f"artifact outside {self.root}: {artifact.uri}")
         return path
+
+    @contextlib.contextmanager
+    def local_copy(self, artifact: events.Artifact) -> Iterator[pathlib.Path]:
+        yield self.path(artifact)
+
+    def serve(self, artifact: events.Artifact) -> pathlib.Path:
+        path = self.path(artifact)
+        if not path.is_file():
+            raise ArtifactMissing(f"no file at {artifact.uri}")
+        return path
+
+
+class S3Store:
+    """Objects `<prefix><pipeline id>/<stage>-<sha256 prefix><suffix>` in a bucket; scratch files on local disk."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str, scratch_root: pathlib.Path, presign_s: int) -> None:
+        self._client = client
+        self.bucket = bucket
+        self.prefix = prefix
+        self.scratch_root = scratch_root.resolve()
+        self.presign_s = presign_s
+
+    def scratch(
+        self, pipeline_id: str, stage: events.Stage, attempt: int, suffix: str
+    ) -> contextlib.AbstractContextManager[pathlib.Path]:
+        return _scratch(self.scratch_root / pipeline_id, stage, attempt, suffix)
+
+    def keep(self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str) -> events.Artifact:
+        """Upload an attempt's file under its content-addressed key and describe it."""
+        digest = _sha256(scratch)
+        size = scratch.stat().st_size
+        key = self.prefix + _name(pipeline_id, stage, digest, scratch.suffix)
+        extra = {"ContentType": media_type, "Metadata": {"sha256": digest}}
+        self._call("upload", self._client.upload_file, str(scratch), self.bucket, key, ExtraArgs=extra)
+        scratch.unlink(missing_ok=True)
+        return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=size, media_type=media_type)
+
+    @contextlib.contextmanager
+    def local_copy(self, artifact: events.Artifact) -> Iterator[pathlib.Path]:
+        """The artifact downloaded to a scratch file (its sha256 checked), removed when the block ends."""
+        key = self._key(artifact)
+        directory = self.scratch_root / ".downloads"
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(suffix=pathlib.PurePosixPath(key).suffix, dir=directory)
+        os.close(handle)
+        path = pathlib.Path(name)
+        try:
+            self._call("download", self._client.download_file, self.bucket, key, str(path))
+            if _sha256(path) != artifact.sha256:
+                raise ArtifactMissing(f"{artifact.uri} no longer has the bytes its event describes")
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def serve(self, artifact: events.Artifact) -> str:
+        """A presigned URL of the artifact, valid `presign_s` seconds."""
+        params = {"Bucket": self.bucket, "Key": self._key(artifact), "ResponseContentType": artifact.media_type}
+        url: str = self._call(
+            "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
+        )
+        return url
+
+    def _key(self, artifact: events.Artifact) -> str:
+        parsed = urllib.parse.urlparse(artifact.uri)
+        if parsed.scheme != "s3" or parsed.netloc != self.bucket or not parsed.path.startswith(f"/{self.prefix}"):
+            raise ArtifactMissing(f"not an artifact of s3://{self.bucket}/{self.prefix}: {artifact.uri}")
+        return parsed.path[1:]
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(*args, **kwargs)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchKey"):
+                raise ArtifactMissing(f"{what}: no such object") from None
+            raise outages.StoreUnavailable(f"{what} in s3://{self.bucket}: {redact.describe(error)}") from None
+        except BotoCoreError as error:
+            raise outages.StoreUnavailable(f"{what} in s3://{self.bucket}: {redact.describe(error)}") from None
 
 
 def _sha256(path: pathlib.Path) -> str:

@@ -51,12 +51,17 @@ def is_outage(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _DISK_ERRNOS
 
 
+class StoreUnavailable(Exception):
+    """The artifact store (an object store) could not be reached or refused to work."""
+
+
 def is_resource_shortage(error: BaseException) -> bool:
-    """Whether work failed because this machine ran short (disk, memory, processes, open files).
+    """Whether work failed because this machine ran short (disk, memory, processes, open files)
+    or the artifact store was unavailable.
 
     Inside a provider's work only these are the machinery's failures: a network error or a
     timeout there is the provider's answer, and costs an attempt."""
-    return isinstance(error, OSError) and error.errno in _RESOURCE_ERRNOS
+    return isinstance(error, StoreUnavailable) or (isinstance(error, OSError) and error.errno in _RESOURCE_ERRNOS)
 
 
 def _is_database_outage(error: BaseException | None) -> bool:

@@ -8,9 +8,9 @@ every value, so a composition root fails at start on a bad one.
 from __future__ import annotations
 
 import pathlib
-from typing import Annotated
+from typing import Annotated, Literal, Self
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = pathlib.Path("var", "artifacts")
@@ -92,3 +92,55 @@ class CommonSettings(BaseSettings):
 
 def database_url_default(service: str) -> str:
     return f"{DEFAULT_PG}/castad_{service}"
+
+
+class StoreSettings(CommonSettings):
+    """Where artifacts are kept: the settings of every process that writes or serves them."""
+
+    artifacts_dir: ArtifactsDir = DEFAULT_ARTIFACTS_DIR
+    artifacts_store: Annotated[
+        Literal["volume", "s3"],
+        Field(
+            validation_alias=_common("artifacts_store"),
+            description="`volume`: files under CASTAD_ARTIFACTS_DIR, shared by the stages and the gateway; `s3`: an"
+            " S3-compatible bucket (CASTAD_ARTIFACTS_S3_*; credentials from the standard AWS_* variables or the"
+            " machine's role), with CASTAD_ARTIFACTS_DIR for scratch files only",
+        ),
+    ] = "volume"
+    artifacts_s3_bucket: Annotated[
+        str | None, Field(validation_alias=_common("artifacts_s3_bucket"), min_length=3, description="the bucket")
+    ] = None
+    artifacts_s3_prefix: Annotated[
+        str,
+        Field(
+            validation_alias=_common("artifacts_s3_prefix"),
+            pattern=r"^([A-Za-z0-9._-]+/)*$",
+            description="key prefix inside the bucket (empty, or ending in /)",
+        ),
+    ] = ""
+    artifacts_s3_endpoint_url: Annotated[
+        str | None,
+        Field(
+            validation_alias=_common("artifacts_s3_endpoint_url"),
+            pattern=r"^https?://",
+            description="the endpoint of an S3-compatible store (default: AWS's for the region)",
+        ),
+    ] = None
+    artifacts_s3_region: Annotated[
+        str, Field(validation_alias=_common("artifacts_s3_region"), min_length=1, description="the bucket's region")
+    ] = "us-east-1"
+    artifacts_presign_s: Annotated[
+        int,
+        Field(
+            validation_alias=_common("artifacts_presign_s"),
+            ge=60,
+            le=604_800,
+            description="an artifact download redirects to a presigned URL valid this long (s3)",
+        ),
+    ] = 900
+
+    @model_validator(mode="after")
+    def _bucket_for_s3(self) -> Self:
+        if self.artifacts_store == "s3" and not self.artifacts_s3_bucket:
+            raise ValueError("CASTAD_ARTIFACTS_STORE=s3 needs CASTAD_ARTIFACTS_S3_BUCKET")
+        return self

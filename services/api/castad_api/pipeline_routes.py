@@ -16,10 +16,10 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from castad_contracts import api, brief, events
-from castad_runtime import db, outages
+from castad_runtime import artifacts, db, outages
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from castad_api import errors, model, operations, repository
@@ -255,18 +255,22 @@ def _timeline(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> tuple[li
         return repository.timeline_after(conn, pipeline_id, after), terminal
 
 
-@router.get("/pipelines/{pipeline_id}/artifacts/{stage}", responses={404: {"model": api.Problem}})
-def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep) -> FileResponse:
-    """The file a stage produced."""
+@router.get(
+    "/pipelines/{pipeline_id}/artifacts/{stage}",
+    response_class=FileResponse,
+    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}},
+)
+def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep) -> Response:
+    """The file a stage produced, or (with an object store) a redirect to a presigned URL of it."""
     view = _load(gw, pipeline_id)
     artifact = next(s.artifact for s in view.stages if s.stage is stage)
     if artifact is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
     try:
-        path = gw.store.path(artifact)
-    except ValueError:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not stored here") from None
-    if not path.exists():
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact file is missing")
-    media_type = artifact.media_type
-    return FileResponse(path, media_type=media_type, filename=f"{pipeline_id}-{stage.value}{path.suffix}")
+        where = gw.store.serve(artifact)
+    except artifacts.ArtifactMissing:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
+    if isinstance(where, str):
+        return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
+    filename = f"{pipeline_id}-{stage.value}{where.suffix}"
+    return FileResponse(where, media_type=artifact.media_type, filename=filename)

@@ -28,7 +28,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         config=config,
         engine=engine,
         notifications=notifications.PipelineNotifications(config.database_url),
-        store=artifacts.ArtifactStore(config.artifacts_dir),
+        store=artifacts.make_store(config),
     )
     topo = topology.Topology(config.namespace)
     messaging.declare_topology_when_reachable(config.amqp_url, topo)

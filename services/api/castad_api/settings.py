@@ -7,7 +7,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 
-class ApiSettings(settings.CommonSettings):
+class ApiSettings(settings.StoreSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_API_", extra="ignore", frozen=True)
 
     database_url: str = Field(
@@ -15,7 +15,6 @@ class ApiSettings(settings.CommonSettings):
         pattern=settings.POSTGRES_URL,
         description="the gateway's own database",
     )
-    artifacts_dir: settings.ArtifactsDir = settings.DEFAULT_ARTIFACTS_DIR
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
     max_body_bytes: int = Field(default=16_384, ge=1024, description="larger request bodies get 413")

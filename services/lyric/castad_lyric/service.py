@@ -73,7 +73,7 @@ def make_writer(config: LyricSettings) -> provider.LyricProvider:
 
 def make_work(config: LyricSettings) -> runner.Work:
     writer = make_writer(config)
-    store = artifacts.ArtifactStore(config.artifacts_dir)
+    store = artifacts.make_store(config)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         request = events.PipelineRequested.model_validate(job.input)

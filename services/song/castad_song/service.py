@@ -26,7 +26,7 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
     composer: provider.SongProvider = (
         instant.InstantSongProvider() if config.provider == "instant" else provider.LocalSongProvider()
     )
-    store = artifacts.ArtifactStore(config.artifacts_dir)
+    store = artifacts.make_store(config)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = events.LyricCompleted.model_validate(job.input)

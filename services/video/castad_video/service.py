@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 
 from castad_contracts import events
@@ -28,8 +29,7 @@ class VideoSettings(stage_service.StageSettings):
     ffmpeg: str | None = Field(default=None, description="ffmpeg binary (default: the one from imageio-ffmpeg)")
 
 
-def make_work(config: stage_service.StageSettings) -> runner.Work:
-    assert isinstance(config, VideoSettings)
+def make_work(config: VideoSettings) -> runner.Work:
     renderer: provider.VideoProvider
     if config.provider == "instant":
         renderer = instant.InstantVideoProvider(ffmpeg=config.ffmpeg)
@@ -40,15 +40,16 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
             font_path=config.font_path,
             ffmpeg=config.ffmpeg,
         )
-    store = artifacts.ArtifactStore(config.artifacts_dir)
+    store = artifacts.make_store(config)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = events.SongCompleted.model_validate(job.input)
-        try:
-            song_path = store.path(done.artifact)
-        except ValueError as error:
-            raise errors.PermanentProviderError("song_unreachable", str(error)) from None
-        with store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4") as scratch:
+        with contextlib.ExitStack() as files:
+            try:
+                song_path = files.enter_context(store.local_copy(done.artifact))
+            except artifacts.ArtifactMissing as error:
+                raise errors.PermanentProviderError("song_unreachable", str(error)) from None
+            scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
             video = renderer.render(
                 done.brief, done.lyrics, done.timed_lines, song_path, scratch, seed=job.pipeline_id, cancel=cancel
             )
@@ -58,7 +59,7 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
     return work
 
 
-DEFINITION = stage_service.StageDefinition(
+DEFINITION = stage_service.StageDefinition[VideoSettings](
     stage=events.Stage.VIDEO,
     trigger=events.stage_event(events.Stage.SONG, "completed"),
     completed_model=events.VideoCompleted,

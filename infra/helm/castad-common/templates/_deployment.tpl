@@ -80,6 +80,11 @@ spec:
             {{- toYaml .Values.resources | nindent 12 }}
           securityContext:
             {{- toYaml .Values.securityContext | nindent 12 }}
+          {{- if and .Values.artifacts (eq .Values.artifacts.store "s3") .Values.artifacts.credentialsSecret }}
+          envFrom:
+            - secretRef:
+                name: {{ .Values.artifacts.credentialsSecret }}
+          {{- end }}
           volumeMounts:
             - name: tmp
               mountPath: /tmp
@@ -94,8 +99,14 @@ spec:
             sizeLimit: {{ .Values.tmpSizeLimit }}
         {{- if .Values.artifacts }}
         - name: artifacts
+          {{- if eq .Values.artifacts.store "s3" }}
+          # Artifacts live in the bucket; this is scratch space for the files being made.
+          emptyDir:
+            sizeLimit: {{ .Values.artifacts.scratchSizeLimit }}
+          {{- else }}
           persistentVolumeClaim:
             claimName: {{ ((.Values.global.artifacts | default dict).claimName) | default .Values.artifacts.claimName }}
+          {{- end }}
         {{- end }}
       {{- with .Values.nodeSelector }}
       nodeSelector:

@@ -121,6 +121,8 @@ connection URLs from existing Secrets, every CASTAD_* setting, OpenTelemetry.
 {{- if .Values.artifacts }}
 - name: CASTAD_ARTIFACTS_DIR
   value: {{ .Values.artifacts.mountPath | quote }}
+- name: CASTAD_ARTIFACTS_STORE
+  value: {{ .Values.artifacts.store | quote }}
 {{- end }}
 {{- $otel := .Values.global.otel | default .Values.otel }}
 {{- if $otel.endpoint }}

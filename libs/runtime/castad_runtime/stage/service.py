@@ -14,13 +14,12 @@ from castad_runtime import consumer, db, health, messaging, process, settings
 from castad_runtime.stage import cancellation, faults, handlers, machine, repository, runner, scheduler
 
 
-class StageSettings(settings.CommonSettings):
+class StageSettings(settings.StoreSettings):
     """Settings of a stage service; each service sets its own prefix (CASTAD_LYRIC_, ...)."""
 
     database_url: str = Field(
         pattern=settings.POSTGRES_URL, description="the stage's own database (<stage>: lyric, song or video)"
     )
-    artifacts_dir: settings.ArtifactsDir = settings.DEFAULT_ARTIFACTS_DIR
     max_attempts: int = Field(default=5, ge=1, le=100, description="attempts per job, first one included")
     backoff_base_s: float = Field(default=1.0, ge=0, description="delay after the first failed attempt")
     backoff_max_s: float = Field(default=60.0, ge=0, description="longest delay between attempts")

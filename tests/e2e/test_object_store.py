@@ -1,0 +1,36 @@
+"""Artifacts in an S3-compatible bucket (moto's server mode), every service its own process:
+each stage uploads its artifact, the video stage reads the song from the bucket, and the
+gateway's download redirects to a presigned URL that serves the exact bytes."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import sample_brief
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.timeout(120)
+def test_a_pipeline_keeps_every_artifact_in_the_bucket_and_the_gateway_redirects_to_it(
+    castad, installation, object_store, bucket
+):
+    running = castad(object_store.env(bucket))
+
+    pipeline_id = running.submit(sample_brief("버킷책방"))
+    view = running.wait_terminal([pipeline_id])[pipeline_id]
+
+    assert view.status == "SUCCEEDED"
+    listed = object_store.client().list_objects_v2(Bucket=bucket)["Contents"]
+    assert sorted(item["Key"].split("/")[1].split("-")[0] for item in listed) == ["lyric", "song", "video"]
+    for stage in view.stages:
+        assert stage.artifact is not None and stage.artifact.uri.startswith(f"s3://{bucket}/{pipeline_id}/")
+        answer = running.http.get(f"/v1/pipelines/{pipeline_id}/artifacts/{stage.stage.value}")
+        assert answer.status_code == 307
+        content = httpx.get(answer.headers["location"]).content
+        assert hashlib.sha256(content).hexdigest() == stage.artifact.sha256
+    # Only scratch space on local disk: no artifact file stays there.
+    assert not [p for p in installation.artifacts_dir.rglob("*") if p.is_file()]

@@ -1,0 +1,99 @@
+"""The object-store artifact store against a real S3-compatible server (moto's server mode):
+content-addressed uploads, checked downloads, presigned links, and an unreachable store told
+apart from the work's failures."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+from castad_contracts import events
+from castad_runtime import artifacts, outages, settings
+
+pytestmark = pytest.mark.integration
+
+PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
+
+
+@pytest.fixture
+def store(object_store, bucket, tmp_path, monkeypatch):
+    for name, value in {**object_store.ENV, **object_store.env(bucket), "CASTAD_ARTIFACTS_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CASTAD_ARTIFACTS_S3_PREFIX", "media/")
+    made = artifacts.make_store(settings.StoreSettings())
+    assert isinstance(made, artifacts.S3Store)
+    return made
+
+
+def kept(store: artifacts.S3Store, content: bytes, attempt: int = 1) -> events.Artifact:
+    with store.scratch(PIPELINE, events.Stage.SONG, attempt, ".wav") as scratch:
+        scratch.write_bytes(content)
+        return store.keep(scratch, PIPELINE, events.Stage.SONG, "audio/wav")
+
+
+def test_an_artifact_is_uploaded_under_its_content_and_described_exactly(store, object_store):
+    artifact = kept(store, b"RIFF song bytes")
+
+    digest = hashlib.sha256(b"RIFF song bytes").hexdigest()
+    assert artifact.uri == f"s3://{store.bucket}/media/{PIPELINE}/song-{digest[:16]}.wav"
+    assert (artifact.sha256, artifact.size, artifact.media_type) == (digest, 15, "audio/wav")
+    head = object_store.client().head_object(Bucket=store.bucket, Key=artifact.uri.split("/", 3)[3])
+    assert (head["ContentType"], head["Metadata"]["sha256"]) == ("audio/wav", digest)
+    assert not list(store.scratch_root.rglob(".song.attempt*"))  # the scratch file is gone
+
+
+def test_a_later_stage_reads_a_checked_copy_and_a_changed_object_is_refused(store, object_store):
+    artifact = kept(store, b"the song")
+
+    with store.local_copy(artifact) as copy:
+        assert copy.read_bytes() == b"the song"
+    assert not copy.exists()
+
+    key = artifact.uri.split("/", 3)[3]
+    object_store.client().put_object(Bucket=store.bucket, Key=key, Body=b"other bytes")
+    with pytest.raises(artifacts.ArtifactMissing, match="no longer has the bytes"), store.local_copy(artifact):
+        pass
+
+
+def test_the_gateway_link_is_a_presigned_url_that_serves_the_bytes(store):
+    artifact = kept(store, b"video bytes")
+
+    url = store.serve(artifact)
+    answer = httpx.get(url)
+
+    assert "X-Amz-Signature" in url
+    assert (answer.status_code, answer.content, answer.headers["content-type"]) == (200, b"video bytes", "audio/wav")
+
+
+def test_an_artifact_of_another_store_or_a_missing_object_is_missing_not_an_outage(store):
+    local = events.Artifact(uri="file:///tmp/song.wav", sha256="0" * 64, size=1, media_type="audio/wav")
+    absent = local.model_copy(update={"uri": f"s3://{store.bucket}/media/{PIPELINE}/song-0.wav"})
+
+    with pytest.raises(artifacts.ArtifactMissing):
+        store.serve(local)
+    with pytest.raises(artifacts.ArtifactMissing), store.local_copy(absent):
+        pass
+
+
+def test_an_unreachable_store_is_an_outage_of_the_machinery(tmp_path, monkeypatch, object_store):
+    for name, value in {**object_store.env("castad-gone"), "CASTAD_ARTIFACTS_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CASTAD_ARTIFACTS_S3_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    gone = artifacts.make_store(settings.StoreSettings())
+
+    with (
+        pytest.raises(outages.StoreUnavailable) as raised,
+        gone.scratch(PIPELINE, events.Stage.VIDEO, 1, ".mp4") as scratch,
+    ):
+        scratch.write_bytes(b"x")
+        gone.keep(scratch, PIPELINE, events.Stage.VIDEO, "video/mp4")
+
+    assert outages.is_resource_shortage(raised.value)
+
+
+def test_the_s3_store_needs_a_bucket(monkeypatch):
+    monkeypatch.setenv("CASTAD_ARTIFACTS_STORE", "s3")
+    monkeypatch.delenv("CASTAD_ARTIFACTS_S3_BUCKET", raising=False)
+    with pytest.raises(ValueError, match="CASTAD_ARTIFACTS_S3_BUCKET"):
+        settings.StoreSettings()
