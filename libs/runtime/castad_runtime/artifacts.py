@@ -195,6 +195,8 @@ class S3Store:
         return parsed.path[1:]
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call the client; a missing object is ArtifactMissing, any other failure of the store an outage."""
+        from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -204,7 +206,7 @@ class S3Store:
             if code in ("404", "NoSuchKey"):
                 raise ArtifactMissing(f"{what}: no such object") from None
             raise outages.StoreUnavailable(f"{what} in s3://{self.bucket}: {redact.describe(error)}") from None
-        except BotoCoreError as error:
+        except (BotoCoreError, Boto3Error) as error:  # boto3's transfers wrap ClientError in Boto3Error
             raise outages.StoreUnavailable(f"{what} in s3://{self.bucket}: {redact.describe(error)}") from None
 
 

@@ -58,6 +58,7 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     app.add_exception_handler(errors.GatewayError, _refused)
     for database_error in (sa.exc.SQLAlchemyError, psycopg.Error):
         app.add_exception_handler(database_error, _unavailable)
+    app.add_exception_handler(outages.StoreUnavailable, _store_unavailable)
     app.include_router(pipeline_routes.router)
     app.include_router(dead_letter_routes.router)
     app.include_router(health)
@@ -95,6 +96,16 @@ async def _unavailable(_: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": "internal error"}, status_code=status.HTTP_500_INTERNAL_SERVER_ERROR)
     return JSONResponse(
         {"detail": "the gateway's database is unavailable; nothing was changed, try again shortly"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+async def _store_unavailable(_: Request, exc: Exception) -> Response:
+    """A 503 with Retry-After while the artifact store cannot be reached (a download's link cannot be made)."""
+    log.warning("artifact store unavailable: %s", exc)
+    return JSONResponse(
+        {"detail": "the artifact store is unavailable; try again shortly"},
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )

@@ -414,16 +414,9 @@ class LocalVideoProvider:
     ) -> None:
         self._short_side = short_side
         self._fps = fps
-        self._font_path = font_path
-        self._fonts: dict[brief.Language, Font] = {}
-        self.font_for(brief.Language.KOREAN)  # the default language: a service that cannot draw it does not start
+        # A service that cannot draw every language's captions does not start (FontNotFound).
+        self.fonts = {language: find_font(language, font_path) for language in brief.Language}
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
-
-    def font_for(self, language: brief.Language) -> Font:
-        """The caption font of a language, looked up once (FontNotFound when none is installed)."""
-        if language not in self._fonts:
-            self._fonts[language] = find_font(language, self._font_path)
-        return self._fonts[language]
 
     def render(
         self,
@@ -438,11 +431,7 @@ class LocalVideoProvider:
     ) -> Video:
         duration = song_duration(song_path)
         width, height = frame_size(brief.orientation, self._short_side)
-        try:
-            font = self.font_for(lyrics.language)
-        except FontNotFound as error:
-            raise errors.PermanentProviderError("font_missing", str(error)) from None
-        renderer = FrameRenderer(brief, (width, height), font, seed)
+        renderer = FrameRenderer(brief, (width, height), self.fonts[lyrics.language], seed)
         plan = shots(lyrics, timed_lines, duration)
         with tempfile.TemporaryDirectory(prefix="castad-video-") as workdir:
             frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir), cancel)

@@ -20,13 +20,14 @@ import datetime as dt
 import email.utils
 import json
 import pathlib
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 import pydantic
 
-from castad_runtime import redact
+from castad_runtime import outages, redact
 from castad_runtime.stage import cancellation, errors
 
 MAX_REASON_CHARS = 200
@@ -108,6 +109,8 @@ class Credential:
             try:
                 return self.file.read_text(encoding="utf-8").strip()
             except OSError as error:
+                if outages.is_resource_shortage(error):  # the machine's shortage, not the key's
+                    raise
                 raise errors.ProviderError("provider_key_unreadable", f"{self.file}: {error.strerror}") from None
         return self.value.get_secret_value() if self.value is not None else ""
 
@@ -169,7 +172,9 @@ class HttpProvider:
             raise errors.ProviderError(
                 "provider_timeout", f"{self.name} did not answer within {self.timeout_s:g} s"
             ) from None
-        except httpx.TransportError as error:
+        except httpx.DecodingError:
+            raise errors.ProviderError("provider_malformed", f"{self.name} sent a mis-encoded body") from None
+        except httpx.RequestError as error:  # connection refused or reset, TLS, protocol errors
             raise errors.ProviderError("provider_unreachable", f"{self.name}: {redact.describe(error)}") from None
         except BodyTooLarge:
             raise errors.ProviderError(
@@ -185,13 +190,23 @@ class HttpProvider:
 
     def _exchange(self, method: str, path: str, **kwargs: Any) -> Answer:
         headers = {**self._headers(), **kwargs.pop("headers", {})}
+        deadline = time.monotonic() + self.timeout_s  # for the whole answer, not only for each read
         with self._client.stream(method, path, headers=headers, **kwargs) as response:
-            declared = response.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
-                raise BodyTooLarge()
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > self.max_body_bytes:
-                    raise BodyTooLarge()
-            return Answer(response.status_code, response.headers, bytes(body))
+            status, got, body = read_capped(response, self.max_body_bytes, deadline)
+            return Answer(status, got, body)
+
+
+def read_capped(response: httpx.Response, max_bytes: int, deadline: float) -> tuple[int, httpx.Headers, bytes]:
+    """A streamed answer's status, headers and body: BodyTooLarge past `max_bytes`, ReadTimeout past `deadline`
+    (a server trickling bytes would otherwise hold the connection for as long as it likes)."""
+    declared = response.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLarge()
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            raise BodyTooLarge()
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("the answer took longer than its deadline", request=response.request)
+    return response.status_code, response.headers, bytes(body)
