@@ -102,6 +102,11 @@ def test_bad_requests_get_a_4xx_naming_the_problem_and_never_a_5xx(castad, dbs):
         "control character in details": (GOOD | {"detail_region_info": "a\x1bb"}, "body.detail_region_info"),
         "name too long": (GOOD | {"customer_name": "x" * 81}, "body.customer_name"),
         "unknown field": (GOOD | {"colour": "blue"}, "body.colour"),
+        "callback_url not http": (GOOD | {"callback_url": "ftp://example.com/x"}, "body.callback_url"),
+        "callback_url without a webhook secret": (
+            GOOD | {"callback_url": "https://example.com/x"},
+            "body.callback_url",
+        ),
     }
     for case, (body, field) in field_cases.items():
         response = post(body)

@@ -36,6 +36,8 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.timeline,
         api_tables.dead_letters,
         api_tables.dead_letter_actions,
+        api_tables.webhook_deliveries,
+        api_tables.webhook_attempts,
     ),
     "lyric": STAGE_TABLES,
     "song": STAGE_TABLES,

@@ -1,8 +1,9 @@
-"""Request and response bodies of the gateway's REST API (a pipeline's request body is `brief.Brief`)."""
+"""Request and response bodies of the gateway's REST API (a pipeline's request body is `PipelineRequest`)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import urllib.parse
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -67,6 +68,60 @@ class PipelinePage(BaseModel):
 
 class Problem(BaseModel):
     detail: str
+
+
+def http_url(value: str) -> str:
+    """An absolute http(s) URL with a host, a valid port and no credentials."""
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError("must be an absolute http or https URL")
+    if parsed.username is not None or parsed.password is not None:
+        raise ValueError("must not carry credentials")
+    try:
+        parsed.port  # noqa: B018 (raises ValueError for a port that is not one)
+    except ValueError:
+        raise ValueError("has a port that is not a number from 0 to 65535") from None
+    return value
+
+
+CallbackUrl = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000), AfterValidator(http_url)]
+
+
+class PipelineRequest(brief.Brief):
+    """A brief, and where to tell of its pipeline's end. Only the brief travels to the stages."""
+
+    callback_url: CallbackUrl | None = Field(
+        default=None,
+        description="Where to POST a signed notice (Standard Webhooks) when the pipeline ends.",
+        examples=["https://example.com/hooks/castad"],
+    )
+
+    def without_callback(self) -> brief.Brief:
+        """The brief alone, as the stages get it."""
+        return brief.Brief.model_validate(self.model_dump(exclude={"callback_url"}))
+
+
+class WebhookTry(BaseModel):
+    number: int
+    started_at: dt.datetime
+    duration_ms: int
+    status_code: int | None = Field(description="the receiver's answer; null when there was none")
+    error: str | None
+
+
+class WebhookDelivery(BaseModel):
+    """A notice to the brief's callback_url that the pipeline ended, and every try of it."""
+
+    id: str = Field(description="its webhook-id header, the same on every try")
+    url: str
+    event_type: str = Field(description="pipeline.succeeded, pipeline.failed or pipeline.canceled")
+    status: str = Field(description="pending, delivered or failed")
+    attempts: int
+    due_at: dt.datetime = Field(description="when pending: when it is tried next")
+    last_error: str | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    tries: list[WebhookTry]
 
 
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=500), AfterValidator(brief.no_control_characters)]

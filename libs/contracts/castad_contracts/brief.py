@@ -81,6 +81,8 @@ def no_control_characters(value: str) -> str:
 _NO_CONTROL = AfterValidator(no_control_characters)
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=80), _NO_CONTROL]
 Details = Annotated[str, StringConstraints(strip_whitespace=True, min_length=0, max_length=500), _NO_CONTROL]
+
+
 GenreText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100), _NO_CONTROL]
 
 MIN_DURATION_S = 3

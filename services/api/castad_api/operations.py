@@ -16,7 +16,7 @@ import json
 import uuid
 
 import sqlalchemy as sa
-from castad_contracts import brief, events
+from castad_contracts import api, events
 from castad_runtime import db, outbox
 
 from castad_api import errors, model, projection, repository
@@ -31,18 +31,21 @@ class Accepted:
     created: bool  # False: the Idempotency-Key had been used for this body before
 
 
-def create(conn: sa.Connection, body: brief.Brief, key: str, deadline_s: float) -> Accepted:
+def create(conn: sa.Connection, body: api.PipelineRequest, key: str, deadline_s: float) -> Accepted:
     """Accept a brief and publish pipeline.requested; the same key and body again: the same pipeline.
-    The same key with another body is a Conflict."""
+    The same key with another body is a Conflict. The callback URL stays with the gateway."""
     digest = request_hash(body)
-    created = repository.create_pipeline(conn, uuid.uuid4(), key, digest, body.model_dump(mode="json"), deadline_s)
+    source = body.without_callback()
+    created = repository.create_pipeline(
+        conn, uuid.uuid4(), key, digest, source.model_dump(mode="json"), body.callback_url, deadline_s
+    )
     if created.request_hash != digest:
         raise errors.Conflict(
             f"Idempotency-Key {key!r} was already used with a different request body; use a new key", "conflict"
         )
     if created.new:
         requested = events.PipelineRequested(
-            pipeline_id=str(created.pipeline_id), brief=body, requested_at=dt.datetime.now(dt.UTC)
+            pipeline_id=str(created.pipeline_id), brief=source, requested_at=dt.datetime.now(dt.UTC)
         )
         env = outbox.add(conn, requested, events.PIPELINE_REQUESTED, SOURCE)
         projection.record_request(conn, created.pipeline_id, env)
@@ -52,7 +55,7 @@ def create(conn: sa.Connection, body: brief.Brief, key: str, deadline_s: float) 
     return Accepted(created.pipeline_id, model.PipelineStatus(pipeline.status), False)
 
 
-def request_hash(body: brief.Brief) -> str:
+def request_hash(body: api.PipelineRequest) -> str:
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -15,14 +15,15 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from castad_contracts import api, brief, events
+from castad_contracts import api, events
 from castad_runtime import artifacts, db, outages
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import errors, model, operations, repository
+from castad_api import errors, model, operations, repository, webhooks
 from castad_api.deps import Actor, Gateway, GatewayDep
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,12 @@ def links(pipeline_id: str) -> api.Links:
         415: {"model": api.Problem},
     },
 )
-def create_pipeline(body: brief.Brief, key: IdempotencyKey, gw: GatewayDep) -> api.PipelineAccepted:
+def create_pipeline(body: api.PipelineRequest, key: IdempotencyKey, gw: GatewayDep) -> api.PipelineAccepted:
     """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike."""
+    refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
+    if refused:
+        problem = {"loc": ("body", "callback_url"), "msg": refused, "type": "value_error", "input": body.callback_url}
+        raise RequestValidationError([problem])
     with db.transaction(gw.engine) as conn:
         accepted = operations.create(conn, body, key, gw.config.pipeline_deadline_s)
     pipeline_id = str(accepted.pipeline_id)
@@ -274,3 +279,16 @@ def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDe
         return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
     filename = f"{pipeline_id}-{stage.value}{where.suffix}"
     return FileResponse(where, media_type=artifact.media_type, filename=filename)
+
+
+@router.get(
+    "/pipelines/{pipeline_id}/webhooks",
+    response_model=list[api.WebhookDelivery],
+    responses={404: {"model": api.Problem}},
+)
+def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep) -> list[api.WebhookDelivery]:
+    """The notices sent to the brief's callback_url when the pipeline ended (once per ending), with every try."""
+    _load(gw, pipeline_id)
+    with gw.engine.connect() as conn:
+        found = webhooks.deliveries(conn, pipeline_id)
+    return [api.WebhookDelivery.model_validate({**d, "id": str(d["id"])}) for d in found]

@@ -16,7 +16,7 @@ from castad_contracts import envelope as envelope_
 from castad_contracts import events
 from castad_runtime import db, inbox
 
-from castad_api import model, repository
+from castad_api import model, repository, webhooks
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def record(
         changes["finished_at"] = sa.func.now()
     repository.update_pipeline(conn, pipeline.id, **changes)
     final = repository.artifacts(conn, pipeline.id) if status.terminal else None
+    if final is not None and not model.PipelineStatus(pipeline.status).terminal:
+        webhooks.enqueue(conn, pipeline, status, changes.get("error_code", pipeline.error_code), final)
     data = model.sse_data(stage, fact, payload, status, percent, final, **details)
     repository.append_timeline(conn, pipeline.id, event_id, event_type, data)
     db.notify_after_commit(conn, repository.PIPELINE_EVENTS_CHANNEL, str(pipeline.id))

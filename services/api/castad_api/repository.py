@@ -31,7 +31,13 @@ class Created:
 
 
 def create_pipeline(
-    conn: sa.Connection, pipeline_id: uuid.UUID, key: str, request_hash: str, brief: dict[str, Any], deadline_s: float
+    conn: sa.Connection,
+    pipeline_id: uuid.UUID,
+    key: str,
+    request_hash: str,
+    brief: dict[str, Any],
+    callback_url: str | None,
+    deadline_s: float,
 ) -> Created:
     """Insert unless the key exists; then return what the key already points at."""
     inserted = conn.execute(
@@ -41,6 +47,7 @@ def create_pipeline(
             idempotency_key=key,
             request_hash=request_hash,
             brief=brief,
+            callback_url=callback_url,
             status=model.PipelineStatus.PENDING,
             deadline_at=db.seconds_from_now(deadline_s),
         )

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from castad_api import app as app_
-from castad_api import dead_letters, deadlines, deps, notifications, projection
+from castad_api import dead_letters, deadlines, deps, notifications, projection, webhooks
 from castad_api import settings as settings_
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
@@ -44,16 +44,17 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     worker = process.ConsumerWorker(broker, config.consumer_threads)
     recorder = dead_letters.Recorder(config.amqp_url, topo.dead_letter_queue, engine, config.dead_letter_body_max_bytes)
     sweeper = deadlines.DeadlineSweeper(engine, config.deadline_poll_s)
+    deliverer = webhooks.Deliverer(engine, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         gateway.notifications.start()
-        for part in (worker, recorder, sweeper):
+        for part in (worker, recorder, sweeper, deliverer):
             part.start()
         try:
             yield
         finally:
-            for part in (sweeper, recorder, worker):
+            for part in (deliverer, sweeper, recorder, worker):
                 part.stop()
             await gateway.notifications.stop()
             engine.dispose()

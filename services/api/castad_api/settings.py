@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from castad_runtime import settings
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 
@@ -31,3 +34,32 @@ class ApiSettings(settings.StoreSettings):
         ge=1024,
         description="a dead letter's body is kept up to this size (a longer one cannot be replayed)",
     )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="the Standard Webhooks secret (whsec_ and base64) that signs notices to a brief's callback_url;"
+        " unset: a brief with a callback_url is refused",
+    )
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="let notices go to private, loopback and link-local addresses (off: refused, also after DNS and"
+        " on redirects)",
+    )
+    webhook_max_attempts: int = Field(default=8, ge=1, le=50, description="tries of one notice before it fails")
+    webhook_backoff_base_s: float = Field(default=5.0, gt=0, description="delay after a notice's first failed try")
+    webhook_backoff_max_s: float = Field(default=3600.0, gt=0, description="longest delay between tries of a notice")
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120, description="longest wait for a receiver's answer")
+    webhook_poll_s: float = Field(default=1.0, gt=0, le=60, description="how often due notices are looked for")
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _whsec(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return value
+        encoded = value.get_secret_value().removeprefix("whsec_")
+        try:
+            key = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            key = b""
+        if not value.get_secret_value().startswith("whsec_") or len(key) < 16:
+            raise ValueError("must be whsec_ followed by the base64 of at least 16 random bytes")
+        return value

@@ -32,6 +32,8 @@ pipelines = sa.Table(
     sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
     # Cancelled with deadline_exceeded if not ended by then (reset by a retry).
     sa.Column("deadline_at", TZ),
+    # Where to tell of the pipeline's end (webhooks.py); not part of the brief the stages get.
+    sa.Column("callback_url", sa.Text),
     sa.Index("pipelines_listing", "created_at", "id"),
     sa.Index("pipelines_due", "deadline_at", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
 )
@@ -104,4 +106,36 @@ dead_letter_actions = sa.Table(
     sa.Column("detail", sa.Text, nullable=False),  # what was done, or the reason given
     sa.Column("at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Index("dead_letter_actions_by_letter", "dead_letter_id", "id"),
+)
+
+# Notices to a brief's callback_url when its pipeline ends, delivered by the gateway itself (webhooks.py).
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),  # the webhook-id header: the same on every try
+    sa.Column("pipeline_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("event_type", sa.Text, nullable=False),
+    sa.Column("payload", pg.JSONB, nullable=False),
+    sa.Column("status", sa.Text, nullable=False, server_default="pending"),  # pending, delivered, failed
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("due_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("last_error", sa.Text),
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("finished_at", TZ),
+    sa.Index("webhook_deliveries_due", "due_at", postgresql_where=sa.text("status = 'pending'")),
+    sa.Index("webhook_deliveries_by_pipeline", "pipeline_id", "created_at"),
+)
+
+webhook_attempts = sa.Table(
+    "webhook_attempts",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("delivery_id", pg.UUID(as_uuid=True), sa.ForeignKey("webhook_deliveries.id"), nullable=False),
+    sa.Column("number", sa.Integer, nullable=False),
+    sa.Column("started_at", TZ, nullable=False),
+    sa.Column("duration_ms", sa.Integer, nullable=False),
+    sa.Column("status_code", sa.Integer),
+    sa.Column("error", sa.Text),
+    sa.UniqueConstraint("delivery_id", "number"),
 )

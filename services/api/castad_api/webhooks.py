@@ -1,0 +1,352 @@
+"""Notices to a brief's `callback_url` when its pipeline ends, signed as Standard Webhooks.
+
+When the projection moves a pipeline to SUCCEEDED, FAILED or CANCELED, it adds a delivery
+row in the same transaction (`enqueue`): a notice is never lost and never made twice for one
+ending. The gateway wakes its own due deliveries (`Deliverer`): it POSTs the notice with the
+`webhook-id` (the same on every try), `webhook-timestamp` and `webhook-signature` headers
+(HMAC-SHA256 with the `whsec_` secret, https://www.standardwebhooks.com/), records every try,
+and tries again with a capped backoff until a 2xx answer or the last try.
+
+A notice never goes to a private, loopback, link-local or otherwise non-public address unless
+CASTAD_API_WEBHOOK_ALLOW_PRIVATE is set: the host is resolved, every address checked (IPv4
+inside IPv6 too), and the request sent to the checked address, so a second lookup cannot change
+it. A refused address or a URL that cannot be sent to fails the delivery at once. Redirects are
+not followed (a 3xx answer is a failed try), as Standard Webhooks advises; an answer's body is
+read up to a few kilobytes within the try's time, so no receiver can hold the sender.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import random
+import socket
+import threading
+import time
+import urllib.parse
+import uuid
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from castad_runtime import backoff, db, outages, redact
+from castad_runtime.stage import http
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from castad_api import model
+from castad_api.settings import ApiSettings
+from castad_api.tables import webhook_attempts, webhook_deliveries
+
+log = logging.getLogger(__name__)
+BATCH = 10
+ERROR_MAX_CHARS = 500
+ANSWER_MAX_BYTES = 16_384
+# IPv6 ranges that carry an IPv4 address in their last 32 bits: NAT64 (RFC 6052), IPv4-compatible.
+_EMBEDDING_IPV4 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::/96"))
+
+
+class Blocked(Exception):
+    """The destination is not a public address (and private ones are not allowed)."""
+
+
+def event_type(status: model.PipelineStatus) -> str:
+    return f"pipeline.{status.value.lower()}"
+
+
+def refusal(url: str, config: ApiSettings) -> str | None:
+    """Why a brief's callback_url cannot be accepted now (before any DNS lookup), or None."""
+    if config.webhook_secret is None:
+        return "this gateway sends no notices: CASTAD_API_WEBHOOK_SECRET is not set"
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if config.webhook_allow_private:
+        return None
+    if _local_name(host):
+        return "must not point at this machine"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: checked once resolved, at delivery
+    return None if _public(address) else "must not point at a private, loopback or link-local address"
+
+
+def enqueue(
+    conn: sa.Connection, pipeline: Any, status: model.PipelineStatus, error_code: str | None, artifacts: dict[str, Any]
+) -> None:
+    """Add the notice of a pipeline's end, if its brief asked for one (inside the projection's transaction)."""
+    url = pipeline.callback_url
+    if not url:
+        return
+    pipeline_id = str(pipeline.id)
+    ended = event_type(status)
+    data = {
+        "id": pipeline_id,
+        "status": status.value,
+        "error_code": error_code if status is not model.PipelineStatus.SUCCEEDED else None,
+        "artifacts": {
+            stage: {**artifact, "download": f"/v1/pipelines/{pipeline_id}/artifacts/{stage}"}
+            for stage, artifact in artifacts.items()
+        },
+        "links": {"self": f"/v1/pipelines/{pipeline_id}"},
+    }
+    payload = {"type": ended, "timestamp": dt.datetime.now(dt.UTC).isoformat(), "data": data}
+    conn.execute(
+        webhook_deliveries.insert().values(
+            id=uuid.uuid4(), pipeline_id=pipeline.id, url=url, event_type=ended, payload=payload
+        )
+    )
+
+
+def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` header: `v1,` and the base64 HMAC-SHA256 of `id.timestamp.body`."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return f"v1,{base64.b64encode(mac).decode()}"
+
+
+def _local_name(host: str) -> bool:
+    return host == "localhost" or host.endswith(".localhost")
+
+
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+        embedded += [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) for net in _EMBEDDING_IPV4 if address in net]
+        if any(inner is not None and not _public(inner) for inner in embedded):
+            return False
+    return address.is_global and not address.is_multicast
+
+
+def resolve(url: str, allow_private: bool) -> str:
+    """The address to send to: the host's first address, every one of them checked; Blocked if not allowed."""
+    parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname or ""
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if not allow_private and _local_name(host):
+        raise Blocked(f"{host} is this machine")
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise OSError(f"cannot resolve {host}: {error.strerror}") from None
+    addresses = [ipaddress.ip_address(info[4][0]) for info in found]
+    if not allow_private and not all(_public(address) for address in addresses):
+        raise Blocked(f"{host} resolves to a private, loopback or link-local address")
+    return str(addresses[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+    """A notice taken for a try; `attempts` counts this try."""
+
+    id: uuid.UUID
+    pipeline_id: uuid.UUID
+    url: str
+    payload: dict[str, Any]
+    attempts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    status_code: int | None = None
+    error: str | None = None
+    blocked: bool = False
+
+    @property
+    def delivered(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+class Sender:
+    """POSTs a signed notice to the checked address of its URL."""
+
+    def __init__(self, secret: str, allow_private: bool, timeout_s: float, transport: Any = None) -> None:
+        self._secret = secret
+        self._allow_private = allow_private
+        self._timeout_s = timeout_s
+        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def send(self, message_id: str, url: str, body: bytes) -> Outcome:
+        timestamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "castad-webhooks",
+            "webhook-id": message_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(self._secret, message_id, timestamp, body),
+        }
+        try:
+            pinned, host, sni = self._pinned(url)
+            request = self._client.build_request(
+                "POST", pinned, content=body, headers={**headers, "host": host}, extensions={"sni_hostname": sni}
+            )
+            response = self._client.send(request, stream=True)
+            try:
+                status, _, _ = http.read_capped(response, ANSWER_MAX_BYTES, time.monotonic() + self._timeout_s)
+            finally:
+                response.close()
+        except (Blocked, ValueError, httpx.InvalidURL) as error:  # a URL no try can send to
+            return Outcome(error=str(error)[:ERROR_MAX_CHARS], blocked=True)
+        except http.BodyTooLarge:
+            status = response.status_code  # the answer's status is what counts; its body is not read on
+        except (httpx.HTTPError, OSError) as error:
+            return Outcome(error=redact.describe(error))
+        if 300 <= status < 400:
+            return Outcome(status_code=status, error=f"answered {status}: redirects are not followed")
+        return Outcome(status_code=status)
+
+    def _pinned(self, url: str) -> tuple[str, str, str]:
+        """The URL with its host replaced by the checked address, the Host header, and the TLS server name."""
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise Blocked(f"not an http or https URL: {url[:200]}")
+        port = parsed.port  # ValueError for a port out of range
+        address = resolve(url, self._allow_private)
+        host = f"[{address}]" if ":" in address else address
+        pinned = parsed._replace(netloc=f"{host}:{port}" if port else host).geturl()
+        return pinned, parsed.netloc.rpartition("@")[2], parsed.hostname
+
+
+class Deliverer:
+    """The gateway's thread that sends due notices; several gateway replicas share them."""
+
+    def __init__(self, engine: sa.Engine, config: ApiSettings, sender: Sender | None = None) -> None:
+        self.engine = engine
+        self.config = config
+        secret = config.webhook_secret.get_secret_value() if config.webhook_secret else ""
+        self.sender = sender or Sender(secret, config.webhook_allow_private, config.webhook_timeout_s)
+        self._rng = random.Random()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="webhooks", daemon=True)
+
+    def start(self) -> None:
+        if self.config.webhook_secret is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.config.webhook_timeout_s + 5)
+        self.sender.close()
+
+    def run_once(self) -> int:
+        """Try the due notices, one after another, up to a batch; how many were tried."""
+        for tried in range(BATCH):
+            with db.transaction(self.engine) as conn:
+                delivery = self._claim(conn)
+            if delivery is None:
+                return tried
+            body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
+            started = dt.datetime.now(dt.UTC)
+            clock = time.monotonic()
+            outcome = self.sender.send(str(delivery.id), delivery.url, body)
+            elapsed_ms = round((time.monotonic() - clock) * 1000)
+            with db.transaction(self.engine) as conn:
+                self._record(conn, delivery, outcome, started, elapsed_ms)
+        return BATCH
+
+    def _claim(self, conn: sa.Connection) -> Due | None:
+        """The most overdue notice, counted as tried and due again after a lease longer than a try (so that no
+        other replica takes it meanwhile, and a gateway that dies mid-try leaves it to be tried again)."""
+        row = conn.execute(
+            sa.select(webhook_deliveries)
+            .where(webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= sa.func.now())
+            .order_by(webhook_deliveries.c.due_at)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        ).first()
+        if row is None:
+            return None
+        if row.attempts >= self.config.webhook_max_attempts:  # its last try never came back (a gateway died)
+            conn.execute(
+                webhook_deliveries.update()
+                .where(webhook_deliveries.c.id == row.id)
+                .values(
+                    status="failed", finished_at=sa.func.now(), last_error="no answer was recorded for its last try"
+                )
+            )
+            return self._claim(conn)
+        lease = dt.timedelta(seconds=2 * self.config.webhook_timeout_s + 30)
+        conn.execute(
+            webhook_deliveries.update()
+            .where(webhook_deliveries.c.id == row.id)
+            .values(attempts=row.attempts + 1, due_at=sa.func.now() + lease)
+        )
+        return Due(row.id, row.pipeline_id, row.url, row.payload, row.attempts + 1)
+
+    def _record(self, conn: sa.Connection, delivery: Due, outcome: Outcome, started: dt.datetime, ms: int) -> None:
+        error = outcome.error or (None if outcome.delivered else f"answered {outcome.status_code}")
+        conn.execute(
+            pg_insert(webhook_attempts)
+            .on_conflict_do_nothing()  # a replica that took the notice over after its lease recorded this try
+            .values(
+                delivery_id=delivery.id,
+                number=delivery.attempts,
+                started_at=started,
+                duration_ms=ms,
+                status_code=outcome.status_code,
+                error=error and error[:ERROR_MAX_CHARS],
+            )
+        )
+        values: dict[str, Any] = {"last_error": error and error[:ERROR_MAX_CHARS]}
+        if outcome.delivered:
+            values.update(status="delivered", finished_at=sa.func.now())
+        elif outcome.blocked or delivery.attempts >= self.config.webhook_max_attempts:
+            values.update(status="failed", finished_at=sa.func.now())
+            log.warning("notice %s of pipeline %s failed for good: %s", delivery.id, delivery.pipeline_id, error)
+        else:
+            delay = backoff.exponential_s(
+                delivery.attempts - 1,
+                self.config.webhook_backoff_base_s,
+                self.config.webhook_backoff_max_s,
+                0.2,
+                self._rng,
+            )
+            values["due_at"] = sa.func.now() + dt.timedelta(seconds=delay)
+        # Only while the notice is still ours: pending at this try's count (a replica that took it over after the
+        # lease, or a later try, decides otherwise).
+        mine = (
+            (webhook_deliveries.c.id == delivery.id)
+            & (webhook_deliveries.c.status == "pending")
+            & (webhook_deliveries.c.attempts == delivery.attempts)
+        )
+        conn.execute(webhook_deliveries.update().where(mine).values(**values))
+
+    def _loop(self) -> None:
+        delays = backoff.Backoff(first_s=self.config.webhook_poll_s, max_s=max(self.config.webhook_poll_s, 30.0))
+        while not self._stop.is_set():
+            try:
+                tried = self.run_once()
+            except Exception as error:
+                if not outages.is_outage(error):
+                    log.exception("sending notices failed; trying again")
+                self._stop.wait(delays.next_s())
+                continue
+            delays.tries = 0
+            if tried < BATCH:
+                self._stop.wait(self.config.webhook_poll_s)
+
+
+def deliveries(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The notices of a pipeline, oldest first, each with its tries."""
+    rows = conn.execute(
+        sa.select(webhook_deliveries)
+        .where(webhook_deliveries.c.pipeline_id == pipeline_id)
+        .order_by(webhook_deliveries.c.created_at)
+    ).mappings()
+    result = []
+    for row in rows:
+        tries = conn.execute(
+            sa.select(webhook_attempts)
+            .where(webhook_attempts.c.delivery_id == row["id"])
+            .order_by(webhook_attempts.c.number)
+        ).mappings()
+        result.append({**row, "tries": [dict(t) for t in tries]})
+    return result

@@ -1,0 +1,71 @@
+"""A brief's callback_url hears of the pipeline's end, every service its own process: one notice
+per ending, signed as Standard Webhooks, tried again after a failed try, every try recorded."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import threading
+
+import pytest
+from castad_local.fakes import server
+from standardwebhooks import Webhook
+
+from tests.e2e.conftest import sample_brief
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "whsec_" + base64.b64encode(b"castad end-to-end webhook key").decode()
+
+
+class Receiver(server.FakeServer):
+    """Answers each POST with the next scripted status (then 204), keeping what it received."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses = collections.deque(statuses)
+        self.received: list[server.Request] = []
+        self._lock = threading.Lock()
+        super().__init__()
+
+    def handle(self, request: server.Request) -> server.Response:
+        with self._lock:
+            self.received.append(request)
+            return server.Response(self.statuses.popleft() if self.statuses else 204)
+
+
+@pytest.mark.timeout(120)
+def test_the_end_of_a_pipeline_is_told_to_its_callback_url_signed_and_retried(castad):
+    with Receiver(503) as receiver:
+        running = castad(
+            {
+                "CASTAD_API_WEBHOOK_SECRET": SECRET,
+                "CASTAD_API_WEBHOOK_ALLOW_PRIVATE": "true",  # the receiver listens on 127.0.0.1
+                "CASTAD_API_WEBHOOK_BACKOFF_BASE_S": "0.2",
+                "CASTAD_API_WEBHOOK_POLL_S": "0.2",
+            }
+        )
+        body = {**sample_brief("알림책방").model_dump(mode="json"), "callback_url": f"{receiver.url}/hooks/castad?k=1"}
+
+        accepted = running.http.post("/v1/pipelines", json=body, headers={"Idempotency-Key": "webhook-1"})
+        pipeline_id = accepted.json()["id"]
+        view = running.wait_terminal([pipeline_id])[pipeline_id]
+        deliveries = running.wait_until(
+            "the notice delivered",
+            lambda: [
+                d for d in running.http.get(f"/v1/pipelines/{pipeline_id}/webhooks").json() if d["status"] != "pending"
+            ],
+        )
+
+    [delivery] = deliveries
+    assert (delivery["status"], delivery["event_type"], delivery["attempts"]) == ("delivered", "pipeline.succeeded", 2)
+    assert [(t["number"], t["status_code"]) for t in delivery["tries"]] == [(1, 503), (2, 204)]
+    first, second = receiver.received
+    assert first.path == second.path == "/hooks/castad" and first.query == "k=1"
+    assert first.headers["webhook-id"] == second.headers["webhook-id"] == delivery["id"]
+    notice = Webhook(SECRET).verify(second.body, second.headers)
+    assert notice["type"] == "pipeline.succeeded"
+    assert (notice["data"]["id"], notice["data"]["status"]) == (pipeline_id, "SUCCEEDED")
+    assert set(notice["data"]["artifacts"]) == {"lyric", "song", "video"}
+    assert "callback_url" not in view.brief.model_dump()  # it stays with the gateway: no stage sees it
+    assert json.loads(first.body) == json.loads(second.body)

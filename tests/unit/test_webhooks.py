@@ -1,0 +1,135 @@
+"""Notices of a pipeline's end: signed as Standard Webhooks (checked by that project's own
+library), and never sent to a private, loopback or link-local address unless allowed."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import pytest
+from castad_api import settings, webhooks
+from castad_contracts import api
+from standardwebhooks import Webhook
+
+SECRET = "whsec_" + base64.b64encode(b"castad webhook test key").decode()
+PUBLIC = "93.184.216.34"  # a literal public address: no DNS involved
+
+
+def config(**values) -> settings.ApiSettings:
+    return settings.ApiSettings(**{"webhook_secret": SECRET, **values})
+
+
+def test_a_signature_is_what_the_standard_webhooks_library_verifies():
+    body = b'{"type":"pipeline.succeeded","data":{"id":"p"}}'
+    headers = {"webhook-id": "msg_1", "webhook-timestamp": str(int(time.time()))}
+    headers["webhook-signature"] = webhooks.sign(SECRET, "msg_1", int(headers["webhook-timestamp"]), body)
+
+    assert Webhook(SECRET).verify(body, headers) == {"type": "pipeline.succeeded", "data": {"id": "p"}}
+    with pytest.raises(Exception, match="signature"):
+        Webhook(SECRET).verify(body + b" ", headers)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9000/hook",
+        "http://10.1.2.3/hook",
+        "http://192.168.0.10/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://100.64.0.1/hook",
+        "http://[::1]/hook",
+        "http://[fc00::1]/hook",
+        "http://[::ffff:10.0.0.1]/hook",
+        "http://0.0.0.0/hook",
+        "http://localhost:8080/hook",
+        "http://api.localhost/hook",
+    ],
+)
+def test_a_private_destination_is_refused_at_submit_and_at_delivery(url):
+    assert webhooks.refusal(url, config()) is not None
+    assert webhooks.refusal(url, config(webhook_allow_private=True)) is None
+    with pytest.raises(webhooks.Blocked):
+        webhooks.resolve(url, allow_private=False)
+
+
+def test_a_public_address_or_a_name_is_accepted_and_nothing_without_a_secret():
+    assert webhooks.refusal(f"https://{PUBLIC}/hook", config()) is None
+    assert webhooks.refusal("https://hooks.example.com/castad", config()) is None  # checked once resolved
+    assert "CASTAD_API_WEBHOOK_SECRET" in webhooks.refusal("https://hooks.example.com/x", settings.ApiSettings())
+    assert webhooks.resolve(f"http://{PUBLIC}/hook", allow_private=False) == PUBLIC
+
+
+def test_the_request_goes_to_the_checked_address_with_the_original_host_and_signed_headers():
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(204)
+
+    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
+    outcome = sender.send("d-1", f"http://{PUBLIC}:8080/hook?x=1", b"{}")
+
+    assert outcome.delivered and outcome.status_code == 204
+    [request] = seen
+    assert (request.url.host, request.url.port, request.url.path) == (PUBLIC, 8080, "/hook")
+    assert request.headers["host"] == f"{PUBLIC}:8080" and request.headers["webhook-id"] == "d-1"
+    assert Webhook(SECRET).verify(b"{}", dict(request.headers)) == {}
+
+
+def test_a_redirect_is_a_failed_try_never_followed():
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(307, headers={"location": "http://169.254.169.254/latest"})
+
+    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
+    outcome = sender.send("d-2", f"http://{PUBLIC}/first", b"{}")
+
+    assert (outcome.delivered, outcome.blocked, outcome.status_code) == (False, False, 307)
+    assert len(seen) == 1 and "not followed" in (outcome.error or "")
+
+
+@pytest.mark.parametrize(
+    "address", ["64:ff9b::a00:1", "2002:7f00:1::", "::7f00:1", "2001:0:4136:e378:8000:63bf:f5ff:fffe"]
+)
+def test_an_ipv6_address_carrying_a_private_ipv4_one_is_not_public(address):
+    with pytest.raises(webhooks.Blocked):
+        webhooks.resolve(f"http://[{address}]/hook", allow_private=False)
+
+
+def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
+    class Trickle(httpx.SyncByteStream):
+        def __iter__(self):
+            for _ in range(100):
+                time.sleep(0.05)
+                yield b"x"
+
+    sender = webhooks.Sender(
+        SECRET, False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle()))
+    )
+    started = time.monotonic()
+    outcome = sender.send("d-3", f"http://{PUBLIC}/slow", b"{}")
+
+    assert not outcome.delivered and "ReadTimeout" in (outcome.error or "")
+    assert time.monotonic() - started < 2
+
+
+def test_a_url_no_try_can_send_to_fails_the_notice_at_once():
+    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    assert sender.send("d-4", "http://example.com:99999/x", b"{}").blocked
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://example.com/x", "https://user:pw@example.com/x", "not a url", "/relative", "http://h:99999/x"]
+)
+def test_a_callback_url_must_be_an_absolute_http_url_without_credentials(url):
+    with pytest.raises(ValueError, match="callback_url"):
+        api.PipelineRequest(customer_name="a", region="b", callback_url=url)
+
+
+@pytest.mark.parametrize("secret", ["hunter2", "whsec_" + "A" * 22, "whsec_c2hvcnQ="])
+def test_a_secret_that_is_not_whsec_and_16_bytes_of_base64_is_refused(secret):
+    with pytest.raises(ValueError, match="whsec_"):
+        settings.ApiSettings(webhook_secret=secret)
