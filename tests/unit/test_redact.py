@@ -30,6 +30,7 @@ from castad_runtime import cli, logs, redact
         ("Authorization: Bearer abc.def-ghi, next", "Authorization: Bearer ***, next"),
         ("Incorrect API key provided: sk-proj-ab12****wxyz.", "Incorrect API key provided: ***."),
         ("a task-list and sk- alone", "a task-list and sk- alone"),
+        ("Input should be valid: 'whsec_c2hvcnQ='", "Input should be valid: '***'"),
     ],
 )
 def test_every_password_in_a_url_or_connection_string_is_masked(text, masked):

@@ -4,12 +4,14 @@ library), and never sent to a private, loopback or link-local address unless all
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import time
 
 import httpx
 import pytest
-from castad_api import settings, webhooks
-from castad_contracts import api
+from castad_api import operations, settings, webhooks
+from castad_contracts import api, brief
 from standardwebhooks import Webhook
 
 SECRET = "whsec_" + base64.b64encode(b"castad webhook test key").decode()
@@ -92,7 +94,7 @@ def test_a_redirect_is_a_failed_try_never_followed():
 
 
 @pytest.mark.parametrize(
-    "address", ["64:ff9b::a00:1", "2002:7f00:1::", "::7f00:1", "2001:0:4136:e378:8000:63bf:f5ff:fffe"]
+    "address", ["64:ff9b::a00:1", "2002:7f00:1::", "::7f00:1", "::ffff:0:a00:1", "64:ff9b:1::a00:1", "fec0::1"]
 )
 def test_an_ipv6_address_carrying_a_private_ipv4_one_is_not_public(address):
     with pytest.raises(webhooks.Blocked):
@@ -133,3 +135,40 @@ def test_a_callback_url_must_be_an_absolute_http_url_without_credentials(url):
 def test_a_secret_that_is_not_whsec_and_16_bytes_of_base64_is_refused(secret):
     with pytest.raises(ValueError, match="whsec_"):
         settings.ApiSettings(webhook_secret=secret)
+
+
+def test_a_name_is_sent_to_the_address_it_was_checked_at_with_its_own_host_header():
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200)
+
+    sender = webhooks.Sender(SECRET, True, 5, transport=httpx.MockTransport(answer))
+    assert sender.send("d-5", "http://localhost:8080/hook", b"{}").delivered
+
+    [request] = seen
+    assert request.url.host in ("127.0.0.1", "::1") and request.headers["host"] == "localhost:8080"
+
+
+def test_a_try_longer_than_its_deadline_is_a_failed_try_and_the_deliverer_goes_on():
+    def slow(request: httpx.Request) -> httpx.Response:
+        time.sleep(2)
+        return httpx.Response(200)
+
+    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(slow))
+    sender.deadline_s = 0.3
+    started = time.monotonic()
+    outcome = sender.send("d-6", f"http://{PUBLIC}/hook", b"{}")
+
+    assert not outcome.delivered and "no answer within 0.3 s" in (outcome.error or "")
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_replay_without_a_callback_url_hashes_as_the_brief_alone_did():
+    fields = {"customer_name": "머뭄", "region": "군산"}
+    brief_alone = json.dumps(brief.Brief(**fields).model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+
+    assert operations.request_hash(api.PipelineRequest(**fields)) == hashlib.sha256(brief_alone.encode()).hexdigest()
+    with_callback = api.PipelineRequest(**fields, callback_url="https://example.com/x")
+    assert operations.request_hash(with_callback) != operations.request_hash(api.PipelineRequest(**fields))

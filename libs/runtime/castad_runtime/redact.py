@@ -1,7 +1,7 @@
 """What may leave a process in a log line, a dead letter's reason or an error message.
 
 Credentials are masked wherever they appear (`scheme://user:password@host`, libpq's
-`password=...`, `Bearer <token>`, API keys shaped like `sk-...`); an error is described by
+`password=...`, `Bearer <token>`, keys shaped like `sk-...` or `whsec_...`); an error is described by
 its class and the first line of its message, never by its repr, which for a database error
 carries the SQL and its parameters (a brief's text, for instance).
 """
@@ -18,7 +18,7 @@ DESCRIPTION_MAX = 300
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*):(?P<secret>[^\s@/]*)@")
 _KEYWORD_PASSWORD = re.compile(r"(?P<head>\b(?:password|passwd|pwd)\s*=\s*)(?P<secret>'[^']*'|\S+)", re.IGNORECASE)
 _BEARER = re.compile(r"(?P<head>\bBearer\s+)(?P<secret>[^\s,;]+)", re.IGNORECASE)
-_API_KEY = re.compile(r"\bsk-[A-Za-z0-9_*-]{4,}")
+_API_KEY = re.compile(r"\bsk-[A-Za-z0-9_*-]{4,}|\bwhsec_[A-Za-z0-9+/=]{4,}")
 
 
 def mask(text: str) -> str:

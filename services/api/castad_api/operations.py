@@ -56,7 +56,9 @@ def create(conn: sa.Connection, body: api.PipelineRequest, key: str, deadline_s:
 
 
 def request_hash(body: api.PipelineRequest) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+    """The request's digest; without a callback_url, the brief's alone (as before there was one)."""
+    fields = body.model_dump(mode="json", exclude={"callback_url"} if body.callback_url is None else None)
+    canonical = json.dumps(fields, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -12,7 +12,8 @@ CASTAD_API_WEBHOOK_ALLOW_PRIVATE is set: the host is resolved, every address che
 inside IPv6 too), and the request sent to the checked address, so a second lookup cannot change
 it. A refused address or a URL that cannot be sent to fails the delivery at once. Redirects are
 not followed (a 3xx answer is a failed try), as Standard Webhooks advises; an answer's body is
-read up to a few kilobytes within the try's time, so no receiver can hold the sender.
+read up to a few kilobytes, and a try that takes longer than its deadline is a failed try, so
+no receiver holds the deliverer.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 from castad_runtime import backoff, db, outages, redact
-from castad_runtime.stage import http
+from castad_runtime.stage import cancellation, http
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from castad_api import model
@@ -47,8 +48,10 @@ log = logging.getLogger(__name__)
 BATCH = 10
 ERROR_MAX_CHARS = 500
 ANSWER_MAX_BYTES = 16_384
-# IPv6 ranges that carry an IPv4 address in their last 32 bits: NAT64 (RFC 6052), IPv4-compatible.
-_EMBEDDING_IPV4 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::/96"))
+# IPv6 ranges that carry an IPv4 address in their last 32 bits: NAT64 (RFC 6052), IPv4-compatible, SIIT.
+_EMBEDDING_IPV4 = tuple(ipaddress.IPv6Network(net) for net in ("64:ff9b::/96", "::/96", "::ffff:0:0:0/96"))
+# IPv6 ranges never public whatever Python's tables say: local-use NAT64 (RFC 8215), site-local.
+_NEVER_PUBLIC = tuple(ipaddress.IPv6Network(net) for net in ("64:ff9b:1::/48", "fec0::/10"))
 
 
 class Blocked(Exception):
@@ -109,12 +112,19 @@ def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     return f"v1,{base64.b64encode(mac).decode()}"
 
 
+def _netloc(host: str, port: int | None) -> str:
+    bracketed = f"[{host}]" if ":" in host else host
+    return f"{bracketed}:{port}" if port else bracketed
+
+
 def _local_name(host: str) -> bool:
     return host == "localhost" or host.endswith(".localhost")
 
 
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     if isinstance(address, ipaddress.IPv6Address):
+        if any(address in net for net in _NEVER_PUBLIC):
+            return False
         embedded = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
         embedded += [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) for net in _EMBEDDING_IPV4 if address in net]
         if any(inner is not None and not _public(inner) for inner in embedded):
@@ -162,18 +172,41 @@ class Outcome:
 
 
 class Sender:
-    """POSTs a signed notice to the checked address of its URL."""
+    """POSTs a signed notice to the checked address of its URL, each try within `deadline_s` as a whole.
+
+    Connections are never reused: one checked for a host's TLS certificate must not carry another
+    host's notice to the same address."""
 
     def __init__(self, secret: str, allow_private: bool, timeout_s: float, transport: Any = None) -> None:
         self._secret = secret
         self._allow_private = allow_private
         self._timeout_s = timeout_s
-        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport)
+        self.deadline_s = 2 * timeout_s + 5  # the name's lookup, the connection, the answer: shorter than a lease
+        self._client = httpx.Client(
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
 
     def close(self) -> None:
         self._client.close()
 
     def send(self, message_id: str, url: str, body: bytes) -> Outcome:
+        """One try. A receiver (or its name server) slower than the deadline is a failed try: the call
+        is left to end by its own timeouts while the deliverer goes on."""
+        watch = cancellation.Cancellation()
+        timer = threading.Timer(self.deadline_s, watch.cancel, args=(cancellation.Reason.TIMEOUT,))
+        timer.start()
+        try:
+            return watch.call(lambda: self._send(message_id, url, body))
+        except cancellation.Cancelled:
+            return Outcome(error=f"no answer within {self.deadline_s:g} s")
+        finally:
+            timer.cancel()
+
+    def _send(self, message_id: str, url: str, body: bytes) -> Outcome:
         timestamp = int(time.time())
         headers = {
             "content-type": "application/json",
@@ -208,10 +241,10 @@ class Sender:
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise Blocked(f"not an http or https URL: {url[:200]}")
         port = parsed.port  # ValueError for a port out of range
+        name = parsed.hostname.encode("idna").decode("ascii")  # UnicodeError (a ValueError) for a name that is not one
         address = resolve(url, self._allow_private)
-        host = f"[{address}]" if ":" in address else address
-        pinned = parsed._replace(netloc=f"{host}:{port}" if port else host).geturl()
-        return pinned, parsed.netloc.rpartition("@")[2], parsed.hostname
+        pinned = parsed._replace(netloc=_netloc(address, port)).geturl()
+        return pinned, _netloc(name, port), name
 
 
 class Deliverer:
