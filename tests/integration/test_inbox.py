@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from castad_api import operations, projection
 from castad_api import tables as api_tables
-from castad_contracts import brief, envelope, events
+from castad_contracts import api, envelope, events
 from castad_runtime import db, inbox, outbox, tables
 
 from tests.integration.helpers import (
@@ -153,7 +153,9 @@ def test_a_redelivered_stage_event_changes_the_gateways_projection_once(installa
     """lyric.started delivered twice to the gateway: the stage, pipeline and timeline change once."""
     engine = engines["api"]
     with db.transaction(engine) as conn:
-        accepted = operations.create(conn, brief.Brief(customer_name="Cafe Blue", region="Busan"), "key-1", 3600)
+        accepted = operations.create(
+            conn, api.PipelineRequest(customer_name="Cafe Blue", region="Busan"), "key-1", 3600
+        )
     handler = Counted(lambda env, payload: projection.apply(engine, env, payload))
     run_consumer("api", {"lyric.started": handler})
     started = events.StageStarted(
