@@ -3,6 +3,7 @@ request and response values, so that a fake is only its `handle` method."""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import threading
@@ -34,7 +35,7 @@ class Response:
         return cls(status, body, {"content-type": "application/json", **(headers or {})})
 
 
-class FakeServer:
+class FakeServer(abc.ABC):
     """Serves `handle` on host:port (0: a free port) until `stop`; usable as a context manager."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -73,8 +74,9 @@ class FakeServer:
     def url(self) -> str:
         return f"http://{self._host}:{self._server.server_port}"
 
+    @abc.abstractmethod
     def handle(self, request: Request) -> Response:
-        raise NotImplementedError
+        """The answer to one request (each fake's behaviour)."""
 
     def start(self) -> FakeServer:
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-server", daemon=True)
