@@ -1,6 +1,6 @@
 """The lyric stage calling an OpenAI-compatible server (a local one that behaves like the API),
 every service its own process: lyrics come from the server, a rate limit waits as long as the
-server asks and costs one attempt, a refused key fails the pipeline at once and says why."""
+server asks and costs no attempt, a refused key fails the pipeline at once and says why."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_lyrics_from_the_server_reach_the_video_and_a_rate_limit_waits_as_asked(
 
     assert view.status == "SUCCEEDED"
     first, second = lyric_attempts(dbs, pipeline_id)
-    assert (first["outcome"], first["error_code"]) == ("failed_retryable", "provider_rate_limited")
+    assert (first["outcome"], first["error_code"]) == ("interrupted", "provider_rate_limited")
     assert (second["started_at"] - first["finished_at"]).total_seconds() >= 2.0  # not the 0.05 s backoff
     assert second["outcome"] == "succeeded"
     assert [body["model"] for body in chat.received] == ["castad-fake", "castad-fake"]

@@ -26,7 +26,7 @@ from tests.support import database_url
 
 pytestmark = pytest.mark.integration
 
-STAGE_TABLES = (tables.outbox, tables.inbox, tables.jobs, tables.attempts)
+STAGE_TABLES = (tables.outbox, tables.inbox, tables.jobs, tables.attempts, tables.quotas)
 SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
     "api": (
         tables.outbox,

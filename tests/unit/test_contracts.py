@@ -108,9 +108,9 @@ def test_every_stage_fact_is_registered_with_a_current_version():
 def test_each_stage_consumes_what_the_previous_one_completes():
     subscriptions = topology.SUBSCRIPTIONS
     operator = ("pipeline.cancel_requested", "pipeline.retry_requested", "outbox.republish_requested")
-    assert subscriptions["lyric"].routing_keys == (events.PIPELINE_REQUESTED, *operator)
-    assert subscriptions["song"].routing_keys == ("lyric.completed", *operator)
-    assert subscriptions["video"].routing_keys == ("song.completed", *operator)
+    assert subscriptions["lyric"].routing_keys == (events.PIPELINE_REQUESTED, "provider.lyric.called_back", *operator)
+    assert subscriptions["song"].routing_keys == ("lyric.completed", "provider.song.called_back", *operator)
+    assert subscriptions["video"].routing_keys == ("song.completed", "provider.video.called_back", *operator)
     assert set(subscriptions["api"].routing_keys) == {"lyric.*", "song.*", "video.*"}
 
 

@@ -18,6 +18,10 @@ LEGAL = {
     (Status.RUNNING, Status.CANCELED),
     (Status.RETRY_WAIT, Status.RUNNING),
     (Status.RETRY_WAIT, Status.CANCELED),
+    # Work submitted to a provider: waiting for it holds no worker, each poll is a claim.
+    (Status.RUNNING, Status.AWAITING),
+    (Status.AWAITING, Status.RUNNING),
+    (Status.AWAITING, Status.CANCELED),
     # An operator's retry, and the trigger of a job a retry reopened before it came.
     (Status.FAILED, Status.PENDING),
     (Status.CANCELED, Status.PENDING),

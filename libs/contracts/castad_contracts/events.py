@@ -230,6 +230,13 @@ class OutboxRepublishRequested(Payload):
     event_id: uuid.UUID
 
 
+class ProviderCalledBack(Payload):
+    """A stage's provider called the gateway back about the pipeline's work: its next poll is due now."""
+
+    stage: Stage
+    received_at: dt.datetime
+
+
 PIPELINE_REQUESTED = "pipeline.requested"
 PIPELINE_CANCEL_REQUESTED = "pipeline.cancel_requested"
 PIPELINE_RETRY_REQUESTED = "pipeline.retry_requested"
@@ -240,6 +247,11 @@ StageFact = Literal["started", "retrying", "completed", "failed", "canceled"]
 
 def stage_event(stage: Stage, fact: StageFact) -> str:
     return f"{stage.value}.{fact}"
+
+
+def provider_called_back(stage: Stage) -> str:
+    """The event type by which the gateway passes a provider's callback to the stage alone."""
+    return f"provider.{stage.value}.called_back"
 
 
 _COMPLETED: dict[Stage, type[Payload]] = {
@@ -356,3 +368,4 @@ for _stage in Stage:
     REGISTRY.register(stage_event(_stage, "completed"), 2, _COMPLETED[_stage], _same)
     REGISTRY.register(stage_event(_stage, "failed"), 1, StageFailed)
     REGISTRY.register(stage_event(_stage, "canceled"), 1, StageCanceled)
+    REGISTRY.register(provider_called_back(_stage), 1, ProviderCalledBack)

@@ -26,9 +26,14 @@ def _all_stage_facts() -> tuple[str, ...]:
 
 SUBSCRIPTIONS: dict[str, Subscription] = {
     "api": Subscription("api", _all_stage_facts()),
-    "lyric": Subscription("lyric", (events.PIPELINE_REQUESTED, *events.OPERATOR_REQUESTS)),
-    "song": Subscription("song", (events.stage_event(events.Stage.LYRIC, "completed"), *events.OPERATOR_REQUESTS)),
-    "video": Subscription("video", (events.stage_event(events.Stage.SONG, "completed"), *events.OPERATOR_REQUESTS)),
+    **{
+        stage.value: Subscription(stage.value, (trigger, events.provider_called_back(stage), *events.OPERATOR_REQUESTS))
+        for stage, trigger in (
+            (events.Stage.LYRIC, events.PIPELINE_REQUESTED),
+            (events.Stage.SONG, events.stage_event(events.Stage.LYRIC, "completed")),
+            (events.Stage.VIDEO, events.stage_event(events.Stage.SONG, "completed")),
+        )
+    },
 }
 
 

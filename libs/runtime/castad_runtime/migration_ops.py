@@ -132,6 +132,42 @@ def add_operator_requests_v3() -> None:
     op.add_column("jobs", sa.Column("last_operation", sa.Integer, nullable=False, server_default="0"))
 
 
+def add_remote_jobs_v4() -> None:
+    """Work submitted to a provider waits as AWAITING with its handle (no worker held); provider quotas."""
+    op.add_column("jobs", sa.Column("handle", sa.Text))
+    op.add_column("jobs", sa.Column("submitted_at", TZ))
+    op.add_column("jobs", sa.Column("polls", sa.Integer, nullable=False, server_default="0"))
+    op.drop_index("jobs_due", "jobs")
+    op.create_index(
+        "jobs_due", "jobs", ["due_at"], postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")
+    )
+    op.create_index("jobs_in_flight", "jobs", ["status"], postgresql_where=sa.text("status IN ('RUNNING', 'AWAITING')"))
+    op.create_table(
+        "quotas",
+        sa.Column("provider", sa.Text, primary_key=True),
+        sa.Column("max_in_flight", sa.Integer),
+        sa.Column("max_rate_per_s", sa.Float, nullable=False),
+        sa.Column("min_rate_per_s", sa.Float, nullable=False),
+        sa.Column("burst", sa.Float, nullable=False),
+        sa.Column("rate_per_s", sa.Float, nullable=False),
+        sa.Column("tokens", sa.Float, nullable=False),
+        sa.Column("refilled_at", TZ, nullable=False, server_default=sa.func.now()),
+        sa.Column("blocked_until", TZ),
+        sa.Column("throttled", sa.Integer, nullable=False, server_default="0"),
+    )
+
+
+def drop_remote_jobs_v4() -> None:
+    op.drop_table("quotas")
+    op.drop_index("jobs_in_flight", "jobs")
+    op.drop_index("jobs_due", "jobs")
+    op.create_index("jobs_due", "jobs", ["due_at"], postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT')"))
+    # Work waiting on a provider is submitted again by the older code: it knows no handles.
+    op.execute("UPDATE jobs SET status = 'RETRY_WAIT' WHERE status = 'AWAITING'")
+    for column in ("polls", "submitted_at", "handle"):
+        op.drop_column("jobs", column)
+
+
 def drop_operator_requests_v3() -> None:
     op.drop_column("jobs", "last_operation")
     op.execute("DELETE FROM jobs WHERE input IS NULL")  # jobs canceled before they had anything to run

@@ -7,6 +7,7 @@ every value, so a composition root fails at start on a bad one.
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Annotated, Literal, Self
 
@@ -31,6 +32,16 @@ ArtifactsDir = Annotated[
 HealthPort = Annotated[
     int | None, Field(ge=1, le=65535, description="serve /healthz and /readyz on this port (off when unset)")
 ]
+
+
+def check_key(settings: BaseSettings, field: str) -> None:
+    """A network provider's key must be given, as `<field>` or as a readable `<field>_file`."""
+    key, key_file = getattr(settings, field), getattr(settings, f"{field}_file")
+    name, file_name = env_var(type(settings), field), env_var(type(settings), f"{field}_file")
+    if key is None and key_file is None:
+        raise ValueError(f"provider {getattr(settings, 'provider', '')} needs {name} or {file_name}")
+    if key_file is not None and not os.access(key_file, os.R_OK):
+        raise ValueError(f"{file_name} {key_file} cannot be read")
 
 
 def env_var(cls: type[BaseSettings], field: str, prefix: str | None = None) -> str:

@@ -70,11 +70,34 @@ jobs = sa.Table(
     sa.Column("tracestate", sa.Text),
     # Operator requests (cancels, retries) of the pipeline applied here, in order: the last one's number.
     sa.Column("last_operation", sa.Integer, nullable=False, server_default="0"),
+    # The provider's id of the work this attempt submitted to it (NULL: nothing submitted), since when,
+    # and how many polls found it unfinished.
+    sa.Column("handle", sa.Text),
+    sa.Column("submitted_at", TZ),
+    sa.Column("polls", sa.Integer, nullable=False, server_default="0"),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),
-    sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT')")),
+    sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")),
     sa.Index("jobs_leased", "lease_expires_at", postgresql_where=sa.text("status = 'RUNNING'")),
+    sa.Index("jobs_in_flight", "status", postgresql_where=sa.text("status IN ('RUNNING', 'AWAITING')")),
+)
+
+# A provider's limits, shared by every worker of the service: a token bucket whose rate halves when the
+# provider says "too many" and climbs back step by step (AIMD), and a cap on jobs at the provider at once.
+quotas = sa.Table(
+    "quotas",
+    metadata,
+    sa.Column("provider", sa.Text, primary_key=True),
+    sa.Column("max_in_flight", sa.Integer),  # NULL: no cap
+    sa.Column("max_rate_per_s", sa.Float, nullable=False),
+    sa.Column("min_rate_per_s", sa.Float, nullable=False),
+    sa.Column("burst", sa.Float, nullable=False),
+    sa.Column("rate_per_s", sa.Float, nullable=False),  # now, between the two
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("refilled_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("blocked_until", TZ),  # the provider's Retry-After
+    sa.Column("throttled", sa.Integer, nullable=False, server_default="0"),  # times it said "too many"
 )
 
 attempts = sa.Table(

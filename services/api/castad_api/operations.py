@@ -150,6 +150,19 @@ def cancel_overdue(conn: sa.Connection, limit: int = 100) -> int:
     return len(overdue)
 
 
+def called_back(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> bool:
+    """A stage's provider called back: the stage polls it at once. Nothing is taken from the call itself
+    (providers do not sign it), so a forged one can only bring a poll forward. False if the pipeline ended."""
+    pipeline = repository.get_pipeline(conn, pipeline_id)
+    if pipeline is None:
+        raise errors.NotFound(f"no pipeline {pipeline_id}")
+    if model.PipelineStatus(pipeline.status).terminal:
+        return False
+    note = events.ProviderCalledBack(pipeline_id=str(pipeline_id), stage=stage, received_at=dt.datetime.now(dt.UTC))
+    outbox.add(conn, note, events.provider_called_back(stage), SOURCE)
+    return True
+
+
 def _locked(conn: sa.Connection, pipeline_id: uuid.UUID) -> sa.Row:
     pipeline = repository.lock_pipeline(conn, pipeline_id)
     if pipeline is None:

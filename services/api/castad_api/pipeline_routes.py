@@ -126,6 +126,21 @@ def retry_pipeline(
     )
 
 
+@router.post(
+    "/provider-callbacks/{stage}/{pipeline_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    tags=["providers"],
+    responses={404: {"model": api.Problem}},
+)
+def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDep) -> Response:
+    """Where a stage's network provider (a music or render API) calls back when its work moves on: the
+    stage polls the provider at once instead of at its next scheduled poll. The body is not read; the
+    poll alone decides what became of the work."""
+    with db.transaction(gw.engine) as conn:
+        operations.called_back(conn, pipeline_id, stage)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
     pid = str(row.id)
     by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 from typing import Literal, Self
 
@@ -42,12 +41,8 @@ class LyricSettings(stage_service.StageSettings):
 
     @model_validator(mode="after")
     def _key_for_openai(self) -> Self:
-        if self.provider != "openai":
-            return self
-        if self.openai_api_key is None and self.openai_api_key_file is None:
-            raise ValueError("provider openai needs CASTAD_LYRIC_OPENAI_API_KEY or CASTAD_LYRIC_OPENAI_API_KEY_FILE")
-        if self.openai_api_key_file is not None and not os.access(self.openai_api_key_file, os.R_OK):
-            raise ValueError(f"CASTAD_LYRIC_OPENAI_API_KEY_FILE {self.openai_api_key_file} cannot be read")
+        if self.provider == "openai":
+            settings.check_key(self, "openai_api_key")
         return self
 
 

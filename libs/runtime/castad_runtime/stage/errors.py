@@ -5,19 +5,35 @@ from __future__ import annotations
 
 class ProviderError(Exception):
     """A provider call failed. `retryable` says whether another attempt may succeed; `retry_after_s`
-    is how long the provider asked us to wait before the next one (its `Retry-After`), if it said."""
+    is how long the provider asked us to wait before the next one (its `Retry-After`), if it said;
+    `status` is the HTTP status it answered with, if it was an error answer."""
 
     retryable: bool = True
 
     def __init__(
-        self, code: str, message: str, *, retryable: bool | None = None, retry_after_s: float | None = None
+        self,
+        code: str,
+        message: str,
+        *,
+        retryable: bool | None = None,
+        retry_after_s: float | None = None,
+        status: int | None = None,
     ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
+        self.status = status
         if retryable is not None:
             self.retryable = retryable
+
+
+# A request to the provider failed, not the work it was asked to do: while a job waits on a provider
+# (it holds a handle), such a failure only means "ask again later" (see castad_runtime.stage.remote).
+CALL_FAILURES = frozenset(
+    {"provider_rate_limited", "provider_unavailable", "provider_timeout", "provider_unreachable", "provider_malformed"}
+)
+RATE_LIMITED = "provider_rate_limited"
 
 
 class RetryableProviderError(ProviderError):

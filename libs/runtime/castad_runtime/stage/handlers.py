@@ -3,7 +3,8 @@
 - its trigger (the previous stage's `completed`, or `pipeline.requested`): the pipeline's job;
 - `pipeline.cancel_requested`: the job canceled, or, before the trigger came, prevented;
 - `pipeline.retry_requested`: the job reopened with a fresh budget, where the pipeline resumes;
-- `outbox.republish_requested`: a row of this service's outbox that the relay parked handed back.
+- `outbox.republish_requested`: a row of this service's outbox that the relay parked handed back;
+- `provider.<stage>.called_back`: the provider says the job's work moved on: its poll is due now.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from castad_contracts import events
 
 from castad_runtime import consumer, db, inbox, outbox
 from castad_runtime.stage import faults as faults_
+from castad_runtime.stage import repository
 from castad_runtime.stage import runner as runner_
 
 
@@ -36,6 +38,7 @@ class StageHandlers:
     def table(self, trigger: str) -> dict[str, consumer.Handler]:
         return {
             trigger: self.on_trigger,
+            events.provider_called_back(self.runner.stage): self.on_called_back,
             events.PIPELINE_CANCEL_REQUESTED: self.on_cancel,
             events.PIPELINE_RETRY_REQUESTED: self.on_retry,
             events.OUTBOX_REPUBLISH_REQUESTED: self.on_republish,
@@ -62,6 +65,12 @@ class StageHandlers:
         assert isinstance(payload, events.PipelineRetryRequested)
         with db.transaction(self.engine) as conn:
             due = inbox.first_delivery(conn, env) and self.runner.apply_retry(conn, payload)
+        if due:
+            self.wake()
+
+    def on_called_back(self, env: envelope_.Envelope, payload: events.Payload) -> None:
+        with db.transaction(self.engine) as conn:
+            due = inbox.first_delivery(conn, env) and repository.poll_now(conn, payload.pipeline_id)
         if due:
             self.wake()
 

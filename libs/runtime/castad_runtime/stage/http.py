@@ -86,15 +86,15 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
     message = f"{provider} answered {status}" + (f": {said}" if said else "")
     if status == 429:
         return errors.ProviderError(
-            "provider_rate_limited", message, retryable=True, retry_after_s=retry_after_s(headers)
+            errors.RATE_LIMITED, message, retryable=True, retry_after_s=retry_after_s(headers), status=status
         )
     if status >= 500 or status in RETRYABLE_STATUSES:
         return errors.ProviderError(
-            "provider_unavailable", message, retryable=True, retry_after_s=retry_after_s(headers)
+            "provider_unavailable", message, retryable=True, retry_after_s=retry_after_s(headers), status=status
         )
     if status in (401, 403):
-        return errors.ProviderError("provider_auth", message, retryable=False)
-    return errors.ProviderError("provider_rejected", message, retryable=False)
+        return errors.ProviderError("provider_auth", message, retryable=False, status=status)
+    return errors.ProviderError("provider_rejected", message, retryable=False, status=status)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,3 +210,75 @@ def read_capped(response: httpx.Response, max_bytes: int, deadline: float) -> tu
         if time.monotonic() > deadline:
             raise httpx.ReadTimeout("the answer took longer than its deadline", request=response.request)
     return response.status_code, response.headers, bytes(body)
+
+
+@dataclasses.dataclass(frozen=True)
+class Download:
+    media_type: str
+    size: int
+
+
+def download(
+    url: str,
+    dest: pathlib.Path,
+    cancel: cancellation.Cancellation,
+    *,
+    media_types: tuple[str, ...],
+    max_bytes: int,
+    timeout_s: float,
+    transport: httpx.BaseTransport | None = None,
+) -> Download:
+    """Fetch a provider's result (an audio or video file at a URL it gave) into `dest`.
+
+    No credentials go with it (the URL is often another host's, a CDN's). The answer must be one of
+    `media_types` (e.g. "audio/", a prefix, or "video/mp4") and at most `max_bytes`; what is not is
+    `provider_artifact_invalid`, retryable with a new attempt. A request that fails on the way is
+    classified as any other (retryable: the result is fetched again at the next poll).
+    """
+    if not url.startswith(("https://", "http://")):
+        raise errors.ProviderError("provider_artifact_invalid", f"the result's URL is not http(s): {url[:100]!r}")
+
+    def fetch() -> Download:
+        deadline = time.monotonic() + timeout_s
+        with (
+            httpx.Client(
+                timeout=httpx.Timeout(timeout_s), follow_redirects=True, max_redirects=3, transport=transport
+            ) as client,
+            client.stream("GET", url, headers={"user-agent": "castad"}) as response,
+        ):
+            if response.status_code >= 400:
+                response.read()
+                raise classify("the provider's file host", response.status_code, response.headers, response.content)
+            media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+            if not media_type.startswith(media_types):
+                raise errors.ProviderError(
+                    "provider_artifact_invalid", f"the result is {media_type or 'untyped'}, not {'/'.join(media_types)}"
+                )
+            declared = response.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > max_bytes:
+                raise BodyTooLarge()
+            size = 0
+            with dest.open("wb") as out:
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise BodyTooLarge()
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("the download took longer than its deadline", request=response.request)
+                    out.write(chunk)
+            if size == 0:
+                raise errors.ProviderError("provider_artifact_invalid", "the result is empty")
+            return Download(media_type, size)
+
+    try:
+        return cancel.call(fetch)
+    except BodyTooLarge:
+        raise errors.ProviderError(
+            "provider_artifact_invalid", f"the result is larger than {max_bytes} bytes"
+        ) from None
+    except httpx.TimeoutException:
+        raise errors.ProviderError("provider_timeout", f"the result did not arrive within {timeout_s:g} s") from None
+    except httpx.TooManyRedirects:
+        raise errors.ProviderError("provider_artifact_invalid", "the result's URL redirects too often") from None
+    except httpx.RequestError as error:
+        raise errors.ProviderError("provider_unreachable", f"the result's host: {redact.describe(error)}") from None

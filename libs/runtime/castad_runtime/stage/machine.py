@@ -7,6 +7,11 @@ PENDING --claim--> RUNNING --ok--> SUCCEEDED
 (any non-terminal) --cancel--> CANCELED
 FAILED, CANCELED --operator retry--> PENDING (or WAITING when its trigger has not come yet)
 WAITING --its trigger comes--> PENDING
+RUNNING --submitted to a provider, or its job there still runs--> AWAITING --due: poll--> RUNNING
+
+AWAITING holds no worker: the provider's handle is in the row and a poll is due at `due_at`
+(sooner when the provider calls back). The attempt that submitted the work goes on through
+its polls; it ends when a poll finds the provider's job done or failed.
 
 A job canceled before its trigger came is a CANCELED row without input: the trigger, when it
 comes, is kept in it but starts nothing.
@@ -26,6 +31,7 @@ class Status(enum.StrEnum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     RETRY_WAIT = "RETRY_WAIT"
+    AWAITING = "AWAITING"  # submitted to a provider: a poll is due at due_at
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELED = "CANCELED"
@@ -36,13 +42,15 @@ class Status(enum.StrEnum):
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELED})
-CLAIMABLE = frozenset({Status.PENDING, Status.RETRY_WAIT})
+CLAIMABLE = frozenset({Status.PENDING, Status.RETRY_WAIT, Status.AWAITING})
+NEW_ATTEMPT = frozenset({Status.PENDING, Status.RETRY_WAIT})  # a claim of these starts an attempt
 
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WAITING: frozenset({Status.PENDING, Status.CANCELED}),
     Status.PENDING: frozenset({Status.RUNNING, Status.CANCELED}),
-    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.RETRY_WAIT, Status.FAILED, Status.CANCELED}),
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.RETRY_WAIT, Status.AWAITING, Status.FAILED, Status.CANCELED}),
     Status.RETRY_WAIT: frozenset({Status.RUNNING, Status.CANCELED}),
+    Status.AWAITING: frozenset({Status.RUNNING, Status.CANCELED}),
     Status.SUCCEEDED: frozenset(),
     Status.FAILED: frozenset({Status.PENDING}),
     Status.CANCELED: frozenset({Status.PENDING, Status.WAITING}),

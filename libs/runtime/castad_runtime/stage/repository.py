@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_runtime import db, tables
-from castad_runtime.stage import machine
+from castad_runtime.stage import machine, quota
 
 jobs = tables.jobs
 attempts = tables.attempts
@@ -31,6 +31,14 @@ class Job:
     input: dict[str, Any]
     traceparent: str | None
     tracestate: str | None
+    handle: str | None = None  # the provider's id of the work this attempt submitted (AWAITING), if any
+    submitted_at: dt.datetime | None = None
+    polls: int = 0  # polls that found the provider's work unfinished
+
+    @property
+    def polling(self) -> bool:
+        """The attempt has submitted its work to a provider: this claim asks how it goes."""
+        return self.handle is not None
 
 
 _JOB_COLUMNS = (
@@ -44,6 +52,9 @@ _JOB_COLUMNS = (
     jobs.c.input,
     jobs.c.traceparent,
     jobs.c.tracestate,
+    jobs.c.handle,
+    jobs.c.submitted_at,
+    jobs.c.polls,
 )
 
 
@@ -165,11 +176,12 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
             last_operation=operation,
             last_error_code=CANCELED_CODE,
             last_error_message=reason,
+            handle=None,
             finished_at=sa.func.now(),
             updated_at=sa.func.now(),
         )
     )
-    if held.status is machine.Status.RUNNING:
+    if held.status in (machine.Status.RUNNING, machine.Status.AWAITING):
         conn.execute(
             attempts.update()
             .where(attempts.c.job_id == held.id, attempts.c.number == held.attempts, attempts.c.outcome == "running")
@@ -209,11 +221,22 @@ def note_operation(conn: sa.Connection, held: Held, operation: int) -> None:
     conn.execute(jobs.update().where(jobs.c.id == held.id).values(last_operation=operation))
 
 
-def claim_next(conn: sa.Connection, worker: str, lease_s: float) -> Job | None:
-    """Compare-and-set the most overdue claimable job to RUNNING under a lease, and open its attempt."""
+def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str | None = None) -> Job | None:
+    """Compare-and-set the most overdue claimable job to RUNNING under a lease, and open its attempt
+    (a job AWAITING its provider goes on with the attempt that submitted its work).
+
+    `provider`: claims call this provider, within its quota: none while its rate is spent or it asked
+    to wait, and no new attempt while as many jobs as it allows are at it."""
+    claimable = machine.CLAIMABLE
+    if provider is not None:
+        gate = quota.gate(conn, provider)
+        if not gate.open:
+            return None
+        if not gate.new_work:
+            claimable = frozenset({machine.Status.AWAITING})
     due = (
         sa.select(jobs.c.id)
-        .where(jobs.c.status.in_(list(machine.CLAIMABLE)), jobs.c.due_at <= sa.func.now())
+        .where(jobs.c.status.in_(list(claimable)), jobs.c.due_at <= sa.func.now())
         .order_by(jobs.c.due_at)
         .limit(1)
         .with_for_update(skip_locked=True)
@@ -225,7 +248,7 @@ def claim_next(conn: sa.Connection, worker: str, lease_s: float) -> Job | None:
         .values(
             status=machine.Status.RUNNING,
             version=jobs.c.version + 1,
-            attempts=jobs.c.attempts + 1,
+            attempts=sa.case((jobs.c.status == machine.Status.AWAITING, jobs.c.attempts), else_=jobs.c.attempts + 1),
             lease_owner=worker,
             lease_expires_at=db.seconds_from_now(lease_s),
             updated_at=sa.func.now(),
@@ -235,7 +258,10 @@ def claim_next(conn: sa.Connection, worker: str, lease_s: float) -> Job | None:
     if row is None:
         return None
     job = _job(row)
-    conn.execute(attempts.insert().values(job_id=job.id, number=job.attempts, worker=worker, outcome="running"))
+    if not job.polling:
+        conn.execute(attempts.insert().values(job_id=job.id, number=job.attempts, worker=worker, outcome="running"))
+    if provider is not None:
+        quota.spend(conn, provider)
     return job
 
 
@@ -290,6 +316,8 @@ def finish_attempt(
     }
     if counted:
         values["counted_attempts"] = job.counted_attempts + 1
+    if status is not machine.Status.AWAITING:  # whatever was submitted is done with
+        values.update(handle=None, submitted_at=None, polls=0)
     if status is machine.Status.RETRY_WAIT:
         values["due_at"] = db.seconds_from_now(retry_in_s)
     if status.terminal:
@@ -312,6 +340,40 @@ def finish_attempt(
         .values(finished_at=sa.func.now(), outcome=outcome, error_code=error_code, error_message=error_message)
     )
     return True
+
+
+def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float) -> bool:
+    """The attempt's work is at the provider under `handle` (just submitted, or still unfinished):
+    the job waits without a worker until a poll is due. CAS on version, like finish_attempt."""
+    machine.check_transition(job.status, machine.Status.AWAITING)
+    values: dict[str, Any] = {
+        "status": machine.Status.AWAITING,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "handle": handle,
+        "due_at": db.seconds_from_now(poll_in_s),
+        "updated_at": sa.func.now(),
+    }
+    if job.polling:
+        values["polls"] = jobs.c.polls + 1
+    else:
+        values.update(submitted_at=sa.func.now(), polls=0)
+    updated = conn.execute(
+        jobs.update()
+        .where(jobs.c.id == job.id, jobs.c.version == job.version, jobs.c.status == machine.Status.RUNNING)
+        .values(**values)
+    )
+    return updated.rowcount == 1
+
+
+def poll_now(conn: sa.Connection, pipeline_id: str) -> bool:
+    """The provider says it is done (its callback): the job's poll is due at once. True if one was waiting."""
+    updated = conn.execute(
+        jobs.update()
+        .where(jobs.c.pipeline_id == pipeline_id, jobs.c.status == machine.Status.AWAITING)
+        .values(due_at=sa.func.now())
+    )
+    return updated.rowcount == 1
 
 
 def due_at(conn: sa.Connection, job_id: uuid.UUID) -> dt.datetime:

@@ -6,6 +6,9 @@ events) is here, the same for every stage.
 
 What an attempt comes to, and what it costs:
 - its work returns: SUCCEEDED;
+- its work was submitted to a provider, or a poll finds it unfinished (`Awaiting`): the job
+  waits as AWAITING with the provider's handle, holding no worker, until its next poll is due
+  (see castad_runtime.stage.remote); a poll that the machinery loses is simply due again;
 - its provider fails (ProviderError) or the attempt runs out of time (its work is then
   cancelled): a failure counted against max_attempts, retried with backoff while attempts
   remain, FAILED after the last one; a non-retryable error fails at once;
@@ -37,7 +40,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from castad_runtime import consumer, db, logs, outages, outbox, redact, telemetry
-from castad_runtime.stage import cancellation, errors, machine, repository
+from castad_runtime.stage import cancellation, errors, machine, quota, repository
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,17 @@ class Output:
     details: dict[str, Any]
 
 
-Work = Callable[[repository.Job, cancellation.Cancellation], Output]
+@dataclasses.dataclass(frozen=True)
+class Awaiting:
+    """The work is at a provider under `handle`: poll it in `poll_in_s`. `throttled_s`: the provider
+    said "too many" on the way (its Retry-After, 0 if it gave none)."""
+
+    handle: str
+    poll_in_s: float
+    throttled_s: float | None = None
+
+
+Work = Callable[[repository.Job, cancellation.Cancellation], Output | Awaiting]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,14 +105,16 @@ class Failed:
 
 @dataclasses.dataclass(frozen=True)
 class HandedBack:
-    """The machinery failed the attempt: not counted, the job is due again after `delay_s`."""
+    """The machinery failed the attempt, or the provider asked us to slow down (`throttled_s`): not
+    counted, the job is due again after `delay_s` (its poll, if its work is at a provider)."""
 
     code: str
     message: str
     delay_s: float = 0.0
+    throttled_s: float | None = None
 
 
-Outcome = Succeeded | Failed | HandedBack
+Outcome = Succeeded | Awaiting | Failed | HandedBack
 
 
 class StageRunner:
@@ -112,6 +127,7 @@ class StageRunner:
         limits: Limits,
         worker_id: str,
         rng: random.Random | None = None,
+        provider: str | None = None,
     ) -> None:
         self.stage = stage
         self.engine = engine
@@ -119,6 +135,7 @@ class StageRunner:
         self.completed_model = completed_model
         self.limits = limits
         self.worker_id = worker_id
+        self.provider = provider  # claims go through this provider's quota (castad_runtime.stage.quota)
         self.source = f"/castad/{stage.value}"
         self.tracer = telemetry.tracer(f"castad.{stage.value}")
         self.rng = rng or random.Random()
@@ -233,16 +250,17 @@ class StageRunner:
 
     def claim_next(self) -> Claim | None:
         with db.transaction(self.engine) as conn:
-            job = repository.claim_next(conn, self.worker_id, self.limits.lease_s)
+            job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider)
             if job is None:
                 return None
             span = self.tracer.start_span(
-                f"{self.stage.value} attempt",
+                f"{self.stage.value} {'poll' if job.polling else 'attempt'}",
                 context=telemetry.context_from(job.traceparent, job.tracestate),
                 attributes={"castad.pipeline_id": job.pipeline_id, "castad.attempt": job.attempts},
             )
-            with trace.use_span(span):
-                self._emit(conn, job, "started", events.StageStarted, started_at=_now())
+            if not job.polling:
+                with trace.use_span(span):
+                    self._emit(conn, job, "started", events.StageStarted, started_at=_now())
         return Claim(job, span)
 
     def execute(self, claim: Claim) -> None:
@@ -254,7 +272,10 @@ class StageRunner:
             self._active[job.id] = cancel
         try:
             with trace.use_span(claim.span, end_on_exit=True), logs.bound(job.pipeline_id):
-                log.info("%s attempt %d started", self.stage.value, job.attempts)
+                if job.polling:
+                    log.debug("%s attempt %d: polling %s", self.stage.value, job.attempts, job.handle)
+                else:
+                    log.info("%s attempt %d started", self.stage.value, job.attempts)
                 heartbeat = _Heartbeat(
                     self.engine, job, self.limits.lease_s, lambda: cancel.cancel(cancellation.Reason.SUPERSEDED)
                 )
@@ -318,7 +339,8 @@ class StageRunner:
         self, job: repository.Job, result: dict[str, Any], cancel: cancellation.Cancellation, ended: bool
     ) -> Outcome | None:
         if ended and "output" in result:
-            return Succeeded(result["output"])
+            output = result["output"]
+            return output if isinstance(output, Awaiting) else Succeeded(output)
         if not ended:
             log.error(
                 "%s provider still running %g s after its cancellation (%s); its slot stays taken until it returns",
@@ -327,6 +349,8 @@ class StageRunner:
                 cancel.reason,
             )
         # A cancellation explains whatever the cancelled work raised (a killed child, say).
+        if cancel.reason is cancellation.Reason.TIMEOUT and job.polling:  # the work at the provider goes on
+            return HandedBack("poll_timeout", f"a poll took more than {self.limits.attempt_timeout_s:g} s", 0.0)
         if cancel.reason is cancellation.Reason.TIMEOUT:
             return Failed("attempt_timeout", f"no result within {self.limits.attempt_timeout_s:g} s", True)
         if cancel.reason is cancellation.Reason.SHUTDOWN:
@@ -335,6 +359,10 @@ class StageRunner:
             log.warning("%s attempt %d stopped: %s", self.stage.value, job.attempts, cancel.reason)
             return None
         error = result["error"]
+        if isinstance(error, errors.ProviderError) and error.code == errors.RATE_LIMITED and error.retryable:
+            asked = error.retry_after_s or 0.0
+            delay = max(asked, self.limits.policy.delay_s(job.attempts - job.counted_attempts, self.rng))
+            return HandedBack(error.code, error.message, min(delay, machine.MAX_RETRY_AFTER_S), throttled_s=asked)
         if isinstance(error, errors.ProviderError):
             return Failed(error.code, error.message, error.retryable, error.retry_after_s)
         if outages.is_resource_shortage(error):
@@ -359,10 +387,31 @@ class StageRunner:
 
     def _write(self, conn: sa.Connection, job: repository.Job, outcome: Outcome) -> bool:
         if isinstance(outcome, Succeeded):
-            return self._write_success(conn, job, outcome.output)
-        if isinstance(outcome, Failed):
-            return self._write_failure(conn, job, outcome)
-        return self._write_hand_back(conn, job, outcome)
+            written = self._write_success(conn, job, outcome.output)
+        elif isinstance(outcome, Awaiting):
+            written = self._write_awaiting(conn, job, outcome)
+        elif isinstance(outcome, Failed):
+            written = self._write_failure(conn, job, outcome)
+        else:
+            written = self._write_hand_back(conn, job, outcome)
+        if written and self.provider is not None:
+            self._feed_quota(conn, outcome)
+        return written
+
+    def _feed_quota(self, conn: sa.Connection, outcome: Outcome) -> None:
+        assert self.provider is not None
+        throttled_s = getattr(outcome, "throttled_s", None)
+        if throttled_s is not None:
+            quota.throttled(conn, self.provider, throttled_s)
+        elif isinstance(outcome, Succeeded | Awaiting):
+            quota.relieved(conn, self.provider)
+
+    def _write_awaiting(self, conn: sa.Connection, job: repository.Job, awaiting: Awaiting) -> bool:
+        if not repository.await_provider(conn, job, awaiting.handle, awaiting.poll_in_s):
+            return False
+        if not job.polling:
+            log.info("%s attempt %d: submitted as %s", self.stage.value, job.attempts, awaiting.handle)
+        return True
 
     def _write_success(self, conn: sa.Connection, job: repository.Job, output: Output) -> bool:
         result = {"artifact": output.artifact.model_dump(mode="json")}
@@ -425,6 +474,10 @@ class StageRunner:
         return True
 
     def _write_hand_back(self, conn: sa.Connection, job: repository.Job, back: HandedBack) -> bool:
+        if job.polling:  # the work is still at the provider: only the poll is lost, it is due again
+            assert job.handle is not None
+            log.warning("%s attempt %d: poll handed back (%s)", self.stage.value, job.attempts, back.code)
+            return repository.await_provider(conn, job, job.handle, back.delay_s)
         done = repository.finish_attempt(
             conn,
             job,

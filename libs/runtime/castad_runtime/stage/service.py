@@ -10,8 +10,20 @@ from typing import Generic, Literal, TypeVar
 from castad_contracts import events, topology
 from pydantic import Field
 
-from castad_runtime import consumer, db, health, messaging, process, settings
-from castad_runtime.stage import cancellation, faults, handlers, machine, repository, runner, scheduler
+from castad_runtime import consumer, db, health, messaging, outages, process, settings
+from castad_runtime.stage import (
+    cancellation,
+    faults,
+    handlers,
+    machine,
+    quota,
+    remote,
+    repository,
+    runner,
+    scheduler,
+)
+
+OFFLINE_PROVIDERS = frozenset({"local", "instant"})  # every other provider is a network one, with a quota
 
 
 class StageSettings(settings.StoreSettings):
@@ -39,6 +51,32 @@ class StageSettings(settings.StoreSettings):
         default="local",
         description="`local` makes the real artifact offline; `instant` writes a tiny valid one at once (benchmarks)",
     )
+    gateway_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="the gateway's URL as network providers reach it: they call back to it when their work"
+        " moves on (none: they are only polled)",
+    )
+    poll_first_s: float = Field(
+        default=5.0, gt=0, description="work submitted to a network provider is first polled this long after"
+    )
+    poll_max_s: float = Field(default=30.0, gt=0, description="longest wait between polls (the wait grows 1.5x)")
+    provider_give_up_s: float = Field(
+        default=1800.0, gt=0, description="work a provider has not finished by then fails the attempt (retryable)"
+    )
+    download_max_bytes: int = Field(
+        default=200_000_000, ge=1024, description="a provider's result larger than this is refused"
+    )
+    quota_rate_per_s: float = Field(
+        default=5.0, gt=0, description="calls per second to a network provider, across every worker of the service"
+    )
+    quota_min_rate_per_s: float = Field(
+        default=0.2, gt=0, description="the lowest the rate falls to when the provider answers 429"
+    )
+    quota_burst: float = Field(default=5.0, ge=1, description="calls that may go at once after a quiet spell")
+    quota_max_in_flight: int | None = Field(
+        default=None, ge=1, description="jobs at the network provider at once (none: no cap)"
+    )
     fault_failure_rate: float = Field(default=0.0, ge=0, le=1, description="share of provider calls that fail")
     fault_retryable: bool = Field(default=True, description="whether injected failures are retryable")
     fault_latency_s: float = Field(default=0.0, ge=0, description="added delay before every provider call")
@@ -59,6 +97,28 @@ class StageSettings(settings.StoreSettings):
             max_delay_s=max(self.backoff_max_s, self.backoff_base_s),
             jitter=self.backoff_jitter,
         )
+
+    def quota_limits(self) -> quota.Limits | None:
+        """The provider's quota; None for an offline one."""
+        if self.provider in OFFLINE_PROVIDERS:
+            return None
+        return quota.Limits(
+            provider=self.provider,
+            max_rate_per_s=self.quota_rate_per_s,
+            min_rate_per_s=min(self.quota_min_rate_per_s, self.quota_rate_per_s),
+            burst=self.quota_burst,
+            max_in_flight=self.quota_max_in_flight,
+        )
+
+    def poll_schedule(self) -> remote.PollSchedule:
+        return remote.PollSchedule(
+            first_s=self.poll_first_s, max_s=max(self.poll_max_s, self.poll_first_s), give_up_s=self.provider_give_up_s
+        )
+
+    def callback_url(self, stage: events.Stage) -> remote.CallbackUrl:
+        """Where the stage's provider calls back about a job (None without a gateway URL)."""
+        base = self.gateway_url.rstrip("/") if self.gateway_url else None
+        return lambda job: f"{base}/v1/provider-callbacks/{stage.value}/{job.pipeline_id}" if base else None
 
     def faults(self) -> faults.Faults:
         return faults.Faults(
@@ -90,12 +150,26 @@ def run(definition: StageDefinition[S], config: S) -> None:
     injector = faults.FaultInjector(config.faults(), random.Random())
     work = definition.make_work(config)
 
-    def faulty_work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def faulty_work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
         return injector.call(lambda: work(job, cancel), cancel)
 
     limits = runner.Limits(config.retry_policy(), config.lease_s, config.attempt_timeout_s)
+    quota_limits = config.quota_limits()
+    if quota_limits is not None:
+
+        def configure() -> None:
+            with db.transaction(engine) as conn:
+                quota.configure(conn, quota_limits)
+
+        outages.keep_trying(configure, f"{service}: setting the quota of {quota_limits.provider}")
     stage_runner = runner.StageRunner(
-        definition.stage, engine, faulty_work, definition.completed_model, limits, process.worker_id(service)
+        definition.stage,
+        engine,
+        faulty_work,
+        definition.completed_model,
+        limits,
+        process.worker_id(service),
+        provider=quota_limits.provider if quota_limits else None,
     )
     jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s, config.stop_grace_s)
     stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs.wake, injector)

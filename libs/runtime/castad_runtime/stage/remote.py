@@ -1,0 +1,128 @@
+"""Work a provider does on its own time: submit it, then poll, holding no worker in between.
+
+An attempt's first claim submits the work and gets the provider's handle; the runner commits
+it in the job's row (AWAITING) with the first poll due a little later. Each later claim polls
+once: unfinished work is due again (the wait grows from `first_s` to `max_s`), finished work
+is fetched into the artifact store and the attempt succeeds, failed work fails the attempt
+(counted; the next attempt submits anew). A provider's callback only brings the next poll
+forward, so the poll alone decides, and callback and poll never complete a job twice.
+
+A request that fails on the way (429, 5xx, a timeout, a garbled answer) does not fail work
+that is already at the provider: the poll is simply due again, after the provider's
+Retry-After if it gave one. Work that is not done after `give_up_s` fails the attempt
+(`provider_job_timeout`, retryable): a job that never finishes does not wait for ever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import mimetypes
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from castad_contracts import events
+
+from castad_runtime import artifacts
+from castad_runtime.stage import cancellation, errors, http, repository, runner
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """The provider's work is not done; `state` is the provider's word for where it is."""
+
+    state: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """The provider's work is done: its result is at `url`; `details` are what else it said of it."""
+
+    url: str
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class RemoteApi(Protocol):
+    """A submit-then-poll provider (a music or render API)."""
+
+    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+        """Hand the job's work to the provider; its handle for it. Raises ProviderError."""
+        ...
+
+    def poll(self, handle: str, cancel: cancellation.Cancellation) -> Pending | Finished:
+        """Where the work is; raises ProviderError when the request fails or the work failed."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PollSchedule:
+    first_s: float = 5.0
+    max_s: float = 30.0
+    factor: float = 1.5
+    give_up_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first_s <= self.max_s or self.factor < 1 or self.give_up_s <= 0:
+            raise ValueError("need 0 < first_s <= max_s, factor >= 1 and give_up_s > 0")
+
+    def after(self, polls: int) -> float:
+        """The wait before the next poll, after `polls` polls found the work unfinished."""
+        return min(self.max_s, self.first_s * self.factor ** min(polls, 64))
+
+
+def keep_result(
+    store: artifacts.ArtifactStore,
+    job: repository.Job,
+    stage: events.Stage,
+    finished: Finished,
+    cancel: cancellation.Cancellation,
+    *,
+    media_types: tuple[str, ...],
+    max_bytes: int,
+    timeout_s: float,
+) -> events.Artifact:
+    """Download the provider's result into the artifact store (size-capped, its type checked, hashed)."""
+    with store.scratch(job.pipeline_id, stage, job.attempts, ".download") as scratch:
+        got = http.download(
+            finished.url, scratch, cancel, media_types=media_types, max_bytes=max_bytes, timeout_s=timeout_s
+        )
+        named = scratch.rename(scratch.with_suffix(_extension(got.media_type)))
+        return store.keep(named, job.pipeline_id, stage, got.media_type)
+
+
+def _extension(media_type: str) -> str:
+    return {"audio/wav": ".wav", "audio/mp3": ".mp3"}.get(media_type) or mimetypes.guess_extension(media_type) or ".bin"
+
+
+Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
+CallbackUrl = Callable[[repository.Job], str | None]
+
+
+def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetch: Fetch) -> runner.Work:
+    """The stage's work for a submit-then-poll provider: `fetch` turns its finished work into the output."""
+
+    def run(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
+        if job.handle is None:
+            return runner.Awaiting(api.submit(job, callback_url(job), cancel), schedule.first_s)
+        waited_s = (dt.datetime.now(dt.UTC) - job.submitted_at).total_seconds() if job.submitted_at else 0.0
+        if waited_s > schedule.give_up_s:
+            raise errors.ProviderError(
+                "provider_job_timeout", f"the provider's work {job.handle} was not done after {schedule.give_up_s:g} s"
+            )
+        try:
+            state = api.poll(job.handle, cancel)
+            if isinstance(state, Pending):
+                return runner.Awaiting(job.handle, schedule.after(job.polls))
+            return fetch(job, state, cancel)
+        except errors.ProviderError as error:
+            if error.code not in errors.CALL_FAILURES or not error.retryable:
+                raise
+            log.warning("polling %s failed on the way (%s); asking again later", job.handle, error.code)
+            asked = error.retry_after_s or 0.0
+            throttled_s = asked if error.code == errors.RATE_LIMITED else None
+            return runner.Awaiting(job.handle, max(asked, schedule.after(job.polls)), throttled_s)
+
+    return run
