@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import pathlib
+from typing import Literal, Self
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, repository, runner
+from castad_runtime.stage import cancellation, http, remote, repository, runner
 from castad_runtime.stage import service as stage_service
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_song import instant, provider
+from castad_song import instant, provider, suno
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -20,9 +21,61 @@ class SongSettings(stage_service.StageSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_SONG_", extra="ignore", frozen=True)
 
     database_url: str = Field(default=settings.database_url_default("song"), pattern=settings.POSTGRES_URL)
+    provider: Literal["local", "instant", "suno"] = Field(  # type: ignore[assignment]  # one more than a stage's
+        default="local",
+        description="`local` sings offline; `instant` writes a tiny WAV at once (benchmarks); `suno` asks a Suno"
+        " music API shaped as sunoapi.org's v1 (CASTAD_SONG_SUNO_*), submit then poll",
+    )
+    suno_base_url: str = Field(
+        default="https://api.sunoapi.org", pattern=r"^https?://", description="the music API's base URL"
+    )
+    suno_api_key: SecretStr | None = Field(
+        default=None, description="its API key (or CASTAD_SONG_SUNO_API_KEY_FILE); never logged"
+    )
+    suno_api_key_file: pathlib.Path | None = Field(
+        default=None, description="a file holding the API key, read at every call (a mounted Secret can rotate)"
+    )
+    suno_model: str = Field(default="V4_5", min_length=1, description="the model to sing with")
+    suno_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for one answer")
+    suno_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
+
+    @model_validator(mode="after")
+    def _key_for_suno(self) -> Self:
+        if self.provider == "suno":
+            settings.check_key(self, "suno_api_key")
+        return self
 
 
-def make_work(config: stage_service.StageSettings) -> runner.Work:
+def make_suno_work(config: SongSettings) -> runner.Work:
+    key = http.Credential(config.suno_api_key, config.suno_api_key_file)
+    client = http.HttpProvider(
+        "the music API", config.suno_base_url, config.suno_timeout_s, config.suno_max_answer_bytes, headers=key.bearer
+    )
+    store = artifacts.make_store(config)
+
+    def fetch(job: repository.Job, song: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
+        done = events.LyricCompleted.model_validate(job.input)
+        artifact = remote.keep_result(
+            store,
+            job,
+            events.Stage.SONG,
+            song,
+            cancel,
+            media_types=("audio/",),
+            max_bytes=config.download_max_bytes,
+            timeout_s=config.suno_timeout_s * 4,
+        )
+        duration_s = song.details["duration_s"]
+        timed = suno.spread(done.lyrics, duration_s)
+        return runner.Output(artifact, {"lyrics": done.lyrics, "timed_lines": timed, "song_duration_s": duration_s})
+
+    api = suno.SunoApi(client, config.suno_model)
+    return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.SONG), fetch)
+
+
+def make_work(config: SongSettings) -> runner.Work:
+    if config.provider == "suno":
+        return make_suno_work(config)
     composer: provider.SongProvider = (
         instant.InstantSongProvider() if config.provider == "instant" else provider.LocalSongProvider()
     )
@@ -39,7 +92,7 @@ def make_work(config: stage_service.StageSettings) -> runner.Work:
     return work
 
 
-DEFINITION = stage_service.StageDefinition(
+DEFINITION = stage_service.StageDefinition[SongSettings](
     stage=events.Stage.SONG,
     trigger=events.stage_event(events.Stage.LYRIC, "completed"),
     completed_model=events.SongCompleted,

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+from typing import Literal, Self
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, errors, repository, runner
+from castad_runtime.stage import cancellation, errors, http, remote, repository, runner
 from castad_runtime.stage import service as stage_service
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_video import instant, provider
+from castad_video import creatomate, instant, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -27,9 +28,85 @@ class VideoSettings(stage_service.StageSettings):
         default=None, description="caption font (TTF, OTF); default: the first installed one that draws the language"
     )
     ffmpeg: str | None = Field(default=None, description="ffmpeg binary (default: the one from imageio-ffmpeg)")
+    provider: Literal["local", "instant", "creatomate"] = Field(  # type: ignore[assignment]  # one more than a stage's
+        default="local",
+        description="`local` renders offline with ffmpeg; `instant` a tiny MP4 at once (benchmarks); `creatomate`"
+        " asks Creatomate's render API v2 (CASTAD_VIDEO_CREATOMATE_*), submit then poll",
+    )
+    creatomate_base_url: str = Field(
+        default="https://api.creatomate.com", pattern=r"^https?://", description="the render API's base URL"
+    )
+    creatomate_api_key: SecretStr | None = Field(
+        default=None, description="its API key (or CASTAD_VIDEO_CREATOMATE_API_KEY_FILE); never logged"
+    )
+    creatomate_api_key_file: pathlib.Path | None = Field(
+        default=None, description="a file holding the API key, read at every call (a mounted Secret can rotate)"
+    )
+    creatomate_template_id: str | None = Field(
+        default=None, min_length=1, description="the template rendered (its elements: see docs/providers.md)"
+    )
+    creatomate_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for one answer")
+    creatomate_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
+
+    @model_validator(mode="after")
+    def _creatomate_needs(self) -> Self:
+        if self.provider != "creatomate":
+            return self
+        settings.check_key(self, "creatomate_api_key")
+        if self.creatomate_template_id is None:
+            raise ValueError("provider creatomate needs CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID")
+        if self.artifacts_store == "volume" and self.gateway_url is None:
+            raise ValueError(
+                "provider creatomate fetches the song from the gateway (CASTAD_VIDEO_GATEWAY_URL) unless the"
+                " artifacts are in a bucket (CASTAD_ARTIFACTS_STORE=s3)"
+            )
+        return self
+
+
+def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> str:
+    """Where the render API fetches the song: a presigned URL of the bucket, or the gateway's download."""
+    served = store.serve(done.artifact)
+    if isinstance(served, str):
+        return served
+    assert config.gateway_url is not None
+    return f"{config.gateway_url.rstrip('/')}/v1/pipelines/{done.pipeline_id}/artifacts/song"
+
+
+def make_creatomate_work(config: VideoSettings) -> runner.Work:
+    assert config.creatomate_template_id is not None
+    key = http.Credential(config.creatomate_api_key, config.creatomate_api_key_file)
+    client = http.HttpProvider(
+        "the render API",
+        config.creatomate_base_url,
+        config.creatomate_timeout_s,
+        config.creatomate_max_answer_bytes,
+        headers=key.bearer,
+    )
+    store = artifacts.make_store(config)
+
+    def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
+        done = events.SongCompleted.model_validate(job.input)
+        artifact = remote.keep_result(
+            store,
+            job,
+            events.Stage.VIDEO,
+            video,
+            cancel,
+            media_types=("video/mp4",),
+            max_bytes=config.download_max_bytes,
+            timeout_s=config.creatomate_timeout_s * 4,
+        )
+        width, height = provider.frame_size(done.brief.orientation, config.short_side)
+        size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}
+        return runner.Output(artifact, size)
+
+    api = creatomate.CreatomateApi(client, config.creatomate_template_id, lambda done: song_url(config, store, done))
+    return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
 
 
 def make_work(config: VideoSettings) -> runner.Work:
+    if config.provider == "creatomate":
+        return make_creatomate_work(config)
     renderer: provider.VideoProvider
     if config.provider == "instant":
         renderer = instant.InstantVideoProvider(ffmpeg=config.ffmpeg)
