@@ -15,14 +15,11 @@ received. Run it with `python -m castad_local.fakes chat --port 8090`.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any
 
 from castad_contracts import brief
@@ -34,18 +31,12 @@ DEFAULT_KEY = "sk-castad-local"
 
 
 @dataclasses.dataclass(frozen=True)
-class Reply:
-    """One scripted answer. `kind`: ok, status, hang, malformed, oversized, refusal, content_filter, length."""
+class Reply(server.Reply):
+    """One scripted answer: a generic kind (see `server.Reply`) or refusal, content_filter, length.
+    Oversized here is a completion whose content is `size` characters."""
 
-    kind: str = "ok"
-    status: int = 200
-    retry_after: str | None = None
-    seconds: float = 0.0
-    size: int = 0
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Reply:
-        return cls(**data)
+KINDS = server.GENERIC_KINDS | {"refusal", "content_filter", "length"}
 
 
 def lyrics_content(user_content: str, seed: str) -> str:
@@ -84,22 +75,20 @@ def api_error(message: str, kind: str, code: str | None = None) -> dict:
 class FakeChat(server.FakeServer):
     def __init__(self, host: str = "127.0.0.1", port: int = 0, api_key: str = DEFAULT_KEY) -> None:
         self.api_key = api_key
-        self._script: collections.deque[Reply] = collections.deque()
-        self._lock = threading.Lock()
-        self.received: list[dict[str, Any]] = []
+        self._script = server.Script(Reply, KINDS)
         super().__init__(host, port)
 
+    @property
+    def received(self) -> list[dict[str, Any]]:
+        """The request bodies received (the last 10,000)."""
+        return self._script.received()
+
     def script(self, *replies: Reply) -> None:
-        with self._lock:
-            self._script.extend(replies)
+        self._script.add(*replies)
 
     def handle(self, request: server.Request) -> server.Response:
-        if request.path == "/_fake/script" and request.method == "POST":
-            self.script(*(Reply.from_json(item) for item in request.json()))
-            return server.Response(204)
-        if request.path == "/_fake/requests" and request.method == "GET":
-            with self._lock:
-                return server.Response.of_json(200, list(self.received))
+        if (scripting := self._script.serve(request)) is not None:
+            return scripting
         if request.path != "/v1/chat/completions" or request.method != "POST":
             return server.Response.of_json(
                 404, api_error(f"Unknown request URL: {request.path}", "invalid_request_error")
@@ -118,20 +107,10 @@ class FakeChat(server.FakeServer):
                 raise ValueError("response_format")
         except (ValueError, KeyError, TypeError, StopIteration):
             return server.Response.of_json(400, api_error("Invalid request body.", "invalid_request_error"))
-        with self._lock:
-            self.received.append(body)
-            reply = self._script.popleft() if self._script else Reply()
+        reply = self._script.next(body)
         return self._answer(reply, model, lambda: lyrics_content(user, str(body.get("seed", ""))))
 
     def _answer(self, reply: Reply, model: str, content: Callable[[], str]) -> server.Response:
-        if reply.kind == "hang":
-            time.sleep(reply.seconds)
-        if reply.kind == "status":
-            headers = {"retry-after": reply.retry_after} if reply.retry_after else {}
-            phrase = HTTPStatus(reply.status).phrase
-            return server.Response.of_json(reply.status, api_error(phrase, "server_error"), headers)
-        if reply.kind == "malformed":
-            return server.Response(200, b'{"choices": [', {"content-type": "application/json"})
         if reply.kind == "oversized":
             return server.Response.of_json(200, completion(model, "x" * reply.size))
         if reply.kind == "refusal":
@@ -140,4 +119,9 @@ class FakeChat(server.FakeServer):
             return server.Response.of_json(200, completion(model, None, finish_reason="content_filter"))
         if reply.kind == "length":
             return server.Response.of_json(200, completion(model, content()[:40], finish_reason="length"))
-        return server.Response.of_json(200, completion(model, content()))
+        return server.answer(
+            reply,
+            lambda: server.Response.of_json(200, completion(model, content())),
+            lambda status: server.Response.of_json(status, api_error(server.phrase(status), "server_error")),
+            malformed=b'{"choices": [',
+        )

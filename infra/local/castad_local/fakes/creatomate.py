@@ -1,0 +1,252 @@
+"""A local server that behaves like Creatomate's REST API (v2), for tests and offline runs.
+
+`POST /v2/renders` checks a bearer key and the body as the API does (a `template_id`, flat
+`modifications`, an optional `webhook_url` and `metadata`) and answers 202 with one render
+object; `GET /v2/renders/<id>` reports it. A render moves by the time since it was submitted
+(`render_s`): planned, waiting, rendering, then succeeded, its `url` a 2 s 360x640 MP4 under
+`/_fake/renders/`. When it succeeds or fails the render is posted to its `webhook_url` from one
+background thread. Errors are the API's: a 4xx with `{"hint": ...}`.
+
+Tests script it: `POST /_fake/script` queues replies for the next API requests (see
+`server.Reply`: an HTTP status with or without Retry-After, a hang, a malformed or oversized
+body); `POST /_fake/renders-plan` plans the next renders (see `Plan`: failing, never finishing,
+an output of the wrong type or size). `GET /_fake/requests` and `GET /_fake/callbacks` list what
+it received and posted. Run it with `python -m castad_local.fakes creatomate --port 8092`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from castad_local.fakes import media, server
+
+DEFAULT_KEY = "creatomate-castad-local"
+TEMPLATE_NAME = "castad"
+WIDTH, HEIGHT, FRAME_RATE, DURATION_S = 360, 640, 30, 2.0
+FAILURE = "The render failed: the template could not be rendered with these modifications."
+
+RENDER_PATH = re.compile(r"/v2/renders/([0-9a-f-]{36})")
+OUTPUT_PATH = re.compile(r"/_fake/renders/([0-9a-f-]{36})\.mp4")
+SCALARS = (str, int, float, bool, type(None))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one render goes. `outcome`: ok, fail, never (planned for ever); `output`: ok,
+    wrong_type (an HTML page), oversized (`size` bytes); `seconds`: how long it takes (the fake's
+    `render_s` when None)."""
+
+    outcome: str = "ok"
+    output: str = "ok"
+    seconds: float | None = None
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.outcome not in {"ok", "fail", "never"}:
+            raise ValueError(f"unknown outcome {self.outcome!r}")
+        if self.output not in {"ok", "wrong_type", "oversized"}:
+            raise ValueError(f"unknown output {self.output!r}")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class Render:
+    """A submitted render; its status is read off the time since `submitted`."""
+
+    id: str
+    body: dict[str, Any]
+    plan: Plan
+    seconds: float
+    submitted: float  # time.monotonic()
+
+    def steps(self) -> list[tuple[float, str]]:
+        """(seconds after submitting, status) of every status it goes through."""
+        if self.plan.outcome == "never":
+            return [(0.0, "planned")]
+        end = "succeeded" if self.plan.outcome == "ok" else "failed"
+        return [
+            (0.0, "planned"),
+            (0.1 * self.seconds, "waiting"),
+            (0.3 * self.seconds, "rendering"),
+            (self.seconds, end),
+        ]
+
+    def status(self) -> str:
+        elapsed = time.monotonic() - self.submitted
+        return [status for after, status in self.steps() if after <= elapsed][-1]
+
+
+def hint(status: int, text: str) -> server.Response:
+    return server.Response.of_json(status, {"hint": text})
+
+
+def invalid(body: Any, templates: frozenset[str] | None) -> str | None:
+    """What is wrong with a render body, None when nothing is."""
+    if not isinstance(body, dict):
+        return "The request body must be a JSON object."
+    template = body.get("template_id")
+    if not isinstance(template, str) or not template:
+        return "The parameter 'template_id' is required."
+    if templates is not None and template not in templates:
+        return f"Template '{template}' was not found."
+    modifications = body.get("modifications", {})
+    if not isinstance(modifications, dict) or not all(
+        isinstance(k, str) and isinstance(v, SCALARS) for k, v in modifications.items()
+    ):
+        return "The parameter 'modifications' must be an object of names to text, numbers, booleans or null."
+    for name in ("webhook_url", "metadata"):
+        if not isinstance(body.get(name), str | None):
+            return f"The parameter '{name}' must be a string."
+    if body.get("output_format", "mp4") != "mp4":
+        return "The fake renders only 'mp4'."
+    return None
+
+
+class FakeCreatomate(server.FakeServer):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str = DEFAULT_KEY,
+        render_s: float = 5.0,
+        templates: set[str] | frozenset[str] | None = None,
+    ) -> None:
+        self.api_key = api_key
+        self.render_s = render_s
+        self.templates = None if templates is None else frozenset(templates)
+        self._script = server.Script(server.Reply)
+        self._plans: collections.deque[Plan] = collections.deque()
+        self._renders: dict[str, Render] = {}
+        self._lock = threading.Lock()
+        self._callbacks = server.Callbacks()
+        super().__init__(host, port)
+
+    @property
+    def received(self) -> list[dict[str, Any]]:
+        """The API requests received (method, path, query, body), the last 10,000."""
+        return self._script.received()
+
+    @property
+    def callbacks(self) -> list[dict[str, Any]]:
+        """The webhooks posted: url, id, callbackType (succeeded or failed), and the answer's status or the error."""
+        return self._callbacks.sent()
+
+    def script(self, *replies: server.Reply) -> None:
+        self._script.add(*replies)
+
+    def plan(self, *plans: Plan) -> None:
+        with self._lock:
+            self._plans.extend(plans)
+
+    def stop(self) -> None:
+        super().stop()
+        self._callbacks.close()
+
+    def handle(self, request: server.Request) -> server.Response:
+        if request.path.startswith("/_fake/"):
+            return self._fake(request)
+        if request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return hint(401, "Invalid API key.")
+        if (request.method, request.path) == ("POST", "/v2/renders"):
+            return self._scripted(request, lambda: self._submit(request))
+        if request.method == "GET" and (match := RENDER_PATH.fullmatch(request.path)):
+            return self._scripted(request, lambda: self._get(match.group(1)))
+        return hint(404, f"Not found: {request.method} {request.path}")
+
+    def _scripted(self, request: server.Request, normal: Callable[[], server.Response]) -> server.Response:
+        reply = self._script.next(request.record())
+        return server.answer(reply, normal, lambda status: hint(status, server.phrase(status)), malformed=b'{"id": "')
+
+    def _submit(self, request: server.Request) -> server.Response:
+        try:
+            body = request.json()
+        except ValueError:
+            return hint(400, "The request body is not valid JSON.")
+        if (error := invalid(body, self.templates)) is not None:
+            return hint(400, error)
+        with self._lock:
+            plan = self._plans.popleft() if self._plans else Plan()
+            seconds = self.render_s if plan.seconds is None else plan.seconds
+            render = Render(str(uuid.uuid4()), body, plan, seconds, time.monotonic())
+            self._renders[render.id] = render
+        if body.get("webhook_url"):
+            after, status = render.steps()[-1]
+            if status in {"succeeded", "failed"}:
+                label = {"id": render.id, "callbackType": status}
+                payload = functools.partial(self.render, render, status)
+                self._callbacks.at(render.submitted + after, body["webhook_url"], label, payload)
+        return server.Response.of_json(202, self.render(render, "planned"))
+
+    def _get(self, render_id: str) -> server.Response:
+        with self._lock:
+            render = self._renders.get(render_id)
+        if render is None:
+            return hint(404, "Render not found.")
+        return server.Response.of_json(200, self.render(render))
+
+    def render(self, render: Render, status: str | None = None) -> dict[str, Any]:
+        """The render object at a status (its status now when None)."""
+        status = status or render.status()
+        body = render.body
+        shown: dict[str, Any] = {
+            "id": render.id,
+            "status": status,
+            "url": f"{self.url}/_fake/renders/{render.id}.mp4",
+            "template_id": body["template_id"],
+            "template_name": TEMPLATE_NAME,
+            "output_format": "mp4",
+            "render_scale": 1,
+            "modifications": body.get("modifications", {}),
+            "webhook_url": body.get("webhook_url"),
+            "metadata": body.get("metadata"),
+        }
+        if status == "succeeded":
+            shown |= {"width": WIDTH, "height": HEIGHT, "frame_rate": FRAME_RATE, "duration": DURATION_S}
+            shown["file_size"] = _output_size(render.plan)
+        if status == "failed":
+            shown["error_message"] = FAILURE
+        return shown
+
+    def _fake(self, request: server.Request) -> server.Response:
+        if (scripting := self._script.serve(request)) is not None:
+            return scripting
+        if (request.method, request.path) == ("POST", "/_fake/renders-plan"):
+            try:
+                self.plan(*(Plan.from_json(item) for item in request.json()))
+            except (ValueError, TypeError) as error:
+                return server.Response.of_json(400, {"error": f"bad plans: {error}"})
+            return server.Response(204)
+        if (request.method, request.path) == ("GET", "/_fake/callbacks"):
+            return server.Response.of_json(200, self.callbacks)
+        if request.method == "GET" and (match := OUTPUT_PATH.fullmatch(request.path)):
+            with self._lock:
+                render = self._renders.get(match.group(1))
+            if render is not None and render.status() == "succeeded":
+                return self._output(render.plan)
+        return server.Response(404, b"not found", {"content-type": "text/plain"})
+
+    def _output(self, plan: Plan) -> server.Response:
+        """The rendered file like a CDN serves it (no key)."""
+        if plan.output == "wrong_type":
+            return server.Response(200, media.HTML_PAGE, {"content-type": "text/html"})
+        video = media.mp4()
+        if plan.output == "oversized":
+            video = (video * (plan.size // len(video) + 1))[: plan.size]
+        return server.Response(200, video, {"content-type": "video/mp4"})
+
+
+def _output_size(plan: Plan) -> int:
+    if plan.output == "wrong_type":
+        return len(media.HTML_PAGE)
+    return plan.size if plan.output == "oversized" else len(media.mp4())
