@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint bench faults images lock schemas
+.PHONY: setup demo up test lint bench bench-providers faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -30,6 +30,9 @@ lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), an
 
 bench: setup  ## Castad vs a plain Dramatiq pipeline; writes BENCHMARKS.md
 	@$(BIN)/python -m bench.run
+
+bench-providers: setup  ## 200 pipelines through the network providers' fakes, a 30 s music API, 2 worker threads per stage; writes PROVIDERS.md
+	@$(BIN)/python -m bench.providers
 
 faults: setup  ## the full fault run (1,000 pipelines, every fault kind, 3-minute outages); writes FAULTS.md
 	@$(BIN)/python -m bench.faults

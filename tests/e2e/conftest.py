@@ -90,7 +90,7 @@ def sample_brief(customer: str = "바다책방", duration_s: int = 3) -> brief.B
 class RunningCastad:
     def __init__(self, installation: Installation, env: Mapping[str, str], log_dir: pathlib.Path) -> None:
         self.installation = installation
-        self.port = stack_.free_port()
+        self.port = int(env.get("CASTAD_API_PORT") or stack_.free_port())  # given: a provider calls it back
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.services = stack_.Stack({**installation.env(), **FAST, **env, "CASTAD_API_PORT": str(self.port)}, log_dir)
         self.client = client_.Client(self.base_url)

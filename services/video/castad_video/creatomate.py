@@ -7,7 +7,7 @@ Submit, then poll (castad_runtime.stage.remote):
 - `GET /v2/renders/{id}` → `status`: planned, waiting, transcribing and rendering are still at
   work; succeeded brings `url` (and `width`, `height`); failed brings `error_message`.
 
-The template's elements are filled by name (see MODIFICATIONS in docs/providers.md):
+The template's elements are filled by name (docs/providers.md):
 `Title`, `Business`, `Region`, `Music.source` (the song's URL), and for each sung line n (from 1)
 `Caption-n` with `Caption-n.time` and `Caption-n.duration` in seconds.
 """

@@ -1,0 +1,106 @@
+"""All three stages calling network providers (local fake servers that behave like the documented
+APIs), every service its own process: lyrics from a Chat Completions server, songs from a
+Suno-shaped music API, videos from Creatomate's render API v2. The music and render APIs call
+the gateway back when done; the first scheduled poll is set far off, so a pipeline that finishes
+quickly did so through its callbacks. `make bench-providers` runs the same with 200 pipelines.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from castad_local import stack
+from castad_local.fakes import chat, creatomate, suno
+from castad_runtime.stage import errors
+
+from tests.e2e.test_languages import BRIEFS
+
+pytestmark = pytest.mark.e2e
+FIRST_POLL_S = "60"
+
+
+@pytest.fixture
+def providers():
+    with (
+        chat.FakeChat() as lyrics,
+        suno.FakeSuno(song_s=2.0, audio_s=3.0) as music,
+        creatomate.FakeCreatomate(render_s=1.0) as render,
+    ):
+        yield lyrics, music, render
+
+
+@pytest.fixture
+def network(castad, providers):
+    lyrics, music, render = providers
+    port = stack.free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    running = castad(
+        {
+            "CASTAD_API_PORT": str(port),
+            "CASTAD_LYRIC_PROVIDER": "openai",
+            "CASTAD_LYRIC_OPENAI_BASE_URL": f"{lyrics.url}/v1",
+            "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
+            "CASTAD_SONG_PROVIDER": "suno",
+            "CASTAD_SONG_SUNO_BASE_URL": music.url,
+            "CASTAD_SONG_SUNO_API_KEY": suno.DEFAULT_KEY,
+            "CASTAD_VIDEO_PROVIDER": "creatomate",
+            "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
+            "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
+            "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
+            **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
+            **{f"CASTAD_{stage}_POLL_FIRST_S": FIRST_POLL_S for stage in ("SONG", "VIDEO")},
+        }
+    )
+    return running, providers
+
+
+def job_attempts(dbs, stage: str, pipeline_id: str) -> list[str]:
+    [job] = dbs.jobs_of(stage, [pipeline_id])
+    return [attempt["outcome"] for attempt in dbs.attempts_of(stage, job["id"])]
+
+
+@pytest.mark.timeout(120)
+def test_briefs_in_four_languages_go_through_the_three_network_providers_by_their_callbacks(network, dbs):
+    running, (lyrics, music, render) = network
+    ids = {language: running.submit(source) for language, source in BRIEFS.items()}
+
+    views = running.wait_terminal(list(ids.values()), timeout_s=45)  # less than a first poll: callbacks did it
+
+    for language, pipeline_id in ids.items():
+        view = views[pipeline_id]
+        assert view.status == "SUCCEEDED", (language, view)
+        song, video = view.stages[1].artifact, view.stages[2].artifact
+        assert song.media_type == "audio/mpeg" and video.media_type == "video/mp4"
+        for stage in ("lyric", "song", "video"):
+            assert job_attempts(dbs, stage, pipeline_id) == ["succeeded"]
+            completed = [r for r in dbs.outbox_of(stage, pipeline_id) if r["routing_key"] == f"{stage}.completed"]
+            assert len(completed) == 1
+    submitted = [r["body"] for r in music.received if r["path"] == "/api/v1/generate"]
+    assert sorted(body["style"] for body in submitted) == sorted(str(b.genre) for b in BRIEFS.values())
+    assert all(body["callBackUrl"].startswith(running.base_url) for body in submitted)
+    renders = [r["body"] for r in render.received if r["path"] == "/v2/renders"]
+    assert sorted(body["metadata"] for body in renders) == sorted(ids.values())
+    assert all(body["modifications"]["Music.source"].endswith("/artifacts/song") for body in renders)
+    callbacks = {sent["status"] for sent in music.callbacks + render.callbacks}
+    assert callbacks == {204}
+
+
+@pytest.mark.timeout(120)
+def test_a_rate_limit_costs_no_attempt_and_a_failed_song_is_made_again(network, dbs):
+    running, (_, music, _) = network
+    music.script(suno.Reply("code", code=430))  # "call frequency too high" on the first submit
+    music.plan(suno.Plan(outcome="fail"))  # the first song fails at the provider
+
+    pipeline_id = running.submit(BRIEFS[next(iter(BRIEFS))])
+    view = running.wait_terminal([pipeline_id], timeout_s=60)[pipeline_id]
+
+    assert view.status == "SUCCEEDED"
+    assert job_attempts(dbs, "song", pipeline_id) == ["interrupted", "failed_retryable", "succeeded"]
+    [job] = dbs.jobs_of("song", [pipeline_id])
+    assert job["counted_attempts"] == 2  # the failed song and the good one; the rate limit cost nothing
+    throttled = dbs.scalar("song", sa.text("SELECT throttled FROM quotas WHERE provider = 'suno'"))
+    assert throttled == 1
+    submits = [r for r in music.received if r["path"] == "/api/v1/generate"]
+    assert len(submits) == 3
+    [first, second, _] = dbs.attempts_of("song", job["id"])
+    assert (first["error_code"], second["error_code"]) == (errors.RATE_LIMITED, "provider_job_failed")

@@ -1,0 +1,301 @@
+"""Work at a submit-then-poll provider, on a real PostgreSQL: the job waits as AWAITING with its
+handle and no worker, polls are claims of their own, a callback brings the poll forward and only
+one claim completes the job; a provider's quota is shared through the database.
+
+The provider here is a scripted RemoteApi (what it answers is not the point; the adapters have
+their own contract tests against fake servers in tests/providers).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import threading
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from castad_contracts import events
+from castad_runtime import db, tables
+from castad_runtime.stage import cancellation, errors, machine, quota, remote, repository, runner
+
+from tests.integration.helpers import eventually, output, stage_runner
+from tests.integration.test_stage_runner import add_job, attempt_rows, emitted, end_spans, job_row, race
+
+pytestmark = pytest.mark.integration
+
+Status = machine.Status
+FAST = remote.PollSchedule(first_s=0.05, max_s=0.2, give_up_s=60.0)
+
+
+class Provider:
+    """Submits with a new handle each time; each poll takes the next answer of its script (then: done)."""
+
+    def __init__(self, *polls: remote.Pending | remote.Finished | Exception) -> None:
+        self.polls = list(polls)
+        self.submitted: list[tuple[str, str | None]] = []
+        self.polled: list[str] = []
+        self._lock = threading.Lock()
+
+    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+        with self._lock:
+            handle = f"task-{len(self.submitted) + 1}"
+            self.submitted.append((handle, callback_url))
+        return handle
+
+    def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
+        with self._lock:
+            self.polled.append(handle)
+            step = self.polls.pop(0) if self.polls else remote.Finished("http://provider.invalid/result")
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+def remote_runner(
+    engine: sa.Engine, api: Provider, schedule: remote.PollSchedule = FAST, **kwargs: Any
+) -> runner.StageRunner:
+    work = remote.work(api, schedule, lambda job: f"http://gateway.invalid/cb/{job.pipeline_id}", lambda *_: output())
+    return stage_runner(engine, work, **kwargs)
+
+
+def turn(stage: runner.StageRunner) -> repository.Job | None:
+    """One claim and its run, as a slot of the scheduler does it; the job claimed (None: nothing due)."""
+    claim = stage.claim_next()
+    if claim is None:
+        return None
+    stage.execute(claim)
+    return claim.job
+
+
+def turn_when_due(stage: runner.StageRunner, what: str = "a due poll") -> repository.Job:
+    return eventually(lambda: turn(stage), timeout=5.0, what=what)
+
+
+def fresh_provider(engine: sa.Engine, **limits: Any) -> str:
+    name = f"provider-{uuid.uuid4().hex[:8]}"
+    values = {"max_rate_per_s": 100.0, "min_rate_per_s": 1.0, "burst": 100.0, **limits}
+    with db.transaction(engine) as conn:
+        quota.configure(conn, quota.Limits(provider=name, **values))
+    return name
+
+
+def quota_row(engine: sa.Engine, name: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return quota.state(conn, name)
+
+
+@pytest.fixture
+def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+    return engines["lyric"]
+
+
+def test_submitted_work_waits_without_a_worker_and_its_polls_go_on_with_the_same_attempt(engine):
+    api = Provider(remote.Pending("PENDING"), remote.Pending("TEXT_SUCCESS"))
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+
+    turn(stage)  # the submit
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle, row.polls, row.attempts) == (Status.AWAITING, "task-1", 0, 1)
+    assert row.lease_owner is None and stage.active_jobs() == []  # no worker holds it
+    assert api.submitted == [("task-1", f"http://gateway.invalid/cb/{pipeline_id}")]
+
+    turn_when_due(stage)
+    turn_when_due(stage)
+    assert job_row(engine, pipeline_id).polls == 2
+    turn_when_due(stage)  # the provider is done
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle, row.attempts, row.counted_attempts) == (Status.SUCCEEDED, None, 1, 1)
+    assert api.polled == ["task-1"] * 3
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["succeeded"]
+    assert [kind for kind, _ in emitted(engine, pipeline_id)] == ["lyric.started", "lyric.completed"]
+
+
+def test_a_callback_brings_the_poll_forward(engine):
+    api = Provider()
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=3600.0, max_s=3600.0))
+    pipeline_id = add_job(stage)
+    turn(stage)
+    assert stage.claim_next() is None  # the first poll is an hour away
+
+    with db.transaction(engine) as conn:
+        assert repository.poll_now(conn, pipeline_id)
+    turn(stage)
+
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    with db.transaction(engine) as conn:
+        assert not repository.poll_now(conn, pipeline_id)  # a late callback changes nothing
+
+
+def test_of_callback_and_poll_racing_only_one_claim_completes_the_job(engine):
+    api = Provider()
+    stages = [remote_runner(engine, api, worker=f"worker-{i}") for i in range(4)]
+    pipeline_id = add_job(stages[0])
+    turn(stages[0])
+    with db.transaction(engine) as conn:
+        repository.poll_now(conn, pipeline_id)
+
+    claims = race(4, lambda i: stages[i].claim_next())
+    won = [claim for claim in claims if claim is not None]
+    assert len(won) == 1
+    stages[0].execute(won[0])
+    end_spans(claims)
+
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert [kind for kind, _ in emitted(engine, pipeline_id)].count("lyric.completed") == 1
+
+
+def test_a_failed_poll_request_keeps_waiting_on_the_same_work_and_costs_nothing(engine):
+    api = Provider(
+        errors.ProviderError("provider_unavailable", "503"),
+        errors.ProviderError(errors.RATE_LIMITED, "429", retry_after_s=0.2),
+    )
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+    turn(stage)
+
+    turn_when_due(stage)
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle, row.counted_attempts) == (Status.AWAITING, "task-1", 0)
+    turn_when_due(stage)
+    row = job_row(engine, pipeline_id)
+    assert row.status == Status.AWAITING and row.due_at >= row.updated_at + dt.timedelta(seconds=0.19)
+    turn_when_due(stage)
+
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert len(api.submitted) == 1
+
+
+def test_failed_work_at_the_provider_fails_the_attempt_and_the_next_one_submits_anew(engine):
+    api = Provider(errors.ProviderError("provider_job_failed", "GENERATE_AUDIO_FAILED"))
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+    turn(stage)
+    turn_when_due(stage)
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle, row.counted_attempts) == (Status.RETRY_WAIT, None, 1)
+    turn_when_due(stage, "the second attempt")
+    turn_when_due(stage)
+
+    assert [handle for handle, _ in api.submitted] == ["task-1", "task-2"]
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["failed_retryable", "succeeded"]
+
+
+def test_work_that_never_finishes_fails_its_attempt_after_the_give_up_time(engine):
+    api = Provider(*[remote.Pending("PENDING")] * 100)
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=0.05, max_s=0.05, give_up_s=0.3), max_attempts=1)
+    pipeline_id = add_job(stage)
+    turn(stage)
+
+    eventually(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.FAILED, timeout=5.0)
+    assert job_row(engine, pipeline_id).last_error_code == "provider_job_timeout"
+
+
+def test_a_poll_whose_worker_died_is_due_again_with_its_handle_not_submitted_again(engine):
+    api = Provider()
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+    turn(stage)
+    dead = eventually(stage.claim_next, timeout=5.0, what="the poll")  # its worker dies holding it
+    end_spans([dead])
+    with db.transaction(engine) as conn:
+        conn.execute(
+            tables.jobs.update()
+            .where(tables.jobs.c.pipeline_id == pipeline_id)
+            .values(lease_expires_at=sa.func.now() - sa.text("interval '1 second'"))
+        )
+
+    other = remote_runner(engine, api, worker="worker-b")
+    assert other.recover_expired_leases() == 1
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle, row.counted_attempts) == (Status.AWAITING, "task-1", 0)
+    assert "lyric.retrying" not in [kind for kind, _ in emitted(engine, pipeline_id)]
+
+    turn_when_due(other)
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED and len(api.submitted) == 1
+
+
+def test_a_cancel_while_the_work_waits_at_the_provider_ends_the_job_and_its_attempt(engine):
+    api = Provider()
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=3600.0, max_s=3600.0))
+    pipeline_id = add_job(stage)
+    turn(stage)
+
+    request = events.PipelineCancelRequested(pipeline_id=pipeline_id, operation=1, reason="not needed")
+    with db.transaction(engine) as conn:
+        assert stage.apply_cancel(conn, request) is None  # no worker to stop
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle) == (Status.CANCELED, None)
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["canceled"]
+
+
+def test_a_quota_lets_only_its_burst_through_then_its_rate(engine):
+    name = fresh_provider(engine, max_rate_per_s=2.0, min_rate_per_s=1.0, burst=2.0)
+    stage = remote_runner(engine, Provider(), remote.PollSchedule(first_s=3600.0, max_s=3600.0))
+    stage.provider = name
+    for _ in range(4):
+        add_job(stage)
+
+    assert turn(stage) is not None and turn(stage) is not None
+    assert stage.claim_next() is None  # the burst is spent: the job stays due, no attempt begun
+    eventually(lambda: turn(stage), timeout=2.0, what="a token after half a second")
+    assert quota_row(engine, name)["tokens"] < 1
+
+
+def test_a_rate_limit_halves_the_rate_waits_its_retry_after_and_costs_no_attempt(engine):
+    name = fresh_provider(engine, max_rate_per_s=40.0, min_rate_per_s=1.0, burst=5.0)
+    calls = itertools.count()
+
+    def submit_limited_once(job, callback_url, cancel):
+        if next(calls) == 0:
+            raise errors.ProviderError(errors.RATE_LIMITED, "429", retry_after_s=1.0)
+        return "task-1"
+
+    api = Provider()
+    api.submit = submit_limited_once  # type: ignore[method-assign]
+    stage = remote_runner(engine, api)
+    stage.provider = name
+    pipeline_id = add_job(stage)
+
+    turn(stage)
+    row, limits = job_row(engine, pipeline_id), quota_row(engine, name)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 0, errors.RATE_LIMITED)
+    assert (limits["rate_per_s"], limits["throttled"]) == (20.0, 1)
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["interrupted"]
+    blocked_for = (limits["blocked_until"] - dt.datetime.now(dt.UTC)).total_seconds()
+    assert 0.5 < blocked_for <= 1.0
+    assert stage.claim_next() is None  # nothing goes to the provider before its Retry-After
+
+    eventually(lambda: turn(stage), timeout=3.0, what="the submit after the Retry-After")
+    eventually(lambda: turn(stage), timeout=3.0, what="the poll")
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert quota_row(engine, name)["rate_per_s"] == pytest.approx(20.0 + 2 * (40.0 - 1.0) / quota.INCREASE_STEPS)
+
+
+def test_at_most_max_in_flight_jobs_are_at_the_provider_and_their_polls_still_go(engine):
+    with engine.connect() as conn:
+        busy = conn.execute(
+            sa.select(sa.func.count()).where(tables.jobs.c.status.in_(["RUNNING", "AWAITING"]))
+        ).scalar_one()
+    name = fresh_provider(engine, max_in_flight=busy + 1)
+    api = Provider(remote.Pending("PENDING"))
+    stage = remote_runner(engine, api)
+    stage.provider = name
+    first = add_job(stage)
+    turn(stage)
+    second = add_job(stage)
+
+    assert turn_when_due(stage).pipeline_id == first  # a poll, while the new job waits for room
+    assert status_of(engine, second) is Status.PENDING
+    turn_when_due(stage)  # the first is done: room for the second
+    assert status_of(engine, first) is Status.SUCCEEDED
+    assert turn_when_due(stage).pipeline_id == second
+
+
+def status_of(engine: sa.Engine, pipeline_id: str) -> Status:
+    return Status(job_row(engine, pipeline_id).status)
