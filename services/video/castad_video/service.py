@@ -65,7 +65,10 @@ class VideoSettings(stage_service.StageSettings):
 
 def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> str:
     """Where the render API fetches the song: a presigned URL of the bucket, or the gateway's download."""
-    served = store.serve(done.artifact)
+    try:
+        served = store.serve(done.artifact)
+    except artifacts.ArtifactMissing as error:
+        raise errors.PermanentProviderError("song_unreachable", str(error)) from None
     if isinstance(served, str):
         return served
     assert config.gateway_url is not None

@@ -62,7 +62,8 @@ def retry_after_s(headers: Mapping[str, str], now: dt.datetime | None = None) ->
 
 
 def reason(body: bytes) -> str:
-    """The provider's own words about an error: `error.message`, `message` or `detail` of a JSON body."""
+    """The provider's own words about an error: `error.message`, `message`, `detail`, `msg` or `hint` of a
+    JSON body (OpenAI, most APIs, FastAPI, sunoapi.org, Creatomate)."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -74,6 +75,8 @@ def reason(body: bytes) -> str:
             error.get("message") if isinstance(error, dict) else error,
             data.get("message"),
             data.get("detail"),
+            data.get("msg"),
+            data.get("hint"),
         ]
     text = next((c for c in candidates if isinstance(c, str) and c.strip()), "")
     text = redact.mask(" ".join(text.split()))

@@ -1,0 +1,433 @@
+"""The Creatomate video adapter against a local server that behaves like Creatomate's render API
+(v2): what it submits, how the stage's submit-then-poll work goes from a render id to a kept MP4,
+and how every kind of answer becomes a wait, a result or a classified failure.
+
+The work is the one the video service runs (`make_creatomate_work`), called with hand-built jobs
+as the stage runner would claim them: `handle=None` submits, a handle polls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import pathlib
+import threading
+import time
+import urllib.parse
+import uuid
+
+import pytest
+from castad_contracts import brief, events
+from castad_local.fakes import creatomate as fake_creatomate
+from castad_local.fakes import media
+from castad_local.fakes.creatomate import DEFAULT_KEY, FakeCreatomate, Plan
+from castad_local.fakes.server import Reply
+from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
+from castad_video import creatomate
+from castad_video.service import VideoSettings, make_creatomate_work
+from pydantic import SecretStr
+
+GATEWAY = "http://gateway.test:8000"
+TEMPLATE = "tpl-castad-9x16"
+SOURCE = brief.Brief(customer_name="바다책방", region="속초", duration_s=20)
+LYRICS = events.Lyrics(
+    title="파도 소리 책방",
+    language=brief.Language.KOREAN,
+    sections=(
+        events.LyricSection(kind="verse", lines=("속초 바닷가 작은 책방", "파도 소리 들리는 오후")),
+        events.LyricSection(kind="chorus", lines=("바다책방에서 만나요",)),
+    ),
+)
+TIMED = (
+    events.TimedLine(text="속초 바닷가 작은 책방", start_s=1.0, end_s=4.25),
+    events.TimedLine(text="파도 소리 들리는 오후", start_s=4.25, end_s=7.5),
+    events.TimedLine(text="바다책방에서 만나요", start_s=7.5, end_s=7.5),  # no time of its own: shown briefly
+)
+FIRST_S, MAX_S, GIVE_UP_S = 0.1, 1.0, 60.0
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def artifacts_dir(tmp_path, monkeypatch) -> pathlib.Path:
+    """A temporary CASTAD_ARTIFACTS_DIR; every HTTP client the test made is closed after it."""
+    root = tmp_path / "artifacts"
+    monkeypatch.setenv("CASTAD_ARTIFACTS_DIR", str(root))
+    monkeypatch.setenv("CASTAD_ARTIFACTS_STORE", "volume")
+    clients: list[http.HttpProvider] = []
+
+    class Tracked(http.HttpProvider):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            clients.append(self)
+
+    monkeypatch.setattr(http, "HttpProvider", Tracked)
+    yield root
+    for thread in threading.enumerate():  # calls a cancel abandoned end by their own timeout
+        if thread.name == "provider-call":
+            thread.join(10)
+    for client in clients:
+        client.close()
+
+
+def settings_for(fake, **overrides) -> VideoSettings:
+    values = {
+        "provider": "creatomate",
+        "creatomate_base_url": fake.url,
+        "creatomate_api_key": SecretStr(DEFAULT_KEY),
+        "creatomate_template_id": TEMPLATE,
+        "creatomate_timeout_s": 2.0,
+        "gateway_url": GATEWAY,
+        "poll_first_s": FIRST_S,
+        "poll_max_s": MAX_S,
+        "provider_give_up_s": GIVE_UP_S,
+        **overrides,
+    }
+    return VideoSettings(**values)
+
+
+def work_for(fake, **overrides) -> runner.Work:
+    return make_creatomate_work(settings_for(fake, **overrides))
+
+
+def song_completed(artifacts_dir: pathlib.Path, timed: tuple[events.TimedLine, ...] = TIMED) -> events.SongCompleted:
+    """A song.completed whose song is in the artifact store, as the song stage left it."""
+    pipeline_id = str(uuid.uuid4())
+    song = artifacts_dir / pipeline_id / "song-0123456789abcdef.mp3"
+    song.parent.mkdir(parents=True)
+    song.write_bytes(b"ID3 a song")
+    return events.SongCompleted(
+        pipeline_id=pipeline_id,
+        stage=events.Stage.SONG,
+        job_id=str(uuid.uuid4()),
+        attempt=1,
+        artifact=events.Artifact(
+            uri=song.as_uri(),
+            sha256=hashlib.sha256(song.read_bytes()).hexdigest(),
+            size=song.stat().st_size,
+            media_type="audio/mpeg",
+        ),
+        completed_at=dt.datetime.now(dt.UTC),
+        brief=SOURCE,
+        lyrics=LYRICS,
+        timed_lines=timed,
+        song_duration_s=9.0,
+    )
+
+
+def job_for(
+    done: events.SongCompleted,
+    handle: str | None = None,
+    polls: int = 0,
+    submitted_at: dt.datetime | None = None,
+) -> repository.Job:
+    if handle is not None and submitted_at is None:
+        submitted_at = dt.datetime.now(dt.UTC)
+    return repository.Job(
+        id=uuid.uuid4(),
+        pipeline_id=done.pipeline_id,
+        status=machine.Status.RUNNING,
+        version=1,
+        attempts=1,
+        counted_attempts=0,
+        max_attempts=5,
+        input=done.model_dump(mode="json"),
+        traceparent=None,
+        tracestate=None,
+        handle=handle,
+        submitted_at=submitted_at,
+        polls=polls,
+    )
+
+
+@pytest.fixture
+def job(artifacts_dir) -> repository.Job:
+    """A job about to submit its render."""
+    return job_for(song_completed(artifacts_dir))
+
+
+def submitted(work: runner.Work, job: repository.Job, *plans: Plan, fake=None) -> repository.Job:
+    """The job after its submit (the fake renders as `plans` say), as the runner would poll it."""
+    if plans:
+        fake.plan(*plans)
+    waiting = work(job, cancellation.Cancellation())
+    assert isinstance(waiting, runner.Awaiting)
+    return dataclasses.replace(job, handle=waiting.handle, submitted_at=dt.datetime.now(dt.UTC))
+
+
+def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10.0) -> runner.Output:
+    deadline = time.monotonic() + within_s
+    while True:
+        outcome = work(job, cancellation.Cancellation())
+        if isinstance(outcome, runner.Output):
+            return outcome
+        assert time.monotonic() < deadline, "the video was not done in time"
+        time.sleep(min(outcome.poll_in_s, 0.1))
+        job = dataclasses.replace(job, polls=job.polls + 1)
+
+
+def failure(work: runner.Work, job: repository.Job) -> errors.ProviderError:
+    with pytest.raises(errors.ProviderError) as caught:
+        work(job, cancellation.Cancellation())
+    return caught.value
+
+
+def renders_sent(fake, before: int) -> list[dict]:
+    return [r for r in fake.received[before:] if (r["method"], r["path"]) == ("POST", "/v2/renders")]
+
+
+# --- what is submitted ------------------------------------------------------------------------------------------
+
+
+def test_submit_sends_the_template_filled_with_the_pipelines_words_song_and_captions(fake, job):
+    fake.plan(Plan(outcome="never"))
+    before = len(fake.received)
+
+    waiting = work_for(fake)(job, cancellation.Cancellation())
+
+    (request,) = renders_sent(fake, before)
+    body = request["body"]
+    assert body["template_id"] == TEMPLATE
+    assert body["modifications"] == {
+        "Title": LYRICS.title,
+        "Business": "바다책방",
+        "Region": "속초",
+        "Music.source": f"{GATEWAY}/v1/pipelines/{job.pipeline_id}/artifacts/song",
+        "Caption-1": "속초 바닷가 작은 책방",
+        "Caption-1.time": 1.0,
+        "Caption-1.duration": 3.25,
+        "Caption-2": "파도 소리 들리는 오후",
+        "Caption-2.time": 4.25,
+        "Caption-2.duration": 3.25,
+        "Caption-3": "바다책방에서 만나요",
+        "Caption-3.time": 7.5,
+        "Caption-3.duration": 0.1,
+    }
+    assert body["metadata"] == job.pipeline_id
+    assert body["webhook_url"] == f"{GATEWAY}/v1/provider-callbacks/video/{job.pipeline_id}"
+    assert isinstance(waiting, runner.Awaiting)
+    assert waiting.poll_in_s == FIRST_S and waiting.throttled_s is None
+    polled = work_for(fake)(dataclasses.replace(job, handle=waiting.handle), cancellation.Cancellation())
+    assert isinstance(polled, runner.Awaiting)  # the handle is the render id the API gave: it knows it
+    assert fake.received[-1]["path"] == f"/v2/renders/{waiting.handle}"
+
+
+def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_captions(fake, artifacts_dir):
+    many = tuple(events.TimedLine(text=f"line {n}", start_s=n, end_s=n + 0.5) for n in range(70))
+    done = song_completed(artifacts_dir, many)
+    key = http.Credential(SecretStr(DEFAULT_KEY))
+    client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer)
+    api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: f"https://cdn.test/{song.pipeline_id}.mp3")
+    before = len(fake.received)
+
+    handle = api.submit(job_for(done), None, cancellation.Cancellation())
+
+    (request,) = renders_sent(fake, before)
+    body = request["body"]
+    assert "webhook_url" not in body
+    assert body["modifications"]["Music.source"] == f"https://cdn.test/{done.pipeline_id}.mp3"
+    captions = [name for name in body["modifications"] if name.startswith("Caption-") and "." not in name]
+    assert len(captions) == creatomate.MAX_CAPTIONS and "Caption-60" in captions
+    assert isinstance(api.poll(handle, cancellation.Cancellation()), remote.Pending)
+
+
+# --- the work's course: submit, wait, keep ----------------------------------------------------------------------
+
+
+def test_the_adapter_reports_the_render_at_work_and_then_its_url_and_size(fake, job):
+    key = http.Credential(SecretStr(DEFAULT_KEY))
+    client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer)
+    api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3")
+    fake.plan(Plan(seconds=0.6))
+    handle = api.submit(job, None, cancellation.Cancellation())
+    states = []
+    while isinstance(state := api.poll(handle, cancellation.Cancellation()), remote.Pending):
+        if not states or states[-1] != state.state:
+            states.append(state.state)
+        time.sleep(0.02)
+    assert states == ["planned", "waiting", "rendering"]
+    assert state.url == f"{fake.url}/_fake/renders/{handle}.mp4"
+    assert state.details == {"width": 360, "height": 640, "duration": 2.0}
+
+
+def test_submit_awaits_the_first_poll_and_polls_wait_longer_while_the_render_is_at_work(fake, job):
+    work = work_for(fake)
+    job = submitted(work, job, Plan(outcome="never"), fake=fake)
+
+    waits = [work(dataclasses.replace(job, polls=polls), cancellation.Cancellation()) for polls in range(7)]
+
+    assert all(isinstance(w, runner.Awaiting) and w.handle == job.handle and w.throttled_s is None for w in waits)
+    delays = [w.poll_in_s for w in waits]
+    assert delays[0] == FIRST_S
+    assert all(a < b for a, b in zip(delays[:5], delays[1:6], strict=True))  # growing ...
+    assert delays[-1] == MAX_S  # ... up to the longest wait
+
+
+def test_a_finished_render_is_kept_as_the_mp4_the_api_served_with_its_size(fake, job, artifacts_dir):
+    work = work_for(fake, short_side=720)  # the local frame would be 720x1280: the render's size wins
+    job = submitted(work, job, Plan(seconds=0.3), fake=fake)
+
+    output = poll_until_done(work, job)
+
+    served = media.mp4()
+    artifact = output.artifact
+    assert artifact.media_type == "video/mp4"
+    assert artifact.size == len(served)
+    assert artifact.sha256 == hashlib.sha256(served).hexdigest()
+    kept = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(artifact.uri).path))
+    assert kept.is_relative_to(artifacts_dir / job.pipeline_id) and kept.read_bytes() == served
+    assert kept.suffix == ".mp4"
+    assert output.details == {"width": fake_creatomate.WIDTH, "height": fake_creatomate.HEIGHT}
+
+
+# --- failures on the way ----------------------------------------------------------------------------------------
+
+
+def test_a_rate_limit_on_submit_is_retryable_after_the_retry_after(fake, job):
+    fake.script(Reply("status", status=429, retry_after="7"))
+    error = failure(work_for(fake), job)
+    assert (error.code, error.retryable, error.retry_after_s) == (errors.RATE_LIMITED, True, 7.0)
+
+
+def test_a_rate_limit_on_a_poll_waits_at_least_the_retry_after_and_says_it_was_throttled(fake, job):
+    work = work_for(fake)
+    job = submitted(work, job, Plan(outcome="never"), fake=fake)
+    fake.script(Reply("status", status=429, retry_after="7"))
+
+    waiting = work(job, cancellation.Cancellation())
+
+    assert isinstance(waiting, runner.Awaiting)
+    assert waiting.handle == job.handle
+    assert waiting.poll_in_s >= 7.0 and waiting.throttled_s == 7.0
+
+
+SLIPS = {
+    "5xx": Reply("status", status=502, retry_after="3"),
+    "hang": Reply("hang", seconds=1.0),
+    "malformed": Reply("malformed"),
+    "oversized": Reply("oversized", size=20_000),
+}
+
+
+@pytest.mark.parametrize("reply", SLIPS.values(), ids=SLIPS.keys())
+def test_a_poll_that_fails_on_the_way_only_waits_for_the_next_poll(fake, job, reply):
+    work = work_for(fake, creatomate_timeout_s=0.3, creatomate_max_answer_bytes=4096)
+    job = submitted(work, job, Plan(outcome="never"), fake=fake)
+    fake.script(reply)
+
+    started = time.monotonic()
+    waiting = work(dataclasses.replace(job, polls=2), cancellation.Cancellation())
+
+    assert isinstance(waiting, runner.Awaiting), "the render at the provider must not be given up"
+    assert waiting.handle == job.handle
+    assert waiting.poll_in_s >= max(FIRST_S * 1.5**2, 3.0 if reply.retry_after else 0.0)
+    assert waiting.throttled_s is None
+    assert time.monotonic() - started < 0.9
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        (Reply("status", status=502), "provider_unavailable"),
+        (Reply("hang", seconds=1.0), "provider_timeout"),
+        (Reply("malformed"), "provider_malformed"),
+        (Reply("oversized", size=20_000), "provider_malformed"),
+    ],
+    ids=["5xx", "hang", "malformed", "oversized"],
+)
+def test_a_submit_that_fails_on_the_way_is_a_retryable_error(fake, job, reply, code):
+    fake.script(reply)
+    error = failure(work_for(fake, creatomate_timeout_s=0.3, creatomate_max_answer_bytes=4096), job)
+    assert (error.code, error.retryable) == (code, True)
+
+
+def test_a_wrong_key_fails_for_good_and_the_key_never_shows(fake, job):
+    error = failure(work_for(fake, creatomate_api_key=SecretStr("ck-wrong-key-123456")), job)
+    assert (error.code, error.retryable) == ("provider_auth", False)
+    assert "ck-wrong" not in error.message
+
+
+def test_a_template_the_api_does_not_have_is_rejected_for_good(fake, job):
+    error = failure(work_for(fake, creatomate_template_id="no-such-template"), job)
+    assert (error.code, error.retryable) == ("provider_rejected", False)
+    assert "400" in error.message
+
+
+def test_the_apis_hint_is_in_the_error_message(fake, job):
+    error = failure(work_for(fake, creatomate_template_id="no-such-template"), job)
+    assert "Template 'no-such-template' was not found." in error.message
+
+
+def test_a_render_the_api_does_not_know_is_lost_and_a_new_attempt_submits_anew(fake, job):
+    gone = dataclasses.replace(job, handle=str(uuid.uuid4()), submitted_at=dt.datetime.now(dt.UTC))
+    error = failure(work_for(fake), gone)
+    assert (error.code, error.retryable) == ("provider_job_lost", True)
+
+
+# --- the provider's work fails, or never ends -------------------------------------------------------------------
+
+
+def test_a_render_the_api_failed_fails_the_attempt_retryably_with_its_reason(fake, job):
+    work = work_for(fake)
+    job = submitted(work, job, Plan(outcome="fail", seconds=0.1), fake=fake)
+    time.sleep(0.15)
+    error = failure(work, job)
+    assert (error.code, error.retryable) == ("provider_job_failed", True)
+    assert fake_creatomate.FAILURE[:40] in error.message
+
+
+def test_a_render_never_done_times_out_once_the_give_up_time_has_passed(fake, job):
+    work = work_for(fake)
+    job = submitted(work, job, Plan(outcome="never"), fake=fake)
+    assert isinstance(work(job, cancellation.Cancellation()), runner.Awaiting)  # not yet
+
+    old = dataclasses.replace(job, submitted_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=GIVE_UP_S + 1))
+    error = failure(work, old)
+    assert (error.code, error.retryable) == ("provider_job_timeout", True)
+
+
+@pytest.mark.parametrize(
+    "plan", [Plan(output="wrong_type", seconds=0.1), Plan(output="oversized", size=5000, seconds=0.1)]
+)
+def test_output_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothing_is_kept(
+    fake, job, plan, artifacts_dir
+):
+    work = work_for(fake, download_max_bytes=4096)
+    job = submitted(work, job, plan, fake=fake)
+    time.sleep(0.15)
+    error = failure(work, job)
+    assert (error.code, error.retryable) == ("provider_artifact_invalid", True)
+    assert [path.name for path in (artifacts_dir / job.pipeline_id).iterdir()] == ["song-0123456789abcdef.mp3"]
+
+
+# --- cancellation -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["submit", "poll"])
+def test_a_cancel_ends_a_hanging_request_at_once(fake, job, step):
+    work = work_for(fake, creatomate_timeout_s=5.0)
+    if step == "poll":
+        job = submitted(work, job, Plan(outcome="never"), fake=fake)
+    fake.script(Reply("hang", seconds=0.7))
+    cancel = cancellation.Cancellation()
+    threading.Timer(0.05, cancel.cancel, args=(cancellation.Reason.CANCELED,)).start()
+    started = time.monotonic()
+    with pytest.raises(cancellation.Cancelled):
+        work(job, cancel)
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_song_gone_from_the_store_fails_the_stage_as_unreachable_before_anything_is_submitted(fake, artifacts_dir):
+    done = song_completed(artifacts_dir)
+    pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(done.artifact.uri).path)).unlink()
+    submitted_before = len([r for r in fake.received if r["path"] == "/v2/renders"])
+
+    error = failure(work_for(fake), job_for(done))
+
+    assert (error.code, error.retryable) == ("song_unreachable", False)
+    assert len([r for r in fake.received if r["path"] == "/v2/renders"]) == submitted_before

@@ -1,0 +1,430 @@
+"""The Suno song adapter against a local server that behaves like sunoapi.org's API (v1): what it
+submits, how the stage's submit-then-poll work goes from a handle to a kept MP3, and how every
+kind of answer becomes a wait, a result or a classified failure.
+
+The work is the one the song service runs (`make_suno_work`), called with hand-built jobs as the
+stage runner would claim them: `handle=None` submits, a handle polls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import pathlib
+import threading
+import time
+import urllib.parse
+import uuid
+
+import pytest
+from castad_contracts import brief, events
+from castad_local.fakes import media
+from castad_local.fakes.suno import DEFAULT_KEY, FakeSuno, Plan, Reply
+from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
+from castad_song import suno
+from castad_song.service import SongSettings, make_suno_work
+from pydantic import SecretStr
+
+GATEWAY = "http://gateway.test:8000"
+GENRE = "lo-fi hip hop, 여름밤 빗소리 & soft synths"  # free text, sent as written
+SOURCE = brief.Brief(customer_name="바다책방", region="속초", genre=GENRE, duration_s=20)
+LYRICS = events.Lyrics(
+    title="파도 소리 책방",
+    language=brief.Language.KOREAN,
+    sections=(
+        events.LyricSection(kind="verse", lines=("속초 바닷가 작은 책방", "파도 소리 들리는 오후")),
+        events.LyricSection(kind="chorus", lines=("바다책방에서 만나요", "책 한 권에 바다 한 줄")),
+        events.LyricSection(kind="bridge", lines=("노을이 지면 다시 와요",)),
+    ),
+)
+FIRST_S, MAX_S, GIVE_UP_S = 0.1, 1.0, 60.0
+AUDIO_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with FakeSuno(song_s=0.4, audio_s=AUDIO_S) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def artifacts_dir(tmp_path, monkeypatch) -> pathlib.Path:
+    """A temporary CASTAD_ARTIFACTS_DIR; every HTTP client the test made is closed after it."""
+    root = tmp_path / "artifacts"
+    monkeypatch.setenv("CASTAD_ARTIFACTS_DIR", str(root))
+    monkeypatch.setenv("CASTAD_ARTIFACTS_STORE", "volume")
+    clients: list[http.HttpProvider] = []
+
+    class Tracked(http.HttpProvider):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            clients.append(self)
+
+    monkeypatch.setattr(http, "HttpProvider", Tracked)
+    yield root
+    for thread in threading.enumerate():  # calls a cancel abandoned end by their own timeout
+        if thread.name == "provider-call":
+            thread.join(10)
+    for client in clients:
+        client.close()
+
+
+def settings_for(fake, **overrides) -> SongSettings:
+    values = {
+        "provider": "suno",
+        "suno_base_url": fake.url,
+        "suno_api_key": SecretStr(DEFAULT_KEY),
+        "suno_timeout_s": 2.0,
+        "poll_first_s": FIRST_S,
+        "poll_max_s": MAX_S,
+        "provider_give_up_s": GIVE_UP_S,
+        **overrides,
+    }
+    return SongSettings(**values)
+
+
+def work_for(fake, **overrides) -> runner.Work:
+    return make_suno_work(settings_for(fake, **overrides))
+
+
+def lyric_completed(pipeline_id: str | None = None) -> events.LyricCompleted:
+    return events.LyricCompleted(
+        pipeline_id=pipeline_id or str(uuid.uuid4()),
+        stage=events.Stage.LYRIC,
+        job_id=str(uuid.uuid4()),
+        attempt=1,
+        artifact=events.Artifact(
+            uri="file:///nowhere/lyrics.json", sha256="0" * 64, size=10, media_type="application/json"
+        ),
+        completed_at=dt.datetime.now(dt.UTC),
+        brief=SOURCE,
+        lyrics=LYRICS,
+    )
+
+
+def job_for(
+    done: events.LyricCompleted | None = None,
+    handle: str | None = None,
+    polls: int = 0,
+    submitted_at: dt.datetime | None = None,
+) -> repository.Job:
+    done = done or lyric_completed()
+    if handle is not None and submitted_at is None:
+        submitted_at = dt.datetime.now(dt.UTC)
+    return repository.Job(
+        id=uuid.uuid4(),
+        pipeline_id=done.pipeline_id,
+        status=machine.Status.RUNNING,
+        version=1,
+        attempts=1,
+        counted_attempts=0,
+        max_attempts=5,
+        input=done.model_dump(mode="json"),
+        traceparent=None,
+        tracestate=None,
+        handle=handle,
+        submitted_at=submitted_at,
+        polls=polls,
+    )
+
+
+def submitted(work: runner.Work, *plans: Plan, fake=None) -> repository.Job:
+    """A job whose work the fake has (planned as `plans` say): the job as the runner would poll it."""
+    if plans:
+        fake.plan(*plans)
+    job = job_for()
+    waiting = work(job, cancellation.Cancellation())
+    assert isinstance(waiting, runner.Awaiting)
+    return dataclasses.replace(job, handle=waiting.handle, submitted_at=dt.datetime.now(dt.UTC))
+
+
+def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10.0) -> runner.Output:
+    deadline = time.monotonic() + within_s
+    while True:
+        outcome = work(job, cancellation.Cancellation())
+        if isinstance(outcome, runner.Output):
+            return outcome
+        assert time.monotonic() < deadline, "the song was not done in time"
+        time.sleep(min(outcome.poll_in_s, 0.1))
+        job = dataclasses.replace(job, polls=job.polls + 1)
+
+
+def failure(work: runner.Work, job: repository.Job) -> errors.ProviderError:
+    with pytest.raises(errors.ProviderError) as caught:
+        work(job, cancellation.Cancellation())
+    return caught.value
+
+
+def sent(fake, before: int, path: str = "/api/v1/generate") -> list[dict]:
+    return [r for r in fake.received[before:] if r["path"] == path]
+
+
+# --- what is submitted ------------------------------------------------------------------------------------------
+
+
+def test_submit_sends_the_lyrics_with_section_tags_the_genre_as_written_the_title_and_a_callback(fake):
+    done = lyric_completed()
+    fake.plan(Plan(outcome="never"))
+    before = len(fake.received)
+
+    waiting = work_for(fake, gateway_url=GATEWAY, suno_model="V5")(job_for(done), cancellation.Cancellation())
+
+    (request,) = sent(fake, before)
+    body = request["body"]
+    assert request["method"] == "POST"
+    assert body["customMode"] is True and body["instrumental"] is False
+    assert body["model"] == "V5"
+    assert body["prompt"] == (
+        "[Verse]\n속초 바닷가 작은 책방\n파도 소리 들리는 오후\n\n"
+        "[Chorus]\n바다책방에서 만나요\n책 한 권에 바다 한 줄\n\n"
+        "[Bridge]\n노을이 지면 다시 와요"
+    )
+    assert body["style"] == GENRE
+    assert body["title"] == LYRICS.title
+    assert body["callBackUrl"] == f"{GATEWAY}/v1/provider-callbacks/song/{done.pipeline_id}"
+    assert isinstance(waiting, runner.Awaiting)
+    assert waiting.poll_in_s == FIRST_S and waiting.throttled_s is None
+    polled = work_for(fake)(job_for(done, handle=waiting.handle), cancellation.Cancellation())
+    assert isinstance(polled, runner.Awaiting)  # the handle is the task id the API gave: it knows it
+    assert fake.received[-1]["query"] == f"taskId={waiting.handle}"
+
+
+def test_without_a_gateway_no_callback_url_is_sent(fake):
+    before = len(fake.received)
+    work_for(fake)(job_for(), cancellation.Cancellation())
+    (request,) = sent(fake, before)
+    assert "callBackUrl" not in request["body"]
+
+
+def test_an_overlong_title_is_cut_to_what_the_api_takes(fake):
+    long = events.Lyrics(title="가" * 100, language=brief.Language.KOREAN, sections=LYRICS.sections)
+    done = lyric_completed().model_copy(update={"lyrics": long})
+    before = len(fake.received)
+    waiting = work_for(fake)(job_for(done), cancellation.Cancellation())
+    (request,) = sent(fake, before)
+    assert isinstance(waiting, runner.Awaiting)  # the fake, like the API, takes at most 80 characters
+    assert request["body"]["title"] == "가" * suno.MAX_TITLE
+
+
+# --- the work's course: submit, wait, keep ----------------------------------------------------------------------
+
+
+def test_the_adapter_reports_every_step_of_the_task_and_then_the_first_tracks_mp3(fake):
+    key = http.Credential(SecretStr(DEFAULT_KEY))
+    api = suno.SunoApi(http.HttpProvider("the music API", fake.url, 2.0, 100_000, headers=key.bearer), "V4_5")
+    fake.plan(Plan(seconds=0.6))
+    handle = api.submit(job_for(), None, cancellation.Cancellation())
+    states = []
+    while isinstance(state := api.poll(handle, cancellation.Cancellation()), remote.Pending):
+        if not states or states[-1] != state.state:
+            states.append(state.state)
+        time.sleep(0.02)
+    assert states == ["PENDING", "TEXT_SUCCESS", "FIRST_SUCCESS"]  # a streaming first track is not the song yet
+    assert state.url == f"{fake.url}/_fake/audio/{handle}/1.mp3"
+    assert state.details["duration_s"] == AUDIO_S
+
+
+def test_submit_awaits_the_first_poll_and_polls_wait_longer_while_the_song_is_at_work(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(outcome="never"), fake=fake)
+
+    waits = [work(dataclasses.replace(job, polls=polls), cancellation.Cancellation()) for polls in range(7)]
+
+    assert all(isinstance(w, runner.Awaiting) and w.handle == job.handle and w.throttled_s is None for w in waits)
+    delays = [w.poll_in_s for w in waits]
+    assert delays[0] == FIRST_S
+    assert all(a < b for a, b in zip(delays[:5], delays[1:6], strict=True))  # growing ...
+    assert delays[-1] == MAX_S  # ... up to the longest wait
+
+
+def test_a_finished_song_is_kept_as_the_mp3_the_api_served_with_its_lines_spread_over_it(fake, artifacts_dir):
+    work = work_for(fake)
+    job = submitted(work, Plan(seconds=0.3), fake=fake)
+
+    output = poll_until_done(work, job)
+
+    served = media.mp3(AUDIO_S)
+    artifact = output.artifact
+    assert artifact.media_type == "audio/mpeg"
+    assert artifact.size == len(served)
+    assert artifact.sha256 == hashlib.sha256(served).hexdigest()
+    kept = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(artifact.uri).path))
+    assert kept.is_relative_to(artifacts_dir / job.pipeline_id) and kept.read_bytes() == served
+    assert output.details["song_duration_s"] == AUDIO_S
+    assert output.details["lyrics"] == LYRICS
+    timed = output.details["timed_lines"]
+    assert [line.text for line in timed] == LYRICS.lines()
+    assert timed[0].start_s == pytest.approx(0.05 * AUDIO_S) and timed[-1].end_s == pytest.approx(0.95 * AUDIO_S)
+    for earlier, later in zip(timed, timed[1:], strict=False):
+        assert earlier.start_s < earlier.end_s == later.start_s
+    events.SongCompleted(  # what the service publishes holds together
+        pipeline_id=job.pipeline_id,
+        stage=events.Stage.SONG,
+        job_id=str(job.id),
+        attempt=1,
+        artifact=artifact,
+        completed_at=dt.datetime.now(dt.UTC),
+        brief=SOURCE,
+        **output.details,
+    )
+
+
+# --- failures on the way ----------------------------------------------------------------------------------------
+
+
+def test_a_rate_limit_on_submit_is_retryable_after_the_retry_after(fake):
+    fake.script(Reply("status", status=429, retry_after="7"))
+    error = failure(work_for(fake), job_for())
+    assert (error.code, error.retryable, error.retry_after_s) == (errors.RATE_LIMITED, True, 7.0)
+
+
+def test_a_rate_limit_on_a_poll_waits_at_least_the_retry_after_and_says_it_was_throttled(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(outcome="never"), fake=fake)
+    fake.script(Reply("status", status=429, retry_after="7"))
+
+    waiting = work(job, cancellation.Cancellation())
+
+    assert isinstance(waiting, runner.Awaiting)
+    assert waiting.handle == job.handle
+    assert waiting.poll_in_s >= 7.0 and waiting.throttled_s == 7.0
+
+
+SLIPS = {
+    "5xx": Reply("status", status=503, retry_after="3"),
+    "hang": Reply("hang", seconds=1.0),
+    "malformed": Reply("malformed"),
+    "oversized": Reply("oversized", size=20_000),
+    "too frequent": Reply("code", code=430),
+    "maintenance": Reply("code", code=455),
+}
+
+
+@pytest.mark.parametrize("reply", SLIPS.values(), ids=SLIPS.keys())
+def test_a_poll_that_fails_on_the_way_only_waits_for_the_next_poll(fake, reply):
+    work = work_for(fake, suno_timeout_s=0.3, suno_max_answer_bytes=4096)
+    job = submitted(work, Plan(outcome="never"), fake=fake)
+    fake.script(reply)
+
+    started = time.monotonic()
+    waiting = work(dataclasses.replace(job, polls=2), cancellation.Cancellation())
+
+    assert isinstance(waiting, runner.Awaiting), "the song at the provider must not be given up"
+    assert waiting.handle == job.handle
+    assert waiting.poll_in_s >= max(FIRST_S * 1.5**2, 3.0 if reply.retry_after else 0.0)
+    assert waiting.throttled_s == (0.0 if reply.code == 430 else None)
+    assert time.monotonic() - started < 0.9
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        (Reply("status", status=503), "provider_unavailable"),
+        (Reply("hang", seconds=1.0), "provider_timeout"),
+        (Reply("malformed"), "provider_malformed"),
+        (Reply("oversized", size=20_000), "provider_malformed"),
+    ],
+    ids=["5xx", "hang", "malformed", "oversized"],
+)
+def test_a_submit_that_fails_on_the_way_is_a_retryable_error(fake, reply, code):
+    fake.script(reply)
+    error = failure(work_for(fake, suno_timeout_s=0.3, suno_max_answer_bytes=4096), job_for())
+    assert (error.code, error.retryable) == (code, True)
+
+
+@pytest.mark.parametrize(
+    ("body_code", "code", "retryable"),
+    [
+        (430, errors.RATE_LIMITED, True),
+        (405, errors.RATE_LIMITED, True),
+        (429, "provider_credits_exhausted", False),
+        (455, "provider_unavailable", True),
+        (500, "provider_unavailable", True),
+        (400, "provider_rejected", False),
+        (413, "provider_rejected", False),
+    ],
+)
+def test_an_error_code_in_the_body_of_a_submit_is_classified(fake, body_code, code, retryable):
+    fake.script(Reply("code", code=body_code))
+    error = failure(work_for(fake), job_for())
+    assert (error.code, error.retryable) == (code, retryable)
+    assert str(body_code) in error.message
+
+
+@pytest.mark.parametrize(("body_code", "code"), [(429, "provider_credits_exhausted"), (401, "provider_auth")])
+def test_credits_that_ran_out_or_a_refused_key_fail_a_poll_for_good(fake, body_code, code):
+    work = work_for(fake)
+    job = submitted(work, Plan(outcome="never"), fake=fake)
+    fake.script(Reply("code", code=body_code))
+    error = failure(work, job)
+    assert (error.code, error.retryable) == (code, False)
+
+
+def test_a_wrong_key_fails_for_good_and_the_key_never_shows(fake):
+    error = failure(work_for(fake, suno_api_key=SecretStr("sk-wrong-key-123456")), job_for())
+    assert (error.code, error.retryable) == ("provider_auth", False)
+    assert "sk-wrong" not in error.message
+
+
+def test_a_task_the_api_does_not_know_is_lost_and_a_new_attempt_submits_anew(fake):
+    error = failure(work_for(fake), job_for(handle=uuid.uuid4().hex))
+    assert (error.code, error.retryable) == ("provider_job_lost", True)
+
+
+# --- the provider's work fails, or never ends -------------------------------------------------------------------
+
+
+def test_a_song_the_api_failed_fails_the_attempt_retryably(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(outcome="fail", seconds=0.1), fake=fake)
+    time.sleep(0.15)
+    error = failure(work, job)
+    assert (error.code, error.retryable) == ("provider_job_failed", True)
+    assert "Audio generation failed." in error.message
+
+
+def test_lyrics_refused_for_sensitive_words_fail_for_good(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(outcome="sensitive", seconds=0.3), fake=fake)
+    time.sleep(0.2)
+    error = failure(work, job)
+    assert (error.code, error.retryable) == ("content_refused", False)
+
+
+def test_a_song_never_done_times_out_once_the_give_up_time_has_passed(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(outcome="never"), fake=fake)
+    assert isinstance(work(job, cancellation.Cancellation()), runner.Awaiting)  # not yet
+
+    old = dataclasses.replace(job, submitted_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=GIVE_UP_S + 1))
+    error = failure(work, old)
+    assert (error.code, error.retryable) == ("provider_job_timeout", True)
+
+
+@pytest.mark.parametrize(
+    "plan", [Plan(audio="wrong_type", seconds=0.1), Plan(audio="oversized", size=5000, seconds=0.1)]
+)
+def test_audio_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothing_is_kept(fake, plan, artifacts_dir):
+    work = work_for(fake, download_max_bytes=4096)
+    job = submitted(work, plan, fake=fake)
+    time.sleep(0.15)
+    error = failure(work, job)
+    assert (error.code, error.retryable) == ("provider_artifact_invalid", True)
+    assert not any(path.is_file() for path in (artifacts_dir / job.pipeline_id).glob("**/*"))
+
+
+# --- cancellation -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["submit", "poll"])
+def test_a_cancel_ends_a_hanging_request_at_once(fake, step):
+    work = work_for(fake, suno_timeout_s=5.0)
+    job = job_for() if step == "submit" else submitted(work, Plan(outcome="never"), fake=fake)
+    fake.script(Reply("hang", seconds=0.7))
+    cancel = cancellation.Cancellation()
+    threading.Timer(0.05, cancel.cancel, args=(cancellation.Reason.CANCELED,)).start()
+    started = time.monotonic()
+    with pytest.raises(cancellation.Cancelled):
+        work(job, cancel)
+    assert time.monotonic() - started < 0.5
