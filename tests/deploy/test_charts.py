@@ -200,7 +200,7 @@ def test_the_committed_settings_blocks_and_schemas_are_current():
     [
         ("lyric", {"settings": {"CASTAD_LYRIC_MAX_ATTEMPTS": "five"}}, "CASTAD_LYRIC_MAX_ATTEMPTS"),
         ("lyric", {"settings": {"CASTAD_LYRIC_MAX_ATTEMPTS": 0}}, "CASTAD_LYRIC_MAX_ATTEMPTS"),
-        ("song", {"settings": {"CASTAD_SONG_PROVIDER": "suno"}}, "CASTAD_SONG_PROVIDER"),
+        ("song", {"settings": {"CASTAD_SONG_PROVIDER": "musicbox"}}, "CASTAD_SONG_PROVIDER"),
         ("video", {"settings": {"CASTAD_VIDEO_MAX_ATEMPTS": 3}}, "CASTAD_VIDEO_MAX_ATEMPTS"),
         ("api", {"settings": {"CASTAD_LOG_LEVEL": "LOUD"}}, "CASTAD_LOG_LEVEL"),
         ("api", {"replicas": 3}, "replicas"),
