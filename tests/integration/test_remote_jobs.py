@@ -299,3 +299,67 @@ def test_at_most_max_in_flight_jobs_are_at_the_provider_and_their_polls_still_go
 
 def status_of(engine: sa.Engine, pipeline_id: str) -> Status:
     return Status(job_row(engine, pipeline_id).status)
+
+
+def test_finished_work_is_fetched_even_when_it_is_had_after_the_give_up_time(engine):
+    api = Provider()
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=0.05, max_s=0.05, give_up_s=60.0))
+    pipeline_id = add_job(stage)
+    turn(stage)
+    with db.transaction(engine) as conn:  # the service was down for an hour meanwhile
+        conn.execute(
+            tables.jobs.update()
+            .where(tables.jobs.c.pipeline_id == pipeline_id)
+            .values(submitted_at=sa.func.now() - sa.text("interval '1 hour'"))
+        )
+
+    turn_when_due(stage)
+
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED and len(api.submitted) == 1
+
+
+def test_a_key_refused_while_work_waits_at_the_provider_does_not_lose_the_work(engine):
+    api = Provider(errors.ProviderError("provider_auth", "401: the key is being rotated", retryable=False))
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+    turn(stage)
+
+    turn_when_due(stage)
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle, row.counted_attempts) == (Status.AWAITING, "task-1", 0)
+    turn_when_due(stage)
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED and len(api.submitted) == 1
+
+
+def test_a_provider_that_never_stops_saying_too_many_is_charged_after_its_free_attempts(engine):
+    def always_limited(job, callback_url, cancel):
+        raise errors.ProviderError(errors.RATE_LIMITED, "429")
+
+    api = Provider()
+    api.submit = always_limited  # type: ignore[method-assign]
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+    with db.transaction(engine) as conn:  # as if FREE_RATE_LIMITS attempts had been turned away already
+        conn.execute(
+            tables.jobs.update()
+            .where(tables.jobs.c.pipeline_id == pipeline_id)
+            .values(attempts=runner.FREE_RATE_LIMITS)
+        )
+
+    turn(stage)
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 1, errors.RATE_LIMITED)
+
+
+def test_calls_already_on_their_way_when_the_provider_says_too_many_halve_the_rate_once(engine):
+    name = fresh_provider(engine, max_rate_per_s=40.0, min_rate_per_s=1.0, burst=5.0)
+    with db.transaction(engine) as conn:
+        quota.throttled(conn, name, 2.0)
+    with db.transaction(engine) as conn:
+        quota.throttled(conn, name, 2.0)
+        quota.throttled(conn, name, 10**9)  # an absurd Retry-After blocks for an hour at most
+
+    limits = quota_row(engine, name)
+    assert (limits["rate_per_s"], limits["throttled"]) == (20.0, 3)
+    assert (limits["blocked_until"] - dt.datetime.now(dt.UTC)).total_seconds() <= quota.MAX_BLOCK_S

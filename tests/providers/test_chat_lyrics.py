@@ -4,6 +4,7 @@ every kind of answer it can give, and how each becomes lyrics or a classified fa
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 
@@ -159,3 +160,16 @@ def test_retry_after_reads_seconds_milliseconds_and_dates():
     assert http.retry_after_s({"retry-after": "Thu, 01 Jan 2026 12:00:30 GMT"}, now) == 30.0
     assert http.retry_after_s({"retry-after": "soon"}, now) is None
     assert http.retry_after_s({}, now) is None
+
+
+def test_a_retry_after_is_taken_as_an_hour_at_most():
+    now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+    assert http.retry_after_s({"retry-after": "99999999999999999999"}, now) == 3600.0
+    assert http.retry_after_s({"retry-after": "Fri, 01 Jan 2027 12:00:00 GMT"}, now) == 3600.0
+
+
+def test_credits_that_ran_out_are_not_a_rate_limit(fake):
+    body = json.dumps({"error": {"message": "You exceeded your current quota.", "code": "insufficient_quota"}})
+    error = http.classify("the server", 429, {}, body.encode())
+    assert (error.code, error.retryable) == ("provider_credits_exhausted", False)
+    assert "exceeded your current quota" in error.message

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from castad_contracts import events
+from castad_runtime import redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
 PENDING = frozenset({"PENDING", "TEXT_SUCCESS", "FIRST_SUCCESS"})
@@ -54,7 +55,7 @@ def data_of(answer: Any) -> dict[str, Any]:
     """The `data` of an answer whose body `code` is 200; a ProviderError for any other code."""
     if not isinstance(answer, dict) or not isinstance(answer.get("code"), int):
         raise errors.ProviderError("provider_malformed", "the music API's answer has no code")
-    code, said = answer["code"], str(answer.get("msg") or "")[:200]
+    code, said = answer["code"], redact.mask(str(answer.get("msg") or ""))[:200]
     message = f"the music API answered code {code}" + (f": {said}" if said else "")
     if code == 200:
         data = answer.get("data")

@@ -28,10 +28,11 @@ import httpx
 import pydantic
 
 from castad_runtime import outages, redact
-from castad_runtime.stage import cancellation, errors
+from castad_runtime.stage import cancellation, errors, machine
 
 MAX_REASON_CHARS = 200
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+MAX_ERROR_BODY = 65_536  # of an error answer, read for its reason
 
 
 class BodyTooLarge(Exception):
@@ -39,7 +40,13 @@ class BodyTooLarge(Exception):
 
 
 def retry_after_s(headers: Mapping[str, str], now: dt.datetime | None = None) -> float | None:
-    """How long an answer asks the caller to wait: `retry-after-ms`, or `Retry-After` as seconds or a date."""
+    """How long an answer asks the caller to wait: `retry-after-ms`, or `Retry-After` as seconds or a date;
+    at most machine.MAX_RETRY_AFTER_S (a larger or absurd value is taken as that)."""
+    asked = _retry_after_s(headers, now)
+    return None if asked is None else min(asked, machine.MAX_RETRY_AFTER_S)
+
+
+def _retry_after_s(headers: Mapping[str, str], now: dt.datetime | None) -> float | None:
     millis = headers.get("retry-after-ms")
     if millis is not None:
         try:
@@ -87,6 +94,8 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
     """The ProviderError an error answer stands for."""
     said = reason(body)
     message = f"{provider} answered {status}" + (f": {said}" if said else "")
+    if status == 429 and _error_code(body) == "insufficient_quota":  # OpenAI's "out of credits": not a rate
+        return errors.ProviderError("provider_credits_exhausted", message, retryable=False, status=status)
     if status == 429:
         return errors.ProviderError(
             errors.RATE_LIMITED, message, retryable=True, retry_after_s=retry_after_s(headers), status=status
@@ -98,6 +107,15 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
     if status in (401, 403):
         return errors.ProviderError("provider_auth", message, retryable=False, status=status)
     return errors.ProviderError("provider_rejected", message, retryable=False, status=status)
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,8 +253,9 @@ def download(
 
     No credentials go with it (the URL is often another host's, a CDN's). The answer must be one of
     `media_types` (e.g. "audio/", a prefix, or "video/mp4") and at most `max_bytes`; what is not is
-    `provider_artifact_invalid`, retryable with a new attempt. A request that fails on the way is
-    classified as any other (retryable: the result is fetched again at the next poll).
+    `provider_artifact_invalid`, retryable with a new attempt. Any error answer of the file host (a
+    CDN still propagating, an expired link, a 5xx) is `provider_unavailable`: the result is fetched
+    again at the next poll (see castad_runtime.stage.remote), and it says nothing of the provider's quota.
     """
     if not url.startswith(("https://", "http://")):
         raise errors.ProviderError("provider_artifact_invalid", f"the result's URL is not http(s): {url[:100]!r}")
@@ -250,8 +269,16 @@ def download(
             client.stream("GET", url, headers={"user-agent": "castad"}) as response,
         ):
             if response.status_code >= 400:
-                response.read()
-                raise classify("the provider's file host", response.status_code, response.headers, response.content)
+                try:
+                    said = reason(read_capped(response, MAX_ERROR_BODY, deadline)[2])
+                except BodyTooLarge:
+                    said = ""
+                raise errors.ProviderError(
+                    "provider_unavailable",
+                    f"the provider's file host answered {response.status_code}" + (f": {said}" if said else ""),
+                    retry_after_s=retry_after_s(response.headers),
+                    status=response.status_code,
+                )
             media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
             if not media_type.startswith(media_types):
                 raise errors.ProviderError(

@@ -25,6 +25,7 @@ quotas = tables.quotas
 jobs = tables.jobs
 DECREASE = 0.5  # the rate is multiplied by this when the provider says "too many"
 INCREASE_STEPS = 20  # calls that go through to climb from the lowest rate back to the highest
+MAX_BLOCK_S = 3600.0  # the longest a Retry-After stops every call (as machine.MAX_RETRY_AFTER_S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,15 +113,20 @@ def spend(conn: sa.Connection, provider: str) -> None:
 
 
 def throttled(conn: sa.Connection, provider: str, retry_after_s: float) -> None:
-    """The provider said "too many": halve the rate, and claim nothing before its Retry-After."""
-    until = sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, max(retry_after_s, 0.0))
+    """The provider said "too many": halve the rate, and claim nothing before its Retry-After (at most an
+    hour). Calls that were on their way when it said so do not halve it again: once per such window."""
+    until = sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, min(max(retry_after_s, 0.0), MAX_BLOCK_S))
+    blocked = sa.func.coalesce(quotas.c.blocked_until > sa.func.now(), False)
     conn.execute(
         quotas.update()
         .where(quotas.c.provider == provider)
         .values(
             tokens=sa.func.least(_refilled(), 0.0),
             refilled_at=sa.func.now(),
-            rate_per_s=sa.func.greatest(quotas.c.min_rate_per_s, quotas.c.rate_per_s * DECREASE),
+            rate_per_s=sa.case(
+                (blocked, quotas.c.rate_per_s),
+                else_=sa.func.greatest(quotas.c.min_rate_per_s, quotas.c.rate_per_s * DECREASE),
+            ),
             blocked_until=sa.func.greatest(sa.func.coalesce(quotas.c.blocked_until, until), until),
             throttled=quotas.c.throttled + 1,
         )

@@ -9,14 +9,14 @@ forward, so the poll alone decides, and callback and poll never complete a job t
 
 A request that fails on the way (429, 5xx, a timeout, a garbled answer) does not fail work
 that is already at the provider: the poll is simply due again, after the provider's
-Retry-After if it gave one. Work that is not done after `give_up_s` fails the attempt
-(`provider_job_timeout`, retryable): a job that never finishes does not wait for ever.
+Retry-After if it gave one. Work whose result is not had after `give_up_s` (still unfinished, or its polls or download
+failing all along) fails the attempt (`provider_job_timeout`, retryable): a job that never
+finishes does not wait for ever; finished work is always fetched first.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 import mimetypes
 from collections.abc import Callable
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from castad_contracts import events
 
 from castad_runtime import artifacts
-from castad_runtime.stage import cancellation, errors, http, repository, runner
+from castad_runtime.stage import cancellation, errors, http, machine, repository, runner
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ def keep_result(
     timeout_s: float,
 ) -> events.Artifact:
     """Download the provider's result into the artifact store (size-capped, its type checked, hashed)."""
-    with store.scratch(job.pipeline_id, stage, job.attempts, ".download") as scratch:
+    # Named by the claim (its version), not the attempt: two claims of one attempt never share a file.
+    with store.scratch(job.pipeline_id, stage, job.version, ".download") as scratch:
         got = http.download(
             finished.url, scratch, cancel, media_types=media_types, max_bytes=max_bytes, timeout_s=timeout_s
         )
@@ -97,6 +98,10 @@ def _extension(media_type: str) -> str:
     return {"audio/wav": ".wav", "audio/mp3": ".mp3"}.get(media_type) or mimetypes.guess_extension(media_type) or ".bin"
 
 
+# While work is at the provider, these only mean "ask again later" (bounded by give_up_s): a failed
+# request, and a key refused or unreadable for a moment (a rotation), which must not lose the work.
+WAIT_ON = errors.CALL_FAILURES | {"provider_auth", "provider_key_unreadable"}
+
 Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
 CallbackUrl = Callable[[repository.Job], str | None]
 
@@ -107,22 +112,26 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
     def run(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
         if job.handle is None:
             return runner.Awaiting(api.submit(job, callback_url(job), cancel), schedule.first_s)
-        waited_s = (dt.datetime.now(dt.UTC) - job.submitted_at).total_seconds() if job.submitted_at else 0.0
-        if waited_s > schedule.give_up_s:
-            raise errors.ProviderError(
-                "provider_job_timeout", f"the provider's work {job.handle} was not done after {schedule.give_up_s:g} s"
-            )
         try:
             state = api.poll(job.handle, cancel)
-            if isinstance(state, Pending):
-                return runner.Awaiting(job.handle, schedule.after(job.polls))
-            return fetch(job, state, cancel)
+            if isinstance(state, Finished):
+                return fetch(job, state, cancel)
+            give_up(job)
+            return runner.Awaiting(job.handle, schedule.after(job.polls))
         except errors.ProviderError as error:
-            if error.code not in errors.CALL_FAILURES or not error.retryable:
+            if error.code not in WAIT_ON or (error.code in errors.CALL_FAILURES and not error.retryable):
                 raise
+            give_up(job)
             log.warning("polling %s failed on the way (%s); asking again later", job.handle, error.code)
-            asked = error.retry_after_s or 0.0
+            asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
             throttled_s = asked if error.code == errors.RATE_LIMITED else None
             return runner.Awaiting(job.handle, max(asked, schedule.after(job.polls)), throttled_s)
+
+    def give_up(job: repository.Job) -> None:
+        """Work still not had after give_up_s (by the database's clock) fails the attempt."""
+        if job.waited_s > schedule.give_up_s:
+            raise errors.ProviderError(
+                "provider_job_timeout", f"the provider's work {job.handle} was not had after {schedule.give_up_s:g} s"
+            )
 
     return run

@@ -34,6 +34,7 @@ class Job:
     handle: str | None = None  # the provider's id of the work this attempt submitted (AWAITING), if any
     submitted_at: dt.datetime | None = None
     polls: int = 0  # polls that found the provider's work unfinished
+    waited_s: float = 0.0  # since the submit, by the database's clock at the claim
 
     @property
     def polling(self) -> bool:
@@ -55,12 +56,14 @@ _JOB_COLUMNS = (
     jobs.c.handle,
     jobs.c.submitted_at,
     jobs.c.polls,
+    sa.func.coalesce(sa.func.extract("epoch", sa.func.now() - jobs.c.submitted_at), 0).label("waited_s"),
 )
 
 
 def _job(row: Any) -> Job:
     values = dict(row._mapping)
     values["status"] = machine.Status(values["status"])
+    values["waited_s"] = float(values["waited_s"])
     return Job(**values)
 
 
@@ -371,7 +374,7 @@ def poll_now(conn: sa.Connection, pipeline_id: str) -> bool:
     updated = conn.execute(
         jobs.update()
         .where(jobs.c.pipeline_id == pipeline_id, jobs.c.status == machine.Status.AWAITING)
-        .values(due_at=sa.func.now())
+        .values(due_at=sa.func.least(jobs.c.due_at, jobs.c.submitted_at))  # ahead of polls merely due
     )
     return updated.rowcount == 1
 

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 ERROR_MESSAGE_MAX = 2000
 SUPERVISE_STEP_S = 0.25  # how often a supervisor looks at its attempt's cancellation and clock
 STUCK_LOG_EVERY_S = 60.0  # while a provider ignores its cancellation, say so this often
+FREE_RATE_LIMITS = 20  # attempts a provider may turn away with "too many" before they count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,15 +360,17 @@ class StageRunner:
             log.warning("%s attempt %d stopped: %s", self.stage.value, job.attempts, cancel.reason)
             return None
         error = result["error"]
+        uncounted = job.attempts - 1 - job.counted_attempts  # earlier attempts handed back
         if isinstance(error, errors.ProviderError) and error.code == errors.RATE_LIMITED and error.retryable:
-            asked = error.retry_after_s or 0.0
-            delay = max(asked, self.limits.policy.delay_s(job.attempts - job.counted_attempts, self.rng))
-            return HandedBack(error.code, error.message, min(delay, machine.MAX_RETRY_AFTER_S), throttled_s=asked)
+            asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
+            if uncounted < FREE_RATE_LIMITS:  # waiting for the provider is not the work failing...
+                delay = max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
+                return HandedBack(error.code, error.message, min(delay, machine.MAX_RETRY_AFTER_S), throttled_s=asked)
+            return Failed(error.code, error.message, True, asked)  # ...unless it never stops saying "too many"
         if isinstance(error, errors.ProviderError):
             return Failed(error.code, error.message, error.retryable, error.retry_after_s)
         if outages.is_resource_shortage(error):
-            uncounted = job.attempts - job.counted_attempts
-            return HandedBack("outage", redact.describe(error), self.limits.policy.delay_s(uncounted, self.rng))
+            return HandedBack("outage", redact.describe(error), self.limits.policy.delay_s(uncounted + 1, self.rng))
         log.error("%s attempt crashed", self.stage.value, exc_info=error)
         return Failed("internal_error", redact.describe(error), True)
 
