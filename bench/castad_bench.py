@@ -41,7 +41,9 @@ import httpx
 import httpx_sse
 import pika
 import psycopg
+from castad_api import keys
 from castad_contracts import brief, topology
+from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import db, messaging, migrations
 
@@ -155,6 +157,7 @@ class CastadBench:
         self.port = stack_.free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.stack: stack_.Stack | None = None
+        self.api_key = ""  # an admin key, made with the databases
         self._local = threading.local()
         self._clients: list[httpx.Client] = []
 
@@ -179,6 +182,7 @@ class CastadBench:
         self.cleanup.push("remove artifacts", lambda: shutil.rmtree(self.artifacts_dir, ignore_errors=True))
         for line in stack_.prepare(self.env()):
             common.log.info("castad: %s", line)
+        self.api_key = access.create_key("bench", frozenset(keys.Scope), "the benchmark", self.env())
 
     def start(self) -> None:
         self.stack = stack_.Stack(self.env(), self.log_dir)
@@ -197,7 +201,9 @@ class CastadBench:
     def _client(self) -> httpx.Client:
         client: httpx.Client | None = getattr(self._local, "client", None)
         if client is None:
-            client = httpx.Client(base_url=self.base_url, timeout=30)
+            client = httpx.Client(
+                base_url=self.base_url, timeout=30, headers={"Authorization": f"Bearer {self.api_key}"}
+            )
             self._local.client = client
             self._clients.append(client)  # list.append is atomic; closed at the end
         return client

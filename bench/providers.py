@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 import os
 import pathlib
+import secrets
 import sys
 import threading
 from typing import Any
@@ -101,11 +102,13 @@ class ProvidersBench(castad_bench.CastadBench):
     def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path, fakes: dict[str, Any]) -> None:
         super().__init__(cleanup, workdir)
         self.fakes = fakes
+        self.link_secret = secrets.token_hex(32)  # the same for every service of the run
 
     def env(self) -> dict[str, str]:
         chat_, suno_, render = self.fakes["chat"], self.fakes["suno"], self.fakes["creatomate"]
         return {
             **super().env(),
+            "CASTAD_LINK_SECRET": self.link_secret,
             "CASTAD_LYRIC_PROVIDER": "openai",
             "CASTAD_LYRIC_OPENAI_BASE_URL": f"{chat_.url}/v1",
             "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,

@@ -16,18 +16,21 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from castad_local import stack
+from castad_api import keys
+from castad_local import access, stack
 from castad_runtime import messaging, migrations
 from sqlalchemy.engine import make_url
 
-from tests.support import Installation, ObjectStore, database_url, require_servers
+from tests import support
+from tests.support import TEST_KEY_TENANT, Installation, ObjectStore, database_url, require_servers
 
 SERVICES = tuple(database.service for database in stack.DATABASES)
 
 
 @pytest.fixture(scope="session")
 def migrated_templates() -> Iterator[dict[str, str]]:
-    """A freshly migrated template database per service, made once per test session."""
+    """A freshly migrated template database per service, made once per test session; the gateway's
+    holds the tests' admin API key (TEST_KEY_TENANT), so every installation has it."""
     require_servers()
     session = uuid.uuid4().hex[:8]
     templates = {}
@@ -37,6 +40,8 @@ def migrated_templates() -> Iterator[dict[str, str]]:
             templates[database.service] = url
             migrations.ensure_database(url)
             migrations.upgrade(url, database.migrations_dir)
+        env = {"CASTAD_API_DATABASE_URL": templates["api"]}
+        support.TEST_KEYS["admin"] = access.create_key(TEST_KEY_TENANT, frozenset(keys.Scope), "tests: admin", env)
         yield {service: make_url(url).database or "" for service, url in templates.items()}
     finally:
         for url in templates.values():

@@ -9,13 +9,15 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from typing import Any
 
 import boto3
 import pytest
 from castad_contracts import topology
 from castad_local import stack
-from castad_runtime import settings
+from castad_runtime import links, settings
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 AMQP_URL = os.environ.get("CASTAD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -45,6 +47,10 @@ def database_url(name: str) -> str:
     return f"{PG_URL}/{name}"
 
 
+TEST_KEY_TENANT = "tests"
+TEST_KEYS: dict[str, str] = {}  # made once per session in the template of the gateway's database
+
+
 @dataclasses.dataclass(frozen=True)
 class Installation:
     """One isolated Castad: a database per service, a namespace on the broker, a directory for files."""
@@ -57,6 +63,15 @@ class Installation:
     @property
     def topology(self) -> topology.Topology:
         return topology.Topology(self.namespace)
+
+    @property
+    def api_key(self) -> str:
+        """An admin key of the tenant `tests`, known to this installation's gateway."""
+        return TEST_KEYS["admin"]
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     def env(self) -> dict[str, str]:
         """The CASTAD_* variables that point every service at this installation."""
@@ -117,3 +132,16 @@ class ObjectStore:
             self.process.kill()
             self.process.wait()
         self._log.close()
+
+
+LINK_SECRET = "castad-tests-link-secret-0123456789abcdef"  # CASTAD_LINK_SECRET of the tests
+
+
+def signed_path(url: str, base_url: str) -> str:
+    """The path of a link the stages signed (castad_runtime.links) under LINK_SECRET; fails unless valid."""
+    assert url.startswith(base_url), url
+    parsed = urllib.parse.urlparse(url)
+    query = urllib.parse.parse_qs(parsed.query)
+    expires, signature = int(query["expires"][0]), query["signature"][0]
+    assert links.valid(SecretStr(LINK_SECRET), parsed.path, expires, signature), url
+    return parsed.path

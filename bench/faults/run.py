@@ -22,7 +22,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
+from castad_api import keys
 from castad_contracts import topology
+from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import messaging, migrations
 
@@ -86,6 +88,7 @@ class FaultRun:
         self.proxy = proxy.TcpProxy(proxy.address_of(common.AMQP_URL))
         self.stack = stack_.Stack(self.env(proxy.through(common.AMQP_URL, self.proxy.port)), workdir / "logs")
         self.sigterm: tuple[str, list[int]] = ("", [])  # the pipeline whose render was stopped, surviving ffmpegs
+        self.api_key = ""  # an admin key, made with the databases
 
     def env(self, amqp_url: str) -> dict[str, str]:
         return {
@@ -103,7 +106,9 @@ class FaultRun:
         self._setup()
         tap = injections.Tap(self.topology.exchange, keep=self.plan.duplicates)
         self.cleanup.push("close tap", tap.close)
-        submitter = traffic.Submitter(self.base_url, self.plan.rate_per_s, f"faults-{common.RUN_ID}").start()
+        submitter = traffic.Submitter(
+            self.base_url, self.plan.rate_per_s, f"faults-{common.RUN_ID}", self.api_key
+        ).start()
         self.cleanup.push("stop traffic", submitter.stop)
         operator = traffic.Operator(self.base_url, submitter, self.plan.operator_interval_s).start()
         self.cleanup.push("stop the operator", operator.stop)
@@ -175,6 +180,9 @@ class FaultRun:
             self.cleanup.push("remove artifacts", lambda: shutil.rmtree(self.artifacts_dir, ignore_errors=True))
         for line in stack_.prepare(self.env(common.AMQP_URL)):
             log.info("faults: %s", line)
+        self.api_key = access.create_key(
+            "faults", frozenset(keys.Scope), "the fault harness", self.env(common.AMQP_URL)
+        )
         self.proxy.start()
         self.cleanup.push("stop proxy", self.proxy.stop)
         self.cleanup.push("stop services", self.stack.stop_all)
@@ -272,7 +280,7 @@ class FaultRun:
         for url in self.urls.values():
             with psycopg.connect(common.dsn(url), autocommit=True) as conn:
                 conn.execute(COMMIT_CLOCK)
-        quiet = traffic.Submitter(self.base_url, 1.0, f"quiet-{common.RUN_ID}")
+        quiet = traffic.Submitter(self.base_url, 1.0, f"quiet-{common.RUN_ID}", self.api_key)
         accepted = []
         for _ in range(self.plan.quiet_pipelines):
             accepted.append(quiet.submit())

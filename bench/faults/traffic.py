@@ -47,8 +47,9 @@ class Accepted:
 class Submitter:
     """Submits briefs at `rate_per_s` on a thread of its own until stopped."""
 
-    def __init__(self, base_url: str, rate_per_s: float, prefix: str) -> None:
+    def __init__(self, base_url: str, rate_per_s: float, prefix: str, api_key: str) -> None:
         self.base_url = base_url
+        self.auth = {"Authorization": f"Bearer {api_key}"}
         self.rate_per_s = rate_per_s
         self.prefix = prefix
         self.accepted: list[Accepted] = []
@@ -75,7 +76,7 @@ class Submitter:
         key = f"{self.prefix}-{number}"
         first = time.time()
         tries = 0
-        with httpx.Client(base_url=self.base_url, timeout=10) as http:
+        with httpx.Client(base_url=self.base_url, timeout=10, headers=self.auth) as http:
             while True:
                 tries += 1
                 if time.time() - first > GIVE_UP_S:
@@ -143,7 +144,8 @@ class Operator:
         self._thread.join(30)
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=5, headers={"X-Castad-Actor": "fault-harness"}) as http:
+        headers = {"X-Castad-Actor": "fault-harness", **self.submitter.auth}
+        with httpx.Client(base_url=self.base_url, timeout=5, headers=headers) as http:
             while not self._stop.wait(self.interval_s):
                 # The gateway down or its database out: the next turn tries again.
                 with contextlib.suppress(httpx.HTTPError, ValueError):

@@ -93,8 +93,8 @@ class RunningCastad:
         self.port = int(env.get("CASTAD_API_PORT") or stack_.free_port())  # given: a provider calls it back
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.services = stack_.Stack({**installation.env(), **FAST, **env, "CASTAD_API_PORT": str(self.port)}, log_dir)
-        self.client = client_.Client(self.base_url)
-        self.http = httpx.Client(base_url=self.base_url, timeout=10)
+        self.client = client_.Client(self.base_url, api_key=installation.api_key)
+        self.http = httpx.Client(base_url=self.base_url, timeout=10, headers=installation.auth)
 
     def start(self) -> None:
         self.services.start_all()

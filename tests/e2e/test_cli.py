@@ -3,6 +3,7 @@ traceback; cancel, retry and dead letters work from the command line."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -12,15 +13,23 @@ import pytest
 from castad_local import stack
 
 from tests.e2e.conftest import sample_brief
+from tests.support import TEST_KEYS
 
 pytestmark = pytest.mark.e2e
 
 CASTAD = str(pathlib.Path(sys.executable).with_name("castad"))
 
 
-def cli(gateway: str, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(gateway: str, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`castad` with the tests' admin key (`key`: another one; "": none at all)."""
+    key = TEST_KEYS.get("admin", "") if key is None else key
+    env = {**os.environ, "CASTAD_API_KEY": key, "CASTAD_API_KEY_FILE": "/nonexistent"}
     return subprocess.run(
-        [CASTAD, "--gateway", gateway, "--actor", "cli-test", *args], capture_output=True, text=True, timeout=60
+        [CASTAD, "--gateway", gateway, "--actor", "cli-test", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
 
 
@@ -45,6 +54,8 @@ def test_cancel_retry_and_dead_letters_from_the_command_line(castad):
     gateway = running.base_url
 
     one_line_error(cli(gateway, "status", str(uuid.uuid4())), 4, "404: no pipeline")
+    one_line_error(cli(gateway, "status", str(uuid.uuid4()), key=""), 7, "401: an API key is needed")
+    one_line_error(cli(gateway, "status", str(uuid.uuid4()), key="cad_wrong"), 7, "401: the API key is unknown")
     one_line_error(cli(gateway, "status", "not-a-pipeline-id"), 2, "422")
     one_line_error(cli(gateway, "dead-letters", "show", "424242"), 4, "no dead letter")
 

@@ -8,8 +8,10 @@ import uuid
 
 import httpx
 import pytest
+from castad_api import repository
 
 from tests.e2e.conftest import STAGE_SERVICES
+from tests.support import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.e2e
 
@@ -17,8 +19,8 @@ JSON = {"Content-Type": "application/json"}
 GOOD = {"customer_name": "Cafe Blue", "region": "Busan", "language": "English", "genre": "jazz", "duration_s": 3}
 
 
-async def _submit_concurrently(base_url: str, key: str, body: dict, count: int) -> list[httpx.Response]:
-    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+async def _submit_concurrently(running, key: str, body: dict, count: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=running.base_url, timeout=30, headers=running.http.headers) as http:
         return await asyncio.gather(
             *(http.post("/v1/pipelines", json=body, headers={"Idempotency-Key": key}) for _ in range(count))
         )
@@ -37,7 +39,7 @@ def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(cast
     running = castad()
     key = f"e2e-{uuid.uuid4()}"
 
-    responses = asyncio.run(_submit_concurrently(running.base_url, key, GOOD, 20))
+    responses = asyncio.run(_submit_concurrently(running, key, GOOD, 20))
 
     assert [r.status_code for r in responses] == [202] * 20, [r.text for r in responses if r.status_code != 202]
     bodies = [r.json() for r in responses]
@@ -47,7 +49,8 @@ def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(cast
     base = f"/v1/pipelines/{pipeline_id}"
     links = {"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel", "retry": f"{base}/retry"}
     assert bodies[0]["links"] == links
-    rows = dbs.rows("api", dbs.pipelines.select().where(dbs.pipelines.c.idempotency_key == key))
+    kept = repository.tenant_key(TEST_KEY_TENANT, key)
+    rows = dbs.rows("api", dbs.pipelines.select().where(dbs.pipelines.c.idempotency_key == kept))
     assert [str(row["id"]) for row in rows] == [pipeline_id]
     assert len(dbs.rows("api", dbs.pipelines.select())) == 1
     assert [r["routing_key"] for r in dbs.outbox_of("api")] == ["pipeline.requested"]

@@ -7,6 +7,7 @@ quickly did so through its callbacks. `make bench-providers` runs the same with 
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from castad_local import stack
@@ -14,6 +15,7 @@ from castad_local.fakes import chat, creatomate, suno
 from castad_runtime.stage import errors
 
 from tests.e2e.test_languages import BRIEFS
+from tests.support import LINK_SECRET, signed_path
 
 pytestmark = pytest.mark.e2e
 FIRST_POLL_S = "60"
@@ -37,6 +39,7 @@ def network(castad, providers):
     running = castad(
         {
             "CASTAD_API_PORT": str(port),
+            "CASTAD_LINK_SECRET": LINK_SECRET,
             "CASTAD_LYRIC_PROVIDER": "openai",
             "CASTAD_LYRIC_OPENAI_BASE_URL": f"{lyrics.url}/v1",
             "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
@@ -77,12 +80,17 @@ def test_briefs_in_four_languages_go_through_the_three_network_providers_by_thei
             assert len(completed) == 1
     submitted = [r["body"] for r in music.received if r["path"] == "/api/v1/generate"]
     assert sorted(body["style"] for body in submitted) == sorted(str(b.genre) for b in BRIEFS.values())
-    assert all(body["callBackUrl"].startswith(running.base_url) for body in submitted)
+    callbacks = [signed_path(body["callBackUrl"], running.base_url) for body in submitted]
+    assert sorted(callbacks) == sorted(f"/v1/provider-callbacks/song/{p}" for p in ids.values())
     renders = [r["body"] for r in render.received if r["path"] == "/v2/renders"]
     assert sorted(body["metadata"] for body in renders) == sorted(ids.values())
-    assert all(body["modifications"]["Music.source"].endswith("/artifacts/song") for body in renders)
-    callbacks = {sent["status"] for sent in music.callbacks + render.callbacks}
-    assert callbacks == {204}
+    songs = [signed_path(body["modifications"]["Music.source"], running.base_url) for body in renders]
+    assert sorted(songs) == sorted(f"/v1/links/pipelines/{p}/artifacts/song" for p in ids.values())
+    assert {sent["status"] for sent in music.callbacks + render.callbacks} == {204}
+    for song in {body["modifications"]["Music.source"] for body in renders}:  # what the render API fetches
+        fetched = httpx.get(song)
+        assert fetched.status_code == 200 and fetched.headers["content-type"] == "audio/mpeg"
+        assert httpx.get(song.replace("expires=", "expires=1")).status_code in (401, 422)
 
 
 @pytest.mark.timeout(120)

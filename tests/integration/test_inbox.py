@@ -154,7 +154,7 @@ def test_a_redelivered_stage_event_changes_the_gateways_projection_once(installa
     engine = engines["api"]
     with db.transaction(engine) as conn:
         accepted = operations.create(
-            conn, api.PipelineRequest(customer_name="Cafe Blue", region="Busan"), "key-1", 3600
+            conn, api.PipelineRequest(customer_name="Cafe Blue", region="Busan"), "tests", "key-1", 3600
         )
     handler = Counted(lambda env, payload: projection.apply(engine, env, payload))
     run_consumer("api", {"lyric.started": handler})

@@ -8,6 +8,7 @@ import uuid
 from typing import Annotated
 
 import typer
+from castad_api import key_commands
 from castad_cli import client as client_
 from castad_cli import main as cli_main
 from castad_cli import progress
@@ -16,9 +17,10 @@ from castad_runtime import settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
-from castad_local import REPO_ROOT, charts, stack
+from castad_local import REPO_ROOT, access, charts, stack
 
 app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
+app.add_typer(key_commands.app, name="keys")
 console = Console()
 
 DEMO_BRIEF = brief.Brief(
@@ -34,9 +36,13 @@ DEMO_BRIEF = brief.Brief(
 
 @app.command()
 def setup() -> None:
-    """Create and migrate every service database and declare the RabbitMQ topology."""
+    """Create and migrate every service database, declare the RabbitMQ topology, and leave an admin API key
+    for the `castad` command line in ~/.config/castad/api-key (unless the one there is valid)."""
     for line in stack.prepare():
         console.print(f"[green]✓[/] {line}")
+    _, new = access.ensure_local_key()
+    state = "made" if new else "kept"
+    console.print(f"[green]✓[/] API key of tenant {access.LOCAL_TENANT!r} {state} in {access.LOCAL_KEY_FILE}")
 
 
 @app.command()
@@ -53,7 +59,8 @@ def demo(
     services.start_all()
     try:
         services.wait_ready(base_url)
-        client = client_.Client(base_url)
+        key, _ = access.ensure_local_key()
+        client = client_.Client(base_url, api_key=key)
         accepted = client.submit(DEMO_BRIEF, f"demo-{uuid.uuid4()}")
         console.print(f"submitted {DEMO_BRIEF.customer_name} ({DEMO_BRIEF.region}): pipeline {accepted.id}")
         deadline = time.monotonic() + timeout_s
@@ -70,12 +77,14 @@ def demo(
         if view.status != "SUCCEEDED":
             console.print(f"[red]pipeline {view.status}: {view.error_code}: {view.error_message}")
             raise typer.Exit(1)
-        for stage in view.stages:
+        saved = REPO_ROOT / "var" / "demo" / accepted.id
+        saved.mkdir(parents=True, exist_ok=True)
+        for stage in view.stages:  # fetched through the gateway, as any client would
             assert stage.artifact is not None
-            console.print(f"{stage.stage.value:>6}: {cli_main.local_path(stage.artifact.uri)}", soft_wrap=True)
-        video = view.stages[-1].artifact
-        assert video is not None
-        console.print(f"[bold green]Finished video:[/] {cli_main.local_path(video.uri)}", soft_wrap=True)
+            path = saved / f"{stage.stage.value}{cli_main.SUFFIXES.get(stage.artifact.media_type, '')}"
+            size = client.download(stage.artifact.download, path)
+            console.print(f"{stage.stage.value:>6}: {path} ({size:,} B)", soft_wrap=True)
+        console.print(f"[bold green]Finished video:[/] {path}", soft_wrap=True)
     finally:
         services.stop_all()
         console.print("services stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,9 +22,12 @@ class GatewayError(Exception):
 
 
 class Client:
-    def __init__(self, base_url: str, timeout_s: float = 10.0, actor: str = "castad-cli") -> None:
+    def __init__(
+        self, base_url: str, timeout_s: float = 10.0, actor: str = "castad-cli", api_key: str | None = None
+    ) -> None:
         self.base_url = base_url
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers={"X-Castad-Actor": actor})
+        headers = {"X-Castad-Actor": actor, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -68,6 +72,21 @@ class Client:
         return api.DeadLetter.model_validate(
             self._call("POST", f"/v1/dead-letters/{letter_id}/discard", json={"reason": reason})
         )
+
+    def download(self, path: str, dest: pathlib.Path) -> int:
+        """Save a file the gateway serves (following its redirect to an object store); its size."""
+        try:
+            with self.http.stream("GET", path, follow_redirects=True, timeout=httpx.Timeout(30, read=300)) as got:
+                if not got.is_success:
+                    got.read()
+                    _ok(got)
+                size = 0
+                with dest.open("wb") as out:
+                    for chunk in got.iter_bytes():
+                        size += out.write(chunk)
+                return size
+        except httpx.TransportError as error:
+            raise _unreachable(self.base_url, error) from None
 
     def events(self, pipeline_id: str, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         """(event id, data) of each progress event until the stream closes at a terminal state."""

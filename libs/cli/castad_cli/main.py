@@ -2,15 +2,18 @@
 
 Every error is one line on stderr and an exit status: 2 the input was refused (also by the
 gateway: 400, 413, 415, 422), 3 the gateway cannot be reached, 4 not found (404), 5 a conflict
-(409: the pipeline's state does not allow it), 6 the gateway is unavailable (503), 1 anything
-else, and for `watch`/`submit`/`retry --watch` a pipeline that did not succeed.
+(409: the pipeline's state does not allow it), 6 the gateway is unavailable (503), 7 the API key
+is missing, wrong or lacks the scope (401, 403), 8 too many requests (429), 1 anything else, and
+for `watch`/`submit`/`retry --watch` a pipeline that did not succeed.
+
+The API key comes from `--api-key`, CASTAD_API_KEY, or the file CASTAD_API_KEY_FILE (default
+~/.config/castad/api-key; `make setup` writes a local one there).
 """
 
 from __future__ import annotations
 
 import getpass
-import urllib.parse
-import urllib.request
+import pathlib
 from typing import Annotated
 
 import pydantic
@@ -25,7 +28,9 @@ from castad_cli.terminal import Options, connected, console, errors
 app = typer.Typer(help="Talk to a Castad gateway.", no_args_is_help=True, add_completion=False)
 app.add_typer(dead_letters.app, name="dead-letters")
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
-EXIT_BY_STATUS = {None: 3, 400: 2, 404: 4, 409: 5, 413: 2, 415: 2, 422: 2, 503: 6}
+EXIT_BY_STATUS = {None: 3, 400: 2, 401: 7, 403: 7, 404: 4, 409: 5, 413: 2, 415: 2, 422: 2, 429: 8, 503: 6}
+DEFAULT_KEY_FILE = pathlib.Path("~/.config/castad/api-key")
+SUFFIXES = {"video/mp4": ".mp4", "audio/mpeg": ".mp3", "audio/wav": ".wav", "text/plain; charset=utf-8": ".txt"}
 
 
 @app.callback()
@@ -37,9 +42,23 @@ def _options(
     actor: Annotated[
         str | None, typer.Option("--actor", envvar="CASTAD_ACTOR", help="who acts (default: your user name)")
     ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="CASTAD_API_KEY", help="the gateway's API key", show_default=False)
+    ] = None,
+    api_key_file: Annotated[
+        pathlib.Path, typer.Option("--api-key-file", envvar="CASTAD_API_KEY_FILE", help="a file holding the API key")
+    ] = DEFAULT_KEY_FILE,
 ) -> None:
-    """Settings come from options or CASTAD_GATEWAY_URL and CASTAD_ACTOR."""
-    ctx.obj = Options(gateway, actor or getpass.getuser())
+    """Settings come from options or CASTAD_GATEWAY_URL, CASTAD_ACTOR, CASTAD_API_KEY(_FILE)."""
+    ctx.obj = Options(gateway, actor or getpass.getuser(), api_key or read_key(api_key_file))
+
+
+def read_key(path: pathlib.Path) -> str | None:
+    """The key in the file, if there is one (a missing key shows as the gateway's 401)."""
+    try:
+        return path.expanduser().read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
 
 
 @app.command()
@@ -97,9 +116,29 @@ def status(ctx: typer.Context, pipeline_id: str) -> None:
         table.add_column(column)
     for stage in view.stages:
         error = f"{stage.last_error_code}: {stage.last_error_message}" if stage.last_error_code else ""
-        artifact = f"{local_path(stage.artifact.uri)} ({stage.artifact.size:,} B)" if stage.artifact else ""
+        artifact = f"{stage.artifact.download} ({stage.artifact.size:,} B)" if stage.artifact else ""
         table.add_row(stage.stage.value, stage.status, str(stage.attempts), error, artifact)
     console.print(table)
+
+
+@app.command()
+def download(
+    ctx: typer.Context,
+    pipeline_id: str,
+    stage: Annotated[events.Stage, typer.Option(help="whose file")] = events.Stage.VIDEO,
+    output: Annotated[
+        pathlib.Path | None, typer.Option(help="default: <pipeline id>-<stage> in this directory")
+    ] = None,
+) -> None:
+    """Save a stage's file (the finished video by default) through the gateway."""
+    with connected(ctx) as client:
+        artifact = next(s.artifact for s in client.status(pipeline_id).stages if s.stage is stage)
+        if artifact is None:
+            errors.print(f"castad: {stage.value} of {pipeline_id} has no file yet")
+            raise typer.Exit(4)
+        dest = output or pathlib.Path(f"{pipeline_id}-{stage.value}{SUFFIXES.get(artifact.media_type, '')}")
+        size = client.download(artifact.download, dest)
+    console.print(f"{dest} ({size:,} B)", soft_wrap=True)
 
 
 @app.command()
@@ -153,15 +192,10 @@ def _watch(client: client_.Client, pipeline_id: str) -> int:
     if final.status == "SUCCEEDED":
         video = next(s.artifact for s in final.stages if s.stage.value == "video")
         assert video is not None
-        console.print(f"[green]done[/]: {local_path(video.uri)}", soft_wrap=True)
+        console.print(f"[green]done[/]: {client.base_url}{video.download}", soft_wrap=True)
         return 0
     console.print(f"[red]{final.status}[/]: {final.error_code}: {final.error_message} ({last.get('step')})")
     return 1
-
-
-def local_path(uri: str) -> str:
-    parsed = urllib.parse.urlparse(uri)
-    return urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else uri
 
 
 def main() -> None:

@@ -19,13 +19,14 @@ errors = Console(stderr=True, soft_wrap=True, highlight=False)  # one line per e
 class Options:
     gateway: str
     actor: str
+    api_key: str | None = None
 
 
 @contextmanager
 def connected(ctx: typer.Context) -> Iterator[client_.Client]:
     """A client of the gateway the command line chose (`castad --gateway URL --actor NAME ...`)."""
     options: Options = ctx.obj
-    client = client_.Client(options.gateway, actor=options.actor)
+    client = client_.Client(options.gateway, actor=options.actor, api_key=options.api_key)
     try:
         yield client
     finally:

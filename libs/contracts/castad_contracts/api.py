@@ -25,8 +25,22 @@ class PipelineAccepted(BaseModel):
     links: Links
 
 
-class ArtifactLink(events.Artifact):
-    download: str = Field(description="gateway URL that serves the file")
+class ArtifactLink(BaseModel):
+    """A stage's file as clients see it: where to fetch it, never where the servers keep it."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0, description="size in bytes")
+    media_type: str
+    download: str = Field(description="the gateway's path that serves the file (an API key with `read`)")
+
+    @classmethod
+    def of(cls, pipeline_id: str, stage: events.Stage, artifact: dict[str, Any]) -> ArtifactLink:
+        return cls(
+            sha256=artifact["sha256"],
+            size=artifact["size"],
+            media_type=artifact["media_type"],
+            download=f"/v1/pipelines/{pipeline_id}/artifacts/{stage.value}",
+        )
 
 
 class StageView(BaseModel):

@@ -10,9 +10,9 @@ from castad_runtime import db
 from fastapi import APIRouter, Query, status
 
 from castad_api import dead_letters, errors, repository
-from castad_api.deps import Actor, GatewayDep
+from castad_api.deps import ADMIN_ONLY, AUTH_ERRORS, Actor, GatewayDep
 
-router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
+router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"], dependencies=[ADMIN_ONLY], responses=AUTH_ERRORS)
 # No control characters: PostgreSQL refuses a NUL, and nothing in a dead letter's fields has one.
 FilterQuery = Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": api.Problem}}

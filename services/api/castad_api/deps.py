@@ -1,15 +1,23 @@
-"""What every route gets: the gateway's parts, built once by the composition root, and who acts."""
+"""What every route gets: the gateway's parts, built once by the composition root, and who calls.
+
+Every route but the probes and the providers' callbacks needs an API key (`Authorization:
+Bearer <key>`, see keys.py) with the route's scope: none or a wrong one is a 401, a missing
+scope a 403. A key sees only its tenant's pipelines (an admin key every tenant's); another
+tenant's pipeline is a 404, as if it did not exist.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
+from typing import Annotated, Any
 
 import sqlalchemy as sa
+from castad_contracts import api
 from castad_runtime import artifacts
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from castad_api import notifications
+from castad_api import keys, notifications
 from castad_api import settings as settings_
 
 
@@ -27,6 +35,37 @@ def gateway(request: Request) -> Gateway:
 
 
 GatewayDep = Annotated[Gateway, Depends(gateway)]
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": api.Problem, "description": "no API key, or an unknown or revoked one"},
+    403: {"model": api.Problem, "description": "the API key lacks the scope"},
+}
+_bearer = HTTPBearer(auto_error=False, description="an API key (castad-admin keys create)")
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def _caller(scope: keys.Scope) -> Any:
+    def authorize(
+        gw: GatewayDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> keys.Principal:
+        if credentials is None:
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>", _CHALLENGE
+            )
+        with gw.engine.connect() as conn:
+            principal = keys.authenticate(conn, credentials.credentials)
+        if principal is None:
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the API key is unknown or revoked", _CHALLENGE)
+        if not principal.may(scope):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"the API key lacks the scope {scope.value!r}")
+        return principal
+
+    return Depends(authorize)
+
+
+Submitter = Annotated[keys.Principal, _caller(keys.Scope.SUBMIT)]
+Reader = Annotated[keys.Principal, _caller(keys.Scope.READ)]
+Operator = Annotated[keys.Principal, _caller(keys.Scope.OPERATE)]
+ADMIN_ONLY = _caller(keys.Scope.ADMIN)  # for a whole router
 Actor = Annotated[
     str,
     Header(

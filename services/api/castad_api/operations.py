@@ -31,13 +31,13 @@ class Accepted:
     created: bool  # False: the Idempotency-Key had been used for this body before
 
 
-def create(conn: sa.Connection, body: api.PipelineRequest, key: str, deadline_s: float) -> Accepted:
+def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str, deadline_s: float) -> Accepted:
     """Accept a brief and publish pipeline.requested; the same key and body again: the same pipeline.
     The same key with another body is a Conflict. The callback URL stays with the gateway."""
     digest = request_hash(body)
     source = body.without_callback()
     created = repository.create_pipeline(
-        conn, uuid.uuid4(), key, digest, source.model_dump(mode="json"), body.callback_url, deadline_s
+        conn, uuid.uuid4(), tenant, key, digest, source.model_dump(mode="json"), body.callback_url, deadline_s
     )
     if created.request_hash != digest:
         raise errors.Conflict(
@@ -69,9 +69,12 @@ class Requested:
     operation: int | None  # None: nothing new was requested (a cancel asked again)
 
 
-def cancel(conn: sa.Connection, pipeline_id: uuid.UUID, reason: str, actor: str) -> Requested:
-    """Ask every stage to stop the pipeline. Asking again is harmless; a pipeline that ended is a Conflict."""
-    pipeline = _locked(conn, pipeline_id)
+def cancel(
+    conn: sa.Connection, pipeline_id: uuid.UUID, reason: str, actor: str, tenant: str | None = None
+) -> Requested:
+    """Ask every stage to stop the pipeline (of `tenant`, if given). Asking again is harmless; a pipeline
+    that ended is a Conflict."""
+    pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status in (model.PipelineStatus.CANCELING, model.PipelineStatus.CANCELED):
         return Requested(pipeline_id, status, None)
@@ -96,10 +99,11 @@ def retry(
     max_attempts: dict[events.Stage, int] | None,
     deadline_s: float,
     actor: str,
+    tenant: str | None = None,
 ) -> tuple[Requested, events.Stage]:
-    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed, with a fresh attempt
-    budget there (and the pipeline a fresh deadline). Anything else is a Conflict."""
-    pipeline = _locked(conn, pipeline_id)
+    """Resume a FAILED or CANCELED pipeline (of `tenant`, if given) at its first stage that did not succeed,
+    with a fresh attempt budget there (and the pipeline a fresh deadline). Anything else is a Conflict."""
+    pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status not in (model.PipelineStatus.FAILED, model.PipelineStatus.CANCELED):
         raise errors.Conflict(
@@ -163,8 +167,8 @@ def called_back(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage
     return True
 
 
-def _locked(conn: sa.Connection, pipeline_id: uuid.UUID) -> sa.Row:
-    pipeline = repository.lock_pipeline(conn, pipeline_id)
+def _locked(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row:
+    pipeline = repository.lock_pipeline(conn, pipeline_id, tenant)
     if pipeline is None:
         raise errors.NotFound(f"no pipeline {pipeline_id}")
     return pipeline

@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -17,14 +18,15 @@ from typing import Annotated, Any
 import sqlalchemy as sa
 from castad_contracts import api, events
 from castad_runtime import artifacts, db, outages
+from castad_runtime import links as signed_links
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import errors, model, operations, repository, webhooks
-from castad_api.deps import Actor, Gateway, GatewayDep
+from castad_api import deps, errors, keys, model, operations, repository, webhooks
+from castad_api.deps import Actor, Gateway, GatewayDep, Operator, Reader, Submitter
 
 log = logging.getLogger(__name__)
 IdempotencyKey = Annotated[
@@ -37,7 +39,7 @@ IdempotencyKey = Annotated[
         description="client-chosen key; the same key and body always give the same pipeline",
     ),
 ]
-router = APIRouter(prefix="/v1", tags=["pipelines"])
+router = APIRouter(prefix="/v1", tags=["pipelines"], responses=deps.AUTH_ERRORS)
 
 
 def require_json(request: Request) -> None:
@@ -60,16 +62,28 @@ def links(pipeline_id: str) -> api.Links:
         409: {"model": api.Problem, "description": "the Idempotency-Key was used with another body"},
         413: {"model": api.Problem},
         415: {"model": api.Problem},
+        429: {"model": api.Problem, "description": "the key made too many pipelines this minute (see Retry-After)"},
     },
 )
-def create_pipeline(body: api.PipelineRequest, key: IdempotencyKey, gw: GatewayDep) -> api.PipelineAccepted:
-    """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike."""
+def create_pipeline(
+    body: api.PipelineRequest, key: IdempotencyKey, gw: GatewayDep, who: Submitter
+) -> api.PipelineAccepted:
+    """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike
+    (an Idempotency-Key is the tenant's own: another tenant's same key makes another pipeline)."""
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
     if refused:
         problem = {"loc": ("body", "callback_url"), "msg": refused, "type": "value_error", "input": body.callback_url}
         raise RequestValidationError([problem])
     with db.transaction(gw.engine) as conn:
-        accepted = operations.create(conn, body, key, gw.config.pipeline_deadline_s)
+        wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
+    if wait_s is not None:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"this key may create {gw.config.creations_per_minute} pipelines a minute",
+            {"Retry-After": str(math.ceil(wait_s))},
+        )
+    with db.transaction(gw.engine) as conn:
+        accepted = operations.create(conn, body, who.tenant, key, gw.config.pipeline_deadline_s)
     pipeline_id = str(accepted.pipeline_id)
     return api.PipelineAccepted(
         id=pipeline_id, status=accepted.status.value, created=accepted.created, links=links(pipeline_id)
@@ -86,14 +100,18 @@ def create_pipeline(body: api.PipelineRequest, key: IdempotencyKey, gw: GatewayD
     },
 )
 def cancel_pipeline(
-    pipeline_id: uuid.UUID, gw: GatewayDep, actor: Actor = "anonymous", body: api.CancelRequest | None = None
+    pipeline_id: uuid.UUID,
+    gw: GatewayDep,
+    who: Operator,
+    actor: Actor = "anonymous",
+    body: api.CancelRequest | None = None,
 ) -> api.ActionAccepted:
     """Cancel a pipeline that has not ended: every stage stops its job (a running attempt is stopped, a stage
     not reached yet never starts), a stage that completed keeps its artifact. Idempotent: asking again gives
     202 and changes nothing. The status is CANCELING until every stage has answered, then CANCELED."""
     reason = (body or api.CancelRequest()).reason
     with db.transaction(gw.engine) as conn:
-        done = operations.cancel(conn, pipeline_id, reason, actor)
+        done = operations.cancel(conn, pipeline_id, reason, actor, who.tenant_filter())
     return api.ActionAccepted(
         id=str(pipeline_id), status=done.status.value, operation=done.operation, links=links(str(pipeline_id))
     )
@@ -109,14 +127,20 @@ def cancel_pipeline(
     },
 )
 def retry_pipeline(
-    pipeline_id: uuid.UUID, gw: GatewayDep, actor: Actor = "anonymous", body: api.RetryRequest | None = None
+    pipeline_id: uuid.UUID,
+    gw: GatewayDep,
+    who: Operator,
+    actor: Actor = "anonymous",
+    body: api.RetryRequest | None = None,
 ) -> api.ActionAccepted:
     """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed, with a fresh attempt
     budget (`max_attempts` per stage, optional); stages that succeeded keep their artifacts and are not run
     again. The pipeline gets a fresh deadline."""
     overrides = (body or api.RetryRequest()).max_attempts
     with db.transaction(gw.engine) as conn:
-        done, resume = operations.retry(conn, pipeline_id, overrides, gw.config.pipeline_deadline_s, actor)
+        done, resume = operations.retry(
+            conn, pipeline_id, overrides, gw.config.pipeline_deadline_s, actor, who.tenant_filter()
+        )
     return api.ActionAccepted(
         id=str(pipeline_id),
         status=done.status.value,
@@ -126,16 +150,33 @@ def retry_pipeline(
     )
 
 
+Expires = Annotated[int, Query(ge=0, le=2**40, description="when the link expires (Unix seconds)")]
+Signature = Annotated[str, Query(pattern=r"^[0-9a-f]{64}$", description="the link's HMAC-SHA256")]
+
+
+def _check_link(gw: GatewayDep, request: Request, expires: Expires, signature: Signature) -> None:
+    """A link a stage signed for a provider (castad_runtime.links), for this very path, not expired."""
+    secret = gw.config.link_secret
+    if secret is None or not signed_links.valid(secret, request.url.path, expires, signature):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the link is not valid (altered, expired or not signed here)")
+
+
+SIGNED_LINK = [Depends(_check_link)]
+LINK_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": api.Problem}, 404: {"model": api.Problem}}
+
+
 @router.post(
     "/provider-callbacks/{stage}/{pipeline_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     tags=["providers"],
-    responses={404: {"model": api.Problem}},
+    responses=LINK_ERRORS,
+    dependencies=SIGNED_LINK,
 )
 def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDep) -> Response:
     """Where a stage's network provider (a music or render API) calls back when its work moves on: the
-    stage polls the provider at once instead of at its next scheduled poll. The body is not read; the
-    poll alone decides what became of the work."""
+    stage polls the provider at once instead of at its next scheduled poll. A link the stage signed
+    (no API key: providers cannot send one). The body is not read; the poll alone decides what became
+    of the work."""
     with db.transaction(gw.engine) as conn:
         operations.called_back(conn, pipeline_id, stage)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -149,7 +190,7 @@ def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
         s = by_stage.get(stage.value)
         artifact = None
         if s is not None and s.artifact:
-            artifact = api.ArtifactLink(**s.artifact, download=f"/v1/pipelines/{pid}/artifacts/{stage.value}")
+            artifact = api.ArtifactLink.of(pid, stage, s.artifact)
         stages.append(
             api.StageView(
                 stage=stage,
@@ -184,18 +225,19 @@ def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
     )
 
 
-def _load(gw: Gateway, pipeline_id: uuid.UUID) -> api.PipelineView:
+def _load(gw: Gateway, pipeline_id: uuid.UUID, tenant: str | None) -> api.PipelineView:
+    """The pipeline as the API shows it; NotFound unless it is the tenant's (None: anyone's)."""
     with gw.engine.connect() as conn:
-        row = repository.get_pipeline(conn, pipeline_id)
+        row = repository.get_pipeline(conn, pipeline_id, tenant)
         if row is None:
             raise errors.NotFound(f"no pipeline {pipeline_id}")
         return _view(row, repository.get_stages(conn, [pipeline_id])[pipeline_id])
 
 
 @router.get("/pipelines/{pipeline_id}", response_model=api.PipelineView, responses={404: {"model": api.Problem}})
-def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep) -> api.PipelineView:
+def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.PipelineView:
     """Overall status and, per stage, status, attempts, last error, times and artifact."""
-    return _load(gw, pipeline_id)
+    return _load(gw, pipeline_id, who.tenant_filter())
 
 
 def _encode_cursor(row: Any) -> str:
@@ -213,6 +255,7 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
 @router.get("/pipelines", response_model=api.PipelinePage)
 def list_pipelines(
     gw: GatewayDep,
+    who: Reader,
     status_: Annotated[model.PipelineStatus | None, Query(alias="status")] = None,
     stage: events.Stage | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
@@ -222,7 +265,7 @@ def list_pipelines(
     limit = min(limit, gw.config.page_size_max)
     after = _decode_cursor(cursor) if cursor else None
     with gw.engine.connect() as conn:
-        rows = repository.list_pipelines(conn, status_, stage, after, limit + 1)
+        rows = repository.list_pipelines(conn, status_, stage, after, limit + 1, who.tenant_filter())
         page = rows[:limit]
         stage_rows = repository.get_stages(conn, [row.id for row in page])
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
@@ -233,6 +276,7 @@ def list_pipelines(
 async def pipeline_events(
     pipeline_id: uuid.UUID,
     gw: GatewayDep,
+    who: Reader,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable."""
@@ -242,7 +286,7 @@ async def pipeline_events(
         if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "Last-Event-ID: must be an id this stream sent")
         after = int(last_event_id)
-    await run_in_threadpool(_load, gw, pipeline_id)
+    await run_in_threadpool(_load, gw, pipeline_id, who.tenant_filter())
     return EventSourceResponse(_stream(gw, pipeline_id, after), ping=gw.config.sse_ping_s)
 
 
@@ -260,12 +304,26 @@ async def _stream(gw: Gateway, pipeline_id: uuid.UUID, after: int) -> AsyncItera
                 continue
             for row in rows:
                 after = row.seq
-                yield {"id": str(row.seq), "event": "progress", "data": json.dumps(row.data, ensure_ascii=False)}
+                data = json.dumps(_public(str(pipeline_id), row.data), ensure_ascii=False)
+                yield {"id": str(row.seq), "event": "progress", "data": data}
             if terminal and not rows:
                 return
             if not rows:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(grown.wait(), gw.config.sse_poll_s)
+
+
+def _public(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A timeline entry as clients see it: artifacts by their gateway links, never by where they are kept."""
+    shown = dict(data)
+    if isinstance(data.get("artifact"), dict) and data.get("step") in set(events.Stage):
+        shown["artifact"] = api.ArtifactLink.of(pipeline_id, events.Stage(data["step"]), data["artifact"]).model_dump()
+    if isinstance(data.get("artifacts"), dict):
+        shown["artifacts"] = {
+            stage: api.ArtifactLink.of(pipeline_id, events.Stage(stage), artifact).model_dump()
+            for stage, artifact in data["artifacts"].items()
+        }
+    return shown
 
 
 def _timeline(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> tuple[list[Any], bool]:
@@ -280,12 +338,31 @@ def _timeline(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> tuple[li
     response_class=FileResponse,
     responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}},
 )
-def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep) -> Response:
+def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep, who: Reader) -> Response:
     """The file a stage produced, or (with an object store) a redirect to a presigned URL of it."""
-    view = _load(gw, pipeline_id)
-    artifact = next(s.artifact for s in view.stages if s.stage is stage)
-    if artifact is None:
+    return _serve(gw, pipeline_id, stage, who.tenant_filter())
+
+
+@router.get(
+    "/links/pipelines/{pipeline_id}/artifacts/{stage}",
+    response_class=FileResponse,
+    tags=["providers"],
+    responses=LINK_ERRORS,
+    dependencies=SIGNED_LINK,
+)
+def linked_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep) -> Response:
+    """A stage's file by a link a stage signed for a provider (the song a render API fetches)."""
+    return _serve(gw, pipeline_id, stage, None)
+
+
+def _serve(gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str | None) -> Response:
+    with gw.engine.connect() as conn:
+        if repository.get_pipeline(conn, pipeline_id, tenant) is None:
+            raise errors.NotFound(f"no pipeline {pipeline_id}")
+        kept = repository.artifacts(conn, pipeline_id).get(stage.value)
+    if kept is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
+    artifact = events.Artifact.model_validate(kept)
     try:
         where = gw.store.serve(artifact)
     except artifacts.ArtifactMissing:
@@ -301,9 +378,9 @@ def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDe
     response_model=list[api.WebhookDelivery],
     responses={404: {"model": api.Problem}},
 )
-def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep) -> list[api.WebhookDelivery]:
+def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> list[api.WebhookDelivery]:
     """The notices sent to the brief's callback_url when the pipeline ended (once per ending), with every try."""
-    _load(gw, pipeline_id)
+    _load(gw, pipeline_id, who.tenant_filter())
     with gw.engine.connect() as conn:
         found = webhooks.deliveries(conn, pipeline_id)
     return [api.WebhookDelivery.model_validate({**d, "id": str(d["id"])}) for d in found]

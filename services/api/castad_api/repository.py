@@ -33,17 +33,20 @@ class Created:
 def create_pipeline(
     conn: sa.Connection,
     pipeline_id: uuid.UUID,
+    tenant: str,
     key: str,
     request_hash: str,
     brief: dict[str, Any],
     callback_url: str | None,
     deadline_s: float,
 ) -> Created:
-    """Insert unless the key exists; then return what the key already points at."""
+    """Insert unless the tenant used the key already; then return what the key points at."""
+    key = tenant_key(tenant, key)
     inserted = conn.execute(
         pg.insert(pipelines)
         .values(
             id=pipeline_id,
+            tenant=tenant,
             idempotency_key=key,
             request_hash=request_hash,
             brief=brief,
@@ -62,12 +65,23 @@ def create_pipeline(
     return Created(row.id, row.request_hash, False)
 
 
-def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID) -> sa.Row[Any] | None:
-    return conn.execute(sa.select(pipelines).where(pipelines.c.id == pipeline_id).with_for_update()).first()
+def tenant_key(tenant: str, key: str) -> str:
+    """An Idempotency-Key as kept: the tenant's name, length first (no two tenants' keys can meet), then it."""
+    return f"{len(tenant)}:{tenant}/{key}"
 
 
-def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID) -> sa.Row[Any] | None:
-    return conn.execute(sa.select(pipelines).where(pipelines.c.id == pipeline_id)).first()
+def _one(pipeline_id: uuid.UUID, tenant: str | None) -> sa.Select[Any]:
+    """The pipeline, if it is the tenant's (None: whoever's it is)."""
+    query = sa.select(pipelines).where(pipelines.c.id == pipeline_id)
+    return query if tenant is None else query.where(pipelines.c.tenant == tenant)
+
+
+def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row[Any] | None:
+    return conn.execute(_one(pipeline_id, tenant).with_for_update()).first()
+
+
+def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row[Any] | None:
+    return conn.execute(_one(pipeline_id, tenant)).first()
 
 
 def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[sa.Row[Any]]]:
@@ -179,9 +193,12 @@ def list_pipelines(
     stage: events.Stage | None,
     after: tuple[dt.datetime, uuid.UUID] | None,
     limit: int,
+    tenant: str | None = None,
 ) -> list[sa.Row[Any]]:
     """Newest first; `after` is the (created_at, id) of the last row of the previous page."""
     query = sa.select(pipelines).order_by(pipelines.c.created_at.desc(), pipelines.c.id.desc()).limit(limit)
+    if tenant is not None:
+        query = query.where(pipelines.c.tenant == tenant)
     if status is not None:
         query = query.where(pipelines.c.status == status.value)
     if stage is not None:

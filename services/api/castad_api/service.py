@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from castad_api import app as app_
-from castad_api import dead_letters, deadlines, deps, notifications, projection, webhooks
+from castad_api import dead_letters, deadlines, deps, key_commands, notifications, projection, webhooks
 from castad_api import settings as settings_
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
@@ -77,3 +77,4 @@ def run(config: settings_.ApiSettings) -> None:
 
 
 app = cli.service_app("api", settings_.ApiSettings, run, MIGRATIONS)
+app.add_typer(key_commands.app, name="keys")

@@ -24,6 +24,9 @@ class ApiSettings(settings.StoreSettings):
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
     consumer_threads: int = Field(default=4, ge=1, le=64, description="Dramatiq threads projecting events")
+    creations_per_minute: int = Field(
+        default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"
+    )
     page_size_max: int = Field(default=100, ge=1, le=1000, description="largest page of a listing")
     pipeline_deadline_s: float = Field(
         default=7200.0, gt=0, description="a pipeline not ended this long after its request (or retry) is canceled"

@@ -14,6 +14,9 @@ pipelines = sa.Table(
     "pipelines",
     metadata,
     sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    # Of the key that made it: only that tenant (and admins) see it. `default`: made before keys existed.
+    sa.Column("tenant", sa.Text, nullable=False, server_default="default"),
+    # The tenant's key, kept as repository.tenant_key() says, so that each tenant has keys of its own.
     sa.Column("idempotency_key", sa.Text, nullable=False, unique=True),
     sa.Column("request_hash", sa.Text, nullable=False),
     sa.Column("brief", pg.JSONB, nullable=False),
@@ -35,6 +38,7 @@ pipelines = sa.Table(
     # Where to tell of the pipeline's end (webhooks.py); not part of the brief the stages get.
     sa.Column("callback_url", sa.Text),
     sa.Index("pipelines_listing", "created_at", "id"),
+    sa.Index("pipelines_tenant_listing", "tenant", "created_at", "id"),
     sa.Index("pipelines_due", "deadline_at", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
 )
 
@@ -58,6 +62,29 @@ stages = sa.Table(
     sa.Column("started_at", TZ),
     sa.Column("finished_at", TZ),
     sa.Column("artifact", pg.JSONB),
+)
+
+# Who may call the gateway (keys.py): only a key's SHA-256 is kept.
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("scopes", pg.ARRAY(sa.Text), nullable=False),
+    sa.Column("digest", sa.Text, nullable=False, unique=True),
+    sa.Column("shown", sa.Text, nullable=False),  # the key's first characters, to tell keys apart
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("revoked_at", TZ),
+)
+
+# Pipelines created per key and minute, for the creation limit every gateway replica shares.
+key_windows = sa.Table(
+    "api_key_windows",
+    metadata,
+    sa.Column("key_id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("window_start", TZ, primary_key=True),
+    sa.Column("count", sa.Integer, nullable=False),
 )
 
 timeline = sa.Table(

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
+from castad_contracts import api, events
 from castad_runtime import backoff, db, outages, redact
 from castad_runtime.stage import cancellation, http
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -92,7 +93,7 @@ def enqueue(
         "status": status.value,
         "error_code": error_code if status is not model.PipelineStatus.SUCCEEDED else None,
         "artifacts": {
-            stage: {**artifact, "download": f"/v1/pipelines/{pipeline_id}/artifacts/{stage}"}
+            stage: api.ArtifactLink.of(str(pipeline_id), events.Stage(stage), artifact).model_dump()
             for stage, artifact in artifacts.items()
         },
         "links": {"self": f"/v1/pipelines/{pipeline_id}"},

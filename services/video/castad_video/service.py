@@ -7,7 +7,7 @@ import pathlib
 from typing import Literal, Self
 
 from castad_contracts import events
-from castad_runtime import artifacts, cli, settings
+from castad_runtime import artifacts, cli, links, settings
 from castad_runtime.stage import cancellation, errors, http, remote, repository, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr, model_validator
@@ -64,15 +64,16 @@ class VideoSettings(stage_service.StageSettings):
 
 
 def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> str:
-    """Where the render API fetches the song: a presigned URL of the bucket, or the gateway's download."""
+    """Where the render API fetches the song: a presigned URL of the bucket, or a signed link of the gateway."""
     try:
         served = store.serve(done.artifact)
     except artifacts.ArtifactMissing as error:
         raise errors.PermanentProviderError("song_unreachable", str(error)) from None
     if isinstance(served, str):
         return served
-    assert config.gateway_url is not None
-    return f"{config.gateway_url.rstrip('/')}/v1/pipelines/{done.pipeline_id}/artifacts/song"
+    assert config.gateway_url is not None and config.link_secret is not None
+    path = f"/v1/links/pipelines/{done.pipeline_id}/artifacts/song"
+    return links.sign(config.gateway_url, path, config.link_secret, config.provider_give_up_s + 3600)
 
 
 def make_creatomate_work(config: VideoSettings) -> runner.Work:

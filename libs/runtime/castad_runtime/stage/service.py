@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Self, TypeVar
 
 from castad_contracts import events, topology
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from castad_runtime import consumer, db, health, messaging, outages, process, settings
+from castad_runtime import consumer, db, health, links, messaging, outages, process, settings
 from castad_runtime.stage import (
     cancellation,
     faults,
@@ -116,9 +116,19 @@ class StageSettings(settings.StoreSettings):
         )
 
     def callback_url(self, stage: events.Stage) -> remote.CallbackUrl:
-        """Where the stage's provider calls back about a job (None without a gateway URL)."""
-        base = self.gateway_url.rstrip("/") if self.gateway_url else None
-        return lambda job: f"{base}/v1/provider-callbacks/{stage.value}/{job.pipeline_id}" if base else None
+        """Where the stage's provider calls back about a job: a link of the gateway signed for the job's
+        pipeline, valid while the work may take (None without a gateway URL)."""
+        base, secret = self.gateway_url, self.link_secret
+        if base is None or secret is None:
+            return lambda job: None
+        valid_s = self.provider_give_up_s + 3600
+        return lambda job: links.sign(base, f"/v1/provider-callbacks/{stage.value}/{job.pipeline_id}", secret, valid_s)
+
+    @model_validator(mode="after")
+    def _gateway_links_are_signed(self) -> Self:
+        if self.gateway_url is not None and self.link_secret is None:
+            raise ValueError("a gateway URL for network providers needs CASTAD_LINK_SECRET to sign its links")
+        return self
 
     def faults(self) -> faults.Faults:
         return faults.Faults(

@@ -1,0 +1,132 @@
+"""API keys: who may call the gateway, for which tenant, with which scopes.
+
+A key is `cad_` followed by 40 random URL-safe characters; it is shown once when it is made,
+and only its SHA-256 is stored (a random key of that length needs no slow hash). Scopes:
+
+- `submit`: create pipelines;
+- `read`: status, listing, event streams, artifacts and webhook deliveries of the key's tenant;
+- `operate`: cancel and retry the tenant's pipelines;
+- `admin`: everything, every tenant, dead letters.
+
+A tenant may hold several keys at once, so a key is rotated by making the new one, moving
+clients over, then revoking the old one. Creations are limited per key and minute in the
+gateway's database, so every replica of the gateway enforces one limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import hashlib
+import secrets
+import uuid
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from castad_api import tables
+
+PREFIX = "cad_"
+SHOWN_CHARS = 12  # the start of a key, kept to tell keys apart in listings
+
+
+class Scope(enum.StrEnum):
+    SUBMIT = "submit"
+    READ = "read"
+    OPERATE = "operate"
+    ADMIN = "admin"
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """The caller, as its key says."""
+
+    key_id: uuid.UUID
+    tenant: str
+    scopes: frozenset[Scope]
+
+    @property
+    def admin(self) -> bool:
+        return Scope.ADMIN in self.scopes
+
+    def may(self, scope: Scope) -> bool:
+        return self.admin or scope in self.scopes
+
+    def tenant_filter(self) -> str | None:
+        """The tenant whose pipelines this caller sees; None: all of them."""
+        return None if self.admin else self.tenant
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    key: str  # the whole key: shown once, never stored
+    id: uuid.UUID
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create(conn: sa.Connection, tenant: str, scopes: frozenset[Scope], name: str) -> Made:
+    key = PREFIX + secrets.token_urlsafe(30)
+    key_id = uuid.uuid4()
+    conn.execute(
+        tables.api_keys.insert().values(
+            id=key_id,
+            tenant=tenant,
+            name=name,
+            scopes=sorted(scope.value for scope in scopes),
+            digest=digest(key),
+            shown=key[:SHOWN_CHARS],
+        )
+    )
+    return Made(key, key_id)
+
+
+def authenticate(conn: sa.Connection, key: str) -> Principal | None:
+    """The caller a key stands for; None for an unknown or revoked key."""
+    k = tables.api_keys
+    row = conn.execute(
+        sa.select(k.c.id, k.c.tenant, k.c.scopes).where(k.c.digest == digest(key), k.c.revoked_at.is_(None))
+    ).first()
+    if row is None:
+        return None
+    return Principal(row.id, row.tenant, frozenset(Scope(s) for s in row.scopes))
+
+
+def listing(conn: sa.Connection, tenant: str | None = None) -> list[sa.Row]:
+    k = tables.api_keys
+    query = sa.select(k.c.id, k.c.tenant, k.c.name, k.c.scopes, k.c.shown, k.c.created_at, k.c.revoked_at)
+    if tenant is not None:
+        query = query.where(k.c.tenant == tenant)
+    return list(conn.execute(query.order_by(k.c.tenant, k.c.created_at)))
+
+
+def revoke(conn: sa.Connection, key_id: uuid.UUID) -> bool:
+    """Revoke a key at once; False if there is no such key (revoking twice is fine)."""
+    k = tables.api_keys
+    result = conn.execute(
+        k.update().where(k.c.id == key_id).values(revoked_at=sa.func.coalesce(k.c.revoked_at, sa.func.now()))
+    )
+    return result.rowcount == 1
+
+
+def count_creation(conn: sa.Connection, key_id: uuid.UUID, per_minute: int) -> float | None:
+    """Count one creation against the key's limit for this minute. None if it is within the limit,
+    else the seconds until the next minute (the Retry-After)."""
+    w = tables.key_windows
+    window = sa.func.date_trunc("minute", sa.func.now())
+    insert = pg.insert(w).values(key_id=key_id, window_start=window, count=1)
+    left_s = sa.func.extract("epoch", w.c.window_start + sa.text("interval '1 minute'") - sa.func.now())
+    count, left_s = conn.execute(
+        insert.on_conflict_do_update(
+            index_elements=[w.c.key_id, w.c.window_start], set_={"count": w.c.count + 1}
+        ).returning(w.c.count, left_s)
+    ).one()
+    return None if count <= per_minute else max(float(left_s), 1.0)
+
+
+def forget_windows_before(conn: sa.Connection, before: dt.datetime) -> int:
+    w = tables.key_windows
+    return conn.execute(w.delete().where(w.c.window_start < before)).rowcount
