@@ -184,7 +184,7 @@ def test_a_providers_key_comes_from_a_secret_and_never_from_plain_values(chart_d
     (deployment,) = by_kind(render(chart_dir, "lyric", values), "Deployment")
     env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
     assert env["CASTAD_LYRIC_OPENAI_API_KEY"] == {"secretKeyRef": {"name": "openai", "key": "api-key"}}
-    assert charts.secret_settings("lyric") == ["CASTAD_LYRIC_OPENAI_API_KEY"]
+    assert charts.secret_settings("lyric") == ["CASTAD_LINK_SECRET", "CASTAD_LYRIC_OPENAI_API_KEY"]
 
 
 def test_the_committed_settings_blocks_and_schemas_are_current():

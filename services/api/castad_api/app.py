@@ -80,12 +80,13 @@ async def _invalid_request(_: Request, exc: Exception) -> Response:
     return Response(body, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, media_type="application/json")
 
 
-async def _refused(_: Request, exc: Exception) -> Response:
+async def _refused(request: Request, exc: Exception) -> Response:
     """What a use case refused, as the status that says why."""
     if isinstance(exc, errors.Conflict):
         return JSONResponse({"detail": str(exc), "status": exc.status}, status_code=status.HTTP_409_CONFLICT)
-    code = status.HTTP_404_NOT_FOUND if isinstance(exc, errors.NotFound) else status.HTTP_422_UNPROCESSABLE_CONTENT
-    return JSONResponse({"detail": str(exc)}, status_code=code)
+    if isinstance(exc, errors.NotFound):
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+    return await _invalid_request(request, errors.invalid(("path",), str(exc)))
 
 
 async def _unavailable(_: Request, exc: Exception) -> Response:

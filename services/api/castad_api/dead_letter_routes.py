@@ -7,15 +7,18 @@ from typing import Annotated, Any
 
 from castad_contracts import api
 from castad_runtime import db
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Path, Query, status
 
 from castad_api import dead_letters, errors, repository
-from castad_api.deps import ADMIN_ONLY, AUTH_ERRORS, Actor, GatewayDep
+from castad_api.deps import ADMIN_ONLY, AUTH_ERRORS, UNREADABLE, Actor, GatewayDep
 
-router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"], dependencies=[ADMIN_ONLY], responses=AUTH_ERRORS)
+router = APIRouter(
+    prefix="/v1/dead-letters", tags=["dead letters"], dependencies=[ADMIN_ONLY], responses={**AUTH_ERRORS, **UNREADABLE}
+)
 # No control characters: PostgreSQL refuses a NUL, and nothing in a dead letter's fields has one.
 FilterQuery = Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": api.Problem}}
+LetterId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a dead letter's id")]  # a BIGINT
 
 
 def _summary(row: Any) -> api.DeadLetter:
@@ -58,7 +61,7 @@ def list_dead_letters(
 
 
 @router.get("/{letter_id}", response_model=api.DeadLetterDetail, responses=NOT_FOUND)
-def get_dead_letter(letter_id: int, gw: GatewayDep) -> api.DeadLetterDetail:
+def get_dead_letter(letter_id: LetterId, gw: GatewayDep) -> api.DeadLetterDetail:
     """One dead letter with its headers, its body as received (capped) and what operators did with it."""
     with gw.engine.connect() as conn:
         row = repository.get_dead_letter(conn, letter_id)
@@ -84,9 +87,9 @@ def get_dead_letter(letter_id: int, gw: GatewayDep) -> api.DeadLetterDetail:
     "/{letter_id}/replay",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=api.Replayed,
-    responses={**NOT_FOUND, 409: {"model": api.Conflict}, 422: {"model": api.Problem}},
+    responses={**NOT_FOUND, 409: {"model": api.Conflict}},  # 422 as every other: FastAPI's validation error
 )
-def replay_dead_letter(letter_id: int, gw: GatewayDep, actor: Actor = "anonymous") -> api.Replayed:
+def replay_dead_letter(letter_id: LetterId, gw: GatewayDep, actor: Actor = "anonymous") -> api.Replayed:
     """Send it back to the queue it came from (upcast to the newest version of its type the gateway knows),
     or hand a parked outbox row back to the relay. Replaying twice is harmless."""
     with db.transaction(gw.engine) as conn:
@@ -105,7 +108,7 @@ def replay_dead_letters(body: api.DeadLetterFilter, gw: GatewayDep, actor: Actor
 
 @router.post("/{letter_id}/discard", status_code=status.HTTP_200_OK, response_model=api.DeadLetter, responses=NOT_FOUND)
 def discard_dead_letter(
-    letter_id: int, body: api.Discard, gw: GatewayDep, actor: Actor = "anonymous"
+    letter_id: LetterId, body: api.Discard, gw: GatewayDep, actor: Actor = "anonymous"
 ) -> api.DeadLetter:
     """Give up on it, with a reason: it stays listed as discarded."""
     with db.transaction(gw.engine) as conn:

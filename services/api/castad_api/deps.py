@@ -39,6 +39,7 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": api.Problem, "description": "no API key, or an unknown or revoked one"},
     403: {"model": api.Problem, "description": "the API key lacks the scope"},
 }
+UNREADABLE: dict[int | str, dict[str, Any]] = {400: {"model": api.Problem, "description": "a body that is not JSON"}}
 _bearer = HTTPBearer(auto_error=False, description="an API key (castad-admin keys create)")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
@@ -62,7 +63,8 @@ def _caller(scope: keys.Scope) -> Any:
     return Depends(authorize)
 
 
-Submitter = Annotated[keys.Principal, _caller(keys.Scope.SUBMIT)]
+SUBMIT_ONLY = _caller(keys.Scope.SUBMIT)  # also in a route's dependencies: the key is checked before the body
+Submitter = Annotated[keys.Principal, SUBMIT_ONLY]
 Reader = Annotated[keys.Principal, _caller(keys.Scope.READ)]
 Operator = Annotated[keys.Principal, _caller(keys.Scope.OPERATE)]
 ADMIN_ONLY = _caller(keys.Scope.ADMIN)  # for a whole router

@@ -21,7 +21,6 @@ from castad_runtime import artifacts, db, outages
 from castad_runtime import links as signed_links
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
@@ -39,7 +38,7 @@ IdempotencyKey = Annotated[
         description="client-chosen key; the same key and body always give the same pipeline",
     ),
 ]
-router = APIRouter(prefix="/v1", tags=["pipelines"], responses=deps.AUTH_ERRORS)
+router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 
 
 def require_json(request: Request) -> None:
@@ -57,7 +56,7 @@ def links(pipeline_id: str) -> api.Links:
     "/pipelines",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=api.PipelineAccepted,
-    dependencies=[Depends(require_json)],
+    dependencies=[deps.SUBMIT_ONLY, Depends(require_json)],
     responses={
         409: {"model": api.Problem, "description": "the Idempotency-Key was used with another body"},
         413: {"model": api.Problem},
@@ -72,8 +71,7 @@ def create_pipeline(
     (an Idempotency-Key is the tenant's own: another tenant's same key makes another pipeline)."""
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
     if refused:
-        problem = {"loc": ("body", "callback_url"), "msg": refused, "type": "value_error", "input": body.callback_url}
-        raise RequestValidationError([problem])
+        raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
     with db.transaction(gw.engine) as conn:
         wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
     if wait_s is not None:
@@ -249,7 +247,7 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
         created, pid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
         return dt.datetime.fromisoformat(created), uuid.UUID(pid)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "cursor: not a cursor this API returned") from None
+        raise errors.invalid(("query", "cursor"), "not a cursor this API returned", cursor) from None
 
 
 @router.get("/pipelines", response_model=api.PipelinePage)
@@ -272,7 +270,14 @@ def list_pipelines(
     return api.PipelinePage(items=[_view(row, stage_rows[row.id]) for row in page], next_cursor=next_cursor)
 
 
-@router.get("/pipelines/{pipeline_id}/events", responses={404: {"model": api.Problem}})
+@router.get(
+    "/pipelines/{pipeline_id}/events",
+    response_class=EventSourceResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
+        404: {"model": api.Problem},
+    },
+)
 async def pipeline_events(
     pipeline_id: uuid.UUID,
     gw: GatewayDep,
@@ -284,7 +289,7 @@ async def pipeline_events(
     if last_event_id:
         # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
         if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "Last-Event-ID: must be an id this stream sent")
+            raise errors.invalid(("header", "Last-Event-ID"), "must be an id this stream sent", last_event_id)
         after = int(last_event_id)
     await run_in_threadpool(_load, gw, pipeline_id, who.tenant_filter())
     return EventSourceResponse(_stream(gw, pipeline_id, after), ping=gw.config.sse_ping_s)
