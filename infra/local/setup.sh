@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make this machine ready to run Castad: Python environment from the lock file,
-# PostgreSQL and RabbitMQ reachable, a Hangul font for video captions, then every
-# service database created and migrated and the RabbitMQ topology declared.
+# PostgreSQL and RabbitMQ reachable, a Hangul font for video captions, Debian's chromium
+# for the console's browser test, then every service database created and migrated and
+# the RabbitMQ topology declared.
 # Idempotent: a second run only checks. Installs Debian packages only as root.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -90,5 +91,16 @@ if ! fonts_found; then
   fi
 fi
 
-# 5. Databases, migrations, exchange, queues and bindings.
+# 5. Debian's chromium, which the console's browser test drives with playwright (no browser is downloaded).
+#    Only the tests need it: without root, say what to run and go on.
+if [ ! -x /usr/bin/chromium ]; then
+  if is_root; then
+    say "installing Debian's chromium for the console's browser test"
+    apt_install chromium || die "could not install chromium"
+  else
+    say "Debian's chromium is missing (the console's browser test needs it). As root run: apt-get install chromium"
+  fi
+fi
+
+# 6. Databases, migrations, exchange, queues and bindings.
 .venv/bin/castad-admin setup

@@ -250,7 +250,15 @@ def test_the_relay_reads_every_source_from_its_secret_and_joins_them(chart_dir):
     order = [item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
     for name in names:  # Kubernetes expands $(VAR) only from variables defined earlier
         assert order.index(f"CASTAD_RELAY_SOURCE_{name}") < order.index("CASTAD_RELAY_SOURCES")
-        assert env[f"CASTAD_RELAY_SOURCE_{name}"]["secretKeyRef"]["name"] == f"castad-{name.lower()}-database"
+        # the relay's own role on each database (reading and marking the outbox), not the service's
+        assert env[f"CASTAD_RELAY_SOURCE_{name}"]["secretKeyRef"]["name"] == f"castad-relay-{name.lower()}-database"
+
+
+@pytest.mark.parametrize("service", ("api", "relay", "lyric", "song", "video"))
+def test_each_service_has_a_broker_user_of_its_own(chart_dir, service):
+    (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["CASTAD_AMQP_URL"]["secretKeyRef"] == {"name": f"castad-{service}-rabbitmq", "key": "url"}
 
 
 def test_numbers_reach_the_environment_as_the_service_parses_them(chart_dir):
@@ -291,3 +299,39 @@ def test_helm_lint_finds_nothing(chart_dir, name):
     report = helm.lint(chart_dir / name, strict=True, kube_version=f"v{KUBERNETES_VERSIONS[-1]}")
     problems = [message for message in report["messages"] if message["severity"] >= 2]
     assert problems == [] and report["errors"] == [], report
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_pods_are_annotated_for_prometheus_and_a_pod_monitor_is_there_only_when_asked(chart_dir, service):
+    documents = render(chart_dir, service, {"podAnnotations": {"castad.example/team": "media"}})
+    (deployment,) = by_kind(documents, "Deployment")
+    template = deployment["spec"]["template"]
+    port = 8000 if service == "api" else template["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+        "castad.example/team": "media",
+    }
+    assert not by_kind(documents, "PodMonitor")
+
+    quiet = render(
+        chart_dir, service, {"metrics": {"scrape": False, "podMonitor": {"enabled": False, "interval": "30s"}}}
+    )
+    (deployment,) = by_kind(quiet, "Deployment")
+    assert "annotations" not in deployment["spec"]["template"]["metadata"]
+
+    monitored = render(
+        chart_dir,
+        service,
+        {"metrics": {"scrape": False, "podMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "x"}}}},
+    )
+    (deployment,) = by_kind(monitored, "Deployment")
+    (monitor,) = by_kind(monitored, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "x"
+    assert monitor["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"  # job castad-<service>, as alerts.yml expects
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": container["ports"][0]["name"], "path": "/metrics", "interval": "15s"}
+    ]

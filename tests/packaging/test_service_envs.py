@@ -40,10 +40,17 @@ class Package:
     castad: set[str]  # the workspace distributions its environment holds
     absent: set[str] = dataclasses.field(default_factory=set)  # third-party ones it must not hold
     migrates: bool = True
+    serves: tuple[str, ...] = ()  # paths that must answer 200 from the installed wheel (its package data)
 
 
 SERVICES = (
-    Package("castad-api", "castad_api", {"castad-api", "castad-runtime", "castad-contracts"}, MEDIA),
+    Package(
+        "castad-api",
+        "castad_api",
+        {"castad-api", "castad-runtime", "castad-contracts"},
+        MEDIA,
+        serves=("/ui/", "/ui/console.css", "/ui/js/main.js"),  # the console's files, shipped in the wheel
+    ),
     Package("castad-relay", "castad_relay", {"castad-relay", "castad-runtime", "castad-contracts"}, MEDIA, False),
     Package("castad-lyric", "castad_lyric", {"castad-lyric", "castad-runtime", "castad-contracts"}, MEDIA),
     Package("castad-song", "castad_song", {"castad-song", "castad-runtime", "castad-contracts"}, {"pillow"}),
@@ -140,6 +147,8 @@ def test_a_service_starts_from_its_own_environment(package: Package, installatio
             time.sleep(0.3)
         assert answer is not None and answer.status_code == 200, log.read_text()
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        for path in package.serves:
+            assert httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code == 200, path
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(60)

@@ -17,7 +17,7 @@ from castad_runtime import settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
-from castad_local import REPO_ROOT, access, charts, stack
+from castad_local import REPO_ROOT, access, charts, privileges, stack
 
 app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
 app.add_typer(key_commands.app, name="keys")
@@ -40,6 +40,16 @@ def setup() -> None:
     for the `castad` command line in ~/.config/castad/api-key (unless the one there is valid)."""
     for line in stack.prepare():
         console.print(f"[green]✓[/] {line}")
+    try:
+        env_file = privileges.grant_local(stack.probe_env())
+    except privileges.PrivilegeError as error:
+        console.print(f"[red]{error}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    console.print(
+        f"[green]✓[/] a PostgreSQL role and a RabbitMQ user per service, none a superuser (their URLs, and the"
+        f" ports of the workers' probes and metrics, in {env_file})",
+        soft_wrap=True,
+    )
     _, new = access.ensure_local_key()
     state = "made" if new else "kept"
     console.print(f"[green]✓[/] API key of tenant {access.LOCAL_TENANT!r} {state} in {access.LOCAL_KEY_FILE}")
@@ -53,7 +63,7 @@ def demo(
     """Start every service, run one brief to a finished video, stop the services."""
     setup()
     logs = REPO_ROOT / "var" / "log" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    services = stack.Stack({"CASTAD_API_PORT": str(port)}, logs)
+    services = stack.Stack({"CASTAD_API_PORT": str(port), **privileges.local_env()}, logs)
     base_url = f"http://127.0.0.1:{port}"
     console.print(f"starting api, relay, lyric, song and video (logs in {logs})", soft_wrap=True)
     services.start_all()
@@ -141,6 +151,15 @@ def write_charts() -> None:
     """Rewrite each Helm chart's settings block and values.schema.json from the service's settings."""
     for path in charts.write():
         console.print(str(path.relative_to(REPO_ROOT)), soft_wrap=True)
+
+
+@app.command("privileges")
+def print_privileges(
+    namespace: Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")] = "castad",
+    vhost: Annotated[str, typer.Option(help="the RabbitMQ vhost")] = "/",
+) -> None:
+    """Print the PostgreSQL roles and grants and the RabbitMQ users and permissions each service needs."""
+    print(privileges.instructions(namespace, vhost))
 
 
 @app.command("settings")

@@ -120,7 +120,20 @@ RESOURCES = _object(
         for kind in ("requests", "limits")
     }
 )
-COMMON_SETTINGS = ("CASTAD_NAMESPACE", "CASTAD_LOG_LEVEL", "CASTAD_HOLD_EVENTS_S", "CASTAD_HANDLER_RETRIES")
+COMMON_SETTINGS = (
+    "CASTAD_NAMESPACE",
+    "CASTAD_LOG_LEVEL",
+    "CASTAD_HOLD_EVENTS_S",
+    "CASTAD_HANDLER_RETRIES",
+    # Retention the services must agree on: the gateway refuses what the stages' deletions make impossible.
+    "CASTAD_RETENTION_INTERVAL_S",
+    "CASTAD_RETENTION_BATCH",
+    "CASTAD_RETENTION_PAUSE_S",
+    "CASTAD_RETENTION_OUTBOX_S",
+    "CASTAD_RETENTION_INBOX_S",
+    "CASTAD_RETENTION_JOBS_S",
+    "CASTAD_RETENTION_ARTIFACTS_S",
+)
 
 
 def values_schema(service: str) -> dict[str, Any]:
@@ -156,6 +169,20 @@ def values_schema(service: str) -> dict[str, Any]:
             {"enabled": BOOLEAN, "maxUnavailable": {"type": ["integer", "string"], "pattern": "^[0-9]+%$"}},
             ("enabled", "maxUnavailable"),
         ),
+        "metrics": _object(
+            {
+                "scrape": {"type": "boolean", "description": "annotate the pods prometheus.io/scrape, /port, /path"},
+                "podMonitor": _object(
+                    {
+                        "enabled": BOOLEAN,
+                        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                        "labels": FREE,
+                    },
+                    ("enabled", "interval"),
+                ),
+            },
+            ("scrape", "podMonitor"),
+        ),
         "podAnnotations": FREE,
         "nodeSelector": FREE,
         "tolerations": LIST,
@@ -180,7 +207,7 @@ def values_schema(service: str) -> dict[str, Any]:
             "description": "settings that are secrets (a provider's key), each from an existing Secret",
         },
     }
-    required = ["component", "image", "replicaCount", "containerPort", "portName", "broker", "settings"]
+    required = ["component", "image", "replicaCount", "containerPort", "portName", "broker", "metrics", "settings"]
     if service == "relay":
         source = _object(
             {"name": {"enum": ["api", "lyric", "song", "video"]}, "existingSecret": NAME, "key": NAME},

@@ -3,11 +3,17 @@
 Each consuming service owns its queue and the routing keys it binds; the relay
 publishes every event to the exchange with its type as routing key. A namespace
 prefixes every name so that tests and several installations can share a broker.
+
+Nothing is published through the default exchange, which reaches every queue by name:
+dead letters go through the dead-letter exchange, and a service's own re-deliveries (a
+delayed retry, a replayed dead letter) through its requeue exchange, bound to its own
+queues only. So each service's broker user can be limited to its own names (`permissions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from castad_contracts import events
 
@@ -37,6 +43,19 @@ SUBSCRIPTIONS: dict[str, Subscription] = {
 }
 
 
+RELAY = "relay"  # the broker user that publishes and consumes nothing
+SHARED_OWNER = "api"  # declares the events exchange and the dead letters' exchange and queue
+
+
+@dataclasses.dataclass(frozen=True)
+class Permissions:
+    """A RabbitMQ user's configure, write and read patterns on the vhost."""
+
+    configure: str
+    write: str
+    read: str
+
+
 @dataclasses.dataclass(frozen=True)
 class Topology:
     namespace: str = DEFAULT_NAMESPACE
@@ -50,8 +69,35 @@ class Topology:
         """Messages no consumer could parse or route, with the reason in their headers."""
         return f"{self.namespace}.dead-letter"
 
+    @property
+    def dead_letter_exchange(self) -> str:
+        """A fanout exchange into the dead-letter queue (the same name; exchanges and queues are apart)."""
+        return self.dead_letter_queue
+
     def queue(self, service: str) -> str:
         return f"{self.namespace}.{service}"
+
+    @staticmethod
+    def requeue_exchange(queue: str) -> str:
+        """A direct exchange bound to `queue` and its delay queue, each by its own name."""
+        return f"{queue}.requeue"
+
+    def permissions(self, user: str) -> Permissions:
+        """The least a broker user needs: a consuming service (its queues, its requeue exchange,
+        binding to the events exchange, filing dead letters; the gateway also owns the shared
+        exchanges and the dead-letter queue) or the relay (publishing only)."""
+        ns = re.escape(self.namespace)
+        if user == RELAY:
+            consumers = "|".join(map(re.escape, self.services))
+            return Permissions(configure="^$", write=rf"^{ns}\.(events|dead-letter|({consumers})\.requeue)$", read="^$")
+        if user not in SUBSCRIPTIONS:
+            raise ValueError(f"no broker user {user!r}: one of {', '.join((*SUBSCRIPTIONS, RELAY))}")
+        own = rf"{ns}\.{re.escape(user)}(\.DQ|\.XQ|\.requeue)?"
+        write = rf"^({own}|{ns}\.dead-letter)$"  # publishing to its requeue and the dead-letter exchange
+        if user == SHARED_OWNER:
+            shared = rf"{ns}\.(events|dead-letter)"
+            return Permissions(configure=f"^({own}|{shared})$", write=write, read=f"^({own}|{shared})$")
+        return Permissions(configure=f"^{own}$", write=write, read=rf"^({own}|{ns}\.events)$")
 
     def bindings(self, service: str) -> tuple[str, ...]:
         return SUBSCRIPTIONS[service].routing_keys

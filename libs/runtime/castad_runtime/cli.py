@@ -23,6 +23,8 @@ def load_settings(factory: type[S]) -> S:
         for problem in error.errors():
             field = str(problem["loc"][0])
             name = settings.env_var(factory, field) if field in factory.model_fields else field
+            if field == settings.env_var(factory, "amqp_url"):
+                name = settings.service_amqp_url(factory) or name
             value = redact.mask(repr(problem.get("input")))
             typer.echo(f"bad setting {name}={value}: {redact.mask(problem['msg'])}", err=True)
         raise typer.Exit(2) from None
@@ -54,6 +56,9 @@ def service_app(
             database_url = str(config.database_url)
             migrations.ensure_database(database_url)
             migrations.upgrade(database_url, migrations_dir)
+            if config.outbox_relay_role is not None:
+                migrations.restrict_access(database_url, config.outbox_relay_role)
+                typer.echo(f"{name}: database open to its owner and {config.outbox_relay_role} only")
             typer.echo(f"{name}: database migrated")
 
     return app

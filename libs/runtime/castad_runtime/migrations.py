@@ -56,6 +56,26 @@ def drop_database(database_url: str) -> None:
         admin.dispose()
 
 
+# The outbox columns the relay writes (castad_relay.statements): marking, backing off, parking.
+RELAY_COLUMNS = ("published_at", "publish_attempts", "last_error", "retry_at", "parked_at")
+
+
+def restrict_access(database_url: str, relay_role: str) -> None:
+    """Close the database to everyone but its owner and `relay_role`, which may read the outbox and
+    mark its rows, nothing else. Run by the owner (the service's `migrate`) or a superuser."""
+    engine = sa.create_engine(database_url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            quote = conn.dialect.identifier_preparer.quote
+            database, relay = quote(conn.scalar(sa.text("SELECT current_database()"))), quote(relay_role)
+            conn.exec_driver_sql(f"REVOKE ALL ON DATABASE {database} FROM PUBLIC")
+            conn.exec_driver_sql(f"GRANT CONNECT ON DATABASE {database} TO {relay}")
+            conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA public TO {relay}")
+            conn.exec_driver_sql(f"GRANT SELECT, UPDATE ({', '.join(RELAY_COLUMNS)}) ON outbox TO {relay}")
+    finally:
+        engine.dispose()
+
+
 def _accepts_connections(url: sa.URL) -> bool:
     engine = sa.create_engine(url, poolclass=NullPool)
     try:

@@ -1,6 +1,7 @@
 {{/*
-The service's Deployment. Workers answer their probes on containerPort (CASTAD_<SERVICE>_HEALTH_PORT),
-the gateway on its HTTP port.
+The service's Deployment. Workers answer their probes and /metrics on containerPort
+(CASTAD_<SERVICE>_HEALTH_PORT), the gateway on its HTTP port; metrics.scrape annotates the pods so that
+a Prometheus that finds pods by annotations scrapes them there.
 */}}
 {{- define "castad.deployment" -}}
 {{- $stopGrace := index (include "castad.settings" . | fromJson) (printf "CASTAD_%s_STOP_GRACE_S" (upper .Values.component)) -}}
@@ -30,9 +31,16 @@ spec:
     metadata:
       labels:
         {{- include "castad.labels" . | nindent 8 }}
-      {{- with .Values.podAnnotations }}
+      {{- if or .Values.metrics.scrape .Values.podAnnotations }}
       annotations:
+        {{- if .Values.metrics.scrape }}
+        prometheus.io/scrape: "true"
+        prometheus.io/port: {{ .Values.containerPort | quote }}
+        prometheus.io/path: /metrics
+        {{- end }}
+        {{- with .Values.podAnnotations }}
         {{- toYaml . | nindent 8 }}
+        {{- end }}
       {{- end }}
     spec:
       serviceAccountName: {{ include "castad.serviceAccountName" . }}

@@ -133,3 +133,31 @@ spec:
             sizeLimit: 64Mi
 {{- end -}}
 {{- end -}}
+
+{{/*
+A PodMonitor for the Prometheus Operator (metrics.podMonitor.enabled): the pods' /metrics on their port,
+the job named after the service (castad-api, ...) as infra/observability/alerts.yml expects. A PodMonitor,
+not a ServiceMonitor: only the gateway has a Service.
+*/}}
+{{- define "castad.podMonitor" -}}
+{{- if .Values.metrics.podMonitor.enabled -}}
+apiVersion: monitoring.coreos.com/v1
+kind: PodMonitor
+metadata:
+  name: {{ include "castad.fullname" . }}
+  labels:
+    {{- include "castad.labels" . | nindent 4 }}
+    {{- with .Values.metrics.podMonitor.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  jobLabel: app.kubernetes.io/name
+  selector:
+    matchLabels:
+      {{- include "castad.selectorLabels" . | nindent 6 }}
+  podMetricsEndpoints:
+    - port: {{ .Values.portName }}
+      path: /metrics
+      interval: {{ .Values.metrics.podMonitor.interval }}
+{{- end -}}
+{{- end -}}

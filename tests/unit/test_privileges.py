@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import json
+
+from castad_local import privileges
+
+
+def test_new_passwords_never_look_like_a_command_line_option():
+    # rabbitmqctl reads an argument that starts with '-' as an option and refuses add_user.
+    for _ in range(2000):
+        users = privileges.Users.new("t1")
+        assert all(password[0].isalnum() for password in users.passwords.values())
+
+
+def test_stored_passwords_that_rabbitmqctl_would_refuse_are_replaced(tmp_path):
+    path = tmp_path / "credentials.json"
+    bad = {service: "-starts-with-a-dash" for service in privileges.USERS}
+    path.write_text(json.dumps({"namespace": "t1", "passwords": bad}))
+    users = privileges.local_users("t1", path)
+    assert all(privileges.usable(password) for password in users.passwords.values())
+    assert privileges.local_users("t1", path) == users  # kept from now on
+
+
+def test_each_service_gets_its_own_role_and_broker_user_in_its_urls():
+    users = privileges.Users("t1", {service: f"pw-{service}" for service in privileges.USERS})
+    env = users.env(
+        {"lyric": "postgresql+psycopg://postgres@127.0.0.1:5432/castad_lyric"}, "amqp://guest:guest@127.0.0.1:5672/%2F"
+    )
+    assert env["CASTAD_LYRIC_DATABASE_URL"] == "postgresql+psycopg://t1_lyric:pw-lyric@127.0.0.1:5432/castad_lyric"
+    assert env["CASTAD_RELAY_SOURCES"] == "postgresql+psycopg://t1_relay:pw-relay@127.0.0.1:5432/castad_lyric"
+    assert env["CASTAD_SONG_AMQP_URL"] == "amqp://t1_song:pw-song@127.0.0.1:5672/%2F"
