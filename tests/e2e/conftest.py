@@ -26,8 +26,10 @@ from castad_cli import client as client_
 from castad_contracts import api, brief
 from castad_local import stack as stack_
 from castad_runtime import tables
+from playwright.sync_api import Browser
 from sqlalchemy.pool import NullPool
 
+from tests.e2e import browser as browser_
 from tests.support import Installation
 
 STAGES = ("LYRIC", "SONG", "VIDEO")
@@ -278,3 +280,10 @@ def broker(installation: Installation) -> Iterator[Broker]:
     connection = Broker(installation)
     yield connection
     connection.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Debian's chromium driven by playwright (tests/e2e/browser.py)."""
+    with browser_.launched() as launched:
+        yield launched

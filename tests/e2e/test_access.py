@@ -40,6 +40,7 @@ def routes_of(pipeline_id: str) -> list[tuple[str, str]]:
         ("GET", f"{base}/events"),
         ("GET", f"{base}/artifacts/lyric"),
         ("GET", f"{base}/webhooks"),
+        ("GET", f"{base}/timeline"),
         ("POST", f"{base}/cancel"),
         ("POST", f"{base}/retry"),
     ]
@@ -68,6 +69,10 @@ def test_keys_tenants_and_scopes_decide_who_sees_and_does_what(castad, installat
                     answer = client.request(method, path)
                     assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer", path
             assert anonymous.get("/healthz").status_code == 200 and anonymous.get("/readyz").status_code == 200
+            # /metrics too, and it names no pipeline and no tenant.
+            page = anonymous.get("/metrics")
+            assert page.status_code == 200 and "castad_pipelines_created_total 1.0" in page.text
+            assert pipeline_id not in page.text and "alice" not in page.text
 
         # Another tenant: the pipeline does not exist, on every route that names it, and is not listed.
         for method, path in routes_of(pipeline_id):

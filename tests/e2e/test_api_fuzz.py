@@ -1,7 +1,7 @@
 """The gateway against requests generated from its own OpenAPI document (schemathesis), the gateway
 its own process on a real PostgreSQL: with a valid key, over a thousand requests and not one 5xx,
 every answer's status, content type and body as the document says; without a key, a 401 from
-every route but the probes."""
+every route but the probes and /metrics, and the console's static files at /ui (outside the document)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from castad_local import stack
 pytestmark = pytest.mark.e2e
 SCHEMATHESIS = str(pathlib.Path(sys.executable).with_name("schemathesis"))
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
-PROBES = {"/healthz", "/readyz"}
+PROBES = {"/healthz", "/readyz", "/metrics"}  # unauthenticated: they name no pipeline and no tenant
+# Unauthenticated too, and no part of the document: the console's files, which hold no data (the page
+# asks for a key and sends it with every API call).
+CONSOLE = ("/ui/", "/ui/js/main.js", "/ui/console.css")
 
 
 @pytest.fixture
@@ -26,7 +29,9 @@ def gateway(installation, tmp_path):
     """The gateway alone (pipelines it accepts wait for stages that are not running)."""
     port = stack.free_port()
     base_url = f"http://127.0.0.1:{port}"
-    services = stack.Stack({**installation.env(), "CASTAD_API_PORT": str(port)}, tmp_path / "logs")
+    # The stream of every pipeline closes after a second, so that each generated request to it gets its answer.
+    env = {**installation.env(), "CASTAD_API_PORT": str(port), "CASTAD_API_FIREHOSE_MAX_S": "1"}
+    services = stack.Stack(env, tmp_path / "logs")
     services.start("api")
     try:
         services.wait_ready(base_url)
@@ -64,7 +69,7 @@ def test_a_thousand_generated_requests_get_no_5xx_and_answers_that_fit_the_docum
     assert installation.api_key not in run.stdout  # the key is filtered from what it prints
 
 
-def test_without_a_key_every_route_but_the_probes_answers_401(gateway):
+def test_without_a_key_every_route_but_the_probes_metrics_and_the_console_answers_401(gateway):
     document = httpx.get(f"{gateway}/openapi.json").json()
     values = {"pipeline_id": str(uuid.uuid4()), "letter_id": "1", "stage": "video"}
     signed = {"expires": "4102444800", "signature": "0" * 64}  # well formed, not signed by anyone
@@ -77,4 +82,7 @@ def test_without_a_key_every_route_but_the_probes_answers_401(gateway):
                 expected = 200 if path in PROBES else 401
                 assert answer.status_code == expected, (method, path, answer.status_code, answer.text)
                 tried += 1
-    assert tried >= 17
+        for path in CONSOLE:
+            assert anonymous.get(path).status_code == 200, path
+    assert tried >= 18
+    assert not [path for path in document["paths"] if path.startswith("/ui")]

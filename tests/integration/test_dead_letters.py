@@ -1,5 +1,6 @@
 """Messages a service cannot read or handle are parked in the dead-letter queue with the reason,
-and its consumer (a real Dramatiq worker on the service's queue) goes on with the next one."""
+and its consumer (a real Dramatiq worker on the service's queue) goes on with the next one; each is
+counted by why (castad_consumer_dead_letters_total)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 
 import pytest
 from castad_contracts import events
-from castad_runtime import tables
+from castad_runtime import metrics, tables
+from prometheus_client import CollectorRegistry
 
 from tests.integration.helpers import Counted, count, eventually, requested_envelope, stage_trigger_handler
 
@@ -22,7 +24,9 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     and the good pipeline.requested still creates its job."""
     topology = installation.topology
     handler = Counted(stage_trigger_handler(engines["lyric"]))
-    run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=1)
+    registry = metrics.registry()
+    measured = metrics.ConsumerMetrics(registry, "lyric")
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=1, metrics=measured)
     unknown = requested_envelope().model_copy(update={"type": "pipeline.exploded"})
     unreadable = requested_envelope().model_copy(update={"data": {"pipeline_id": "p-1", "brief": {}}})
     bad = {
@@ -55,6 +59,9 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
     for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
+    kinds = {metrics.UNDECODABLE: 4, metrics.UNKNOWN_TYPE: 1, metrics.INVALID_PAYLOAD: 1}
+    eventually(lambda: {kind: _dead_letters(registry, kind) for kind in kinds} == kinds, what=f"counted: {kinds}")
+    assert _handoffs(registry) == 1  # only the good one reached a handler
 
 
 def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_retry(installation, amqp, run_consumer):
@@ -69,7 +76,9 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
         if payload.pipeline_id == doomed.subject:
             raise RuntimeError("the stage database refuses this pipeline")
 
-    run_consumer("lyric", {events.PIPELINE_REQUESTED: failing}, threads=1, max_retries=2)
+    registry = metrics.registry()
+    measured = metrics.ConsumerMetrics(registry, "lyric")
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: failing}, threads=1, max_retries=2, metrics=measured)
     doomed, good = requested_envelope(), requested_envelope()
     amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, doomed.to_json(), message_id=str(doomed.id))
     amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, good.to_json(), message_id=str(good.id))
@@ -83,6 +92,8 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
     assert calls.count(doomed.subject) == 3 and calls.count(good.subject) == 1
     for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
+    eventually(lambda: _dead_letters(registry, metrics.HANDLER_FAILED) == 1, what="counted as handler_failed")
+    assert _handoffs(registry) == 2  # the doomed one's retries waited in the delay queue: no handoff
 
 
 def test_a_bad_message_on_the_delay_queue_is_dead_lettered_and_acknowledged_there(installation, amqp, run_consumer):
@@ -120,3 +131,13 @@ def _same_document(parked: bytes, published: bytes) -> bool:
         return json.loads(parked) == json.loads(published)
     except ValueError:
         return False
+
+
+def _dead_letters(registry: CollectorRegistry, reason: str) -> float:
+    labels = {"service": "lyric", "reason": reason}
+    return registry.get_sample_value("castad_consumer_dead_letters_total", labels) or 0.0
+
+
+def _handoffs(registry: CollectorRegistry) -> float:
+    labels = {"service": "lyric", "event_type": events.PIPELINE_REQUESTED}
+    return registry.get_sample_value("castad_handoff_seconds_count", labels) or 0.0

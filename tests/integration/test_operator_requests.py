@@ -29,7 +29,7 @@ class Stage:
         self.engine = engine
         self.runner = stage_runner(engine, work or (lambda job, cancel: output()), **limits)
         self.woken = 0
-        self.handlers = handlers.StageHandlers(engine, self.runner, self._wake)
+        self.handlers = handlers.StageHandlers(engine, self.runner, handlers.WakeOnly(self._wake))
 
     def _wake(self) -> None:
         self.woken += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 
+import pytest
 from castad_contracts import events
 from castad_runtime import artifacts
 
@@ -79,3 +80,34 @@ def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: 
         ".song.attempt1.wav",
         store.path(artifact).name,
     ]
+
+
+def test_deleting_a_stages_files_keeps_the_others_and_the_folder_goes_with_the_last_one(tmp_path: pathlib.Path) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+    pipeline_id = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
+    for stage, content in ((events.Stage.SONG, b"song"), (events.Stage.SONG, b"late song"), (STAGE, b"video")):
+        with store.scratch(pipeline_id, stage, 1, ".bin") as scratch:
+            scratch.write_bytes(content)
+            store.keep(scratch, pipeline_id, stage, "application/octet-stream")
+    (tmp_path / pipeline_id / ".song.attempt3.wav").write_bytes(b"left by a killed worker")
+
+    assert store.delete(pipeline_id, events.Stage.SONG) == 2
+    assert [path.name for path in (tmp_path / pipeline_id).iterdir()] == [f"video-{_digest(b'video')}.bin"]
+    assert store.delete(pipeline_id, STAGE) == 1
+    assert not (tmp_path / pipeline_id).exists()
+    assert store.delete(pipeline_id, STAGE) == 0  # twice is harmless
+
+
+def test_deleting_refuses_anything_but_a_pipeline_id(tmp_path: pathlib.Path) -> None:
+    store = artifacts.VolumeStore(tmp_path / "artifacts")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "video-1.mp4").write_bytes(b"not the store's")
+
+    for wrong in ("../elsewhere", "*", "6F1C2B9E-3D4A-4C5B-9E8F-0A1B2C3D4E5F"):
+        with pytest.raises(ValueError, match="not a pipeline id"):
+            store.delete(wrong, STAGE)
+    assert (tmp_path / "elsewhere" / "video-1.mp4").exists()
+
+
+def _digest(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()[:16]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import pydantic
 import pytest
@@ -77,13 +78,17 @@ def test_an_envelope_survives_the_wire_unchanged():
 @pytest.mark.parametrize("pipeline_id", ["p-1", "", PIPELINE.upper(), PIPELINE + "0"])
 def test_a_pipeline_id_is_a_lowercase_uuid_in_payload_and_envelope(pipeline_id):
     with pytest.raises(pydantic.ValidationError, match="pipeline_id"):
-        events.StageStarted(pipeline_id=pipeline_id, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW)
+        events.StageStarted(
+            pipeline_id=pipeline_id, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
+        )
     with pytest.raises(pydantic.ValidationError, match="subject"):
         envelope.Envelope(source="/x", type="lyric.started", subject=pipeline_id, data={})
 
 
 def test_wrap_refuses_a_payload_of_the_wrong_type():
-    started = events.StageStarted(pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW)
+    started = events.StageStarted(
+        pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
+    )
     with pytest.raises(TypeError, match="lyric.completed v2 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
@@ -93,7 +98,7 @@ def test_an_unknown_type_has_no_payload_model_and_a_newer_version_is_told_apart(
     with pytest.raises(events.UnknownEventType):
         unknown.payload()
     future = envelope.Envelope(source="/x", type="lyric.started", subject=PIPELINE, schemaversion=99, data={})
-    with pytest.raises(events.NewerSchemaVersion, match="version 99 is newer than 1"):
+    with pytest.raises(events.NewerSchemaVersion, match="version 99 is newer than 2"):
         future.payload()
 
 
@@ -119,6 +124,29 @@ def test_a_namespace_prefixes_every_name():
     assert topo.exchange == "t1.events"
     assert topo.queue("song") == "t1.song"
     assert topo.dead_letter_queue == "t1.dead-letter"
+    assert topo.requeue_exchange(topo.queue("song")) == "t1.song.requeue"
+
+
+def test_a_broker_user_is_allowed_its_own_names_only():
+    topo = topology.Topology("t1")
+
+    def allowed(user: str, kind: str) -> set[str]:
+        names = ["t1.events", "t1.dead-letter", "t2.lyric", "t1.lyricx", "amq.default"]  # "": amq.default
+        names += [f"t1.{service}{suffix}" for service in topo.services for suffix in ("", ".DQ", ".XQ", ".requeue")]
+        return {name for name in names if re.match(getattr(topo.permissions(user), kind), name)}
+
+    lyric_own = {"t1.lyric", "t1.lyric.DQ", "t1.lyric.XQ", "t1.lyric.requeue"}
+    assert allowed("lyric", "configure") == lyric_own
+    assert allowed("lyric", "write") == lyric_own | {"t1.dead-letter"}
+    assert allowed("lyric", "read") == lyric_own | {"t1.events"}
+    api_own = {"t1.api", "t1.api.DQ", "t1.api.XQ", "t1.api.requeue"}
+    assert allowed("api", "configure") == allowed("api", "read") == api_own | {"t1.events", "t1.dead-letter"}
+    assert allowed("api", "write") == api_own | {"t1.dead-letter"}
+    requeues = {f"t1.{service}.requeue" for service in topo.services}
+    assert allowed("relay", "write") == {"t1.events", "t1.dead-letter"} | requeues
+    assert allowed("relay", "configure") == allowed("relay", "read") == set()
+    with pytest.raises(ValueError, match="no broker user"):
+        topo.permissions("postgres")
 
 
 def test_every_event_gets_a_json_schema_file(tmp_path):
@@ -132,32 +160,37 @@ def test_every_event_gets_a_json_schema_file(tmp_path):
     assert {"timed_lines", "artifact", "lyrics"} <= set(song["properties"])
 
 
-class _StartedV2(events.StageStarted):
-    worker: str
-
-
-class _StartedV3(_StartedV2):
+class _StartedV3(events.StageStarted):
     attempt_label: str
 
 
+class _StartedV4(_StartedV3):
+    host: str
+
+
 def _upgraded_registry() -> events.Registry:
-    """lyric.started as a later release would know it: v2 adds `worker`, v3 adds `attempt_label`."""
+    """lyric.started as a later release would know it: v3 adds `attempt_label`, v4 adds `host`."""
     registry = events.REGISTRY.copy()
-    registry.register("lyric.started", 2, _StartedV2, lambda data: {**data, "worker": "unknown"})
     registry.register("lyric.started", 3, _StartedV3, lambda data: {**data, "attempt_label": f"#{data['attempt']}"})
+    registry.register("lyric.started", 4, _StartedV4, lambda data: {**data, "host": str(data["worker"]).split("@")[-1]})
     return registry
 
 
 def test_an_old_version_is_upcast_step_by_step_to_the_newest_model_a_consumer_knows():
-    v1 = events.StageStarted(pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=2, started_at=NOW)
-    old = envelope.wrap(v1, "lyric.started", "/castad/lyric")
-    assert old.schemaversion == 1
+    v1 = events.StageStartedV1(pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=2, started_at=NOW)
+    old = envelope.Envelope(
+        source="/castad/lyric",
+        type="lyric.started",
+        subject=PIPELINE,
+        schemaversion=1,
+        data=v1.model_dump(mode="json"),
+    )
 
     read = old.payload(_upgraded_registry())
 
-    assert isinstance(read, _StartedV3)
-    assert (read.worker, read.attempt_label, read.attempt) == ("unknown", "#2", 2)
-    # The default registry, which the copy did not change, still reads it as v1.
+    assert isinstance(read, _StartedV4)
+    assert (read.worker, read.attempt_label, read.host, read.attempt) == (None, "#2", "None", 2)
+    # The default registry, which the copy did not change, reads it as its version 2.
     assert type(old.payload()) is events.StageStarted
 
 
@@ -170,12 +203,31 @@ def test_an_old_version_must_be_valid_under_its_own_model_before_it_is_upcast():
 def test_a_version_needs_its_predecessor_and_an_upcast_from_it():
     registry = events.REGISTRY.copy()
     with pytest.raises(ValueError, match="does not follow"):
-        registry.register("lyric.started", 3, _StartedV3, lambda data: data)
+        registry.register("lyric.started", 4, _StartedV4, lambda data: data)
     with pytest.raises(ValueError, match="upcast"):
-        registry.register("lyric.started", 2, _StartedV2)
+        registry.register("lyric.started", 3, _StartedV3)
     with pytest.raises(ValueError, match="upcast"):
         registry.register("lyric.brand_new", 1, events.StageStarted, lambda data: data)
-    assert events.REGISTRY.current_version("lyric.started") == 1
+    assert events.REGISTRY.current_version("lyric.started") == 2
+
+
+@pytest.mark.parametrize("stage", list(events.Stage))
+def test_a_started_event_names_its_worker_from_version_2_and_a_version_1_one_reads_with_none(stage):
+    started = events.StageStarted(
+        pipeline_id=PIPELINE, stage=stage, job_id="j", attempt=3, started_at=NOW, worker="song@host-1:42"
+    )
+    written = envelope.wrap(started, f"{stage.value}.started", f"/castad/{stage.value}")
+    assert written.schemaversion == 2 and written.data["worker"] == "song@host-1:42"
+    assert written.payload() == started
+
+    v1 = {"pipeline_id": PIPELINE, "stage": stage.value, "job_id": "j", "attempt": 3, "started_at": NOW.isoformat()}
+    read = events.REGISTRY.read(f"{stage.value}.started", 1, v1)
+    assert isinstance(read, events.StageStarted) and read.worker is None and read.attempt == 3
+    # A producer must say who runs the attempt; version 1 knew no worker, so has none to refuse.
+    with pytest.raises(pydantic.ValidationError, match="worker"):
+        events.StageStarted.model_validate({k: v for k, v in started.model_dump().items() if k != "worker"})
+    with pytest.raises(pydantic.ValidationError, match="worker"):
+        events.REGISTRY.read(f"{stage.value}.started", 1, {**v1, "worker": "x"})
 
 
 def test_a_version_1_event_with_a_brief_is_read_as_version_2_and_a_version_2_value_is_not_version_1():

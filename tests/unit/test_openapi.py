@@ -30,6 +30,10 @@ def test_every_operator_endpoint_is_documented_with_its_errors(tmp_path):
         ("post", "/v1/dead-letters/{letter_id}/replay"): {"202", "404", "409", "422"},
         ("post", "/v1/dead-letters/replay"): {"202", "422"},
         ("post", "/v1/dead-letters/{letter_id}/discard"): {"200", "404", "422"},
+        ("get", "/v1/pipelines/{pipeline_id}/timeline"): {"200", "401", "403", "404", "422"},
+        ("get", "/v1/stats"): {"200", "401", "403", "422"},
+        ("get", "/v1/events"): {"200", "401", "403", "422"},
+        ("get", "/v1/me"): {"200", "401"},
     }
     for (method, path), statuses in expected.items():
         operation = paths[path][method]

@@ -146,3 +146,106 @@ def test_the_current_stage_is_the_first_one_heard_of_that_has_not_succeeded():
     retried = {LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.PENDING, VIDEO: StageStatus.PENDING}
     assert model.current_stage(retried) is SONG
     assert model.current_stage(dict.fromkeys(events.STAGE_ORDER, StageStatus.SUCCEEDED)) is VIDEO
+
+
+PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
+LATER = NOW + dt.timedelta(seconds=7)
+
+
+def _retrying(code: str, attempt: int = 2) -> events.StageRetrying:
+    return events.StageRetrying(
+        pipeline_id=PIPELINE,
+        stage=SONG,
+        job_id="j",
+        attempt=attempt,
+        max_attempts=5,
+        error_code=code,
+        error_message=f"{code} happened",
+        next_attempt_at=LATER + dt.timedelta(seconds=30),
+    )
+
+
+def test_a_started_event_tells_its_attempts_worker_and_start():
+    started = events.StageStarted(pipeline_id=PIPELINE, stage=SONG, job_id="j", attempt=2, started_at=NOW, worker="w")
+    assert model.attempt_change("started", started, LATER) == {"worker": "w", "started_at": NOW}
+
+
+@pytest.mark.parametrize("code", sorted(model.INTERRUPTIONS))
+def test_an_attempt_the_machinery_handed_back_ended_interrupted_at_its_events_time(code):
+    assert model.attempt_change("retrying", _retrying(code), LATER) == {
+        "ended_at": LATER,
+        "outcome": "interrupted",
+        "error_code": code,
+        "error_message": f"{code} happened",
+    }
+
+
+@pytest.mark.parametrize("code", ["provider_error", "attempt_timeout", "rate_limited", "internal_error"])
+def test_an_attempt_whose_work_failed_and_is_retried_ended_failed_retryable(code):
+    change = model.attempt_change("retrying", _retrying(code), LATER)
+    assert change is not None and (change["outcome"], change["error_code"]) == ("failed_retryable", code)
+
+
+def test_the_end_of_a_failed_completed_or_canceled_attempt_is_the_time_its_payload_gives():
+    artifact = events.Artifact(uri="file:///s.wav", sha256="0" * 64, size=1, media_type="audio/wav")
+    failed = events.StageFailed(
+        pipeline_id=PIPELINE, stage=SONG, job_id="j", attempt=3, error_code="bad", error_message="no", failed_at=NOW
+    )
+    canceled = events.StageCanceled(
+        pipeline_id=PIPELINE, stage=SONG, job_id="j", attempt=1, operation=1, reason="stop", canceled_at=NOW
+    )
+    brief = {"customer_name": "머뭄", "region": "군산"}
+    lyrics = {"title": "t", "language": "Korean", "sections": [{"kind": "verse", "lines": ["a"]}]}
+    completed = events.SongCompleted.model_validate(
+        {
+            "pipeline_id": PIPELINE,
+            "stage": "song",
+            "job_id": "j",
+            "attempt": 4,
+            "artifact": artifact.model_dump(),
+            "completed_at": NOW,
+            "brief": brief,
+            "lyrics": lyrics,
+            "timed_lines": [],
+            "song_duration_s": 3.0,
+        }
+    )
+    assert model.attempt_change("failed", failed, LATER) == {
+        "ended_at": NOW,
+        "outcome": "failed",
+        "error_code": "bad",
+        "error_message": "no",
+    }
+    assert model.attempt_change("completed", completed, LATER) == {
+        "ended_at": NOW,
+        "outcome": "succeeded",
+        "error_code": None,
+        "error_message": None,
+    }
+    assert model.attempt_change("canceled", canceled, LATER) == {
+        "ended_at": NOW,
+        "outcome": "canceled",
+        "error_code": "canceled",
+        "error_message": "stop",
+    }
+
+
+def test_a_stage_canceled_before_it_ever_ran_has_no_attempt_to_tell_of():
+    never_ran = events.StageCanceled(
+        pipeline_id=PIPELINE, stage=VIDEO, job_id="j", attempt=0, operation=1, reason="stop", canceled_at=NOW
+    )
+    assert model.attempt_change("canceled", never_ran, LATER) is None
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "trace_id"),
+    [
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "0af7651916cd43dd8448eb211c80319c"),
+        ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None),  # the invalid all-zero id
+        ("00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01", None),  # upper case is not W3C's
+        ("garbage", None),
+        (None, None),
+    ],
+)
+def test_a_pipelines_trace_id_is_read_from_its_requests_traceparent(traceparent, trace_id):
+    assert model.trace_id(traceparent) == trace_id

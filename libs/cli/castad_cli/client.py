@@ -41,6 +41,20 @@ class Client:
     def status(self, pipeline_id: str) -> api.PipelineView:
         return api.PipelineView.model_validate(self._call("GET", f"/v1/pipelines/{pipeline_id}"))
 
+    def timeline(self, pipeline_id: str) -> api.PipelineTimeline:
+        """The whole timeline: every page of its entries."""
+        shown = api.PipelineTimeline.model_validate(self._call("GET", f"/v1/pipelines/{pipeline_id}/timeline"))
+        while shown.next_after is not None:
+            params = {"after": shown.next_after}
+            page = api.PipelineTimeline.model_validate(
+                self._call("GET", f"/v1/pipelines/{pipeline_id}/timeline", params=params)
+            )
+            shown = page.model_copy(update={"entries": [*shown.entries, *page.entries]})
+        return shown
+
+    def stats(self, window: str) -> api.Stats:
+        return api.Stats.model_validate(self._call("GET", "/v1/stats", params={"window": window}))
+
     def cancel(self, pipeline_id: str, reason: str | None = None) -> api.ActionAccepted:
         body = api.CancelRequest(reason=reason) if reason else api.CancelRequest()
         return api.ActionAccepted.model_validate(

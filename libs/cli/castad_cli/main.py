@@ -1,4 +1,5 @@
-"""`castad`: submit a brief, watch it, show it, cancel or retry it; `castad dead-letters ...` for dead letters.
+"""`castad`: submit a brief, watch it, show it and its timeline, cancel or retry it; `castad stats` for the
+gateway's numbers; `castad dead-letters ...` for dead letters.
 
 Every error is one line on stderr and an exit status: 2 the input was refused (also by the
 gateway: 400, 413, 415, 422), 3 the gateway cannot be reached, 4 not found (404), 5 a conflict
@@ -22,7 +23,7 @@ from castad_contracts import brief, events
 from rich.table import Table
 
 from castad_cli import client as client_
-from castad_cli import dead_letters, progress
+from castad_cli import dead_letters, progress, reports
 from castad_cli.terminal import Options, connected, console, errors
 
 app = typer.Typer(help="Talk to a Castad gateway.", no_args_is_help=True, add_completion=False)
@@ -119,6 +120,26 @@ def status(ctx: typer.Context, pipeline_id: str) -> None:
         artifact = f"{stage.artifact.download} ({stage.artifact.size:,} B)" if stage.artifact else ""
         table.add_row(stage.stage.value, stage.status, str(stage.attempts), error, artifact)
     console.print(table)
+
+
+@app.command()
+def timeline(ctx: typer.Context, pipeline_id: str) -> None:
+    """Everything that happened to a pipeline, in order; every attempt with its worker and duration."""
+    with connected(ctx) as client:
+        shown = client.timeline(pipeline_id)
+    console.print(reports.timeline(shown))
+
+
+@app.command()
+def stats(
+    ctx: typer.Context,
+    window: Annotated[str, typer.Option(help="how far back: 15m, 1h, 24h, 7d or seconds")] = "1h",
+) -> None:
+    """The gateway's numbers: pipelines in flight and ended, each stage's queue, failures and durations, stuck
+    attempts, dead letters (an admin key)."""
+    with connected(ctx) as client:
+        numbers = client.stats(window)
+    console.print(reports.stats(numbers))
 
 
 @app.command()

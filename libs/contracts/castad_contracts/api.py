@@ -84,6 +84,15 @@ class Problem(BaseModel):
     detail: str
 
 
+class Caller(BaseModel):
+    """The API key that calls: whose it is and what it may do."""
+
+    key_id: str
+    tenant: str
+    name: str = Field(description="what the key is for, as its maker said")
+    scopes: list[str] = Field(description="submit, read, operate, admin (admin may do everything)")
+
+
 def http_url(value: str) -> str:
     """An absolute http(s) URL with a host, a valid port and no credentials."""
     parsed = urllib.parse.urlsplit(value)
@@ -237,3 +246,188 @@ class Replayed(BaseModel):
 class BulkReplayed(BaseModel):
     replayed: list[int]
     refused: dict[int, str] = Field(description="dead letters not replayed, and why")
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+
+
+class TimelineEntry(BaseModel):
+    """One entry of a pipeline's timeline: a stage's event, an operator's action, a dead letter about it."""
+
+    seq: int = Field(description="its place among every timeline entry of the gateway (an event stream's id)")
+    time: dt.datetime = Field(description="when it happened: the event's own time")
+    event_type: str = Field(description="e.g. song.retrying, pipeline.cancel_requested, dead_letter.replayed")
+    step: str = Field(description="lyric, song, video, or pipeline for what concerns the whole pipeline")
+    status: str = Field(
+        description="what happened: requested, started, retrying, completed, failed, canceled, cancel_requested,"
+        " retry_requested, dead_letter_recorded, dead_letter_replayed, dead_letter_discarded"
+    )
+    pipeline_status: str = Field(description="the pipeline's status after it")
+    progress: int = Field(ge=0, le=100, description="the pipeline's progress after it, in percent")
+    attempt: int | None = Field(default=None, description="the stage's attempt it is about")
+    worker: str | None = Field(default=None, description="started: the worker that runs the attempt")
+    error: ErrorInfo | None = None
+    next_attempt_at: dt.datetime | None = Field(default=None, description="retrying: when the next attempt is due")
+    max_attempts: int | None = Field(default=None, description="retrying: the number of the last attempt that may run")
+    attempt_budgets: dict[events.Stage, int] | None = Field(
+        default=None, description="retry_requested: the attempt budgets the operator gave"
+    )
+    actor: str | None = Field(default=None, description="an operator's action: who acted")
+    reason: str | None = Field(default=None, description="a cancel's reason, or a dead letter's")
+    operation: int | None = Field(default=None, description="the number of an operator's cancel or retry")
+    resume: events.Stage | None = Field(default=None, description="retry_requested: the stage that runs again")
+    dead_letter: int | None = Field(default=None, description="the dead letter it is about")
+    detail: str | None = Field(default=None, description="what was done with a dead letter")
+    artifact: ArtifactLink | None = Field(default=None, description="completed: the stage's file")
+    artifacts: dict[events.Stage, ArtifactLink] | None = Field(
+        default=None, description="on the pipeline's end: every file it has"
+    )
+
+
+class AttemptView(BaseModel):
+    """An attempt of a stage as its events told the gateway."""
+
+    stage: events.Stage
+    attempt: int
+    worker: str | None = Field(description="who ran it; null if its start did not say or has not been heard of")
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    duration_s: float | None = Field(description="from its start to its end; null until both are known")
+    outcome: str = Field(
+        description="running; succeeded; failed_retryable (the work failed, the stage tries again); failed (for"
+        " good); interrupted (the machinery lost it: a worker stopped or died, an outage; not counted); canceled"
+    )
+    error_code: str | None
+    error_message: str | None
+
+
+class OperatorAction(BaseModel):
+    """What an operator (or the deadline) did to the pipeline, from its timeline."""
+
+    seq: int
+    time: dt.datetime
+    action: str = Field(description="cancel_requested, retry_requested, dead_letter_replayed, dead_letter_discarded")
+    actor: str | None = Field(description="who acted (`deadline` for a cancel the deadline made)")
+    reason: str | None
+    operation: int | None
+    resume: events.Stage | None
+    dead_letter: int | None
+    detail: str | None
+
+
+class PipelineTimeline(BaseModel):
+    """Everything that happened to a pipeline, in order, with its attempts and the operators' actions."""
+
+    id: str
+    status: str
+    trace_id: str | None = Field(description="the pipeline's trace (W3C trace id); null if none was recorded")
+    trace_url: str | None = Field(description="the trace in a trace viewer (CASTAD_API_TRACE_URL); null: none set")
+    entries: list[TimelineEntry] = Field(
+        description="by the time each happened (seq breaks ties); a page holds the entries of the lowest seqs"
+    )
+    next_after: int | None = Field(
+        description="more entries follow: pass as `after` for the next ones (the page's highest seq); null when"
+        " these are the last"
+    )
+    attempts: list[AttemptView] = Field(description="every attempt of every stage, by stage order and number")
+    actions: list[OperatorAction] = Field(description="the operators' actions among these entries")
+    links: Links
+
+
+class FirehoseEntry(TimelineEntry):
+    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline."""
+
+    pipeline_id: str
+    tenant: str
+    customer_name: str
+    region: str
+
+
+class Percentiles(BaseModel):
+    count: int = Field(description="how many durations these are of")
+    p50: float
+    p95: float
+    p99: float
+
+
+class ErrorCount(BaseModel):
+    code: str
+    count: int = Field(description="attempts of the stage that ended with this error code in the window")
+    rate: float = Field(description="their share of the attempts of the stage that ended in the window")
+
+
+class StageStats(BaseModel):
+    stage: events.Stage
+    pending: int = Field(description="in-flight pipelines waiting for this stage (it has not started)")
+    running: int = Field(description="in-flight pipelines whose attempt of this stage runs")
+    retry_waiting: int = Field(description="in-flight pipelines waiting for this stage's next attempt")
+    stuck: int = Field(description="of `running`: attempts started longer ago than CASTAD_API_STUCK_AFTER_S")
+    succeeded: int = Field(description="runs of this stage that succeeded in the window")
+    failed: int = Field(description="runs of this stage that failed in the window")
+    canceled: int = Field(description="runs of this stage canceled in the window")
+    failure_rate: float | None = Field(description="failed / (succeeded + failed); null when neither")
+    duration_s: Percentiles | None = Field(
+        description="of the runs that succeeded in the window, from their first attempt's start to the end"
+    )
+    attempts: int = Field(description="attempts that ended in the window")
+    attempt_outcomes: dict[str, int] = Field(description="those attempts by outcome")
+    attempt_duration_s: Percentiles | None = Field(description="of those attempts whose start is known")
+    errors: list[ErrorCount] = Field(description="those attempts by error code, the most frequent first")
+
+
+class PipelineCounts(BaseModel):
+    in_flight: int = Field(description="pipelines that have not ended")
+    in_flight_by_status: dict[str, int] = Field(description="PENDING, RUNNING and CANCELING")
+    created: int = Field(description="pipelines created in the window")
+    finished: dict[str, int] = Field(description="pipelines that ended in the window: SUCCEEDED, FAILED, CANCELED")
+
+
+class ThroughputBucket(BaseModel):
+    start: dt.datetime
+    created: int
+    succeeded: int
+    failed: int
+    canceled: int
+
+
+class Throughput(BaseModel):
+    per_minute: dict[str, float] = Field(
+        description="created, succeeded, failed and canceled pipelines per minute, averaged over the window"
+    )
+    bucket_s: int = Field(description="the length of each bucket")
+    buckets: list[ThroughputBucket] = Field(description="every bucket of the window, oldest first")
+
+
+class StuckAttempt(BaseModel):
+    pipeline_id: str
+    stage: events.Stage
+    attempt: int
+    worker: str | None
+    started_at: dt.datetime
+    running_s: float
+
+
+class DeadLetterCounts(BaseModel):
+    open: dict[str, int] = Field(description="dead letters still `dead` by kind (message, parked, unrecordable)")
+    received: dict[str, dict[str, int]] = Field(
+        description="dead letters received in the window, by kind then by status (dead, replayed, discarded)"
+    )
+
+
+class Stats(BaseModel):
+    """The gateway's numbers over a window, from its own projection of every event."""
+
+    at: dt.datetime = Field(description="when they were read")
+    window_s: int
+    since: dt.datetime
+    stuck_after_s: float = Field(
+        description="a stage RUNNING whose attempt started longer ago is counted as stuck: the gateway does not see"
+        " leases, so this is the longest an attempt may run plus its lease (CASTAD_API_STUCK_AFTER_S)"
+    )
+    pipelines: PipelineCounts
+    stages: list[StageStats]
+    stuck: list[StuckAttempt] = Field(description="the longest-running stuck attempts, oldest first (up to 20)")
+    dead_letters: DeadLetterCounts
+    throughput: Throughput

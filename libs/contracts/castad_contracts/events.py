@@ -93,11 +93,20 @@ class PipelineRequested(Payload):
     )
 
 
-class StageStarted(Payload):
+class StageStartedV1(Payload):
     stage: Stage
     job_id: str
     attempt: int = Field(ge=1)
     started_at: dt.datetime
+
+
+class StageStarted(StageStartedV1):
+    """An attempt began (version 2: and which worker runs it)."""
+
+    worker: str | None = Field(
+        description="the worker that claimed the attempt (service@host:pid); null: a version-1 event, which did"
+        " not say",
+    )
 
 
 class StageRetrying(Payload):
@@ -362,7 +371,8 @@ REGISTRY.register(PIPELINE_RETRY_REQUESTED, 1, PipelineRetryRequestedV1)
 REGISTRY.register(PIPELINE_RETRY_REQUESTED, 2, PipelineRetryRequested, lambda data: {**data, "operation": 1})
 REGISTRY.register(OUTBOX_REPUBLISH_REQUESTED, 1, OutboxRepublishRequested)
 for _stage in Stage:
-    REGISTRY.register(stage_event(_stage, "started"), 1, StageStarted)
+    REGISTRY.register(stage_event(_stage, "started"), 1, StageStartedV1)
+    REGISTRY.register(stage_event(_stage, "started"), 2, StageStarted, lambda data: {**data, "worker": None})
     REGISTRY.register(stage_event(_stage, "retrying"), 1, StageRetrying)
     REGISTRY.register(stage_event(_stage, "completed"), 1, _COMPLETED_V1[_stage])
     REGISTRY.register(stage_event(_stage, "completed"), 2, _COMPLETED[_stage], _same)

@@ -10,8 +10,9 @@ stage; only the one named in the stage's completed event is its artifact.
 
 A stage that needs an earlier stage's artifact (the video needs the song) reads it through
 `local_copy`; the gateway serves one through `serve`: a local file, or a presigned URL to
-redirect to. An object store that cannot be reached raises outages.StoreUnavailable, the
-machinery's failure, never the work's.
+redirect to. Retention deletes every file of a stage of a pipeline through `delete`, the
+artifact and whatever a late attempt left beside it. An object store that cannot be reached
+raises outages.StoreUnavailable, the machinery's failure, never the work's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import pathlib
 import tempfile
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -44,6 +46,8 @@ class ArtifactStore(Protocol):
     def local_copy(self, artifact: events.Artifact) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
     def serve(self, artifact: events.Artifact) -> pathlib.Path | str: ...
+
+    def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
 
 
 class ArtifactMissing(LookupError):
@@ -98,6 +102,32 @@ def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str) -> st
     return f"{pipeline_id}/{stage.value}-{digest[:DIGEST_NAME_CHARS]}{suffix}"
 
 
+def _checked(pipeline_id: str) -> str:
+    """A pipeline id, checked before it names a folder or a key prefix to delete."""
+    try:
+        canonical = str(uuid.UUID(pipeline_id))
+    except ValueError:
+        canonical = ""
+    if canonical != pipeline_id:
+        raise ValueError(f"not a pipeline id: {pipeline_id!r}")
+    return pipeline_id
+
+
+def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> int:
+    """Delete a stage's scratch files in a pipeline's folder, and its final files if `final`, then the folder
+    if nothing else is left in it. How many final files were deleted."""
+    deleted = 0
+    for path in directory.glob(f".{stage.value}.attempt*"):
+        path.unlink(missing_ok=True)
+    if final:
+        for path in directory.glob(f"{stage.value}-*"):
+            path.unlink(missing_ok=True)
+            deleted += 1
+    with contextlib.suppress(OSError):
+        directory.rmdir()  # refused while another stage's files are still there (or it is gone already)
+    return deleted
+
+
 class VolumeStore:
     """Files under `root`, a directory every stage and the gateway mount."""
 
@@ -136,6 +166,10 @@ class VolumeStore:
         if not path.is_file():
             raise ArtifactMissing(f"no file at {artifact.uri}")
         return path
+
+    def delete(self, pipeline_id: str, stage: events.Stage) -> int:
+        """Delete every file of the stage for the pipeline; how many there were."""
+        return _delete_local(self.root / _checked(pipeline_id), stage, final=True)
 
 
 class S3Store:
@@ -187,6 +221,23 @@ class S3Store:
             "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
         )
         return url
+
+    def delete(self, pipeline_id: str, stage: events.Stage) -> int:
+        """Delete every object of the stage for the pipeline, and its scratch files here; how many objects."""
+        prefix = f"{self.prefix}{_checked(pipeline_id)}/{stage.value}-"
+        deleted = 0
+        while True:  # what is deleted leaves the listing, so each round lists from the start
+            listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=prefix)
+            keys = [{"Key": found["Key"]} for found in listed.get("Contents", [])]
+            if not keys:
+                break
+            answer = self._call("delete", self._client.delete_objects, Bucket=self.bucket, Delete={"Objects": keys})
+            if answer.get("Errors"):
+                error = answer["Errors"][0]
+                raise outages.StoreUnavailable(f"delete in s3://{self.bucket}: {error.get('Code')} {error.get('Key')}")
+            deleted += len(keys)
+        _delete_local(self.scratch_root / pipeline_id, stage, final=False)
+        return deleted
 
     def _key(self, artifact: events.Artifact) -> str:
         parsed = urllib.parse.urlparse(artifact.uri)

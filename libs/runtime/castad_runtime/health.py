@@ -1,4 +1,5 @@
-"""Liveness and readiness of a service, and the small HTTP server that answers the probes of a worker.
+"""Liveness and readiness of a service, and the small HTTP server that answers the probes of a worker
+(and, given a registry, Prometheus's scrapes of `/metrics`).
 
 Liveness says the process is working: its own threads run and its loop answers. It never
 looks at the database or the broker, so an outage of either (which the service rides out
@@ -21,6 +22,9 @@ from collections.abc import Callable, Mapping
 import pika
 import pika.exceptions
 import psycopg
+from prometheus_client import CollectorRegistry
+
+from castad_runtime import metrics
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +102,20 @@ def run_checks(checks: Mapping[str, Check]) -> tuple[bool, dict[str, str]]:
 
 
 class ProbeServer:
-    """`/healthz` (liveness) and `/readyz` (readiness) over HTTP, on a thread of its own."""
+    """`/healthz` (liveness), `/readyz` (readiness) and, with a registry, `/metrics` over HTTP, on a thread
+    of its own (a thread per request: a slow scrape holds up no probe)."""
 
-    def __init__(self, port: int, liveness: Mapping[str, Check], readiness: Mapping[str, Check]) -> None:
+    def __init__(
+        self,
+        port: int,
+        liveness: Mapping[str, Check],
+        readiness: Mapping[str, Check],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.port = port
         self.liveness = liveness
         self.readiness = readiness
+        self.registry = registry
         self.stopping = threading.Event()
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -113,10 +125,16 @@ class ProbeServer:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path == "/metrics" and probes.registry is not None:
+                    payload, content_type = metrics.exposition(probes.registry, self.headers.get("Accept"))
+                    self._send(200, content_type, payload)
+                    return
                 status, body = probes.answer(self.path)
-                payload = json.dumps(body).encode()
+                self._send(status, "application/json", json.dumps(body).encode())
+
+            def _send(self, status: int, content_type: str, payload: bytes) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
@@ -128,7 +146,7 @@ class ProbeServer:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="probes", daemon=True)
         self._thread.start()
-        log.info("probes on port %d: /healthz, /readyz", self.port)
+        log.info("probes on port %d: /healthz, /readyz%s", self.port, ", /metrics" if self.registry else "")
 
     def answer(self, path: str) -> tuple[int, dict[str, object]]:
         if path == "/healthz":
@@ -139,7 +157,8 @@ class ProbeServer:
                 return 503, {"status": "stopping", "checks": {}}
             ready, checks = run_checks(self.readiness)
             return (200 if ready else 503), {"status": "ready" if ready else "unavailable", "checks": checks}
-        return 404, {"detail": "not found: try /healthz or /readyz"}
+        known = "/healthz, /readyz or /metrics" if self.registry is not None else "/healthz or /readyz"
+        return 404, {"detail": f"not found: try {known}"}
 
     def stop(self) -> None:
         self.stopping.set()

@@ -12,6 +12,10 @@ from sqlalchemy.dialects import postgresql as pg
 metadata = sa.MetaData()
 
 TZ = sa.DateTime(timezone=True)
+# Retention's predicates (castad_runtime.retention), written once for its partial indexes and its queries alike,
+# so that the planner sees the index's own predicate in the query.
+FINISHED_JOB = "status IN ('SUCCEEDED', 'FAILED', 'CANCELED')"
+UNSWEPT_JOB = "(artifacts_swept_at IS NULL OR artifacts_swept_at < finished_at)"  # files not deleted since it ended
 
 outbox = sa.Table(
     "outbox",
@@ -36,6 +40,7 @@ outbox = sa.Table(
         "id",
         postgresql_where=sa.text("published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL)"),
     ),
+    sa.Index("outbox_published", "published_at", postgresql_where=sa.text("published_at IS NOT NULL")),
 )
 
 inbox = sa.Table(
@@ -45,6 +50,7 @@ inbox = sa.Table(
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("pipeline_id", sa.Text, nullable=False),
     sa.Column("received_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Index("inbox_received", "received_at"),
 )
 
 jobs = sa.Table(
@@ -78,9 +84,13 @@ jobs = sa.Table(
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),
+    # When retention last deleted the stage's files of this job; earlier than finished_at: it ended again since.
+    sa.Column("artifacts_swept_at", TZ),
     sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")),
     sa.Index("jobs_leased", "lease_expires_at", postgresql_where=sa.text("status = 'RUNNING'")),
     sa.Index("jobs_in_flight", "status", postgresql_where=sa.text("status IN ('RUNNING', 'AWAITING')")),
+    sa.Index("jobs_finished", "finished_at", postgresql_where=sa.text(FINISHED_JOB)),
+    sa.Index("jobs_unswept", "finished_at", postgresql_where=sa.text(f"{FINISHED_JOB} AND {UNSWEPT_JOB}")),
 )
 
 # A provider's limits, shared by every worker of the service: a token bucket whose rate halves when the

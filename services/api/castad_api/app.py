@@ -1,4 +1,4 @@
-"""The gateway's HTTP API: its routers, its errors mapped to statuses in one place, health."""
+"""The gateway's HTTP API: its routers, its errors mapped to statuses in one place, health, metrics."""
 
 from __future__ import annotations
 
@@ -9,13 +9,23 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from castad_runtime import health as castad_health
+from castad_runtime import metrics as castad_metrics
 from castad_runtime import outages
 from fastapi import APIRouter, FastAPI, HTTPException, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from castad_api import dead_letter_routes, errors, pipeline_routes
+from castad_api import (
+    console_routes,
+    dead_letter_routes,
+    errors,
+    key_routes,
+    pipeline_routes,
+    stats_routes,
+    timeline_routes,
+)
+from castad_api import metrics as metrics_
 from castad_api.deps import Gateway, GatewayDep
 
 log = logging.getLogger(__name__)
@@ -46,6 +56,24 @@ def readyz(gw: GatewayDep) -> JSONResponse:
     )
 
 
+@health.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus's text format, or OpenMetrics when the Accept header asks for it",
+            "content": {"text/plain": {}, "application/openmetrics-text": {}},
+        }
+    },
+)
+def metrics(request: Request, gw: GatewayDep) -> Response:
+    """The gateway's metrics for Prometheus (no key: like the probes, they name no pipeline and no tenant).
+    A plain function: FastAPI runs it on a thread, so the database and broker reads of a scrape never
+    hold up the event loop."""
+    body, content_type = castad_metrics.exposition(gw.metrics.registry, request.headers.get("accept"))
+    return Response(body, media_type=content_type)
+
+
 def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     app = FastAPI(
         title="Castad",
@@ -60,9 +88,14 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
         app.add_exception_handler(database_error, _unavailable)
     app.add_exception_handler(outages.StoreUnavailable, _store_unavailable)
     app.include_router(pipeline_routes.router)
+    app.include_router(timeline_routes.router)
+    app.include_router(stats_routes.router)
     app.include_router(dead_letter_routes.router)
+    app.include_router(key_routes.router)
     app.include_router(health)
+    console_routes.mount(app, gw.config)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)
+    app.add_middleware(metrics_.RequestMetrics, metrics=gw.metrics)  # outermost: counts the 413s too
     return app
 
 

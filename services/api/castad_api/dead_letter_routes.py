@@ -87,13 +87,20 @@ def get_dead_letter(letter_id: LetterId, gw: GatewayDep) -> api.DeadLetterDetail
     "/{letter_id}/replay",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=api.Replayed,
-    responses={**NOT_FOUND, 409: {"model": api.Conflict}},  # 422 as every other: FastAPI's validation error
+    responses={  # 422 as every other: FastAPI's validation error
+        **NOT_FOUND,
+        409: {
+            "model": api.Conflict,
+            "description": "it was discarded, or its event is older than consumers remember (CASTAD_RETENTION_INBOX_S)",
+        },
+    },
 )
 def replay_dead_letter(letter_id: LetterId, gw: GatewayDep, actor: Actor = "anonymous") -> api.Replayed:
     """Send it back to the queue it came from (upcast to the newest version of its type the gateway knows),
-    or hand a parked outbox row back to the relay. Replaying twice is harmless."""
+    or hand a parked outbox row back to the relay. Replaying twice is harmless. A message whose event is
+    older than CASTAD_RETENTION_INBOX_S (less an hour) is refused: its consumer may have forgotten it."""
     with db.transaction(gw.engine) as conn:
-        detail = dead_letters.replay(conn, letter_id, actor)
+        detail = dead_letters.replay(conn, letter_id, actor, gw.config.retention_policy())
     return api.Replayed(id=letter_id, detail=detail)
 
 
@@ -102,7 +109,7 @@ def replay_dead_letters(body: api.DeadLetterFilter, gw: GatewayDep, actor: Actor
     """Replay every dead letter still `dead` that matches the filter, up to `limit`."""
     filters = repository.LetterFilters(None, body.service, body.event_type, body.reason, body.pipeline_id)
     with db.transaction(gw.engine) as conn:
-        replayed, refused = dead_letters.replay_matching(conn, filters, actor, body.limit)
+        replayed, refused = dead_letters.replay_matching(conn, filters, actor, body.limit, gw.config.retention_policy())
     return api.BulkReplayed(replayed=replayed, refused=refused)
 
 

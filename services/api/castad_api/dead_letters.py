@@ -6,8 +6,10 @@ messages a consumer could not handle, and notices of outbox rows the relay parke
 replay sends a message back to the queue it came from through the gateway's outbox,
 upcast to the newest version of its type the gateway knows; a parked row is handed back
 to the relay by the service whose outbox holds it. Replaying twice is harmless: the
-consumer's inbox makes the effect happen once. Every replay and discard is an action row
-(who, when, what) and an entry of its pipeline's timeline.
+consumer's inbox makes the effect happen once, as long as it remembers the event, so a
+message older than CASTAD_RETENTION_INBOX_S is not sent back (castad_api.retention).
+Every replay and discard is an action row (who, when, what) and an entry of its
+pipeline's timeline.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import pika
 import pydantic
 import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
-from castad_contracts import events
+from castad_contracts import events, topology
 from castad_runtime import backoff, db, outages, outbox, redact
 
-from castad_api import errors, projection, repository
+from castad_api import errors, projection, repository, retention
 
 log = logging.getLogger(__name__)
 SOURCE = "/castad/api"
@@ -105,12 +107,12 @@ def record(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
     return letter_id
 
 
-def replay(conn: sa.Connection, letter_id: int, actor: str) -> str:
+def replay(conn: sa.Connection, letter_id: int, actor: str, policy: retention.Policy) -> str:
     """Send a dead letter again; what was done (for the action row and the answer)."""
     letter = _get(conn, letter_id)
     if letter.status == "discarded":
         raise errors.Conflict(f"dead letter {letter_id} was discarded", letter.status)
-    detail = _republish(conn, letter) if letter.kind == "parked" else _send_back(conn, letter)
+    detail = _republish(conn, letter) if letter.kind == "parked" else _send_back(conn, letter, policy)
     repository.dead_letter_acted(conn, letter_id, "replay", actor, detail, status="replayed")
     _note(conn, letter.pipeline_id, "dead_letter.replayed", dead_letter=letter_id, actor=actor, detail=detail)
     return detail
@@ -123,14 +125,14 @@ def discard(conn: sa.Connection, letter_id: int, actor: str, reason: str) -> Non
 
 
 def replay_matching(
-    conn: sa.Connection, filters: repository.LetterFilters, actor: str, limit: int
+    conn: sa.Connection, filters: repository.LetterFilters, actor: str, limit: int, policy: retention.Policy
 ) -> tuple[list[int], dict[int, str]]:
     """Replay every dead letter still `dead` that matches, up to `limit`: ids replayed, and why others were not."""
     replayed, refused = [], {}
     matching = dataclasses.replace(filters, status="dead")
     for letter in repository.dead_letters(conn, matching, before_id=None, limit=limit):
         try:
-            replay(conn, letter.id, actor)
+            replay(conn, letter.id, actor, policy)
         except errors.GatewayError as error:
             refused[letter.id] = str(error)
         else:
@@ -145,17 +147,23 @@ def _get(conn: sa.Connection, letter_id: int) -> Any:
     return letter
 
 
-def _send_back(conn: sa.Connection, letter: Any) -> str:
+def _send_back(conn: sa.Connection, letter: Any, policy: retention.Policy) -> str:
     if letter.body_size > len(letter.body):
         raise errors.NotReplayable(f"dead letter {letter.id} was cut to {len(letter.body)} bytes when recorded")
     if not letter.queue:
         raise errors.NotReplayable(f"dead letter {letter.id} does not say which queue it came from")
+    if letter.queue.rpartition(".")[2] not in topology.SUBSCRIPTIONS:  # sent back through its requeue exchange
+        raise errors.NotReplayable(f"dead letter {letter.id} came from {letter.queue}, no service's queue")
     try:
         env = envelope_.Envelope.model_validate_json(letter.body)
     except pydantic.ValidationError as error:
         raise errors.NotReplayable(
             f"dead letter {letter.id} is not an event ({redact.validation_summary(error, limit=2)}): discard it"
         ) from None
+    # The consumer's inbox may have recorded the event as early as its time (a copy dead-lettered later).
+    refused = policy.replay_refusal(min(env.time, letter.received_at), repository.now(conn))
+    if refused:
+        raise errors.Conflict(f"dead letter {letter.id} can no longer be replayed: {refused}", letter.status)
     env = _upcast(env)
     outbox.append(conn, env, destination=letter.queue, delivery_id=uuid.uuid4())
     return f"sent back to {letter.queue} as {env.type} v{env.schemaversion}"

@@ -1,9 +1,10 @@
 """What every route gets: the gateway's parts, built once by the composition root, and who calls.
 
-Every route but the probes and the providers' callbacks needs an API key (`Authorization:
-Bearer <key>`, see keys.py) with the route's scope: none or a wrong one is a 401, a missing
-scope a 403. A key sees only its tenant's pipelines (an admin key every tenant's); another
-tenant's pipeline is a 404, as if it did not exist.
+Every route but the probes, `/metrics`, the providers' callbacks and the console's static files
+(console_routes.py) needs an API key (`Authorization: Bearer <key>`, see keys.py) with the route's
+scope (GET /v1/me: any): none or a wrong one is a 401, a missing scope a 403. A key sees only its
+tenant's pipelines (an admin key every tenant's); another tenant's pipeline is a 404, as if it did
+not exist.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from castad_api import keys, notifications
+from castad_api import metrics as metrics_
 from castad_api import settings as settings_
 
 
@@ -27,6 +29,7 @@ class Gateway:
     engine: sa.Engine
     notifications: notifications.PipelineNotifications
     store: artifacts.ArtifactStore
+    metrics: metrics_.GatewayMetrics = dataclasses.field(default_factory=metrics_.GatewayMetrics)
 
 
 def gateway(request: Request) -> Gateway:
@@ -44,7 +47,9 @@ _bearer = HTTPBearer(auto_error=False, description="an API key (castad-admin key
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
-def _caller(scope: keys.Scope) -> Any:
+def _caller(scope: keys.Scope | None) -> Any:
+    """The caller of a route needing a valid key with `scope` (None: any valid key)."""
+
     def authorize(
         gw: GatewayDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> keys.Principal:
@@ -56,13 +61,14 @@ def _caller(scope: keys.Scope) -> Any:
             principal = keys.authenticate(conn, credentials.credentials)
         if principal is None:
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the API key is unknown or revoked", _CHALLENGE)
-        if not principal.may(scope):
+        if scope is not None and not principal.may(scope):
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"the API key lacks the scope {scope.value!r}")
         return principal
 
     return Depends(authorize)
 
 
+Caller = Annotated[keys.Principal, _caller(None)]
 SUBMIT_ONLY = _caller(keys.Scope.SUBMIT)  # also in a route's dependencies: the key is checked before the body
 Submitter = Annotated[keys.Principal, SUBMIT_ONLY]
 Reader = Annotated[keys.Principal, _caller(keys.Scope.READ)]

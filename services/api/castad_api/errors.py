@@ -25,6 +25,10 @@ class NotReplayable(GatewayError):
     """A dead letter that cannot be sent again as it is (422)."""
 
 
+class BadWindow(GatewayError):
+    """A window of the statistics that is not a duration they take (422 naming the field)."""
+
+
 def invalid(loc: tuple[str, ...], message: str, given: object = None) -> RequestValidationError:
     """A 422 in the shape of every other (FastAPI's validation error): where, and why."""
     return RequestValidationError([{"loc": loc, "msg": message, "type": "value_error", "input": given}])

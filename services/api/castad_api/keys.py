@@ -16,14 +16,13 @@ gateway's database, so every replica of the gateway enforces one limit.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import enum
 import hashlib
 import secrets
 import uuid
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
+from castad_runtime import db
 
 from castad_api import tables
 
@@ -45,6 +44,7 @@ class Principal:
     key_id: uuid.UUID
     tenant: str
     scopes: frozenset[Scope]
+    name: str  # what the key is for, as its maker said (castad-admin keys create --name)
 
     @property
     def admin(self) -> bool:
@@ -84,15 +84,20 @@ def create(conn: sa.Connection, tenant: str, scopes: frozenset[Scope], name: str
     return Made(key, key_id)
 
 
+_AUTHENTICATE = "SELECT id, tenant, scopes, name FROM api_keys WHERE digest = %s AND revoked_at IS NULL"
+_COUNT_CREATION = """
+INSERT INTO api_key_windows AS w (key_id, window_start, count) VALUES (%s, date_trunc('minute', now()), 1)
+ON CONFLICT (key_id, window_start) DO UPDATE SET count = w.count + 1
+RETURNING w.count, extract(epoch FROM w.window_start + interval '1 minute' - now())
+"""
+
+
 def authenticate(conn: sa.Connection, key: str) -> Principal | None:
     """The caller a key stands for; None for an unknown or revoked key."""
-    k = tables.api_keys
-    row = conn.execute(
-        sa.select(k.c.id, k.c.tenant, k.c.scopes).where(k.c.digest == digest(key), k.c.revoked_at.is_(None))
-    ).first()
+    row = db.run(conn, _AUTHENTICATE, (digest(key),)).fetchone()
     if row is None:
         return None
-    return Principal(row.id, row.tenant, frozenset(Scope(s) for s in row.scopes))
+    return Principal(row.id, row.tenant, frozenset(Scope(s) for s in row.scopes), row.name)
 
 
 def listing(conn: sa.Connection, tenant: str | None = None) -> list[sa.Row]:
@@ -115,18 +120,14 @@ def revoke(conn: sa.Connection, key_id: uuid.UUID) -> bool:
 def count_creation(conn: sa.Connection, key_id: uuid.UUID, per_minute: int) -> float | None:
     """Count one creation against the key's limit for this minute. None if it is within the limit,
     else the seconds until the next minute (the Retry-After)."""
-    w = tables.key_windows
-    window = sa.func.date_trunc("minute", sa.func.now())
-    insert = pg.insert(w).values(key_id=key_id, window_start=window, count=1)
-    left_s = sa.func.extract("epoch", w.c.window_start + sa.text("interval '1 minute'") - sa.func.now())
-    count, left_s = conn.execute(
-        insert.on_conflict_do_update(
-            index_elements=[w.c.key_id, w.c.window_start], set_={"count": w.c.count + 1}
-        ).returning(w.c.count, left_s)
-    ).one()
+    row = db.run(conn, _COUNT_CREATION, (key_id,)).fetchone()
+    assert row is not None  # an upsert returns its row
+    count, left_s = row
     return None if count <= per_minute else max(float(left_s), 1.0)
 
 
-def forget_windows_before(conn: sa.Connection, before: dt.datetime) -> int:
+def forget_windows(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` creation counts of minutes that began more than `older_than_s` ago; how many."""
     w = tables.key_windows
-    return conn.execute(w.delete().where(w.c.window_start < before)).rowcount
+    doomed = db.expired(sa.select(w.c.key_id, w.c.window_start), w.c.window_start, older_than_s, limit)
+    return conn.execute(w.delete().where(sa.tuple_(w.c.key_id, w.c.window_start).in_(doomed))).rowcount

@@ -6,12 +6,18 @@ and changes nothing, so a late `started` never moves a stage back from `complete
 An operator's retry sets a stage's floor to its last attempt: events of that attempt
 or earlier are stale from then on. A `canceled` event answers a numbered cancel
 request: it is stale once a later cancel was applied.
+
+Attempts are facts of their own, merged in whatever order their events come (see
+`attempt_change`): an event stale for its stage may still say who ran an attempt or how
+it ended.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
+import re
 from typing import Any
 
 from castad_contracts import events
@@ -80,6 +86,60 @@ def is_stale(fact: str, attempt: int, operation: int, applied: Applied | None) -
     return attempt <= applied.floor_attempt or position(fact, attempt) <= applied.position
 
 
+class AttemptOutcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED_RETRYABLE = "failed_retryable"  # the work failed; the stage tries again
+    FAILED = "failed"  # the work failed for good (not retryable, or the last attempt)
+    INTERRUPTED = "interrupted"  # the machinery lost it: handed back, not counted, tried again
+    CANCELED = "canceled"  # an operator's cancel (or the deadline) stopped it
+
+
+# Error codes of the attempts the stage runner hands back (castad_runtime.stage.runner.HandedBack): the
+# machinery failed, not the work. A provider's "too many" is handed back too for its first tries, but its
+# event does not say whether it was counted: it shows as a retryable failure with code rate_limited.
+INTERRUPTIONS = frozenset({"worker_stopped", "lease_expired", "outage"})
+
+
+def attempt_change(fact: str, payload: events.Payload, event_time: dt.datetime) -> dict[str, Any] | None:
+    """What a stage event says of its attempt (a row of pipeline_attempts), None if it names none.
+
+    `started` gives its worker and start; `retrying`, `completed`, `failed` and `canceled` its end,
+    outcome and error. The end time is the payload's where it has one, else the event's own time.
+    Merged by repository.save_attempt: a start fills only what is missing (a late `started` never
+    reopens a finished attempt); the first end is kept, but a cancel's gives way to the attempt's own
+    end, which may come after it (the attempt had ended when the cancel came)."""
+    attempt = int(getattr(payload, "attempt", 0))
+    if attempt < 1:
+        return None  # canceled before it ever ran
+    if isinstance(payload, events.StageStarted):
+        return {"worker": payload.worker, "started_at": payload.started_at}
+    if isinstance(payload, events.StageRetrying):
+        outcome = AttemptOutcome.INTERRUPTED if payload.error_code in INTERRUPTIONS else AttemptOutcome.FAILED_RETRYABLE
+        return _ended(event_time, outcome, payload.error_code, payload.error_message)
+    if isinstance(payload, events.StageFailed):
+        return _ended(payload.failed_at, AttemptOutcome.FAILED, payload.error_code, payload.error_message)
+    if isinstance(payload, events.StageCompleted):
+        return _ended(payload.completed_at, AttemptOutcome.SUCCEEDED, None, None)
+    if isinstance(payload, events.StageCanceled):
+        return _ended(payload.canceled_at, AttemptOutcome.CANCELED, "canceled", payload.reason)
+    return None
+
+
+def _ended(at: dt.datetime, outcome: AttemptOutcome, code: str | None, message: str | None) -> dict[str, Any]:
+    return {"ended_at": at, "outcome": outcome.value, "error_code": code, "error_message": message}
+
+
+TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def trace_id(traceparent: str | None) -> str | None:
+    """The trace id in a W3C traceparent; None without one (or with the all-zero invalid id)."""
+    found = TRACEPARENT.match(traceparent or "")
+    if found is None or found.group(1) == "0" * 32:
+        return None
+    return found.group(1)
+
+
 def split_type(event_type: str) -> tuple[events.Stage, str]:
     stage, fact = event_type.split(".", 1)
     return events.Stage(stage), fact
@@ -141,6 +201,8 @@ def sse_data(
     }
     if payload is not None:
         data["attempt"] = getattr(payload, "attempt", None)
+    if isinstance(payload, events.StageStarted):
+        data["worker"] = payload.worker
     if isinstance(payload, events.StageRetrying):
         data.update(
             error={"code": payload.error_code, "message": payload.error_message},

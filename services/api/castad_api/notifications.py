@@ -13,6 +13,7 @@ import psycopg
 from castad_api import repository
 
 log = logging.getLogger(__name__)
+EVERY_PIPELINE = "*"  # subscribe to this to hear of every pipeline (no pipeline id looks like it)
 
 
 class PipelineNotifications:
@@ -32,7 +33,7 @@ class PipelineNotifications:
 
     @contextlib.contextmanager
     def subscribe(self, pipeline_id: str) -> Iterator[asyncio.Event]:
-        """An event set when this pipeline's timeline grows, from now on.
+        """An event set when this pipeline's timeline grows (EVERY_PIPELINE: any pipeline's), from now on.
 
         Subscribe before reading the timeline: a notification that comes between the
         read and the wait would otherwise be missed until the next poll.
@@ -52,8 +53,9 @@ class PipelineNotifications:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {repository.PIPELINE_EVENTS_CHANNEL}")
                     async for notice in conn.notifies():
-                        for event in self._waiters.get(notice.payload, ()):
-                            event.set()
+                        for key in (notice.payload, EVERY_PIPELINE):
+                            for event in self._waiters.get(key, ()):
+                                event.set()
             except psycopg.Error as error:
                 log.warning("notification listener lost its database (%s); streams fall back to polling", error)
                 await asyncio.sleep(1.0)

@@ -17,9 +17,10 @@ import uuid
 
 import sqlalchemy as sa
 from castad_contracts import api, events
-from castad_runtime import db, outbox
+from castad_contracts import envelope as envelope_
+from castad_runtime import db, outbox, telemetry
 
-from castad_api import errors, model, projection, repository
+from castad_api import errors, model, projection, repository, retention
 
 SOURCE = "/castad/api"
 
@@ -36,18 +37,29 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
     The same key with another body is a Conflict. The callback URL stays with the gateway."""
     digest = request_hash(body)
     source = body.without_callback()
+    pipeline_id = uuid.uuid4()
+    # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
+    requested = events.PipelineRequested(
+        pipeline_id=str(pipeline_id), brief=source, requested_at=dt.datetime.now(dt.UTC)
+    )
+    env = envelope_.wrap(requested, events.PIPELINE_REQUESTED, SOURCE, *telemetry.current_trace_headers())
     created = repository.create_pipeline(
-        conn, uuid.uuid4(), tenant, key, digest, source.model_dump(mode="json"), body.callback_url, deadline_s
+        conn,
+        pipeline_id,
+        tenant,
+        key,
+        digest,
+        source.model_dump(mode="json"),
+        body.callback_url,
+        deadline_s,
+        model.trace_id(env.traceparent),
     )
     if created.request_hash != digest:
         raise errors.Conflict(
             f"Idempotency-Key {key!r} was already used with a different request body; use a new key", "conflict"
         )
     if created.new:
-        requested = events.PipelineRequested(
-            pipeline_id=str(created.pipeline_id), brief=source, requested_at=dt.datetime.now(dt.UTC)
-        )
-        env = outbox.add(conn, requested, events.PIPELINE_REQUESTED, SOURCE)
+        outbox.append(conn, env)
         projection.record_request(conn, created.pipeline_id, env)
         return Accepted(created.pipeline_id, model.PipelineStatus.PENDING, True)
     pipeline = repository.get_pipeline(conn, created.pipeline_id)
@@ -88,7 +100,16 @@ def cancel(
     env = outbox.add(conn, request, events.PIPELINE_CANCEL_REQUESTED, SOURCE)
     pipeline = _locked(conn, pipeline_id)
     status = projection.record(
-        conn, pipeline, env.id, env.type, None, "cancel_requested", reason=reason, operation=operation, actor=actor
+        conn,
+        pipeline,
+        env.id,
+        env.type,
+        None,
+        "cancel_requested",
+        occurred_at=env.time,
+        reason=reason,
+        operation=operation,
+        actor=actor,
     )
     return Requested(pipeline_id, status, operation)
 
@@ -97,12 +118,13 @@ def retry(
     conn: sa.Connection,
     pipeline_id: uuid.UUID,
     max_attempts: dict[events.Stage, int] | None,
-    deadline_s: float,
+    policy: retention.Policy,
     actor: str,
     tenant: str | None = None,
 ) -> tuple[Requested, events.Stage]:
     """Resume a FAILED or CANCELED pipeline (of `tenant`, if given) at its first stage that did not succeed,
-    with a fresh attempt budget there (and the pipeline a fresh deadline). Anything else is a Conflict."""
+    with a fresh attempt budget there (and the pipeline a fresh deadline). Anything else is a Conflict, and
+    so is a pipeline that ended so long ago that its stages' jobs or files may be deleted before the retry ends."""
     pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status not in (model.PipelineStatus.FAILED, model.PipelineStatus.CANCELED):
@@ -110,6 +132,11 @@ def retry(
             f"pipeline {pipeline_id} is {status.value}: only a FAILED or CANCELED pipeline can be retried",
             status.value,
         )
+    stages = repository.get_stages(conn, [pipeline_id])[pipeline_id]
+    ended = {row.stage: row.finished_at for row in stages if row.finished_at is not None}
+    refused = policy.retry_refusal(ended, repository.now(conn))
+    if refused:
+        raise errors.Conflict(f"pipeline {pipeline_id} can no longer be retried: {refused}", status.value)
     resume = model.resume_stage(repository.stage_statuses(conn, pipeline_id))
     operation = pipeline.operations + 1
     repository.reopen_stages(conn, pipeline_id, resume)
@@ -123,7 +150,7 @@ def retry(
         error_code=None,
         error_message=None,
         finished_at=None,
-        deadline_at=db.seconds_from_now(deadline_s),
+        deadline_at=db.seconds_from_now(policy.deadline_s),
     )
     request = events.PipelineRetryRequested(
         pipeline_id=str(pipeline_id), operation=operation, stage=resume, max_attempts=max_attempts
@@ -138,6 +165,7 @@ def retry(
         env.type,
         None,
         "retry_requested",
+        occurred_at=env.time,
         resume=resume.value,
         max_attempts=budgets,
         operation=operation,

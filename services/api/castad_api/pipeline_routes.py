@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import contextlib
 import datetime as dt
+import functools
 import json
 import logging
 import math
-import re
 import uuid
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import sqlalchemy as sa
 from castad_contracts import api, events
-from castad_runtime import artifacts, db, outages
+from castad_runtime import artifacts, db
 from castad_runtime import links as signed_links
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import deps, errors, keys, model, operations, repository, webhooks
+from castad_api import deps, errors, keys, model, operations, repository, streams, timeline, webhooks
 from castad_api.deps import Actor, Gateway, GatewayDep, Operator, Reader, Submitter
 
 log = logging.getLogger(__name__)
@@ -74,14 +71,16 @@ def create_pipeline(
         raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
     with db.transaction(gw.engine) as conn:
         wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
+        if wait_s is None:
+            accepted = operations.create(conn, body, who.tenant, key, gw.config.pipeline_deadline_s)
     if wait_s is not None:
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
             f"this key may create {gw.config.creations_per_minute} pipelines a minute",
             {"Retry-After": str(math.ceil(wait_s))},
         )
-    with db.transaction(gw.engine) as conn:
-        accepted = operations.create(conn, body, who.tenant, key, gw.config.pipeline_deadline_s)
+    if accepted.created:
+        gw.metrics.pipelines_created.inc()
     pipeline_id = str(accepted.pipeline_id)
     return api.PipelineAccepted(
         id=pipeline_id, status=accepted.status.value, created=accepted.created, links=links(pipeline_id)
@@ -121,7 +120,11 @@ def cancel_pipeline(
     response_model=api.ActionAccepted,
     responses={
         404: {"model": api.Problem},
-        409: {"model": api.Conflict, "description": "the pipeline is not FAILED or CANCELED"},
+        409: {
+            "model": api.Conflict,
+            "description": "the pipeline is not FAILED or CANCELED, or it ended so long ago that retention deletes"
+            " its stages' jobs or files before a retry could end",
+        },
     },
 )
 def retry_pipeline(
@@ -133,11 +136,12 @@ def retry_pipeline(
 ) -> api.ActionAccepted:
     """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed, with a fresh attempt
     budget (`max_attempts` per stage, optional); stages that succeeded keep their artifacts and are not run
-    again. The pipeline gets a fresh deadline."""
+    again. The pipeline gets a fresh deadline. A pipeline can be retried until CASTAD_RETENTION_ARTIFACTS_S,
+    less its deadline and an hour, after the first of its stages ended."""
     overrides = (body or api.RetryRequest()).max_attempts
     with db.transaction(gw.engine) as conn:
         done, resume = operations.retry(
-            conn, pipeline_id, overrides, gw.config.pipeline_deadline_s, actor, who.tenant_filter()
+            conn, pipeline_id, overrides, gw.config.retention_policy(), actor, who.tenant_filter()
         )
     return api.ActionAccepted(
         id=str(pipeline_id),
@@ -258,16 +262,37 @@ def list_pipelines(
     stage: events.Stage | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     cursor: str | None = None,
+    q: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=80,
+            pattern=r"^[^\x00-\x1f\x7f]*$",
+            description="a pipeline id, or a part of the customer's name (any case): anywhere in it from 3"
+            " characters on, the beginning of one of its words for 1 or 2",
+        ),
+    ] = None,
 ) -> api.PipelinePage:
-    """Newest first, filtered by overall status and by the stage a pipeline is at."""
+    """Newest first, filtered by overall status, by the stage a pipeline is at, and by a search."""
     limit = min(limit, gw.config.page_size_max)
     after = _decode_cursor(cursor) if cursor else None
     with gw.engine.connect() as conn:
-        rows = repository.list_pipelines(conn, status_, stage, after, limit + 1, who.tenant_filter())
+        shown = repository.Listing(status_, stage, after, who.tenant_filter(), _search(q))
+        rows = repository.list_pipelines(conn, shown, limit + 1)
         page = rows[:limit]
         stage_rows = repository.get_stages(conn, [row.id for row in page])
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
     return api.PipelinePage(items=[_view(row, stage_rows[row.id]) for row in page], next_cursor=next_cursor)
+
+
+def _search(q: str | None) -> str | uuid.UUID | None:
+    """A pipeline id, or else the text to find in customers' names."""
+    if q is None:
+        return None
+    try:
+        return uuid.UUID(q.strip())
+    except ValueError:
+        return q
 
 
 @router.get(
@@ -282,69 +307,48 @@ async def pipeline_events(
     pipeline_id: uuid.UUID,
     gw: GatewayDep,
     who: Reader,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id: streams.LastEventId = None,
 ) -> EventSourceResponse:
     """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable."""
-    after = 0
-    if last_event_id:
-        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
-        if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
-            raise errors.invalid(("header", "Last-Event-ID"), "must be an id this stream sent", last_event_id)
-        after = int(last_event_id)
+    after = streams.resumes_after(last_event_id) or 0
     await run_in_threadpool(_load, gw, pipeline_id, who.tenant_filter())
-    return EventSourceResponse(_stream(gw, pipeline_id, after), ping=gw.config.sse_ping_s)
+    read = functools.partial(_progress, gw.engine, pipeline_id)
+    return EventSourceResponse(streams.follow(gw, str(pipeline_id), read, after), ping=gw.config.sse_ping_s)
 
 
-async def _stream(gw: Gateway, pipeline_id: uuid.UUID, after: int) -> AsyncIterator[dict[str, Any]]:
-    while True:
-        # Subscribed before the read, so that a projection committed after it still wakes the wait.
-        with gw.notifications.subscribe(str(pipeline_id)) as grown:
-            try:
-                rows, terminal = await run_in_threadpool(_timeline, gw.engine, pipeline_id, after)
-            except Exception as error:
-                if not outages.is_outage(error):
-                    raise
-                # The database is out: keep the stream (keep-alives go on) and read again later.
-                await asyncio.sleep(gw.config.sse_poll_s)
-                continue
-            for row in rows:
-                after = row.seq
-                data = json.dumps(_public(str(pipeline_id), row.data), ensure_ascii=False)
-                yield {"id": str(row.seq), "event": "progress", "data": data}
-            if terminal and not rows:
-                return
-            if not rows:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(grown.wait(), gw.config.sse_poll_s)
-
-
-def _public(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
-    """A timeline entry as clients see it: artifacts by their gateway links, never by where they are kept."""
-    shown = dict(data)
-    if isinstance(data.get("artifact"), dict) and data.get("step") in set(events.Stage):
-        shown["artifact"] = api.ArtifactLink.of(pipeline_id, events.Stage(data["step"]), data["artifact"]).model_dump()
-    if isinstance(data.get("artifacts"), dict):
-        shown["artifacts"] = {
-            stage: api.ArtifactLink.of(pipeline_id, events.Stage(stage), artifact).model_dump()
-            for stage, artifact in data["artifacts"].items()
-        }
-    return shown
-
-
-def _timeline(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> tuple[list[Any], bool]:
+def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> streams.Batch[int]:
+    """The pipeline's entries after `after`; the stream ends once it ended and every entry was sent."""
     with engine.connect() as conn:
         row = repository.get_pipeline(conn, pipeline_id)
         terminal = row is not None and model.PipelineStatus(row.status).terminal
-        return repository.timeline_after(conn, pipeline_id, after), terminal
+        rows = repository.timeline_after(conn, pipeline_id, after)
+    messages = [
+        {
+            "id": str(row.seq),
+            "event": "progress",
+            "data": json.dumps(timeline.public(str(pipeline_id), row.data), ensure_ascii=False),
+        }
+        for row in rows
+    ]
+    return streams.Batch(messages, rows[-1].seq if rows else after, more=bool(rows), ended=terminal and not rows)
+
+
+DELETED: dict[int | str, dict[str, Any]] = {
+    410: {
+        "model": api.Problem,
+        "description": "retention deleted it (CASTAD_RETENTION_ARTIFACTS_S after its stage ended)",
+    }
+}
 
 
 @router.get(
     "/pipelines/{pipeline_id}/artifacts/{stage}",
     response_class=FileResponse,
-    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}},
+    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
 )
 def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep, who: Reader) -> Response:
-    """The file a stage produced, or (with an object store) a redirect to a presigned URL of it."""
+    """The file a stage produced, or (with an object store) a redirect to a presigned URL of it; 410 once
+    retention deleted it."""
     return _serve(gw, pipeline_id, stage, who.tenant_filter())
 
 
@@ -352,7 +356,7 @@ def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDe
     "/links/pipelines/{pipeline_id}/artifacts/{stage}",
     response_class=FileResponse,
     tags=["providers"],
-    responses=LINK_ERRORS,
+    responses={**LINK_ERRORS, **DELETED},
     dependencies=SIGNED_LINK,
 )
 def linked_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep) -> Response:
@@ -364,10 +368,14 @@ def _serve(gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str
     with gw.engine.connect() as conn:
         if repository.get_pipeline(conn, pipeline_id, tenant) is None:
             raise errors.NotFound(f"no pipeline {pipeline_id}")
-        kept = repository.artifacts(conn, pipeline_id).get(stage.value)
-    if kept is None:
+        made, now = repository.get_stage(conn, pipeline_id, stage), repository.now(conn)
+    if made is None or made.artifact is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
-    artifact = events.Artifact.model_validate(kept)
+    if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
+        raise HTTPException(
+            status.HTTP_410_GONE, f"the {stage.value} file was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)"
+        )
+    artifact = events.Artifact.model_validate(made.artifact)
     try:
         where = gw.store.serve(artifact)
     except artifacts.ArtifactMissing:

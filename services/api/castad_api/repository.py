@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -11,12 +12,14 @@ from typing import Any
 import sqlalchemy as sa
 from castad_contracts import events
 from castad_runtime import db
+from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_api import model, tables
 
 pipelines = tables.pipelines
 stages = tables.stages
+attempts = tables.attempts
 timeline = tables.timeline
 letters = tables.dead_letters
 PIPELINE_EVENTS_CHANNEL = "castad_pipeline_events"
@@ -30,6 +33,14 @@ class Created:
     new: bool
 
 
+_CREATE_PIPELINE = """
+INSERT INTO pipelines (id, tenant, idempotency_key, request_hash, brief, callback_url, status, deadline_at, trace_id)
+VALUES (%(id)s, %(tenant)s, %(key)s, %(request_hash)s, %(brief)s, %(callback_url)s, %(status)s,
+        now() + make_interval(secs => %(deadline_s)s), %(trace_id)s)
+ON CONFLICT (idempotency_key) DO NOTHING RETURNING id
+"""
+
+
 def create_pipeline(
     conn: sa.Connection,
     pipeline_id: uuid.UUID,
@@ -39,26 +50,27 @@ def create_pipeline(
     brief: dict[str, Any],
     callback_url: str | None,
     deadline_s: float,
+    trace_id: str | None = None,
 ) -> Created:
     """Insert unless the tenant used the key already; then return what the key points at."""
     key = tenant_key(tenant, key)
-    inserted = conn.execute(
-        pg.insert(pipelines)
-        .values(
-            id=pipeline_id,
-            tenant=tenant,
-            idempotency_key=key,
-            request_hash=request_hash,
-            brief=brief,
-            callback_url=callback_url,
-            status=model.PipelineStatus.PENDING,
-            deadline_at=db.seconds_from_now(deadline_s),
-        )
-        .on_conflict_do_nothing(index_elements=[pipelines.c.idempotency_key])
-        .returning(pipelines.c.id)
-    ).scalar()
+    inserted = db.run(
+        conn,
+        _CREATE_PIPELINE,
+        {
+            "id": pipeline_id,
+            "tenant": tenant,
+            "key": key,
+            "request_hash": request_hash,
+            "brief": Jsonb(brief),
+            "callback_url": callback_url,
+            "status": model.PipelineStatus.PENDING.value,
+            "deadline_s": deadline_s,
+            "trace_id": trace_id,
+        },
+    ).fetchone()
     if inserted is not None:
-        return Created(inserted, request_hash, True)
+        return Created(inserted.id, request_hash, True)
     row = conn.execute(
         sa.select(pipelines.c.id, pipelines.c.request_hash).where(pipelines.c.idempotency_key == key)
     ).one()
@@ -92,6 +104,12 @@ def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[u
     return result
 
 
+def get_stage(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> sa.Row[Any] | None:
+    return conn.execute(
+        sa.select(stages).where(stages.c.pipeline_id == pipeline_id, stages.c.stage == stage.value)
+    ).first()
+
+
 def stage_applied(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> model.Applied | None:
     row = conn.execute(
         sa.select(stages.c.rank, stages.c.attempt, stages.c.step, stages.c.floor_attempt, stages.c.operation).where(
@@ -116,21 +134,18 @@ def reopen_stages(conn: sa.Connection, pipeline_id: uuid.UUID, from_stage: event
             floor_attempt=stages.c.attempt,
             next_attempt_at=None,
             started_at=None,
+            first_started_at=None,
             finished_at=None,
         )
     )
 
 
-def save_stage(
-    conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage, pos: model.Position, values: dict[str, Any]
-) -> None:
-    row = {"pipeline_id": pipeline_id, "stage": stage.value, "rank": pos[0], "attempt": pos[1], "step": pos[2]}
-    row.update(values)
-    statement = pg.insert(stages).values(**row)
-    conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=[stages.c.pipeline_id, stages.c.stage],
-            set_={key: statement.excluded[key] for key in row if key not in ("pipeline_id", "stage")},
+def pipeline_attempts(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[sa.Row[Any]]:
+    """Every attempt of the pipeline, by stage order and number."""
+    order = sa.case({stage.value: n for n, stage in enumerate(events.STAGE_ORDER)}, value=attempts.c.stage)
+    return list(
+        conn.execute(
+            sa.select(attempts).where(attempts.c.pipeline_id == pipeline_id).order_by(order, attempts.c.attempt)
         )
     )
 
@@ -166,20 +181,32 @@ def overdue(conn: sa.Connection, limit: int) -> list[uuid.UUID]:
     )
 
 
-def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) -> None:
-    conn.execute(pipelines.update().where(pipelines.c.id == pipeline_id).values(updated_at=sa.func.now(), **values))
+def now(conn: sa.Connection) -> dt.datetime:
+    """The database's clock, the one retention's deletions go by."""
+    return conn.execute(sa.select(sa.func.now())).scalar_one()
 
 
 def append_timeline(
-    conn: sa.Connection, pipeline_id: uuid.UUID, event_id: uuid.UUID, event_type: str, data: dict[str, Any]
+    conn: sa.Connection,
+    pipeline_id: uuid.UUID,
+    event_id: uuid.UUID,
+    event_type: str,
+    data: dict[str, Any],
+    occurred_at: dt.datetime | None = None,
 ) -> None:
-    conn.execute(timeline.insert().values(pipeline_id=pipeline_id, event_id=event_id, event_type=event_type, data=data))
+    """An entry of the pipeline's timeline; `occurred_at` is the event's own time (default: now). Its
+    trigger NOTIFYs the pipeline's event streams."""
+    db.run(conn, _APPEND_TIMELINE, (pipeline_id, event_id, event_type, Jsonb(data), occurred_at))
+
+
+# When an entry happened: the event's own time, or for entries older than that column when it was written.
+ENTRY_TIME = sa.func.coalesce(timeline.c.occurred_at, timeline.c.created_at).label("time")
 
 
 def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after_seq: int, limit: int = 100) -> list[sa.Row[Any]]:
     return list(
         conn.execute(
-            sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data)
+            sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME)
             .where(timeline.c.pipeline_id == pipeline_id, timeline.c.seq > after_seq)
             .order_by(timeline.c.seq)
             .limit(limit)
@@ -187,25 +214,128 @@ def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after_seq: int, 
     )
 
 
-def list_pipelines(
+def newest_entry(conn: sa.Connection) -> int:
+    """The seq of the newest timeline entry (0: none yet)."""
+    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(timeline.c.seq), 0))).scalar_one())
+
+
+def entries_of_all(
     conn: sa.Connection,
-    status: model.PipelineStatus | None,
-    stage: events.Stage | None,
-    after: tuple[dt.datetime, uuid.UUID] | None,
+    after_seq: int,
     limit: int,
     tenant: str | None = None,
+    status: model.PipelineStatus | None = None,
+    stage: events.Stage | None = None,
 ) -> list[sa.Row[Any]]:
-    """Newest first; `after` is the (created_at, id) of the last row of the previous page."""
-    query = sa.select(pipelines).order_by(pipelines.c.created_at.desc(), pipelines.c.id.desc()).limit(limit)
+    """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`: whether it is
+    the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step), and for
+    those its pipeline's tenant and customer. Every entry is returned, so that a gap in the seqs shows."""
+    scanned = (
+        sa.select(timeline.c.seq, timeline.c.pipeline_id, timeline.c.event_type, timeline.c.data, ENTRY_TIME)
+        .where(timeline.c.seq > after_seq)
+        .order_by(timeline.c.seq)
+        .limit(limit)
+        .subquery()
+    )
+    matches = [pipelines.c.id == scanned.c.pipeline_id]
     if tenant is not None:
-        query = query.where(pipelines.c.tenant == tenant)
+        matches.append(pipelines.c.tenant == tenant)
     if status is not None:
-        query = query.where(pipelines.c.status == status.value)
+        matches.append(scanned.c.data["pipeline_status"].astext == status.value)
     if stage is not None:
-        query = query.where(pipelines.c.current_stage == stage.value)
-    if after is not None:
-        query = query.where(sa.tuple_(pipelines.c.created_at, pipelines.c.id) < sa.tuple_(*after))
-    return list(conn.execute(query))
+        matches.append(scanned.c.data["step"].astext == stage.value)
+    return list(
+        conn.execute(
+            sa.select(
+                scanned,
+                pipelines.c.id.is_not(None).label("shown"),
+                pipelines.c.tenant,
+                pipelines.c.brief["customer_name"].astext.label("customer_name"),
+                pipelines.c.brief["region"].astext.label("region"),
+            )
+            .select_from(scanned.outerjoin(pipelines, sa.and_(*matches)))
+            .order_by(scanned.c.seq)
+        )
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """What a listing of pipelines shows: `after` is the (created_at, id) of the last row of the previous page;
+    `search` a pipeline id, or a part of the customer's name (see _named)."""
+
+    status: model.PipelineStatus | None = None
+    stage: events.Stage | None = None
+    after: tuple[dt.datetime, uuid.UUID] | None = None
+    tenant: str | None = None
+    search: str | uuid.UUID | None = None
+
+
+def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[sa.Row[Any]]:
+    """Newest first. A name is looked for among the newest RECENT pipelines first (a frequent one fills the
+    page there at once), and only if they hold too few, among all its matches through the trigram index
+    pipelines_customer_name: either way the page is the newest matches, and no search reads more than
+    RECENT rows or its matches."""
+    if isinstance(shown.search, str):
+        rows = list(conn.execute(listing(shown, limit, within=RECENT)))
+        if len(rows) == limit:
+            return rows
+    return list(conn.execute(listing(shown, limit)))
+
+
+RECENT = 2000
+
+
+def listing(shown: Listing, limit: int, within: int | None = None) -> sa.Select[Any]:
+    """A statement of list_pipelines (bench/stats.py explains them): with a name to search, among the newest
+    `within` pipelines, or (None) among every match of the trigram index."""
+    conditions = []
+    if shown.tenant is not None:
+        conditions.append(pipelines.c.tenant == shown.tenant)
+    if isinstance(shown.search, uuid.UUID):
+        conditions.append(pipelines.c.id == shown.search)
+    if shown.status is not None:
+        conditions.append(pipelines.c.status == shown.status.value)
+    if shown.stage is not None:
+        conditions.append(pipelines.c.current_stage == shown.stage.value)
+    if shown.after is not None:
+        conditions.append(sa.tuple_(pipelines.c.created_at, pipelines.c.id) < sa.tuple_(*shown.after))
+    newest = (pipelines.c.created_at.desc(), pipelines.c.id.desc())
+    search = shown.search
+    if not isinstance(search, str):
+        return sa.select(pipelines).where(*conditions).order_by(*newest).limit(limit)
+    if within is not None:
+        recent = sa.select(pipelines).where(*conditions).order_by(*newest).limit(within).subquery()
+        named = _named(recent.c.brief["customer_name"].astext, search)
+        return sa.select(recent).where(named).order_by(recent.c.created_at.desc(), recent.c.id.desc()).limit(limit)
+    # Every match through the trigram index, materialised: left to itself, the planner may read the listing
+    # index from the newest down instead, betting that matches are everywhere, and lose the bet on every row
+    # of the table when a tenant has none (names go with tenants: they are their customers).
+    matches = (
+        sa.select(pipelines.c.id, pipelines.c.created_at)
+        .where(_named(CUSTOMER_NAME, search), *conditions)
+        .cte("matches")
+        .prefix_with("MATERIALIZED")
+    )
+    page = sa.select(matches).order_by(matches.c.created_at.desc(), matches.c.id.desc()).limit(limit).subquery()
+    return (
+        sa.select(pipelines)
+        .join(page, page.c.id == pipelines.c.id)
+        .order_by(page.c.created_at.desc(), page.c.id.desc())
+    )
+
+
+CUSTOMER_NAME = pipelines.c.brief["customer_name"].astext  # the expression of the index pipelines_customer_name
+TRIGRAM = 3
+
+
+def _named(name: sa.ColumnElement[str], search: str) -> sa.ColumnElement[bool]:
+    """Names that hold `search` (any case), or, shorter than a trigram, have a word that starts with it: a
+    trigram index finds both (ILIKE on the indexed expression itself, never wrapped in lower())."""
+    escaped = search.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    if len(search) >= TRIGRAM:
+        return name.ilike(f"%{escaped}%", escape="/")
+    return sa.or_(name.ilike(f"{escaped}%", escape="/"), name.ilike(f"% {escaped}%", escape="/"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,3 +396,146 @@ def dead_letter_acted(conn: sa.Connection, letter_id: int, action: str, actor: s
 def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[sa.Row[Any]]:
     actions = tables.dead_letter_actions
     return list(conn.execute(sa.select(actions).where(actions.c.dead_letter_id == letter_id).order_by(actions.c.id)))
+
+
+DEAD_LETTER_STATUSES = ("dead", "replayed", "discarded")
+
+
+def dead_letter_counts(conn: sa.Connection) -> dict[str, int]:
+    """Recorded dead letters by status (an index-only scan of dead_letters_by_status), for the metrics."""
+    counted = conn.execute(sa.select(letters.c.status, sa.func.count()).group_by(letters.c.status)).all()
+    return dict.fromkeys(DEAD_LETTER_STATUSES, 0) | {status: count for status, count in counted}
+
+
+_APPEND_TIMELINE = """
+INSERT INTO pipeline_events (pipeline_id, event_id, event_type, data, occurred_at)
+VALUES (%s, %s, %s, %s, coalesce(%s, now()))
+"""
+
+
+# -- The projection's hot path, as plain SQL (castad_runtime.db.run): a few statements per event ------------
+
+_LOCK_PROJECTED = """
+SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, callback_url
+FROM pipelines WHERE id = %s FOR UPDATE
+"""
+# Read once the pipeline is locked, by a statement of its own: a statement that waited for the lock still
+# sees what it read as it was before (READ COMMITTED), so one that read the stages with the lock would miss
+# what the transaction it waited for wrote.
+_PROJECTED_STAGES = """
+SELECT stage, status, rank, attempt, step, floor_attempt, operation, artifact FROM pipeline_stages
+WHERE pipeline_id = %s
+"""
+
+
+@dataclasses.dataclass
+class Projected:
+    """A pipeline locked for its projection, with what its stages have applied so far."""
+
+    pipeline: Any  # the row: id, status, operations, cancel_requested_at, cancel_reason, error_code, callback_url
+    stages: dict[events.Stage, dict[str, Any]]
+
+    def applied(self, stage: events.Stage) -> model.Applied | None:
+        row = self.stages.get(stage)
+        if row is None:
+            return None
+        return model.Applied((row["rank"], row["attempt"], row["step"]), row["floor_attempt"], row["operation"])
+
+    def statuses(self) -> dict[events.Stage, model.StageStatus]:
+        return {stage: model.StageStatus(row["status"]) for stage, row in self.stages.items()}
+
+    def artifacts(self) -> dict[str, Any]:
+        return {stage.value: row["artifact"] for stage, row in self.stages.items() if row.get("artifact") is not None}
+
+
+def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
+    """The pipeline, locked, with its stages."""
+    row = db.run(conn, _LOCK_PROJECTED, (pipeline_id,)).fetchone()
+    if row is None:
+        return None
+    stages = db.run(conn, _PROJECTED_STAGES, (pipeline_id,)).fetchall()
+    return Projected(row, {events.Stage(stage.stage): stage._asdict() for stage in stages})
+
+
+_CANCELED = model.AttemptOutcome.CANCELED.value
+_SAVE_ATTEMPT = """
+INSERT INTO pipeline_attempts AS a (pipeline_id, stage, attempt, worker, started_at, ended_at, outcome, error_code,
+                                    error_message)
+VALUES (%(pipeline_id)s, %(stage)s, %(attempt)s, %(worker)s, %(started_at)s, %(ended_at)s, %(outcome)s,
+        %(error_code)s, %(error_message)s)
+ON CONFLICT (pipeline_id, stage, attempt) DO UPDATE SET
+    worker = coalesce(a.worker, EXCLUDED.worker),
+    started_at = coalesce(a.started_at, EXCLUDED.started_at),
+    ended_at = CASE WHEN {ends} THEN EXCLUDED.ended_at ELSE a.ended_at END,
+    outcome = CASE WHEN {ends} THEN EXCLUDED.outcome ELSE a.outcome END,
+    error_code = CASE WHEN {ends} THEN EXCLUDED.error_code ELSE a.error_code END,
+    error_message = CASE WHEN {ends} THEN EXCLUDED.error_message ELSE a.error_message END
+""".replace(
+    "{ends}",
+    "EXCLUDED.ended_at IS NOT NULL AND (a.ended_at IS NULL"
+    f" OR (a.outcome = '{_CANCELED}' AND EXCLUDED.outcome <> '{_CANCELED}'))",
+)
+_ATTEMPT_FIELDS = ("worker", "started_at", "ended_at", "outcome", "error_code", "error_message")
+
+
+def save_attempt(
+    conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage, attempt: int, change: dict[str, Any]
+) -> None:
+    """Merge what an event says of an attempt (model.attempt_change) into its row, in one statement.
+
+    A start fills only what is missing, so a late `started` never reopens a finished attempt. An end
+    is taken if the attempt had none, or had a cancel's: the attempt's own end (`retrying`, `failed`,
+    `completed`) may come after the cancel that found it already ended."""
+    params: dict[str, Any] = {"pipeline_id": pipeline_id, "stage": stage.value, "attempt": attempt}
+    params.update({field: change.get(field) for field in _ATTEMPT_FIELDS})
+    db.run(conn, _SAVE_ATTEMPT, params)
+
+
+@functools.cache
+def _stage_upsert(columns: tuple[str, ...]) -> str:
+    """The upsert of a stage's row with these columns (besides its key); the first start since the stage
+    was (re)opened stays."""
+    names = ", ".join(columns)
+    values = ", ".join(f"%({column})s" for column in columns)
+    updates = ", ".join(
+        "first_started_at = coalesce(s.first_started_at, EXCLUDED.first_started_at)"
+        if column == "first_started_at"
+        else f"{column} = EXCLUDED.{column}"
+        for column in columns
+    )
+    return (
+        f"INSERT INTO pipeline_stages AS s (pipeline_id, stage, {names}) VALUES (%(pipeline_id)s, %(stage)s, {values})"
+        f" ON CONFLICT (pipeline_id, stage) DO UPDATE SET {updates}"
+    )
+
+
+def save_stage(
+    conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage, pos: model.Position, values: dict[str, Any]
+) -> None:
+    row = {"rank": pos[0], "attempt": pos[1], "step": pos[2], **values}
+    if "started_at" in values:
+        row["first_started_at"] = values["started_at"]
+    if row.get("artifact") is not None:
+        row["artifact"] = Jsonb(row["artifact"])
+    columns = tuple(sorted(row))
+    db.run(conn, _stage_upsert(columns), {"pipeline_id": pipeline_id, "stage": stage.value, **row})
+
+
+NOW = object()  # a value of update_pipeline: the database's now()
+
+
+@functools.cache
+def _pipeline_update(columns: tuple[str, ...], now: frozenset[str]) -> str:
+    sets = ", ".join(f"{column} = now()" if column in now else f"{column} = %({column})s" for column in columns)
+    return f"UPDATE pipelines SET updated_at = now(), {sets} WHERE id = %(id)s"
+
+
+def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) -> None:
+    """Set these columns (a value NOW: the database's now()); SQL values (SQLAlchemy) go the slow way."""
+    if any(isinstance(value, sa.ClauseElement) for value in values.values()):
+        values = {column: sa.func.now() if value is NOW else value for column, value in values.items()}
+        conn.execute(pipelines.update().where(pipelines.c.id == pipeline_id).values(updated_at=sa.func.now(), **values))
+        return
+    now = frozenset(column for column, value in values.items() if value is NOW)
+    params = {column: value for column, value in values.items() if value is not NOW}
+    db.run(conn, _pipeline_update(tuple(sorted(values)), now), {"id": pipeline_id, **params})

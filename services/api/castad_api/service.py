@@ -1,5 +1,5 @@
 """Composition root of the gateway: HTTP API, the consumer that feeds its projection, the recorder of
-dead letters and the sweeper of overdue pipelines."""
+dead letters, the sweeper of overdue pipelines, the deliverer of notices and retention."""
 
 from __future__ import annotations
 
@@ -12,55 +12,80 @@ from collections.abc import AsyncIterator
 import uvicorn
 from castad_contracts import events, topology
 from castad_runtime import artifacts, cli, consumer, db, messaging, process, telemetry
+from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from castad_api import app as app_
-from castad_api import dead_letters, deadlines, deps, key_commands, notifications, projection, webhooks
+from castad_api import (
+    dead_letters,
+    deadlines,
+    deps,
+    key_commands,
+    metrics,
+    notifications,
+    projection,
+    retention,
+    webhooks,
+)
 from castad_api import settings as settings_
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 
 def build(config: settings_.ApiSettings) -> FastAPI:
-    engine = db.make_engine(config.database_url, pool_size=config.consumer_threads + 8)
+    engine = db.make_engine(config.database_url, pool_size=8)  # HTTP requests and the background loops
+    # The projection's own: its consumer rides out a dropped connection by trying again, no pre-ping needed.
+    projecting = db.make_engine(config.database_url, pool_size=config.consumer_threads, pre_ping=False)
+    topo = topology.Topology(config.namespace)
     gateway = deps.Gateway(
         config=config,
         engine=engine,
         notifications=notifications.PipelineNotifications(config.database_url),
         store=artifacts.make_store(config),
+        metrics=metrics.instruments(config.database_url, config.amqp_url, topo),
     )
-    topo = topology.Topology(config.namespace)
-    messaging.declare_topology_when_reachable(config.amqp_url, topo)
-    broker = messaging.make_broker(config.amqp_url)
+    messaging.declare_own_when_reachable(config.amqp_url, topo, "api")
+    broker = messaging.make_broker(config.amqp_url, topo.queue("api"))
     handlers: dict[str, consumer.Handler] = {
-        events.stage_event(stage, fact): lambda env, payload: projection.apply(engine, env, payload)
+        events.stage_event(stage, fact): lambda env, payload: projection.apply(
+            projecting, env, payload, gateway.metrics
+        )
         for stage in events.Stage
         for fact in typing.get_args(events.StageFact)
     }
     consumer.EventConsumer(
-        broker, "api", topo, handlers, max_retries=config.handler_retries, hold_s=config.hold_events_s
+        broker,
+        "api",
+        topo,
+        handlers,
+        max_retries=config.handler_retries,
+        hold_s=config.hold_events_s,
+        metrics=gateway.metrics.consumer,
     )
     worker = process.ConsumerWorker(broker, config.consumer_threads)
     recorder = dead_letters.Recorder(config.amqp_url, topo.dead_letter_queue, engine, config.dead_letter_body_max_bytes)
     sweeper = deadlines.DeadlineSweeper(engine, config.deadline_poll_s)
     deliverer = webhooks.Deliverer(engine, config)
+    pruner = runtime_retention.Pruner.of(retention.steps(engine, config, config.retention_policy()), config)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         gateway.notifications.start()
-        for part in (worker, recorder, sweeper, deliverer):
+        for part in (worker, recorder, sweeper, deliverer, pruner):
             part.start()
         try:
             yield
         finally:
-            for part in (deliverer, sweeper, recorder, worker):
+            for part in (pruner, deliverer, sweeper, recorder, worker):
                 part.stop()
             await gateway.notifications.stop()
+            projecting.dispose()
             engine.dispose()
 
     application = app_.create_app(gateway, lifespan)
-    FastAPIInstrumentor.instrument_app(application, excluded_urls="healthz,readyz")
+    # The probes, the scrapes and the console's static files are no work of a pipeline: no spans for them.
+    FastAPIInstrumentor.instrument_app(application, excluded_urls="healthz,readyz,metrics,/ui")
     return application
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import string
+from typing import Self
 
 from castad_runtime import settings
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
+
+from castad_api import retention
 
 
 class ApiSettings(settings.StoreSettings):
@@ -18,6 +22,7 @@ class ApiSettings(settings.StoreSettings):
         pattern=settings.POSTGRES_URL,
         description="the gateway's own database",
     )
+    outbox_relay_role: settings.OutboxRelayRole = None
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
     max_body_bytes: int = Field(default=16_384, ge=1024, description="larger request bodies get 413")
@@ -52,6 +57,79 @@ class ApiSettings(settings.StoreSettings):
     webhook_backoff_max_s: float = Field(default=3600.0, gt=0, description="longest delay between tries of a notice")
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=120, description="longest wait for a receiver's answer")
     webhook_poll_s: float = Field(default=1.0, gt=0, le=60, description="how often due notices are looked for")
+    retention_timeline_s: float = Field(
+        default=30 * settings.DAY_S,
+        ge=3600,
+        description="the timeline of a pipeline that ended (its event stream) is deleted this long after it ended",
+    )
+    retention_pipelines_s: float = Field(
+        default=90 * settings.DAY_S,
+        ge=3600,
+        description="a pipeline that ended is deleted this long after it ended, with its stages, attempts, webhook"
+        " notices and Idempotency-Key (never while a notice is still being tried); at least"
+        " CASTAD_API_RETENTION_TIMELINE_S",
+    )
+    retention_dead_letters_s: float = Field(
+        default=30 * settings.DAY_S,
+        ge=3600,
+        description="a dead letter replayed or discarded is deleted this long after the last action on it (one still"
+        " dead is kept)",
+    )
+    trace_url: str | None = Field(
+        default=None,
+        description="a pipeline's trace in a trace viewer, {trace_id} standing for its id (Jaeger:"
+        " http://127.0.0.1:16686/trace/{trace_id}); shown on its timeline (unset: no link)",
+    )
+    stuck_after_s: float = Field(
+        default=1860.0,
+        gt=0,
+        description="a stage RUNNING whose attempt started longer ago is counted stuck in /v1/stats: the longest an"
+        " attempt may take (CASTAD_<STAGE>_ATTEMPT_TIMEOUT_S, or _PROVIDER_GIVE_UP_S at a network provider) plus a"
+        " lease",
+    )
+    firehose_max_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="the stream of every pipeline (/v1/events) closes after this long; a client reconnects with"
+        " Last-Event-ID and loses nothing, and long streams spread over the replicas",
+    )
+
+    def retention_policy(self) -> retention.Policy:
+        return retention.Policy(
+            inbox_s=self.retention_inbox_s,
+            artifacts_s=self.retention_artifacts_s,
+            timeline_s=self.retention_timeline_s,
+            pipelines_s=self.retention_pipelines_s,
+            dead_letters_s=self.retention_dead_letters_s,
+            deadline_s=self.pipeline_deadline_s,
+        )
+
+    @model_validator(mode="after")
+    def _retention_outlives_a_run(self) -> Self:
+        if self.retention_artifacts_s <= self.pipeline_deadline_s:
+            raise ValueError(
+                "CASTAD_RETENTION_ARTIFACTS_S must be longer than CASTAD_API_PIPELINE_DEADLINE_S: a running pipeline"
+                " reads the files of its earlier stages until its deadline"
+            )
+        if self.retention_pipelines_s < self.retention_timeline_s:
+            raise ValueError(
+                "CASTAD_API_RETENTION_PIPELINES_S must be at least CASTAD_API_RETENTION_TIMELINE_S: a pipeline is"
+                " deleted with its timeline"
+            )
+        return self
+
+    @field_validator("trace_url")
+    @classmethod
+    def _trace_template(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            fields = {(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(value) if name}
+        except ValueError:
+            fields = set()
+        if not value.startswith(("http://", "https://")) or fields != {("trace_id", "", None)}:
+            raise ValueError("must be an http(s) URL with {trace_id} where the trace id goes, and no other {...}")
+        return value
 
     @field_validator("webhook_secret")
     @classmethod

@@ -9,6 +9,9 @@ from sqlalchemy.dialects import postgresql as pg
 metadata = runtime_tables.metadata
 TZ = runtime_tables.TZ
 OPEN_ENDED = "('SUCCEEDED', 'FAILED', 'CANCELED')"  # pipeline statuses no deadline applies to
+# Retention's predicates (castad_api.retention), written once for its partial indexes and its queries alike.
+ENDED = f"status IN {OPEN_ENDED}"
+SETTLED_LETTER = "status IN ('replayed', 'discarded')"
 
 pipelines = sa.Table(
     "pipelines",
@@ -37,10 +40,26 @@ pipelines = sa.Table(
     sa.Column("deadline_at", TZ),
     # Where to tell of the pipeline's end (webhooks.py); not part of the brief the stages get.
     sa.Column("callback_url", sa.Text),
+    # Of the traceparent of its pipeline.requested: one trace per pipeline (null: no tracing then).
+    sa.Column("trace_id", sa.Text),
     sa.Index("pipelines_listing", "created_at", "id"),
     sa.Index("pipelines_tenant_listing", "tenant", "created_at", "id"),
     sa.Index("pipelines_due", "deadline_at", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
+    sa.Index("pipelines_ended", "finished_at", postgresql_where=sa.text(ENDED)),
+    # The statistics (stats.py) read only what is in flight, or ended within their window (pipelines_ended).
+    sa.Index("pipelines_in_flight", "status", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
 )
+# A part of a customer's name, found by its trigrams (pg_trgm; every script, Hangul too).
+sa.Index(
+    "pipelines_customer_name",
+    pipelines.c.brief["customer_name"].astext.label("customer_name"),
+    postgresql_using="gin",
+    postgresql_ops={"customer_name": "gin_trgm_ops"},
+)
+
+# The index of customer names needs pg_trgm, a trusted extension: the database's owner may create it.
+EXTENSIONS = sa.DDL("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+sa.event.listen(pipelines, "before_create", EXTENSIONS)
 
 stages = sa.Table(
     "pipeline_stages",
@@ -59,9 +78,34 @@ stages = sa.Table(
     sa.Column("last_error_code", sa.Text),
     sa.Column("last_error_message", sa.Text),
     sa.Column("next_attempt_at", TZ),
-    sa.Column("started_at", TZ),
+    sa.Column("started_at", TZ),  # of its latest attempt
+    sa.Column("first_started_at", TZ),  # of its first attempt since it was (re)opened
     sa.Column("finished_at", TZ),
     sa.Column("artifact", pg.JSONB),
+    sa.Index("pipeline_stages_finished", "finished_at", postgresql_where=sa.text("finished_at IS NOT NULL")),
+)
+
+# Every attempt of a stage as its events told it: who ran it, when, how it ended (projection.py).
+attempts = sa.Table(
+    "pipeline_attempts",
+    metadata,
+    sa.Column(
+        "pipeline_id", pg.UUID(as_uuid=True), sa.ForeignKey("pipelines.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("stage", sa.Text, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("worker", sa.Text),  # null: its started event did not say (version 1) or has not come
+    sa.Column("started_at", TZ),
+    sa.Column("ended_at", TZ),
+    sa.Column("outcome", sa.Text),  # null while it runs; model.AttemptOutcome
+    sa.Column("error_code", sa.Text),
+    sa.Column("error_message", sa.Text),
+    sa.Index(
+        "pipeline_attempts_ended",
+        "ended_at",
+        postgresql_include=["stage", "outcome", "error_code", "started_at"],
+        postgresql_where=sa.text("ended_at IS NOT NULL"),
+    ),
 )
 
 # Who may call the gateway (keys.py): only a key's SHA-256 is kept.
@@ -95,8 +139,10 @@ timeline = sa.Table(
     sa.Column("event_id", pg.UUID(as_uuid=True), nullable=False, unique=True),
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("data", pg.JSONB, nullable=False),
-    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),  # when the gateway wrote it
+    sa.Column("occurred_at", TZ),  # the event's own time (its envelope's); null: written before it was kept
     sa.Index("pipeline_events_by_pipeline", "pipeline_id", "seq"),
+    sa.Index("pipeline_events_created", "created_at"),
 )
 
 dead_letters = sa.Table(
@@ -121,6 +167,9 @@ dead_letters = sa.Table(
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Index("dead_letters_by_status", "status", "id"),
     sa.Index("dead_letters_by_pipeline", "pipeline_id", "id"),
+    sa.Index("dead_letters_open", "kind", postgresql_where=sa.text("status = 'dead'")),
+    sa.Index("dead_letters_received", "received_at"),
+    sa.Index("dead_letters_settled", "updated_at", postgresql_where=sa.text(SETTLED_LETTER)),
 )
 
 dead_letter_actions = sa.Table(

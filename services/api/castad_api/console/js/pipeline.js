@@ -1,0 +1,299 @@
+// One pipeline: its brief and state, a card per stage, previews of what the stages made (lyrics, the song,
+// the video), its attempts and timeline, links to its files and its trace, and the operator's Cancel and
+// Retry; all kept live from the pipeline's own event stream.
+
+import { call, download, problem } from "./api.js";
+import { confirmAction } from "./dialog.js";
+import { definition as field, fill, h } from "./dom.js";
+import * as format from "./format.js";
+import { t, tOr } from "./i18n.js";
+import { badge, isEnded, progressBar } from "./model.js";
+import { follow } from "./sse.js";
+
+const EXTENSIONS = { "audio/wav": ".wav", "video/mp4": ".mp4", "text/plain": ".txt" };
+const CANCELABLE = ["PENDING", "RUNNING"];
+const RETRYABLE = ["FAILED", "CANCELED"];
+
+function extension(mediaType) {
+  return EXTENSIONS[mediaType.split(";")[0].trim()] || "";
+}
+
+function errorText(code, message) {
+  if (!code && !message) return null;
+  return h("span", { class: "error" }, h("code", {}, code || ""), message ? ` ${message}` : "");
+}
+
+export function render(root, { arg: id, may }) {
+  const urls = []; // object URLs made here, revoked when the page closes
+  const previewed = new Map(); // stage -> sha256 of the file its preview shows
+  let view = null;
+  let timeline = null;
+  let refreshing = null;
+  let again = false;
+
+  const live = h("span", { class: "live", "data-testid": "live", "data-state": "connecting" }, t("live.connecting"));
+  const head = h("section", { class: "pipeline-head" });
+  const actions = h("div", { class: "actions" });
+  const result = h("p", { class: "notice", role: "status", "data-testid": "action-result" });
+  const stages = h("section", { class: "stages", "data-testid": "stages" });
+  const previews = {
+    lyric: h("div", { class: "preview", "data-preview": "lyric" }),
+    song: h("div", { class: "preview", "data-preview": "song" }),
+    video: h("div", { class: "preview", "data-preview": "video" }),
+  };
+  const links = h("ul", { class: "links", "data-testid": "links" });
+  const attempts = h("tbody", { "data-testid": "attempts" });
+  const entries = h("tbody", { "data-testid": "timeline" });
+  const more = h("p", { class: "more", hidden: true }, t("pipeline.timeline_more"));
+
+  function objectUrl(blob) {
+    const made = URL.createObjectURL(blob);
+    urls.push(made);
+    return made;
+  }
+
+  async function save(stage, artifact) {
+    try {
+      const link = h("a", { href: objectUrl(await download(artifact.download)), download: `${id}-${stage}${extension(artifact.media_type)}` });
+      link.click();
+    } catch (error) {
+      result.textContent = problem(error);
+    }
+  }
+
+  async function preview(stage, artifact) {
+    if (previewed.get(stage) === artifact.sha256) return;
+    previewed.set(stage, artifact.sha256);
+    const box = previews[stage];
+    fill(box, h("h3", {}, t(`stage.${stage}`)), h("p", { class: "loading" }, t("pipeline.loading")));
+    try {
+      const blob = await download(artifact.download);
+      let shown;
+      if (stage === "lyric") shown = h("pre", { class: "lyrics", "data-testid": "lyrics" }, await blob.text());
+      else if (stage === "song") shown = h("audio", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "song" });
+      else shown = h("video", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "video" });
+      fill(box, h("h3", {}, t(`stage.${stage}`)), shown);
+    } catch (error) {
+      previewed.delete(stage);
+      fill(box, h("h3", {}, t(`stage.${stage}`)), h("p", { class: "problem" }, problem(error)));
+    }
+  }
+
+  function drawHead() {
+    const brief = view.brief;
+    fill(
+      head,
+      h("div", { class: "title" }, h("h1", { "data-testid": "customer" }, brief.customer_name), badge(view.status, "pipeline-status"), live),
+      h("p", { class: "brief" }, [brief.region, brief.detail_region_info].filter(Boolean).join(" · ")),
+      progressBar(view.progress),
+      h(
+        "dl",
+        { class: "facts" },
+        field(t("pipeline.id"), h("code", {}, view.id)),
+        field(t("pipeline.brief"), `${brief.language} · ${brief.genre} · ${brief.orientation} · ${brief.duration_s} s`),
+        field(t("pipeline.created"), format.dateTime(view.created_at)),
+        field(t("pipeline.updated"), format.dateTime(view.updated_at)),
+        view.finished_at && field(t("pipeline.finished"), format.dateTime(view.finished_at)),
+        !isEnded(view.status) && view.deadline_at && field(t("pipeline.deadline"), format.dateTime(view.deadline_at)),
+        view.retries > 0 && field(t("pipeline.retries"), format.number(view.retries)),
+        view.cancel_reason && field(t("pipeline.cancel_reason"), view.cancel_reason),
+        (view.error_code || view.error_message) && field(t("pipeline.error"), errorText(view.error_code, view.error_message)),
+      ),
+    );
+    const buttons = [];
+    if (may("operate") && CANCELABLE.includes(view.status)) {
+      buttons.push(h("button", { type: "button", class: "danger", "data-testid": "cancel", onclick: cancel }, t("action.cancel")));
+    }
+    if (may("operate") && RETRYABLE.includes(view.status)) {
+      buttons.push(h("button", { type: "button", class: "primary", "data-testid": "retry", onclick: retry }, t("action.retry")));
+    }
+    fill(actions, buttons);
+  }
+
+  function drawStages() {
+    fill(
+      stages,
+      view.stages.map((s) =>
+        h(
+          "article",
+          { class: "stage-card", "data-stage": s.stage, "data-status": s.status },
+          h("h3", {}, t(`stage.${s.stage}`), " ", badge(s.status)),
+          h(
+            "dl",
+            {},
+            field(t("pipeline.attempts"), s.max_attempts ? `${s.attempts} / ${s.max_attempts}` : String(s.attempts)),
+            s.started_at && field(t("pipeline.started"), format.time(s.started_at)),
+            s.finished_at && field(t("pipeline.finished"), format.time(s.finished_at)),
+            s.next_attempt_at && field(t("pipeline.next_attempt"), format.time(s.next_attempt_at)),
+            (s.last_error_code || s.last_error_message) && field(t("pipeline.error"), errorText(s.last_error_code, s.last_error_message)),
+            s.artifact && field(t("pipeline.file"), `${s.artifact.media_type.split(";")[0]} · ${format.bytes(s.artifact.size)}`),
+          ),
+        ),
+      ),
+    );
+    for (const s of view.stages) {
+      if (s.artifact) preview(s.stage, s.artifact);
+    }
+  }
+
+  function drawLinks() {
+    const files = view.stages
+      .filter((s) => s.artifact)
+      .map((s) =>
+        h(
+          "li",
+          {},
+          h("button", { type: "button", class: "link", "data-download": s.stage, onclick: () => save(s.stage, s.artifact) }, t("pipeline.download", { stage: t(`stage.${s.stage}`) })),
+          h("code", {}, s.artifact.download),
+        ),
+      );
+    const trace = timeline.trace_url
+      ? h("li", {}, h("a", { href: timeline.trace_url, target: "_blank", rel: "noopener noreferrer", "data-testid": "trace" }, t("pipeline.trace")), h("code", {}, timeline.trace_id))
+      : timeline.trace_id && h("li", {}, t("pipeline.trace_id"), " ", h("code", {}, timeline.trace_id));
+    fill(links, files, trace);
+  }
+
+  function drawAttempts() {
+    fill(
+      attempts,
+      timeline.attempts.map((a) =>
+        h(
+          "tr",
+          { "data-stage": a.stage, "data-outcome": a.outcome },
+          h("td", {}, t(`stage.${a.stage}`)),
+          h("td", {}, String(a.attempt)),
+          h("td", {}, a.worker || "–"),
+          h("td", {}, format.time(a.started_at)),
+          h("td", {}, format.seconds(a.duration_s)),
+          h("td", {}, h("span", { class: `outcome outcome-${a.outcome}` }, t(`outcome.${a.outcome}`))),
+          h("td", {}, a.error_code ? h("code", {}, a.error_code) : ""),
+          h("td", { class: "message" }, a.error_message || ""),
+        ),
+      ),
+    );
+  }
+
+  function entryDetail(entry) {
+    const parts = [];
+    if (entry.error) parts.push(errorText(entry.error.code, entry.error.message));
+    if (entry.actor) parts.push(t("pipeline.by", { actor: entry.actor }));
+    if (entry.reason) parts.push(entry.reason);
+    if (entry.resume) parts.push(t("pipeline.resumes_at", { stage: t(`stage.${entry.resume}`) }));
+    if (entry.detail) parts.push(entry.detail);
+    if (entry.next_attempt_at) parts.push(t("pipeline.next_at", { time: format.time(entry.next_attempt_at) }));
+    return parts.flatMap((part, i) => (i ? [" · ", part] : [part]));
+  }
+
+  function drawTimeline() {
+    fill(
+      entries,
+      timeline.entries.map((e) =>
+        h(
+          "tr",
+          { "data-status": e.status },
+          h("td", {}, format.time(e.time)),
+          h("td", {}, e.step === "pipeline" ? t("pipeline.whole") : t(`stage.${e.step}`)),
+          h("td", {}, tOr(`fact.${e.status}`, e.status)),
+          h("td", {}, e.attempt ?? ""),
+          h("td", {}, e.worker || ""),
+          h("td", { class: "message" }, entryDetail(e)),
+        ),
+      ),
+    );
+    more.hidden = timeline.next_after === null;
+  }
+
+  async function refresh() {
+    if (refreshing) {
+      again = true;
+      return refreshing;
+    }
+    refreshing = (async () => {
+      try {
+        [view, timeline] = await Promise.all([call(`/v1/pipelines/${id}`), call(`/v1/pipelines/${id}/timeline`)]);
+        drawHead();
+        drawStages();
+        drawLinks();
+        drawAttempts();
+        drawTimeline();
+      } catch (error) {
+        result.textContent = problem(error);
+      }
+    })();
+    await refreshing;
+    refreshing = null;
+    if (again) {
+      again = false;
+      await refresh();
+    }
+  }
+
+  async function act(action, body, done) {
+    try {
+      const answer = await call(`/v1/pipelines/${id}/${action}`, { method: "POST", body });
+      result.textContent = done(answer);
+    } catch (error) {
+      result.textContent = problem(error);
+    }
+    stream.restart(); // a retried pipeline's stream goes on, however long it had been closed
+    await refresh();
+  }
+
+  async function cancel() {
+    const answer = await confirmAction({
+      title: t("action.cancel_title"),
+      message: t("action.cancel_message", { customer: view.brief.customer_name }),
+      confirmLabel: t("action.cancel"),
+      reason: { label: t("action.reason"), placeholder: t("action.reason_hint") },
+      danger: true,
+    });
+    if (answer) await act("cancel", answer.reason ? { reason: answer.reason } : {}, (a) => t("action.cancel_done", { status: t(`status.${a.status}`) }));
+  }
+
+  async function retry() {
+    const answer = await confirmAction({
+      title: t("action.retry_title"),
+      message: t("action.retry_message", { customer: view.brief.customer_name }),
+      confirmLabel: t("action.retry"),
+    });
+    if (answer) await act("retry", {}, (a) => t("action.retry_done", { stage: t(`stage.${a.resumes_at}`) }));
+  }
+
+  const headings = (keys) => h("thead", {}, h("tr", {}, keys.map((key) => h("th", {}, t(key)))));
+  root.append(
+    head,
+    actions,
+    result,
+    stages,
+    h("section", { class: "previews" }, h("h2", {}, t("pipeline.previews")), previews.lyric, previews.song, previews.video),
+    h("section", {}, h("h2", {}, t("pipeline.links")), links),
+    h(
+      "section",
+      {},
+      h("h2", {}, t("pipeline.attempts")),
+      h("table", {}, headings(["pipeline.stage", "pipeline.number", "pipeline.worker", "pipeline.started", "pipeline.duration", "pipeline.outcome", "pipeline.code", "pipeline.message"]), attempts),
+    ),
+    h(
+      "section",
+      {},
+      h("h2", {}, t("pipeline.timeline")),
+      h("table", {}, headings(["pipeline.time", "pipeline.stage", "pipeline.what", "pipeline.number", "pipeline.worker", "pipeline.detail"]), entries),
+      more,
+    ),
+  );
+
+  const stream = follow(`/v1/pipelines/${id}/events`, {
+    onEvent: () => refresh(),
+    onState: (state) => {
+      // The gateway closes an ended pipeline's stream; it is asked again now and then, for a retry.
+      const shown = state === "reconnecting" && view && isEnded(view.status) ? "ended" : state;
+      live.dataset.state = shown;
+      live.textContent = t(`live.${shown}`);
+    },
+  });
+  refresh();
+  return () => {
+    stream.close();
+    for (const made of urls) URL.revokeObjectURL(made);
+  };
+}

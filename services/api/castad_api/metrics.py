@@ -1,0 +1,127 @@
+"""The gateway's metrics: its HTTP requests by route template, pipelines created, the projection's events,
+open event streams, and (read at scrape time) its recorded dead letters and its queues on the broker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from castad_contracts import topology
+from castad_runtime import metrics, scrape
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from castad_api import repository
+
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED = "unmatched"  # a path no route takes: its template is unknown, and the path itself is free text
+
+# What became of an event the projection was given (castad_api.projection).
+APPLIED = "applied"
+STALE = "stale"  # older than what the read model shows of its stage: ignored
+UNKNOWN_PIPELINE = "unknown_pipeline"  # a pipeline this gateway never accepted
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or metrics.registry()
+        self.consumer = metrics.ConsumerMetrics(self.registry, "api")
+        self.requests = Counter(
+            "castad_http_requests_total",
+            "HTTP requests answered, by method, route template and status class (2xx, 4xx, ...)",
+            ["method", "route", "status_class"],
+            registry=self.registry,
+        )
+        self.durations = Histogram(
+            "castad_http_request_duration_seconds",
+            "From a request's arrival to the end of its answer (an event stream's: when it closes), by route",
+            ["method", "route"],
+            registry=self.registry,
+        )
+        self.pipelines_created = Counter(
+            "castad_pipelines_created_total",
+            "Pipelines accepted (a replayed Idempotency-Key creates none)",
+            registry=self.registry,
+        )
+        self.projected = Counter(
+            "castad_projection_events_total",
+            "Stage events the projection was given, by event type and what became of them",
+            ["event_type", "outcome"],
+            registry=self.registry,
+        )
+        self.streams = Gauge(
+            "castad_sse_streams_open", "Event streams (Server-Sent Events) open now", registry=self.registry
+        )
+
+    def answered(self, method: str, route: str, status: int, duration_s: float) -> None:
+        method = method if method in METHODS else "other"
+        self.requests.labels(method, route, f"{status // 100}xx").inc()
+        self.durations.labels(method, route).observe(duration_s)
+
+
+class RequestMetrics:
+    """ASGI middleware counting every HTTP request by the template of the route that took it."""
+
+    def __init__(self, app: Any, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # an exception that escapes without an answer
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or UNMATCHED  # the router sets it once it matched
+            self.metrics.answered(scope["method"], route, status, time.perf_counter() - started)
+
+
+class DeadLetters:
+    """Recorded dead letters by status, read from the gateway's table at scrape time."""
+
+    part = "dead_letters"
+    ttl_s = 0.0
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def families(self) -> list[Metric]:
+        return [self._family()]
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "castad_dead_letters", "Dead letters the gateway recorded, by status", labels=["status"]
+        )
+
+    def read(self) -> list[Metric]:
+        with self.engine.connect() as conn:
+            counts = repository.dead_letter_counts(conn)
+        family = self._family()
+        for status, count in counts.items():
+            family.add_metric([status], count)
+        return [family]
+
+
+def instruments(database_url: str, amqp_url: str, topo: topology.Topology) -> GatewayMetrics:
+    """The gateway's metrics, with the gauges a scrape reads: its dead letters, its queue, its delay queue and
+    the dead-letter queue. Nothing connects until a scrape reads them."""
+    gateway = GatewayMetrics()
+    scrape.register(
+        gateway.registry,
+        [
+            DeadLetters(scrape.engine(database_url)),
+            scrape.QueueDepth.of_service(amqp_url, topo.queue("api"), topo.dead_letter_queue),
+        ],
+    )
+    return gateway

@@ -1,0 +1,155 @@
+"""What the gateway deletes of its own, and what it refuses because retention deleted, or will delete, it.
+
+The gateway's retention (steps run by castad_runtime.retention's Pruner) deletes:
+- published outbox rows and handled event ids, as every service does (CASTAD_RETENTION_OUTBOX_S, _INBOX_S);
+- the timeline of a pipeline that ended, CASTAD_API_RETENTION_TIMELINE_S after it ended;
+- a pipeline that ended, CASTAD_API_RETENTION_PIPELINES_S after it ended: its row (with its Idempotency-Key),
+  its stages and their attempts, what is left of its timeline, its webhook notices and their tries; never
+  while a notice is still being tried;
+- dead letters replayed or discarded, with their actions, CASTAD_API_RETENTION_DEAD_LETTERS_S after the
+  last action on them (one still dead is kept);
+- the creation counts of API keys, once their minute is over.
+A pipeline that has not ended is never touched.
+
+It refuses (409) what retention would make go wrong:
+- a retry, once a stage of the pipeline ended so long ago that its stage may delete its job or files
+  (CASTAD_RETENTION_ARTIFACTS_S after it ended, the jobs no sooner) before the retried run's deadline:
+  a stage applies a pipeline's operator requests in the order its job row records, and the stages
+  that succeeded are not run again, their artifacts are used;
+- the replay of a dead letter older than CASTAD_RETENTION_INBOX_S: its consumer may have forgotten
+  that it handled the event, and would take it for a new one.
+Both with MARGIN_S to spare, for the clocks of different databases and the time requests spend in queues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+
+import sqlalchemy as sa
+from castad_runtime import db, settings
+from castad_runtime import retention as runtime_retention
+
+from castad_api import keys, tables
+
+MARGIN_S = 3600.0
+PIPELINE_ROWS = 14  # a pipeline, its stages and their attempts, its notices and their tries, about
+LETTER_ROWS = 3  # a dead letter and its actions, about
+KEY_WINDOW_KEPT_S = 120.0  # a key's creation count is read only during its own minute
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """How long the gateway keeps what it keeps, and what it must know of the stages' retention."""
+
+    inbox_s: float
+    artifacts_s: float
+    timeline_s: float
+    pipelines_s: float
+    dead_letters_s: float
+    deadline_s: float  # a pipeline's run after its request or retry
+
+    def artifacts_gone(self, finished_at: dt.datetime, now: dt.datetime) -> bool:
+        """Whether the files of a stage that ended at `finished_at` are deleted (or due to be) by `now`."""
+        return now >= finished_at + dt.timedelta(seconds=self.artifacts_s)
+
+    def retry_refusal(self, finished: Mapping[str, dt.datetime], now: dt.datetime) -> str | None:
+        """Why a pipeline whose stages ended at `finished` (stage -> when) cannot be retried `now`; None if it can."""
+        if not finished:
+            return None
+        stage, at = min(finished.items(), key=lambda item: item[1])
+        last_chance = at + dt.timedelta(seconds=self.artifacts_s - self.deadline_s - MARGIN_S)
+        if now < last_chance:
+            return None
+        return (
+            f"its {stage} stage ended at {_utc(at)}: the stages delete a finished job and its files"
+            f" {_duration(self.artifacts_s)} after it ended (CASTAD_RETENTION_ARTIFACTS_S), and a retried run may take"
+            f" {_duration(self.deadline_s)} (CASTAD_API_PIPELINE_DEADLINE_S); retries ended at {_utc(last_chance)}"
+        )
+
+    def replay_refusal(self, since: dt.datetime, now: dt.datetime) -> str | None:
+        """Why a dead letter of an event from `since` cannot be replayed `now`; None if it can."""
+        last_chance = since + dt.timedelta(seconds=self.inbox_s - MARGIN_S)
+        if now < last_chance:
+            return None
+        return (
+            f"its event is from {_utc(since)}: consumers forget the events they handled {_duration(self.inbox_s)}"
+            f" later (CASTAD_RETENTION_INBOX_S) and would take it for a new one; replays ended at {_utc(last_chance)}"
+        )
+
+
+def _utc(at: dt.datetime) -> str:
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86_400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+def steps(engine: sa.Engine, config: settings.CommonSettings, policy: Policy) -> list[runtime_retention.Step]:
+    """The gateway's retention: outbox, inbox, timelines, pipelines, dead letters, creation counts."""
+    step = runtime_retention.statement_step
+    return [
+        *runtime_retention.shared_steps(engine, config),
+        step("timeline entries", engine, lambda conn, limit: forget_timelines(conn, policy.timeline_s, limit)),
+        step(
+            "pipelines",
+            engine,
+            lambda conn, limit: forget_pipelines(conn, policy.pipelines_s, limit),
+            rows_each=PIPELINE_ROWS,
+        ),
+        step(
+            "dead letters",
+            engine,
+            lambda conn, limit: forget_dead_letters(conn, policy.dead_letters_s, limit),
+            rows_each=LETTER_ROWS,
+        ),
+        step("creation counts", engine, lambda conn, limit: keys.forget_windows(conn, KEY_WINDOW_KEPT_S, limit)),
+    ]
+
+
+def forget_timelines(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` timeline entries of pipelines that ended more than `older_than_s` ago; how many."""
+    p, t = tables.pipelines, tables.timeline
+    ended = (
+        sa.select(t.c.seq)
+        .join(p, p.c.id == t.c.pipeline_id)
+        .where(sa.text(f"pipelines.{tables.ENDED}"), p.c.finished_at < db.seconds_from_now(-older_than_s))
+    )
+    doomed = db.expired(ended, t.c.created_at, older_than_s, limit)
+    return conn.execute(t.delete().where(t.c.seq.in_(doomed.scalar_subquery()))).rowcount
+
+
+def forget_pipelines(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` pipelines that ended more than `older_than_s` ago, with everything that refers to
+    them, but for those with a notice still being tried; how many."""
+    p, deliveries = tables.pipelines, tables.webhook_deliveries
+    pending = sa.exists().where(deliveries.c.pipeline_id == p.c.id, deliveries.c.status == "pending")
+    ended = sa.select(p.c.id).where(sa.text(f"pipelines.{tables.ENDED}"), ~pending)
+    doomed = list(conn.execute(db.expired(ended, p.c.finished_at, older_than_s, limit)).scalars())
+    if doomed:
+        tries = tables.webhook_attempts
+        notices = sa.select(deliveries.c.id).where(deliveries.c.pipeline_id.in_(doomed))
+        conn.execute(tries.delete().where(tries.c.delivery_id.in_(notices)))
+        conn.execute(deliveries.delete().where(deliveries.c.pipeline_id.in_(doomed)))
+        conn.execute(tables.timeline.delete().where(tables.timeline.c.pipeline_id.in_(doomed)))
+        conn.execute(tables.attempts.delete().where(tables.attempts.c.pipeline_id.in_(doomed)))
+        conn.execute(tables.stages.delete().where(tables.stages.c.pipeline_id.in_(doomed)))
+        conn.execute(p.delete().where(p.c.id.in_(doomed)))
+    return len(doomed)
+
+
+def forget_dead_letters(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` dead letters replayed or discarded more than `older_than_s` ago, with their actions;
+    how many. One still dead is kept whatever its age."""
+    letters, actions = tables.dead_letters, tables.dead_letter_actions
+    settled = sa.select(letters.c.id).where(sa.text(tables.SETTLED_LETTER))
+    doomed = list(conn.execute(db.expired(settled, letters.c.updated_at, older_than_s, limit)).scalars())
+    if doomed:
+        conn.execute(actions.delete().where(actions.c.dead_letter_id.in_(doomed)))
+        conn.execute(letters.delete().where(letters.c.id.in_(doomed)))
+    return len(doomed)

@@ -1,0 +1,90 @@
+"""Server-Sent Events that follow timelines: woken by the projection's NOTIFY, read again every
+CASTAD_API_SSE_POLL_S without one, and kept open through an outage of the gateway's database."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Generic, TypeVar
+
+from castad_runtime import outages
+from fastapi import Header
+from fastapi.concurrency import run_in_threadpool
+
+from castad_api import deps, errors
+
+Cursor = TypeVar("Cursor")
+LastEventId = Annotated[
+    str | None, Header(alias="Last-Event-ID", description="resume after the event of this id (one this stream sent)")
+]
+
+
+def resumes_after(last_event_id: str | None) -> int | None:
+    """The seq a stream resumes after, from its Last-Event-ID header (None: not resumed)."""
+    if not last_event_id:
+        return None
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
+        raise errors.invalid(("header", "Last-Event-ID"), "must be an id this stream sent", last_event_id)
+    return int(last_event_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch(Generic[Cursor]):
+    """What one read found: messages to send, where the next read starts, and whether to go on."""
+
+    messages: list[dict[str, Any]]
+    cursor: Cursor
+    more: bool = False  # the read was cut at its limit: read again at once
+    ended: bool = False  # nothing more will come: close the stream
+
+
+async def follow(
+    gw: deps.Gateway,
+    subscription: str,
+    read: Callable[[Cursor], Batch[Cursor]],
+    cursor: Cursor,
+    lifetime_s: float | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """Send what `read` finds from `cursor` on, reading again when `subscription` (a pipeline id, or
+    notifications.EVERY_PIPELINE) is notified; until a batch says it ended or `lifetime_s` is over. Counted
+    among the open streams (castad_sse_streams_open) meanwhile."""
+    with gw.metrics.streams.track_inprogress():
+        async for message in _follow(gw, subscription, read, cursor, lifetime_s):
+            yield message
+
+
+async def _follow(
+    gw: deps.Gateway,
+    subscription: str,
+    read: Callable[[Cursor], Batch[Cursor]],
+    cursor: Cursor,
+    lifetime_s: float | None,
+) -> AsyncIterator[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    closes_at = None if lifetime_s is None else loop.time() + lifetime_s
+    while closes_at is None or loop.time() < closes_at:
+        # Subscribed before the read, so that a projection committed after it still wakes the wait.
+        with gw.notifications.subscribe(subscription) as grown:
+            try:
+                batch = await run_in_threadpool(read, cursor)
+            except Exception as error:
+                if not outages.is_outage(error):
+                    raise
+                # The database is out: keep the stream (keep-alives go on) and read again later.
+                await asyncio.sleep(gw.config.sse_poll_s)
+                continue
+            for message in batch.messages:
+                yield message
+            cursor = batch.cursor
+            if batch.ended:
+                return
+            if not batch.more:
+                wait_s = gw.config.sse_poll_s
+                if closes_at is not None:
+                    wait_s = max(min(wait_s, closes_at - loop.time()), 0.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(grown.wait(), wait_s)

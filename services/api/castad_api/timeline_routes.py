@@ -1,0 +1,103 @@
+"""A pipeline's timeline, and the stream of every pipeline's timeline entries for live boards."""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from typing import Annotated
+
+import sqlalchemy as sa
+from castad_contracts import api, events
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from sse_starlette.sse import EventSourceResponse
+
+from castad_api import deps, errors, model, notifications, pipeline_routes, repository, streams, timeline
+from castad_api.deps import GatewayDep, Reader
+
+router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
+SCAN = 500  # timeline entries the stream of every pipeline looks at per read, whatever its filters keep
+GAP_WAIT_S = 5.0  # how long that stream waits for a missing entry (see timeline.settle) before it goes on
+
+
+@router.get(
+    "/pipelines/{pipeline_id}/timeline",
+    response_model=api.PipelineTimeline,
+    responses={404: {"model": api.Problem}},
+)
+def pipeline_timeline(
+    pipeline_id: uuid.UUID,
+    gw: GatewayDep,
+    who: Reader,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="only the entries after this seq")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many entries")] = 1000,
+) -> api.PipelineTimeline:
+    """Everything that happened to the pipeline, in order and at the time it happened: each stage's events,
+    the operators' actions (cancel, retry, dead-letter replays and discards), dead letters about it. With
+    every attempt (its worker, duration, outcome, error), the actions on their own, and the pipeline's
+    trace id and its link to a trace viewer (CASTAD_API_TRACE_URL)."""
+    with gw.engine.connect() as conn:
+        pipeline = repository.get_pipeline(conn, pipeline_id, who.tenant_filter())
+        if pipeline is None:
+            raise errors.NotFound(f"no pipeline {pipeline_id}")
+        rows = repository.timeline_after(conn, pipeline_id, after, limit + 1)
+        attempts = repository.pipeline_attempts(conn, pipeline_id)
+    links = pipeline_routes.links(str(pipeline_id))
+    return timeline.build(pipeline, rows[:limit], attempts, len(rows) > limit, gw.config.trace_url, links)
+
+
+@router.get(
+    "/events",
+    response_class=EventSourceResponse,
+    tags=["events"],
+    responses={200: {"content": {"text/event-stream": {}}, "description": "the event stream"}},
+)
+async def every_pipeline_events(
+    gw: GatewayDep,
+    who: Reader,
+    status_: Annotated[
+        model.PipelineStatus | None, Query(alias="status", description="only entries after which the pipeline is so")
+    ] = None,
+    stage: Annotated[events.Stage | None, Query(description="only entries of this stage")] = None,
+    last_event_id: streams.LastEventId = None,
+) -> EventSourceResponse:
+    """Server-Sent Events: the timeline entries of every pipeline (a key's tenant's; an admin's: everyone's) as
+    they are written, each as on a pipeline's timeline plus its pipeline's id, tenant, customer name and
+    region (event `entry`, data api.FirehoseEntry). Starts after the newest entry, or after Last-Event-ID
+    (each event's id is its entry's seq). Keep-alive comments; closed after CASTAD_API_FIREHOSE_MAX_S, when
+    a client reconnects with Last-Event-ID and loses nothing."""
+    after = streams.resumes_after(last_event_id)
+    if after is None:
+        after = await run_in_threadpool(_newest, gw.engine)
+    read = functools.partial(entries_after, gw.engine, who.tenant_filter(), status_, stage)
+    return EventSourceResponse(
+        streams.follow(gw, notifications.EVERY_PIPELINE, read, timeline.Position(after), gw.config.firehose_max_s),
+        ping=gw.config.sse_ping_s,
+    )
+
+
+def _newest(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return repository.newest_entry(conn)
+
+
+def entries_after(
+    engine: sa.Engine,
+    tenant: str | None,
+    status: model.PipelineStatus | None,
+    stage: events.Stage | None,
+    position: timeline.Position,
+) -> streams.Batch[timeline.Position]:
+    """The stream's next read: the tenant's entries (None: everyone's) matching the filters, from `position`
+    up to the first gap in the entries' seqs still waited for."""
+    with engine.connect() as conn:
+        rows = repository.entries_of_all(conn, position.after, SCAN, tenant, status, stage)
+    settled = timeline.settle(position, [row.seq for row in rows], time.monotonic(), GAP_WAIT_S)
+    messages = [
+        {"id": str(row.seq), "event": "entry", "data": timeline.firehose_entry(row).model_dump_json()}
+        for row in rows
+        if row.shown and row.seq <= settled.after
+    ]
+    more = len(rows) == SCAN and settled.after == rows[-1].seq
+    return streams.Batch(messages, settled, more=more)

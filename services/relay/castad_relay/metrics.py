@@ -1,0 +1,117 @@
+"""The relay's metrics: what it publishes, how fast the broker confirms, what fails, and (read from every
+outbox at scrape time) what waits to be published and what is parked."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import psycopg
+from castad_contracts import topology
+from castad_runtime import metrics, scrape
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from psycopg import conninfo
+
+from castad_relay import statements
+
+# Why a row was not published (castad_relay.publisher's answers).
+REFUSED = "refused"  # the broker will not take it: unroutable, nacked, too large
+CHANNEL_CLOSED = "channel_closed"  # its channel closed while it was in flight (tried again alone)
+BROKER_UNAVAILABLE = "broker_unavailable"  # lost to trouble with the broker connection (waits, uncharged)
+
+CONFIRM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0)
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def source_name(url: str) -> str:
+    """The service whose outbox the database at `url` holds, for the `source` label: the last part of the
+    database's name when that is a service's (castad_lyric, castad_t1a2b_lyric: lyric), else its name."""
+    database = str(conninfo.conninfo_to_dict(url).get("dbname") or "")
+    last = re.split(r"[_-]", database)[-1]
+    return last if last in topology.SUBSCRIPTIONS else database
+
+
+def instruments(sources: Sequence[str]) -> RelayMetrics:
+    """The relay's metrics on a registry of their own, with the outbox of each source database read at
+    scrape time. Nothing connects until a scrape reads them."""
+    registry = metrics.registry()
+    scrape.register(registry, [Outbox(url, source_name(url)) for url in sources])
+    return RelayMetrics(registry)
+
+
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.published = Counter(
+            "castad_relay_published_total",
+            "Outbox rows published and confirmed by the broker, by source database",
+            ["source"],
+            registry=registry,
+        )
+        self.confirms = Histogram(
+            "castad_relay_confirm_seconds",
+            "From a row's publish to the broker's confirm of it",
+            buckets=CONFIRM_BUCKETS,
+            registry=registry,
+        )
+        self.failures = Counter(
+            "castad_relay_publish_failures_total",
+            "Rows a publish round did not get published, by source database and why",
+            ["source", "reason"],
+            registry=registry,
+        )
+        self.batches = Histogram(
+            "castad_relay_batch_rows",
+            "Rows taken from an outbox for one publish round, by source database",
+            ["source"],
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+
+
+class Outbox:
+    """What waits in one source database's outbox, read when Prometheus scrapes (a connection each time,
+    TIMEOUT_S at most to connect and to run the statement)."""
+
+    ttl_s = 0.0
+
+    def __init__(self, url: str, source: str) -> None:
+        self.url = url
+        self.source = source
+        self.part = f"outbox_{source}"
+
+    def families(self) -> list[Metric]:
+        return list(self._families())
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "castad_outbox_backlog",
+                "Outbox rows not yet published (parked ones aside), by source database",
+                labels=["source"],
+            ),
+            GaugeMetricFamily(
+                "castad_outbox_oldest_unpublished_age_seconds",
+                "Age of the oldest outbox row not yet published (parked ones aside; 0: none), by source database",
+                labels=["source"],
+            ),
+            GaugeMetricFamily(
+                "castad_outbox_parked",
+                "Outbox rows the relay parked after the broker refused them, by source database",
+                labels=["source"],
+            ),
+        )
+
+    def read(self) -> list[Metric]:
+        timeout_ms = int(scrape.TIMEOUT_S * 1000)
+        with psycopg.connect(
+            self.url, connect_timeout=int(scrape.TIMEOUT_S), options=f"-c statement_timeout={timeout_ms}"
+        ) as conn:
+            row = conn.execute(statements.BACKLOG).fetchone()
+        assert row is not None
+        backlog, oldest, parked = self._families()
+        backlog.add_metric([self.source], row[0])
+        oldest.add_metric([self.source], float(row[1]))
+        parked.add_metric([self.source], row[2])
+        return [backlog, oldest, parked]

@@ -1,0 +1,310 @@
+"""The operator console at /ui in a real browser (Debian's chromium, driven by playwright), every service
+its own process: the board follows pipelines live without a reload, a pipeline's page shows its stages,
+attempts, timeline and previews and retries and cancels through its buttons, the stats page charts the
+window, the dead-letter page replays and discards, a key sees only what its scopes allow. Each test fails
+on any console error or uncaught exception of the page, and writes the screenshots of docs/console."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import uuid
+
+import httpx
+import pika
+import pytest
+from castad_api import keys, tables
+from castad_contracts import brief
+from castad_local import access
+from castad_local.fakes.chat import FakeChat, Reply
+from playwright.sync_api import expect
+
+from tests.e2e import browser as browser_
+from tests.e2e.conftest import sample_brief
+from tests.e2e.test_network_providers import with_chat
+
+pytestmark = pytest.mark.e2e
+WAIT_MS = 30_000  # the longest a state may take to show on the page
+JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
+HANGUL_FONTS = ("Noto Sans CJK", "NanumGothic", "Nanum Gothic")
+
+
+@pytest.fixture
+def chat():
+    with FakeChat() as fake:
+        yield fake
+
+
+def row(console: browser_.Console, pipeline_id: str):
+    return console.page.locator(f'tbody[data-testid="pipelines"] tr[data-pipeline-id="{pipeline_id}"]')
+
+
+def count(console: browser_.Console, key: str):
+    return console.page.locator(f'[data-count="{key}"] .n')
+
+
+def rendering_fonts(console: browser_.Console, selector: str) -> list[str]:
+    """The fonts chromium drew the text of the element with (DevTools' CSS.getPlatformFontsForNode)."""
+    cdp = console.page.context.new_cdp_session(console.page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument")["root"]["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+    return [font["familyName"] for font in fonts if font["glyphCount"]]
+
+
+def texts_complete(console: browser_.Console) -> None:
+    """Every text the pages asked for exists in both languages."""
+    missing = console.page.evaluate(
+        "async () => { const i18n = await import('./js/i18n.js');"
+        " return [...i18n.untranslated(), ...i18n.unknownKeys]; }"
+    )
+    assert missing == []
+
+
+def confirm(console: browser_.Console, reason: str | None = None) -> None:
+    dialog = console.page.get_by_test_id("confirm-dialog")
+    expect(dialog).to_be_visible()
+    if reason is not None:
+        dialog.get_by_test_id("confirm-reason").fill(reason)
+    dialog.get_by_test_id("confirm").click()
+    expect(dialog).to_have_count(0)
+
+
+def media_ready(console: browser_.Console, testid: str) -> None:
+    """The <audio> or <video> element loaded its file (from the blob the page downloaded with its key)."""
+    element = console.page.get_by_test_id(testid)
+    expect(element).to_have_attribute("src", re.compile("^blob:"), timeout=WAIT_MS)
+    console.page.wait_for_function(
+        f"() => {{ const m = document.querySelector('[data-testid={testid}]');"
+        " return m && m.readyState >= 1 && m.duration > 0; }",
+        timeout=WAIT_MS,
+    )
+
+
+@pytest.mark.timeout(180)
+def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_cancels_a_running_one(
+    castad, installation, chat: FakeChat, browser
+):
+    # The lyric stage asks a local Chat Completions server that refuses the first brief (a 400 fails the
+    # stage at once), hangs on the second until it is canceled, and answers every later one.
+    running = castad({**with_chat(chat), "CASTAD_API_TRACE_URL": JAEGER})
+    console = browser_.console_page(browser, running.base_url)
+    page = console.page
+
+    console.open()
+    expect(page.get_by_test_id("login")).to_be_visible()
+    console.screenshot("login")
+    console.allow("status of 401")  # the refused key below
+    console.log_in("cad_not-a-key")
+    expect(page.get_by_test_id("login-error")).not_to_be_empty()
+    console.log_in(installation.api_key)
+    expect(page.get_by_test_id("tenant")).to_have_text("tests")
+    expect(page.get_by_test_id("live")).to_have_attribute("data-state", "open", timeout=WAIT_MS)
+    page.evaluate("() => { window.notReloaded = true; }")  # gone if anything reloads the page
+    failed_before = int(count(console, "status-FAILED").inner_text(timeout=WAIT_MS))
+
+    chat.script(Reply("status", status=400), Reply("hang", seconds=120))
+    refused = running.submit(sample_brief("바다책방"))
+    expect(row(console, refused)).to_have_attribute("data-status", "FAILED", timeout=WAIT_MS)
+    hanging = running.submit(
+        brief.Brief(customer_name="Cafe Blue", region="Busan", language=brief.Language.ENGLISH, duration_s=3)
+    )
+    expect(row(console, hanging)).to_have_attribute("data-status", "RUNNING", timeout=WAIT_MS)
+    succeeded = running.submit(sample_brief("파도책방"))
+    expect(row(console, succeeded)).to_have_attribute("data-status", "SUCCEEDED", timeout=WAIT_MS)
+    expect(count(console, "status-FAILED")).to_have_text(str(failed_before + 1), timeout=WAIT_MS)
+    expect(row(console, refused)).to_contain_text("바다책방")
+    expect(count(console, "lyric-running")).to_have_text("1", timeout=WAIT_MS)
+    assert page.evaluate("() => window.notReloaded") is True
+    fonts = rendering_fonts(console, f'tr[data-pipeline-id="{refused}"] a.customer')
+    assert any(font.startswith(HANGUL_FONTS) for font in fonts), fonts
+    console.screenshot("board")
+
+    # Search by a part of a customer's name, then by a status.
+    page.get_by_test_id("search").fill("파도")
+    page.get_by_test_id("search").press("Enter")
+    expect(page.locator('tbody[data-testid="pipelines"] tr[data-pipeline-id]')).to_have_count(1, timeout=WAIT_MS)
+    expect(row(console, succeeded)).to_be_visible()
+    page.get_by_test_id("search").fill("")
+    page.get_by_test_id("filter-status").select_option("FAILED")
+    expect(page.locator('tbody[data-testid="pipelines"] tr[data-pipeline-id]')).to_have_count(1, timeout=WAIT_MS)
+    expect(row(console, refused)).to_be_visible()
+
+    # The refused pipeline: its failed lyric attempt, then a retry through the button, followed live.
+    row(console, refused).locator("a.customer").click()
+    expect(page.get_by_test_id("pipeline-status")).to_have_attribute("data-status", "FAILED")
+    expect(page.locator('.stage-card[data-stage="lyric"]')).to_contain_text("provider_rejected")
+    expect(page.locator('tbody[data-testid="attempts"] tr[data-outcome="failed"]')).to_have_count(1)
+    expect(page.get_by_test_id("cancel")).to_have_count(0)
+    page.get_by_test_id("retry").click()
+    confirm(console)
+    expect(page.get_by_test_id("action-result")).to_contain_text("Retry accepted: resumes at Lyrics")
+    expect(page.get_by_test_id("pipeline-status")).to_have_attribute("data-status", "SUCCEEDED", timeout=WAIT_MS)
+    expect(page.locator('tbody[data-testid="timeline"] tr[data-status="retry_requested"]')).to_contain_text(
+        "e2e-operator"
+    )
+    expect(page.get_by_test_id("lyrics")).to_contain_text("바다책방", timeout=WAIT_MS)
+    media_ready(console, "song")
+    media_ready(console, "video")
+    trace_url = running.http.get(f"/v1/pipelines/{refused}/timeline").json()["trace_url"]
+    expect(page.get_by_test_id("trace")).to_have_attribute("href", trace_url)
+    assert page.evaluate("() => window.notReloaded") is True
+    console.screenshot("pipeline")
+
+    # The hanging pipeline: canceled through the button while its lyric call runs.
+    page.get_by_test_id("nav-board").click()
+    row(console, hanging).locator("a.customer").click()
+    expect(page.get_by_test_id("pipeline-status")).to_have_attribute("data-status", "RUNNING")
+    expect(page.get_by_test_id("retry")).to_have_count(0)
+    page.get_by_test_id("cancel").click()
+    confirm(console, reason="wrong brief")
+    expect(page.get_by_test_id("pipeline-status")).to_have_attribute("data-status", "CANCELED", timeout=WAIT_MS)
+    expect(page.locator('.stage-card[data-stage="lyric"]')).to_have_attribute("data-status", "CANCELED")
+    expect(page.locator(".pipeline-head")).to_contain_text("wrong brief")
+    assert running.client.status(hanging).cancel_reason == "wrong brief"
+
+    # The same board in Korean: the layout holds both languages.
+    page.get_by_test_id("nav-board").click()
+    page.get_by_test_id("language").select_option("ko")
+    expect(page.locator("h1")).to_have_text("현황판")
+    expect(row(console, refused)).to_have_attribute("data-status", "SUCCEEDED", timeout=WAIT_MS)
+    expect(row(console, hanging)).to_have_attribute("data-status", "CANCELED")
+    console.screenshot("board-ko")
+    texts_complete(console)
+    assert console.errors == []
+
+
+def poison(broker, body: bytes) -> None:
+    """A message straight into the lyric stage's queue, as a broken producer would send it."""
+    properties = pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
+    broker.channel.basic_publish("", broker.topology.queue("lyric"), body, properties, mandatory=True)
+
+
+@pytest.mark.timeout(150)
+def test_the_stats_page_charts_the_window_and_dead_letters_are_replayed_and_discarded_after_a_confirmation(
+    castad, installation, broker, browser
+):
+    running = castad()
+    ids = [running.submit(sample_brief(name)) for name in ("바다책방", "파도책방", "물결책방")]
+    running.wait_terminal(ids)
+    event = {
+        "specversion": "1.0",
+        "id": str(uuid.uuid4()),
+        "source": "/castad/console-test",
+        "type": "console.exploded",  # no service handles it
+        "subject": ids[0],
+        "time": dt.datetime.now(dt.UTC).isoformat(),  # recent enough to be replayed
+        "datacontenttype": "application/json",
+        "schemaversion": 1,
+        "data": {"from": "the console test"},
+    }
+    poison(broker, json.dumps(event).encode())
+    poison(broker, b"\x00\xff not json at all")
+
+    def recorded():
+        items = running.http.get("/v1/dead-letters").json()["items"]
+        return {item["event_type"]: item for item in items} if len(items) == 2 else None
+
+    letters = running.wait_until("both dead letters recorded", recorded)
+    unknown, garbage = letters["console.exploded"], letters[None]
+
+    console = browser_.console_page(browser, running.base_url)
+    page = console.page
+    console.open()
+    console.log_in(installation.api_key)
+    page.get_by_test_id("nav-stats").click()
+    expect(page.locator('[data-count="created"] .n')).to_have_text("3", timeout=WAIT_MS)
+    expect(page.locator('[data-count="status-SUCCEEDED"] .n')).to_have_text("3")
+    expect(page.locator('[data-count="dead-letters"] .n')).to_have_text("2")
+    expect(page.locator('figure[data-chart="throughput"] polyline')).to_have_count(4)
+    expect(page.locator('figure[data-chart="failure-rate"] rect.bar')).to_have_count(3)
+    expect(page.locator('figure[data-chart="durations"] rect.bar')).to_have_count(9)
+    video = page.locator('table[data-testid="stage-stats"] tr[data-stage="video"] td')
+    expect(video.nth(5)).to_have_text("3")  # succeeded
+    page.locator('button[data-window="15m"]').click()
+    expect(page).to_have_url(re.compile(r"#/stats\?window=15m$"))
+    expect(page.locator('button[data-window="15m"]')).to_have_attribute("aria-pressed", "true")
+    expect(page.locator('[data-count="created"] .n')).to_have_text("3", timeout=WAIT_MS)
+    console.screenshot("stats")
+
+    page.get_by_test_id("nav-dead-letters").click()
+    expect(page.locator('tbody[data-testid="dead-letters"] tr[data-letter-id]')).to_have_count(2, timeout=WAIT_MS)
+    console.screenshot("dead-letters")
+
+    # The event of an unknown type: replayed, after a confirmation.
+    page.locator(f'tr[data-letter-id="{unknown["id"]}"] a').first.click()
+    expect(page.get_by_test_id("letter-reason")).to_have_text(unknown["reason"])
+    expect(page.get_by_test_id("letter-body")).to_contain_text("console.exploded")
+    page.get_by_test_id("replay").click()
+    confirm(console)
+    expect(page.get_by_test_id("letter-status")).to_have_attribute("data-status", "replayed", timeout=WAIT_MS)
+    expect(page.get_by_test_id("action-result")).to_contain_text(f"sent back to {unknown['queue']}")
+    expect(page.get_by_test_id("letter-actions")).to_contain_text("e2e-operator")
+    console.screenshot("dead-letter")
+
+    # The undecodable one: a discard needs a reason.
+    page.goto(f"{running.base_url}/ui/#/dead-letters/{garbage['id']}")
+    expect(page.get_by_test_id("letter-status")).to_have_attribute("data-status", "dead", timeout=WAIT_MS)
+    page.get_by_test_id("discard").click()
+    expect(page.get_by_test_id("confirm")).to_be_disabled()
+    confirm(console, reason="garbage from a test")
+    expect(page.get_by_test_id("letter-status")).to_have_attribute("data-status", "discarded", timeout=WAIT_MS)
+    expect(page.get_by_test_id("replay")).to_have_count(0)
+    expect(page.get_by_test_id("discard")).to_have_count(0)
+    shown = running.http.get(f"/v1/dead-letters/{garbage['id']}").json()
+    assert (shown["status"], shown["actions"][-1]["detail"]) == ("discarded", "garbage from a test")
+    texts_complete(console)
+    assert console.errors == []
+
+
+@pytest.mark.timeout(120)
+def test_a_key_sees_only_what_its_scopes_allow_and_a_revoked_key_goes_back_to_the_login(
+    castad, installation, dbs, browser
+):
+    running = castad({"CASTAD_LYRIC_FAULT_PERMANENT_RATE": "1"})
+    pipeline_id = running.submit(sample_brief())
+    assert running.wait_terminal([pipeline_id])[pipeline_id].status == "FAILED"
+
+    # The page needs no key and is no part of the API's document; it comes with a strict policy.
+    with httpx.Client(base_url=running.base_url, timeout=10) as anonymous:
+        assert anonymous.get("/ui").headers["location"].endswith("/ui/")
+        shell = anonymous.get("/ui/")
+        module = anonymous.get("/ui/js/main.js")
+        paths = anonymous.get("/openapi.json").json()["paths"]
+    assert shell.status_code == 200 and shell.headers["content-type"].startswith("text/html")
+    policy = shell.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "default-src 'none'" in policy and "unsafe" not in policy
+    assert module.status_code == 200 and "javascript" in module.headers["content-type"]
+    assert not [path for path in paths if path.startswith("/ui")]
+
+    reader = access.create_key("tests", frozenset({keys.Scope.READ}), "console reader", installation.env())
+    me = httpx.get(f"{running.base_url}/v1/me", headers={"Authorization": f"Bearer {reader}"}).json()
+    assert (me["tenant"], me["name"], me["scopes"]) == ("tests", "console reader", ["read"])
+    console = browser_.console_page(browser, running.base_url)
+    page = console.page
+    console.open()
+    console.log_in(reader)
+    expect(page.get_by_test_id("scopes")).to_have_text("read")
+    expect(page.get_by_test_id("nav-stats")).to_have_count(0)
+    expect(page.get_by_test_id("nav-dead-letters")).to_have_count(0)
+    expect(page.locator('[data-count="status-FAILED"] .n')).to_have_text("1", timeout=WAIT_MS)  # from the list
+    row(console, pipeline_id).locator("a.customer").click()
+    expect(page.get_by_test_id("pipeline-status")).to_have_attribute("data-status", "FAILED", timeout=WAIT_MS)
+    expect(page.get_by_test_id("retry")).to_have_count(0)  # FAILED, but the key may not operate
+    page.goto(f"{running.base_url}/ui/#/stats")
+    expect(page.get_by_test_id("not-allowed")).to_be_visible()
+    # The key stays in this tab's sessionStorage: never in a cookie or a URL.
+    assert page.context.cookies() == [] and reader not in page.url
+    assert page.evaluate("() => sessionStorage.getItem('castad.key')") == reader
+
+    [key_id] = [r["id"] for r in dbs.rows("api", tables.api_keys.select()) if r["shown"] == reader[:12]]
+    assert access.revoke_key(key_id, installation.env())
+    console.allow("status of 401")
+    page.get_by_test_id("nav-board").click()
+    expect(page.get_by_test_id("login")).to_be_visible(timeout=WAIT_MS)
+    expect(page.get_by_test_id("login-error")).to_contain_text("log in again")
+    assert page.evaluate("() => sessionStorage.getItem('castad.key')") is None
+    assert console.errors == []

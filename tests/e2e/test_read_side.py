@@ -1,0 +1,109 @@
+"""The operator's view, every service its own process: a pipeline run by the real stages read back as its
+timeline (each attempt with the worker that ran it and its duration, the trace it belongs to), followed on
+the stream of every pipeline, counted by /v1/stats, and shown by `castad timeline` and `castad stats`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import threading
+import uuid
+
+import httpx
+import httpx_sse
+import pytest
+
+from tests.e2e.conftest import STAGE_SERVICES, sample_brief
+from tests.e2e.test_cli import cli, one_line_error
+
+pytestmark = pytest.mark.e2e
+JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
+FIREHOSE_S = 20  # each stream of every pipeline closes by itself after this
+
+
+def follow(running, received: list, opened: threading.Event, **params: str) -> None:
+    """Every entry /v1/events sends until the gateway closes it after FIREHOSE_S."""
+    with httpx_sse.connect_sse(
+        running.http, "GET", "/v1/events", params=params, timeout=httpx.Timeout(10.0, read=15.0)
+    ) as source:
+        assert source.response.status_code == 200, source.response.read()
+        opened.set()
+        for sse in source.iter_sse():
+            if sse.data:
+                received.append((sse.id, sse.event, json.loads(sse.data)))
+
+
+def trace_id_of(traceparent: str) -> str:
+    return traceparent.split("-")[1]
+
+
+@pytest.mark.timeout(180)
+def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_numbers_and_the_cli(
+    castad, dbs, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "200")  # the command's tables as a wide terminal shows them, one line per row
+    running = castad({"CASTAD_API_TRACE_URL": JAEGER, "CASTAD_API_FIREHOSE_MAX_S": str(FIREHOSE_S)})
+    streams = {"every": [], "video": []}
+    followers = []
+    for name, params in (("every", {}), ("video", {"stage": "video"})):
+        opened = threading.Event()
+        followers.append(threading.Thread(target=follow, args=(running, streams[name], opened), kwargs=params))
+        followers[-1].start()
+        assert opened.wait(10), f"the {name} stream did not open"
+
+    pipeline_id = running.submit(sample_brief("바다책방"))
+    assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
+
+    answer = running.http.get(f"/v1/pipelines/{pipeline_id}/timeline")
+    assert answer.status_code == 200, answer.text
+    shown = answer.json()
+    # One trace: the one its request began, carried by every event of every stage.
+    assert re.fullmatch(r"[0-9a-f]{32}", shown["trace_id"] or ""), shown["trace_id"]
+    assert shown["trace_url"] == JAEGER.format(trace_id=shown["trace_id"])
+    for service in STAGE_SERVICES:
+        for row in dbs.outbox_of(service, pipeline_id):
+            assert trace_id_of(row["envelope"]["traceparent"]) == shown["trace_id"], row["routing_key"]
+
+    # Each attempt as the stage that ran it recorded it: its worker, and its duration.
+    assert [(a["stage"], a["outcome"]) for a in shown["attempts"]] == [(s, "succeeded") for s in STAGE_SERVICES]
+    for attempt in shown["attempts"]:
+        service = attempt["stage"]
+        [job] = dbs.jobs_of(service, [pipeline_id])
+        [recorded] = dbs.attempts_of(service, job["id"])
+        assert attempt["worker"] == recorded["worker"] and attempt["worker"].startswith(f"{service}@")
+        took = (recorded["finished_at"] - recorded["started_at"]).total_seconds()
+        assert 0 < attempt["duration_s"] == pytest.approx(took, abs=0.5), (service, attempt, took)
+    entries = shown["entries"]
+    assert entries[0]["status"] == "requested" and entries[-1]["pipeline_status"] == "SUCCEEDED"
+    assert [dt.datetime.fromisoformat(e["time"]) for e in entries] == sorted(
+        dt.datetime.fromisoformat(e["time"]) for e in entries
+    )
+
+    # The streams of every pipeline saw each entry once, in order, and the filtered one only video's.
+    for follower in followers:
+        follower.join(FIREHOSE_S + 15)
+        assert not follower.is_alive()
+    mine = [data for _, _, data in streams["every"] if data["pipeline_id"] == pipeline_id]
+    assert [e["seq"] for e in mine] == [e["seq"] for e in entries]
+    assert all(e["customer_name"] == "바다책방" and e["region"] == "속초" for e in mine)
+    assert [sse_id for sse_id, _, data in streams["every"]] == [str(data["seq"]) for _, _, data in streams["every"]]
+    video = [data for _, _, data in streams["video"] if data["pipeline_id"] == pipeline_id]
+    assert [e["status"] for e in video] == ["started", "completed"] and {e["step"] for e in video} == {"video"}
+
+    numbers = running.http.get("/v1/stats", params={"window": "15m"}).json()
+    assert numbers["pipelines"]["created"] == 1 and numbers["pipelines"]["finished"] == {"SUCCEEDED": 1}
+    assert [(s["stage"], s["succeeded"], s["attempts"]) for s in numbers["stages"]] == [
+        (stage, 1, 1) for stage in STAGE_SERVICES
+    ]
+
+    gateway = running.base_url
+    told = cli(gateway, "timeline", pipeline_id)
+    assert told.returncode == 0, told.stderr
+    for attempt in shown["attempts"]:
+        assert attempt["worker"] in told.stdout
+    assert "SUCCEEDED" in told.stdout and "succeeded" in told.stdout
+    counted = cli(gateway, "stats", "--window", "15m")
+    assert counted.returncode == 0 and "in flight: 0" in counted.stdout and "video" in counted.stdout, counted.stderr
+    one_line_error(cli(gateway, "stats", "--window", "1w"), 2, "422: query.window: must be a number of seconds")
+    one_line_error(cli(gateway, "timeline", str(uuid.uuid4())), 4, "404: no pipeline")

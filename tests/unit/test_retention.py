@@ -1,0 +1,134 @@
+"""Retention's pure parts: a pruner's rounds of bounded batches, the gateway's refusals at the edge of
+what the stages keep, and settings that refuse combinations which would lose what a pipeline needs."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pydantic
+import pytest
+from castad_api import retention as api_retention
+from castad_api import settings as api_settings
+from castad_runtime import retention, settings
+
+HOUR = dt.timedelta(hours=1)
+ENDED = dt.datetime(2025, 3, 1, 12, 0, tzinfo=dt.UTC)
+POLICY = api_retention.Policy(
+    inbox_s=10 * 86_400,
+    artifacts_s=30 * 86_400,
+    timeline_s=30 * 86_400,
+    pipelines_s=90 * 86_400,
+    dead_letters_s=30 * 86_400,
+    deadline_s=2 * 3600,
+)
+
+
+class Batches:
+    """A step that has `left` things to delete and records each batch it was asked for."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self.limits: list[int] = []
+
+    def __call__(self, limit: int) -> int:
+        self.limits.append(limit)
+        done = min(limit, self.left)
+        self.left -= done
+        return done
+
+
+def test_a_round_asks_for_batches_until_one_comes_back_short_scaled_by_the_rows_each_spans():
+    rows, pipelines, nothing = Batches(25), Batches(7), Batches(0)
+    pruner = retention.Pruner(
+        [
+            retention.Step("rows", rows),
+            retention.Step("pipelines", pipelines, rows_each=5),
+            retention.Step("x", nothing),
+        ],
+        interval_s=60,
+        batch=10,
+        pause_s=0,
+    )
+
+    assert pruner.run_once() == {"rows": 25, "pipelines": 7, "x": 0}
+    assert rows.limits == [10, 10, 10]
+    assert pipelines.limits == [2, 2, 2, 2]
+    assert nothing.limits == [10]
+
+
+def test_a_stopped_pruner_asks_for_no_further_batch():
+    endless = Batches(10**9)
+    pruner = retention.Pruner([retention.Step("rows", endless)], interval_s=60, batch=10, pause_s=0)
+
+    def remove(limit: int) -> int:
+        done = endless(limit)
+        if len(endless.limits) == 3:
+            pruner.stop()  # as a SIGTERM would, while a batch runs
+        return done
+
+    pruner.steps = [retention.Step("rows", remove)]
+    assert pruner.run_once() == {"rows": 30}
+
+
+def test_a_retry_is_refused_once_a_stage_ended_too_long_ago_for_a_run_to_finish_before_its_files_go():
+    finished = {"lyric": ENDED, "song": ENDED + dt.timedelta(minutes=5)}
+    last_chance = ENDED + dt.timedelta(days=30) - 2 * HOUR - api_retention.MARGIN_S * dt.timedelta(seconds=1)
+
+    assert POLICY.retry_refusal(finished, last_chance - dt.timedelta(seconds=1)) is None
+    refusal = POLICY.retry_refusal(finished, last_chance)
+    assert refusal is not None
+    assert "lyric stage ended at 2025-03-01 12:00:00 UTC" in refusal
+    assert "CASTAD_RETENTION_ARTIFACTS_S" in refusal and "CASTAD_API_PIPELINE_DEADLINE_S" in refusal
+    assert "30 days" in refusal and "2 h" in refusal
+    assert POLICY.retry_refusal({}, last_chance + dt.timedelta(days=365)) is None  # no stage ended: nothing gone
+
+
+def test_a_replay_is_refused_once_its_event_is_older_than_consumers_remember():
+    last_chance = ENDED + dt.timedelta(days=10) - HOUR
+
+    assert POLICY.replay_refusal(ENDED, last_chance - dt.timedelta(seconds=1)) is None
+    refusal = POLICY.replay_refusal(ENDED, last_chance)
+    assert refusal is not None and "CASTAD_RETENTION_INBOX_S" in refusal and "10 days" in refusal
+
+
+def test_a_stages_files_count_as_gone_from_their_ttl_on():
+    assert not POLICY.artifacts_gone(ENDED, ENDED + dt.timedelta(days=30) - dt.timedelta(seconds=1))
+    assert POLICY.artifacts_gone(ENDED, ENDED + dt.timedelta(days=30))
+
+
+def test_the_default_retention_settings_are_valid_in_every_service():
+    common = settings.CommonSettings()
+    api = api_settings.ApiSettings()
+    assert common.retention_artifacts_s <= common.retention_jobs_s
+    assert api.retention_policy().artifacts_s > api.pipeline_deadline_s
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"CASTAD_RETENTION_INBOX_S": 3600, "CASTAD_HOLD_EVENTS_S": 3600}, "CASTAD_RETENTION_INBOX_S must be longer"),
+        ({"CASTAD_RETENTION_JOBS_S": 7200, "CASTAD_RETENTION_ARTIFACTS_S": 7201}, "CASTAD_RETENTION_JOBS_S must be"),
+        ({"CASTAD_RETENTION_OUTBOX_S": 0}, "CASTAD_RETENTION_OUTBOX_S\n  Input should be greater than or equal to 60"),
+    ],
+)
+def test_retention_settings_that_would_lose_what_is_needed_are_refused_in_every_service(values, named):
+    with pytest.raises(pydantic.ValidationError, match=named):
+        settings.CommonSettings(**values)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        (
+            {"CASTAD_RETENTION_ARTIFACTS_S": 7200, "pipeline_deadline_s": 7200},
+            "CASTAD_RETENTION_ARTIFACTS_S must be longer than CASTAD_API_PIPELINE_DEADLINE_S",
+        ),
+        (
+            {"retention_pipelines_s": 86_400, "retention_timeline_s": 2 * 86_400},
+            "CASTAD_API_RETENTION_PIPELINES_S must be at least",
+        ),
+    ],
+)
+def test_gateway_settings_that_would_lose_what_a_pipeline_needs_are_refused(values, named):
+    with pytest.raises(pydantic.ValidationError, match=named):
+        api_settings.ApiSettings(**values)
