@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint bench bench-providers faults images lock schemas
+.PHONY: setup demo up test lint bench profile bench-providers bench-stats faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -15,7 +15,7 @@ demo: setup  ## start every service, run the demo brief to a finished MP4, stop
 	@$(BIN)/castad-admin demo
 
 up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0.0.1:8000)
-	@PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/honcho -f infra/local/Procfile -d . start
+	@PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/honcho -f infra/local/Procfile -e var/local/castad.env -d . start
 
 test: setup lint  ## unit, integration and end-to-end tests
 	@$(BIN)/pytest
@@ -28,11 +28,17 @@ lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), an
 	@$(BIN)/mypy
 	@for package in $(PACKAGES); do out=$$(cd $$package && $(CURDIR)/$(BIN)/deptry --no-ansi . 2>&1) || { echo "$$package: $$out"; exit 1; }; done
 
-bench: setup  ## Castad vs a plain Dramatiq pipeline; writes BENCHMARKS.md
+bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 20 minutes); writes BENCHMARKS.md
 	@$(BIN)/python -m bench.run
+
+profile: setup  ## where each service spends its CPU under load (py-spy); stacks in var/bench/profile
+	@PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.profile
 
 bench-providers: setup  ## 200 pipelines through the network providers' fakes, a 30 s music API, 2 worker threads per stage; writes PROVIDERS.md
 	@$(BIN)/python -m bench.providers
+
+bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines in a scratch database; writes docs/stats.md
+	@$(BIN)/python -m bench.stats
 
 faults: setup  ## the full fault run (1,000 pipelines, every fault kind, 3-minute outages); writes FAULTS.md
 	@$(BIN)/python -m bench.faults

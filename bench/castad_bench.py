@@ -47,7 +47,7 @@ from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import db, messaging, migrations
 
-from bench import common, cpu, stats
+from bench import commits, common, cpu, latency
 
 SERVICES = ("api", "lyric", "song", "video")
 STAGES = ("lyric", "song", "video")
@@ -270,6 +270,8 @@ class CastadBench:
 
     def throughput(self, count: int, concurrency: int, first: int, timeout_s: float = 300) -> dict[str, Any]:
         """Submit `count` pipelines, at most `concurrency` requests at a time, until all SUCCEEDED."""
+        counter = commits.Counter(url.rsplit("/", 1)[-1] for url in self.urls.values())
+        counter.start()
         before = self.cpu_snapshot()
         started = time.time()
         with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="submit") as pool:
@@ -278,6 +280,7 @@ class CastadBench:
         ids = [record.pipeline_id for record in records]
         self.wait_all(ids, timeout_s)
         after = self.cpu_snapshot()
+        per_database = counter.stop(count)
         with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[])", (ids,)
@@ -291,8 +294,9 @@ class CastadBench:
             "seconds": seconds,
             "rate": count / seconds,
             "submit_seconds": submitted - started,
-            "latency_ms": stats.summary(stats.ms(latencies)),
+            "latency_ms": latency.summary(latency.ms(latencies)),
             "cpu_ms_per_pipeline": {name: cpu.used(before[name], after[name]) * 1000 / count for name in before},
+            "commits_per_pipeline": {svc: per_database[url.rsplit("/", 1)[-1]] for svc, url in self.urls.items()},
         }
 
     def cpu_snapshot(self) -> dict[str, cpu.Snapshot]:
@@ -383,7 +387,7 @@ def analyse_idle(
         if event["tapped"] is not None and event["published"] is not None:
             in_flight[event["service"]].append((event["event_id"], event["tapped"], event["published"]))
 
-    def hops(kinds: Iterable[tuple[str, str, str]]) -> dict[str, stats.Summary]:
+    def hops(kinds: Iterable[tuple[str, str, str]]) -> dict[str, latency.Summary]:
         parts: dict[str, list[float]] = {
             k: []
             for k in (
@@ -415,7 +419,7 @@ def analyse_idle(
                     parts["broker_to_handler"].append(start - event["tapped"])
                     if _relay_was_waiting(event, in_flight[producer]):
                         parts["total_while_relay_awaited_confirm"].append(start - event["committed"])
-        return {name: stats.summary(stats.ms(values)) for name, values in parts.items()}
+        return {name: latency.summary(latency.ms(values)) for name, values in parts.items()}
 
     projection_kinds = [(f"{stage}.{fact}", stage, "api") for stage in STAGES for fact in ("started", "completed")]
     result: dict[str, Any] = {
@@ -432,8 +436,8 @@ def analyse_idle(
         if str(row["id"]) in ids and row["finished_at"] is not None
     ]
     streamed = [r.streamed - r.posted for r in records if r.streamed is not None]
-    result["e2e_projection_ms"] = stats.summary(stats.ms(projected))
-    result["e2e_client_ms"] = stats.summary(stats.ms(streamed))
+    result["e2e_projection_ms"] = latency.summary(latency.ms(projected))
+    result["e2e_client_ms"] = latency.summary(latency.ms(streamed))
     # Inside each stage: handler start -> attempt claimed -> completed event committed.
     inside: dict[str, Any] = {}
     for stage in STAGES:
@@ -454,8 +458,8 @@ def analyse_idle(
             to_claim.append(job["started_at"].timestamp() - job["created_at"].timestamp())
             to_done.append(completed[job["pipeline_id"]] - job["created_at"].timestamp())
         inside[stage] = {
-            "handler_to_claim_ms": stats.summary(stats.ms(to_claim)),
-            "handler_to_completed_commit_ms": stats.summary(stats.ms(to_done)),
+            "handler_to_claim_ms": latency.summary(latency.ms(to_claim)),
+            "handler_to_completed_commit_ms": latency.summary(latency.ms(to_done)),
         }
     result["inside_stage"] = inside
     result["notify_paired"] = bool(notified)

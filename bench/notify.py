@@ -6,9 +6,10 @@ castad_runtime.db.transaction, on a scratch database, while one connection LISTE
 the outbox channel like the relay does:
 
 - `none`: no notification at all (the floor: what the inserts and commits cost);
-- `after_commit`: castad_runtime.db's way (mark_outbox_written: NOTIFY in its own
-  statement after the commit);
-- `in_transaction`: `SELECT pg_notify(...)` inside the writing transaction.
+- `after_commit`: NOTIFY in a statement of its own after the commit (an autocommit
+  statement on the same connection: Castad's way until the outbox had its trigger);
+- `in_transaction`: the outbox's own trigger NOTIFYs inside the writing transaction
+  (castad_runtime.migration_ops.add_outbox_notify_v6: Castad's way now).
 
 The same three run once more with pgbench (PostgreSQL's C client, if installed) as the
 writers, so that the server's side shows without the Python client's cost.
@@ -30,7 +31,7 @@ import psycopg
 import sqlalchemy as sa
 from castad_runtime import db, migrations, tables
 
-from bench import common, stats
+from bench import common, latency
 
 VARIANTS = ("none", "after_commit", "in_transaction")
 
@@ -55,12 +56,29 @@ class _Listener(threading.Thread):
 
 
 def _transaction(engine: sa.Engine, variant: str, row: dict[str, Any]) -> None:
-    with db.transaction(engine) as conn:
-        conn.execute(tables.outbox.insert().values(**row))
+    with engine.connect() as conn:
+        with conn.begin():
+            conn.execute(tables.outbox.insert().values(**row))
         if variant == "after_commit":
-            db.mark_outbox_written(conn)
-        elif variant == "in_transaction":
+            conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.execute(sa.select(sa.func.pg_notify(db.OUTBOX_CHANNEL, "")))
+
+
+TRIGGER = f"""
+CREATE OR REPLACE FUNCTION bench_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_notify('{db.OUTBOX_CHANNEL}', ''); RETURN NULL; END $$;
+CREATE TRIGGER outbox_notify AFTER INSERT ON outbox FOR EACH STATEMENT EXECUTE FUNCTION bench_outbox_notify();
+"""
+
+
+def _prepare(engine: sa.Engine, variant: str) -> None:
+    """An empty outbox after a checkpoint, with the trigger only for `in_transaction`."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TRIGGER IF EXISTS outbox_notify ON outbox"))
+        if variant == "in_transaction":
+            conn.execute(sa.text(TRIGGER))
+        conn.execute(sa.text("TRUNCATE outbox"))
+        conn.execute(sa.text("CHECKPOINT"))
 
 
 def _row() -> dict[str, Any]:
@@ -101,7 +119,12 @@ def _one_run(engine: sa.Engine, variant: str, threads: int, per_thread: int) -> 
     if errors:
         raise errors[0]
     flat = [value for per in latencies for value in per]
-    return {"variant": variant, "commits": len(flat), "seconds": elapsed, "latency_ms": stats.summary(stats.ms(flat))}
+    return {
+        "variant": variant,
+        "commits": len(flat),
+        "seconds": elapsed,
+        "latency_ms": latency.summary(latency.ms(flat)),
+    }
 
 
 def run(
@@ -127,9 +150,7 @@ def run(
         for number in range(rounds):
             order = VARIANTS[number % 3 :] + VARIANTS[: number % 3]
             for variant in order:
-                with engine.begin() as conn:
-                    conn.execute(sa.text("TRUNCATE outbox"))
-                    conn.execute(sa.text("CHECKPOINT"))
+                _prepare(engine, variant)
                 result = _one_run(engine, variant, threads, per_thread)
                 result["round"] = number + 1
                 runs.append(result)
@@ -147,7 +168,7 @@ def run(
             "seconds": seconds,
             "rate": commits / seconds,
             "round_rates": [r["commits"] / r["seconds"] for r in mine],
-            "latency_p50_ms": stats.percentile([r["latency_ms"]["p50"] for r in mine], 50),
+            "latency_p50_ms": latency.percentile([r["latency_ms"]["p50"] for r in mine], 50),
             "latency_p99_ms": max(r["latency_ms"]["p99"] for r in mine),
         }
     return {
@@ -167,9 +188,8 @@ _INSERT = (
 _NOTIFY = f"SELECT pg_notify('{db.OUTBOX_CHANNEL}', '');"
 PGBENCH_SCRIPTS = {
     "none": f"BEGIN;\n{_INSERT}\nCOMMIT;\n",
-    # castad_runtime.db.transaction's shape: after the commit, the NOTIFY as one autocommit statement
     "after_commit": f"BEGIN;\n{_INSERT}\nCOMMIT;\n{_NOTIFY}\n",
-    "in_transaction": f"BEGIN;\n{_INSERT}\n{_NOTIFY}\nCOMMIT;\n",
+    "in_transaction": f"BEGIN;\n{_INSERT}\nCOMMIT;\n",  # the trigger NOTIFYs
 }
 
 
@@ -213,9 +233,7 @@ def run_pgbench(
         for number in range(rounds):
             order = VARIANTS[number % 3 :] + VARIANTS[: number % 3]
             for variant in order:
-                with engine.begin() as conn:
-                    conn.execute(sa.text("TRUNCATE outbox"))
-                    conn.execute(sa.text("CHECKPOINT"))
+                _prepare(engine, variant)
                 command = [*base, "-t", str(per_thread), "-f", scripts[variant], parsed.database or ""]
                 result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
                 if result.returncode != 0:

@@ -22,7 +22,7 @@ import dramatiq
 import pika
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from bench import common, cpu, stats
+from bench import common, cpu, latency
 
 
 class Peer:
@@ -136,9 +136,9 @@ class Peer:
         every = [value for values in hops.values() for value in values]
         return {
             "pipelines": count,
-            "handoff": stats.summary(stats.ms(every)),
-            "handoff_per_hop": {name: stats.summary(stats.ms(values)) for name, values in hops.items()},
-            "e2e_ms": stats.summary(stats.ms([r[5] - r[0] for r in rows])),
+            "handoff": latency.summary(latency.ms(every)),
+            "handoff_per_hop": {name: latency.summary(latency.ms(values)) for name, values in hops.items()},
+            "e2e_ms": latency.summary(latency.ms([r[5] - r[0] for r in rows])),
         }
 
     def throughput(self, count: int, timeout_s: float = 300) -> dict[str, Any]:
@@ -157,7 +157,7 @@ class Peer:
             "seconds": seconds,
             "rate": count / seconds,
             "submit_seconds": submitted - started,
-            "latency_ms": stats.summary(stats.ms([r[5] - r[0] for r in rows])),
+            "latency_ms": latency.summary(latency.ms([r[5] - r[0] for r in rows])),
             "cpu_ms_per_pipeline": {name: cpu.used(before[name], after[name]) * 1000 / count for name in before},
         }
 

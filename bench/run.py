@@ -1,4 +1,8 @@
-"""`make bench`: run A (Castad), B (plain Dramatiq) and C (NOTIFY), then rewrite BENCHMARKS.md.
+"""`make bench`: run every part side by side, then rewrite BENCHMARKS.md.
+
+A: Castad; B: a plain Dramatiq pipeline; C: NOTIFY inside or after the commit; D: the same
+steps as a DBOS workflow; E: an outbox backlog drained by the relay against a raw publisher;
+F: a long run at half of A's throughput.
 
 Everything runs against the local servers (127.0.0.1) in databases, queues and processes
 of this run only, removed at the end however the run ends (Ctrl-C and SIGTERM included).
@@ -17,7 +21,9 @@ import sys
 import time
 from typing import Any
 
-from bench import castad_bench, common, machine, notify, peer, report
+from bench import castad_bench, common, dbos_peer, drain, machine, notify, peer, report, sustained
+
+PARTS = ("castad", "dbos", "peer", "drain", "sustained", "notify")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -32,7 +38,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--notify-threads", type=int, default=8)
     parser.add_argument("--notify-per-thread", type=int, default=1000, help="transactions per writer and round")
     parser.add_argument("--notify-rounds", type=int, default=2)
-    parser.add_argument("--only", choices=("castad", "peer", "notify"), action="append", help="run only these parts")
+    parser.add_argument("--backlog", type=int, default=100_000, help="outbox rows of the drain part")
+    parser.add_argument("--backlog-per-pipeline", type=int, default=10, help="events per pipeline in the backlog")
+    parser.add_argument("--raw-window", type=int, default=1000, help="unconfirmed publishes at a time, raw peer")
+    parser.add_argument("--sustained-minutes", type=float, default=10.0, help="length of the steady run")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
     return parser.parse_args(argv)
@@ -52,6 +62,24 @@ def run_castad(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathl
         throughput = bench.throughput(args.pipelines, args.concurrency, first=args.warmup + args.idle)
         settings = {key: value for key, value in bench.env().items() if not key.endswith(("_URL", "_SOURCES"))}
     return {"idle": idle, "throughput": throughput, "env": settings}
+
+
+def run_dbos(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+    with cleanup.scope():
+        driver = dbos_peer.DbosPeer(cleanup, workdir)
+        driver.start()
+        idle = driver.idle(args.idle, warmup=args.warmup)
+        throughput = driver.throughput(args.pipelines, args.concurrency, first=args.warmup + args.idle)
+    return {"idle": idle, "throughput": throughput}
+
+
+def run_sustained(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, rate: float) -> Any:
+    with cleanup.scope():
+        bench = castad_bench.CastadBench(cleanup, workdir)
+        bench.setup()
+        bench.start()
+        bench.sequential(args.warmup, first=0)
+        return sustained.run(bench, args.sustained_minutes, rate, concurrency=2 * args.concurrency)
 
 
 def run_peer(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
@@ -79,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     common.log.setLevel(logging.INFO)
-    parts = args.only or ["castad", "peer", "notify"]
+    parts = args.only or list(PARTS)
     workdir = (common.REPO_ROOT / "var" / "bench" / common.RUN_ID).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     cleanup = common.Cleanup()
@@ -93,9 +121,19 @@ def main(argv: list[str] | None = None) -> int:
             if "castad" in parts:
                 results["castad"] = run_castad(args, cleanup, workdir)
                 _phase(results, "after castad")
+            if "dbos" in parts:
+                results["dbos"] = run_dbos(args, cleanup, workdir)
+                _phase(results, "after dbos")
             if "peer" in parts:
                 results["peer"] = run_peer(args, cleanup, workdir)
                 _phase(results, "after peer")
+            if "drain" in parts:
+                results["drain"] = drain.run(cleanup, workdir, args.backlog, args.backlog_per_pipeline, args.raw_window)
+                _phase(results, "after drain")
+            if "sustained" in parts and "castad" in results:
+                rate = results["castad"]["throughput"]["rate"] / 2
+                results["sustained"] = run_sustained(args, cleanup, workdir, rate)
+                _phase(results, "after sustained")
             if "notify" in parts:
                 results["notify"] = run_notify(args, cleanup, workdir)
                 _phase(results, "after notify")
@@ -113,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             common.log.error("logs kept in %s; raw results in %s", workdir, args.json)
     if not ok:
         return 1
-    if set(parts) == {"castad", "peer", "notify"}:
+    if set(parts) == set(PARTS):
         args.output.write_text(report.render(results))
         common.log.info("wrote %s in %.0f s", args.output, results["seconds"])
     else:

@@ -28,7 +28,7 @@ from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import messaging, migrations
 
-from bench import common, stats
+from bench import common, latency
 from bench.castad_bench import CHAIN, COMMIT_CLOCK
 from bench.faults import checker, injections, outage, plan, proxy, traffic
 
@@ -62,7 +62,7 @@ class Result:
     faults: list[Fault]
     findings: list[str]
     snapshot: checker.Snapshot
-    handoffs_ms: dict[str, stats.Summary]
+    handoffs_ms: dict[str, latency.Summary]
     duplicates: int
     poison: list[injections.Poison]
     actions: list[traffic.Action]
@@ -287,7 +287,7 @@ class FaultRun:
             self._wait_terminal({accepted[-1].pipeline_id}, time.time() + self.plan.settle_s, poll_s=0.1)
         return accepted
 
-    def _handoffs(self, pipeline_ids: set[str]) -> dict[str, stats.Summary]:
+    def _handoffs(self, pipeline_ids: set[str]) -> dict[str, latency.Summary]:
         """Commit of an outbox row -> start of the handler that takes it, for the quiet pipelines."""
         committed: dict[str, float] = {}
         received: dict[tuple[str, str], float] = {}
@@ -309,9 +309,9 @@ class FaultRun:
             consumer = consumer_of.get((event_type, producer))
             if consumer and (consumer, event_id) in received and event_id in committed:
                 hops.setdefault(event_type, []).append(received[(consumer, event_id)] - committed[event_id])
-        result = {event_type: stats.summary(stats.ms(values)) for event_type, values in hops.items()}
+        result = {event_type: latency.summary(latency.ms(values)) for event_type, values in hops.items()}
         stage_hops = [value for event_type, _, _ in CHAIN[:3] for value in hops.get(event_type, [])]
-        result["stage handoff"] = stats.summary(stats.ms(stage_hops))
+        result["stage handoff"] = latency.summary(latency.ms(stage_hops))
         return result
 
     def _stopped_render(self, snapshot: checker.Snapshot) -> list[str]:
@@ -390,8 +390,8 @@ def summarize(result: Result) -> dict[str, Any]:
     return {
         "outcomes": dict(sorted(outcomes.items())),
         "longest_to_terminal_s": max(to_terminal, default=float("nan")),
-        "median_to_terminal_s": stats.percentile(to_terminal, 50),
-        "p90_to_terminal_s": stats.percentile(to_terminal, 90),
+        "median_to_terminal_s": latency.percentile(to_terminal, 50),
+        "p90_to_terminal_s": latency.percentile(to_terminal, 90),
         "longest_after_last_fault_s": max(after_faults, default=float("nan")),
         "attempts": {
             stage: dict(counter.most_common()) for stage, counter in checker.attempt_outcomes(result.snapshot).items()

@@ -12,11 +12,13 @@ import dramatiq.broker
 import dramatiq.message
 import pytest
 import sqlalchemy as sa
+from castad_relay import metrics as relay_metrics
 from castad_relay import relay
 from castad_relay import settings as relay_settings
 from castad_runtime import consumer, db, messaging, process
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from tests.integration import gateway as gateway_
 from tests.integration.helpers import Amqp, LoopThread
 from tests.support import Installation
 
@@ -44,11 +46,11 @@ def amqp(installation: Installation) -> Iterator[Amqp]:
 class RunningRelay:
     """`relay.run` on an event loop of its own, stopped through the asyncio.Event it takes."""
 
-    def __init__(self, config: relay_settings.RelaySettings) -> None:
+    def __init__(self, config: relay_settings.RelaySettings, metrics: relay_metrics.RelayMetrics | None = None) -> None:
         self.config = config
         self._thread = LoopThread()
         self._stop = asyncio.Event()
-        self._run = self._thread.submit(relay.run(config, self._stop))
+        self._run = self._thread.submit(relay.run(config, self._stop, metrics))
         self._stopped = False
 
     def stop(self) -> None:
@@ -86,8 +88,10 @@ def start_relay(relay_config: RelayConfig) -> Iterator[StartRelay]:
     """Start relays (`relay.run`) in this process; every one is stopped after the test."""
     running: list[RunningRelay] = []
 
-    def start(amqp_url: str | None = None, **fields: Any) -> RunningRelay:
-        running.append(RunningRelay(relay_config(amqp_url, **fields)))
+    def start(
+        amqp_url: str | None = None, metrics: relay_metrics.RelayMetrics | None = None, **fields: Any
+    ) -> RunningRelay:
+        running.append(RunningRelay(relay_config(amqp_url, **fields), metrics))
         return running[-1]
 
     try:
@@ -110,7 +114,7 @@ class Consumers:
     ) -> consumer.EventConsumer:
         """`options` are EventConsumer's keyword arguments (max_retries, hold_s, registry)."""
         assert not self.running, "one consumer per test: Dramatiq's encoder is global"
-        broker = messaging.make_broker(self.installation.amqp_url)
+        broker = messaging.make_broker(self.installation.amqp_url, self.installation.topology.queue(service))
         started = consumer.EventConsumer(broker, service, self.installation.topology, handlers, **options)
         worker = process.ConsumerWorker(broker, threads)
         worker.start()
@@ -139,3 +143,25 @@ def run_consumer(installation: Installation) -> Iterator[Consumers]:
         consumers.stop()
         dramatiq.broker.global_broker = previous[0]
         dramatiq.set_encoder(previous[1])
+
+
+@pytest.fixture
+def api(installation: Installation) -> Iterator[Callable[..., gateway_.RunningApi]]:
+    """`api(**settings)`: the gateway's HTTP API served from this process on the installation's database."""
+    running: list[gateway_.RunningApi] = []
+
+    def start(**settings: Any) -> gateway_.RunningApi:
+        running.append(gateway_.RunningApi(installation.database_urls["api"], installation.artifacts_dir, **settings))
+        return running[-1]
+
+    try:
+        yield start
+    finally:
+        for each in running:
+            each.stop()
+
+
+@pytest.fixture
+def gateway(engines: dict[str, sa.Engine]) -> gateway_.Projection:
+    """Pipelines accepted by the installation's gateway, and stage events applied to its projection."""
+    return gateway_.Projection(engines["api"])

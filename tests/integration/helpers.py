@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import random
+import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 import pika
+import psycopg.sql
 import sqlalchemy as sa
 from castad_contracts import brief, envelope, events
 from castad_runtime import consumer, db, inbox, outbox, tables
@@ -56,7 +59,12 @@ def requested_envelope(pipeline_id: str | None = None) -> envelope.Envelope:
 def lyric_started(pipeline_id: str, attempt: int) -> events.StageStarted:
     """A stage fact the gateway's queue is bound to; `attempt` doubles as a sequence number."""
     return events.StageStarted(
-        pipeline_id=pipeline_id, stage=events.Stage.LYRIC, job_id=str(uuid.uuid4()), attempt=attempt, started_at=now()
+        pipeline_id=pipeline_id,
+        stage=events.Stage.LYRIC,
+        job_id=str(uuid.uuid4()),
+        attempt=attempt,
+        started_at=now(),
+        worker="lyric@test:1",
     )
 
 
@@ -119,7 +127,9 @@ class Counted:
 def stage_trigger_handler(engine: sa.Engine, fail_first: bool = False) -> consumer.Handler:
     """The lyric stage's pipeline.requested handler, as castad_runtime.stage.service wires it; with
     `fail_first`, the first delivery loses its connection before the commit (its job is not created)."""
-    on_trigger = handlers.StageHandlers(engine, stage_runner(engine, succeed), wake=lambda: None).on_trigger
+    on_trigger = handlers.StageHandlers(
+        engine, stage_runner(engine, succeed), handlers.WakeOnly(lambda: None)
+    ).on_trigger
     failed: list[bool] = []
 
     def handle(env: envelope.Envelope, payload: events.Payload) -> None:
@@ -248,3 +258,51 @@ class LoopThread:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def statements_of(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
+    """The SELECT and DELETE statements on tables run on `engine` in the block, with their parameters."""
+    seen: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if not executemany and statement.lstrip().startswith(("SELECT", "DELETE")) and "FROM" in statement:
+            seen.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+
+
+PLACEHOLDER = re.compile(r"%\((\w+)\)s")  # psycopg's named parameters
+INDEX_IN_PLAN = re.compile(r"(?:Index Scan|Index Only Scan) (?:Backward )?(?:using|on) (\w+)")
+
+
+def generic_plan(conn: sa.Connection, statement: str, parameters: dict[str, Any]) -> str:
+    """The plan of a statement prepared for reuse, made without its parameters' values."""
+    names = list(dict.fromkeys(PLACEHOLDER.findall(statement)))
+    numbered = PLACEHOLDER.sub(lambda match: f"${names.index(match.group(1)) + 1}", statement)
+    driver = conn.connection.driver_connection
+    values = ", ".join(psycopg.sql.Literal(parameters[name]).as_string(driver) for name in names)
+    conn.exec_driver_sql(f"PREPARE castad_probe AS {numbered}")
+    try:
+        plan = conn.exec_driver_sql(
+            f"EXPLAIN EXECUTE castad_probe({values})" if names else "EXPLAIN EXECUTE castad_probe"
+        )
+        return "\n".join(row[0] for row in plan)
+    finally:
+        conn.exec_driver_sql("DEALLOCATE castad_probe")
+
+
+def indexes_used(engine: sa.Engine, statements: Iterable[tuple[str, Any]]) -> set[str]:
+    """The indexes PostgreSQL's generic plans of `statements` use when it may not scan a table whole."""
+    used: set[str] = set()
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET enable_seqscan = off")
+        conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        for statement, parameters in statements:
+            used |= set(INDEX_IN_PLAN.findall(generic_plan(conn, statement, parameters)))
+        conn.rollback()
+    return used

@@ -164,6 +164,7 @@ def test_a_redelivered_stage_event_changes_the_gateways_projection_once(installa
         job_id=str(uuid.uuid4()),
         attempt=1,
         started_at=now(),
+        worker="lyric@test:1",
     )
     env = envelope.wrap(started, "lyric.started", "/castad/lyric")
 

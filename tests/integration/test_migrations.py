@@ -33,6 +33,7 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         tables.inbox,
         api_tables.pipelines,
         api_tables.stages,
+        api_tables.attempts,
         api_tables.timeline,
         api_tables.dead_letters,
         api_tables.dead_letter_actions,
@@ -53,6 +54,8 @@ def service_metadata(service: str) -> sa.MetaData:
     metadata = sa.MetaData()
     for table in SERVICE_TABLES[service]:
         table.to_metadata(metadata)
+    if service == "api":  # its extensions, as its migrations create them (to_metadata copies no listener)
+        sa.event.listen(metadata, "before_create", api_tables.EXTENSIONS)
     return metadata
 
 

@@ -167,12 +167,7 @@ def write_unroutable(engine: sa.Engine, pipeline_id: str, routing_key: str = UNH
     """An outbox row of an event type no queue is bound to: RabbitMQ returns it, as unroutable."""
     env = envelope.Envelope(source="/castad/test", type=routing_key, subject=pipeline_id, data={})
     with db.transaction(engine) as conn:
-        conn.execute(
-            tables.outbox.insert().values(
-                event_id=env.id, pipeline_id=pipeline_id, routing_key=routing_key, envelope=env.model_dump(mode="json")
-            )
-        )
-        db.mark_outbox_written(conn)
+        outbox.append(conn, env)
     return env.id
 
 

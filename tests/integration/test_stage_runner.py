@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_contracts import events
-from castad_runtime import db, tables
-from castad_runtime.stage import cancellation, errors, machine, repository, runner, scheduler
+from castad_contracts import envelope, events
+from castad_runtime import db, outages, tables
+from castad_runtime.stage import cancellation, errors, handlers, machine, repository, runner, scheduler
 
 from bench.faults import outage
 from tests.integration.helpers import eventually, output, pipeline_requested, stage_runner, succeed
@@ -548,3 +548,106 @@ def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(eng
         (1, "worker-a", "succeeded")
     ]
     assert facts(engine, pipeline_id) == [("started", 1), ("completed", 1)]
+
+
+def trigger(stage: runner.StageRunner, jobs: scheduler.JobScheduler) -> str:
+    """A pipeline.requested handled as the stage service wires its handler."""
+    request = pipeline_requested()
+    env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
+    handlers.StageHandlers(stage.engine, stage, jobs).on_trigger(env, request)
+    return request.pipeline_id
+
+
+def test_a_trigger_with_a_free_slot_starts_its_attempt_in_its_own_transaction(engine, run_scheduler):
+    """No transaction of its own claims the job: the job, its attempt and its `started` event all have the
+    trigger's transaction time."""
+    stage = stage_runner(engine, succeed)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
+    jobs.start()
+    pipeline_id = trigger(stage, jobs)
+    eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")
+    [attempt] = attempt_rows(engine, pipeline_id)
+    with engine.connect() as conn:
+        started = conn.execute(
+            sa.select(tables.outbox.c.created_at).where(
+                tables.outbox.c.pipeline_id == pipeline_id, tables.outbox.c.routing_key == "lyric.started"
+            )
+        ).scalar_one()
+    assert job_row(engine, pipeline_id).created_at == attempt.started_at == started
+    jobs.stop()
+
+
+def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(engine):
+    release = threading.Event()
+
+    def slow(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        release.wait(10)
+        return output()
+
+    stage = stage_runner(engine, slow)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=0.05)
+    jobs.start()
+    try:
+        first = trigger(stage, jobs)
+        second = trigger(stage, jobs)
+        assert status_of(engine, first) is Status.RUNNING
+        assert status_of(engine, second) is Status.PENDING  # no slot: left due
+        release.set()
+        eventually(lambda: status_of(engine, second) is Status.SUCCEEDED, what="the second job claimed later")
+    finally:
+        release.set()
+        jobs.stop()
+
+
+def test_a_trigger_whose_transaction_fails_gives_its_slot_back(engine):
+    stage = stage_runner(engine, succeed)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)
+    jobs.start()
+    request = pipeline_requested()
+    env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
+    stage_handlers = handlers.StageHandlers(stage.engine, stage, jobs)
+    with outage.database_down(stage.engine.url.render_as_string(hide_password=False)), pytest.raises(Exception) as lost:
+        stage_handlers.on_trigger(env, request)
+    assert outages.is_outage(lost.value)
+    assert jobs.reserve()  # the one slot is free again
+    jobs.release()
+    stage_handlers.on_trigger(env, request)  # delivered again: the job runs
+    eventually(lambda: status_of(engine, request.pipeline_id) is Status.SUCCEEDED, what="the job done")
+    jobs.stop()
+
+
+def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_uncounted(engine):
+    stage = stage_runner(engine, succeed)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)
+    jobs.start()
+    eventually(jobs.reserve, what="the scheduler's first look done")  # found nothing due
+    pipeline_id = add_job(stage)
+    with db.transaction(engine) as conn:
+        claim = stage.claim_accepted(conn, pipeline_id)
+    assert claim is not None
+    stopping = threading.Thread(target=jobs.stop)  # waits for the reserved slot: it counts as running
+    stopping.start()
+    eventually(lambda: jobs._stopping.is_set(), what="the scheduler stopping")
+    jobs.run_claimed(claim)
+    stopping.join(5)
+    assert not stopping.is_alive()
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.counted_attempts) == (Status.RETRY_WAIT, 0)  # due again, as any handed-back attempt
+    [attempt] = attempt_rows(engine, pipeline_id)
+    assert (attempt.outcome, attempt.error_code) == ("interrupted", "worker_stopped")
+
+
+def test_a_trigger_delivered_twice_claims_once_and_gives_its_slot_back(engine, run_scheduler):
+    stage = stage_runner(engine, succeed)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)
+    jobs.start()
+    request = pipeline_requested()
+    env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
+    stage_handlers = handlers.StageHandlers(stage.engine, stage, jobs)
+    stage_handlers.on_trigger(env, request)
+    eventually(lambda: status_of(engine, request.pipeline_id) is Status.SUCCEEDED, what="the job done")
+    stage_handlers.on_trigger(env, request)
+    assert len(attempt_rows(engine, request.pipeline_id)) == 1
+    eventually(jobs.reserve, what="the slot free again")
+    jobs.release()
+    jobs.stop()

@@ -16,6 +16,10 @@ copy, a dead letter) has been confirmed by the broker, so nothing is lost in bet
 - it cannot be decoded, its type is unknown, no handler takes it, or its payload is
   invalid: dead-lettered at once (`encoder.EnvelopeEncoder` finds most of these).
 A dead letter goes to `<namespace>.dead-letter` with the reason in `x-castad-reason`.
+
+Its metrics (`metrics.ConsumerMetrics`): the handoff of every event it hands to a handler for
+the first time (from the envelope's time, set when the event was written to its outbox), and
+every message it dead-letters, by why.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dramatiq.middleware import CurrentMessage, Middleware
 from opentelemetry import trace
 
 from castad_runtime import backoff, encoder, logs, messaging, outages, redact, telemetry
+from castad_runtime import metrics as metrics_
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,7 @@ class EventConsumer:
         max_retries: int = 20,
         hold_s: float = 3600.0,
         registry: events.Registry = events.REGISTRY,
+        metrics: metrics_.ConsumerMetrics | None = None,
     ) -> None:
         self.broker = broker
         self.service = service
@@ -97,6 +103,7 @@ class EventConsumer:
         self.max_retries = max_retries
         self.hold_s = hold_s
         self.registry = registry
+        self.metrics = metrics or metrics_.ConsumerMetrics(metrics_.registry(), service)
         self.queue_name = topo.queue(service)
         self.tracer = telemetry.tracer(f"castad.{service}")
         self._stopping = threading.Event()
@@ -125,24 +132,31 @@ class EventConsumer:
     def dead_letter(self, raw_b64: str, reason: str) -> None:
         """The dead-letter actor: messages the encoder could not turn into an event."""
         try:
-            self._through_outages(lambda: self._publish_dead_letter(base64.b64decode(raw_b64), reason))
+            body = base64.b64decode(raw_b64)
+            self._through_outages(lambda: self._publish_dead_letter(body, reason, metrics_.UNDECODABLE))
         except _Abandoned:
             log.info("worker stopped during an outage; the message stays in %s", self.queue_name)
 
     def _dispatch(self, env: envelope_.Envelope, document: dict[str, Any]) -> None:
         handler = self.handlers.get(env.type)
         if handler is None:
-            self._dead(document, f"no handler for {env.type!r} in {self.service}")
+            self._dead(document, f"no handler for {env.type!r} in {self.service}", metrics_.UNKNOWN_TYPE)
             return
         try:
             payload = env.payload(self.registry)
         except events.NewerSchemaVersion as error:
             self._through_outages(functools.partial(self._hold, document, str(error)))
             return
-        except (events.UnknownEventType, pydantic.ValidationError) as error:
-            reason = redact.validation_summary(error) if isinstance(error, pydantic.ValidationError) else str(error)
-            self._dead(document, f"unreadable {env.type} payload: {reason}")
+        except events.UnknownEventType as error:
+            self._dead(document, f"unreadable {env.type} payload: {error}", metrics_.UNKNOWN_TYPE)
             return
+        except pydantic.ValidationError as error:
+            reason = redact.validation_summary(error)
+            self._dead(document, f"unreadable {env.type} payload: {reason}", metrics_.INVALID_PAYLOAD)
+            return
+        message = CurrentMessage.get_current_message()
+        if message is None or not {RETRIES_OPTION, HELD_SINCE_OPTION} & set(message.options):
+            self.metrics.handed_off(env.type, env.time)  # a retry's or a held event's wait is not a handoff
         with (
             telemetry.continued(env.traceparent, env.tracestate),
             self.tracer.start_as_current_span(
@@ -185,7 +199,9 @@ class EventConsumer:
         retries = message.options.get(RETRIES_OPTION, 0) if message else self.max_retries
         if retries >= self.max_retries:
             self._publish_dead_letter(
-                _encode(document), f"{env.type} handler failed {retries + 1} times, last: {redact.describe(error)}"
+                _encode(document),
+                f"{env.type} handler failed {retries + 1} times, last: {redact.describe(error)}",
+                metrics_.HANDLER_FAILED,
             )
             return
         assert message is not None
@@ -208,22 +224,23 @@ class EventConsumer:
         held_s, remaining_s = (now_ms - since_ms) / 1000, self.hold_s - (now_ms - since_ms) / 1000
         if message is None or remaining_s <= 0:
             reason = f"{reason}; held {held_s:.0f} s"
-            self._publish_dead_letter(_encode(document), reason)
+            self._publish_dead_letter(_encode(document), reason, metrics_.HELD_TOO_LONG)
             return
         delay_s = min(max(held_s, HOLD_BACKOFF_S[0]), HOLD_BACKOFF_S[1], remaining_s)
         log.warning("%s; held, next look in %.1f s (dead-lettered after %.0f s more)", reason, delay_s, remaining_s)
         self.broker.enqueue(message.copy(options={HELD_SINCE_OPTION: since_ms}), delay=int(delay_s * 1000))
 
-    def _dead(self, document: dict[str, Any], reason: str) -> None:
-        self._through_outages(lambda: self._publish_dead_letter(_encode(document), reason))
+    def _dead(self, document: dict[str, Any], reason: str, kind: str) -> None:
+        self._through_outages(lambda: self._publish_dead_letter(_encode(document), reason, kind))
 
-    def _publish_dead_letter(self, body: bytes, reason: str) -> None:
-        """Park a message that cannot be handled, with the reason in its headers; confirmed by the broker."""
+    def _publish_dead_letter(self, body: bytes, reason: str, kind: str) -> None:
+        """Park a message that cannot be handled, with the reason in its headers; confirmed by the broker.
+        `kind`: why, in a word (the metric's label)."""
         reason = redact.mask(reason)[:REASON_MAX]
         log.warning("dead-lettering message: %s", reason)
         try:
             self.broker.channel.basic_publish(
-                exchange="",
+                exchange=self.topology.dead_letter_exchange,
                 routing_key=self.topology.dead_letter_queue,
                 body=body,
                 properties=pika.BasicProperties(
@@ -240,6 +257,7 @@ class EventConsumer:
         except pika.exceptions.AMQPError:
             del self.broker.connection  # this thread's publishing connection: a new one next time
             raise
+        self.metrics.dead_lettered(kind)
 
 
 def _encode(document: dict[str, Any]) -> bytes:

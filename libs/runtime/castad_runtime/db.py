@@ -1,22 +1,53 @@
-"""Engines, transactions and the post-commit outbox wake-up."""
+"""Engines, transactions, and what runs once one committed (metrics).
+
+What a transaction writes to the outbox or the gateway's timeline wakes their listeners by itself:
+triggers on those tables NOTIFY inside the writing transaction (castad_runtime.migration_ops), so
+a writer spends no round trip on it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg import rows
 
 log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "castad_outbox"
-_NOTIFY = "castad_notify"
+_AFTER_COMMIT = "castad_after_commit"
 
 
-def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
-    return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=600)
+def make_engine(url: str, pool_size: int = 5, *, pre_ping: bool = True) -> sa.Engine:
+    """A pool of connections to `url`. `pre_ping=False` for parts that ride out an outage by trying again
+    (consumers, the stage runner): they save a round trip per transaction, and a connection the server
+    dropped only fails their next try. Others (HTTP requests) have it checked before use."""
+    engine = sa.create_engine(
+        url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600, pool_pre_ping=pre_ping
+    )
+    sa.event.listen(engine, "checkout", _known_broken)
+    return engine
+
+
+def _known_broken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """A pooled connection that psycopg already knows to be closed or broken is replaced before use."""
+    if dbapi_connection.closed or dbapi_connection.broken:
+        raise sa.exc.DisconnectionError("the connection was closed or broken")
+
+
+def run(conn: sa.Connection, statement: str, params: Any = None) -> psycopg.Cursor[Any]:
+    """Run one of a package's hot-path statements (plain SQL with psycopg's `%(name)s` placeholders) in the
+    transaction of `conn`, straight on its psycopg connection: no SQLAlchemy compilation or result wrapping,
+    and psycopg prepares a statement it has run a few times. Rows come as named tuples. Parameters that
+    are JSON must be wrapped (`psycopg.types.json.Jsonb`). Write only inside `transaction` (SQLAlchemy
+    commits it); on a plain `engine.connect()`, read only: SQLAlchemy rolls back what it does not know of."""
+    driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+    return driver.cursor(row_factory=rows.namedtuple_row).execute(statement, params)
 
 
 def seconds_from_now(seconds: float) -> sa.ColumnElement[dt.datetime]:
@@ -24,37 +55,40 @@ def seconds_from_now(seconds: float) -> sa.ColumnElement[dt.datetime]:
     return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.literal(seconds, sa.Float))
 
 
-def notify_after_commit(conn: sa.Connection, channel: str, payload: str = "") -> None:
-    """Send NOTIFY channel, payload once this transaction has committed."""
-    conn.info.setdefault(_NOTIFY, set()).add((channel, payload))
+def expired(
+    rows: sa.Select[Any], time_column: sa.Column[dt.datetime], older_than_s: float, limit: int
+) -> sa.Select[Any]:
+    """Retention's choice: up to `limit` of `rows` whose `time_column` is more than `older_than_s` old by the
+    database's clock, oldest first, locked (rows of `time_column`'s table only); rows another transaction
+    holds are skipped, never waited for."""
+    return (
+        rows.where(time_column < seconds_from_now(-older_than_s))
+        .order_by(time_column)
+        .limit(limit)
+        .with_for_update(of=time_column.table, skip_locked=True)
+    )
 
 
-def mark_outbox_written(conn: sa.Connection) -> None:
-    notify_after_commit(conn, OUTBOX_CHANNEL)
+def notify(conn: sa.Connection, channel: str, payload: str = "") -> None:
+    """NOTIFY `channel` with `payload` when this transaction commits (for a change no trigger announces)."""
+    conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
+
+
+def after_commit(conn: sa.Connection, callback: Callable[[], None]) -> None:
+    """Call `callback` once this transaction has committed (not if it rolls back): for what must count
+    only what committed, as a metric of an outcome. It must not fail; if it does, that is logged."""
+    conn.info.setdefault(_AFTER_COMMIT, []).append(callback)
 
 
 @contextlib.contextmanager
 def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
-    """One local transaction, then its notifications (an outbox write wakes the relay).
-
-    The NOTIFY is sent after the commit, in one autocommit statement of its own (one
-    round trip, no BEGIN and COMMIT): a NOTIFY inside the writing transaction takes a
-    cluster-wide lock at commit and holds it through the commit's WAL flush, which
-    serialises every notifying writer (see BENCHMARKS.md). A lost notification only
-    delays the rows until the relay's fallback poll, so a NOTIFY that fails is logged,
-    not raised: the transaction it follows has committed, and its caller must not
-    treat that work as undone.
-    """
+    """One local transaction, then what was to run once it committed (`after_commit`)."""
     with engine.connect() as conn:
-        conn.info.pop(_NOTIFY, None)
+        conn.info.pop(_AFTER_COMMIT, None)
         with conn.begin():
             yield conn
-        notifications = conn.info.pop(_NOTIFY, None)
-        if notifications:
-            # The isolation level goes back to the default when the connection returns to the pool.
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            calls = [sa.func.pg_notify(channel, payload) for channel, payload in sorted(notifications)]
+        for callback in conn.info.pop(_AFTER_COMMIT, ()):
             try:
-                conn.execute(sa.select(*calls))
-            except sa.exc.DBAPIError as error:
-                log.warning("NOTIFY after commit failed, listeners catch up by polling: %s", error)
+                callback()
+            except Exception:
+                log.exception("a callback after a commit failed")

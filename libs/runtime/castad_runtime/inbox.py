@@ -1,20 +1,49 @@
-"""Record processed event ids in the handler's transaction: effects happen once."""
+"""Record processed event ids in the handler's transaction: effects happen once. Retention forgets them later."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
-from sqlalchemy.dialects import postgresql as pg
 
-from castad_runtime import tables
+from castad_runtime import db, tables
+
+T = TypeVar("T")
+
+
+RECORD = """
+INSERT INTO inbox (event_id, event_type, pipeline_id) VALUES (%s, %s, %s)
+ON CONFLICT DO NOTHING RETURNING event_id
+"""
 
 
 def first_delivery(conn: sa.Connection, env: envelope_.Envelope) -> bool:
     """True the first time this event id is seen; False for a redelivery or duplicate."""
-    inserted = conn.execute(
-        pg.insert(tables.inbox)
-        .values(event_id=env.id, event_type=env.type, pipeline_id=env.subject)
-        .on_conflict_do_nothing()
-        .returning(tables.inbox.c.event_id)
-    ).first()
-    return inserted is not None
+    return db.run(conn, RECORD, (env.id, env.type, env.subject)).fetchone() is not None
+
+
+def once(
+    engine: sa.Engine,
+    env: envelope_.Envelope,
+    step: Callable[[sa.Connection], T],
+    seen_again: Callable[[str], None] | None = None,
+) -> T | None:
+    """`step(conn)` in one transaction with the event's inbox row, the first time the event comes; what
+    it returns. A duplicate runs nothing (None), and once its transaction committed its type is passed
+    to `seen_again` (a metric)."""
+    with db.transaction(engine) as conn:
+        if first_delivery(conn, env):
+            return step(conn)
+        if seen_again is not None:
+            db.after_commit(conn, lambda: seen_again(env.type))
+        return None
+
+
+def forget(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` event ids received more than `older_than_s` ago, skipping rows another transaction
+    holds; how many. A copy of such an event coming later would be taken as new."""
+    t = tables.inbox
+    doomed = db.expired(sa.select(t.c.event_id), t.c.received_at, older_than_s, limit)
+    return conn.execute(t.delete().where(t.c.event_id.in_(doomed.scalar_subquery()))).rowcount

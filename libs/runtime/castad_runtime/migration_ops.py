@@ -172,3 +172,58 @@ def drop_operator_requests_v3() -> None:
     op.drop_column("jobs", "last_operation")
     op.execute("DELETE FROM jobs WHERE input IS NULL")  # jobs canceled before they had anything to run
     op.alter_column("jobs", "input", nullable=False)
+
+
+def add_retention_v5() -> None:
+    """What retention deletes by, in every service: outbox rows by when they were published, event ids by
+    when they came. Partial where it can be, so that the hot path's writes pay little."""
+    op.create_index(
+        "outbox_published", "outbox", ["published_at"], postgresql_where=sa.text("published_at IS NOT NULL")
+    )
+    op.create_index("inbox_received", "inbox", ["received_at"])
+
+
+def drop_retention_v5() -> None:
+    op.drop_index("inbox_received", "inbox")
+    op.drop_index("outbox_published", "outbox")
+
+
+def add_job_retention_v5() -> None:
+    """A stage's finished jobs by when they ended, and when retention deleted their files."""
+    finished = "status IN ('SUCCEEDED', 'FAILED', 'CANCELED')"
+    op.add_column("jobs", sa.Column("artifacts_swept_at", TZ))
+    op.create_index("jobs_finished", "jobs", ["finished_at"], postgresql_where=sa.text(finished))
+    op.create_index(
+        "jobs_unswept",
+        "jobs",
+        ["finished_at"],
+        postgresql_where=sa.text(f"{finished} AND (artifacts_swept_at IS NULL OR artifacts_swept_at < finished_at)"),
+    )
+
+
+def drop_job_retention_v5() -> None:
+    op.drop_index("jobs_unswept", "jobs")
+    op.drop_index("jobs_finished", "jobs")
+    op.drop_column("jobs", "artifacts_swept_at")
+
+
+OUTBOX_NOTIFY_FUNCTION = "castad_outbox_notify"
+
+
+def add_outbox_notify_v6(channel: str) -> None:
+    """The outbox announces its own new rows: a statement-level trigger NOTIFYs `channel` when rows are
+    inserted, inside the writing transaction (delivered at its commit, one notification per transaction
+    whatever the rows), so a writer spends no round trip of its own on waking the relay."""
+    op.execute(
+        f"CREATE FUNCTION {OUTBOX_NOTIFY_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
+    )
+    op.execute(
+        "CREATE TRIGGER outbox_notify AFTER INSERT ON outbox"
+        f" FOR EACH STATEMENT EXECUTE FUNCTION {OUTBOX_NOTIFY_FUNCTION}()"
+    )
+
+
+def drop_outbox_notify_v6() -> None:
+    op.execute("DROP TRIGGER IF EXISTS outbox_notify ON outbox")
+    op.execute(f"DROP FUNCTION IF EXISTS {OUTBOX_NOTIFY_FUNCTION}()")

@@ -11,6 +11,10 @@ from castad_contracts import events
 
 from castad_runtime import db, tables, telemetry
 
+APPEND = """
+INSERT INTO outbox (event_id, pipeline_id, routing_key, envelope, destination) VALUES (%s, %s, %s, %s::jsonb, %s)
+"""
+
 
 def add(conn: sa.Connection, payload: events.Payload, event_type: str, source: str) -> envelope_.Envelope:
     """Record an event in the same transaction as the state change it announces.
@@ -31,16 +35,8 @@ def append(
     `delivery_id` names the row and the message when the same event is sent again (a replayed dead
     letter): the envelope keeps its id, by which the consumer's inbox knows it.
     """
-    conn.execute(
-        tables.outbox.insert().values(
-            event_id=delivery_id or env.id,
-            pipeline_id=env.subject,
-            routing_key=env.type,
-            envelope=env.model_dump(mode="json"),
-            destination=destination,
-        )
-    )
-    db.mark_outbox_written(conn)
+    row = (delivery_id or env.id, env.subject, env.type, env.model_dump_json(), destination)
+    db.run(conn, APPEND, row)  # the outbox's trigger wakes the relay
 
 
 def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
@@ -53,5 +49,13 @@ def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
         .values(parked_at=None, retry_at=None, publish_attempts=0, last_error=None)
     )
     if result.rowcount:
-        db.mark_outbox_written(conn)
+        db.notify(conn, db.OUTBOX_CHANNEL)  # no row inserted: the outbox's trigger says nothing
     return result.rowcount
+
+
+def forget_published(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` rows the broker confirmed more than `older_than_s` ago, skipping rows another
+    transaction holds; how many. A row not yet published, or parked, is never deleted."""
+    t = tables.outbox
+    doomed = db.expired(sa.select(t.c.id), t.c.published_at, older_than_s, limit)
+    return conn.execute(t.delete().where(t.c.id.in_(doomed.scalar_subquery()))).rowcount

@@ -12,11 +12,13 @@ import pathlib
 from typing import Annotated, Literal, Self
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = pathlib.Path("var", "artifacts")
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
 POSTGRES_URL = r"^postgresql(\+psycopg)?://"
+DAY_S = 86_400.0
 
 # Where the stages write their files and the gateway reads them (not the relay's business).
 ArtifactsDir = Annotated[
@@ -30,7 +32,20 @@ ArtifactsDir = Annotated[
 
 # A worker's probe port (see castad_runtime.health).
 HealthPort = Annotated[
-    int | None, Field(ge=1, le=65535, description="serve /healthz and /readyz on this port (off when unset)")
+    int | None, Field(ge=1, le=65535, description="serve /healthz, /readyz and /metrics on this port (off when unset)")
+]
+
+
+# The relay's PostgreSQL role, which a service's `migrate` lets into its database (migrations.restrict_access).
+OutboxRelayRole = Annotated[
+    str | None,
+    Field(
+        validation_alias=AliasChoices("CASTAD_OUTBOX_RELAY_ROLE"),
+        pattern=r"^[a-z_][a-z0-9_-]*$",
+        max_length=63,
+        description="`migrate` closes the database to every role but its owner and this one (the relay's), which"
+        " may read the outbox and mark its rows, nothing else; unset: `migrate` changes no privilege",
+    ),
 ]
 
 
@@ -56,14 +71,51 @@ def _common(name: str) -> AliasChoices:
     return AliasChoices(f"CASTAD_{name.upper()}")
 
 
+class _ServiceAmqpUrl(PydanticBaseSettingsSource):
+    """`<prefix>AMQP_URL` (CASTAD_LYRIC_AMQP_URL, ...) over CASTAD_AMQP_URL: the service's own broker
+    user, where the services of one machine share an environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[object, str, bool]:
+        return None, field_name, False  # not used: __call__ reads the one variable itself
+
+    def __call__(self) -> dict[str, object]:
+        name = service_amqp_url(self.settings_cls)
+        return {env_var(self.settings_cls, "amqp_url"): os.environ[name]} if name else {}
+
+
+def service_amqp_url(cls: type[BaseSettings]) -> str | None:
+    """The variable `<prefix>AMQP_URL` of a service's settings, if it is set."""
+    prefix = cls.model_config.get("env_prefix", "")
+    name = f"{prefix}AMQP_URL"
+    return name if prefix and os.environ.get(name) else None
+
+
 class CommonSettings(BaseSettings):
     """Settings of every process (variables without a service prefix)."""
 
     model_config = SettingsConfigDict(extra="ignore", frozen=True)
 
     amqp_url: Annotated[
-        str, Field(validation_alias=_common("amqp_url"), pattern=r"^amqps?://", description="RabbitMQ to use")
+        str,
+        Field(
+            validation_alias=_common("amqp_url"),
+            pattern=r"^amqps?://",
+            description="RabbitMQ to use; CASTAD_<SERVICE>_AMQP_URL (CASTAD_API_, CASTAD_RELAY_, CASTAD_LYRIC_, ...)"
+            " overrides it for one service, so that services sharing an environment each use their own user",
+        ),
     ] = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _ServiceAmqpUrl(settings_cls), env_settings, dotenv_settings, file_secret_settings
+
     namespace: Annotated[
         str,
         Field(
@@ -99,6 +151,87 @@ class CommonSettings(BaseSettings):
             description="DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr",
         ),
     ] = "INFO"
+    # Retention (castad_runtime.retention): what each service deletes of its own, and when. The services
+    # must agree on these: the gateway refuses what a stage's deletions made impossible.
+    retention_interval_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("retention_interval_s"),
+            gt=0,
+            le=86_400,
+            description="how often each service deletes what outlived its retention (CASTAD_RETENTION_*,"
+            " CASTAD_API_RETENTION_*), give or take a tenth",
+        ),
+    ] = 600.0
+    retention_batch: Annotated[
+        int,
+        Field(
+            validation_alias=_common("retention_batch"),
+            ge=1,
+            le=10_000,
+            description="rows retention deletes in one transaction, which skips rows others hold and waits on none",
+        ),
+    ] = 500
+    retention_pause_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("retention_pause_s"),
+            ge=0,
+            le=60,
+            description="pause between two batches of retention, so that the services' own work goes first",
+        ),
+    ] = 0.2
+    retention_outbox_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("retention_outbox_s"),
+            ge=60,
+            description="an outbox row is deleted this long after the broker confirmed it (rows not yet published,"
+            " or parked, are kept)",
+        ),
+    ] = 7 * DAY_S
+    retention_inbox_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("retention_inbox_s"),
+            ge=3600,
+            description="a consumer forgets an event it handled this long after (a copy coming later would be taken"
+            " as new, so the gateway refuses to replay a dead letter older than this); more than CASTAD_HOLD_EVENTS_S",
+        ),
+    ] = 30 * DAY_S
+    retention_jobs_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("retention_jobs_s"),
+            ge=3600,
+            description="a stage deletes a finished job (SUCCEEDED, FAILED, CANCELED) and its attempts this long after"
+            " it finished, never before its files; at least CASTAD_RETENTION_ARTIFACTS_S",
+        ),
+    ] = 30 * DAY_S
+    retention_artifacts_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("retention_artifacts_s"),
+            ge=3600,
+            description="a stage deletes the files of a finished job this long after it finished; the gateway then"
+            " answers their downloads 410 and refuses a retry that would need them; more than"
+            " CASTAD_API_PIPELINE_DEADLINE_S",
+        ),
+    ] = 30 * DAY_S
+
+    @model_validator(mode="after")
+    def _retention_keeps_what_is_needed(self) -> Self:
+        if self.retention_inbox_s <= self.hold_events_s:
+            raise ValueError(
+                "CASTAD_RETENTION_INBOX_S must be longer than CASTAD_HOLD_EVENTS_S: a held event comes back that"
+                " much later, and its consumer must still know whether it handled it"
+            )
+        if self.retention_jobs_s < self.retention_artifacts_s:
+            raise ValueError(
+                "CASTAD_RETENTION_JOBS_S must be at least CASTAD_RETENTION_ARTIFACTS_S: a finished job is how its"
+                " stage finds the files to delete"
+            )
+        return self
 
 
 def database_url_default(service: str) -> str:

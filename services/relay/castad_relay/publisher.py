@@ -21,15 +21,18 @@ import dataclasses
 import enum
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 import aiormq
 from castad_contracts import envelope as envelope_
+from castad_contracts import topology
 from castad_runtime import redact, telemetry
 from opentelemetry import trace
 from pamqp import commands as spec
+from prometheus_client import Histogram
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,16 @@ RowResult = Sent | Refused | None
 class Publisher:
     """A confirm-mode channel on one connection, reopened after any failure."""
 
-    def __init__(self, amqp_url: str, exchange: str, confirm_timeout_s: float, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        amqp_url: str,
+        exchange: str,
+        confirm_timeout_s: float,
+        max_message_bytes: int,
+        confirms: Histogram | None = None,
+    ) -> None:
         self.amqp_url = amqp_url
+        self.confirms = confirms  # seconds from a row's publish to its confirm
         self.exchange = exchange
         self.confirm_timeout_s = confirm_timeout_s
         self.max_message_bytes = max_message_bytes
@@ -104,14 +115,14 @@ class Publisher:
             await self.close()
         return results
 
-    async def publish_dead_letter(self, queue: str, body: bytes, headers: dict[str, Any], message_id: str) -> bool:
-        """Put a copy in the dead-letter queue; True once the broker confirmed it."""
+    async def publish_dead_letter(self, exchange: str, body: bytes, headers: dict[str, Any], message_id: str) -> bool:
+        """Put a copy in the dead-letter queue (through its exchange); True once the broker confirmed it."""
         try:
             channel = await self.channel()
             answer = await channel.basic_publish(
                 body,
-                exchange="",
-                routing_key=queue,
+                exchange=exchange,
+                routing_key="",
                 properties=spec.Basic.Properties(delivery_mode=2, message_id=message_id, headers=headers),
                 mandatory=True,
                 timeout=self.confirm_timeout_s,
@@ -132,11 +143,12 @@ class Publisher:
     ) -> RowResult:
         env = row["envelope"]
         parent = telemetry.context_from(env.get("traceparent"), env.get("tracestate"))
-        # A replayed dead letter goes to one queue through the default exchange (named "").
-        exchange = "" if row.get("destination") else self.exchange
-        routing_key = row.get("destination") or row["routing_key"]
+        # A replayed dead letter goes back to its queue only, through that queue's requeue exchange.
+        destination = row.get("destination")
+        exchange = topology.Topology.requeue_exchange(destination) if destination else self.exchange
+        routing_key = destination or row["routing_key"]
         with self._tracer.start_as_current_span(
-            f"publish {exchange or '(default)'}",  # OpenTelemetry messaging: "{operation} {destination}"
+            f"publish {exchange}",  # OpenTelemetry messaging: "{operation} {destination}"
             context=parent,
             kind=trace.SpanKind.PRODUCER,
             attributes={
@@ -163,6 +175,7 @@ class Publisher:
                 timestamp=row["created_at"],
                 headers=headers,
             )
+            sent_at = time.perf_counter()
             try:
                 answer = await channel.basic_publish(
                     body,
@@ -186,6 +199,8 @@ class Publisher:
             ) as error:
                 trouble.append(error)
                 return None
+            if self.confirms is not None:
+                self.confirms.observe(time.perf_counter() - sent_at)
             if isinstance(answer, spec.Basic.Nack):
                 return Refused("nacked by the broker")
             return Sent.PUBLISHED

@@ -20,11 +20,9 @@ connection charges no row: rows wait, the relay reconnects and carries on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,8 +31,10 @@ from typing import Any
 import aiormq
 import psycopg
 from castad_contracts import topology
-from castad_runtime import backoff, db, messaging, outages, redact
+from castad_runtime import backoff, db, redact
+from castad_runtime import metrics as runtime_metrics
 
+from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
 from castad_relay import settings as settings_
 from castad_relay import statements
@@ -45,7 +45,8 @@ LOCK_KEY = 0x0CA57AD  # one advisory lock id per database: the relay leader's
 PUBLISHED = publisher_.Sent.PUBLISHED
 
 
-def _psycopg_url(url: str) -> str:
+def psycopg_url(url: str) -> str:
+    """A database URL as libpq reads it (settings may give SQLAlchemy's form)."""
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
@@ -65,16 +66,24 @@ class SourceRelay:
     """Relays one database's outbox."""
 
     def __init__(
-        self, url: str, publisher: publisher_.Publisher, config: settings_.RelaySettings, dead_letter_queue: str
+        self,
+        url: str,
+        publisher: publisher_.Publisher,
+        config: settings_.RelaySettings,
+        dead_letter_exchange: str,
+        metrics: metrics_.RelayMetrics | None = None,
     ) -> None:
-        self.url = _psycopg_url(url)
-        self.dead_letter_queue = dead_letter_queue
+        self.url = psycopg_url(url)
+        self.dead_letter_exchange = dead_letter_exchange
         self.name = self.url.rsplit("/", 1)[-1]
+        self.source = metrics_.source_name(self.url)
+        self.metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
         self.publisher = publisher
         self.config = config
         self.published = 0
         self.parked = 0
         self._suspects: set[int] = set()  # rows in flight when their channel closed: tried alone next
+        self._backing_off = True  # some row may wait for its retry_at (ask NEXT_RETRY_IN); reset by each leader
         self._rng = random.Random()
 
     async def run_forever(self) -> None:
@@ -100,32 +109,38 @@ class SourceRelay:
             # Listen only now (see the module docstring); the first drain below picks up every row
             # committed before the LISTEN, whose NOTIFY this session did not get.
             await listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
+            self._backing_off = True
             while True:
                 await self._drain(worker)
-                wait_s = await self._until_next_retry(worker)
+                wait_s = await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
                 async for _ in listener.notifies(timeout=wait_s, stop_after=1):
                     pass
 
     async def _drain(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
-            rows = await self._pending(conn)
-            if not rows:
+            fetched = await self._pending(conn)
+            if not fetched:
                 return
-            suspects = [row for row in rows if row["id"] in self._suspects]
+            suspects = [row for row in fetched if row["id"] in self._suspects]
+            rows = suspects or fetched
+            self.metrics.batches.labels(self.source).observe(len(rows))
             try:
                 if suspects:
-                    rows = suspects
                     results = [await self._publish_alone(row) for row in rows]
                 else:
                     results = await self.publisher.publish(rows)
             except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
                 log.warning("relay %s: broker unavailable (%s); rows wait", self.name, redact.describe(error))
+                self.metrics.failures.labels(self.source, metrics_.BROKER_UNAVAILABLE).inc(len(rows))
                 await self.publisher.close()
                 await asyncio.sleep(self.config.retry_delay_s)
                 continue
             await self._settle(conn, rows, results)
             if any(result is None for result in results):  # broker trouble, not a refused row
                 await asyncio.sleep(self.config.retry_delay_s)
+            elif not suspects and len(fetched) < self.config.batch_size and publisher_.Sent.SUSPECT not in results:
+                # That was all: rows committed since then have their NOTIFY waiting for the listener.
+                return
 
     async def _publish_alone(self, row: dict[str, Any]) -> publisher_.RowResult:
         """A suspect on a channel of its own: if the channel closes on it again, it is to blame."""
@@ -141,6 +156,11 @@ class SourceRelay:
         if ids:
             await conn.execute(statements.MARK_PUBLISHED, (ids,))
             self.published += len(ids)
+            self.metrics.published.labels(self.source).inc(len(ids))
+        for result in results:
+            reason = _failure(result)
+            if reason is not None:
+                self.metrics.failures.labels(self.source, reason).inc()
         for row, result in zip(rows, results, strict=True):
             if result is publisher_.Sent.SUSPECT:
                 self._suspects.add(row["id"])
@@ -150,6 +170,7 @@ class SourceRelay:
                 await self._refused(conn, row, result.reason)
 
     async def _refused(self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str) -> None:
+        self._backing_off = True
         tries = row["publish_attempts"] + 1
         delay_s = backoff.exponential_s(
             tries - 1, self.config.retry_delay_s, self.config.publish_backoff_max_s, jitter=0.5, rng=self._rng
@@ -190,7 +211,7 @@ class SourceRelay:
         }
         body = json.dumps(row["envelope"], separators=(",", ":")).encode()
         message_id = f"parked:{row['event_id']}:{uuid.uuid4()}"
-        return await self.publisher.publish_dead_letter(self.dead_letter_queue, body, headers, message_id)
+        return await self.publisher.publish_dead_letter(self.dead_letter_exchange, body, headers, message_id)
 
     async def _pending(self, conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
         cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
@@ -198,35 +219,43 @@ class SourceRelay:
         return await cursor.fetchall()
 
     async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:
-        """How long to wait for a NOTIFY before draining anyway."""
+        """How long to wait for a NOTIFY before draining anyway: until the first row that backs off is due.
+        Asked only while rows may back off (since the start, or a refusal)."""
         cursor = await conn.execute(statements.NEXT_RETRY_IN)
         row = await cursor.fetchone()
         due_in = row[0] if row else None
         if due_in is None:
+            self._backing_off = False
             return self.config.fallback_poll_s
         return min(self.config.fallback_poll_s, max(float(due_in), 0.0) + 0.01)
 
 
-async def _declare(amqp_url: str, topo: topology.Topology, stop: threading.Event) -> None:
-    with contextlib.suppress(outages.Stopped):
-        await asyncio.to_thread(messaging.declare_topology_when_reachable, amqp_url, topo, stop)
+def _failure(result: publisher_.RowResult) -> str | None:
+    """Why a row was not published, for the metrics (None: it was, or it was only held back behind one)."""
+    if isinstance(result, publisher_.Refused):
+        return metrics_.REFUSED
+    if result is publisher_.Sent.SUSPECT:
+        return metrics_.CHANNEL_CLOSED
+    if result is None:
+        return metrics_.BROKER_UNAVAILABLE
+    return None
 
 
-async def run(config: settings_.RelaySettings, stop: asyncio.Event) -> None:
+async def run(
+    config: settings_.RelaySettings, stop: asyncio.Event, metrics: metrics_.RelayMetrics | None = None
+) -> None:
     topo = topology.Topology(config.namespace)
-    publisher = publisher_.Publisher(config.amqp_url, topo.exchange, config.confirm_timeout_s, config.max_message_bytes)
-    relays = [SourceRelay(url, publisher, config, topo.dead_letter_queue) for url in config.sources]
+    metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
+    publisher = publisher_.Publisher(
+        config.amqp_url, topo.exchange, config.confirm_timeout_s, config.max_message_bytes, metrics.confirms
+    )
+    # The relay's broker user may only publish: the queues are declared by set-up and by their services.
+    relays = [SourceRelay(url, publisher, config, topo.dead_letter_exchange, metrics) for url in config.sources]
     tasks = [asyncio.create_task(relay.run_forever(), name=relay.name) for relay in relays]
-    # Declared by the relay too, so that no event is refused as unroutable because its consumers have
-    # not started yet: a queue keeps what is routed to it until its consumer comes. (On a thread of its
-    # own, told to give up when the relay stops: the broker may be unreachable all the while.)
-    declaring = threading.Event()
-    tasks.append(asyncio.create_task(_declare(config.amqp_url, topo, declaring), name="topology"))
     started = time.monotonic()
     try:
         await stop.wait()
     finally:
-        declaring.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

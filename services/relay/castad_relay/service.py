@@ -7,7 +7,7 @@ import signal
 
 from castad_runtime import cli, health, process, telemetry
 
-from castad_relay import relay
+from castad_relay import metrics, relay
 from castad_relay import settings as settings_
 
 
@@ -22,6 +22,7 @@ def run(config: settings_.RelaySettings) -> None:
 async def _main(config: settings_.RelaySettings) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    measured = metrics.instruments([relay.psycopg_url(url) for url in config.sources])
     probes = None
     if config.health_port is not None:
         databases = {f"database {url.rsplit('/', 1)[-1]}": health.database(url) for url in config.sources}
@@ -29,6 +30,7 @@ async def _main(config: settings_.RelaySettings) -> None:
             config.health_port,
             liveness={"event loop": health.loop_responsive(loop)},
             readiness={**databases, "rabbitmq": health.rabbitmq(config.amqp_url)},
+            registry=measured.registry,
         )
         probes.start()
 
@@ -40,7 +42,7 @@ async def _main(config: settings_.RelaySettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     try:
-        await relay.run(config, stop)
+        await relay.run(config, stop, measured)
     finally:
         if probes is not None:
             probes.stop()

@@ -40,3 +40,14 @@ SELECT extract(epoch FROM min(retry_at) - now())
 FROM outbox
 WHERE published_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL
 """
+
+# For the metrics, at scrape time: rows waiting to be published (not parked: those are counted apart),
+# the age of the oldest of them by the database's clock, and the parked rows (outbox_unpublished and
+# outbox_held: each part one indexed look).
+BACKLOG = """
+SELECT
+  (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL) AS backlog,
+  coalesce((SELECT extract(epoch FROM now() - created_at) FROM outbox
+            WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1), 0) AS oldest_s,
+  (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NOT NULL) AS parked
+"""

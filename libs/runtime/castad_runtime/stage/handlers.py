@@ -9,17 +9,45 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
 from castad_contracts import events
 
-from castad_runtime import consumer, db, inbox, outbox
+from castad_runtime import consumer, inbox, outbox
+from castad_runtime import metrics as metrics_
 from castad_runtime.stage import faults as faults_
 from castad_runtime.stage import repository
 from castad_runtime.stage import runner as runner_
+
+T = TypeVar("T")
+
+
+class Slots(Protocol):
+    """Where the handlers hand due work (castad_runtime.stage.scheduler.JobScheduler)."""
+
+    def wake(self) -> None: ...
+    def reserve(self) -> bool: ...
+    def release(self) -> None: ...
+    def run_claimed(self, claim: runner_.Claim) -> None: ...
+
+
+class WakeOnly:
+    """Slots that only say work is due: every job is left for a scheduler to claim."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
+    def reserve(self) -> bool:
+        return False
+
+    def release(self) -> None:
+        raise AssertionError("nothing was reserved")
+
+    def run_claimed(self, claim: runner_.Claim) -> None:
+        raise AssertionError("nothing was reserved")
 
 
 class StageHandlers:
@@ -27,13 +55,16 @@ class StageHandlers:
         self,
         engine: sa.Engine,
         runner: runner_.StageRunner,
-        wake: Callable[[], None],
+        scheduler: Slots,
         faults: faults_.FaultInjector | None = None,
+        metrics: metrics_.ConsumerMetrics | None = None,
     ) -> None:
         self.engine = engine
         self.runner = runner
-        self.wake = wake  # the scheduler's: a job is due
+        self.scheduler = scheduler
+        self.wake: Callable[[], None] = scheduler.wake  # a job is due
         self.faults = faults
+        self.metrics = metrics or metrics_.ConsumerMetrics(metrics_.registry(), runner.stage.value)
 
     def table(self, trigger: str) -> dict[str, consumer.Handler]:
         return {
@@ -45,37 +76,54 @@ class StageHandlers:
         }
 
     def on_trigger(self, env: envelope_.Envelope, payload: events.Payload) -> None:
+        """The job, claimed at once into a free slot of the scheduler (no transaction of its own to claim it),
+        or left due for the scheduler."""
         if self.faults is not None:
             self.faults.handler()
-        with db.transaction(self.engine) as conn:
-            due = inbox.first_delivery(conn, env) and self.runner.accept(conn, payload)
+        reserved = self.runner.claims_at_trigger and self.scheduler.reserve()
+        claims: list[runner_.Claim] = []
+
+        def accept(conn: sa.Connection) -> bool:
+            due = self.runner.accept(conn, payload)
+            claim = self.runner.claim_accepted(conn, payload.pipeline_id) if due and reserved else None
+            if claim is not None:
+                claims.append(claim)
+            return due
+
+        try:
+            due = self._once(env, accept)
+        except BaseException:
+            for claim in claims:
+                claim.abandon()
+            if reserved:
+                self.scheduler.release()
+            raise
+        if claims:
+            self.scheduler.run_claimed(claims[0])
+            return
+        if reserved:
+            self.scheduler.release()
         if due:
             self.wake()
 
     def on_cancel(self, env: envelope_.Envelope, payload: events.Payload) -> None:
         assert isinstance(payload, events.PipelineCancelRequested)
-        running: uuid.UUID | None = None
-        with db.transaction(self.engine) as conn:
-            if inbox.first_delivery(conn, env):
-                running = self.runner.apply_cancel(conn, payload)
+        running = self._once(env, lambda conn: self.runner.apply_cancel(conn, payload))
         if running is not None:
             self.runner.cancel_local(running)
 
     def on_retry(self, env: envelope_.Envelope, payload: events.Payload) -> None:
         assert isinstance(payload, events.PipelineRetryRequested)
-        with db.transaction(self.engine) as conn:
-            due = inbox.first_delivery(conn, env) and self.runner.apply_retry(conn, payload)
-        if due:
+        if self._once(env, lambda conn: self.runner.apply_retry(conn, payload)):
             self.wake()
 
     def on_called_back(self, env: envelope_.Envelope, payload: events.Payload) -> None:
-        with db.transaction(self.engine) as conn:
-            due = inbox.first_delivery(conn, env) and repository.poll_now(conn, payload.pipeline_id)
-        if due:
+        if self._once(env, lambda conn: repository.poll_now(conn, payload.pipeline_id)):
             self.wake()
 
     def on_republish(self, env: envelope_.Envelope, payload: events.Payload) -> None:
         assert isinstance(payload, events.OutboxRepublishRequested)
-        with db.transaction(self.engine) as conn:
-            if inbox.first_delivery(conn, env):
-                outbox.republish(conn, [payload.event_id])
+        self._once(env, lambda conn: outbox.republish(conn, [payload.event_id]))
+
+    def _once(self, env: envelope_.Envelope, step: Callable[[sa.Connection], T]) -> T | None:
+        return inbox.once(self.engine, env, step, seen_again=self.metrics.duplicate)

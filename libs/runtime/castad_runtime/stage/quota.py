@@ -45,10 +45,16 @@ class Limits:
             raise ValueError("max_in_flight must be at least 1")
 
 
+NO_TOKEN = "no_token"  # the rate is spent for now
+RETRY_AFTER = "retry_after"  # the provider asked to wait
+IN_FLIGHT_CAP = "in_flight_cap"  # as many jobs at the provider as it allows
+
+
 @dataclasses.dataclass(frozen=True)
 class Gate:
     open: bool  # a call may go now
     new_work: bool  # a new attempt may submit work (fewer than max_in_flight jobs at the provider)
+    closed_by: str | None = None  # why no call may go: NO_TOKEN or RETRY_AFTER
 
 
 def _refilled() -> sa.ColumnElement[float]:
@@ -98,7 +104,7 @@ def gate(conn: sa.Connection, provider: str) -> Gate:
         .with_for_update()
     ).one()
     if row.blocked or row.tokens < 1:
-        return Gate(open=False, new_work=False)
+        return Gate(open=False, new_work=False, closed_by=RETRY_AFTER if row.blocked else NO_TOKEN)
     if row.max_in_flight is None:
         return Gate(open=True, new_work=True)
     in_flight = conn.execute(sa.select(sa.func.count()).where(jobs.c.status.in_(["RUNNING", "AWAITING"]))).scalar_one()

@@ -9,6 +9,7 @@ from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_runtime import db, tables
@@ -17,6 +18,87 @@ from castad_runtime.stage import machine, quota
 jobs = tables.jobs
 attempts = tables.attempts
 CANCELED_CODE = "canceled"
+
+# The hot path's statements as plain SQL (castad_runtime.db.run). The status lists are literal, as in the
+# partial indexes' predicates (jobs_due, jobs_leased), so that the planner matches them.
+JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
+    tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s"""
+
+# A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
+# PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
+ACCEPT_TRIGGER = """
+INSERT INTO jobs (id, pipeline_id, status, max_attempts, due_at, input, traceparent, tracestate)
+VALUES (%(id)s, %(pipeline_id)s, 'PENDING', %(max_attempts)s, now(), %(input)s, %(traceparent)s, %(tracestate)s)
+ON CONFLICT (pipeline_id) DO UPDATE
+SET input = EXCLUDED.input, traceparent = EXCLUDED.traceparent, tracestate = EXCLUDED.tracestate,
+    status = CASE WHEN jobs.status = 'WAITING' THEN 'PENDING' ELSE jobs.status END,
+    due_at = now(), version = jobs.version + 1, updated_at = now()
+WHERE jobs.input IS NULL
+RETURNING status
+"""
+
+# Compare-and-set the most overdue claimable job to RUNNING under a lease (a job AWAITING its provider goes
+# on with the attempt that submitted its work; any other starts a new one).
+_CLAIM = """
+UPDATE jobs
+SET status = 'RUNNING', version = version + 1,
+    attempts = CASE WHEN status = 'AWAITING' THEN attempts ELSE attempts + 1 END,
+    lease_owner = %(worker)s, lease_expires_at = now() + make_interval(secs => %(lease_s)s), updated_at = now()
+WHERE id = (
+    SELECT id FROM jobs WHERE {claimable} AND due_at <= now() ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED
+) AND status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')
+RETURNING {columns}
+"""
+CLAIM = _CLAIM.format(claimable="status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')", columns=JOB_COLUMNS)
+CLAIM_POLL = _CLAIM.format(claimable="status = 'AWAITING'", columns=JOB_COLUMNS)  # no new attempt may start
+
+# RUNNING jobs whose lease ran out (jobs_leased), but for those this process still runs, locked.
+EXPIRED_LEASES = f"""
+SELECT {JOB_COLUMNS} FROM jobs
+WHERE status = 'RUNNING' AND lease_expires_at < now() AND NOT id = ANY(%(exclude)s::uuid[])
+ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+"""
+
+# The job its trigger just made due, claimed in the same transaction (by the handler, into a free slot).
+CLAIM_PENDING = f"""
+UPDATE jobs
+SET status = 'RUNNING', version = version + 1, attempts = attempts + 1,
+    lease_owner = %(worker)s, lease_expires_at = now() + make_interval(secs => %(lease_s)s), updated_at = now()
+WHERE pipeline_id = %(pipeline_id)s AND status = 'PENDING' AND due_at <= now()
+RETURNING {JOB_COLUMNS}
+"""
+
+OPEN_ATTEMPT = "INSERT INTO attempts (job_id, number, worker, outcome) VALUES (%s, %s, %s, 'running')"
+
+RENEW_LEASE = """
+UPDATE jobs SET lease_expires_at = now() + make_interval(secs => %s)
+WHERE id = %s AND version = %s AND status = 'RUNNING'
+"""
+
+# Move a RUNNING job on and end its attempt, only if the claim is still the current one (CAS on version);
+# how many jobs moved (0 or 1).
+FINISH_ATTEMPT = """
+WITH moved AS (
+    UPDATE jobs
+    SET status = %(status)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+        counted_attempts = counted_attempts + %(counted)s,
+        handle = NULL, submitted_at = NULL, polls = 0,
+        due_at = CASE WHEN %(retry_in_s)s::float8 IS NULL THEN due_at
+                      ELSE now() + make_interval(secs => %(retry_in_s)s) END,
+        finished_at = CASE WHEN %(terminal)s THEN now() ELSE finished_at END,
+        result = coalesce(%(result)s, result),
+        last_error_code = coalesce(%(error_code)s, last_error_code),
+        last_error_message = CASE WHEN %(error_code)s::text IS NULL THEN last_error_message
+                                  ELSE %(error_message)s END
+    WHERE id = %(id)s AND version = %(version)s AND status = 'RUNNING'
+    RETURNING id
+), ended AS (
+    UPDATE attempts
+    SET finished_at = now(), outcome = %(outcome)s, error_code = %(error_code)s, error_message = %(error_message)s
+    WHERE job_id IN (SELECT id FROM moved) AND number = %(number)s
+)
+SELECT count(*) AS moved FROM moved
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,26 +124,8 @@ class Job:
         return self.handle is not None
 
 
-_JOB_COLUMNS = (
-    jobs.c.id,
-    jobs.c.pipeline_id,
-    jobs.c.status,
-    jobs.c.version,
-    jobs.c.attempts,
-    jobs.c.counted_attempts,
-    jobs.c.max_attempts,
-    jobs.c.input,
-    jobs.c.traceparent,
-    jobs.c.tracestate,
-    jobs.c.handle,
-    jobs.c.submitted_at,
-    jobs.c.polls,
-    sa.func.coalesce(sa.func.extract("epoch", sa.func.now() - jobs.c.submitted_at), 0).label("waited_s"),
-)
-
-
 def _job(row: Any) -> Job:
-    values = dict(row._mapping)
+    values = row._asdict()
     values["status"] = machine.Status(values["status"])
     values["waited_s"] = float(values["waited_s"])
     return Job(**values)
@@ -78,30 +142,19 @@ def accept_trigger(
     """Record the stage's trigger: a PENDING job, due now. A job reopened by a retry before its trigger
     came (WAITING) becomes PENDING; a job canceled before its trigger came keeps it for a later retry.
     True if a job is now due."""
-    insert = pg.insert(jobs).values(
-        id=uuid.uuid4(),
-        pipeline_id=pipeline_id,
-        status=machine.Status.PENDING,
-        max_attempts=max_attempts,
-        due_at=sa.func.now(),
-        input=job_input,
-        traceparent=traceparent,
-        tracestate=tracestate,
-    )
-    upsert = insert.on_conflict_do_update(
-        index_elements=[jobs.c.pipeline_id],
-        set_={
-            "input": insert.excluded.input,
-            "traceparent": insert.excluded.traceparent,
-            "tracestate": insert.excluded.tracestate,
-            "status": sa.case((jobs.c.status == machine.Status.WAITING, machine.Status.PENDING), else_=jobs.c.status),
-            "due_at": sa.func.now(),
-            "version": jobs.c.version + 1,
-            "updated_at": sa.func.now(),
+    row = db.run(
+        conn,
+        ACCEPT_TRIGGER,
+        {
+            "id": uuid.uuid4(),
+            "pipeline_id": pipeline_id,
+            "max_attempts": max_attempts,
+            "input": Jsonb(job_input),
+            "traceparent": traceparent,
+            "tracestate": tracestate,
         },
-        where=jobs.c.input.is_(None),
-    )
-    return conn.execute(upsert.returning(jobs.c.status)).scalar() == machine.Status.PENDING
+    ).fetchone()
+    return row is not None and row.status == machine.Status.PENDING
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,73 +277,69 @@ def note_operation(conn: sa.Connection, held: Held, operation: int) -> None:
     conn.execute(jobs.update().where(jobs.c.id == held.id).values(last_operation=operation))
 
 
-def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str | None = None) -> Job | None:
+@dataclasses.dataclass(frozen=True)
+class QuotaWait:
+    """No job was claimed, though one is due: the provider's quota held it back (`quota.NO_TOKEN`, ...)."""
+
+    reason: str
+
+
+def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str | None = None) -> Job | QuotaWait | None:
     """Compare-and-set the most overdue claimable job to RUNNING under a lease, and open its attempt
     (a job AWAITING its provider goes on with the attempt that submitted its work).
 
     `provider`: claims call this provider, within its quota: none while its rate is spent or it asked
-    to wait, and no new attempt while as many jobs as it allows are at it."""
+    to wait, and no new attempt while as many jobs as it allows are at it. When that holds back a job
+    that is due: QuotaWait (found by one more indexed query, made only then)."""
     claimable = machine.CLAIMABLE
+    gate = None
     if provider is not None:
         gate = quota.gate(conn, provider)
         if not gate.open:
-            return None
+            assert gate.closed_by is not None
+            return QuotaWait(gate.closed_by) if _any_due(conn, machine.CLAIMABLE) else None
         if not gate.new_work:
             claimable = frozenset({machine.Status.AWAITING})
-    due = (
-        sa.select(jobs.c.id)
-        .where(jobs.c.status.in_(list(claimable)), jobs.c.due_at <= sa.func.now())
-        .order_by(jobs.c.due_at)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
-    row = conn.execute(
-        jobs.update()
-        .where(jobs.c.id == due, jobs.c.status.in_(list(machine.CLAIMABLE)))
-        .values(
-            status=machine.Status.RUNNING,
-            version=jobs.c.version + 1,
-            attempts=sa.case((jobs.c.status == machine.Status.AWAITING, jobs.c.attempts), else_=jobs.c.attempts + 1),
-            lease_owner=worker,
-            lease_expires_at=db.seconds_from_now(lease_s),
-            updated_at=sa.func.now(),
-        )
-        .returning(*_JOB_COLUMNS)
-    ).first()
+    statement = CLAIM if claimable == machine.CLAIMABLE else CLAIM_POLL
+    row = db.run(conn, statement, {"worker": worker, "lease_s": lease_s}).fetchone()
     if row is None:
+        if gate is not None and not gate.new_work and _any_due(conn, machine.NEW_ATTEMPT):
+            return QuotaWait(quota.IN_FLIGHT_CAP)
         return None
     job = _job(row)
     if not job.polling:
-        conn.execute(attempts.insert().values(job_id=job.id, number=job.attempts, worker=worker, outcome="running"))
+        db.run(conn, OPEN_ATTEMPT, (job.id, job.attempts, worker))
     if provider is not None:
         quota.spend(conn, provider)
     return job
 
 
+def claim_pending(conn: sa.Connection, pipeline_id: str, worker: str, lease_s: float) -> Job | None:
+    """Claim the pipeline's PENDING job under a lease and open its attempt (see claim_next); None if it is
+    not PENDING and due."""
+    row = db.run(conn, CLAIM_PENDING, {"pipeline_id": pipeline_id, "worker": worker, "lease_s": lease_s}).fetchone()
+    if row is None:
+        return None
+    job = _job(row)
+    db.run(conn, OPEN_ATTEMPT, (job.id, job.attempts, worker))
+    return job
+
+
+def _any_due(conn: sa.Connection, statuses: frozenset[machine.Status]) -> bool:
+    due = sa.select(jobs.c.id).where(jobs.c.status.in_(list(statuses)), jobs.c.due_at <= sa.func.now()).limit(1)
+    return conn.execute(sa.select(due.exists())).scalar_one()
+
+
 def renew_lease(conn: sa.Connection, job: Job, lease_s: float) -> bool:
     """Heartbeat: extend the lease while this claim is still the current one."""
-    result = conn.execute(
-        jobs.update()
-        .where(jobs.c.id == job.id, jobs.c.version == job.version, jobs.c.status == machine.Status.RUNNING)
-        .values(lease_expires_at=db.seconds_from_now(lease_s))
-    )
-    return result.rowcount == 1
+    return db.run(conn, RENEW_LEASE, (lease_s, job.id, job.version)).rowcount == 1
 
 
 def expired_leases(conn: sa.Connection, limit: int, exclude: Collection[uuid.UUID] = ()) -> list[Job]:
     """RUNNING jobs whose lease ran out, but for `exclude` (attempts this process is still running:
     after an outage longer than the lease, their heartbeat renews them, or their finish records them)."""
-    query = (
-        sa.select(*_JOB_COLUMNS)
-        .where(jobs.c.status == machine.Status.RUNNING, jobs.c.lease_expires_at < sa.func.now())
-        .order_by(jobs.c.lease_expires_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    if exclude:
-        query = query.where(jobs.c.id.not_in(list(exclude)))
-    return [_job(row) for row in conn.execute(query)]
+    rows = db.run(conn, EXPIRED_LEASES, {"exclude": list(exclude), "limit": limit})
+    return [_job(row) for row in rows]
 
 
 def finish_attempt(
@@ -311,38 +360,26 @@ def finish_attempt(
     (handed back by a stopping worker, lease expired, outage) is not.
     """
     machine.check_transition(job.status, status)
-    values: dict[str, Any] = {
-        "status": status,
-        "lease_owner": None,
-        "lease_expires_at": None,
-        "updated_at": sa.func.now(),
-    }
-    if counted:
-        values["counted_attempts"] = job.counted_attempts + 1
-    if status is not machine.Status.AWAITING:  # whatever was submitted is done with
-        values.update(handle=None, submitted_at=None, polls=0)
-    if status is machine.Status.RETRY_WAIT:
-        values["due_at"] = db.seconds_from_now(retry_in_s)
-    if status.terminal:
-        values["finished_at"] = sa.func.now()
-    if result is not None:
-        values["result"] = result
-    if error_code is not None:
-        values["last_error_code"] = error_code
-        values["last_error_message"] = error_message
-    updated = conn.execute(
-        jobs.update()
-        .where(jobs.c.id == job.id, jobs.c.version == job.version, jobs.c.status == machine.Status.RUNNING)
-        .values(**values)
-    )
-    if updated.rowcount != 1:
-        return False
-    conn.execute(
-        attempts.update()
-        .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts)
-        .values(finished_at=sa.func.now(), outcome=outcome, error_code=error_code, error_message=error_message)
-    )
-    return True
+    if status is machine.Status.AWAITING:
+        raise ValueError("an attempt whose work waits at its provider goes on: await_provider")
+    row = db.run(
+        conn,
+        FINISH_ATTEMPT,
+        {
+            "id": job.id,
+            "version": job.version,
+            "number": job.attempts,
+            "status": status.value,
+            "outcome": outcome,
+            "counted": 1 if counted else 0,
+            "retry_in_s": retry_in_s if status is machine.Status.RETRY_WAIT else None,
+            "terminal": status.terminal,
+            "result": None if result is None else Jsonb(result),
+            "error_code": error_code,
+            "error_message": error_message,
+        },
+    ).fetchone()
+    return row is not None and row.moved == 1
 
 
 def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float) -> bool:
@@ -381,3 +418,88 @@ def poll_now(conn: sa.Connection, pipeline_id: str) -> bool:
 
 def due_at(conn: sa.Connection, job_id: uuid.UUID) -> dt.datetime:
     return conn.execute(sa.select(jobs.c.due_at).where(jobs.c.id == job_id)).scalar_one()
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """The jobs not ended, for the metrics: by status, those due (claimable and waiting for a slot or the
+    quota), and those RUNNING whose lease ran out and that no one recovered yet."""
+
+    by_status: dict[machine.Status, int]
+    due: int
+    lease_expired: int
+
+
+COUNTED = (machine.Status.PENDING, machine.Status.RETRY_WAIT, machine.Status.AWAITING, machine.Status.RUNNING)
+
+
+def counts(conn: sa.Connection) -> Counts:
+    """One statement, each part on a partial index (jobs_due, jobs_leased): what a scrape reads."""
+    # The status lists are literal SQL, as in the indexes' predicates, so that the planner matches them.
+    claimable = sa.literal_column("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')", sa.Boolean)
+    waiting = (
+        sa.select(
+            jobs.c.status,
+            sa.func.count().label("jobs"),
+            sa.func.count().filter(jobs.c.due_at <= sa.func.now()).label("due"),
+            sa.literal(0).label("lease_expired"),
+        )
+        .where(claimable)
+        .group_by(jobs.c.status)
+    )
+    running = sa.select(
+        sa.literal(machine.Status.RUNNING.value),
+        sa.func.count(),
+        sa.literal(0),
+        sa.func.count().filter(jobs.c.lease_expires_at < sa.func.now()),
+    ).where(sa.literal_column("status = 'RUNNING'", sa.Boolean))
+    rows = conn.execute(sa.union_all(waiting, running)).all()
+    by_status = dict.fromkeys(COUNTED, 0) | {machine.Status(row[0]): row[1] for row in rows}
+    return Counts(by_status, due=sum(row[2] for row in rows), lease_expired=sum(row[3] for row in rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """A finished job whose files retention is to delete."""
+
+    id: uuid.UUID
+    pipeline_id: str
+    finished_at: dt.datetime
+
+
+def unswept(conn: sa.Connection, older_than_s: float, limit: int) -> list[Finished]:
+    """Up to `limit` jobs that finished more than `older_than_s` ago and whose files were not deleted since."""
+    rows = conn.execute(
+        sa.select(jobs.c.id, jobs.c.pipeline_id, jobs.c.finished_at)
+        .where(
+            sa.text(tables.FINISHED_JOB),
+            sa.text(tables.UNSWEPT_JOB),
+            jobs.c.finished_at < db.seconds_from_now(-older_than_s),
+        )
+        .order_by(jobs.c.finished_at)
+        .limit(limit)
+    )
+    return [Finished(row.id, row.pipeline_id, row.finished_at) for row in rows]
+
+
+def mark_swept(conn: sa.Connection, swept: Collection[Finished]) -> None:
+    """Their files are deleted: only for a job that has not ended again since (a retry reopened it meanwhile)."""
+    if swept:
+        conn.execute(
+            jobs.update()
+            .where(jobs.c.id == sa.bindparam("job_id"), jobs.c.finished_at == sa.bindparam("seen_finished_at"))
+            .values(artifacts_swept_at=sa.func.now()),
+            [{"job_id": job.id, "seen_finished_at": job.finished_at} for job in swept],
+        )
+
+
+def forget_finished(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` jobs (with their attempts) that finished more than `older_than_s` ago and whose
+    files were deleted since, skipping jobs another transaction holds; how many. A job that has not
+    finished (PENDING, RUNNING, RETRY_WAIT, AWAITING, WAITING) is never deleted."""
+    swept = sa.select(jobs.c.id).where(sa.text(tables.FINISHED_JOB), jobs.c.artifacts_swept_at >= jobs.c.finished_at)
+    doomed = list(conn.execute(db.expired(swept, jobs.c.finished_at, older_than_s, limit)).scalars())
+    if doomed:
+        conn.execute(attempts.delete().where(attempts.c.job_id.in_(doomed)))
+        conn.execute(jobs.delete().where(jobs.c.id.in_(doomed)))
+    return len(doomed)

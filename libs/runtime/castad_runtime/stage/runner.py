@@ -19,13 +19,16 @@ What an attempt comes to, and what it costs:
 - its claim is lost (its lease was taken over, its job moved on): the work is cancelled
   and nothing is recorded; whoever holds the job now records what becomes of it.
 An outcome is recorded with the events that announce it in one transaction, tried again
-through a database outage until it commits or the claim turns out to be lost.
+through a database outage until it commits or the claim turns out to be lost. Once it
+committed, it is counted (`metrics.StageMetrics`: outcome, error code, and the attempt's
+duration when this process ran it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import random
 import threading
@@ -40,6 +43,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from castad_runtime import consumer, db, logs, outages, outbox, redact, telemetry
+from castad_runtime import metrics as metrics_
 from castad_runtime.stage import cancellation, errors, machine, quota, repository
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,12 @@ ERROR_MESSAGE_MAX = 2000
 SUPERVISE_STEP_S = 0.25  # how often a supervisor looks at its attempt's cancellation and clock
 STUCK_LOG_EVERY_S = 60.0  # while a provider ignores its cancellation, say so this often
 FREE_RATE_LIMITS = 20  # attempts a provider may turn away with "too many" before they count
+# Error codes the runner gives itself: always label values of its metrics, never crowded out by a provider's.
+OWN_CODES = frozenset(
+    {"attempt_timeout", "internal_error", "worker_stopped", "lease_expired", "outage", "poll_timeout"}
+    | {"provider_job_timeout", repository.CANCELED_CODE}
+    | errors.CALL_FAILURES
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +97,15 @@ class Limits:
 class Claim:
     job: repository.Job
     span: trace.Span
+    claimed_at: float = dataclasses.field(default_factory=time.monotonic)
+
+    def abandon(self) -> None:
+        """The transaction that claimed the job did not commit: the claim never held."""
+        self.span.end()
+
+    def attempt_s(self) -> float:
+        """How long its attempt has run: since this claim, and before it since the submit of a job at a provider."""
+        return time.monotonic() - self.claimed_at + (self.job.waited_s if self.job.polling else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +148,7 @@ class StageRunner:
         worker_id: str,
         rng: random.Random | None = None,
         provider: str | None = None,
+        metrics: metrics_.StageMetrics | None = None,
     ) -> None:
         self.stage = stage
         self.engine = engine
@@ -140,6 +160,7 @@ class StageRunner:
         self.source = f"/castad/{stage.value}"
         self.tracer = telemetry.tracer(f"castad.{stage.value}")
         self.rng = rng or random.Random()
+        self.metrics = metrics or metrics_.StageMetrics(metrics_.registry(), stage.value, OWN_CODES)
         self._active: dict[uuid.UUID, cancellation.Cancellation] = {}
         self._lock = threading.Lock()
         self._interrupted = threading.Event()  # the service is stopping: running attempts were cancelled
@@ -171,6 +192,8 @@ class StageRunner:
             repository.note_operation(conn, held, request.operation)
             return None
         repository.cancel(conn, held, request.operation, request.reason)
+        if held.status in (machine.Status.RUNNING, machine.Status.AWAITING):  # its attempt ends canceled
+            db.after_commit(conn, lambda: self.metrics.attempt_ended("canceled", repository.CANCELED_CODE))
         self._emit_canceled(conn, request, held.id, attempt=held.attempts)
         log.info("%s job canceled (%s)", self.stage.value, request.reason)
         return held.id if held.status is machine.Status.RUNNING else None
@@ -252,16 +275,45 @@ class StageRunner:
     def claim_next(self) -> Claim | None:
         with db.transaction(self.engine) as conn:
             job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider)
+            if isinstance(job, repository.QuotaWait):
+                assert self.provider is not None
+                self.metrics.quota_wait(self.provider, job.reason)
+                return None
             if job is None:
                 return None
-            span = self.tracer.start_span(
-                f"{self.stage.value} {'poll' if job.polling else 'attempt'}",
-                context=telemetry.context_from(job.traceparent, job.tracestate),
-                attributes={"castad.pipeline_id": job.pipeline_id, "castad.attempt": job.attempts},
-            )
-            if not job.polling:
-                with trace.use_span(span):
-                    self._emit(conn, job, "started", events.StageStarted, started_at=_now())
+            return self._claimed(conn, job)
+
+    def claim_accepted(self, conn: sa.Connection, pipeline_id: str) -> Claim | None:
+        """In the trigger's transaction, once `accept` made its job due: claim it at once (not when a provider's
+        quota decides what may start). The claim holds only once the transaction committed; if it does
+        not, end the claim's span (`Claim.abandon`)."""
+        if not self.claims_at_trigger:
+            return None
+        job = repository.claim_pending(conn, pipeline_id, self.worker_id, self.limits.lease_s)
+        return None if job is None else self._claimed(conn, job)
+
+    @property
+    def claims_at_trigger(self) -> bool:
+        """Whether a trigger's handler may claim its job (see claim_accepted)."""
+        return self.provider is None
+
+    def hand_back(self, claim: Claim, why: str) -> None:
+        """A claim whose attempt will not run here: handed back at once (outcome interrupted, not counted)."""
+        with trace.use_span(claim.span, end_on_exit=True):
+            back = HandedBack("worker_stopped", why)
+            if self._record(claim.job, back):
+                self._count(back, claim.job.polling, 0.0)
+
+    def _claimed(self, conn: sa.Connection, job: repository.Job) -> Claim:
+        """The claim of `job` (its span), and its `started` event unless it goes on with a submitted attempt."""
+        span = self.tracer.start_span(
+            f"{self.stage.value} {'poll' if job.polling else 'attempt'}",
+            context=telemetry.context_from(job.traceparent, job.tracestate),
+            attributes={"castad.pipeline_id": job.pipeline_id, "castad.attempt": job.attempts},
+        )
+        if not job.polling:
+            with trace.use_span(span):
+                self._emit(conn, job, "started", events.StageStarted, started_at=_now(), worker=self.worker_id)
         return Claim(job, span)
 
     def execute(self, claim: Claim) -> None:
@@ -285,8 +337,8 @@ class StageRunner:
                     worker, result = self._start_work(job, cancel)
                     ended = self._supervise(worker, cancel)
                     outcome = self._outcome(job, result, cancel, ended)
-                    if outcome is not None:
-                        self._record(job, outcome)
+                    if outcome is not None and self._record(job, outcome):
+                        self._count(outcome, job.polling, claim.attempt_s())
                 finally:
                     heartbeat.stop()
                 self._wait_until_stopped(worker, job)
@@ -301,9 +353,9 @@ class StageRunner:
             for job in lost:
                 with telemetry.continued(job.traceparent, job.tracestate), logs.bound(job.pipeline_id):
                     log.warning("%s attempt %d lost its lease; handing it back", self.stage.value, job.attempts)
-                    self._write_hand_back(
-                        conn, job, HandedBack("lease_expired", "the worker stopped renewing its lease")
-                    )
+                    back = HandedBack("lease_expired", "the worker stopped renewing its lease")
+                    if self._write_hand_back(conn, job, back):
+                        db.after_commit(conn, functools.partial(self._count, back, job.polling, None))
         return len(lost)
 
     def _start_work(self, job: repository.Job, cancel: cancellation.Cancellation) -> tuple[threading.Thread, dict]:
@@ -374,7 +426,9 @@ class StageRunner:
         log.error("%s attempt crashed", self.stage.value, exc_info=error)
         return Failed("internal_error", redact.describe(error), True)
 
-    def _record(self, job: repository.Job, outcome: Outcome) -> None:
+    def _record(self, job: repository.Job, outcome: Outcome) -> bool:
+        """Record the outcome through an outage; False if it was not (the job moved on, or the service stops)."""
+
         def write() -> bool:
             with db.transaction(self.engine) as conn:
                 return self._write(conn, job, outcome)
@@ -384,9 +438,22 @@ class StageRunner:
             recorded = outages.keep_trying(write, what, stop=self._give_up, first_s=0.2)
         except outages.Stopped:
             log.warning("%s attempt %d: stopping with its outcome unrecorded", self.stage.value, job.attempts)
-            return
+            return False
         if not recorded:
             log.warning("%s attempt %d: not recorded, the job has moved on", self.stage.value, job.attempts)
+        return recorded
+
+    def _count(self, outcome: Outcome, polling: bool, attempt_s: float | None) -> None:
+        """A recorded outcome in the metrics: the attempt's end (as the attempts table has it), if it ended,
+        and the provider's "too many"."""
+        if getattr(outcome, "throttled_s", None) is not None and self.provider is not None:
+            self.metrics.provider_throttled(self.provider)
+        if isinstance(outcome, Succeeded):
+            self.metrics.attempt_ended("succeeded", None, attempt_s)
+        elif isinstance(outcome, Failed):
+            self.metrics.attempt_ended("failed_retryable" if outcome.retryable else "failed", outcome.code, attempt_s)
+        elif isinstance(outcome, HandedBack) and not polling:  # a poll handed back is only due again
+            self.metrics.attempt_ended("interrupted", outcome.code, attempt_s)
 
     def _write(self, conn: sa.Connection, job: repository.Job, outcome: Outcome) -> bool:
         if isinstance(outcome, Succeeded):

@@ -7,6 +7,11 @@ takes it. Handlers call `wake()` after committing a new job for a prompt start;
 looked for once per `poll_s`, not on every wake-up: a wake-up is about new work, and
 a look costs a transaction. While the database is out, the loop backs off.
 
+A trigger's handler may claim its new job itself, in its own transaction, when a slot is free
+and the scheduler's last look found nothing else due (`reserve`, then `run_claimed` once that
+committed, or `release`): the job starts without a transaction of its own to claim it, and never
+ahead of work that waited longer.
+
 Stopping: no new claims; running attempts get `grace_s` to finish, then are cancelled
 and handed back (not counted), so another worker or this service's next start picks
 them up at once.
@@ -40,6 +45,7 @@ class JobScheduler:
         self._idle = threading.Condition()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._backlog = False  # the last look stopped with every slot taken: more may be due
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
 
     def start(self) -> None:
@@ -47,6 +53,35 @@ class JobScheduler:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def reserve(self) -> bool:
+        """Take a free slot for work claimed elsewhere; False if none is free or the scheduler stops. The
+        slot counts as running (a stop waits for it) until `run_claimed` ran its attempt or `release`."""
+        if self._stopping.is_set() or self._backlog or not self._slots.acquire(blocking=False):
+            return False
+        with self._idle:
+            self._running += 1
+        return True
+
+    def release(self) -> None:
+        """Give back a reserved slot that nothing was claimed for (the scheduler may have wanted it)."""
+        self._slots.release()
+        self._done()
+        self._wake.set()
+
+    def run_claimed(self, claim: runner_.Claim) -> None:
+        """Run an attempt claimed into a reserved slot; handed back at once (not counted) if the scheduler
+        stops meanwhile, as a stopping service starts no new attempt."""
+        if not self._stopping.is_set():
+            try:
+                self._pool.submit(self._run, claim)
+                return
+            except RuntimeError:  # the pool shut down: the scheduler stopped
+                pass
+        try:
+            self.runner.hand_back(claim, "the service stopped before the attempt began")
+        finally:
+            self.release()
 
     def threads(self) -> list[threading.Thread]:
         """The scheduler's own thread, once started (for the liveness probe)."""
@@ -90,6 +125,7 @@ class JobScheduler:
             self._wake.wait(self.poll_s)
 
     def _fill_slots(self) -> None:
+        self._backlog = True
         while not self._stopping.is_set() and self._slots.acquire(blocking=False):
             try:
                 claim = self.runner.claim_next()
@@ -98,6 +134,7 @@ class JobScheduler:
                 raise
             if claim is None:
                 self._slots.release()
+                self._backlog = False
                 return
             with self._idle:
                 self._running += 1
@@ -110,7 +147,10 @@ class JobScheduler:
             log.exception("attempt of job %s could not be recorded; its lease will expire", claim.job.id)
         finally:
             self._slots.release()
-            with self._idle:
-                self._running -= 1
-                self._idle.notify_all()
+            self._done()
             self._wake.set()
+
+    def _done(self) -> None:
+        with self._idle:
+            self._running -= 1
+            self._idle.notify_all()

@@ -8,12 +8,27 @@ from collections.abc import Callable
 from typing import Generic, Literal, Self, TypeVar
 
 from castad_contracts import events, topology
+from prometheus_client import CollectorRegistry
 from pydantic import Field, model_validator
 
-from castad_runtime import consumer, db, health, links, messaging, outages, process, settings
+from castad_runtime import (
+    artifacts,
+    consumer,
+    db,
+    health,
+    links,
+    messaging,
+    metrics,
+    outages,
+    process,
+    retention,
+    scrape,
+    settings,
+)
 from castad_runtime.stage import (
     cancellation,
     faults,
+    gauges,
     handlers,
     machine,
     quota,
@@ -22,6 +37,7 @@ from castad_runtime.stage import (
     runner,
     scheduler,
 )
+from castad_runtime.stage import retention as stage_retention
 
 OFFLINE_PROVIDERS = frozenset({"local", "instant"})  # every other provider is a network one, with a quota
 
@@ -32,6 +48,7 @@ class StageSettings(settings.StoreSettings):
     database_url: str = Field(
         pattern=settings.POSTGRES_URL, description="the stage's own database (<stage>: lyric, song or video)"
     )
+    outbox_relay_role: settings.OutboxRelayRole = None
     max_attempts: int = Field(default=5, ge=1, le=100, description="attempts per job, first one included")
     backoff_base_s: float = Field(default=1.0, ge=0, description="delay after the first failed attempt")
     backoff_max_s: float = Field(default=60.0, ge=0, description="longest delay between attempts")
@@ -156,7 +173,10 @@ def run(definition: StageDefinition[S], config: S) -> None:
     service = definition.stage.value
     process.start_observability(service, config.log_level)
     topo = topology.Topology(config.namespace)
-    engine = db.make_engine(config.database_url, pool_size=config.concurrency + config.consumer_threads + 2)
+    # Every part of a stage rides out a dropped connection by trying again: no pre-ping needed.
+    engine = db.make_engine(
+        config.database_url, pool_size=config.concurrency + config.consumer_threads + 2, pre_ping=False
+    )
     injector = faults.FaultInjector(config.faults(), random.Random())
     work = definition.make_work(config)
 
@@ -172,6 +192,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
                 quota.configure(conn, quota_limits)
 
         outages.keep_trying(configure, f"{service}: setting the quota of {quota_limits.provider}")
+    measured = instruments(service, config, topo)
     stage_runner = runner.StageRunner(
         definition.stage,
         engine,
@@ -180,12 +201,13 @@ def run(definition: StageDefinition[S], config: S) -> None:
         limits,
         process.worker_id(service),
         provider=quota_limits.provider if quota_limits else None,
+        metrics=measured.stage,
     )
     jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s, config.stop_grace_s)
-    stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs.wake, injector)
+    stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs, injector, measured.consumer)
 
-    messaging.declare_topology_when_reachable(config.amqp_url, topo)
-    broker = messaging.make_broker(config.amqp_url)
+    messaging.declare_own_when_reachable(config.amqp_url, topo, service)
+    broker = messaging.make_broker(config.amqp_url, topo.queue(service))
     consumer.EventConsumer(
         broker,
         service,
@@ -193,8 +215,12 @@ def run(definition: StageDefinition[S], config: S) -> None:
         stage_handlers.table(definition.trigger),
         max_retries=config.handler_retries,
         hold_s=config.hold_events_s,
+        metrics=measured.consumer,
     )
     worker = process.ConsumerWorker(broker, config.consumer_threads)
+    pruner = retention.Pruner.of(
+        stage_retention.steps(engine, artifacts.make_store(config), definition.stage, config), config
+    )
     probes = None
     if config.health_port is not None:
         probes = health.ProbeServer(
@@ -202,9 +228,31 @@ def run(definition: StageDefinition[S], config: S) -> None:
             liveness={
                 "consumer": health.threads_alive(worker.threads),
                 "scheduler": health.threads_alive(jobs.threads),
+                "retention": health.threads_alive(pruner.threads),
             },
             readiness={"database": health.database(config.database_url), "rabbitmq": health.rabbitmq(config.amqp_url)},
+            registry=measured.registry,
         )
-    # Parts stop in reverse order: the scheduler first, so that a stopping service claims no new
+    # Parts stop in reverse order: retention, then the scheduler, so that a stopping service claims no new
     # attempt while it finishes or hands back its running ones; events still arriving only become job rows.
-    process.run_until_signalled(service, [worker, jobs], on_stop=engine.dispose, probes=probes)
+    process.run_until_signalled(service, [worker, jobs, pruner], on_stop=engine.dispose, probes=probes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruments:
+    """A stage service's metrics on the registry its /metrics serves."""
+
+    registry: CollectorRegistry
+    consumer: metrics.ConsumerMetrics
+    stage: metrics.StageMetrics
+
+
+def instruments(service: str, config: StageSettings, topo: topology.Topology) -> Instruments:
+    """The stage's metrics: what its consumer and runner record, and the gauges a scrape reads (its jobs,
+    its queue and delay queue). Nothing connects until a scrape reads them."""
+    registry = metrics.registry()
+    jobs = gauges.Jobs(scrape.engine(config.database_url), service)
+    scrape.register(registry, [jobs, scrape.QueueDepth.of_service(config.amqp_url, topo.queue(service))])
+    return Instruments(
+        registry, metrics.ConsumerMetrics(registry, service), metrics.StageMetrics(registry, service, runner.OWN_CODES)
+    )
