@@ -13,7 +13,6 @@ import concurrent.futures
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -78,14 +77,8 @@ class DbosPeer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process is not None:
+            stack_.stop_group(process)
 
     def _client(self) -> httpx.Client:
         client: httpx.Client | None = getattr(self._local, "client", None)

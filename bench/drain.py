@@ -19,7 +19,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import aiormq
 import pika
 import psycopg
 from castad_contracts import envelope, events
+from castad_local import stack as stack_
 from castad_lyric import service as lyric_service
 from castad_runtime import migrations
 from pamqp import commands as spec
@@ -134,8 +134,7 @@ class Drain:
                 pg_cpu = cpu.used(before, cpu.snapshot(cpu.postgres_backends(self.database)))
                 first, last = conn.execute("SELECT min(published_at), max(published_at) FROM outbox").fetchone()
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
+            stack_.stop_group(process, 30)
         return {
             "rows": self.rows,
             "seconds_from_start": last.timestamp() - started,

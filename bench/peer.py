@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import dramatiq
 import pika
+from castad_local import stack as stack_
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from bench import common, cpu, latency
@@ -64,14 +64,8 @@ class Peer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process is not None:
+            stack_.stop_group(process)
 
     def _delete_queues(self) -> None:
         connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))

@@ -102,6 +102,18 @@ def commands() -> dict[str, str]:
     return result
 
 
+def stop_group(process: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
+    """SIGTERM to the process's group (started with start_new_session), SIGKILL if it has not ended in time."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 class Stack:
     """Each service as its own process, started, stopped and killed one by one."""
 
@@ -136,15 +148,8 @@ class Stack:
 
     def stop(self, name: str, timeout_s: float = 20.0) -> None:
         process = self.processes.pop(name, None)
-        if process is None:
-            return
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        if process is not None:
+            stop_group(process, timeout_s)
 
     def kill(self, name: str) -> None:
         process = self.processes.pop(name)
