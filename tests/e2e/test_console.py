@@ -152,6 +152,8 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
     trace_url = running.http.get(f"/v1/pipelines/{refused}/timeline").json()["trace_url"]
     expect(page.get_by_test_id("trace")).to_have_attribute("href", trace_url)
     assert page.evaluate("() => window.notReloaded") is True
+    # Its stream closed with its end: said so, not shown as a connection being lost.
+    expect(page.get_by_test_id("live")).to_have_attribute("data-state", "ended", timeout=WAIT_MS)
     console.screenshot("pipeline")
 
     # The hanging pipeline: canceled through the button while its lyric call runs.

@@ -27,6 +27,7 @@ export function render(root, { arg: id, may }) {
   const urls = []; // object URLs made here, revoked when the page closes
   const previewed = new Map(); // stage -> sha256 of the file its preview shows
   let view = null;
+  let streamState = "connecting"; // the event stream's, as sse.follow tells it
   let timeline = null;
   let refreshing = null;
   let again = false;
@@ -203,6 +204,14 @@ export function render(root, { arg: id, may }) {
     more.hidden = timeline.next_after === null;
   }
 
+  function showLive() {
+    // The gateway closes an ended pipeline's stream; it is asked again now and then, for a retry. The stream
+    // may close before the refresh its last event asked for has shown the pipeline ended: both ask for this.
+    const shown = streamState === "reconnecting" && view && isEnded(view.status) ? "ended" : streamState;
+    live.dataset.state = shown;
+    live.textContent = t(`live.${shown}`);
+  }
+
   async function refresh() {
     if (refreshing) {
       again = true;
@@ -216,6 +225,7 @@ export function render(root, { arg: id, may }) {
         drawLinks();
         drawAttempts();
         drawTimeline();
+        showLive();
       } catch (error) {
         result.textContent = problem(error);
       }
@@ -285,10 +295,8 @@ export function render(root, { arg: id, may }) {
   const stream = follow(`/v1/pipelines/${id}/events`, {
     onEvent: () => refresh(),
     onState: (state) => {
-      // The gateway closes an ended pipeline's stream; it is asked again now and then, for a retry.
-      const shown = state === "reconnecting" && view && isEnded(view.status) ? "ended" : state;
-      live.dataset.state = shown;
-      live.textContent = t(`live.${shown}`);
+      streamState = state;
+      showLive();
     },
   });
   refresh();
