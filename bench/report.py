@@ -41,6 +41,44 @@ twice; the throughput, CPU and end-to-end differences change sign between the se
 within the noise of this shared machine. None of the changes moved the handoff measurably."""
 
 
+HOT_PATH_CHANGES = """### The hot path made cheaper (2026-11-24)
+
+Castad as in A (`python -m bench.run --only castad`, 300 pipelines in the throughput run), before the
+changes and after each of two steps, then this run. The first three were run on the AMD EPYC machine
+of the 2026-11-23 figures (DBOS there: 72.6 workflows/s, 15.6 ms of CPU, 16 commits), this run on an
+Intel Xeon (DBOS: see D); the load average during "after step 2" was about 3, so its CPU figure is high.
+
+| | before | after step 1 | after step 2 | this run |
+|---|---|---|---|---|
+| throughput (pipelines/s) | 14.1 | 35.9 | 29.8 | 41.3 |
+| CPU per pipeline, every process and PostgreSQL (ms) | 94.8 | 49.9 | 61 | 41.7 |
+| commits per pipeline | 62.5 | 33 | 30 | 26.8 |
+| idle stage handoff p50 / p99 (ms) | 6.2 / 12.9 | 4.4 / 8.7 | 3.9 / 8.5 | 3.2 / 5.8 |
+| idle end to end p50 (ms) | 80.7 | 49.9 | 41.5 | 35.4 |
+
+Step 1, what moved the figures (py-spy profiles of every process under load, `make profile`):
+- statements on the hot paths (inbox, outbox, the stage machine's claims and saves, the gateway's
+  projection and creation) as plain SQL with psycopg parameters through the SQLAlchemy connection
+  (`castad_runtime.db.run`): SQLAlchemy's statement building, cache keys and result handling had
+  been half of the CPU of the gateway and the stages;
+- no pre-ping on the pools of the stages and the gateway's projection (a broken connection is still
+  found: the consumer hands the message back uncounted and the pool drops the connection);
+- NOTIFY from a trigger on the outbox and on the gateway's timeline, inside the writing transaction,
+  instead of a statement of its own after the commit: one round trip and one commit fewer per write
+  (C shows the cost: commits that notify are serialised, which matters only far above these rates;
+  the whole pipeline was measured both ways and was faster with the trigger);
+- the projection locks the pipeline's row, then reads its stages in a statement of its own (so that
+  under READ COMMITTED it sees what the previous event's transaction committed).
+
+Step 2: a trigger that finds a free slot claims its job and starts the attempt in its own transaction
+(the inbox entry, the job, the attempt and the `started` event in one commit, instead of a commit for
+the job and another for the claim); the gateway counts a key's creation and creates the pipeline in
+one transaction. What did not move the figures: the relay returning early after a short batch (kept,
+only after a full batch with nothing suspect) and larger relay batches for the drain (E stays at about
+0.44× the raw publisher: the relay reads, publishes, waits for confirms and marks, 0.19 ms of its CPU
+and 0.08 ms of PostgreSQL's per row)."""
+
+
 def _f(value: float | None, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
@@ -199,7 +237,8 @@ def render(r: dict[str, Any]) -> str:
         "migrated by `castad_local.stack.prepare`), namespace `" + env["CASTAD_NAMESPACE"] + "` on RabbitMQ, "
         "`CASTAD_<STAGE>_PROVIDER=instant` (each stage writes a tiny but valid artifact through its "
         "ArtifactStore: one lyric line, a 0.25 s silent WAV, an 18×32 one-frame H.264 MP4) and every "
-        "other setting at its documented default (`OTEL_TRACES_EXPORTER=none`)."
+        "other setting at its documented default (`OTEL_TRACES_EXPORTER=none`) but the per-key creation "
+        "limit (`CASTAD_API_CREATIONS_PER_MINUTE=1000000`: still counted on every POST, never reached)."
     )
     add("")
     add(
@@ -443,6 +482,8 @@ def render(r: dict[str, Any]) -> str:
         f"{_f(tput['rate'])} pipelines/s), {bound}."
     )
     add("")
+    add(HOT_PATH_CHANGES)
+    add("")
     add(CHANGES)
     add("")
     add("## C. NOTIFY inside the transaction or after the commit")
@@ -452,9 +493,9 @@ def render(r: dict[str, Any]) -> str:
         f"{py['threads']} threads on a scratch database, each running {py['per_thread']} transactions per round "
         f"({py['rounds']} rounds, variants interleaved, table truncated and CHECKPOINT before each), every "
         "transaction inserting one outbox row, while one connection LISTENs on the outbox channel. "
-        "*none*: no NOTIFY; *after_commit*: `castad_runtime.db.transaction` with `mark_outbox_written` (after "
-        "the commit, the NOTIFY as one autocommit statement); *in_transaction*: `SELECT pg_notify(...)` before "
-        "COMMIT. The Python writers go through SQLAlchemy and `castad_runtime.db` as the services do; "
+        "*none*: no NOTIFY; *after_commit*: after the commit, the NOTIFY as an autocommit statement on the same "
+        "connection (Castad's way until its outbox had a trigger); *in_transaction*: a trigger on the outbox "
+        "NOTIFYs before COMMIT (Castad's way now). The Python writers go through SQLAlchemy as the services do; "
         "pgbench (PostgreSQL's C client, same statements) shows the server's side without the Python cost."
     )
     add("")
