@@ -12,8 +12,8 @@ from castad_api import key_commands
 from castad_cli import client as client_
 from castad_cli import main as cli_main
 from castad_cli import progress
-from castad_contracts import brief, schemas
-from castad_runtime import settings
+from castad_contracts import brief, schemas, topology
+from castad_runtime import messaging, redact, settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
@@ -160,6 +160,28 @@ def print_privileges(
 ) -> None:
     """Print the PostgreSQL roles and grants and the RabbitMQ users and permissions each service needs."""
     print(privileges.instructions(namespace, vhost))
+
+
+@app.command("topology")
+def declare_topology(
+    amqp_url: Annotated[
+        str,
+        typer.Option(
+            envvar="CASTAD_AMQP_URL",
+            help="RabbitMQ URL of a user that may configure the whole vhost (an administrator)",
+        ),
+    ],
+    namespace: Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")] = "castad",
+) -> None:
+    """Declare every exchange, queue and binding of the installation, as set-up does locally. Run it once with
+    the users, before the services: the relay may only publish, and an event published before its consumer's
+    queue exists would be refused as unroutable and, after its retries, parked."""
+    try:
+        messaging.declare_topology(amqp_url, topology.Topology(namespace))
+    except Exception as error:  # any failure to reach or configure the broker: one line, no traceback
+        console.print(f"[red]could not declare the topology: {redact.describe(error)}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    console.print(f"[green]✓[/] exchanges, queues and bindings of namespace {namespace!r} declared", soft_wrap=True)
 
 
 @app.command("settings")
