@@ -98,12 +98,12 @@ def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
 
 
 @pytest.fixture
-def run_scheduler() -> Iterator[Callable[[runner.StageRunner], scheduler.JobScheduler]]:
-    """JobSchedulers polling every 50 ms, stopped after the test."""
+def run_scheduler() -> Iterator[Callable[..., scheduler.JobScheduler]]:
+    """JobSchedulers (by default two slots, polling every 50 ms), stopped after the test."""
     started: list[scheduler.JobScheduler] = []
 
-    def start(stage: runner.StageRunner) -> scheduler.JobScheduler:
-        jobs = scheduler.JobScheduler(stage, concurrency=2, poll_s=0.05)
+    def start(stage: runner.StageRunner, concurrency: int = 2, poll_s: float = 0.05) -> scheduler.JobScheduler:
+        jobs = scheduler.JobScheduler(stage, concurrency=concurrency, poll_s=poll_s)
         jobs.start()
         started.append(jobs)
         return jobs
@@ -562,8 +562,7 @@ def test_a_trigger_with_a_free_slot_starts_its_attempt_in_its_own_transaction(en
     """No transaction of its own claims the job: the job, its attempt and its `started` event all have the
     trigger's transaction time."""
     stage = stage_runner(engine, succeed)
-    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
-    jobs.start()
+    jobs = run_scheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
     pipeline_id = trigger(stage, jobs)
     eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")
     [attempt] = attempt_rows(engine, pipeline_id)
@@ -574,10 +573,9 @@ def test_a_trigger_with_a_free_slot_starts_its_attempt_in_its_own_transaction(en
             )
         ).scalar_one()
     assert job_row(engine, pipeline_id).created_at == attempt.started_at == started
-    jobs.stop()
 
 
-def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(engine):
+def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(engine, run_scheduler):
     release = threading.Event()
 
     def slow(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -585,8 +583,7 @@ def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(
         return output()
 
     stage = stage_runner(engine, slow)
-    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=0.05)
-    jobs.start()
+    jobs = run_scheduler(stage, concurrency=1)
     try:
         first = trigger(stage, jobs)
         second = trigger(stage, jobs)
@@ -595,14 +592,12 @@ def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(
         release.set()
         eventually(lambda: status_of(engine, second) is Status.SUCCEEDED, what="the second job claimed later")
     finally:
-        release.set()
-        jobs.stop()
+        release.set()  # before the scheduler is stopped, which waits for the running attempt
 
 
-def test_a_trigger_whose_transaction_fails_gives_its_slot_back(engine):
+def test_a_trigger_whose_transaction_fails_gives_its_slot_back(engine, run_scheduler):
     stage = stage_runner(engine, succeed)
-    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)
-    jobs.start()
+    jobs = run_scheduler(stage, concurrency=1, poll_s=60)
     request = pipeline_requested()
     env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
     stage_handlers = handlers.StageHandlers(stage.engine, stage, jobs)
@@ -613,13 +608,11 @@ def test_a_trigger_whose_transaction_fails_gives_its_slot_back(engine):
     jobs.release()
     stage_handlers.on_trigger(env, request)  # delivered again: the job runs
     eventually(lambda: status_of(engine, request.pipeline_id) is Status.SUCCEEDED, what="the job done")
-    jobs.stop()
 
 
-def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_uncounted(engine):
+def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_uncounted(engine, run_scheduler):
     stage = stage_runner(engine, succeed)
-    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)
-    jobs.start()
+    jobs = run_scheduler(stage, concurrency=1, poll_s=60)
     eventually(jobs.reserve, what="the scheduler's first look done")  # found nothing due
     pipeline_id = add_job(stage)
     with db.transaction(engine) as conn:
@@ -639,8 +632,7 @@ def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_unc
 
 def test_a_trigger_delivered_twice_claims_once_and_gives_its_slot_back(engine, run_scheduler):
     stage = stage_runner(engine, succeed)
-    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)
-    jobs.start()
+    jobs = run_scheduler(stage, concurrency=1, poll_s=60)
     request = pipeline_requested()
     env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
     stage_handlers = handlers.StageHandlers(stage.engine, stage, jobs)
@@ -650,4 +642,3 @@ def test_a_trigger_delivered_twice_claims_once_and_gives_its_slot_back(engine, r
     assert len(attempt_rows(engine, request.pipeline_id)) == 1
     eventually(jobs.reserve, what="the slot free again")
     jobs.release()
-    jobs.stop()
