@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from typing import Any
 
 import aiormq
@@ -26,7 +27,9 @@ def rows(*pipelines: str) -> list[dict[str, Any]]:
             "event_id": index,
             "pipeline_id": pipeline,
             "routing_key": "stage.lyric.started",
-            "envelope": {},
+            "content": "{}",
+            "traceparent": None,
+            "tracestate": None,
             "created_at": CREATED,
         }
         for index, pipeline in enumerate(pipelines, start=1)
@@ -154,7 +157,7 @@ def test_only_a_failure_that_may_have_broken_the_channel_closes_it(answer: objec
 def test_a_row_over_the_size_limit_is_refused_without_being_sent():
     channel = FakeChannel()
     batch = rows("a", "b")
-    batch[0]["envelope"] = {"data": "x" * 5000}
+    batch[0]["content"] = json.dumps({"data": "x" * 5000})
 
     results, _ = publish(batch, channel, max_message_bytes=4096)
 

@@ -51,6 +51,15 @@ class Refused:
 RowResult = Sent | Refused | None
 
 
+def envelope_body(content: str, traceparent: str | None, tracestate: str | None) -> bytes:
+    """A message body: an outbox row's envelope with the given trace context. `content` is the envelope
+    without one, as JSON text (PostgreSQL's, which writes an object as `{...}`); the trace fields are
+    spliced in rather than the whole envelope parsed and encoded again."""
+    trace_fields = json.dumps({"traceparent": traceparent, "tracestate": tracestate})
+    separator = ", " if content != "{}" else ""
+    return f"{content[:-1]}{separator}{trace_fields[1:]}".encode()
+
+
 class Publisher:
     """A confirm-mode channel on one connection, reopened after any failure."""
 
@@ -141,13 +150,12 @@ class Publisher:
     async def _publish_one(
         self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
     ) -> RowResult:
-        env = row["envelope"]
-        parent = telemetry.context_from(env.get("traceparent"), env.get("tracestate"))
+        parent = telemetry.context_from(row["traceparent"], row["tracestate"])
         # A replayed dead letter goes back to its queue only, through that queue's requeue exchange.
         destination = row.get("destination")
         exchange = topology.Topology.requeue_exchange(destination) if destination else self.exchange
         routing_key = destination or row["routing_key"]
-        with self._tracer.start_as_current_span(
+        with self._tracer.start_span(  # not made current: nothing else here would be its child
             f"publish {exchange}",  # OpenTelemetry messaging: "{operation} {destination}"
             context=parent,
             kind=trace.SpanKind.PRODUCER,
@@ -160,10 +168,10 @@ class Publisher:
                 "messaging.message.id": str(row["event_id"]),
                 "castad.pipeline_id": row["pipeline_id"],
             },
-        ):
+        ) as span:
             # The consumer continues the trace from this publish span.
-            traceparent, tracestate = telemetry.current_trace_headers()
-            body = json.dumps(dict(env, traceparent=traceparent, tracestate=tracestate), separators=(",", ":")).encode()
+            traceparent, tracestate = telemetry.current_trace_headers(span)
+            body = envelope_body(row["content"], traceparent, tracestate)
             if len(body) > self.max_message_bytes:
                 return Refused(f"message of {len(body)} bytes is over the {self.max_message_bytes} byte limit")
             headers: dict[str, Any] = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
