@@ -3,6 +3,12 @@
 Exporting follows the standard variables: spans go to OTLP over HTTP when
 OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set and
 OTEL_TRACES_EXPORTER is not "none"; OTEL_SERVICE_NAME overrides the service name.
+
+A service that exports no spans records none (its sampler drops them all), while trace and
+span ids still pass from hop to hop: a pipeline keeps its trace id (the timeline shows it)
+without the cost of building spans nobody will see. The context it passes on is then marked
+unsampled, so services after it record nothing of that trace either: tracing is on or off
+for a whole installation (the charts' `global.otel`).
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ import importlib.metadata
 import os
 from collections.abc import Iterator
 
-from opentelemetry import context, propagate, trace
+from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _provider: TracerProvider | None = None
+_W3C = TraceContextTextMapPropagator()  # envelopes carry W3C trace context, whatever OTEL_PROPAGATORS says
 
 
 def setup(service: str) -> None:
@@ -28,8 +36,11 @@ def setup(service: str) -> None:
     # HTTP spans in OpenTelemetry's stable conventions (http.request.method, http.response.status_code, ...).
     os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
     resource = {"service.name": name, "service.namespace": "castad", "service.version": _version(service)}
-    provider = TracerProvider(resource=Resource.create(resource))
-    if _otlp_wanted():
+    exporting = _otlp_wanted()
+    # None: the standard choice (OTEL_TRACES_SAMPLER, by default parent-based, always on).
+    sampler = None if exporting else sampling.ALWAYS_OFF
+    provider = TracerProvider(resource=Resource.create(resource), sampler=sampler)
+    if exporting:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -60,15 +71,16 @@ def tracer(name: str) -> trace.Tracer:
     return trace.get_tracer(name)
 
 
-def current_trace_headers() -> tuple[str | None, str | None]:
+def current_trace_headers(span: trace.Span | None = None) -> tuple[str | None, str | None]:
+    """traceparent and tracestate of the current span, or of `span`."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    _W3C.inject(carrier, context=None if span is None else trace.set_span_in_context(span))
     return carrier.get("traceparent"), carrier.get("tracestate")
 
 
 def context_from(traceparent: str | None, tracestate: str | None) -> context.Context:
     carrier = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
-    return propagate.extract(carrier)
+    return _W3C.extract(carrier)
 
 
 @contextlib.contextmanager
