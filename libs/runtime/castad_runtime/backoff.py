@@ -22,9 +22,13 @@ class Backoff:
         self.max_s = max_s
         self.jitter = jitter
         self.tries = 0
-        self._rng = random.Random()
+        # Made at the first delay: seeding one from the OS costs more than a retry loop that never waits
+        # (outages.keep_trying around every handler and outcome) spends otherwise.
+        self._rng: random.Random | None = None
 
     def next_s(self) -> float:
+        if self._rng is None:
+            self._rng = random.Random()
         delay = exponential_s(self.tries, self.first_s, self.max_s, self.jitter, self._rng)
         self.tries += 1
         return delay
