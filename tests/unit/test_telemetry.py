@@ -39,8 +39,9 @@ def probe(**env: str) -> dict[str, object]:
         ({"OTEL_TRACES_EXPORTER": "none"}, False),
         ({}, False),  # no endpoint: nothing to export to
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_PROPAGATORS": "none"}, False),  # envelopes carry W3C's anyway
     ],
-    ids=["exporter-none", "no-endpoint", "exporting"],
+    ids=["exporter-none", "no-endpoint", "exporting", "no-global-propagator"],
 )
 def test_spans_are_recorded_only_when_exported_and_the_trace_goes_on_either_way(env, recording):
     result = probe(**env)

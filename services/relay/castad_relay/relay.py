@@ -8,10 +8,7 @@ whole server); it drains then, whenever a writer's NOTIFY arrives, when a backin
 row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
 
 A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
-pipeline kept) and marks the confirmed ones published. While a full batch is published,
-the database marks the batch before it and reads the rows after it; those go out only
-if every row of this batch was published, so a backlog drains without the relay waiting
-on PostgreSQL and the broker in turn. A row the broker refuses (no
+pipeline kept) and marks the confirmed ones published. A row the broker refuses (no
 queue bound to its routing key, nacked, too large) backs off on its own, exponentially,
 and after `max_publish_attempts` refusals is parked with its reason for an operator to
 republish (`castad_runtime.outbox.republish`, through the gateway's dead letters: the relay
@@ -23,7 +20,6 @@ connection charges no row: rows wait, the relay reconnects and carries on.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 import time
@@ -63,12 +59,6 @@ def publishable(rows: Sequence[dict[str, Any]], results: Sequence[publisher_.Row
         elif row["pipeline_id"] not in blocked:
             ids.append(row["id"])
     return ids
-
-
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    rows: Sequence[dict[str, Any]]
-    results: list[publisher_.RowResult]
 
 
 class SourceRelay:
@@ -126,36 +116,23 @@ class SourceRelay:
                     pass
 
     async def _drain(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        fetched = await self._pending(conn)
-        sent: Batch | None = None  # published in full, marked while the next batch goes out
-        while fetched:
+        while True:
+            fetched = await self._pending(conn)
+            if not fetched:
+                return
             suspects = [row for row in fetched if row["id"] in self._suspects]
             rows = suspects or fetched
             self.metrics.batches.labels(self.source).observe(len(rows))
-            # After a full batch with nothing suspect, the next one is read (and the previous marked) while
-            # this one is published and confirmed. Its rows come after this batch's, and it is published only
-            # if every row here was: a pipeline's later row never overtakes an earlier one.
-            read_ahead = not suspects and len(fetched) >= self.config.batch_size
-            publishing, following = await asyncio.gather(
-                self._publish(rows, alone=bool(suspects)),
-                self._meanwhile(conn, sent, after=rows[-1]["id"] if read_ahead else None),
-                return_exceptions=True,
-            )
-            sent = None
-            if isinstance(following, BaseException):
-                raise following
-            if isinstance(publishing, BaseException):
-                if not isinstance(publishing, (TimeoutError, OSError, aiormq.exceptions.AMQPError)):
-                    raise publishing
-                log.warning("relay %s: broker unavailable (%s); rows wait", self.name, redact.describe(publishing))
+            try:
+                if suspects:
+                    results = [await self._publish_alone(row) for row in rows]
+                else:
+                    results = await self.publisher.publish(rows)
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
+                log.warning("relay %s: broker unavailable (%s); rows wait", self.name, redact.describe(error))
                 self.metrics.failures.labels(self.source, metrics_.BROKER_UNAVAILABLE).inc(len(rows))
                 await self.publisher.close()
                 await asyncio.sleep(self.config.retry_delay_s)
-                fetched = await self._pending(conn)
-                continue
-            results = publishing
-            if following is not None and all(result is PUBLISHED for result in results):
-                sent, fetched = Batch(rows, results), following
                 continue
             await self._settle(conn, rows, results)
             if any(result is None for result in results):  # broker trouble, not a refused row
@@ -163,23 +140,6 @@ class SourceRelay:
             elif not suspects and len(fetched) < self.config.batch_size and publisher_.Sent.SUSPECT not in results:
                 # That was all: rows committed since then have their NOTIFY waiting for the listener.
                 return
-            fetched = await self._pending(conn)
-        if sent is not None:
-            await self._settle(conn, sent.rows, sent.results)
-
-    async def _publish(self, rows: Sequence[dict[str, Any]], alone: bool) -> list[publisher_.RowResult]:
-        if alone:
-            return [await self._publish_alone(row) for row in rows]
-        return await self.publisher.publish(rows)
-
-    async def _meanwhile(
-        self, conn: psycopg.AsyncConnection[Any], sent: Batch | None, after: int | None
-    ) -> list[dict[str, Any]] | None:
-        """The database's part while a batch is published: mark the batch before, read the rows after `after`
-        (None: read nothing)."""
-        if sent is not None:
-            await self._settle(conn, sent.rows, sent.results)
-        return None if after is None else await self._pending(conn, after)
 
     async def _publish_alone(self, row: dict[str, Any]) -> publisher_.RowResult:
         """A suspect on a channel of its own: if the channel closes on it again, it is to blame."""
@@ -252,9 +212,9 @@ class SourceRelay:
         message_id = f"parked:{row['event_id']}:{uuid.uuid4()}"
         return await self.publisher.publish_dead_letter(self.dead_letter_exchange, body, headers, message_id)
 
-    async def _pending(self, conn: psycopg.AsyncConnection[Any], after: int = 0) -> list[dict[str, Any]]:
+    async def _pending(self, conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
         cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
-        await cursor.execute(statements.PENDING, {"after": after, "limit": self.config.batch_size})
+        await cursor.execute(statements.PENDING, (self.config.batch_size,))
         return await cursor.fetchall()
 
     async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:

@@ -6,17 +6,19 @@ parked; a held row holds back the later rows of its own pipeline, and nothing el
 
 LOCK_LEADERSHIP = "SELECT pg_advisory_lock(%s)"
 
-# The oldest publishable rows after id `after`: not published, not parked, not backing off, and
-# with no held row earlier in their pipeline (partial indexes outbox_unpublished and outbox_held).
+# The oldest publishable rows: not published, not parked, not backing off, and with no held
+# row earlier in their pipeline (partial indexes outbox_unpublished and outbox_held). Always from
+# the oldest: a row that came due, was republished or committed late goes before the later rows
+# of its pipeline.
 # The envelope comes as JSON text without its trace context, which the relay's publish span
-# replaces (`publisher.body`): PostgreSQL writes the text, the relay neither parses nor re-encodes it.
+# replaces (`publisher.envelope_body`): PostgreSQL writes the text, the relay neither parses nor
+# encodes it again.
 PENDING = """
 SELECT id, event_id, pipeline_id, routing_key, created_at, publish_attempts, destination,
        (envelope - 'traceparent' - 'tracestate')::text AS content,
        envelope ->> 'traceparent' AS traceparent, envelope ->> 'tracestate' AS tracestate
 FROM outbox AS o
-WHERE o.id > %(after)s
-  AND o.published_at IS NULL AND o.parked_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now())
+WHERE o.published_at IS NULL AND o.parked_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now())
   AND NOT EXISTS (
     SELECT 1 FROM outbox AS held
     WHERE held.pipeline_id = o.pipeline_id AND held.id < o.id AND held.published_at IS NULL
@@ -24,7 +26,7 @@ WHERE o.id > %(after)s
       AND (held.parked_at IS NOT NULL OR held.retry_at > now())
   )
 ORDER BY o.id
-LIMIT %(limit)s
+LIMIT %s
 """
 
 MARK_PUBLISHED = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
