@@ -44,11 +44,12 @@ within the noise of this shared machine. None of the changes moved the handoff m
 HOT_PATH_CHANGES = """### The hot path made cheaper (2026-11-24)
 
 Castad as in A (`python -m bench.run --only castad`, 300 pipelines in the throughput run), before the
-changes and after each of two steps, then this run. The first three were run on the AMD EPYC machine
-of the 2026-11-23 figures (DBOS there: 72.6 workflows/s, 15.6 ms of CPU, 16 commits), this run on an
-Intel Xeon (DBOS: see D); the load average during "after step 2" was about 3, so its CPU figure is high.
+changes and after each of two steps, then a full run after them. The first three were run on the AMD
+EPYC machine of the 2026-11-23 figures (DBOS there: 72.6 workflows/s, 15.6 ms of CPU, 16 commits), the
+last on an Intel Xeon (DBOS there: 74.9 workflows/s, 17.5 ms); the load average during "after step 2"
+was about 3, so its CPU figure is high.
 
-| | before | after step 1 | after step 2 | this run |
+| | before | after step 1 | after step 2 | full run after step 2 |
 |---|---|---|---|---|
 | throughput (pipelines/s) | 14.1 | 35.9 | 29.8 | 41.3 |
 | CPU per pipeline, every process and PostgreSQL (ms) | 94.8 | 49.9 | 61 | 41.7 |
@@ -76,7 +77,39 @@ the job and another for the claim); the gateway counts a key's creation and crea
 one transaction. What did not move the figures: the relay returning early after a short batch (kept,
 only after a full batch with nothing suspect) and larger relay batches for the drain (E stays at about
 0.44× the raw publisher: the relay reads, publishes, waits for confirms and marks, 0.19 ms of its CPU
-and 0.08 ms of PostgreSQL's per row)."""
+and 0.08 ms of PostgreSQL's per row).
+
+Step 3 (2026-11-24, a slower 2-core Intel Xeon at 2.3 GHz, the machine of this run; one run each, with
+`--only castad`, `--only drain` and `--only dbos`; the raw publisher alone went from 3,880 to 5,049
+rows/s between drains of the same code, so drain ratios move by a tenth from run to run):
+
+| | before step 3 | spans dropped alone | relay and spans, step 3 | DBOS on this machine |
+|---|---|---|---|---|
+| throughput (pipelines/s) | 23.6 | 25.5 | 29.4 | 38.9 |
+| CPU per pipeline, every process and PostgreSQL (ms) | 76.2 | 70.2 | 60.4 | 36.1 |
+| idle end to end p50 (ms) | 58.7 | 74.6 | 55.8 | 25.0 |
+| backlog drain, relay / raw aiormq (rows/s) | 1,900 / 4,572 (0.42×) | | 2,137 / 4,811 (0.44×) | |
+| relay CPU per 1,000 drained rows (ms) | 315 | | 239 | |
+
+- PostgreSQL hands the relay each envelope as JSON text without its trace context, and the publish
+  span's traceparent is spliced into that text: no JSONB parsed into Python and encoded again. The
+  publish span is no longer made current only to read its context.
+- Spans are recorded only where they are exported. Every run here sets `OTEL_TRACES_EXPORTER=none`, and
+  spans were still built, given attributes and ended for nobody; the sampler now drops them, while
+  trace ids still pass from hop to hop. "Spans dropped alone" is the code before step 3 with
+  `OTEL_TRACES_SAMPLER=always_off`. Where traces are exported (the charts' `global.otel`), spans cost
+  what they did before.
+- A `Backoff` seeds its random generator at its first delay instead of when it is made:
+  `outages.keep_trying` makes one around every handler and outcome and almost never waits (3% of a
+  stage's CPU in `make profile`).
+- Tried and dropped: reading the next batch while one is published. Reading "the rows after this
+  batch" was fast (0.54×) but wrong: a row below that point that came due, was republished or
+  committed late could be overtaken by a later row of its pipeline (a test now covers it). Reading
+  from the oldest row but those in flight kept the order and gained nothing (0.40× and 0.41×;
+  PostgreSQL's CPU per row up by a third).
+- The idle end to end varies from run to run on this machine by more than these changes could move it
+  (58.7 and 74.6 ms in the first two columns, which differ only in spans nobody exports); the summary
+  gives one run's."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:
