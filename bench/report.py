@@ -79,17 +79,22 @@ only after a full batch with nothing suspect) and larger relay batches for the d
 0.44× the raw publisher: the relay reads, publishes, waits for confirms and marks, 0.19 ms of its CPU
 and 0.08 ms of PostgreSQL's per row).
 
-Step 3 (2026-11-24, a slower 2-core Intel Xeon at 2.3 GHz, the machine of this run; one run each, with
-`--only castad`, `--only drain` and `--only dbos`; the raw publisher alone went from 3,880 to 5,049
-rows/s between drains of the same code, so drain ratios move by a tenth from run to run):
+Step 3 (2026-11-24, a slower 2-core Intel Xeon at 2.3 GHz, the machine of this run). Castad before
+the step and with spans dropped alone were run with `--only castad`, the drains with `--only drain`;
+"after" is this run (A and E) and a second `--only castad --only dbos` run twenty minutes later.
 
-| | before step 3 | spans dropped alone | relay and spans, step 3 | DBOS on this machine |
+| | before step 3 | spans dropped alone | after: this run | after: second run |
 |---|---|---|---|---|
-| throughput (pipelines/s) | 23.6 | 25.5 | 29.4 | 38.9 |
-| CPU per pipeline, every process and PostgreSQL (ms) | 76.2 | 70.2 | 60.4 | 36.1 |
-| idle end to end p50 (ms) | 58.7 | 74.6 | 55.8 | 25.0 |
-| backlog drain, relay / raw aiormq (rows/s) | 1,900 / 4,572 (0.42×) | | 2,137 / 4,811 (0.44×) | |
-| relay CPU per 1,000 drained rows (ms) | 315 | | 239 | |
+| throughput (pipelines/s) | 23.6 | 25.5 | 30.3 | 31.9 |
+| CPU per pipeline, every process and PostgreSQL (ms) | 76.2 | 70.2 | 58.9 | 55.7 |
+| idle end to end p50 (ms) | 58.7 | 74.6 | 52.0 | 54.0 |
+| DBOS: workflows/s, CPU ms, idle p50 ms | 38.9, 36.1, 25.0 (own run) | | 61.9, 22.3, 20.0 | 55.0, 25.7, 20.0 |
+| backlog drain, relay / raw aiormq (rows/s) | 1,900 / 4,572 (0.42×) | | 2,272 / 5,105 (0.45×) | |
+| relay CPU per 1,000 drained rows (ms) | 315 | | 222 | |
+
+Castad's own figures moved: a third more throughput, a quarter less CPU. The ratios to DBOS did not
+cross a target, and DBOS's own figures moved by half between runs on this machine (38.9 to 61.9
+workflows/s), more than Castad's did, so a ratio from one run is a rough figure here.
 
 - PostgreSQL hands the relay each envelope as JSON text without its trace context, and the publish
   span's traceparent is spliced into that text: no JSONB parsed into Python and encoded again. The
@@ -103,10 +108,10 @@ rows/s between drains of the same code, so drain ratios move by a tenth from run
   `outages.keep_trying` makes one around every handler and outcome and almost never waits (3% of a
   stage's CPU in `make profile`).
 - Tried and dropped: reading the next batch while one is published. Reading "the rows after this
-  batch" was fast (0.54×) but wrong: a row below that point that came due, was republished or
+  batch" was fast (0.54× in one drain) but wrong: a row below that point that came due, was republished or
   committed late could be overtaken by a later row of its pipeline (a test now covers it). Reading
-  from the oldest row but those in flight kept the order and gained nothing (0.40× and 0.41×;
-  PostgreSQL's CPU per row up by a third).
+  from the oldest row but those in flight kept the order and gained nothing (0.40× and 0.41×, against
+  0.44× without it in the drain run between them; PostgreSQL's CPU per row up by a third).
 - The idle end to end varies from run to run on this machine by more than these changes could move it
   (58.7 and 74.6 ms in the first two columns, which differ only in spans nobody exports); the summary
   gives one run's."""
