@@ -197,7 +197,8 @@ class Publisher:
                 text = error.frame.reply_text if isinstance(error.frame, spec.Basic.Return) else "returned"
                 return Refused(f"returned by the broker: {text}")
             except aiormq.exceptions.ChannelClosed as error:
-                log.warning("channel closed while publishing %s: %s", row["event_id"], redact.describe(error))
+                with trace.use_span(span):  # the log line carries the pipeline's trace id
+                    log.warning("channel closed while publishing %s: %s", row["event_id"], redact.describe(error))
                 return Sent.SUSPECT
             except (
                 TimeoutError,
