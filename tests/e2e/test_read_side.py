@@ -80,12 +80,14 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
         dt.datetime.fromisoformat(e["time"]) for e in entries
     )
 
-    # The streams of every pipeline saw each entry once, in order, and the filtered one only video's.
+    # The streams of every pipeline saw each entry once, by seq, and the filtered one only video's. The seqs
+    # number entries as the gateway applied them, which for two stages' events may differ from when they
+    # happened (the order the timeline shows): the next stage may tell of its start first.
     for follower in followers:
         follower.join(FIREHOSE_S + 15)
         assert not follower.is_alive()
     mine = [data for _, _, data in streams["every"] if data["pipeline_id"] == pipeline_id]
-    assert [e["seq"] for e in mine] == [e["seq"] for e in entries]
+    assert [e["seq"] for e in mine] == sorted(e["seq"] for e in entries)
     assert all(e["customer_name"] == "바다책방" and e["region"] == "속초" for e in mine)
     assert [sse_id for sse_id, _, data in streams["every"]] == [str(data["seq"]) for _, _, data in streams["every"]]
     video = [data for _, _, data in streams["video"] if data["pipeline_id"] == pipeline_id]
