@@ -498,10 +498,10 @@ def test_a_worker_never_recovers_the_lease_of_an_attempt_it_is_still_running(eng
         thread.join(10)
 
 
-def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(engine):
-    """An attempt runs for several times its 0.6 s lease while another worker keeps looking for lost
-    leases and due jobs: the heartbeat keeps moving the lease ahead, nobody steals the job, and it
-    succeeds on its first attempt."""
+def test_slow_but_alive_attempts_keep_renewing_their_leases_and_are_not_stolen(engine):
+    """Two attempts run for several times their 0.6 s lease while another worker keeps looking for lost
+    leases and due jobs: one heartbeat thread keeps moving both leases ahead, nobody steals the jobs, and
+    they succeed on their first attempt."""
     finish = threading.Event()
 
     def slow(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -510,9 +510,8 @@ def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(eng
 
     alive = stage_runner(engine, slow, worker="worker-a", lease_s=0.6)
     thief = stage_runner(engine, succeed, worker="worker-b")
-    pipeline_id = add_job(alive)
-    claim = alive.claim_next()
-    assert claim is not None
+    pipeline_ids = [add_job(alive), add_job(alive)]
+    claims = [alive.claim_next(), alive.claim_next()]
     stop = threading.Event()
     stolen: list[object] = []
 
@@ -524,18 +523,25 @@ def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(eng
                 taken.span.end()
                 stolen.append(taken)
 
-    leases: set[dt.datetime] = set()
+    leases: dict[str, set[dt.datetime]] = {pipeline_id: set() for pipeline_id in pipeline_ids}
     claimed = time.monotonic()
 
-    def outlived_its_lease_thrice() -> bool:
-        leases.add(job_row(engine, pipeline_id).lease_expires_at)
-        return time.monotonic() - claimed > 3 * 0.6 and len(leases) >= 6
+    def outlived_their_leases_thrice() -> bool:
+        for pipeline_id, seen in leases.items():
+            seen.add(job_row(engine, pipeline_id).lease_expires_at)
+        return time.monotonic() - claimed > 3 * 0.6 and all(len(seen) >= 6 for seen in leases.values())
 
-    threads = [threading.Thread(target=alive.execute, args=(claim,)), threading.Thread(target=look_for_lost_work)]
+    def lease_threads() -> set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if thread.name.endswith("-leases")}
+
+    others = lease_threads()  # of earlier runners, still idling
+    threads = [threading.Thread(target=alive.execute, args=(claim,)) for claim in claims]
+    threads.append(threading.Thread(target=look_for_lost_work))
     for thread in threads:
         thread.start()
     try:
-        eventually(outlived_its_lease_thrice, timeout=10, what="1.8 s of attempt, the lease renewed 5 times")
+        eventually(outlived_their_leases_thrice, timeout=10, what="1.8 s of attempts, each lease renewed 5 times")
+        assert len(lease_threads() - others) == 1
     finally:
         finish.set()
         stop.set()
@@ -543,11 +549,12 @@ def test_a_slow_but_alive_attempt_keeps_renewing_its_lease_and_is_not_stolen(eng
             thread.join(timeout=10)
 
     assert stolen == []
-    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
-    assert [(a.number, a.worker, a.outcome) for a in attempt_rows(engine, pipeline_id)] == [
-        (1, "worker-a", "succeeded")
-    ]
-    assert facts(engine, pipeline_id) == [("started", 1), ("completed", 1)]
+    for pipeline_id in pipeline_ids:
+        assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+        assert [(a.number, a.worker, a.outcome) for a in attempt_rows(engine, pipeline_id)] == [
+            (1, "worker-a", "succeeded")
+        ]
+        assert facts(engine, pipeline_id) == [("started", 1), ("completed", 1)]
 
 
 def trigger(stage: runner.StageRunner, jobs: scheduler.JobScheduler) -> str:
@@ -573,6 +580,26 @@ def test_a_trigger_with_a_free_slot_starts_its_attempt_in_its_own_transaction(en
             )
         ).scalar_one()
     assert job_row(engine, pipeline_id).created_at == attempt.started_at == started
+
+
+def test_an_attempt_that_succeeds_costs_the_scheduler_no_look_for_more_work(engine, run_scheduler):
+    """Its slot freed, nothing can be due for want of it: no transaction looks for work."""
+    stage = stage_runner(engine, succeed)
+    looks: list[float] = []
+    claim_next = stage.claim_next
+    stage.claim_next = lambda: looks.append(time.monotonic()) or claim_next()  # type: ignore[method-assign]
+    jobs = run_scheduler(stage, concurrency=2, poll_s=60)  # the scheduler's own polls out of the way
+    eventually(lambda: looks, what="the scheduler's first look")
+    eventually(jobs.reserve, what="that look done")
+    jobs.release()
+    looks.clear()
+    for _ in range(3):
+        pipeline_id = trigger(stage, jobs)
+        eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")  # noqa: B023
+        eventually(jobs.reserve, what="its slot free")
+        jobs.release()
+    time.sleep(0.2)  # a look after the last attempt would have come by now
+    assert looks == []
 
 
 def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(engine, run_scheduler):

@@ -70,9 +70,12 @@ RETURNING {JOB_COLUMNS}
 
 OPEN_ATTEMPT = "INSERT INTO attempts (job_id, number, worker, outcome) VALUES (%s, %s, %s, 'running')"
 
-RENEW_LEASE = """
+# The leases of these claims (job id and version) that are still current, extended; their job ids.
+RENEW_LEASES = """
 UPDATE jobs SET lease_expires_at = now() + make_interval(secs => %s)
-WHERE id = %s AND version = %s AND status = 'RUNNING'
+FROM unnest(%s::uuid[], %s::int[]) AS claim(id, version)
+WHERE jobs.id = claim.id AND jobs.version = claim.version AND jobs.status = 'RUNNING'
+RETURNING jobs.id
 """
 
 # Move a RUNNING job on and end its attempt, only if the claim is still the current one (CAS on version);
@@ -330,9 +333,10 @@ def _any_due(conn: sa.Connection, statuses: frozenset[machine.Status]) -> bool:
     return conn.execute(sa.select(due.exists())).scalar_one()
 
 
-def renew_lease(conn: sa.Connection, job: Job, lease_s: float) -> bool:
-    """Heartbeat: extend the lease while this claim is still the current one."""
-    return db.run(conn, RENEW_LEASE, (lease_s, job.id, job.version)).rowcount == 1
+def renew_leases(conn: sa.Connection, claimed: Collection[Job], lease_s: float) -> set[uuid.UUID]:
+    """Heartbeat: extend the lease of each of these claims that is still the current one; their job ids."""
+    params = (lease_s, [job.id for job in claimed], [job.version for job in claimed])
+    return {row.id for row in db.run(conn, RENEW_LEASES, params)}
 
 
 def expired_leases(conn: sa.Connection, limit: int, exclude: Collection[uuid.UUID] = ()) -> list[Job]:

@@ -162,6 +162,7 @@ class StageRunner:
         self.rng = rng or random.Random()
         self.metrics = metrics or metrics_.StageMetrics(metrics_.registry(), stage.value, OWN_CODES)
         self._active: dict[uuid.UUID, cancellation.Cancellation] = {}
+        self._leases = _Leases(engine, limits.lease_s, stage.value)
         self._lock = threading.Lock()
         self._interrupted = threading.Event()  # the service is stopping: running attempts were cancelled
         self._give_up = threading.Event()  # stop trying to record outcomes through an outage
@@ -316,10 +317,12 @@ class StageRunner:
                 self._emit(conn, job, "started", events.StageStarted, started_at=_now(), worker=self.worker_id)
         return Claim(job, span)
 
-    def execute(self, claim: Claim) -> None:
+    def execute(self, claim: Claim) -> bool:
         """Run the claimed attempt and record its outcome. Returns once its work has stopped (so a
-        slot of the scheduler is never given to a new attempt while an old one still runs)."""
+        slot of the scheduler is never given to a new attempt while an old one still runs): True if
+        its job succeeded (nothing of it is due any more)."""
         job = claim.job
+        succeeded = False
         cancel = cancellation.Cancellation()
         with self._lock:
             self._active[job.id] = cancel
@@ -329,22 +332,21 @@ class StageRunner:
                     log.debug("%s attempt %d: polling %s", self.stage.value, job.attempts, job.handle)
                 else:
                     log.info("%s attempt %d started", self.stage.value, job.attempts)
-                heartbeat = _Heartbeat(
-                    self.engine, job, self.limits.lease_s, lambda: cancel.cancel(cancellation.Reason.SUPERSEDED)
-                )
-                heartbeat.start()
+                self._leases.hold(job, lambda: cancel.cancel(cancellation.Reason.SUPERSEDED))
                 try:
                     worker, result = self._start_work(job, cancel)
                     ended = self._supervise(worker, cancel)
                     outcome = self._outcome(job, result, cancel, ended)
                     if outcome is not None and self._record(job, outcome):
                         self._count(outcome, job.polling, claim.attempt_s())
+                        succeeded = isinstance(outcome, Succeeded)
                 finally:
-                    heartbeat.stop()
+                    self._leases.release(job.id)
                 self._wait_until_stopped(worker, job)
         finally:
             with self._lock:
                 self._active.pop(job.id, None)
+        return succeeded
 
     def recover_expired_leases(self, limit: int = 20) -> int:
         """Jobs whose worker stopped renewing its lease: the attempt is handed back, not counted."""
@@ -599,39 +601,55 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-class _Heartbeat:
-    """Renews the job's lease every third of its length until stopped; calls `on_lost` if the claim is lost."""
+class _Leases:
+    """The heartbeat of the attempts this process runs: their leases renewed every third of a lease, all in one
+    transaction, by one thread (started with the first attempt, ended by a turn that found none). An attempt
+    whose claim turns out to be lost (its lease was taken over, its job moved on) is told by its `on_lost`."""
 
-    def __init__(self, engine: sa.Engine, job: repository.Job, lease_s: float, on_lost: Callable[[], None]) -> None:
+    def __init__(self, engine: sa.Engine, lease_s: float, name: str) -> None:
         self.engine = engine
-        self.job = job
         self.lease_s = lease_s
-        self.on_lost = on_lost
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{job.id}", daemon=True)
+        self.name = name
+        self._held: dict[uuid.UUID, tuple[repository.Job, Callable[[], None]]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread.start()
+    def hold(self, job: repository.Job, on_lost: Callable[[], None]) -> None:
+        """Renew this claim's lease from now on, until `release`."""
+        with self._lock:
+            self._held[job.id] = (job, on_lost)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"{self.name}-leases", daemon=True)
+                self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+    def release(self, job_id: uuid.UUID) -> None:
+        with self._lock:
+            self._held.pop(job_id, None)
 
     def _loop(self) -> None:
         failures = 0
-        while not self._stop.wait(self.lease_s / 3):
+        while True:
+            time.sleep(self.lease_s / 3)
+            with self._lock:
+                held = dict(self._held)
+                if not held:
+                    self._thread = None  # the next `hold` starts another
+                    return
             try:
                 with db.transaction(self.engine) as conn:
-                    renewed = repository.renew_lease(conn, self.job, self.lease_s)
+                    renewed = repository.renew_leases(conn, [job for job, _ in held.values()], self.lease_s)
             except Exception as error:
                 if not outages.is_outage(error):
-                    log.exception("heartbeat of job %s failed; trying again", self.job.id)
+                    log.exception("heartbeat of %d attempts failed; trying again", len(held))
                 elif failures % outages.LOG_EVERY == 0:
-                    log.warning("heartbeat of job %s: outage (%s); trying again", self.job.id, redact.describe(error))
+                    log.warning("heartbeat: outage (%s); trying again", redact.describe(error))
                 failures += 1
                 continue
             failures = 0
-            if not renewed:
-                log.warning("claim of job %s lost: its lease was taken over or the job moved on", self.job.id)
-                self.on_lost()
-                return
+            for job_id, (_, on_lost) in held.items():
+                if job_id not in renewed:
+                    with self._lock:
+                        still_held = self._held.pop(job_id, None) is not None
+                    if still_held:  # not an attempt that was recorded meanwhile
+                        log.warning("claim of job %s lost: its lease was taken over or the job moved on", job_id)
+                        on_lost()

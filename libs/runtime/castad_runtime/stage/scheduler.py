@@ -2,7 +2,9 @@
 
 Jobs are claimed from the database only when a slot of the local pool is free, so
 nothing waits in worker memory: a due retry stays a row with `due_at` until a slot
-takes it. Handlers call `wake()` after committing a new job for a prompt start;
+takes it. Handlers call `wake()` after committing a new job for a prompt start; a
+freed slot wakes it only if the last look left due work for want of a slot, or if the
+attempt that held it did not succeed (its job may be due again at once);
 `poll_s` bounds how late a retry or an expired lease is noticed. Expired leases are
 looked for once per `poll_s`, not on every wake-up: a wake-up is about new work, and
 a look costs a transaction. While the database is out, the loop backs off.
@@ -67,7 +69,7 @@ class JobScheduler:
         """Give back a reserved slot that nothing was claimed for (the scheduler may have wanted it)."""
         self._slots.release()
         self._done()
-        self._wake.set()
+        self._look_if_backlog()
 
     def run_claimed(self, claim: runner_.Claim) -> None:
         """Run an attempt claimed into a reserved slot; handed back at once (not counted) if the scheduler
@@ -141,13 +143,24 @@ class JobScheduler:
             self._pool.submit(self._run, claim)
 
     def _run(self, claim: runner_.Claim) -> None:
+        done = False
         try:
-            self.runner.execute(claim)
+            done = self.runner.execute(claim)
         except Exception:
             log.exception("attempt of job %s could not be recorded; its lease will expire", claim.job.id)
         finally:
             self._slots.release()
             self._done()
+            if done:
+                self._look_if_backlog()
+            else:  # its job may be due again at once
+                self._wake.set()
+
+    def _look_if_backlog(self) -> None:
+        """A slot was just freed: look for due work only if the last look left some for want of a slot. (A
+        look costs a transaction; new work wakes the scheduler itself.) The slot is freed before this reads
+        `_backlog`, and a look sets `_backlog` before it takes a slot, so no due job is left unseen."""
+        if self._backlog:
             self._wake.set()
 
     def _done(self) -> None:
