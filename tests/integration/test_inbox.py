@@ -111,6 +111,40 @@ def test_the_inbox_says_first_delivery_once_per_event_id(engines):
     assert count(engine, tables.outbox, tables.outbox.c.pipeline_id == env.subject) == 2
 
 
+def test_a_step_read_first_sees_what_it_read_once_and_a_duplicate_only_reads(engines):
+    """once_read_first: the step gets what `read` found; a duplicate runs `read` but not the step."""
+    engine = engines["lyric"]
+    env = requested_envelope()
+    steps: list[int] = []
+
+    def read(conn: sa.Connection) -> int:
+        return db.run(conn, "SELECT count(*) AS n FROM outbox WHERE pipeline_id = %s", (env.subject,)).fetchone().n
+
+    def step(conn: sa.Connection, found: int) -> int:
+        outbox.add(conn, lyric_started(env.subject, 1), "lyric.started", "/castad/lyric")
+        steps.append(found)
+        return found + 1
+
+    assert inbox.once_read_first(engine, env, read, step) == 1
+    assert inbox.once_read_first(engine, env, read, step) is None
+    assert steps == [0]
+    assert count(engine, tables.outbox, tables.outbox.c.pipeline_id == env.subject) == 1
+
+
+def test_a_sqlalchemy_statement_in_a_pipelined_block_is_refused_and_nothing_is_kept(engines):
+    """SQLAlchemy would read a rowcount or rows that pipeline mode has not received yet: refused loudly, and
+    the transaction (the inbox row with it) rolled back, so that the event is handled again."""
+    engine = engines["lyric"]
+    env = requested_envelope()
+
+    def step(conn: sa.Connection, found: None) -> None:
+        conn.execute(tables.jobs.update().where(tables.jobs.c.pipeline_id == env.subject).values(attempts=1))
+
+    with pytest.raises(RuntimeError, match="pipelined"):
+        inbox.once_read_first(engine, env, lambda conn: None, step)
+    assert count(engine, tables.inbox, tables.inbox.c.event_id == env.id) == 0
+
+
 def publish_twice(amqp, installation, env: envelope.Envelope) -> None:
     body = env.to_json()
     for _ in range(2):

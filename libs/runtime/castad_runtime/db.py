@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg import rows
+from psycopg import pq, rows
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,15 @@ def make_engine(url: str, pool_size: int = 5, *, pre_ping: bool = True) -> sa.En
         url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600, pool_pre_ping=pre_ping
     )
     sa.event.listen(engine, "checkout", _known_broken)
+    sa.event.listen(engine, "before_cursor_execute", _not_pipelined)
     return engine
+
+
+def _not_pipelined(conn: sa.Connection, cursor: Any, statement: str, *args: Any) -> None:
+    """SQLAlchemy reads a statement's answer (rows, rowcount) as soon as it ran, which `pipelined` gives later."""
+    driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+    if driver.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        raise RuntimeError(f"a SQLAlchemy statement in a pipelined block (use db.run): {statement[:80]}")
 
 
 def _known_broken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -48,6 +56,17 @@ def run(conn: sa.Connection, statement: str, params: Any = None) -> psycopg.Curs
     commits it); on a plain `engine.connect()`, read only: SQLAlchemy rolls back what it does not know of."""
     driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
     return driver.cursor(row_factory=rows.namedtuple_row).execute(statement, params)
+
+
+@contextlib.contextmanager
+def pipelined(conn: sa.Connection) -> Iterator[None]:
+    """Inside, the statements `run` runs go to the server without waiting for each one's answer (psycopg's
+    pipeline mode): an answer is waited for when its rows are read, and all of them when the block ends, which
+    raises the first error. Several statements in a row then cost one round trip. Only `run` inside: SQLAlchemy
+    expects each statement's answer at once, and its statements are refused there."""
+    driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+    with driver.pipeline():
+        yield
 
 
 def seconds_from_now(seconds: float) -> sa.ColumnElement[dt.datetime]:

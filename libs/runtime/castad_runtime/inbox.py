@@ -11,6 +11,7 @@ from castad_contracts import envelope as envelope_
 from castad_runtime import db, tables
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 RECORD = """
@@ -36,6 +37,27 @@ def once(
     with db.transaction(engine) as conn:
         if first_delivery(conn, env):
             return step(conn)
+        if seen_again is not None:
+            db.after_commit(conn, lambda: seen_again(env.type))
+        return None
+
+
+def once_read_first(
+    engine: sa.Engine,
+    env: envelope_.Envelope,
+    read: Callable[[sa.Connection], R],
+    step: Callable[[sa.Connection, R], T],
+    seen_again: Callable[[str], None] | None = None,
+) -> T | None:
+    """`once` for a step that first reads or locks what it changes (`read`, which must change nothing: it runs
+    for a duplicate too): the inbox row goes to the server with `read`'s statements, and the step's own
+    statements go together, each lot in one round trip (`db.pipelined`). What `step(conn, what read returned)`
+    returns; None for a duplicate."""
+    with db.transaction(engine) as conn, db.pipelined(conn):
+        recorded = db.run(conn, RECORD, (env.id, env.type, env.subject))
+        found = read(conn)
+        if recorded.fetchone() is not None:
+            return step(conn, found)
         if seen_again is not None:
             db.after_commit(conn, lambda: seen_again(env.type))
         return None

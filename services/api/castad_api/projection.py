@@ -27,17 +27,26 @@ log = logging.getLogger(__name__)
 def apply(
     engine: sa.Engine, env: envelope_.Envelope, payload: events.Payload, measured: metrics.GatewayMetrics | None = None
 ) -> None:
-    """Project a stage event, once (its inbox row); counted in `measured` once committed."""
+    """Project a stage event, once (its inbox row); counted in `measured` once committed. Three round trips: the
+    inbox row with the pipeline's lock and stages, the writes, the commit."""
     measured = measured or metrics.GatewayMetrics()
-    outcome = inbox.once(engine, env, lambda conn: _apply(conn, env, payload), measured.consumer.duplicate)
+    pipeline_id = uuid.UUID(payload.pipeline_id)
+    outcome = inbox.once_read_first(
+        engine,
+        env,
+        lambda conn: repository.lock_projected(conn, pipeline_id),
+        lambda conn, projected: _apply(conn, env, payload, projected),
+        measured.consumer.duplicate,
+    )
     if outcome is not None:
         measured.projected.labels(env.type, outcome).inc()
 
 
-def _apply(conn: sa.Connection, env: envelope_.Envelope, payload: events.Payload) -> str:
-    """What became of the event (metrics.APPLIED, ...)."""
+def _apply(
+    conn: sa.Connection, env: envelope_.Envelope, payload: events.Payload, projected: repository.Projected | None
+) -> str:
+    """What became of the event (metrics.APPLIED, ...), given its pipeline, locked, and its stages."""
     pipeline_id = uuid.UUID(payload.pipeline_id)
-    projected = repository.lock_projected(conn, pipeline_id)
     if projected is None:
         log.warning("event %s for a pipeline this gateway never accepted", env.type)
         return metrics.UNKNOWN_PIPELINE

@@ -449,12 +449,14 @@ class Projected:
 
 
 def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
-    """The pipeline, locked, with its stages."""
-    row = db.run(conn, _LOCK_PROJECTED, (pipeline_id,)).fetchone()
+    """The pipeline, locked, with its stages (both statements sent before either answer is read: one round trip
+    in `db.pipelined`)."""
+    locked = db.run(conn, _LOCK_PROJECTED, (pipeline_id,))
+    stages = db.run(conn, _PROJECTED_STAGES, (pipeline_id,))
+    row = locked.fetchone()
     if row is None:
         return None
-    stages = db.run(conn, _PROJECTED_STAGES, (pipeline_id,)).fetchall()
-    return Projected(row, {events.Stage(stage.stage): stage._asdict() for stage in stages})
+    return Projected(row, {events.Stage(stage.stage): stage._asdict() for stage in stages.fetchall()})
 
 
 _CANCELED = model.AttemptOutcome.CANCELED.value

@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from castad_contracts import api, events
 from castad_runtime import backoff, db, outages, redact
 from castad_runtime.stage import cancellation, http
+from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from castad_api import model
@@ -79,6 +80,9 @@ def refusal(url: str, config: ApiSettings) -> str | None:
     return None if _public(address) else "must not point at a private, loopback or link-local address"
 
 
+_ENQUEUE = "INSERT INTO webhook_deliveries (id, pipeline_id, url, event_type, payload) VALUES (%s, %s, %s, %s, %s)"
+
+
 def enqueue(
     conn: sa.Connection, pipeline: Any, status: model.PipelineStatus, error_code: str | None, artifacts: dict[str, Any]
 ) -> None:
@@ -99,11 +103,7 @@ def enqueue(
         "links": {"self": f"/v1/pipelines/{pipeline_id}"},
     }
     payload = {"type": ended, "timestamp": dt.datetime.now(dt.UTC).isoformat(), "data": data}
-    conn.execute(
-        webhook_deliveries.insert().values(
-            id=uuid.uuid4(), pipeline_id=pipeline.id, url=url, event_type=ended, payload=payload
-        )
-    )
+    db.run(conn, _ENQUEUE, (uuid.uuid4(), pipeline.id, url, ended, Jsonb(payload)))  # in the projection's pipeline
 
 
 def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
