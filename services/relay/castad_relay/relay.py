@@ -8,12 +8,14 @@ whole server); it drains then, whenever a writer's NOTIFY arrives, when a backin
 row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
 
 A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
-pipeline kept) and marks the confirmed ones published. A row the broker refuses (no
-queue bound to its routing key, nacked, too large) backs off on its own, exponentially,
-and after `max_publish_attempts` refusals is parked with its reason for an operator to
-republish (`castad_runtime.outbox.republish`, through the gateway's dead letters: the relay
-puts a notice of it in the dead-letter queue first); meanwhile it holds back only the later
-rows of its own pipeline, and every other pipeline flows on. Trouble with the broker
+pipeline kept) and marks the confirmed ones published, without waiting for that mark's
+WAL flush (a mark lost to a crash only sends its rows again: duplicates, which inboxes
+drop). A row the broker refuses (no queue bound to its routing key, nacked, too large)
+backs off on its own, exponentially, and after `max_publish_attempts` refusals is parked
+with its reason for an operator to republish (`castad_runtime.outbox.republish`, through
+the gateway's dead letters: the relay puts a notice of it in the dead-letter queue
+first); meanwhile it holds back only the later rows of its own pipeline, and every other
+pipeline flows on. Trouble with the broker
 connection charges no row: rows wait, the relay reconnects and carries on.
 """
 
@@ -102,6 +104,7 @@ class SourceRelay:
             await psycopg.AsyncConnection.connect(self.url, autocommit=True) as listener,
             await psycopg.AsyncConnection.connect(self.url, autocommit=True) as worker,
         ):
+            await worker.execute(statements.LAZY_COMMITS)
             log.info("relay %s: waiting for leadership", self.name)
             await worker.execute(statements.LOCK_LEADERSHIP, (LOCK_KEY,))
             log.info("relay %s: leading", self.name)
@@ -177,7 +180,11 @@ class SourceRelay:
         # Parked only once the operators were told (a notice in the dead-letter queue, which the gateway
         # records); if that fails, the row is tried again and the notice with it.
         park = tries >= self.config.max_publish_attempts and await self._tell_operators(row, tries, reason)
-        await conn.execute(statements.REFUSED, {"id": row["id"], "reason": reason, "delay_s": delay_s, "park": park})
+        async with conn.transaction():
+            await conn.execute(statements.DURABLY)
+            await conn.execute(
+                statements.REFUSED, {"id": row["id"], "reason": reason, "delay_s": delay_s, "park": park}
+            )
         if park:
             self.parked += 1
             log.error(

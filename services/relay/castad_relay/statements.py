@@ -31,7 +31,14 @@ LIMIT %s
 
 MARK_PUBLISHED = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
 
-# One refusal more: back off, or park (once the tries are used up and the operators were told).
+# For the relay's own session: its commits do not wait for their WAL flush. A mark lost to a crash of the
+# database only sends its rows again, which every consumer's inbox takes as duplicates; nothing else the
+# session writes may be lost (`DURABLY`).
+LAZY_COMMITS = "SET synchronous_commit TO off"
+DURABLY = "SET LOCAL synchronous_commit TO on"
+
+# One refusal more: back off, or park (once the tries are used up and the operators were told). Committed
+# `DURABLY`: a park that a crash undid would tell the operators a second time.
 REFUSED = """
 UPDATE outbox
 SET publish_attempts = publish_attempts + 1,
