@@ -63,7 +63,9 @@ def in_order(seen: list[Any], full: list[Any]) -> bool:
 
     The gateway's projection drops an event that arrives after a later one of the same stage
     (its consumer threads may take them out of order), so an event stream shows a stage's
-    facts in order but not always all of them; the stage's own outbox has every one.
+    facts in order but not always all of them; the stage's own outbox has every one. Facts of
+    different stages may come in any order (the next stage may tell of its start before the
+    previous one's end is applied): compare one stage's at a time.
     """
     remaining = iter(full)
     return all(any(item == candidate for candidate in remaining) for item in seen)
