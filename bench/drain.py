@@ -37,6 +37,8 @@ from pamqp import commands as spec
 from bench import common, cpu
 
 ROUTING_KEY = events.stage_event(events.Stage.LYRIC, "started")
+# Whether any row is left to publish (nothing is parked in this part).
+LEFT = "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)"
 
 
 class Drain:
@@ -124,8 +126,10 @@ class Drain:
             with psycopg.connect(common.dsn(self.url), autocommit=True) as conn:
                 deadline = time.monotonic() + timeout_s
                 while True:
-                    row = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()
-                    if row is not None and row[0] == 0:
+                    # One look in the relay's own partial index (a count, or a filter it does not match,
+                    # would read the whole table 20 times a second beside the relay it measures).
+                    left = conn.execute(LEFT).fetchone()
+                    if left is not None and not left[0]:
                         break
                     if process.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"the relay did not drain the backlog; log in {self.log}")
