@@ -46,11 +46,11 @@ def _apply(
     conn: sa.Connection, env: envelope_.Envelope, payload: events.Payload, projected: repository.Projected | None
 ) -> str:
     """What became of the event (metrics.APPLIED, ...), given its pipeline, locked, and its stages."""
-    pipeline_id = uuid.UUID(payload.pipeline_id)
     if projected is None:
         log.warning("event %s for a pipeline this gateway never accepted", env.type)
         return metrics.UNKNOWN_PIPELINE
     pipeline = projected.pipeline
+    pipeline_id = pipeline.id
     stage, fact = model.split_type(env.type)
     attempt = int(getattr(payload, "attempt", 0))
     change = model.attempt_change(fact, payload, env.time)

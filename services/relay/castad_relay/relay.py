@@ -15,8 +15,8 @@ backs off on its own, exponentially, and after `max_publish_attempts` refusals i
 with its reason for an operator to republish (`castad_runtime.outbox.republish`, through
 the gateway's dead letters: the relay puts a notice of it in the dead-letter queue
 first); meanwhile it holds back only the later rows of its own pipeline, and every other
-pipeline flows on. Trouble with the broker
-connection charges no row: rows wait, the relay reconnects and carries on.
+pipeline flows on. Trouble with the broker connection charges no row: rows wait, the relay
+reconnects and carries on.
 """
 
 from __future__ import annotations
