@@ -39,8 +39,10 @@ class Projection:
         self.engine = engine
         self.applied: list[envelope.Envelope] = []
 
-    def create(self, customer: str = "Cafe Blue", tenant: str = "tests", region: str = "Busan") -> str:
-        body = api.PipelineRequest(customer_name=customer, region=region)
+    def create(
+        self, customer: str = "Cafe Blue", tenant: str = "tests", region: str = "Busan", callback_url: str | None = None
+    ) -> str:
+        body = api.PipelineRequest(customer_name=customer, region=region, callback_url=callback_url)
         with db.transaction(self.engine) as conn:
             return str(operations.create(conn, body, tenant, str(uuid.uuid4()), 7200).pipeline_id)
 

@@ -143,6 +143,42 @@ def test_entries_are_shown_by_when_they_happened_whichever_the_gateway_learned_f
     assert [e["event_type"] for e in rest["entries"]] == ["lyric.completed"] and rest["next_after"] is None
 
 
+def test_a_failure_that_overtook_the_completion_before_it_ends_the_pipeline_only_once_that_is_in(
+    gateway, api, installation, engines
+):
+    pipeline_id = gateway.create(callback_url="https://hooks.example.com/castad")
+    t0 = ago(minutes=1)
+    gateway.event(pipeline_id, LYRIC, "started", 1, t0)
+    # The song's start and its failure both overtook the lyrics' end on their way to the gateway.
+    gateway.event(pipeline_id, SONG, "started", 1, t0 + dt.timedelta(seconds=3))
+    gateway.event(pipeline_id, SONG, "failed", 1, t0 + dt.timedelta(seconds=4), code="injected_fault")
+    http = api().client(installation.api_key)
+
+    def deliveries() -> list[dict]:
+        with engines["api"].connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT payload FROM webhook_deliveries WHERE pipeline_id = :id"), {"id": pipeline_id}
+            )
+            return [row.payload for row in rows]
+
+    view = http.get(f"/v1/pipelines/{pipeline_id}").json()
+    assert (view["status"], view["finished_at"]) == ("RUNNING", None) and deliveries() == []
+
+    gateway.event(pipeline_id, LYRIC, "completed", 1, t0 + dt.timedelta(seconds=2))
+
+    view = http.get(f"/v1/pipelines/{pipeline_id}").json()
+    assert (view["status"], view["error_code"]) == ("FAILED", "injected_fault") and view["finished_at"]
+    entries = http.get(f"/v1/pipelines/{pipeline_id}/timeline").json()["entries"]
+    by_seq = sorted(entries, key=lambda e: e["seq"])
+    assert [e["pipeline_status"] for e in by_seq] == ["PENDING", "RUNNING", "RUNNING", "RUNNING", "FAILED"]
+    end = by_seq[-1]  # what a stream shows last: the lyrics' end, which ends the pipeline, with its error
+    assert end["event_type"] == "lyric.completed"
+    assert end["error"] == {"code": "injected_fault", "message": "injected_fault for good"}
+    [notice] = deliveries()
+    assert (notice["type"], notice["data"]["error_code"]) == ("pipeline.failed", "injected_fault")
+    assert set(notice["data"]["artifacts"]) == {"lyric"}
+
+
 def test_an_attempt_is_told_whole_whatever_order_its_events_come_in_and_once_however_often(gateway, engines):
     engine = engines["api"]
     pipeline_id = gateway.create()

@@ -44,6 +44,12 @@ def test_any_terminal_fact_outranks_every_later_attempts_progress():
             PipelineStatus.RUNNING,
         ),
         ({LYRIC: StageStatus.SUCCEEDED, VIDEO: StageStatus.SUCCEEDED}, PipelineStatus.RUNNING),
+        # The song's failure overtook the lyrics' completion: the pipeline ends once that is in too.
+        ({LYRIC: StageStatus.RUNNING, SONG: StageStatus.FAILED}, PipelineStatus.RUNNING),
+        ({SONG: StageStatus.FAILED}, PipelineStatus.RUNNING),
+        ({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.RUNNING, VIDEO: StageStatus.FAILED}, PipelineStatus.RUNNING),
+        ({LYRIC: StageStatus.SUCCEEDED, SONG: StageStatus.SUCCEEDED, VIDEO: StageStatus.FAILED}, PipelineStatus.FAILED),
+        ({LYRIC: StageStatus.FAILED}, PipelineStatus.FAILED),
     ],
 )
 def test_the_pipeline_status_follows_its_stages(stages, expected):
@@ -107,6 +113,8 @@ def test_the_final_sse_data_carries_the_artifact_links():
         ),
         # A failure committed before the cancel reached its stage: the pipeline failed.
         ({LYRIC: StageStatus.FAILED, SONG: StageStatus.CANCELED}, PipelineStatus.FAILED),
+        # ... once the stages before it are known to have succeeded.
+        ({LYRIC: StageStatus.RUNNING, SONG: StageStatus.FAILED}, PipelineStatus.CANCELING),
         # The last stage completed before its cancel came: the cancel lost the race.
         (dict.fromkeys(events.STAGE_ORDER, StageStatus.SUCCEEDED), PipelineStatus.SUCCEEDED),
     ],

@@ -147,8 +147,13 @@ def split_type(event_type: str) -> tuple[events.Stage, str]:
 
 def pipeline_status(stage_status: dict[events.Stage, StageStatus], cancel_pending: bool = False) -> PipelineStatus:
     """A failure is the pipeline's whatever else happens (it committed before any cancel reached its
-    stage); a pending cancel ends it CANCELED once every stage has answered (ended one way or another)."""
-    if StageStatus.FAILED in stage_status.values():
+    stage); a pending cancel ends it CANCELED once every stage has answered (ended one way or another).
+
+    A pipeline ends only with every artifact it made known: a stage runs only once the one before it
+    completed, but the gateway may project a stage's failure before that completion, and then it waits
+    for it (a webhook and a stream's last entry carry the artifacts of the end)."""
+    failed = next((stage for stage in events.STAGE_ORDER if stage_status.get(stage) is StageStatus.FAILED), None)
+    if failed is not None and _succeeded_before(stage_status, failed):
         return PipelineStatus.FAILED
     # Every stage, not just the last: the gateway may project video.completed before a
     # retried song.completed, and a pipeline is done only with all its artifacts known.
@@ -160,6 +165,11 @@ def pipeline_status(stage_status: dict[events.Stage, StageStatus], cancel_pendin
     if stage_status:
         return PipelineStatus.RUNNING
     return PipelineStatus.PENDING
+
+
+def _succeeded_before(stage_status: dict[events.Stage, StageStatus], stage: events.Stage) -> bool:
+    earlier = events.STAGE_ORDER[: events.STAGE_ORDER.index(stage)]
+    return all(stage_status.get(before) is StageStatus.SUCCEEDED for before in earlier)
 
 
 def resume_stage(stage_status: dict[events.Stage, StageStatus]) -> events.Stage:

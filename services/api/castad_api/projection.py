@@ -91,6 +91,8 @@ def record(
     changes: dict[str, Any] = {"status": status.value, "progress": percent, "current_stage": current and current.value}
     if isinstance(payload, events.StageFailed):
         changes.update(error_code=payload.error_code, error_message=payload.error_message)
+    elif status is model.PipelineStatus.FAILED:  # the failure came first (model.pipeline_status): this ends it
+        details.setdefault("error", {"code": pipeline.error_code, "message": pipeline.error_message})
     if status is model.PipelineStatus.CANCELED:
         code = model.DEADLINE_EXCEEDED if pipeline.cancel_reason == model.DEADLINE_EXCEEDED else "canceled"
         changes.update(error_code=code, error_message=pipeline.cancel_reason)

@@ -416,7 +416,7 @@ VALUES (%s, %s, %s, %s, coalesce(%s, now()))
 # -- The projection's hot path, as plain SQL (castad_runtime.db.run): a few statements per event ------------
 
 _LOCK_PROJECTED = """
-SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, callback_url
+SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url
 FROM pipelines WHERE id = %s FOR UPDATE
 """
 # Read once the pipeline is locked, by a statement of its own: a statement that waited for the lock still
@@ -432,7 +432,9 @@ WHERE pipeline_id = %s
 class Projected:
     """A pipeline locked for its projection, with what its stages have applied so far."""
 
-    pipeline: Any  # the row: id, status, operations, cancel_requested_at, cancel_reason, error_code, callback_url
+    pipeline: (
+        Any  # the row: id, status, operations, cancel_requested_at, cancel_reason, error_code and message, callback_url
+    )
     stages: dict[events.Stage, dict[str, Any]]
 
     def applied(self, stage: events.Stage) -> model.Applied | None:
