@@ -170,7 +170,21 @@ idle) than Castad did.
 - Tried and dropped: whole transactions in pipeline mode, BEGIN and COMMIT included. A stage's trigger
   and success waited for an answer after almost every statement, so pipeline mode only added its own
   work: per job 1.34-1.43 ms of process CPU before, 1.56-1.64 after (four runs each). The projection
-  gained nothing more from it (0.85 against 0.84 ms per event)."""
+  gained nothing more from it (0.85 against 0.84 ms per event).
+
+Step 5 (2026-11-25, the same machine, busier than before: the code of step 4 gave 45.9 ms idle end to end
+in the morning's first run and 50.8 to 62.9 ms in six runs later on).
+
+- Tried and dropped: a stage's trigger sending its inbox row, the job's acceptance and its claim (the
+  attempt opened by the same statement) before reading any answer, and its success sending the
+  compare-and-set with its `completed` event (rolled back if the job had moved on): four round trips
+  fewer on the trigger and one on the success, the transactions' own BEGIN and COMMIT left as they were.
+  In `bench.alone stage` (500 jobs a round, alternating with the code before, twice each) a job took
+  1.53 and 1.67 ms of process CPU against 1.57 and 1.69, 0.90 and 0.98 ms of PostgreSQL against 0.94
+  and 1.04, 2.59 and 2.86 ms of wall time against 2.73 and 2.94. In the whole installation nothing moved
+  beyond the spread of runs: idle end to end p50 61.5 and 55.8 ms against 55.4 and 62.9 (300 idle
+  pipelines a run, alternating), 34.9 and 34.0 pipelines/s against 29.7 and 34.9. About 0.1 ms per job
+  was not worth a speculative write in both of a stage's transactions."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:

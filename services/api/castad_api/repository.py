@@ -432,9 +432,8 @@ WHERE pipeline_id = %s
 class Projected:
     """A pipeline locked for its projection, with what its stages have applied so far."""
 
-    pipeline: (
-        Any  # the row: id, status, operations, cancel_requested_at, cancel_reason, error_code and message, callback_url
-    )
+    # The row: id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url.
+    pipeline: Any
     stages: dict[events.Stage, dict[str, Any]]
 
     def applied(self, stage: events.Stage) -> model.Applied | None:
