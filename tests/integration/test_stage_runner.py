@@ -602,6 +602,30 @@ def test_an_attempt_that_succeeds_costs_the_scheduler_no_look_for_more_work(engi
     assert looks == []
 
 
+def test_with_work_waiting_for_a_slot_each_next_job_is_claimed_by_the_transaction_recording_the_last(
+    engine, run_scheduler
+):
+    """No transaction of its own claims a job that waited for a slot: each next attempt starts at the
+    transaction time of its predecessor's end (the same commit), and the scheduler looks only once
+    more, when the backlog has run dry."""
+    stage = stage_runner(engine, succeed)
+    pipeline_ids = [add_job(stage) for _ in range(4)]
+    looks: list[float] = []
+    claim_next = stage.claim_next
+    stage.claim_next = lambda: looks.append(time.monotonic()) or claim_next()  # type: ignore[method-assign]
+    jobs = run_scheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
+    for pipeline_id in pipeline_ids:
+        eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")  # noqa: B023
+    attempts = [attempt for pipeline_id in pipeline_ids for attempt in attempt_rows(engine, pipeline_id)]
+    assert len(attempts) == 4
+    ended = sorted(attempts, key=lambda attempt: attempt.started_at)
+    for earlier, later in zip(ended, ended[1:], strict=False):
+        assert later.started_at == earlier.finished_at
+    eventually(jobs.reserve, what="the slot free again")
+    jobs.release()
+    assert len(looks) == 2  # the first look (which took the first job), and one that found the backlog gone
+
+
 def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(engine, run_scheduler):
     release = threading.Event()
 

@@ -109,6 +109,14 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
+class Ran:
+    """What `StageRunner.execute` came to."""
+
+    succeeded: bool  # the job succeeded: nothing of it is due any more
+    next: Claim | None = None  # claimed for the same slot by the transaction that recorded the outcome
+
+
+@dataclasses.dataclass(frozen=True)
 class Succeeded:
     output: Output
 
@@ -275,14 +283,19 @@ class StageRunner:
 
     def claim_next(self) -> Claim | None:
         with db.transaction(self.engine) as conn:
-            job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider)
-            if isinstance(job, repository.QuotaWait):
-                assert self.provider is not None
-                self.metrics.quota_wait(self.provider, job.reason)
-                return None
-            if job is None:
-                return None
-            return self._claimed(conn, job)
+            return self._claim_next_in(conn)
+
+    def _claim_next_in(self, conn: sa.Connection) -> Claim | None:
+        """The most overdue claimable job, claimed in the caller's transaction (see `claim_accepted` on a
+        transaction that does not commit)."""
+        job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider)
+        if isinstance(job, repository.QuotaWait):
+            assert self.provider is not None
+            self.metrics.quota_wait(self.provider, job.reason)
+            return None
+        if job is None:
+            return None
+        return self._claimed(conn, job)
 
     def claim_accepted(self, conn: sa.Connection, pipeline_id: str) -> Claim | None:
         """In the trigger's transaction, once `accept` made its job due: claim it at once (not when a provider's
@@ -302,7 +315,7 @@ class StageRunner:
         """A claim whose attempt will not run here: handed back at once (outcome interrupted, not counted)."""
         with trace.use_span(claim.span, end_on_exit=True):
             back = HandedBack("worker_stopped", why)
-            if self._record(claim.job, back):
+            if self._record(claim.job, back)[0]:
                 self._count(back, claim.job.polling, 0.0)
 
     def _claimed(self, conn: sa.Connection, job: repository.Job) -> Claim:
@@ -317,12 +330,16 @@ class StageRunner:
                 self._emit(conn, job, "started", events.StageStarted, started_at=_now(), worker=self.worker_id)
         return Claim(job, span)
 
-    def execute(self, claim: Claim) -> bool:
+    def execute(self, claim: Claim, claim_next: Callable[[], bool] = lambda: False) -> Ran:
         """Run the claimed attempt and record its outcome. Returns once its work has stopped (so a
-        slot of the scheduler is never given to a new attempt while an old one still runs): True if
-        its job succeeded (nothing of it is due any more)."""
+        slot of the scheduler is never given to a new attempt while an old one still runs).
+
+        `claim_next()` says whether to look for more work: if it does once the work has stopped, the
+        transaction that records the outcome also claims the most overdue job for this slot (`Ran.next`),
+        sparing that claim a transaction of its own."""
         job = claim.job
         succeeded = False
+        following: Claim | None = None
         cancel = cancellation.Cancellation()
         with self._lock:
             self._active[job.id] = cancel
@@ -337,16 +354,18 @@ class StageRunner:
                     worker, result = self._start_work(job, cancel)
                     ended = self._supervise(worker, cancel)
                     outcome = self._outcome(job, result, cancel, ended)
-                    if outcome is not None and self._record(job, outcome):
-                        self._count(outcome, job.polling, claim.attempt_s())
-                        succeeded = isinstance(outcome, Succeeded)
+                    if outcome is not None:
+                        recorded, following = self._record(job, outcome, claim_next if ended else None)
+                        if recorded:
+                            self._count(outcome, job.polling, claim.attempt_s())
+                            succeeded = isinstance(outcome, Succeeded)
                 finally:
                     self._leases.release(job.id)
                 self._wait_until_stopped(worker, job)
         finally:
             with self._lock:
                 self._active.pop(job.id, None)
-        return succeeded
+        return Ran(succeeded, following)
 
     def recover_expired_leases(self, limit: int = 20) -> int:
         """Jobs whose worker stopped renewing its lease: the attempt is handed back, not counted."""
@@ -428,22 +447,34 @@ class StageRunner:
         log.error("%s attempt crashed", self.stage.value, exc_info=error)
         return Failed("internal_error", redact.describe(error), True)
 
-    def _record(self, job: repository.Job, outcome: Outcome) -> bool:
-        """Record the outcome through an outage; False if it was not (the job moved on, or the service stops)."""
+    def _record(
+        self, job: repository.Job, outcome: Outcome, claim_next: Callable[[], bool] | None = None
+    ) -> tuple[bool, Claim | None]:
+        """Record the outcome through an outage, and claim the next job in that transaction if `claim_next()`
+        says so: whether it was recorded (not if the job moved on, or the service stops), and that claim."""
 
-        def write() -> bool:
-            with db.transaction(self.engine) as conn:
-                return self._write(conn, job, outcome)
+        def write() -> tuple[bool, Claim | None]:
+            following: Claim | None = None
+            try:
+                with db.transaction(self.engine) as conn:
+                    recorded = self._write(conn, job, outcome)
+                    if claim_next is not None and claim_next():
+                        following = self._claim_next_in(conn)
+            except BaseException:
+                if following is not None:
+                    following.abandon()
+                raise
+            return recorded, following
 
         what = f"{self.stage.value} attempt {job.attempts}: recording its outcome"
         try:
-            recorded = outages.keep_trying(write, what, stop=self._give_up, first_s=0.2)
+            recorded, following = outages.keep_trying(write, what, stop=self._give_up, first_s=0.2)
         except outages.Stopped:
             log.warning("%s attempt %d: stopping with its outcome unrecorded", self.stage.value, job.attempts)
-            return False
+            return False, None
         if not recorded:
             log.warning("%s attempt %d: not recorded, the job has moved on", self.stage.value, job.attempts)
-        return recorded
+        return recorded, following
 
     def _count(self, outcome: Outcome, polling: bool, attempt_s: float | None) -> None:
         """A recorded outcome in the metrics: the attempt's end (as the attempts table has it), if it ended,

@@ -2,8 +2,10 @@
 
 Jobs are claimed from the database only when a slot of the local pool is free, so
 nothing waits in worker memory: a due retry stays a row with `due_at` until a slot
-takes it. Handlers call `wake()` after committing a new job for a prompt start; a
-freed slot wakes it only if the last look left due work for want of a slot, or if the
+takes it. Handlers call `wake()` after committing a new job for a prompt start. While
+the last look left due work for want of a slot, a slot whose attempt ends claims the
+next job in the transaction that records the outcome (no transaction of its own for
+that claim); a freed slot wakes the scheduler only if that backlog remains, or if the
 attempt that held it did not succeed (its job may be due again at once);
 `poll_s` bounds how late a retry or an expired lease is noticed. Expired leases are
 looked for once per `poll_s`, not on every wake-up: a wake-up is about new work, and
@@ -142,19 +144,28 @@ class JobScheduler:
                 self._running += 1
             self._pool.submit(self._run, claim)
 
-    def _run(self, claim: runner_.Claim) -> None:
-        done = False
+    def _run(self, claim: runner_.Claim | None) -> None:
+        """Attempts in one slot: this claim's, then each next one its predecessor's outcome claimed with it."""
+        ran = None
         try:
-            done = self.runner.execute(claim)
+            while claim is not None:
+                ran = None
+                ran = self.runner.execute(claim, self._backlogged)
+                claim = ran.next
         except Exception:
+            assert claim is not None
             log.exception("attempt of job %s could not be recorded; its lease will expire", claim.job.id)
         finally:
             self._slots.release()
             self._done()
-            if done:
+            if ran is not None and ran.succeeded:
                 self._look_if_backlog()
             else:  # its job may be due again at once
                 self._wake.set()
+
+    def _backlogged(self) -> bool:
+        """Whether a slot whose attempt ended should look for more work (with the outcome's transaction)."""
+        return self._backlog and not self._stopping.is_set()
 
     def _look_if_backlog(self) -> None:
         """A slot was just freed: look for due work only if the last look left some for want of a slot. (A
