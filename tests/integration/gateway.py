@@ -8,7 +8,7 @@ import datetime as dt
 import pathlib
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -38,6 +38,18 @@ class Projection:
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
         self.applied: list[envelope.Envelope] = []
+        self._group: list[envelope.Envelope] | None = None
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """The events delivered inside are projected at its end, together in one transaction, as the
+        gateway's consumer projects those that come at the same time (projection.apply_all)."""
+        self._group = []
+        try:
+            yield
+            projection.apply_all(self.engine, [(env, env.payload()) for env in self._group])
+        finally:
+            self._group = None
 
     def create(
         self, customer: str = "Cafe Blue", tenant: str = "tests", region: str = "Busan", callback_url: str | None = None
@@ -61,6 +73,26 @@ class Projection:
     ) -> envelope.Envelope:
         """Apply `<stage>.<fact>` of `attempt` that happened `at` (the payload's time; the envelope's is `time`,
         by default `at` too). Returns its envelope, to deliver it again with `deliver`."""
+        return self.deliver(
+            self.envelope(
+                pipeline_id, stage, fact, attempt, at, worker=worker, code=code, operation=operation, time=time
+            )
+        )
+
+    def envelope(
+        self,
+        pipeline_id: str,
+        stage: events.Stage,
+        fact: events.StageFact,
+        attempt: int,
+        at: dt.datetime,
+        *,
+        worker: str = "w",
+        code: str = "provider_error",
+        operation: int = 1,
+        time: dt.datetime | None = None,
+    ) -> envelope.Envelope:
+        """The envelope of that event (see `event`), not delivered."""
         common = {"pipeline_id": pipeline_id, "stage": stage, "job_id": f"job-{stage.value}", "attempt": attempt}
         payload: events.Payload
         if fact == "started":
@@ -80,10 +112,13 @@ class Projection:
         else:
             payload = self._completed(common, at)
         env = envelope.wrap(payload, events.stage_event(stage, fact), f"/castad/{stage.value}")
-        return self.deliver(env.model_copy(update={"time": time or at}))
+        return env.model_copy(update={"time": time or at})
 
     def deliver(self, env: envelope.Envelope) -> envelope.Envelope:
-        projection.apply(self.engine, env, env.payload())
+        if self._group is not None:
+            self._group.append(env)
+        else:
+            projection.apply(self.engine, env, env.payload())
         self.applied.append(env)
         return env
 

@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -448,6 +448,15 @@ class Projected:
     def artifacts(self) -> dict[str, Any]:
         return {stage.value: row["artifact"] for stage, row in self.stages.items() if row.get("artifact") is not None}
 
+    def saved(self, stage: events.Stage, pos: model.Position, values: dict[str, Any]) -> None:
+        """What `save_stage` wrote (a new row has its columns' defaults), for the next event of the transaction."""
+        row = self.stages.setdefault(stage, {"floor_attempt": 0, "operation": 0, "artifact": None})
+        row.update(values, rank=pos[0], attempt=pos[1], step=pos[2])
+
+    def updated(self, changes: dict[str, Any]) -> None:
+        """What `update_pipeline` wrote to the row, for the next event of the same transaction."""
+        self.pipeline = self.pipeline._replace(**{k: v for k, v in changes.items() if k in self.pipeline._fields})
+
 
 def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
     """The pipeline, locked, with its stages (both statements sent before either answer is read: one round trip
@@ -458,6 +467,30 @@ def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | N
     if row is None:
         return None
     return Projected(row, {events.Stage(stage.stage): stage._asdict() for stage in stages.fetchall()})
+
+
+_LOCK_ALL_PROJECTED = """
+SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url
+FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE
+"""
+_ALL_PROJECTED_STAGES = """
+SELECT pipeline_id, stage, status, rank, attempt, step, floor_attempt, operation, artifact FROM pipeline_stages
+WHERE pipeline_id = ANY(%s)
+"""
+
+
+def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, Projected]:
+    """`lock_projected` of several pipelines, locked in the order of their ids (so that two such transactions
+    never wait for each other in a circle), in two statements; a pipeline not found is left out."""
+    ids = sorted(set(pipeline_ids))
+    locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,))
+    stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,))
+    found = {row.id: Projected(row, {}) for row in locked.fetchall()}
+    for stage in stages.fetchall():
+        values = stage._asdict()
+        if (projected := found.get(values.pop("pipeline_id"))) is not None:
+            projected.stages[events.Stage(stage.stage)] = values
+    return found
 
 
 _CANCELED = model.AttemptOutcome.CANCELED.value

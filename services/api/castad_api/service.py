@@ -47,10 +47,9 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     )
     messaging.declare_own_when_reachable(config.amqp_url, topo, "api")
     broker = messaging.make_broker(config.amqp_url, topo.queue("api"))
+    projector = projection.Projector(projecting, gateway.metrics)
     handlers: dict[str, consumer.Handler] = {
-        events.stage_event(stage, fact): lambda env, payload: projection.apply(
-            projecting, env, payload, gateway.metrics
-        )
+        events.stage_event(stage, fact): projector.apply
         for stage in events.Stage
         for fact in typing.get_args(events.StageFact)
     }

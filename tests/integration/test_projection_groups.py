@@ -1,0 +1,177 @@
+"""The gateway's projection of events that come together (castad_api.projection.apply_all and Projector): the
+same read model, timeline and webhooks as the same events projected one by one, in a transaction for all."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from castad_api import projection, tables
+from castad_contracts import events
+from castad_runtime import tables as runtime_tables
+
+from tests.integration.gateway import Projection, ago
+from tests.integration.helpers import eventually
+
+pytestmark = pytest.mark.integration
+
+LYRIC, SONG, VIDEO = events.STAGE_ORDER
+Story = Callable[[Projection, str, dt.datetime], None]
+
+
+def succeeds_with_a_duplicate_and_a_late_start(gateway: Projection, pipeline_id: str, now: dt.datetime) -> None:
+    lyric_done = None
+    for number, stage in enumerate((LYRIC, SONG, VIDEO)):
+        start = now - dt.timedelta(seconds=60 - 10 * number)
+        gateway.event(pipeline_id, stage, "started", 1, start, worker=f"{stage.value}@w")
+        done = gateway.event(pipeline_id, stage, "completed", 1, start + dt.timedelta(seconds=2))
+        lyric_done = lyric_done or done
+    assert lyric_done is not None
+    gateway.deliver(lyric_done)  # delivered twice
+    gateway.event(
+        pipeline_id, SONG, "started", 1, now - dt.timedelta(seconds=45), worker="song@late"
+    )  # after its completion
+
+
+def retries_then_fails_for_good(gateway: Projection, pipeline_id: str, now: dt.datetime) -> None:
+    gateway.event(pipeline_id, LYRIC, "started", 1, now - dt.timedelta(seconds=30))
+    gateway.event(pipeline_id, LYRIC, "retrying", 1, now - dt.timedelta(seconds=29), code="provider_timeout")
+    gateway.event(pipeline_id, LYRIC, "started", 2, now - dt.timedelta(seconds=28))
+    gateway.event(pipeline_id, LYRIC, "completed", 2, now - dt.timedelta(seconds=27))
+    gateway.event(pipeline_id, SONG, "started", 1, now - dt.timedelta(seconds=26))
+    gateway.event(pipeline_id, SONG, "failed", 1, now - dt.timedelta(seconds=25), code="content_refused")
+
+
+def fails_before_the_completion_it_follows_arrives(gateway: Projection, pipeline_id: str, now: dt.datetime) -> None:
+    gateway.event(pipeline_id, LYRIC, "started", 1, now - dt.timedelta(seconds=30))
+    gateway.event(pipeline_id, SONG, "started", 1, now - dt.timedelta(seconds=20))
+    gateway.event(pipeline_id, SONG, "failed", 1, now - dt.timedelta(seconds=19), code="content_refused")
+    gateway.event(pipeline_id, LYRIC, "completed", 1, now - dt.timedelta(seconds=21))
+
+
+def projected(gateway: Projection, pipeline_id: str) -> dict[str, Any]:
+    """What the gateway shows of a pipeline, with its id and the times the gateway itself set left out."""
+    key = uuid.UUID(pipeline_id)
+    with gateway.engine.connect() as conn:
+        p = tables.pipelines
+        pipeline = conn.execute(
+            sa.select(
+                p.c.status,
+                p.c.progress,
+                p.c.current_stage,
+                p.c.error_code,
+                p.c.error_message,
+                p.c.finished_at.is_(None),
+            ).where(p.c.id == key)
+        ).one()
+        s, a, t = tables.stages, tables.attempts, tables.timeline
+        stages = conn.execute(
+            sa.select(*(c for c in s.c if c.name != "pipeline_id")).where(s.c.pipeline_id == key).order_by(s.c.stage)
+        ).all()
+        attempts = conn.execute(
+            sa.select(*(c for c in a.c if c.name not in ("pipeline_id", "id")))
+            .where(a.c.pipeline_id == key)
+            .order_by(a.c.stage, a.c.attempt)
+        ).all()
+        timeline = conn.execute(
+            sa.select(t.c.event_type, t.c.data, t.c.occurred_at).where(t.c.pipeline_id == key).order_by(t.c.seq)
+        ).all()
+        webhooks = conn.execute(
+            sa.select(sa.func.count()).where(tables.webhook_deliveries.c.pipeline_id == key)
+        ).scalar_one()
+    shown = {
+        "pipeline": tuple(pipeline),
+        "stages": [tuple(row) for row in stages],
+        "attempts": [tuple(row) for row in attempts],
+        "timeline": sorted(
+            (row.event_type, json.dumps(row.data, sort_keys=True), row.occurred_at) for row in timeline[1:]
+        ),
+        "requested first": timeline[0].event_type,
+        "webhooks": webhooks,
+    }
+    return json.loads(json.dumps(shown, default=str).replace(pipeline_id, "<pipeline>"))
+
+
+@pytest.mark.parametrize(
+    "story",
+    [
+        succeeds_with_a_duplicate_and_a_late_start,
+        retries_then_fails_for_good,
+        fails_before_the_completion_it_follows_arrives,
+    ],
+)
+def test_events_projected_together_show_what_they_show_projected_one_by_one(gateway: Projection, story: Story):
+    now = ago(seconds=0)
+    one_by_one = gateway.create(callback_url="https://hooks.example.com/castad")
+    story(gateway, one_by_one, now)
+    together = gateway.create(callback_url="https://hooks.example.com/castad")
+    with gateway.together():
+        story(gateway, together, now)
+    assert projected(gateway, together) == projected(gateway, one_by_one)
+
+
+def test_events_of_several_pipelines_and_unknown_ones_are_projected_together(gateway: Projection):
+    first, second = gateway.create(), gateway.create()
+    unknown = str(uuid.uuid4())
+    with gateway.together():
+        for pipeline_id in (second, unknown, first):
+            gateway.event(pipeline_id, LYRIC, "started", 1, ago(seconds=2))
+            gateway.event(pipeline_id, LYRIC, "completed", 1, ago(seconds=1))
+    with gateway.engine.connect() as conn:
+        p = tables.pipelines
+        rows = conn.execute(sa.select(p.c.id, p.c.progress).where(p.c.id.in_([uuid.UUID(first), uuid.UUID(second)])))
+        assert {str(row.id): row.progress for row in rows} == {first: 33, second: 33}
+        inbox = runtime_tables.inbox
+        recorded = conn.execute(sa.select(sa.func.count()).where(inbox.c.pipeline_id == unknown)).scalar_one()
+    assert recorded == 2  # taken once each, and never projected
+
+
+def test_the_projector_projects_the_events_that_came_while_it_was_busy_in_one_transaction(gateway: Projection):
+    """A transaction holds the pipeline: the first event waits for it, the next ones wait for that one, then
+    go together (their inbox rows have one transaction time)."""
+    pipeline_id = gateway.create()
+    projector = projection.Projector(gateway.engine)
+    holder = gateway.engine.connect()
+    holder.begin()
+    p = tables.pipelines
+    holder.execute(sa.select(p.c.id).where(p.c.id == uuid.UUID(pipeline_id)).with_for_update())
+    facts = [(LYRIC, "started"), (LYRIC, "completed"), (SONG, "started"), (SONG, "completed")]
+    envs = [gateway.envelope(pipeline_id, stage, fact, 1, ago(seconds=10)) for stage, fact in facts]
+    threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in envs]
+    threads[0].start()
+    eventually(lambda: waiting_for_a_lock(gateway.engine), what="the first event waiting for the pipeline")
+    for thread in threads[1:]:
+        thread.start()
+    eventually(lambda: len(projector._groups._waiting) == 3, what="the others waiting for the first")
+    holder.commit()
+    holder.close()
+    for thread in threads:
+        thread.join(10)
+    inbox = runtime_tables.inbox
+    with gateway.engine.connect() as conn:
+        times = conn.execute(
+            sa.select(inbox.c.event_id, inbox.c.received_at).where(inbox.c.pipeline_id == pipeline_id)
+        ).all()
+        progress = conn.execute(sa.select(p.c.progress).where(p.c.id == uuid.UUID(pipeline_id))).scalar_one()
+    received = {row.event_id: row.received_at for row in times}
+    assert len({received[env.id] for env in envs[1:]}) == 1  # one transaction for the three
+    assert received[envs[0].id] != received[envs[1].id]
+    assert progress == 67
+
+
+def waiting_for_a_lock(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )

@@ -1,0 +1,133 @@
+"""Group commit (castad_runtime.groups): items handed in together are handled together, each gets its own result."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from castad_runtime import groups
+
+
+class Recorder:
+    """handle_group and handle_one that record their calls; `gate` holds handle_one until set."""
+
+    def __init__(self, failing: frozenset[str] = frozenset(), group_fails: bool = False) -> None:
+        self.groups: list[list[str]] = []
+        self.ones: list[str] = []
+        self.failing = failing
+        self.group_fails = group_fails
+        self.gate = threading.Event()
+        self.gate.set()
+        self.holding = threading.Event()  # handle_one is waiting at the gate
+
+    def group(self, items: Sequence[str]) -> list[str]:
+        self.groups.append(list(items))
+        if self.group_fails:
+            raise ValueError("the group cannot be handled")
+        return [f"{item} done together" for item in items]
+
+    def one(self, item: str) -> str:
+        self.ones.append(item)
+        self.holding.set()
+        self.gate.wait(10)
+        if item in self.failing:
+            raise ValueError(f"{item} cannot be handled")
+        return f"{item} done"
+
+
+def submit_all(commit: groups.GroupCommit[str, str], items: list[str], queued: bool = True) -> dict[str, Any]:
+    """Each item handed in from a thread of its own; if `queued` (another item is being handled), each started
+    once the one before it waits."""
+    outcomes: dict[str, Any] = {}
+
+    def submit(item: str) -> None:
+        try:
+            outcomes[item] = commit.submit(item)
+        except Exception as error:
+            outcomes[item] = error
+
+    threads = []
+    for number, item in enumerate(items, 1):
+        threads.append(threading.Thread(target=submit, args=(item,)))
+        threads[-1].start()
+        if queued:
+            wait_until(lambda: len(commit._waiting) >= number, what=f"{item} waiting")  # noqa: B023
+    return {"threads": threads, "outcomes": outcomes}
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def joined(started: dict[str, Any]) -> dict[str, Any]:
+    for thread in started["threads"]:
+        thread.join(10)
+    return started["outcomes"]
+
+
+def test_a_lone_item_is_handled_at_once_by_itself():
+    recorder = Recorder()
+    commit = groups.GroupCommit(recorder.group, recorder.one)
+    assert commit.submit("a") == "a done"
+    assert (recorder.ones, recorder.groups) == (["a"], [])
+
+
+def test_items_handed_in_while_one_is_handled_are_handled_together_next():
+    recorder = Recorder()
+    recorder.gate.clear()
+    commit = groups.GroupCommit(recorder.group, recorder.one)
+    first = submit_all(commit, ["a"], queued=False)
+    recorder.holding.wait(5)  # "a" is being handled: the others wait
+    rest = submit_all(commit, ["b", "c", "d"])
+    recorder.gate.set()
+    assert joined(first) == {"a": "a done"}
+    assert joined(rest) == {item: f"{item} done together" for item in "bcd"}
+    assert (recorder.ones, recorder.groups) == (["a"], [["b", "c", "d"]])
+
+
+def test_a_group_takes_at_most_max_items_and_the_rest_follow():
+    recorder = Recorder()
+    recorder.gate.clear()
+    commit = groups.GroupCommit(recorder.group, recorder.one, max_items=2)
+    first = submit_all(commit, ["a"], queued=False)
+    recorder.holding.wait(5)
+    rest = submit_all(commit, ["b", "c", "d", "e"])
+    recorder.gate.set()
+    joined(first)
+    assert joined(rest) == {item: f"{item} done together" for item in "bcde"}
+    assert recorder.groups == [["b", "c"], ["d", "e"]]
+
+
+def test_a_failed_group_is_handled_item_by_item_and_only_the_item_at_fault_fails():
+    recorder = Recorder(failing=frozenset({"c"}), group_fails=True)
+    recorder.gate.clear()
+    commit = groups.GroupCommit(recorder.group, recorder.one)
+    first = submit_all(commit, ["a"], queued=False)
+    recorder.holding.wait(5)
+    rest = submit_all(commit, ["b", "c", "d"])
+    recorder.gate.set()
+    joined(first)
+    outcomes = joined(rest)
+    assert recorder.groups == [["b", "c", "d"]]
+    assert sorted(recorder.ones) == ["a", "b", "c", "d"]
+    assert (outcomes["b"], outcomes["d"]) == ("b done", "d done")
+    assert isinstance(outcomes["c"], ValueError) and "c cannot" in str(outcomes["c"])
+
+
+def test_the_error_of_a_lone_item_is_raised_in_its_thread_and_the_next_item_goes_on():
+    recorder = Recorder(failing=frozenset({"a"}))
+    commit = groups.GroupCommit(recorder.group, recorder.one)
+    with pytest.raises(ValueError, match="a cannot"):
+        commit.submit("a")
+    assert commit.submit("b") == "b done"
+
+
+def test_max_items_must_be_positive():
+    with pytest.raises(ValueError):
+        groups.GroupCommit(len, len, max_items=0)
