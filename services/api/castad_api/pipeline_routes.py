@@ -38,6 +38,14 @@ IdempotencyKey = Annotated[
 router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 
 
+class _OverLimit(Exception):
+    """The key made too many pipelines this minute: the next may come in `wait_s`."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(wait_s)
+        self.wait_s = wait_s
+
+
 def require_json(request: Request) -> None:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
@@ -69,16 +77,19 @@ def create_pipeline(
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
     if refused:
         raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
-    with db.transaction(gw.engine) as conn:
-        wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
-        if wait_s is None:
+    try:
+        with db.transaction(gw.engine) as conn:
             accepted = operations.create(conn, body, who.tenant, key, gw.config.pipeline_deadline_s)
-    if wait_s is not None:
+            # Counted last: every creation of the key waits for the lock of its counter, held until the commit.
+            wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
+            if wait_s is not None:
+                raise _OverLimit(wait_s)  # the creation is rolled back
+    except _OverLimit as over:
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
             f"this key may create {gw.config.creations_per_minute} pipelines a minute",
-            {"Retry-After": str(math.ceil(wait_s))},
-        )
+            {"Retry-After": str(math.ceil(over.wait_s))},
+        ) from None
     if accepted.created:
         gw.metrics.pipelines_created.inc()
     pipeline_id = str(accepted.pipeline_id)
