@@ -235,7 +235,7 @@ def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_t
     engine = engines["api"]
     stuck = str(uuid.uuid4())
     others = [str(uuid.uuid4()) for _ in range(50)]
-    write_events(engine, [lyric_started(stuck, 1)], STARTED)
+    [first] = write_events(engine, [lyric_started(stuck, 1)], STARTED)
     refused = write_unroutable(engine, stuck)
     backlog = write_events(engine, [lyric_started(pipeline, n) for n in range(1, 13) for pipeline in others], STARTED)
     [held] = write_events(engine, [lyric_started(stuck, 3)], STARTED)
@@ -289,6 +289,34 @@ def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines
         proxy.restore()
         eventually(lambda: all_published(engine), what="the row marked after its confirm")
         assert amqp.take_all(api_queue) == []
+
+
+def test_a_confirmed_row_is_marked_by_the_next_look_for_rows_or_when_the_relay_stops(
+    installation, engines, amqp, start_relay
+):
+    """While nothing else comes, a confirmed row waits (up to mark_delay_s) to be marked with the next look for
+    rows; the row that look finds waits in turn, and is marked when the relay stops. Neither is sent twice."""
+    engine = engines["lyric"]
+    api_queue = installation.topology.queue("api")
+    running = start_relay(fallback_poll_s=30, mark_delay_s=1.0)
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    amqp.take(api_queue, 1)
+    time.sleep(0.2)  # the confirm is in
+    assert unpublished(engine) == [True]
+
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    amqp.take(api_queue, 1)
+    assert unpublished(engine) == [False, True]  # marked by the statement that read the second
+    running.stop()
+    assert unpublished(engine) == [False, False]
+    assert amqp.take_all(api_queue) == []
+
+
+def test_a_confirmed_row_with_nothing_after_it_is_marked_alone_after_mark_delay_s(engines, start_relay):
+    engine = engines["lyric"]
+    start_relay(fallback_poll_s=30, mark_delay_s=0.3)
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    eventually(lambda: all_published(engine), timeout=2, what="the row marked alone")
 
 
 def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start_relay):

@@ -8,9 +8,11 @@ whole server); it drains then, whenever a writer's NOTIFY arrives, when a backin
 row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
 
 A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
-pipeline kept) and marks the confirmed ones published, without waiting for that mark's
-WAL flush (a mark lost to a crash only sends its rows again: duplicates, which inboxes
-drop). A row the broker refuses (no queue bound to its routing key, nacked, too large)
+pipeline kept) and marks the confirmed ones published: with its next look for rows,
+one statement for both, when a NOTIFY comes within `mark_delay_s` (as it does under
+load), else alone; in either case without waiting for that mark's WAL flush (a mark
+lost to a crash, or to a stop before it was made, only sends its rows again:
+duplicates, which inboxes drop). A row the broker refuses (no queue bound to its routing key, nacked, too large)
 backs off on its own, exponentially, and after `max_publish_attempts` refusals is parked
 with its reason for an operator to republish (`castad_runtime.outbox.republish`, through
 the gateway's dead letters: the relay puts a notice of it in the dead-letter queue
@@ -84,6 +86,7 @@ class SourceRelay:
         self.published = 0
         self.parked = 0
         self._suspects: set[int] = set()  # rows in flight when their channel closed: tried alone next
+        self._confirmed: list[int] = []  # rows the broker confirmed, to be marked published (with the next look)
         self._backing_off = True  # some row may wait for its retry_at (ask NEXT_RETRY_IN); reset by each leader
         self._rng = random.Random()
 
@@ -112,11 +115,53 @@ class SourceRelay:
             # committed before the LISTEN, whose NOTIFY this session did not get.
             await listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
             self._backing_off = True
-            while True:
-                await self._drain(worker)
-                wait_s = await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
-                async for _ in listener.notifies(timeout=wait_s, stop_after=1):
-                    pass
+            try:
+                while True:
+                    await self._drain(worker)
+                    # Confirmed rows are marked by the next look for rows if a NOTIFY comes soon, else alone.
+                    if self._confirmed and await self._notified(listener, self.config.mark_delay_s):
+                        continue
+                    await self._mark(worker)
+                    wait_s = await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
+                    await self._notified(listener, wait_s)
+            finally:
+                await self._mark_on_leaving(worker)
+
+    @staticmethod
+    async def _notified(listener: psycopg.AsyncConnection[Any], timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for a NOTIFY (taking every one already come); whether one came."""
+        came = False
+        async for _ in listener.notifies(timeout=timeout_s, stop_after=1):
+            came = True
+        return came
+
+    async def _mark(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Mark the confirmed rows published, if any wait for it."""
+        if self._confirmed:
+            await conn.execute(statements.MARK_PUBLISHED, {"marked": self._confirmed})
+            self._marked()
+
+    def _marked(self) -> None:
+        self.published += len(self._confirmed)
+        self.metrics.published.labels(self.source).inc(len(self._confirmed))
+        self._confirmed = []
+
+    async def _mark_on_leaving(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A relay that stops or lost its database marks what it can: a row left unmarked is only sent again."""
+        if not self._confirmed or conn.closed:
+            self._confirmed = []
+            return
+        try:
+            async with asyncio.timeout(self.config.retry_delay_s):
+                await self._mark(conn)
+        except (psycopg.Error, OSError, TimeoutError) as error:
+            log.warning(
+                "relay %s: %d confirmed rows left unmarked (%s); they will be sent again",
+                self.name,
+                len(self._confirmed),
+                redact.describe(error),
+            )
+            self._confirmed = []
 
     async def _drain(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
@@ -154,11 +199,7 @@ class SourceRelay:
     async def _settle(
         self, conn: psycopg.AsyncConnection[Any], rows: Sequence[dict[str, Any]], results: list[publisher_.RowResult]
     ) -> None:
-        ids = publishable(rows, results)
-        if ids:
-            await conn.execute(statements.MARK_PUBLISHED, (ids,))
-            self.published += len(ids)
-            self.metrics.published.labels(self.source).inc(len(ids))
+        self._confirmed += publishable(rows, results)
         for result in results:
             reason = _failure(result)
             if reason is not None:
@@ -220,8 +261,13 @@ class SourceRelay:
         return await self.publisher.publish_dead_letter(self.dead_letter_exchange, body, headers, message_id)
 
     async def _pending(self, conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+        """The next rows to publish, the confirmed rows marked published by the same statement."""
         cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
-        await cursor.execute(statements.PENDING, (self.config.batch_size,))
+        if not self._confirmed:
+            await cursor.execute(statements.PENDING, {"limit": self.config.batch_size})
+            return await cursor.fetchall()
+        await cursor.execute(statements.MARK_AND_PENDING, {"marked": self._confirmed, "limit": self.config.batch_size})
+        self._marked()
         return await cursor.fetchall()
 
     async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:
