@@ -32,6 +32,7 @@ class _Entry(Generic[T, R]):
     handled: bool = False  # by its group
     alone: bool = False  # its group failed: its own thread handles it alone
     result: R | None = None
+    woken: threading.Event = dataclasses.field(default_factory=threading.Event)  # done, or handed the lead
 
 
 class GroupCommit(Generic[T, R]):
@@ -39,7 +40,7 @@ class GroupCommit(Generic[T, R]):
 
     `handle_group(items)` handles several items at once (one transaction) and returns a result per item,
     in order; `handle_one(item)` handles a group of one (its leader's own item), and each item of a failed
-    group.
+    group. A thread is woken only when its item is done or when it is handed the lead.
     """
 
     def __init__(
@@ -57,21 +58,23 @@ class GroupCommit(Generic[T, R]):
         self._name = name
         self._waiting: list[_Entry[T, R]] = []
         self._leading = False
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
 
     def submit(self, item: T) -> R:
         """Handle `item`, with whatever else is handed in meanwhile; its result, or its own error."""
         entry: _Entry[T, R] = _Entry(item)
-        with self._changed:
+        with self._lock:
             self._waiting.append(entry)
+            leads, self._leading = not self._leading, True
         while True:
-            with self._changed:
-                self._changed.wait_for(lambda: entry.handled or entry.alone or not self._leading)
-                if entry.handled:
-                    return entry.result  # type: ignore[return-value]
-                if entry.alone:
-                    break
-                self._leading = True
+            if not leads:
+                entry.woken.wait()
+                entry.woken.clear()
+            if entry.handled:
+                return entry.result  # type: ignore[return-value]
+            if entry.alone:
+                return self._handle_one(item)
+            with self._lock:  # this thread leads
                 group = self._waiting[: self._max_items]
                 del self._waiting[: self._max_items]
             if len(group) == 1 and group[0] is entry:  # alone: handled at once, items coming meanwhile wait
@@ -80,7 +83,7 @@ class GroupCommit(Generic[T, R]):
                 finally:
                     self._settle([], None)
             self._lead(group)
-        return self._handle_one(item)
+            leads = False  # its own item is settled, or the lead is handed on (to itself, if it comes first)
 
     def _lead(self, group: list[_Entry[T, R]]) -> None:
         results: Sequence[R] | None = None
@@ -95,12 +98,16 @@ class GroupCommit(Generic[T, R]):
             self._settle(group, results)
 
     def _settle(self, group: list[_Entry[T, R]], results: Sequence[R] | None) -> None:
-        """The group is done: its results (None: each item alone, in its own thread); the next may start."""
-        with self._changed:
+        """The group is done (results None: each item alone, in its own thread); the lead goes to the first
+        item waiting, if any."""
+        with self._lock:
             for index, entry in enumerate(group):
                 if results is None:
                     entry.alone = True
                 else:
                     entry.result, entry.handled = results[index], True
-            self._leading = False
-            self._changed.notify_all()
+                entry.woken.set()
+            if self._waiting:
+                self._waiting[0].woken.set()
+            else:
+                self._leading = False
