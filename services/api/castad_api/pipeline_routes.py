@@ -46,7 +46,7 @@ class _OverLimit(Exception):
         self.wait_s = wait_s
 
 
-def require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:  # async: no thread of FastAPI's pool for a header's check
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json")
