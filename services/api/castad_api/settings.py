@@ -28,7 +28,13 @@ class ApiSettings(settings.StoreSettings):
     max_body_bytes: int = Field(default=16_384, ge=1024, description="larger request bodies get 413")
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
-    consumer_threads: int = Field(default=4, ge=1, le=64, description="Dramatiq threads projecting events")
+    consumer_threads: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Dramatiq threads projecting events: those that come while one is projected wait and go"
+        " together, up to one less than this many",
+    )
     creations_per_minute: int = Field(
         default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"
     )
