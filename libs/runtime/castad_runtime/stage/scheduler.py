@@ -146,10 +146,10 @@ class JobScheduler:
 
     def _run(self, claim: runner_.Claim | None) -> None:
         """Attempts in one slot: this claim's, then each next one its predecessor's outcome claimed with it."""
-        ran = None
+        ran: runner_.Ran | None = None
         try:
             while claim is not None:
-                ran = None
+                ran = None  # not the attempt before's, should this one's recording fail
                 ran = self.runner.execute(claim, self._backlogged)
                 claim = ran.next
         except Exception:
