@@ -55,6 +55,20 @@ def fails_before_the_completion_it_follows_arrives(gateway: Projection, pipeline
     gateway.event(pipeline_id, LYRIC, "completed", 1, now - dt.timedelta(seconds=21))
 
 
+def canceled_while_its_attempt_ran_which_then_reports_its_end(
+    gateway: Projection, pipeline_id: str, now: dt.datetime
+) -> None:
+    gateway.cancel(pipeline_id)  # the operator's request, before any event of the group
+    gateway.event(pipeline_id, LYRIC, "started", 1, now - dt.timedelta(seconds=30), worker="lyric@w")
+    gateway.event(pipeline_id, LYRIC, "canceled", 1, now - dt.timedelta(seconds=29), operation=1)
+    gateway.event(pipeline_id, LYRIC, "failed", 1, now - dt.timedelta(seconds=28), code="provider_error")
+    gateway.event(pipeline_id, LYRIC, "started", 1, now - dt.timedelta(seconds=30), worker="lyric@late")
+
+
+def own(event_type: str) -> str | None:
+    return "<now>" if event_type.startswith("pipeline.") else None
+
+
 def projected(gateway: Projection, pipeline_id: str) -> dict[str, Any]:
     """What the gateway shows of a pipeline, with its id and the times the gateway itself set left out."""
     key = uuid.UUID(pipeline_id)
@@ -89,8 +103,9 @@ def projected(gateway: Projection, pipeline_id: str) -> dict[str, Any]:
         "pipeline": tuple(pipeline),
         "stages": [tuple(row) for row in stages],
         "attempts": [tuple(row) for row in attempts],
-        "timeline": sorted(
-            (row.event_type, json.dumps(row.data, sort_keys=True), row.occurred_at) for row in timeline[1:]
+        "timeline": sorted(  # the gateway's own entries (the operator's requests) at the gateway's own time
+            (row.event_type, json.dumps(row.data, sort_keys=True), own(row.event_type) or row.occurred_at)
+            for row in timeline[1:]
         ),
         "requested first": timeline[0].event_type,
         "webhooks": webhooks,
@@ -104,6 +119,7 @@ def projected(gateway: Projection, pipeline_id: str) -> dict[str, Any]:
         succeeds_with_a_duplicate_and_a_late_start,
         retries_then_fails_for_good,
         fails_before_the_completion_it_follows_arrives,
+        canceled_while_its_attempt_ran_which_then_reports_its_end,
     ],
 )
 def test_events_projected_together_show_what_they_show_projected_one_by_one(gateway: Projection, story: Story):

@@ -22,6 +22,7 @@ from castad_contracts import events
 from castad_runtime import db, groups, inbox, logs, telemetry
 
 from castad_api import metrics, model, repository, webhooks
+from castad_api import writes as writes_
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def apply(
         engine,
         env,
         lambda conn: repository.lock_projected(conn, pipeline_id),
-        lambda conn, projected: _apply(conn, env, payload, projected),
+        lambda conn, projected: _apply(writes_.Writes(conn), env, payload, projected),
         measured.consumer.duplicate,
     )
     if outcome is not None:
@@ -69,13 +70,15 @@ def apply(
 
 def apply_all(engine: sa.Engine, group: Sequence[Event], measured: metrics.GatewayMetrics | None = None) -> None:
     """Project several stage events in one transaction, in order, each once (see `apply`): three round trips in
-    all. Their pipelines are locked together, in the order of their ids."""
+    all. Their pipelines are locked together, in the order of their ids; their writes are merged per row
+    (`writes.Merged`)."""
     measured = measured or metrics.GatewayMetrics()
     with db.transaction(engine) as conn:
         with db.pipelined(conn):
             first_seen = inbox.record_all(conn, [env for env, _ in group])
             projected = repository.lock_all_projected(conn, [uuid.UUID(payload.pipeline_id) for _, payload in group])
             new = first_seen()
+        merged = writes_.Merged(conn)
         with db.pipelined(conn):
             for env, payload in group:
                 if env.id not in new:
@@ -83,12 +86,13 @@ def apply_all(engine: sa.Engine, group: Sequence[Event], measured: metrics.Gatew
                     continue
                 new.discard(env.id)  # given twice: the second one is a duplicate
                 with logs.bound(env.subject, str(env.id)), telemetry.continued(env.traceparent, env.tracestate):
-                    outcome = _apply(conn, env, payload, projected.get(uuid.UUID(payload.pipeline_id)))
+                    outcome = _apply(merged, env, payload, projected.get(uuid.UUID(payload.pipeline_id)))
                 db.after_commit(conn, measured.projected.labels(env.type, outcome).inc)
+            merged.flush()
 
 
 def _apply(
-    conn: sa.Connection, env: envelope_.Envelope, payload: events.Payload, projected: repository.Projected | None
+    writes: writes_.Writes, env: envelope_.Envelope, payload: events.Payload, projected: repository.Projected | None
 ) -> str:
     """What became of the event (metrics.APPLIED, ...), given its pipeline, locked, and its stages."""
     if projected is None:
@@ -100,16 +104,27 @@ def _apply(
     attempt = int(getattr(payload, "attempt", 0))
     change = model.attempt_change(fact, payload, env.time)
     if change is not None:
-        repository.save_attempt(conn, pipeline_id, stage, attempt, change)
+        writes.attempt(pipeline_id, stage, attempt, change)
     operation = int(getattr(payload, "operation", 0))
     superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
     if superseded or model.is_stale(fact, attempt, operation, projected.applied(stage)):
         log.info("stale %s (attempt %d) ignored", env.type, attempt)
         return metrics.STALE
     values, pos = _stage_values(fact, payload), model.position(fact, attempt)
-    repository.save_stage(conn, pipeline_id, stage, pos, values)
+    writes.stage(pipeline_id, stage, pos, values)
     projected.saved(stage, pos, values)
-    record(conn, pipeline, env.id, env.type, stage, fact, payload, occurred_at=env.time, projected=projected)
+    record(
+        writes.conn,
+        pipeline,
+        env.id,
+        env.type,
+        stage,
+        fact,
+        payload,
+        occurred_at=env.time,
+        projected=projected,
+        writes=writes,
+    )
     return metrics.APPLIED
 
 
@@ -124,11 +139,13 @@ def record(
     *,
     occurred_at: dt.datetime | None = None,
     projected: repository.Projected | None = None,
+    writes: writes_.Writes | None = None,
     **details: Any,
 ) -> model.PipelineStatus:
     """After a change to `pipeline` (its row, locked) or its stages: its new status, a timeline entry (at
     `occurred_at`, the event's time; default now). `projected`: its stages as they are now, if known
-    (else they are read)."""
+    (else they are read). `writes`: how to write (default: at once, on `conn`)."""
+    writes = writes or writes_.Writes(conn)
     statuses = projected.statuses() if projected else repository.stage_statuses(conn, pipeline.id)
     status = model.pipeline_status(statuses, cancel_pending=pipeline.cancel_requested_at is not None)
     percent = model.progress(statuses)
@@ -143,7 +160,7 @@ def record(
         changes.update(error_code=code, error_message=pipeline.cancel_reason)
     if status.terminal and not model.PipelineStatus(pipeline.status).terminal:
         changes["finished_at"] = repository.NOW
-    repository.update_pipeline(conn, pipeline.id, **changes)
+    writes.pipeline(pipeline.id, **changes)
     if projected is not None:
         projected.updated(changes)
     final = None
@@ -152,7 +169,7 @@ def record(
     if final is not None and not model.PipelineStatus(pipeline.status).terminal:
         webhooks.enqueue(conn, pipeline, status, changes.get("error_code", pipeline.error_code), final)
     data = model.sse_data(stage, fact, payload, status, percent, final, **details)
-    repository.append_timeline(conn, pipeline.id, event_id, event_type, data, occurred_at)
+    writes.timeline(pipeline.id, event_id, event_type, data, occurred_at)
     return status
 
 

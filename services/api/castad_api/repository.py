@@ -494,11 +494,12 @@ def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID])
 
 
 _CANCELED = model.AttemptOutcome.CANCELED.value
-_SAVE_ATTEMPT = """
+ATTEMPT_FIELDS = ("worker", "started_at", "ended_at", "outcome", "error_code", "error_message")
+# An attempt's row merged with what an event says of it, from `{source}` (VALUES, or a SELECT of many rows).
+SAVE_ATTEMPT_INTO = """
 INSERT INTO pipeline_attempts AS a (pipeline_id, stage, attempt, worker, started_at, ended_at, outcome, error_code,
                                     error_message)
-VALUES (%(pipeline_id)s, %(stage)s, %(attempt)s, %(worker)s, %(started_at)s, %(ended_at)s, %(outcome)s,
-        %(error_code)s, %(error_message)s)
+{source}
 ON CONFLICT (pipeline_id, stage, attempt) DO UPDATE SET
     worker = coalesce(a.worker, EXCLUDED.worker),
     started_at = coalesce(a.started_at, EXCLUDED.started_at),
@@ -511,7 +512,11 @@ ON CONFLICT (pipeline_id, stage, attempt) DO UPDATE SET
     "EXCLUDED.ended_at IS NOT NULL AND (a.ended_at IS NULL"
     f" OR (a.outcome = '{_CANCELED}' AND EXCLUDED.outcome <> '{_CANCELED}'))",
 )
-_ATTEMPT_FIELDS = ("worker", "started_at", "ended_at", "outcome", "error_code", "error_message")
+_SAVE_ATTEMPT = SAVE_ATTEMPT_INTO.format(
+    source="VALUES ("
+    + ", ".join(f"%({field})s" for field in ("pipeline_id", "stage", "attempt", *ATTEMPT_FIELDS))
+    + ")"
+)
 
 
 def save_attempt(
@@ -523,16 +528,13 @@ def save_attempt(
     is taken if the attempt had none, or had a cancel's: the attempt's own end (`retrying`, `failed`,
     `completed`) may come after the cancel that found it already ended."""
     params: dict[str, Any] = {"pipeline_id": pipeline_id, "stage": stage.value, "attempt": attempt}
-    params.update({field: change.get(field) for field in _ATTEMPT_FIELDS})
+    params.update({field: change.get(field) for field in ATTEMPT_FIELDS})
     db.run(conn, _SAVE_ATTEMPT, params)
 
 
-@functools.cache
-def _stage_upsert(columns: tuple[str, ...]) -> str:
-    """The upsert of a stage's row with these columns (besides its key); the first start since the stage
-    was (re)opened stays."""
-    names = ", ".join(columns)
-    values = ", ".join(f"%({column})s" for column in columns)
+def stage_upsert(columns: tuple[str, ...], source: str) -> str:
+    """The upsert of stages' rows with these columns (besides their key) from `source` (VALUES, or a SELECT of
+    many rows); the first start since the stage was (re)opened stays."""
     updates = ", ".join(
         "first_started_at = coalesce(s.first_started_at, EXCLUDED.first_started_at)"
         if column == "first_started_at"
@@ -540,21 +542,32 @@ def _stage_upsert(columns: tuple[str, ...]) -> str:
         for column in columns
     )
     return (
-        f"INSERT INTO pipeline_stages AS s (pipeline_id, stage, {names}) VALUES (%(pipeline_id)s, %(stage)s, {values})"
+        f"INSERT INTO pipeline_stages AS s (pipeline_id, stage, {', '.join(columns)}) {source}"
         f" ON CONFLICT (pipeline_id, stage) DO UPDATE SET {updates}"
     )
 
 
-def save_stage(
-    conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage, pos: model.Position, values: dict[str, Any]
-) -> None:
+@functools.cache
+def _stage_upsert(columns: tuple[str, ...]) -> str:
+    values = ", ".join(f"%({column})s" for column in ("pipeline_id", "stage", *columns))
+    return stage_upsert(columns, f"VALUES ({values})")
+
+
+def stage_row(pos: model.Position, values: dict[str, Any]) -> dict[str, Any]:
+    """The columns a stage's row gets from an applied event (`values`) at `pos`, as `save_stage` writes them."""
     row = {"rank": pos[0], "attempt": pos[1], "step": pos[2], **values}
     if "started_at" in values:
         row["first_started_at"] = values["started_at"]
     if row.get("artifact") is not None:
         row["artifact"] = Jsonb(row["artifact"])
-    columns = tuple(sorted(row))
-    db.run(conn, _stage_upsert(columns), {"pipeline_id": pipeline_id, "stage": stage.value, **row})
+    return row
+
+
+def save_stage(
+    conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage, pos: model.Position, values: dict[str, Any]
+) -> None:
+    row = stage_row(pos, values)
+    db.run(conn, _stage_upsert(tuple(sorted(row))), {"pipeline_id": pipeline_id, "stage": stage.value, **row})
 
 
 NOW = object()  # a value of update_pipeline: the database's now()
