@@ -184,7 +184,54 @@ in the morning's first run and 50.8 to 62.9 ms in six runs later on).
   and 1.04, 2.59 and 2.86 ms of wall time against 2.73 and 2.94. In the whole installation nothing moved
   beyond the spread of runs: idle end to end p50 61.5 and 55.8 ms against 55.4 and 62.9 (300 idle
   pipelines a run, alternating), 34.9 and 34.0 pipelines/s against 29.7 and 34.9. About 0.1 ms per job
-  was not worth a speculative write in both of a stage's transactions."""
+  was not worth a speculative write in both of a stage's transactions.
+
+Step 6 (2026-11-25, the same 2-core AMD EPYC). Here the same code gave 32 to 49 ms of CPU per pipeline
+in runs of one afternoon, every process up or down together while a one-core calibration loop stayed
+within 5%, so the steps were measured as alternating pairs of `--only castad` runs (400 pipelines, 40
+idle), in a worktree of their own. Before and after the first seven changes below, four pairs:
+
+| | before step 6 | after the first seven changes |
+|---|---|---|
+| throughput (pipelines/s) | 32.5, 35.0, 31.4, 39.0 | 44.0, 40.2, 45.6, 46.6 |
+| CPU per pipeline, every process and PostgreSQL (ms) | 55.7, 53.3, 59.3, 46.8 | 40.7, 45.0, 38.7, 37.7 |
+| of which api / relay / PostgreSQL, medians (ms) | 14.6 / 5.1 / 12.9 | 9.8 / 3.0 / 8.6 |
+| commits per pipeline | 28.1, 28.2, 28.3, 28.3 | 12.8, 13.5, 13.1, 12.8 |
+| idle end to end p50 (ms) | 42.5, 38.1, 59.8, 44.3 | 41.6, 43.7, 51.5, 53.8 |
+
+The eighth (merged writes) against the seven before it, three pairs: 44.0, 45.5, 43.8 ms of CPU
+against 37.6, 42.1, 36.5 (api 10.0-11.1 against 8.9-10.0 ms, PostgreSQL 9.1-9.6 against 8.0-9.0),
+39.9-41.0 pipelines/s against 42.7-48.9. Idle end to end moved within the spread of runs throughout:
+at idle nothing comes together, and every path an idle pipeline takes is the one it took before.
+
+- Group commit in the gateway's projection (`castad_runtime.groups`): its consumer's threads hand their
+  events to a Projector; an event that finds no transaction under way is projected at once, as before,
+  and the events that come meanwhile are projected together in the next one: their inbox rows in one
+  statement, their pipelines locked in the order of their ids, one commit. A group that fails is projected
+  event by event, so only an event at fault fails. Eight consumer threads instead of four, so that up to
+  seven events can wait for a group; each thread is woken only when its event is done or it is handed the
+  lead. Commits of the gateway's database: 10.8 a pipeline before, 5.0 after.
+- A group's writes merged per row (`castad_api.writes`): the last value of a column, the first start of a
+  stage, an attempt's end as the single statement takes it; one multi-row statement a table and set of
+  columns instead of four statements an event. Tests project the same stories one by one and together and
+  compare every row.
+- A stage's slot whose attempt ends claims the next job in the transaction that records the outcome,
+  while work waits for a slot: under load every job had been claimed by a transaction of its own.
+- The relay marks the rows RabbitMQ confirmed with the statement that reads its next rows (one statement
+  a drain instead of two), or alone when no NOTIFY comes within `CASTAD_RELAY_MARK_DELAY_S` (20 ms).
+  Commits of a stage's database: 5.8 a pipeline before, 2.6 after (its two transactions and the
+  relay's looks).
+- The gateway counts a key's creation last in the creation's transaction: counted first, the counter's
+  row stayed locked across the whole creation and its commit, and every POST of the key waited for the
+  one before (`pg_stat_statements`: 85 ms a call in the throughput run, 8 requests in flight). The
+  throughput run's 400 POSTs were accepted in 4.9-6.6 s instead of 7.7-9.7 s.
+- The gateway's dependencies that wait for nothing (its parts, the Content-Type check) are async: FastAPI
+  had run each on a thread of its pool, two hops for every POST.
+- Not kept: Dramatiq without the middleware Castad does not use (age and time limits, shutdown
+  notices, callbacks, pipelines): 1.5 to 12 µs less per message through a stub broker, within the
+  spread of that measurement. Not tried: grouping a stage's triggers like the projection's events. At
+  50 pipelines/s a stage's trigger comes every 20 ms and its transaction takes about 1.5 ms, so nearly
+  every group would be of one."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:
@@ -382,8 +429,9 @@ def render(r: dict[str, Any]) -> str:
         "(a part can even be negative); the total does not depend on them. *Confirmed* = "
         "`outbox.published_at` − COMMIT, not on the handler's path: the relay marks a row after RabbitMQ's "
         "confirm, with its next look for rows or, when no NOTIFY comes within `CASTAD_RELAY_MARK_DELAY_S` "
-        "(20 ms), alone, so at idle it includes that wait. *From transaction start* = handler start − `outbox.created_at` (`now()`, the start of the "
-        "writing transaction), an upper bound that adds the writer's own transaction."
+        "(20 ms), alone, so at idle it includes that wait. *From transaction start* = handler start − "
+        "`outbox.created_at` (`now()`, the start of the writing transaction), an upper bound that adds the "
+        "writer's own transaction."
     )
     add("")
     add(
