@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -14,7 +15,10 @@ from castad_runtime import groups
 class Recorder:
     """handle_group and handle_one that record their calls; `gate` holds handle_one until set."""
 
-    def __init__(self, failing: frozenset[str] = frozenset(), group_fails: bool = False) -> None:
+    def __init__(
+        self, failing: frozenset[str] = frozenset(), group_fails: bool = False, left: frozenset[str] = frozenset()
+    ) -> None:
+        self.left = left  # what a group leaves to each item's own thread
         self.groups: list[list[str]] = []
         self.ones: list[str] = []
         self.failing = failing
@@ -23,11 +27,11 @@ class Recorder:
         self.gate.set()
         self.holding = threading.Event()  # handle_one is waiting at the gate
 
-    def group(self, items: Sequence[str]) -> list[str]:
+    def group(self, items: Sequence[str]) -> list[str | groups.Left]:
         self.groups.append(list(items))
         if self.group_fails:
             raise ValueError("the group cannot be handled")
-        return [f"{item} done together" for item in items]
+        return [groups.ALONE if item in self.left else f"{item} done together" for item in items]
 
     def one(self, item: str) -> str:
         self.ones.append(item)
@@ -46,7 +50,7 @@ def submit_all(commit: groups.GroupCommit[str, str], items: list[str], queued: b
     def submit(item: str) -> None:
         try:
             outcomes[item] = commit.submit(item)
-        except Exception as error:
+        except BaseException as error:  # an Interrupted too
             outcomes[item] = error
 
     threads = []
@@ -131,3 +135,48 @@ def test_the_error_of_a_lone_item_is_raised_in_its_thread_and_the_next_item_goes
 def test_max_items_must_be_positive():
     with pytest.raises(ValueError):
         groups.GroupCommit(len, len, max_items=0)
+
+
+def test_an_item_its_group_leaves_alone_is_handled_in_its_own_thread():
+    recorder = Recorder(left=frozenset({"c"}))
+    recorder.gate.clear()
+    commit = groups.GroupCommit(recorder.group, recorder.one)
+    first = submit_all(commit, ["a"], queued=False)
+    recorder.holding.wait(5)
+    rest = submit_all(commit, ["b", "c", "d"])
+    recorder.gate.set()
+    joined(first)
+    assert joined(rest) == {"b": "b done together", "c": "c done", "d": "d done together"}
+    assert sorted(recorder.ones) == ["a", "c"]
+
+
+def test_a_group_answering_for_fewer_items_than_it_had_is_handled_item_by_item():
+    recorder = Recorder()
+    recorder.gate.clear()
+    commit = groups.GroupCommit(lambda items: recorder.group(items)[:-1], recorder.one)
+    first = submit_all(commit, ["a"], queued=False)
+    recorder.holding.wait(5)
+    rest = submit_all(commit, ["b", "c"])
+    recorder.gate.set()
+    joined(first)
+    assert joined(rest) == {"b": "b done", "c": "c done"}
+
+
+class Interrupted(BaseException):
+    """Raised in a thread from outside it, as Dramatiq's time limit does."""
+
+
+def test_a_thread_interrupted_while_it_waits_passes_on_the_lead_it_was_handed():
+    recorder = Recorder()
+    recorder.gate.clear()
+    commit = groups.GroupCommit(recorder.group, recorder.one)
+    first = submit_all(commit, ["a"], queued=False)
+    recorder.holding.wait(5)
+    rest = submit_all(commit, ["b", "c"])
+    interrupted = rest["threads"][0]  # b's: the next to lead
+    assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(interrupted.ident), ctypes.py_object(Interrupted))
+    recorder.gate.set()  # "a" done: the lead goes to "b", whose thread is interrupted as it wakes
+    joined(first)
+    outcomes = joined(rest)
+    assert isinstance(outcomes["b"], Interrupted)
+    assert outcomes["c"] == "c done"  # led by its own thread, once b's passed the lead on

@@ -8,11 +8,14 @@ loses no time, and a busy one commits once for many items.
 
 A group that fails (an outage, a deadlock, one item that cannot be handled) is handled again item by
 item, each in its own thread: every item then meets its own fate, and only the item at fault fails.
+A group may also leave some of its items to their own threads (`ALONE`), say those it could not take
+without waiting for another transaction.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -26,11 +29,18 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class Left(enum.Enum):
+    ALONE = "alone"
+
+
+ALONE = Left.ALONE  # a group's result for an item it leaves to its own thread (handle_one there)
+
+
 @dataclasses.dataclass(eq=False)
 class _Entry(Generic[T, R]):
     item: T
     handled: bool = False  # by its group
-    alone: bool = False  # its group failed: its own thread handles it alone
+    alone: bool = False  # its own thread handles it (its group failed, or left it)
     result: R | None = None
     woken: threading.Event = dataclasses.field(default_factory=threading.Event)  # done, or handed the lead
 
@@ -38,14 +48,14 @@ class _Entry(Generic[T, R]):
 class GroupCommit(Generic[T, R]):
     """Items handled in groups (see the module docstring).
 
-    `handle_group(items)` handles several items at once (one transaction) and returns a result per item,
-    in order; `handle_one(item)` handles a group of one (its leader's own item), and each item of a failed
-    group. A thread is woken only when its item is done or when it is handed the lead.
+    `handle_group(items)` handles several items at once (one transaction) and returns a result per item, in
+    order, or ALONE for an item it leaves; `handle_one(item)` handles a group of one (its leader's own item),
+    and each item left alone. A thread is woken only when its item is done or when it is handed the lead.
     """
 
     def __init__(
         self,
-        handle_group: Callable[[Sequence[T]], Sequence[R]],
+        handle_group: Callable[[Sequence[T]], Sequence[R | Left]],
         handle_one: Callable[[T], R],
         max_items: int = 32,
         name: str = "group",
@@ -57,7 +67,7 @@ class GroupCommit(Generic[T, R]):
         self._max_items = max_items
         self._name = name
         self._waiting: list[_Entry[T, R]] = []
-        self._leading = False
+        self._leader: _Entry[T, R] | None = None  # the entry whose thread leads or is handed the lead
         self._lock = threading.Lock()
 
     def submit(self, item: T) -> R:
@@ -65,49 +75,72 @@ class GroupCommit(Generic[T, R]):
         entry: _Entry[T, R] = _Entry(item)
         with self._lock:
             self._waiting.append(entry)
-            leads, self._leading = not self._leading, True
-        while True:
-            if not leads:
+            if self._leader is None:
+                self._leader = entry
+                entry.woken.set()
+        try:
+            while True:
                 entry.woken.wait()
                 entry.woken.clear()
-            if entry.handled:
-                return entry.result  # type: ignore[return-value]
-            if entry.alone:
-                return self._handle_one(item)
-            with self._lock:  # this thread leads
-                group = self._waiting[: self._max_items]
-                del self._waiting[: self._max_items]
-            if len(group) == 1 and group[0] is entry:  # alone: handled at once, items coming meanwhile wait
+                if entry.handled:
+                    return entry.result  # type: ignore[return-value]
+                if entry.alone:
+                    break
+                group: list[_Entry[T, R]] = []
+                results: Sequence[R | Left] | None = None
                 try:
-                    return self._handle_one(item)
+                    with self._lock:  # this thread leads: its own item comes first
+                        group = self._waiting[: self._max_items]
+                        del self._waiting[: self._max_items]
+                    if len(group) == 1 and group[0] is entry:  # alone: handled at once, items coming meanwhile wait
+                        group = []
+                        return self._handle_one(item)
+                    results = self._handled(group)
                 finally:
-                    self._settle([], None)
-            self._lead(group)
-            leads = False  # its own item is settled, or the lead is handed on (to itself, if it comes first)
+                    self._settle(group, results)
+        except BaseException:
+            self._abandon(entry)
+            raise
+        return self._handle_one(item)
 
-    def _lead(self, group: list[_Entry[T, R]]) -> None:
-        results: Sequence[R] | None = None
+    def _handled(self, group: list[_Entry[T, R]]) -> Sequence[R | Left] | None:
+        """The group's results; None if it failed (each item alone then)."""
         try:
             results = self._handle_group([entry.item for entry in group])
+            if len(results) != len(group):
+                raise ValueError(f"{len(results)} results for a group of {len(group)}")
         except Exception as error:
             if outages.is_outage(error):
                 log.info("%s of %d: outage (%s); each alone", self._name, len(group), redact.describe(error))
             else:
                 log.warning("%s of %d failed: each alone", self._name, len(group), exc_info=True)
-        finally:
-            self._settle(group, results)
+            return None
+        return results
 
-    def _settle(self, group: list[_Entry[T, R]], results: Sequence[R] | None) -> None:
+    def _settle(self, group: list[_Entry[T, R]], results: Sequence[R | Left] | None) -> None:
         """The group is done (results None: each item alone, in its own thread); the lead goes to the first
         item waiting, if any."""
         with self._lock:
             for index, entry in enumerate(group):
-                if results is None:
+                result = ALONE if results is None else results[index]
+                if result is ALONE:
                     entry.alone = True
                 else:
-                    entry.result, entry.handled = results[index], True
+                    entry.result, entry.handled = result, True
                 entry.woken.set()
-            if self._waiting:
-                self._waiting[0].woken.set()
-            else:
-                self._leading = False
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """The lead to the first item waiting, or to none (with the lock held)."""
+        self._leader = self._waiting[0] if self._waiting else None
+        if self._leader is not None:
+            self._leader.woken.set()
+
+    def _abandon(self, entry: _Entry[T, R]) -> None:
+        """A thread that leaves early (an exception it did not raise itself, while it waited or led): its item
+        is no longer waiting, and a lead it held or was handed goes on."""
+        with self._lock:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            if self._leader is entry:
+                self._hand_on()
