@@ -18,7 +18,7 @@ from castad_api import app, deps, keys, notifications, operations, projection, r
 from castad_api import settings as api_settings
 from castad_contracts import api, brief, envelope, events
 from castad_local import stack
-from castad_runtime import artifacts, db
+from castad_runtime import artifacts, db, groups
 
 from tests.integration.helpers import eventually, now
 
@@ -47,7 +47,10 @@ class Projection:
         self._group = []
         try:
             yield
-            projection.apply_all(self.engine, [(env, env.payload()) for env in self._group])
+            results = projection.apply_all(self.engine, [(env, env.payload()) for env in self._group])
+            for env, result in zip(self._group, results, strict=True):
+                if result is groups.ALONE:  # as the Projector's consumer thread of that event does
+                    projection.apply(self.engine, env, env.payload())
         finally:
             self._group = None
 

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from castad_api import projection, tables
 from castad_contracts import events
+from castad_runtime import groups
 from castad_runtime import tables as runtime_tables
 
 from tests.integration.gateway import Projection, ago
@@ -103,10 +104,10 @@ def projected(gateway: Projection, pipeline_id: str) -> dict[str, Any]:
         "pipeline": tuple(pipeline),
         "stages": [tuple(row) for row in stages],
         "attempts": [tuple(row) for row in attempts],
-        "timeline": sorted(  # the gateway's own entries (the operator's requests) at the gateway's own time
+        "timeline": [  # in seq order; the gateway's own entries (the operator's requests) at the gateway's own time
             (row.event_type, json.dumps(row.data, sort_keys=True), own(row.event_type) or row.occurred_at)
             for row in timeline[1:]
-        ),
+        ],
         "requested first": timeline[0].event_type,
         "webhooks": webhooks,
     }
@@ -146,6 +147,35 @@ def test_events_of_several_pipelines_and_unknown_ones_are_projected_together(gat
         inbox = runtime_tables.inbox
         recorded = conn.execute(sa.select(sa.func.count()).where(inbox.c.pipeline_id == unknown)).scalar_one()
     assert recorded == 2  # taken once each, and never projected
+
+
+def test_a_group_waits_for_no_lock_and_leaves_the_events_of_a_held_pipeline_to_their_own_threads(
+    gateway: Projection,
+):
+    held, free = gateway.create(), gateway.create()
+    holder = gateway.engine.connect()
+    holder.begin()
+    p = tables.pipelines
+    holder.execute(sa.select(p.c.id).where(p.c.id == uuid.UUID(held)).with_for_update())
+    try:
+        envs = [gateway.envelope(pipeline_id, LYRIC, "started", 1, ago(seconds=1)) for pipeline_id in (held, free)]
+        results = projection.apply_all(gateway.engine, [(env, env.payload()) for env in envs])
+    finally:
+        holder.rollback()
+        holder.close()
+    assert results == [groups.ALONE, None]
+    inbox = runtime_tables.inbox
+    with gateway.engine.connect() as conn:
+        recorded = set(
+            conn.execute(sa.select(inbox.c.event_id).where(inbox.c.event_id.in_([e.id for e in envs]))).scalars()
+        )
+        statuses = dict(
+            conn.execute(sa.select(p.c.id, p.c.status).where(p.c.id.in_([uuid.UUID(held), uuid.UUID(free)]))).all()
+        )
+    assert recorded == {envs[1].id}  # the held pipeline's event comes again, in its own thread: not a duplicate
+    assert statuses == {uuid.UUID(held): "PENDING", uuid.UUID(free): "RUNNING"}
+    projection.apply(gateway.engine, envs[0], envs[0].payload())
+    assert projected(gateway, held)["pipeline"][0] == "RUNNING"
 
 
 def test_the_projector_projects_the_events_that_came_while_it_was_busy_in_one_transaction(gateway: Projection):

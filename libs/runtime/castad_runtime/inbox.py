@@ -35,6 +35,11 @@ def record_all(conn: sa.Connection, envs: Sequence[envelope_.Envelope]) -> Calla
     return lambda: {row.event_id for row in recorded.fetchall()}
 
 
+def forget_one(conn: sa.Connection, event_id: uuid.UUID) -> None:
+    """Take back an event's row this transaction recorded (`record_all`), as if it had not come yet."""
+    db.run(conn, "DELETE FROM inbox WHERE event_id = %s", (event_id,))
+
+
 def first_delivery(conn: sa.Connection, env: envelope_.Envelope) -> bool:
     """True the first time this event id is seen; False for a redelivery or duplicate."""
     return db.run(conn, RECORD, (env.id, env.type, env.subject)).fetchone() is not None

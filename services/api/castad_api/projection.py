@@ -45,9 +45,8 @@ class Projector:
     def _apply_one(self, event: Event) -> None:
         apply(self.engine, *event, self.measured)
 
-    def _apply_all(self, group: Sequence[Event]) -> list[None]:
-        apply_all(self.engine, group, self.measured)
-        return [None] * len(group)
+    def _apply_all(self, group: Sequence[Event]) -> list[None | groups.Left]:
+        return apply_all(self.engine, group, self.measured)
 
 
 def apply(
@@ -68,11 +67,15 @@ def apply(
         measured.projected.labels(env.type, outcome).inc()
 
 
-def apply_all(engine: sa.Engine, group: Sequence[Event], measured: metrics.GatewayMetrics | None = None) -> None:
+def apply_all(
+    engine: sa.Engine, group: Sequence[Event], measured: metrics.GatewayMetrics | None = None
+) -> list[None | groups.Left]:
     """Project several stage events in one transaction, in order, each once (see `apply`): three round trips in
-    all. Their pipelines are locked together, in the order of their ids; their writes are merged per row
-    (`writes.Merged`)."""
+    all, their writes merged per row (`writes.Merged`). The transaction waits for no lock: an event whose
+    pipeline another transaction holds (or that this gateway never accepted) is left to its own thread
+    (groups.ALONE), its inbox row taken back."""
     measured = measured or metrics.GatewayMetrics()
+    results: list[None | groups.Left] = []
     with db.transaction(engine) as conn:
         with db.pipelined(conn):
             first_seen = inbox.record_all(conn, [env for env, _ in group])
@@ -81,14 +84,23 @@ def apply_all(engine: sa.Engine, group: Sequence[Event], measured: metrics.Gatew
         merged = writes_.Merged(conn)
         with db.pipelined(conn):
             for env, payload in group:
+                held = projected.get(uuid.UUID(payload.pipeline_id))
+                if held is None:
+                    results.append(groups.ALONE)
+                    if env.id in new:
+                        new.discard(env.id)
+                        inbox.forget_one(conn, env.id)  # recorded by its own thread's transaction instead
+                    continue
+                results.append(None)
                 if env.id not in new:
                     db.after_commit(conn, functools.partial(measured.consumer.duplicate, env.type))
                     continue
                 new.discard(env.id)  # given twice: the second one is a duplicate
                 with logs.bound(env.subject, str(env.id)), telemetry.continued(env.traceparent, env.tracestate):
-                    outcome = _apply(merged, env, payload, projected.get(uuid.UUID(payload.pipeline_id)))
+                    outcome = _apply(merged, env, payload, held)
                 db.after_commit(conn, measured.projected.labels(env.type, outcome).inc)
             merged.flush()
+    return results
 
 
 def _apply(

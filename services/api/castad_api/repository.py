@@ -471,7 +471,7 @@ def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | N
 
 _LOCK_ALL_PROJECTED = """
 SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url
-FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE
+FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED
 """
 _ALL_PROJECTED_STAGES = """
 SELECT pipeline_id, stage, status, rank, attempt, step, floor_attempt, operation, artifact FROM pipeline_stages
@@ -480,8 +480,8 @@ WHERE pipeline_id = ANY(%s)
 
 
 def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, Projected]:
-    """`lock_projected` of several pipelines, locked in the order of their ids (so that two such transactions
-    never wait for each other in a circle), in two statements; a pipeline not found is left out."""
+    """`lock_projected` of several pipelines in two statements (sent together in `db.pipelined`), without waiting:
+    a pipeline another transaction holds is left out, as is one not found."""
     ids = sorted(set(pipeline_ids))
     locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,))
     stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,))
@@ -532,7 +532,7 @@ def save_attempt(
     db.run(conn, _SAVE_ATTEMPT, params)
 
 
-def stage_upsert(columns: tuple[str, ...], source: str) -> str:
+def upsert_stages_sql(columns: tuple[str, ...], source: str) -> str:
     """The upsert of stages' rows with these columns (besides their key) from `source` (VALUES, or a SELECT of
     many rows); the first start since the stage was (re)opened stays."""
     updates = ", ".join(
@@ -548,9 +548,9 @@ def stage_upsert(columns: tuple[str, ...], source: str) -> str:
 
 
 @functools.cache
-def _stage_upsert(columns: tuple[str, ...]) -> str:
+def _save_stage_sql(columns: tuple[str, ...]) -> str:
     values = ", ".join(f"%({column})s" for column in ("pipeline_id", "stage", *columns))
-    return stage_upsert(columns, f"VALUES ({values})")
+    return upsert_stages_sql(columns, f"VALUES ({values})")
 
 
 def stage_row(pos: model.Position, values: dict[str, Any]) -> dict[str, Any]:
@@ -567,7 +567,7 @@ def save_stage(
     conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage, pos: model.Position, values: dict[str, Any]
 ) -> None:
     row = stage_row(pos, values)
-    db.run(conn, _stage_upsert(tuple(sorted(row))), {"pipeline_id": pipeline_id, "stage": stage.value, **row})
+    db.run(conn, _save_stage_sql(tuple(sorted(row))), {"pipeline_id": pipeline_id, "stage": stage.value, **row})
 
 
 NOW = object()  # a value of update_pipeline: the database's now()

@@ -72,7 +72,8 @@ def merge_attempt(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, A
 
 
 class Merged(Writes):
-    """Writes merged per row, made at `flush` (which must come before the transaction reads them back)."""
+    """Writes merged per row, made at `flush` (which must come before the transaction reads them back). A
+    webhook's notice (`webhooks.enqueue`, at a pipeline's end) is still written at once, on `conn`."""
 
     def __init__(self, conn: sa.Connection) -> None:
         super().__init__(conn)
@@ -125,7 +126,7 @@ class Merged(Writes):
         for columns, stage_rows in stages.items():
             params = {"pipeline_id": [key[0] for key, _ in stage_rows], "stage": [key[1] for key, _ in stage_rows]}
             params.update({column: [row[column] for _, row in stage_rows] for column in columns})
-            db.run(self.conn, _stages_upsert(columns), params)
+            db.run(self.conn, _save_stages_sql(columns), params)
         pipelines: defaultdict[tuple[tuple[str, ...], frozenset[str]], list[tuple[uuid.UUID, dict[str, Any]]]]
         pipelines = defaultdict(list)
         for pipeline_id, values in self._pipelines.items():
@@ -134,7 +135,7 @@ class Merged(Writes):
         for (columns, now), pipeline_rows in pipelines.items():
             params = {"id": [pipeline_id for pipeline_id, _ in pipeline_rows]}
             params.update({c: [values[c] for _, values in pipeline_rows] for c in columns if c not in now})
-            db.run(self.conn, _pipelines_update(columns, now), params)
+            db.run(self.conn, _update_pipelines_sql(columns, now), params)
         if self._timeline:
             db.run(self.conn, _APPEND_ALL_TIMELINE, [list(column) for column in zip(*self._timeline, strict=True)])
 
@@ -162,16 +163,16 @@ ORDER BY position
 
 
 @functools.cache
-def _stages_upsert(columns: tuple[str, ...]) -> str:
+def _save_stages_sql(columns: tuple[str, ...]) -> str:
     """`repository.save_stage`'s upsert for many rows with these columns (besides their key)."""
     arrays = ", ".join(
         f"%({column})s::{_array_type(tables.stages, column)}" for column in ("pipeline_id", "stage", *columns)
     )
-    return repository.stage_upsert(columns, f"SELECT * FROM unnest({arrays})")
+    return repository.upsert_stages_sql(columns, f"SELECT * FROM unnest({arrays})")
 
 
 @functools.cache
-def _pipelines_update(columns: tuple[str, ...], now: frozenset[str]) -> str:
+def _update_pipelines_sql(columns: tuple[str, ...], now: frozenset[str]) -> str:
     """`repository.update_pipeline` for many pipelines with these columns (those in `now`: the database's now())."""
     given = [column for column in columns if column not in now]
     arrays = ", ".join(f"%({column})s::{_array_type(tables.pipelines, column)}" for column in ("id", *given))
