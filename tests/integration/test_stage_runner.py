@@ -626,6 +626,34 @@ def test_with_work_waiting_for_a_slot_each_next_job_is_claimed_by_the_transactio
     assert len(looks) == 2  # the first look (which took the first job), and one that found the backlog gone
 
 
+def test_a_next_job_claimed_just_as_the_service_stops_is_handed_back_uncounted_and_not_run(engine, run_scheduler):
+    calls: list[str] = []
+
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        calls.append(job.pipeline_id)
+        return output()
+
+    stage = stage_runner(engine, work)
+    first, second = add_job(stage), add_job(stage)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)
+
+    def backlogged_then_stopping() -> bool:  # the stop begins right after the slot decided to claim more
+        jobs._stopping.set()
+        return True
+
+    jobs._backlogged = backlogged_then_stopping  # type: ignore[method-assign]
+    jobs.start()
+    try:
+        eventually(lambda: status_of(engine, second) is not Status.PENDING, what="the second job claimed")
+    finally:
+        jobs.stop()
+    assert calls == [first]
+    assert (status_of(engine, first), status_of(engine, second)) == (Status.SUCCEEDED, Status.RETRY_WAIT)
+    [attempt] = attempt_rows(engine, second)
+    assert (attempt.outcome, attempt.error_code) == ("interrupted", "worker_stopped")
+    assert job_row(engine, second).counted_attempts == 0
+
+
 def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(engine, run_scheduler):
     release = threading.Event()
 

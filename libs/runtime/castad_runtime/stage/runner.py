@@ -362,6 +362,10 @@ class StageRunner:
                 finally:
                     self._leases.release(job.id)
                 self._wait_until_stopped(worker, job)
+        except BaseException:
+            if following is not None:  # committed, but nobody will run it: handed back at once, not counted
+                self.hand_back(following, "its slot failed after claiming it")
+            raise
         finally:
             with self._lock:
                 self._active.pop(job.id, None)
@@ -677,10 +681,13 @@ class _Leases:
                 failures += 1
                 continue
             failures = 0
-            for job_id, (_, on_lost) in held.items():
+            for job_id, (job, on_lost) in held.items():
                 if job_id not in renewed:
                     with self._lock:
-                        still_held = self._held.pop(job_id, None) is not None
-                    if still_held:  # not an attempt that was recorded meanwhile
+                        # Not an attempt recorded meanwhile, nor a new claim of the same job that took its place.
+                        still_held = self._held.get(job_id, (None,))[0] is job
+                        if still_held:
+                            del self._held[job_id]
+                    if still_held:
                         log.warning("claim of job %s lost: its lease was taken over or the job moved on", job_id)
                         on_lost()

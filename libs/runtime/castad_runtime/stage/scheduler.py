@@ -152,6 +152,9 @@ class JobScheduler:
                 ran = None  # not the attempt before's, should this one's recording fail
                 ran = self.runner.execute(claim, self._backlogged)
                 claim = ran.next
+                if claim is not None and self._stopping.is_set():  # claimed just as the stop began
+                    self.runner.hand_back(claim, "the service stopped before the attempt began")
+                    claim = None
         except Exception:
             assert claim is not None
             log.exception("attempt of job %s could not be recorded; its lease will expire", claim.job.id)
