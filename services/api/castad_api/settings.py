@@ -32,8 +32,8 @@ class ApiSettings(settings.StoreSettings):
         default=8,
         ge=1,
         le=64,
-        description="Dramatiq threads projecting events: those that come while one is projected wait and go"
-        " together, up to one less than this many",
+        description="Dramatiq threads projecting events: the events that come while one is projected wait and"
+        " are projected together",
     )
     creations_per_minute: int = Field(
         default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"

@@ -129,7 +129,7 @@ class SourceRelay:
 
     @staticmethod
     async def _notified(listener: psycopg.AsyncConnection[Any], timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for a NOTIFY (taking every one already come); whether one came."""
+        """Wait up to `timeout_s` for a NOTIFY (taking those that came with it); whether one came."""
         came = False
         async for _ in listener.notifies(timeout=timeout_s, stop_after=1):
             came = True
