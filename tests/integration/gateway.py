@@ -68,19 +68,11 @@ class Projection:
         fact: events.StageFact,
         attempt: int,
         at: dt.datetime,
-        *,
-        worker: str = "w",
-        code: str = "provider_error",
-        operation: int = 1,
-        time: dt.datetime | None = None,
+        **options: Any,
     ) -> envelope.Envelope:
-        """Apply `<stage>.<fact>` of `attempt` that happened `at` (the payload's time; the envelope's is `time`,
-        by default `at` too). Returns its envelope, to deliver it again with `deliver`."""
-        return self.deliver(
-            self.envelope(
-                pipeline_id, stage, fact, attempt, at, worker=worker, code=code, operation=operation, time=time
-            )
-        )
+        """Apply `<stage>.<fact>` of `attempt` that happened `at` (options: see `envelope`). Returns its envelope,
+        to deliver it again with `deliver`."""
+        return self.deliver(self.envelope(pipeline_id, stage, fact, attempt, at, **options))
 
     def envelope(
         self,
@@ -95,7 +87,8 @@ class Projection:
         operation: int = 1,
         time: dt.datetime | None = None,
     ) -> envelope.Envelope:
-        """The envelope of that event (see `event`), not delivered."""
+        """The envelope of `<stage>.<fact>` of `attempt` that happened `at` (the payload's time; the envelope's is
+        `time`, by default `at` too), not delivered."""
         common = {"pipeline_id": pipeline_id, "stage": stage, "job_id": f"job-{stage.value}", "attempt": attempt}
         payload: events.Payload
         if fact == "started":

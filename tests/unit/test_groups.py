@@ -75,6 +75,23 @@ def joined(started: dict[str, Any]) -> dict[str, Any]:
     return started["outcomes"]
 
 
+def behind_a(
+    commit: groups.GroupCommit[str, str],
+    recorder: Recorder,
+    items: list[str],
+    meanwhile: Callable[[dict[str, Any]], None] = lambda started: None,
+) -> dict[str, Any]:
+    """`items` handed in while "a", alone, is being handled (held at the recorder's gate); what each got."""
+    recorder.gate.clear()
+    first = submit_all(commit, ["a"], queued=False)
+    recorder.holding.wait(5)
+    rest = submit_all(commit, items)
+    meanwhile(rest)
+    recorder.gate.set()
+    assert joined(first) == {"a": "a done"}
+    return joined(rest)
+
+
 def test_a_lone_item_is_handled_at_once_by_itself():
     recorder = Recorder()
     commit = groups.GroupCommit(recorder.group, recorder.one)
@@ -84,40 +101,24 @@ def test_a_lone_item_is_handled_at_once_by_itself():
 
 def test_items_handed_in_while_one_is_handled_are_handled_together_next():
     recorder = Recorder()
-    recorder.gate.clear()
     commit = groups.GroupCommit(recorder.group, recorder.one)
-    first = submit_all(commit, ["a"], queued=False)
-    recorder.holding.wait(5)  # "a" is being handled: the others wait
-    rest = submit_all(commit, ["b", "c", "d"])
-    recorder.gate.set()
-    assert joined(first) == {"a": "a done"}
-    assert joined(rest) == {item: f"{item} done together" for item in "bcd"}
+    outcomes = behind_a(commit, recorder, ["b", "c", "d"])
+    assert outcomes == {item: f"{item} done together" for item in "bcd"}
     assert (recorder.ones, recorder.groups) == (["a"], [["b", "c", "d"]])
 
 
 def test_a_group_takes_at_most_max_items_and_the_rest_follow():
     recorder = Recorder()
-    recorder.gate.clear()
     commit = groups.GroupCommit(recorder.group, recorder.one, max_items=2)
-    first = submit_all(commit, ["a"], queued=False)
-    recorder.holding.wait(5)
-    rest = submit_all(commit, ["b", "c", "d", "e"])
-    recorder.gate.set()
-    joined(first)
-    assert joined(rest) == {item: f"{item} done together" for item in "bcde"}
+    outcomes = behind_a(commit, recorder, ["b", "c", "d", "e"])
+    assert outcomes == {item: f"{item} done together" for item in "bcde"}
     assert recorder.groups == [["b", "c"], ["d", "e"]]
 
 
 def test_a_failed_group_is_handled_item_by_item_and_only_the_item_at_fault_fails():
     recorder = Recorder(failing=frozenset({"c"}), group_fails=True)
-    recorder.gate.clear()
     commit = groups.GroupCommit(recorder.group, recorder.one)
-    first = submit_all(commit, ["a"], queued=False)
-    recorder.holding.wait(5)
-    rest = submit_all(commit, ["b", "c", "d"])
-    recorder.gate.set()
-    joined(first)
-    outcomes = joined(rest)
+    outcomes = behind_a(commit, recorder, ["b", "c", "d"])
     assert recorder.groups == [["b", "c", "d"]]
     assert sorted(recorder.ones) == ["a", "b", "c", "d"]
     assert (outcomes["b"], outcomes["d"]) == ("b done", "d done")
@@ -139,27 +140,17 @@ def test_max_items_must_be_positive():
 
 def test_an_item_its_group_leaves_alone_is_handled_in_its_own_thread():
     recorder = Recorder(left=frozenset({"c"}))
-    recorder.gate.clear()
     commit = groups.GroupCommit(recorder.group, recorder.one)
-    first = submit_all(commit, ["a"], queued=False)
-    recorder.holding.wait(5)
-    rest = submit_all(commit, ["b", "c", "d"])
-    recorder.gate.set()
-    joined(first)
-    assert joined(rest) == {"b": "b done together", "c": "c done", "d": "d done together"}
+    outcomes = behind_a(commit, recorder, ["b", "c", "d"])
+    assert outcomes == {"b": "b done together", "c": "c done", "d": "d done together"}
     assert sorted(recorder.ones) == ["a", "c"]
 
 
 def test_a_group_answering_for_fewer_items_than_it_had_is_handled_item_by_item():
     recorder = Recorder()
-    recorder.gate.clear()
     commit = groups.GroupCommit(lambda items: recorder.group(items)[:-1], recorder.one)
-    first = submit_all(commit, ["a"], queued=False)
-    recorder.holding.wait(5)
-    rest = submit_all(commit, ["b", "c"])
-    recorder.gate.set()
-    joined(first)
-    assert joined(rest) == {"b": "b done", "c": "c done"}
+    outcomes = behind_a(commit, recorder, ["b", "c"])
+    assert outcomes == {"b": "b done", "c": "c done"}
 
 
 class Interrupted(BaseException):
@@ -168,15 +159,12 @@ class Interrupted(BaseException):
 
 def test_a_thread_interrupted_while_it_waits_passes_on_the_lead_it_was_handed():
     recorder = Recorder()
-    recorder.gate.clear()
     commit = groups.GroupCommit(recorder.group, recorder.one)
-    first = submit_all(commit, ["a"], queued=False)
-    recorder.holding.wait(5)
-    rest = submit_all(commit, ["b", "c"])
-    interrupted = rest["threads"][0]  # b's: the next to lead
-    assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(interrupted.ident), ctypes.py_object(Interrupted))
-    recorder.gate.set()  # "a" done: the lead goes to "b", whose thread is interrupted as it wakes
-    joined(first)
-    outcomes = joined(rest)
+
+    def interrupt_b(started: dict[str, Any]) -> None:  # "b" is the next to lead; interrupted as it wakes
+        b = started["threads"][0]
+        assert ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(b.ident), ctypes.py_object(Interrupted))
+
+    outcomes = behind_a(commit, recorder, ["b", "c"], interrupt_b)
     assert isinstance(outcomes["b"], Interrupted)
     assert outcomes["c"] == "c done"  # led by its own thread, once b's passed the lead on
