@@ -7,6 +7,7 @@ between the relay and the shared RabbitMQ, which other tests keep using.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
@@ -300,15 +301,19 @@ def test_a_confirmed_row_is_marked_by_the_next_look_for_rows_or_when_the_relay_s
     api_queue = installation.topology.queue("api")
     running = start_relay(fallback_poll_s=30, mark_delay_s=1.0)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    eventually(lambda: all_published(engine), what="a first row marked")  # the relay is past its first drain
     amqp.take(api_queue, 1)
-    time.sleep(0.2)  # the confirm is in
-    assert unpublished(engine) == [True]
 
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
     amqp.take(api_queue, 1)
-    assert unpublished(engine) == [False, True]  # marked by the statement that read the second
+    time.sleep(0.2)  # the confirm is in
+    assert unpublished(engine) == [False, True]
+
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    amqp.take(api_queue, 1)
+    assert unpublished(engine) == [False, False, True]  # marked by the statement that read the third
     running.stop()
-    assert unpublished(engine) == [False, False]
+    assert unpublished(engine) == [False, False, False]
     assert amqp.take_all(api_queue) == []
 
 
@@ -378,6 +383,47 @@ def test_a_broker_that_stops_answering_only_makes_rows_wait(installation, engine
 
     assert sorted(message.event_id for message in delivered) == sorted(row.event_id for row in outbox_rows(engine)[1:])
     assert sequences(delivered) == {pipeline: [1, 2, 3, 4] for pipeline in pipelines}
+
+
+class _ConfirmsCancelledOnce(publisher.Publisher):
+    """A publisher whose first publish meets what aiormq does to the confirms it awaits when its connection dies:
+    they are rejected with a CancelledError, which is no stop of the relay."""
+
+    cancelled = 0
+
+    async def channel(self) -> Any:
+        channel = await super().channel()
+        publisher_ = self
+
+        class Channel:
+            async def basic_publish(self, *args: Any, **options: Any) -> Any:
+                if publisher_.cancelled == 0:
+                    publisher_.cancelled += 1
+                    raise asyncio.CancelledError()
+                return await channel.basic_publish(*args, **options)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(channel, name)
+
+        return Channel()
+
+
+def test_a_publish_cancelled_under_the_relay_only_makes_its_row_wait(installation, engines, amqp, relay_config):
+    engine = engines["lyric"]
+    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+    loop = LoopThread()
+    cancelling = _ConfirmsCancelledOnce(
+        config.amqp_url, installation.topology.exchange, config.confirm_timeout_s, config.max_message_bytes
+    )
+    try:
+        task = loop.submit(relay.SourceRelay(config.sources[0], cancelling, config, "unused.dead-letter").run_forever())
+        [row] = write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        eventually(lambda: all_published(engine), what="the row published after all")
+        assert cancelling.cancelled == 1 and not task.done()
+        assert [message.event_id for message in amqp.take_all(installation.topology.queue("api"))] == [row.id]
+    finally:
+        loop.submit(cancelling.close()).result(timeout=5)
+        loop.close()
 
 
 def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(installation, engines, amqp, relay_config):

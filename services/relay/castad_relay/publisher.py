@@ -51,6 +51,13 @@ class Refused:
 RowResult = Sent | Refused | None
 
 
+def stopping() -> bool:
+    """Whether the current task itself is being cancelled (a stop), rather than handed a CancelledError by a
+    library whose connection died."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def envelope_body(content: str, traceparent: str | None, tracestate: str | None) -> bytes:
     """A message body: an outbox row's envelope with the given trace context. `content` is the envelope
     without one, as JSON text (PostgreSQL's, which writes an object as `{...}`); the trace fields are
@@ -206,6 +213,12 @@ class Publisher:
                 aiormq.exceptions.ChannelInvalidStateError,
                 OSError,
             ) as error:
+                trouble.append(error)
+                return None
+            except asyncio.CancelledError as error:
+                if stopping():
+                    raise
+                # aiormq rejects the confirms it still awaits with a CancelledError when its connection dies.
                 trouble.append(error)
                 return None
             if self.confirms is not None:

@@ -98,8 +98,12 @@ class SourceRelay:
                 log.warning("relay %s: database unavailable (%s); retrying", self.name, redact.describe(error))
             except Exception:
                 # Anything else is a bug, but it must not end this database's relay for good.
-                # (Cancellation is not an Exception: it still ends the task.)
                 log.exception("relay %s: unexpected error; retrying", self.name)
+            except asyncio.CancelledError:
+                if publisher_.stopping():  # the relay stops: this ends the task
+                    raise
+                # Not a stop of this relay (a library passed on its own cancellation): it must not end it either.
+                log.exception("relay %s: cancelled from below; retrying", self.name)
             await asyncio.sleep(self.config.retry_delay_s)
 
     async def _run(self) -> None:
