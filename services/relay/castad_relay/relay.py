@@ -10,7 +10,7 @@ row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
 A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
 pipeline kept) and marks the confirmed ones published: with its next look for rows,
 one statement for both, when a NOTIFY comes within `mark_delay_s` (as it does under
-load), else alone; in either case without waiting for that mark's WAL flush (a mark
+load), else alone, and alone too between the batches of a backlog; in every case without waiting for that mark's WAL flush (a mark
 lost to a crash, or to a stop before it was made, only sends its rows again:
 duplicates, which inboxes drop). A row the broker refuses (no queue bound to its routing key, nacked, too large)
 backs off on its own, exponentially, and after `max_publish_attempts` refusals is parked
@@ -192,6 +192,10 @@ class SourceRelay:
             elif not suspects and len(fetched) < self.config.batch_size and publisher_.Sent.SUSPECT not in results:
                 # That was all: rows committed since then have their NOTIFY waiting for the listener.
                 return
+            else:
+                # More rows wait (a backlog): a full batch's marks cost PostgreSQL less alone than in the next
+                # look, whose SELECT would still see those rows unpublished and have to pass over them.
+                await self._mark(conn)
 
     async def _publish_alone(self, row: dict[str, Any]) -> publisher_.RowResult:
         """A suspect on a channel of its own: if the channel closes on it again, it is to blame."""
