@@ -220,7 +220,11 @@ at idle nothing comes together, and every path an idle pipeline takes is the one
 - The relay marks the rows RabbitMQ confirmed with the statement that reads its next rows (one statement
   a drain instead of two), or alone when no NOTIFY comes within `CASTAD_RELAY_MARK_DELAY_S` (20 ms).
   Commits of a stage's database: 5.8 a pipeline before, 2.6 after (its two transactions and the
-  relay's looks).
+  relay's looks). In a backlog this cost more than it saved: the look's SELECT still saw the rows being
+  marked as unpublished and passed over them, and a full `make bench` run (`14140c3d`) showed the drain
+  at 0.45× and PostgreSQL at 217 ms per 1,000 rows. Between the full batches of a backlog the marks are made alone
+  again: in alternating `--only drain` pairs, 126 and 136 ms of PostgreSQL per 1,000 rows against 220 and
+  199, the drain at 0.52× and 0.49× of the raw publisher against 0.42× and 0.48×.
 - The gateway counts a key's creation last in the creation's transaction: counted first, the counter's
   row stayed locked across the whole creation and its commit, and every POST of the key waited for the
   one before (`pg_stat_statements`: 85 ms a call in the throughput run, 8 requests in flight). The
@@ -231,7 +235,20 @@ at idle nothing comes together, and every path an idle pipeline takes is the one
   notices, callbacks, pipelines): 1.5 to 12 µs less per message through a stub broker, within the
   spread of that measurement. Not tried: grouping a stage's triggers like the projection's events. At
   50 pipelines/s a stage's trigger comes every 20 ms and its transaction takes about 1.5 ms, so nearly
-  every group would be of one."""
+  every group would be of one.
+
+The two full runs at the end of step 6 (`14140c3d` before the drain's fix, and the run above) came on a
+slower host than the afternoon's: a PostgreSQL round trip took 0.14-0.20 ms back to back against 0.06 ms,
+and DBOS did 35.5 and 36.5 workflows/s against 71.6 in the run of step 5. The ratios moved where step 6
+aimed: commits per pipeline 26.8 → 12.8-13.1 (now fewer than DBOS's 16.2-16.3), CPU 2.68× → 1.60× and
+2.03× of DBOS's, throughput 0.49× → 0.79× and 0.59×. The handoff p50 (5.3 and 6.5 ms) and the
+10-minute run (worst minute's p99 1,416 and 260 ms against 227 and 114 ms in the first) missed targets
+they had met on the faster host. Six-minute runs at one fixed rate (14 pipelines/s, alternating, on that
+host) do not clear step 6 of the second: with its code p50 went from 52 to 100-112 ms by the third
+minute and stayed (a second run: 74-130 ms), with the code before it 55-64 ms (one minute 91); the
+machine's load average stayed at 4-5 on two cores throughout, so both ran at the edge of what the host
+gave. Group commit trades a little latency (an event may wait for the group before it) for CPU, which
+is the likely cost at that edge; it was not settled in this step."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:

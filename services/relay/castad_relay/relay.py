@@ -10,7 +10,8 @@ row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
 A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
 pipeline kept) and marks the confirmed ones published: with its next look for rows,
 one statement for both, when a NOTIFY comes within `mark_delay_s` (as it does under
-load), else alone, and alone too between the batches of a backlog; in every case without waiting for that mark's WAL flush (a mark
+load), else alone, and alone too between the batches of a backlog; in every case
+without waiting for that mark's WAL flush (a mark
 lost to a crash, or to a stop before it was made, only sends its rows again:
 duplicates, which inboxes drop). A row the broker refuses (no queue bound to its routing key, nacked, too large)
 backs off on its own, exponentially, and after `max_publish_attempts` refusals is parked
