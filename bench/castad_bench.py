@@ -16,8 +16,7 @@ Python's time.time() are both CLOCK_REALTIME of this machine.
   flush). outbox.created_at is now() = the start of the writing transaction, earlier.
 - notify seen: a LISTEN connection of the harness on each database, next to the relay's.
 - broker routed: arrival on a tap queue of the harness bound to the exchange with `#`.
-- published: outbox.published_at, set by the relay after RabbitMQ confirmed the row (with its next
-  look for rows, or alone after CASTAD_RELAY_MARK_DELAY_S).
+- published: outbox.published_at, set by the relay once RabbitMQ confirmed the row's batch.
 - handler start: inbox.received_at in the consuming service = now() of the handler's
   transaction, whose first statement is the inbox insert.
 """

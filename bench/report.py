@@ -444,9 +444,8 @@ def render(r: dict[str, Any]) -> str:
         "(Dramatiq consumer, worker thread, envelope parsing, pool checkout and BEGIN). The harness's "
         "observers run in one Python process, so a late observer moves time between neighbouring parts "
         "(a part can even be negative); the total does not depend on them. *Confirmed* = "
-        "`outbox.published_at` − COMMIT, not on the handler's path: the relay marks a row after RabbitMQ's "
-        "confirm, with its next look for rows or, when no NOTIFY comes within `CASTAD_RELAY_MARK_DELAY_S` "
-        "(20 ms), alone, so at idle it includes that wait. *From transaction start* = handler start − "
+        "`outbox.published_at` − COMMIT, not on the handler's path: the relay marks a row once RabbitMQ "
+        "confirmed its batch. *From transaction start* = handler start − "
         "`outbox.created_at` (`now()`, the start of the writing transaction), an upper bound that adds the "
         "writer's own transaction."
     )

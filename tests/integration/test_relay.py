@@ -292,36 +292,15 @@ def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines
         assert amqp.take_all(api_queue) == []
 
 
-def test_a_confirmed_row_is_marked_by_the_next_look_for_rows_or_when_the_relay_stops(
-    installation, engines, amqp, start_relay
-):
-    """While nothing else comes, a confirmed row waits (up to mark_delay_s) to be marked with the next look for
-    rows; the row that look finds waits in turn, and is marked when the relay stops. Neither is sent twice."""
+def test_a_confirmed_row_is_marked_once_its_batch_is_settled(engines, amqp, installation, start_relay):
+    """No later row, no NOTIFY, no fallback poll: the mark does not wait for the next look for rows."""
     engine = engines["lyric"]
-    api_queue = installation.topology.queue("api")
-    running = start_relay(fallback_poll_s=30, mark_delay_s=1.0)
-    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    eventually(lambda: all_published(engine), what="a first row marked")  # the relay is past its first drain
-    amqp.take(api_queue, 1)
-
-    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    amqp.take(api_queue, 1)
-    time.sleep(0.2)  # the confirm is in
-    assert unpublished(engine) == [False, True]
-
-    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    amqp.take(api_queue, 1)
-    assert unpublished(engine) == [False, False, True]  # marked by the statement that read the third
-    running.stop()
-    assert unpublished(engine) == [False, False, False]
-    assert amqp.take_all(api_queue) == []
-
-
-def test_a_confirmed_row_with_nothing_after_it_is_marked_alone_after_mark_delay_s(engines, start_relay):
-    engine = engines["lyric"]
-    start_relay(fallback_poll_s=30, mark_delay_s=0.3)
+    start_relay(fallback_poll_s=30)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
     eventually(lambda: all_published(engine), timeout=2, what="the row marked alone")
+    amqp.take(installation.topology.queue("api"), 1)
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    eventually(lambda: all_published(engine), timeout=2, what="the next row marked alone")
 
 
 def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start_relay):

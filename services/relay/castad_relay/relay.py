@@ -8,13 +8,13 @@ whole server); it drains then, whenever a writer's NOTIFY arrives, when a backin
 row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
 
 A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
-pipeline kept) and marks the confirmed ones published: with its next look for rows,
-one statement for both, when a NOTIFY comes within `mark_delay_s` (as it does under
-load), else alone, and alone too between the batches of a backlog; in every case
-without waiting for that mark's WAL flush (a mark
-lost to a crash, or to a stop before it was made, only sends its rows again:
-duplicates, which inboxes drop). A row the broker refuses (no queue bound to its routing key, nacked, too large)
-backs off on its own, exponentially, and after `max_publish_attempts` refusals is parked
+pipeline kept) and marks the confirmed ones published once their batch is settled, by a
+statement of their own, without waiting for that mark's WAL flush (a mark lost to a
+crash, or to a stop before it was made, only sends its rows again: duplicates, which
+inboxes drop). Marked in the next look for rows instead, by the same statement, they
+made each look slower as the outbox grew, and the latency of a steady load with it.
+A row the broker refuses (no queue bound to its routing key, nacked, too large) backs
+off on its own, exponentially, and after `max_publish_attempts` refusals is parked
 with its reason for an operator to republish (`castad_runtime.outbox.republish`, through
 the gateway's dead letters: the relay puts a notice of it in the dead-letter queue
 first); meanwhile it holds back only the later rows of its own pipeline, and every other
@@ -87,7 +87,7 @@ class SourceRelay:
         self.published = 0
         self.parked = 0
         self._suspects: set[int] = set()  # rows in flight when their channel closed: tried alone next
-        self._confirmed: list[int] = []  # rows the broker confirmed, to be marked published (with the next look)
+        self._confirmed: list[int] = []  # rows the broker confirmed, to be marked published
         self._backing_off = True  # some row may wait for its retry_at (ask NEXT_RETRY_IN); reset by each leader
         self._rng = random.Random()
 
@@ -123,10 +123,6 @@ class SourceRelay:
             try:
                 while True:
                     await self._drain(worker)
-                    # Confirmed rows are marked by the next look for rows if a NOTIFY comes soon, else alone.
-                    if self._confirmed and await self._notified(listener, self.config.mark_delay_s):
-                        continue
-                    await self._mark(worker)
                     wait_s = await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
                     await self._notified(listener, wait_s)
             finally:
@@ -144,12 +140,9 @@ class SourceRelay:
         """Mark the confirmed rows published, if any wait for it."""
         if self._confirmed:
             await conn.execute(statements.MARK_PUBLISHED, {"marked": self._confirmed})
-            self._marked()
-
-    def _marked(self) -> None:
-        self.published += len(self._confirmed)
-        self.metrics.published.labels(self.source).inc(len(self._confirmed))
-        self._confirmed = []
+            self.published += len(self._confirmed)
+            self.metrics.published.labels(self.source).inc(len(self._confirmed))
+            self._confirmed = []
 
     async def _mark_on_leaving(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """A relay that stops or lost its database marks what it can: a row left unmarked is only sent again."""
@@ -188,15 +181,12 @@ class SourceRelay:
                 await asyncio.sleep(self.config.retry_delay_s)
                 continue
             await self._settle(conn, rows, results)
+            await self._mark(conn)
             if any(result is None for result in results):  # broker trouble, not a refused row
                 await asyncio.sleep(self.config.retry_delay_s)
             elif not suspects and len(fetched) < self.config.batch_size and publisher_.Sent.SUSPECT not in results:
                 # That was all: rows committed since then have their NOTIFY waiting for the listener.
                 return
-            else:
-                # More rows wait (a backlog): a full batch's marks cost PostgreSQL less alone than in the next
-                # look, whose SELECT would still see those rows unpublished and have to pass over them.
-                await self._mark(conn)
 
     async def _publish_alone(self, row: dict[str, Any]) -> publisher_.RowResult:
         """A suspect on a channel of its own: if the channel closes on it again, it is to blame."""
@@ -270,13 +260,9 @@ class SourceRelay:
         return await self.publisher.publish_dead_letter(self.dead_letter_exchange, body, headers, message_id)
 
     async def _pending(self, conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-        """The next rows to publish, the confirmed rows marked published by the same statement."""
+        """The next rows to publish."""
         cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
-        if not self._confirmed:
-            await cursor.execute(statements.PENDING, {"limit": self.config.batch_size})
-            return await cursor.fetchall()
-        await cursor.execute(statements.MARK_AND_PENDING, {"marked": self._confirmed, "limit": self.config.batch_size})
-        self._marked()
+        await cursor.execute(statements.PENDING, {"limit": self.config.batch_size})
         return await cursor.fetchall()
 
     async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:

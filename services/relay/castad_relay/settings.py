@@ -23,12 +23,6 @@ class RelaySettings(settings.CommonSettings):
         default=2.0, gt=0, le=60, description="drain even without a NOTIFY this often (a missed wake-up)"
     )
     confirm_timeout_s: float = Field(default=15.0, gt=0, description="give up on unconfirmed publishes after")
-    mark_delay_s: float = Field(
-        default=0.02,
-        ge=0,
-        le=1,
-        description="confirmed rows wait this long for the next look for rows, to be marked published with it",
-    )
     retry_delay_s: float = Field(
         default=1.0, gt=0, le=60, description="pause after a database or broker error; first backoff of a refused row"
     )

@@ -13,7 +13,7 @@ LOCK_LEADERSHIP = "SELECT pg_advisory_lock(%s)"
 # The envelope comes as JSON text without its trace context, which the relay's publish span
 # replaces (`publisher.envelope_body`): PostgreSQL writes the text, the relay neither parses nor
 # encodes it again.
-_PENDING = """
+PENDING = """
 SELECT id, event_id, pipeline_id, routing_key, created_at, publish_attempts, destination,
        (envelope - 'traceparent' - 'tracestate')::text AS content,
        envelope ->> 'traceparent' AS traceparent, envelope ->> 'tracestate' AS tracestate
@@ -24,17 +24,12 @@ WHERE o.published_at IS NULL AND o.parked_at IS NULL AND (o.retry_at IS NULL OR 
     WHERE held.pipeline_id = o.pipeline_id AND held.id < o.id AND held.published_at IS NULL
       AND (held.parked_at IS NOT NULL OR held.retry_at IS NOT NULL)
       AND (held.parked_at IS NOT NULL OR held.retry_at > now())
-  ){but}
+  )
 ORDER BY o.id
 LIMIT %(limit)s
 """
-PENDING = _PENDING.format(but="")
 
 MARK_PUBLISHED = "UPDATE outbox SET published_at = now() WHERE id = ANY(%(marked)s)"
-
-# The confirmed rows marked published and the next rows read in one statement: its SELECT sees the outbox as
-# it was before the statement's own UPDATE, so the rows being marked are left out by their ids.
-MARK_AND_PENDING = f"WITH marked AS ({MARK_PUBLISHED})\n" + _PENDING.format(but="\n  AND NOT o.id = ANY(%(marked)s)")
 
 # For the relay's own session: its commits do not wait for their WAL flush. A mark lost to a crash of the
 # database only sends its rows again, which every consumer's inbox takes as duplicates; nothing else the
