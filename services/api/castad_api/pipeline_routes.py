@@ -46,6 +46,14 @@ class _OverLimit(Exception):
         self.wait_s = wait_s
 
 
+def _too_many(gw: Gateway, wait_s: float) -> HTTPException:
+    return HTTPException(
+        status.HTTP_429_TOO_MANY_REQUESTS,
+        f"this key may create {gw.config.creations_per_minute} pipelines a minute",
+        {"Retry-After": str(math.ceil(wait_s))},
+    )
+
+
 async def require_json(request: Request) -> None:  # async: no thread of FastAPI's pool for a header's check
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "application/json":
@@ -77,19 +85,18 @@ def create_pipeline(
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
     if refused:
         raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
+    if who.minute.created >= gw.config.creations_per_minute:  # used up when the key was read: no work at all
+        raise _too_many(gw, who.minute.retry_after_s())
     try:
         with db.transaction(gw.engine) as conn:
             accepted = operations.create(conn, body, who.tenant, key, gw.config.pipeline_deadline_s)
             # Counted last: every creation of the key waits for the lock of its counter, held until the commit.
+            # This count decides: creations of other requests or replicas may have come since the key was read.
             wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
             if wait_s is not None:
                 raise _OverLimit(wait_s)  # the creation is rolled back
     except _OverLimit as over:
-        raise HTTPException(
-            status.HTTP_429_TOO_MANY_REQUESTS,
-            f"this key may create {gw.config.creations_per_minute} pipelines a minute",
-            {"Retry-After": str(math.ceil(over.wait_s))},
-        ) from None
+        raise _too_many(gw, over.wait_s) from None
     if accepted.created:
         gw.metrics.pipelines_created.inc()
     pipeline_id = str(accepted.pipeline_id)
