@@ -248,7 +248,37 @@ host) do not clear step 6 of the second: with its code p50 went from 52 to 100-1
 minute and stayed (a second run: 74-130 ms), with the code before it 55-64 ms (one minute 91); the
 machine's load average stayed at 4-5 on two cores throughout, so both ran at the edge of what the host
 gave. Group commit trades a little latency (an event may wait for the group before it) for CPU, which
-is the likely cost at that edge; it was not settled in this step."""
+is the likely cost at that edge; it was not settled in this step.
+
+Step 7 (2026-11-25, evening, the same machine) settled it, and it was not group commit. Five-minute runs
+at a fixed 12 pipelines/s (`python -m bench.sustained`, about half the maximum then): the code of step 6
+rose in three runs (p50 63 → 117, 72 → 118 and 97 → 277 ms by the fourth minute), the code before step 6
+stayed flat in two (p50 63-73 and 70-78 ms). PostgreSQL's CPU rose with it (0.34 → 0.45 cores) while every
+Castad process's stayed flat, and `pg_stat_activity` sampled every 10 ms put the relay's look for rows,
+which since step 6 also marked the rows confirmed before it (`WITH marked AS (UPDATE ...) SELECT ...`),
+from nowhere in the first minute to 6-8% of the samples of each stage database by the fourth. Timed in the
+relay, that look's p50 went from 1.8 to 6.0 ms in five minutes; with the marks made by a statement of their
+own and nothing else changed, it stayed at 1.6-2.6 ms. Why the one statement suffers more than the two
+from the dead rows a run leaves was not found (this machine's PostgreSQL runs without autovacuum). The
+relay now marks a batch's confirmed rows by themselves once the batch is settled, as before step 6, and
+`CASTAD_RELAY_MARK_DELAY_S` is gone: a mark that waits for the next look only puts a round trip on that
+look's path. The 10-minute run above stayed flat (p50 65-79 ms every minute, p99 91-114 ms but for one
+minute at 169); commits per pipeline went from 12.8 to 14.2, the stage databases' marks being transactions
+of their own again. This run came on the slowest host yet (DBOS 23.8 workflows/s; a round trip after 10 ms
+idle 0.71 ms), so its other figures say little about the change.
+
+Where an idle stage's time goes (step 7, timed inside the services, 40 idle pipelines): the relay's look
+0.9-1.5 ms after its NOTIFY; 2.6-3.3 ms from its publish to the next service's actor, where a bare pika
+consumer takes 1.2 ms and a bare Dramatiq actor 2.0 ms on the same broker; 1 ms from the actor to the
+handler's BEGIN. In a stage: 3.2-5 ms for the trigger's transaction, 5-7 ms from its commit to the
+outcome's transaction (0.6 the hand-over to a slot, 1.3 a provider thread started, 0.8 the instant work),
+2.5-3 ms for that transaction. Every PostgreSQL round trip and thread hop on that path pays for waking a
+sleeping process; the idle targets stay out of reach of small changes there.
+
+Also in step 7: a POST whose key had already made its minute's pipelines did a whole creation before its
+rollback; the key's count of the current minute now comes with its authentication (the same statement),
+and such a POST is refused before any work. The count that decides stays last in the creation's
+transaction."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:

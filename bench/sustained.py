@@ -1,14 +1,14 @@
 """F. A long run at a steady rate: does the latency stay flat (no slow leak, no growing backlog)?
 
-`python -m bench.sustained --minutes 10 --rate R` (`make bench-sustained`): the benchmark's
+`python -m bench.sustained --minutes 10 --rate R` (`make bench` runs it as its part F): the benchmark's
 installation (instant providers), and briefs POSTed at a fixed rate, open loop (each on its
 schedule whatever the earlier ones do, at most `--concurrency` requests in flight), for the
 given minutes; then it waits for the last pipelines. Without `--rate`, a short throughput
 run measures the maximum first and half of it is used. Each pipeline's latency is its
 `finished_at - created_at` in the gateway's database; the report gives p50 and p99 per
 minute of submission and whether every minute's p99 stayed within 1.5x of the first
-minute's. Results go to var/bench/sustained.json and, with --write, into BENCHMARKS.md's
-sustained section (bench.report).
+minute's. Results go to var/bench/sustained.json; `make bench` puts its own run's into
+BENCHMARKS.md (bench.report).
 """
 
 from __future__ import annotations
