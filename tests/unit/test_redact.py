@@ -25,6 +25,8 @@ from castad_runtime import cli, logs, redact
         ),
         ("host=db user=castad password=hunter2 dbname=x", "host=db user=castad password=*** dbname=x"),
         ("PASSWORD = 'two words'", "PASSWORD = ***"),
+        ("Pwd=abc;Server=db", "Pwd=***"),
+        ("AUTHORIZATION: BEARER abc", "AUTHORIZATION: BEARER ***"),
         ("postgresql://postgres@127.0.0.1/db (no password)", "postgresql://postgres@127.0.0.1/db (no password)"),
         ("https://example.com/path:8000", "https://example.com/path:8000"),
         ("Authorization: Bearer abc.def-ghi, next", "Authorization: Bearer ***, next"),
