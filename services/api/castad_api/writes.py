@@ -11,7 +11,9 @@ timeline one for all its entries, in order.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import functools
+import json
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -80,7 +82,7 @@ class Merged(Writes):
         self._attempts: dict[tuple[uuid.UUID, str, int], dict[str, Any]] = {}
         self._stages: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
         self._pipelines: dict[uuid.UUID, dict[str, Any]] = {}
-        self._timeline: list[tuple[uuid.UUID, uuid.UUID, str, Jsonb, dt.datetime | None]] = []
+        self._timeline: list[dict[str, Any]] = []
 
     def attempt(self, pipeline_id: uuid.UUID, stage: events.Stage, attempt: int, change: dict[str, Any]) -> None:
         key = (pipeline_id, stage.value, attempt)
@@ -105,59 +107,80 @@ class Merged(Writes):
         data: dict[str, Any],
         occurred_at: dt.datetime | None,
     ) -> None:
-        self._timeline.append((pipeline_id, event_id, event_type, Jsonb(data), occurred_at))
+        self._timeline.append(
+            {
+                "pipeline_id": pipeline_id,
+                "event_id": event_id,
+                "event_type": event_type,
+                "data": data,
+                "occurred_at": occurred_at,
+            }
+        )
 
     def flush(self) -> None:
         """Make the merged writes: a statement a table and set of columns (sent at once in `db.pipelined`)."""
         if self._attempts:
-            keys = list(self._attempts)
-            params: dict[str, list[Any]] = {
-                "pipeline_id": [key[0] for key in keys],
-                "stage": [key[1] for key in keys],
-                "attempt": [key[2] for key in keys],
-            }
-            params.update(
-                {field: [self._attempts[key].get(field) for key in keys] for field in repository.ATTEMPT_FIELDS}
-            )
-            db.run(self.conn, _SAVE_ATTEMPTS, params)
-        stages: defaultdict[tuple[str, ...], list[tuple[tuple[uuid.UUID, str], dict[str, Any]]]] = defaultdict(list)
-        for key, row in self._stages.items():
-            stages[tuple(sorted(row))].append((key, row))
+            attempts = [
+                {"pipeline_id": pipeline_id, "stage": stage, "attempt": attempt, **change}
+                for (pipeline_id, stage, attempt), change in self._attempts.items()
+            ]
+            db.run(self.conn, _SAVE_ATTEMPTS, [_records(attempts)])
+        stages: defaultdict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+        for (pipeline_id, stage), row in self._stages.items():
+            stages[tuple(sorted(row))].append({"pipeline_id": pipeline_id, "stage": stage, **row})
         for columns, stage_rows in stages.items():
-            params = {"pipeline_id": [key[0] for key, _ in stage_rows], "stage": [key[1] for key, _ in stage_rows]}
-            params.update({column: [row[column] for _, row in stage_rows] for column in columns})
-            db.run(self.conn, _save_stages_sql(columns), params)
-        pipelines: defaultdict[tuple[tuple[str, ...], frozenset[str]], list[tuple[uuid.UUID, dict[str, Any]]]]
-        pipelines = defaultdict(list)
+            db.run(self.conn, _save_stages_sql(columns), [_records(stage_rows)])
+        pipelines: defaultdict[tuple[tuple[str, ...], frozenset[str]], list[dict[str, Any]]] = defaultdict(list)
         for pipeline_id, values in self._pipelines.items():
             now = frozenset(column for column, value in values.items() if value is repository.NOW)
-            pipelines[(tuple(sorted(values)), now)].append((pipeline_id, values))
+            given = {column: value for column, value in values.items() if column not in now}
+            pipelines[(tuple(sorted(values)), now)].append({"id": pipeline_id, **given})
         for (columns, now), pipeline_rows in pipelines.items():
-            params = {"id": [pipeline_id for pipeline_id, _ in pipeline_rows]}
-            params.update({c: [values[c] for _, values in pipeline_rows] for c in columns if c not in now})
-            db.run(self.conn, _update_pipelines_sql(columns, now), params)
+            db.run(self.conn, _update_pipelines_sql(columns, now), [_records(pipeline_rows)])
         if self._timeline:
-            db.run(self.conn, _APPEND_ALL_TIMELINE, [list(column) for column in zip(*self._timeline, strict=True)])
+            db.run(self.conn, _APPEND_ALL_TIMELINE, [_records(self._timeline)])
 
 
-def _array_type(table: sa.Table, column: str) -> str:
-    return f"{table.c[column].type.compile(dialect=pg.dialect())}[]"
+def _json_value(value: Any) -> Any:
+    """What JSON has no type of, as `jsonb_to_recordset` reads it back into the column's type."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Jsonb):  # a JSONB column's value
+        return value.obj
+    raise TypeError(f"{type(value).__name__} is not a value of a read model's column")
 
 
+_dumps = functools.partial(json.dumps, default=_json_value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _records(rows: list[dict[str, Any]]) -> Jsonb:
+    """Rows as one JSON array of objects, read back by `jsonb_to_recordset` (a key a row lacks: NULL). psycopg
+    dumps it with one call of the JSON encoder; a column of arrays instead goes value by value through Python."""
+    return Jsonb(rows, dumps=_dumps)
+
+
+def _recordset(table: sa.Table, columns: tuple[str, ...]) -> str:
+    """The rows of `_records` as rows of these columns of `table`, typed as the table types them."""
+    typed = ", ".join(f"{column} {table.c[column].type.compile(dialect=pg.dialect())}" for column in columns)
+    return f"jsonb_to_recordset(%s::jsonb) AS u ({typed})"
+
+
+_ATTEMPT_COLUMNS = ("pipeline_id", "stage", "attempt", *repository.ATTEMPT_FIELDS)
 _SAVE_ATTEMPTS = repository.SAVE_ATTEMPT_INTO.format(
-    source="SELECT * FROM unnest("
-    + ", ".join(
-        f"%({column})s::{_array_type(tables.attempts, column)}"
-        for column in ("pipeline_id", "stage", "attempt", *repository.ATTEMPT_FIELDS)
-    )
-    + ")"
+    source=f"SELECT * FROM {_recordset(tables.attempts, _ATTEMPT_COLUMNS)}"
 )
 
 _APPEND_ALL_TIMELINE = """
 INSERT INTO pipeline_events (pipeline_id, event_id, event_type, data, occurred_at)
 SELECT pipeline_id, event_id, event_type, data, coalesce(occurred_at, now())
-FROM unnest(%s::uuid[], %s::uuid[], %s::text[], %s::jsonb[], %s::timestamptz[])
-     WITH ORDINALITY AS entry (pipeline_id, event_id, event_type, data, occurred_at, position)
+FROM ROWS FROM (
+         jsonb_to_recordset(%s::jsonb) AS (pipeline_id uuid, event_id uuid, event_type text, data jsonb,
+                                           occurred_at timestamptz)
+     ) WITH ORDINALITY AS entry (pipeline_id, event_id, event_type, data, occurred_at, position)
 ORDER BY position
 """
 
@@ -165,19 +188,16 @@ ORDER BY position
 @functools.cache
 def _save_stages_sql(columns: tuple[str, ...]) -> str:
     """`repository.save_stage`'s upsert for many rows with these columns (besides their key)."""
-    arrays = ", ".join(
-        f"%({column})s::{_array_type(tables.stages, column)}" for column in ("pipeline_id", "stage", *columns)
-    )
-    return repository.upsert_stages_sql(columns, f"SELECT * FROM unnest({arrays})")
+    rows = _recordset(tables.stages, ("pipeline_id", "stage", *columns))
+    return repository.upsert_stages_sql(columns, f"SELECT * FROM {rows}")
 
 
 @functools.cache
 def _update_pipelines_sql(columns: tuple[str, ...], now: frozenset[str]) -> str:
     """`repository.update_pipeline` for many pipelines with these columns (those in `now`: the database's now())."""
-    given = [column for column in columns if column not in now]
-    arrays = ", ".join(f"%({column})s::{_array_type(tables.pipelines, column)}" for column in ("id", *given))
+    given = tuple(column for column in columns if column not in now)
     sets = ", ".join(f"{column} = now()" if column in now else f"{column} = u.{column}" for column in columns)
     return (
-        f"UPDATE pipelines AS p SET updated_at = now(), {sets} FROM unnest({arrays}) AS u ({', '.join(('id', *given))})"
+        f"UPDATE pipelines AS p SET updated_at = now(), {sets} FROM {_recordset(tables.pipelines, ('id', *given))}"
         " WHERE p.id = u.id"
     )
