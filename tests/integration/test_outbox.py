@@ -4,7 +4,9 @@ listeners at the commit only, once per transaction."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -141,3 +143,35 @@ def test_handing_back_a_parked_row_wakes_the_relay_though_no_row_is_inserted(ins
             assert outbox.republish(conn, [env.id]) == 1
             assert notifications_before_probe(listener, engine) == []
         assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
+
+
+async def _listener(url: str) -> psycopg.AsyncConnection:
+    listener = await psycopg.AsyncConnection.connect(url.replace("postgresql+psycopg://", "postgresql://", 1))
+    await listener.set_autocommit(True)
+    await listener.execute(f"LISTEN {PROBE}")
+    return listener
+
+
+def _notify(engine: sa.Engine, payload: str) -> None:
+    with engine.connect() as conn:
+        conn.execute(sa.select(sa.func.pg_notify(PROBE, payload)))
+        conn.commit()
+
+
+def test_a_listener_sleeping_until_its_socket_is_readable_wakes_at_each_notify(engines, installation):
+    """db.notifications: what came already is taken without waiting, a later NOTIFY ends the wait (a wait that
+    ran out returns nothing, and the test's own limit would end one that never does)."""
+    engine = engines["lyric"]
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        async with await _listener(installation.database_urls["lyric"]) as listener, asyncio.timeout(20):
+            _notify(engine, "before")
+            waiting = await db.notifications(listener)  # no limit: it must not wait for the one that came
+            loop = asyncio.get_running_loop()
+            later = loop.run_in_executor(None, lambda: (time.sleep(0.3), _notify(engine, "later")))
+            woken = await db.notifications(listener, timeout_s=15)
+            await later
+            quiet = await db.notifications(listener, timeout_s=0.2)
+        return [n.payload for n in waiting], [n.payload for n in woken], [n.payload for n in quiet]
+
+    assert asyncio.run(scenario()) == (["before"], ["later"], [])

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 
 import psycopg
+from castad_runtime import db
 
 from castad_api import repository
 
@@ -52,10 +53,11 @@ class PipelineNotifications:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {repository.PIPELINE_EVENTS_CHANNEL}")
-                    async for notice in conn.notifies():
-                        for key in (notice.payload, EVERY_PIPELINE):
-                            for event in self._waiters.get(key, ()):
-                                event.set()
+                    while True:
+                        for notice in await db.notifications(conn):
+                            for key in (notice.payload, EVERY_PIPELINE):
+                                for event in self._waiters.get(key, ()):
+                                    event.set()
             except psycopg.Error as error:
                 log.warning("notification listener lost its database (%s); streams fall back to polling", error)
                 await asyncio.sleep(1.0)

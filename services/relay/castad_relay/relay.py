@@ -124,17 +124,9 @@ class SourceRelay:
                 while True:
                     await self._drain(worker)
                     wait_s = await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
-                    await self._notified(listener, wait_s)
+                    await db.notifications(listener, wait_s)
             finally:
                 await self._mark_on_leaving(worker)
-
-    @staticmethod
-    async def _notified(listener: psycopg.AsyncConnection[Any], timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for a NOTIFY (taking those that came with it); whether one came."""
-        came = False
-        async for _ in listener.notifies(timeout=timeout_s, stop_after=1):
-            came = True
-        return came
 
     async def _mark(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Mark the confirmed rows published, if any wait for it."""
