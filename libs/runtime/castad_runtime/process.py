@@ -33,10 +33,14 @@ def start_observability(service: str, log_level: str) -> None:
 
 
 class ConsumerWorker:
-    """A Dramatiq worker consuming the service's queue inside this process."""
+    """A Dramatiq worker consuming the service's queue inside this process.
+
+    Its threads wait for work with Dramatiq's default timeout, a second: each wakes that often to see whether
+    the worker stops. With 0.1 s, a service at rest used 10-20 ms of CPU a second on those wake-ups alone
+    (a third of that with a second); the price is up to a second more to stop."""
 
     def __init__(self, broker: RabbitmqBroker, threads: int) -> None:
-        self.worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=100)
+        self.worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=1000)
 
     def start(self) -> None:
         self.worker.start()
