@@ -21,7 +21,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import envelope, events
-from castad_relay import publisher, relay
+from castad_relay import publisher, relay, statements
 from castad_relay import settings as relay_settings
 from castad_runtime import db, outbox, tables
 
@@ -301,6 +301,25 @@ def test_a_confirmed_row_is_marked_once_its_batch_is_settled(engines, amqp, inst
     amqp.take(installation.topology.queue("api"), 1)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
     eventually(lambda: all_published(engine), timeout=2, what="the next row marked alone")
+
+
+def test_a_relay_stopped_while_it_marks_rows_marks_them_on_its_way_out(
+    engines, amqp, installation, start_relay, monkeypatch
+):
+    """The stop cancels the mark of a confirmed row; the relay marks it once more before it leaves (within
+    `retry_delay_s`), so the row is not sent again by the next relay. Each mark is slowed to 3 s here."""
+    engine = engines["lyric"]
+    slow_mark = statements.MARK_PUBLISHED + " AND (SELECT true FROM pg_sleep(3))"
+    monkeypatch.setattr(statements, "MARK_PUBLISHED", slow_mark)
+    running = start_relay(fallback_poll_s=30, retry_delay_s=8)
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    amqp.take(installation.topology.queue("api"), 1)
+    time.sleep(1)  # the broker confirmed it: its mark sleeps
+    assert unpublished(engine) == [True]
+
+    running.stop()
+
+    assert unpublished(engine) == [False]
 
 
 def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start_relay):
