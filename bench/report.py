@@ -278,7 +278,44 @@ sleeping process; the idle targets stay out of reach of small changes there.
 Also in step 7: a POST whose key had already made its minute's pipelines did a whole creation before its
 rollback; the key's count of the current minute now comes with its authentication (the same statement),
 and such a POST is refused before any work. The count that decides stays last in the creation's
-transaction."""
+transaction.
+
+Step 8 (2026-11-26) went after what the processes spend while nothing happens, and two costs paid per
+statement or per log line. A stack at rest (20 s after 3 pipelines) used, every second, 21.4 ms of CPU in
+the gateway, 16.4 in the relay and 11-13 in each stage. Two causes:
+- Dramatiq's consumer and worker threads woke every 0.1 s to see whether their worker stopped (Castad had
+  set `worker_timeout=100`; Dramatiq's default is a second). With a second: gateway 7.5, stages 4.5-5.0 ms
+  a second at rest. A stop may take up to a second longer.
+- psycopg's `notifies()` waits in turns of 0.1 s, so each LISTENing connection woke its event loop ten
+  times a second: the relay has one per source database (strace: 80 epoll waits a second at rest), the
+  gateway one for its event streams. Listeners now sleep until their socket is readable
+  (`castad_runtime.db.notifications`): relay 2.6 ms a second at rest.
+
+Under load, the gateway's merged projection writes sent their rows as one array per column, which
+psycopg dumps value by value in Python: 8% of the gateway's samples in a py-spy profile with native
+frames. (Without native frames py-spy put that time in a list comprehension of 4 µs: on Python 3.11 its
+attribution next to C code is not to be trusted.) Each statement now takes its rows as one JSONB
+document, read back by `jsonb_to_recordset` with the table's column types (3 rows: 100 → 34 µs to dump).
+And every log line went through four regular expressions that mask credentials (38 µs a line); each now
+runs only on a line holding the words it needs (2.4 µs).
+
+Three alternating pairs of `python -m bench.run --only castad` (300 pipelines) before and after these
+changes: CPU per pipeline 101.8-103.8 → 92.1-96.4 ms, throughput 16.7-17.3 → 18.4-19.3 pipelines/s;
+gateway 27.2-28.4 → 23.2-24.8 ms, each stage about 1 ms less, PostgreSQL 19.8-20.6 → 18.5-19.4; the relay
+unchanged (8.5-9.4 and 8.9-9.2 ms: under load its listeners wake for NOTIFYs anyway), idle end to end
+too (p50 93-111 and 99-110 ms). What each change gave under load was not measured apart. What is left
+is mostly Dramatiq's RabbitMQ consumer: pika's loop is 26-31% of the samples of every Dramatiq service
+(each message's frames decoded, its ack handed from the worker thread to the connection's thread and
+flushed), the same path the plain Dramatiq peer pays for three messages a pipeline, where the gateway
+takes six and each stage one.
+
+The full run of step 8 (`a6f78d30`, a faster hour of the host: DBOS 26.1 workflows/s) met the CPU target
+(1.45×), the idle end-to-end one (1.87×) and the handoff's p99 (12.3 ms); throughput came to 0.92×. Its
+10-minute run kept p50 at 59-75 ms every minute, but p99 rose from 137 ms in the first minute to 1,571 and
+1,042 ms in the fifth and sixth and 808 in the eighth. PostgreSQL's log has a timed checkpoint starting at
+the end of the fifth minute and writing 43% of shared buffers over the next 4.5 minutes (the first
+change of each page after a checkpoint writes the whole page to the WAL, which every commit then waits
+for); that it caused the rise was not shown."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:
