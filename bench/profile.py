@@ -29,6 +29,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=25, help="functions shown per service")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="C frames too: time in C extensions (psycopg's, pydantic's) is put where it is spent, not on the"
+        " Python line that called into them; py-spy then stops each process at every sample, so take fewer",
+    )
     return parser.parse_args(argv)
 
 
@@ -74,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.sequential(5, first=0)  # warm
             assert bench.stack is not None
             for name, process in bench.stack.processes.items():
-                command = ["py-spy", "record", "--format", "raw", "--rate", str(args.rate), "--nonblocking", "--gil"]
+                command = ["py-spy", "record", "--format", "raw", "--rate", str(args.rate), "--gil"]
+                command += ["--native"] if args.native else ["--nonblocking"]
                 command += ["-p", str(process.pid), "-o", str(OUT / f"{name}.txt")]
                 samplers[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)
