@@ -27,6 +27,7 @@ from castad_runtime import cli, logs, redact
         ("PASSWORD = 'two words'", "PASSWORD = ***"),
         ("Pwd=abc;Server=db", "Pwd=***"),
         ("AUTHORIZATION: BEARER abc", "AUTHORIZATION: BEARER ***"),
+        ("paſſword=hunter2", "paſſword=***"),
         ("postgresql://postgres@127.0.0.1/db (no password)", "postgresql://postgres@127.0.0.1/db (no password)"),
         ("https://example.com/path:8000", "https://example.com/path:8000"),
         ("Authorization: Bearer abc.def-ghi, next", "Authorization: Bearer ***, next"),

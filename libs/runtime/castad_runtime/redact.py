@@ -26,12 +26,12 @@ def mask(text: str) -> str:
 
     Every log line passes here, and most hold no credential: a pattern runs only on a text holding the
     words it needs (a substring test costs far less than a regular expression's scan)."""
-    lowered = text.lower()
+    folded = text.casefold()  # as the patterns' IGNORECASE compares (ſ is s, K is k)
     if "://" in text and "@" in text:
         text = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
-    if "pass" in lowered or "pwd" in lowered:
+    if "pass" in folded or "pwd" in folded:
         text = _KEYWORD_PASSWORD.sub(lambda m: f"{m['head']}{MASK}", text)
-    if "bearer" in lowered:
+    if "bearer" in folded:
         text = _BEARER.sub(lambda m: f"{m['head']}{MASK}", text)
     if "sk-" in text or "whsec_" in text:
         text = _API_KEY.sub(MASK, text)
