@@ -11,7 +11,6 @@ timeline one for all its entries, in order.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import functools
 import json
 import uuid
@@ -147,8 +146,6 @@ def _json_value(value: Any) -> Any:
         return str(value)
     if isinstance(value, dt.datetime):
         return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
     if isinstance(value, Jsonb):  # a JSONB column's value
         return value.obj
     raise TypeError(f"{type(value).__name__} is not a value of a read model's column")
@@ -163,10 +160,14 @@ def _records(rows: list[dict[str, Any]]) -> Jsonb:
     return Jsonb(rows, dumps=_dumps)
 
 
+def _typed(table: sa.Table, columns: tuple[str, ...]) -> str:
+    """A column definition list of these columns of `table`, typed as the table types them."""
+    return ", ".join(f"{column} {table.c[column].type.compile(dialect=pg.dialect())}" for column in columns)
+
+
 def _recordset(table: sa.Table, columns: tuple[str, ...]) -> str:
-    """The rows of `_records` as rows of these columns of `table`, typed as the table types them."""
-    typed = ", ".join(f"{column} {table.c[column].type.compile(dialect=pg.dialect())}" for column in columns)
-    return f"jsonb_to_recordset(%s::jsonb) AS u ({typed})"
+    """The rows of `_records` as rows of these columns of `table`."""
+    return f"jsonb_to_recordset(%s::jsonb) AS u ({_typed(table, columns)})"
 
 
 _ATTEMPT_COLUMNS = ("pipeline_id", "stage", "attempt", *repository.ATTEMPT_FIELDS)
@@ -174,13 +175,12 @@ _SAVE_ATTEMPTS = repository.SAVE_ATTEMPT_INTO.format(
     source=f"SELECT * FROM {_recordset(tables.attempts, _ATTEMPT_COLUMNS)}"
 )
 
-_APPEND_ALL_TIMELINE = """
-INSERT INTO pipeline_events (pipeline_id, event_id, event_type, data, occurred_at)
+_TIMELINE_COLUMNS = ("pipeline_id", "event_id", "event_type", "data", "occurred_at")
+_APPEND_ALL_TIMELINE = f"""
+INSERT INTO pipeline_events ({", ".join(_TIMELINE_COLUMNS)})
 SELECT pipeline_id, event_id, event_type, data, coalesce(occurred_at, now())
-FROM ROWS FROM (
-         jsonb_to_recordset(%s::jsonb) AS (pipeline_id uuid, event_id uuid, event_type text, data jsonb,
-                                           occurred_at timestamptz)
-     ) WITH ORDINALITY AS entry (pipeline_id, event_id, event_type, data, occurred_at, position)
+FROM ROWS FROM (jsonb_to_recordset(%s::jsonb) AS ({_typed(tables.timeline, _TIMELINE_COLUMNS)}))
+     WITH ORDINALITY AS entry ({", ".join(_TIMELINE_COLUMNS)}, position)
 ORDER BY position
 """
 
