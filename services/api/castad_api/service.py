@@ -73,6 +73,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         gateway.notifications.start()
         for part in (worker, recorder, sweeper, deliverer, pruner):
             part.start()
+        process.start_up_done()
         try:
             yield
         finally:

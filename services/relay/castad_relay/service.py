@@ -41,6 +41,7 @@ async def _main(config: settings_.RelaySettings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    process.start_up_done()
     try:
         await relay.run(config, stop, measured)
     finally:
