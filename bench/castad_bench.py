@@ -312,23 +312,29 @@ class CastadBench:
     # -- the idle run with its observers ----------------------------------------------------
 
     def idle(self, count: int, warmup: int) -> dict[str, Any]:
-        """Warm up, then `count` pipelines one at a time with every clock of the handoff running."""
+        """Warm up, then `count` pipelines one at a time timed by the databases alone, then `count` more with
+        the harness's observers of a handoff's parts running too. The observers share the machine with the
+        services (a tap queue RabbitMQ routes every event to as well, a LISTEN per database that PostgreSQL
+        wakes on every commit, threads of this process taking their share of the cores), so they slow the
+        handoff they time: the totals come from the first lot, the parts from the second."""
         self.commit_clock(True)
         observers: list[Any] = []
         try:
+            self.sequential(warmup, first=0)
+            records = self.sequential(count, first=warmup)
             tap = Tap(self.topology.exchange)
             observers.append(tap)
             clocks = {svc: NotifyClock(url) for svc, url in self.urls.items()}
             observers.extend(clocks.values())
             for observer in observers:
                 observer.start()
-            self.sequential(warmup, first=0)
-            records = self.sequential(count, first=warmup)
+            observed = self.sequential(count, first=warmup + count)
         finally:
             for observer in observers:
                 observer.stop()
             self.commit_clock(False)
-        return analyse_idle(self.urls, records, tap.seen, {svc: clock.arrivals for svc, clock in clocks.items()})
+        arrivals = {svc: clock.arrivals for svc, clock in clocks.items()}
+        return analyse_idle(self.urls, records, observed, tap.seen, arrivals)
 
 
 def _rows(url: str, query: str) -> list[dict[str, Any]]:
@@ -337,14 +343,19 @@ def _rows(url: str, query: str) -> list[dict[str, Any]]:
         return cursor.execute(query).fetchall()
 
 
-def _match_notifications(outbox: list[dict[str, Any]], arrivals: list[float]) -> dict[str, float]:
-    """Pair the k-th committed outbox transaction of a database with the k-th notification.
+def _match_notifications(outbox: list[dict[str, Any]], arrivals: list[float], ids: set[str]) -> dict[str, float]:
+    """Pair the k-th committed outbox transaction of a database for the pipelines `ids` (those run while the
+    notifications were listened to) with the k-th notification.
 
     Every outbox-writing transaction sends exactly one notification after its commit, and
     in a database one transaction follows the other while one pipeline runs at a time, so
     the orders agree. Returns nothing if the counts differ (a pairing would be a guess).
     """
-    committed = sorted((row["committed"], str(row["event_id"])) for row in outbox if row["committed"] is not None)
+    committed = sorted(
+        (row["committed"], str(row["event_id"]))
+        for row in outbox
+        if row["committed"] is not None and row["pipeline_id"] in ids
+    )
     if len(committed) != len(arrivals):
         common.log.warning("notify clock: %d commits, %d notifications; not paired", len(committed), len(arrivals))
         return {}
@@ -352,9 +363,15 @@ def _match_notifications(outbox: list[dict[str, Any]], arrivals: list[float]) ->
 
 
 def analyse_idle(
-    urls: dict[str, str], records: list[Record], tapped: dict[str, float], arrivals: dict[str, list[float]]
+    urls: dict[str, str],
+    records: list[Record],
+    observed: list[Record],
+    tapped: dict[str, float],
+    arrivals: dict[str, list[float]],
 ) -> dict[str, Any]:
+    """Latencies of the unobserved `records`; the parts of a handoff from the `observed` ones."""
     ids = {record.pipeline_id for record in records}
+    observed_ids = {record.pipeline_id for record in observed}
     events: dict[str, dict[str, Any]] = {}  # event id -> producer side
     received: dict[str, dict[str, float]] = {svc: {} for svc in SERVICES}  # consumer -> event id -> handler start
     notified: dict[str, float] = {}
@@ -366,7 +383,7 @@ def analyse_idle(
         )
         for row in outbox:
             row["committed"] = _ts(row["committed_at"])
-        notified.update(_match_notifications(outbox, arrivals[svc]))
+        notified.update(_match_notifications(outbox, arrivals[svc], observed_ids))
         for row in outbox:
             event_id = str(row["event_id"])
             events[event_id] = {
@@ -389,7 +406,7 @@ def analyse_idle(
         if event["tapped"] is not None and event["published"] is not None:
             in_flight[event["service"]].append((event["event_id"], event["tapped"], event["published"]))
 
-    def hops(kinds: Iterable[tuple[str, str, str]]) -> dict[str, latency.Summary]:
+    def hops(kinds: Iterable[tuple[str, str, str]], ids: set[str] = ids) -> dict[str, latency.Summary]:
         parts: dict[str, list[float]] = {
             k: []
             for k in (
@@ -429,6 +446,12 @@ def analyse_idle(
         "handoff_stages": hops(CHAIN[:3]),
         "handoff_per_hop": {kind: hops([(kind, p, c)]) for kind, p, c in CHAIN},
         "handoff_to_projection": hops(projection_kinds),
+        "observed": {
+            "pipelines": len(observed),
+            "handoff_stages": hops(CHAIN[:3], observed_ids),
+            "handoff_per_hop": {kind: hops([(kind, p, c)], observed_ids) for kind, p, c in CHAIN},
+            "handoff_to_projection": hops(projection_kinds, observed_ids),
+        },
     }
     # End to end, from the api database's projection and from the client's event stream.
     api_rows = _rows(urls["api"], "SELECT id, created_at, finished_at FROM pipelines")

@@ -504,13 +504,18 @@ def render(r: dict[str, Any]) -> str:
         "pipeline.requested (api → lyric), lyric.completed (lyric → song), song.completed (song → video)."
     )
     add(
-        "- **Parts** of a handoff: *commit → NOTIFY seen* (the NOTIFY the outbox's trigger queues, delivered by "
+        "- **Parts** of a handoff, timed over "
+        f"{idle['observed']['pipelines']} more pipelines run the same way with the harness's observers on: "
+        "*commit → NOTIFY seen* (the NOTIFY the outbox's trigger queues, delivered by "
         "the writer's COMMIT, seen by a LISTEN "
         "connection of the harness next to the relay's), *NOTIFY → broker* (the relay wakes, reads the rows, "
         "publishes; seen on a tap queue of the harness bound to the exchange with `#`), *broker → handler* "
         "(Dramatiq consumer, worker thread, envelope parsing, pool checkout and BEGIN). The harness's "
         "observers run in one Python process, so a late observer moves time between neighbouring parts "
-        "(a part can even be negative); the total does not depend on them. *Confirmed* = "
+        "(a part can even be negative). The observers also slow what they time (RabbitMQ routes every event to "
+        "the tap queue too, PostgreSQL wakes one more listener on every commit, and the observing threads take "
+        "their share of the two cores), so the totals and every other column come from the pipelines run "
+        "without them, and *observed total* shows what the same hops took with them. *Confirmed* = "
         "`outbox.published_at` − COMMIT, not on the handler's path: the relay marks a row once RabbitMQ "
         "confirmed its batch. *From transaction start* = handler start − "
         "`outbox.created_at` (`now()`, the start of the writing transaction), an upper bound that adds the "
@@ -518,19 +523,21 @@ def render(r: dict[str, Any]) -> str:
     )
     add("")
     add(
-        "| hop (ms) | n | total p50 | total p99 | commit → NOTIFY p50 | NOTIFY → broker p50 | broker → handler p50 "
-        "| confirmed p50 | from transaction start p50 |"
+        "| hop (ms) | n | total p50 | total p99 | observed total p50 | commit → NOTIFY p50 | NOTIFY → broker p50 "
+        "| broker → handler p50 | confirmed p50 | from transaction start p50 |"
     )
-    add("|---|---|---|---|---|---|---|---|---|")
-    rows = [("**stage handoff (3 hops)**", idle["handoff_stages"])]
-    rows += [(f"{kind}", parts) for kind, parts in idle["handoff_per_hop"].items()]
-    rows += [("stage events → api projection", idle["handoff_to_projection"])]
-    for name, parts in rows:
+    add("|---|---|---|---|---|---|---|---|---|---|")
+    observed = idle["observed"]
+    rows = [("**stage handoff (3 hops)**", idle["handoff_stages"], observed["handoff_stages"])]
+    rows += [(kind, parts, observed["handoff_per_hop"][kind]) for kind, parts in idle["handoff_per_hop"].items()]
+    rows += [("stage events → api projection", idle["handoff_to_projection"], observed["handoff_to_projection"])]
+    for name, parts, seen in rows:
         t = parts["total"]
         add(
-            f"| {name} | {t['n']} | {_f(t['p50'])} | {_f(t['p99'])} | {_f(parts['commit_to_notify']['p50'])} "
-            f"| {_f(parts['notify_to_broker']['p50'])} | {_f(parts['broker_to_handler']['p50'])} "
-            f"| {_f(parts['confirmed']['p50'])} | {_f(parts['from_tx_start']['p50'])} |"
+            f"| {name} | {t['n']} | {_f(t['p50'])} | {_f(t['p99'])} | {_f(seen['total']['p50'])} "
+            f"| {_f(seen['commit_to_notify']['p50'])} | {_f(seen['notify_to_broker']['p50'])} "
+            f"| {_f(seen['broker_to_handler']['p50'])} | {_f(parts['confirmed']['p50'])} "
+            f"| {_f(parts['from_tx_start']['p50'])} |"
         )
     add("")
     add("Inside a stage at idle (instant provider), from the handler's transaction (`jobs.created_at`):")
@@ -671,18 +678,38 @@ def render(r: dict[str, Any]) -> str:
         "minute the pipeline was created."
     )
     add("")
-    add("| minute | pipelines | p50 (ms) | p99 (ms) |")
-    add("|---|---|---|---|")
+    add(
+        "What the servers did in each minute, beside it (sampled every 5 s): PostgreSQL checkpoints finished "
+        "(a timed one spreads its writes over most of `checkpoint_timeout`, then fsyncs), full-page images "
+        "written to the WAL (the first change of each page after a checkpoint starts logs the whole page), WAL "
+        "written, autovacuum and autoanalyze runs on the installation's tables, and the highest one-minute load "
+        "average of the machine."
+    )
+    add("")
+    add(
+        "| minute | pipelines | p50 (ms) | p99 (ms) | checkpoints finished | full-page images | WAL (MB) "
+        "| autovacuum runs | load |"
+    )
+    add("|---|---|---|---|---|---|---|---|---|")
+    servers = steady.get("servers", {})
     for minute, summary in steady["minutes"].items():
-        add(f"| {int(minute) + 1} | {summary['n']} | {_f(summary['p50'], 0)} | {_f(summary['p99'], 0)} |")
+        seen = servers.get(str(minute), servers.get(minute))
+        beside = (
+            f"{seen['checkpoints']:.0f} | {seen['full_page_images']:,.0f} | {_f(seen['wal_mb'], 1)} "
+            f"| {seen['autovacuums']:.0f} | {_f(seen['load'], 2)}"
+            if seen
+            else " | | | | "
+        )
+        add(f"| {int(minute) + 1} | {summary['n']} | {_f(summary['p50'], 0)} | {_f(summary['p99'], 0)} | {beside} |")
     add("")
 
     add("## Where an idle handoff's time goes")
     add("")
-    parts = idle["handoff_stages"]
+    parts = idle["observed"]["handoff_stages"]
     rtt = facts["postgres_round_trip_ms"]
     add(
-        f"A stage handoff took {_f(handoff['p50'])} ms at the median: {_f(parts['commit_to_notify']['p50'])} ms "
+        f"A stage handoff took {_f(handoff['p50'])} ms at the median ({_f(parts['total']['p50'])} ms with the "
+        f"harness's observers on): {_f(parts['commit_to_notify']['p50'])} ms "
         f"from the COMMIT to the NOTIFY reaching a listener, {_f(parts['notify_to_broker']['p50'])} ms until the "
         f"relay's message came out of the broker on the tap queue and {_f(parts['broker_to_handler']['p50'])} ms "
         "from there to the next handler's transaction. On that path, in order: the writer's COMMIT (a WAL "

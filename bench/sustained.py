@@ -7,8 +7,10 @@ given minutes; then it waits for the last pipelines. Without `--rate`, a short t
 run measures the maximum first and half of it is used. Each pipeline's latency is its
 `finished_at - created_at` in the gateway's database; the report gives p50 and p99 per
 minute of submission and whether every minute's p99 stayed within 1.5x of the first
-minute's. Results go to var/bench/sustained.json; `make bench` puts its own run's into
-BENCHMARKS.md (bench.report).
+minute's, beside what the servers did in each minute (`Servers`: PostgreSQL's checkpoints, the
+full-page images that follow one in the WAL, autovacuum runs on the installation's tables, the
+machine's load), to tell a slow minute's cause. Results go to var/bench/sustained.json; `make bench`
+puts its own run's into BENCHMARKS.md (bench.report).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -36,9 +40,80 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class Servers(threading.Thread):
+    """Samples, every `every_s`, counters of the PostgreSQL server (cluster-wide: checkpoints finished, WAL
+    full-page images and bytes; per database of the installation: autovacuum and autoanalyze runs) and the
+    load average; `by_minute` gives what each minute since `started` added."""
+
+    CLUSTER = """
+    SELECT (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
+           wal_fpi, wal_bytes::bigint FROM pg_stat_wal
+    """
+    TABLES = "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0)::bigint FROM pg_stat_user_tables"
+
+    def __init__(self, urls: list[str], started: float, every_s: float = 5.0) -> None:
+        super().__init__(name="servers", daemon=True)
+        self.connections = [psycopg.connect(common.dsn(url), autocommit=True) for url in urls]
+        self.started = started
+        self.every_s = every_s
+        self.samples: list[tuple[float, int, int, int, int, float]] = []
+        self.stopping = threading.Event()
+
+    def sample(self) -> None:
+        # Statistics are read once per transaction (stats_fetch_consistency): each query on its own here.
+        row = self.connections[0].execute(self.CLUSTER).fetchone()
+        assert row is not None
+        checkpoints, fpi, wal_bytes = row
+        vacuums = sum(conn.execute(self.TABLES).fetchone()[0] for conn in self.connections)  # type: ignore[index]
+        self.samples.append((time.time(), checkpoints, fpi, wal_bytes, vacuums, os.getloadavg()[0]))
+
+    def run(self) -> None:
+        self.sample()
+        while not self.stopping.wait(self.every_s):
+            self.sample()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(self.every_s + 5)
+        self.sample()
+        for conn in self.connections:
+            conn.close()
+
+    def by_minute(self) -> dict[int, dict[str, float]]:
+        """Per minute: checkpoints finished, full-page images, WAL MB and autovacuum runs it added, and the
+        highest one-minute load average seen in it."""
+        minutes: dict[int, dict[str, float]] = {}
+        for before, after in zip(self.samples, self.samples[1:], strict=False):
+            minute = int((after[0] - self.started) // 60)
+            if minute < 0:
+                continue
+            into = minutes.setdefault(
+                minute, {"checkpoints": 0, "full_page_images": 0, "wal_mb": 0.0, "autovacuums": 0, "load": 0.0}
+            )
+            into["checkpoints"] += after[1] - before[1]
+            into["full_page_images"] += after[2] - before[2]
+            into["wal_mb"] += (after[3] - before[3]) / 1e6
+            into["autovacuums"] += after[4] - before[4]
+            into["load"] = max(into["load"], after[5])
+        return minutes
+
+
 def run(bench: castad_bench.CastadBench, minutes: float, rate: float, concurrency: int) -> dict[str, Any]:
     count = int(minutes * 60 * rate)
     started = time.time()
+    servers = Servers(list(bench.urls.values()), started)
+    servers.start()
+    try:
+        result = _submit(bench, count, rate, concurrency, started)
+    finally:
+        servers.stop()
+    result["servers"] = servers.by_minute()
+    return result
+
+
+def _submit(
+    bench: castad_bench.CastadBench, count: int, rate: float, concurrency: int, started: float
+) -> dict[str, Any]:
     late = 0
     with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="submit") as pool:
         futures = []
