@@ -42,7 +42,15 @@ def postgres() -> dict[str, str]:
 
     with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
         facts = {"version": " ".join(one(conn, "SELECT version()").split()[:2])}
-        for name in ("synchronous_commit", "fsync", "wal_sync_method", "max_connections", "shared_buffers"):
+        for name in (
+            "synchronous_commit",
+            "fsync",
+            "wal_sync_method",
+            "max_connections",
+            "shared_buffers",
+            "checkpoint_timeout",
+            "autovacuum",
+        ):
             facts[name] = one(conn, f"SHOW {name}")
     return facts
 
