@@ -463,28 +463,39 @@ def analyse_idle(
     streamed = [r.streamed - r.posted for r in records if r.streamed is not None]
     result["e2e_projection_ms"] = latency.summary(latency.ms(projected))
     result["e2e_client_ms"] = latency.summary(latency.ms(streamed))
-    # Inside each stage: handler start -> attempt claimed -> completed event committed.
+    # Inside each stage, from the handler's transaction (jobs.created_at): the attempt claimed, the `started`
+    # event committed (the end of that transaction, unless the claim came later), the outcome's recording
+    # begun (attempts.finished_at, now() of the recording transaction), the `completed` event committed.
     inside: dict[str, Any] = {}
     for stage in STAGES:
         jobs = _rows(
             urls[stage],
-            "SELECT j.pipeline_id, j.created_at, a.started_at FROM jobs j JOIN attempts a ON a.job_id = j.id"
-            " AND a.number = 1",
+            "SELECT j.pipeline_id, j.created_at, a.started_at, a.finished_at FROM jobs j"
+            " JOIN attempts a ON a.job_id = j.id AND a.number = 1",
         )
-        completed = {
-            e["pipeline_id"]: e["committed"]
-            for e in events.values()
-            if e["service"] == stage and e["type"] == f"{stage}.completed" and e["committed"] is not None
+        committed = {
+            fact: {
+                e["pipeline_id"]: e["committed"]
+                for e in events.values()
+                if e["service"] == stage and e["type"] == f"{stage}.{fact}" and e["committed"] is not None
+            }
+            for fact in ("started", "completed")
         }
-        to_claim, to_done = [], []
+        steps: dict[str, list[float]] = {"claim": [], "started": [], "recording": [], "completed": []}
         for job in jobs:
-            if job["pipeline_id"] not in ids or job["pipeline_id"] not in completed:
+            pipeline = job["pipeline_id"]
+            if pipeline not in ids or pipeline not in committed["completed"] or pipeline not in committed["started"]:
                 continue
-            to_claim.append(job["started_at"].timestamp() - job["created_at"].timestamp())
-            to_done.append(completed[job["pipeline_id"]] - job["created_at"].timestamp())
+            begun = job["created_at"].timestamp()
+            steps["claim"].append(job["started_at"].timestamp() - begun)
+            steps["started"].append(committed["started"][pipeline] - begun)
+            steps["recording"].append(job["finished_at"].timestamp() - begun)
+            steps["completed"].append(committed["completed"][pipeline] - begun)
         inside[stage] = {
-            "handler_to_claim_ms": latency.summary(latency.ms(to_claim)),
-            "handler_to_completed_commit_ms": latency.summary(latency.ms(to_done)),
+            "handler_to_claim_ms": latency.summary(latency.ms(steps["claim"])),
+            "handler_to_started_commit_ms": latency.summary(latency.ms(steps["started"])),
+            "handler_to_recording_ms": latency.summary(latency.ms(steps["recording"])),
+            "handler_to_completed_commit_ms": latency.summary(latency.ms(steps["completed"])),
         }
     result["inside_stage"] = inside
     result["notify_paired"] = bool(notified)

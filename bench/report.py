@@ -317,8 +317,14 @@ the end of the fifth minute and writing 43% of shared buffers over the next 4.5 
 change of each page after a checkpoint writes the whole page to the WAL, which every commit then waits
 for); that it caused the rise was not shown.
 
-Step 9 (2026-11-26, on a faster host than step 8's: DBOS at 56.2 workflows/s against 26.1) looked at
-three things.
+Step 9 (2026-11-26, on a faster host than step 8's: DBOS at 56-58 workflows/s against 26.1) looked at
+three things, then made two full runs of the same services, half an hour apart. The first (`b1e42368`):
+throughput 47.1 against DBOS's 56.2 (0.84×), CPU per pipeline 37.0 against 25.4 ms (1.46×), idle end to
+end 44.4 against 17.0 ms (2.61×), stage handoff 4.3 / 7.3 ms, drain 0.63×, steady p99 87-168 ms (1.65× the
+first minute's). The second is the one this page shows: in its part A every process used about a third
+more CPU than in the first, RabbitMQ and PostgreSQL included, and the plain Dramatiq pipeline ran 750
+messages/s against 1,090, while DBOS ran as fast as before: the host was busier for the processes that
+talk through RabbitMQ, which is not a change of Castad's.
 - Garbage collection. A `gc.callbacks` probe in every process over 1,000 pipelines: the stages and the
   relay ran no full collection under load, but the gateway, whose heap holds about 160,000 objects
   (150,000 of them from start-up), did, and each went over all of them: one pause of 220 ms in one run,
@@ -333,17 +339,21 @@ three things.
   stage handoff's p50 was 3.9-5.3 ms without the observers and 4.2-5.3 ms with them.
 - The steady run's slow minutes. The run now records per minute what PostgreSQL did (checkpoints
   finished, full-page images and bytes written to the WAL, autovacuum runs) and the load average. In
-  this run p99 stayed between 87 and 168 ms, with no minute standing out with a checkpoint or a burst of
-  full-page images; the worst (168 ms, the eighth) came with neither. The first minute's 102 ms is
-  low for this run, so 1.65× it missed the 1.5× target. Autovacuum is off on this machine's PostgreSQL
-  (`SHOW autovacuum`), so that column reads 0.
+  neither run did a minute's p99 follow a checkpoint or a burst of full-page images: in the first, p99
+  was 87-168 ms with the worst minute (the eighth) having neither; in this one 46-107 ms, the worst (the
+  tenth) with a checkpoint but the fifth, with one too, at 48 ms. Both missed 1.5× of their first
+  minute, by 1.65× and 1.73×: a tail of about 1% of a minute's pipelines moves by tens of milliseconds
+  from minute to minute on this host. Autovacuum is off on this machine's PostgreSQL (`SHOW
+  autovacuum`), so that column reads 0.
 
-Where a stage's idle time goes, from probes in the stage runner (30 pipelines, per stage, p50): its
-handler's transaction (inbox row, job, claim, `started` event) 2.3 ms to its COMMIT and 0.7 ms more to
-return, 0.8 ms until a thread of the scheduler's pool starts the attempt, 1.5 ms for the provider's own
-thread with an instant provider (the artifact written, hashed and renamed), 2.4 ms for the transaction
-that records the outcome and its `completed` event: 7.6 ms in all, about 24 ms of an idle pipeline's
-44 ms, which DBOS runs in 17 ms."""
+Where a stage's idle time goes: the table "Inside a stage" in A now splits it with the databases'
+clocks. Probes in the stage runner (30 pipelines, p50 per stage) split it further: the handler's
+transaction (inbox row, job, claim, `started` event) 2.3 ms to its COMMIT and 0.7 ms more to return, 0.8
+ms until a thread of the scheduler's pool starts the attempt, 0.3 ms until the provider's own thread
+runs, 1.1 ms of work with an instant provider (the input validated, the artifact written, hashed and
+renamed), 2.5 ms for the transaction that records the outcome and its `completed` event: 7.6-7.8 ms in
+all, about 24 of an idle pipeline's 44 ms in the first run, which DBOS ran in 17 ms. Setting Python's
+switch interval to 0.5 ms did not change it (two pairs of runs)."""
 
 
 def _f(value: float | None, digits: int = 1) -> str:
@@ -570,13 +580,24 @@ def render(r: dict[str, Any]) -> str:
             f"| {_f(parts['from_tx_start']['p50'])} |"
         )
     add("")
-    add("Inside a stage at idle (instant provider), from the handler's transaction (`jobs.created_at`):")
+    add(
+        "Inside a stage at idle (instant provider), from the handler's transaction (`jobs.created_at`): the "
+        "attempt claimed, the handler's transaction committed with the `started` event, the transaction that "
+        "records the outcome begun (`attempts.finished_at`: between the two, the hand-over to a thread of the "
+        "scheduler's pool and the provider's own thread), the `completed` event committed. p50 / p99 (ms):"
+    )
     add("")
-    add("| stage | → attempt claimed p50 / p99 (ms) | → `completed` event committed p50 / p99 (ms) |")
-    add("|---|---|---|")
+    add("| stage | → attempt claimed | → `started` committed | → outcome's recording begun | → `completed` committed |")
+    add("|---|---|---|---|---|")
+    steps = (
+        "handler_to_claim_ms",
+        "handler_to_started_commit_ms",
+        "handler_to_recording_ms",
+        "handler_to_completed_commit_ms",
+    )
     for stage, parts in idle["inside_stage"].items():
-        a, b = parts["handler_to_claim_ms"], parts["handler_to_completed_commit_ms"]
-        add(f"| {stage} | {_f(a['p50'])} / {_f(a['p99'])} | {_f(b['p50'])} / {_f(b['p99'])} |")
+        cells = [parts.get(step) for step in steps]  # runs before step 9 recorded the first and last only
+        add(f"| {stage} | " + " | ".join(f"{_f(c['p50'])} / {_f(c['p99'])}" if c else "" for c in cells) + " |")
     add("")
     add(f"CPU time per pipeline during the throughput run ({n} pipelines), by process (ms):")
     add("")
