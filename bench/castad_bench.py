@@ -152,6 +152,7 @@ class CastadBench:
         self.namespace = f"bench-{common.RUN_ID}"
         self.topology = topology.Topology(self.namespace)
         self.urls = {svc: common.database_url(f"castad_bench_{common.RUN_ID}_{svc}") for svc in SERVICES}
+        self.databases = [url.rsplit("/", 1)[-1] for url in self.urls.values()]
         self.artifacts_dir = workdir / "artifacts"
         self.log_dir = workdir / "logs"
         self.port = stack_.free_port()
@@ -270,10 +271,14 @@ class CastadBench:
                 self.stack.check_alive()
                 time.sleep(0.05)
 
-    def throughput(self, count: int, concurrency: int, first: int, timeout_s: float = 300) -> dict[str, Any]:
-        """Submit `count` pipelines, at most `concurrency` requests at a time, until all SUCCEEDED."""
-        counter = commits.Counter(url.rsplit("/", 1)[-1] for url in self.urls.values())
-        counter.start()
+    def throughput(
+        self, count: int, concurrency: int, first: int, timeout_s: float = 300, count_commits: bool = True
+    ) -> dict[str, Any]:
+        """Submit `count` pipelines, at most `concurrency` requests at a time, until all SUCCEEDED. Counting
+        the commits (`commits_per_pipeline`) adds about 45 s of waiting for PostgreSQL's statistics."""
+        counter = commits.Counter(self.databases) if count_commits else None
+        if counter is not None:
+            counter.start()
         before = self.cpu_snapshot()
         started = time.time()
         with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="submit") as pool:
@@ -282,7 +287,7 @@ class CastadBench:
         ids = [record.pipeline_id for record in records]
         self.wait_all(ids, timeout_s)
         after = self.cpu_snapshot()
-        per_database = counter.stop(count)
+        per_database = counter.stop(count) if counter is not None else None
         with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[])", (ids,)
@@ -298,16 +303,25 @@ class CastadBench:
             "submit_seconds": submitted - started,
             "latency_ms": latency.summary(latency.ms(latencies)),
             "cpu_ms_per_pipeline": {name: cpu.used(before[name], after[name]) * 1000 / count for name in before},
-            "commits_per_pipeline": {svc: per_database[url.rsplit("/", 1)[-1]] for svc, url in self.urls.items()},
+            "commits_per_pipeline": (
+                {svc: per_database[name] for svc, name in zip(self.urls, self.databases, strict=True)}
+                if per_database is not None
+                else None
+            ),
         }
 
     def cpu_snapshot(self) -> dict[str, cpu.Snapshot]:
         assert self.stack is not None
         snapshots = {name: cpu.snapshot(cpu.in_group(p.pid)) for name, p in self.stack.processes.items()}
-        snapshots["postgres"] = cpu.snapshot(cpu.postgres_backends(f"castad_bench_{common.RUN_ID}_"))
+        snapshots["postgres"] = cpu.snapshot(cpu.postgres_backends(*self.databases))
         snapshots["rabbitmq"] = cpu.snapshot(cpu.rabbitmq())
         snapshots["client"] = cpu.snapshot(lambda pid, pgrp, cmdline: pid == os.getpid())
         return snapshots
+
+    def idle_lot(self, count: int, first: int) -> latency.Summary:
+        """End to end of `count` pipelines run one at a time (`sequential`), nothing else observed."""
+        records = self.sequential(count, first)
+        return end_to_end(self.urls["api"], {record.pipeline_id for record in records})
 
     # -- the idle run with its observers ----------------------------------------------------
 
@@ -454,14 +468,8 @@ def analyse_idle(
         },
     }
     # End to end, from the api database's projection and from the client's event stream.
-    api_rows = _rows(urls["api"], "SELECT id, created_at, finished_at FROM pipelines")
-    projected = [
-        row["finished_at"].timestamp() - row["created_at"].timestamp()
-        for row in api_rows
-        if str(row["id"]) in ids and row["finished_at"] is not None
-    ]
     streamed = [r.streamed - r.posted for r in records if r.streamed is not None]
-    result["e2e_projection_ms"] = latency.summary(latency.ms(projected))
+    result["e2e_projection_ms"] = end_to_end(urls["api"], ids)
     result["e2e_client_ms"] = latency.summary(latency.ms(streamed))
     # Inside each stage, from the handler's transaction (jobs.created_at): the attempt claimed, the `started`
     # event committed (the end of that transaction, unless the claim came later), the outcome's recording
@@ -500,6 +508,21 @@ def analyse_idle(
     result["inside_stage"] = inside
     result["notify_paired"] = bool(notified)
     return result
+
+
+def end_to_end(api_url: str, ids: set[str]) -> latency.Summary:
+    """`pipelines.finished_at - created_at` of these pipelines in the gateway's database: from the transaction
+    that accepted the POST to the projection's that recorded the pipeline's end."""
+    rows = _rows(api_url, "SELECT id, created_at, finished_at FROM pipelines")
+    return latency.summary(
+        latency.ms(
+            [
+                row["finished_at"].timestamp() - row["created_at"].timestamp()
+                for row in rows
+                if str(row["id"]) in ids and row["finished_at"] is not None
+            ]
+        )
+    )
 
 
 def _relay_was_waiting(event: dict[str, Any], in_flight: list[tuple[str, float, float]]) -> bool:

@@ -54,9 +54,10 @@ def in_group(pgid: int) -> Callable[[int, int, str], bool]:
     return lambda pid, pgrp, cmdline: pgrp == pgid
 
 
-def postgres_backends(database_prefix: str) -> Callable[[int, int, str], bool]:
-    """Server processes of connections to databases whose name starts with the prefix."""
-    return lambda pid, pgrp, cmdline: cmdline.startswith("postgres: ") and f" {database_prefix}" in cmdline
+def postgres_backends(*databases: str) -> Callable[[int, int, str], bool]:
+    """Server processes of connections to these databases (`postgres: <user> <database> <client> <state>`)."""
+    names = {f" {database} " for database in databases}
+    return lambda pid, pgrp, cmdline: cmdline.startswith("postgres: ") and any(name in cmdline for name in names)
 
 
 def rabbitmq() -> Callable[[int, int, str], bool]:

@@ -125,25 +125,41 @@ class DbosPeer:
                 raise RuntimeError(f"the DBOS peer exited; log in {self.log}")
             time.sleep(0.05)
 
-    def idle(self, count: int, warmup: int, pause_s: float = 0.02) -> dict[str, Any]:
+    def sequential(self, count: int, first: int, pause_s: float = 0.02) -> list[castad_bench.Record]:
+        """One workflow at a time: submit, wait for its result, pause, next."""
         records = []
-        for number in range(warmup + count):
+        for number in range(first, first + count):
             record = self.submit(number)
             self._client().get(f"/v1/pipelines/{record.pipeline_id}/result").raise_for_status()
             record.streamed = time.time()
-            if number >= warmup:
-                records.append(record)
+            records.append(record)
             time.sleep(pause_s)
+        return records
+
+    def _end_to_end(self, records: list[castad_bench.Record]) -> latency.Summary:
+        """`updated_at - created_at` of the workflows' status rows (ms, as DBOS stores them)."""
         rows = self._rows([record.pipeline_id for record in records])
+        return latency.summary([float(updated - created) for _, _, created, updated in rows])
+
+    def idle(self, count: int, warmup: int) -> dict[str, Any]:
+        self.sequential(warmup, first=0)
+        records = self.sequential(count, first=warmup)
         return {
             "pipelines": count,
-            "e2e_database_ms": latency.summary([float(updated - created) for _, _, created, updated in rows]),
+            "e2e_database_ms": self._end_to_end(records),
             "e2e_client_ms": latency.summary(latency.ms([r.streamed - r.posted for r in records if r.streamed])),
         }
 
-    def throughput(self, count: int, concurrency: int, first: int, timeout_s: float = 300) -> dict[str, Any]:
-        counter = commits.Counter([self.database])
-        counter.start()
+    def idle_lot(self, count: int, first: int) -> latency.Summary:
+        """End to end of `count` workflows run one at a time, from the database."""
+        return self._end_to_end(self.sequential(count, first))
+
+    def throughput(
+        self, count: int, concurrency: int, first: int, timeout_s: float = 300, count_commits: bool = True
+    ) -> dict[str, Any]:
+        counter = commits.Counter([self.database]) if count_commits else None
+        if counter is not None:
+            counter.start()
         before = self.cpu_snapshot()
         started = time.time()
         with concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="submit") as pool:
@@ -151,7 +167,7 @@ class DbosPeer:
         submitted = time.time()
         rows = self.wait_all([record.pipeline_id for record in records], timeout_s)
         after = self.cpu_snapshot()
-        per_pipeline = counter.stop(count)[self.database]
+        per_pipeline = counter.stop(count)[self.database] if counter is not None else None
         seconds = max(updated for _, _, _, updated in rows) / 1000 - started
         return {
             "pipelines": count,

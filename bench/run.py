@@ -1,8 +1,8 @@
 """`make bench`: run every part side by side, then rewrite BENCHMARKS.md.
 
 A: Castad; B: a plain Dramatiq pipeline; C: NOTIFY inside or after the commit; D: the same
-steps as a DBOS workflow; E: an outbox backlog drained by the relay against a raw publisher;
-F: a long run at half of A's throughput.
+steps as a DBOS workflow, measured in rounds alternating with A's (bench.paired); E: an outbox
+backlog drained by the relay against a raw publisher; F: a long run at half of A's throughput.
 
 Everything runs against the local servers (127.0.0.1) in databases, queues and processes
 of this run only, removed at the end however the run ends (Ctrl-C and SIGTERM included).
@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from bench import castad_bench, common, dbos_peer, drain, machine, notify, peer, report, sustained
+from bench import castad_bench, common, dbos_peer, drain, machine, notify, paired, peer, report, sustained
 
 PARTS = ("castad", "dbos", "peer", "drain", "sustained", "notify")
 
@@ -34,6 +34,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--peer-sustained", type=int, default=2000, help="pipelines of a longer throughput run of the plain pipeline"
     )
     parser.add_argument("--idle", type=int, default=50, help="pipelines run one at a time for latencies")
+    parser.add_argument("--rounds", type=int, default=5, help="paired rounds of Castad and DBOS")
+    parser.add_argument(
+        "--idle-lot", type=int, default=15, help="pipelines run one at a time in each paired round, per side"
+    )
     parser.add_argument("--warmup", type=int, default=5, help="pipelines run before measuring")
     parser.add_argument("--notify-threads", type=int, default=8)
     parser.add_argument("--notify-per-thread", type=int, default=1000, help="transactions per writer and round")
@@ -45,7 +49,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.idle_lot < 1:
+        parser.error("--rounds and --idle-lot must be at least 1")
+    return args
 
 
 def _phase(results: dict[str, Any], name: str) -> None:
@@ -53,24 +60,36 @@ def _phase(results: dict[str, Any], name: str) -> None:
     common.log.info("%s (load average %.2f %.2f %.2f)", name, *machine.load())
 
 
-def run_castad(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, parts: list[str]) -> Any:
+    """A and D, both up at once: the detailed idle run of each, then `--rounds` paired rounds (bench.paired).
+    Each side's throughput run shown in detail is that of the round whose ratio is the median, with the commits
+    counted in the first round."""
+    results: dict[str, dict[str, Any]] = {}
     with cleanup.scope():
-        bench = castad_bench.CastadBench(cleanup, workdir)
-        bench.setup()
-        bench.start()
-        idle = bench.idle(args.idle, warmup=args.warmup)
-        throughput = bench.throughput(args.pipelines, args.concurrency, first=args.warmup + args.idle)
-        settings = {key: value for key, value in bench.env().items() if not key.endswith(("_URL", "_SOURCES"))}
-    return {"idle": idle, "throughput": throughput, "env": settings}
-
-
-def run_dbos(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
-    with cleanup.scope():
-        driver = dbos_peer.DbosPeer(cleanup, workdir)
-        driver.start()
-        idle = driver.idle(args.idle, warmup=args.warmup)
-        throughput = driver.throughput(args.pipelines, args.concurrency, first=args.warmup + args.idle)
-    return {"idle": idle, "throughput": throughput}
+        sides: dict[str, paired.Side] = {}
+        if "castad" in parts:
+            bench = castad_bench.CastadBench(cleanup, workdir)
+            bench.setup()
+            bench.start()
+            sides["castad"] = bench
+            results["castad"] = {
+                "env": {key: value for key, value in bench.env().items() if not key.endswith(("_URL", "_SOURCES"))}
+            }
+        if "dbos" in parts:
+            driver = dbos_peer.DbosPeer(cleanup, workdir)
+            driver.start()
+            sides["dbos"] = driver
+            results["dbos"] = {}
+        for name, side in sides.items():
+            results[name]["idle"] = side.idle(args.idle, warmup=args.warmup)
+        first = args.warmup + 2 * args.idle
+        rounds = paired.run(sides, args.rounds, args.pipelines, args.concurrency, args.idle_lot, first)
+    shown = paired.median_round(rounds) if len(sides) == 2 else rounds[0]
+    for name in sides:
+        counted = rounds[0][name]["throughput"]["commits_per_pipeline"]  # counted in the first round only
+        results[name]["throughput"] = {**shown[name]["throughput"], "commits_per_pipeline": counted}
+    results["paired"] = {"rounds": rounds, "idle_lot": args.idle_lot}
+    return results
 
 
 def run_sustained(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, rate: float) -> Any:
@@ -118,12 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         with common.interrupt_on_sigterm():
             results["facts"] = machine.facts()
             _phase(results, "start")
-            if "castad" in parts:
-                results["castad"] = run_castad(args, cleanup, workdir)
-                _phase(results, "after castad")
-            if "dbos" in parts:
-                results["dbos"] = run_dbos(args, cleanup, workdir)
-                _phase(results, "after dbos")
+            if {"castad", "dbos"} & set(parts):
+                results.update(run_durable(args, cleanup, workdir, parts))
+                _phase(results, "after castad and dbos")
             if "peer" in parts:
                 results["peer"] = run_peer(args, cleanup, workdir)
                 _phase(results, "after peer")

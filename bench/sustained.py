@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = args.rate
             maximum = None
             if rate is None:
-                maximum = bench.throughput(300, 8, first=10)["rate"]
+                maximum = bench.throughput(300, 8, first=10, count_commits=False)["rate"]
                 rate = maximum / 2
             result = run(bench, args.minutes, rate, args.concurrency)
             result["measured_maximum"] = maximum

@@ -1,0 +1,80 @@
+"""A and D side by side: Castad and DBOS both up, measured in alternating rounds.
+
+This machine's speed drifts within minutes (a shared host: the same Castad code used 34 ms of
+CPU a pipeline in one throughput run and 61 ms in another 25 minutes later), so two parts run
+one after the other can set a fast stretch against a slow one, and their ratio then says more
+about the host than about either. Here both
+installations run at once. Each round runs a throughput run of each, then an idle lot of each
+(pipelines one at a time, end to end from the databases), who goes first alternating from round
+to round; a ratio to DBOS's is taken within each round, and a target stands on the median of
+those ratios. The other installation only idles meanwhile (its schedulers' polls, DBOS's queue
+thread).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from bench import common, latency
+
+
+class Side(Protocol):
+    def idle(self, count: int, warmup: int) -> dict[str, Any]: ...
+    def throughput(self, count: int, concurrency: int, first: int, *, count_commits: bool) -> dict[str, Any]: ...
+    def idle_lot(self, count: int, first: int) -> latency.Summary: ...
+
+
+def run(sides: Mapping[str, Side], rounds: int, pipelines: int, concurrency: int, idle: int, first: int) -> list[Any]:
+    """`rounds` rounds over `sides` (name -> side); each round's figures by side, and the order they ran in.
+    Commits are counted in the first round only: counting them waits about 45 s for PostgreSQL's statistics
+    before and after a run, which would set the two sides' runs of a round far apart."""
+    done: list[dict[str, Any]] = []
+    for number in range(rounds):
+        order = list(sides) if number % 2 == 0 else list(sides)[::-1]
+        measured: dict[str, dict[str, Any]] = {name: {} for name in order}
+        for name in order:
+            measured[name]["throughput"] = sides[name].throughput(
+                pipelines, concurrency, first, count_commits=number == 0
+            )
+            first += pipelines
+        for name in order:
+            measured[name]["idle_e2e_ms"] = sides[name].idle_lot(idle, first)
+            first += idle
+        done.append({"order": order, **measured})
+        common.log.info(
+            "round %d: %s",
+            number + 1,
+            "; ".join(
+                f"{name} {m['throughput']['rate']:.1f}/s, {cpu_ms(m['throughput']):.1f} ms CPU, "
+                f"idle p50 {m['idle_e2e_ms']['p50']:.1f} ms"
+                for name, m in measured.items()
+            ),
+        )
+    return done
+
+
+def cpu_ms(throughput: dict[str, Any]) -> float:
+    """CPU per pipeline of every process of a throughput run, PostgreSQL's included."""
+    return float(sum(throughput["cpu_ms_per_pipeline"].values()))
+
+
+def ratios(rounds: list[dict[str, Any]], side: str = "castad", peer: str = "dbos") -> dict[str, list[float]]:
+    """Per round, `side`'s figure over `peer`'s: throughput, CPU per pipeline, idle end to end p50."""
+    return {
+        "throughput": [r[side]["throughput"]["rate"] / r[peer]["throughput"]["rate"] for r in rounds],
+        "cpu": [cpu_ms(r[side]["throughput"]) / cpu_ms(r[peer]["throughput"]) for r in rounds],
+        "idle_e2e_p50": [r[side]["idle_e2e_ms"]["p50"] / r[peer]["idle_e2e_ms"]["p50"] for r in rounds],
+    }
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round whose throughput ratio is the median (of an even count, the lower of the middle two): the
+    one whose runs the report shows in detail."""
+    by_ratio = sorted(rounds, key=lambda r: r["castad"]["throughput"]["rate"] / r["dbos"]["throughput"]["rate"])
+    return by_ratio[(len(by_ratio) - 1) // 2]
