@@ -1,14 +1,13 @@
 """A and D side by side: Castad and DBOS both up, measured in alternating rounds.
 
-This machine's speed drifts within minutes (a shared host: the same Castad code used 34 ms of
-CPU a pipeline in one throughput run and 61 ms in another 25 minutes later), so two parts run
-one after the other can set a fast stretch against a slow one, and their ratio then says more
-about the host than about either. Here both
-installations run at once. Each round runs a throughput run of each, then an idle lot of each
-(pipelines one at a time, end to end from the databases), who goes first alternating from round
-to round; a ratio to DBOS's is taken within each round, and a target stands on the median of
-those ratios. The other installation only idles meanwhile (its schedulers' polls, DBOS's queue
-thread).
+This machine's speed drifts within minutes (a shared host: the same Castad code used 34 ms of CPU
+a pipeline in one throughput run and 61 ms in another about twenty minutes later), so two parts
+run one after the other can set a fast stretch against a slow one, and their ratio then says more
+about the host than about either. Here both installations run at once. Each round runs a
+throughput run of each, then an idle lot of each (pipelines one at a time, end to end from the
+databases), who goes first alternating from round to round; a ratio to DBOS's is taken within
+each round, and a target stands on the median of those ratios. The other installation only idles
+meanwhile (its schedulers' polls, DBOS's queue thread).
 """
 
 from __future__ import annotations

@@ -81,11 +81,11 @@ only after a full batch with nothing suspect) and larger relay batches for the d
 0.44× the raw publisher: the relay reads, publishes, waits for confirms and marks, 0.19 ms of its CPU
 and 0.08 ms of PostgreSQL's per row).
 
-Step 3 (2026-11-24, a slower 2-core Intel Xeon at 2.3 GHz, the machine of this run). Castad before
+Step 3 (2026-11-24, a slower 2-core Intel Xeon at 2.3 GHz). Castad before
 the step and with spans dropped alone were run with `--only castad`, the drains with `--only drain`;
-"after" is this run (A and E) and a second `--only castad --only dbos` run twenty minutes later.
+"after" is step 3's full run (A and E) and a second `--only castad --only dbos` run twenty minutes later.
 
-| | before step 3 | spans dropped alone | after: this run | after: second run |
+| | before step 3 | spans dropped alone | after: step 3's full run | after: second run |
 |---|---|---|---|---|
 | throughput (pipelines/s) | 23.6 | 25.5 | 30.3 | 31.9 |
 | CPU per pipeline, every process and PostgreSQL (ms) | 76.2 | 70.2 | 58.9 | 55.7 |
@@ -118,7 +118,7 @@ workflows/s), more than Castad's did, so a ratio from one run is a rough figure 
   (58.7 and 74.6 ms in the first two columns, which differ only in spans nobody exports); the summary
   gives one run's.
 
-Step 4 (2026-11-25, a 2-core AMD EPYC, the machine of this run). Whole-installation runs (A) moved by
+Step 4 (2026-11-25, a 2-core AMD EPYC). Whole-installation runs (A) moved by
 more than these changes between runs here: the code before step 4, run four times with `--only castad`,
 gave 32.8 to 35.8 pipelines/s, 49.8 to 53.8 ms of CPU and 41.2 to 56.5 ms idle end to end. So each
 change was measured alone with `python -m bench.alone` (one service's hot path in one process against a
@@ -138,7 +138,7 @@ A pipeline has six projected events and three stage jobs: about 3.6 ms less CPU 
 1.3 in PostgreSQL) and about 2 ms less on an idle pipeline's path (its three stages and the projection
 of video.completed). That is within the spread of the whole installation's runs: in the first full run
 after step 4 (A), 33.8 pipelines/s and 45.2 ms idle lie inside the range of the four runs before it, and
-54.1 ms of CPU just above it; this run's 35.4 pipelines/s, 51.8 ms and 44.2 ms lie inside it. DBOS moved
+54.1 ms of CPU just above it; step 4's full run's 35.4 pipelines/s, 51.8 ms and 44.2 ms lie inside it. DBOS moved
 more between those two full runs (54.8 and 71.6 workflows/s, 25.3 and 19.3 ms of CPU, 16.0 and 21.0 ms
 idle) than Castad did.
 
@@ -159,7 +159,7 @@ idle) than Castad did.
   the relay on the same two cores, and that read was counted in the drain's PostgreSQL CPU. It now looks
   in the relay's own partial index. The same code drained 100,000 rows at 2,398 rows/s in the run before
   the fix, at 3,679 and 3,874 rows/s in two drains after it (3,413 in a third, with a profiler attached
-  to the relay) and at 4,151 in this run. PostgreSQL's CPU went from 140 to 52-56 ms per 1,000 rows. The
+  to the relay) and at 4,151 in step 4's full run. PostgreSQL's CPU went from 140 to 52-56 ms per 1,000 rows. The
   relay's code did not change for this.
 - Also tried, no gain, not kept: the relay's publishes not waiting for their frames to be written
   (aiormq's `wait=False`; drains of 3,954 and 3,677 rows/s against 3,679 and 3,874), and a 0.5 ms GIL
@@ -239,7 +239,7 @@ at idle nothing comes together, and every path an idle pipeline takes is the one
   50 pipelines/s a stage's trigger comes every 20 ms and its transaction takes about 1.5 ms, so nearly
   every group would be of one.
 
-The two full runs at the end of step 6 (`14140c3d` before the drain's fix, and the run above) came on a
+The two full runs at the end of step 6 (`14140c3d` before the drain's fix, and the run after it) came on a
 slower host than the afternoon's: a PostgreSQL round trip took 0.14-0.20 ms back to back against 0.06 ms,
 and DBOS did 35.5 and 36.5 workflows/s against 71.6 in the run of step 5. The ratios moved where step 6
 aimed: commits per pipeline 26.8 → 12.8-13.1 (now fewer than DBOS's 16.2-16.3), CPU 2.68× → 1.60× and
@@ -323,7 +323,8 @@ Step 9 (2026-11-26, on a faster host than step 8's: DBOS at 56-58 workflows/s ag
 three things, then made two full runs of the same services, half an hour apart. The first (`b1e42368`):
 throughput 47.1 against DBOS's 56.2 (0.84×), CPU per pipeline 37.0 against 25.4 ms (1.46×), idle end to
 end 44.4 against 17.0 ms (2.61×), stage handoff 4.3 / 7.3 ms, drain 0.63×, steady p99 87-168 ms (1.65× the
-first minute's). The second is the one this page shows: in its part A every process used about a third
+first minute's). The second (`76dd6275`): throughput 35.9 against 58.1 (0.62×), CPU 49.4 against 24.6 ms
+(2.01×), idle end to end 51.0 against 21.0 ms (2.43×); in its part A every process used about a third
 more CPU than in the first, RabbitMQ and PostgreSQL included, and the plain Dramatiq pipeline ran 750
 messages/s against 1,090, while DBOS ran as fast as before: the host was busier for the processes that
 talk through RabbitMQ, which is not a change of Castad's.
@@ -355,7 +356,33 @@ ms until a thread of the scheduler's pool starts the attempt, 0.3 ms until the p
 runs, 1.1 ms of work with an instant provider (the input validated, the artifact written, hashed and
 renamed), 2.5 ms for the transaction that records the outcome and its `completed` event: 7.6-7.8 ms in
 all, about 24 of an idle pipeline's 44 ms in the first run, which DBOS ran in 17 ms. Setting Python's
-switch interval to 0.5 ms did not change it (two pairs of runs)."""
+switch interval to 0.5 ms did not change it (two pairs of runs).
+
+Step 10 (2026-11-26, later; the host an Intel Xeon this time) measured the host before anything else:
+run alone (`--only castad`, the same code, 100-200 pipelines), Castad used 34 ms of CPU a pipeline in one
+run and 61 ms in another about twenty minutes later, and its idle end to end went from 40 to 63 ms. Run
+one after the other, A and D each took such a stretch of their own, so step 9's two runs set 0.84× and
+0.62× against each other for the same code.
+- A and D now run side by side (*Paired rounds* above, `bench/paired.py`): both installations up at once,
+  five rounds of a throughput run and an idle lot of each, who goes first alternating, and the targets
+  that are ratios to DBOS stand on the median of the ratios within rounds. In this page's run the rounds
+  gave throughput 0.63-0.82× (median 0.71×), CPU per pipeline 1.65-2.00× (1.81×), idle end to end
+  2.15-2.66× (2.23×): closer together than the runs of step 9, none of the three targets met. Castad's
+  first round, the first load after the idle runs, was its slowest (37.0 pipelines/s against 45.6-49.3),
+  while DBOS's was not; the detail shown is the median round's. Castad's PostgreSQL CPU is now that of
+  its own five databases by name: the prefix it had also took in the DBOS database once both ran.
+- Tried, not kept: a trigger's handler waiting, at most 5 ms, until its attempt's work had ended before it
+  wound down, so that the message's acknowledgement, the span's end and Dramatiq's bookkeeping would not
+  take the GIL from the attempt. Inside each stage the outcome's recording began sooner after the
+  `started` commit (3.7 ms against 5.2-5.4, p50), but the recording itself then took longer, and over five
+  alternating pairs of 80 idle pipelines idle end to end was 50.6-57.7 ms against 46.4-63.2: nothing beyond
+  the host's drift. Waiting only until the work had begun was no better (two pairs).
+- The steady run: this time its slow minutes came with PostgreSQL's checkpoints. p99 was 97-219 ms in the
+  minutes without full-page images and 361-380 ms in the fifth and sixth, where a timed checkpoint ended
+  and the next began (1,277 and 1,248 full-page images), 268 ms in the tenth (a checkpoint, 2,216). Step
+  9's two runs, on the other host, showed no such link. The images themselves are a few MB of WAL a
+  minute; what a checkpoint's end (its fsyncs) does to the commits beside it on this disk was not
+  measured apart."""
 
 
 def _paired_rounds(
@@ -364,8 +391,8 @@ def _paired_rounds(
     add("### Paired rounds")
     add("")
     add(
-        "This host's speed drifts by a third within minutes, so Castad and DBOS run side by side: both "
-        "installations up at once (the other one idle meanwhile), each round a throughput run of each "
+        "This host's speed drifts within minutes (see step 10 below), so Castad and DBOS run side by side: "
+        "both installations up at once (the other one idle meanwhile), each round a throughput run of each "
         f"({n} pipelines, as above) and then {lot} pipelines of each one at a time (end to end from the "
         "databases, as in A and D), who goes first alternating from round to round (`bench/paired.py`). "
         "Commits are counted in the first round only."
