@@ -55,7 +55,8 @@ def in_group(pgid: int) -> Callable[[int, int, str], bool]:
 
 
 def postgres_backends(*databases: str) -> Callable[[int, int, str], bool]:
-    """Server processes of connections to these databases (`postgres: <user> <database> <client> <state>`)."""
+    """Server processes of connections to these databases (`postgres: <cluster>: <user> <database> <client>
+    <state>`, the title padded with spaces)."""
     names = {f" {database} " for database in databases}
     return lambda pid, pgrp, cmdline: cmdline.startswith("postgres: ") and any(name in cmdline for name in names)
 

@@ -12,7 +12,6 @@ meanwhile (its schedulers' polls, DBOS's queue thread).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -27,16 +26,14 @@ class Side(Protocol):
 
 def run(sides: Mapping[str, Side], rounds: int, pipelines: int, concurrency: int, idle: int, first: int) -> list[Any]:
     """`rounds` rounds over `sides` (name -> side); each round's figures by side, and the order they ran in.
-    Commits are counted in the first round only: counting them waits about 45 s for PostgreSQL's statistics
-    before and after a run, which would set the two sides' runs of a round far apart."""
+    No round counts commits: that waits about 45 s for PostgreSQL's statistics before and after a run, which
+    would set the two sides' runs of a round far apart (count them in a run before the rounds)."""
     done: list[dict[str, Any]] = []
     for number in range(rounds):
         order = list(sides) if number % 2 == 0 else list(sides)[::-1]
         measured: dict[str, dict[str, Any]] = {name: {} for name in order}
         for name in order:
-            measured[name]["throughput"] = sides[name].throughput(
-                pipelines, concurrency, first, count_commits=number == 0
-            )
+            measured[name]["throughput"] = sides[name].throughput(pipelines, concurrency, first, count_commits=False)
             first += pipelines
         for name in order:
             measured[name]["idle_e2e_ms"] = sides[name].idle_lot(idle, first)
@@ -68,12 +65,12 @@ def ratios(rounds: list[dict[str, Any]], side: str = "castad", peer: str = "dbos
     }
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round whose throughput ratio is the median (of an even count, the lower of the middle two): the
-    one whose runs the report shows in detail."""
-    by_ratio = sorted(rounds, key=lambda r: r["castad"]["throughput"]["rate"] / r["dbos"]["throughput"]["rate"])
-    return by_ratio[(len(by_ratio) - 1) // 2]
+    """The round the report shows in detail: of an odd number of rounds, the one whose throughput ratio is the
+    median (of one side's rounds, the one of median throughput)."""
+    if len(rounds) % 2 == 0:
+        raise ValueError("an odd number of rounds has a median round")
+    (one, *others) = rounds[0]["order"]
+    keys = ratios(rounds)["throughput"] if others else [r[one]["throughput"]["rate"] for r in rounds]
+    ranked = sorted(range(len(rounds)), key=keys.__getitem__)
+    return rounds[ranked[len(ranked) // 2]]

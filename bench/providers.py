@@ -153,7 +153,9 @@ def run(args: argparse.Namespace, workdir: pathlib.Path) -> dict[str, Any]:
             sampler = Sampler(bench)
             sampler.start()
             try:
-                measured = bench.throughput(args.pipelines, args.concurrency, first=0, timeout_s=args.timeout_s)
+                measured = bench.throughput(
+                    args.pipelines, args.concurrency, first=0, timeout_s=args.timeout_s, count_commits=False
+                )
             finally:
                 sampler.stop()
             return {

@@ -34,7 +34,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--peer-sustained", type=int, default=2000, help="pipelines of a longer throughput run of the plain pipeline"
     )
     parser.add_argument("--idle", type=int, default=50, help="pipelines run one at a time for latencies")
-    parser.add_argument("--rounds", type=int, default=5, help="paired rounds of Castad and DBOS")
+    parser.add_argument("--rounds", type=int, default=5, help="paired rounds of Castad and DBOS (odd)")
     parser.add_argument(
         "--idle-lot", type=int, default=15, help="pipelines run one at a time in each paired round, per side"
     )
@@ -50,8 +50,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.idle_lot < 1:
-        parser.error("--rounds and --idle-lot must be at least 1")
+    if args.rounds < 1 or args.rounds % 2 == 0 or args.idle_lot < 1:
+        parser.error("--rounds must be odd (the report shows the median round) and --idle-lot at least 1")
     return args
 
 
@@ -61,9 +61,9 @@ def _phase(results: dict[str, Any], name: str) -> None:
 
 
 def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, parts: list[str]) -> Any:
-    """A and D, both up at once: the detailed idle run of each, then `--rounds` paired rounds (bench.paired).
-    Each side's throughput run shown in detail is that of the round whose ratio is the median, with the commits
-    counted in the first round."""
+    """A and D, both up at once: the detailed idle run of each, a throughput run of each that counts its commits
+    (and warms it up under load), then `--rounds` paired rounds (bench.paired). The throughput shown in detail
+    is that of the median round, with the commits of the counting run."""
     results: dict[str, dict[str, Any]] = {}
     with cleanup.scope():
         sides: dict[str, paired.Side] = {}
@@ -82,12 +82,17 @@ def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: path
             results["dbos"] = {}
         for name, side in sides.items():
             results[name]["idle"] = side.idle(args.idle, warmup=args.warmup)
-        first = args.warmup + 2 * args.idle
+        first = args.warmup + 2 * args.idle  # Castad's idle run took twice `--idle`: a lot unobserved, one observed
+        counted = {}
+        for name, side in sides.items():
+            counted[name] = side.throughput(args.pipelines, args.concurrency, first, count_commits=True)
+            results[name]["commits_run"] = counted[name]
+        first += args.pipelines
         rounds = paired.run(sides, args.rounds, args.pipelines, args.concurrency, args.idle_lot, first)
-    shown = paired.median_round(rounds) if len(sides) == 2 else rounds[0]
+    shown = paired.median_round(rounds)
     for name in sides:
-        counted = rounds[0][name]["throughput"]["commits_per_pipeline"]  # counted in the first round only
-        results[name]["throughput"] = {**shown[name]["throughput"], "commits_per_pipeline": counted}
+        commits = counted[name]["commits_per_pipeline"]
+        results[name]["throughput"] = {**shown[name]["throughput"], "commits_per_pipeline": commits}
     results["paired"] = {"rounds": rounds, "idle_lot": args.idle_lot}
     return results
 
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             _phase(results, "start")
             if {"castad", "dbos"} & set(parts):
                 results.update(run_durable(args, cleanup, workdir, parts))
-                _phase(results, "after castad and dbos")
+                _phase(results, f"after {' and '.join(part for part in ('castad', 'dbos') if part in parts)}")
             if "peer" in parts:
                 results["peer"] = run_peer(args, cleanup, workdir)
                 _phase(results, "after peer")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench import latency, paired
 
 
@@ -32,7 +34,7 @@ class Side:
         return latency.summary([p50])
 
 
-def test_rounds_alternate_who_goes_first_and_count_commits_once() -> None:
+def test_rounds_alternate_who_goes_first_and_count_no_commits() -> None:
     ran: list[str] = []
     sides = {
         "castad": Side("castad", [(40.0, 30.0, 40.0)] * 2, ran),
@@ -41,8 +43,8 @@ def test_rounds_alternate_who_goes_first_and_count_commits_once() -> None:
     rounds = paired.run(sides, 2, pipelines=10, concurrency=2, idle=3, first=0)
     assert [r["order"] for r in rounds] == [["castad", "dbos"], ["dbos", "castad"]]
     assert ran == [
-        "castad throughput commits=True",
-        "dbos throughput commits=True",
+        "castad throughput commits=False",
+        "dbos throughput commits=False",
         "castad idle",
         "dbos idle",
         "dbos throughput commits=False",
@@ -62,5 +64,12 @@ def test_ratios_are_taken_within_each_round_and_the_median_round_is_shown() -> N
     assert ratios["throughput"] == [0.8, 0.75, 20 / 30]
     assert ratios["cpu"] == [1.5, 1.6, 1.5]
     assert ratios["idle_e2e_p50"] == [2.0, 2.4, 2.0]
-    assert paired.median(ratios["cpu"]) == 1.5
     assert paired.median_round(rounds) is rounds[1]  # throughput ratio 0.75, between 0.67 and 0.8
+
+
+def test_one_side_shows_its_round_of_median_throughput_and_an_even_count_has_none() -> None:
+    figures = [(40.0, 30.0, 40.0), (20.0, 60.0, 80.0), (30.0, 40.0, 60.0)]
+    rounds = paired.run({"castad": Side("castad", figures, [])}, 3, pipelines=10, concurrency=2, idle=3, first=0)
+    assert paired.median_round(rounds) is rounds[2]
+    with pytest.raises(ValueError):
+        paired.median_round(rounds[:2])
