@@ -344,7 +344,7 @@ talk through RabbitMQ, which is not a change of Castad's.
 - The steady run's slow minutes. The run now records per minute what PostgreSQL did (checkpoints
   finished, full-page images and bytes written to the WAL, autovacuum runs) and the load average. In
   neither run did a minute's p99 follow a checkpoint or a burst of full-page images: in the first, p99
-  was 87-168 ms with the worst minute (the eighth) having neither; in this one 46-107 ms, the worst (the
+  was 87-168 ms with the worst minute (the eighth) having neither; in the second 46-107 ms, the worst (the
   tenth) with a checkpoint but the fifth, with one too, at 48 ms. Both missed 1.5× of their first
   minute, by 1.65× and 1.73×: a tail of about 1% of a minute's pipelines moves by tens of milliseconds
   from minute to minute on this host. Autovacuum is off on this machine's PostgreSQL (`SHOW

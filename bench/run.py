@@ -83,15 +83,13 @@ def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: path
         for name, side in sides.items():
             results[name]["idle"] = side.idle(args.idle, warmup=args.warmup)
         first = args.warmup + 2 * args.idle  # Castad's idle run took twice `--idle`: a lot unobserved, one observed
-        counted = {}
         for name, side in sides.items():
-            counted[name] = side.throughput(args.pipelines, args.concurrency, first, count_commits=True)
-            results[name]["commits_run"] = counted[name]
+            results[name]["commits_run"] = side.throughput(args.pipelines, args.concurrency, first, count_commits=True)
         first += args.pipelines
         rounds = paired.run(sides, args.rounds, args.pipelines, args.concurrency, args.idle_lot, first)
     shown = paired.median_round(rounds)
     for name in sides:
-        commits = counted[name]["commits_per_pipeline"]
+        commits = results[name]["commits_run"]["commits_per_pipeline"]
         results[name]["throughput"] = {**shown[name]["throughput"], "commits_per_pipeline": commits}
     results["paired"] = {"rounds": rounds, "idle_lot": args.idle_lot}
     return results
