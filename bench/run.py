@@ -44,14 +44,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--notify-rounds", type=int, default=2)
     parser.add_argument("--backlog", type=int, default=100_000, help="outbox rows of the drain part")
     parser.add_argument("--backlog-per-pipeline", type=int, default=10, help="events per pipeline in the backlog")
+    parser.add_argument(
+        "--drain-rounds", type=int, default=3, help="rounds of the relay's drain and the raw publish (odd)"
+    )
     parser.add_argument("--raw-window", type=int, default=1000, help="unconfirmed publishes at a time, raw peer")
     parser.add_argument("--sustained-minutes", type=float, default=10.0, help="length of the steady run")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.rounds % 2 == 0 or args.idle_lot < 1:
-        parser.error("--rounds must be odd (the report shows the median round) and --idle-lot at least 1")
+    if args.rounds < 1 or args.rounds % 2 == 0 or args.drain_rounds < 1 or args.drain_rounds % 2 == 0:
+        parser.error("--rounds and --drain-rounds must be odd (the report shows the median round)")
+    if args.idle_lot < 1:
+        parser.error("--idle-lot must be at least 1")
     return args
 
 
@@ -147,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                 results["peer"] = run_peer(args, cleanup, workdir)
                 _phase(results, "after peer")
             if "drain" in parts:
-                results["drain"] = drain.run(cleanup, workdir, args.backlog, args.backlog_per_pipeline, args.raw_window)
+                results["drain"] = drain.run(
+                    cleanup, workdir, args.backlog, args.backlog_per_pipeline, args.raw_window, args.drain_rounds
+                )
                 _phase(results, "after drain")
             if "sustained" in parts and "castad" in results:
                 rate = results["castad"]["throughput"]["rate"] / 2
