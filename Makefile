@@ -28,7 +28,7 @@ lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), an
 	@$(BIN)/mypy
 	@for package in $(PACKAGES); do out=$$(cd $$package && $(CURDIR)/$(BIN)/deptry --no-ansi . 2>&1) || { echo "$$package: $$out"; exit 1; }; done
 
-bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 20 minutes); writes BENCHMARKS.md
+bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 21 minutes); writes BENCHMARKS.md
 	@$(BIN)/python -m bench.run
 
 profile: setup  ## where each service spends its CPU under load (py-spy); stacks in var/bench/profile

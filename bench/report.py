@@ -369,7 +369,7 @@ one after the other, A and D each took such a stretch of their own, so step 9's 
   throughput run and an idle lot of each, who goes first alternating; the targets that are ratios to DBOS
   stand on the median of the ratios within rounds. Two full runs half an hour apart, the host slower in
   the second (DBOS at 58.5-70.6 workflows/s across the rounds of the first, 48.3-53.8 in the second,
-  this page's): throughput 0.71× and 0.71× at the median (rounds 0.63-0.82× and 0.66-0.76×), CPU per
+  run 919dab86): throughput 0.71× and 0.71× at the median (rounds 0.63-0.82× and 0.66-0.76×), CPU per
   pipeline 1.81× and 1.88× (1.65-2.00×, 1.77-1.96×), idle end to end 2.23× and 2.25× (2.15-2.66×,
   2.22-2.55×). None of the three is met, and none moved with the host as step 9's single runs did. The
   first run counted commits within its first round, which set that round's two runs 45 s apart and made
@@ -386,9 +386,46 @@ one after the other, A and D each took such a stretch of their own, so step 9's 
   5.4 ms (target 5), the drain 0.51× and 0.47× of the raw publisher (target 0.5×). The steady run of the
   first missed (p99 97-380 ms, 1.74× its first minute), its slowest minutes, the fifth and sixth (361 and
   380 ms), those where a timed checkpoint of PostgreSQL ended and the next began (about 1,250 full-page
-  images each); this page's, at a lower rate (half of a slower peak), met it (53-73 ms, 1.07×) with the
+  images each); the second, at a lower rate (half of a slower peak), met it (53-73 ms, 1.07×) with the
   same checkpoints and full-page images in its fifth and tenth minutes. What a checkpoint does to the
-  commits beside it on this host was not measured apart."""
+  commits beside it on this host was not measured apart.
+
+Step 11 (2026-11-26, a later session; the host an Intel Xeon again).
+- The drain (E) runs in rounds too: the relay's drain and the raw publish alternate, who goes first
+  alternating, three rounds by default (`--drain-rounds`), the outbox emptied between them, and the target
+  stands on the median of the ratios within rounds. Single drains of the same relay code had given 0.47×,
+  0.51× and, in an `--only drain` run at the start of this step, 0.60×; this page's rounds 0.55-0.60×.
+- Pairing does not take out all of the host: this page's rounds set Castad at 0.57× of DBOS's throughput
+  at the median, against 0.71× in both full runs of step 10, with the same Castad code. Across this page's
+  rounds DBOS went from 41.6 to 73.5 workflows/s and from 32.5 to 19.4 ms of CPU a workflow, while Castad
+  went from 32.7 to 38.0 pipelines/s and from 55.4 to 46.3 ms: as the host sped up (Castad's idle end to
+  end fell from 74.0 to 44.8 ms over the same rounds), DBOS's one process, which used about 1.4 of the 2
+  cores, gained far more than Castad's five, which used 1.8 throughout.
+- What a POST waits for. `pg_stat_statements` over a throughput run (300 pipelines, 8 POSTs in flight,
+  one key): every statement on a pipeline's path took 0.01-0.4 ms a call, but the count of the key's
+  creation 75 ms. The count is one row per key and minute, locked by each creation until its transaction
+  ends; counted last in the creation's transaction (step 6), the lock is still held from the count's
+  answer to the COMMIT, a few milliseconds in a gateway whose threads take turns at the GIL, and the eight
+  POSTs queue behind it. As a bound, the gateway with no count at all (not a change one could keep): six
+  paired rounds (two installations up at once, alternating) gave 36.3 against 33.3 pipelines/s and 48.9
+  against 53.6 ms of CPU at the median, the 300 POSTs accepted in 3.5-4.9 s against 5.0-6.0, but in four
+  of the six rounds the two were within each other's noise. Tried, not kept: the count as a statement of
+  its own before the creation's transaction, committed at once (the row then locked only while
+  PostgreSQL runs the statement and its commit), counting only while the minute has room and given back
+  when nothing was created (a replay, a conflict, a failure). The limit held exactly (twelve creations at
+  once against a limit of five: five slots), but six paired rounds gave 33.9 against 34.3 pipelines/s and
+  51.9 against 51.7 ms of CPU, the POSTs accepted in 2.9-5.1 s against 4.8-5.9: a commit more a pipeline
+  for no target's figure.
+- Tried, not kept: Python's switch interval at 1 ms and at 0.2 ms in every service (5 ms by default), so
+  that a thread woken by its socket takes the GIL sooner from a busy one. Three installations up at once,
+  24 rounds of 20 idle pipelines each, who goes first rotating: idle end to end p50 67.4 and 68.3 ms
+  against 68.5 at the median, the 1 ms one faster in 15 rounds of 24 (by 1.1 ms at the median), the 0.2
+  ms one in 11. A shorter pairing before it (eight rounds, a throughput run after each idle lot) had put
+  the 1 ms one at 58.7 against 66.3 ms; the longer one did not bear that out.
+- The steady run (F) missed this time on one minute: its seventh minute's p99 was 333 ms against 87 ms
+  in the first, while p50 stayed at 39-50 ms every minute. No checkpoint ended in that minute and it
+  wrote few full-page images (158); the fifth and sixth, with a checkpoint's end and 1,229 and 750 of
+  them, had a p99 of 69 ms."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
