@@ -414,7 +414,7 @@ Step 11 (2026-11-26, a later session; the host an Intel Xeon again).
   PostgreSQL runs the statement and its commit), counting only while the minute has room and given back
   when nothing was created (a replay, a conflict, a failure). The limit held exactly (twelve creations at
   once against a limit of five: five slots), but six paired rounds gave 33.9 against 34.3 pipelines/s and
-  51.9 against 51.7 ms of CPU, the POSTs accepted in 2.9-5.1 s against 4.8-5.9: a commit more a pipeline
+  51.9 against 51.7 ms of CPU, the POSTs accepted in 4.1-5.1 s against 4.8-5.9: a commit more a pipeline
   for no target's figure.
 - Tried, not kept: Python's switch interval at 1 ms and at 0.2 ms in every service (5 ms by default), so
   that a thread woken by its socket takes the GIL sooner from a busy one. Three installations up at once,
