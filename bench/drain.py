@@ -38,7 +38,7 @@ from castad_lyric import service as lyric_service
 from castad_runtime import migrations
 from pamqp import commands as spec
 
-from bench import common, cpu
+from bench import common, cpu, paired
 
 ROUTING_KEY = events.stage_event(events.Stage.LYRIC, "started")
 # Whether any row is left to publish, and how many the relay parked (none should be: a parked row would
@@ -181,10 +181,13 @@ class Drain:
             channel.cancel()
         return {"received": count, "out_of_order": out_of_order, "duplicates": duplicates}
 
-    def empty(self) -> None:
-        """Take the drained rows out of the outbox, for the next round to write the same ones again."""
+    def relay_round(self, envs: list[envelope.Envelope]) -> dict[str, Any]:
+        """Fill the backlog, let the relay drain it, read the queue back; then empty the outbox for the next
+        round to write the same rows again."""
+        measured = {"fill_seconds": self.fill(envs), "relay": self.relay(), "order": self.check_order()}
         with psycopg.connect(common.dsn(self.url), autocommit=True) as conn:
             conn.execute("TRUNCATE outbox")
+        return measured
 
     def raw(self, envs: list[envelope.Envelope], window: int) -> dict[str, Any]:
         """The same messages with aiormq alone, `window` unconfirmed publishes at a time."""
@@ -227,28 +230,24 @@ def run(
 ) -> dict[str, Any]:
     """`rounds` rounds of the relay's drain and the raw publish (odd: the median round is shown); the median
     round's figures, with every round's under `rounds`."""
-    if rounds < 1 or rounds % 2 == 0:
-        raise ValueError("an odd number of rounds has a median round")
     done: list[dict[str, Any]] = []
     with cleanup.scope():
         drain = Drain(cleanup, workdir, rows, per_pipeline)
         drain.setup()
         envs = drain.envelopes()
         for number in range(rounds):
-            measured: dict[str, Any] = {"first": "raw" if number % 2 == 0 else "relay"}
-            for part in ("raw", "relay") if measured["first"] == "raw" else ("relay", "raw"):
-                if part == "raw":
-                    measured["raw"] = drain.raw(envs, window)
-                else:
-                    measured["fill_seconds"] = drain.fill(envs)
-                    measured["relay"] = drain.relay()
-                    measured["order"] = drain.check_order()
-                    drain.empty()
+            raw_first = number % 2 == 0
+            measured: dict[str, Any] = {"first": "raw" if raw_first else "relay"}
+            if raw_first:
+                measured["raw"] = drain.raw(envs, window)
+            measured.update(drain.relay_round(envs))
+            if not raw_first:
+                measured["raw"] = drain.raw(envs, window)
             measured["ratio"] = measured["relay"]["rate"] / measured["raw"]["rate"]
             done.append(measured)
             common.log.info(
                 "drain round %d: relay %.0f rows/s, raw %.0f rows/s (%.2fx)",
                 number + 1, measured["relay"]["rate"], measured["raw"]["rate"], measured["ratio"],
             )  # fmt: skip
-    median = sorted(done, key=lambda measured: measured["ratio"])[len(done) // 2]
+    median = paired.median_of(done, lambda measured: measured["ratio"])
     return {**median, "per_pipeline": per_pipeline, "rounds": done}

@@ -12,10 +12,12 @@ meanwhile (its schedulers' polls, DBOS's queue thread).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from bench import common, latency
+
+T = TypeVar("T")
 
 
 class Side(Protocol):
@@ -65,12 +67,16 @@ def ratios(rounds: list[dict[str, Any]], side: str = "castad", peer: str = "dbos
     }
 
 
+def median_of(items: Sequence[T], key: Callable[[T], float]) -> T:
+    """Of an odd number of items, the one whose `key` is the median: a real item, to be shown in detail."""
+    if len(items) % 2 == 0:
+        raise ValueError("an odd number of rounds has a median round")
+    return sorted(items, key=key)[len(items) // 2]
+
+
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The round the report shows in detail: of an odd number of rounds, the one whose throughput ratio is the
     median (of one side's rounds, the one of median throughput)."""
-    if len(rounds) % 2 == 0:
-        raise ValueError("an odd number of rounds has a median round")
     (one, *others) = rounds[0]["order"]
     keys = ratios(rounds)["throughput"] if others else [r[one]["throughput"]["rate"] for r in rounds]
-    ranked = sorted(range(len(rounds)), key=keys.__getitem__)
-    return rounds[ranked[len(ranked) // 2]]
+    return rounds[median_of(range(len(rounds)), keys.__getitem__)]
