@@ -557,6 +557,13 @@ def test_slow_but_alive_attempts_keep_renewing_their_leases_and_are_not_stolen(e
         assert facts(engine, pipeline_id) == [("started", 1), ("completed", 1)]
 
 
+def first_look_done(jobs: scheduler.JobScheduler) -> None:
+    """Wait until the scheduler's first look found nothing due: until then a trigger reserves no slot (work
+    that waited longer may be due)."""
+    eventually(jobs.reserve, what="the scheduler's first look done")
+    jobs.release()
+
+
 def trigger(stage: runner.StageRunner, jobs: scheduler.JobScheduler) -> str:
     """A pipeline.requested handled as the stage service wires its handler."""
     request = pipeline_requested()
@@ -570,6 +577,7 @@ def test_a_trigger_with_a_free_slot_starts_its_attempt_in_its_own_transaction(en
     trigger's transaction time."""
     stage = stage_runner(engine, succeed)
     jobs = run_scheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
+    first_look_done(jobs)
     pipeline_id = trigger(stage, jobs)
     eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")
     [attempt] = attempt_rows(engine, pipeline_id)
@@ -663,6 +671,7 @@ def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(
 
     stage = stage_runner(engine, slow)
     jobs = run_scheduler(stage, concurrency=1)
+    first_look_done(jobs)
     try:
         first = trigger(stage, jobs)
         second = trigger(stage, jobs)
@@ -674,9 +683,32 @@ def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(
         release.set()  # before the scheduler is stopped, which waits for the running attempt
 
 
+def test_a_trigger_before_the_schedulers_first_look_leaves_its_job_behind_work_that_waited_longer(engine):
+    """At a start, due work may be waiting (a retry, a job accepted while the service was down): until the
+    scheduler has looked, a trigger claims nothing, so its job runs after that work, not ahead of it."""
+    calls: list[str] = []
+
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+        calls.append(job.pipeline_id)
+        return output()
+
+    stage = stage_runner(engine, work)
+    waiting = add_job(stage)
+    jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=60)  # not started yet: no look so far
+    arrived = trigger(stage, jobs)
+    assert status_of(engine, arrived) is Status.PENDING
+    jobs.start()
+    try:
+        eventually(lambda: status_of(engine, arrived) is Status.SUCCEEDED, what="both jobs done")
+    finally:
+        jobs.stop()
+    assert calls == [waiting, arrived]
+
+
 def test_a_trigger_whose_transaction_fails_gives_its_slot_back(engine, run_scheduler):
     stage = stage_runner(engine, succeed)
     jobs = run_scheduler(stage, concurrency=1, poll_s=60)
+    first_look_done(jobs)
     request = pipeline_requested()
     env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
     stage_handlers = handlers.StageHandlers(stage.engine, stage, jobs)
@@ -692,7 +724,8 @@ def test_a_trigger_whose_transaction_fails_gives_its_slot_back(engine, run_sched
 def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_uncounted(engine, run_scheduler):
     stage = stage_runner(engine, succeed)
     jobs = run_scheduler(stage, concurrency=1, poll_s=60)
-    eventually(jobs.reserve, what="the scheduler's first look done")  # found nothing due
+    first_look_done(jobs)
+    assert jobs.reserve()
     pipeline_id = add_job(stage)
     with db.transaction(engine) as conn:
         claim = stage.claim_accepted(conn, pipeline_id)
@@ -712,6 +745,7 @@ def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_unc
 def test_a_trigger_delivered_twice_claims_once_and_gives_its_slot_back(engine, run_scheduler):
     stage = stage_runner(engine, succeed)
     jobs = run_scheduler(stage, concurrency=1, poll_s=60)
+    first_look_done(jobs)
     request = pipeline_requested()
     env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
     stage_handlers = handlers.StageHandlers(stage.engine, stage, jobs)

@@ -14,7 +14,8 @@ a look costs a transaction. While the database is out, the loop backs off.
 A trigger's handler may claim its new job itself, in its own transaction, when a slot is free
 and the scheduler's last look found nothing else due (`reserve`, then `run_claimed` once that
 committed, or `release`): the job starts without a transaction of its own to claim it, and never
-ahead of work that waited longer.
+ahead of work that waited longer (before the scheduler's first look, no trigger claims: at a start,
+retries and jobs accepted while the service was down may be due).
 
 Stopping: no new claims; running attempts get `grace_s` to finish, then are cancelled
 and handed back (not counted), so another worker or this service's next start picks
@@ -49,7 +50,7 @@ class JobScheduler:
         self._idle = threading.Condition()
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._backlog = False  # the last look stopped with every slot taken: more may be due
+        self._backlog = True  # no look yet, or the last one stopped with every slot taken: more may be due
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
 
     def start(self) -> None:
