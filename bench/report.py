@@ -394,10 +394,10 @@ Step 11 (2026-11-26, a later session; the host an Intel Xeon again).
 - The drain (E) runs in rounds too: the relay's drain and the raw publish alternate, who goes first
   alternating, three rounds by default (`--drain-rounds`), the outbox emptied between them, and the target
   stands on the median of the ratios within rounds. Single drains of the same relay code had given 0.47×,
-  0.51× and, in an `--only drain` run at the start of this step, 0.60×; this page's rounds 0.55-0.60×.
-- Pairing does not take out all of the host: this page's rounds set Castad at 0.57× of DBOS's throughput
-  at the median, against 0.71× in both full runs of step 10, with the same Castad code. Across this page's
-  rounds DBOS went from 41.6 to 73.5 workflows/s and from 32.5 to 19.4 ms of CPU a workflow, while Castad
+  0.51× and, in an `--only drain` run at the start of this step, 0.60×; run 800871c4's rounds 0.55-0.60×.
+- Pairing does not take out all of the host: run 800871c4's rounds set Castad at 0.57× of DBOS's
+  throughput at the median, against 0.71× in both full runs of step 10, with the same Castad code. Across
+  its rounds DBOS went from 41.6 to 73.5 workflows/s and from 32.5 to 19.4 ms of CPU a workflow, while Castad
   went from 32.7 to 38.0 pipelines/s and from 55.4 to 46.3 ms: as the host sped up (Castad's idle end to
   end fell from 74.0 to 44.8 ms over the same rounds), DBOS's one process, which used about 1.4 of the 2
   cores, gained far more than Castad's five, which used 1.8 throughout.
@@ -422,10 +422,24 @@ Step 11 (2026-11-26, a later session; the host an Intel Xeon again).
   against 68.5 at the median, the 1 ms one faster in 15 rounds of 24 (by 1.1 ms at the median), the 0.2
   ms one in 11. A shorter pairing before it (eight rounds, a throughput run after each idle lot) had put
   the 1 ms one at 58.7 against 66.3 ms; the longer one did not bear that out.
-- The steady run (F) missed this time on one minute: its seventh minute's p99 was 333 ms against 87 ms
+- The steady run (F) of run 800871c4 missed on one minute: its seventh minute's p99 was 333 ms against 87 ms
   in the first, while p50 stayed at 39-50 ms every minute. No checkpoint ended in that minute and it
   wrote few full-page images (158); the fifth and sixth, with a checkpoint's end and 1,229 and 750 of
-  them, had a p99 of 69 ms."""
+  them, had a p99 of 69 ms.
+
+Step 12 (2026-11-26, a later session; the same Intel Xeon). No change to a pipeline's path: a stage's
+scheduler now lets no trigger claim its job before the scheduler's first look (at a start, retries and
+jobs accepted while the service was down may be due, and a trigger had been able to run its new job
+ahead of them); once that look is done, a trigger claims as before. This page's run, the fourth paired
+run of the same hot path, puts Castad at 0.69× of DBOS's throughput, 1.85× its CPU and 2.54× its idle
+end to end at the median of the rounds (0.71×, 0.71× and 0.57×; 1.81×, 1.88× and 2.19×; 2.23×, 2.25× and
+2.38× in the three before), the drain at 0.65× (0.57× before). The steady run missed by far: p99 148 ms
+in the first minute, 851 and 1,618 ms in the fifth and sixth, where a checkpoint ended and 1,521 and 911
+full-page images were written, and 480-760 ms after them, while the machine's load average rose from 3.2
+to 5.9 at a rate (half of this run's median round, 37.0 pipelines/s) that the same code had held at
+1.07× in step 10's second run at half of a slower peak. Whether Castad or the host fell behind over those
+minutes (the disk's flushes under 50-65 MB of WAL a minute, or the machine's share of its cores) was not
+measured apart."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
