@@ -3,6 +3,7 @@ same read model, timeline and webhooks as the same events projected one by one, 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import threading
@@ -221,3 +222,26 @@ def waiting_for_a_lock(engine: sa.Engine) -> bool:
                 )
             ).scalar_one()
         )
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one by one", "together"])
+def test_a_start_that_comes_after_its_completion_gives_the_stage_its_start_but_not_its_status(
+    gateway: Projection, together: bool
+):
+    """The consumer's threads may project a stage's `completed` before its `started`: the stage stays
+    SUCCEEDED and gets the start the late event tells (its row and its attempt's), so the stage is timed."""
+    now = ago(seconds=0)
+    started, completed = now - dt.timedelta(seconds=5), now - dt.timedelta(seconds=4)
+    pipeline_id = gateway.create()
+    with gateway.together() if together else contextlib.nullcontext():
+        gateway.event(pipeline_id, LYRIC, "completed", 1, completed)
+        gateway.event(pipeline_id, LYRIC, "started", 1, started, worker="lyric@late")
+    s, a = tables.stages, tables.attempts
+    key = uuid.UUID(pipeline_id)
+    with gateway.engine.connect() as conn:
+        stage = conn.execute(sa.select(s).where(s.c.pipeline_id == key, s.c.stage == LYRIC.value)).one()
+        attempt = conn.execute(sa.select(a).where(a.c.pipeline_id == key, a.c.stage == LYRIC.value)).one()
+    assert (stage.status, stage.rank, stage.attempt) == ("SUCCEEDED", 2, 1)
+    assert stage.started_at == stage.first_started_at == started
+    assert stage.finished_at == completed
+    assert (attempt.started_at, attempt.ended_at, attempt.worker) == (started, completed, "lyric@late")

@@ -119,8 +119,16 @@ def _apply(
         writes.attempt(pipeline_id, stage, attempt, change)
     operation = int(getattr(payload, "operation", 0))
     superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
-    if superseded or model.is_stale(fact, attempt, operation, projected.applied(stage)):
-        log.info("stale %s (attempt %d) ignored", env.type, attempt)
+    applied = projected.applied(stage)
+    if superseded or model.is_stale(fact, attempt, operation, applied):
+        row = projected.stages.get(stage)
+        if applied is not None and row is not None and model.fills_start(fact, attempt, row):
+            kept = {"status": row["status"], "started_at": _stage_values(fact, payload)["started_at"]}
+            writes.stage(pipeline_id, stage, applied.position, kept)
+            projected.saved(stage, applied.position, kept)
+            log.info("late %s (attempt %d): its start kept, its stage not moved back", env.type, attempt)
+        else:
+            log.info("stale %s (attempt %d) ignored", env.type, attempt)
         return metrics.STALE
     values, pos = _stage_values(fact, payload), model.position(fact, attempt)
     writes.stage(pipeline_id, stage, pos, values)

@@ -423,7 +423,7 @@ FROM pipelines WHERE id = %s FOR UPDATE
 # sees what it read as it was before (READ COMMITTED), so one that read the stages with the lock would miss
 # what the transaction it waited for wrote.
 _PROJECTED_STAGES = """
-SELECT stage, status, rank, attempt, step, floor_attempt, operation, artifact FROM pipeline_stages
+SELECT stage, status, rank, attempt, step, floor_attempt, operation, artifact, started_at FROM pipeline_stages
 WHERE pipeline_id = %s
 """
 
@@ -450,7 +450,7 @@ class Projected:
 
     def saved(self, stage: events.Stage, pos: model.Position, values: dict[str, Any]) -> None:
         """What `save_stage` wrote (a new row has its columns' defaults), for the next event of the transaction."""
-        row = self.stages.setdefault(stage, {"floor_attempt": 0, "operation": 0, "artifact": None})
+        row = self.stages.setdefault(stage, {"floor_attempt": 0, "operation": 0, "artifact": None, "started_at": None})
         row.update(values, rank=pos[0], attempt=pos[1], step=pos[2])
 
     def updated(self, changes: dict[str, Any]) -> None:
@@ -474,8 +474,8 @@ SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, e
 FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED
 """
 _ALL_PROJECTED_STAGES = """
-SELECT pipeline_id, stage, status, rank, attempt, step, floor_attempt, operation, artifact FROM pipeline_stages
-WHERE pipeline_id = ANY(%s)
+SELECT pipeline_id, stage, status, rank, attempt, step, floor_attempt, operation, artifact, started_at
+FROM pipeline_stages WHERE pipeline_id = ANY(%s)
 """
 
 
