@@ -49,14 +49,23 @@ def _known_broken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         raise sa.exc.DisconnectionError("the connection was closed or broken")
 
 
-def run(conn: sa.Connection, statement: str, params: Any = None) -> psycopg.Cursor[Any]:
+def run(conn: sa.Connection, statement: str, params: Any = None, *, prepare: bool | None = None) -> psycopg.Cursor[Any]:
     """Run one of a package's hot-path statements (plain SQL with psycopg's `%(name)s` placeholders) in the
     transaction of `conn`, straight on its psycopg connection: no SQLAlchemy compilation or result wrapping,
     and psycopg prepares a statement it has run a few times. Rows come as named tuples. Parameters that
     are JSON must be wrapped (`psycopg.types.json.Jsonb`). Write only inside `transaction` (SQLAlchemy
-    commits it); on a plain `engine.connect()`, read only: SQLAlchemy rolls back what it does not know of."""
+    commits it); on a plain `engine.connect()`, read only: SQLAlchemy rolls back what it does not know of.
+
+    `prepare=False` (`REPLAN`) plans the statement at every run, for its parameters and its tables as they are
+    then. Give it to a statement that finds its rows by an array of keys (`= ANY(%s)`, a join with the rows of
+    a parameter): once prepared, PostgreSQL may keep a generic plan made while the table was small, a
+    sequential scan, which then costs more with every row the table gains, until an ANALYZE of the table
+    (autovacuum's, where it runs) makes it plan again."""
     driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
-    return driver.cursor(row_factory=rows.namedtuple_row).execute(statement, params)
+    return driver.cursor(row_factory=rows.namedtuple_row).execute(statement, params, prepare=prepare)
+
+
+REPLAN = False  # `run(..., prepare=REPLAN)`: planned at every run (see `run`)
 
 
 @contextlib.contextmanager

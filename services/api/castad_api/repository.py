@@ -483,8 +483,8 @@ def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID])
     """`lock_projected` of several pipelines in two statements (sent together in `db.pipelined`), without waiting:
     a pipeline another transaction holds is left out, as is one not found."""
     ids = sorted(set(pipeline_ids))
-    locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,))
-    stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,))
+    locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,), prepare=db.REPLAN)
+    stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,), prepare=db.REPLAN)
     found = {row.id: Projected(row, {}) for row in locked.fetchall()}
     for stage in stages.fetchall():
         values = stage._asdict()

@@ -135,7 +135,8 @@ class Merged(Writes):
             given = {column: value for column, value in values.items() if column not in now}
             pipelines[(tuple(sorted(values)), now)].append({"id": pipeline_id, **given})
         for (columns, now), pipeline_rows in pipelines.items():
-            db.run(self.conn, _update_pipelines_sql(columns, now), [_records(pipeline_rows)])
+            ids = [row["id"] for row in pipeline_rows]
+            db.run(self.conn, _update_pipelines_sql(columns, now), [_records(pipeline_rows), ids], prepare=db.REPLAN)
         if self._timeline:
             db.run(self.conn, _APPEND_ALL_TIMELINE, [_records(self._timeline)])
 
@@ -194,10 +195,13 @@ def _save_stages_sql(columns: tuple[str, ...]) -> str:
 
 @functools.cache
 def _update_pipelines_sql(columns: tuple[str, ...], now: frozenset[str]) -> str:
-    """`repository.update_pipeline` for many pipelines with these columns (those in `now`: the database's now())."""
+    """`repository.update_pipeline` for many pipelines with these columns (those in `now`: the database's now()).
+    The pipelines' ids come twice, in their rows and as an array: the planner cannot tell how many rows the JSON
+    holds (it guesses 100) and would scan the whole table to join them; the array it counts, and looks each
+    id up in the primary key."""
     given = tuple(column for column in columns if column not in now)
     sets = ", ".join(f"{column} = now()" if column in now else f"{column} = u.{column}" for column in columns)
     return (
         f"UPDATE pipelines AS p SET updated_at = now(), {sets} FROM {_recordset(tables.pipelines, ('id', *given))}"
-        " WHERE p.id = u.id"
+        " WHERE p.id = u.id AND p.id = ANY(%s::uuid[])"
     )

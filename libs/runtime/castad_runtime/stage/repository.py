@@ -336,7 +336,7 @@ def _any_due(conn: sa.Connection, statuses: frozenset[machine.Status]) -> bool:
 def renew_leases(conn: sa.Connection, claimed: Collection[Job], lease_s: float) -> set[uuid.UUID]:
     """Heartbeat: extend the lease of each of these claims that is still the current one; their job ids."""
     params = (lease_s, [job.id for job in claimed], [job.version for job in claimed])
-    return {row.id for row in db.run(conn, RENEW_LEASES, params)}
+    return {row.id for row in db.run(conn, RENEW_LEASES, params, prepare=db.REPLAN)}
 
 
 def expired_leases(conn: sa.Connection, limit: int, exclude: Collection[uuid.UUID] = ()) -> list[Job]:
