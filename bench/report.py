@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from bench import paired
@@ -485,6 +486,36 @@ def _f(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%"
+
+
+def _steady_cpu_and_tail(add: Callable[[str], None], steady: dict[str, Any]) -> None:
+    """The steady run's CPU per process per minute, and where each minute's slowest pipelines spent their
+    time (runs before these were recorded have neither)."""
+    servers, tails = steady.get("servers", {}), steady.get("tail_parts")
+    if not tails:
+        return
+    names = list(next(iter(servers.values()))["cpu_s"]) if servers else []
+    add(
+        "CPU seconds each process of the installation used in each minute (the client is the harness's "
+        "process), beside where that minute's slowest pipelines (those at or above its p99) spent their time, "
+        "as the mean in ms of each part: `to <stage>` from the moment before (the pipeline's creation or the "
+        "previous stage's finish) to the stage's start, then the stage itself, then `to finished` from the "
+        "last stage's finish to the gateway's `finished_at` (stages' times by their own clocks, on this one "
+        "machine)."
+    )
+    add("")
+    parts = list(next(iter(tails.values())))
+    add("| minute | " + " | ".join(f"{name} CPU (s)" for name in names) + " | " + " | ".join(parts) + " |")
+    add("|---" * (1 + len(names) + len(parts)) + "|")
+    for minute, tail in tails.items():
+        seen = servers.get(str(minute), servers.get(minute)) or {"cpu_s": {}}
+        cpu = [_f(seen["cpu_s"].get(name), 1) for name in names]
+        add(f"| {int(minute) + 1} | " + " | ".join(cpu + [_f(tail[part], 0) for part in parts]) + " |")
+    add("")
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     if not a or not b or math.isnan(a) or math.isnan(b):
         return "n/a"
@@ -891,26 +922,29 @@ def render(r: dict[str, Any]) -> str:
         "What the servers did in each minute, beside it (sampled every 5 s): PostgreSQL checkpoints finished "
         "(a timed one spreads its writes over most of `checkpoint_timeout`, then fsyncs), full-page images "
         "written to the WAL (the first change of each page after a checkpoint starts logs the whole page), WAL "
-        "written, autovacuum and autoanalyze runs on the installation's tables, and the highest one-minute load "
-        "average of the machine."
+        "written, autovacuum and autoanalyze runs on the installation's tables, the highest one-minute load "
+        "average of the machine, and the share of the machine's CPU time that was busy, waiting for I/O, or "
+        "stolen by the hypervisor (from /proc/stat)."
     )
     add("")
     add(
         "| minute | pipelines | p50 (ms) | p99 (ms) | checkpoints finished | full-page images | WAL (MB) "
-        "| autovacuum runs | load |"
+        "| autovacuum runs | load | busy | iowait | steal |"
     )
-    add("|---|---|---|---|---|---|---|---|---|")
+    add("|---|---|---|---|---|---|---|---|---|---|---|---|")
     servers = steady.get("servers", {})
     for minute, summary in steady["minutes"].items():
         seen = servers.get(str(minute), servers.get(minute))
         beside = (
             f"{seen['checkpoints']:.0f} | {seen['full_page_images']:,.0f} | {_f(seen['wal_mb'], 1)} "
-            f"| {seen['autovacuums']:.0f} | {_f(seen['load'], 2)}"
+            f"| {seen['autovacuums']:.0f} | {_f(seen['load'], 2)} | "
+            + " | ".join(_percent(seen.get(state)) for state in ("busy", "iowait", "steal"))
             if seen
-            else " | | | | "
+            else " | | | | | | | "
         )
         add(f"| {int(minute) + 1} | {summary['n']} | {_f(summary['p50'], 0)} | {_f(summary['p99'], 0)} | {beside} |")
     add("")
+    _steady_cpu_and_tail(add, steady)
 
     add("## Where an idle handoff's time goes")
     add("")
