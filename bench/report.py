@@ -431,7 +431,7 @@ Step 11 (2026-11-26, a later session; the host an Intel Xeon again).
 Step 12 (2026-11-26, a later session; the same Intel Xeon). No change to a pipeline's path: a stage's
 scheduler now lets no trigger claim its job before the scheduler's first look (at a start, retries and
 jobs accepted while the service was down may be due, and a trigger had been able to run its new job
-ahead of them); once that look is done, a trigger claims as before. This page's run, the fourth paired
+ahead of them); once that look is done, a trigger claims as before. Run 0bae30e0, the fourth paired
 run of the same hot path, puts Castad at 0.69× of DBOS's throughput, 1.85× its CPU and 2.54× its idle
 end to end at the median of the rounds (0.71×, 0.71× and 0.57×; 1.81×, 1.88× and 2.19×; 2.23×, 2.25× and
 2.38× in the three before), the drain at 0.65× (0.57× before). The steady run missed by far: p99 148 ms
@@ -440,7 +440,37 @@ full-page images were written, and 480-760 ms after them, while the machine's lo
 to 5.9 at a rate (half of this run's median round, 37.0 pipelines/s) that the same code had held at
 1.07× in step 10's second run at half of a slower peak. Whether Castad or the host fell behind over those
 minutes (the disk's flushes under 50-65 MB of WAL a minute, or the machine's share of its cores) was not
-measured apart."""
+measured apart.
+
+Step 13 (2026-11-26, a later session; the same Intel Xeon) measured it apart. F now records, per minute,
+the share of the machine's CPU time that was busy, waiting for I/O or stolen, each process's CPU, and where
+the minute's slowest pipelines spent their time, part by part (the tables of F above). Two 10-minute runs
+at 18.5 pipelines/s on the code of step 12: p99 from 78 to 153 ms and from 85 to 173 ms (1.96× and
+2.04×), iowait 1-2% and steal 0 in every minute, so neither the disk nor the hypervisor. Of the parts, only
+the last grew, from the video stage's end to the gateway's projection of it (9-15 ms in the first minutes,
+25-100 ms later), while each stage and each handoff between stages stayed flat; PostgreSQL's CPU rose from
+14.6 to 22 s a minute at the same rate. `pg_stat_statements` named the statements: the gateway's grouped
+projection (the lock and the read of several pipelines and their stages, their merged UPDATE) read 115
+blocks a call in the first minute and 1,560 in the tenth, its one-pipeline statements a flat 8-16.
+`auto_explain` showed the plans: sequential scans. psycopg prepares a statement after five runs, and
+PostgreSQL kept the generic plan it had made while the tables were nearly empty; nothing planned again,
+since this host's PostgreSQL runs with autovacuum off (a `conf.d` file of its CI set-up), so no table is
+ever analyzed (where autovacuum runs, an ANALYZE of the table makes every session plan again). In a
+4,000-pipeline throughput run the relay's UPDATE that marks rows published had the same plan on the
+growing outbox, 1,360 of its calls over 3 ms: whether a run met the steady target depended on the size of
+each table when each connection's plan was made. Those statements, all that find rows by an array of ids,
+are now planned at every run (`castad_runtime.db.REPLAN`), and the merged UPDATE gives its ids as an array
+too (the planner guesses 100 rows from `jsonb_to_recordset` and had joined them by scanning the table):
+the same 4,000 pipelines then logged no statement of Castad's over 3 ms with a sequential scan but one mark
+planned while its outbox was small. This page's run (ab2db7fa) met the steady target for the first time
+since step 10: p99 109 ms in the first minute, 119 ms at worst. Its other ratios lie within those of the
+four runs before (throughput 0.75×, CPU 1.76×, idle end to end 2.49× at the median of the rounds); the stage
+handoff's p50 came to 5.0 ms (met; 5.3 before), the drain to 0.58×.
+
+The parts also showed stage rows without a start: the gateway's consumer threads may project a stage's
+`completed` before its `started`, and the late `started` was dropped whole, so the stage showed no start
+and `/v1/stats` left it out of the stage durations it times. Such a start now fills a stage row of its
+attempt that has none; the stage still never moves back."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
