@@ -90,7 +90,7 @@ def fills_start(fact: str, attempt: int, row: dict[str, Any]) -> bool:
     """Whether a stale event still gives its stage's row a start time: a `started` of the attempt the row is at
     (which ended or was retried before its `started` came: the consumer's threads may take a stage's events out
     of order) when the row has no start. The stage does not move back; its start is known, as the attempt's is."""
-    return fact == "started" and row["attempt"] == attempt > row["floor_attempt"] and row.get("started_at") is None
+    return fact == "started" and row["attempt"] == attempt > row["floor_attempt"] and row["started_at"] is None
 
 
 class AttemptOutcome(enum.StrEnum):

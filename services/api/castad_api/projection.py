@@ -121,8 +121,7 @@ def _apply(
     superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
     applied = projected.applied(stage)
     if superseded or model.is_stale(fact, attempt, operation, applied):
-        row = projected.stages.get(stage)
-        if applied is not None and row is not None and model.fills_start(fact, attempt, row):
+        if applied is not None and model.fills_start(fact, attempt, row := projected.stages[stage]):
             kept = {"status": row["status"], "started_at": _stage_values(fact, payload)["started_at"]}
             writes.stage(pipeline_id, stage, applied.position, kept)
             projected.saved(stage, applied.position, kept)

@@ -131,8 +131,7 @@ class SourceRelay:
     async def _mark(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Mark the confirmed rows published, if any wait for it."""
         if self._confirmed:
-            # Planned each time (db.run's REPLAN): a plan prepared while the outbox was small scans all of it.
-            await conn.execute(statements.MARK_PUBLISHED, {"marked": self._confirmed}, prepare=False)
+            await conn.execute(statements.MARK_PUBLISHED, {"marked": self._confirmed}, prepare=db.REPLAN)
             self.published += len(self._confirmed)
             self.metrics.published.labels(self.source).inc(len(self._confirmed))
             self._confirmed = []
