@@ -212,6 +212,37 @@ def test_the_projector_projects_the_events_that_came_while_it_was_busy_in_one_tr
     assert progress == 67
 
 
+def test_while_one_pipeline_s_transaction_waits_another_pipeline_s_events_are_projected(gateway: Projection):
+    """Two transactions under way at once: the held pipeline's first event waits in one, its next one waits for
+    it (never two transactions with one pipeline's events), another pipeline's event goes in the other."""
+    held_id, free_id = gateway.create(), gateway.create()
+    projector = projection.Projector(gateway.engine)
+    holder = gateway.engine.connect()
+    holder.begin()
+    p = tables.pipelines
+    holder.execute(sa.select(p.c.id).where(p.c.id == uuid.UUID(held_id)).with_for_update())
+    held = [gateway.envelope(held_id, LYRIC, fact, 1, ago(seconds=10)) for fact in ("started", "completed")]
+    free = gateway.envelope(free_id, LYRIC, "started", 1, ago(seconds=10))
+    threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in [*held, free]]
+    threads[0].start()
+    eventually(lambda: waiting_for_a_lock(gateway.engine), what="the held pipeline's first event waiting")
+    threads[1].start()
+    eventually(lambda: len(projector._groups._waiting) == 1, what="its next event waiting for it")
+    threads[2].start()
+    threads[2].join(10)
+    with gateway.engine.connect() as conn:
+        statuses = dict(conn.execute(sa.select(p.c.id, p.c.status)).all())
+    assert statuses[uuid.UUID(free_id)] == "RUNNING"  # projected while the other transaction waited
+    assert statuses[uuid.UUID(held_id)] == "PENDING"
+    holder.commit()
+    holder.close()
+    for thread in threads[:2]:
+        thread.join(10)
+    with gateway.engine.connect() as conn:
+        progress = conn.execute(sa.select(p.c.progress).where(p.c.id == uuid.UUID(held_id))).scalar_one()
+    assert progress == 33  # both of its events, once the holder let go
+
+
 def waiting_for_a_lock(engine: sa.Engine) -> bool:
     with engine.connect() as conn:
         return bool(

@@ -168,3 +168,89 @@ def test_a_thread_interrupted_while_it_waits_passes_on_the_lead_it_was_handed():
     outcomes = behind_a(commit, recorder, ["b", "c"], interrupt_b)
     assert isinstance(outcomes["b"], Interrupted)
     assert outcomes["c"] == "c done"  # led by its own thread, once b's passed the lead on
+
+
+class Gates:
+    """handle_one and handle_group that hold each item at a gate of its own until it is opened."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, threading.Event] = {}
+        self.started: list[list[str]] = []  # each call's items, in the order the calls began
+        self._lock = threading.Lock()
+
+    def gate(self, item: str) -> threading.Event:
+        with self._lock:
+            return self.gates.setdefault(item, threading.Event())
+
+    def one(self, item: str) -> str:
+        self.started.append([item])
+        self.gate(item).wait(10)
+        return f"{item} done"
+
+    def group(self, items: Sequence[str]) -> list[str]:
+        self.started.append(list(items))
+        for item in items:
+            self.gate(item).wait(10)
+        return [f"{item} done together" for item in items]
+
+
+def test_with_two_groups_under_way_an_item_goes_at_once_while_another_is_handled():
+    gates = Gates()
+    commit = groups.GroupCommit(gates.group, gates.one, max_groups=2)
+    first = submit_all(commit, ["a"], queued=False)
+    wait_until(lambda: gates.started == [["a"]], what="a under way")
+    second = submit_all(commit, ["b"], queued=False)
+    wait_until(lambda: gates.started == [["a"], ["b"]], what="b under way beside a")
+    third = submit_all(commit, ["c", "d"])  # both slots taken: these wait, then go together
+    gates.gate("b").set()
+    assert joined(second) == {"b": "b done"}
+    wait_until(lambda: len(gates.started) == 3, what="c and d under way")
+    assert gates.started[2] == ["c", "d"]
+    for item in "acd":
+        gates.gate(item).set()
+    assert joined(first) == {"a": "a done"}
+    assert joined(third) == {"c": "c done together", "d": "d done together"}
+
+
+def test_an_item_whose_key_a_group_under_way_has_waits_for_it_and_others_go_past():
+    gates = Gates()
+    commit = groups.GroupCommit(gates.group, gates.one, max_groups=2, key=lambda item: item[0])
+    first = submit_all(commit, ["p1"], queued=False)
+    wait_until(lambda: gates.started == [["p1"]], what="p1 under way")
+    later = submit_all(commit, ["p2", "p3"])  # a slot is free, but their key is under way
+    time.sleep(0.05)
+    assert gates.started == [["p1"]]
+    other = submit_all(commit, ["q1"], queued=False)  # another key takes the free slot, past them
+    wait_until(lambda: gates.started == [["p1"], ["q1"]], what="q1 under way beside p1")
+    gates.gate("q1").set()
+    assert joined(other) == {"q1": "q1 done"}
+    assert gates.started == [["p1"], ["q1"]]  # still waiting for p1
+    for item in ("p1", "p2", "p3"):
+        gates.gate(item).set()
+    assert joined(first) == {"p1": "p1 done"}
+    assert joined(later) == {"p2": "p2 done together", "p3": "p3 done together"}  # in the order handed in
+    assert gates.started[2] == ["p2", "p3"]
+
+
+def test_a_group_leaves_an_item_whose_key_is_under_way_waiting_in_its_place():
+    gates = Gates()
+    commit = groups.GroupCommit(gates.group, gates.one, max_groups=2, key=lambda item: item[0])
+    first = submit_all(commit, ["p1"], queued=False)
+    wait_until(lambda: gates.started == [["p1"]], what="p1 under way")
+    blocker = submit_all(commit, ["r1"], queued=False)
+    wait_until(lambda: gates.started == [["p1"], ["r1"]], what="r1 under way")
+    waiting = submit_all(commit, ["p2", "q1", "q2"])  # both slots taken
+    gates.gate("r1").set()  # a slot frees: q1 and q2 go together; p2 still waits for p1
+    assert joined(blocker) == {"r1": "r1 done"}
+    wait_until(lambda: len(gates.started) == 3, what="the q group under way")
+    assert gates.started[2] == ["q1", "q2"]
+    for item in ("q1", "q2", "p1", "p2"):
+        gates.gate(item).set()
+    assert joined(first) == {"p1": "p1 done"}
+    assert joined(waiting) == {"p2": "p2 done", "q1": "q1 done together", "q2": "q2 done together"}
+    assert gates.started[3] == ["p2"]
+
+
+def test_max_groups_must_be_positive():
+    with pytest.raises(ValueError):
+        groups.GroupCommit(len, len, max_groups=0)

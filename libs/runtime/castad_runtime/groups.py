@@ -1,10 +1,11 @@
 """Group commit: what several threads hand in at about the same time, handled together in one transaction.
 
-Each thread hands in its item and waits for it to be handled. The first thread to find no group under
-way leads: it takes every item waiting (up to `max_items`) and handles them as one group, for the
-others too; items handed in meanwhile wait for the next group, which one of their threads leads. A
-lone item is a group of one, handled at once: nothing ever waits for company, so an idle service
-loses no time, and a busy one commits once for many items.
+Each thread hands in its item and waits for it to be handled. A thread that finds fewer than
+`max_groups` groups under way leads: it handles the items waiting (up to `max_items`) as one group,
+for the others too; items handed in meanwhile wait for the next group, which one of their threads
+leads. A lone item is a group of one, handled at once: nothing ever waits for company, so an idle
+service loses no time, and a busy one commits once for many items. Items that share a `key` are
+never in two groups under way at once.
 
 A group that fails (an outage, a deadlock, one item that cannot be handled) is handled again item by
 item, each in its own thread: every item then meets its own fate, and only the item at fault fails.
@@ -14,11 +15,12 @@ without waiting for another transaction.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from castad_runtime import outages, redact
@@ -42,7 +44,8 @@ class _Entry(Generic[T, R]):
     handled: bool = False  # by its group
     alone: bool = False  # its own thread handles it (its group failed, or left it)
     result: R | None = None
-    woken: threading.Event = dataclasses.field(default_factory=threading.Event)  # done, or handed the lead
+    group: list[_Entry[T, R]] | None = None  # the group its thread was handed to lead (itself first), until done
+    woken: threading.Event = dataclasses.field(default_factory=threading.Event)  # done, or handed a group
 
 
 class GroupCommit(Generic[T, R]):
@@ -50,7 +53,12 @@ class GroupCommit(Generic[T, R]):
 
     `handle_group(items)` handles several items at once (one transaction) and returns a result per item, in
     order, or ALONE for an item it leaves; `handle_one(item)` handles a group of one (its leader's own item),
-    and each item left alone. A thread is woken only when its item is done or when it is handed the lead.
+    and each item left alone. A thread is woken only when its item is done or when it is handed a group to lead.
+
+    `max_groups` groups may be under way at once (a lone item counts as one), each led by the thread of its
+    first item: while one waits for the database, the next one is made and sent. Items of the same `key` (say,
+    a pipeline's events) are never in two groups under way at once: such an item waits for the group that
+    has its key to end, so items of one key are handled in the order they were handed in.
     """
 
     def __init__(
@@ -59,15 +67,21 @@ class GroupCommit(Generic[T, R]):
         handle_one: Callable[[T], R],
         max_items: int = 32,
         name: str = "group",
+        *,
+        max_groups: int = 1,
+        key: Callable[[T], Hashable] | None = None,
     ) -> None:
-        if max_items < 1:
-            raise ValueError("max_items must be at least 1")
+        if max_items < 1 or max_groups < 1:
+            raise ValueError("max_items and max_groups must be at least 1")
         self._handle_group = handle_group
         self._handle_one = handle_one
         self._max_items = max_items
+        self._max_groups = max_groups
+        self._key = key
         self._name = name
         self._waiting: list[_Entry[T, R]] = []
-        self._leader: _Entry[T, R] | None = None  # the entry whose thread leads or is handed the lead
+        self._groups = 0  # groups under way, or handed to a thread to lead
+        self._busy: collections.Counter[Hashable] = collections.Counter()  # keys of the items in those groups
         self._lock = threading.Lock()
 
     def submit(self, item: T) -> R:
@@ -75,9 +89,7 @@ class GroupCommit(Generic[T, R]):
         entry: _Entry[T, R] = _Entry(item)
         with self._lock:
             self._waiting.append(entry)
-            if self._leader is None:
-                self._leader = entry
-                entry.woken.set()
+            self._hand_on()
         try:
             while True:
                 entry.woken.wait()
@@ -86,15 +98,15 @@ class GroupCommit(Generic[T, R]):
                     return entry.result  # type: ignore[return-value]
                 if entry.alone:
                     break
-                group: list[_Entry[T, R]] = []
+                group = entry.group  # this thread leads: its own item comes first
+                assert group is not None
+                if len(group) == 1:  # alone: handled at once, items coming meanwhile wait
+                    try:
+                        return self._handle_one(item)
+                    finally:
+                        self._settle(group, None, lone=True)
                 results: Sequence[R | Left] | None = None
                 try:
-                    with self._lock:  # this thread leads: its own item comes first
-                        group = self._waiting[: self._max_items]
-                        del self._waiting[: self._max_items]
-                    if len(group) == 1 and group[0] is entry:  # alone: handled at once, items coming meanwhile wait
-                        group = []
-                        return self._handle_one(item)
                     results = self._handled(group)
                 finally:
                     self._settle(group, results)
@@ -117,30 +129,66 @@ class GroupCommit(Generic[T, R]):
             return None
         return results
 
-    def _settle(self, group: list[_Entry[T, R]], results: Sequence[R | Left] | None) -> None:
-        """The group is done (results None: each item alone, in its own thread); the lead goes to the first
-        item waiting, if any."""
+    def _settle(self, group: list[_Entry[T, R]], results: Sequence[R | Left] | None, lone: bool = False) -> None:
+        """The group is done (results None: each item alone, in its own thread; `lone`: its leader's own item,
+        whose thread has its result already); the items waiting that may go make the next groups."""
         with self._lock:
-            for index, entry in enumerate(group):
+            for index, entry in enumerate(group if not lone else ()):
                 result = ALONE if results is None else results[index]
                 if result is ALONE:
                     entry.alone = True
                 else:
                     entry.result, entry.handled = result, True
                 entry.woken.set()
+            self._end(group)
             self._hand_on()
 
+    def _end(self, group: list[_Entry[T, R]]) -> None:
+        """A group is no longer under way (with the lock held)."""
+        group[0].group = None
+        self._groups -= 1
+        if self._key is not None:
+            self._busy.subtract(self._key(entry.item) for entry in group)
+            self._busy = +self._busy  # drop the keys no group has any more
+
     def _hand_on(self) -> None:
-        """The lead to the first item waiting, or to none (with the lock held)."""
-        self._leader = self._waiting[0] if self._waiting else None
-        if self._leader is not None:
-            self._leader.woken.set()
+        """While fewer than `max_groups` are under way, the items waiting that may go make the next group, handed
+        to its first item's thread to lead (with the lock held)."""
+        while self._waiting and self._groups < self._max_groups:
+            group = self._next_group()
+            if not group:  # every item waiting has a key that a group under way has
+                return
+            self._groups += 1
+            if self._key is not None:
+                self._busy.update(self._key(entry.item) for entry in group)
+            group[0].group = group
+            group[0].woken.set()
+
+    def _next_group(self) -> list[_Entry[T, R]]:
+        """Up to `max_items` of the items waiting, in order, but those whose key a group under way has; taken
+        off the waiting list (with the lock held)."""
+        if self._key is None or not self._busy:
+            group = self._waiting[: self._max_items]
+            del self._waiting[: self._max_items]
+            return group
+        group, left = [], []
+        for entry in self._waiting:
+            if len(group) < self._max_items and self._key(entry.item) not in self._busy:
+                group.append(entry)
+            else:
+                left.append(entry)
+        self._waiting = left
+        return group
 
     def _abandon(self, entry: _Entry[T, R]) -> None:
         """A thread that leaves early (an exception it did not raise itself, while it waited or led): its item
-        is no longer waiting, and a lead it held or was handed goes on."""
+        is no longer waiting, and a group it was handed but did not lead goes back, first in line, for another
+        thread to lead."""
         with self._lock:
             if entry in self._waiting:
                 self._waiting.remove(entry)
-            if self._leader is entry:
+            group = entry.group
+            if group is not None:
+                self._end(group)
+                self._waiting[:0] = [other for other in group if other is not entry]
                 self._hand_on()
