@@ -290,11 +290,12 @@ class CastadBench:
         per_database = counter.stop(count) if counter is not None else None
         with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[])", (ids,)
+                "SELECT id::text, created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[])", (ids,)
             ).fetchall()
-        last = max(_ts(finished) or 0.0 for _, finished in rows)
-        latencies = [(_ts(finished) or 0.0) - (_ts(created) or 0.0) for created, finished in rows]
+        last = max(_ts(finished) or 0.0 for _, _, finished in rows)
+        latencies = [(_ts(finished) or 0.0) - (_ts(created) or 0.0) for _, created, finished in rows]
         seconds = last - started
+        videos_done = self._videos_done(ids)
         return {
             "pipelines": count,
             "concurrency": concurrency,
@@ -302,6 +303,10 @@ class CastadBench:
             "rate": count / seconds,
             "submit_seconds": submitted - started,
             "latency_ms": latency.summary(latency.ms(latencies)),
+            "stages_seconds": max(videos_done.values()) - started,
+            "gateway_lag_ms": latency.summary(
+                latency.ms([(_ts(finished) or 0.0) - videos_done[pid] for pid, _, finished in rows])
+            ),
             "cpu_ms_per_pipeline": {name: cpu.used(before[name], after[name]) * 1000 / count for name in before},
             "commits_per_pipeline": (
                 {svc: per_database[name] for svc, name in zip(self.urls, self.databases, strict=True)}
@@ -309,6 +314,16 @@ class CastadBench:
                 else None
             ),
         }
+
+    def _videos_done(self, ids: list[str]) -> dict[str, float]:
+        """When the video stage recorded each pipeline's success (`jobs.finished_at`, the transaction that also
+        wrote its `completed` event): after that, only the relay's hop and the gateway's projection are left."""
+        with psycopg.connect(common.dsn(self.urls["video"]), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pipeline_id, finished_at FROM jobs WHERE pipeline_id = ANY(%s) AND status = 'SUCCEEDED'",
+                (ids,),
+            ).fetchall()
+        return {pipeline_id: finished.timestamp() for pipeline_id, finished in rows}
 
     def cpu_snapshot(self) -> dict[str, cpu.Snapshot]:
         assert self.stack is not None

@@ -470,7 +470,33 @@ handoff's p50 came to 5.0 ms (met; 5.3 before), the drain to 0.58×.
 The parts also showed stage rows without a start: the gateway's consumer threads may project a stage's
 `completed` before its `started`, and the late `started` was dropped whole, so the stage showed no start
 and `/v1/stats` left it out of the stage durations it times. Such a start now fills a stage row of its
-attempt that has none; the stage still never moves back."""
+attempt that has none; the stage still never moves back.
+
+Step 14 (2026-11-26, a later session, on a 2-core AMD EPYC far slower than the Xeon of step 13: a PostgreSQL
+round trip took 0.51 ms back to back against 0.06 ms, DBOS did 29.2-32.1 workflows/s against 42.5-45.9, and
+the hypervisor took 1-9% of the CPU in the steady run). This page's run (b2cb889b) has the code of step 13
+with one more column in the paired rounds: when the video stage recorded its last success and when the
+gateway recorded the last pipeline's end. Castad's ratios stayed where they were (throughput 0.71×, CPU
+1.80×, idle end to end 2.53×); the handoff p50 (6.7 ms) and the steady run missed on this host, its slowest
+minutes those where the hypervisor took 6-9% (p99 327-390 ms), its two fastest those where it took 1-2%
+(118 and 144 ms). In every round the gateway finished 1.4-1.6 s after the last stage, 15-17% of the run,
+the stages and the relay idle meanwhile: the stages had outrun the gateway's projection. Seen from inside,
+the projection was one line of transactions: a grouped transaction was under way 90-95% of every second of
+the throughput run, 4.5 events a group, 18 ms a group at the median and 55 ms at p90; in the run's last
+second py-spy found the gateway holding the GIL in only 54% of its samples, so it waited on PostgreSQL
+more than it computed. Tried and not kept, in alternating runs of two installations each: the gateway at
+nice -10 (18.3-21.2 against 20.4-22.7 pipelines/s), 24 consumer threads instead of 8 (bigger groups: 24.6-27.9
+against 23.1-27.1), the timeline's listener off (19.0 against 20.7 ms of the gateway's CPU, within the
+spread), a 0.5 ms GIL switch interval again (one pair, no change beyond the spread).
+
+Kept, after this page's run: two grouped transactions of the projection may be under way at once
+(`castad_runtime.groups`, `max_groups`), never two with events of the same pipeline (an event whose
+pipeline a transaction under way has waits for it, so a pipeline's events are still projected in the order
+they were handed in). Two installations with it against two without, alternating, two throughput runs of
+200 pipelines in each: the gateway finished 1.26-1.41 s after the last stage against 1.77-2.44 s, throughput
+19.9-24.3 pipelines/s (mean 21.9) against 17.2-20.8 (mean 19.5), the gateway's part after the video stage's
+success p50 1.3-1.9 s against 2.0-3.2 s, the gateway's CPU within the spread (21.3-24.6 against 21.9-23.9 ms a
+pipeline). About a tenth more throughput on this host, which the next full run will put beside DBOS."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
@@ -490,9 +516,9 @@ def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], 
     add("")
     add(
         "| round | first | pipelines/s Castad / DBOS | ratio | CPU ms Castad / DBOS | ratio "
-        "| idle end to end p50 ms Castad / DBOS | ratio |"
+        "| idle end to end p50 ms Castad / DBOS | ratio | Castad: stages done / gateway done (s) |"
     )
-    add("|---|---|---|---|---|---|---|---|")
+    add("|---|---|---|---|---|---|---|---|---|")
     for number, (one, tput, cpu, idle) in enumerate(
         zip(rounds, ratios["throughput"], ratios["cpu"], ratios["idle_e2e_p50"], strict=True), start=1
     ):
@@ -500,9 +526,15 @@ def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], 
         add(
             f"| {number} | {one['order'][0]} | {_f(c['throughput']['rate'])} / {_f(d['throughput']['rate'])} "
             f"| {tput:.2f}× | {_f(paired.cpu_ms(c['throughput']))} / {_f(paired.cpu_ms(d['throughput']))} "
-            f"| {cpu:.2f}× | {_f(c['idle_e2e_ms']['p50'])} / {_f(d['idle_e2e_ms']['p50'])} | {idle:.2f}× |"
+            f"| {cpu:.2f}× | {_f(c['idle_e2e_ms']['p50'])} / {_f(d['idle_e2e_ms']['p50'])} | {idle:.2f}× "
+            f"| {_f(c['throughput']['stages_seconds'], 2)} / {_f(c['throughput']['seconds'], 2)} |"
         )
-    add(f"| median | | | {medians['throughput']:.2f}× | | {medians['cpu']:.2f}× | | {medians['idle_e2e_p50']:.2f}× |")
+    add(f"| median | | | {medians['throughput']:.2f}× | | {medians['cpu']:.2f}× | | {medians['idle_e2e_p50']:.2f}× | |")
+    add("")
+    add(
+        "*Stages done*: from the first POST to the video stage's last success; *gateway done*: to the last "
+        "pipeline's end in the gateway's database, the end of the throughput run (see A)."
+    )
     add("")
 
 
@@ -729,7 +761,12 @@ def render(r: dict[str, Any]) -> str:
         f"- **Throughput**: {n} briefs POSTed through the gateway, at most {tput['concurrency']} requests in "
         f"flight (all accepted after {_f(tput['submit_seconds'], 2)} s), until the gateway's database shows every "
         "one SUCCEEDED. Rate = pipelines / (last `pipelines.finished_at` − first POST). Latency of a pipeline "
-        f"under that load: p50 {_f(tput['latency_ms']['p50'], 0)} ms, p99 {_f(tput['latency_ms']['p99'], 0)} ms."
+        f"under that load: p50 {_f(tput['latency_ms']['p50'], 0)} ms, p99 {_f(tput['latency_ms']['p99'], 0)} ms. "
+        f"The video stage recorded its last success {_f(tput['stages_seconds'], 2)} s after the first POST, "
+        f"the gateway the last pipeline's end {_f(tput['seconds'] - tput['stages_seconds'], 2)} s after that; "
+        "from the video stage's success (`jobs.finished_at`) to the gateway's `finished_at` of the same "
+        "pipeline, that is the relay's hop and the gateway's projection with the events queued before it, "
+        f"took p50 {_f(tput['gateway_lag_ms']['p50'], 0)} ms, p99 {_f(tput['gateway_lag_ms']['p99'], 0)} ms."
     )
     add(
         f"- **Idle**: after {r['args']['warmup']} warm-up pipelines, {idle['pipelines']} pipelines one at a time "
