@@ -167,13 +167,10 @@ class GroupCommit(Generic[T, R]):
     def _next_group(self) -> list[_Entry[T, R]]:
         """Up to `max_items` of the items waiting, in order, but those whose key a group under way has; taken
         off the waiting list (with the lock held)."""
-        if self._key is None or not self._busy:
-            group = self._waiting[: self._max_items]
-            del self._waiting[: self._max_items]
-            return group
-        group, left = [], []
+        group: list[_Entry[T, R]] = []
+        left: list[_Entry[T, R]] = []
         for entry in self._waiting:
-            if len(group) < self._max_items and self._key(entry.item) not in self._busy:
+            if len(group) < self._max_items and (self._key is None or self._key(entry.item) not in self._busy):
                 group.append(entry)
             else:
                 left.append(entry)
