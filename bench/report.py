@@ -462,7 +462,7 @@ each table when each connection's plan was made. Those statements, all that find
 are now planned at every run (`castad_runtime.db.REPLAN`), and the merged UPDATE gives its ids as an array
 too (the planner guesses 100 rows from `jsonb_to_recordset` and had joined them by scanning the table):
 the same 4,000 pipelines then logged no statement of Castad's over 3 ms with a sequential scan but one mark
-planned while its outbox was small. This page's run (ab2db7fa) met the steady target for the first time
+planned while its outbox was small. Step 13's full run (ab2db7fa) met the steady target for the first time
 since step 10: p99 109 ms in the first minute, 119 ms at worst. Its other ratios lie within those of the
 four runs before (throughput 0.75×, CPU 1.76×, idle end to end 2.49× at the median of the rounds); the stage
 handoff's p50 came to 5.0 ms (met; 5.3 before), the drain to 0.58×.
@@ -474,7 +474,7 @@ attempt that has none; the stage still never moves back.
 
 Step 14 (2026-11-26, a later session, on a 2-core AMD EPYC far slower than the Xeon of step 13: a PostgreSQL
 round trip took 0.51 ms back to back against 0.06 ms, DBOS did 29.2-32.1 workflows/s against 42.5-45.9, and
-the hypervisor took 1-9% of the CPU in the steady run). This page's run (b2cb889b) has the code of step 13
+the hypervisor took 1-9% of the CPU in the steady run). Its full run (b2cb889b) has the code of step 13
 with one more column in the paired rounds: when the video stage recorded its last success and when the
 gateway recorded the last pipeline's end. Castad's ratios stayed where they were (throughput 0.71×, CPU
 1.80×, idle end to end 2.53×); the handoff p50 (6.7 ms) and the steady run missed on this host, its slowest
@@ -489,14 +489,36 @@ nice -10 (18.3-21.2 against 20.4-22.7 pipelines/s), 24 consumer threads instead 
 against 23.1-27.1), the timeline's listener off (19.0 against 20.7 ms of the gateway's CPU, within the
 spread), a 0.5 ms GIL switch interval again (one pair, no change beyond the spread).
 
-Kept, after this page's run: two grouped transactions of the projection may be under way at once
+Kept, after that run: two grouped transactions of the projection may be under way at once
 (`castad_runtime.groups`, `max_groups`), never two with events of the same pipeline (an event whose
 pipeline a transaction under way has waits for it, so a pipeline's events are still projected in the order
 they were handed in). Two installations with it against two without, alternating, two throughput runs of
 200 pipelines in each: the gateway finished 1.26-1.41 s after the last stage against 1.77-2.44 s, throughput
 19.9-24.3 pipelines/s (mean 21.9) against 17.2-20.8 (mean 19.5), the gateway's part after the video stage's
 success p50 1.3-1.9 s against 2.0-3.2 s, the gateway's CPU within the spread (21.3-24.6 against 21.9-23.9 ms a
-pipeline). About a tenth more throughput on this host, which the next full run will put beside DBOS."""
+pipeline). About a tenth more throughput on this host, which the next full run will put beside DBOS.
+
+Step 15 (2026-11-27, a later session, the same kind of host). This page's run (ddd39993) is the first beside
+DBOS with two grouped transactions of the projection under way. Its ratios lie with those of the runs before
+(throughput 0.68×, rounds 0.53-0.71×; CPU 1.91×, 1.84-2.38×; idle end to end 2.62×, 2.33-2.85×); the host was
+faster than in step 14's run, DBOS more so (34.4-44.0 workflows/s against 29.2-32.1, Castad 20.5-31.1 against
+19.5-22.3 pipelines/s). The gateway finished 0.8-2.2 s after the last stage (1.4-1.6 s in step 14's run), so
+the shorter tail the alternating runs had shown did not show beside DBOS; the gateway commits more often
+(6.8 commits a pipeline in its database against 5.6: with two under way its groups are smaller). The
+steady run met its target here (p99 266 ms in the first minute, below it in every other, no steal).
+
+Tried and not kept: the projection in a process of its own (HTTP and the background loops in one, the
+consumer and its projection in another). One installation, the two ways alternating, four throughput runs of
+200 pipelines each: the gateway's part after the video stage's success came down (p50 0.5-1.4 s against
+1.1-2.0 s), but the stages finished later (7.6-9.2 s after the first POST against 5.9-8.4 s) and throughput
+fell (20.0-22.8 pipelines/s, mean 21.8, against 20.7-27.5, mean 23.3), with more CPU a pipeline (79.1-91.5
+against 64.0-85.8 ms; the two gateway processes 22.8-26.3 ms against 18.9-23.2 for one). On two busy cores a
+sixth process takes from the stages the time the projection stops losing to the GIL. A `make profile` of the
+gateway on this host, by library (self time, no native frames): psycopg 27.5% (its pipeline's exchange with
+the server 8.2%), Castad's own code 12.1%, pika 9.9%, threading 5.6% (the hand-over of each synchronous route
+to a worker thread 2.0%, the groups' wake-ups 1.7%), Dramatiq 5.1%, FastAPI 4.3%, json 4.2% (the merged
+writes' JSON 1.9%), pydantic 4.0%, SQLAlchemy 3.1%: no part that a change could take away without a guarantee
+is above a few percent."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
