@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     with cleanup.scope():
         cleanup.push(f"drop {database}", functools.partial(migrations.drop_database, url))
         migrations.ensure_database(url, template="castad_api" if args.part == "projection" else "castad_lyric")
-        engine = db.make_engine(url, pool_size=6, pre_ping=False)
+        engine = db.make_engine(url, pool_size=6)
         cleanup.push("dispose of the engine", engine.dispose)
         prepare: Callable[[int], tuple[int, Callable[[], None]]]
         if args.part == "projection":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import sqlalchemy as sa
 from castad_contracts import envelope, events
 from castad_runtime import tables
 
@@ -55,6 +56,29 @@ def requested_next(pipeline_id: str | None = None) -> envelope.Envelope:
 
 def publish(amqp, installation, env: envelope.Envelope) -> None:
     amqp.publish(installation.topology.exchange, env.type, env.to_json(), message_id=str(env.id))
+
+
+def test_a_pooled_connection_the_server_ended_is_replaced_before_use_with_no_ping(installation, engines):
+    """A pool looks at a connection's socket before handing it out (no `SELECT 1`): the server's goodbye
+    to a session it ended makes it readable, and the connection is replaced instead of failing the work."""
+    engine = engines["lyric"]
+    with engine.connect() as conn:
+        ended = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    with outage.database_down(installation.database_urls["lyric"]):
+        pass
+    looking = sa.create_engine(installation.database_urls["lyric"], poolclass=sa.pool.NullPool)
+    try:
+        with looking.connect() as other:
+            eventually(
+                lambda: not other.execute(sa.text("SELECT 1 FROM pg_stat_activity WHERE pid = :p"), {"p": ended}).all(),
+                what="the pooled connection's session ended",
+            )
+    finally:
+        looking.dispose()
+
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != ended
+    assert engine.pool.checkedin() == 1
 
 
 def test_a_database_outage_uses_up_no_message_and_each_takes_effect_once_it_is_back(

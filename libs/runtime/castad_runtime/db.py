@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import select
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,13 +25,10 @@ OUTBOX_CHANNEL = "castad_outbox"
 _AFTER_COMMIT = "castad_after_commit"
 
 
-def make_engine(url: str, pool_size: int = 5, *, pre_ping: bool = True) -> sa.Engine:
-    """A pool of connections to `url`. `pre_ping=False` for parts that ride out an outage by trying again
-    (consumers, the stage runner): they save a round trip per transaction, and a connection the server
-    dropped only fails their next try. Others (HTTP requests) have it checked before use."""
-    engine = sa.create_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600, pool_pre_ping=pre_ping
-    )
+def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
+    """A pool of connections to `url`, each looked at before use (`_known_broken`) without a round trip:
+    a pre-ping `SELECT 1` would cost one per transaction, and a commit in PostgreSQL's statistics."""
+    engine = sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600)
     sa.event.listen(engine, "checkout", _known_broken)
     sa.event.listen(engine, "before_cursor_execute", _not_pipelined)
     return engine
@@ -44,9 +42,18 @@ def _not_pipelined(conn: sa.Connection, cursor: Any, statement: str, *args: Any)
 
 
 def _known_broken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """A pooled connection that psycopg already knows to be closed or broken is replaced before use."""
+    """A pooled connection is replaced before use if psycopg knows it to be closed or broken, or if the server
+    sent it anything while it sat idle in the pool: a server that ends a session (a restart, an outage's
+    `pg_terminate_backend`, `idle_session_timeout`) says why and closes it, so its socket is readable. Nothing
+    else comes to an idle pooled connection (none of them LISTENs); a notice that did would only cost a new
+    connection. A connection that died without a word (a network partition) fails its first statement, as
+    it would fail a pre-ping, and the pool replaces it then."""
     if dbapi_connection.closed or dbapi_connection.broken:
         raise sa.exc.DisconnectionError("the connection was closed or broken")
+    poller = select.poll()
+    poller.register(dbapi_connection.pgconn.socket, select.POLLIN)
+    if poller.poll(0):
+        raise sa.exc.DisconnectionError("the server sent something to an idle connection (it ended the session)")
 
 
 def run(conn: sa.Connection, statement: str, params: Any = None, *, prepare: bool | None = None) -> psycopg.Cursor[Any]:

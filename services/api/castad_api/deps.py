@@ -59,7 +59,7 @@ def _caller(scope: keys.Scope | None) -> Any:
             raise HTTPException(
                 status.HTTP_401_UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>", _CHALLENGE
             )
-        with gw.engine.connect() as conn:
+        with gw.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:  # no BEGIN, no ROLLBACK
             principal = keys.authenticate(conn, credentials.credentials)
         if principal is None:
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the API key is unknown or revoked", _CHALLENGE)

@@ -35,8 +35,7 @@ MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 def build(config: settings_.ApiSettings) -> FastAPI:
     engine = db.make_engine(config.database_url, pool_size=8)  # HTTP requests and the background loops
-    # The projection's own: its consumer rides out a dropped connection by trying again, no pre-ping needed.
-    projecting = db.make_engine(config.database_url, pool_size=config.consumer_threads, pre_ping=False)
+    projecting = db.make_engine(config.database_url, pool_size=config.consumer_threads)  # the projection's own
     topo = topology.Topology(config.namespace)
     gateway = deps.Gateway(
         config=config,

@@ -173,10 +173,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     service = definition.stage.value
     process.start_observability(service, config.log_level)
     topo = topology.Topology(config.namespace)
-    # Every part of a stage rides out a dropped connection by trying again: no pre-ping needed.
-    engine = db.make_engine(
-        config.database_url, pool_size=config.concurrency + config.consumer_threads + 2, pre_ping=False
-    )
+    engine = db.make_engine(config.database_url, pool_size=config.concurrency + config.consumer_threads + 2)
     injector = faults.FaultInjector(config.faults(), random.Random())
     work = definition.make_work(config)
 
