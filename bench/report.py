@@ -498,7 +498,7 @@ they were handed in). Two installations with it against two without, alternating
 success p50 1.3-1.9 s against 2.0-3.2 s, the gateway's CPU within the spread (21.3-24.6 against 21.9-23.9 ms a
 pipeline). About a tenth more throughput on this host, which the next full run will put beside DBOS.
 
-Step 15 (2026-11-27, a later session, the same kind of host). This page's run (ddd39993) is the first beside
+Step 15 (2026-11-27, a later session, the same kind of host). Its full run (ddd39993) was the first beside
 DBOS with two grouped transactions of the projection under way. Its ratios lie with those of the runs before
 (throughput 0.68×, rounds 0.53-0.71×; CPU 1.91×, 1.84-2.38×; idle end to end 2.62×, 2.33-2.85×); the host was
 faster than in step 14's run, DBOS more so (34.4-44.0 workflows/s against 29.2-32.1, Castad 20.5-31.1 against
@@ -518,7 +518,41 @@ gateway on this host, by library (self time, no native frames): psycopg 27.5% (i
 the server 8.2%), Castad's own code 12.1%, pika 9.9%, threading 5.6% (the hand-over of each synchronous route
 to a worker thread 2.0%, the groups' wake-ups 1.7%), Dramatiq 5.1%, FastAPI 4.3%, json 4.2% (the merged
 writes' JSON 1.9%), pydantic 4.0%, SQLAlchemy 3.1%: no part that a change could take away without a guarantee
-is above a few percent."""
+is above a few percent.
+
+Step 16 (2026-11-27, a later session, a quieter host). A POST cost three commits and a rollback in the
+gateway's database: a pre-ping `SELECT 1` (a transaction of its own in PostgreSQL's statistics) on each of
+its two checkouts, and the key's read in a transaction that was rolled back. Now no pool pings: a checkout
+polls the idle connection's socket (no round trip), which a server that ended the session (a restart, an
+outage's `pg_terminate_backend`) has made readable with its reason, and the pool replaces it (a test ends the
+session under a pooled connection and fails without the poll); the key is read in autocommit. Over 3 × 300
+POSTs with no events flowing: 3.0 commits and 1.0 rollback a POST before, 2.0 and 0 after; PostgreSQL's CPU
+0.77-0.87 ms a POST before, 0.43-0.60 after; the gateway's own within its spread (1.6-1.8 ms against 1.6-2.0).
+
+This page's run (f93691a9) came after it, on a host twice as fast as step 15's (a PostgreSQL round trip after
+10 ms idle 0.06 ms against 0.52; DBOS 65-97 workflows/s against 34-44). Commits a pipeline 15.7 (the
+gateway's 5.7 against 6.8), fewer than DBOS's 16.2. The ratios stayed where they were: throughput 0.66×
+(rounds 0.62-0.77×), CPU 1.90× (1.61-1.98×), idle end to end 2.76× (2.64-3.27×). Both idle handoff targets are
+met here (p50 2.7 ms, p99 5.3), as they were not in step 15's run with the same stage machine and relay: the
+host, not the code, moved them.
+
+Where the rest goes, looked at on this host after the run:
+- PostgreSQL's CPU by database (its server processes, a throughput run of 200 pipelines, twice): the gateway's
+  3.4 ms a pipeline, each stage's 1.1-1.4, 7.1-7.3 in all. With `pg_stat_statements` loaded for one such run
+  (then unloaded again): 73 statements a pipeline, whose execution and planning took 3.6 ms; the rest of
+  PostgreSQL's CPU is the work around them (protocol, commits, triggers' NOTIFY, waking backends). One
+  statement waited: the count of a key's creations waited 73 ms on average for the counter's row lock, held to
+  each creation's commit (the count decides, so it is taken last): all 8 POSTs in flight use one key. It costs
+  no CPU, and creations stayed ahead of the stages (200 accepted in 2.3 s, 85 a second).
+- The relay at idle, timed inside it (an instrumented copy run in its place, not kept): woken → rows read
+  0.01 ms, the read 0.32 ms, → publish 0.04 ms, the confirm 1.3 ms, the mark 0.45 ms (p50). A stage's
+  `completed` committed while the relay awaits the confirm of the same pipeline's `started` waits for it: a
+  pipeline's row goes out once the one before it is confirmed, an ordering guarantee kept.
+- A stage at idle, timed inside the song stage the same way: the trigger's transaction (inbox row, job,
+  claim, `started` event) 3.0 ms to its commit, the hand-over to the scheduler's pool 0.3 ms, the provider's
+  thread started 0.2 ms, the instant provider's work 1.1 ms, the outcome's transaction 1.4 ms and its commit
+  0.7 ms (p50). Each step is a round trip, a WAL flush, a thread waking or the work itself; DBOS runs the same
+  work and three checkpoints in 11 ms a workflow in one process, with no broker hop between its steps."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
