@@ -9,11 +9,12 @@ one (the consumer was upgraded first) is read as the newer model.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from castad_contracts import envelope, events
-from castad_runtime import tables
+from castad_runtime import outages, tables
 
 from bench.faults import outage
 from tests.integration.helpers import (
@@ -58,27 +59,52 @@ def publish(amqp, installation, env: envelope.Envelope) -> None:
     amqp.publish(installation.topology.exchange, env.type, env.to_json(), message_id=str(env.id))
 
 
-def test_a_pooled_connection_the_server_ended_is_replaced_before_use_with_no_ping(installation, engines):
-    """A pool looks at a connection's socket before handing it out (no `SELECT 1`): the server's goodbye
-    to a session it ended makes it readable, and the connection is replaced instead of failing the work."""
-    engine = engines["lyric"]
-    with engine.connect() as conn:
-        ended = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-    with outage.database_down(installation.database_urls["lyric"]):
-        pass
-    looking = sa.create_engine(installation.database_urls["lyric"], poolclass=sa.pool.NullPool)
+def _end_session(database_url: str, pid: int) -> None:
+    """End the session `pid` of the database from another connection; returns once it is gone."""
+    looking = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:
         with looking.connect() as other:
+            other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
             eventually(
-                lambda: not other.execute(sa.text("SELECT 1 FROM pg_stat_activity WHERE pid = :p"), {"p": ended}).all(),
-                what="the pooled connection's session ended",
+                lambda: not other.execute(sa.text("SELECT 1 FROM pg_stat_activity WHERE pid = :p"), {"p": pid}).all(),
+                what=f"session {pid} ended",
             )
     finally:
         looking.dispose()
 
+
+def _pooled_session(engine: sa.Engine) -> int:
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != ended
+        return conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+
+
+def test_a_pooled_connection_the_server_ended_is_replaced_before_use_with_no_ping(installation, engines):
+    """A pool looks at a connection's socket before handing it out (no `SELECT 1`): the server's goodbye
+    to a session it ended makes it readable, and the connection is replaced instead of failing the work."""
+    engine = engines["lyric"]
+    ended = _pooled_session(engine)
+    _end_session(installation.database_urls["lyric"], ended)
+
+    assert _pooled_session(engine) != ended
     assert engine.pool.checkedin() == 1
+
+
+def test_a_replacement_ended_before_its_first_use_fails_as_an_outage(installation, engines):
+    """The replacement of an ended connection is not looked at (SQLAlchemy tries a checkout twice, and a second
+    refusal raises an error that is no outage's): ended too, it fails its first statement as an outage, which
+    nothing counts against the work, and the pool replaces it for the next."""
+    engine, url = engines["song"], installation.database_urls["song"]
+    _end_session(url, _pooled_session(engine))
+
+    def end_at_once(dbapi_connection: Any, record: Any) -> None:
+        _end_session(url, dbapi_connection.info.backend_pid)
+
+    sa.event.listen(engine, "connect", end_at_once, once=True)
+
+    with pytest.raises(sa.exc.OperationalError) as raised, engine.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))
+    assert outages.is_outage(raised.value)
+    assert _pooled_session(engine)
 
 
 def test_a_database_outage_uses_up_no_message_and_each_takes_effect_once_it_is_back(

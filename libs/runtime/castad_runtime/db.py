@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "castad_outbox"
 _AFTER_COMMIT = "castad_after_commit"
+_USED = "castad_used"  # a pooled connection's record: it was handed out before
 
 
 def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
@@ -46,10 +47,16 @@ def _known_broken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     sent it anything while it sat idle in the pool: a server that ends a session (a restart, an outage's
     `pg_terminate_backend`, `idle_session_timeout`) says why and closes it, so its socket is readable. Nothing
     else comes to an idle pooled connection (none of them LISTENs); a notice that did would only cost a new
-    connection. A connection that died without a word (a network partition) fails its first statement, as
-    it would fail a pre-ping, and the pool replaces it then."""
+    connection. A new connection is not looked at, as a pre-ping would not: SQLAlchemy tries a checkout twice,
+    and a second refusal would raise a bug's error instead of an outage's. A connection that died without a
+    word (a network partition, a middlebox that dropped it) is found by its first statement instead of a
+    ping: that work fails as in an outage (a request answers 503 with Retry-After, a consumer tries again,
+    nothing used up), and `pool_recycle` bounds how old a pooled connection gets."""
     if dbapi_connection.closed or dbapi_connection.broken:
         raise sa.exc.DisconnectionError("the connection was closed or broken")
+    if not record.info.get(_USED):  # cleared when the pool replaces the connection
+        record.info[_USED] = True
+        return
     poller = select.poll()
     poller.register(dbapi_connection.pgconn.socket, select.POLLIN)
     if poller.poll(0):
