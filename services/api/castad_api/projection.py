@@ -31,6 +31,9 @@ Event = tuple[envelope_.Envelope, events.Payload]
 # Transactions of grouped events under way at once: while one waits for PostgreSQL, the next is made and sent.
 # With one, the projection fell behind the stages under load and finished a throughput run alone.
 GROUPS_UNDER_WAY = 2
+# Connections of the projection: its groups under way and the events left to their own threads. The consumer's
+# threads are many more (each holds one event, so they bound a group's size); those without a connection wait.
+POOL_SIZE = 4
 
 
 class Projector:

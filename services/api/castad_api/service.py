@@ -35,7 +35,7 @@ MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 def build(config: settings_.ApiSettings) -> FastAPI:
     engine = db.make_engine(config.database_url, pool_size=8)  # HTTP requests and the background loops
-    projecting = db.make_engine(config.database_url, pool_size=config.consumer_threads)  # the projection's own
+    projecting = db.make_engine(config.database_url, pool_size=projection.POOL_SIZE)  # the projection's own
     topo = topology.Topology(config.namespace)
     gateway = deps.Gateway(
         config=config,

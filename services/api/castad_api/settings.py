@@ -29,11 +29,11 @@ class ApiSettings(settings.StoreSettings):
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
     consumer_threads: int = Field(
-        default=8,
+        default=32,
         ge=1,
         le=64,
-        description="Dramatiq threads projecting events: the events that come while one is projected wait and"
-        " are projected together",
+        description="Dramatiq threads projecting events, each holding one: the events that come while one is"
+        " projected wait and are projected together, so the threads bound how many go in one transaction",
     )
     creations_per_minute: int = Field(
         default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"
