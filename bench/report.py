@@ -531,14 +531,14 @@ outage's: a second test ends the replacement too); the key is read in autocommit
 POSTs with no events flowing: 3.0 commits and 1.0 rollback a POST before, 2.0 and 0 after; PostgreSQL's CPU
 0.77-0.87 ms a POST before, 0.43-0.60 after; the gateway's own within its spread (1.6-1.8 ms against 1.6-2.0).
 
-This page's run (f93691a9) came after it, on a host twice as fast as step 15's (a PostgreSQL round trip after
+Its full run (f93691a9) came after it, on a host twice as fast as step 15's (a PostgreSQL round trip after
 10 ms idle 0.06 ms against 0.52; DBOS 65-97 workflows/s against 34-44). Commits a pipeline 15.7 (the
 gateway's 5.7 against 6.8), fewer than DBOS's 16.2. The ratios stayed where they were: throughput 0.66×
 (rounds 0.62-0.77×), CPU 1.90× (1.61-1.98×), idle end to end 2.76× (2.64-3.27×). Both idle handoff targets are
 met here (p50 2.7 ms, p99 5.3), as they were not in step 15's run with the same stage machine and relay: the
 host, not the code, moved them.
 
-Where the rest goes, looked at on this host after the run:
+Where the rest goes, looked at on that host after that run:
 - PostgreSQL's CPU by database (its server processes, a throughput run of 200 pipelines, twice): the gateway's
   3.4 ms a pipeline, each stage's 1.1-1.4, 7.1-7.3 in all. With `pg_stat_statements` loaded for one such run
   (then unloaded again): 73 statements a pipeline, whose execution and planning took 3.6 ms; the rest of
@@ -554,7 +554,35 @@ Where the rest goes, looked at on this host after the run:
   claim, `started` event) 3.0 ms to its commit, the hand-over to the scheduler's pool 0.3 ms, the provider's
   thread started 0.2 ms, the instant provider's work 1.1 ms, the outcome's transaction 1.4 ms and its commit
   0.7 ms (p50). Each step is a round trip, a WAL flush, a thread waking or the work itself; DBOS runs the same
-  work and three checkpoints in 11 ms a workflow in one process, with no broker hop between its steps."""
+  work and three checkpoints in 11 ms a workflow in one process, with no broker hop between its steps.
+Step 17 (2026-11-27, a later session, on a slower host: a PostgreSQL round trip after 10 ms idle 0.32 ms
+against 0.06). A throughput run of 200 pipelines, sampled every 0.1 s: while the POSTs came in, the gateway's
+queue grew to 215-541 events, and its last pipeline ended 0.7-0.9 s after the video stage's last success, the
+gateway projecting alone. A projection group is made of the events the consumer's threads hold, one each: with
+8 threads and two groups under way, a group had at most 7 events. (Step 14 had tried 24 threads with one group
+under way, within the spread then.) Now the gateway has 32 consumer threads (`CASTAD_API_CONSUMER_THREADS`),
+and the projection's own pool no longer grows with them: 4 connections (8 with overflow) serve its groups under
+way and the events left to their own threads; a thread without one waits. One installation, alternating
+throughput runs of 200 pipelines: 8 threads 31.1 and 32.5 pipelines/s (the queue up to 215 and 384 events),
+32 threads 40.0 and 37.2 (the queue empty), 16 threads 37.3 (up to 78); the gateway's CPU 13.3-13.9 ms a
+pipeline with 8, 11.0-11.9 with 32. 64 threads did worse in its one run (28.3 pipelines/s, every process's CPU
+up with it, so the host's drift or the threads' own cost); not pursued.
+
+Tried and not kept, with the gateway keeping up: more attempts at once in each stage. The lyric stage then had
+up to 43 jobs waiting for its two slots, but the two cores were busy: `CASTAD_<STAGE>_CONCURRENCY` 4 gave 44.3
+and 40.0 pipelines/s, 8 gave 37.3, against 44.7 and 42.5 with 2 (alternating), with more CPU a pipeline. The
+per-key creation counter left out (an experiment only): the POSTs finished sooner, the stages as late as before
+(42.2 and 48.6 pipelines/s), so its lock does not bound throughput.
+
+This page's run (c23aacf7) came after it. The gateway now ends 0.01-0.02 s after the last stage, against
+0.66-0.82 s in f93691a9's rounds; commits a pipeline 14.3 (the gateway's 4.6 against 5.7). The ratios moved
+less than the tail: throughput 0.71× (rounds 0.63-0.89×, against 0.66×), CPU 1.87× (1.53-2.09×, against
+1.90×); idle end to end 3.28× (2.36-3.36×): the slow round trip after idle costs Castad's hops more than
+DBOS's checkpoints. The steady run missed its target here (worst minute p99 211 ms against 50 in the first).
+Run again alone on the same host at the same rate, 10 minutes each: with 8 threads p99 65-182 ms and p50 34-58,
+the first minute at 133; with 32 threads p50 68-114 ms in the first four minutes and 29-32 ms in the other six
+(p99 271 ms in the first minute, 49-79 ms in the last six). Both configurations swing with the host by more
+than the threads move them."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
