@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_api import projection, tables
+from castad_api import projection, settings, tables
 from castad_contracts import events
-from castad_runtime import groups
+from castad_runtime import db, groups
 from castad_runtime import tables as runtime_tables
 
 from tests.integration.gateway import Projection, ago
@@ -243,9 +243,61 @@ def test_while_one_pipeline_s_transaction_waits_another_pipeline_s_events_are_pr
     assert progress == 33  # both of its events, once the holder let go
 
 
-def waiting_for_a_lock(engine: sa.Engine) -> bool:
+def test_the_consumer_s_threads_outnumber_the_projection_s_connections_and_every_event_is_projected(
+    gateway: Projection,
+):
+    """As many events at once as the gateway's consumer has threads, a group of all but two of them, every one of
+    its pipelines held by another transaction: the group leaves them to their own threads, which queue for the
+    projection's few connections instead of each opening one, and all are projected once the holder lets go."""
+    threads_count = settings.ApiSettings.model_fields["consumer_threads"].default
+    every_connection = 2 * projection.POOL_SIZE  # the pool and its overflow
+    assert threads_count - 2 > every_connection  # the case this test is about
+    pipeline_ids = [gateway.create() for _ in range(threads_count)]
+    url = gateway.engine.url.render_as_string(hide_password=False)
+    projecting = db.make_engine(url, pool_size=projection.POOL_SIZE)  # as service.build makes it
+    projector = projection.Projector(projecting)
+    envs = [gateway.envelope(pipeline_id, LYRIC, "started", 1, ago(seconds=10)) for pipeline_id in pipeline_ids]
+    threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in envs]
+    first, rest = hold(gateway.engine, pipeline_ids[:2]), hold(gateway.engine, pipeline_ids[2:])
+    try:
+        for count, thread in enumerate(threads[:2], start=1):  # two groups of one under way, each waiting
+            thread.start()
+            eventually(lambda count=count: waiting_for_a_lock(gateway.engine) == count, what=f"{count} waiting")
+        for thread in threads[2:]:
+            thread.start()
+        eventually(lambda: len(projector._groups._waiting) == threads_count - 2, what="the others waiting")
+        first.rollback()  # the two go; the others make one group, which leaves each to its own thread
+        eventually(lambda: waiting_for_a_lock(gateway.engine) == every_connection, what="every connection waiting")
+        assert projecting.pool.checkedout() == every_connection
+        assert sum(thread.is_alive() for thread in threads[2:]) == threads_count - 2  # the rest wait for one
+    finally:
+        first.rollback()
+        rest.rollback()
+        first.close()
+        rest.close()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
+    projecting.dispose()
+    p = tables.pipelines
+    with gateway.engine.connect() as conn:
+        statuses = conn.execute(sa.select(p.c.status).where(p.c.id.in_([uuid.UUID(i) for i in pipeline_ids])))
+        assert list(statuses.scalars()) == ["RUNNING"] * threads_count
+
+
+def hold(engine: sa.Engine, pipeline_ids: list[str]) -> sa.Connection:
+    """A connection whose transaction holds these pipelines' rows until it ends."""
+    holder = engine.connect()
+    holder.begin()
+    p = tables.pipelines
+    holder.execute(sa.select(p.c.id).where(p.c.id.in_([uuid.UUID(i) for i in pipeline_ids])).with_for_update())
+    return holder
+
+
+def waiting_for_a_lock(engine: sa.Engine) -> int:
+    """How many sessions of the database wait for a lock."""
     with engine.connect() as conn:
-        return bool(
+        return int(
             conn.execute(
                 sa.text(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
