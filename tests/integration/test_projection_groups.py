@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from castad_api import projection, settings, tables
 from castad_contracts import events
-from castad_runtime import db, groups
+from castad_runtime import groups
 from castad_runtime import tables as runtime_tables
 
 from tests.integration.gateway import Projection, ago
@@ -154,10 +154,8 @@ def test_a_group_waits_for_no_lock_and_leaves_the_events_of_a_held_pipeline_to_t
     gateway: Projection,
 ):
     held, free = gateway.create(), gateway.create()
-    holder = gateway.engine.connect()
-    holder.begin()
+    holder = hold(gateway.engine, [held])
     p = tables.pipelines
-    holder.execute(sa.select(p.c.id).where(p.c.id == uuid.UUID(held)).with_for_update())
     try:
         envs = [gateway.envelope(pipeline_id, LYRIC, "started", 1, ago(seconds=1)) for pipeline_id in (held, free)]
         results = projection.apply_all(gateway.engine, [(env, env.payload()) for env in envs])
@@ -184,10 +182,8 @@ def test_the_projector_projects_the_events_that_came_while_it_was_busy_in_one_tr
     go together (their inbox rows have one transaction time)."""
     pipeline_id = gateway.create()
     projector = projection.Projector(gateway.engine)
-    holder = gateway.engine.connect()
-    holder.begin()
+    holder = hold(gateway.engine, [pipeline_id])
     p = tables.pipelines
-    holder.execute(sa.select(p.c.id).where(p.c.id == uuid.UUID(pipeline_id)).with_for_update())
     facts = [(LYRIC, "started"), (LYRIC, "completed"), (SONG, "started"), (SONG, "completed")]
     envs = [gateway.envelope(pipeline_id, stage, fact, 1, ago(seconds=10)) for stage, fact in facts]
     threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in envs]
@@ -217,10 +213,8 @@ def test_while_one_pipeline_s_transaction_waits_another_pipeline_s_events_are_pr
     it (never two transactions with one pipeline's events), another pipeline's event goes in the other."""
     held_id, free_id = gateway.create(), gateway.create()
     projector = projection.Projector(gateway.engine)
-    holder = gateway.engine.connect()
-    holder.begin()
+    holder = hold(gateway.engine, [held_id])
     p = tables.pipelines
-    holder.execute(sa.select(p.c.id).where(p.c.id == uuid.UUID(held_id)).with_for_update())
     held = [gateway.envelope(held_id, LYRIC, fact, 1, ago(seconds=10)) for fact in ("started", "completed")]
     free = gateway.envelope(free_id, LYRIC, "started", 1, ago(seconds=10))
     threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in [*held, free]]
@@ -253,8 +247,7 @@ def test_the_consumer_s_threads_outnumber_the_projection_s_connections_and_every
     every_connection = 2 * projection.POOL_SIZE  # the pool and its overflow
     assert threads_count - 2 > every_connection  # the case this test is about
     pipeline_ids = [gateway.create() for _ in range(threads_count)]
-    url = gateway.engine.url.render_as_string(hide_password=False)
-    projecting = db.make_engine(url, pool_size=projection.POOL_SIZE)  # as service.build makes it
+    projecting = projection.make_engine(gateway.engine.url.render_as_string(hide_password=False))
     projector = projection.Projector(projecting)
     envs = [gateway.envelope(pipeline_id, LYRIC, "started", 1, ago(seconds=10)) for pipeline_id in pipeline_ids]
     threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in envs]
@@ -268,17 +261,15 @@ def test_the_consumer_s_threads_outnumber_the_projection_s_connections_and_every
         eventually(lambda: len(projector._groups._waiting) == threads_count - 2, what="the others waiting")
         first.rollback()  # the two go; the others make one group, which leaves each to its own thread
         eventually(lambda: waiting_for_a_lock(gateway.engine) == every_connection, what="every connection waiting")
-        assert projecting.pool.checkedout() == every_connection
-        assert sum(thread.is_alive() for thread in threads[2:]) == threads_count - 2  # the rest wait for one
+        assert projecting.pool.checkedout() == every_connection  # the other threads wait for one
     finally:
-        first.rollback()
-        rest.rollback()
-        first.close()
-        rest.close()
-    for thread in threads:
-        thread.join(20)
+        for holder in (first, rest):
+            holder.rollback()
+            holder.close()
+        for thread in threads:
+            thread.join(20)
+        projecting.dispose()
     assert not any(thread.is_alive() for thread in threads)
-    projecting.dispose()
     p = tables.pipelines
     with gateway.engine.connect() as conn:
         statuses = conn.execute(sa.select(p.c.status).where(p.c.id.in_([uuid.UUID(i) for i in pipeline_ids])))

@@ -48,7 +48,13 @@ def test_a_database_that_is_unreachable_overloaded_or_in_a_transient_conflict_is
 )
 def test_a_statement_that_fails_for_its_own_sake_is_not_an_outage(error):
     assert not outages.is_outage(error)
-    assert not outages.is_outage(wrapped(error))
+
+
+def test_a_pool_with_no_connection_free_in_time_is_an_outage():
+    """The gateway's consumer threads outnumber its projection's connections: a thread that waits too long for
+    one tries again, its message kept."""
+    error = sa.exc.TimeoutError("QueuePool limit of size 4 overflow 4 reached, connection timed out, timeout 30.00")
+    assert outages.is_outage(error)
 
 
 def test_broker_and_network_failures_are_outages_but_not_shortages_inside_work():

@@ -64,6 +64,11 @@ class Projector:
         return apply_all(self.engine, group, self.measured)
 
 
+def make_engine(database_url: str) -> sa.Engine:
+    """The projection's own pool: POOL_SIZE connections, as many again while more are asked for."""
+    return db.make_engine(database_url, pool_size=POOL_SIZE)
+
+
 def _pipeline_of(event: Event) -> str:
     return event[1].pipeline_id
 

@@ -35,7 +35,7 @@ MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 def build(config: settings_.ApiSettings) -> FastAPI:
     engine = db.make_engine(config.database_url, pool_size=8)  # HTTP requests and the background loops
-    projecting = db.make_engine(config.database_url, pool_size=projection.POOL_SIZE)  # the projection's own
+    projecting = projection.make_engine(config.database_url)
     topo = topology.Topology(config.namespace)
     gateway = deps.Gateway(
         config=config,

@@ -33,7 +33,7 @@ class ApiSettings(settings.StoreSettings):
         ge=1,
         le=64,
         description="Dramatiq threads projecting events, each holding one: the events that come while one is"
-        " projected wait and are projected together, so the threads bound how many go in one transaction",
+        " projected wait and are projected together, so the threads bound how many go in one transaction (32 at most)",
     )
     creations_per_minute: int = Field(
         default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"
