@@ -574,15 +574,16 @@ and 40.0 pipelines/s, 8 gave 37.3, against 44.7 and 42.5 with 2 (alternating), w
 per-key creation counter left out (an experiment only): the POSTs finished sooner, the stages as late as before
 (42.2 and 48.6 pipelines/s), so its lock does not bound throughput.
 
-This page's run (c23aacf7) came after it. The gateway now ends 0.01-0.02 s after the last stage, against
+This page's run (c23aacf7) came after it. The gateway now ends 0.006-0.014 s after the last stage, against
 0.66-0.82 s in f93691a9's rounds; commits a pipeline 14.3 (the gateway's 4.6 against 5.7). The ratios moved
 less than the tail: throughput 0.71× (rounds 0.63-0.89×, against 0.66×), CPU 1.87× (1.53-2.09×, against
 1.90×); idle end to end 3.28× (2.36-3.36×): the slow round trip after idle costs Castad's hops more than
 DBOS's checkpoints. The steady run missed its target here (worst minute p99 211 ms against 50 in the first).
-Run again alone on the same host at the same rate, 10 minutes each: with 8 threads p99 65-182 ms and p50 34-58,
-the first minute at 133; with 32 threads p50 68-114 ms in the first four minutes and 29-32 ms in the other six
-(p99 271 ms in the first minute, 49-79 ms in the last six). Both configurations swing with the host by more
-than the threads move them."""
+Run again alone on the same host at the same rate, 10 minutes each (one run each, not alternated): with 8 threads
+p99 65-182 ms and p50 34-58, the first minute at 133; with 32 threads p50 68-114 ms in the first four minutes and
+29-32 ms in the other six (p99 271 ms in the first minute, 49-79 ms in the last six). Both swing with the host,
+but 32 threads were the slower in those first minutes: a cost of the threads to the steady tail is not ruled
+out by these runs."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
