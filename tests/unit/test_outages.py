@@ -48,6 +48,7 @@ def test_a_database_that_is_unreachable_overloaded_or_in_a_transient_conflict_is
 )
 def test_a_statement_that_fails_for_its_own_sake_is_not_an_outage(error):
     assert not outages.is_outage(error)
+    assert not outages.is_outage(wrapped(error))
 
 
 def test_a_pool_with_no_connection_free_in_time_is_an_outage():
