@@ -574,7 +574,7 @@ and 40.0 pipelines/s, 8 gave 37.3, against 44.7 and 42.5 with 2 (alternating), w
 per-key creation counter left out (an experiment only): the POSTs finished sooner, the stages as late as before
 (42.2 and 48.6 pipelines/s), so its lock does not bound throughput.
 
-This page's run (c23aacf7) came after it. The gateway now ends 0.006-0.014 s after the last stage, against
+Its full run (c23aacf7) came after it. The gateway now ends 0.006-0.014 s after the last stage, against
 0.66-0.82 s in f93691a9's rounds; commits a pipeline 14.3 (the gateway's 4.6 against 5.7). The ratios moved
 less than the tail: throughput 0.71× (rounds 0.63-0.89×, against 0.66×), CPU 1.87× (1.53-2.09×, against
 1.90×); idle end to end 3.28× (2.36-3.36×): the slow round trip after idle costs Castad's hops more than
@@ -583,7 +583,39 @@ Run again alone on the same host at the same rate, 10 minutes each (one run each
 p99 65-182 ms and p50 34-58, the first minute at 133; with 32 threads p50 68-114 ms in the first four minutes and
 29-32 ms in the other six (p99 271 ms in the first minute, 49-79 ms in the last six). Both swing with the host,
 but 32 threads were the slower in those first minutes: a cost of the threads to the steady tail is not ruled
-out by these runs."""
+out by these runs.
+
+Step 18 (2026-11-27, a later session, a faster host: in its throughput runs Castad did 44-66 pipelines/s, DBOS
+67-87 workflows/s). No change to a pipeline's path; what is left was looked at once more, and three
+settings were tried on one installation, alternating, two throughput runs of 300 pipelines each way:
+- Python's event loop: uvloop in the relay (the gateway's uvicorn already runs on it). The relay's CPU 2.83 and
+  3.13 ms a pipeline against 3.10 and 3.07, the whole installation 28.7 and 33.3 ms against 31.2 and 31.6: the
+  spread of the runs, not kept.
+- The collector's first generation at 50,000 allocations instead of 700: 30.5 and 30.1 ms against 31.3 and
+  30.8, within the spread, and rightly so: a `gc.callbacks` probe over 600 pipelines found the stages and the
+  relay collecting in 0.0-0.3% of their CPU and the gateway in 2.7% (a full collection takes 3-4 ms since each
+  service freezes its start-up heap, `castad_runtime.process`). Not kept.
+- RabbitMQ's classic queues in their version 2 format (the `queue-version` policy on this run's queues): the
+  broker used more CPU with it (3.10 and 2.97 ms a pipeline against 2.57 and 2.60). Not kept.
+
+What a pipeline writes, over 300 pipelines of a throughput run: 47 KB of WAL against DBOS's 6.8 KB a workflow.
+Each stage's job row (0.8-1.5 KB, the trigger's input in it) and each event's outbox row (0.9-1.1 KB) are
+written twice, the gateway's timeline keeps every event; DBOS writes its input, three step outputs and a status
+row. Statements, from PostgreSQL's log over 20 pipelines: 12.6-15.7 a pipeline in each stage's database,
+BEGIN, COMMIT and the relay's reads and marks included (2.2-2.6 commits), 37.6 in the gateway's. A stage at
+idle, timed inside it (a probe loaded in every stage, not kept; 149 attempts, p50): its trigger's commit →
+a thread of the scheduler's pool 0.37 ms → the attempt's start 0.21 → the provider's thread running 0.26 → the
+instant work done 1.06 → the outcome's transaction begun 0.13 → committed 2.58. Each of these is a thread
+waking, a round trip or a WAL flush; none is an extra step that a guarantee does not ask for.
+
+This page's run (25e68444) came after it, on the same host. Throughput 0.79× (rounds 0.74-0.85×) and CPU 1.72×
+(1.60-1.78×) are the nearest to their targets of the ten paired full runs, and neither is met; idle end to end
+2.76× (2.53-2.81×), not met; the handoff (p50 4.2 ms, p99 7.6) and the drain (0.65×) met. The steady run missed:
+p99 439-503 ms in minutes 3 to 5, while the machine's load average rose to 5.2-5.7 and it was 83-89% busy,
+against 84 ms in the first minute and 56-86 ms in minutes 6 and 8 to 10. At half this run's peak (31.7
+pipelines/s) the installation used 1.4 of the 2 cores: a pipeline costs more at a steady rate than in a burst
+(45 ms of CPU in the first minute against 29.7; the gateway's 11.6-14.7 ms against 6.9, as its groups are small
+and each event wakes it), so half the peak rate is not half the machine."""
 
 
 def _paired_rounds(add: Any, r: dict[str, Any], ratios: dict[str, list[float]], medians: dict[str, float]) -> None:
