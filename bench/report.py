@@ -593,14 +593,15 @@ settings were tried on one installation, alternating, two throughput runs of 300
   spread of the runs, not kept.
 - The collector's first generation at 50,000 allocations instead of 700: 30.5 and 30.1 ms against 31.3 and
   30.8, within the spread, and rightly so: a `gc.callbacks` probe over 600 pipelines found the stages and the
-  relay collecting in 0.0-0.3% of their CPU and the gateway in 2.7% (a full collection takes 3-4 ms since each
-  service freezes its start-up heap, `castad_runtime.process`). Not kept.
+  relay collecting in 0.0-0.3% of their CPU and the gateway in 2.7% (a full collection takes at most 4 ms, as
+  each service freezes its start-up heap, `castad_runtime.process`). Not kept.
 - RabbitMQ's classic queues in their version 2 format (the `queue-version` policy on this run's queues): the
   broker used more CPU with it (3.10 and 2.97 ms a pipeline against 2.57 and 2.60). Not kept.
 
 What a pipeline writes, over 300 pipelines of a throughput run: 47 KB of WAL against DBOS's 6.8 KB a workflow.
-Each stage's job row (0.8-1.5 KB, the trigger's input in it) and each event's outbox row (0.9-1.1 KB) are
-written twice, the gateway's timeline keeps every event; DBOS writes its input, three step outputs and a status
+Each stage's job row (0.8-1.5 KB, the trigger's input in it) is written three times (made, claimed,
+finished), each event's outbox row (0.9-1.1 KB) twice (made, marked published), and the gateway's timeline
+keeps every event; DBOS writes its input, three step outputs and a status
 row. Statements, from PostgreSQL's log over 20 pipelines: 12.6-15.7 a pipeline in each stage's database,
 BEGIN, COMMIT and the relay's reads and marks included (2.2-2.6 commits), 37.6 in the gateway's. A stage at
 idle, timed inside it (a probe loaded in every stage, not kept; 149 attempts, p50): its trigger's commit →
