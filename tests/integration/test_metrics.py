@@ -16,7 +16,6 @@ from castad_api import dead_letters, operations, projection
 from castad_api import metrics as api_metrics
 from castad_contracts import api, envelope, events
 from castad_relay import metrics as relay_metrics
-from castad_relay import relay
 from castad_runtime import db, metrics, scrape, tables
 from castad_runtime.stage import cancellation, errors, gauges, handlers, quota, remote, repository
 from prometheus_client import CollectorRegistry
@@ -199,7 +198,7 @@ def test_the_jobs_gauges_read_each_status_the_due_ones_and_the_expired_leases(en
 
 def test_the_outbox_gauges_read_the_backlog_its_oldest_row_and_the_parked_rows(installation, engines):
     engine = engines["song"]
-    url = relay.psycopg_url(installation.database_urls["song"])
+    url = installation.database_urls["song"]
     registry = scraped(relay_metrics.Outbox(url, relay_metrics.source_name(url)))
     song = {"source": "song"}
     assert sample(registry, "castad_outbox_backlog", **song) == 0

@@ -1,8 +1,15 @@
-"""Engines, transactions, and what runs once one committed (metrics).
+"""Engines, connections, transactions, and what runs once one committed (metrics).
 
 What a transaction writes to the outbox or the gateway's timeline wakes their listeners by itself:
 triggers on those tables NOTIFY inside the writing transaction (castad_runtime.migration_ops), so
 a writer spends no round trip on it.
+
+A database URL is SQLAlchemy's (`postgresql+psycopg://user:pw@host:port/db`), for a server with a
+standby in its multi-host form (`postgresql+psycopg://user:pw@/db?host=h1:5432&host=h2:5432`), which
+connects to whichever host takes writes (`target_session_attrs=read-write`, the default where several
+hosts are named): after a failover, every new connection goes to the promoted standby. Every
+connection, pooled or not, has a connect timeout, TCP keepalives and a user timeout (`TIMEOUTS`), so a
+server that died without closing its sockets is given up within seconds, not the kernel's hours.
 """
 
 from __future__ import annotations
@@ -18,18 +25,57 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from psycopg import pq, rows
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
 log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "castad_outbox"
+# libpq's connection parameters that bound every wait on a dead or unreachable server; a URL's own win.
+TIMEOUTS: dict[str, int] = {
+    "connect_timeout": 5,  # seconds, per host tried
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,  # ms: data sent and not acknowledged for this long ends the connection
+}
 _AFTER_COMMIT = "castad_after_commit"
 _USED = "castad_used"  # a pooled connection's record: it was handed out before
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """What SQLAlchemy's engine for `url` must add to the URL's own parameters: `TIMEOUTS`, and
+    `target_session_attrs=read-write` where the URL names several hosts (unless it says otherwise)."""
+    parsed = sa.engine.make_url(url)
+    added: dict[str, Any] = {key: value for key, value in TIMEOUTS.items() if key not in parsed.query}
+    hosts = parsed.query.get("host")
+    if isinstance(hosts, tuple) and len(hosts) > 1 and "target_session_attrs" not in parsed.query:
+        added["target_session_attrs"] = "read-write"
+    return added
+
+
+def connect_kwargs(url: str) -> dict[str, Any]:
+    """The keyword arguments of `psycopg.connect` (or `AsyncConnection.connect`) for `url`, as SQLAlchemy's
+    engine would connect: the URL's host or hosts, database, user and parameters, with `connect_args`."""
+    parsed = sa.engine.make_url(url).set(drivername="postgresql+psycopg")
+    _, kwargs = _PSYCOPG.create_connect_args(parsed)
+    return {**kwargs, **connect_args(url)}
+
+
+def database_name(url: str) -> str:
+    """The name of the database a URL connects to."""
+    return sa.engine.make_url(url).database or ""
+
+
+_PSYCOPG = psycopg_dialect.dialect()
 
 
 def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
     """A pool of connections to `url`, each looked at before use (`_known_broken`) without a round trip:
     a pre-ping `SELECT 1` would cost one per transaction, and a commit in PostgreSQL's statistics."""
-    engine = sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600)
+    engine = sa.create_engine(
+        url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600, connect_args=connect_args(url)
+    )
     sa.event.listen(engine, "checkout", _known_broken)
     sa.event.listen(engine, "before_cursor_execute", _not_pipelined)
     return engine

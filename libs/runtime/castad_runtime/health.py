@@ -19,12 +19,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
-import pika
 import pika.exceptions
 import psycopg
 from prometheus_client import CollectorRegistry
 
-from castad_runtime import metrics
+from castad_runtime import amqp, db, metrics
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +33,13 @@ Check = Callable[[], str]
 
 
 def database(url: str) -> Check:
-    """The database at `url` (SQLAlchemy or libpq form) takes a connection and answers a query."""
-    dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    """The database at `url` (its host that takes writes, where it names several) takes a connection and
+    answers a query."""
+    parameters = {**db.connect_kwargs(url), "connect_timeout": TIMEOUT_S}
 
     def check() -> str:
         try:
-            with psycopg.connect(dsn, connect_timeout=TIMEOUT_S) as conn:
+            with psycopg.connect(**parameters) as conn:
                 conn.execute("SELECT 1")
             return OK
         except psycopg.Error as error:
@@ -49,14 +49,11 @@ def database(url: str) -> Check:
 
 
 def rabbitmq(url: str) -> Check:
-    """RabbitMQ at `url` accepts a connection."""
+    """RabbitMQ at `url` (a node of it, where it names several) accepts a connection."""
 
     def check() -> str:
-        parameters = pika.URLParameters(url)
-        parameters.socket_timeout = TIMEOUT_S
-        parameters.blocked_connection_timeout = TIMEOUT_S
         try:
-            pika.BlockingConnection(parameters).close()
+            amqp.blocking_connection(url, timeout_s=TIMEOUT_S).close()
             return OK
         except pika.exceptions.AMQPError as error:
             return f"unreachable: {type(error).__name__}"

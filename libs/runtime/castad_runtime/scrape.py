@@ -18,14 +18,13 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-import pika
 import sqlalchemy as sa
 from dramatiq.common import dq_name
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from castad_runtime import redact
+from castad_runtime import amqp, db, redact
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 2.0
@@ -113,7 +112,11 @@ def engine(url: str) -> sa.Engine:
         max_overflow=0,
         pool_timeout=TIMEOUT_S,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": max(int(TIMEOUT_S), 1), "options": f"-c statement_timeout={timeout_ms}"},
+        connect_args={
+            **db.connect_args(url),
+            "connect_timeout": max(int(TIMEOUT_S), 1),
+            "options": f"-c statement_timeout={timeout_ms}",
+        },
     )
 
 
@@ -143,11 +146,7 @@ class QueueDepth:
 
     def read(self) -> list[Metric]:
         messages, consumers = self._families()
-        parameters = pika.URLParameters(self.amqp_url)
-        parameters.socket_timeout = TIMEOUT_S
-        parameters.stack_timeout = TIMEOUT_S
-        parameters.blocked_connection_timeout = TIMEOUT_S
-        connection = pika.BlockingConnection(parameters)
+        connection = amqp.blocking_connection(self.amqp_url, timeout_s=TIMEOUT_S)
         try:
             channel = connection.channel()
             for queue in self.queues:

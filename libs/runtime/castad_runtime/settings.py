@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 DEFAULT_ARTIFACTS_DIR = pathlib.Path("var", "artifacts")
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
 POSTGRES_URL = r"^postgresql(\+psycopg)?://"
+AMQP_URLS = r"^amqps?://[^,\s]+(\s*,\s*amqps?://[^,\s]+)*$"  # one URL or several, comma-separated
 DAY_S = 86_400.0
 
 # Where the stages write their files and the gateway reads them (not the relay's business).
@@ -99,9 +100,11 @@ class CommonSettings(BaseSettings):
         str,
         Field(
             validation_alias=_common("amqp_url"),
-            pattern=r"^amqps?://",
-            description="RabbitMQ to use; CASTAD_<SERVICE>_AMQP_URL (CASTAD_API_, CASTAD_RELAY_, CASTAD_LYRIC_, ...)"
-            " overrides it for one service, so that services sharing an environment each use their own user",
+            pattern=AMQP_URLS,
+            description="RabbitMQ to use: one URL, or one per node of a cluster, comma-separated (each process tries"
+            " them in an order of its own and moves to the next when its node goes); CASTAD_<SERVICE>_AMQP_URL"
+            " (CASTAD_API_, CASTAD_RELAY_, CASTAD_LYRIC_, ...) overrides it for one service, so that services"
+            " sharing an environment each use their own user",
         ),
     ] = "amqp://guest:guest@127.0.0.1:5672/%2F"
 

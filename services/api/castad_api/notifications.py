@@ -19,7 +19,7 @@ EVERY_PIPELINE = "*"  # subscribe to this to hear of every pipeline (no pipeline
 
 class PipelineNotifications:
     def __init__(self, database_url: str) -> None:
-        self.url = database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        self.url = database_url
         self._waiters: dict[str, set[asyncio.Event]] = collections.defaultdict(set)
         self._task: asyncio.Task[None] | None = None
 
@@ -51,7 +51,8 @@ class PipelineNotifications:
     async def _listen(self) -> None:
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                connecting = psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
+                async with await connecting as conn:
                     await conn.execute(f"LISTEN {repository.PIPELINE_EVENTS_CHANNEL}")
                     while True:
                         for notice in await db.notifications(conn):

@@ -8,15 +8,14 @@ from collections.abc import Sequence
 
 import psycopg
 from castad_contracts import topology
-from castad_runtime import metrics, scrape
+from castad_runtime import db, metrics, scrape
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
-from psycopg import conninfo
 
 from castad_relay import statements
 
 # Why a row was not published (castad_relay.publisher's answers).
-REFUSED = "refused"  # the broker will not take it: unroutable, nacked, too large
+REFUSED = "refused"  # the broker will not take it for its own sake: unroutable, too large
 CHANNEL_CLOSED = "channel_closed"  # its channel closed while it was in flight (tried again alone)
 BROKER_UNAVAILABLE = "broker_unavailable"  # lost to trouble with the broker connection (waits, uncharged)
 
@@ -27,7 +26,7 @@ BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 def source_name(url: str) -> str:
     """The service whose outbox the database at `url` holds, for the `source` label: the last part of the
     database's name when that is a service's (castad_lyric, castad_t1a2b_lyric: lyric), else its name."""
-    database = str(conninfo.conninfo_to_dict(url).get("dbname") or "")
+    database = db.database_name(url)
     last = re.split(r"[_-]", database)[-1]
     return last if last in topology.SUBSCRIPTIONS else database
 
@@ -105,9 +104,12 @@ class Outbox:
 
     def read(self) -> list[Metric]:
         timeout_ms = int(scrape.TIMEOUT_S * 1000)
-        with psycopg.connect(
-            self.url, connect_timeout=int(scrape.TIMEOUT_S), options=f"-c statement_timeout={timeout_ms}"
-        ) as conn:
+        parameters = {
+            **db.connect_kwargs(self.url),
+            "connect_timeout": int(scrape.TIMEOUT_S),
+            "options": f"-c statement_timeout={timeout_ms}",
+        }
+        with psycopg.connect(**parameters) as conn:
             row = conn.execute(statements.BACKLOG).fetchone()
         assert row is not None
         backlog, oldest, parked = self._families()

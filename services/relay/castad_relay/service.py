@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from castad_runtime import cli, health, process, telemetry
+from castad_runtime import cli, db, health, process, telemetry
 
 from castad_relay import metrics, relay
 from castad_relay import settings as settings_
@@ -22,10 +22,10 @@ def run(config: settings_.RelaySettings) -> None:
 async def _main(config: settings_.RelaySettings) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    measured = metrics.instruments([relay.psycopg_url(url) for url in config.sources])
+    measured = metrics.instruments(config.sources)
     probes = None
     if config.health_port is not None:
-        databases = {f"database {url.rsplit('/', 1)[-1]}": health.database(url) for url in config.sources}
+        databases = {f"database {db.database_name(url)}": health.database(url) for url in config.sources}
         probes = health.ProbeServer(
             config.health_port,
             liveness={"event loop": health.loop_responsive(loop)},
