@@ -36,7 +36,7 @@ def _consumed(running, broker, queue: str, service: str) -> bool:
     every message was handled. (Handler errors would re-enqueue it to the delay queue.)
     """
     running.services.stop(service)
-    return all(broker.ready(name) == 0 for name in (queue, f"{queue}.DQ", f"{queue}.XQ"))
+    return all(broker.ready(name) == 0 for name in (queue, f"{queue}.DQ"))
 
 
 @pytest.mark.timeout(120)

@@ -114,7 +114,7 @@ class Consumers:
     ) -> consumer.EventConsumer:
         """`options` are EventConsumer's keyword arguments (max_retries, hold_s, registry)."""
         assert not self.running, "one consumer per test: Dramatiq's encoder is global"
-        broker = messaging.make_broker(self.installation.amqp_url, self.installation.topology.queue(service))
+        broker = messaging.make_broker(self.installation.amqp_url, self.installation.topology, service)
         started = consumer.EventConsumer(broker, service, self.installation.topology, handlers, **options)
         worker = process.ConsumerWorker(broker, threads)
         worker.start()

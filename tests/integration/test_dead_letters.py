@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pika
 import pytest
+from castad_api import dead_letters
 from castad_contracts import events
+from castad_contracts import topology as contracts_topology
 from castad_runtime import metrics, tables
 from prometheus_client import CollectorRegistry
 
@@ -57,7 +60,7 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     assert "brief" in next(text for text in reasons if text.startswith("unreadable"))
     assert count(engines["lyric"], tables.jobs) == 1
     assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
-    for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):
+    for queue in (topology.queue("lyric"), topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
     kinds = {metrics.UNDECODABLE: 4, metrics.UNKNOWN_TYPE: 1, metrics.INVALID_PAYLOAD: 1}
     eventually(lambda: {kind: _dead_letters(registry, kind) for kind in kinds} == kinds, what=f"counted: {kinds}")
@@ -66,8 +69,8 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
 
 def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_retry(installation, amqp, run_consumer):
     """A handler that always raises: Dramatiq retries the message with backoff, and after the last
-    retry it lands in <ns>.dead-letter with the error as its reason (not in Dramatiq's .XQ, where it
-    would expire unexplained); the queue goes on with the next message."""
+    retry it lands in <ns>.dead-letter with the error as its reason (Dramatiq's .XQ, where it would expire
+    unexplained, is not even declared); the queue goes on with the next message."""
     topology = installation.topology
     calls: list[str] = []
 
@@ -90,7 +93,7 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
         "pipeline.requested handler failed 3 times, last: RuntimeError: the stage database refuses this pipeline"
     )
     assert calls.count(doomed.subject) == 3 and calls.count(good.subject) == 1
-    for queue in (topology.queue("lyric"), topology.queue("lyric") + ".XQ", topology.dead_letter_queue):
+    for queue in (topology.queue("lyric"), topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
     eventually(lambda: _dead_letters(registry, metrics.HANDLER_FAILED) == 1, what="counted as handler_failed")
     assert _handoffs(registry) == 2  # the doomed one's retries waited in the delay queue: no handoff
@@ -119,7 +122,7 @@ def test_a_bad_message_on_the_delay_queue_is_dead_lettered_and_acknowledged_ther
 
     assert parked.headers["x-castad-reason"] == "a Dramatiq message with bad arguments for lyric.on_event"
     assert json.loads(parked.body) == bad
-    for queue in (topology.queue("lyric"), delay_queue, topology.queue("lyric") + ".XQ"):
+    for queue in (topology.queue("lyric"), delay_queue):
         assert amqp.depth(queue) == 0, queue
 
 
@@ -141,3 +144,34 @@ def _dead_letters(registry: CollectorRegistry, reason: str) -> float:
 def _handoffs(registry: CollectorRegistry) -> float:
     labels = {"service": "lyric", "event_type": events.PIPELINE_REQUESTED}
     return registry.get_sample_value("castad_handoff_seconds_count", labels) or 0.0
+
+
+def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_after_the_delivery_limit(installation, amqp):
+    """A message whose consumers die before acknowledging it (here: each closes its channel with the message
+    unacknowledged, as a killed process's connection would) comes back DELIVERY_LIMIT times, then its quorum
+    queue puts it into <ns>.dead-letter with the broker's reason, instead of killing consumers for ever."""
+    topology = installation.topology
+    queue = topology.queue("lyric")
+    poison = requested_envelope()
+    amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, poison.to_json(), message_id=str(poison.id))
+
+    connection = pika.BlockingConnection(pika.URLParameters(installation.amqp_url))
+    deliveries = 0
+    try:
+        while deliveries <= contracts_topology.DELIVERY_LIMIT + 1:
+            channel = connection.channel()
+            method, _, _ = channel.basic_get(queue)
+            channel.close()  # the consumer "dies" holding it: back in the queue, one delivery more
+            if method is None:
+                break
+            deliveries += 1
+    finally:
+        connection.close()
+    [dead] = amqp.take(topology.dead_letter_queue, 1)
+
+    assert deliveries == contracts_topology.DELIVERY_LIMIT + 1
+    assert json.loads(dead.body) == json.loads(poison.to_json())
+    row = dead_letters.describe(dead.properties.message_id, dead.headers, dead.body, body_max=1 << 20)
+    assert (row["service"], row["queue"], row["event_id"]) == ("lyric", queue, poison.id)
+    assert "never acknowledged" in row["reason"]
+    assert amqp.depth(queue) == 0

@@ -57,3 +57,28 @@ def test_a_message_without_an_id_gets_the_same_one_each_time_it_comes():
 def test_a_parked_row_notice_and_a_body_over_the_cap():
     row = dead_letters.describe("p", {dead_letters.PARKED_HEADER: str(uuid.uuid4())}, b"x" * 5000, body_max=1024)
     assert (row["kind"], row["body_size"], len(row["body"]), row["reason"]) == ("parked", 5000, 1024, "no reason given")
+
+
+def test_a_message_its_queue_gave_up_on_is_described_by_the_brokers_x_death():
+    """A message taken and never acknowledged past the delivery limit carries no header of Castad's, only
+    the broker's `x-death`: the row says why in words, and which service's queue it came from."""
+    event_id = uuid.uuid4()
+    body = json.dumps({"specversion": "1.0", "id": str(event_id), "type": "pipeline.requested"}).encode()
+    headers = {"x-death": [{"count": 1, "reason": "delivery_limit", "queue": "castad.lyric", "exchange": ""}]}
+
+    row = dead_letters.describe(str(event_id), headers, body, body_max=1024)
+
+    assert (row["service"], row["queue"], row["event_type"]) == ("lyric", "castad.lyric", "pipeline.requested")
+    assert row["reason"].startswith("taken more than 20 times and never acknowledged")
+
+
+def test_a_retry_its_delay_queue_gave_up_on_is_described_by_the_event_inside_and_goes_back_to_the_main_queue():
+    event_id, pipeline_id = uuid.uuid4(), str(uuid.uuid4())
+    envelope = {"specversion": "1.0", "id": str(event_id), "type": "song.started", "subject": pipeline_id}
+    body = json.dumps({"actor_name": "api.on_event", "queue_name": "castad.api.DQ", "args": [envelope]}).encode()
+    headers = {"x-death": [{"count": 1, "reason": "delivery_limit", "queue": "castad.api.DQ", "exchange": ""}]}
+
+    row = dead_letters.describe(None, headers, body, body_max=1024)
+
+    assert (row["service"], row["queue"]) == ("api", "castad.api")
+    assert (row["event_id"], row["event_type"], row["pipeline_id"]) == (event_id, "song.started", pipeline_id)

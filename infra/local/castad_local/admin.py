@@ -17,7 +17,7 @@ from castad_runtime import messaging, redact, settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
-from castad_local import REPO_ROOT, access, charts, privileges, stack
+from castad_local import REPO_ROOT, access, charts, privileges, quorum, stack
 
 app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
 app.add_typer(key_commands.app, name="keys")
@@ -173,15 +173,50 @@ def declare_topology(
     ],
     namespace: Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")] = "castad",
 ) -> None:
-    """Declare every exchange, queue and binding of the installation, as set-up does locally. Run it once with
-    the users, before the services: the relay may only publish, and an event published before its consumer's
-    queue exists would be refused as unroutable and, after its retries, parked."""
+    """Declare every exchange, queue and binding of the installation, as set-up does locally, and say what type
+    each queue is. Run it once with the users, before the services: the relay may only publish, and an event
+    published before its consumer's queue exists would be refused as unroutable and, after its retries, parked.
+    A queue an earlier version declared as a classic queue is refused: see `move-to-quorum`."""
+    topo = topology.Topology(namespace)
     try:
-        messaging.declare_topology(amqp_url, topology.Topology(namespace))
+        messaging.declare_topology(amqp_url, topo)
+        states = messaging.queue_states(amqp_url, topo)
+    except messaging.TopologyMismatch as error:
+        console.print(f"[red]{error}", soft_wrap=True)
+        raise typer.Exit(1) from None
     except Exception as error:  # any failure to reach or configure the broker: one line, no traceback
         console.print(f"[red]could not declare the topology: {redact.describe(error)}", soft_wrap=True)
         raise typer.Exit(1) from None
+    for state in states:
+        console.print(f"  {state.name}: {state.kind}, {state.messages} ready, {state.consumers} consumers")
     console.print(f"[green]✓[/] exchanges, queues and bindings of namespace {namespace!r} declared", soft_wrap=True)
+
+
+@app.command("move-to-quorum")
+def move_to_quorum(
+    amqp_url: Annotated[
+        str,
+        typer.Option(
+            envvar="CASTAD_AMQP_URL",
+            help="RabbitMQ URL of a user that may configure the whole vhost (an administrator)",
+        ),
+    ],
+    namespace: Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")] = "castad",
+) -> None:
+    """Move the queues an earlier version declared as classic queues to quorum queues, keeping every message
+    waiting in them, in order. Stop every service first, the relay too (docs/deploy.md); run it again if it
+    stopped half-way: it goes on from where it was."""
+    try:
+        done = quorum.move_to_quorum(amqp_url, topology.Topology(namespace))
+    except quorum.MoveRefused as error:
+        console.print(f"[red]{error}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    except Exception as error:  # any failure to reach or configure the broker: one line, no traceback
+        console.print(f"[red]could not move the queues: {redact.describe(error)}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    for line in done:
+        console.print(f"[green]✓[/] {line}", soft_wrap=True)
+    console.print(f"[green]✓[/] every queue of namespace {namespace!r} is a quorum queue", soft_wrap=True)
 
 
 @app.command("settings")

@@ -23,7 +23,7 @@ from castad_runtime import messaging, migrations, settings
 from castad_song import service as song_service
 from castad_video import service as video_service
 
-from castad_local import REPO_ROOT
+from castad_local import REPO_ROOT, quorum
 
 PROCFILE = REPO_ROOT / "infra" / "local" / "Procfile"
 # Where `make up` serves each worker's /healthz, /readyz and /metrics (the gateway: on its own port, 8000);
@@ -59,8 +59,13 @@ def prepare(env: Mapping[str, str] | None = None) -> list[str]:
             migrations.upgrade(config.database_url, database.migrations_dir)
             done.append(f"{database.service}: database {'created and ' if created else ''}migrated")
         common = settings.CommonSettings()
-        messaging.declare_topology(common.amqp_url, topology.Topology(common.namespace))
-        done.append(f"rabbitmq: exchange, queues and bindings of namespace {common.namespace!r} declared")
+        topo = topology.Topology(common.namespace)
+        try:
+            messaging.declare_topology(common.amqp_url, topo)
+        except messaging.TopologyMismatch:
+            # Queues of an earlier version on this machine: moved over while no service consumes them.
+            done += [f"rabbitmq: {line}" for line in quorum.move_to_quorum(common.amqp_url, topo)]
+        done.append(f"rabbitmq: exchange, quorum queues and bindings of namespace {common.namespace!r} declared")
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -8,6 +8,11 @@ Nothing is published through the default exchange, which reaches every queue by 
 dead letters go through the dead-letter exchange, and a service's own re-deliveries (a
 delayed retry, a replayed dead letter) through its requeue exchange, bound to its own
 queues only. So each service's broker user can be limited to its own names (`permissions`).
+
+Every queue is a quorum queue: replicated over a majority of a cluster's nodes, its publishes
+confirmed once a majority wrote them. A message its consumers take and never acknowledge (it
+kills or stops them every time) goes to the dead-letter exchange after `DELIVERY_LIMIT` returns,
+at least once, instead of coming back for ever.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ import re
 from castad_contracts import events
 
 DEFAULT_NAMESPACE = "castad"
+QUEUE_TYPE = "quorum"
+# Returns of one message to its queue (a consumer stopped, died or gave it back) before it is dead-lettered.
+# A stop or a crash returns every message its consumer held, so the limit is well above what deploys and
+# crashes of healthy consumers give one message.
+DELIVERY_LIMIT = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +87,23 @@ class Topology:
     def queue(self, service: str) -> str:
         return f"{self.namespace}.{service}"
 
+    def queue_arguments(self) -> dict[str, str | int]:
+        """The arguments of a service's queue and of its delay queue."""
+        return {
+            "x-queue-type": QUEUE_TYPE,
+            "x-delivery-limit": DELIVERY_LIMIT,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            # Dead-lettered once the dead-letter queue confirmed it, which needs publishes refused (not dropped)
+            # when a queue is full; no queue has a length limit, so none is refused for that.
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+
+    @staticmethod
+    def dead_letter_queue_arguments() -> dict[str, str | int]:
+        """The arguments of the dead-letter queue: no delivery limit, nowhere further to go."""
+        return {"x-queue-type": QUEUE_TYPE}
+
     @staticmethod
     def requeue_exchange(queue: str) -> str:
         """A direct exchange bound to `queue` and its delay queue, each by its own name."""
@@ -92,7 +119,7 @@ class Topology:
             return Permissions(configure="^$", write=rf"^{ns}\.(events|dead-letter|({consumers})\.requeue)$", read="^$")
         if user not in SUBSCRIPTIONS:
             raise ValueError(f"no broker user {user!r}: one of {', '.join((*SUBSCRIPTIONS, RELAY))}")
-        own = rf"{ns}\.{re.escape(user)}(\.DQ|\.XQ|\.requeue)?"
+        own = rf"{ns}\.{re.escape(user)}(\.DQ|\.requeue)?"
         write = rf"^({own}|{ns}\.dead-letter)$"  # publishing to its requeue and the dead-letter exchange
         if user == SHARED_OWNER:
             shared = rf"{ns}\.(events|dead-letter)"

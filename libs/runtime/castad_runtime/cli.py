@@ -10,7 +10,7 @@ import pydantic
 import typer
 from pydantic_settings import BaseSettings
 
-from castad_runtime import migrations, redact, settings
+from castad_runtime import messaging, migrations, redact, settings
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -45,7 +45,11 @@ def service_app(
     @app.command("run")
     def run_command() -> None:
         """Run the service until SIGTERM or Ctrl-C."""
-        run(load_settings(settings_factory))
+        try:
+            run(load_settings(settings_factory))
+        except messaging.TopologyMismatch as error:  # an operator's step is missing: one line, no traceback
+            typer.echo(f"{name}: cannot start: {error}", err=True)
+            raise typer.Exit(3) from None
 
     if migrations_dir is not None:
 

@@ -6,38 +6,62 @@ publishes into messages for that actor.
 
 Set-up declares the whole topology with an administrator's user (`declare_topology`); each
 service declares its own part at start with its own, least-privileged user (`declare_own`).
+Every queue is a quorum queue (`topology.Topology.queue_arguments`); a queue an earlier version
+declared as a classic one cannot change its type in place, so a start that finds one refuses with
+`TopologyMismatch` until an operator moved it over (`castad-admin move-to-quorum`, docs/deploy.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import threading
-import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import dramatiq
 import pika
+import pika.exceptions
 from castad_contracts import topology
-from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name, xq_name
 from dramatiq.middleware import CurrentMessage
 
-from castad_runtime import outages
+from castad_runtime import amqp, outages
 
 log = logging.getLogger(__name__)
 DECLARE_TIMEOUT_S = 10.0
+PRECONDITION_FAILED = 406
+
+
+class TopologyMismatch(Exception):
+    """A queue exists with other arguments than this version declares (a classic queue of an earlier one)."""
 
 
 class ServiceBroker(RabbitmqBroker):
-    """Dramatiq's RabbitMQ broker, publishing through the service's requeue exchange.
+    """Dramatiq's RabbitMQ broker with Castad's queues and connections.
 
-    Dramatiq publishes its delayed messages (a handler's retry, a held event) to `<queue>.DQ`
-    through the default exchange, which would need a permission to write into every queue.
-    This broker's channel sends them through `Topology.requeue_exchange(queue)` instead.
+    - Its queue and delay queue are quorum queues with the topology's arguments, and it declares no
+      `.XQ`: what they dead-letter goes to the namespace's dead-letter exchange, with the broker's
+      reason in `x-death`.
+    - It connects to the first node of the broker setting that answers (`amqp.pika_parameters`), with
+      heartbeats and TCP keepalives.
+    - Dramatiq publishes its delayed messages (a handler's retry, a held event) to `<queue>.DQ`
+      through the default exchange, which would need a permission to write into every queue.
+      This broker's channel sends them through `Topology.requeue_exchange(queue)` instead.
     """
 
-    def __init__(self, *, url: str, requeue_exchange: str) -> None:
-        super().__init__(url=url, confirm_delivery=True)
+    def __init__(self, *, amqp_url: str, topo: topology.Topology, requeue_exchange: str) -> None:
+        super().__init__(confirm_delivery=True)
+        self.parameters = amqp.pika_parameters(amqp_url)
+        self.topology = topo
         self.requeue_exchange = requeue_exchange
+
+    def _build_queue_arguments(self, queue_name: str) -> dict[str, Any]:
+        return dict(self.topology.queue_arguments())
+
+    def _declare_xq_queue(self, queue_name: str) -> None:
+        """No `.XQ`: see the class docstring."""
 
     @property
     def channel(self) -> Any:
@@ -62,9 +86,10 @@ class _RequeueChannel:
         return getattr(self._channel, name)
 
 
-def make_broker(amqp_url: str, queue: str) -> RabbitmqBroker:
-    """The broker of the service consuming `queue`."""
-    broker = ServiceBroker(url=amqp_url, requeue_exchange=topology.Topology.requeue_exchange(queue))
+def make_broker(amqp_url: str, topo: topology.Topology, service: str) -> RabbitmqBroker:
+    """The broker of `service`, consuming its queue."""
+    queue = topo.queue(service)
+    broker = ServiceBroker(amqp_url=amqp_url, topo=topo, requeue_exchange=topology.Topology.requeue_exchange(queue))
     broker.add_middleware(CurrentMessage())  # lets the event actor read and extend its message's options
     dramatiq.set_broker(broker)
     return broker
@@ -87,17 +112,17 @@ def declare_own(amqp_url: str, topo: topology.Topology, service: str) -> None:
 
 def _declare(amqp_url: str, topo: topology.Topology, services: tuple[str, ...], shared: bool) -> None:
     # A broker that takes the connection but never answers (a partition) must not hold a start for long.
-    broker = RabbitmqBroker(
-        url=_with_query(amqp_url, socket_timeout=DECLARE_TIMEOUT_S, stack_timeout=DECLARE_TIMEOUT_S)
-    )
+    connection = amqp.blocking_connection(amqp_url, timeout_s=DECLARE_TIMEOUT_S)
     try:
+        if shared:
+            _declare_queue(connection, topo, topo.dead_letter_queue, topo.dead_letter_queue_arguments())
         for service in services:
-            broker.declare_queue(topo.queue(service), ensure=True)
-        channel = broker.channel
+            for queue in (topo.queue(service), dq_name(topo.queue(service))):
+                _declare_queue(connection, topo, queue, topo.queue_arguments())
+        channel = connection.channel()
         if shared:
             channel.exchange_declare(topo.exchange, exchange_type="topic", durable=True)
             channel.exchange_declare(topo.dead_letter_exchange, exchange_type="fanout", durable=True)
-            channel.queue_declare(topo.dead_letter_queue, durable=True)
             channel.queue_bind(topo.dead_letter_queue, topo.dead_letter_exchange)
         for service in services:
             queue = topo.queue(service)
@@ -108,7 +133,133 @@ def _declare(amqp_url: str, topo: topology.Topology, services: tuple[str, ...], 
             for key in topo.bindings(service):
                 channel.queue_bind(queue, topo.exchange, routing_key=key)
     finally:
-        broker.close()
+        if connection.is_open:
+            connection.close()
+
+
+def _declare_queue(
+    connection: pika.BlockingConnection, topo: topology.Topology, queue: str, arguments: dict[str, Any]
+) -> None:
+    """Declare a durable queue; TopologyMismatch if it exists with other arguments (its channel is closed)."""
+    channel = connection.channel()
+    try:
+        with _expected_closes():
+            channel.queue_declare(queue, durable=True, arguments=arguments)
+    except pika.exceptions.ChannelClosedByBroker as error:
+        if error.reply_code != PRECONDITION_FAILED:
+            raise
+        kind = queue_kind(connection, queue, topo)
+        raise TopologyMismatch(
+            f"queue {queue} is {'a classic queue' if kind == CLASSIC else kind}, this version needs a quorum queue:"
+            " stop every service and run `castad-admin move-to-quorum` (docs/deploy.md)"
+        ) from None
+    channel.close()
+
+
+@contextlib.contextmanager
+def _expected_closes() -> Iterator[None]:
+    """pika logs a warning for every channel the broker closes; a declare that only asks (is this queue there,
+    is it declared so?) expects the broker to close its channel when the answer is no."""
+    channel_log = logging.getLogger("pika.channel")
+    level = channel_log.level
+    channel_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        channel_log.setLevel(level)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueState:
+    """What a queue of the topology is on the broker."""
+
+    name: str
+    kind: str  # QUORUM, CLASSIC (as an earlier version declared it), MISSING or "other: <the broker's words>"
+    messages: int
+    consumers: int
+
+    @property
+    def as_declared(self) -> bool:
+        return self.kind == "quorum"
+
+
+QUORUM = "quorum"
+CLASSIC = "classic"
+MISSING = "missing"
+
+
+def queue_states(amqp_url: str, topo: topology.Topology) -> list[QueueState]:
+    """Every queue of the topology as the broker has it (declaring none that is missing)."""
+    connection = amqp.blocking_connection(amqp_url, timeout_s=DECLARE_TIMEOUT_S)
+    try:
+        states = []
+        for queue in queue_names(topo):
+            found = _passive(connection, queue)
+            if found is None:
+                states.append(QueueState(queue, MISSING, 0, 0))
+                continue
+            states.append(QueueState(queue, queue_kind(connection, queue, topo), *found))
+        return states
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def queue_names(topo: topology.Topology) -> list[str]:
+    """Every queue of the topology: each service's queue and delay queue, then the dead-letter queue."""
+    return [name for service in topo.services for name in (topo.queue(service), dq_name(topo.queue(service)))] + [
+        topo.dead_letter_queue
+    ]
+
+
+def _passive(connection: pika.BlockingConnection, queue: str) -> tuple[int, int] | None:
+    """(messages ready, consumers) of a queue, None if it does not exist."""
+    channel = connection.channel()
+    try:
+        with _expected_closes():
+            method = channel.queue_declare(queue, passive=True).method
+    except pika.exceptions.ChannelClosedByBroker as error:
+        if error.reply_code == 404:
+            return None
+        raise
+    channel.close()
+    return method.message_count, method.consumer_count
+
+
+def queue_kind(connection: pika.BlockingConnection, queue: str, topo: topology.Topology) -> str:
+    """Whether an existing queue is as this version declares it, as an earlier (classic) version did, or
+    otherwise. AMQP tells a queue's arguments only by refusing a declare that differs, so each candidate
+    is declared (an equivalent declare changes nothing)."""
+    dead_letters = queue == topo.dead_letter_queue
+    ours = topo.dead_letter_queue_arguments() if dead_letters else topo.queue_arguments()
+    earlier: dict[str, Any] = (
+        {}
+        if dead_letters
+        else {
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": xq_name(queue),
+        }
+    )
+    refusal = _refusal(connection, queue, ours)
+    if refusal is None:
+        return QUORUM
+    if _refusal(connection, queue, earlier) is None:
+        return CLASSIC
+    return f"other: {refusal}"
+
+
+def _refusal(connection: pika.BlockingConnection, queue: str, arguments: dict[str, Any]) -> str | None:
+    """The broker's reason to refuse declaring `queue` with `arguments`, None if it takes it."""
+    channel = connection.channel()
+    try:
+        with _expected_closes():
+            channel.queue_declare(queue, durable=True, arguments=arguments)
+    except pika.exceptions.ChannelClosedByBroker as error:
+        if error.reply_code != PRECONDITION_FAILED:
+            raise
+        return str(error.reply_text).split(" - ", 1)[-1]
+    channel.close()
+    return None
 
 
 def declare_own_when_reachable(
@@ -122,16 +273,9 @@ def declare_own_when_reachable(
     )
 
 
-def _with_query(url: str, **values: float) -> str:
-    """The URL with these query parameters added (pika reads its connection settings from them)."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query) + [(key, str(value)) for key, value in values.items()]
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
-
-
 def delete_topology(amqp_url: str, topo: topology.Topology) -> None:
     """Remove every queue and the exchange of a namespace (used by tests)."""
-    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    connection = amqp.blocking_connection(amqp_url)
     try:
         channel = connection.channel()
         for service in topo.services:

@@ -2,7 +2,9 @@
 
 `Recorder` moves every message of the dead-letter queue into the gateway's database (a
 message is acknowledged only once recorded, and recorded once however often it comes):
-messages a consumer could not handle, and notices of outbox rows the relay parked. A
+messages a consumer could not handle, messages a service's queue gave up on (taken and never
+acknowledged `topology.DELIVERY_LIMIT` times: they killed or stopped their consumers, with the
+broker's reason in `x-death`), and notices of outbox rows the relay parked. A
 replay sends a message back to the queue it came from through the gateway's outbox,
 upcast to the newest version of its type the gateway knows; a parked row is handed back
 to the relay by the service whose outbox holds it. Replaying twice is harmless: the
@@ -23,12 +25,11 @@ import threading
 import uuid
 from typing import Any
 
-import pika
 import pydantic
 import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
-from castad_runtime import backoff, db, outages, outbox, redact
+from castad_runtime import amqp, backoff, db, outages, outbox, redact
 
 from castad_api import errors, projection, repository, retention
 
@@ -41,21 +42,20 @@ def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_
     """The row of a dead-letter message: where it came from, why, and what it is, as far as it can be read.
     Texts lose their NUL characters, which PostgreSQL cannot store (the body keeps every byte)."""
     headers = _clean(json.loads(json.dumps(headers, default=str)))
+    death = _first_death(headers)
+    queue = _text(headers.get("x-castad-queue")) or _service_queue(death.get("queue"))
     fields: dict[str, Any] = {
         "message_id": _clean(message_id) or _fingerprint(headers, body),
         "kind": "parked" if headers.get(PARKED_HEADER) else "message",
-        "service": _text(headers.get("x-castad-service")),
-        "queue": _text(headers.get("x-castad-queue")),
-        "reason": _text(headers.get("x-castad-reason")) or "no reason given",
+        "service": _text(headers.get("x-castad-service")) or _service_of(queue),
+        "queue": queue,
+        "reason": _text(headers.get("x-castad-reason")) or _broker_reason(death) or "no reason given",
         "headers": headers,
         "body": body[:body_max],
         "body_size": len(body),
     }
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return fields
-    if isinstance(document, dict):
+    document = _event_document(body)
+    if document is not None:
         fields["event_type"] = _text(document.get("type"), limit=200)
         fields["pipeline_id"] = _text(document.get("subject"), limit=200)
         version = document.get("schemaversion")
@@ -63,6 +63,53 @@ def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_
         with contextlib.suppress(ValueError):
             fields["event_id"] = uuid.UUID(str(document.get("id")))
     return fields
+
+
+def _event_document(body: bytes) -> dict[str, Any] | None:
+    """The event a dead letter carries, as a JSON object: the body itself, or the envelope inside a Dramatiq
+    message (a retry or a held event that was waiting in a delay queue when its queue gave up on it)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    args = document.get("args")
+    if "actor_name" in document and isinstance(args, list) and args and isinstance(args[0], dict):
+        return args[0]
+    return document
+
+
+def _first_death(headers: dict[str, Any]) -> dict[str, Any]:
+    """Why and where the broker dead-lettered a message (its `x-death` header), if it did."""
+    deaths = headers.get("x-death")
+    return deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
+
+
+def _broker_reason(death: dict[str, Any]) -> str | None:
+    why = death.get("reason")
+    if why is None:
+        return None
+    if why == "delivery_limit":
+        return (
+            f"taken more than {topology.DELIVERY_LIMIT} times and never acknowledged: its consumer died or was"
+            " stopped each time it had it (the queue's delivery limit)"
+        )
+    if why == "rejected":
+        return "rejected by its consumer"
+    return f"dead-lettered by the broker: {why}"
+
+
+def _service_queue(queue: object) -> str | None:
+    """A service's queue for one of its own queues: a delay queue's messages go back to the queue it serves."""
+    if not isinstance(queue, str):
+        return None
+    return queue.removesuffix(".DQ")
+
+
+def _service_of(queue: str | None) -> str | None:
+    service = (queue or "").rpartition(".")[2]
+    return service if service in topology.SUBSCRIPTIONS else None
 
 
 def _text(value: object, limit: int = 2000) -> str | None:
@@ -155,7 +202,7 @@ def _send_back(conn: sa.Connection, letter: Any, policy: retention.Policy) -> st
     if letter.queue.rpartition(".")[2] not in topology.SUBSCRIPTIONS:  # sent back through its requeue exchange
         raise errors.NotReplayable(f"dead letter {letter.id} came from {letter.queue}, no service's queue")
     try:
-        env = envelope_.Envelope.model_validate_json(letter.body)
+        env = envelope_.Envelope.model_validate(_event_document(letter.body))
     except pydantic.ValidationError as error:
         raise errors.NotReplayable(
             f"dead letter {letter.id} is not an event ({redact.validation_summary(error, limit=2)}): discard it"
@@ -238,7 +285,7 @@ class Recorder:
                 delays.wait(self._stop)
 
     def _consume(self) -> None:
-        connection = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
+        connection = amqp.blocking_connection(self.amqp_url)
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=20)

@@ -45,7 +45,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         metrics=metrics.instruments(config.database_url, config.amqp_url, topo),
     )
     messaging.declare_own_when_reachable(config.amqp_url, topo, "api")
-    broker = messaging.make_broker(config.amqp_url, topo.queue("api"))
+    broker = messaging.make_broker(config.amqp_url, topo, "api")
     projector = projection.Projector(projecting, gateway.metrics)
     handlers: dict[str, consumer.Handler] = {
         events.stage_event(stage, fact): projector.apply

@@ -204,7 +204,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs, injector, measured.consumer)
 
     messaging.declare_own_when_reachable(config.amqp_url, topo, service)
-    broker = messaging.make_broker(config.amqp_url, topo.queue(service))
+    broker = messaging.make_broker(config.amqp_url, topo, service)
     consumer.EventConsumer(
         broker,
         service,
