@@ -21,7 +21,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import envelope, events
-from castad_relay import publisher, relay, statements
+from castad_relay import leadership, publisher, relay, statements
 from castad_relay import settings as relay_settings
 from castad_runtime import db, outbox, tables
 
@@ -87,25 +87,30 @@ def sessions(engine: sa.Engine, where: str) -> int:
 
 
 LISTENING = "query ILIKE 'LISTEN%'"  # a listener's last statement: it then only waits for notifications
-WAITING_FOR_LEADERSHIP = "wait_event_type = 'Lock' AND wait_event = 'advisory'"
 
 
 @contextlib.contextmanager
 def replicas(
     config: relay_settings.RelaySettings, exchange: str
-) -> Iterator[tuple[LoopThread, list[relay.SourceRelay]]]:
-    """Two relays on the first source of `config`, each with a publisher of its own, on one event loop."""
-    loop = LoopThread()
+) -> Iterator[tuple[list[LoopThread], list[relay.SourceRelay]]]:
+    """Two relays on the first source of `config`, as two processes would run them: each with its event loop
+    and its publisher."""
+    loops = [LoopThread(), LoopThread()]
     publishers = [
         publisher.Publisher(config.amqp_url, exchange, config.confirm_timeout_s, config.max_message_bytes)
-        for _ in range(2)
+        for _ in loops
     ]
     try:
-        yield loop, [relay.SourceRelay(config.sources[0], each, config, "unused.dead-letter") for each in publishers]
+        yield loops, [relay.SourceRelay(config.sources[0], each, config, "unused.dead-letter") for each in publishers]
     finally:
-        for each in publishers:
+        for loop, each in zip(loops, publishers, strict=True):
             loop.submit(each.close()).result(timeout=5)
-        loop.close()
+            loop.close()
+
+
+def lease_row(engine: sa.Engine) -> sa.Row[Any]:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT term, holder, expires_at > now() AS live FROM outbox_leader")).one()
 
 
 def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engines, amqp, start_relay):
@@ -425,20 +430,25 @@ def test_a_publish_cancelled_under_the_relay_only_makes_its_row_wait(installatio
 
 
 def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(installation, engines, amqp, relay_config):
-    """Two relays drain one database: only the advisory-lock leader publishes, so no row goes out
-    twice; when the leader stops, the standby takes over."""
+    """Two relays drain one database: only the lease's holder publishes, so no row goes out twice; a leader
+    that stops gives its lease up, and the standby takes over at its next look."""
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
-    with replicas(config, installation.topology.exchange) as (loop, relays):
-        tasks = [loop.submit(each.run_forever()) for each in relays]
+    with replicas(config, installation.topology.exchange) as (loops, relays):
+        tasks = [loop.submit(each.run_forever()) for loop, each in zip(loops, relays, strict=True)]
         write_events(engine, interleaved([str(uuid.uuid4()) for _ in range(3)], 10, seed=3), STARTED)
         eventually(lambda: all_published(engine), what="30 rows published")
         eventually(lambda: sorted(each.published for each in relays) == [0, 30], what="all 30 by one relay")
         assert len({message.event_id for message in amqp.take_all(api_queue)}) == 30
 
         leader = next(i for i, each in enumerate(relays) if each.published)
+        term = lease_row(engine).term
         tasks[leader].cancel()
+        stopped = time.monotonic()
+        eventually(lambda: relays[1 - leader].lease.held(), timeout=5, what="the standby leading")
+        assert time.monotonic() - stopped < config.lease_s  # the lease was given up, not left to run out
+        assert lease_row(engine).term == term + 1
         write_events(engine, [lyric_started(str(uuid.uuid4()), n) for n in range(1, 6)], STARTED)
         eventually(lambda: all_published(engine), what="rows published by the standby")
         eventually(lambda: [relays[leader].published, relays[1 - leader].published] == [30, 5], what="counts")
@@ -451,21 +461,82 @@ def test_a_standby_relay_does_not_listen_until_it_leads(installation, engines, r
     the standby starts when it takes over, and misses no row committed before."""
     engine = engines["lyric"]
     config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
-    with replicas(config, installation.topology.exchange) as (loop, relays):
-        tasks = [loop.submit(each.run_forever()) for each in relays]
+    with replicas(config, installation.topology.exchange) as (loops, relays):
+        tasks = [loop.submit(each.run_forever()) for loop, each in zip(loops, relays, strict=True)]
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
         eventually(lambda: all_published(engine), what="a row published: the leader is past its LISTEN")
-        eventually(lambda: sessions(engine, WAITING_FOR_LEADERSHIP) == 1, what="the standby waiting for the lock")
+        eventually(lambda: sum(each.lease.term is None for each in relays) == 1, what="the standby looking")
         assert sessions(engine, LISTENING) == 1
 
         leader = next(i for i, each in enumerate(relays) if each.published)
         tasks[leader].cancel()
-        eventually(lambda: sessions(engine, WAITING_FOR_LEADERSHIP) == 0, what="the standby taking the lock")
+        eventually(lambda: relays[1 - leader].lease.held(), what="the standby taking the lease")
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
         eventually(lambda: relays[1 - leader].published == 1, what="the row published by the new leader")
         eventually(lambda: sessions(engine, LISTENING) == 1, what="the new leader listening, the old one gone")
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
         eventually(lambda: relays[1 - leader].published == 2, timeout=5, what="a row published on NOTIFY")
+
+
+def test_a_frozen_leader_is_replaced_within_its_lease_and_publishes_nothing_when_it_wakes(
+    installation, engines, amqp, relay_config
+):
+    """A leader whose process stops running (a paused machine, SIGSTOP; here its event loop blocked) keeps
+    its connections open but renews nothing: the standby takes over once the lease ran out, and publishes
+    what is written meanwhile. The old leader, woken, knows by its own clock that its lease is gone and
+    sends nothing more: every row reaches the queue once."""
+    engine = engines["lyric"]
+    api_queue = installation.topology.queue("api")
+    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=0.5, lease_s=2)
+    with replicas(config, installation.topology.exchange) as (loops, relays):
+        for loop, each in zip(loops, relays, strict=True):
+            loop.submit(each.run_forever())
+        write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        eventually(lambda: all_published(engine), what="a first row published")
+        leader = next(i for i, each in enumerate(relays) if each.published)
+        term = lease_row(engine).term
+
+        frozen_at = time.monotonic()
+        loops[leader].call(lambda: time.sleep(8))  # the leader's whole process stops for 8 s
+        write_events(engine, [lyric_started(str(uuid.uuid4()), n) for n in range(1, 11)], STARTED)
+        eventually(lambda: relays[1 - leader].published == 10, timeout=8, what="the rows published by the standby")
+        taken_over_s = time.monotonic() - frozen_at
+        assert taken_over_s < config.lease_s + 2 * leadership.LOOK_S, taken_over_s
+        assert lease_row(engine).term == term + 1
+
+        time.sleep(max(0.0, 8 - (time.monotonic() - frozen_at)) + 1)  # the old leader is awake again
+        write_events(engine, [lyric_started(str(uuid.uuid4()), n) for n in range(1, 6)], STARTED)
+        eventually(lambda: all_published(engine), what="rows written after the wake-up published")
+        assert relays[leader].published == 1 and not relays[leader].lease.held()
+        delivered = [message.event_id for message in amqp.take_all(api_queue)]
+        assert len(delivered) == len(set(delivered)) == 16
+
+
+def test_a_leader_that_lost_its_connections_leads_on_under_its_term(installation, engines, amqp, relay_config):
+    """A leader whose sessions the server ended (an outage of a moment, a failover) connects again and
+    renews its own lease before it runs out: no other relay took over, the term is the same."""
+    engine = engines["lyric"]
+    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=0.5, lease_s=6)
+    with replicas(config, installation.topology.exchange) as (loops, relays):
+        for loop, each in zip(loops, relays, strict=True):
+            loop.submit(each.run_forever())
+        write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        eventually(lambda: all_published(engine), what="a first row published")
+        leader = next(i for i, each in enumerate(relays) if each.published)
+        term, holder, _ = lease_row(engine)
+
+        with engine.connect() as conn:
+            ended = conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    f" WHERE datname = current_database() AND {LISTENING}"
+                )
+            ).scalar_one()
+        assert ended == 1
+        write_events(engine, [lyric_started(str(uuid.uuid4()), 2)], STARTED)
+        eventually(lambda: all_published(engine), what="the next row published")
+        assert [relays[leader].published, relays[1 - leader].published] == [2, 0]
+        assert tuple(lease_row(engine)) == (term, holder, True)
 
 
 def test_an_unexpected_error_is_logged_with_its_traceback_and_the_relay_carries_on(

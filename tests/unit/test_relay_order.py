@@ -85,6 +85,15 @@ def channel_closed() -> aiormq.exceptions.ChannelClosed:
     return aiormq.exceptions.ChannelPreconditionFailed("PRECONDITION_FAILED - message size exceeds max")
 
 
+def broker_closed() -> aiormq.exceptions.ChannelClosed:
+    """A channel the broker closed for reasons of its own (an internal error while a node goes down)."""
+    return aiormq.exceptions.ChannelClosed(541, "INTERNAL_ERROR")
+
+
+def not_found() -> aiormq.exceptions.ChannelClosed:
+    return aiormq.exceptions.ChannelNotFoundEntity("NOT_FOUND - no exchange 'castad.lyric.requeue'")
+
+
 def test_every_confirmed_row_is_published():
     assert relay.publishable(rows("a", "b", "a"), [PUBLISHED] * 3) == [1, 2, 3]
 
@@ -118,12 +127,13 @@ def test_different_pipelines_are_sent_without_waiting_for_each_other():
 @pytest.mark.parametrize(
     ("answer", "result"),
     [
-        (spec.Basic.Nack(), publisher_.Refused("nacked by the broker")),
+        (spec.Basic.Nack(), None),  # the broker's trouble (a quorum queue without its majority), not the row's
         (unroutable(), publisher_.Refused("returned by the broker: NO_ROUTE")),
         (TimeoutError(), None),
         (channel_closed(), SUSPECT),
+        (broker_closed(), None),
     ],
-    ids=["nacked", "unroutable", "timed-out", "channel-closed"],
+    ids=["nacked", "unroutable", "timed-out", "channel-closed", "closed-by-the-broker-itself"],
 )
 def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(answer: object, result: object):
     channel = FakeChannel({1: answer})
@@ -143,8 +153,9 @@ def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(ans
         (TimeoutError(), True),
         (ConnectionResetError(), True),
         (channel_closed(), True),
+        (broker_closed(), True),
     ],
-    ids=["nacked", "unroutable", "timed-out", "connection-lost", "channel-closed"],
+    ids=["nacked", "unroutable", "timed-out", "connection-lost", "channel-closed", "closed-by-the-broker-itself"],
 )
 def test_only_a_failure_that_may_have_broken_the_channel_closes_it(answer: object, closes: bool):
     channel = FakeChannel({2: answer})
@@ -164,3 +175,27 @@ def test_a_row_over_the_size_limit_is_refused_without_being_sent():
     assert channel.sent() == [2]
     assert isinstance(results[0], publisher_.Refused) and "over the 4096 byte limit" in results[0].reason
     assert results[1] is PUBLISHED
+
+
+def test_a_missing_exchange_is_the_rows_doing_only_for_a_replay_sent_to_its_own_destination():
+    """A replay names its destination queue (through that queue's requeue exchange): if that exchange is
+    missing, the row is to blame. The events exchange missing is the set-up's trouble: every row waits."""
+    replay, event = rows("a", "b")
+    replay["destination"] = "castad.lyric"
+    results, _ = publish([replay, event], FakeChannel({1: not_found(), 2: not_found()}))
+
+    assert results == [SUSPECT, None]
+
+
+def test_once_the_relay_may_not_publish_no_further_row_is_sent():
+    """A relay that lost its lease mid-batch (it froze, another took over) sends nothing more."""
+    channel = FakeChannel()
+    allowed = iter([True, True, False, False, False])
+    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20)
+    publisher._channel = channel
+
+    results = asyncio.run(publisher.publish(rows("a", "a", "a"), lambda: next(allowed)))
+
+    assert channel.sent() == [1, 2]
+    assert results == [PUBLISHED, PUBLISHED, None]
+    assert relay.publishable(rows("a", "a", "a"), results) == [1, 2]

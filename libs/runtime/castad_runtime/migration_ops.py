@@ -227,3 +227,20 @@ def add_outbox_notify_v6(channel: str) -> None:
 def drop_outbox_notify_v6() -> None:
     op.execute("DROP TRIGGER IF EXISTS outbox_notify ON outbox")
     op.execute(f"DROP FUNCTION IF EXISTS {OUTBOX_NOTIFY_FUNCTION}()")
+
+
+def add_outbox_leader_v7() -> None:
+    """Who relays this database's outbox: one row, the leader's lease and its term (a fencing token)."""
+    op.create_table(
+        "outbox_leader",
+        sa.Column("id", sa.Boolean, primary_key=True, server_default=sa.true()),
+        sa.Column("term", sa.BigInteger, nullable=False),
+        sa.Column("holder", sa.Text, nullable=False),
+        sa.Column("expires_at", TZ, nullable=False),
+        sa.Column("renewed_at", TZ, nullable=False),
+        sa.CheckConstraint("id", name="outbox_leader_one_row"),
+    )
+
+
+def drop_outbox_leader_v7() -> None:
+    op.drop_table("outbox_leader")

@@ -11,6 +11,8 @@ from alembic.config import Config
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from castad_runtime import db
+
 # Held while a service's migrations run: two migrators (a hook Job run twice, a Job beside a
 # local `migrate`) take turns, and the second finds nothing left to do.
 MIGRATION_LOCK = 0x0CA57AD0
@@ -23,7 +25,12 @@ def ensure_database(database_url: str, template: str | None = None) -> bool:
     databases are made by its operators), a database that takes a connection is taken as there.
     """
     url = make_url(database_url)
-    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    admin = sa.create_engine(
+        url.set(database="postgres"),
+        isolation_level="AUTOCOMMIT",
+        poolclass=NullPool,
+        connect_args=db.connect_args(database_url),
+    )
     try:
         try:
             conn = admin.connect()
@@ -47,7 +54,9 @@ def ensure_database(database_url: str, template: str | None = None) -> bool:
 
 def drop_database(database_url: str) -> None:
     url = make_url(database_url)
-    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(
+        url.set(database="postgres"), isolation_level="AUTOCOMMIT", connect_args=db.connect_args(database_url)
+    )
     try:
         with admin.connect() as conn:
             quoted = conn.dialect.identifier_preparer.quote(url.database or "")
@@ -61,9 +70,10 @@ RELAY_COLUMNS = ("published_at", "publish_attempts", "last_error", "retry_at", "
 
 
 def restrict_access(database_url: str, relay_role: str) -> None:
-    """Close the database to everyone but its owner and `relay_role`, which may read the outbox and
-    mark its rows, nothing else. Run by the owner (the service's `migrate`) or a superuser."""
-    engine = sa.create_engine(database_url, poolclass=NullPool)
+    """Close the database to everyone but its owner and `relay_role`, which may read the outbox, mark
+    its rows and hold the lease of its leadership (`outbox_leader`), nothing else. Run by the owner (the
+    service's `migrate`) or a superuser."""
+    engine = sa.create_engine(database_url, poolclass=NullPool, connect_args=db.connect_args(database_url))
     try:
         with engine.begin() as conn:
             quote = conn.dialect.identifier_preparer.quote
@@ -72,12 +82,13 @@ def restrict_access(database_url: str, relay_role: str) -> None:
             conn.exec_driver_sql(f"GRANT CONNECT ON DATABASE {database} TO {relay}")
             conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA public TO {relay}")
             conn.exec_driver_sql(f"GRANT SELECT, UPDATE ({', '.join(RELAY_COLUMNS)}) ON outbox TO {relay}")
+            conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE ON outbox_leader TO {relay}")
     finally:
         engine.dispose()
 
 
 def _accepts_connections(url: sa.URL) -> bool:
-    engine = sa.create_engine(url, poolclass=NullPool)
+    engine = sa.create_engine(url, poolclass=NullPool, connect_args=db.connect_args(url.render_as_string(False)))
     try:
         with engine.connect():
             return True
@@ -101,7 +112,7 @@ def _under_lock(
 ) -> None:
     config = Config()
     config.set_main_option("script_location", str(migrations_dir))
-    engine = sa.create_engine(database_url, poolclass=NullPool)
+    engine = sa.create_engine(database_url, poolclass=NullPool, connect_args=db.connect_args(database_url))
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})

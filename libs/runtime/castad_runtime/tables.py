@@ -43,6 +43,19 @@ outbox = sa.Table(
     sa.Index("outbox_published", "published_at", postgresql_where=sa.text("published_at IS NOT NULL")),
 )
 
+# The relay that publishes this database's outbox (castad_relay.leadership): one row, the lease of its
+# leader. `term` grows by one whenever another relay takes over, so a leader knows whether it still leads.
+outbox_leader = sa.Table(
+    "outbox_leader",
+    metadata,
+    sa.Column("id", sa.Boolean, primary_key=True, server_default=sa.true()),
+    sa.Column("term", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("expires_at", TZ, nullable=False),
+    sa.Column("renewed_at", TZ, nullable=False),
+    sa.CheckConstraint("id", name="outbox_leader_one_row"),
+)
+
 inbox = sa.Table(
     "inbox",
     metadata,

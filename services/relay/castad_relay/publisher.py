@@ -4,13 +4,17 @@ Pipelines go out concurrently, each pipeline's rows in order and one at a time: 
 sent once the one before it is confirmed, and none after one that was not, so a consumer
 never gets a pipeline's row before an earlier one. Each row comes back as one of:
 - PUBLISHED: the broker confirmed it, routed;
-- Refused: the broker will not take this row (unroutable, nacked, too large): it is the
-  row's problem, and the relay backs it off and eventually parks it;
-- SUSPECT: its channel was closed while it was in flight; the closing may be its fault or
-  another row's, so the relay tries it again alone before blaming it;
+- Refused: the broker will not take this row for the row's own sake (no queue bound to its
+  routing key, too large): the relay backs it off and eventually parks it;
+- SUSPECT: its channel was closed while it was in flight for a reason that may be the row's
+  (a precondition it failed, such as the broker's size limit; a replay's destination that does
+  not exist or may not be written); the closing may be its fault or another row's, so the relay
+  tries it again alone before blaming it;
 - HELD_BACK: not sent, because an earlier row of its pipeline was not published;
-- None: lost to trouble with the broker connection, which is nobody's fault: it waits,
-  uncharged, and the relay pauses before trying again.
+- None: lost to trouble with the broker, which is nobody's fault: a lost or stalled connection,
+  a channel closed for the broker's own reasons, or a nack (a quorum queue without a majority
+  of its nodes, a node shutting down). It waits, uncharged, and the relay pauses before trying
+  again.
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiormq
 from castad_contracts import envelope as envelope_
 from castad_contracts import topology
-from castad_runtime import redact, telemetry
+from castad_runtime import amqp, redact, telemetry
 from opentelemetry import trace
 from pamqp import commands as spec
 from prometheus_client import Histogram
@@ -49,6 +53,16 @@ class Refused:
 
 
 RowResult = Sent | Refused | None
+
+# Channel closes that may be the row's own doing: a failed precondition (over the broker's size limit),
+# and, for a row sent to a replay's destination, a missing or forbidden exchange. Any other close, and any
+# of these on the events exchange itself, is the broker's or the set-up's trouble, not the row's.
+ROWS_OWN_CLOSES = (aiormq.exceptions.ChannelPreconditionFailed,)
+DESTINATIONS_OWN_CLOSES = (aiormq.exceptions.ChannelNotFoundEntity, aiormq.exceptions.ChannelAccessRefused)
+
+
+class Nacked(Exception):
+    """The broker took a publish but could not keep it (it nacked it): broker trouble."""
 
 
 def stopping() -> bool:
@@ -87,15 +101,15 @@ class Publisher:
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._lock = asyncio.Lock()
         self._tracer = telemetry.tracer("castad.relay")
+        self.closes: dict[int, str] = {}  # row id -> why the broker closed the channel it was SUSPECT on
 
     async def channel(self) -> aiormq.abc.AbstractChannel:
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
                 await self.close()
-                # aiormq has no handshake timeout: a broker that accepts the connection but never
-                # answers (a network partition) would otherwise hold every source's relay forever.
+                self._connection = await amqp.connect(self.amqp_url, timeout_s=self.confirm_timeout_s)
+                # A node that answers the connection but not the channel (a partition) must not hold the relay.
                 async with asyncio.timeout(self.confirm_timeout_s):
-                    self._connection = await aiormq.connect(self.amqp_url)
                     self._channel = await self._connection.channel(publisher_confirms=True)
             return self._channel
 
@@ -105,8 +119,13 @@ class Publisher:
             with contextlib.suppress(Exception):
                 await connection.close()
 
-    async def publish(self, rows: Sequence[dict[str, Any]]) -> list[RowResult]:
-        """Publish a batch (see the module docstring); the result of each row, in row order."""
+    async def publish(
+        self, rows: Sequence[dict[str, Any]], may_publish: Callable[[], bool] = lambda: True
+    ) -> list[RowResult]:
+        """Publish a batch (see the module docstring); the result of each row, in row order.
+
+        `may_publish` is asked before each row is sent: once it says no (the relay lost its lease), nothing
+        more is sent and the rows left are None, as lost to trouble."""
         channel = await self.channel()
         results: list[RowResult] = [None] * len(rows)
         by_pipeline: defaultdict[str, list[int]] = defaultdict(list)
@@ -116,6 +135,8 @@ class Publisher:
 
         async def in_order(indexes: list[int]) -> None:
             for position, index in enumerate(indexes):
+                if not may_publish():
+                    return
                 results[index] = await self._publish_one(channel, rows[index], trouble)
                 if results[index] is not Sent.PUBLISHED:
                     for later in indexes[position + 1 :]:
@@ -127,8 +148,8 @@ class Publisher:
             log.warning(
                 "%d of %d publishes lost to broker trouble: %s", len(trouble), len(rows), redact.describe(trouble[0])
             )
-        if trouble or any(result is Sent.SUSPECT for result in results):
-            await self.close()
+        if any(not isinstance(error, Nacked) for error in trouble) or any(r is Sent.SUSPECT for r in results):
+            await self.close()  # the channel may be broken; a nack leaves it as it was
         return results
 
     async def publish_dead_letter(self, exchange: str, body: bytes, headers: dict[str, Any], message_id: str) -> bool:
@@ -206,7 +227,11 @@ class Publisher:
             except aiormq.exceptions.ChannelClosed as error:
                 with trace.use_span(span):  # the log line carries the pipeline's trace id
                     log.warning("channel closed while publishing %s: %s", row["event_id"], redact.describe(error))
-                return Sent.SUSPECT
+                if isinstance(error, ROWS_OWN_CLOSES) or (destination and isinstance(error, DESTINATIONS_OWN_CLOSES)):
+                    self.closes[row["id"]] = redact.describe(error)
+                    return Sent.SUSPECT
+                trouble.append(error)
+                return None
             except (
                 TimeoutError,
                 aiormq.exceptions.AMQPError,
@@ -224,5 +249,6 @@ class Publisher:
             if self.confirms is not None:
                 self.confirms.observe(time.perf_counter() - sent_at)
             if isinstance(answer, spec.Basic.Nack):
-                return Refused("nacked by the broker")
+                trouble.append(Nacked(f"event {row['event_id']} nacked by the broker"))
+                return None
             return Sent.PUBLISHED

@@ -1,11 +1,13 @@
 """Drains outbox tables into the topic exchange, with publisher confirms.
 
-One task per source database. It holds a session advisory lock, so a second relay
-replica waits as a hot standby instead of publishing the same rows. Only once it
-leads does it LISTEN on the outbox channel (a standby that listened would never read
-its notifications and so hold back PostgreSQL's notification queue, shared by the
-whole server); it drains then, whenever a writer's NOTIFY arrives, when a backing-off
-row comes due, and (should a NOTIFY be missed) every `fallback_poll_s`.
+One task per source database. It publishes only while it holds the database's lease
+(`leadership.Lease`), so a second relay replica waits as a hot standby instead of publishing
+the same rows, and takes over within seconds when the leader freezes, dies or is cut off.
+Only once it leads does it LISTEN on the outbox channel (a standby that listened would never
+read its notifications and so hold back PostgreSQL's notification queue, shared by the whole
+server); it drains then, whenever a writer's NOTIFY arrives, when a backing-off row comes due,
+and (should a NOTIFY be missed) every `fallback_poll_s`. No row is sent once the lease is no
+longer known to be held, and a stopping relay gives its leases up.
 
 A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
 pipeline kept) and marks the confirmed ones published once their batch is settled, by a
@@ -13,7 +15,7 @@ statement of their own, without waiting for that mark's WAL flush (a mark lost t
 crash, or to a stop before it was made, only sends its rows again: duplicates, which
 inboxes drop). Marked in the next look for rows instead, by the same statement, they
 made each look slower as the outbox grew, and the latency of a steady load with it.
-A row the broker refuses (no queue bound to its routing key, nacked, too large) backs
+A row the broker refuses for its own sake (no queue bound to its routing key, too large) backs
 off on its own, exponentially, and after `max_publish_attempts` refusals is parked
 with its reason for an operator to republish (`castad_runtime.outbox.republish`, through
 the gateway's dead letters: the relay puts a notice of it in the dead-letter queue
@@ -35,23 +37,16 @@ from typing import Any
 import aiormq
 import psycopg
 from castad_contracts import topology
-from castad_runtime import backoff, db, redact
+from castad_runtime import backoff, db, process, redact
 from castad_runtime import metrics as runtime_metrics
 
+from castad_relay import leadership, statements
 from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
 from castad_relay import settings as settings_
-from castad_relay import statements
 
 log = logging.getLogger(__name__)
-LOCK_KEY = 0x0CA57AD  # one advisory lock id per database: the relay leader's
-
 PUBLISHED = publisher_.Sent.PUBLISHED
-
-
-def psycopg_url(url: str) -> str:
-    """A database URL as libpq reads it (settings may give SQLAlchemy's form)."""
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
 def publishable(rows: Sequence[dict[str, Any]], results: Sequence[publisher_.RowResult]) -> list[int]:
@@ -76,11 +71,14 @@ class SourceRelay:
         config: settings_.RelaySettings,
         dead_letter_exchange: str,
         metrics: metrics_.RelayMetrics | None = None,
+        holder: str | None = None,
     ) -> None:
-        self.url = psycopg_url(url)
+        self.url = url
         self.dead_letter_exchange = dead_letter_exchange
-        self.name = self.url.rsplit("/", 1)[-1]
-        self.source = metrics_.source_name(self.url)
+        self.name = db.database_name(url)
+        self.source = metrics_.source_name(url)
+        holder = holder or leadership.Lease.holder_name(process.worker_id("relay"))
+        self.lease = leadership.Lease(holder, config.lease_s)
         self.metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
         self.publisher = publisher
         self.config = config
@@ -95,8 +93,10 @@ class SourceRelay:
         while True:
             try:
                 await self._run()
-            except (psycopg.Error, OSError) as error:
+            except (psycopg.Error, OSError, TimeoutError) as error:
                 log.warning("relay %s: database unavailable (%s); retrying", self.name, redact.describe(error))
+            except leadership.LostLeadership as error:
+                log.warning("relay %s: %s; waiting to lead again", self.name, error)
             except Exception:
                 # Anything else is a bug, but it must not end this database's relay for good.
                 log.exception("relay %s: unexpected error; retrying", self.name)
@@ -108,25 +108,41 @@ class SourceRelay:
             await asyncio.sleep(self.config.retry_delay_s)
 
     async def _run(self) -> None:
-        async with (
-            await psycopg.AsyncConnection.connect(self.url, autocommit=True) as listener,
-            await psycopg.AsyncConnection.connect(self.url, autocommit=True) as worker,
-        ):
-            await worker.execute(statements.LAZY_COMMITS)
+        async with await self._connect() as keeper:
             log.info("relay %s: waiting for leadership", self.name)
-            await worker.execute(statements.LOCK_LEADERSHIP, (LOCK_KEY,))
-            log.info("relay %s: leading", self.name)
-            # Listen only now (see the module docstring); the first drain below picks up every row
-            # committed before the LISTEN, whose NOTIFY this session did not get.
-            await listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
-            self._backing_off = True
-            try:
-                while True:
-                    await self._drain(worker)
-                    wait_s = await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
-                    await db.notifications(listener, wait_s)
-            finally:
-                await self._mark_on_leaving(worker)
+            await self.lease.wait_until_taken(keeper)
+            log.info("relay %s: leading (term %s)", self.name, self.lease.term)
+            async with await self._connect() as listener, await self._connect() as worker:
+                await worker.execute(statements.LAZY_COMMITS)
+                # Listen only now (see the module docstring); the first drain below picks up every row
+                # committed before the LISTEN, whose NOTIFY this session did not get.
+                await listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
+                self._backing_off = True
+                renewing = asyncio.create_task(self.lease.keep(keeper), name=f"lease {self.name}")
+                try:
+                    while True:
+                        self.lease.check()
+                        await self._drain(worker)
+                        wait_s = (
+                            await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
+                        )
+                        await db.notifications(listener, wait_s)
+                finally:
+                    renewing.cancel()
+                    await self._mark_on_leaving(worker)
+                    if publisher_.stopping():
+                        await self._release(keeper)
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
+
+    async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A stopping relay's lease is ended at once, so a standby takes over without waiting for it to run out."""
+        try:
+            async with asyncio.timeout(self.config.retry_delay_s):
+                await self.lease.release(conn)
+        except (psycopg.Error, OSError, TimeoutError) as error:
+            log.warning("relay %s: lease left to run out (%s)", self.name, redact.describe(error))
 
     async def _mark(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Mark the confirmed rows published, if any wait for it."""
@@ -155,6 +171,7 @@ class SourceRelay:
 
     async def _drain(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
+            self.lease.check()
             fetched = await self._pending(conn)
             if not fetched:
                 return
@@ -165,7 +182,7 @@ class SourceRelay:
                 if suspects:
                     results = [await self._publish_alone(row) for row in rows]
                 else:
-                    results = await self.publisher.publish(rows)
+                    results = await self.publisher.publish(rows, self.lease.held)
             except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
                 log.warning("relay %s: broker unavailable (%s); rows wait", self.name, redact.describe(error))
                 self.metrics.failures.labels(self.source, metrics_.BROKER_UNAVAILABLE).inc(len(rows))
@@ -182,10 +199,10 @@ class SourceRelay:
 
     async def _publish_alone(self, row: dict[str, Any]) -> publisher_.RowResult:
         """A suspect on a channel of its own: if the channel closes on it again, it is to blame."""
-        [result] = await self.publisher.publish([row])
-        return (
-            publisher_.Refused("its channel was closed by the broker") if result is publisher_.Sent.SUSPECT else result
-        )
+        [result] = await self.publisher.publish([row], self.lease.held)
+        if result is publisher_.Sent.SUSPECT:
+            return publisher_.Refused(f"the broker closed its channel: {self.publisher.closes.pop(row['id'], '')}")
+        return result
 
     async def _settle(
         self, conn: psycopg.AsyncConnection[Any], rows: Sequence[dict[str, Any]], results: list[publisher_.RowResult]
@@ -200,6 +217,7 @@ class SourceRelay:
                 self._suspects.add(row["id"])
                 continue
             self._suspects.discard(row["id"])
+            self.publisher.closes.pop(row["id"], None)
             if isinstance(result, publisher_.Refused):
                 await self._refused(conn, row, result.reason)
 
@@ -211,11 +229,16 @@ class SourceRelay:
         )
         # Parked only once the operators were told (a notice in the dead-letter queue, which the gateway
         # records); if that fails, the row is tried again and the notice with it.
-        park = tries >= self.config.max_publish_attempts and await self._tell_operators(row, tries, reason)
+        park = (
+            tries >= self.config.max_publish_attempts
+            and self.lease.held()
+            and await self._tell_operators(row, tries, reason)
+        )
         async with conn.transaction():
             await conn.execute(statements.DURABLY)
             await conn.execute(
-                statements.REFUSED, {"id": row["id"], "reason": reason, "delay_s": delay_s, "park": park}
+                statements.REFUSED,
+                {"id": row["id"], "reason": reason, "delay_s": delay_s, "park": park, "term": self.lease.term},
             )
         if park:
             self.parked += 1

@@ -30,9 +30,17 @@ class RelaySettings(settings.CommonSettings):
         default=10,
         ge=1,
         le=1000,
-        description="a row the broker refuses (unroutable, nacked, too large) is parked after this many tries",
+        description="a row the broker refuses for its own sake (unroutable, too large) is parked after this many"
+        " tries; broker trouble (a nack, a lost connection) costs no try",
     )
     publish_backoff_max_s: float = Field(default=60.0, gt=0, description="longest wait between tries of a refused row")
+    lease_s: float = Field(
+        default=6.0,
+        ge=1,
+        le=300,
+        description="a relay leads a database's outbox under a lease this long, renewed every third of it; when"
+        " its leader freezes, dies or is cut off, another replica takes over within it and a second",
+    )
     health_port: settings.HealthPort = None
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="a larger event is refused at once (RabbitMQ's max_message_size)"

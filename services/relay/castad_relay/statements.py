@@ -4,7 +4,20 @@ A row the broker refused is "held" while it backs off (`retry_at` ahead) or once
 parked; a held row holds back the later rows of its own pipeline, and nothing else.
 """
 
-LOCK_LEADERSHIP = "SELECT pg_advisory_lock(%s)"
+# The lease of the relay that leads (castad_relay.leadership): taken once it ran out (a new term), or renewed
+# by its holder under its own term; its term, or no row if another relay holds it.
+TAKE_LEASE = """
+INSERT INTO outbox_leader AS lease (id, term, holder, expires_at, renewed_at)
+VALUES (true, 1, %(holder)s, now() + make_interval(secs => %(lease_s)s), now())
+ON CONFLICT (id) DO UPDATE
+SET term = CASE WHEN lease.holder = EXCLUDED.holder AND lease.term = %(term)s THEN lease.term ELSE lease.term + 1 END,
+    holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at, renewed_at = now()
+WHERE (lease.holder = EXCLUDED.holder AND lease.term = %(term)s) OR lease.expires_at < now()
+RETURNING term
+"""
+
+# A stopping leader ends its lease at once.
+RELEASE_LEASE = "UPDATE outbox_leader SET expires_at = now() WHERE holder = %(holder)s AND term = %(term)s"
 
 # The oldest publishable rows: not published, not parked, not backing off, and with no held
 # row earlier in their pipeline (partial indexes outbox_unpublished and outbox_held). Always from
@@ -38,14 +51,15 @@ LAZY_COMMITS = "SET synchronous_commit TO off"
 DURABLY = "SET LOCAL synchronous_commit TO on"
 
 # One refusal more: back off, or park (once the tries are used up and the operators were told). Committed
-# `DURABLY`: a park that a crash undid would tell the operators a second time.
+# `DURABLY`: a park that a crash undid would tell the operators a second time. Only under the leader's term:
+# a relay that lost the lease (and whose rows another one now publishes) changes none.
 REFUSED = """
 UPDATE outbox
 SET publish_attempts = publish_attempts + 1,
     last_error = %(reason)s,
     retry_at = now() + make_interval(secs => %(delay_s)s),
     parked_at = CASE WHEN %(park)s THEN now() END
-WHERE id = %(id)s AND published_at IS NULL
+WHERE id = %(id)s AND published_at IS NULL AND EXISTS (SELECT 1 FROM outbox_leader WHERE term = %(term)s)
 """
 
 # Seconds until the earliest backing-off row is due (NULL if none backs off).
