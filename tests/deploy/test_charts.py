@@ -9,6 +9,7 @@ the charts support (kubernetes-validate).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pathlib
 import shutil
 from typing import Any
@@ -335,3 +336,201 @@ def test_pods_are_annotated_for_prometheus_and_a_pod_monitor_is_there_only_when_
     assert monitor["spec"]["podMetricsEndpoints"] == [
         {"port": container["ports"][0]["name"], "path": "/metrics", "interval": "15s"}
     ]
+
+
+# Replicas over nodes. `place` is the scheduler's topology-spread filter (the DoNotSchedule constraints), as
+# Kubernetes documents it, run over a made-up cluster: enough to ask whether rendered constraints let a pod onto a
+# node, which kubernetes-validate (a schema) cannot.
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    name: str
+    zone: str = "zone-a"
+    tainted: bool = False  # node-role.kubernetes.io/control-plane:NoSchedule, as a control-plane node has
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"kubernetes.io/hostname": self.name, "topology.kubernetes.io/zone": self.zone}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pod:
+    labels: dict[str, str]
+    node: str
+
+
+def tolerates(pod_spec: dict, node: Node) -> bool:
+    return not node.tainted or any(
+        toleration.get("key") == "node-role.kubernetes.io/control-plane"
+        for toleration in pod_spec.get("tolerations", [])
+    )
+
+
+def place(pod_spec: dict, labels: dict[str, str], cluster: list[Node], running: list[Pod]) -> str | None:
+    """The node a new pod goes to (of the nodes its constraints allow, the one with fewest pods), or None: Pending."""
+    allowed = [
+        node
+        for node in cluster
+        if tolerates(pod_spec, node) and _spread_allows(pod_spec, labels, node, cluster, running)
+    ]
+    if not allowed:
+        return None
+    return min(allowed, key=lambda node: (sum(pod.node == node.name for pod in running), node.name)).name
+
+
+def _spread_allows(pod_spec: dict, labels: dict[str, str], node: Node, cluster: list[Node], running: list[Pod]) -> bool:
+    for constraint in pod_spec.get("topologySpreadConstraints", []):
+        if constraint["whenUnsatisfiable"] != "DoNotSchedule":
+            continue  # only scores nodes
+        key, selector = constraint["topologyKey"], constraint["labelSelector"]
+        assert set(selector) == {"matchLabels"}, "the simulation knows matchLabels only"
+        # matchLabelKeys: only pods with the new pod's values of these labels (its version's, pod-template-hash).
+        matches = (
+            selector["matchLabels"] | {k: labels[k] for k in constraint.get("matchLabelKeys", ()) if k in labels}
+        ).items()
+        if key not in node.labels:
+            return False
+        eligible = [n for n in cluster if key in n.labels]
+        if constraint.get("nodeTaintsPolicy", "Ignore") == "Honor":
+            eligible = [n for n in eligible if tolerates(pod_spec, n)]
+        domain_of = {n.name: n.labels[key] for n in eligible}
+        counts = dict.fromkeys(domain_of.values(), 0)
+        for pod in running:
+            if pod.node in domain_of and matches <= pod.labels.items():
+                counts[domain_of[pod.node]] += 1
+        minimum = min(counts.values()) if len(counts) >= constraint.get("minDomains", 1) else 0
+        itself = 1 if matches <= labels.items() else 0
+        if counts.get(node.labels[key], 0) + itself - minimum > constraint["maxSkew"]:
+            return False
+    return True
+
+
+def start_replicas(deployment: dict, cluster: list[Node]) -> list[Pod]:
+    """Schedule the Deployment's replicas one by one, as its ReplicaSet creates them; those placed."""
+    template = deployment["spec"]["template"]
+    running: list[Pod] = []
+    for _ in range(deployment["spec"]["replicas"]):
+        node = place(template["spec"], template["metadata"]["labels"], cluster, running)
+        if node is not None:
+            running.append(Pod(template["metadata"]["labels"], node))
+    return running
+
+
+def node_spread(deployment: dict) -> dict:
+    constraints = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    (nodes,) = [c for c in constraints if c["topologyKey"] == "kubernetes.io/hostname"]
+    return nodes
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_service_keeps_its_replicas_on_separate_nodes_by_default(chart_dir, service):
+    (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    template = deployment["spec"]["template"]
+    nodes = node_spread(deployment)
+    assert (nodes["maxSkew"], nodes["whenUnsatisfiable"], nodes["minDomains"]) == (1, "DoNotSchedule", 2)
+    (zones,) = [
+        c for c in template["spec"]["topologySpreadConstraints"] if c["topologyKey"] != "kubernetes.io/hostname"
+    ]
+    assert (zones["topologyKey"], zones["whenUnsatisfiable"]) == ("topology.kubernetes.io/zone", "ScheduleAnyway")
+    for constraint in (nodes, zones):
+        # It counts this service's replicas: every one of them, none of another service or of the migrations Job.
+        selector = constraint["labelSelector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items()
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= selector.items()
+        assert selector["app.kubernetes.io/component"] == service
+    pods = start_replicas(deployment, [Node("node-1"), Node("node-2"), Node("node-3")])
+    assert len({pod.node for pod in pods}) == 2
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_one_node_cluster_cannot_hold_two_replicas_of_a_service(chart_dir, service):
+    # The point: with replicaCount 2 the rendered constraints leave the second replica Pending on a 1-node cluster,
+    # rather than putting both where one node's loss takes the whole service.
+    (deployment,) = by_kind(render(chart_dir, service, {"replicaCount": 2}), "Deployment")
+    assert [pod.node for pod in start_replicas(deployment, [Node("only")])] == ["only"]
+    # Nor can two nodes hold three, nor three (one a control plane the pods do not tolerate) hold three.
+    (three,) = by_kind(render(chart_dir, service, {"replicaCount": 3}), "Deployment")
+    assert len(start_replicas(three, [Node("node-1"), Node("node-2")])) == 2
+    assert len(start_replicas(three, [Node("node-1"), Node("node-2"), Node("control", tainted=True)])) == 2
+
+
+@pytest.mark.parametrize("service", ("api", "relay", "video"))
+def test_a_rolling_update_on_as_many_nodes_as_replicas_ends_with_one_replica_per_node(chart_dir, service):
+    # maxSurge 1 and maxUnavailable 0: no old replica goes before a new one is ready, so a surge pod that no node
+    # takes stalls the rollout for good (as a required podAntiAffinity on the hostname would), and new pods that
+    # join one node leave two replicas there once the old ones are gone. A tainted control-plane node must not
+    # count as a node with no replica.
+    (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
+    cluster = [Node("node-1", "zone-a"), Node("node-2", "zone-b"), Node("control", "zone-a", tainted=True)]
+    old = start_replicas(deployment, cluster)
+    assert sorted(pod.node for pod in old) == ["node-1", "node-2"]
+    template = deployment["spec"]["template"]
+    new_labels = template["metadata"]["labels"] | {"pod-template-hash": "new"}
+    old = [Pod(pod.labels | {"pod-template-hash": "old"}, pod.node) for pod in old]
+    running, new = list(old), []
+    while old:
+        surge = place(template["spec"], new_labels, cluster, running)
+        assert surge is not None, f"the surge pod found no node beside {running}"
+        new.append(Pod(new_labels, surge))
+        # Ready: an old replica goes, the ReplicaSet taking first one that shares its node.
+        gone = max(old, key=lambda p: sum(q.node == p.node for q in old + new))
+        old.remove(gone)
+        running = old + new
+    assert sorted(pod.node for pod in new) == ["node-1", "node-2"]
+
+
+def test_with_an_autoscaler_its_minimum_replicas_never_share_a_node_and_more_spread_evenly(chart_dir):
+    values = {"autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 8}}
+    (deployment,) = by_kind(render(chart_dir, "song", values), "Deployment")
+    assert node_spread(deployment)["minDomains"] == 3
+    deployment["spec"]["replicas"] = 3  # what the autoscaler starts with
+    assert len(start_replicas(deployment, [Node("node-1"), Node("node-2")])) == 2
+
+    values = {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8}}
+    (deployment,) = by_kind(render(chart_dir, "song", values), "Deployment")
+    deployment["spec"]["replicas"] = 4  # scaled out under load, past the number of nodes the pods may use
+    cluster = [Node("node-1"), Node("node-2"), Node("control", tainted=True)]
+    assert sorted(pod.node for pod in start_replicas(deployment, cluster)) == ["node-1", "node-1", "node-2", "node-2"]
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_an_operator_can_let_replicas_share_nodes_replace_the_spread_or_turn_it_off(chart_dir, service):
+    shared = {"replicaCount": 2, "spread": {"enabled": True, "nodes": "ScheduleAnyway", "zones": "ScheduleAnyway"}}
+    (deployment,) = by_kind(render(chart_dir, service, shared), "Deployment")
+    assert "minDomains" not in node_spread(deployment)  # Kubernetes refuses it beside ScheduleAnyway
+    assert len(start_replicas(deployment, [Node("only")])) == 2
+
+    own = [{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}]
+    (deployment,) = by_kind(render(chart_dir, service, {"topologySpreadConstraints": own}), "Deployment")
+    (constraint,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    replicas = deployment["spec"]["selector"]["matchLabels"] | {"app.kubernetes.io/component": service}
+    assert constraint == own[0] | {"labelSelector": {"matchLabels": replicas}}
+    given = {"matchLabels": {"team": "media"}}
+    (deployment,) = by_kind(
+        render(chart_dir, service, {"topologySpreadConstraints": [own[0] | {"labelSelector": given}]}), "Deployment"
+    )
+    assert deployment["spec"]["template"]["spec"]["topologySpreadConstraints"][0]["labelSelector"] == given
+
+    (deployment,) = by_kind(render(chart_dir, service, {"spread": {"enabled": False}}), "Deployment")
+    assert "topologySpreadConstraints" not in deployment["spec"]["template"]["spec"]
+    assert len(start_replicas(deployment, [Node("only")])) == 2
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"spread": {"nodes": "Never"}}, "nodes"),
+        ({"spread": {"enabled": True, "hosts": "DoNotSchedule"}}, "hosts"),
+        ({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname"}]}, "whenUnsatisfiable"),
+    ],
+)
+def test_a_wrong_spread_fails_at_install_time_naming_it(chart_dir, values, complaint):
+    with pytest.raises(helm.HelmValuesError, match=complaint):
+        helm.Chart.load(chart_dir / "relay").validate_schema(values)
+
+
+def test_the_umbrella_keeps_every_services_replicas_on_separate_nodes(chart_dir):
+    for deployment in by_kind(render(chart_dir, "castad", {}), "Deployment"):
+        assert len(start_replicas(deployment, [Node("only")])) == 1, deployment["metadata"]["name"]

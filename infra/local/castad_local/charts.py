@@ -120,6 +120,7 @@ RESOURCES = _object(
         for kind in ("requests", "limits")
     }
 )
+WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
 COMMON_SETTINGS = (
     "CASTAD_NAMESPACE",
     "CASTAD_LOG_LEVEL",
@@ -187,7 +188,35 @@ def values_schema(service: str) -> dict[str, Any]:
         "nodeSelector": FREE,
         "tolerations": LIST,
         "affinity": FREE,
-        "topologySpreadConstraints": LIST,
+        "spread": {
+            **_object(
+                {
+                    "enabled": {"type": "boolean", "description": "false: the chart adds no spread constraint"},
+                    "nodes": {
+                        "enum": list(WHEN_UNSATISFIABLE),
+                        "description": "DoNotSchedule: never two replicas on one node (a replica waits for a node);"
+                        " ScheduleAnyway: replicas share nodes when there are too few",
+                    },
+                    "zones": {
+                        "enum": list(WHEN_UNSATISFIABLE),
+                        "description": "ScheduleAnyway: spread over zones where the cluster has them; DoNotSchedule:"
+                        " a replica waits rather than unbalance the zones",
+                    },
+                },
+                ("enabled", "nodes", "zones"),
+            ),
+            "description": "replicas over nodes (kubernetes.io/hostname) and zones (topology.kubernetes.io/zone)",
+        },
+        "topologySpreadConstraints": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["maxSkew", "topologyKey", "whenUnsatisfiable"],
+                "properties": {"whenUnsatisfiable": {"enum": list(WHEN_UNSATISFIABLE)}},
+            },
+            "description": "constraints of your own in place of `spread`; one without a labelSelector counts this"
+            " service's replicas",
+        },
         "global": {
             "type": "object",
             "description": "values the umbrella chart gives every service",

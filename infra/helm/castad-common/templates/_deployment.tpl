@@ -128,8 +128,9 @@ spec:
       tolerations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with .Values.topologySpreadConstraints }}
+      {{- with include "castad.topologySpreadConstraints" . }}
+      # No two replicas on one node by default: see castad-common's _spread.tpl.
       topologySpreadConstraints:
-        {{- toYaml . | nindent 8 }}
+        {{- . | nindent 8 }}
       {{- end }}
 {{- end -}}
