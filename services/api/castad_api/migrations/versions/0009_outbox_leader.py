@@ -1,7 +1,7 @@
 """api service: the relay's leadership of this outbox is a lease row with a term, not a session lock.
 
 Expand only: a relay of the previous version still leads by its advisory lock and ignores the table;
-do not run relays of both versions at once (docs/deploy.md, "Upgrade one service").
+while both versions run, both may publish for a moment, which only sends rows twice (docs/deploy.md).
 
 Revision ID: 0009
 """
