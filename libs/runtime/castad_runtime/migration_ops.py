@@ -227,3 +227,17 @@ def add_outbox_notify_v6(channel: str) -> None:
 def drop_outbox_notify_v6() -> None:
     op.execute("DROP TRIGGER IF EXISTS outbox_notify ON outbox")
     op.execute(f"DROP FUNCTION IF EXISTS {OUTBOX_NOTIFY_FUNCTION}()")
+
+
+def add_submissions_v7() -> None:
+    """What a stage sent to a provider: each attempt's submission, recorded (with its key) just before it
+    left; and the operator's retries that reopened a job, so that a new run's submissions have new keys."""
+    op.add_column("attempts", sa.Column("submitted_at", TZ))
+    op.add_column("attempts", sa.Column("submission_key", sa.Text))
+    op.add_column("jobs", sa.Column("reopened", sa.Integer, nullable=False, server_default="0"))
+
+
+def drop_submissions_v7() -> None:
+    op.drop_column("jobs", "reopened")
+    op.drop_column("attempts", "submission_key")
+    op.drop_column("attempts", "submitted_at")
