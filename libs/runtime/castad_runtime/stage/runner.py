@@ -177,13 +177,13 @@ class StageRunner:
         self.metrics = metrics or metrics_.StageMetrics(metrics_.registry(), stage.value, OWN_CODES)
         self._active: dict[uuid.UUID, cancellation.Cancellation] = {}
         self._leases = leases.Leases(engine, limits.lease_s, stage.value, clock)
-        labels = (provider or "none",)
+        submitted = functools.partial(self.metrics.provider_submission, provider or "none")
         self._fence = fence.Fence(
             engine,
             self._leases,
             limits.lease_s * fence.MARGIN,
-            sent=functools.partial(self.metrics.provider_submission, *labels, "sent"),
-            fenced=functools.partial(self.metrics.provider_submission, *labels, "fenced"),
+            sent=functools.partial(submitted, "sent"),
+            fenced=functools.partial(submitted, "fenced"),
         )
         self._lock = threading.Lock()
         self._interrupted = threading.Event()  # the service is stopping: running attempts were cancelled
