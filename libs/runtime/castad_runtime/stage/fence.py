@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from castad_runtime import db, outages, redact
+from castad_runtime import db, logs, outages, redact
 from castad_runtime.stage import leases, repository
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ class Fence:
     def let_go(self, job: repository.Job) -> None:
         """Return if the claim `job`'s work may leave now, its submission recorded; raise Fenced if not."""
         if not self.leases.known_held(job, self.margin_s):
-            raise self._held_back(LEASE_LOST, "the lease is not known to be held (the worker was frozen or cut off)")
+            lost = "its lease is not known to be held (its worker froze, or was cut off)"
+            raise self._held_back(job, LEASE_LOST, lost)
         began = self.leases.clock()
         try:
             with db.transaction(self.engine) as conn:
@@ -81,17 +82,19 @@ class Fence:
         except Exception as error:
             if not outages.is_outage(error):
                 raise
-            raise self._held_back(OUTAGE, f"the submission could not be recorded: {redact.describe(error)}") from None
+            message = f"the submission could not be recorded: {redact.describe(error)}"
+            raise self._held_back(job, OUTAGE, message) from None
         if left_s is None:
-            raise self._held_back(LEASE_LOST, "the claim no longer holds its job (taken over, canceled or expired)")
+            raise self._held_back(job, LEASE_LOST, "its claim no longer holds the job (taken over, canceled, expired)")
         self.leases.confirmed(job, began, left_s)
         if not self.leases.known_held(job, self.margin_s):
             self._unrecord(job)
-            raise self._held_back(LEASE_LOST, "recording the submission took what was left of the lease")
+            raise self._held_back(job, LEASE_LOST, "recording the submission took what was left of the lease")
         self._sent()
 
-    def _held_back(self, code: str, message: str) -> Fenced:
-        log.warning("work of an attempt held back: %s", message)
+    def _held_back(self, job: repository.Job, code: str, message: str) -> Fenced:
+        with logs.bound(job.pipeline_id):  # the provider's thread has no log context of its own
+            log.warning("attempt %d: its work held back, not sent (%s): %s", job.attempts, code, message)
         self._fenced()
         return Fenced(code, message)
 
