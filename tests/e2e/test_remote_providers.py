@@ -83,7 +83,7 @@ def test_briefs_in_four_languages_go_through_the_three_network_providers_by_thei
     callbacks = [signed_path(body["callBackUrl"], running.base_url) for body in submitted]
     assert sorted(callbacks) == sorted(f"/v1/provider-callbacks/song/{p}" for p in ids.values())
     renders = [r["body"] for r in render.received if r["path"] == "/v2/renders"]
-    assert sorted(body["metadata"] for body in renders) == sorted(ids.values())
+    assert sorted(body["metadata"] for body in renders) == sorted(f"castad-{p}-0-1" for p in ids.values())
     songs = [signed_path(body["modifications"]["Music.source"], running.base_url) for body in renders]
     assert sorted(songs) == sorted(f"/v1/links/pipelines/{p}/artifacts/song" for p in ids.values())
     assert {sent["status"] for sent in music.callbacks + render.callbacks} == {204}
@@ -110,5 +110,10 @@ def test_a_rate_limit_costs_no_attempt_and_a_failed_song_is_made_again(network, 
     assert throttled == 1
     submits = [r for r in music.received if r["path"] == "/api/v1/generate"]
     assert len(submits) == 3
-    [first, second, _] = dbs.attempts_of("song", job["id"])
+    [first, second, third] = dbs.attempts_of("song", job["id"])
     assert (first["error_code"], second["error_code"]) == (errors.RATE_LIMITED, "provider_job_failed")
+    # Each submit is on its attempt's row (the refused one too: it left). The rate limit cost no attempt, so
+    # the next one sent the same work under the same key; the failed song made the third a new attempt.
+    keys = [f"castad-{pipeline_id}-0-1", f"castad-{pipeline_id}-0-1", f"castad-{pipeline_id}-0-2"]
+    assert [a["submission_key"] for a in (first, second, third)] == keys
+    assert None not in [a["submitted_at"] for a in (first, second, third)]

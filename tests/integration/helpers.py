@@ -21,7 +21,7 @@ import psycopg.sql
 import sqlalchemy as sa
 from castad_contracts import brief, envelope, events
 from castad_runtime import consumer, db, inbox, outbox, tables
-from castad_runtime.stage import cancellation, handlers, machine, repository, runner
+from castad_runtime.stage import cancellation, handlers, leases, machine, repository, runner
 
 T = TypeVar("T")
 
@@ -100,11 +100,12 @@ def stage_runner(
     lease_s: float = 30.0,
     attempt_timeout_s: float = 10.0,
     cancel_grace_s: float = 5.0,
+    clock: leases.Clock = leases.clock,
 ) -> runner.StageRunner:
     policy = machine.RetryPolicy(max_attempts, backoff_s, max(backoff_s, 60.0), jitter=0.0)
     limits = runner.Limits(policy, lease_s, attempt_timeout_s, cancel_grace_s)
     return runner.StageRunner(
-        events.Stage.LYRIC, engine, work, events.LyricCompleted, limits, worker, rng=random.Random(0)
+        events.Stage.LYRIC, engine, work, events.LyricCompleted, limits, worker, rng=random.Random(0), clock=clock
     )
 
 

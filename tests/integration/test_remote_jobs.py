@@ -30,7 +30,8 @@ FAST = remote.PollSchedule(first_s=0.05, max_s=0.2, give_up_s=60.0)
 
 
 class Provider:
-    """Submits with a new handle each time; each poll takes the next answer of its script (then: done)."""
+    """Submits with a new handle each time, past the attempt's fence as an adapter does (HttpProvider.submit);
+    each poll takes the next answer of its script (then: done)."""
 
     def __init__(self, *polls: remote.Pending | remote.Finished | Exception) -> None:
         self.polls = list(polls)
@@ -39,6 +40,7 @@ class Provider:
         self._lock = threading.Lock()
 
     def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+        cancel.leaving()
         with self._lock:
             handle = f"task-{len(self.submitted) + 1}"
             self.submitted.append((handle, callback_url))

@@ -727,8 +727,9 @@ def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_unc
     first_look_done(jobs)
     assert jobs.reserve()
     pipeline_id = add_job(stage)
+    began = stage.clock()
     with db.transaction(engine) as conn:
-        claim = stage.claim_accepted(conn, pipeline_id)
+        claim = stage.claim_accepted(conn, pipeline_id, began)
     assert claim is not None
     stopping = threading.Thread(target=jobs.stop)  # waits for the reserved slot: it counts as running
     stopping.start()

@@ -225,7 +225,7 @@ def test_submit_sends_the_template_filled_with_the_pipelines_words_song_and_capt
         "Caption-3.time": 7.5,
         "Caption-3.duration": 0.1,
     }
-    assert body["metadata"] == job.pipeline_id
+    assert body["metadata"] == job.submission_key == f"castad-{job.pipeline_id}-0-1"  # tagged with the attempt
     assert signed_path(body["webhook_url"], GATEWAY) == f"/v1/provider-callbacks/video/{job.pipeline_id}"
     assert isinstance(waiting, runner.Awaiting)
     assert waiting.poll_in_s == FIRST_S and waiting.throttled_s is None

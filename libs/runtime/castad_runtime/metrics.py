@@ -121,8 +121,8 @@ class ConsumerMetrics:
 
 
 class StageMetrics:
-    """What a stage's runner counts: attempts by outcome and error code, their durations, quota waits and
-    the provider's "too many" answers."""
+    """What a stage's runner counts: attempts by outcome and error code, their durations, quota waits, the
+    provider's "too many" answers, and the submits that went to it or were held back."""
 
     def __init__(self, registry: CollectorRegistry, stage: str, known_codes: Iterable[str] = ()) -> None:
         self.registry = registry
@@ -155,6 +155,13 @@ class StageMetrics:
             ["stage", "provider"],
             registry=registry,
         )
+        self.submissions = Counter(
+            "castad_provider_submissions_total",
+            "Requests that start work at the provider, by whether they went (sent) or were held back because"
+            " the attempt no longer knew it held its job (fenced)",
+            ["stage", "provider", "outcome"],
+            registry=registry,
+        )
 
     def attempt_ended(self, outcome: str, error_code: str | None, duration_s: float | None = None) -> None:
         """An attempt's outcome committed; `duration_s` when this process ran it."""
@@ -167,3 +174,7 @@ class StageMetrics:
 
     def provider_throttled(self, provider: str) -> None:
         self.throttled.labels(self.stage, provider).inc()
+
+    def provider_submission(self, provider: str, outcome: str) -> None:
+        """A submit to the provider went (`sent`) or was held back by the fence (`fenced`)."""
+        self.submissions.labels(self.stage, provider, outcome).inc()

@@ -244,3 +244,17 @@ def add_outbox_leader_v7() -> None:
 
 def drop_outbox_leader_v7() -> None:
     op.drop_table("outbox_leader")
+
+
+def add_submissions_v8() -> None:
+    """What a stage sent to a provider: each attempt's submission, recorded (with its key) just before it
+    left; and the operator's retries that reopened a job, so that a new run's submissions have new keys."""
+    op.add_column("attempts", sa.Column("submitted_at", TZ))
+    op.add_column("attempts", sa.Column("submission_key", sa.Text))
+    op.add_column("jobs", sa.Column("reopened", sa.Integer, nullable=False, server_default="0"))
+
+
+def drop_submissions_v8() -> None:
+    op.drop_column("jobs", "reopened")
+    op.drop_column("attempts", "submission_key")
+    op.drop_column("attempts", "submitted_at")

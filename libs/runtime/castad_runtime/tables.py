@@ -89,6 +89,8 @@ jobs = sa.Table(
     sa.Column("tracestate", sa.Text),
     # Operator requests (cancels, retries) of the pipeline applied here, in order: the last one's number.
     sa.Column("last_operation", sa.Integer, nullable=False, server_default="0"),
+    # Operator retries that reopened the job: each starts a new run, whose submissions to a provider get new keys.
+    sa.Column("reopened", sa.Integer, nullable=False, server_default="0"),
     # The provider's id of the work this attempt submitted to it (NULL: nothing submitted), since when,
     # and how many polls found it unfinished.
     sa.Column("handle", sa.Text),
@@ -135,5 +137,9 @@ attempts = sa.Table(
     sa.Column("outcome", sa.Text, nullable=False),
     sa.Column("error_code", sa.Text),
     sa.Column("error_message", sa.Text),
+    # The attempt's work sent to a network provider (recorded just before it left, under a lease known to be
+    # held), and the key it was tagged with: the same for every claim of one counted attempt.
+    sa.Column("submitted_at", TZ),
+    sa.Column("submission_key", sa.Text),
     sa.UniqueConstraint("job_id", "number", name="attempts_job_number"),
 )

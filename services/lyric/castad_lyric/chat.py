@@ -134,5 +134,6 @@ class ChatLyricProvider:
         self._model = model
 
     def write(self, source: brief.Brief, seed: str, cancel: cancellation.Cancellation) -> events.Lyrics:
-        answer = self._client.json("POST", "chat/completions", cancel, json=request_body(source, seed, self._model))
+        # The API takes no idempotency key (docs/providers.md): past the fence, a request is a new completion.
+        answer = self._client.submit("chat/completions", cancel, json=request_body(source, seed, self._model))
         return lyrics_of(answer, source.language)

@@ -106,7 +106,9 @@ class SunoApi:
     def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
         done = events.LyricCompleted.model_validate(job.input)
         body = request_body(done, self._model, callback_url)
-        answer = self._client.json("POST", "api/v1/generate", cancel, json=body)
+        # The API takes no idempotency key, nor tells tasks by a tag of ours (docs/providers.md): past the fence,
+        # a request is a new task.
+        answer = self._client.submit("api/v1/generate", cancel, json=body)
         task = data_of(answer).get("taskId")
         if not isinstance(task, str) or not task:
             raise errors.ProviderError("provider_malformed", "the music API gave no taskId")

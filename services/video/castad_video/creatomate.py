@@ -2,7 +2,8 @@
 
 Submit, then poll (castad_runtime.stage.remote):
 - `POST /v2/renders` with a template of the user's and the pipeline's words and song as its
-  modifications, `webhook_url` when the gateway is reachable, and the pipeline id as `metadata`
+  modifications, `webhook_url` when the gateway is reachable, and the attempt's submission key (it
+  starts with `castad-` and the pipeline id) as `metadata`
   → a render object whose `id` is the handle (API v1 answered a list of them: both are read);
 - `GET /v2/renders/{id}` → `status`: planned, waiting, transcribing and rendering are still at
   work; succeeded brings `url` (and `width`, `height`); failed brings `error_message`.
@@ -75,11 +76,13 @@ class CreatomateApi:
         body: dict[str, Any] = {
             "template_id": self._template_id,
             "modifications": modifications(done, self._song_url(done)),
-            "metadata": job.pipeline_id,
+            # The API takes no idempotency key; the attempt's key tags the render (it comes back in the render
+            # object and the webhook), so that renders one attempt made twice can be told (docs/providers.md).
+            "metadata": job.submission_key,
         }
         if callback_url:
             body["webhook_url"] = callback_url
-        return str(render_of(self._client.json("POST", "v2/renders", cancel, json=body))["id"])
+        return str(render_of(self._client.submit("v2/renders", cancel, json=body))["id"])
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         try:

@@ -4,7 +4,8 @@
 messages, a strict `json_schema` response format) and answers as it does: a
 `chat.completion` whose message content is JSON lyrics, written by the local lyric
 provider from the brief the lyric stage sends as the user message. Errors have the API's
-shape (`{"error": {"message", "type", "code"}}`).
+shape (`{"error": {"message", "type", "code"}}`). Like the API, it takes no idempotency key:
+every request is a new completion, whatever its headers.
 
 What it does next can be scripted, as a test would: `POST /_fake/script` with a list of
 replies (see `Reply`), served one per request before it goes back to answering well:

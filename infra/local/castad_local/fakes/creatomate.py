@@ -5,7 +5,8 @@
 object; `GET /v2/renders/<id>` reports it. A render moves by the time since it was submitted
 (`render_s`): planned, waiting, rendering, then succeeded, its `url` a 2 s 360x640 MP4 under
 `/_fake/renders/`. When it succeeds or fails the render is posted to its `webhook_url` from one
-background thread. Errors are the API's: a 4xx with `{"hint": ...}`.
+background thread. Errors are the API's: a 4xx with `{"hint": ...}`. Like the API, it takes no
+idempotency key and lists no renders: every render request is a new render, its `metadata` given back.
 
 Tests script it: `POST /_fake/script` queues replies for the next API requests (see
 `server.Reply`: an HTTP status with or without Retry-After, a hang, a malformed or oversized

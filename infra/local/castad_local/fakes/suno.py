@@ -6,7 +6,8 @@ reports the task. A task moves by the time since it was submitted (`song_s`): PE
 TEXT_SUCCESS after a third, FIRST_SUCCESS after two thirds (the first track streams), SUCCESS
 at the end (two tracks, each an MP3 of `audio_s` seconds under `/_fake/audio/`). With a
 `callBackUrl`, each step is also posted there (text, first, complete or error) from one
-background thread. Errors are the API's: HTTP 200 with the error in the body's `code`.
+background thread. Errors are the API's: HTTP 200 with the error in the body's `code`. Like the
+API, it takes no idempotency key and lists no tasks: every valid generate is a new task.
 
 Tests script it: `POST /_fake/script` queues replies for the next API requests (see `Reply`:
 an HTTP status with or without Retry-After, an error `code` in the body, a hang, a malformed or

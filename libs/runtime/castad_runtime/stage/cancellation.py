@@ -9,6 +9,10 @@ child gets a session of its own, so a stop signal sent to the service's process 
 it started, as soon as the attempt is cancelled. Should the service itself be killed
 (SIGKILL, out of memory), the kernel kills the child too (PR_SET_PDEATHSIG), so no render
 outlives the process that would record it.
+
+The same token guards what leaves Castad: a provider calls `leaving` immediately before a request
+that starts work at a network provider (`HttpProvider.submit` does), and the runner's fence lets it
+go only while the attempt still holds its job (castad_runtime.stage.fence).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ class Cancelled(Exception):
 
 
 class Cancellation:
-    def __init__(self) -> None:
+    def __init__(self, before_leaving: Callable[[], None] | None = None) -> None:
+        self._before_leaving = before_leaving  # the runner's fence
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._reason: Reason | None = None
@@ -72,6 +77,16 @@ class Cancellation:
         """Raise Cancelled if the attempt was cancelled."""
         if self._reason is not None:
             raise Cancelled(self._reason)
+
+    def leaving(self) -> None:
+        """Call immediately before the attempt's work leaves Castad (a request that starts work at a provider).
+
+        Raises Cancelled if the attempt was cancelled, and whatever the runner's fence raises
+        (castad_runtime.stage.fence.Fenced) if the attempt's lease is not known to be held: then
+        the work must not leave. Outside a runner (no fence) it only checks the cancellation."""
+        self.check()
+        if self._before_leaving is not None:
+            self._before_leaving()
 
     def sleep(self, seconds: float | None) -> None:
         """Wait `seconds` (None: until cancelled); raise Cancelled as soon as the attempt is cancelled."""

@@ -82,10 +82,11 @@ class StageHandlers:
             self.faults.handler()
         reserved = self.runner.claims_at_trigger and self.scheduler.reserve()
         claims: list[runner_.Claim] = []
+        began = self.runner.clock()  # before the transaction a claim's lease would start in
 
         def accept(conn: sa.Connection) -> bool:
             due = self.runner.accept(conn, payload)
-            claim = self.runner.claim_accepted(conn, payload.pipeline_id) if due and reserved else None
+            claim = self.runner.claim_accepted(conn, payload.pipeline_id, began) if due and reserved else None
             if claim is not None:
                 claims.append(claim)
             return due

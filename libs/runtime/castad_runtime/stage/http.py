@@ -185,10 +185,23 @@ class HttpProvider:
         """Send a request and return its JSON answer; raise ProviderError for anything else."""
         return self.send(method, path, cancel, **kwargs).json(self.name)
 
-    def send(self, method: str, path: str, cancel: cancellation.Cancellation, **kwargs: Any) -> Answer:
-        """Send a request and return a successful answer (2xx); raise ProviderError for anything else."""
+    def submit(self, path: str, cancel: cancellation.Cancellation, **kwargs: Any) -> Any:
+        """POST a request that starts work at the provider (paid for) and return its JSON answer.
+
+        It goes only past the attempt's fence (`Cancellation.leaving`), checked as the last thing
+        before it is sent: an attempt that no longer holds its job sends nothing."""
+        return self.send("POST", path, cancel, leaving=True, **kwargs).json(self.name)
+
+    def send(
+        self, method: str, path: str, cancel: cancellation.Cancellation, *, leaving: bool = False, **kwargs: Any
+    ) -> Answer:
+        """Send a request and return a successful answer (2xx); raise ProviderError for anything else.
+        `leaving`: it starts work at the provider, and goes only past the attempt's fence."""
+        headers = {**self._headers(), **kwargs.pop("headers", {})}  # a key file read before, not after, the fence
+        if leaving:
+            cancel.leaving()
         try:
-            answer = cancel.call(lambda: self._exchange(method, path.lstrip("/"), **kwargs))
+            answer = cancel.call(lambda: self._exchange(method, path.lstrip("/"), headers, **kwargs))
         except httpx.TimeoutException:
             raise errors.ProviderError(
                 "provider_timeout", f"{self.name} did not answer within {self.timeout_s:g} s"
@@ -209,8 +222,7 @@ class HttpProvider:
             )
         return answer
 
-    def _exchange(self, method: str, path: str, **kwargs: Any) -> Answer:
-        headers = {**self._headers(), **kwargs.pop("headers", {})}
+    def _exchange(self, method: str, path: str, headers: Mapping[str, str], **kwargs: Any) -> Answer:
         deadline = time.monotonic() + self.timeout_s  # for the whole answer, not only for each read
         with self._client.stream(method, path, headers=headers, **kwargs) as response:
             status, got, body = read_capped(response, self.max_body_bytes, deadline)

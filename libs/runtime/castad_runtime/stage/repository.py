@@ -22,7 +22,8 @@ CANCELED_CODE = "canceled"
 # The hot path's statements as plain SQL (castad_runtime.db.run). The status lists are literal, as in the
 # partial indexes' predicates (jobs_due, jobs_leased), so that the planner matches them.
 JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
-    tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s"""
+    tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s,
+    reopened"""
 
 # A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
 # PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
@@ -69,6 +70,17 @@ RETURNING {JOB_COLUMNS}
 """
 
 OPEN_ATTEMPT = "INSERT INTO attempts (job_id, number, worker, outcome) VALUES (%s, %s, %s, 'running')"
+
+# The attempt's work is about to leave for its provider: recorded on its attempt row, only while its claim is the
+# current one (CAS on version) with at least margin_s of its lease left by the database's clock; the lease left.
+RECORD_SUBMISSION = """
+UPDATE attempts SET submitted_at = clock_timestamp(), submission_key = %(key)s
+FROM jobs
+WHERE jobs.id = %(id)s AND jobs.version = %(version)s AND jobs.status = 'RUNNING'
+    AND jobs.lease_expires_at > clock_timestamp() + make_interval(secs => %(margin_s)s)
+    AND attempts.job_id = jobs.id AND attempts.number = %(number)s
+RETURNING extract(epoch FROM jobs.lease_expires_at - clock_timestamp()) AS lease_left_s
+"""
 
 # The leases of these claims (job id and version) that are still current, extended; their job ids.
 RENEW_LEASES = """
@@ -120,11 +132,21 @@ class Job:
     submitted_at: dt.datetime | None = None
     polls: int = 0  # polls that found the provider's work unfinished
     waited_s: float = 0.0  # since the submit, by the database's clock at the claim
+    reopened: int = 0  # operator retries that reopened the job (its runs, less the first)
 
     @property
     def polling(self) -> bool:
         """The attempt has submitted its work to a provider: this claim asks how it goes."""
         return self.handle is not None
+
+    @property
+    def submission_key(self) -> str:
+        """The key of the work this attempt sends to a provider (its idempotency key, or its tag).
+
+        The same for every claim of one counted attempt: an attempt the machinery lost (its lease
+        expired, its worker stopped) and that is claimed again sends its work under the same key. A
+        new one after a failure that counted, and for every run an operator's retry starts."""
+        return f"castad-{self.pipeline_id}-{self.reopened}-{self.counted_attempts + 1}"
 
 
 def _job(row: Any) -> Job:
@@ -266,6 +288,7 @@ def reopen(
             version=jobs.c.version + 1,
             due_at=sa.func.now(),
             counted_attempts=0,
+            reopened=jobs.c.reopened + 1,
             max_attempts=max_attempts,
             input=job_input,
             last_operation=operation,
@@ -418,6 +441,50 @@ def poll_now(conn: sa.Connection, pipeline_id: str) -> bool:
         .values(due_at=sa.func.least(jobs.c.due_at, jobs.c.submitted_at))  # ahead of polls merely due
     )
     return updated.rowcount == 1
+
+
+def record_submission(conn: sa.Connection, job: Job, margin_s: float) -> float | None:
+    """Record on the attempt's row that its work leaves for the provider now, under `job.submission_key`, if
+    `job` is still the current claim and its lease has more than `margin_s` left by the database's clock:
+    the seconds of lease left then. None: the claim does not hold (the work must not leave)."""
+    params = {"key": job.submission_key, "id": job.id, "version": job.version, "number": job.attempts}
+    row = db.run(conn, RECORD_SUBMISSION, {**params, "margin_s": margin_s}).fetchone()
+    return None if row is None else float(row.lease_left_s)
+
+
+def unrecord_submission(conn: sa.Connection, job: Job) -> None:
+    """The submission recorded for this attempt did not leave after all."""
+    conn.execute(
+        attempts.update()
+        .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts)
+        .values(submitted_at=None, submission_key=None)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Submissions:
+    """What a job sent to its provider: submissions (attempts whose work left) and the distinct keys they had.
+    At a provider that takes an idempotency key, the jobs there are `keys`; at one that takes none, `sent`."""
+
+    sent: int
+    keys: int
+
+
+def submissions(conn: sa.Connection, pipeline_ids: Collection[str] | None = None) -> dict[str, Submissions]:
+    """Per pipeline whose job sent anything to its provider (or of these pipelines only), its Submissions."""
+    query = (
+        sa.select(
+            jobs.c.pipeline_id,
+            sa.func.count(attempts.c.submitted_at).label("sent"),
+            sa.func.count(sa.distinct(attempts.c.submission_key)).label("keys"),
+        )
+        .join(attempts, attempts.c.job_id == jobs.c.id)
+        .where(attempts.c.submitted_at.is_not(None))
+        .group_by(jobs.c.pipeline_id)
+    )
+    if pipeline_ids is not None:
+        query = query.where(jobs.c.pipeline_id.in_(list(pipeline_ids)))
+    return {row.pipeline_id: Submissions(row.sent, row.keys) for row in conn.execute(query)}
 
 
 def due_at(conn: sa.Connection, job_id: uuid.UUID) -> dt.datetime:

@@ -13,9 +13,12 @@ What an attempt comes to, and what it costs:
   cancelled): a failure counted against max_attempts, retried with backoff while attempts
   remain, FAILED after the last one; a non-retryable error fails at once;
 - the machinery fails it: the service stops (running attempts are cancelled after the
-  grace period), the machine runs short of disk or memory in the middle of it, or its
-  worker died and its lease ran out. The attempt is handed back (outcome `interrupted`), is not
-  counted, and the job is due again (at once, or after a backoff for an outage);
+  grace period), the machine runs short of disk or memory in the middle of it, its worker
+  died and its lease ran out, or its work was about to leave for a provider when the lease was
+  no longer known to be held (castad_runtime.stage.fence: a frozen worker sends nothing). The
+  attempt is handed back (outcome `interrupted`), is not counted, and the job is due again (at
+  once, or after a backoff for an outage); claimed again, it sends its work under the same
+  submission key;
 - its claim is lost (its lease was taken over, its job moved on): the work is cancelled
   and nothing is recorded; whoever holds the job now records what becomes of it.
 An outcome is recorded with the events that announce it in one transaction, tried again
@@ -44,7 +47,7 @@ from opentelemetry import trace
 
 from castad_runtime import consumer, db, logs, outages, outbox, redact, telemetry
 from castad_runtime import metrics as metrics_
-from castad_runtime.stage import cancellation, errors, machine, quota, repository
+from castad_runtime.stage import cancellation, errors, fence, leases, machine, quota, repository
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ FREE_RATE_LIMITS = 20  # attempts a provider may turn away with "too many" befor
 # Error codes the runner gives itself: always label values of its metrics, never crowded out by a provider's.
 OWN_CODES = frozenset(
     {"attempt_timeout", "internal_error", "worker_stopped", "lease_expired", "outage", "poll_timeout"}
+    | {fence.LEASE_LOST}
     | {"provider_job_timeout", repository.CANCELED_CODE}
     | errors.CALL_FAILURES
 )
@@ -97,6 +101,7 @@ class Limits:
 class Claim:
     job: repository.Job
     span: trace.Span
+    lease_from: float  # on the leases' clock, at or before the claiming transaction began (its lease's start)
     claimed_at: float = dataclasses.field(default_factory=time.monotonic)
 
     def abandon(self) -> None:
@@ -157,6 +162,7 @@ class StageRunner:
         rng: random.Random | None = None,
         provider: str | None = None,
         metrics: metrics_.StageMetrics | None = None,
+        clock: leases.Clock = leases.clock,
     ) -> None:
         self.stage = stage
         self.engine = engine
@@ -170,7 +176,15 @@ class StageRunner:
         self.rng = rng or random.Random()
         self.metrics = metrics or metrics_.StageMetrics(metrics_.registry(), stage.value, OWN_CODES)
         self._active: dict[uuid.UUID, cancellation.Cancellation] = {}
-        self._leases = _Leases(engine, limits.lease_s, stage.value)
+        self._leases = leases.Leases(engine, limits.lease_s, stage.value, clock)
+        submitted = functools.partial(self.metrics.provider_submission, provider or "none")
+        self._fence = fence.Fence(
+            engine,
+            self._leases,
+            limits.lease_s * fence.MARGIN,
+            sent=functools.partial(submitted, "sent"),
+            fenced=functools.partial(submitted, "fenced"),
+        )
         self._lock = threading.Lock()
         self._interrupted = threading.Event()  # the service is stopping: running attempts were cancelled
         self._give_up = threading.Event()  # stop trying to record outcomes through an outage
@@ -282,12 +296,13 @@ class StageRunner:
         self._give_up.set()
 
     def claim_next(self) -> Claim | None:
+        began = self._leases.clock()
         with db.transaction(self.engine) as conn:
-            return self._claim_next_in(conn)
+            return self._claim_next_in(conn, began)
 
-    def _claim_next_in(self, conn: sa.Connection) -> Claim | None:
-        """The most overdue claimable job, claimed in the caller's transaction (see `claim_accepted` on a
-        transaction that does not commit)."""
+    def _claim_next_in(self, conn: sa.Connection, began: float) -> Claim | None:
+        """The most overdue claimable job, claimed in the caller's transaction, which began at `began` or after
+        (see `claim_accepted` on a transaction that does not commit)."""
         job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider)
         if isinstance(job, repository.QuotaWait):
             assert self.provider is not None
@@ -295,16 +310,20 @@ class StageRunner:
             return None
         if job is None:
             return None
-        return self._claimed(conn, job)
+        return self._claimed(conn, job, began)
 
-    def claim_accepted(self, conn: sa.Connection, pipeline_id: str) -> Claim | None:
+    def claim_accepted(self, conn: sa.Connection, pipeline_id: str, began: float) -> Claim | None:
         """In the trigger's transaction, once `accept` made its job due: claim it at once (not when a provider's
-        quota decides what may start). The claim holds only once the transaction committed; if it does
-        not, end the claim's span (`Claim.abandon`)."""
+        quota decides what may start). `began`: a time of `clock()` before that transaction began. The claim
+        holds only once the transaction committed; if it does not, end the claim's span (`Claim.abandon`)."""
         if not self.claims_at_trigger:
             return None
         job = repository.claim_pending(conn, pipeline_id, self.worker_id, self.limits.lease_s)
-        return None if job is None else self._claimed(conn, job)
+        return None if job is None else self._claimed(conn, job, began)
+
+    def clock(self) -> float:
+        """The time on the clock the leases are known by (see castad_runtime.stage.leases)."""
+        return self._leases.clock()
 
     @property
     def claims_at_trigger(self) -> bool:
@@ -318,7 +337,7 @@ class StageRunner:
             if self._record(claim.job, back)[0]:
                 self._count(back, claim.job.polling, 0.0)
 
-    def _claimed(self, conn: sa.Connection, job: repository.Job) -> Claim:
+    def _claimed(self, conn: sa.Connection, job: repository.Job, began: float) -> Claim:
         """The claim of `job` (its span), and its `started` event unless it goes on with a submitted attempt."""
         span = self.tracer.start_span(
             f"{self.stage.value} {'poll' if job.polling else 'attempt'}",
@@ -328,7 +347,7 @@ class StageRunner:
         if not job.polling:
             with trace.use_span(span):
                 self._emit(conn, job, "started", events.StageStarted, started_at=_now(), worker=self.worker_id)
-        return Claim(job, span)
+        return Claim(job, span, began)
 
     def execute(self, claim: Claim, claim_next: Callable[[], bool] = lambda: False) -> Ran:
         """Run the claimed attempt and record its outcome. Returns once its work has stopped (so a
@@ -340,7 +359,7 @@ class StageRunner:
         job = claim.job
         succeeded = False
         following: Claim | None = None
-        cancel = cancellation.Cancellation()
+        cancel = cancellation.Cancellation(before_leaving=functools.partial(self._fence.let_go, job))
         with self._lock:
             self._active[job.id] = cancel
         try:
@@ -349,7 +368,7 @@ class StageRunner:
                     log.debug("%s attempt %d: polling %s", self.stage.value, job.attempts, job.handle)
                 else:
                     log.info("%s attempt %d started", self.stage.value, job.attempts)
-                self._leases.hold(job, lambda: cancel.cancel(cancellation.Reason.SUPERSEDED))
+                self._leases.hold(job, lambda: cancel.cancel(cancellation.Reason.SUPERSEDED), claim.lease_from)
                 try:
                     worker, result = self._start_work(job, cancel)
                     ended = self._supervise(worker, cancel)
@@ -438,6 +457,9 @@ class StageRunner:
             return None
         error = result["error"]
         uncounted = job.attempts - 1 - job.counted_attempts  # earlier attempts handed back
+        if isinstance(error, fence.Fenced):  # its work did not leave: the machinery's failure
+            delay = self.limits.policy.delay_s(uncounted + 1, self.rng) if error.code == fence.OUTAGE else 0.0
+            return HandedBack(error.code, error.message, delay)
         if isinstance(error, errors.ProviderError) and error.code == errors.RATE_LIMITED and error.retryable:
             asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
             if uncounted < FREE_RATE_LIMITS:  # waiting for the provider is not the work failing...
@@ -459,11 +481,12 @@ class StageRunner:
 
         def write() -> tuple[bool, Claim | None]:
             following: Claim | None = None
+            began = self._leases.clock()
             try:
                 with db.transaction(self.engine) as conn:
                     recorded = self._write(conn, job, outcome)
                     if claim_next is not None and claim_next():
-                        following = self._claim_next_in(conn)
+                        following = self._claim_next_in(conn, began)
             except BaseException:
                 if following is not None:
                     following.abandon()
@@ -634,60 +657,3 @@ class StageRunner:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-class _Leases:
-    """The heartbeat of the attempts this process runs: their leases renewed every third of a lease, all in one
-    transaction, by one thread (started with the first attempt, ended by a turn that found none). An attempt
-    whose claim turns out to be lost (its lease was taken over, its job moved on) is told by its `on_lost`."""
-
-    def __init__(self, engine: sa.Engine, lease_s: float, name: str) -> None:
-        self.engine = engine
-        self.lease_s = lease_s
-        self.name = name
-        self._held: dict[uuid.UUID, tuple[repository.Job, Callable[[], None]]] = {}
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def hold(self, job: repository.Job, on_lost: Callable[[], None]) -> None:
-        """Renew this claim's lease from now on, until `release`."""
-        with self._lock:
-            self._held[job.id] = (job, on_lost)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"{self.name}-leases", daemon=True)
-                self._thread.start()
-
-    def release(self, job_id: uuid.UUID) -> None:
-        with self._lock:
-            self._held.pop(job_id, None)
-
-    def _loop(self) -> None:
-        failures = 0
-        while True:
-            time.sleep(self.lease_s / 3)
-            with self._lock:
-                held = dict(self._held)
-                if not held:
-                    self._thread = None  # the next `hold` starts another
-                    return
-            try:
-                with db.transaction(self.engine) as conn:
-                    renewed = repository.renew_leases(conn, [job for job, _ in held.values()], self.lease_s)
-            except Exception as error:
-                if not outages.is_outage(error):
-                    log.exception("heartbeat of %d attempts failed; trying again", len(held))
-                elif failures % outages.LOG_EVERY == 0:
-                    log.warning("heartbeat: outage (%s); trying again", redact.describe(error))
-                failures += 1
-                continue
-            failures = 0
-            for job_id, (job, on_lost) in held.items():
-                if job_id not in renewed:
-                    with self._lock:
-                        # Not an attempt recorded meanwhile, nor a new claim of the same job that took its place.
-                        still_held = self._held.get(job_id, (None,))[0] is job
-                        if still_held:
-                            del self._held[job_id]
-                    if still_held:
-                        log.warning("claim of job %s lost: its lease was taken over or the job moved on", job_id)
-                        on_lost()

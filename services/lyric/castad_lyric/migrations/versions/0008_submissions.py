@@ -1,0 +1,22 @@
+"""lyric service: what was sent to a provider: each attempt's submission and its key; reopened jobs.
+
+Expand only: a service of the previous version records no submissions and does not count reopens
+(its attempts show no submission; an operator retry it applies keeps the keys of the run before).
+
+Revision ID: 0008
+"""
+
+from castad_runtime import migration_ops
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    migration_ops.add_submissions_v8()
+
+
+def downgrade() -> None:
+    migration_ops.drop_submissions_v8()
