@@ -107,6 +107,17 @@ def commands() -> dict[str, str]:
     return result
 
 
+def replica(service: str, number: int) -> str:
+    """The process name of a service's replica: `lyric-2`."""
+    return f"{service}-{number}"
+
+
+def service_of(name: str) -> str:
+    """The service a process name runs: `lyric` for `lyric` and `lyric-2`."""
+    service, _, number = name.rpartition("-")
+    return service if service and number.isdigit() else name
+
+
 def stop_group(process: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
     """SIGTERM to the process's group (started with start_new_session), SIGKILL if it has not ended in time."""
     if process.poll() is not None:
@@ -120,7 +131,10 @@ def stop_group(process: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
 
 
 class Stack:
-    """Each service as its own process, started, stopped and killed one by one."""
+    """Each service as its own process, started, stopped and killed one by one.
+
+    A process is named by its service (`lyric`), or by a replica of it (`lyric-2`: the service's command
+    under a name of its own, with the environment it is given)."""
 
     def __init__(self, env: Mapping[str, str], log_dir: pathlib.Path) -> None:
         self.env = {**os.environ, "PYTHON": sys.executable, **env}
@@ -130,11 +144,12 @@ class Stack:
         self.commands = commands()
 
     def start(self, name: str, extra_env: Mapping[str, str] | None = None) -> None:
+        command = self.commands[name if name in self.commands else service_of(name)]
         with (self.log_dir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
             # `exec`: the service replaces the shell, so waiting for this process waits for the
             # service itself (a shell dies at once on SIGTERM and would leave it still stopping).
             self.processes[name] = subprocess.Popen(
-                f"exec {self.commands[name]}",
+                f"exec {command}",
                 shell=True,
                 env={**self.env, **(extra_env or {})},
                 stdout=log,
