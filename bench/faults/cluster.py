@@ -60,6 +60,7 @@ START_TIMEOUT_S = 90.0  # a node's boot, all three booting at once on two cores 
 STOP_TIMEOUT_S = 30.0
 COMMAND_TIMEOUT_S = 60.0
 POLL_S = 0.1
+JOIN_RETRY_S = 0.25
 
 
 class ClusterError(Exception):
@@ -133,7 +134,8 @@ class RabbitCluster:
     # -- the cluster as a whole
 
     def start(self) -> RabbitCluster:
-        """Boot every node at once, join the others to the first, wait until each answers AMQP."""
+        """Boot every node at once, each but the first joining the first as it boots; return once
+        every node answers AMQP and the first sees them all running."""
         _require_programs()
         started = time.monotonic()
         self._write_files()
@@ -142,21 +144,8 @@ class RabbitCluster:
             self._spawn(node)
         for node in self.nodes:
             self._wait_answering(node)
-        booted = time.monotonic()
-        first, *others = self.nodes
-        # One at a time: joining changes the cluster's schema, which two joins at once may both change.
-        for node in others:
-            self.rabbitmqctl("stop_app", node=node.name)
-            self.rabbitmqctl("join_cluster", first.name, node=node.name)
-            self.rabbitmqctl("start_app", node=node.name)
-            self._wait_answering(node)
-        self._wait_clustered(first)
-        log.info(
-            "rabbitmq: %d nodes booted in %.1f s, clustered in %.1f s",
-            len(self.nodes),
-            booted - started,
-            time.monotonic() - started,
-        )
+        self._wait_clustered(self.nodes[0])
+        log.info("rabbitmq: %d nodes clustered in %.1f s", len(self.nodes), time.monotonic() - started)
         return self
 
     def urls(self, user: str = "guest", password: str = "guest", vhost: str = "/") -> list[str]:
@@ -280,15 +269,34 @@ class RabbitCluster:
         cookie.chmod(0o400)  # Erlang refuses a cookie others may read
         (self.root / "data" / "enabled_plugins").write_text("[].\n")  # not the system's (management: port 15672)
         (self.root / "data" / "rabbitmq-env.conf").write_text("")  # not /etc/rabbitmq's (its NODENAME, ERL_FLAGS)
+        first = self.nodes[0]
         for node in self.nodes:
             node.data.mkdir(parents=True)
             node.logs.mkdir(parents=True)
-            # The classic format: a node reading it boots about 0.4 s sooner than with a rabbitmq.conf,
-            # which goes through cuttlefish's schemas first.
-            (node.data / "rabbitmq.config").write_text(
-                f'[{{rabbit, [{{tcp_listeners, [{{"{LOCALHOST}", {node.amqp_port}}}]}},'
-                " {log, [{console, [{enabled, false}]}]}]}].\n"
-            )
+            (node.data / "rabbitmq.config").write_text(self._config(node, join=node is not first))
+
+    def _config(self, node: RabbitNode, join: bool) -> str:
+        """The node's configuration, in the classic format (read about 0.4 s sooner than a rabbitmq.conf,
+        which goes through cuttlefish's schemas first).
+
+        A node to `join` names the first node as its peer: it joins it while it boots, the first time
+        (once it has a database of its own, a node rejoins its cluster by itself). Booting the three
+        at once and joining them afterwards (`rabbitmqctl stop_app`, `join_cluster`, `start_app`)
+        took 13.5 s here instead of 8.5 s, each start_app booting RabbitMQ's application again. A
+        joining node retries its peer until the first node's database runs, as long as a start may last.
+        """
+        settings = [
+            f'{{tcp_listeners, [{{"{LOCALHOST}", {node.amqp_port}}}]}}',
+            "{log, [{console, [{enabled, false}]}]}",  # the file in RABBITMQ_LOG_BASE is enough
+        ]
+        if join:
+            retries = int(self.timeout_s / JOIN_RETRY_S) + 1
+            settings += [
+                f"{{cluster_nodes, {{['{self.nodes[0].name}'], disc}}}}",
+                "{cluster_formation, ["
+                f"{{discovery_retry_limit, {retries}}}, {{discovery_retry_interval, {int(JOIN_RETRY_S * 1000)}}}]}}",
+            ]
+        return f"[{{rabbit, [{', '.join(settings)}]}}].\n"
 
     def _env(self, node: RabbitNode | None = None) -> dict[str, str]:
         """The environment of rabbitmqctl (no `node`) or of a node's server: nothing from /etc/rabbitmq."""
@@ -347,7 +355,9 @@ class RabbitCluster:
     def _wait_answering(self, node: RabbitNode) -> None:
         def answers() -> bool:
             if not node.running:
-                raise ClusterError(f"{node.name} exited while starting{_tail(node.log, node.logs / 'server.out')}")
+                # its output ends with why it stopped ("init terminating in do_boot ..."); the log, with what led there
+                output = node.logs / "server.out"
+                raise ClusterError(f"{node.name} exited while starting (its log: {node.log}){_tail(output, lines=6)}")
             return _answers_amqp(node.amqp_port)
 
         _wait_until(f"{node.name} answering AMQP on port {node.amqp_port}", answers, self.timeout_s, node.log)
@@ -762,5 +772,5 @@ def _tail(*paths: pathlib.Path | None, lines: int = 15) -> str:
     for path in paths:
         if path is not None and path.exists():
             with path.open(errors="replace") as text:
-                return f"; the end of {path}:\n" + "".join(collections.deque(text, maxlen=lines))
+                return f"\nthe end of {path}:\n" + "".join(collections.deque(text, maxlen=lines))
     return ""
