@@ -4,8 +4,8 @@ They run from Debian's packages beside the system's RabbitMQ and PostgreSQL, whi
 alone: their own ports (below the ephemeral range), node names, epmd, data directories and
 Erlang cookie. What a fault run or a test needs to lose a node and get it back:
 
-- `RabbitCluster`: `start()`, `urls()`, `grant()`, `kill(node)`, `stop(node)`, `start_node(node)`,
-  `leader_of(queue)`, `destroy()`;
+- `RabbitCluster`: `start()`, `urls()`, `grant(users)`, `add_user()`, `kill(node)`, `stop(node)`,
+  `start_node(node)`, `leader_of(queue)`, `rabbitmqctl()`, `destroy()`;
 - `PostgresPair`: `start()`, `url(database)`, `kill_primary()`, `stop_primary()`, `promote()`,
   `rebuild_standby()`, `destroy()`.
 
@@ -74,6 +74,8 @@ def missing() -> list[str]:
         pwd.getpwnam("postgres")
     except KeyError:
         absent.append("the postgres OS user")
+    if os.geteuid() != 0:
+        absent.append("root's rights (runuser, to run PostgreSQL as the postgres user)")
     return absent
 
 
