@@ -11,8 +11,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+import psycopg
 from castad_local import REPO_ROOT as REPO_ROOT  # the harness writes its results into the repository
-from castad_runtime import settings
+from castad_runtime import db, settings
 
 log = logging.getLogger("bench")
 
@@ -26,8 +27,8 @@ def database_url(name: str) -> str:
 
 
 def dsn(url: str) -> str:
-    """A libpq connection string from a SQLAlchemy URL."""
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+    """A libpq connection string from a SQLAlchemy URL (one host or several), as the services connect."""
+    return psycopg.conninfo.make_conninfo(**db.connect_kwargs(url))
 
 
 def admin_dsn() -> str:
@@ -44,12 +45,14 @@ class Cleanup:
         self._steps.append((what, step))
 
     def run(self) -> None:
+        """Run every step; a step that fails, or is interrupted (a second Ctrl-C, a SIGTERM while cleaning up),
+        does not keep the others from running: engines and services left behind would outlive the run."""
         while self._steps:
             what, step = self._steps.pop()
             try:
                 step()
-            except Exception as error:  # keep cleaning up the rest
-                print(f"bench: clean-up step {what!r} failed: {error}", file=sys.stderr)
+            except BaseException as error:  # keep cleaning up the rest
+                print(f"bench: clean-up step {what!r} failed: {error!r}", file=sys.stderr)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[Cleanup]:

@@ -10,6 +10,8 @@ recorded, and checks, for every pipeline the gateway accepted:
   stage, each artifact an event names on disk with its sha256 and size;
 - no stage started before its predecessor's `completed` event was written, and none after
   it recorded a cancel;
+- the broker routed each producer's events of a pipeline in the order they were written (as a
+  queue of the harness bound to every event saw them);
 - the gateway's projection agrees with what the stages recorded;
 - every outbox row was published but the one injected unroutable row, which is parked;
 - the dead letters are exactly the poison injected and the parked row, each with its reason,
@@ -59,7 +61,7 @@ class Snapshot:
     left_in_queue: list[tuple[bytes, dict[str, object]]]  # the dead-letter queue, which the gateway drains
 
 
-def collect(urls: Mapping[str, str], dead_letter_queue: str) -> Snapshot:
+def collect(urls: Mapping[str, str], dead_letter_queue: str, amqp_url: str) -> Snapshot:
     def rows(service: str, query: str) -> list[Row]:
         with psycopg.connect(common.dsn(urls[service]), row_factory=dict_row) as conn:
             return list(conn.execute(query))
@@ -80,7 +82,7 @@ def collect(urls: Mapping[str, str], dead_letter_queue: str) -> Snapshot:
         outbox={service: rows(service, "SELECT * FROM outbox ORDER BY id") for service in urls},
         inbox={service: rows(service, "SELECT * FROM inbox") for service in urls},
         dead_letters=rows("api", "SELECT * FROM dead_letters ORDER BY id"),
-        left_in_queue=injections.take_dead_letters(dead_letter_queue),
+        left_in_queue=injections.take_dead_letters(dead_letter_queue, amqp_url),
     )
 
 
@@ -92,6 +94,7 @@ class Expectations:
     last_fault_end: float  # wall clock
     settle_s: float
     artifacts_dir: pathlib.Path
+    routed: tuple[str, ...] = ()  # every event id the exchange routed, in the order it routed them
 
 
 def last_retries(snapshot: Snapshot) -> dict[str, float]:
@@ -133,6 +136,7 @@ class Checker:
         for pipeline_id, pipeline in self.s.pipelines.items():
             self.ended(pipeline_id, pipeline)
             self.stages_of(pipeline_id, pipeline)
+        self.in_order()
         self.no_orphan_jobs()
         self.outbox_published()
         self.dead_letters()
@@ -256,6 +260,27 @@ class Checker:
         if pipeline["error_code"] != job["last_error_code"]:
             self.fail(f"{pipeline_id}: FAILED with {pipeline['error_code']}, {stage} with {job['last_error_code']}")
 
+    def in_order(self) -> None:
+        """The events of a pipeline from one producer were routed by the broker in the order they were written,
+        whatever relay published them: the first time each was routed (copies that came later are dropped by
+        inboxes) never comes after a later event of the same pipeline and producer."""
+        written = {
+            str(row["event_id"]): (service, row["pipeline_id"], row["id"])
+            for service, rows in self.s.outbox.items()
+            for row in rows
+        }
+        latest: dict[tuple[str, str], int] = {}
+        seen: set[str] = set()
+        for event_id in self.expect.routed:
+            if event_id in seen or event_id not in written:
+                continue
+            seen.add(event_id)
+            producer, pipeline_id, position = written[event_id]
+            before = latest.get((producer, pipeline_id), 0)
+            if position < before:
+                self.fail(f"{pipeline_id}: {producer}'s event {event_id} routed after a later one of the pipeline")
+            latest[(producer, pipeline_id)] = max(before, position)
+
     def no_orphan_jobs(self) -> None:
         for stage in STAGES:
             orphans = set(self.s.jobs[stage]) - set(self.s.pipelines)
@@ -325,3 +350,68 @@ def first_after(times: Iterable[dt.datetime | None], moment: float) -> float | N
     """Seconds from `moment` (wall clock) to the first of `times` after it."""
     later = [t.timestamp() - moment for t in times if t is not None and t.timestamp() >= moment]
     return min(later) if later else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """When each part did work, by the records of the run: what a recovery and a takeover are measured by."""
+
+    handled: dict[str, list[dt.datetime]]  # service -> events handled, attempts started, requests accepted
+    published_from: dict[str, list[dt.datetime]]  # service -> its outbox rows published
+    job_attempts: dict[tuple[str, str], list[dt.datetime]]  # (stage, job id) -> its attempts' starts
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> Work:
+        handled = {service: [row["received_at"] for row in rows] for service, rows in snapshot.inbox.items()}
+        handled["api"] = handled["api"] + [row["created_at"] for row in snapshot.pipelines.values()]
+        job_attempts = {}
+        for stage in STAGES:
+            for job_id, attempts in snapshot.attempts[stage].items():
+                job_attempts[(stage, str(job_id))] = [a["started_at"] for a in attempts]
+                handled[stage] = handled[stage] + job_attempts[(stage, str(job_id))]
+        published_from = {
+            service: [row["published_at"] for row in rows if row["published_at"]]
+            for service, rows in snapshot.outbox.items()
+        }
+        return cls(handled, published_from, job_attempts)
+
+    @property
+    def published(self) -> list[dt.datetime]:
+        return [when for times in self.published_from.values() for when in times]
+
+    @property
+    def consumed(self) -> list[dt.datetime]:
+        return [when for times in self.handled.values() for when in times]
+
+    @property
+    def all(self) -> list[dt.datetime]:
+        return self.published + self.consumed
+
+    def attempts_of(self, stage: str, job_id: str) -> list[dt.datetime]:
+        return self.job_attempts.get((stage, job_id), [])
+
+
+def longest_pause(times: Iterable[dt.datetime], start: float, end: float) -> float:
+    """The longest stretch between `start` and `end` (wall clock) without any of `times`."""
+    inside = sorted(t.timestamp() for t in times if start <= t.timestamp() <= end)
+    edges = [start, *inside, end]
+    return max(later - earlier for earlier, later in zip(edges, edges[1:], strict=False))
+
+
+def submissions(snapshot: Snapshot, stage: str, start: float, end: float) -> str:
+    """What a network provider got from the jobs whose attempts started between `start` and `end`: submissions per
+    job, and how many counted attempts submitted more than once under one key (a job the provider may do twice)."""
+    per_job: list[int] = []
+    twice = 0
+    for attempts in snapshot.attempts[stage].values():
+        if not any(start <= a["started_at"].timestamp() <= end for a in attempts):
+            continue
+        sent = [a for a in attempts if a.get("submitted_at") is not None]
+        per_job.append(len(sent))
+        twice += sum(count > 1 for count in collections.Counter(a["submission_key"] for a in sent).values())
+    if not per_job:
+        return "no job"
+    return (
+        f"{len(per_job)} {stage} jobs: {sum(per_job) / len(per_job):.2f} submissions a job (at most {max(per_job)}),"
+        f" {twice} counted attempts submitted twice under one key"
+    )

@@ -36,7 +36,6 @@ import psycopg
 from castad_contracts import topology
 from castad_local import privileges, stack
 from psycopg import sql
-from sqlalchemy.engine import make_url
 
 log = logging.getLogger("bench.faults.cluster")
 
@@ -652,32 +651,6 @@ class PostgresPair:
         except (OSError, ValueError):
             return None
         return pid if _alive(pid) else None
-
-
-def conninfo(url: str) -> str:
-    """The libpq connection string of a SQLAlchemy URL, several hosts included
-    (`?host=h1:p1&host=h2:p2` becomes `host=h1,h2 port=p1,p2`)."""
-    parsed = make_url(url)
-    params: dict[str, str] = {}
-    for name, value in parsed.query.items():
-        if name != "host":
-            params[name] = value if isinstance(value, str) else value[-1]
-    hosts = parsed.query.get("host", ())
-    if hosts:
-        pairs = [entry.split(":", 1) + [""] for entry in ((hosts,) if isinstance(hosts, str) else hosts)]
-        params["host"] = ",".join(host for host, *_ in pairs)
-        params["port"] = ",".join(port for _, port, *_ in pairs)  # an empty one: the default
-    elif parsed.host:
-        params["host"] = parsed.host
-        if parsed.port:
-            params["port"] = str(parsed.port)
-    if parsed.username:
-        params["user"] = parsed.username
-    if parsed.password:
-        params["password"] = str(parsed.password)
-    if parsed.database:
-        params["dbname"] = parsed.database
-    return psycopg.conninfo.make_conninfo(**params)
 
 
 def _give_to_postgres(path: pathlib.Path) -> None:

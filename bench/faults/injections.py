@@ -17,6 +17,7 @@ from collections import deque
 import pika
 import psycopg
 from castad_contracts import topology
+from castad_runtime import amqp
 
 from bench import common
 
@@ -61,37 +62,61 @@ def poison_for(topo: topology.Topology) -> list[Poison]:
     return made
 
 
-def publish_poison(poison: list[Poison]) -> None:
-    with _channel() as channel:
+def publish_poison(poison: list[Poison], amqp_url: str) -> None:
+    with _channel(amqp_url) as channel:
         for each in poison:
             channel.basic_publish("", each.queue, each.body, pika.BasicProperties(delivery_mode=2), mandatory=True)
 
 
 class Tap:
-    """Keeps copies of the latest events routed by the exchange (a queue of its own bound to `#`)."""
+    """Sees every event the exchange routes to a service, in the order it routes them: a quorum queue of the
+    harness bound as every service's queue is, read for as long as the run lasts, across the loss of any node
+    (its consumer connects again, and what it had not acknowledged comes again). Keeps the ids in that order,
+    and copies of the latest `keep` events to send again (`republish`)."""
 
-    def __init__(self, exchange: str, keep: int) -> None:
-        self.exchange = exchange
-        self.connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
-        self.channel = self.connection.channel()
-        self.queue = self.channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
-        self.channel.queue_bind(self.queue, exchange, routing_key="#")
+    def __init__(self, topo: topology.Topology, queue: str, keep: int, amqp_url: str) -> None:
+        self.exchange = topo.exchange
+        self.queue = queue
+        self.amqp_url = amqp_url
         self.kept: deque[tuple[str, pika.BasicProperties, bytes]] = deque(maxlen=keep)
+        self.routed: list[str] = []  # message ids (the relay's: event ids), in the order the queue had them
+        with _channel(amqp_url) as channel:
+            channel.queue_declare(queue, durable=True, arguments={"x-queue-type": topology.QUEUE_TYPE})
+            # What the services subscribe to, no more: an event no service takes must stay unroutable.
+            for key in {key for service in topo.services for key in topo.bindings(service)}:
+                channel.queue_bind(queue, self.exchange, routing_key=key)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tap", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        for method, properties, body in self.channel.consume(self.queue, auto_ack=True, inactivity_timeout=0.2):
-            if method is not None:
+        while not self._stop.is_set():
+            try:
+                self._consume()
+            except pika.exceptions.AMQPError:
+                self._stop.wait(0.5)  # its node went: the next one
+
+    def _consume(self) -> None:
+        connection = amqp.blocking_connection(self.amqp_url)
+        try:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=200)
+            for method, properties, body in channel.consume(self.queue, inactivity_timeout=0.2):
+                if self._stop.is_set():
+                    return
+                if method is None:
+                    continue
+                self.routed.append(str(properties.message_id))
                 self.kept.append((method.routing_key, properties, body))
-            if self._stop.is_set():
-                return
+                channel.basic_ack(method.delivery_tag)
+        finally:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()
 
     def republish(self) -> int:
         """Send every kept event again, as a redelivery would bring it: the same id, body and routing."""
         copies = list(self.kept)
-        with _channel() as channel:
+        with _channel(self.amqp_url) as channel:
             for routing_key, properties, body in copies:
                 channel.basic_publish(self.exchange, routing_key, body, properties)
         return len(copies)
@@ -99,8 +124,8 @@ class Tap:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        with contextlib.suppress(pika.exceptions.AMQPError):
-            self.connection.close()
+        with contextlib.suppress(pika.exceptions.AMQPError), _channel(self.amqp_url) as channel:
+            channel.queue_delete(self.queue)
 
 
 def add_unroutable_row(api_database_url: str) -> str:
@@ -126,10 +151,10 @@ def add_unroutable_row(api_database_url: str) -> str:
     return event_id
 
 
-def take_dead_letters(queue: str) -> list[tuple[bytes, dict[str, object]]]:
+def take_dead_letters(queue: str, amqp_url: str) -> list[tuple[bytes, dict[str, object]]]:
     """Every message in the dead-letter queue (removed from it), with its headers."""
     taken: list[tuple[bytes, dict[str, object]]] = []
-    with _channel() as channel:
+    with _channel(amqp_url) as channel:
         while True:
             method, properties, body = channel.basic_get(queue, auto_ack=True)
             if method is None:
@@ -138,10 +163,13 @@ def take_dead_letters(queue: str) -> list[tuple[bytes, dict[str, object]]]:
 
 
 class _channel:
-    """A confirm-mode channel on a connection of its own, straight to the broker (not through the proxy)."""
+    """A confirm-mode channel on a connection of its own, straight to the broker (not through the proxies)."""
+
+    def __init__(self, amqp_url: str) -> None:
+        self.amqp_url = amqp_url
 
     def __enter__(self) -> pika.adapters.blocking_connection.BlockingChannel:
-        self.connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+        self.connection = amqp.blocking_connection(self.amqp_url)
         channel = self.connection.channel()
         channel.confirm_delivery()
         return channel
@@ -178,3 +206,21 @@ def pipeline_of(pid: int) -> str | None:
         if path.name.startswith(".video.attempt"):
             return path.parent.name
     return None
+
+
+def song_seconds_of(pid: int) -> float:
+    """About how long the song an ffmpeg process renders lasts, by its size (the music API's MP3s take about 8 KB a
+    second, a WAV 88 KB); 0 when its song is not to be found."""
+    try:
+        arguments = (pathlib.Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return 0.0
+    inputs = [arguments[i + 1] for i, argument in enumerate(arguments[:-1]) if argument == b"-i"]
+    for argument in inputs:
+        path = pathlib.Path(argument.decode(errors="replace"))
+        if path.suffix in (".mp3", ".wav"):
+            try:
+                return path.stat().st_size / (8_000 if path.suffix == ".mp3" else 88_200)
+            except OSError:
+                return 0.0
+    return 0.0

@@ -11,12 +11,18 @@ import contextlib
 from collections.abc import Iterator
 
 import sqlalchemy as sa
+from castad_runtime import db
 from sqlalchemy.engine import make_url
 
 
 def _admin(database_url: str) -> tuple[sa.Engine, str]:
     url = make_url(database_url)
-    engine = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(
+        url.set(database="postgres"),
+        isolation_level="AUTOCOMMIT",
+        poolclass=sa.pool.NullPool,
+        connect_args=db.connect_args(database_url),  # the primary, where the database has a standby
+    )
     return engine, url.database or ""
 
 

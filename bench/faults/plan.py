@@ -1,9 +1,11 @@
 """What a fault run does: how much traffic, how long each fault lasts, how the services are set.
 
 `FULL` is `make faults`; `SHORT` is the version `make test` runs (every fault kind once,
-outages shortened). The services run with local providers (real lyrics, WAV and MP4, at
-a small size) behind the fault injector, and with settings that make retries and leases
-quick, so that a run takes minutes, not hours.
+outages shortened). Every service runs in `REPLICAS` processes on a three-node RabbitMQ
+cluster and a PostgreSQL primary with a synchronous standby. The lyric and video stages run
+their local providers (real lyrics and MP4, at a small size), the song stage a music API (the
+fake sunoapi.org server, submit then poll), each behind the fault injector, with settings that
+make retries and leases quick, so that a run takes minutes, not hours.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class Plan:
     quiet_pipelines: int  # submitted while a row is parked and nothing else is injected: handoffs measured
     duplicates: int  # real messages republished as duplicates
     operator_interval_s: float  # an operator cancels a recent pipeline or retries an ended one this often
+    node_down_s: float  # a RabbitMQ node killed, or stopped, stays down this long
+    relay_freeze_s: float  # the relay that leads the gateway's outbox is stopped (SIGSTOP) this long
+    failover_after_s: float  # a killed PostgreSQL primary: its standby is promoted this long after
 
 
 SHORT = Plan(
@@ -38,6 +43,9 @@ SHORT = Plan(
     quiet_pipelines=40,
     duplicates=20,
     operator_interval_s=3.0,
+    node_down_s=10.0,
+    relay_freeze_s=20.0,
+    failover_after_s=3.0,
 )
 
 FULL = Plan(
@@ -52,6 +60,9 @@ FULL = Plan(
     quiet_pipelines=100,
     duplicates=100,
     operator_interval_s=6.0,
+    node_down_s=30.0,
+    relay_freeze_s=60.0,
+    failover_after_s=5.0,
 )
 
 STAGES = ("lyric", "song", "video")
@@ -60,9 +71,18 @@ PIPELINE_DEADLINE_S = 900.0  # a safety net: no pipeline of a run should need it
 VIDEO_STOP_GRACE_S = 0.5
 VIDEO_ATTEMPT_TIMEOUT_S = 30.0  # long renders of the SIGTERM fault must fit; hangs are cancelled at it
 RELAY_MAX_PUBLISH_ATTEMPTS = 4
+REPLICAS = 2  # processes of every service
+LEASE_S = 3.0  # a stage's lease: a replica frozen longer loses its attempt to the other
+RELAY_LEASE_S = 6.0  # the relay's lease of an outbox (its default)
+STAGE_FREEZE_S = 10.0  # a stage replica stopped mid-attempt this long (over three leases)
+SONG_S = 2.0  # the music API's time to finish a song
+# Takeover bounds: from the fault to work done again by another replica, node or host.
+RELAY_TAKEOVER_S = 10.0
+NODE_TAKEOVER_S = 10.0
+FAILOVER_TAKEOVER_S = 15.0  # from the promotion
 
 
-def service_settings() -> dict[str, str]:
+def service_settings(music_api_url: str, music_api_key: str) -> dict[str, str]:
     """Every service's CASTAD_* settings in a fault run, besides where its databases and broker are."""
     stage_settings = {
         "FAULT_FAILURE_RATE": "0.3",  # retryable
@@ -72,7 +92,7 @@ def service_settings() -> dict[str, str]:
         "MAX_ATTEMPTS": "12",
         "BACKOFF_BASE_S": "0.05",
         "BACKOFF_MAX_S": "1",
-        "LEASE_S": "3",
+        "LEASE_S": str(LEASE_S),
         "POLL_S": "0.2",
         "CONCURRENCY": "4",
         "STOP_GRACE_S": "2",
@@ -89,7 +109,16 @@ def service_settings() -> dict[str, str]:
         "CASTAD_RELAY_PUBLISH_BACKOFF_MAX_S": "2",
         "CASTAD_RELAY_CONFIRM_TIMEOUT_S": "5",
         "CASTAD_RELAY_MAX_PUBLISH_ATTEMPTS": str(RELAY_MAX_PUBLISH_ATTEMPTS),
+        "CASTAD_RELAY_LEASE_S": str(RELAY_LEASE_S),
         **{f"CASTAD_{stage.upper()}_{name}": value for stage in STAGES for name, value in stage_settings.items()},
+        "CASTAD_SONG_PROVIDER": "suno",
+        "CASTAD_SONG_SUNO_BASE_URL": music_api_url,
+        "CASTAD_SONG_SUNO_API_KEY": music_api_key,
+        "CASTAD_SONG_POLL_FIRST_S": "1",
+        "CASTAD_SONG_POLL_MAX_S": "2",
+        "CASTAD_SONG_PROVIDER_GIVE_UP_S": "60",
+        "CASTAD_SONG_QUOTA_RATE_PER_S": "50",
+        "CASTAD_SONG_QUOTA_BURST": "50",
         "CASTAD_VIDEO_STOP_GRACE_S": str(VIDEO_STOP_GRACE_S),
         "CASTAD_VIDEO_ATTEMPT_TIMEOUT_S": str(VIDEO_ATTEMPT_TIMEOUT_S),
     }

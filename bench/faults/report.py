@@ -35,10 +35,14 @@ def render(result: run.Result) -> str:
         f" {chosen.rate_per_s:g} briefs/s while faults run |",
         f"| date | {started}, {(result.finished - result.started) / 60:.1f} min in all |",
         f"| machine | {os.cpu_count()} cores, {machine.cpu_model()}; Python {platform.python_version()} |",
-        "| services | api, relay, lyric, song, video, each its own process; local providers (real lyrics, WAV and"
-        " 144p MP4); RabbitMQ reached through the harness's TCP proxy |",
+        f"| services | api, relay, lyric, song, video: {plan.REPLICAS} processes of each; local providers for lyrics"
+        " (real lyrics) and video (144p MP4), the fake sunoapi.org music API for songs (submit, then poll) |",
+        "| engines | a 3-node RabbitMQ cluster (Debian's rabbitmq-server, quorum queues), each node reached"
+        " through a TCP proxy of the harness; a PostgreSQL primary with a synchronous standby (Debian's"
+        " postgresql), every service's database on it |",
         "| injected by settings | every stage: 30% of provider calls fail retryably, 1% fail for good, 2% hang until"
         f" the attempt timeout cancels them (4 s, video {plan.VIDEO_ATTEMPT_TIMEOUT_S:g} s); 12 attempts at most |",
+        f"| leases | stage attempts {plan.LEASE_S:g} s, the relay's {plan.RELAY_LEASE_S:g} s |",
         "",
         "## Verdict",
         "",
@@ -87,6 +91,7 @@ def render(result: run.Result) -> str:
             f"| {number} | {fault.kind} | {fault.target} | {_seconds(fault.ended - fault.started)} |"
             f" {_seconds(fault.recovered_s)} | {fault.detail} |"
         )
+    lines += _node_losses(result)
     kinds = ", ".join(f"{kind} ×{count}" for kind, count in run.kinds(result.faults).items())
     acted = {(a.kind, a.answer): 0 for a in result.actions}
     for action in result.actions:
@@ -100,7 +105,8 @@ def render(result: run.Result) -> str:
         f"Besides: {kinds}; {len(result.poison)} poison messages into the four service queues"
         f" ({', '.join(f'{kind} ×{count}' for kind, count in by_kind.items())}; a newer version is held"
         f" {plan.HOLD_EVENTS_S:g} s, then dead-lettered);"
-        f" {result.duplicates} real events published a second time;"
+        f" {result.duplicates} real events published a second time (the inboxes dropped {result.dropped:.0f} events"
+        " as seen before over the whole run, these copies among them);"
         f" one outbox row of type `{injections.PROBE_TYPE}`, which no queue is bound to (parked after"
         f" {plan.RELAY_MAX_PUBLISH_ATTEMPTS} refusals). An operator acted at random every"
         f" {chosen.operator_interval_s:g} s, cancelling a recent pipeline or retrying an ended one"
@@ -117,6 +123,7 @@ def render(result: run.Result) -> str:
     ]
     for stage, counts in figures["attempts"].items():
         lines.append(f"| {stage} | {', '.join(f'{what}: {count}' for what, count in counts.items())} |")
+    lines += ["", f"What the music API got, over the whole run: {figures['submissions']}."]
     lines += [
         "",
         "## Handoffs while a row is parked",
@@ -135,3 +142,29 @@ def render(result: run.Result) -> str:
         )
     lines += ["", f"Target: stage handoff p99 under {run.HANDOFF_P99_MS:g} ms.", ""]
     return "\n".join(lines)
+
+
+def _node_losses(result: run.Result) -> list[str]:
+    losses = [fault for fault in result.faults if fault.takeover_bound_s is not None]
+    lines = [
+        "",
+        "### The loss of a node",
+        "",
+        "Taken over = from the fault (the promotion, for PostgreSQL) to work done elsewhere: by another relay"
+        " (a row of the frozen leader's outbox published), by another stage replica (the frozen attempt's job"
+        " attempted again), by every service again (a node lost, a failover). Longest pause = the longest"
+        " stretch without any work (a row published, an event handled, an attempt started) from the fault until"
+        " work resumed after it. Dropped = events inboxes saw again and dropped, from the fault until four"
+        " seconds after work resumed. Music API = the song jobs attempted in that window.",
+        "",
+        "| fault | target | lasted | taken over (bound) | longest pause | dropped by inboxes | music API | detail |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for fault in losses:
+        dropped = "—" if fault.duplicates is None else f"{fault.duplicates:.0f}"
+        lines.append(
+            f"| {fault.kind} | {fault.target} | {_seconds(fault.ended - fault.started)} |"
+            f" {_seconds(fault.takeover_s)} ({fault.takeover_bound_s:g} s) | {_seconds(fault.paused_s)} |"
+            f" {dropped} | {fault.submissions} | {fault.detail} |"
+        )
+    return lines

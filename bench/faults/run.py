@@ -1,9 +1,12 @@
-"""A fault run: the five services under steady traffic, faults injected one after another, then the checker.
+"""A fault run: the services in replicas on clustered engines under steady traffic, faults injected one after
+another, then the checker.
 
-Everything runs in databases, a namespace and a directory of its own (`castad_faults_<run>_*`,
-`faults-<run>`, var/faults/<run>), removed at the end; traffic goes to 127.0.0.1 only. The
-services reach RabbitMQ through a TCP proxy of the harness, so that the broker can be cut,
-stalled or partitioned from them while it keeps running for everything else.
+What runs where: `deployment.Deployment`. Faults, in order: kill -9 of a replica of each service,
+SIGTERM to the video stage mid-render, poison messages and copies of real events, an outage of
+each service's database, the broker's network cut, stalled and partitioned, then the loss of a
+node: kill -9 of the RabbitMQ node that leads the queues, a graceful stop of another, a freeze
+(SIGSTOP) of the relay that leads the gateway's outbox, a freeze of a stage replica mid-attempt
+for longer than its lease, kill -9 of the PostgreSQL primary and the promotion of its standby.
 
 `python -m bench.faults [--short]` runs FULL (or SHORT) and writes FAULTS.md.
 """
@@ -11,34 +14,29 @@ stalled or partitioned from them while it keeps running for everything else.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import os
 import pathlib
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
-from castad_api import keys
-from castad_contracts import topology
-from castad_local import access
-from castad_local import stack as stack_
-from castad_runtime import messaging, migrations
+from castad_local.fakes import suno
 
 from bench import common, latency
 from bench.castad_bench import CHAIN, COMMIT_CLOCK
-from bench.faults import checker, injections, outage, plan, proxy, traffic
+from bench.faults import checker, counters, deployment, injections, outage, plan, traffic
 
 log = logging.getLogger("bench.faults")
-SERVICES = ("api", "lyric", "song", "video")
-PROCESSES = ("lyric", "song", "video", "api", "relay")
+SERVICES = deployment.SERVICES
+PROCESSES = deployment.PROCESSES
 QUIET_AFTER_FAULT_S = 4.0  # traffic alone between two faults
 DOWN_AFTER_KILL_S = 1.0
-LONG_BRIEF_S = 60  # a song this long keeps ffmpeg busy long enough to be caught mid-render
+LONG_SONG_S = 60.0  # a song this long keeps ffmpeg busy long enough to be caught mid-render
 HANDOFF_P99_MS = 50.0  # the promise for pipelines no fault touches, while a row is parked
+NODE_LOSS = ("rabbitmq node killed", "rabbitmq node stopped", "relay leader frozen", "stage replica frozen")
+FAILOVER = "postgresql failover"
 
 
 @dataclasses.dataclass
@@ -49,6 +47,13 @@ class Fault:
     ended: float = 0.0
     detail: str = ""
     recovered_s: float | None = None
+    # The loss of a node: how soon another replica, node or host took over, and against what bound;
+    # the longest pause of all work meanwhile; events the inboxes dropped as seen before.
+    takeover_s: float | None = None
+    takeover_bound_s: float | None = None
+    paused_s: float | None = None
+    duplicates: float | None = None
+    submissions: str = ""
 
 
 @dataclasses.dataclass
@@ -64,6 +69,7 @@ class Result:
     snapshot: checker.Snapshot
     handoffs_ms: dict[str, latency.Summary]
     duplicates: int
+    dropped: float  # events the inboxes dropped as seen before, over the whole run
     poison: list[injections.Poison]
     actions: list[traffic.Action]
 
@@ -76,81 +82,76 @@ class FaultRun:
     def __init__(self, chosen: plan.Plan, workdir: pathlib.Path, cleanup: common.Cleanup, keep: bool = False) -> None:
         self.plan = chosen
         self.cleanup = cleanup
-        self.keep = keep  # leave the databases, queues and files for a look afterwards
-        self.workdir = workdir
-        self.namespace = f"faults-{common.RUN_ID}"
-        self.topology = topology.Topology(self.namespace)
-        self.urls = {svc: common.database_url(f"castad_faults_{common.RUN_ID}_{svc}") for svc in SERVICES}
-        self.artifacts_dir = workdir / "artifacts"
-        self.port = stack_.free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.deployment = deployment.Deployment(workdir, cleanup, keep)
+        self.stack = self.deployment.stack
+        self.topology = self.deployment.topology
+        self.urls = self.deployment.urls
         self.faults: list[Fault] = []
-        self.proxy = proxy.TcpProxy(proxy.address_of(common.AMQP_URL))
-        self.stack = stack_.Stack(self.env(proxy.through(common.AMQP_URL, self.proxy.port)), workdir / "logs")
+        self.counters = counters.Counters(self.deployment.metrics_endpoints)
         self.sigterm: tuple[str, list[int]] = ("", [])  # the pipeline whose render was stopped, surviving ffmpegs
-        self.api_key = ""  # an admin key, made with the databases
-
-    def env(self, amqp_url: str) -> dict[str, str]:
-        return {
-            **plan.service_settings(),
-            "CASTAD_AMQP_URL": amqp_url,
-            "CASTAD_NAMESPACE": self.namespace,
-            "CASTAD_ARTIFACTS_DIR": str(self.artifacts_dir),
-            "CASTAD_RELAY_SOURCES": ",".join(self.urls.values()),
-            "CASTAD_API_PORT": str(self.port),
-            **{f"CASTAD_{svc.upper()}_DATABASE_URL": url for svc, url in self.urls.items()},
-        }
+        self.frozen_job = ("", "")  # the stage and job whose attempt a frozen replica held
 
     def run(self) -> Result:
         started = time.time()
-        self._setup()
-        tap = injections.Tap(self.topology.exchange, keep=self.plan.duplicates)
+        self.deployment.start()
+        self.counters.start()
+        self.cleanup.push("stop counting", self.counters.stop)
+        tap = injections.Tap(
+            self.topology, f"{self.topology.namespace}.tap", self.plan.duplicates, self.deployment.amqp_url
+        )
         self.cleanup.push("close tap", tap.close)
         submitter = traffic.Submitter(
-            self.base_url, self.plan.rate_per_s, f"faults-{common.RUN_ID}", self.api_key
+            self.deployment.gateways, self.plan.rate_per_s, f"faults-{common.RUN_ID}", self.deployment.api_key
         ).start()
         self.cleanup.push("stop traffic", submitter.stop)
-        operator = traffic.Operator(self.base_url, submitter, self.plan.operator_interval_s).start()
+        operator = traffic.Operator(submitter, self.plan.operator_interval_s).start()
         self.cleanup.push("stop the operator", operator.stop)
         time.sleep(2 * QUIET_AFTER_FAULT_S)
 
-        for name in PROCESSES:
-            self._kill_and_restart(name)
-        self._stop_video_mid_render(submitter)
+        for service in PROCESSES:
+            self._kill_and_restart(deployment.Deployment.names(service)[0])
+        self._stop_video_mid_render()
         poison = injections.poison_for(self.topology)
-        injections.publish_poison(poison)
+        injections.publish_poison(poison, self.deployment.amqp_url)
         duplicates = tap.republish()
         log.info("faults: %d poison messages and %d duplicates sent", len(poison), duplicates)
         for service in SERVICES:
             self._database_outage(service)
-        self._broker("connections cut", self.proxy.cut, self.plan.broker_cut_s)
-        self._broker("connections stalled", self.proxy.hold, self.plan.broker_stall_s)
+        self._broker("connections cut", "cut", self.plan.broker_cut_s)
+        self._broker("connections stalled", "hold", self.plan.broker_stall_s)
         if self.plan.partition_s:
-            self._broker("network partition", self.proxy.blackhole, self.plan.partition_s)
+            self._broker("network partition", "blackhole", self.plan.partition_s)
+        leader = self._lose_the_queues_leader()
+        self._stop_a_node(other_than=leader)
+        self._freeze_the_relay_leader()
+        self._freeze_a_stage_replica_mid_attempt()
+        self._fail_over_postgresql()
         while len(submitter.accepted) < self.plan.pipelines:
             time.sleep(1)
         operator.stop()
         submitter.stop()
-        tap.close()
 
         accepted = list(submitter.accepted)
         self._wait_terminal({a.pipeline_id for a in accepted}, self.faults[-1].ended + self.plan.settle_s)
         probe = injections.add_unroutable_row(self.urls["api"])
         self._wait_parked(probe)
         quiet = self._quiet_phase()
+        tap.close()
 
-        snapshot = checker.collect(self.urls, self.topology.dead_letter_queue)
+        snapshot = checker.collect(self.urls, self.topology.dead_letter_queue, self.deployment.amqp_url)
         expect = checker.Expectations(
             accepted=frozenset(a.pipeline_id for a in accepted + quiet),
             poison=tuple(poison),
             unroutable_event_id=probe,
             last_fault_end=self.faults[-1].ended,
             settle_s=self.plan.settle_s,
-            artifacts_dir=self.artifacts_dir,
+            artifacts_dir=self.deployment.artifacts_dir,
+            routed=tuple(tap.routed),
         )
         findings = checker.Checker(snapshot, expect).run()
         findings += self._stopped_render(snapshot)
         self._recovery(snapshot)
+        findings += self._takeovers(snapshot)
         handoffs = self._handoffs({a.pipeline_id for a in quiet})
         if handoffs["stage handoff"]["p99"] > HANDOFF_P99_MS:
             findings.append(f"handoff p99 {handoffs['stage handoff']['p99']:.1f} ms while a row was parked")
@@ -166,35 +167,25 @@ class FaultRun:
             snapshot=snapshot,
             handoffs_ms=handoffs,
             duplicates=duplicates,
+            dropped=self.counters.total(counters.DUPLICATES, time.time()),
             poison=poison,
             actions=list(operator.actions),
         )
 
-    # -- set-up ---------------------------------------------------------------------------------
-
-    def _setup(self) -> None:
-        if not self.keep:
-            for url in self.urls.values():
-                self.cleanup.push(f"drop {url.rsplit('/', 1)[-1]}", functools.partial(migrations.drop_database, url))
-            self.cleanup.push("delete topology", lambda: messaging.delete_topology(common.AMQP_URL, self.topology))
-            self.cleanup.push("remove artifacts", lambda: shutil.rmtree(self.artifacts_dir, ignore_errors=True))
-        for line in stack_.prepare(self.env(common.AMQP_URL)):
-            log.info("faults: %s", line)
-        self.api_key = access.create_key(
-            "faults", frozenset(keys.Scope), "the fault harness", self.env(common.AMQP_URL)
-        )
-        self.proxy.start()
-        self.cleanup.push("stop proxy", self.proxy.stop)
-        self.cleanup.push("stop services", self.stack.stop_all)
-        self.stack.start_all()
-        self.stack.wait_ready(self.base_url, timeout_s=120)
-
     # -- faults ---------------------------------------------------------------------------------
 
     def _record(
-        self, kind: str, target: str, inject: Callable[[], None], last_s: float, heal: Callable[[], None]
+        self,
+        kind: str,
+        target: str,
+        inject: Callable[[], object],
+        last_s: float,
+        heal: Callable[[], object],
+        *,
+        detail: str = "",
+        takeover_bound_s: float | None = None,
     ) -> Fault:
-        fault = Fault(kind, target, time.time())
+        fault = Fault(kind, target, time.time(), detail=detail, takeover_bound_s=takeover_bound_s)
         log.info("faults: %s of %s", kind, target)
         inject()
         time.sleep(last_s)
@@ -204,35 +195,40 @@ class FaultRun:
         time.sleep(QUIET_AFTER_FAULT_S)
         return fault
 
+    def _restart(self, name: str) -> None:
+        self.deployment.start_process(name)
+        self.counters.restarted(name)
+        self.deployment.wait_ready(name)
+
     def _kill_and_restart(self, name: str) -> None:
-        def restart() -> None:
-            self.stack.start(name)
-            if name == "api":
-                self.stack.wait_ready(self.base_url, timeout_s=60)
+        self._record("kill -9", name, lambda: self.stack.kill(name), DOWN_AFTER_KILL_S, lambda: self._restart(name))
 
-        self._record("kill -9", name, lambda: self.stack.kill(name), DOWN_AFTER_KILL_S, restart)
-
-    def _stop_video_mid_render(self, submitter: traffic.Submitter) -> None:
-        """SIGTERM to the video service's process group while its ffmpeg renders a long song."""
-        long_ones = {submitter.submit(duration_s=LONG_BRIEF_S).pipeline_id for _ in range(3)}
-        video = self.stack.processes["video"]
+    def _stop_video_mid_render(self) -> None:
+        """SIGTERM to a video replica's process group while its ffmpeg renders a long song (the music API makes
+        the next ten songs last LONG_SONG_S: some fail their attempts, as every provider call may)."""
+        self.deployment.music.plan(*[suno.Plan(audio_s=LONG_SONG_S)] * 10)
         deadline = time.monotonic() + 300
         while True:
-            rendering = [
-                pid for pid in injections.ffmpeg_children(video.pid) if injections.pipeline_of(pid) in long_ones
+            long = [
+                (name, pid, pipeline_id)
+                for name, pid in self.deployment.ffmpeg_renders()
+                if injections.song_seconds_of(pid) > LONG_SONG_S / 4
+                and (pipeline_id := injections.pipeline_of(pid)) is not None
             ]
-            if rendering:
+            if long:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError("no long render seen within 300 s")
             time.sleep(0.02)
-        pipeline_id = injections.pipeline_of(rendering[0]) or ""
-        fault = Fault("SIGTERM mid-render", "video", time.time())
-        self.stack.signal("video", signal.SIGTERM)
+        name, _, pipeline_id = long[0]
+        fault = Fault("SIGTERM mid-render", name, time.time())
+        video = self.stack.processes[name]
+        self.stack.signal(name, signal.SIGTERM)
         video.wait(60)
-        self.stack.processes.pop("video")
-        self.sigterm = (pipeline_id, [pid for pid in rendering if _alive(pid)])
-        self.stack.start("video")
+        self.stack.processes.pop(name)
+        survivors = [pid for replica, pid, _ in long if replica == name and deployment.alive(pid)]
+        self.sigterm = (pipeline_id, survivors)
+        self._restart(name)
         fault.ended = time.time()
         self.faults.append(fault)
         time.sleep(QUIET_AFTER_FAULT_S)
@@ -240,15 +236,112 @@ class FaultRun:
     def _database_outage(self, service: str) -> None:
         url = self.urls[service]
         self._record(
-            "database outage",
-            service,
-            lambda: outage.block(url),
-            self.plan.outage_s,
-            lambda: outage.unblock(url),
+            "database outage", service, lambda: outage.block(url), self.plan.outage_s, lambda: outage.unblock(url)
         )
 
-    def _broker(self, kind: str, inject: Callable[[], None], last_s: float) -> None:
-        self._record(kind, "broker", inject, last_s, self.proxy.restore)
+    def _broker(self, kind: str, how: str, last_s: float) -> None:
+        proxies = self.deployment.proxies
+
+        def inject() -> None:
+            for each in proxies:
+                getattr(each, how)()
+
+        def heal() -> None:
+            for each in proxies:
+                each.restore()
+
+        self._record(kind, "broker", inject, last_s, heal)
+
+    def _lose_the_queues_leader(self) -> str:
+        """kill -9 of the RabbitMQ node that leads the lyric stage's queue, back after `node_down_s`."""
+        rabbitmq = self.deployment.rabbitmq
+        node = rabbitmq.leader_of(self.topology.queue("lyric"))
+        self._record(
+            "rabbitmq node killed",
+            node,
+            lambda: rabbitmq.kill(node),
+            self.plan.node_down_s,
+            lambda: rabbitmq.start_node(node),
+            detail=f"leader of {self.topology.queue('lyric')}",
+            takeover_bound_s=plan.NODE_TAKEOVER_S,
+        )
+        return node
+
+    def _stop_a_node(self, other_than: str) -> None:
+        """A graceful stop (`rabbitmqctl stop`) of another node, back after `node_down_s`."""
+        rabbitmq = self.deployment.rabbitmq
+        node = next(each.name for each in rabbitmq.nodes if each.name != other_than)
+        self._record(
+            "rabbitmq node stopped",
+            node,
+            lambda: rabbitmq.stop(node),
+            self.plan.node_down_s,
+            lambda: rabbitmq.start_node(node),
+            takeover_bound_s=plan.NODE_TAKEOVER_S,
+        )
+
+    def _freeze_the_relay_leader(self) -> None:
+        """SIGSTOP of the relay that leads the gateway's outbox, SIGCONT after `relay_freeze_s`."""
+        with psycopg.connect(common.dsn(self.urls["api"])) as conn:
+            row = conn.execute("SELECT holder, term FROM outbox_leader").fetchone()
+        if row is None:
+            raise RuntimeError("no relay leads the gateway's outbox")
+        name = self.deployment.process_of(row[0])
+        self._record(
+            "relay leader frozen",
+            name,
+            lambda: self.stack.signal(name, signal.SIGSTOP),
+            self.plan.relay_freeze_s,
+            lambda: self.stack.signal(name, signal.SIGCONT),
+            detail=f"leader of the gateway's outbox, term {row[1]}",
+            takeover_bound_s=plan.RELAY_TAKEOVER_S,
+        )
+
+    def _freeze_a_stage_replica_mid_attempt(self) -> None:
+        """SIGSTOP of a stage replica while it runs an attempt, for longer than its lease; then SIGCONT."""
+        stage, job_id, worker = self._running_attempt()
+        name = self.deployment.process_of(worker)
+        self.frozen_job = (stage, job_id)
+        self._record(
+            "stage replica frozen",
+            name,
+            lambda: self.stack.signal(name, signal.SIGSTOP),
+            plan.STAGE_FREEZE_S,
+            lambda: self.stack.signal(name, signal.SIGCONT),
+            detail=f"{stage} job {job_id} mid-attempt",
+            takeover_bound_s=plan.STAGE_FREEZE_S,  # another replica took the job over before the wake-up
+        )
+
+    def _running_attempt(self) -> tuple[str, str, str]:
+        """A stage, a job and the worker running its attempt now (a song submit or poll, a render, lyrics)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for stage in ("video", "song", "lyric"):
+                with psycopg.connect(common.dsn(self.urls[stage])) as conn:
+                    row = conn.execute(
+                        "SELECT id, lease_owner FROM jobs WHERE status = 'RUNNING' AND lease_expires_at > now()"
+                        " ORDER BY lease_expires_at DESC LIMIT 1"
+                    ).fetchone()
+                if row is not None:
+                    return stage, str(row[0]), str(row[1])
+            time.sleep(0.05)
+        raise RuntimeError("no attempt running within 120 s")
+
+    def _fail_over_postgresql(self) -> None:
+        """kill -9 of the PostgreSQL primary; the standby promoted `failover_after_s` later, the old primary
+        made a synchronous standby again."""
+        postgres = self.deployment.postgres
+        fault = Fault(FAILOVER, f"primary on port {postgres.primary_port()}", time.time())
+        log.info("faults: %s", fault.kind)
+        postgres.kill_primary()
+        time.sleep(self.plan.failover_after_s)
+        postgres.promote()
+        fault.ended = time.time()  # the promotion: what a takeover is measured from
+        fault.detail = f"standby on port {postgres.primary_port()} promoted {self.plan.failover_after_s:g} s later"
+        fault.takeover_bound_s = plan.FAILOVER_TAKEOVER_S
+        postgres.rebuild_standby()
+        self.faults.append(fault)
+        time.sleep(QUIET_AFTER_FAULT_S)
 
     # -- waiting and measuring ------------------------------------------------------------------
 
@@ -280,7 +373,7 @@ class FaultRun:
         for url in self.urls.values():
             with psycopg.connect(common.dsn(url), autocommit=True) as conn:
                 conn.execute(COMMIT_CLOCK)
-        quiet = traffic.Submitter(self.base_url, 1.0, f"quiet-{common.RUN_ID}", self.api_key)
+        quiet = traffic.Submitter(self.deployment.gateways, 1.0, f"quiet-{common.RUN_ID}", self.deployment.api_key)
         accepted = []
         for _ in range(self.plan.quiet_pipelines):
             accepted.append(quiet.submit())
@@ -336,31 +429,45 @@ class FaultRun:
 
     def _recovery(self, snapshot: checker.Snapshot) -> None:
         """Per fault: seconds from its end until the part it hit did work again."""
-        handled = {service: [row["received_at"] for row in rows] for service, rows in snapshot.inbox.items()}
-        handled["api"] = handled["api"] + [row["created_at"] for row in snapshot.pipelines.values()]
-        for stage in checker.STAGES:
-            handled[stage] = handled[stage] + [
-                a["started_at"] for rows in snapshot.attempts[stage].values() for a in rows
-            ]
-        published = [row["published_at"] for rows in snapshot.outbox.values() for row in rows]
-        consumed = [when for times in handled.values() for when in times]
+        work = checker.Work.of(snapshot)
         for fault in self.faults:
-            if fault.target == "relay":
-                fault.recovered_s = checker.first_after(published, fault.ended)
-            elif fault.target == "broker":
-                sides = [checker.first_after(published, fault.ended), checker.first_after(consumed, fault.ended)]
+            service = fault.target.rsplit("-", 1)[0] if fault.target[-1:].isdigit() else fault.target
+            if service == "relay":
+                fault.recovered_s = checker.first_after(work.published, fault.ended)
+            elif service in work.handled:
+                fault.recovered_s = checker.first_after(work.handled[service], fault.ended)
+            else:  # the broker, a node of it, the database server: everything
+                sides = [
+                    checker.first_after(work.published, fault.ended),
+                    checker.first_after(work.consumed, fault.ended),
+                ]
                 fault.recovered_s = None if None in sides else max(s for s in sides if s is not None)
-            else:
-                fault.recovered_s = checker.first_after(handled[fault.target], fault.ended)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = pathlib.Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    def _takeovers(self, snapshot: checker.Snapshot) -> list[str]:
+        """For the loss of a node: how soon work went on elsewhere, what inboxes dropped, what providers got."""
+        work = checker.Work.of(snapshot)
+        findings = []
+        for fault in self.faults:
+            if fault.kind not in (*NODE_LOSS, FAILOVER):
+                continue
+            since = fault.ended if fault.kind == FAILOVER else fault.started
+            if fault.kind == "relay leader frozen":
+                fault.takeover_s = checker.first_after(work.published_from["api"], since)
+            elif fault.kind == "stage replica frozen":
+                stage, job_id = self.frozen_job
+                fault.takeover_s = checker.first_after(work.attempts_of(stage, job_id), since)
+            else:  # every service consumes again, the relay publishes again
+                firsts = [checker.first_after(times, since) for times in (*work.handled.values(), work.published)]
+                fault.takeover_s = None if None in firsts else max(t for t in firsts if t is not None)
+            window_end = fault.ended + (fault.recovered_s or 0.0) + QUIET_AFTER_FAULT_S
+            fault.paused_s = checker.longest_pause(work.all, fault.started, window_end)
+            fault.duplicates = self.counters.between(counters.DUPLICATES, fault.started, window_end)
+            fault.submissions = checker.submissions(snapshot, "song", fault.started, window_end)
+            bound = fault.takeover_bound_s
+            if bound is not None and (fault.takeover_s is None or fault.takeover_s > bound):
+                taken = "never" if fault.takeover_s is None else f"after {fault.takeover_s:.1f} s"
+                findings.append(f"{fault.kind} ({fault.target}): work went on {taken}, over the {bound:g} s bound")
+        return findings
 
 
 def run(chosen: plan.Plan, workdir: pathlib.Path, keep: bool = False) -> Result:
@@ -396,6 +503,7 @@ def summarize(result: Result) -> dict[str, Any]:
         "attempts": {
             stage: dict(counter.most_common()) for stage, counter in checker.attempt_outcomes(result.snapshot).items()
         },
+        "submissions": checker.submissions(result.snapshot, "song", result.started, result.finished),
     }
 
 

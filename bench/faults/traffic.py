@@ -2,7 +2,9 @@
 
 A POST that fails (the gateway killed, its database out, the connection reset) is sent
 again with the same Idempotency-Key until a 202 comes back, so a request the gateway
-accepted but whose answer was lost is not submitted twice.
+accepted but whose answer was lost is not submitted twice. With several gateway replicas,
+briefs take turns among them and a POST sent again goes to the next one, as a load balancer
+that drops a replica that does not answer would send it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import dataclasses
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import httpx
 from castad_contracts import brief
@@ -35,6 +37,10 @@ def make_brief(number: int, duration_s: int | None = None) -> brief.Brief:
     )
 
 
+class Stopped(Exception):
+    """The traffic stopped while a brief was still being sent again: it was given up (never accepted)."""
+
+
 @dataclasses.dataclass
 class Accepted:
     pipeline_id: str
@@ -45,10 +51,10 @@ class Accepted:
 
 
 class Submitter:
-    """Submits briefs at `rate_per_s` on a thread of its own until stopped."""
+    """Submits briefs at `rate_per_s` on a thread of its own until stopped, to the gateways at `base_urls`."""
 
-    def __init__(self, base_url: str, rate_per_s: float, prefix: str, api_key: str) -> None:
-        self.base_url = base_url
+    def __init__(self, base_urls: Sequence[str], rate_per_s: float, prefix: str, api_key: str) -> None:
+        self.base_urls = list(base_urls)
         self.auth = {"Authorization": f"Bearer {api_key}"}
         self.rate_per_s = rate_per_s
         self.prefix = prefix
@@ -76,14 +82,17 @@ class Submitter:
         key = f"{self.prefix}-{number}"
         first = time.time()
         tries = 0
-        with httpx.Client(base_url=self.base_url, timeout=10, headers=self.auth) as http:
+        with httpx.Client(timeout=10, headers=self.auth) as http:
             while True:
                 tries += 1
                 if time.time() - first > GIVE_UP_S:
                     raise RuntimeError(f"brief {key} not accepted within {GIVE_UP_S} s")
+                if self._stop.is_set() and tries > 1:
+                    raise Stopped(f"brief {key} given up: the traffic stops")
+                gateway = self.base_urls[(number + tries - 1) % len(self.base_urls)]
                 try:
                     response = http.post(
-                        "/v1/pipelines",
+                        f"{gateway}/v1/pipelines",
                         content=body.model_dump_json(),
                         headers={"Content-Type": "application/json", "Idempotency-Key": key},
                     )
@@ -108,7 +117,10 @@ class Submitter:
         started = time.monotonic()
         sent = 0
         while not self._stop.is_set():
-            self.submit()
+            try:
+                self.submit()
+            except Stopped:
+                return
             sent += 1
             ahead = started + sent / self.rate_per_s - time.monotonic()
             if ahead > 0:
@@ -126,8 +138,7 @@ class Action:
 class Operator:
     """An operator at random: every `interval_s`, cancels a recent pipeline or retries an ended one."""
 
-    def __init__(self, base_url: str, submitter: Submitter, interval_s: float, seed: int = 7) -> None:
-        self.base_url = base_url
+    def __init__(self, submitter: Submitter, interval_s: float, seed: int = 7) -> None:
         self.submitter = submitter
         self.interval_s = interval_s
         self.actions: list[Action] = []
@@ -145,11 +156,16 @@ class Operator:
 
     def _run(self) -> None:
         headers = {"X-Castad-Actor": "fault-harness", **self.submitter.auth}
-        with httpx.Client(base_url=self.base_url, timeout=5, headers=headers) as http:
-            while not self._stop.wait(self.interval_s):
-                # The gateway down or its database out: the next turn tries again.
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    self._act(http)
+        turn = 0
+        while not self._stop.wait(self.interval_s):
+            turn += 1
+            gateway = self.submitter.base_urls[turn % len(self.submitter.base_urls)]
+            # The gateway down or its database out: the next turn tries again.
+            with (
+                httpx.Client(base_url=gateway, timeout=5, headers=headers) as http,
+                contextlib.suppress(httpx.HTTPError, ValueError),
+            ):
+                self._act(http)
 
     def _act(self, http: httpx.Client) -> None:
         if self._rng.random() < 0.5:

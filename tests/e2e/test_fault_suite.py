@@ -1,5 +1,6 @@
 """The promise under every kind of fault, in short: the fault harness's SHORT plan (`make faults` runs the
-full one and writes FAULTS.md). At least 100 pipelines; every fault kind once, outages of 20 s."""
+full one and writes FAULTS.md). Every service in replicas on a 3-node RabbitMQ cluster and a PostgreSQL
+primary with a synchronous standby; at least 100 pipelines; every fault kind once, outages of 20 s."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def test_every_accepted_pipeline_ends_in_one_known_outcome_whatever_fails(tmp_pa
         "database outage",
         "connections cut",
         "connections stalled",
+        *run.NODE_LOSS,
+        run.FAILOVER,
     }
-    assert {fault.target for fault in result.faults if fault.kind == "kill -9"} == set(run.PROCESSES)
+    killed = {fault.target.rsplit("-", 1)[0] for fault in result.faults if fault.kind == "kill -9"}
+    assert killed == set(run.PROCESSES)
     assert {fault.target for fault in result.faults if fault.kind == "database outage"} == set(run.SERVICES)
     assert all(fault.recovered_s is not None for fault in result.faults), [f for f in result.faults]
+    assert all(fault.takeover_s is not None for fault in result.faults if fault.takeover_bound_s), result.faults

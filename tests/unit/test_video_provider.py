@@ -361,3 +361,33 @@ def test_a_song_that_is_not_a_wav_is_a_permanent_error(
         local.render(BRIEF, LYRICS, TIMED, broken, tmp_path / "out.mp4", seed="s", cancel=cancellation.Cancellation())
 
     assert raised.value.code == "song_unreadable"
+
+
+def test_a_music_apis_mp3_song_is_rendered_for_as_long_as_it_lasts(
+    local: provider.LocalVideoProvider, tmp_path: pathlib.Path
+) -> None:
+    """A song from a music API comes as an MP3: the local renderer reads its length and its audio as well."""
+    song = tmp_path / "song.mp3"
+    subprocess.run(
+        [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-loglevel", "error", "-f", "lavfi", "-i",
+         "sine=frequency=440:duration=2.5", "-c:a", "libmp3lame", str(song)],
+        check=True,
+    )  # fmt: skip
+    out = tmp_path / "out.mp4"
+
+    video = local.render(BRIEF, LYRICS, TIMED, song, out, seed="s", cancel=cancellation.Cancellation())
+
+    assert video.duration_s == pytest.approx(2.5, abs=0.1)
+    assert abs(probe(out).duration_s - 2.5) < 0.25 and probe(out).audio_codec == "aac"
+
+
+def test_a_file_that_is_no_audio_is_a_permanent_error(
+    local: provider.LocalVideoProvider, tmp_path: pathlib.Path
+) -> None:
+    broken = tmp_path / "song.mp3"
+    broken.write_bytes(b"ID3 but nothing after")
+
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        local.render(BRIEF, LYRICS, TIMED, broken, tmp_path / "out.mp4", seed="s", cancel=cancellation.Cancellation())
+
+    assert raised.value.code == "song_unreadable"

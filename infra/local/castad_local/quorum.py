@@ -22,9 +22,13 @@ import pika
 import pika.exceptions
 from castad_contracts import topology
 from castad_runtime import amqp, messaging
-from dramatiq.common import xq_name
 
 HOLDING = ".moving"
+
+
+def xq_name(queue: str) -> str:
+    """Dramatiq's dead-letter queue of `queue`, which versions before quorum queues declared."""
+    return f"{queue}.XQ"
 
 
 class MoveRefused(Exception):

@@ -5,20 +5,17 @@ cluster. Each process tries them in an order of its own (shuffled once), so the 
 the nodes, and moves to the next one when its node goes. Every connection, whichever library makes it
 (pika for Dramatiq and the probes, aiormq for the relay), has AMQP heartbeats and TCP keepalives with a
 user timeout: a node that died without closing its sockets (a lost machine, a partition) is given up
-within about `HEARTBEAT_S` and `TCP_USER_TIMEOUT_MS`, not after the kernel's two hours.
+within about `HEARTBEAT_S` and `TCP_USER_TIMEOUT_MS`, not after the kernel's two hours. (The relay's
+asyncio connections are made in castad_relay.connection, with these same settings.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import socket
 import urllib.parse
-from typing import Any
 
-import aiormq
 import pika
-from aiormq.connection import TCPTransportFactory, TLSTransportFactory
 
 HEARTBEAT_S = 10  # AMQP heartbeat timeout asked of the broker: a silent peer is dropped after about this
 CONNECT_TIMEOUT_S = 10.0  # TCP connect, TLS and AMQP handshake of one node
@@ -66,43 +63,6 @@ def _pika(url: str, timeout_s: float | None) -> pika.URLParameters:
 def blocking_connection(setting: str, *, timeout_s: float | None = None) -> pika.BlockingConnection:
     """A connection to the first node of the setting that takes one."""
     return pika.BlockingConnection(pika_parameters(setting, timeout_s=timeout_s))
-
-
-async def connect(setting: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> aiormq.abc.AbstractConnection:
-    """An aiormq connection to the first node of the setting that takes one; the last node's error if none.
-
-    aiormq has no handshake timeout of its own: a node that takes the connection but never answers (a
-    partition) would hold the caller for ever, so each node gets `timeout_s`."""
-    error: BaseException | None = None
-    for url in urls(setting):
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await aiormq.connect(_aiormq_url(url), transport_factory=_KeepaliveTransport(url))
-        except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as failed:
-            error = failed
-    assert error is not None
-    raise error
-
-
-def _aiormq_url(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    query.setdefault("heartbeat", str(HEARTBEAT_S))
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
-
-
-class _KeepaliveTransport(TCPTransportFactory):
-    """aiormq's transport, its socket given the keepalive and user timeout options of every connection."""
-
-    def __init__(self, url: str) -> None:
-        self._inner = TLSTransportFactory() if url.startswith("amqps://") else TCPTransportFactory()
-
-    async def create(self, url: Any, **kwargs: Any) -> Any:
-        reader, writer = await self._inner.create(url, **kwargs)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            set_keepalive(sock)
-        return reader, writer
 
 
 def set_keepalive(sock: socket.socket) -> None:

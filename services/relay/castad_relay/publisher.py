@@ -33,10 +33,12 @@ from typing import Any
 import aiormq
 from castad_contracts import envelope as envelope_
 from castad_contracts import topology
-from castad_runtime import amqp, redact, telemetry
+from castad_runtime import redact, telemetry
 from opentelemetry import trace
 from pamqp import commands as spec
 from prometheus_client import Histogram
+
+from castad_relay import connection
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ class Publisher:
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
                 await self.close()
-                self._connection = await amqp.connect(self.amqp_url, timeout_s=self.confirm_timeout_s)
+                self._connection = await connection.connect(self.amqp_url, timeout_s=self.confirm_timeout_s)
                 # A node that answers the connection but not the channel (a partition) must not hold the relay.
                 async with asyncio.timeout(self.confirm_timeout_s):
                     self._channel = await self._connection.channel(publisher_confirms=True)

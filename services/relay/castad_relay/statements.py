@@ -42,7 +42,8 @@ ORDER BY o.id
 LIMIT %(limit)s
 """
 
-MARK_PUBLISHED = "UPDATE outbox SET published_at = now() WHERE id = ANY(%(marked)s)"
+# A row another leader marked already (a relay that lost its lease marks what it had confirmed) keeps its time.
+MARK_PUBLISHED = "UPDATE outbox SET published_at = now() WHERE id = ANY(%(marked)s) AND published_at IS NULL"
 
 # For the relay's own session: its commits do not wait for their WAL flush. A mark lost to a crash of the
 # database only sends its rows again, which every consumer's inbox takes as duplicates; nothing else the

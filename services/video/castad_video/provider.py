@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import pathlib
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -376,17 +377,36 @@ def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], durati
     ]
 
 
-def song_duration(song_path: pathlib.Path) -> float:
+def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
+    """Seconds of the song: a WAV's from its header, any other audio's (a music API's MP3) as ffmpeg reads it."""
     if not song_path.is_file():
         raise errors.PermanentProviderError("song_missing", f"no song file at {song_path}")
-    try:
-        with wave.open(str(song_path), "rb") as song:
-            duration = song.getnframes() / song.getframerate()
-    except (wave.Error, EOFError) as error:
-        raise errors.PermanentProviderError("song_unreadable", f"{song_path} is not a WAV file: {error}") from error
+    if song_path.read_bytes()[:4] == b"RIFF" or ffmpeg is None:
+        try:
+            with wave.open(str(song_path), "rb") as song:
+                duration = song.getnframes() / song.getframerate()
+        except (wave.Error, EOFError) as error:
+            raise errors.PermanentProviderError("song_unreadable", f"{song_path} is not a WAV file: {error}") from error
+    else:
+        duration = _probed_duration(song_path, ffmpeg)
     if duration <= 0:
         raise errors.PermanentProviderError("song_unreadable", f"{song_path} holds no audio")
     return duration
+
+
+FFMPEG_DURATION = re.compile(r"Duration: (\d+):(\d\d):(\d\d(?:\.\d+)?)")
+
+
+def _probed_duration(song_path: pathlib.Path, ffmpeg: str) -> float:
+    """The duration ffmpeg reads off an audio file's header (`ffmpeg -i` with no output prints it, then fails)."""
+    result = subprocess.run(
+        [ffmpeg, "-nostdin", "-hide_banner", "-i", str(song_path)], capture_output=True, text=True, timeout=30
+    )
+    found = FFMPEG_DURATION.search(result.stderr)
+    if found is None or "Audio:" not in result.stderr:
+        raise errors.PermanentProviderError("song_unreadable", f"{song_path} is no audio ffmpeg reads")
+    hours, minutes, seconds = found.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
 def _concat_list(plan: Sequence[Shot], frames: Sequence[pathlib.Path]) -> str:
@@ -429,7 +449,7 @@ class LocalVideoProvider:
         *,
         cancel: cancellation.Cancellation,
     ) -> Video:
-        duration = song_duration(song_path)
+        duration = song_duration(song_path, self._ffmpeg)
         width, height = frame_size(brief.orientation, self._short_side)
         renderer = FrameRenderer(brief, (width, height), self.fonts[lyrics.language], seed)
         plan = shots(lyrics, timed_lines, duration)

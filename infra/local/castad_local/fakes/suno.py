@@ -74,12 +74,14 @@ KINDS = server.GENERIC_KINDS | {"code"}
 class Plan:
     """How one task goes. `outcome`: ok, fail (audio generation fails), sensitive (refused for its
     words), never (pending for ever); `audio`: ok, wrong_type (an HTML page), oversized (`size`
-    bytes); `seconds`: how long it takes (the fake's `song_s` when None)."""
+    bytes); `seconds`: how long it takes (the fake's `song_s` when None); `audio_s`: how long its
+    songs last (the fake's `audio_s` when None)."""
 
     outcome: str = "ok"
     audio: str = "ok"
     seconds: float | None = None
     size: int = 0
+    audio_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.outcome not in {"ok", "fail", "sensitive", "never"}:
@@ -278,7 +280,7 @@ class FakeSuno(server.FakeServer):
                 "title": task.body.get("title", ""),
                 "tags": task.body.get("style", ""),
                 "createTime": task.created_ms,
-                "duration": float(self.audio_s),
+                "duration": float(task.plan.audio_s or self.audio_s),
             }
             for n, track_id in enumerate(task.track_ids, start=1)
         ]
@@ -346,7 +348,7 @@ class FakeSuno(server.FakeServer):
     def _audio(self, plan: Plan) -> server.Response:
         if plan.audio == "wrong_type":
             return server.Response(200, media.HTML_PAGE, {"content-type": "text/html"})
-        audio = media.mp3(self.audio_s)
+        audio = media.mp3(plan.audio_s or self.audio_s)
         if plan.audio == "oversized":
             audio = (audio * (plan.size // len(audio) + 1))[: plan.size]
         return server.Response(200, audio, {"content-type": "audio/mpeg"})
