@@ -1,10 +1,10 @@
 """What a fault run deploys on this one machine: every service in replicas, on clustered engines.
 
-- RabbitMQ: three nodes in one cluster (`cluster.RabbitCluster`). The services reach each node
+- RabbitMQ: three nodes in one cluster (`rabbitmq.RabbitCluster`). The services reach each node
   through a TCP proxy of the harness (`proxy.TcpProxy`), so that the network to the broker can be
   cut, stalled or partitioned while the nodes keep running; the harness's own tools go to the
   nodes directly.
-- PostgreSQL: a primary and a synchronous standby (`cluster.PostgresPair`), every service's
+- PostgreSQL: a primary and a synchronous standby (`postgres.PostgresPair`), every service's
   database on it, reached by multi-host URLs that follow a promotion.
 - A music API for the song stage: the fake sunoapi.org server, in this process.
 - `plan.REPLICAS` processes of every service (`lyric-1`, `lyric-2`, ...), each gateway on a port
@@ -16,11 +16,9 @@ Everything lives in databases, a namespace and a directory of its own, removed a
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from castad_api import keys
 from castad_contracts import topology
@@ -30,7 +28,7 @@ from castad_local.fakes import suno
 from castad_runtime import messaging, migrations
 
 from bench import common
-from bench.faults import cluster, injections, plan, proxy
+from bench.faults import injections, plan, postgres, proxy, rabbitmq
 
 SERVICES = ("api", "lyric", "song", "video")  # those with a database
 PROCESSES = ("lyric", "song", "video", "api", "relay")
@@ -43,8 +41,8 @@ class Deployment:
         self.keep = keep  # leave the databases, queues and files for a look afterwards
         self.namespace = f"faults-{common.RUN_ID}"
         self.topology = topology.Topology(self.namespace)
-        self.rabbitmq = cluster.RabbitCluster(workdir)
-        self.postgres = cluster.PostgresPair(workdir)
+        self.rabbitmq = rabbitmq.RabbitCluster(workdir)
+        self.postgres = postgres.PostgresPair(workdir)
         self.proxies = [proxy.TcpProxy(proxy.address_of(url)) for url in self.rabbitmq.urls()]
         self.music = suno.FakeSuno(song_s=plan.SONG_S, audio_s=2.0)
         self.artifacts_dir = workdir / "artifacts"
@@ -153,20 +151,3 @@ class Deployment:
             if process is not None:
                 for pid in injections.ffmpeg_children(process.pid):
                     yield name, pid
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = pathlib.Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_for(what: str, probe: Callable[[], object], timeout_s: float, poll_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"not within {timeout_s:g} s: {what}")
-        time.sleep(poll_s)

@@ -26,7 +26,7 @@ from castad_local.fakes import suno
 
 from bench import common, latency
 from bench.castad_bench import CHAIN, COMMIT_CLOCK
-from bench.faults import checker, counters, deployment, injections, outage, plan, traffic
+from bench.faults import checker, counters, deployment, engines, injections, outage, plan, traffic
 
 log = logging.getLogger("bench.faults")
 SERVICES = deployment.SERVICES
@@ -226,7 +226,7 @@ class FaultRun:
         self.stack.signal(name, signal.SIGTERM)
         video.wait(60)
         self.stack.processes.pop(name)
-        survivors = [pid for replica, pid, _ in long if replica == name and deployment.alive(pid)]
+        survivors = [pid for replica, pid, _ in long if replica == name and engines.alive(pid)]
         self.sigterm = (pipeline_id, survivors)
         self._restart(name)
         fault.ended = time.time()

@@ -1,4 +1,4 @@
-"""The clustered engines of the fault harness (bench/faults/cluster.py) losing a node.
+"""The clustered engines of the fault harness (bench/faults/rabbitmq.py, bench/faults/postgres.py) losing a node.
 
 RabbitMQ: a quorum queue keeps every message it confirmed through kill -9 of the node that leads
 it, and a consumer on another node gets them; a node that was killed or stopped comes back into
@@ -23,7 +23,8 @@ import sqlalchemy as sa
 from castad_local import privileges
 
 from bench import common
-from bench.faults import cluster
+from bench.faults import engines, rabbitmq
+from bench.faults import postgres as postgres_
 from tests.integration.helpers import eventually
 
 pytestmark = pytest.mark.integration
@@ -34,14 +35,14 @@ MESSAGES = [f"confirmed {i}".encode() for i in range(20)]
 
 def _engines_present() -> None:
     """A failure, never a skip: `make setup` installs the packages."""
-    if absent := cluster.missing():
-        pytest.fail(f"missing {', '.join(absent)}: {cluster.HOW}")
+    if absent := engines.missing():
+        pytest.fail(f"missing {', '.join(absent)}: {engines.HOW}")
 
 
 @pytest.fixture(scope="module")
-def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.RabbitCluster]:
+def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rabbitmq.RabbitCluster]:
     _engines_present()
-    engines = cluster.RabbitCluster(tmp_path_factory.mktemp("cluster"))
+    engines = rabbitmq.RabbitCluster(tmp_path_factory.mktemp("cluster"))
     try:
         yield engines.start()
     finally:
@@ -49,9 +50,9 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.RabbitC
 
 
 @pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.PostgresPair]:
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[postgres_.PostgresPair]:
     _engines_present()
-    pair = cluster.PostgresPair(tmp_path_factory.mktemp("cluster"))
+    pair = postgres_.PostgresPair(tmp_path_factory.mktemp("cluster"))
     try:
         yield pair.start()
     finally:
@@ -68,12 +69,12 @@ def channel_to(url: str) -> Iterator[pika.adapters.blocking_connection.BlockingC
             connection.close()
 
 
-def running_nodes(rabbit: cluster.RabbitCluster) -> set[str]:
+def running_nodes(rabbit: rabbitmq.RabbitCluster) -> set[str]:
     return set(json.loads(rabbit.rabbitmqctl("cluster_status", "--formatter", "json"))["running_nodes"])
 
 
 def test_a_quorum_queue_keeps_its_confirmed_messages_through_kill_9_of_its_leader(
-    rabbit: cluster.RabbitCluster,
+    rabbit: rabbitmq.RabbitCluster,
 ) -> None:
     with channel_to(rabbit.urls()[0]) as channel:
         channel.confirm_delivery()
@@ -102,7 +103,7 @@ def test_a_quorum_queue_keeps_its_confirmed_messages_through_kill_9_of_its_leade
     assert running_nodes(rabbit) == {node.name for node in rabbit.nodes}
 
 
-def test_a_stopped_node_starts_again_in_the_cluster(rabbit: cluster.RabbitCluster) -> None:
+def test_a_stopped_node_starts_again_in_the_cluster(rabbit: rabbitmq.RabbitCluster) -> None:
     node = rabbit.nodes[-1].name
     rabbit.stop(node)
     assert node not in running_nodes(rabbit)
@@ -112,7 +113,7 @@ def test_a_stopped_node_starts_again_in_the_cluster(rabbit: cluster.RabbitCluste
     assert running_nodes(rabbit) == {each.name for each in rabbit.nodes}
 
 
-def test_the_services_broker_users_log_in_on_every_node_with_their_permissions(rabbit: cluster.RabbitCluster) -> None:
+def test_the_services_broker_users_log_in_on_every_node_with_their_permissions(rabbit: rabbitmq.RabbitCluster) -> None:
     users = privileges.Users.new("clustertest")
     rabbit.grant(users, vhost="clustertest")
 
@@ -124,7 +125,7 @@ def test_the_services_broker_users_log_in_on_every_node_with_their_permissions(r
 
 
 def test_a_commit_survives_kill_9_of_the_primary_and_the_promoted_standby_takes_writes(
-    postgres: cluster.PostgresPair,
+    postgres: postgres_.PostgresPair,
 ) -> None:
     url = postgres.url("postgres")
     info = common.dsn(url)
