@@ -40,7 +40,7 @@ bench-providers: setup  ## 200 pipelines through the network providers' fakes, a
 bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines in a scratch database; writes docs/stats.md
 	@$(BIN)/python -m bench.stats
 
-faults: setup  ## the full fault run (1,000 pipelines, every fault kind, 3-minute outages); writes FAULTS.md
+faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes FAULTS.md
 	@$(BIN)/python -m bench.faults
 
 images: setup  ## build every service's image with podman and run the stack from them to a finished video (root)
