@@ -108,6 +108,15 @@ def replicas(
             loop.close()
 
 
+def started_with_a_leader(loops: list[LoopThread], relays: list[relay.SourceRelay], engine: sa.Engine) -> int:
+    """Run the relays; once a first row was published, which of them leads."""
+    for loop, each in zip(loops, relays, strict=True):
+        loop.submit(each.run_forever())
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    eventually(lambda: all_published(engine), what="a first row published")
+    return next(i for i, each in enumerate(relays) if each.published)
+
+
 def lease_row(engine: sa.Engine) -> sa.Row[Any]:
     with engine.connect() as conn:
         return conn.execute(sa.text("SELECT term, holder, expires_at > now() AS live FROM outbox_leader")).one()
@@ -489,11 +498,7 @@ def test_a_frozen_leader_is_replaced_within_its_lease_and_publishes_nothing_when
     api_queue = installation.topology.queue("api")
     config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=0.5, lease_s=2)
     with replicas(config, installation.topology.exchange) as (loops, relays):
-        for loop, each in zip(loops, relays, strict=True):
-            loop.submit(each.run_forever())
-        write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda: all_published(engine), what="a first row published")
-        leader = next(i for i, each in enumerate(relays) if each.published)
+        leader = started_with_a_leader(loops, relays, engine)
         term = lease_row(engine).term
 
         frozen_at = time.monotonic()
@@ -518,11 +523,7 @@ def test_a_leader_that_lost_its_connections_leads_on_under_its_term(installation
     engine = engines["lyric"]
     config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=0.5, lease_s=6)
     with replicas(config, installation.topology.exchange) as (loops, relays):
-        for loop, each in zip(loops, relays, strict=True):
-            loop.submit(each.run_forever())
-        write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda: all_published(engine), what="a first row published")
-        leader = next(i for i, each in enumerate(relays) if each.published)
+        leader = started_with_a_leader(loops, relays, engine)
         term, holder, _ = lease_row(engine)
 
         with engine.connect() as conn:

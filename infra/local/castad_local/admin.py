@@ -162,16 +162,19 @@ def print_privileges(
     print(privileges.instructions(namespace, vhost))
 
 
+AdminAmqpUrl = Annotated[
+    str,
+    typer.Option(
+        envvar="CASTAD_AMQP_URL", help="RabbitMQ URL of a user that may configure the whole vhost (an administrator)"
+    ),
+]
+Namespace = Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")]
+
+
 @app.command("topology")
 def declare_topology(
-    amqp_url: Annotated[
-        str,
-        typer.Option(
-            envvar="CASTAD_AMQP_URL",
-            help="RabbitMQ URL of a user that may configure the whole vhost (an administrator)",
-        ),
-    ],
-    namespace: Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")] = "castad",
+    amqp_url: AdminAmqpUrl,
+    namespace: Namespace = "castad",
 ) -> None:
     """Declare every exchange, queue and binding of the installation, as set-up does locally, and say what type
     each queue is. Run it once with the users, before the services: the relay may only publish, and an event
@@ -194,14 +197,8 @@ def declare_topology(
 
 @app.command("move-to-quorum")
 def move_to_quorum(
-    amqp_url: Annotated[
-        str,
-        typer.Option(
-            envvar="CASTAD_AMQP_URL",
-            help="RabbitMQ URL of a user that may configure the whole vhost (an administrator)",
-        ),
-    ],
-    namespace: Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")] = "castad",
+    amqp_url: AdminAmqpUrl,
+    namespace: Namespace = "castad",
 ) -> None:
     """Move the queues an earlier version declared as classic queues to quorum queues, keeping every message
     waiting in them, in order. Stop every service first, the relay too (docs/deploy.md); run it again if it

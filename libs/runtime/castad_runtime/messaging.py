@@ -140,20 +140,14 @@ def _declare(amqp_url: str, topo: topology.Topology, services: tuple[str, ...], 
 def _declare_queue(
     connection: pika.BlockingConnection, topo: topology.Topology, queue: str, arguments: dict[str, Any]
 ) -> None:
-    """Declare a durable queue; TopologyMismatch if it exists with other arguments (its channel is closed)."""
-    channel = connection.channel()
-    try:
-        with _expected_closes():
-            channel.queue_declare(queue, durable=True, arguments=arguments)
-    except pika.exceptions.ChannelClosedByBroker as error:
-        if error.reply_code != PRECONDITION_FAILED:
-            raise
-        kind = queue_kind(connection, queue, topo)
-        raise TopologyMismatch(
-            f"queue {queue} is {'a classic queue' if kind == CLASSIC else kind}, this version needs a quorum queue:"
-            " stop every service and run `castad-admin move-to-quorum` (docs/deploy.md)"
-        ) from None
-    channel.close()
+    """Declare a durable queue; TopologyMismatch if it exists with other arguments."""
+    if _refusal(connection, queue, arguments) is None:
+        return
+    kind = queue_kind(connection, queue, topo)
+    raise TopologyMismatch(
+        f"queue {queue} is {'a classic queue' if kind == CLASSIC else kind}, this version needs a quorum queue:"
+        " stop every service and run `castad-admin move-to-quorum` (docs/deploy.md)"
+    )
 
 
 @contextlib.contextmanager
