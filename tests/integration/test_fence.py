@@ -202,6 +202,36 @@ def test_work_of_a_job_canceled_by_another_replica_does_not_leave_though_its_wor
     assert (attempt.outcome, attempt.submitted_at) == ("canceled", None)
 
 
+def test_a_cancel_committing_while_the_fence_records_stops_the_work_from_leaving(engine):
+    """The cancel of another replica holds its locks (not yet committed) when the worker's fence records the
+    submission: the fence waits for it and, once it committed, finds the claim gone; nothing leaves."""
+    api = Provider()
+    held = StandsStill(api, "before")
+    stage = remote_runner(engine, held, worker="worker-a", lease_s=LEASE_S)
+    other = remote_runner(engine, Provider(), worker="worker-b", lease_s=LEASE_S)
+    pipeline_id = add_job(stage)
+    _, worker = started(stage)
+    assert held.arrived.wait(10)
+
+    request = events.PipelineCancelRequested(pipeline_id=pipeline_id, operation=1, reason="not needed")
+    with db.transaction(engine) as conn:
+        other.apply_cancel(conn, request)
+        held.wake()  # the worker's fence now waits on the job row this transaction holds
+        eventually(lambda: waiting_on_a_lock(engine), what="the fence waiting for the cancel to commit")
+    worker.join(10)
+
+    assert not worker.is_alive()
+    assert api.submitted == []
+    [attempt] = attempt_rows(engine, pipeline_id)
+    assert (attempt.outcome, attempt.submitted_at) == ("canceled", None)
+
+
+def waiting_on_a_lock(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        return bool(conn.execute(sa.text(query)).scalar_one())
+
+
 def test_a_submit_whose_answer_was_lost_goes_again_under_the_same_key_and_both_are_counted(engine):
     """The limit no fence closes: worker A's submit was taken by the provider, and A stood still before it
     recorded the handle. B sends the attempt again, under the same key: one job at a provider that takes

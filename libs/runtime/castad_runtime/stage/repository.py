@@ -73,13 +73,19 @@ OPEN_ATTEMPT = "INSERT INTO attempts (job_id, number, worker, outcome) VALUES (%
 
 # The attempt's work is about to leave for its provider: recorded on its attempt row, only while its claim is the
 # current one (CAS on version) with at least margin_s of its lease left by the database's clock; the lease left.
+# The job row is locked (FOR SHARE): a cancel or a recovery of the lease under way in another transaction is
+# waited for, and the claim judged by what it committed, not by the row as it was before.
 RECORD_SUBMISSION = """
+WITH claim AS (
+    SELECT id, lease_expires_at FROM jobs
+    WHERE id = %(id)s AND version = %(version)s AND status = 'RUNNING'
+        AND lease_expires_at > clock_timestamp() + make_interval(secs => %(margin_s)s)
+    FOR SHARE
+)
 UPDATE attempts SET submitted_at = clock_timestamp(), submission_key = %(key)s
-FROM jobs
-WHERE jobs.id = %(id)s AND jobs.version = %(version)s AND jobs.status = 'RUNNING'
-    AND jobs.lease_expires_at > clock_timestamp() + make_interval(secs => %(margin_s)s)
-    AND attempts.job_id = jobs.id AND attempts.number = %(number)s
-RETURNING extract(epoch FROM jobs.lease_expires_at - clock_timestamp()) AS lease_left_s
+FROM claim
+WHERE attempts.job_id = claim.id AND attempts.number = %(number)s AND attempts.outcome = 'running'
+RETURNING extract(epoch FROM claim.lease_expires_at - clock_timestamp()) AS lease_left_s
 """
 
 # The leases of these claims (job id and version) that are still current, extended; their job ids.
