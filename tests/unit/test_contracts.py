@@ -273,3 +273,10 @@ def test_every_completed_event_carrying_a_brief_reads_version_1(stage):
     read = events.REGISTRY.read(events.stage_event(stage, "completed"), 1, data)
 
     assert isinstance(read, model) and read.brief.style is brief.Style.JAZZ
+
+
+def test_the_dead_letter_queue_has_no_delivery_limit_on_either_major_version_of_rabbitmq():
+    """RabbitMQ 4 limits every quorum queue to 20 returns unless told -1; RabbitMQ 3 has no limit by default and
+    would drop a message at its first return if told -1 (tried on 3.10.8)."""
+    assert "x-delivery-limit" not in topology.Topology.dead_letter_queue_arguments(3)
+    assert topology.Topology.dead_letter_queue_arguments(4)["x-delivery-limit"] == -1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 import uuid
 
 from castad_api import dead_letters
@@ -82,3 +83,20 @@ def test_a_retry_its_delay_queue_gave_up_on_is_described_by_the_event_inside_and
 
     assert (row["service"], row["queue"]) == ("api", "castad.api")
     assert (row["event_id"], row["event_type"], row["pipeline_id"]) == (event_id, "song.started", pipeline_id)
+
+
+def test_a_dead_letter_that_cannot_be_read_is_described_bare_rather_than_left_in_the_queue(monkeypatch):
+    """Reading a message must never fail for good: a letter that made `describe` raise would come back to the
+    recorder at every reconnect, holding up the queue behind it (and, on RabbitMQ 4, be dropped at its limit)."""
+
+    def broken(*_: object) -> dict[str, object]:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(dead_letters, "describe", broken)
+    recorder = dead_letters.Recorder("amqp://never-connected", "castad.dead-letter", engine=None, body_max=4)  # type: ignore[arg-type]
+    properties = types.SimpleNamespace(message_id=None, headers={"x": 1})
+
+    row = recorder._described(properties, b"abcdefgh")
+
+    assert row["kind"] == "unrecordable" and "KeyError" in row["reason"]
+    assert (row["body"], row["body_size"]) == (b"abcd", 8) and row["message_id"].startswith("sha256:")

@@ -100,9 +100,11 @@ class Topology:
         }
 
     @staticmethod
-    def dead_letter_queue_arguments() -> dict[str, str | int]:
-        """The arguments of the dead-letter queue: no delivery limit, nowhere further to go."""
-        return {"x-queue-type": QUEUE_TYPE}
+    def dead_letter_queue_arguments(broker_major: int) -> dict[str, str | int]:
+        """The arguments of the dead-letter queue on a RabbitMQ of this major version: no delivery limit, as it has
+        nowhere further to send a message. RabbitMQ 4 gives every quorum queue a limit of 20 unless told -1;
+        RabbitMQ 3 has none unless told one, and drops a message at its first return when told -1."""
+        return {"x-queue-type": QUEUE_TYPE, **({"x-delivery-limit": -1} if broker_major >= 4 else {})}
 
     @staticmethod
     def requeue_exchange(queue: str) -> str:

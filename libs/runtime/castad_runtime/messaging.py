@@ -115,7 +115,8 @@ def _declare(amqp_url: str, topo: topology.Topology, services: tuple[str, ...], 
     connection = amqp.blocking_connection(amqp_url, timeout_s=DECLARE_TIMEOUT_S)
     try:
         if shared:
-            _declare_queue(connection, topo, topo.dead_letter_queue, topo.dead_letter_queue_arguments())
+            arguments = topo.dead_letter_queue_arguments(broker_major(connection))
+            _declare_queue(connection, topo, topo.dead_letter_queue, arguments)
         for service in services:
             for queue in (topo.queue(service), dq_name(topo.queue(service))):
                 _declare_queue(connection, topo, queue, topo.queue_arguments())
@@ -135,6 +136,15 @@ def _declare(amqp_url: str, topo: topology.Topology, services: tuple[str, ...], 
     finally:
         if connection.is_open:
             connection.close()
+
+
+def broker_major(connection: pika.BlockingConnection) -> int:
+    """The major version the broker announced when the connection opened (RabbitMQ's `version` property)."""
+    properties = connection._impl.server_properties or {}  # pika keeps them on the connection it wraps
+    version = properties.get("version", b"0")
+    text = version.decode() if isinstance(version, bytes) else str(version)
+    major = text.split(".", 1)[0]
+    return int(major) if major.isdigit() else 0
 
 
 def _declare_queue(
@@ -225,7 +235,7 @@ def queue_kind(connection: pika.BlockingConnection, queue: str, topo: topology.T
     otherwise. AMQP tells a queue's arguments only by refusing a declare that differs, so each candidate
     is declared (an equivalent declare changes nothing)."""
     dead_letters = queue == topo.dead_letter_queue
-    ours = topo.dead_letter_queue_arguments() if dead_letters else topo.queue_arguments()
+    ours = topo.dead_letter_queue_arguments(broker_major(connection)) if dead_letters else topo.queue_arguments()
     earlier: dict[str, Any] = (
         {}
         if dead_letters

@@ -294,13 +294,22 @@ class Recorder:
                     return
                 if method is None:
                     continue
-                fields = describe(properties.message_id, dict(properties.headers or {}), body, self.body_max)
+                fields = self._described(properties, body)
                 if not self._record(fields):
                     return  # stopping: the message stays in the queue
                 channel.basic_ack(method.delivery_tag)
         finally:
             if connection.is_open:
                 connection.close()
+
+    def _described(self, properties: Any, body: bytes) -> dict[str, Any]:
+        """`describe`, or, where reading the message fails (a bug), its bare row: it must not come back for ever."""
+        try:
+            return describe(properties.message_id, dict(properties.headers or {}), body, self.body_max)
+        except Exception as error:
+            log.exception("cannot read dead letter %s; recording it bare", properties.message_id)
+            message_id = str(properties.message_id or f"sha256:{hashlib.sha256(body).hexdigest()}")
+            return _bare({"message_id": message_id, "body": body[: self.body_max], "body_size": len(body)}, error)
 
     def _record(self, fields: dict[str, Any]) -> bool:
         """Record through a database outage; False if the recorder stops first. A message that cannot be
