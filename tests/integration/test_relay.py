@@ -563,3 +563,24 @@ def test_an_unexpected_error_is_logged_with_its_traceback_and_the_relay_carries_
     [logged] = [record for record in caplog.records if record.name == relay.log.name and record.exc_info]
     assert logged.levelno == logging.ERROR
     assert logged.exc_info is not None and logged.exc_info[1] is failures[0]
+
+
+def test_a_database_not_migrated_to_the_relays_version_is_named_as_such_not_as_an_outage(
+    installation, engines, start_relay, caplog
+):
+    """A relay upgraded before the service whose outbox it drains finds no lease table: it says what to do, as
+    an error, and keeps trying; once the database is migrated it leads and publishes."""
+    engine = engines["lyric"]
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE outbox_leader RENAME TO outbox_leader_later"))
+    write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    start_relay(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+
+    eventually(
+        lambda: any("migrate the service's database" in r.getMessage() for r in caplog.records if r.levelno >= 40),
+        what="an error line saying what to do",
+    )
+    assert not all_published(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE outbox_leader_later RENAME TO outbox_leader"))
+    eventually(lambda: all_published(engine), what="the row published once the table is there")

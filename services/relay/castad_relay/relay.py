@@ -93,6 +93,14 @@ class SourceRelay:
         while True:
             try:
                 await self._run()
+            except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege) as error:
+                # Not an outage: the database was not migrated to this relay's version, or not granted to it.
+                log.error(
+                    "relay %s: %s; migrate the service's database (and grant the relay its tables) before the relay"
+                    " runs this version (docs/deploy.md); retrying",
+                    self.name,
+                    redact.describe(error),
+                )
             except (psycopg.Error, OSError, TimeoutError) as error:
                 log.warning("relay %s: database unavailable (%s); retrying", self.name, redact.describe(error))
             except leadership.LostLeadership as error:
