@@ -1,12 +1,13 @@
 """Connections to RabbitMQ: one node or several of a cluster, never waiting on a dead peer.
 
 A broker setting (`CASTAD_AMQP_URL`) holds one URL or several, comma-separated: the nodes of a
-cluster. Each process tries them in an order of its own (shuffled once), so the services spread over
-the nodes, and moves to the next one when its node goes. Every connection, whichever library makes it
-(pika for Dramatiq and the probes, aiormq for the relay), has AMQP heartbeats and TCP keepalives with a
-user timeout: a node that died without closing its sockets (a lost machine, a partition) is given up
-within about `HEARTBEAT_S` and `TCP_USER_TIMEOUT_MS`, not after the kernel's two hours. (The relay's
-asyncio connections are made in castad_relay.connection, with these same settings.)
+cluster. Each connection tries them in an order drawn anew (so the services spread over the nodes, and
+a dead node is not always tried first) and moves to the next one when its node goes. Every connection,
+whichever library makes it (pika for Dramatiq and the probes, aiormq for the relay), has AMQP
+heartbeats and TCP keepalives with a user timeout: a node that died without closing its sockets (a lost
+machine, a partition) is given up within about two heartbeats or `TCP_USER_TIMEOUT_MS`, not after the
+kernel's two hours. What a URL sets itself (`heartbeat`, `tcp_options`, timeouts, `connection_attempts`)
+wins. (The relay's asyncio connections are made in castad_relay.connection, with these same settings.)
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import urllib.parse
 
 import pika
 
-HEARTBEAT_S = 10  # AMQP heartbeat timeout asked of the broker: a silent peer is dropped after about this
+HEARTBEAT_S = 5  # AMQP heartbeat timeout asked of the broker: a silent peer is dropped after about two
 CONNECT_TIMEOUT_S = 10.0  # TCP connect, TLS and AMQP handshake of one node
-# TCP: keepalive probes after 10 s idle, every 5 s, 3 unanswered ones end the connection; unacknowledged
-# data ends it after 20 s (keepalives alone do not cover a peer that stops acknowledging what was sent).
-KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
-TCP_USER_TIMEOUT_MS = 20_000
+# TCP: keepalive probes after 5 s idle, every 2 s, 3 unanswered ones end the connection; unacknowledged
+# data ends it after 10 s (keepalives alone do not cover a peer that stops acknowledging what was sent).
+KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
+TCP_USER_TIMEOUT_MS = 10_000
 
 
 def urls(setting: str) -> list[str]:
@@ -48,15 +49,15 @@ def _pika(url: str, timeout_s: float | None) -> pika.URLParameters:
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)  # what the URL sets itself wins
     if "heartbeat" not in query:
         parameters.heartbeat = HEARTBEAT_S
-    if "tcp_options" not in query:
-        parameters.tcp_options = {**KEEPALIVE, "TCP_USER_TIMEOUT": TCP_USER_TIMEOUT_MS}
+    parameters.tcp_options = {**KEEPALIVE, "TCP_USER_TIMEOUT": TCP_USER_TIMEOUT_MS, **(parameters.tcp_options or {})}
     connect_s = min(timeout_s or CONNECT_TIMEOUT_S, CONNECT_TIMEOUT_S)
     for name in ("socket_timeout", "stack_timeout"):
         if name not in query:
             setattr(parameters, name, connect_s)
-    if timeout_s is not None:
+    if timeout_s is not None and "blocked_connection_timeout" not in query:
         parameters.blocked_connection_timeout = timeout_s
-    parameters.connection_attempts = 1  # the next node, not the same one again
+    if "connection_attempts" not in query:
+        parameters.connection_attempts = 1  # the next node, not the same one again
     return parameters
 
 

@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 OUTBOX_CHANNEL = "castad_outbox"
 # libpq's connection parameters that bound every wait on a dead or unreachable server; a URL's own win.
 TIMEOUTS: dict[str, int] = {
-    "connect_timeout": 5,  # seconds, per host tried
+    "connect_timeout": 3,  # seconds, per host tried (libpq tries a multi-host URL's hosts in order)
     "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
     "keepalives_count": 3,
-    "tcp_user_timeout": 20_000,  # ms: data sent and not acknowledged for this long ends the connection
+    "tcp_user_timeout": 10_000,  # ms: data sent and not acknowledged for this long ends the connection
 }
 _AFTER_COMMIT = "castad_after_commit"
 _USED = "castad_used"  # a pooled connection's record: it was handed out before
@@ -48,8 +48,9 @@ def connect_args(url: str) -> dict[str, Any]:
     `target_session_attrs=read-write` where the URL names several hosts (unless it says otherwise)."""
     parsed = sa.engine.make_url(url)
     added: dict[str, Any] = {key: value for key, value in TIMEOUTS.items() if key not in parsed.query}
-    hosts = parsed.query.get("host")
-    if isinstance(hosts, tuple) and len(hosts) > 1 and "target_session_attrs" not in parsed.query:
+    hosts = parsed.query.get("host", ())
+    named = [host for entry in ((hosts,) if isinstance(hosts, str) else hosts) for host in entry.split(",")]
+    if len(named) > 1 and "target_session_attrs" not in parsed.query:  # ?host=a&host=b, or libpq's ?host=a,b
         added["target_session_attrs"] = "read-write"
     return added
 

@@ -52,10 +52,19 @@ class ServiceBroker(RabbitmqBroker):
     """
 
     def __init__(self, *, amqp_url: str, topo: topology.Topology, requeue_exchange: str) -> None:
+        self.amqp_url = amqp_url
         super().__init__(confirm_delivery=True)
-        self.parameters = amqp.pika_parameters(amqp_url)
         self.topology = topo
         self.requeue_exchange = requeue_exchange
+
+    @property
+    def parameters(self) -> list[pika.URLParameters]:
+        """Read by Dramatiq for each connection it makes: the nodes in an order drawn anew each time."""
+        return amqp.pika_parameters(self.amqp_url)
+
+    @parameters.setter
+    def parameters(self, _: object) -> None:
+        """Dramatiq's constructor sets the parameters of a URL it was not given: those here are the setting's."""
 
     def _build_queue_arguments(self, queue_name: str) -> dict[str, Any]:
         return dict(self.topology.queue_arguments())

@@ -7,8 +7,9 @@ third of `lease_s`; the others look every `LOOK_S` and take over once it ran out
 that freezes (a paused machine, a long stop), dies or is cut off from the database stops
 renewing, so another relay leads within `lease_s` and a look.
 
-The holder is fenced by its own clock: it acts only while `held()`, that is until `lease_s`
-after it sent the renewal that last succeeded. The database set the lease's end no earlier
+The holder is fenced by its own clock (castad_runtime.clock, which counts a suspended machine's
+sleep): it acts only while `held()`, that is until `lease_s` after it sent the renewal that last
+succeeded. The database set the lease's end no earlier
 than that statement's start, so no other relay can have taken over while `held()` is true.
 A leader that wakes after losing the lease therefore publishes nothing more; the rows it had
 taken are published by the new leader, in order, and whatever it had confirmed but not
@@ -23,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from castad_runtime import clock as clock_
 
 from castad_relay import statements
 
@@ -43,7 +43,7 @@ class LostLeadership(Exception):
 class Lease:
     """This relay's lease of one database's outbox."""
 
-    def __init__(self, holder: str, lease_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, holder: str, lease_s: float, clock: clock_.Clock = clock_.now) -> None:
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
         self.holder = holder
@@ -73,6 +73,9 @@ class Lease:
         sent_at = self.clock()
         remaining = self._valid_until - sent_at if self.held() else self.lease_s
         async with asyncio.timeout(max(remaining, 0.001)):
+            if not await self._may_take(conn):
+                self._valid_until = 0.0
+                return False
             cursor = await conn.execute(
                 statements.TAKE_LEASE, {"holder": self.holder, "term": self.term or 0, "lease_s": self.lease_s}
             )
@@ -84,6 +87,16 @@ class Lease:
             log.info("took the lease of term %d", row[0])
         self.term, self._valid_until = row[0], sent_at + self.lease_s
         return True
+
+    async def _may_take(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Whether the lease is free or this relay's, by a read: a standby's look each second locks and writes
+        nothing (TAKE_LEASE would, and on a primary with a synchronous standby, wait for it)."""
+        cursor = await conn.execute(statements.LEASE)
+        row = await cursor.fetchone()
+        if row is None:
+            return True
+        holder, term, expired = row
+        return bool(expired) or (holder == self.holder and term == self.term)
 
     async def wait_until_taken(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Look every LOOK_S until this relay holds the lease."""

@@ -16,6 +16,9 @@ WHERE (lease.holder = EXCLUDED.holder AND lease.term = %(term)s) OR lease.expire
 RETURNING term
 """
 
+# Who holds the lease, and whether it ran out (a standby's look, before it tries to take it).
+LEASE = "SELECT holder, term, expires_at < now() FROM outbox_leader"
+
 # A stopping leader ends its lease at once.
 RELEASE_LEASE = "UPDATE outbox_leader SET expires_at = now() WHERE holder = %(holder)s AND term = %(term)s"
 

@@ -6,10 +6,8 @@ cannot read that clock, but it knows a moment at or before each of those transac
 began, by its own: the lease is known held until that moment plus `lease_s`. A process that
 was frozen (stopped, paused, swapped out, its machine suspended) past that time, or whose
 renewals failed for that long, no longer knows it holds the lease, and whatever it was about
-to send out must not go (castad_runtime.stage.fence).
-
-The clock is CLOCK_BOOTTIME where there is one (Linux): monotonic like time.monotonic, and
-unlike it, counting the time the machine was suspended.
+to send out must not go (castad_runtime.stage.fence). The clock is the lease clock
+(castad_runtime.clock), which counts a suspended machine's sleep.
 """
 
 from __future__ import annotations
@@ -23,17 +21,14 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from castad_runtime import clock as clock_
 from castad_runtime import db, outages, redact
 from castad_runtime.stage import repository
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], float]
-
-
-def clock() -> float:
-    """Seconds on a clock that never goes back and counts a suspended machine's sleep (where it can)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+Clock = clock_.Clock
+clock = clock_.now
 
 
 @dataclasses.dataclass
