@@ -273,3 +273,14 @@ def test_every_completed_event_carrying_a_brief_reads_version_1(stage):
     read = events.REGISTRY.read(events.stage_event(stage, "completed"), 1, data)
 
     assert isinstance(read, model) and read.brief.style is brief.Style.JAZZ
+
+
+def test_every_event_type_has_one_producer_with_a_source_of_its_own():
+    assert set(topology.PRODUCERS) == set(events.REGISTRY.event_types)
+    assert {service: f"/castad/{service}" for service in ("api", "lyric", "song", "video")} == topology.SOURCES
+    assert topology.PRODUCERS["pipeline.requested"] == topology.PRODUCERS["provider.song.called_back"] == "api"
+    assert {topology.PRODUCERS[events.stage_event(stage, "completed")] for stage in events.Stage} == {
+        "lyric",
+        "song",
+        "video",
+    }

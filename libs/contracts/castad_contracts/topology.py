@@ -9,6 +9,12 @@ dead letters go through the dead-letter exchange, and a service's own re-deliver
 delayed retry, a replayed dead letter) through its requeue exchange, bound to its own
 queues only. So each service's broker user can be limited to its own names (`permissions`).
 
+Who may say what (`PRODUCERS`, `SOURCES`): each event type has one producing service, which
+writes it with its own envelope `source`. The relay publishes from a service's outbox only that
+service's own types, and only the gateway's outbox may address one queue (a replayed dead letter,
+which keeps the `source` of the service that first produced it); a consumer takes an event only
+if its `source` is its type's producer's.
+
 Every queue is a quorum queue: replicated over a majority of a cluster's nodes, its publishes
 confirmed once a majority wrote them. A message its consumers take and never acknowledge (it
 kills or stops them every time) goes to the dead-letter exchange after `DELIVERY_LIMIT` returns,
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 
 from castad_contracts import events
 
@@ -53,8 +60,23 @@ SUBSCRIPTIONS: dict[str, Subscription] = {
 }
 
 
+GATEWAY = "api"  # the only service whose outbox may address one queue (a replayed dead letter)
 RELAY = "relay"  # the broker user that publishes and consumes nothing
-SHARED_OWNER = "api"  # declares the events exchange and the dead letters' exchange and queue
+SHARED_OWNER = GATEWAY  # declares the events exchange and the dead letters' exchange and queue
+
+# The service that produces each event type: the only one whose outbox the relay publishes it from.
+PRODUCERS: dict[str, str] = {
+    events.PIPELINE_REQUESTED: GATEWAY,
+    **{request: GATEWAY for request in events.OPERATOR_REQUESTS},
+    **{events.provider_called_back(stage): GATEWAY for stage in events.Stage},
+    **{
+        events.stage_event(stage, fact): stage.value
+        for stage in events.Stage
+        for fact in typing.get_args(events.StageFact)
+    },
+}
+# The envelope `source` each producing service writes (and every consumer expects of its types).
+SOURCES: dict[str, str] = {service: f"/castad/{service}" for service in dict.fromkeys(PRODUCERS.values())}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ from castad_runtime import amqp, backoff, db, outages, outbox, redact
 from castad_api import errors, projection, repository, retention
 
 log = logging.getLogger(__name__)
-SOURCE = "/castad/api"
+SOURCE = topology.SOURCES[topology.GATEWAY]
 PARKED_HEADER = "x-castad-parked-event"
 
 
