@@ -66,6 +66,7 @@ class SourceRelay:
 
     def __init__(
         self,
+        service: str,
         url: str,
         publisher: publisher_.Publisher,
         config: settings_.RelaySettings,
@@ -76,7 +77,7 @@ class SourceRelay:
         self.url = url
         self.dead_letter_exchange = dead_letter_exchange
         self.name = db.database_name(url)
-        self.source = metrics_.source_name(url)
+        self.source = service  # whose outbox this is (the relay's setting says): what it may publish from it
         holder = holder or leadership.Lease.holder_name(process.worker_id("relay"))
         self.lease = leadership.Lease(holder, config.lease_s)
         self.metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
@@ -312,7 +313,10 @@ async def run(
         config.amqp_url, topo.exchange, config.confirm_timeout_s, config.max_message_bytes, metrics.confirms
     )
     # The relay's broker user may only publish: the queues are declared by set-up and by their services.
-    relays = [SourceRelay(url, publisher, config, topo.dead_letter_exchange, metrics) for url in config.sources]
+    relays = [
+        SourceRelay(service, url, publisher, config, topo.dead_letter_exchange, metrics)
+        for service, url in config.sources.items()
+    ]
     tasks = [asyncio.create_task(relay.run_forever(), name=relay.name) for relay in relays]
     started = time.monotonic()
     try:
