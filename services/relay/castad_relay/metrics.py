@@ -14,6 +14,7 @@ from castad_relay import statements
 
 # Why a row was not published (castad_relay.publisher's answers).
 REFUSED = "refused"  # the broker will not take it for its own sake: unroutable, too large
+FORBIDDEN = "forbidden"  # its outbox's service may not publish it (castad_relay.ownership): parked at once
 CHANNEL_CLOSED = "channel_closed"  # its channel closed while it was in flight (tried again alone)
 BROKER_UNAVAILABLE = "broker_unavailable"  # lost to trouble with the broker connection (waits, uncharged)
 
