@@ -175,3 +175,32 @@ def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_after_the
     assert (row["service"], row["queue"], row["event_id"]) == ("lyric", queue, poison.id)
     assert "never acknowledged" in row["reason"]
     assert amqp.depth(queue) == 0
+
+
+def test_an_event_from_another_service_than_its_types_producer_is_dead_lettered_and_never_handled(
+    installation, engines, amqp, run_consumer
+):
+    """A pipeline.requested that says it comes from the song stage (only the gateway produces it): dead-lettered
+    at once with a reason naming both, counted as wrong_source, its handler never called; a genuine one after
+    it is handled."""
+    topology = installation.topology
+    handler = Counted(stage_trigger_handler(engines["lyric"]))
+    registry = metrics.registry()
+    run_consumer(
+        "lyric", {events.PIPELINE_REQUESTED: handler}, threads=1, metrics=metrics.ConsumerMetrics(registry, "lyric")
+    )
+    forged = requested_envelope().model_copy(update={"source": "/castad/song"})
+    good = requested_envelope()
+    for env in (forged, good):
+        amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, env.to_json(), message_id=str(env.id))
+
+    [dead] = amqp.take(topology.dead_letter_queue, 1)
+    eventually(lambda: handler.finished >= 1, what="the genuine one handled")
+
+    row = dead_letters.describe(dead.properties.message_id, dead.headers, dead.body, body_max=1 << 20)
+    assert row["event_id"] == forged.id and row["queue"] == topology.queue("lyric")
+    assert "pipeline.requested from /castad/song: only /castad/api produces it" in row["reason"]
+    assert handler.finished == 1
+    assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == forged.subject) == 0
+    assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
+    eventually(lambda: _dead_letters(registry, metrics.WRONG_SOURCE) == 1, what="counted as wrong_source")

@@ -13,8 +13,10 @@ copy, a dead letter) has been confirmed by the broker, so nothing is lost in bet
   `hold_s` after this service first saw it, then dead-lettered;
 - its handler fails for a reason of its own: tried again through the delay queue, up to
   `max_retries` more times, then dead-lettered with the last error;
-- it cannot be decoded, its type is unknown, no handler takes it, or its payload is
-  invalid: dead-lettered at once (`encoder.EnvelopeEncoder` finds most of these).
+- it cannot be decoded, its type is unknown, no handler takes it, it says it comes from
+  another service than its type's producer (`topology.PRODUCERS`: only that service's outbox
+  may publish it, and a dead letter the gateway replays keeps its producer's source), or its
+  payload is invalid: dead-lettered at once (`encoder.EnvelopeEncoder` finds most of these).
 A dead letter goes to `<namespace>.dead-letter` with the reason in `x-castad-reason`.
 
 Its metrics (`metrics.ConsumerMetrics`): the handoff of every event it hands to a handler for
@@ -141,6 +143,11 @@ class EventConsumer:
         handler = self.handlers.get(env.type)
         if handler is None:
             self._dead(document, f"no handler for {env.type!r} in {self.service}", metrics_.UNKNOWN_TYPE)
+            return
+        producer = topology.PRODUCERS.get(env.type)
+        if producer is None or env.source != topology.SOURCES[producer]:
+            expected = topology.SOURCES[producer] if producer else "no service"
+            self._dead(document, f"{env.type} from {env.source}: only {expected} produces it", metrics_.WRONG_SOURCE)
             return
         try:
             payload = env.payload(self.registry)
