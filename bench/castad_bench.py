@@ -167,7 +167,7 @@ class CastadBench:
             "CASTAD_AMQP_URL": common.AMQP_URL,
             "CASTAD_NAMESPACE": self.namespace,
             "CASTAD_ARTIFACTS_DIR": str(self.artifacts_dir),
-            "CASTAD_RELAY_SOURCES": ",".join(self.urls.values()),
+            "CASTAD_RELAY_SOURCES": ",".join(f"{svc}={url}" for svc, url in self.urls.items()),
             "CASTAD_API_PORT": str(self.port),
             "OTEL_TRACES_EXPORTER": "none",
             # The per-key limit is counted as ever (the same statement), but set above any rate measured here.

@@ -62,7 +62,7 @@ def render(pipeline_id: str, brief: dict[str, Any], lyrics: dict[str, Any], song
     words = events.Lyrics.model_validate(lyrics)
     timed = [events.TimedLine.model_validate(line) for line in song["timed_lines"]]
     with (
-        STORE.local_copy(events.Artifact.model_validate(song["artifact"])) as song_path,
+        STORE.local_copy(events.Artifact.model_validate(song["artifact"]), pipeline_id, events.Stage.SONG) as song_path,
         STORE.scratch(pipeline_id, events.Stage.VIDEO, 1, ".mp4") as scratch,
     ):
         video = VIDEOS.render(

@@ -117,7 +117,7 @@ class Drain:
             **os.environ,
             "CASTAD_AMQP_URL": common.AMQP_URL,
             "CASTAD_NAMESPACE": self.namespace,
-            "CASTAD_RELAY_SOURCES": self.url,
+            "CASTAD_RELAY_SOURCES": f"lyric={self.url}",
             "OTEL_TRACES_EXPORTER": "none",
         }
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,7 @@ class Installation:
             "CASTAD_AMQP_URL": self.amqp_url,
             "CASTAD_NAMESPACE": self.namespace,
             "CASTAD_ARTIFACTS_DIR": str(self.artifacts_dir),
-            "CASTAD_RELAY_SOURCES": ",".join(self.database_urls.values()),
+            "CASTAD_RELAY_SOURCES": ",".join(f"{svc}={url}" for svc, url in self.database_urls.items()),
             **{f"CASTAD_{service.upper()}_DATABASE_URL": url for service, url in self.database_urls.items()},
         }
 

@@ -74,7 +74,7 @@ class Deployment:
             "CASTAD_AMQP_URL": amqp_url,
             "CASTAD_NAMESPACE": self.namespace,
             "CASTAD_ARTIFACTS_DIR": str(self.artifacts_dir),
-            "CASTAD_RELAY_SOURCES": ",".join(self.urls.values()),
+            "CASTAD_RELAY_SOURCES": ",".join(f"{svc}={url}" for svc, url in self.urls.items()),
             **{f"CASTAD_{svc.upper()}_DATABASE_URL": url for svc, url in self.urls.items()},
         }
 

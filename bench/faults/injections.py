@@ -1,4 +1,5 @@
-"""Faults that are messages or rows: poison in every queue, copies of real events, an unroutable row.
+"""Faults that are messages or rows: poison in every queue, copies of real events, an outbox row the relay
+refuses (of a type no service produces).
 
 Every poison message carries a marker of its own (a UUID in its body), so that the checker
 can tell the dead-letter queue holds exactly the poison injected, each with its reason.
@@ -24,7 +25,7 @@ from bench import common
 # The event type each service's queue is bound to, to send it as a version it cannot know yet.
 TRIGGERS = {"api": "lyric.started", "lyric": "pipeline.requested", "song": "lyric.completed", "video": "song.completed"}
 EXPECTED_REASON = {"garbage": "not JSON", "unknown_type": "no handler", "newer_version": "is newer than"}
-PROBE_TYPE = "harness.fault_probe"  # an event type no queue is bound to
+PROBE_TYPE = "harness.fault_probe"  # an event type no service produces: the relay parks it at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +51,8 @@ def poison_for(topo: topology.Topology) -> list[Poison]:
             document = {
                 "specversion": "1.0",
                 "id": marker,
-                "source": "/castad/fault-harness",
+                # its type's producer's: a consumer dead-letters an event from anyone else at once
+                "source": topology.SOURCES.get(topology.PRODUCERS.get(event_type, ""), "/castad/fault-harness"),
                 "type": event_type,
                 "subject": str(uuid.uuid4()),
                 "time": "2026-01-01T00:00:00Z",
@@ -129,7 +131,8 @@ class Tap:
 
 
 def add_unroutable_row(api_database_url: str) -> str:
-    """An outbox row in the gateway's database of an event type no queue is bound to; its event id."""
+    """An outbox row in the gateway's database of an event type no service produces (so no queue is bound to
+    it either), which the relay parks at once; its event id."""
     event_id, pipeline_id = str(uuid.uuid4()), str(uuid.uuid4())
     document = {
         "specversion": "1.0",

@@ -107,8 +107,8 @@ def render(result: run.Result) -> str:
         f" {plan.HOLD_EVENTS_S:g} s, then dead-lettered);"
         f" {result.duplicates} real events published a second time (the inboxes dropped {result.dropped:.0f} events"
         " as seen before over the whole run, these copies among them);"
-        f" one outbox row of type `{injections.PROBE_TYPE}`, which no queue is bound to (parked after"
-        f" {plan.RELAY_MAX_PUBLISH_ATTEMPTS} refusals). An operator acted at random every"
+        f" one outbox row of type `{injections.PROBE_TYPE}`, which no service produces (parked at once: the"
+        " relay publishes from an outbox only its service's own types). An operator acted at random every"
         f" {chosen.operator_interval_s:g} s, cancelling a recent pipeline or retrying an ended one"
         f" ({operator or 'no action'}; 409: it had ended, or was not retryable any more).",
         "",

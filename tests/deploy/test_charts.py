@@ -247,7 +247,8 @@ def test_the_relay_reads_every_source_from_its_secret_and_joins_them(chart_dir):
     (deployment,) = by_kind(render(chart_dir, "relay", {}), "Deployment")
     env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
     names = ("API", "LYRIC", "SONG", "VIDEO")
-    assert env["CASTAD_RELAY_SOURCES"] == ",".join(f"$(CASTAD_RELAY_SOURCE_{name})" for name in names)
+    # each URL named by its service: the relay publishes from a database only that service's event types
+    assert env["CASTAD_RELAY_SOURCES"] == ",".join(f"{name.lower()}=$(CASTAD_RELAY_SOURCE_{name})" for name in names)
     order = [item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
     for name in names:  # Kubernetes expands $(VAR) only from variables defined earlier
         assert order.index(f"CASTAD_RELAY_SOURCE_{name}") < order.index("CASTAD_RELAY_SOURCES")

@@ -4,7 +4,8 @@ The roles and users are made for the test's own namespace by the code set-up use
 (`castad_local.privileges`). With them, a pipeline and an operator's dead-letter replay still
 work (a handler's delayed retry, a dead letter, a replay through the relay); and each role and
 user is refused what is not its own: another service's database, the relay anything but the
-outbox, another service's queue, the events exchange for anyone but the relay.
+outbox, another service's queue, the events exchange for anyone but the relay, the dead-letter
+exchange for anyone but the relay and the gateway.
 """
 
 from __future__ import annotations
@@ -158,7 +159,9 @@ def test_a_service_migrating_its_own_database_as_its_role_lets_in_the_relay_and_
         privileges.drop_postgres(made, support.PG_URL)
 
 
-def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publishes_events(installation, users):
+def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publishes_events_and_notices(
+    installation, users
+):
     topo = installation.topology
 
     def session(service: str, action: Callable[[Any], object]) -> None:
@@ -183,6 +186,9 @@ def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publis
     session("lyric", lambda channel: channel.basic_get(topo.queue("lyric")))
     session("api", lambda channel: channel.basic_get(topo.dead_letter_queue))
     session("relay", lambda channel: channel.basic_publish(topo.exchange, "nothing.bound", b"{}"))
+    # Dead letters straight into the dead-letter exchange: the relay's notices of parked rows, and the gateway.
+    for service in ("relay", "api"):
+        session(service, lambda channel: channel.basic_publish(topo.dead_letter_exchange, "", b"{}"))
     song = topo.queue("song")
     for service in ("lyric", "api"):
         refused(service, lambda channel: channel.basic_get(song))
@@ -194,6 +200,10 @@ def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publis
         refused(service, lambda channel: channel.basic_publish(topo.requeue_exchange(song), song, b"{}"))
     refused("lyric", lambda channel: channel.exchange_delete(topo.exchange))  # the gateway's, which declares it
     refused("lyric", lambda channel: channel.basic_get(topo.dead_letter_queue))
+    # A stage's dead letter is its own queue's, by the broker's word: it cannot publish one naming another queue.
+    for service in ("lyric", "song", "video"):
+        refused(service, lambda channel: channel.basic_publish(topo.dead_letter_exchange, "", b"{}"))
+        refused(service, lambda channel: channel.basic_publish("", topo.dead_letter_queue, b"{}"))
     refused("relay", lambda channel: channel.basic_get(topo.queue("lyric")))
     refused("relay", lambda channel: channel.queue_declare(f"{topo.namespace}.mine"))
     refused("relay", lambda channel: channel.basic_publish("", song, b"{}"))

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pika
 import psycopg.sql
 import sqlalchemy as sa
-from castad_contracts import brief, envelope, events
+from castad_contracts import brief, envelope, events, topology
 from castad_runtime import consumer, db, inbox, outbox, tables
 from castad_runtime.stage import cancellation, handlers, leases, machine, repository, runner
 
@@ -56,25 +56,44 @@ def requested_envelope(pipeline_id: str | None = None) -> envelope.Envelope:
     return envelope.wrap(pipeline_requested(pipeline_id), events.PIPELINE_REQUESTED, "/castad/api")
 
 
-def lyric_started(pipeline_id: str, attempt: int) -> events.StageStarted:
+def lyric_started(pipeline_id: str, attempt: int, stage: events.Stage = events.Stage.LYRIC) -> events.StageStarted:
     """A stage fact the gateway's queue is bound to; `attempt` doubles as a sequence number."""
     return events.StageStarted(
         pipeline_id=pipeline_id,
-        stage=events.Stage.LYRIC,
+        stage=stage,
         job_id=str(uuid.uuid4()),
         attempt=attempt,
         started_at=now(),
-        worker="lyric@test:1",
+        worker=f"{stage.value}@test:1",
     )
 
 
 def write_events(engine: sa.Engine, payloads: Iterable[events.Payload], event_type: str) -> list[envelope.Envelope]:
-    """Each payload in its own committed transaction, as a service writes them."""
+    """Each payload in its own committed transaction, as a service writes them: with its type's producer's
+    source (the relay publishes a type only from its producer's database, with that source)."""
     written = []
     for payload in payloads:
         with db.transaction(engine) as conn:
-            written.append(outbox.add(conn, payload, event_type, "/castad/test"))
+            written.append(outbox.add(conn, payload, event_type, topology.SOURCES[topology.PRODUCERS[event_type]]))
     return written
+
+
+# Lyric's own, and routed nowhere once `hear_only_started` narrowed the gateway's binding: the broker returns it.
+UNHEARD = events.stage_event(events.Stage.LYRIC, "retrying")
+
+
+def hear_only_started(amqp: Amqp, topo: topology.Topology) -> None:
+    """The gateway's queue bound to lyric.started alone instead of lyric.*: lyric's other facts reach no queue."""
+    amqp.channel.queue_bind(topo.queue("api"), topo.exchange, events.stage_event(events.Stage.LYRIC, "started"))
+    amqp.channel.queue_unbind(topo.queue("api"), topo.exchange, "lyric.*")
+
+
+def write_unroutable(engine: sa.Engine, pipeline_id: str) -> uuid.UUID:
+    """A row of lyric's outbox that no queue takes (after `hear_only_started`): RabbitMQ returns it, as unroutable."""
+    env = envelope.Envelope(source=topology.SOURCES["lyric"], type=UNHEARD, subject=pipeline_id, data={})
+    with db.transaction(engine) as conn:
+        outbox.append(conn, env)
+    return env.id
 
 
 def output() -> runner.Output:

@@ -1,20 +1,35 @@
 """Messages a service cannot read or handle are parked in the dead-letter queue with the reason,
 and its consumer (a real Dramatiq worker on the service's queue) goes on with the next one; each is
-counted by why (castad_consumer_dead_letters_total)."""
+counted by why (castad_consumer_dead_letters_total). A consumer files a dead letter by rejecting it on
+its own queue: the broker's `x-death` names the queue, which is how the gateway records where it came from
+(`describe`, the recorder's reading of a message of the dead-letter queue)."""
 
 from __future__ import annotations
 
 import json
+import uuid
+from typing import Any
 
 import pika
 import pytest
+import sqlalchemy as sa
 from castad_api import dead_letters
+from castad_api import settings as api_settings
 from castad_contracts import events
 from castad_contracts import topology as contracts_topology
-from castad_runtime import metrics, tables
+from castad_runtime import db, metrics, tables
 from prometheus_client import CollectorRegistry
 
-from tests.integration.helpers import Counted, count, eventually, requested_envelope, stage_trigger_handler
+from tests.integration.gateway import Projection
+from tests.integration.helpers import (
+    Counted,
+    Delivered,
+    count,
+    eventually,
+    now,
+    requested_envelope,
+    stage_trigger_handler,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,14 +64,13 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, good.to_json(), message_id=str(good.id))
 
     eventually(lambda: handler.finished == 1, what="the good message handled")
-    dead = amqp.take(topology.dead_letter_queue, len(bad))
+    dead = [recorded(message) for message in amqp.take(topology.dead_letter_queue, len(bad))]
 
-    reasons = {message.headers["x-castad-reason"]: message for message in dead}
+    reasons = {row["reason"]: row for row in dead}
     for body, reason in bad.items():
-        [parked] = [message for text, message in reasons.items() if text.startswith(reason)]
-        assert _same_document(parked.body, body), reason
-        assert parked.headers["x-castad-service"] == "lyric"
-        assert parked.headers["x-castad-queue"] == topology.queue("lyric")
+        [parked] = [row for text, row in reasons.items() if text.startswith(reason)]
+        assert _same_document(parked["body"], body), reason
+        assert (parked["kind"], parked["service"], parked["queue"]) == ("message", "lyric", topology.queue("lyric"))
     assert "brief" in next(text for text in reasons if text.startswith("unreadable"))
     assert count(engines["lyric"], tables.jobs) == 1
     assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
@@ -86,10 +100,10 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
     amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, doomed.to_json(), message_id=str(doomed.id))
     amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, good.to_json(), message_id=str(good.id))
 
-    [parked] = amqp.take(topology.dead_letter_queue, 1, timeout=30)
+    [parked] = [recorded(message) for message in amqp.take(topology.dead_letter_queue, 1, timeout=30)]
 
-    assert json.loads(parked.body) == json.loads(doomed.to_json())
-    assert parked.headers["x-castad-reason"] == (
+    assert json.loads(parked["body"]) == json.loads(doomed.to_json())
+    assert parked["reason"] == (
         "pipeline.requested handler failed 3 times, last: RuntimeError: the stage database refuses this pipeline"
     )
     assert calls.count(doomed.subject) == 3 and calls.count(good.subject) == 1
@@ -117,13 +131,19 @@ def test_a_bad_message_on_the_delay_queue_is_dead_lettered_and_acknowledged_ther
     }
     amqp.publish("", delay_queue, json.dumps(bad).encode())
 
-    [parked] = amqp.take(topology.dead_letter_queue, 1)
+    [parked] = [recorded(message) for message in amqp.take(topology.dead_letter_queue, 1)]
     run_consumer.stop()
 
-    assert parked.headers["x-castad-reason"] == "a Dramatiq message with bad arguments for lyric.on_event"
-    assert json.loads(parked.body) == bad
+    assert parked["reason"] == "a Dramatiq message with bad arguments for lyric.on_event"
+    assert json.loads(parked["body"]) == bad
+    assert parked["queue"] == topology.queue("lyric")  # a delay queue's letter is its service queue's
     for queue in (topology.queue("lyric"), delay_queue):
         assert amqp.depth(queue) == 0, queue
+
+
+def recorded(message: Delivered) -> dict[str, Any]:
+    """The gateway's row of a message of the dead-letter queue."""
+    return dead_letters.describe(message.properties.message_id, message.headers, message.body, body_max=1 << 20)
 
 
 def _same_document(parked: bytes, published: bytes) -> bool:
@@ -175,3 +195,62 @@ def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_after_the
     assert (row["service"], row["queue"], row["event_id"]) == ("lyric", queue, poison.id)
     assert "never acknowledged" in row["reason"]
     assert amqp.depth(queue) == 0
+
+
+def test_an_event_from_another_service_than_its_types_producer_is_dead_lettered_and_never_handled(
+    installation, engines, amqp, run_consumer
+):
+    """A pipeline.requested that says it comes from the song stage (only the gateway produces it): dead-lettered
+    at once with a reason naming both, counted as wrong_source, its handler never called; a genuine one after
+    it is handled."""
+    topology = installation.topology
+    handler = Counted(stage_trigger_handler(engines["lyric"]))
+    registry = metrics.registry()
+    run_consumer(
+        "lyric", {events.PIPELINE_REQUESTED: handler}, threads=1, metrics=metrics.ConsumerMetrics(registry, "lyric")
+    )
+    forged = requested_envelope().model_copy(update={"source": "/castad/song"})
+    good = requested_envelope()
+    for env in (forged, good):
+        amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, env.to_json(), message_id=str(env.id))
+
+    [dead] = amqp.take(topology.dead_letter_queue, 1)
+    eventually(lambda: handler.finished >= 1, what="the genuine one handled")
+
+    row = recorded(dead)
+    assert row["event_id"] == forged.id and row["queue"] == topology.queue("lyric")
+    assert "pipeline.requested from /castad/song: only /castad/api produces it" in row["reason"]
+    assert handler.finished == 1
+    assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == forged.subject) == 0
+    assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
+    eventually(lambda: _dead_letters(registry, metrics.WRONG_SOURCE) == 1, what="counted as wrong_source")
+
+
+def test_a_dead_letter_is_replayed_only_into_the_queue_it_died_in_whatever_it_claims(installation, engines, amqp):
+    """A message in lyric's queue claiming, in every header it can set, to be song's dead letter (its queue,
+    its service, an `x-death` of its own): rejected there, it is recorded as lyric's, and its replay goes to
+    lyric's queue alone, where it came from."""
+    topology = installation.topology
+    event = Projection(engines["api"]).envelope(str(uuid.uuid4()), events.Stage.LYRIC, "completed", 1, now())
+    claims = {
+        "x-castad-queue": topology.queue("song"),
+        "x-castad-service": "song",
+        "x-death": [{"count": 1, "reason": "rejected", "queue": topology.queue("song"), "exchange": ""}],
+    }
+    properties = pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()), headers=claims)
+    amqp.channel.basic_publish(
+        topology.requeue_exchange(topology.queue("lyric")), topology.queue("lyric"), event.to_json(), properties
+    )
+    method, _, _ = amqp.channel.basic_get(topology.queue("lyric"))
+    amqp.channel.basic_reject(method.delivery_tag, requeue=False)
+    [dead] = amqp.take(topology.dead_letter_queue, 1)
+
+    policy = api_settings.ApiSettings(database_url=installation.database_urls["api"]).retention_policy()
+    with db.transaction(engines["api"]) as conn:
+        letter_id = dead_letters.record(conn, recorded(dead))
+        assert letter_id is not None
+        detail = dead_letters.replay(conn, letter_id, "ops", policy)
+    with engines["api"].connect() as conn:
+        [destination] = conn.execute(sa.select(tables.outbox.c.destination)).scalars()
+
+    assert destination == topology.queue("lyric") and topology.queue("lyric") in detail

@@ -1,6 +1,7 @@
 """The gateway's retention on a real PostgreSQL: timelines, pipelines, dead letters and creation counts go
 after their time, nothing of a pipeline that has not ended goes, and the HTTP API refuses (409, 410)
-what the stages' retention deleted or would delete before it could be used."""
+what the stages' retention deleted or would delete before it could be used; and a download serves a
+stage's file only from its own pipeline's and stage's place in the store, whatever its event names."""
 
 from __future__ import annotations
 
@@ -289,6 +290,35 @@ def test_a_download_of_a_file_retention_deleted_is_a_410(engine, http, installat
     assert gone.status_code == 410 and "CASTAD_RETENTION_ARTIFACTS_S" in gone.json()["detail"]
     assert (kept.status_code, kept.text) == (200, "lyrics")
     assert http.get(f"/v1/pipelines/{old}").json()["status"] == "FAILED"  # the pipeline itself is still kept
+
+
+def test_a_completed_event_naming_another_pipelines_or_stages_file_gets_a_404_not_the_file(engine, http, installation):
+    store = artifacts.VolumeStore(installation.artifacts_dir)
+    made: dict[str, events.Artifact] = {}
+
+    def file_of(stage: events.Stage, text: str):  # noqa: ANN202
+        def keep(pipeline_id: str) -> events.Artifact:
+            with store.scratch(pipeline_id, stage, 1, ".txt") as scratch:
+                scratch.write_text(text)
+                made[text] = store.keep(scratch, pipeline_id, stage, "text/plain")
+            return made[text]
+
+        return keep
+
+    victim = ended_pipeline(engine, dt.timedelta(0), file_of(events.Stage.LYRIC, "the victim's lyrics"))
+    ended_pipeline(
+        engine, dt.timedelta(0), file_of(events.Stage.SONG, "a song")
+    )  # a song file, of a pipeline of its own
+    other_pipeline = ended_pipeline(engine, dt.timedelta(0), lambda _: made["the victim's lyrics"])
+    other_stage = ended_pipeline(engine, dt.timedelta(0), lambda _: made["a song"])
+
+    own = http.get(f"/v1/pipelines/{victim}/artifacts/lyric")
+    stolen = http.get(f"/v1/pipelines/{other_pipeline}/artifacts/lyric")
+    wrong_stage = http.get(f"/v1/pipelines/{other_stage}/artifacts/lyric")
+
+    assert (own.status_code, own.text) == (200, "the victim's lyrics")
+    assert stolen.status_code == 404 and "the victim's lyrics" not in stolen.text
+    assert wrong_stage.status_code == 404 and "a song" not in wrong_stage.text
 
 
 def test_every_retention_query_of_the_gateway_finds_its_rows_through_an_index(engine, config):

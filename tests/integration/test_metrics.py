@@ -23,13 +23,14 @@ from prometheus_client import CollectorRegistry
 from tests.integration.helpers import (
     all_published,
     eventually,
+    hear_only_started,
     lyric_started,
     requested_envelope,
     stage_runner,
     succeed,
     write_events,
+    write_unroutable,
 )
-from tests.integration.test_relay import UNHEARD, write_unroutable
 from tests.integration.test_remote_jobs import Provider, fresh_provider, remote_runner, turn
 from tests.integration.test_stage_runner import Script, add_job
 from tests.support import Installation
@@ -199,13 +200,14 @@ def test_the_jobs_gauges_read_each_status_the_due_ones_and_the_expired_leases(en
 def test_the_outbox_gauges_read_the_backlog_its_oldest_row_and_the_parked_rows(installation, engines):
     engine = engines["song"]
     url = installation.database_urls["song"]
-    registry = scraped(relay_metrics.Outbox(url, relay_metrics.source_name(url)))
+    registry = scraped(relay_metrics.Outbox(url, "song"))
     song = {"source": "song"}
     assert sample(registry, "castad_outbox_backlog", **song) == 0
     assert sample(registry, "castad_outbox_oldest_unpublished_age_seconds", **song) == 0
 
-    write_events(engine, [lyric_started(str(uuid.uuid4()), n) for n in (1, 2, 3)], "lyric.started")
-    parked = write_unroutable(engine, str(uuid.uuid4()))
+    payloads = [lyric_started(str(uuid.uuid4()), n, events.Stage.SONG) for n in (1, 2, 3)]
+    write_events(engine, payloads, "song.started")
+    parked = write_unroutable(engine, str(uuid.uuid4()))  # lyric's, in song's outbox: it is never published
     with db.transaction(engine) as conn:
         conn.execute(tables.outbox.update().where(tables.outbox.c.event_id == parked).values(parked_at=sa.func.now()))
     time.sleep(0.3)
@@ -248,13 +250,14 @@ def test_the_gateways_dead_letters_gauge_counts_them_by_status(engines):
 
 
 def test_the_relay_counts_what_it_published_its_confirms_its_batches_and_what_was_refused(
-    installation, engines, start_relay
+    installation, engines, amqp, start_relay
 ):
     engine = engines["lyric"]
     registry = metrics.registry()
+    hear_only_started(amqp, installation.topology)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1) for _ in range(5)], "lyric.started")
-    write_unroutable(engine, str(uuid.uuid4()), UNHEARD)
-    start_relay(metrics=relay_metrics.RelayMetrics(registry), sources=(installation.database_urls["lyric"],))
+    write_unroutable(engine, str(uuid.uuid4()))
+    start_relay(metrics=relay_metrics.RelayMetrics(registry), sources={"lyric": installation.database_urls["lyric"]})
 
     lyric = {"source": "lyric"}
     eventually(lambda: sample(registry, "castad_relay_published_total", **lyric) == 5, what="5 rows published")

@@ -20,38 +20,43 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from castad_contracts import envelope, events
+from castad_contracts import events
 from castad_relay import leadership, publisher, relay, statements
 from castad_relay import settings as relay_settings
 from castad_runtime import db, outbox, tables
 
 from bench.faults.proxy import address_of, running_proxy, through
 from tests.integration.helpers import (
+    UNHEARD,
     Delivered,
     LoopThread,
     OutboxRow,
     all_published,
     eventually,
+    hear_only_started,
     lyric_started,
     outbox_rows,
     pipeline_requested,
     write_events,
+    write_unroutable,
 )
 
 pytestmark = pytest.mark.integration
 
 STARTED = events.stage_event(events.Stage.LYRIC, "started")  # bound to the gateway's queue
-UNHEARD = "pipeline.unheard"  # bound to no queue
+SONG_STARTED = events.stage_event(events.Stage.SONG, "started")
 
 
-def interleaved(pipelines: Sequence[str], per_pipeline: int, seed: int) -> list[events.StageStarted]:
+def interleaved(
+    pipelines: Sequence[str], per_pipeline: int, seed: int, stage: events.Stage = events.Stage.LYRIC
+) -> list[events.StageStarted]:
     """`per_pipeline` events of each pipeline, attempt 1..n in order per pipeline, shuffled across pipelines."""
     rng = random.Random(seed)
     pending = {pipeline: list(range(1, per_pipeline + 1)) for pipeline in pipelines}
     result = []
     while pending:
         pipeline = rng.choice(sorted(pending))
-        result.append(lyric_started(pipeline, pending[pipeline].pop(0)))
+        result.append(lyric_started(pipeline, pending[pipeline].pop(0), stage))
         if not pending[pipeline]:
             del pending[pipeline]
     return result
@@ -101,7 +106,13 @@ def replicas(
         for _ in loops
     ]
     try:
-        yield loops, [relay.SourceRelay(config.sources[0], each, config, "unused.dead-letter") for each in publishers]
+        yield (
+            loops,
+            [
+                relay.SourceRelay("lyric", config.sources["lyric"], each, config, "unused.dead-letter")
+                for each in publishers
+            ],
+        )
     finally:
         for loop, each in zip(loops, publishers, strict=True):
             loop.submit(each.close()).result(timeout=5)
@@ -130,7 +141,7 @@ def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engine
     pipeline_id = str(uuid.uuid4())
     requested = write_events(engines["api"], [pipeline_requested(pipeline_id)], events.PIPELINE_REQUESTED)
     started = write_events(engines["lyric"], [lyric_started(pipeline_id, 1)], STARTED)
-    started += write_events(engines["song"], [lyric_started(pipeline_id, 2)], STARTED)
+    started += write_events(engines["song"], [lyric_started(pipeline_id, 2, events.Stage.SONG)], SONG_STARTED)
 
     for service in ("api", "lyric", "song"):
         eventually(lambda service=service: all_published(engines[service]), what=f"{service} outbox published")
@@ -144,7 +155,7 @@ def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engine
     assert to_lyric.properties.delivery_mode == 2
     assert to_lyric.properties.content_type == "application/cloudevents+json"
     assert sorted(message.event_id for message in to_api) == sorted(env.id for env in started)
-    assert {message.routing_key for message in to_api} == {STARTED}
+    assert {message.routing_key for message in to_api} == {STARTED, SONG_STARTED}
     assert outbox_rows(engines["video"]) == []
     assert amqp.take_all(topology.queue("api")) == [] and amqp.take_all(topology.queue("lyric")) == []
 
@@ -178,14 +189,6 @@ def test_a_notify_wakes_the_relay_long_before_its_fallback_poll(engines, start_r
         eventually(lambda: all_published(engine), timeout=5, what="a row published on NOTIFY, not on the 30 s poll")
 
 
-def write_unroutable(engine: sa.Engine, pipeline_id: str, routing_key: str = UNHEARD) -> uuid.UUID:
-    """An outbox row of an event type no queue is bound to: RabbitMQ returns it, as unroutable."""
-    env = envelope.Envelope(source="/castad/test", type=routing_key, subject=pipeline_id, data={})
-    with db.transaction(engine) as conn:
-        outbox.append(conn, env)
-    return env.id
-
-
 def outbox_row(engine: sa.Engine, event_id: uuid.UUID) -> sa.RowMapping:
     with engine.connect() as conn:
         return conn.execute(sa.select(tables.outbox).where(tables.outbox.c.event_id == event_id)).mappings().one()
@@ -203,8 +206,9 @@ def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_
     with the reason; no later row of its pipeline goes out meanwhile, while other pipelines' rows go out
     in milliseconds. After the fix (a queue bound) an operator republishes it: it and the rows it held
     back go out, in order, each once."""
-    engine = engines["api"]
+    engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
+    hear_only_started(amqp, installation.topology)
     stuck = str(uuid.uuid4())
     [first] = write_events(engine, [lyric_started(stuck, 1)], STARTED)
     refused = write_unroutable(engine, stuck)
@@ -247,7 +251,8 @@ def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_t
     """A backlog drained in batches of 3; a row of one pipeline that the broker keeps refusing comes due
     again and again meanwhile (backoff capped at 0.1 s). Each time it is due it goes out before its
     pipeline's later row, at the end of the backlog, and is refused again: that row is never published."""
-    engine = engines["api"]
+    engine = engines["lyric"]
+    hear_only_started(amqp, installation.topology)
     stuck = str(uuid.uuid4())
     others = [str(uuid.uuid4()) for _ in range(50)]
     [first] = write_events(engine, [lyric_started(stuck, 1)], STARTED)
@@ -273,6 +278,7 @@ def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engi
     """250 rows of 250 pipelines, all unroutable, ahead of good ones (a batch is 200 rows): the good
     rows go out as soon as the refused ones are backing off."""
     engine = engines["lyric"]
+    hear_only_started(amqp, installation.topology)
     for _ in range(250):
         write_unroutable(engine, str(uuid.uuid4()))
     good = write_events(engine, [lyric_started(str(uuid.uuid4()), 1) for _ in range(5)], STARTED)
@@ -350,7 +356,8 @@ def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start
         proxy.cut()
         waiting = interleaved(pipelines, 8, seed=2)
         write_events(engines["lyric"], waiting[:12], STARTED)
-        write_events(engines["song"], waiting[12:], STARTED)
+        song_waiting = [lyric_started(p.pipeline_id, p.attempt, events.Stage.SONG) for p in waiting[12:]]
+        write_events(engines["song"], song_waiting, SONG_STARTED)
         eventually(lambda: proxy.refused >= 3, what="the relay trying to reconnect")
         assert unpublished(engines["lyric"]) == [False] * 3 + [True] * 12
         assert unpublished(engines["song"]) == [True] * 12
@@ -422,13 +429,15 @@ class _ConfirmsCancelledOnce(publisher.Publisher):
 
 def test_a_publish_cancelled_under_the_relay_only_makes_its_row_wait(installation, engines, amqp, relay_config):
     engine = engines["lyric"]
-    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+    config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=30)
     loop = LoopThread()
     cancelling = _ConfirmsCancelledOnce(
         config.amqp_url, installation.topology.exchange, config.confirm_timeout_s, config.max_message_bytes
     )
     try:
-        task = loop.submit(relay.SourceRelay(config.sources[0], cancelling, config, "unused.dead-letter").run_forever())
+        task = loop.submit(
+            relay.SourceRelay("lyric", config.sources["lyric"], cancelling, config, "unused.dead-letter").run_forever()
+        )
         [row] = write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
         eventually(lambda: all_published(engine), what="the row published after all")
         assert cancelling.cancelled == 1 and not task.done()
@@ -443,7 +452,7 @@ def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(insta
     that stops gives its lease up, and the standby takes over at its next look."""
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
-    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+    config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=30)
     with replicas(config, installation.topology.exchange) as (loops, relays):
         tasks = [loop.submit(each.run_forever()) for loop, each in zip(loops, relays, strict=True)]
         write_events(engine, interleaved([str(uuid.uuid4()) for _ in range(3)], 10, seed=3), STARTED)
@@ -469,7 +478,7 @@ def test_a_standby_relay_does_not_listen_until_it_leads(installation, engines, r
     notification queue, shared by the whole server, until every NOTIFY fails. Only the leader listens;
     the standby starts when it takes over, and misses no row committed before."""
     engine = engines["lyric"]
-    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+    config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=30)
     with replicas(config, installation.topology.exchange) as (loops, relays):
         tasks = [loop.submit(each.run_forever()) for loop, each in zip(loops, relays, strict=True)]
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
@@ -496,7 +505,7 @@ def test_a_frozen_leader_is_replaced_within_its_lease_and_publishes_nothing_when
     sends nothing more: every row reaches the queue once."""
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
-    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=0.5, lease_s=2)
+    config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=0.5, lease_s=2)
     with replicas(config, installation.topology.exchange) as (loops, relays):
         leader = started_with_a_leader(loops, relays, engine)
         term = lease_row(engine).term
@@ -521,7 +530,7 @@ def test_a_leader_that_lost_its_connections_leads_on_under_its_term(installation
     """A leader whose sessions the server ended (an outage of a moment, a failover) connects again and
     renews its own lease before it runs out: no other relay took over, the term is the same."""
     engine = engines["lyric"]
-    config = relay_config(sources=(installation.database_urls["lyric"],), fallback_poll_s=0.5, lease_s=6)
+    config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=0.5, lease_s=6)
     with replicas(config, installation.topology.exchange) as (loops, relays):
         leader = started_with_a_leader(loops, relays, engine)
         term, holder, _ = lease_row(engine)
@@ -557,7 +566,7 @@ def test_an_unexpected_error_is_logged_with_its_traceback_and_the_relay_carries_
     monkeypatch.setattr(relay.SourceRelay, "_pending", fails_once)
     engine = engines["lyric"]
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    start_relay(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
+    start_relay(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=30)
 
     eventually(lambda: all_published(engine), what="the row published after the error")
     [logged] = [record for record in caplog.records if record.name == relay.log.name and record.exc_info]

@@ -187,9 +187,11 @@ def keep(store: artifacts.ArtifactStore, pipeline_id: str, stage: events.Stage, 
         return store.keep(scratch, pipeline_id, stage, "application/octet-stream")
 
 
-def present(store: artifacts.ArtifactStore, artifact: events.Artifact) -> bool:
+def present(
+    store: artifacts.ArtifactStore, artifact: events.Artifact, pipeline_id: str, stage: events.Stage = SONG
+) -> bool:
     try:
-        with store.local_copy(artifact) as copy:
+        with store.local_copy(artifact, pipeline_id, stage) as copy:
             return copy.is_file()
     except (artifacts.ArtifactMissing, FileNotFoundError):
         return False
@@ -210,8 +212,10 @@ def test_a_stage_deletes_every_file_of_its_finished_jobs_after_their_ttl_and_not
     step = retention.Step("files", lambda limit: stage_retention.sweep(engine, store, SONG, TTL_S, limit), 20)
     assert pruner(step).run_once() == {"files": 2}  # the old succeeded and failed jobs
 
-    assert not present(store, made[old]) and not present(store, late) and not present(store, left_by_failure)
-    assert present(store, made[recent]) and present(store, made[running]) and present(store, lyrics)
+    assert not present(store, made[old], old) and not present(store, late, old)
+    assert not present(store, left_by_failure, failed)
+    assert present(store, made[recent], recent) and present(store, made[running], running)
+    assert present(store, lyrics, old, events.Stage.LYRIC)
     with engine.connect() as conn:
         assert repository.unswept(conn, TTL_S, 10) == []  # marked: not listed again
     jobs_step = retention.statement_step(

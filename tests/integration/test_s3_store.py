@@ -46,20 +46,23 @@ def test_an_artifact_is_uploaded_under_its_content_and_described_exactly(store, 
 def test_a_later_stage_reads_a_checked_copy_and_a_changed_object_is_refused(store, object_store):
     artifact = kept(store, b"the song")
 
-    with store.local_copy(artifact) as copy:
+    with store.local_copy(artifact, PIPELINE, events.Stage.SONG) as copy:
         assert copy.read_bytes() == b"the song"
     assert not copy.exists()
 
     key = artifact.uri.split("/", 3)[3]
     object_store.client().put_object(Bucket=store.bucket, Key=key, Body=b"other bytes")
-    with pytest.raises(artifacts.ArtifactMissing, match="no longer has the bytes"), store.local_copy(artifact):
+    with (
+        pytest.raises(artifacts.ArtifactMissing, match="no longer has the bytes"),
+        store.local_copy(artifact, PIPELINE, events.Stage.SONG),
+    ):
         pass
 
 
 def test_the_gateway_link_is_a_presigned_url_that_serves_the_bytes(store):
     artifact = kept(store, b"video bytes")
 
-    url = store.serve(artifact)
+    url = store.serve(artifact, PIPELINE, events.Stage.SONG)
     answer = httpx.get(url)
 
     assert "X-Amz-Signature" in url
@@ -71,8 +74,8 @@ def test_an_artifact_of_another_store_or_a_missing_object_is_missing_not_an_outa
     absent = local.model_copy(update={"uri": f"s3://{store.bucket}/media/{PIPELINE}/song-0.wav"})
 
     with pytest.raises(artifacts.ArtifactMissing):
-        store.serve(local)
-    with pytest.raises(artifacts.ArtifactMissing), store.local_copy(absent):
+        store.serve(local, PIPELINE, events.Stage.SONG)
+    with pytest.raises(artifacts.ArtifactMissing), store.local_copy(absent, PIPELINE, events.Stage.SONG):
         pass
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 
+import boto3
 import pytest
 from castad_contracts import events
 from castad_runtime import artifacts
@@ -111,3 +112,49 @@ def test_deleting_refuses_anything_but_a_pipeline_id(tmp_path: pathlib.Path) -> 
 
 def _digest(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()[:16]
+
+
+OWN = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
+OTHER = "0b9e8f1c-2d3a-4c5b-8e7f-6a5b4c3d2e1f"
+
+
+def test_a_file_is_served_and_read_only_from_its_own_pipelines_and_stages_place(tmp_path: pathlib.Path) -> None:
+    """An event names its artifact by URI; whoever wrote the event could name any file of the store. A file is
+    served (and read by a later stage) only from `<pipeline id>/<stage>-…`, the place of the pipeline and
+    stage asked for."""
+    store = artifacts.VolumeStore(tmp_path)
+    with store.scratch(OWN, events.Stage.SONG, 1, ".wav") as scratch:
+        scratch.write_bytes(b"the song")
+        song = store.keep(scratch, OWN, events.Stage.SONG, "audio/wav")
+    (tmp_path / OWN / ".song.attempt1.wav").write_bytes(b"a scratch file, no final one")
+    scratch_file = song.model_copy(update={"uri": (tmp_path / OWN / ".song.attempt1.wav").as_uri()})
+
+    assert store.serve(song, OWN, events.Stage.SONG).read_bytes() == b"the song"
+    with store.local_copy(song, OWN, events.Stage.SONG) as copy:
+        assert copy.read_bytes() == b"the song"
+    for pipeline_id, stage, artifact in (
+        (OTHER, events.Stage.SONG, song),  # another pipeline's event naming this file
+        (OWN, events.Stage.VIDEO, song),  # the video stage's event naming the song
+        (OWN, events.Stage.SONG, scratch_file),
+    ):
+        with pytest.raises(artifacts.ArtifactMisplaced, match="not a file of"):
+            store.serve(artifact, pipeline_id, stage)
+        with pytest.raises(artifacts.ArtifactMisplaced), store.local_copy(artifact, pipeline_id, stage):
+            pass
+
+
+def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp_path: pathlib.Path) -> None:
+    client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
+    store = artifacts.S3Store(client, "media", "castad/", tmp_path, presign_s=60)
+    song = events.Artifact(
+        uri=f"s3://media/castad/{OWN}/song-0123456789abcdef.wav", sha256="0" * 64, size=1, media_type="audio/wav"
+    )
+
+    assert f"castad/{OWN}/song-0123456789abcdef.wav?" in store.serve(song, OWN, events.Stage.SONG)
+    for pipeline_id, stage, uri in (
+        (OTHER, events.Stage.SONG, song.uri),
+        (OWN, events.Stage.VIDEO, song.uri),
+        (OWN, events.Stage.SONG, f"s3://media/castad/{OWN}/song-x/../../{OTHER}/song-0.wav"),
+    ):
+        with pytest.raises(artifacts.ArtifactMisplaced, match="not a file of"):
+            store.serve(song.model_copy(update={"uri": uri}), pipeline_id, stage)

@@ -138,7 +138,9 @@ def test_a_broker_user_is_allowed_its_own_names_only():
     # No .XQ: Dramatiq's dead-letter queues are not declared (a queue dead-letters into t1.dead-letter).
     lyric_own = {"t1.lyric", "t1.lyric.DQ", "t1.lyric.requeue"}
     assert allowed("lyric", "configure") == lyric_own
-    assert allowed("lyric", "write") == lyric_own | {"t1.dead-letter"}
+    # A stage files a dead letter by rejecting it on its own queue (the broker names the queue); it cannot
+    # publish one, which could name any queue to replay it into. Only the gateway and the relay can.
+    assert allowed("lyric", "write") == lyric_own
     assert allowed("lyric", "read") == lyric_own | {"t1.events"}
     api_own = {"t1.api", "t1.api.DQ", "t1.api.requeue"}
     assert allowed("api", "configure") == allowed("api", "read") == api_own | {"t1.events", "t1.dead-letter"}
@@ -280,3 +282,14 @@ def test_the_dead_letter_queue_has_no_delivery_limit_on_either_major_version_of_
     would drop a message at its first return if told -1 (tried on 3.10.8)."""
     assert "x-delivery-limit" not in topology.Topology.dead_letter_queue_arguments(3)
     assert topology.Topology.dead_letter_queue_arguments(4)["x-delivery-limit"] == -1
+
+
+def test_every_event_type_has_one_producer_with_a_source_of_its_own():
+    assert set(topology.PRODUCERS) == set(events.REGISTRY.event_types)
+    assert {service: f"/castad/{service}" for service in ("api", "lyric", "song", "video")} == topology.SOURCES
+    assert topology.PRODUCERS["pipeline.requested"] == topology.PRODUCERS["provider.song.called_back"] == "api"
+    assert {topology.PRODUCERS[events.stage_event(stage, "completed")] for stage in events.Stage} == {
+        "lyric",
+        "song",
+        "video",
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import types
 import uuid
@@ -100,3 +101,52 @@ def test_a_dead_letter_that_cannot_be_read_is_described_bare_rather_than_left_in
 
     assert row["kind"] == "unrecordable" and "KeyError" in row["reason"]
     assert (row["body"], row["body_size"]) == (b"abcd", 8) and row["message_id"].startswith("sha256:")
+
+
+def filed(queue: str, body: bytes, reason: str) -> tuple[dict[str, object], bytes]:
+    """A dead letter a consumer filed: its message, with the reason, rejected on its own queue, which the broker
+    dead-lettered with an `x-death` naming that queue."""
+    message = {
+        "queue_name": queue,
+        "actor_name": "castad.dead_letter",
+        "args": [base64.b64encode(body).decode(), reason],
+        "kwargs": {},
+        "options": {"castad_filed": True},
+        "message_id": str(uuid.uuid4()),
+        "message_timestamp": 0,
+    }
+    return {"x-death": [{"count": 1, "reason": "rejected", "queue": queue, "exchange": ""}]}, json.dumps(
+        message
+    ).encode()
+
+
+def test_a_dead_letter_a_consumer_filed_is_its_own_message_with_its_reason_from_the_queue_it_died_in():
+    event_id = uuid.uuid4()
+    original = json.dumps({"specversion": "1.0", "id": str(event_id), "type": "lyric.completed"}).encode()
+    headers, body = filed("castad.song", original, "lyric.completed handler failed 21 times")
+
+    row = dead_letters.describe(None, headers, body, body_max=1024)
+
+    assert (row["kind"], row["service"], row["queue"]) == ("message", "song", "castad.song")
+    assert row["reason"] == "lyric.completed handler failed 21 times"
+    assert (row["body"], row["body_size"], row["event_id"]) == (original, len(original), event_id)
+
+
+def test_the_queue_a_letter_died_in_is_the_brokers_word_not_what_its_headers_claim():
+    """Whatever a service puts in a message of its own queue (headers naming another queue or service, a
+    parked row's header, a forged `x-death` of its own), the broker's newest `x-death` entry says where it
+    died: that is the queue it is replayed into."""
+    original = json.dumps({"specversion": "1.0", "id": str(uuid.uuid4()), "type": "lyric.completed"}).encode()
+    headers, body = filed("castad.lyric", original, "no handler")
+    headers["x-death"] = [*headers["x-death"], {"count": 1, "reason": "rejected", "queue": "castad.song"}]  # type: ignore[list-item]
+    forged = {
+        **headers,
+        "x-castad-queue": "castad.song",
+        "x-castad-service": "song",
+        "x-first-death-queue": "castad.song",
+        dead_letters.PARKED_HEADER: str(uuid.uuid4()),
+    }
+
+    row = dead_letters.describe(None, forged, body, body_max=1024)
+
+    assert (row["kind"], row["service"], row["queue"]) == ("message", "lyric", "castad.lyric")

@@ -11,7 +11,6 @@ import httpx
 import sqlalchemy as sa
 from castad_api import app, deps, notifications, settings
 from castad_local import stack
-from castad_relay import metrics as relay_metrics
 from castad_runtime import artifacts, health, metrics, scrape
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -85,12 +84,6 @@ def test_a_reading_that_fails_costs_only_its_own_gauges_and_a_kept_one_is_not_re
             ("castad_scrape_success", "broken"): 0.0,
         }
     assert (kept.reads, broken.reads) == (1, 2)
-
-
-def test_the_relay_names_a_source_by_its_databases_service():
-    assert relay_metrics.source_name("postgresql://relay@db:5432/castad_lyric") == "lyric"
-    assert relay_metrics.source_name("postgresql://relay@db/castad_t1a2b3c_video?sslmode=require") == "video"
-    assert relay_metrics.source_name("postgresql://relay@db/orders") == "orders"
 
 
 def test_the_probe_server_serves_metrics_as_prometheus_text_or_openmetrics():

@@ -60,7 +60,7 @@ def metrics() -> dict[str, frozenset[str]]:
     stage_config = lyric.LyricSettings(database_url=NOWHERE_DB, amqp_url=NOWHERE_AMQP)
     registries = [
         api_metrics.instruments(NOWHERE_DB, NOWHERE_AMQP, topo).registry,
-        relay_metrics.instruments([NOWHERE_DB.replace("+psycopg", "")]).registry,
+        relay_metrics.instruments({"lyric": NOWHERE_DB.replace("+psycopg", "")}).registry,
         stage_service.instruments("lyric", stage_config, topo).registry,
     ]
     found: dict[str, frozenset[str]] = dict(PROMETHEUS_OWN)

@@ -27,5 +27,5 @@ def test_each_service_gets_its_own_role_and_broker_user_in_its_urls():
         {"lyric": "postgresql+psycopg://postgres@127.0.0.1:5432/castad_lyric"}, "amqp://guest:guest@127.0.0.1:5672/%2F"
     )
     assert env["CASTAD_LYRIC_DATABASE_URL"] == "postgresql+psycopg://t1_lyric:pw-lyric@127.0.0.1:5432/castad_lyric"
-    assert env["CASTAD_RELAY_SOURCES"] == "postgresql+psycopg://t1_relay:pw-relay@127.0.0.1:5432/castad_lyric"
+    assert env["CASTAD_RELAY_SOURCES"] == "lyric=postgresql+psycopg://t1_relay:pw-relay@127.0.0.1:5432/castad_lyric"
     assert env["CASTAD_SONG_AMQP_URL"] == "amqp://t1_song:pw-song@127.0.0.1:5672/%2F"

@@ -141,6 +141,8 @@ def settings_table() -> str:
                 default = settings.database_url_default("<stage>")
             if isinstance(default, tuple):
                 default = ",".join(default)
+            if isinstance(default, dict):
+                default = ",".join(f"{key}={value}" for key, value in default.items())
             shown = "" if default is None else str(default)
             rows.append(f"| `{variable}` | `{shown}` | {field.description or ''} |")
     return "\n".join(rows)

@@ -87,7 +87,8 @@ class Users:
 
     def env(self, database_urls: Mapping[str, str], amqp_url: str) -> dict[str, str]:
         """Variables that run every service as its own user (superuser `database_urls` per service)."""
-        result = {"CASTAD_RELAY_SOURCES": ",".join(self.database_url(RELAY, url) for url in database_urls.values())}
+        sources = (f"{service}={self.database_url(RELAY, url)}" for service, url in database_urls.items())
+        result = {"CASTAD_RELAY_SOURCES": ",".join(sources)}
         for service, url in database_urls.items():
             result[f"CASTAD_{service.upper()}_DATABASE_URL"] = self.database_url(service, url)
         for service in USERS:

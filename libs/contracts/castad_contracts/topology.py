@@ -4,10 +4,19 @@ Each consuming service owns its queue and the routing keys it binds; the relay
 publishes every event to the exchange with its type as routing key. A namespace
 prefixes every name so that tests and several installations can share a broker.
 
-Nothing is published through the default exchange, which reaches every queue by name:
-dead letters go through the dead-letter exchange, and a service's own re-deliveries (a
-delayed retry, a replayed dead letter) through its requeue exchange, bound to its own
-queues only. So each service's broker user can be limited to its own names (`permissions`).
+Nothing is published through the default exchange, which reaches every queue by name: a
+service's own re-deliveries (a delayed retry, a replayed dead letter) go through its requeue
+exchange, bound to its own queues only. A consumer files a dead letter by rejecting it on its
+own queue, which dead-letters it into the dead-letter exchange with the broker's `x-death`
+naming that queue; only the relay (notices of parked rows) and the gateway publish into that
+exchange themselves. So each service's broker user can be limited to its own names
+(`permissions`), and a dead letter cannot claim another queue to be replayed into.
+
+Who may say what (`PRODUCERS`, `SOURCES`): each event type has one producing service, which
+writes it with its own envelope `source`. The relay publishes from a service's outbox only that
+service's own types, and only the gateway's outbox may address one queue (a replayed dead letter,
+which keeps the `source` of the service that first produced it); a consumer takes an event only
+if its `source` is its type's producer's.
 
 Every queue is a quorum queue: replicated over a majority of a cluster's nodes, its publishes
 confirmed once a majority wrote them. A message its consumers take and never acknowledge (it
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 
 from castad_contracts import events
 
@@ -53,8 +63,23 @@ SUBSCRIPTIONS: dict[str, Subscription] = {
 }
 
 
+GATEWAY = "api"  # the only service whose outbox may address one queue (a replayed dead letter)
 RELAY = "relay"  # the broker user that publishes and consumes nothing
-SHARED_OWNER = "api"  # declares the events exchange and the dead letters' exchange and queue
+SHARED_OWNER = GATEWAY  # declares the events exchange and the dead letters' exchange and queue
+
+# The service that produces each event type: the only one whose outbox the relay publishes it from.
+PRODUCERS: dict[str, str] = {
+    events.PIPELINE_REQUESTED: GATEWAY,
+    **{request: GATEWAY for request in events.OPERATOR_REQUESTS},
+    **{events.provider_called_back(stage): GATEWAY for stage in events.Stage},
+    **{
+        events.stage_event(stage, fact): stage.value
+        for stage in events.Stage
+        for fact in typing.get_args(events.StageFact)
+    },
+}
+# The envelope `source` each producing service writes (and every consumer expects of its types).
+SOURCES: dict[str, str] = {service: f"/castad/{service}" for service in dict.fromkeys(PRODUCERS.values())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +138,14 @@ class Topology:
 
     def permissions(self, user: str) -> Permissions:
         """The least a broker user needs: a consuming service (its queues, its requeue exchange,
-        binding to the events exchange, filing dead letters; the gateway also owns the shared
-        exchanges and the dead-letter queue) or the relay (publishing only)."""
+        binding to the events exchange; the gateway also owns the shared exchanges and the dead-letter
+        queue, and may publish dead letters) or the relay (publishing only: events, replays, notices of
+        parked rows). A stage may not publish into the dead-letter exchange: it files a dead letter by
+        rejecting it on its own queue.
+
+        A queue is declared with its dead-letter exchange as an argument, which RabbitMQ lets only a
+        user who may publish there declare anew (declaring it again as it is needs no such right): so a
+        stage's queues are first declared by set-up (`castad-admin topology`), as an administrator."""
         ns = re.escape(self.namespace)
         if user == RELAY:
             consumers = "|".join(map(re.escape, self.services))
@@ -122,11 +153,11 @@ class Topology:
         if user not in SUBSCRIPTIONS:
             raise ValueError(f"no broker user {user!r}: one of {', '.join((*SUBSCRIPTIONS, RELAY))}")
         own = rf"{ns}\.{re.escape(user)}(\.DQ|\.requeue)?"
-        write = rf"^({own}|{ns}\.dead-letter)$"  # publishing to its requeue and the dead-letter exchange
         if user == SHARED_OWNER:
             shared = rf"{ns}\.(events|dead-letter)"
+            write = rf"^({own}|{ns}\.dead-letter)$"  # publishing to its requeue and the dead-letter exchange
             return Permissions(configure=f"^({own}|{shared})$", write=write, read=f"^({own}|{shared})$")
-        return Permissions(configure=f"^{own}$", write=write, read=rf"^({own}|{ns}\.events)$")
+        return Permissions(configure=f"^{own}$", write=f"^{own}$", read=rf"^({own}|{ns}\.events)$")
 
     def bindings(self, service: str) -> tuple[str, ...]:
         return SUBSCRIPTIONS[service].routing_keys

@@ -10,8 +10,11 @@ stage; only the one named in the stage's completed event is its artifact.
 
 A stage that needs an earlier stage's artifact (the video needs the song) reads it through
 `local_copy`; the gateway serves one through `serve`: a local file, or a presigned URL to
-redirect to. Retention deletes every file of a stage of a pipeline through `delete`, the
-artifact and whatever a late attempt left beside it. An object store that cannot be reached
+redirect to. Both take the pipeline and stage the artifact is asked for, and refuse a file that is
+not in their place, `<pipeline id>/<stage>-…` (ArtifactMisplaced): an event names its artifact by
+URI, and whoever could write an event could otherwise name any file of the store. Retention
+deletes every file of a stage of a pipeline through `delete`, the artifact and whatever a late
+attempt left beside it. An object store that cannot be reached
 raises outages.StoreUnavailable, the machinery's failure, never the work's.
 """
 
@@ -43,15 +46,21 @@ class ArtifactStore(Protocol):
         self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str
     ) -> events.Artifact: ...
 
-    def local_copy(self, artifact: events.Artifact) -> contextlib.AbstractContextManager[pathlib.Path]: ...
+    def local_copy(
+        self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage
+    ) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
-    def serve(self, artifact: events.Artifact) -> pathlib.Path | str: ...
+    def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path | str: ...
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
 
 
 class ArtifactMissing(LookupError):
     """The artifact is not in this store (another store's, removed, or its bytes changed)."""
+
+
+class ArtifactMisplaced(ArtifactMissing):
+    """The artifact is not in the place of the pipeline and stage it was asked for (another's file)."""
 
 
 def make_store(config: settings.StoreSettings) -> ArtifactStore:
@@ -98,8 +107,21 @@ def _scratch(directory: pathlib.Path, stage: events.Stage, attempt: int, suffix:
         path.unlink(missing_ok=True)
 
 
+def _place(pipeline_id: str, stage: events.Stage) -> str:
+    """How the name of every final file of a pipeline's stage starts (under the root or the prefix)."""
+    return f"{pipeline_id}/{stage.value}-"
+
+
 def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str) -> str:
-    return f"{pipeline_id}/{stage.value}-{digest[:DIGEST_NAME_CHARS]}{suffix}"
+    return f"{_place(pipeline_id, stage)}{digest[:DIGEST_NAME_CHARS]}{suffix}"
+
+
+def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> None:
+    """Raise ArtifactMisplaced unless `name` (relative to the root or the prefix) is a final file of the stage of
+    the pipeline: `<pipeline id>/<stage>-<rest>`, `rest` naming no folder."""
+    place = _place(pipeline_id, stage)
+    if not name.startswith(place) or "/" in name[len(place) :]:
+        raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
 
 
 def _checked(pipeline_id: str) -> str:
@@ -157,12 +179,19 @@ class VolumeStore:
             raise ArtifactMissing(f"artifact outside {self.root}: {artifact.uri}")
         return path
 
-    @contextlib.contextmanager
-    def local_copy(self, artifact: events.Artifact) -> Iterator[pathlib.Path]:
-        yield self.path(artifact)
-
-    def serve(self, artifact: events.Artifact) -> pathlib.Path:
+    def placed(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path:
+        """The local file of an artifact of the stage of the pipeline; raises ArtifactMissing if it is not under
+        this store, ArtifactMisplaced if it is not in that stage's place."""
         path = self.path(artifact)
+        _placed(path.relative_to(self.root).as_posix(), artifact, pipeline_id, stage)
+        return path
+
+    @contextlib.contextmanager
+    def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
+        yield self.placed(artifact, pipeline_id, stage)
+
+    def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path:
+        path = self.placed(artifact, pipeline_id, stage)
         if not path.is_file():
             raise ArtifactMissing(f"no file at {artifact.uri}")
         return path
@@ -198,9 +227,9 @@ class S3Store:
         return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=size, media_type=media_type)
 
     @contextlib.contextmanager
-    def local_copy(self, artifact: events.Artifact) -> Iterator[pathlib.Path]:
+    def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
         """The artifact downloaded to a scratch file (its sha256 checked), removed when the block ends."""
-        key = self._key(artifact)
+        key = self._key(artifact, pipeline_id, stage)
         directory = self.scratch_root / ".downloads"
         directory.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(suffix=pathlib.PurePosixPath(key).suffix, dir=directory)
@@ -214,9 +243,10 @@ class S3Store:
         finally:
             path.unlink(missing_ok=True)
 
-    def serve(self, artifact: events.Artifact) -> str:
+    def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """A presigned URL of the artifact, valid `presign_s` seconds."""
-        params = {"Bucket": self.bucket, "Key": self._key(artifact), "ResponseContentType": artifact.media_type}
+        key = self._key(artifact, pipeline_id, stage)
+        params = {"Bucket": self.bucket, "Key": key, "ResponseContentType": artifact.media_type}
         url: str = self._call(
             "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
         )
@@ -239,10 +269,13 @@ class S3Store:
         _delete_local(self.scratch_root / pipeline_id, stage, final=False)
         return deleted
 
-    def _key(self, artifact: events.Artifact) -> str:
+    def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
+        """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket
+        under the prefix, ArtifactMisplaced if it is not in that stage's place."""
         parsed = urllib.parse.urlparse(artifact.uri)
         if parsed.scheme != "s3" or parsed.netloc != self.bucket or not parsed.path.startswith(f"/{self.prefix}"):
             raise ArtifactMissing(f"not an artifact of s3://{self.bucket}/{self.prefix}: {artifact.uri}")
+        _placed(parsed.path[1 + len(self.prefix) :], artifact, pipeline_id, stage)
         return parsed.path[1:]
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -13,9 +13,17 @@ copy, a dead letter) has been confirmed by the broker, so nothing is lost in bet
   `hold_s` after this service first saw it, then dead-lettered;
 - its handler fails for a reason of its own: tried again through the delay queue, up to
   `max_retries` more times, then dead-lettered with the last error;
-- it cannot be decoded, its type is unknown, no handler takes it, or its payload is
-  invalid: dead-lettered at once (`encoder.EnvelopeEncoder` finds most of these).
-A dead letter goes to `<namespace>.dead-letter` with the reason in `x-castad-reason`.
+- it cannot be decoded, its type is unknown, no handler takes it, it says it comes from
+  another service than its type's producer (`topology.PRODUCERS`: only that service's outbox
+  may publish it, and a dead letter the gateway replays keeps its producer's source), or its
+  payload is invalid: dead-lettered at once (`encoder.EnvelopeEncoder` finds most of these).
+A dead letter goes to `<namespace>.dead-letter` through the broker, never published by this
+service: the consumer files it (the message's bytes and the reason) as a message of its own
+queue for the dead-letter actor, confirmed before the original is acknowledged; the actor rejects
+that message, and the queue dead-letters it with the broker's `x-death` naming the queue. So a
+service cannot file a dead letter as another queue's (to have it replayed there), and its broker
+user needs no right on the dead-letter exchange (`topology.Topology.permissions`). The gateway
+reads the bytes and the reason back out of it (castad_api.dead_letters).
 
 Its metrics (`metrics.ConsumerMetrics`): the handoff of every event it hands to a handler for
 the first time (from the envelope's time, set when the event was written to its outbox), and
@@ -31,15 +39,14 @@ import logging
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import dramatiq
-import pika
 import pydantic
 from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
+from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.middleware import CurrentMessage, Middleware
 from opentelemetry import trace
@@ -54,6 +61,7 @@ Handler = Callable[[envelope_.Envelope, events.Payload], None]
 REASON_MAX = 1000  # characters of a dead letter's reason header
 RETRIES_OPTION = "castad_retries"  # message option: how often its handler failed so far
 HELD_SINCE_OPTION = "castad_held_since_ms"  # message option: when this service first held it
+FILED_OPTION = "castad_filed"  # message option: a dead letter filed, to be rejected into the dead-letter exchange
 RETRY_BACKOFF_S = (0.2, 10.0)  # first and longest delay between a failing handler's tries
 HOLD_BACKOFF_S = (1.0, 60.0)  # first and longest delay between looks at a newer-version event
 
@@ -130,10 +138,15 @@ class EventConsumer:
             log.info("worker stopped during an outage; the message stays in %s", self.queue_name)
 
     def dead_letter(self, raw_b64: str, reason: str) -> None:
-        """The dead-letter actor: messages the encoder could not turn into an event."""
+        """The dead-letter actor: a dead letter this consumer filed is rejected, for the broker to dead-letter
+        it from this queue; a message the encoder could not turn into an event is filed."""
+        message = CurrentMessage.get_current_message()  # a MessageProxy while the actor runs
+        if isinstance(message, MessageProxy) and message.options.get(FILED_OPTION):
+            message.fail()  # Dramatiq rejects a failed message without requeueing it: the queue dead-letters it
+            return
         try:
             body = base64.b64decode(raw_b64)
-            self._through_outages(lambda: self._publish_dead_letter(body, reason, metrics_.UNDECODABLE))
+            self._through_outages(lambda: self._file(body, reason, metrics_.UNDECODABLE))
         except _Abandoned:
             log.info("worker stopped during an outage; the message stays in %s", self.queue_name)
 
@@ -141,6 +154,11 @@ class EventConsumer:
         handler = self.handlers.get(env.type)
         if handler is None:
             self._dead(document, f"no handler for {env.type!r} in {self.service}", metrics_.UNKNOWN_TYPE)
+            return
+        producer = topology.PRODUCERS.get(env.type)
+        if producer is None or env.source != topology.SOURCES[producer]:
+            expected = topology.SOURCES[producer] if producer else "no service"
+            self._dead(document, f"{env.type} from {env.source}: only {expected} produces it", metrics_.WRONG_SOURCE)
             return
         try:
             payload = env.payload(self.registry)
@@ -198,7 +216,7 @@ class EventConsumer:
         message = CurrentMessage.get_current_message()
         retries = message.options.get(RETRIES_OPTION, 0) if message else self.max_retries
         if retries >= self.max_retries:
-            self._publish_dead_letter(
+            self._file(
                 _encode(document),
                 f"{env.type} handler failed {retries + 1} times, last: {redact.describe(error)}",
                 metrics_.HANDLER_FAILED,
@@ -224,39 +242,29 @@ class EventConsumer:
         held_s, remaining_s = (now_ms - since_ms) / 1000, self.hold_s - (now_ms - since_ms) / 1000
         if message is None or remaining_s <= 0:
             reason = f"{reason}; held {held_s:.0f} s"
-            self._publish_dead_letter(_encode(document), reason, metrics_.HELD_TOO_LONG)
+            self._file(_encode(document), reason, metrics_.HELD_TOO_LONG)
             return
         delay_s = min(max(held_s, HOLD_BACKOFF_S[0]), HOLD_BACKOFF_S[1], remaining_s)
         log.warning("%s; held, next look in %.1f s (dead-lettered after %.0f s more)", reason, delay_s, remaining_s)
         self.broker.enqueue(message.copy(options={HELD_SINCE_OPTION: since_ms}), delay=int(delay_s * 1000))
 
     def _dead(self, document: dict[str, Any], reason: str, kind: str) -> None:
-        self._through_outages(lambda: self._publish_dead_letter(_encode(document), reason, kind))
+        self._through_outages(lambda: self._file(_encode(document), reason, kind))
 
-    def _publish_dead_letter(self, body: bytes, reason: str, kind: str) -> None:
-        """Park a message that cannot be handled, with the reason in its headers; confirmed by the broker.
-        `kind`: why, in a word (the metric's label)."""
+    def _file(self, body: bytes, reason: str, kind: str) -> None:
+        """File a message that cannot be handled as a dead letter, with the reason: a message of this queue for
+        the dead-letter actor, which rejects it into the dead-letter exchange (see the module docstring);
+        confirmed by the broker. `kind`: why, in a word (the metric's label)."""
         reason = redact.mask(reason)[:REASON_MAX]
         log.warning("dead-lettering message: %s", reason)
-        try:
-            self.broker.channel.basic_publish(
-                exchange=self.topology.dead_letter_exchange,
-                routing_key=self.topology.dead_letter_queue,
-                body=body,
-                properties=pika.BasicProperties(
-                    delivery_mode=2,
-                    message_id=str(uuid.uuid4()),  # the gateway records each dead letter once by it
-                    headers={
-                        "x-castad-reason": reason,
-                        "x-castad-service": self.service,
-                        "x-castad-queue": self.queue_name,
-                    },
-                ),
-                mandatory=True,
-            )
-        except pika.exceptions.AMQPError:
-            del self.broker.connection  # this thread's publishing connection: a new one next time
-            raise
+        letter: dramatiq.Message[None] = dramatiq.Message(
+            queue_name=self.queue_name,
+            actor_name=encoder.DEAD_LETTER_ACTOR,
+            args=(base64.b64encode(body).decode(), reason),
+            kwargs={},
+            options={FILED_OPTION: True},
+        )
+        self.broker.enqueue(letter)  # through this queue's requeue exchange (messaging.ServiceBroker)
         self.metrics.dead_lettered(kind)
 
 

@@ -36,6 +36,7 @@ ATTEMPT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 
 # Why a consumer dead-lettered a message (castad_runtime.consumer).
 UNDECODABLE = "undecodable"  # not an envelope or a message of this queue's actors
 UNKNOWN_TYPE = "unknown_type"  # no handler here takes its type, or its type is unknown
+WRONG_SOURCE = "wrong_source"  # it says it comes from another service than the producer of its type
 INVALID_PAYLOAD = "invalid_payload"  # its payload does not fit its type
 HANDLER_FAILED = "handler_failed"  # its handler failed every try
 HELD_TOO_LONG = "held_too_long"  # a newer version, or an operator request out of order, for too long

@@ -2,11 +2,20 @@
 
 `Recorder` moves every message of the dead-letter queue into the gateway's database (a
 message is acknowledged only once recorded, and recorded once however often it comes):
-messages a consumer could not handle, messages a service's queue gave up on (taken and never
-acknowledged `topology.DELIVERY_LIMIT` times: they killed or stopped their consumers, with the
-broker's reason in `x-death`), and notices of outbox rows the relay parked. A
-replay sends a message back to the queue it came from through the gateway's outbox,
-upcast to the newest version of its type the gateway knows; a parked row is handed back
+messages a consumer could not handle (it filed each, with the reason, and rejected it on its
+own queue), messages a service's queue gave up on (taken and never acknowledged
+`topology.DELIVERY_LIMIT` times: they killed or stopped their consumers), and notices of outbox
+rows the relay parked.
+
+Where a letter came from is known from what nobody can forge. A message a queue dead-lettered
+carries the broker's `x-death`, whose newest entry names that queue (the broker puts it first,
+whatever the message's own headers say): that queue is the letter's, and nothing in its headers
+is believed about it. Only the relay, the gateway and an administrator may publish into the
+dead-letter exchange themselves (`topology.Topology.permissions`), so what arrives without an
+`x-death` is theirs, and their headers say where it came from (a parked row's notice, a message
+`castad-admin move-to-quorum` moved). A replay sends a message back to the queue it came from
+(that one alone) through the gateway's outbox, upcast to the newest version of its type the
+gateway knows, keeping its producer's source (castad_relay.ownership); a parked row is handed back
 to the relay by the service whose outbox holds it. Replaying twice is harmless: the
 consumer's inbox makes the effect happen once, as long as it remembers the event, so a
 message older than CASTAD_RETENTION_INBOX_S is not sent back (castad_api.retention).
@@ -16,6 +25,8 @@ pipeline's timeline.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import dataclasses
 import hashlib
@@ -29,12 +40,12 @@ import pydantic
 import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
-from castad_runtime import amqp, backoff, db, outages, outbox, redact
+from castad_runtime import amqp, backoff, consumer, db, encoder, outages, outbox, redact
 
 from castad_api import errors, projection, repository, retention
 
 log = logging.getLogger(__name__)
-SOURCE = "/castad/api"
+SOURCE = topology.SOURCES[topology.GATEWAY]
 PARKED_HEADER = "x-castad-parked-event"
 
 
@@ -42,18 +53,26 @@ def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_
     """The row of a dead-letter message: where it came from, why, and what it is, as far as it can be read.
     Texts lose their NUL characters, which PostgreSQL cannot store (the body keeps every byte)."""
     headers = _clean(json.loads(json.dumps(headers, default=str)))
+    fields: dict[str, Any] = {"message_id": _clean(message_id) or _fingerprint(headers, body), "headers": headers}
     death = _first_death(headers)
-    queue = _text(headers.get("x-castad-queue")) or _service_queue(death.get("queue"))
-    fields: dict[str, Any] = {
-        "message_id": _clean(message_id) or _fingerprint(headers, body),
-        "kind": "parked" if headers.get(PARKED_HEADER) else "message",
-        "service": _text(headers.get("x-castad-service")) or _service_of(queue),
-        "queue": queue,
-        "reason": _text(headers.get("x-castad-reason")) or _broker_reason(death) or "no reason given",
-        "headers": headers,
-        "body": body[:body_max],
-        "body_size": len(body),
-    }
+    reason: str | None
+    if death:  # a queue dead-lettered it: the broker's word of which, nothing the message says of itself
+        queue = _service_queue(death.get("queue"))
+        filed = _filed(body)
+        if filed is not None:
+            body, reason = filed
+        else:
+            reason = _text(headers.get("x-castad-reason")) or _broker_reason(death)
+        fields |= {"kind": "message", "service": _service_of(queue), "queue": queue}
+    else:  # published into the dead-letter exchange by the relay, the gateway or an administrator
+        queue = _text(headers.get("x-castad-queue"))
+        reason = _text(headers.get("x-castad-reason"))
+        fields |= {
+            "kind": "parked" if headers.get(PARKED_HEADER) else "message",
+            "service": _text(headers.get("x-castad-service")) or _service_of(queue),
+            "queue": queue,
+        }
+    fields |= {"reason": _clean(reason or "no reason given")[:2000], "body": body[:body_max], "body_size": len(body)}
     document = _event_document(body)
     if document is not None:
         fields["event_type"] = _text(document.get("type"), limit=200)
@@ -80,8 +99,29 @@ def _event_document(body: bytes) -> dict[str, Any] | None:
     return document
 
 
+def _filed(body: bytes) -> tuple[bytes, str] | None:
+    """The message's bytes and the reason of a dead letter a consumer filed (castad_runtime.consumer), if
+    `body` is one."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or document.get("actor_name") != encoder.DEAD_LETTER_ACTOR:
+        return None
+    options, args = document.get("options"), document.get("args")
+    if not (isinstance(options, dict) and options.get(consumer.FILED_OPTION)):
+        return None
+    if not (isinstance(args, list) and len(args) == 2 and all(isinstance(arg, str) for arg in args)):
+        return None
+    try:
+        return base64.b64decode(args[0], validate=True), args[1]
+    except (binascii.Error, ValueError):
+        return None
+
+
 def _first_death(headers: dict[str, Any]) -> dict[str, Any]:
-    """Why and where the broker dead-lettered a message (its `x-death` header), if it did."""
+    """Why and where the broker last dead-lettered a message (the newest entry of its `x-death` header, which
+    the broker puts first), if it did."""
     deaths = headers.get("x-death")
     return deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
 

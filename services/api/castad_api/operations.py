@@ -16,13 +16,13 @@ import json
 import uuid
 
 import sqlalchemy as sa
-from castad_contracts import api, events
+from castad_contracts import api, events, topology
 from castad_contracts import envelope as envelope_
 from castad_runtime import db, outbox, telemetry
 
 from castad_api import errors, model, projection, repository, retention
 
-SOURCE = "/castad/api"
+SOURCE = topology.SOURCES[topology.GATEWAY]
 
 
 @dataclasses.dataclass(frozen=True)

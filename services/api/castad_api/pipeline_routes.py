@@ -395,7 +395,10 @@ def _serve(gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str
         )
     artifact = events.Artifact.model_validate(made.artifact)
     try:
-        where = gw.store.serve(artifact)
+        where = gw.store.serve(artifact, str(pipeline_id), stage)
+    except artifacts.ArtifactMisplaced as error:  # its event named another pipeline's or stage's file
+        log.warning("not served: %s", error)
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
     except artifacts.ArtifactMissing:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
     if isinstance(where, str):

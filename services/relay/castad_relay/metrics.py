@@ -3,11 +3,9 @@ outbox at scrape time) what waits to be published and what is parked."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 import psycopg
-from castad_contracts import topology
 from castad_runtime import db, metrics, scrape
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -16,6 +14,7 @@ from castad_relay import statements
 
 # Why a row was not published (castad_relay.publisher's answers).
 REFUSED = "refused"  # the broker will not take it for its own sake: unroutable, too large
+FORBIDDEN = "forbidden"  # its outbox's service may not publish it (castad_relay.ownership): parked at once
 CHANNEL_CLOSED = "channel_closed"  # its channel closed while it was in flight (tried again alone)
 BROKER_UNAVAILABLE = "broker_unavailable"  # lost to trouble with the broker connection (waits, uncharged)
 
@@ -23,19 +22,11 @@ CONFIRM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
-def source_name(url: str) -> str:
-    """The service whose outbox the database at `url` holds, for the `source` label: the last part of the
-    database's name when that is a service's (castad_lyric, castad_t1a2b_lyric: lyric), else its name."""
-    database = db.database_name(url)
-    last = re.split(r"[_-]", database)[-1]
-    return last if last in topology.SUBSCRIPTIONS else database
-
-
-def instruments(sources: Sequence[str]) -> RelayMetrics:
-    """The relay's metrics on a registry of their own, with the outbox of each source database read at
-    scrape time. Nothing connects until a scrape reads them."""
+def instruments(sources: Mapping[str, str]) -> RelayMetrics:
+    """The relay's metrics on a registry of their own, with the outbox of each source database (service ->
+    URL) read at scrape time. Nothing connects until a scrape reads them."""
     registry = metrics.registry()
-    scrape.register(registry, [Outbox(url, source_name(url)) for url in sources])
+    scrape.register(registry, [Outbox(url, service) for service, url in sources.items()])
     return RelayMetrics(registry)
 
 

@@ -5,7 +5,8 @@ sent once the one before it is confirmed, and none after one that was not, so a 
 never gets a pipeline's row before an earlier one. Each row comes back as one of:
 - PUBLISHED: the broker confirmed it, routed;
 - Refused: the broker will not take this row for the row's own sake (no queue bound to its
-  routing key, too large): the relay backs it off and eventually parks it;
+  routing key, too large): the relay backs it off and eventually parks it; or (`final`) the
+  relay itself will not send it (its outbox may not publish it, `ownership`): parked at once;
 - SUSPECT: its channel was closed while it was in flight for a reason that may be the row's
   (a precondition it failed, such as the broker's size limit; a replay's destination that does
   not exist or may not be written); the closing may be its fault or another row's, so the relay
@@ -52,6 +53,7 @@ class Sent(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Refused:
     reason: str
+    final: bool = False  # never to be sent, whatever the broker says: parked at once
 
 
 RowResult = Sent | Refused | None
@@ -122,12 +124,16 @@ class Publisher:
                 await connection.close()
 
     async def publish(
-        self, rows: Sequence[dict[str, Any]], may_publish: Callable[[], bool] = lambda: True
+        self,
+        rows: Sequence[dict[str, Any]],
+        may_publish: Callable[[], bool] = lambda: True,
+        refusal: Callable[[dict[str, Any]], str | None] = lambda row: None,
     ) -> list[RowResult]:
         """Publish a batch (see the module docstring); the result of each row, in row order.
 
         `may_publish` is asked before each row is sent: once it says no (the relay lost its lease), nothing
-        more is sent and the rows left are None, as lost to trouble."""
+        more is sent and the rows left are None, as lost to trouble. `refusal` says why a row may not be sent
+        at all (None: it may): such a row is Refused for good, unsent, and holds back its pipeline's later rows."""
         channel = await self.channel()
         results: list[RowResult] = [None] * len(rows)
         by_pipeline: defaultdict[str, list[int]] = defaultdict(list)
@@ -139,7 +145,11 @@ class Publisher:
             for position, index in enumerate(indexes):
                 if not may_publish():
                     return
-                results[index] = await self._publish_one(channel, rows[index], trouble)
+                refused = refusal(rows[index])
+                if refused is not None:
+                    results[index] = Refused(refused, final=True)
+                else:
+                    results[index] = await self._publish_one(channel, rows[index], trouble)
                 if results[index] is not Sent.PUBLISHED:
                     for later in indexes[position + 1 :]:
                         results[later] = Sent.HELD_BACK

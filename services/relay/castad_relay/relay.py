@@ -40,7 +40,7 @@ from castad_contracts import topology
 from castad_runtime import backoff, db, process, redact
 from castad_runtime import metrics as runtime_metrics
 
-from castad_relay import leadership, statements
+from castad_relay import leadership, ownership, statements
 from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
 from castad_relay import settings as settings_
@@ -66,6 +66,7 @@ class SourceRelay:
 
     def __init__(
         self,
+        service: str,
         url: str,
         publisher: publisher_.Publisher,
         config: settings_.RelaySettings,
@@ -76,7 +77,8 @@ class SourceRelay:
         self.url = url
         self.dead_letter_exchange = dead_letter_exchange
         self.name = db.database_name(url)
-        self.source = metrics_.source_name(url)
+        self.source = service  # whose outbox this is (the relay's setting says): what it may publish from it
+        self.topology = topology.Topology(config.namespace)
         holder = holder or leadership.Lease.holder_name(process.worker_id("relay"))
         self.lease = leadership.Lease(holder, config.lease_s)
         self.metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
@@ -190,7 +192,7 @@ class SourceRelay:
                 if suspects:
                     results = [await self._publish_alone(row) for row in rows]
                 else:
-                    results = await self.publisher.publish(rows, self.lease.held)
+                    results = await self.publisher.publish(rows, self.lease.held, self._refusal)
             except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
                 log.warning("relay %s: broker unavailable (%s); rows wait", self.name, redact.describe(error))
                 self.metrics.failures.labels(self.source, metrics_.BROKER_UNAVAILABLE).inc(len(rows))
@@ -205,9 +207,12 @@ class SourceRelay:
                 # That was all: rows committed since then have their NOTIFY waiting for the listener.
                 return
 
+    def _refusal(self, row: dict[str, Any]) -> str | None:
+        return ownership.refusal(self.source, row, self.topology)
+
     async def _publish_alone(self, row: dict[str, Any]) -> publisher_.RowResult:
         """A suspect on a channel of its own: if the channel closes on it again, it is to blame."""
-        [result] = await self.publisher.publish([row], self.lease.held)
+        [result] = await self.publisher.publish([row], self.lease.held, self._refusal)
         if result is publisher_.Sent.SUSPECT:
             return publisher_.Refused(f"the broker closed its channel: {self.publisher.closes.pop(row['id'], '')}")
         return result
@@ -227,9 +232,13 @@ class SourceRelay:
             self._suspects.discard(row["id"])
             self.publisher.closes.pop(row["id"], None)
             if isinstance(result, publisher_.Refused):
-                await self._refused(conn, row, result.reason)
+                await self._refused(conn, row, result.reason, result.final)
 
-    async def _refused(self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str) -> None:
+    async def _refused(
+        self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str, final: bool = False
+    ) -> None:
+        """Back a refused row off, or park it: once its tries are used up, or at once when it is never to be
+        sent (`final`)."""
         self._backing_off = True
         tries = row["publish_attempts"] + 1
         delay_s = backoff.exponential_s(
@@ -237,10 +246,13 @@ class SourceRelay:
         )
         # Parked only once the operators were told (a notice in the dead-letter queue, which the gateway
         # records); if that fails, the row is tried again and the notice with it.
+        why = (
+            f"parked, its outbox may not publish it: {reason}" if final else f"parked after {tries} refusals: {reason}"
+        )
         park = (
-            tries >= self.config.max_publish_attempts
+            (final or tries >= self.config.max_publish_attempts)
             and self.lease.held()
-            and await self._tell_operators(row, tries, reason)
+            and await self._tell_operators(row, why)
         )
         async with conn.transaction():
             await conn.execute(statements.DURABLY)
@@ -251,12 +263,11 @@ class SourceRelay:
         if park:
             self.parked += 1
             log.error(
-                "relay %s: parked event %s (%s) after %d refusals: %s; %d parked since start",
+                "relay %s: event %s (%s) %s; %d parked since start",
                 self.name,
                 row["event_id"],
                 row["routing_key"],
-                tries,
-                reason,
+                why,
                 self.parked,
             )
         else:
@@ -271,9 +282,9 @@ class SourceRelay:
                 delay_s,
             )
 
-    async def _tell_operators(self, row: dict[str, Any], tries: int, reason: str) -> bool:
+    async def _tell_operators(self, row: dict[str, Any], why: str) -> bool:
         headers = {
-            "x-castad-reason": f"parked after {tries} refusals: {reason}",
+            "x-castad-reason": why,
             "x-castad-service": "relay",
             "x-castad-source": self.name,
             "x-castad-parked-event": str(row["event_id"]),
@@ -303,7 +314,7 @@ class SourceRelay:
 def _failure(result: publisher_.RowResult) -> str | None:
     """Why a row was not published, for the metrics (None: it was, or it was only held back behind one)."""
     if isinstance(result, publisher_.Refused):
-        return metrics_.REFUSED
+        return metrics_.FORBIDDEN if result.final else metrics_.REFUSED
     if result is publisher_.Sent.SUSPECT:
         return metrics_.CHANNEL_CLOSED
     if result is None:
@@ -320,7 +331,10 @@ async def run(
         config.amqp_url, topo.exchange, config.confirm_timeout_s, config.max_message_bytes, metrics.confirms
     )
     # The relay's broker user may only publish: the queues are declared by set-up and by their services.
-    relays = [SourceRelay(url, publisher, config, topo.dead_letter_exchange, metrics) for url in config.sources]
+    relays = [
+        SourceRelay(service, url, publisher, config, topo.dead_letter_exchange, metrics)
+        for service, url in config.sources.items()
+    ]
     tasks = [asyncio.create_task(relay.run_forever(), name=relay.name) for relay in relays]
     started = time.monotonic()
     try:

@@ -25,7 +25,7 @@ async def _main(config: settings_.RelaySettings) -> None:
     measured = metrics.instruments(config.sources)
     probes = None
     if config.health_port is not None:
-        databases = {f"database {db.database_name(url)}": health.database(url) for url in config.sources}
+        databases = {f"database {db.database_name(url)}": health.database(url) for url in config.sources.values()}
         probes = health.ProbeServer(
             config.health_port,
             liveness={"event loop": health.loop_responsive(loop)},

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from typing import Annotated
 
-from castad_runtime import settings
+from castad_contracts import topology
+from castad_runtime import db, redact, settings
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-SOURCES = ("api", "lyric", "song", "video")
+SOURCES = tuple(topology.SOURCES)  # the services that produce events, each with an outbox in its database
+_NAMED = re.compile(r"^\s*([a-z]+)\s*=\s*(.*?)\s*$")
 
 
 class RelaySettings(settings.CommonSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_RELAY_", extra="ignore", frozen=True)
 
-    sources: Annotated[tuple[str, ...], NoDecode] = Field(
-        default=tuple(settings.database_url_default(name) for name in SOURCES),
-        description="comma-separated database URLs whose outbox tables the relay drains",
+    sources: Annotated[dict[str, str], NoDecode] = Field(
+        default={service: settings.database_url_default(service) for service in SOURCES},
+        description="the databases whose outboxes the relay drains, comma-separated, each as `<service>=<URL>`"
+        " (api, lyric, song, video): the relay publishes from each only its service's own event types. A plain"
+        " URL is taken as the service its database's name ends with (castad_lyric, castad_t1_lyric: lyric)",
     )
     batch_size: int = Field(default=200, ge=1, le=5000, description="rows published per confirm round")
     fallback_poll_s: float = Field(
@@ -48,17 +54,44 @@ class RelaySettings(settings.CommonSettings):
 
     @field_validator("sources", mode="before")
     @classmethod
-    def _split(cls, value: object) -> object:
+    def _owned(cls, value: object) -> object:
         if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
-
-    @field_validator("sources")
-    @classmethod
-    def _postgres(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
+            value = [part for part in value.split(",") if part.strip()]
+        if isinstance(value, Mapping):
+            value = [f"{service}={url}" for service, url in value.items()]
+        if not isinstance(value, Iterable):
+            return value
+        owned: dict[str, str] = {}
+        for entry in value:
+            service, url = _source(str(entry))
+            if service in owned:
+                raise ValueError(f"two databases of {service}: {redact.mask(owned[service])} and {redact.mask(url)}")
+            if url in owned.values():
+                raise ValueError(f"one database for two services: {redact.mask(url)}")
+            owned[service] = url
+        if not owned:
             raise ValueError("at least one database URL")
-        for url in value:
-            if not url.startswith(("postgresql://", "postgresql+psycopg://")):
-                raise ValueError(f"not a PostgreSQL URL: {url}")
-        return value
+        return owned
+
+
+def _source(entry: str) -> tuple[str, str]:
+    """The service and URL of a `sources` entry: `<service>=<URL>`, or a URL whose database's name ends with
+    the service's (castad_lyric), which says whose it is as long as no other service's name could be meant."""
+    named = _NAMED.match(entry)
+    if named and not named.group(1).startswith("postgresql"):
+        service, url = named.groups()
+        if service not in SOURCES:
+            raise ValueError(
+                f"{service}={redact.mask(url)}: no service {service!r} has an outbox (one of {', '.join(SOURCES)})"
+            )
+    else:
+        url = entry.strip()
+        service = re.split(r"[_-]", db.database_name(url) if url.startswith("postgresql") else "")[-1]
+        if service not in SOURCES:
+            raise ValueError(
+                f"{redact.mask(url)}: its database's name does not say whose outbox it is: write it as <service>=<URL>"
+                f" ({', '.join(SOURCES)})"
+            )
+    if not re.match(settings.POSTGRES_URL, url):
+        raise ValueError(f"not a PostgreSQL URL: {redact.mask(url)}")
+    return service, url

@@ -26,11 +26,13 @@ RELEASE_LEASE = "UPDATE outbox_leader SET expires_at = now() WHERE holder = %(ho
 # row earlier in their pipeline (partial indexes outbox_unpublished and outbox_held). Always from
 # the oldest: a row that came due, was republished or committed late goes before the later rows
 # of its pipeline.
+# The envelope's type and source come apart, for the relay's look at what the row may publish (`ownership`).
 # The envelope comes as JSON text without its trace context, which the relay's publish span
 # replaces (`publisher.envelope_body`): PostgreSQL writes the text, the relay neither parses nor
 # encodes it again.
 PENDING = """
 SELECT id, event_id, pipeline_id, routing_key, created_at, publish_attempts, destination,
+       envelope ->> 'type' AS event_type, envelope ->> 'source' AS event_source,
        (envelope - 'traceparent' - 'tracestate')::text AS content,
        envelope ->> 'traceparent' AS traceparent, envelope ->> 'tracestate' AS tracestate
 FROM outbox AS o

@@ -66,7 +66,7 @@ class VideoSettings(stage_service.StageSettings):
 def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> str:
     """Where the render API fetches the song: a presigned URL of the bucket, or a signed link of the gateway."""
     try:
-        served = store.serve(done.artifact)
+        served = store.serve(done.artifact, done.pipeline_id, events.Stage.SONG)
     except artifacts.ArtifactMissing as error:
         raise errors.PermanentProviderError("song_unreachable", str(error)) from None
     if isinstance(served, str):
@@ -127,7 +127,7 @@ def make_work(config: VideoSettings) -> runner.Work:
         done = events.SongCompleted.model_validate(job.input)
         with contextlib.ExitStack() as files:
             try:
-                song_path = files.enter_context(store.local_copy(done.artifact))
+                song_path = files.enter_context(store.local_copy(done.artifact, job.pipeline_id, events.Stage.SONG))
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("song_unreachable", str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))

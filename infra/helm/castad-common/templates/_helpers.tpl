@@ -103,7 +103,7 @@ connection URLs from existing Secrets, every CASTAD_* setting, OpenTelemetry.
 {{- $sources := list }}
 {{- range .Values.sources }}
 {{ include "castad.secretEnv" (dict "name" (printf "CASTAD_RELAY_SOURCE_%s" (upper .name)) "secret" . "what" (printf "sources (%s)" .name)) }}
-{{- $sources = append $sources (printf "$(CASTAD_RELAY_SOURCE_%s)" (upper .name)) }}
+{{- $sources = append $sources (printf "%s=$(CASTAD_RELAY_SOURCE_%s)" .name (upper .name)) }}
 {{- end }}
 {{- if $sources }}
 - name: CASTAD_RELAY_SOURCES

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import events
+from castad_contracts import events, topology
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -171,7 +171,7 @@ class StageRunner:
         self.limits = limits
         self.worker_id = worker_id
         self.provider = provider  # claims go through this provider's quota (castad_runtime.stage.quota)
-        self.source = f"/castad/{stage.value}"
+        self.source = topology.SOURCES[stage.value]
         self.tracer = telemetry.tracer(f"castad.{stage.value}")
         self.rng = rng or random.Random()
         self.metrics = metrics or metrics_.StageMetrics(metrics_.registry(), stage.value, OWN_CODES)

@@ -1,0 +1,118 @@
+"""The relay publishes from each service's outbox only what that service may say: its own event types,
+written with its own source, to the events exchange; only the gateway's outbox addresses one queue (a
+replayed dead letter). Any other row is parked at once with the reason, the operators are told (a notice
+in the dead-letter queue), it is counted, and it holds back only the later rows of its own pipeline."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from castad_contracts import envelope, events, topology
+from castad_relay import metrics as relay_metrics
+from castad_runtime import db, metrics, outbox, tables
+
+from tests.integration.helpers import eventually, lyric_started, requested_envelope, write_events
+
+pytestmark = pytest.mark.integration
+
+SONG_STARTED = events.stage_event(events.Stage.SONG, "started")
+
+
+def forge(
+    engine: sa.Engine, env: envelope.Envelope, routing_key: str | None = None, destination: str | None = None
+) -> None:
+    """A row as whoever can write the database may write it: any envelope, routing key and destination."""
+    with db.transaction(engine) as conn:
+        db.run(conn, outbox.APPEND, (env.id, env.subject, routing_key or env.type, env.model_dump_json(), destination))
+
+
+def row_of(engine: sa.Engine, event_id: uuid.UUID) -> sa.RowMapping:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(tables.outbox).where(tables.outbox.c.event_id == event_id)).mappings().one()
+
+
+def started(stage: events.Stage, pipeline_id: str, attempt: int = 1, source: str | None = None) -> envelope.Envelope:
+    event_type = events.stage_event(stage, "started")
+    return envelope.wrap(
+        lyric_started(pipeline_id, attempt, stage), event_type, source or topology.SOURCES[stage.value]
+    )
+
+
+@pytest.mark.parametrize(
+    ("service", "forged", "routing_key", "destination", "refusal"),
+    [
+        # another service's event type, with that service's source, as it would be if it were genuine
+        ("song", lambda p: started(events.Stage.LYRIC, p), None, None, "lyric.started is lyric's, not song's"),
+        ("song", lambda p: requested_envelope(p), None, None, "pipeline.requested is api's, not song's"),
+        # its own type, but saying it comes from another service
+        ("song", lambda p: started(events.Stage.SONG, p, source="/castad/lyric"), None, None, "source '/castad/lyric'"),
+        # its own type as the routing key, another type inside
+        ("song", lambda p: started(events.Stage.LYRIC, p), SONG_STARTED, None, "routing key song.started"),
+        # a type no service produces
+        ("api", lambda p: started(events.Stage.LYRIC, p).model_copy(update={"type": "pipeline.exploded"}), None, None,
+         "no event type"),
+        # a replay to one queue from another outbox than the gateway's
+        ("lyric", lambda p: requested_envelope(p), None, "song", "only the gateway's outbox addresses a queue"),
+    ],
+    ids=["another-services-type", "the-gateways-type", "another-source", "type-not-routing-key", "unknown-type",
+         "replay-not-from-the-gateway"],
+)  # fmt: skip
+def test_a_row_its_service_may_not_publish_is_parked_at_once_with_the_reason_and_holds_back_only_its_pipeline(
+    installation, engines, amqp, start_relay, service, forged, routing_key, destination, refusal
+):
+    topo = installation.topology
+    engine = engines[service]
+    registry = metrics.registry()
+    victim, other = str(uuid.uuid4()), str(uuid.uuid4())
+    env = forged(victim)
+    forge(engine, env, routing_key, topo.queue(destination) if destination else None)
+    later = own_rows(engine, service, victim)
+    free = own_rows(engine, service, other)
+    start_relay(metrics=relay_metrics.RelayMetrics(registry), fallback_poll_s=30, max_publish_attempts=10)
+
+    parked = eventually(lambda: row_of(engine, env.id)["parked_at"], what="the forged row parked")
+    eventually(lambda: all(row_of(engine, e)["published_at"] for e in free), what="another pipeline's rows published")
+
+    row = row_of(engine, env.id)
+    assert refusal in row["last_error"] and row["published_at"] is None and parked
+    assert row["publish_attempts"] == 1  # parked at once: trying again would change nothing
+    assert all(row_of(engine, e)["published_at"] is None for e in later)  # its pipeline waits behind it
+    delivered = [message for queue in topo.services for message in amqp.take_all(topo.queue(queue))]
+    assert env.id not in {uuid.UUID(message.document["id"]) for message in delivered}
+    [notice] = amqp.take(topo.dead_letter_queue, 1)
+    assert notice.headers["x-castad-parked-event"] == str(env.id) and refusal in notice.headers["x-castad-reason"]
+    labels = {"source": service, "reason": relay_metrics.FORBIDDEN}
+    assert registry.get_sample_value("castad_relay_publish_failures_total", labels) == 1
+
+
+def own_rows(engine: sa.Engine, service: str, pipeline_id: str) -> list[uuid.UUID]:
+    """A row `service` may publish, about `pipeline_id`."""
+    if service == "api":
+        return [
+            env.id
+            for env in write_events(engine, [requested_envelope(pipeline_id).payload()], events.PIPELINE_REQUESTED)
+        ]
+    stage = events.Stage(service)
+    return [
+        env.id
+        for env in write_events(engine, [lyric_started(pipeline_id, 2, stage)], events.stage_event(stage, "started"))
+    ]
+
+
+def test_the_gateways_replay_keeps_its_producers_source_and_goes_to_its_queue_alone(
+    installation, engines, amqp, start_relay
+):
+    """A dead letter the gateway sends back: an event another service produced, in the gateway's outbox,
+    addressed to the queue it came from. It is published there alone, as it was."""
+    topo = installation.topology
+    completed = started(events.Stage.LYRIC, str(uuid.uuid4()))
+    with db.transaction(engines["api"]) as conn:
+        outbox.append(conn, completed, destination=topo.queue("song"), delivery_id=uuid.uuid4())
+    start_relay(fallback_poll_s=30)
+
+    [replayed] = amqp.take(topo.queue("song"), 1)
+
+    assert replayed.document["source"] == "/castad/lyric" and replayed.event_id == completed.id
+    assert amqp.take_all(topo.queue("api")) == []
