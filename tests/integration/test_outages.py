@@ -130,6 +130,27 @@ def test_a_database_outage_uses_up_no_message_and_each_takes_effect_once_it_is_b
         assert amqp.depth(queue) == 0, queue
 
 
+def test_a_message_held_through_a_long_outage_is_handed_back_as_a_copy_and_takes_effect_once_it_is_back(
+    installation, engines, amqp, run_consumer, caplog
+):
+    """RabbitMQ takes back a delivery left unacknowledged past its consumer_timeout, and each return brings a
+    message nearer its queue's delivery limit: a consumer waiting out a long outage hands the message back
+    through the delay queue (a copy, which counts no return) and waits on from there."""
+    engine = engines["lyric"]
+    handler = Counted(stage_trigger_handler(engine))
+    run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=1, hand_back_after_s=1.0)
+    sent = requested_envelope()
+
+    with outage.database_down(installation.database_urls["lyric"]):
+        publish(amqp, installation, sent)
+        eventually(lambda: "handed back through the delay queue" in caplog.text, what="the message handed back")
+
+    eventually(lambda: count(engine, tables.jobs) == 1, timeout=30, what="its job, once the database is back")
+    assert count(engine, tables.inbox) == 1
+    for queue in (installation.topology.queue("lyric"), installation.topology.dead_letter_queue):
+        assert amqp.depth(queue) == 0, queue
+
+
 def test_a_worker_stopped_during_an_outage_leaves_its_message_in_the_queue(installation, engines, amqp, run_consumer):
     engine = engines["lyric"]
     handler = Counted(stage_trigger_handler(engine))

@@ -6,7 +6,11 @@ copy, a dead letter) has been confirmed by the broker, so nothing is lost in bet
 - the database or the broker is out (`outages.is_outage`): the handler is tried again in
   this thread with a capped backoff, for as long as the outage lasts. The message is not
   acknowledged meanwhile, so a worker that stops leaves it in its queue. An outage never
-  uses up a message;
+  uses up a message. After `HAND_BACK_AFTER_S` of it, the message is handed back through the
+  delay queue (a copy, confirmed before the original is acknowledged) and the wait goes on from
+  there: RabbitMQ takes back a delivery left unacknowledged for its `consumer_timeout` (30
+  minutes by default), and each time it did, the message would come nearer to its queue's
+  delivery limit; a copy starts from none;
 - its schema version is newer than this service knows (its producer was upgraded first), or
   its handler cannot take it yet (`Hold`: an operator request ahead of an earlier one):
   held, that is sent back through Dramatiq's delay queue with a growing delay, for up to
@@ -61,6 +65,9 @@ Handler = Callable[[envelope_.Envelope, events.Payload], None]
 REASON_MAX = 1000  # characters of a dead letter's reason header
 RETRIES_OPTION = "castad_retries"  # message option: how often its handler failed so far
 HELD_SINCE_OPTION = "castad_held_since_ms"  # message option: when this service first held it
+OUTAGE_OPTION = "castad_outage"  # message option: handed back after waiting out an outage for HAND_BACK_AFTER_S
+HAND_BACK_AFTER_S = 600.0  # well within RabbitMQ's default consumer_timeout (30 minutes)
+HAND_BACK_DELAY_S = 5.0
 FILED_OPTION = "castad_filed"  # message option: a dead letter filed, to be rejected into the dead-letter exchange
 RETRY_BACKOFF_S = (0.2, 10.0)  # first and longest delay between a failing handler's tries
 HOLD_BACKOFF_S = (1.0, 60.0)  # first and longest delay between looks at a newer-version event
@@ -101,10 +108,12 @@ class EventConsumer:
         *,
         max_retries: int = 20,
         hold_s: float = 3600.0,
+        hand_back_after_s: float = HAND_BACK_AFTER_S,
         registry: events.Registry = events.REGISTRY,
         metrics: metrics_.ConsumerMetrics | None = None,
     ) -> None:
         self.broker = broker
+        self.hand_back_after_s = hand_back_after_s
         self.service = service
         self.topology = topo
         self.handlers = dict(handlers)
@@ -173,7 +182,7 @@ class EventConsumer:
             self._dead(document, f"unreadable {env.type} payload: {reason}", metrics_.INVALID_PAYLOAD)
             return
         message = CurrentMessage.get_current_message()
-        if message is None or not {RETRIES_OPTION, HELD_SINCE_OPTION} & set(message.options):
+        if message is None or not {RETRIES_OPTION, HELD_SINCE_OPTION, OUTAGE_OPTION} & set(message.options):
             self.metrics.handed_off(env.type, env.time)  # a retry's or a held event's wait is not a handoff
         with (
             telemetry.continued(env.traceparent, env.tracestate),
@@ -194,7 +203,10 @@ class EventConsumer:
             logs.bound(env.subject, str(env.id)),
         ):
             try:
-                self._through_outages(lambda: handler(env, payload))
+                self._through_outages(lambda: handler(env, payload), hand_back_after_s=self.hand_back_after_s)
+            except outages.Outlasted as outlasted:
+                log.warning("%s; handed back through the delay queue", outlasted)
+                self._through_outages(self._hand_back)
             except _Abandoned:
                 raise
             except Hold as hold:
@@ -202,10 +214,16 @@ class EventConsumer:
             except Exception as error:
                 self._through_outages(functools.partial(self._retry_later, document, env, error))
 
-    def _through_outages(self, action: Callable[[], T]) -> T:
-        """`action()`, tried again for as long as it fails on an outage; _Abandoned if the worker stops."""
+    def _through_outages(self, action: Callable[[], T], hand_back_after_s: float | None = None) -> T:
+        """`action()`, tried again for as long as it fails on an outage; _Abandoned if the worker stops,
+        outages.Outlasted after `hand_back_after_s`."""
         try:
-            return outages.keep_trying(action, f"{self.service} consumer (message kept)", stop=self._stopping)
+            return outages.keep_trying(
+                action,
+                f"{self.service} consumer (message kept)",
+                stop=self._stopping,
+                give_up_after_s=hand_back_after_s,
+            )
         except outages.Stopped:
             # Wait until the worker's consumers are closed: the broker has then put this unacknowledged
             # message back in the queue, and Dramatiq's ack can only fail.
@@ -247,6 +265,13 @@ class EventConsumer:
         delay_s = min(max(held_s, HOLD_BACKOFF_S[0]), HOLD_BACKOFF_S[1], remaining_s)
         log.warning("%s; held, next look in %.1f s (dead-lettered after %.0f s more)", reason, delay_s, remaining_s)
         self.broker.enqueue(message.copy(options={HELD_SINCE_OPTION: since_ms}), delay=int(delay_s * 1000))
+
+    def _hand_back(self) -> None:
+        """Send the message being handled back to this queue through the delay queue, as it is (a retry, a held
+        event keep what they counted), to be handled again once HAND_BACK_DELAY_S passed."""
+        message = CurrentMessage.get_current_message()
+        assert message is not None
+        self.broker.enqueue(message.copy(options={OUTAGE_OPTION: True}), delay=int(HAND_BACK_DELAY_S * 1000))
 
     def _dead(self, document: dict[str, Any], reason: str, kind: str) -> None:
         self._through_outages(lambda: self._file(_encode(document), reason, kind))

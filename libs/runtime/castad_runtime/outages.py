@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -78,22 +79,31 @@ class Stopped(Exception):
     """Waiting out an outage was given up: the service is stopping."""
 
 
+class Outlasted(Exception):
+    """Waiting out an outage was given up: it lasted longer than the caller would wait in one go."""
+
+
 def keep_trying(
     action: Callable[[], T],
     what: str,
     stop: threading.Event | None = None,
     first_s: float = 0.1,
     max_s: float = 5.0,
+    give_up_after_s: float | None = None,
 ) -> T:
     """`action()`, tried again after a backoff while it fails on an outage, for as long as the outage
-    lasts; any other error propagates. Raises Stopped if `stop` is set while waiting."""
+    lasts; any other error propagates. Raises Stopped if `stop` is set while waiting, Outlasted once
+    `give_up_after_s` passed (the caller then does its waiting another way)."""
     delays = backoff.Backoff(first_s, max_s)
+    started = time.monotonic()
     while True:
         try:
             result = action()
         except Exception as error:
             if not is_outage(error):
                 raise
+            if give_up_after_s is not None and time.monotonic() - started > give_up_after_s:
+                raise Outlasted(f"{what}: outage for over {give_up_after_s:g} s") from error
             if delays.tries % LOG_EVERY == 0:
                 log.warning("%s: outage (%s); trying again", what, redact.describe(error))
             if delays.wait(stop):
