@@ -29,3 +29,13 @@ def test_each_service_gets_its_own_role_and_broker_user_in_its_urls():
     assert env["CASTAD_LYRIC_DATABASE_URL"] == "postgresql+psycopg://t1_lyric:pw-lyric@127.0.0.1:5432/castad_lyric"
     assert env["CASTAD_RELAY_SOURCES"] == "lyric=postgresql+psycopg://t1_relay:pw-relay@127.0.0.1:5432/castad_lyric"
     assert env["CASTAD_SONG_AMQP_URL"] == "amqp://t1_song:pw-song@127.0.0.1:5672/%2F"
+
+
+def test_a_services_broker_url_has_its_own_user_on_every_node_of_a_cluster():
+    users = privileges.Users("castad", {service: f"pw-{service}" for service in privileges.USERS})
+    admin = "amqp://admin:secret@n1:5672/castad,amqp://admin:secret@n2:5672/castad"
+
+    url = users.amqp_url("lyric", admin)
+
+    assert url == "amqp://castad_lyric:pw-lyric@n1:5672/castad,amqp://castad_lyric:pw-lyric@n2:5672/castad"
+    assert "admin" not in url and privileges._vhost(admin) == "castad"

@@ -28,7 +28,7 @@ import pika
 import pika.exceptions
 import psycopg
 from castad_contracts import topology
-from castad_runtime import migrations, settings
+from castad_runtime import amqp, db, migrations, settings
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
@@ -79,11 +79,15 @@ class Users:
         return url.render_as_string(hide_password=False)
 
     def amqp_url(self, service: str, amqp_url: str) -> str:
-        parts = urllib.parse.urlsplit(amqp_url)
+        """`amqp_url` (an administrator's; one URL or one per node) with this service's user on every node."""
         user = urllib.parse.quote(self.name(service), safe="")
         password = urllib.parse.quote(self.passwords[service], safe="")
-        host = parts.netloc.rpartition("@")[2]
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+        nodes = []
+        for url in amqp.split(amqp_url):
+            parts = urllib.parse.urlsplit(url)
+            host = parts.netloc.rpartition("@")[2]
+            nodes.append(urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}")))
+        return ",".join(nodes)
 
     def env(self, database_urls: Mapping[str, str], amqp_url: str) -> dict[str, str]:
         """Variables that run every service as its own user (superuser `database_urls` per service)."""
@@ -136,8 +140,7 @@ def _connect(url: str, database: str | None = None) -> psycopg.Connection[tuple[
     parsed = make_url(url)
     if database is not None:
         parsed = parsed.set(database=database)
-    plain = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-    return psycopg.connect(plain, autocommit=True)
+    return psycopg.connect(**db.connect_kwargs(parsed.render_as_string(hide_password=False)), autocommit=True)
 
 
 def ensure_roles(users: Users, admin_url: str) -> None:
@@ -202,16 +205,14 @@ def drop_rabbitmq(users: Users) -> None:
 
 
 def _vhost(amqp_url: str) -> str:
-    path = urllib.parse.urlsplit(amqp_url).path
+    """The vhost of a broker setting (its first node's URL: every node's names the same vhost)."""
+    path = urllib.parse.urlsplit(amqp.split(amqp_url)[0]).path
     return urllib.parse.unquote(path[1:]) if len(path) > 1 else "/"
 
 
 def _authenticates(amqp_url: str) -> bool:
-    parameters = pika.URLParameters(amqp_url)
-    parameters.socket_timeout = parameters.blocked_connection_timeout = 5
-    parameters.connection_attempts = 1
     try:
-        pika.BlockingConnection(parameters).close()
+        amqp.blocking_connection(amqp_url, timeout_s=5).close()
         return True
     except pika.exceptions.AMQPConnectionError:  # refused, or not yet allowed on the vhost
         return False
