@@ -127,3 +127,30 @@ def test_moving_refuses_while_a_service_consumes(earlier):
     finally:
         connection.close()
     assert messaging.queue_states(AMQP_URL, earlier)[0].kind == messaging.CLASSIC
+
+
+def test_a_move_stopped_half_way_is_reported_and_finished_by_running_it_again(earlier):
+    """Stopped after the classic queues were emptied and the quorum ones declared, but before the messages went
+    back: `castad-admin topology` refuses, naming the holding queue, and a second move puts every message back."""
+    amqp = Amqp(AMQP_URL)
+    try:
+        waiting = [requested_envelope() for _ in range(3)]
+        for env in waiting:
+            amqp.publish(earlier.exchange, events.PIPELINE_REQUESTED, env.to_json(), message_id=str(env.id))
+        quorum.empty_classic_queues(AMQP_URL, messaging.queue_states(AMQP_URL, earlier))
+        messaging.declare_topology(AMQP_URL, earlier)  # ... and there it stopped
+
+        shown = CliRunner().invoke(
+            admin.app, ["topology", "--namespace", earlier.namespace], env={"CASTAD_AMQP_URL": AMQP_URL}
+        )
+        assert shown.exit_code == 1
+        assert f"{earlier.queue('lyric')}.moving holds 3 messages of an interrupted move" in shown.output
+
+        again = CliRunner().invoke(
+            admin.app, ["move-to-quorum", "--namespace", earlier.namespace], env={"CASTAD_AMQP_URL": AMQP_URL}
+        )
+        assert again.exit_code == 0, again.output
+        assert [message.event_id for message in amqp.take_all(earlier.queue("lyric"))] == [env.id for env in waiting]
+        assert messaging.interrupted_moves(AMQP_URL, earlier) == []
+    finally:
+        amqp.close()

@@ -186,6 +186,7 @@ def declare_topology(
     try:
         messaging.declare_topology(amqp_url, topo)
         states = messaging.queue_states(amqp_url, topo)
+        interrupted = messaging.interrupted_moves(amqp_url, topo)
     except messaging.TopologyMismatch as error:
         console.print(f"[red]{error}", soft_wrap=True)
         raise typer.Exit(1) from None
@@ -194,6 +195,13 @@ def declare_topology(
         raise typer.Exit(1) from None
     for state in states:
         console.print(f"  {state.name}: {state.kind}, {state.messages} ready, {state.consumers} consumers")
+    for name, messages in interrupted:
+        console.print(
+            f"[red]{name} holds {messages} messages of an interrupted move: run `castad-admin move-to-quorum` again",
+            soft_wrap=True,
+        )
+    if interrupted:
+        raise typer.Exit(1)
     console.print(f"[green]✓[/] exchanges, queues and bindings of namespace {namespace!r} declared", soft_wrap=True)
 
 

@@ -23,12 +23,8 @@ import pika.exceptions
 from castad_contracts import topology
 from castad_runtime import amqp, messaging
 
-HOLDING = ".moving"
-
-
-def xq_name(queue: str) -> str:
-    """Dramatiq's dead-letter queue of `queue`, which versions before quorum queues declared."""
-    return f"{queue}.XQ"
+HOLDING = messaging.HOLDING_SUFFIX
+xq_name = messaging.xq_name  # Dramatiq's dead-letter queue, which versions before quorum queues declared
 
 
 class MoveRefused(Exception):
@@ -43,6 +39,13 @@ def move_to_quorum(amqp_url: str, topo: topology.Topology) -> list[str]:
             raise MoveRefused(f"stop every service first: {state.name} has {state.consumers} consumer(s)")
         if state.kind not in (messaging.QUORUM, messaging.CLASSIC, messaging.MISSING):
             raise MoveRefused(f"{state.name} cannot be moved: {state.kind}")
+    done = empty_classic_queues(amqp_url, states)
+    messaging.declare_topology(amqp_url, topo)
+    return done + retire_xqs(amqp_url, topo) + fill_back(amqp_url, topo)
+
+
+def empty_classic_queues(amqp_url: str, states: list[messaging.QueueState]) -> list[str]:
+    """The first step: each classic queue emptied into its holding quorum queue, then deleted."""
     done = []
     with _connection(amqp_url) as connection:
         for state in states:
@@ -52,16 +55,29 @@ def move_to_quorum(amqp_url: str, topo: topology.Topology) -> list[str]:
                 moved = _move_all(connection, state.name, holding)
                 connection.channel().queue_delete(state.name, if_empty=True)
                 done.append(f"{state.name}: classic queue emptied into {holding} ({moved} messages) and deleted")
-    messaging.declare_topology(amqp_url, topo)
+    return done
+
+
+def retire_xqs(amqp_url: str, topo: topology.Topology) -> list[str]:
+    """The earlier version's .XQ queues emptied into the dead-letter queue, then deleted."""
+    done = []
     with _connection(amqp_url) as connection:
         for service in topo.services:
             retired = _retire_xq(connection, topo, service)
             if retired is not None:
-                xq = xq_name(topo.queue(service))
-                done.append(f"{xq}: {retired} messages into {topo.dead_letter_queue}, deleted")
+                done.append(
+                    f"{xq_name(topo.queue(service))}: {retired} messages into {topo.dead_letter_queue}, deleted"
+                )
+    return done
+
+
+def fill_back(amqp_url: str, topo: topology.Topology) -> list[str]:
+    """The last step: each holding queue emptied into its (quorum) queue, then deleted."""
+    done = []
+    with _connection(amqp_url) as connection:
         for queue in messaging.queue_names(topo):
             holding = queue + HOLDING
-            if _exists(connection, holding):
+            if messaging.queue_depth(connection, holding) is not None:
                 moved = _move_all(connection, holding, queue)
                 _delete_empty_quorum_queue(connection, holding)
                 done.append(f"{queue}: quorum queue, {moved} messages moved back")
@@ -90,18 +106,6 @@ def _delete_empty_quorum_queue(connection: pika.BlockingConnection, queue: str) 
 
 def _declare_holding(connection: pika.BlockingConnection, holding: str) -> None:
     connection.channel().queue_declare(holding, durable=True, arguments={"x-queue-type": topology.QUEUE_TYPE})
-
-
-def _exists(connection: pika.BlockingConnection, queue: str) -> bool:
-    channel = connection.channel()
-    try:
-        channel.queue_declare(queue, passive=True)
-    except pika.exceptions.ChannelClosedByBroker as error:
-        if error.reply_code == 404:
-            return False
-        raise
-    channel.close()
-    return True
 
 
 def _move_all(
@@ -133,7 +137,7 @@ def _retire_xq(connection: pika.BlockingConnection, topo: topology.Topology, ser
     """Empty an earlier version's `.XQ` into the dead-letter exchange and delete it; None if there is none."""
     queue = topo.queue(service)
     xq = xq_name(queue)
-    if not _exists(connection, xq):
+    if messaging.queue_depth(connection, xq) is None:
         return None
     reason = {
         "x-castad-reason": "failed in an earlier version of Castad, which kept it in Dramatiq's .XQ",

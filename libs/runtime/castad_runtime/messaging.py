@@ -191,11 +191,8 @@ class QueueState:
     messages: int
     consumers: int
 
-    @property
-    def as_declared(self) -> bool:
-        return self.kind == "quorum"
 
-
+HOLDING_SUFFIX = ".moving"  # a queue's holding queue while `castad-admin move-to-quorum` moves it
 QUORUM = "quorum"
 CLASSIC = "classic"
 MISSING = "missing"
@@ -207,12 +204,23 @@ def queue_states(amqp_url: str, topo: topology.Topology) -> list[QueueState]:
     try:
         states = []
         for queue in queue_names(topo):
-            found = _passive(connection, queue)
+            found = queue_depth(connection, queue)
             if found is None:
                 states.append(QueueState(queue, MISSING, 0, 0))
                 continue
             states.append(QueueState(queue, queue_kind(connection, queue, topo), *found))
         return states
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def interrupted_moves(amqp_url: str, topo: topology.Topology) -> list[tuple[str, int]]:
+    """Holding queues a `move-to-quorum` left behind (it stopped half-way), with the messages they hold."""
+    connection = amqp.blocking_connection(amqp_url, timeout_s=DECLARE_TIMEOUT_S)
+    try:
+        left = [(name + HOLDING_SUFFIX, queue_depth(connection, name + HOLDING_SUFFIX)) for name in queue_names(topo)]
+        return [(name, found[0]) for name, found in left if found is not None]
     finally:
         if connection.is_open:
             connection.close()
@@ -225,7 +233,7 @@ def queue_names(topo: topology.Topology) -> list[str]:
     ]
 
 
-def _passive(connection: pika.BlockingConnection, queue: str) -> tuple[int, int] | None:
+def queue_depth(connection: pika.BlockingConnection, queue: str) -> tuple[int, int] | None:
     """(messages ready, consumers) of a queue, None if it does not exist."""
     channel = connection.channel()
     try:
