@@ -119,6 +119,8 @@ class ProvidersBench(castad_bench.CastadBench):
             "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
             "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
             "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-bench",
+            # The fakes listen on 127.0.0.1, over http.
+            **{f"CASTAD_{stage.upper()}_ALLOW_PRIVATE": "true" for stage in castad_bench.STAGES},
             **{f"CASTAD_{stage.upper()}_GATEWAY_URL": self.base_url for stage in ("song", "video")},
             **{f"CASTAD_{stage.upper()}_CONCURRENCY": "2" for stage in castad_bench.STAGES},
             **{f"CASTAD_{stage.upper()}_QUOTA_RATE_PER_S": "50" for stage in castad_bench.STAGES},

@@ -52,6 +52,8 @@ def network(castad, providers):
             "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
             **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
             **{f"CASTAD_{stage}_POLL_FIRST_S": FIRST_POLL_S for stage in ("SONG", "VIDEO")},
+            # The fakes listen on 127.0.0.1, over http.
+            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in ("LYRIC", "SONG", "VIDEO")},
         }
     )
     return running, providers

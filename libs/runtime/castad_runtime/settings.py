@@ -15,6 +15,8 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from castad_runtime import outbound
+
 DEFAULT_ARTIFACTS_DIR = pathlib.Path("var", "artifacts")
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
 POSTGRES_URL = r"^postgresql(\+psycopg)?://"
@@ -58,6 +60,16 @@ def check_key(settings: BaseSettings, field: str) -> None:
         raise ValueError(f"provider {getattr(settings, 'provider', '')} needs {name} or {file_name}")
     if key_file is not None and not os.access(key_file, os.R_OK):
         raise ValueError(f"{file_name} {key_file} cannot be read")
+
+
+def check_provider_url(settings: BaseSettings, field: str) -> None:
+    """A network provider's URL must be https and not name a private host, unless `allow_private` says otherwise."""
+    allow_private = getattr(settings, "allow_private", False)
+    try:
+        outbound.check_url(getattr(settings, field), allow_private)
+    except outbound.Refused as error:
+        name, allow = env_var(type(settings), field), env_var(type(settings), "allow_private")
+        raise ValueError(f"{name}: {error} (local fakes and tests only: {allow}=true)") from None
 
 
 def env_var(cls: type[BaseSettings], field: str, prefix: str | None = None) -> str:

@@ -53,6 +53,7 @@ class VideoSettings(stage_service.StageSettings):
         if self.provider != "creatomate":
             return self
         settings.check_key(self, "creatomate_api_key")
+        settings.check_provider_url(self, "creatomate_base_url")
         if self.creatomate_template_id is None:
             raise ValueError("provider creatomate needs CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID")
         if self.artifacts_store == "volume" and self.gateway_url is None:
@@ -85,6 +86,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         config.creatomate_timeout_s,
         config.creatomate_max_answer_bytes,
         headers=key.bearer,
+        allow_private=config.allow_private,
     )
     store = artifacts.make_store(config)
 
@@ -99,6 +101,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
             media_types=("video/mp4",),
             max_bytes=config.download_max_bytes,
             timeout_s=config.creatomate_timeout_s * 4,
+            allow_private=config.allow_private,
         )
         width, height = provider.frame_size(done.brief.orientation, config.short_side)
         size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}

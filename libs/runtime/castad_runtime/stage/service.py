@@ -81,6 +81,12 @@ class StageSettings(settings.StoreSettings):
     provider_give_up_s: float = Field(
         default=1800.0, gt=0, description="work a provider has not finished by then fails the attempt (retryable)"
     )
+    allow_private: bool = Field(
+        default=False,
+        description="let calls to the network provider and downloads of its results go to private, loopback and"
+        " link-local addresses and over plain http (local fakes and tests only; off: https to public addresses,"
+        " checked after DNS and on redirects)",
+    )
     download_max_bytes: int = Field(
         default=200_000_000, ge=1024, description="a provider's result larger than this is refused"
     )
