@@ -14,6 +14,7 @@ from castad_contracts import events, topology
 from castad_runtime import artifacts, cli, consumer, db, messaging, process, telemetry
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
+from opentelemetry import trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from castad_api import app as app_
@@ -83,9 +84,17 @@ def build(config: settings_.ApiSettings) -> FastAPI:
             engine.dispose()
 
     application = app_.create_app(gateway, lifespan)
-    # The probes, the scrapes and the console's static files are no work of a pipeline: no spans for them.
-    FastAPIInstrumentor.instrument_app(application, excluded_urls="healthz,readyz,metrics,/ui")
+    instrument(application)
     return application
+
+
+def instrument(application: FastAPI, tracer_provider: trace.TracerProvider | None = None) -> None:
+    """Record a span per request (the global tracer provider's, unless given); spans are masked on export
+    (castad_runtime.telemetry)."""
+    # The probes, the scrapes and the console's static files are no work of a pipeline: no spans for them.
+    FastAPIInstrumentor.instrument_app(
+        application, excluded_urls="healthz,readyz,metrics,/ui", tracer_provider=tracer_provider
+    )
 
 
 def run(config: settings_.ApiSettings) -> None:

@@ -140,11 +140,17 @@ class Credential:
     def get(self) -> str:
         if self.file is not None:
             try:
-                return self.file.read_text(encoding="utf-8").strip()
+                key = self.file.read_text(encoding="utf-8").strip()
             except OSError as error:
                 if outages.is_resource_shortage(error):  # the machine's shortage, not the key's
                     raise
-                raise errors.ProviderError("provider_key_unreadable", f"{self.file}: {error.strerror}") from None
+                raise errors.ProviderError(
+                    "provider_key_unreadable",
+                    "the provider's key cannot be read",
+                    detail=f"{self.file}: {error.strerror}",
+                ) from None
+            redact.known(key)  # a rotated key is masked from its first use
+            return key
         return self.value.get_secret_value() if self.value is not None else ""
 
     def bearer(self) -> dict[str, str]:
