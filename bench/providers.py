@@ -26,6 +26,8 @@ from typing import Any
 
 import psycopg
 from castad_local.fakes import chat, creatomate, suno
+from castad_runtime import links
+from pydantic import SecretStr
 
 from bench import castad_bench, common, cpu
 
@@ -108,7 +110,13 @@ class ProvidersBench(castad_bench.CastadBench):
         chat_, suno_, render = self.fakes["chat"], self.fakes["suno"], self.fakes["creatomate"]
         return {
             **super().env(),
-            "CASTAD_LINK_SECRET": self.link_secret,
+            "CASTAD_API_LINK_SECRET": self.link_secret,  # and each signing stage its own key, derived from it
+            **{
+                f"CASTAD_{stage.value.upper()}_LINK_SECRET": links.stage_secret(
+                    SecretStr(self.link_secret), stage
+                ).get_secret_value()
+                for stage in links.SIGNERS
+            },
             "CASTAD_LYRIC_PROVIDER": "openai",
             "CASTAD_LYRIC_OPENAI_BASE_URL": f"{chat_.url}/v1",
             "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,

@@ -28,7 +28,7 @@ from castad_video import creatomate
 from castad_video.service import VideoSettings, make_creatomate_work
 from pydantic import SecretStr
 
-from tests.support import LINK_SECRET, signed_path
+from tests.support import signed_path, stage_link_secret
 
 GATEWAY = "http://gateway.test:8000"
 TEMPLATE = "tpl-castad-9x16"
@@ -86,7 +86,7 @@ def settings_for(fake, **overrides) -> VideoSettings:
         "creatomate_template_id": TEMPLATE,
         "creatomate_timeout_s": 2.0,
         "gateway_url": GATEWAY,
-        "CASTAD_LINK_SECRET": LINK_SECRET,
+        "link_secret": stage_link_secret("video"),
         "poll_first_s": FIRST_S,
         "poll_max_s": MAX_S,
         "provider_give_up_s": GIVE_UP_S,

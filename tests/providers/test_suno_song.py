@@ -26,7 +26,7 @@ from castad_song import suno
 from castad_song.service import SongSettings, make_suno_work
 from pydantic import SecretStr
 
-from tests.support import LINK_SECRET, signed_path
+from tests.support import signed_path, stage_link_secret
 
 GATEWAY = "http://gateway.test:8000"
 GENRE = "lo-fi hip hop, 여름밤 빗소리 & soft synths"  # free text, sent as written
@@ -184,7 +184,7 @@ def test_submit_sends_the_lyrics_with_section_tags_the_genre_as_written_the_titl
     fake.plan(Plan(outcome="never"))
     before = len(fake.received)
 
-    work = work_for(fake, gateway_url=GATEWAY, suno_model="V5", **{"CASTAD_LINK_SECRET": LINK_SECRET})
+    work = work_for(fake, gateway_url=GATEWAY, suno_model="V5", link_secret=stage_link_secret("song"))
     waiting = work(job_for(done), cancellation.Cancellation())
 
     (request,) = sent(fake, before)

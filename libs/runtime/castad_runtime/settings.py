@@ -11,7 +11,7 @@ import os
 import pathlib
 from typing import Annotated, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -266,15 +266,6 @@ class StoreSettings(CommonSettings):
             " machine's role), with CASTAD_ARTIFACTS_DIR for scratch files only",
         ),
     ] = "volume"
-    link_secret: Annotated[
-        SecretStr | None,
-        Field(
-            validation_alias=_common("link_secret"),
-            min_length=32,
-            description="signs the gateway's links that network providers use without an API key (the song a render"
-            " API fetches, their callbacks); the same in the gateway and the stages",
-        ),
-    ] = None
     artifacts_s3_bucket: Annotated[
         str | None, Field(validation_alias=_common("artifacts_s3_bucket"), min_length=3, description="the bucket")
     ] = None

@@ -9,9 +9,10 @@ import signal
 import typing
 from collections.abc import AsyncIterator
 
+import typer
 import uvicorn
 from castad_contracts import events, topology
-from castad_runtime import artifacts, cli, consumer, db, messaging, process, telemetry
+from castad_runtime import artifacts, cli, consumer, db, links, messaging, process, telemetry
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry import trace
@@ -111,3 +112,17 @@ def run(config: settings_.ApiSettings) -> None:
 
 app = cli.service_app("api", settings_.ApiSettings, run, MIGRATIONS)
 app.add_typer(key_commands.app, name="keys")
+
+
+@app.command("link-secrets")
+def link_secrets() -> None:
+    """Print each signing stage's link key, derived from CASTAD_API_LINK_SECRET, as the variable that sets it.
+
+    Give each stage its own line only (a Secret per stage): no stage holds another's key or the root."""
+    config = cli.load_settings(settings_.ApiSettings)
+    if config.link_secret is None:
+        typer.echo("CASTAD_API_LINK_SECRET is not set", err=True)
+        raise typer.Exit(2)
+    for stage in links.SIGNERS:
+        key = links.stage_secret(config.link_secret, stage).get_secret_value()
+        typer.echo(f"CASTAD_{stage.value.upper()}_LINK_SECRET={key}")

@@ -17,7 +17,7 @@ from castad_song import instant, provider, suno
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 
-class SongSettings(stage_service.StageSettings):
+class SongSettings(stage_service.LinkingStageSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_SONG_", extra="ignore", frozen=True)
 
     database_url: str = Field(default=settings.database_url_default("song"), pattern=settings.POSTGRES_URL)

@@ -18,7 +18,7 @@ from castad_video import creatomate, instant, provider
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 
-class VideoSettings(stage_service.StageSettings):
+class VideoSettings(stage_service.LinkingStageSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_VIDEO_", extra="ignore", frozen=True)
 
     database_url: str = Field(default=settings.database_url_default("video"), pattern=settings.POSTGRES_URL)
@@ -74,7 +74,7 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
         return served
     assert config.gateway_url is not None and config.link_secret is not None
     path = f"/v1/links/pipelines/{done.pipeline_id}/artifacts/song"
-    return links.sign(config.gateway_url, path, config.link_secret, config.provider_give_up_s + 3600)
+    return links.sign(config.gateway_url, path, config.link_secret, links.Purpose.ARTIFACT, config.link_valid_s())
 
 
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
