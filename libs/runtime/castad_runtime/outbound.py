@@ -210,7 +210,7 @@ class Client:
             base_url=base_url.rstrip("/") + "/" if base_url else "",
             timeout=httpx.Timeout(timeout_s),
             follow_redirects=False,
-            trust_env=False,  # no proxy, netrc or certificate bundle from the environment's variables
+            trust_env=False,  # no proxy or netrc from the environment: a proxy would connect where it likes
             transport=transport or CheckedTransport(allow_private, limits),
             headers={"user-agent": "castad", "accept-encoding": "identity"},
         )
@@ -230,13 +230,19 @@ class Client:
     ) -> Iterator[httpx.Response]:
         """Send a request and yield its answer, body unread; a GET follows up to `max_redirects` redirects.
 
-        A redirect past the last one allowed is TooManyRedirects; with none allowed, or for another
-        method, the 3xx answer itself is yielded. Every hop is checked as the first one was."""
+        A redirect past the last one allowed is TooManyRedirects; with none allowed, for another
+        method or without a location, the 3xx answer itself is yielded. Every hop is checked as the
+        first one was."""
         request = self._client.build_request(method, url, headers=headers, **kwargs)
         response = self._send(request)
         try:
             hops = 0
-            while response.status_code in REDIRECTS and method in ("GET", "HEAD") and max_redirects:
+            while (
+                response.status_code in REDIRECTS
+                and response.headers.get("location")
+                and method in ("GET", "HEAD")
+                and max_redirects
+            ):
                 hops += 1
                 if hops > max_redirects:
                     raise TooManyRedirects(f"more than {max_redirects} redirects")
@@ -258,8 +264,6 @@ class Client:
             raise Refused(f"a redirect to something not a URL: {error}") from None
         if request.url.scheme == "https" and target.scheme != "https":
             raise Refused("a redirect from https down to http")
-        if not response.headers.get("location"):
-            raise Refused("a redirect without a location")
         origin = (target.scheme, target.host, target.port)
         kept = _ANY_ORIGIN if origin != (request.url.scheme, request.url.host, request.url.port) else None
         headers = {
@@ -271,8 +275,9 @@ class Client:
 
 
 def read(response: httpx.Response, max_bytes: int, deadline: float) -> bytes:
-    """A streamed answer's body: TooLarge past `max_bytes`, httpx.ReadTimeout past `deadline` (monotonic)
-    (a server trickling bytes would otherwise hold the connection for as long as it likes)."""
+    """Return a streamed answer's body: TooLarge past `max_bytes`, httpx.ReadTimeout past `deadline` (monotonic;
+    a server trickling bytes would otherwise hold the connection for as long as it likes), EncodingRefused for
+    an encoded one."""
     body = bytearray()
     _copy(response, body.extend, max_bytes, deadline)
     return bytes(body)
