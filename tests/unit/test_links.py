@@ -91,7 +91,6 @@ def test_a_link_that_lives_longer_than_the_gateway_allows_is_refused_even_if_wel
 
 
 def test_the_lyric_stage_holds_no_link_secret_and_the_others_only_their_own(monkeypatch):
-    monkeypatch.setenv("CASTAD_LINK_SECRET", ROOT.get_secret_value())  # what every stage read before
     assert "link_secret" not in LyricSettings.model_fields and "gateway_url" not in LyricSettings.model_fields
     assert SongSettings().link_secret is None and VideoSettings().link_secret is None
     monkeypatch.setenv("CASTAD_SONG_LINK_SECRET", links.stage_secret(ROOT, SONG).get_secret_value())
@@ -116,3 +115,10 @@ def test_the_gateway_answers_401_to_a_link_signed_for_longer_than_it_allows(tmp_
 
     assert asyncio.run(get()).status_code == 401
     assert time.time() < split(url)[1]  # not expired: refused for its lifetime alone
+
+
+def test_the_secret_every_service_shared_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("CASTAD_LINK_SECRET", ROOT.get_secret_value())  # what every service read before
+    for factory in (settings.ApiSettings, LyricSettings, SongSettings, VideoSettings):
+        with pytest.raises(ValueError, match="CASTAD_API_LINK_SECRET"):
+            factory()

@@ -303,3 +303,13 @@ class StoreSettings(CommonSettings):
         if self.artifacts_store == "s3" and not self.artifacts_s3_bucket:
             raise ValueError("CASTAD_ARTIFACTS_STORE=s3 needs CASTAD_ARTIFACTS_S3_BUCKET")
         return self
+
+    @model_validator(mode="after")
+    def _no_shared_link_secret(self) -> Self:
+        if os.environ.get("CASTAD_LINK_SECRET"):  # read by every service once; now a stage must not hold it
+            raise ValueError(
+                "CASTAD_LINK_SECRET is no longer read: the gateway's is CASTAD_API_LINK_SECRET, and each signing"
+                " stage holds only its own key derived from it (CASTAD_SONG_LINK_SECRET, CASTAD_VIDEO_LINK_SECRET:"
+                " python -m castad_api link-secrets); unset it"
+            )
+        return self
