@@ -26,6 +26,8 @@ from typing import Any
 
 import psycopg
 from castad_local.fakes import chat, creatomate, suno
+from castad_runtime import links
+from pydantic import SecretStr
 
 from bench import castad_bench, common, cpu
 
@@ -108,7 +110,13 @@ class ProvidersBench(castad_bench.CastadBench):
         chat_, suno_, render = self.fakes["chat"], self.fakes["suno"], self.fakes["creatomate"]
         return {
             **super().env(),
-            "CASTAD_LINK_SECRET": self.link_secret,
+            "CASTAD_API_LINK_SECRET": self.link_secret,  # and each signing stage its own key, derived from it
+            **{
+                f"CASTAD_{stage.value.upper()}_LINK_SECRET": links.stage_secret(
+                    SecretStr(self.link_secret), stage
+                ).get_secret_value()
+                for stage in links.SIGNERS
+            },
             "CASTAD_LYRIC_PROVIDER": "openai",
             "CASTAD_LYRIC_OPENAI_BASE_URL": f"{chat_.url}/v1",
             "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
@@ -119,6 +127,8 @@ class ProvidersBench(castad_bench.CastadBench):
             "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
             "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
             "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-bench",
+            # The fakes listen on 127.0.0.1, over http.
+            **{f"CASTAD_{stage.upper()}_ALLOW_PRIVATE": "true" for stage in castad_bench.STAGES},
             **{f"CASTAD_{stage.upper()}_GATEWAY_URL": self.base_url for stage in ("song", "video")},
             **{f"CASTAD_{stage.upper()}_CONCURRENCY": "2" for stage in castad_bench.STAGES},
             **{f"CASTAD_{stage.upper()}_QUOTA_RATE_PER_S": "50" for stage in castad_bench.STAGES},

@@ -113,6 +113,7 @@ def service_settings(music_api_url: str, music_api_key: str) -> dict[str, str]:
         **{f"CASTAD_{stage.upper()}_{name}": value for stage in STAGES for name, value in stage_settings.items()},
         "CASTAD_SONG_PROVIDER": "suno",
         "CASTAD_SONG_SUNO_BASE_URL": music_api_url,
+        "CASTAD_SONG_ALLOW_PRIVATE": "true",  # the music API's fake listens on 127.0.0.1, over http
         "CASTAD_SONG_SUNO_API_KEY": music_api_key,
         "CASTAD_SONG_POLL_FIRST_S": "1",
         "CASTAD_SONG_POLL_MAX_S": "2",

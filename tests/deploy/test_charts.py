@@ -185,7 +185,11 @@ def test_a_providers_key_comes_from_a_secret_and_never_from_plain_values(chart_d
     (deployment,) = by_kind(render(chart_dir, "lyric", values), "Deployment")
     env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
     assert env["CASTAD_LYRIC_OPENAI_API_KEY"] == {"secretKeyRef": {"name": "openai", "key": "api-key"}}
-    assert charts.secret_settings("lyric") == ["CASTAD_LINK_SECRET", "CASTAD_LYRIC_OPENAI_API_KEY"]
+    # Least privilege: the lyric stage signs no link and holds no link key; each signing stage only its own.
+    assert charts.secret_settings("lyric") == ["CASTAD_LYRIC_OPENAI_API_KEY"]
+    assert charts.secret_settings("song") == ["CASTAD_SONG_LINK_SECRET", "CASTAD_SONG_SUNO_API_KEY"]
+    assert charts.secret_settings("video") == ["CASTAD_VIDEO_LINK_SECRET", "CASTAD_VIDEO_CREATOMATE_API_KEY"]
+    assert charts.secret_settings("api") == ["CASTAD_API_WEBHOOK_SECRET", "CASTAD_API_LINK_SECRET"]
 
 
 def test_the_committed_settings_blocks_and_schemas_are_current():

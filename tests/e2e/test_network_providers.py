@@ -24,6 +24,7 @@ def with_chat(chat: FakeChat, key: str = DEFAULT_KEY) -> dict[str, str]:
         "CASTAD_LYRIC_OPENAI_BASE_URL": f"{chat.url}/v1",
         "CASTAD_LYRIC_OPENAI_API_KEY": key,
         "CASTAD_LYRIC_OPENAI_MODEL": "castad-fake",
+        "CASTAD_LYRIC_ALLOW_PRIVATE": "true",  # the fake listens on 127.0.0.1, over http
     }
 
 

@@ -15,7 +15,7 @@ from castad_local.fakes import chat, creatomate, suno
 from castad_runtime.stage import errors
 
 from tests.e2e.test_languages import BRIEFS
-from tests.support import LINK_SECRET, signed_path
+from tests.support import link_secrets, signed_path
 
 pytestmark = pytest.mark.e2e
 FIRST_POLL_S = "60"
@@ -39,7 +39,7 @@ def network(castad, providers):
     running = castad(
         {
             "CASTAD_API_PORT": str(port),
-            "CASTAD_LINK_SECRET": LINK_SECRET,
+            **link_secrets(),
             "CASTAD_LYRIC_PROVIDER": "openai",
             "CASTAD_LYRIC_OPENAI_BASE_URL": f"{lyrics.url}/v1",
             "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
@@ -52,6 +52,8 @@ def network(castad, providers):
             "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
             **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
             **{f"CASTAD_{stage}_POLL_FIRST_S": FIRST_POLL_S for stage in ("SONG", "VIDEO")},
+            # The fakes listen on 127.0.0.1, over http.
+            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in ("LYRIC", "SONG", "VIDEO")},
         }
     )
     return running, providers

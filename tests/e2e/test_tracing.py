@@ -76,6 +76,11 @@ class _OtlpHandler(http.server.BaseHTTPRequestHandler):
                             "name": span.name,
                             "kind": span.kind,
                             "attributes": {a.key: _value(a.value) for a in span.attributes},
+                            "events": [
+                                {"name": e.name, "attributes": {a.key: _value(a.value) for a in e.attributes}}
+                                for e in span.events
+                            ],
+                            "status": span.status.message,
                             "resource": resource,
                         }
                     )

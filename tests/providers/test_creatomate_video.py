@@ -28,7 +28,7 @@ from castad_video import creatomate
 from castad_video.service import VideoSettings, make_creatomate_work
 from pydantic import SecretStr
 
-from tests.support import LINK_SECRET, signed_path
+from tests.support import signed_path, stage_link_secret
 
 GATEWAY = "http://gateway.test:8000"
 TEMPLATE = "tpl-castad-9x16"
@@ -81,11 +81,12 @@ def settings_for(fake, **overrides) -> VideoSettings:
     values = {
         "provider": "creatomate",
         "creatomate_base_url": fake.url,
+        "allow_private": True,  # the fake is on 127.0.0.1, over http
         "creatomate_api_key": SecretStr(DEFAULT_KEY),
         "creatomate_template_id": TEMPLATE,
         "creatomate_timeout_s": 2.0,
         "gateway_url": GATEWAY,
-        "CASTAD_LINK_SECRET": LINK_SECRET,
+        "link_secret": stage_link_secret("video"),
         "poll_first_s": FIRST_S,
         "poll_max_s": MAX_S,
         "provider_give_up_s": GIVE_UP_S,
@@ -238,7 +239,7 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
     many = tuple(events.TimedLine(text=f"line {n}", start_s=n, end_s=n + 0.5) for n in range(70))
     done = song_completed(artifacts_dir, many)
     key = http.Credential(SecretStr(DEFAULT_KEY))
-    client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer)
+    client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
     api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: f"https://cdn.test/{song.pipeline_id}.mp3")
     before = len(fake.received)
 
@@ -258,7 +259,7 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
 
 def test_the_adapter_reports_the_render_at_work_and_then_its_url_and_size(fake, job):
     key = http.Credential(SecretStr(DEFAULT_KEY))
-    client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer)
+    client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
     api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3")
     fake.plan(Plan(seconds=0.6))
     handle = api.submit(job, None, cancellation.Cancellation())
@@ -375,9 +376,10 @@ def test_a_template_the_api_does_not_have_is_rejected_for_good(fake, job):
     assert "400" in error.message
 
 
-def test_the_apis_hint_is_in_the_error_message(fake, job):
+def test_the_apis_hint_is_the_errors_detail_for_operators_not_its_public_message(fake, job):
     error = failure(work_for(fake, creatomate_template_id="no-such-template"), job)
-    assert "Template 'no-such-template' was not found." in error.message
+    assert "Template 'no-such-template' was not found." in (error.detail or "")
+    assert error.message == "the render API answered 400"
 
 
 def test_a_render_the_api_does_not_know_is_lost_and_a_new_attempt_submits_anew(fake, job):
@@ -394,7 +396,7 @@ def test_a_render_the_api_failed_fails_the_attempt_retryably_with_its_reason(fak
     job = submitted(work, job, Plan(outcome="fail", seconds=0.1), fake=fake)
     error = failure_once_ended(work, job)
     assert (error.code, error.retryable) == ("provider_job_failed", True)
-    assert fake_creatomate.FAILURE[:40] in error.message
+    assert fake_creatomate.FAILURE[:40] in (error.detail or "") and error.message == "the render API failed the video"
 
 
 def test_a_render_never_done_times_out_once_the_give_up_time_has_passed(fake, job):

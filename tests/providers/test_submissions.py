@@ -91,7 +91,9 @@ def api(request: pytest.FixtureRequest, artifacts_dir: pathlib.Path) -> Iterator
     if request.param == "chat":
         with fake_chat.FakeChat() as chat_fake:
             credential = http.Credential(SecretStr(fake_chat.DEFAULT_KEY))
-            client = http.HttpProvider("the fake", f"{chat_fake.url}/v1", 5, 100_000, headers=credential.bearer)
+            client = http.HttpProvider(
+                "the fake", f"{chat_fake.url}/v1", 5, 100_000, headers=credential.bearer, allow_private=True
+            )
             writer = chat.ChatLyricProvider(client, "gpt-test")
 
             def write(cancel: cancellation.Cancellation) -> None:

@@ -26,7 +26,7 @@ from castad_song import suno
 from castad_song.service import SongSettings, make_suno_work
 from pydantic import SecretStr
 
-from tests.support import LINK_SECRET, signed_path
+from tests.support import signed_path, stage_link_secret
 
 GATEWAY = "http://gateway.test:8000"
 GENRE = "lo-fi hip hop, 여름밤 빗소리 & soft synths"  # free text, sent as written
@@ -76,6 +76,7 @@ def settings_for(fake, **overrides) -> SongSettings:
     values = {
         "provider": "suno",
         "suno_base_url": fake.url,
+        "allow_private": True,  # the fake is on 127.0.0.1, over http
         "suno_api_key": SecretStr(DEFAULT_KEY),
         "suno_timeout_s": 2.0,
         "poll_first_s": FIRST_S,
@@ -183,7 +184,7 @@ def test_submit_sends_the_lyrics_with_section_tags_the_genre_as_written_the_titl
     fake.plan(Plan(outcome="never"))
     before = len(fake.received)
 
-    work = work_for(fake, gateway_url=GATEWAY, suno_model="V5", **{"CASTAD_LINK_SECRET": LINK_SECRET})
+    work = work_for(fake, gateway_url=GATEWAY, suno_model="V5", link_secret=stage_link_secret("song"))
     waiting = work(job_for(done), cancellation.Cancellation())
 
     (request,) = sent(fake, before)
@@ -228,7 +229,8 @@ def test_an_overlong_title_is_cut_to_what_the_api_takes(fake):
 
 def test_the_adapter_reports_every_step_of_the_task_and_then_the_first_tracks_mp3(fake):
     key = http.Credential(SecretStr(DEFAULT_KEY))
-    api = suno.SunoApi(http.HttpProvider("the music API", fake.url, 2.0, 100_000, headers=key.bearer), "V4_5")
+    client = http.HttpProvider("the music API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
+    api = suno.SunoApi(client, "V4_5")
     fake.plan(Plan(seconds=0.6))
     handle = api.submit(job_for(), None, cancellation.Cancellation())
     states = []
@@ -403,7 +405,7 @@ def test_a_song_the_api_failed_fails_the_attempt_retryably(fake):
     job = submitted(work, Plan(outcome="fail", seconds=0.1), fake=fake)
     error = failure_once_ended(work, job)
     assert (error.code, error.retryable) == ("provider_job_failed", True)
-    assert "Audio generation failed." in error.message
+    assert "Audio generation failed." in (error.detail or "") and "Audio" not in error.message
 
 
 def test_lyrics_refused_for_sensitive_words_fail_for_good(fake):

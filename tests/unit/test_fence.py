@@ -131,7 +131,7 @@ class Server:
 
 
 def client(server: Server, headers=dict) -> http.HttpProvider:
-    return http.HttpProvider("the API", "http://api.test", 5.0, 10_000, headers=headers, transport=server.transport)
+    return http.HttpProvider("the API", "https://api.test", 5.0, 10_000, headers=headers, transport=server.transport)
 
 
 def test_a_submit_past_a_closed_fence_sends_nothing():

@@ -56,7 +56,8 @@ def video_renderer(request):
 def chat_client():
     """A client of the fake Chat Completions server, for the `openai` lyric provider."""
     with FakeChat() as fake:
-        client = http.HttpProvider("fake", f"{fake.url}/v1", 5, 100_000, http.Credential(SecretStr(DEFAULT_KEY)).bearer)
+        key = http.Credential(SecretStr(DEFAULT_KEY))
+        client = http.HttpProvider("fake", f"{fake.url}/v1", 5, 100_000, key.bearer, allow_private=True)
         yield client
         client.close()
 

@@ -50,3 +50,43 @@ def test_spans_are_recorded_only_when_exported_and_the_trace_goes_on_either_way(
     sent, passed_on = str(result["sent"]).split("-"), str(result["passed_on"]).split("-")
     assert sent[1] == passed_on[1] and int(sent[1], 16) != 0  # the same trace id
     assert sent[2] != passed_on[2]  # the next hop's own span id
+
+
+def test_no_span_carries_a_links_signature_or_a_key_whatever_its_case(tmp_path, monkeypatch):
+    """The gateway's own instrumentation records `url.query` as it came (and headers, when an operator has them
+    captured): the spans leave the process masked."""
+    import asyncio
+    import uuid
+
+    import httpx
+    from castad_api import app, service
+    from castad_runtime import telemetry
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.unit.test_console_files import gateway
+
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST", ".*")
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(telemetry.exporting(exported))
+    application = app.create_app(gateway(tmp_path))
+    service.instrument(application, provider)
+    signature, key = "a1b2" * 16, "cad_" + "Zy9" * 14
+    path = f"/v1/links/pipelines/{uuid.uuid4()}/artifacts/song"
+
+    async def requests() -> None:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            await client.get(f"{path}?expires=1767225600&Signature={signature}&signature={signature}")
+            await client.get(f"{path}?X-Amz-Signature={signature}", headers={"authorization": f"Bearer {key}"})
+
+    asyncio.run(requests())
+    provider.force_flush()
+    spans = exported.get_finished_spans()
+
+    assert spans, "the gateway recorded no span"
+    seen = [str(value) for span in spans for value in span.attributes.values()] + [span.name for span in spans]
+    seen += [str(value) for span in spans for event in span.events for value in event.attributes.values()]
+    assert any("expires=1767225600" in value for value in seen)  # the query is there, its signature is not
+    assert not [value for value in seen if signature in value or key in value]

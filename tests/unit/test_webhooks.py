@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
+import threading
 import time
+from collections.abc import Iterator
+from http import server
 
 import httpx
 import pytest
 from castad_api import operations, settings, webhooks
 from castad_contracts import api, brief
+from castad_runtime import outbound
 from standardwebhooks import Webhook
 
 SECRET = "whsec_" + base64.b64encode(b"castad webhook test key").decode()
@@ -35,34 +40,42 @@ def test_a_signature_is_what_the_standard_webhooks_library_verifies():
 @pytest.mark.parametrize(
     "url",
     [
+        "https://127.0.0.1:9000/hook",
+        "https://10.1.2.3/hook",
+        "https://192.168.0.10/hook",
+        "https://169.254.169.254/latest/meta-data",
+        "https://100.64.0.1/hook",
+        "https://[::1]/hook",
+        "https://[fc00::1]/hook",
+        "https://[::ffff:10.0.0.1]/hook",
+        "https://0.0.0.0/hook",
+        "https://localhost:8080/hook",
+        "https://api.localhost/hook",
         "http://127.0.0.1:9000/hook",
-        "http://10.1.2.3/hook",
-        "http://192.168.0.10/hook",
-        "http://169.254.169.254/latest/meta-data",
-        "http://100.64.0.1/hook",
-        "http://[::1]/hook",
-        "http://[fc00::1]/hook",
-        "http://[::ffff:10.0.0.1]/hook",
-        "http://0.0.0.0/hook",
-        "http://localhost:8080/hook",
-        "http://api.localhost/hook",
     ],
 )
 def test_a_private_destination_is_refused_at_submit_and_at_delivery(url):
     assert webhooks.refusal(url, config()) is not None
     assert webhooks.refusal(url, config(webhook_allow_private=True)) is None
-    with pytest.raises(webhooks.Blocked):
-        webhooks.resolve(url, allow_private=False)
+    sender = webhooks.Sender(SECRET, False, 5)
+    outcome = sender.send("d-0", url, b"{}")
+    sender.close()
+    assert outcome.blocked and outcome.error == webhooks.REFUSED
 
 
 def test_a_public_address_or_a_name_is_accepted_and_nothing_without_a_secret():
     assert webhooks.refusal(f"https://{PUBLIC}/hook", config()) is None
     assert webhooks.refusal("https://hooks.example.com/castad", config()) is None  # checked once resolved
     assert "CASTAD_API_WEBHOOK_SECRET" in webhooks.refusal("https://hooks.example.com/x", settings.ApiSettings())
-    assert webhooks.resolve(f"http://{PUBLIC}/hook", allow_private=False) == PUBLIC
+    assert outbound.addresses(PUBLIC, 443, allow_private=False) == [ipaddress.ip_address(PUBLIC)]
 
 
-def test_the_request_goes_to_the_checked_address_with_the_original_host_and_signed_headers():
+def test_plain_http_is_refused_unless_private_destinations_are_allowed():
+    assert "https" in (webhooks.refusal(f"http://{PUBLIC}/hook", config()) or "")
+    assert webhooks.refusal(f"http://{PUBLIC}/hook", config(webhook_allow_private=True)) is None
+
+
+def test_the_request_goes_to_its_url_with_signed_headers():
     seen: list[httpx.Request] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -70,7 +83,7 @@ def test_the_request_goes_to_the_checked_address_with_the_original_host_and_sign
         return httpx.Response(204)
 
     sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
-    outcome = sender.send("d-1", f"http://{PUBLIC}:8080/hook?x=1", b"{}")
+    outcome = sender.send("d-1", f"https://{PUBLIC}:8080/hook?x=1", b"{}")
 
     assert outcome.delivered and outcome.status_code == 204
     [request] = seen
@@ -87,7 +100,7 @@ def test_a_redirect_is_a_failed_try_never_followed():
         return httpx.Response(307, headers={"location": "http://169.254.169.254/latest"})
 
     sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
-    outcome = sender.send("d-2", f"http://{PUBLIC}/first", b"{}")
+    outcome = sender.send("d-2", f"https://{PUBLIC}/first", b"{}")
 
     assert (outcome.delivered, outcome.blocked, outcome.status_code) == (False, False, 307)
     assert len(seen) == 1 and "not followed" in (outcome.error or "")
@@ -97,8 +110,8 @@ def test_a_redirect_is_a_failed_try_never_followed():
     "address", ["64:ff9b::a00:1", "2002:7f00:1::", "::7f00:1", "::ffff:0:a00:1", "64:ff9b:1::a00:1", "fec0::1"]
 )
 def test_an_ipv6_address_carrying_a_private_ipv4_one_is_not_public(address):
-    with pytest.raises(webhooks.Blocked):
-        webhooks.resolve(f"http://[{address}]/hook", allow_private=False)
+    with pytest.raises(outbound.Refused):
+        outbound.addresses(address, 443, allow_private=False)
 
 
 def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
@@ -112,7 +125,7 @@ def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
         SECRET, False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle()))
     )
     started = time.monotonic()
-    outcome = sender.send("d-3", f"http://{PUBLIC}/slow", b"{}")
+    outcome = sender.send("d-3", f"https://{PUBLIC}/slow", b"{}")
 
     assert not outcome.delivered and "ReadTimeout" in (outcome.error or "")
     assert time.monotonic() - started < 2
@@ -120,7 +133,7 @@ def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
 
 def test_a_url_no_try_can_send_to_fails_the_notice_at_once():
     sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
-    assert sender.send("d-4", "http://example.com:99999/x", b"{}").blocked
+    assert sender.send("d-4", "https://example.com:99999/x", b"{}").blocked
 
 
 @pytest.mark.parametrize(
@@ -137,18 +150,54 @@ def test_a_secret_that_is_not_whsec_and_16_bytes_of_base64_is_refused(secret):
         settings.ApiSettings(webhook_secret=secret)
 
 
-def test_a_name_is_sent_to_the_address_it_was_checked_at_with_its_own_host_header():
-    seen: list[httpx.Request] = []
+class Receiver(server.ThreadingHTTPServer):
+    """A webhook receiver on 127.0.0.1 that records the Host header of what it gets."""
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200)
+    daemon_threads = True
 
-    sender = webhooks.Sender(SECRET, True, 5, transport=httpx.MockTransport(answer))
-    assert sender.send("d-5", "http://localhost:8080/hook", b"{}").delivered
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Receive)
+        self.hosts: list[str] = []
 
-    [request] = seen
-    assert request.url.host in ("127.0.0.1", "::1") and request.headers["host"] == "localhost:8080"
+
+class _Receive(server.BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.server.hosts.append(self.headers["host"])
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's signature)
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    running = Receiver()
+    thread = threading.Thread(target=running.serve_forever, daemon=True)
+    thread.start()
+    yield running
+    running.shutdown()
+    running.server_close()
+    thread.join()
+
+
+def test_a_name_is_sent_to_the_address_it_was_checked_at_with_its_own_host_header(receiver, monkeypatch):
+    port = receiver.server_address[1]
+    looked_up: list[str] = []
+
+    def lookup(host: str, port: int) -> list:
+        looked_up.append(host)  # the one name server: nothing else resolves receiver.test
+        return [(2, 1, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(outbound, "_lookup", lookup)
+    sender = webhooks.Sender(SECRET, True, 5)
+    assert sender.send("d-5", f"http://receiver.test:{port}/hook", b"{}").delivered
+    sender.close()
+
+    assert looked_up == ["receiver.test"] and receiver.hosts == [f"receiver.test:{port}"]
 
 
 def test_a_try_longer_than_its_deadline_is_a_failed_try_and_the_deliverer_goes_on():
@@ -159,7 +208,7 @@ def test_a_try_longer_than_its_deadline_is_a_failed_try_and_the_deliverer_goes_o
     sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(slow))
     sender.deadline_s = 0.3
     started = time.monotonic()
-    outcome = sender.send("d-6", f"http://{PUBLIC}/hook", b"{}")
+    outcome = sender.send("d-6", f"https://{PUBLIC}/hook", b"{}")
 
     assert not outcome.delivered and "no answer within 0.3 s" in (outcome.error or "")
     assert time.monotonic() - started < 1.5

@@ -16,9 +16,9 @@ S = TypeVar("S", bound=BaseSettings)
 
 
 def load_settings(factory: type[S]) -> S:
-    """Read settings or stop with every bad variable named."""
+    """Read settings or stop with every bad variable named; their secrets are masked wherever they appear."""
     try:
-        return factory()
+        loaded = factory()
     except pydantic.ValidationError as error:
         for problem in error.errors():
             field = str(problem["loc"][0])
@@ -28,6 +28,10 @@ def load_settings(factory: type[S]) -> S:
             value = redact.mask(repr(problem.get("input")))
             typer.echo(f"bad setting {name}={value}: {redact.mask(problem['msg'])}", err=True)
         raise typer.Exit(2) from None
+    redact.known(
+        *(value.get_secret_value() for value in vars(loaded).values() if isinstance(value, pydantic.SecretStr))
+    )
+    return loaded
 
 
 def service_app(

@@ -1,32 +1,96 @@
-"""Links of the gateway that a network provider may use without an API key, signed by a stage.
+"""Links of the gateway that a network provider may use without an API key, each signed by one stage.
 
 A provider cannot send Castad's API key: the song it must fetch (a render API) and the callback
-it makes when its work moves on are links with an expiry and an HMAC-SHA256 signature under
-CASTAD_LINK_SECRET, which the gateway and the stages share. The gateway checks both; a link
-for another path, altered or expired, is refused.
+it makes when its work moves on are links with an expiry and an HMAC-SHA256 signature.
+
+Keys, least privilege: the gateway holds the one root secret (CASTAD_API_LINK_SECRET); a stage
+that signs links holds only its own key (CASTAD_SONG_LINK_SECRET, CASTAD_VIDEO_LINK_SECRET),
+derived from the root with HKDF (RFC 5869) and the stage's name, so one stage's key signs no
+other stage's links, and the root never leaves the gateway (`python -m castad_api link-secrets`
+prints the stages' keys). Each link is signed with a key derived again from the stage's for its
+purpose, so the song stage's callbacks sign no file link. The lyric stage signs nothing and has
+no key. Who signs what, which the gateway checks:
+
+- `/v1/provider-callbacks/{stage}/{pipeline}`: `stage` (song, video), purpose `callback`;
+- `/v1/links/pipelines/{pipeline}/artifacts/song`: video (its render API fetches the song),
+  purpose `artifact`; no other file has a link.
+
+The gateway refuses a link for another path, altered, expired, or whose expiry is further off
+than it allows (CASTAD_API_LINK_MAX_S): a stage signs for its provider's give-up time and
+MARGIN_S, no longer.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
+import re
 import time
 import urllib.parse
 
+from castad_contracts import events
 from pydantic import SecretStr
 
+MARGIN_S = 3600.0  # a link outlives its provider's give-up time by this much (a late callback is harmless)
+_SALT = b"castad links v1"
+_CALLBACK = re.compile(r"^/v1/provider-callbacks/(?P<stage>song|video)/[^/]+$")
+_ARTIFACT = re.compile(r"^/v1/links/pipelines/[^/]+/artifacts/(?P<stage>song)$")
+FILE_SIGNER = {events.Stage.SONG: events.Stage.VIDEO}  # a stage's file: the stage whose provider fetches it
+SIGNERS = (events.Stage.SONG, events.Stage.VIDEO)  # the stages that sign links, each with a key of its own
 
-def signature(secret: SecretStr, path: str, expires: int) -> str:
-    message = f"{path}\n{expires}".encode()
-    return hmac.new(secret.get_secret_value().encode(), message, hashlib.sha256).hexdigest()
+
+class Purpose(enum.StrEnum):
+    """What a link is for; a stage's key for one purpose signs no link for another."""
+
+    CALLBACK = "callback"
+    ARTIFACT = "artifact"
 
 
-def sign(base_url: str, path: str, secret: SecretStr, valid_s: float) -> str:
-    """`base_url` + `path` with its expiry and signature as query parameters."""
+def hkdf(key: bytes, *, salt: bytes, info: bytes, length: int = 32) -> bytes:
+    """HKDF-SHA256 (RFC 5869): extract with `salt`, expand to `length` bytes for `info`."""
+    prk = hmac.new(salt, key, hashlib.sha256).digest()
+    okm, block = b"", b""
+    for counter in range(1, -(-length // 32) + 1):
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        okm += block
+    return okm[:length]
+
+
+def stage_secret(root: SecretStr, stage: events.Stage | str) -> SecretStr:
+    """The key of one stage (hex), derived from the gateway's root secret."""
+    info = f"stage:{events.Stage(stage).value}".encode()
+    return SecretStr(hkdf(root.get_secret_value().encode(), salt=_SALT, info=info).hex())
+
+
+def signature(secret: SecretStr, purpose: Purpose, path: str, expires: int) -> str:
+    """A link's signature under a stage's key (`secret`) for `purpose`."""
+    key = hkdf(secret.get_secret_value().encode(), salt=_SALT, info=f"purpose:{purpose.value}".encode())
+    return hmac.new(key, f"{path}\n{expires}".encode(), hashlib.sha256).hexdigest()
+
+
+def sign(base_url: str, path: str, secret: SecretStr, purpose: Purpose, valid_s: float) -> str:
+    """`base_url` + `path` with its expiry and signature (a stage's key, for `purpose`) as query parameters."""
     expires = int(time.time() + valid_s)
-    query = urllib.parse.urlencode({"expires": expires, "signature": signature(secret, path, expires)})
+    query = urllib.parse.urlencode({"expires": expires, "signature": signature(secret, purpose, path, expires)})
     return f"{base_url.rstrip('/')}{path}?{query}"
 
 
-def valid(secret: SecretStr, path: str, expires: int, given: str) -> bool:
-    return expires >= time.time() and hmac.compare_digest(signature(secret, path, expires), given)
+def signer(path: str) -> tuple[events.Stage, Purpose] | None:
+    """The stage that signs links for `path`, and for which purpose; None for a path no link is for."""
+    if found := _CALLBACK.match(path):
+        return events.Stage(found["stage"]), Purpose.CALLBACK
+    if found := _ARTIFACT.match(path):
+        return FILE_SIGNER[events.Stage(found["stage"])], Purpose.ARTIFACT
+    return None
+
+
+def accepted(root: SecretStr, path: str, expires: int, given: str, *, max_s: float) -> bool:
+    """Whether the gateway takes a link: signed for this very path by the stage that signs it, for its purpose,
+    not expired, and expiring within `max_s`."""
+    who = signer(path)
+    now = time.time()
+    if who is None or not now <= expires <= now + max_s:
+        return False
+    stage, purpose = who
+    return hmac.compare_digest(signature(stage_secret(root, stage), purpose, path, expires), given)

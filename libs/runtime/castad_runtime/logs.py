@@ -48,7 +48,20 @@ def setup(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("pika", "aio_pika", "aiormq", "httpx", "uvicorn.access"):
+    # Chatty libraries say only what matters even at DEBUG; botocore's DEBUG lines would print every request's
+    # signature and the presigned URLs' ones ("Signature:\n<hex>"), which no mask can tell from other hex.
+    for noisy in (
+        "pika",
+        "aio_pika",
+        "aiormq",
+        "httpx",
+        "httpcore",
+        "uvicorn.access",
+        "botocore",
+        "boto3",
+        "s3transfer",
+        "urllib3",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -11,9 +11,11 @@ import os
 import pathlib
 from typing import Annotated, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from castad_runtime import outbound
 
 DEFAULT_ARTIFACTS_DIR = pathlib.Path("var", "artifacts")
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
@@ -58,6 +60,16 @@ def check_key(settings: BaseSettings, field: str) -> None:
         raise ValueError(f"provider {getattr(settings, 'provider', '')} needs {name} or {file_name}")
     if key_file is not None and not os.access(key_file, os.R_OK):
         raise ValueError(f"{file_name} {key_file} cannot be read")
+
+
+def check_provider_url(settings: BaseSettings, field: str) -> None:
+    """A network provider's URL must be https and not name a private host, unless `allow_private` says otherwise."""
+    allow_private = getattr(settings, "allow_private", False)
+    try:
+        outbound.check_url(getattr(settings, field), allow_private)
+    except outbound.Refused as error:
+        name, allow = env_var(type(settings), field), env_var(type(settings), "allow_private")
+        raise ValueError(f"{name}: {error} (local fakes and tests only: {allow}=true)") from None
 
 
 def env_var(cls: type[BaseSettings], field: str, prefix: str | None = None) -> str:
@@ -254,15 +266,6 @@ class StoreSettings(CommonSettings):
             " machine's role), with CASTAD_ARTIFACTS_DIR for scratch files only",
         ),
     ] = "volume"
-    link_secret: Annotated[
-        SecretStr | None,
-        Field(
-            validation_alias=_common("link_secret"),
-            min_length=32,
-            description="signs the gateway's links that network providers use without an API key (the song a render"
-            " API fetches, their callbacks); the same in the gateway and the stages",
-        ),
-    ] = None
     artifacts_s3_bucket: Annotated[
         str | None, Field(validation_alias=_common("artifacts_s3_bucket"), min_length=3, description="the bucket")
     ] = None
@@ -299,4 +302,14 @@ class StoreSettings(CommonSettings):
     def _bucket_for_s3(self) -> Self:
         if self.artifacts_store == "s3" and not self.artifacts_s3_bucket:
             raise ValueError("CASTAD_ARTIFACTS_STORE=s3 needs CASTAD_ARTIFACTS_S3_BUCKET")
+        return self
+
+    @model_validator(mode="after")
+    def _no_shared_link_secret(self) -> Self:
+        if os.environ.get("CASTAD_LINK_SECRET"):  # read by every service once; now a stage must not hold it
+            raise ValueError(
+                "CASTAD_LINK_SECRET is no longer read: the gateway's is CASTAD_API_LINK_SECRET, and each signing"
+                " stage holds only its own key derived from it (CASTAD_SONG_LINK_SECRET, CASTAD_VIDEO_LINK_SECRET:"
+                " python -m castad_api link-secrets); unset it"
+            )
         return self

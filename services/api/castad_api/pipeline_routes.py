@@ -175,10 +175,15 @@ Signature = Annotated[str, Query(pattern=r"^[0-9a-f]{64}$", description="the lin
 
 
 def _check_link(gw: GatewayDep, request: Request, expires: Expires, signature: Signature) -> None:
-    """A link a stage signed for a provider (castad_runtime.links), for this very path, not expired."""
-    secret = gw.config.link_secret
-    if secret is None or not signed_links.valid(secret, request.url.path, expires, signature):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the link is not valid (altered, expired or not signed here)")
+    """A link signed for a provider (castad_runtime.links) by the stage that signs links to this very path, for
+    its purpose, not expired and not valid for longer than CASTAD_API_LINK_MAX_S."""
+    root = gw.config.link_secret
+    if root is None or not signed_links.accepted(
+        root, request.url.path, expires, signature, max_s=gw.config.link_max_s
+    ):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "the link is not valid (altered, expired, too long-lived or not signed here)"
+        )
 
 
 SIGNED_LINK = [Depends(_check_link)]

@@ -9,11 +9,13 @@ import signal
 import typing
 from collections.abc import AsyncIterator
 
+import typer
 import uvicorn
 from castad_contracts import events, topology
-from castad_runtime import artifacts, cli, consumer, db, messaging, process, telemetry
+from castad_runtime import artifacts, cli, consumer, db, links, messaging, process, telemetry
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
+from opentelemetry import trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from castad_api import app as app_
@@ -83,9 +85,17 @@ def build(config: settings_.ApiSettings) -> FastAPI:
             engine.dispose()
 
     application = app_.create_app(gateway, lifespan)
-    # The probes, the scrapes and the console's static files are no work of a pipeline: no spans for them.
-    FastAPIInstrumentor.instrument_app(application, excluded_urls="healthz,readyz,metrics,/ui")
+    instrument(application)
     return application
+
+
+def instrument(application: FastAPI, tracer_provider: trace.TracerProvider | None = None) -> None:
+    """Record a span per request (the global tracer provider's, unless given); spans are masked on export
+    (castad_runtime.telemetry)."""
+    # The probes, the scrapes and the console's static files are no work of a pipeline: no spans for them.
+    FastAPIInstrumentor.instrument_app(
+        application, excluded_urls="healthz,readyz,metrics,/ui", tracer_provider=tracer_provider
+    )
 
 
 def run(config: settings_.ApiSettings) -> None:
@@ -102,3 +112,17 @@ def run(config: settings_.ApiSettings) -> None:
 
 app = cli.service_app("api", settings_.ApiSettings, run, MIGRATIONS)
 app.add_typer(key_commands.app, name="keys")
+
+
+@app.command("link-secrets")
+def link_secrets() -> None:
+    """Print each signing stage's link key, derived from CASTAD_API_LINK_SECRET, as the variable that sets it.
+
+    Give each stage its own line only (a Secret per stage): no stage holds another's key or the root."""
+    config = cli.load_settings(settings_.ApiSettings)
+    if config.link_secret is None:
+        typer.echo("CASTAD_API_LINK_SECRET is not set", err=True)
+        raise typer.Exit(2)
+    for stage in links.SIGNERS:
+        key = links.stage_secret(config.link_secret, stage).get_secret_value()
+        typer.echo(f"CASTAD_{stage.value.upper()}_LINK_SECRET={key}")

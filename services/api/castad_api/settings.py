@@ -58,6 +58,20 @@ class ApiSettings(settings.StoreSettings):
         description="let notices go to private, loopback and link-local addresses (off: refused, also after DNS and"
         " on redirects)",
     )
+    link_secret: SecretStr | None = Field(
+        default=None,
+        min_length=32,
+        description="the root of the keys that sign the gateway's links network providers use without an API key"
+        " (the song a render API fetches, their callbacks): each signing stage holds only the key derived from it"
+        " for itself (CASTAD_SONG_LINK_SECRET, CASTAD_VIDEO_LINK_SECRET: `python -m castad_api link-secrets`);"
+        " unset: every link is refused",
+    )
+    link_max_s: float = Field(
+        default=21_600.0,
+        ge=60,
+        description="a link whose expiry is further off than this is refused, however well signed; at least a"
+        " signing stage's CASTAD_<STAGE>_PROVIDER_GIVE_UP_S and an hour",
+    )
     webhook_max_attempts: int = Field(default=8, ge=1, le=50, description="tries of one notice before it fails")
     webhook_backoff_base_s: float = Field(default=5.0, gt=0, description="delay after a notice's first failed try")
     webhook_backoff_max_s: float = Field(default=3600.0, gt=0, description="longest delay between tries of a notice")

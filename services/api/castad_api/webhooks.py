@@ -7,10 +7,11 @@ ending. The gateway wakes its own due deliveries (`Deliverer`): it POSTs the not
 (HMAC-SHA256 with the `whsec_` secret, https://www.standardwebhooks.com/), records every try,
 and tries again with a capped backoff until a 2xx answer or the last try.
 
-A notice never goes to a private, loopback, link-local or otherwise non-public address unless
-CASTAD_API_WEBHOOK_ALLOW_PRIVATE is set: the host is resolved, every address checked (IPv4
-inside IPv6 too), and the request sent to the checked address, so a second lookup cannot change
-it. A refused address or a URL that cannot be sent to fails the delivery at once. Redirects are
+A notice goes through the guarded client (castad_runtime.outbound): to an https URL, never to a
+private, loopback, link-local or otherwise non-public address (the host is resolved, every address
+checked, IPv4 inside IPv6 too, and the connection made to the checked address, so a second lookup
+cannot change it), unless CASTAD_API_WEBHOOK_ALLOW_PRIVATE is set (plain http and private
+addresses, for local receivers). A refused destination fails the delivery at once. Redirects are
 not followed (a 3xx answer is a failed try), as Standard Webhooks advises; an answer's body is
 read up to a few kilobytes, and a try that takes longer than its deadline is a failed try, so
 no receiver holds the deliverer.
@@ -19,26 +20,24 @@ no receiver holds the deliverer.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import random
-import socket
 import threading
 import time
-import urllib.parse
 import uuid
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
 from castad_contracts import api, events
-from castad_runtime import backoff, db, outages, redact
-from castad_runtime.stage import cancellation, http
+from castad_runtime import backoff, db, outages, outbound, redact
+from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -50,14 +49,7 @@ log = logging.getLogger(__name__)
 BATCH = 10
 ERROR_MAX_CHARS = 500
 ANSWER_MAX_BYTES = 16_384
-# IPv6 ranges that carry an IPv4 address in their last 32 bits: NAT64 (RFC 6052), IPv4-compatible, SIIT.
-_EMBEDDING_IPV4 = tuple(ipaddress.IPv6Network(net) for net in ("64:ff9b::/96", "::/96", "::ffff:0:0:0/96"))
-# IPv6 ranges never public whatever Python's tables say: local-use NAT64 (RFC 8215), site-local.
-_NEVER_PUBLIC = tuple(ipaddress.IPv6Network(net) for net in ("64:ff9b:1::/48", "fec0::/10"))
-
-
-class Blocked(Exception):
-    """The destination is not a public address (and private ones are not allowed)."""
+REFUSED = "the destination is not allowed: not https, or not a public address"
 
 
 def event_type(status: model.PipelineStatus) -> str:
@@ -68,16 +60,11 @@ def refusal(url: str, config: ApiSettings) -> str | None:
     """Why a brief's callback_url cannot be accepted now (before any DNS lookup), or None."""
     if config.webhook_secret is None:
         return "this gateway sends no notices: CASTAD_API_WEBHOOK_SECRET is not set"
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if config.webhook_allow_private:
-        return None
-    if _local_name(host):
-        return "must not point at this machine"
     try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None  # a name: checked once resolved, at delivery
-    return None if _public(address) else "must not point at a private, loopback or link-local address"
+        outbound.check_url(url, config.webhook_allow_private)
+    except outbound.Refused as error:
+        return f"must be an https URL of a public address ({error})"
+    return None  # a name: checked once resolved, at delivery
 
 
 _ENQUEUE = "INSERT INTO webhook_deliveries (id, pipeline_id, url, event_type, payload) VALUES (%s, %s, %s, %s, %s)"
@@ -113,43 +100,6 @@ def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     return f"v1,{base64.b64encode(mac).decode()}"
 
 
-def _netloc(host: str, port: int | None) -> str:
-    bracketed = f"[{host}]" if ":" in host else host
-    return f"{bracketed}:{port}" if port else bracketed
-
-
-def _local_name(host: str) -> bool:
-    return host == "localhost" or host.endswith(".localhost")
-
-
-def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address):
-        if any(address in net for net in _NEVER_PUBLIC):
-            return False
-        embedded = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
-        embedded += [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) for net in _EMBEDDING_IPV4 if address in net]
-        if any(inner is not None and not _public(inner) for inner in embedded):
-            return False
-    return address.is_global and not address.is_multicast
-
-
-def resolve(url: str, allow_private: bool) -> str:
-    """The address to send to: the host's first address, every one of them checked; Blocked if not allowed."""
-    parsed = urllib.parse.urlsplit(url)
-    host = parsed.hostname or ""
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    if not allow_private and _local_name(host):
-        raise Blocked(f"{host} is this machine")
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as error:
-        raise OSError(f"cannot resolve {host}: {error.strerror}") from None
-    addresses = [ipaddress.ip_address(info[4][0]) for info in found]
-    if not allow_private and not all(_public(address) for address in addresses):
-        raise Blocked(f"{host} resolves to a private, loopback or link-local address")
-    return str(addresses[0])
-
-
 @dataclasses.dataclass(frozen=True)
 class Due:
     """A notice taken for a try; `attempts` counts this try."""
@@ -173,22 +123,16 @@ class Outcome:
 
 
 class Sender:
-    """POSTs a signed notice to the checked address of its URL, each try within `deadline_s` as a whole.
+    """POSTs a signed notice through the guarded client, each try within `deadline_s` as a whole.
 
-    Connections are never reused: one checked for a host's TLS certificate must not carry another
-    host's notice to the same address."""
+    Connections are not kept: a receiver gets one notice now and then, not a stream of them."""
 
     def __init__(self, secret: str, allow_private: bool, timeout_s: float, transport: Any = None) -> None:
         self._secret = secret
-        self._allow_private = allow_private
         self._timeout_s = timeout_s
         self.deadline_s = 2 * timeout_s + 5  # the name's lookup, the connection, the answer: shorter than a lease
-        self._client = httpx.Client(
-            timeout=timeout_s,
-            follow_redirects=False,
-            trust_env=False,
-            transport=transport,
-            limits=httpx.Limits(max_keepalive_connections=0),
+        self._client = outbound.Client(
+            allow_private=allow_private, timeout_s=timeout_s, keepalive=False, transport=transport
         )
 
     def close(self) -> None:
@@ -217,35 +161,19 @@ class Sender:
             "webhook-signature": sign(self._secret, message_id, timestamp, body),
         }
         try:
-            pinned, host, sni = self._pinned(url)
-            request = self._client.build_request(
-                "POST", pinned, content=body, headers={**headers, "host": host}, extensions={"sni_hostname": sni}
-            )
-            response = self._client.send(request, stream=True)
-            try:
-                status, _, _ = http.read_capped(response, ANSWER_MAX_BYTES, time.monotonic() + self._timeout_s)
-            finally:
-                response.close()
-        except (Blocked, ValueError, httpx.InvalidURL) as error:  # a URL no try can send to
-            return Outcome(error=str(error)[:ERROR_MAX_CHARS], blocked=True)
-        except http.BodyTooLarge:
-            status = response.status_code  # the answer's status is what counts; its body is not read on
+            with self._client.stream("POST", url, content=body, headers=headers) as response:
+                status = response.status_code
+                # The answer's status is what counts: a body too large or encoded is not read on.
+                with contextlib.suppress(outbound.TooLarge, outbound.EncodingRefused):
+                    outbound.read(response, ANSWER_MAX_BYTES, time.monotonic() + self._timeout_s)
+        except outbound.Refused as error:  # a destination no try can send to
+            log.warning("notice %s not sent: %s", message_id, error)
+            return Outcome(error=REFUSED, blocked=True)
         except (httpx.HTTPError, OSError) as error:
             return Outcome(error=redact.describe(error))
         if 300 <= status < 400:
             return Outcome(status_code=status, error=f"answered {status}: redirects are not followed")
         return Outcome(status_code=status)
-
-    def _pinned(self, url: str) -> tuple[str, str, str]:
-        """The URL with its host replaced by the checked address, the Host header, and the TLS server name."""
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise Blocked(f"not an http or https URL: {url[:200]}")
-        port = parsed.port  # ValueError for a port out of range
-        name = parsed.hostname.encode("idna").decode("ascii")  # UnicodeError (a ValueError) for a name that is not one
-        address = resolve(url, self._allow_private)
-        pinned = parsed._replace(netloc=_netloc(address, port)).geturl()
-        return pinned, _netloc(name, port), name
 
 
 class Deliverer:

@@ -107,7 +107,9 @@ def lyrics_of(answer: Any, language: brief.Language) -> events.Lyrics:
     except (KeyError, IndexError, TypeError, AttributeError):
         raise errors.ProviderError("provider_malformed", "the answer has no choices[0].message") from None
     if refusal:
-        raise errors.ProviderError("content_refused", f"the model refused: {str(refusal)[:200]}", retryable=False)
+        raise errors.ProviderError(
+            "content_refused", "the model refused to write the lyrics", retryable=False, detail=str(refusal)[:200]
+        )
     if finish == "content_filter":
         raise errors.ProviderError(
             "content_filtered", "the server's content filter stopped the lyrics", retryable=False

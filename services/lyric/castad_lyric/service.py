@@ -43,6 +43,7 @@ class LyricSettings(stage_service.StageSettings):
     def _key_for_openai(self) -> Self:
         if self.provider == "openai":
             settings.check_key(self, "openai_api_key")
+            settings.check_provider_url(self, "openai_base_url")
         return self
 
 
@@ -66,6 +67,7 @@ def make_writer(config: LyricSettings) -> provider.LyricProvider:
             config.openai_timeout_s,
             config.openai_max_answer_bytes,
             headers=key.bearer,
+            allow_private=config.allow_private,
         )
         return chat.ChatLyricProvider(client, config.openai_model)
     return provider.LocalLyricProvider()

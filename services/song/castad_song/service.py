@@ -17,7 +17,7 @@ from castad_song import instant, provider, suno
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 
-class SongSettings(stage_service.StageSettings):
+class SongSettings(stage_service.LinkingStageSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_SONG_", extra="ignore", frozen=True)
 
     database_url: str = Field(default=settings.database_url_default("song"), pattern=settings.POSTGRES_URL)
@@ -43,13 +43,19 @@ class SongSettings(stage_service.StageSettings):
     def _key_for_suno(self) -> Self:
         if self.provider == "suno":
             settings.check_key(self, "suno_api_key")
+            settings.check_provider_url(self, "suno_base_url")
         return self
 
 
 def make_suno_work(config: SongSettings) -> runner.Work:
     key = http.Credential(config.suno_api_key, config.suno_api_key_file)
     client = http.HttpProvider(
-        "the music API", config.suno_base_url, config.suno_timeout_s, config.suno_max_answer_bytes, headers=key.bearer
+        "the music API",
+        config.suno_base_url,
+        config.suno_timeout_s,
+        config.suno_max_answer_bytes,
+        headers=key.bearer,
+        allow_private=config.allow_private,
     )
     store = artifacts.make_store(config)
 
@@ -64,6 +70,7 @@ def make_suno_work(config: SongSettings) -> runner.Work:
             media_types=("audio/",),
             max_bytes=config.download_max_bytes,
             timeout_s=config.suno_timeout_s * 4,
+            allow_private=config.allow_private,
         )
         duration_s = song.details["duration_s"]
         timed = suno.spread(done.lyrics, duration_s)

@@ -55,24 +55,24 @@ def data_of(answer: Any) -> dict[str, Any]:
     """The `data` of an answer whose body `code` is 200; a ProviderError for any other code."""
     if not isinstance(answer, dict) or not isinstance(answer.get("code"), int):
         raise errors.ProviderError("provider_malformed", "the music API's answer has no code")
-    code, said = answer["code"], redact.mask(str(answer.get("msg") or ""))[:200]
-    message = f"the music API answered code {code}" + (f": {said}" if said else "")
+    code, said = answer["code"], redact.mask(str(answer.get("msg") or ""))[:200] or None
+    message = f"the music API answered code {code}"  # what it said is the operators' (detail), not the tenant's
     if code == 200:
         data = answer.get("data")
         if not isinstance(data, dict):
             raise errors.ProviderError("provider_malformed", "the music API's answer has no data")
         return data
     if code in (405, 430):
-        raise errors.ProviderError(errors.RATE_LIMITED, message)
+        raise errors.ProviderError(errors.RATE_LIMITED, message, detail=said)
     if code == 401:
-        raise errors.ProviderError("provider_auth", message, retryable=False)
+        raise errors.ProviderError("provider_auth", message, retryable=False, detail=said)
     if code == 429:
-        raise errors.ProviderError("provider_credits_exhausted", message, retryable=False)
+        raise errors.ProviderError("provider_credits_exhausted", message, retryable=False, detail=said)
     if code == 404:
-        raise errors.ProviderError("provider_job_lost", message)
+        raise errors.ProviderError("provider_job_lost", message, detail=said)
     if code == 455 or code >= 500:
-        raise errors.ProviderError("provider_unavailable", message)
-    raise errors.ProviderError("provider_rejected", message, retryable=False)
+        raise errors.ProviderError("provider_unavailable", message, detail=said)
+    raise errors.ProviderError("provider_rejected", message, retryable=False, detail=said)
 
 
 def finished(data: dict[str, Any]) -> remote.Pending | remote.Finished:
@@ -80,11 +80,13 @@ def finished(data: dict[str, Any]) -> remote.Pending | remote.Finished:
     status = data.get("status")
     if status in PENDING:
         return remote.Pending(str(status))
-    reason = str(data.get("errorMessage") or status)[:200]
+    reason = redact.mask(str(data.get("errorMessage") or status))[:200]
     if status == "SENSITIVE_WORD_ERROR":
-        raise errors.ProviderError("content_refused", f"the music API refused the lyrics: {reason}", retryable=False)
+        raise errors.ProviderError(
+            "content_refused", "the music API refused the lyrics", retryable=False, detail=reason
+        )
     if status in FAILED:
-        raise errors.ProviderError("provider_job_failed", f"the music API failed the song: {reason}")
+        raise errors.ProviderError("provider_job_failed", f"the music API failed the song ({status})", detail=reason)
     if status != "SUCCESS":
         raise errors.ProviderError("provider_malformed", f"the music API's task is {str(status)[:40]!r}")
     try:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from castad_contracts import events
+from castad_runtime import redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
 PENDING = frozenset({"planned", "waiting", "transcribing", "rendering"})
@@ -52,8 +53,8 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
     if status in PENDING:
         return remote.Pending(str(status))
     if status == "failed":
-        reason = str(render.get("error_message") or "no reason given")[:200]
-        raise errors.ProviderError("provider_job_failed", f"the render API failed the video: {reason}")
+        reason = redact.mask(str(render.get("error_message") or "no reason given"))[:200]
+        raise errors.ProviderError("provider_job_failed", "the render API failed the video", detail=reason)
     url = render.get("url")
     if status != "succeeded" or not isinstance(url, str):
         raise errors.ProviderError("provider_malformed", f"the render is {str(status)[:40]!r} without a URL")

@@ -18,7 +18,7 @@ from castad_video import creatomate, instant, provider
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 
-class VideoSettings(stage_service.StageSettings):
+class VideoSettings(stage_service.LinkingStageSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_VIDEO_", extra="ignore", frozen=True)
 
     database_url: str = Field(default=settings.database_url_default("video"), pattern=settings.POSTGRES_URL)
@@ -53,6 +53,7 @@ class VideoSettings(stage_service.StageSettings):
         if self.provider != "creatomate":
             return self
         settings.check_key(self, "creatomate_api_key")
+        settings.check_provider_url(self, "creatomate_base_url")
         if self.creatomate_template_id is None:
             raise ValueError("provider creatomate needs CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID")
         if self.artifacts_store == "volume" and self.gateway_url is None:
@@ -73,7 +74,7 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
         return served
     assert config.gateway_url is not None and config.link_secret is not None
     path = f"/v1/links/pipelines/{done.pipeline_id}/artifacts/song"
-    return links.sign(config.gateway_url, path, config.link_secret, config.provider_give_up_s + 3600)
+    return links.sign(config.gateway_url, path, config.link_secret, links.Purpose.ARTIFACT, config.link_valid_s())
 
 
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
@@ -85,6 +86,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         config.creatomate_timeout_s,
         config.creatomate_max_answer_bytes,
         headers=key.bearer,
+        allow_private=config.allow_private,
     )
     store = artifacts.make_store(config)
 
@@ -99,6 +101,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
             media_types=("video/mp4",),
             max_bytes=config.download_max_bytes,
             timeout_s=config.creatomate_timeout_s * 4,
+            allow_private=config.allow_private,
         )
         width, height = provider.frame_size(done.brief.orientation, config.short_side)
         size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}

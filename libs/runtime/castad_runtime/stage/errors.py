@@ -6,7 +6,11 @@ from __future__ import annotations
 class ProviderError(Exception):
     """A provider call failed. `retryable` says whether another attempt may succeed; `retry_after_s`
     is how long the provider asked us to wait before the next one (its `Retry-After`), if it said;
-    `status` is the HTTP status it answered with, if it was an error answer."""
+    `status` is the HTTP status it answered with, if it was an error answer.
+
+    `code` and `message` are public: they reach the tenant (the job's last error, its events).
+    What the provider or a host said in its own words goes in `detail`, which only the logs get
+    (masked): an answer's body is never the tenant's to read."""
 
     retryable: bool = True
 
@@ -18,10 +22,12 @@ class ProviderError(Exception):
         retryable: bool | None = None,
         retry_after_s: float | None = None,
         status: int | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.detail = detail
         self.retry_after_s = retry_after_s
         self.status = status
         if retryable is not None:

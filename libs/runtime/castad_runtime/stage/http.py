@@ -1,16 +1,20 @@
 """Calling a network provider over HTTP, every failure classified for the stage machine.
 
 A provider adapter (an LLM, a music API, a render API) sends its requests through an
-`HttpProvider`. A request runs through the attempt's `Cancellation`, so a cancel or a
+`HttpProvider`, and fetches the provider's results with `download`, both through the guarded
+client (castad_runtime.outbound: https only, every address checked and pinned, redirects checked,
+answers capped). A request runs through the attempt's `Cancellation`, so a cancel or a
 stop ends the attempt at once; the answer is read up to a size cap; and whatever goes
 wrong becomes a `ProviderError` the stage machine can act on:
 
 - no answer in time, a connection that fails, 408, 409, 429 and 5xx: retryable, waiting
   at least as long as the provider's `Retry-After` (seconds or an HTTP date) asks;
 - 401 and 403 (`provider_auth`) and any other 4xx (`provider_rejected`): not retryable;
-- an answer that is too large or not JSON (`provider_malformed`): retryable, a glitch may pass.
+- an answer that is too large, encoded or not JSON (`provider_malformed`): retryable, a glitch may pass;
+- a destination the guard refuses (`provider_url_refused`): not retryable.
 
-Error messages carry the provider's own reason, masked (keys and tokens never leave).
+An error's message is public (the tenant reads it): it says what happened in Castad's words. The
+provider's own reason, or a file host's, is the error's `detail`, which only the logs get, masked.
 """
 
 from __future__ import annotations
@@ -21,22 +25,20 @@ import email.utils
 import json
 import pathlib
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 import pydantic
 
-from castad_runtime import outages, redact
+from castad_runtime import outages, outbound, redact
 from castad_runtime.stage import cancellation, errors, machine
 
 MAX_REASON_CHARS = 200
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 MAX_ERROR_BODY = 65_536  # of an error answer, read for its reason
-
-
-class BodyTooLarge(Exception):
-    pass
+REFUSED = "provider_url_refused"
 
 
 def retry_after_s(headers: Mapping[str, str], now: dt.datetime | None = None) -> float | None:
@@ -92,21 +94,31 @@ def reason(body: bytes) -> str:
 
 def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes) -> errors.ProviderError:
     """The ProviderError an error answer stands for."""
-    said = reason(body)
-    message = f"{provider} answered {status}" + (f": {said}" if said else "")
+    said = reason(body) or None
+    message = f"{provider} answered {status}"
     if status == 429 and _error_code(body) == "insufficient_quota":  # OpenAI's "out of credits": not a rate
-        return errors.ProviderError("provider_credits_exhausted", message, retryable=False, status=status)
+        return errors.ProviderError("provider_credits_exhausted", message, retryable=False, status=status, detail=said)
     if status == 429:
         return errors.ProviderError(
-            errors.RATE_LIMITED, message, retryable=True, retry_after_s=retry_after_s(headers), status=status
+            errors.RATE_LIMITED,
+            message,
+            retryable=True,
+            retry_after_s=retry_after_s(headers),
+            status=status,
+            detail=said,
         )
     if status >= 500 or status in RETRYABLE_STATUSES:
         return errors.ProviderError(
-            "provider_unavailable", message, retryable=True, retry_after_s=retry_after_s(headers), status=status
+            "provider_unavailable",
+            message,
+            retryable=True,
+            retry_after_s=retry_after_s(headers),
+            status=status,
+            detail=said,
         )
     if status in (401, 403):
-        return errors.ProviderError("provider_auth", message, retryable=False, status=status)
-    return errors.ProviderError("provider_rejected", message, retryable=False, status=status)
+        return errors.ProviderError("provider_auth", message, retryable=False, status=status, detail=said)
+    return errors.ProviderError("provider_rejected", message, retryable=False, status=status, detail=said)
 
 
 def _error_code(body: bytes) -> str | None:
@@ -128,11 +140,17 @@ class Credential:
     def get(self) -> str:
         if self.file is not None:
             try:
-                return self.file.read_text(encoding="utf-8").strip()
+                key = self.file.read_text(encoding="utf-8").strip()
             except OSError as error:
                 if outages.is_resource_shortage(error):  # the machine's shortage, not the key's
                     raise
-                raise errors.ProviderError("provider_key_unreadable", f"{self.file}: {error.strerror}") from None
+                raise errors.ProviderError(
+                    "provider_key_unreadable",
+                    "the provider's key cannot be read",
+                    detail=f"{self.file}: {error.strerror}",
+                ) from None
+            redact.known(key)  # a rotated key is masked from its first use
+            return key
         return self.value.get_secret_value() if self.value is not None else ""
 
     def bearer(self) -> dict[str, str]:
@@ -155,7 +173,10 @@ class Answer:
 
 
 class HttpProvider:
-    """One provider's HTTP client: base URL, timeout, answer size cap and credentials per request."""
+    """One provider's HTTP client: base URL, timeout, answer size cap and credentials per request.
+
+    `allow_private` lets it reach a provider at a private address or over plain http (local fakes);
+    `transport` replaces the guarded one (tests answering in memory)."""
 
     def __init__(
         self,
@@ -165,17 +186,15 @@ class HttpProvider:
         max_body_bytes: int,
         headers: Callable[[], Mapping[str, str]] = dict,
         transport: httpx.BaseTransport | None = None,
+        *,
+        allow_private: bool = False,
     ) -> None:
         self.name = name
         self.timeout_s = timeout_s
         self.max_body_bytes = max_body_bytes
         self._headers = headers
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/") + "/",
-            timeout=httpx.Timeout(timeout_s),
-            follow_redirects=False,
-            transport=transport,
-            headers={"user-agent": "castad"},
+        self._client = outbound.Client(
+            allow_private=allow_private, timeout_s=timeout_s, base_url=base_url, transport=transport
         )
 
     def close(self) -> None:
@@ -202,15 +221,23 @@ class HttpProvider:
             cancel.leaving()
         try:
             answer = cancel.call(lambda: self._exchange(method, path.lstrip("/"), headers, **kwargs))
+        except outbound.Refused as error:
+            raise errors.ProviderError(
+                REFUSED, f"{self.name} is at an address that is not allowed", retryable=False, detail=str(error)
+            ) from None
         except httpx.TimeoutException:
             raise errors.ProviderError(
                 "provider_timeout", f"{self.name} did not answer within {self.timeout_s:g} s"
             ) from None
-        except httpx.DecodingError:
-            raise errors.ProviderError("provider_malformed", f"{self.name} sent a mis-encoded body") from None
+        except (httpx.DecodingError, outbound.EncodingRefused) as error:
+            raise errors.ProviderError(
+                "provider_malformed", f"{self.name} sent a mis-encoded body", detail=redact.describe(error)
+            ) from None
         except httpx.RequestError as error:  # connection refused or reset, TLS, protocol errors
-            raise errors.ProviderError("provider_unreachable", f"{self.name}: {redact.describe(error)}") from None
-        except BodyTooLarge:
+            raise errors.ProviderError(
+                "provider_unreachable", f"{self.name} could not be reached", detail=redact.describe(error)
+            ) from None
+        except outbound.TooLarge:
             raise errors.ProviderError(
                 "provider_malformed", f"{self.name} answered with more than {self.max_body_bytes} bytes"
             ) from None
@@ -225,30 +252,17 @@ class HttpProvider:
     def _exchange(self, method: str, path: str, headers: Mapping[str, str], **kwargs: Any) -> Answer:
         deadline = time.monotonic() + self.timeout_s  # for the whole answer, not only for each read
         with self._client.stream(method, path, headers=headers, **kwargs) as response:
-            status, got, body = read_capped(response, self.max_body_bytes, deadline)
-            return Answer(status, got, body)
-
-
-def read_capped(response: httpx.Response, max_bytes: int, deadline: float) -> tuple[int, httpx.Headers, bytes]:
-    """A streamed answer's status, headers and body: BodyTooLarge past `max_bytes`, ReadTimeout past `deadline`
-    (a server trickling bytes would otherwise hold the connection for as long as it likes)."""
-    declared = response.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise BodyTooLarge()
-    body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
-        if len(body) > max_bytes:
-            raise BodyTooLarge()
-        if time.monotonic() > deadline:
-            raise httpx.ReadTimeout("the answer took longer than its deadline", request=response.request)
-    return response.status_code, response.headers, bytes(body)
+            body = outbound.read(response, self.max_body_bytes, deadline)
+            return Answer(response.status_code, response.headers, body)
 
 
 @dataclasses.dataclass(frozen=True)
 class Download:
     media_type: str
     size: int
+
+
+MAX_REDIRECTS = 3
 
 
 def download(
@@ -259,68 +273,86 @@ def download(
     media_types: tuple[str, ...],
     max_bytes: int,
     timeout_s: float,
+    allow_private: bool = False,
     transport: httpx.BaseTransport | None = None,
 ) -> Download:
     """Fetch a provider's result (an audio or video file at a URL it gave) into `dest`.
 
-    No credentials go with it (the URL is often another host's, a CDN's). The answer must be one of
-    `media_types` (e.g. "audio/", a prefix, or "video/mp4") and at most `max_bytes`; what is not is
+    The URL is the provider's word: it goes through the guarded client like any call, with up to
+    MAX_REDIRECTS redirects each checked, and a destination the guard refuses (a private address,
+    plain http) is `provider_url_refused`, not retryable: nothing is fetched. No credentials go with
+    it (the URL is often another host's, a CDN's). The answer must be one of `media_types` (e.g.
+    "audio/", a prefix, or "video/mp4") and at most `max_bytes`; what is not is
     `provider_artifact_invalid`, retryable with a new attempt. Any error answer of the file host (a
     CDN still propagating, an expired link, a 5xx) is `provider_unavailable`: the result is fetched
     again at the next poll (see castad_runtime.stage.remote), and it says nothing of the provider's quota.
     """
-    if not url.startswith(("https://", "http://")):
-        raise errors.ProviderError("provider_artifact_invalid", f"the result's URL is not http(s): {url[:100]!r}")
+    where = _where(url)
 
     def fetch() -> Download:
         deadline = time.monotonic() + timeout_s
-        with (
-            httpx.Client(
-                timeout=httpx.Timeout(timeout_s), follow_redirects=True, max_redirects=3, transport=transport
-            ) as client,
-            client.stream("GET", url, headers={"user-agent": "castad"}) as response,
-        ):
-            if response.status_code >= 400:
-                try:
-                    said = reason(read_capped(response, MAX_ERROR_BODY, deadline)[2])
-                except BodyTooLarge:
-                    said = ""
-                raise errors.ProviderError(
-                    "provider_unavailable",
-                    f"the provider's file host answered {response.status_code}" + (f": {said}" if said else ""),
-                    retry_after_s=retry_after_s(response.headers),
-                    status=response.status_code,
-                )
-            media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
-            if not media_type.startswith(media_types):
-                raise errors.ProviderError(
-                    "provider_artifact_invalid", f"the result is {media_type or 'untyped'}, not {'/'.join(media_types)}"
-                )
-            declared = response.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > max_bytes:
-                raise BodyTooLarge()
-            size = 0
-            with dest.open("wb") as out:
-                for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise BodyTooLarge()
-                    if time.monotonic() > deadline:
-                        raise httpx.ReadTimeout("the download took longer than its deadline", request=response.request)
-                    out.write(chunk)
-            if size == 0:
-                raise errors.ProviderError("provider_artifact_invalid", "the result is empty")
-            return Download(media_type, size)
+        client = outbound.Client(allow_private=allow_private, timeout_s=timeout_s, keepalive=False, transport=transport)
+        try:
+            with client.stream("GET", url, max_redirects=MAX_REDIRECTS) as response:
+                if response.status_code >= 300:
+                    raise _host_error(response, deadline)
+                media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if not media_type.startswith(media_types):
+                    raise errors.ProviderError(
+                        "provider_artifact_invalid",
+                        f"the result is {media_type[:60] or 'untyped'}, not {'/'.join(media_types)}",
+                    )
+                with dest.open("wb") as out:
+                    size = outbound.write_to(response, out, max_bytes, deadline)
+        finally:
+            client.close()
+        if size == 0:
+            raise errors.ProviderError("provider_artifact_invalid", "the result is empty")
+        return Download(media_type, size)
 
     try:
         return cancel.call(fetch)
-    except BodyTooLarge:
+    except outbound.Refused as error:
+        raise errors.ProviderError(
+            REFUSED, "the result's URL is not allowed", retryable=False, detail=f"{where}: {error}"
+        ) from None
+    except outbound.TooLarge:
         raise errors.ProviderError(
             "provider_artifact_invalid", f"the result is larger than {max_bytes} bytes"
         ) from None
+    except outbound.EncodingRefused as error:
+        raise errors.ProviderError("provider_artifact_invalid", "the result came encoded", detail=str(error)) from None
+    except outbound.TooManyRedirects:
+        raise errors.ProviderError("provider_artifact_invalid", "the result's URL redirects too often") from None
     except httpx.TimeoutException:
         raise errors.ProviderError("provider_timeout", f"the result did not arrive within {timeout_s:g} s") from None
-    except httpx.TooManyRedirects:
-        raise errors.ProviderError("provider_artifact_invalid", "the result's URL redirects too often") from None
     except httpx.RequestError as error:
-        raise errors.ProviderError("provider_unreachable", f"the result's host: {redact.describe(error)}") from None
+        detail = f"{where}: {redact.describe(error)}"
+        raise errors.ProviderError(
+            "provider_unreachable", "the result's host could not be reached", detail=detail
+        ) from None
+
+
+def _where(url: str) -> str:
+    """The URL's scheme, host and path for the logs (its query often holds a signature)."""
+    parsed = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.hostname or "", parsed.path, "", ""))[:300]
+
+
+def _host_error(response: httpx.Response, deadline: float) -> errors.ProviderError:
+    """A file host's error answer (or a redirect not followed): its status is public, what it said is not."""
+    try:
+        said = reason(outbound.read(response, MAX_ERROR_BODY, deadline))
+    except (outbound.TooLarge, httpx.HTTPError):
+        said = ""
+    if response.status_code < 400:
+        return errors.ProviderError(
+            "provider_artifact_invalid", f"the result's URL redirected ({response.status_code}) with no place to go"
+        )
+    return errors.ProviderError(
+        "provider_unavailable",
+        f"the provider's file host answered {response.status_code}",
+        retry_after_s=retry_after_s(response.headers),
+        status=response.status_code,
+        detail=said or None,
+    )

@@ -83,12 +83,19 @@ def keep_result(
     media_types: tuple[str, ...],
     max_bytes: int,
     timeout_s: float,
+    allow_private: bool = False,
 ) -> events.Artifact:
     """Download the provider's result into the artifact store (size-capped, its type checked, hashed)."""
     # Named by the claim (its version), not the attempt: two claims of one attempt never share a file.
     with store.scratch(job.pipeline_id, stage, job.version, ".download") as scratch:
         got = http.download(
-            finished.url, scratch, cancel, media_types=media_types, max_bytes=max_bytes, timeout_s=timeout_s
+            finished.url,
+            scratch,
+            cancel,
+            media_types=media_types,
+            max_bytes=max_bytes,
+            timeout_s=timeout_s,
+            allow_private=allow_private,
         )
         named = scratch.rename(scratch.with_suffix(_extension(got.media_type)))
         return store.keep(named, job.pipeline_id, stage, got.media_type)
@@ -122,7 +129,12 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
             if error.code not in WAIT_ON or (error.code in errors.CALL_FAILURES and not error.retryable):
                 raise
             give_up(job)
-            log.warning("polling %s failed on the way (%s); asking again later", job.handle, error.code)
+            log.warning(
+                "polling %s failed on the way (%s%s); asking again later",
+                job.handle,
+                error.code,
+                f": {error.detail}" if error.detail else "",
+            )
             asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
             throttled_s = asked if error.code == errors.RATE_LIMITED else None
             return runner.Awaiting(job.handle, max(asked, schedule.after(job.polls)), throttled_s)

@@ -456,6 +456,8 @@ class StageRunner:
             log.warning("%s attempt %d stopped: %s", self.stage.value, job.attempts, cancel.reason)
             return None
         error = result["error"]
+        if isinstance(error, errors.ProviderError) and error.detail:  # the operators' part: logs only (masked)
+            log.warning("%s attempt %d: %s (%s)", self.stage.value, job.attempts, error.code, error.detail)
         uncounted = job.attempts - 1 - job.counted_attempts  # earlier attempts handed back
         if isinstance(error, fence.Fenced):  # its work did not leave: the machinery's failure
             delay = self.limits.policy.delay_s(uncounted + 1, self.rng) if error.code == fence.OUTAGE else 0.0
@@ -471,7 +473,7 @@ class StageRunner:
         if outages.is_resource_shortage(error):
             return HandedBack("outage", redact.describe(error), self.limits.policy.delay_s(uncounted + 1, self.rng))
         log.error("%s attempt crashed", self.stage.value, exc_info=error)
-        return Failed("internal_error", redact.describe(error), True)
+        return Failed("internal_error", "the stage failed on an error of its own (its logs say which)", True)
 
     def _record(
         self, job: repository.Job, outcome: Outcome, claim_next: Callable[[], bool] | None = None

@@ -9,7 +9,7 @@ from typing import Generic, Literal, Self, TypeVar
 
 from castad_contracts import events, topology
 from prometheus_client import CollectorRegistry
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from castad_runtime import (
     artifacts,
@@ -68,18 +68,18 @@ class StageSettings(settings.StoreSettings):
         default="local",
         description="`local` makes the real artifact offline; `instant` writes a tiny valid one at once (benchmarks)",
     )
-    gateway_url: str | None = Field(
-        default=None,
-        pattern=r"^https?://",
-        description="the gateway's URL as network providers reach it: they call back to it when their work"
-        " moves on (none: they are only polled)",
-    )
     poll_first_s: float = Field(
         default=5.0, gt=0, description="work submitted to a network provider is first polled this long after"
     )
     poll_max_s: float = Field(default=30.0, gt=0, description="longest wait between polls (the wait grows 1.5x)")
     provider_give_up_s: float = Field(
         default=1800.0, gt=0, description="work a provider has not finished by then fails the attempt (retryable)"
+    )
+    allow_private: bool = Field(
+        default=False,
+        description="let calls to the network provider and downloads of its results go to private, loopback and"
+        " link-local addresses and over plain http (local fakes and tests only; off: https to public addresses,"
+        " checked after DNS and on redirects)",
     )
     download_max_bytes: int = Field(
         default=200_000_000, ge=1024, description="a provider's result larger than this is refused"
@@ -132,21 +132,6 @@ class StageSettings(settings.StoreSettings):
             first_s=self.poll_first_s, max_s=max(self.poll_max_s, self.poll_first_s), give_up_s=self.provider_give_up_s
         )
 
-    def callback_url(self, stage: events.Stage) -> remote.CallbackUrl:
-        """Where the stage's provider calls back about a job: a link of the gateway signed for the job's
-        pipeline, valid while the work may take (None without a gateway URL)."""
-        base, secret = self.gateway_url, self.link_secret
-        if base is None or secret is None:
-            return lambda job: None
-        valid_s = self.provider_give_up_s + 3600
-        return lambda job: links.sign(base, f"/v1/provider-callbacks/{stage.value}/{job.pipeline_id}", secret, valid_s)
-
-    @model_validator(mode="after")
-    def _gateway_links_are_signed(self) -> Self:
-        if self.gateway_url is not None and self.link_secret is None:
-            raise ValueError("a gateway URL for network providers needs CASTAD_LINK_SECRET to sign its links")
-        return self
-
     def faults(self) -> faults.Faults:
         return faults.Faults(
             failure_rate=self.fault_failure_rate,
@@ -156,6 +141,48 @@ class StageSettings(settings.StoreSettings):
             permanent_rate=self.fault_permanent_rate,
             handler_rate=self.fault_handler_rate,
         )
+
+
+class LinkingStageSettings(StageSettings):
+    """Settings of a stage whose provider reaches the gateway by links the stage signs (song, video)."""
+
+    gateway_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="the gateway's URL as network providers reach it: they call back to it when their work"
+        " moves on (none: they are only polled)",
+    )
+    link_secret: SecretStr | None = Field(
+        default=None,
+        min_length=32,
+        description="this stage's key for the gateway's links that its network provider uses without an API key"
+        " (callbacks; the song a render API fetches), derived from the gateway's CASTAD_API_LINK_SECRET:"
+        " `python -m castad_api link-secrets` prints it",
+    )
+
+    def link_valid_s(self) -> float:
+        """How long a link this stage signs is valid: while its provider's work may take, and a margin."""
+        return self.provider_give_up_s + links.MARGIN_S
+
+    def callback_url(self, stage: events.Stage) -> remote.CallbackUrl:
+        """Where the stage's provider calls back about a job: a link of the gateway signed for the job's
+        pipeline, valid while the work may take (None without a gateway URL)."""
+        base, secret, valid_s = self.gateway_url, self.link_secret, self.link_valid_s()
+        if base is None or secret is None:
+            return lambda job: None
+        purpose = links.Purpose.CALLBACK
+        return lambda job: links.sign(
+            base, f"/v1/provider-callbacks/{stage.value}/{job.pipeline_id}", secret, purpose, valid_s
+        )
+
+    @model_validator(mode="after")
+    def _gateway_links_are_signed(self) -> Self:
+        if self.gateway_url is not None and self.link_secret is None:
+            raise ValueError(
+                f"a gateway URL for network providers needs {settings.env_var(type(self), 'link_secret')} to sign"
+                " its links (`python -m castad_api link-secrets` derives it from CASTAD_API_LINK_SECRET)"
+            )
+        return self
 
 
 S = TypeVar("S", bound=StageSettings)
