@@ -25,7 +25,16 @@ from castad_local import stack
 log = logging.getLogger("bench.faults.engines")
 
 RABBITMQ_BIN = pathlib.Path("/usr/lib/rabbitmq/bin")
-POSTGRES_BIN = pathlib.Path("/usr/lib/postgresql/15/bin")
+def _newest_postgres() -> pathlib.Path:
+    """The programs of the newest PostgreSQL Debian installed (15 on bookworm)."""
+    versions = sorted(
+        (path for path in pathlib.Path("/usr/lib/postgresql").glob("*") if path.name.isdigit()),
+        key=lambda path: int(path.name),
+    )
+    return (versions[-1] if versions else pathlib.Path("/usr/lib/postgresql/15")) / "bin"
+
+
+POSTGRES_BIN = _newest_postgres()
 EPMD = pathlib.Path("/usr/bin/epmd")
 RUNUSER = pathlib.Path("/usr/sbin/runuser")
 PROGRAMS = (
@@ -38,7 +47,7 @@ PROGRAMS = (
     POSTGRES_BIN / "pg_basebackup",
     RUNUSER,
 )
-HOW = "run `make setup` as root (it installs Debian's rabbitmq-server and postgresql)"
+HOW = "run `make setup` as root (it installs Debian's rabbitmq-server and postgresql where they are missing)"
 LOCALHOST = "127.0.0.1"
 START_TIMEOUT_S = 90.0  # a node's boot; three booting at once on two cores take about 8.5 s
 STOP_TIMEOUT_S = 30.0

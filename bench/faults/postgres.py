@@ -1,4 +1,4 @@
-"""A PostgreSQL 15 primary and its synchronous standby on this machine, from Debian's postgresql: start them,
+"""A PostgreSQL primary and its synchronous standby on this machine, from Debian's postgresql: start them,
 kill the primary, promote the standby, make the old primary a standby again.
 
 `PostgresPair`: `start()`, `url(database)`, `kill_primary()`, `stop_primary()`, `promote()`,
@@ -64,7 +64,7 @@ host all all 127.0.0.1/32 scram-sha-256
 
 
 class PostgresPair:
-    """A PostgreSQL 15 primary and a synchronous hot standby on 127.0.0.1, swapped by a failover.
+    """A PostgreSQL primary (the newest Debian installed: 15 on bookworm) and a synchronous hot standby on 127.0.0.1, swapped by a failover.
 
     Their data directories go to a directory of their own under /var/tmp, not under `workdir`:
     the server runs as the postgres OS user, who must reach them, and a caller's work directory

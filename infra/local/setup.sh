@@ -76,6 +76,14 @@ and start it (rabbitmq-server -detached); or point CASTAD_AMQP_URL at your broke
   fi
 fi
 
+# 3b. The programs of the clustered engines the fault harness and its tests start beside the servers above
+#     (bench/faults/engines.py): Debian's rabbitmq-server and postgresql, even where the servers above are
+#     someone else's.
+if is_root && { [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1; }; then
+  say "installing Debian's rabbitmq-server and postgresql for the clustered engines of the fault tests"
+  apt_install rabbitmq-server postgresql || die "could not install rabbitmq-server and postgresql"
+fi
+
 # 4. Caption fonts for every language a brief may have: Korean and English (fonts-nanum),
 #    Japanese and Chinese (fonts-noto-cjk). ffmpeg itself comes from imageio-ffmpeg.
 fonts_found() {
