@@ -25,6 +25,8 @@ from castad_local import stack
 log = logging.getLogger("bench.faults.engines")
 
 RABBITMQ_BIN = pathlib.Path("/usr/lib/rabbitmq/bin")
+
+
 def _newest_postgres() -> pathlib.Path:
     """The programs of the newest PostgreSQL Debian installed (15 on bookworm)."""
     versions = sorted(

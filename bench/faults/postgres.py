@@ -64,7 +64,8 @@ host all all 127.0.0.1/32 scram-sha-256
 
 
 class PostgresPair:
-    """A PostgreSQL primary (the newest Debian installed: 15 on bookworm) and a synchronous hot standby on 127.0.0.1, swapped by a failover.
+    """A PostgreSQL primary (the newest Debian installed: 15 on bookworm) and a synchronous hot standby on
+    127.0.0.1, swapped by a failover.
 
     Their data directories go to a directory of their own under /var/tmp, not under `workdir`:
     the server runs as the postgres OS user, who must reach them, and a caller's work directory
