@@ -381,7 +381,9 @@ def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
     """Seconds of the song: a WAV's from its header, any other audio's (a music API's MP3) as ffmpeg reads it."""
     if not song_path.is_file():
         raise errors.PermanentProviderError("song_missing", f"no song file at {song_path}")
-    if song_path.read_bytes()[:4] == b"RIFF" or ffmpeg is None:
+    with song_path.open("rb") as head:
+        riff = head.read(4) == b"RIFF"
+    if riff or ffmpeg is None:
         try:
             with wave.open(str(song_path), "rb") as song:
                 duration = song.getnframes() / song.getframerate()
@@ -399,9 +401,12 @@ FFMPEG_DURATION = re.compile(r"Duration: (\d+):(\d\d):(\d\d(?:\.\d+)?)")
 
 def _probed_duration(song_path: pathlib.Path, ffmpeg: str) -> float:
     """The duration ffmpeg reads off an audio file's header (`ffmpeg -i` with no output prints it, then fails)."""
-    result = subprocess.run(
-        [ffmpeg, "-nostdin", "-hide_banner", "-i", str(song_path)], capture_output=True, text=True, timeout=30
-    )
+    try:
+        result = subprocess.run(
+            [ffmpeg, "-nostdin", "-hide_banner", "-i", str(song_path)], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        raise errors.RetryableProviderError("render_failed", f"ffmpeg did not read {song_path} in 30 s") from None
     found = FFMPEG_DURATION.search(result.stderr)
     if found is None or "Audio:" not in result.stderr:
         raise errors.PermanentProviderError("song_unreadable", f"{song_path} is no audio ffmpeg reads")
