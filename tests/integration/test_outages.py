@@ -25,6 +25,7 @@ from tests.integration.helpers import (
     requested_envelope,
     stage_trigger_handler,
 )
+from tests.integration.test_dead_letters import recorded
 
 pytestmark = pytest.mark.integration
 
@@ -221,10 +222,10 @@ def test_an_event_still_newer_after_the_hold_is_dead_lettered_with_the_reason(in
 
     publish(amqp, installation, env)
 
-    [parked] = amqp.take(installation.topology.dead_letter_queue, 1, timeout=20)
-    reason = parked.headers["x-castad-reason"]
+    [parked] = [recorded(message) for message in amqp.take(installation.topology.dead_letter_queue, 1, timeout=20)]
+    reason = parked["reason"]
     assert reason.startswith(
         f"pipeline.requested version {NEXT} is newer than {NEXT - 1}, the newest known here; held "
     )
     assert reason.endswith(" s")
-    assert parked.document["id"] == str(env.id)
+    assert parked["event_id"] == env.id
