@@ -75,10 +75,14 @@ REPLICAS = 2  # processes of every service
 LEASE_S = 3.0  # a stage's lease: a replica frozen longer loses its attempt to the other
 RELAY_LEASE_S = 6.0  # the relay's lease of an outbox (its default)
 STAGE_FREEZE_S = 10.0  # a stage replica stopped mid-attempt this long (over three leases)
+# A song stage's call to the music API waits this long first (the fault injector's latency): a replica frozen
+# mid-attempt is then caught before its submit, which the fence must keep from leaving once it wakes.
+SONG_CALL_LATENCY_S = 0.5
 SONG_S = 2.0  # the music API's time to finish a song
 # Takeover bounds: from the fault to work done again by another replica, node or host.
 RELAY_TAKEOVER_S = 10.0
 NODE_TAKEOVER_S = 10.0
+NODE_CUT_OFF_TAKEOVER_S = 30.0  # found only by heartbeats (5 s) and keepalives, then a consumer's restart
 FAILOVER_TAKEOVER_S = 15.0  # from the promotion
 
 
@@ -112,6 +116,7 @@ def service_settings(music_api_url: str, music_api_key: str) -> dict[str, str]:
         "CASTAD_RELAY_LEASE_S": str(RELAY_LEASE_S),
         **{f"CASTAD_{stage.upper()}_{name}": value for stage in STAGES for name, value in stage_settings.items()},
         "CASTAD_SONG_PROVIDER": "suno",
+        "CASTAD_SONG_FAULT_LATENCY_S": str(SONG_CALL_LATENCY_S),
         "CASTAD_SONG_SUNO_BASE_URL": music_api_url,
         "CASTAD_SONG_ALLOW_PRIVATE": "true",  # the music API's fake listens on 127.0.0.1, over http
         "CASTAD_SONG_SUNO_API_KEY": music_api_key,

@@ -123,7 +123,12 @@ def render(result: run.Result) -> str:
     ]
     for stage, counts in figures["attempts"].items():
         lines.append(f"| {stage} | {', '.join(f'{what}: {count}' for what, count in counts.items())} |")
-    lines += ["", f"What the music API got, over the whole run: {figures['submissions']}."]
+    lines += [
+        "",
+        f"What the music API got, over the whole run: {figures['submissions']}. By its own count it was asked"
+        f" for {result.provider_tasks} songs; the song stage recorded {result.recorded_submissions} submissions"
+        " before sending them.",
+    ]
     lines += [
         "",
         "## Handoffs while a row is parked",

@@ -4,9 +4,10 @@ another, then the checker.
 What runs where: `deployment.Deployment`. Faults, in order: kill -9 of a replica of each service,
 SIGTERM to the video stage mid-render, poison messages and copies of real events, an outage of
 each service's database, the broker's network cut, stalled and partitioned, then the loss of a
-node: kill -9 of the RabbitMQ node that leads the queues, a graceful stop of another, a freeze
-(SIGSTOP) of the relay that leads the gateway's outbox, a freeze of a stage replica mid-attempt
-for longer than its lease, kill -9 of the PostgreSQL primary and the promotion of its standby.
+node: kill -9 of the RabbitMQ node that leads the queues, a graceful stop of another, the network
+to one cut off without a word, a freeze (SIGSTOP) of the relay that leads the gateway's outbox, a
+freeze of a song replica mid-attempt (before its submit) for longer than its lease, kill -9 of the
+PostgreSQL primary and the promotion of its standby.
 
 `python -m bench.faults [--short]` runs FULL (or SHORT) and writes FAULTS.md.
 """
@@ -18,6 +19,7 @@ import logging
 import pathlib
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,7 +37,13 @@ QUIET_AFTER_FAULT_S = 4.0  # traffic alone between two faults
 DOWN_AFTER_KILL_S = 1.0
 LONG_SONG_S = 60.0  # a song this long keeps ffmpeg busy long enough to be caught mid-render
 HANDOFF_P99_MS = 50.0  # the promise for pipelines no fault touches, while a row is parked
-NODE_LOSS = ("rabbitmq node killed", "rabbitmq node stopped", "relay leader frozen", "stage replica frozen")
+NODE_LOSS = (
+    "rabbitmq node killed",
+    "rabbitmq node stopped",
+    "rabbitmq node cut off",
+    "relay leader frozen",
+    "stage replica frozen",
+)
 FAILOVER = "postgresql failover"
 
 
@@ -70,6 +78,8 @@ class Result:
     handoffs_ms: dict[str, latency.Summary]
     duplicates: int
     dropped: float  # events the inboxes dropped as seen before, over the whole run
+    provider_tasks: int  # songs the music API was asked for, by its own count
+    recorded_submissions: int  # submissions the song stage recorded before they left
     poison: list[injections.Poison]
     actions: list[traffic.Action]
 
@@ -89,7 +99,8 @@ class FaultRun:
         self.faults: list[Fault] = []
         self.counters = counters.Counters(self.deployment.metrics_endpoints)
         self.sigterm: tuple[str, list[int]] = ("", [])  # the pipeline whose render was stopped, surviving ffmpegs
-        self.frozen_job = ("", "")  # the stage and job whose attempt a frozen replica held
+        self.frozen_job = ("", "", "", 0)  # stage, job, worker and attempt a frozen replica held
+        self.provider_tasks = self.recorded_submissions = 0  # the music API's count, the song stage's
 
     def run(self) -> Result:
         started = time.time()
@@ -123,6 +134,7 @@ class FaultRun:
             self._broker("network partition", "blackhole", self.plan.partition_s)
         leader = self._lose_the_queues_leader()
         self._stop_a_node(other_than=leader)
+        self._cut_off_a_node()
         self._freeze_the_relay_leader()
         self._freeze_a_stage_replica_mid_attempt()
         self._fail_over_postgresql()
@@ -152,6 +164,7 @@ class FaultRun:
         findings += self._stopped_render(snapshot)
         self._recovery(snapshot)
         findings += self._takeovers(snapshot)
+        findings += self._every_submission_recorded(snapshot)
         handoffs = self._handoffs({a.pipeline_id for a in quiet})
         if handoffs["stage handoff"]["p99"] > HANDOFF_P99_MS:
             findings.append(f"handoff p99 {handoffs['stage handoff']['p99']:.1f} ms while a row was parked")
@@ -168,6 +181,8 @@ class FaultRun:
             handoffs_ms=handoffs,
             duplicates=duplicates,
             dropped=self.counters.total(counters.DUPLICATES, time.time()),
+            provider_tasks=self.provider_tasks,
+            recorded_submissions=self.recorded_submissions,
             poison=poison,
             actions=list(operator.actions),
         )
@@ -280,6 +295,22 @@ class FaultRun:
             takeover_bound_s=plan.NODE_TAKEOVER_S,
         )
 
+    def _cut_off_a_node(self) -> None:
+        """The network to the node that leads the lyric stage's queue drops every byte, closing nothing (a lost
+        machine, a partition): the services find out by their heartbeats and keepalives, not by a reset."""
+        rabbitmq = self.deployment.rabbitmq
+        node = rabbitmq.leader_of(self.topology.queue("lyric"))
+        cut = self.deployment.proxies[[each.name for each in rabbitmq.nodes].index(node)]
+        self._record(
+            "rabbitmq node cut off",
+            node,
+            cut.blackhole,
+            self.plan.node_down_s,
+            cut.restore,
+            detail="its proxy drops every byte",
+            takeover_bound_s=plan.NODE_CUT_OFF_TAKEOVER_S,
+        )
+
     def _freeze_the_relay_leader(self) -> None:
         """SIGSTOP of the relay that leads the gateway's outbox, SIGCONT after `relay_freeze_s`."""
         with psycopg.connect(common.dsn(self.urls["api"])) as conn:
@@ -298,34 +329,36 @@ class FaultRun:
         )
 
     def _freeze_a_stage_replica_mid_attempt(self) -> None:
-        """SIGSTOP of a stage replica while it runs an attempt, for longer than its lease; then SIGCONT."""
-        stage, job_id, worker = self._running_attempt()
+        """SIGSTOP of a song replica in an attempt that has not submitted its work to the music API yet, for longer
+        than its lease; then SIGCONT. Another replica takes the attempt over and submits; the frozen one, woken,
+        must send nothing (its fence)."""
+        job_id, worker, attempt = self._song_attempt_before_its_submit()
         name = self.deployment.process_of(worker)
-        self.frozen_job = (stage, job_id)
+        self.frozen_job = ("song", job_id, worker, attempt)
         self._record(
             "stage replica frozen",
             name,
             lambda: self.stack.signal(name, signal.SIGSTOP),
             plan.STAGE_FREEZE_S,
             lambda: self.stack.signal(name, signal.SIGCONT),
-            detail=f"{stage} job {job_id} mid-attempt",
+            detail=f"song job {job_id}, attempt {attempt}, before its submit",
             takeover_bound_s=plan.STAGE_FREEZE_S,  # another replica took the job over before the wake-up
         )
 
-    def _running_attempt(self) -> tuple[str, str, str]:
-        """A stage, a job and the worker running its attempt now (a song submit or poll, a render, lyrics)."""
+    def _song_attempt_before_its_submit(self) -> tuple[str, str, int]:
+        """A song job, the worker and the number of its attempt under way that has no handle yet (its work is
+        about to be submitted: the fault injector's latency holds it there a moment)."""
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            for stage in ("video", "song", "lyric"):
-                with psycopg.connect(common.dsn(self.urls[stage])) as conn:
-                    row = conn.execute(
-                        "SELECT id, lease_owner FROM jobs WHERE status = 'RUNNING' AND lease_expires_at > now()"
-                        " ORDER BY lease_expires_at DESC LIMIT 1"
-                    ).fetchone()
+        with psycopg.connect(common.dsn(self.urls["song"]), autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT id, lease_owner, attempts FROM jobs WHERE status = 'RUNNING' AND handle IS NULL"
+                    " AND lease_expires_at > now() + interval '1 second' ORDER BY lease_expires_at DESC LIMIT 1"
+                ).fetchone()
                 if row is not None:
-                    return stage, str(row[0]), str(row[1])
-            time.sleep(0.05)
-        raise RuntimeError("no attempt running within 120 s")
+                    return str(row[0]), str(row[1]), int(row[2])
+                time.sleep(0.02)
+        raise RuntimeError("no song attempt about to submit within 120 s")
 
     def _fail_over_postgresql(self) -> None:
         """kill -9 of the PostgreSQL primary; the standby promoted `failover_after_s` later, the old primary
@@ -443,6 +476,37 @@ class FaultRun:
                 ]
                 fault.recovered_s = None if None in sides else max(s for s in sides if s is not None)
 
+    def _every_submission_recorded(self, snapshot: checker.Snapshot) -> list[str]:
+        """The music API's own count of the songs it was asked for equals the submissions the song stage recorded
+        before sending them: none left unrecorded (a fence passed by), none recorded and lost."""
+        self.provider_tasks = self.deployment.music.tasks_made
+        self.recorded_submissions = sum(
+            a.get("submitted_at") is not None for attempts in snapshot.attempts["song"].values() for a in attempts
+        )
+        if self.provider_tasks != self.recorded_submissions:
+            return [
+                f"the music API made {self.provider_tasks} songs, the song stage recorded"
+                f" {self.recorded_submissions} submissions"
+            ]
+        return []
+
+    def _frozen_sent_nothing(self, snapshot: checker.Snapshot, fault: Fault) -> list[str]:
+        """The attempt a frozen replica held when it froze submitted nothing once it woke; say what became of it."""
+        stage, job_id, worker, number = self.frozen_job
+        attempts = {a["number"]: a for a in snapshot.attempts[stage].get(uuid.UUID(job_id), [])}
+        frozen = attempts.get(number)
+        if frozen is None or frozen["worker"] != worker.split("/")[0]:
+            return [f"the attempt {number} of {stage} job {job_id} the frozen replica held is not on record"]
+        sent = [a for a in attempts.values() if a.get("submitted_at") is not None]
+        fault.detail += (
+            f"; that attempt ended {frozen['outcome']} ({frozen['error_code']}),"
+            f" {'with' if frozen.get('submitted_at') else 'without'} a submission; the job made"
+            f" {len(sent)} submissions under {len({a['submission_key'] for a in sent})} keys"
+        )
+        if frozen.get("submitted_at") is not None and frozen["started_at"].timestamp() < fault.started:
+            return [f"{stage} job {job_id}: the frozen replica's attempt {number} submitted its work after all"]
+        return []
+
     def _takeovers(self, snapshot: checker.Snapshot) -> list[str]:
         """For the loss of a node: how soon work went on elsewhere, what inboxes dropped, what providers got."""
         work = checker.Work.of(snapshot)
@@ -454,8 +518,9 @@ class FaultRun:
             if fault.kind == "relay leader frozen":
                 fault.takeover_s = checker.first_after(work.published_from["api"], since)
             elif fault.kind == "stage replica frozen":
-                stage, job_id = self.frozen_job
+                stage, job_id, _, _ = self.frozen_job
                 fault.takeover_s = checker.first_after(work.attempts_of(stage, job_id), since)
+                findings += self._frozen_sent_nothing(snapshot, fault)
             else:  # every service consumes again, the relay publishes again
                 firsts = [checker.first_after(times, since) for times in (*work.handled.values(), work.published)]
                 fault.takeover_s = None if None in firsts else max(t for t in firsts if t is not None)

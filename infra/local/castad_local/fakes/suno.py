@@ -181,6 +181,12 @@ class FakeSuno(server.FakeServer):
         return self._script.received()
 
     @property
+    def tasks_made(self) -> int:
+        """How many generate requests it took (each a task, as the API bills them)."""
+        with self._lock:
+            return len(self._tasks)
+
+    @property
     def callbacks(self) -> list[dict[str, Any]]:
         """The callbacks posted: url, id, callbackType, and the answer's status or the error."""
         return self._callbacks.sent()
