@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from castad_contracts import brief, events
 from castad_lyric import provider
@@ -72,6 +76,30 @@ def test_the_genre_sets_the_mood_of_the_words() -> None:
 def test_the_same_seed_writes_the_same_lyrics() -> None:
     assert write(KOREAN, "seed") == write(KOREAN, "seed")
     assert write(ENGLISH, "seed") == write(ENGLISH, "seed")
+
+
+@pytest.mark.parametrize("source", [KOREAN, ENGLISH], ids=["korean", "english"])
+def test_the_same_seed_writes_the_same_lyrics_in_every_process(source: brief.Brief) -> None:
+    """Another replica, or the same service after a restart, runs with another hash seed: a retried attempt must
+    still write what the first one would have."""
+    program = (
+        "import sys; from castad_contracts import brief; from castad_lyric import provider;"
+        " source = brief.Brief.model_validate_json(sys.stdin.read());"
+        " print(provider.LocalLyricProvider().write(source, 'seed').model_dump_json())"
+    )
+    written = {
+        subprocess.run(
+            [sys.executable, "-c", program],
+            input=source.model_dump_json(),
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        ).stdout
+        for hash_seed in ("1", "2", "3")
+    }
+
+    assert len(written) == 1
 
 
 def test_different_seeds_write_different_lyrics() -> None:
