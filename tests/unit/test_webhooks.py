@@ -69,8 +69,8 @@ def test_the_request_goes_to_the_checked_address_with_the_original_host_and_sign
         seen.append(request)
         return httpx.Response(204)
 
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
-    outcome = sender.send("d-1", f"http://{PUBLIC}:8080/hook?x=1", b"{}")
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(answer))
+    outcome = sender.send("d-1", f"http://{PUBLIC}:8080/hook?x=1", b"{}", [SECRET])
 
     assert outcome.delivered and outcome.status_code == 204
     [request] = seen
@@ -86,8 +86,8 @@ def test_a_redirect_is_a_failed_try_never_followed():
         seen.append(request)
         return httpx.Response(307, headers={"location": "http://169.254.169.254/latest"})
 
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
-    outcome = sender.send("d-2", f"http://{PUBLIC}/first", b"{}")
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(answer))
+    outcome = sender.send("d-2", f"http://{PUBLIC}/first", b"{}", [SECRET])
 
     assert (outcome.delivered, outcome.blocked, outcome.status_code) == (False, False, 307)
     assert len(seen) == 1 and "not followed" in (outcome.error or "")
@@ -108,19 +108,17 @@ def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
                 time.sleep(0.05)
                 yield b"x"
 
-    sender = webhooks.Sender(
-        SECRET, False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle()))
-    )
+    sender = webhooks.Sender(False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle())))
     started = time.monotonic()
-    outcome = sender.send("d-3", f"http://{PUBLIC}/slow", b"{}")
+    outcome = sender.send("d-3", f"http://{PUBLIC}/slow", b"{}", [SECRET])
 
     assert not outcome.delivered and "ReadTimeout" in (outcome.error or "")
     assert time.monotonic() - started < 2
 
 
 def test_a_url_no_try_can_send_to_fails_the_notice_at_once():
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
-    assert sender.send("d-4", "http://example.com:99999/x", b"{}").blocked
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    assert sender.send("d-4", "http://example.com:99999/x", b"{}", [SECRET]).blocked
 
 
 @pytest.mark.parametrize(
@@ -144,8 +142,8 @@ def test_a_name_is_sent_to_the_address_it_was_checked_at_with_its_own_host_heade
         seen.append(request)
         return httpx.Response(200)
 
-    sender = webhooks.Sender(SECRET, True, 5, transport=httpx.MockTransport(answer))
-    assert sender.send("d-5", "http://localhost:8080/hook", b"{}").delivered
+    sender = webhooks.Sender(True, 5, transport=httpx.MockTransport(answer))
+    assert sender.send("d-5", "http://localhost:8080/hook", b"{}", [SECRET]).delivered
 
     [request] = seen
     assert request.url.host in ("127.0.0.1", "::1") and request.headers["host"] == "localhost:8080"
@@ -156,10 +154,10 @@ def test_a_try_longer_than_its_deadline_is_a_failed_try_and_the_deliverer_goes_o
         time.sleep(2)
         return httpx.Response(200)
 
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(slow))
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(slow))
     sender.deadline_s = 0.3
     started = time.monotonic()
-    outcome = sender.send("d-6", f"http://{PUBLIC}/hook", b"{}")
+    outcome = sender.send("d-6", f"http://{PUBLIC}/hook", b"{}", [SECRET])
 
     assert not outcome.delivered and "no answer within 0.3 s" in (outcome.error or "")
     assert time.monotonic() - started < 1.5

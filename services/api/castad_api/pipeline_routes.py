@@ -83,6 +83,9 @@ def create_pipeline(
     """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike
     (an Idempotency-Key is the tenant's own: another tenant's same key makes another pipeline)."""
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
+    if body.callback_url and not refused:
+        with gw.engine.connect() as conn:
+            refused = webhooks.tenant_refusal(conn, who.tenant, gw.config)
     if refused:
         raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
     if who.minute.created >= gw.config.creations_per_minute:  # used up when the key was read: no work at all

@@ -416,7 +416,8 @@ VALUES (%s, %s, %s, %s, coalesce(%s, now()))
 # -- The projection's hot path, as plain SQL (castad_runtime.db.run): a few statements per event ------------
 
 _LOCK_PROJECTED = """
-SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url
+SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
+       tenant
 FROM pipelines WHERE id = %s FOR UPDATE
 """
 # Read once the pipeline is locked, by a statement of its own: a statement that waited for the lock still
@@ -432,7 +433,8 @@ WHERE pipeline_id = %s
 class Projected:
     """A pipeline locked for its projection, with what its stages have applied so far."""
 
-    # The row: id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url.
+    # The row: id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
+    # tenant.
     pipeline: Any
     stages: dict[events.Stage, dict[str, Any]]
 
@@ -470,7 +472,8 @@ def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | N
 
 
 _LOCK_ALL_PROJECTED = """
-SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url
+SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
+       tenant
 FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED
 """
 _ALL_PROJECTED_STAGES = """

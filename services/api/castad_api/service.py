@@ -26,6 +26,7 @@ from castad_api import (
     notifications,
     projection,
     retention,
+    secret_commands,
     webhooks,
 )
 from castad_api import settings as settings_
@@ -102,3 +103,4 @@ def run(config: settings_.ApiSettings) -> None:
 
 app = cli.service_app("api", settings_.ApiSettings, run, MIGRATIONS)
 app.add_typer(key_commands.app, name="keys")
+app.add_typer(secret_commands.app, name="webhook-secrets")

@@ -11,7 +11,7 @@ from castad_runtime import settings
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_api import retention
+from castad_api import retention, webhook_secrets
 
 
 class ApiSettings(settings.StoreSettings):
@@ -48,10 +48,18 @@ class ApiSettings(settings.StoreSettings):
         ge=1024,
         description="a dead letter's body is kept up to this size (a longer one cannot be replayed)",
     )
+    webhook_secrets_key: SecretStr | None = Field(
+        default=None,
+        description="the key (base64 of 32 random bytes: openssl rand -base64 32) that seals each tenant's webhook"
+        " secrets in the gateway's database (castad-admin webhook-secrets); the gateway and that command need the"
+        " same one. Unset: no notices are sent, and a brief with a callback_url is refused",
+    )
     webhook_secret: SecretStr | None = Field(
         default=None,
-        description="the Standard Webhooks secret (whsec_ and base64) that signs notices to a brief's callback_url;"
-        " unset: a brief with a callback_url is refused",
+        description="deprecated, only a migration aid: a secret shared by every tenant (whsec_ and base64) that"
+        " signs every notice besides the tenant's own, so that receivers still verifying with it keep working"
+        " while each moves to its tenant's secret. Any tenant holding it can forge notices to a receiver that"
+        " accepts it: unset it once they have moved",
     )
     webhook_allow_private: bool = Field(
         default=False,
@@ -135,6 +143,13 @@ class ApiSettings(settings.StoreSettings):
             fields = set()
         if not value.startswith(("http://", "https://")) or fields != {("trace_id", "", None)}:
             raise ValueError("must be an http(s) URL with {trace_id} where the trace id goes, and no other {...}")
+        return value
+
+    @field_validator("webhook_secrets_key")
+    @classmethod
+    def _sealing_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            webhook_secrets.decode_key(value.get_secret_value())
         return value
 
     @field_validator("webhook_secret")

@@ -203,6 +203,18 @@ webhook_deliveries = sa.Table(
     sa.Index("webhook_deliveries_by_pipeline", "pipeline_id", "created_at"),
 )
 
+# Each tenant's Standard Webhooks secrets, sealed (webhook_secrets.py): valid until expires_at (null: until rotated).
+webhook_secrets = sa.Table(
+    "webhook_secrets",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("sealed", sa.LargeBinary, nullable=False),  # AES-256-GCM: nonce, then ciphertext and tag
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("expires_at", TZ),
+    sa.Index("webhook_secrets_by_tenant", "tenant", "created_at"),
+)
+
 webhook_attempts = sa.Table(
     "webhook_attempts",
     metadata,
