@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import re
 import secrets
 import uuid
 
@@ -28,6 +29,7 @@ from castad_api import tables
 
 PREFIX = "cad_"
 SHOWN_CHARS = 12  # the start of a key, kept to tell keys apart in listings
+_FORM = re.compile(r"cad_[A-Za-z0-9_-]{40}")  # what `create` makes: PREFIX and token_urlsafe(30)
 
 
 class Scope(enum.StrEnum):
@@ -77,6 +79,11 @@ class Made:
     id: uuid.UUID
 
 
+def well_formed(key: str) -> bool:
+    """Whether `key` has the form of the keys this gateway makes (only such a key is worth a look-up)."""
+    return _FORM.fullmatch(key) is not None
+
+
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -113,7 +120,9 @@ RETURNING w.count, extract(epoch FROM w.window_start + interval '1 minute' - now
 
 
 def authenticate(conn: sa.Connection, key: str) -> Principal | None:
-    """The caller a key stands for; None for an unknown or revoked key."""
+    """The caller a key stands for; None for an unknown or revoked key (a malformed one is not looked up)."""
+    if not well_formed(key):
+        return None
     row = db.run(conn, _AUTHENTICATE, (digest(key),)).fetchone()
     if row is None:
         return None

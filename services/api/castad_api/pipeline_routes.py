@@ -74,7 +74,11 @@ def links(pipeline_id: str) -> api.Links:
         409: {"model": api.Problem, "description": "the Idempotency-Key was used with another body"},
         413: {"model": api.Problem},
         415: {"model": api.Problem},
-        429: {"model": api.Problem, "description": "the key made too many pipelines this minute (see Retry-After)"},
+        429: {
+            "model": api.Problem,
+            "description": "the key made too many pipelines this minute, or its client address failed authentication"
+            " too often (see Retry-After)",
+        },
     },
 )
 def create_pipeline(

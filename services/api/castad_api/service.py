@@ -96,7 +96,15 @@ def run(config: settings_.ApiSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        uvicorn.run(build(config), host=config.host, port=config.port, log_config=None, timeout_graceful_shutdown=5)
+        uvicorn.run(
+            build(config),
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            timeout_graceful_shutdown=5,
+            proxy_headers=True,
+            forwarded_allow_ips=config.forwarded_allow_ips,
+        )
     finally:
         telemetry.shutdown()
 

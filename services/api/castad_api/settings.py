@@ -35,6 +35,20 @@ class ApiSettings(settings.StoreSettings):
         description="Dramatiq threads projecting events, each holding one: the events that come while one is"
         " projected wait and are projected together, so the threads bound how many go in one transaction (32 at most)",
     )
+    auth_failure_burst: int = Field(
+        default=30,
+        ge=1,
+        description="failed authentications a client address may make at once; then CASTAD_API_AUTH_FAILURES_PER_S"
+        " more a second. Beyond that, its requests get 429 with Retry-After before any key is looked at",
+    )
+    auth_failures_per_s: float = Field(
+        default=0.5, gt=0, description="how fast a client address earns back a failed authentication"
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        description="proxies (comma-separated addresses, or *) whose X-Forwarded-For names the client: the limit of"
+        " failed authentications counts per client address",
+    )
     creations_per_minute: int = Field(
         default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"
     )
