@@ -102,3 +102,26 @@ def test_loop_responsive_tells_a_blocked_loop_from_a_free_one():
 def test_unreachable_servers_are_reported_as_such():
     assert health.database("postgresql://postgres@127.0.0.1:1/none")().startswith("unreachable")
     assert health.rabbitmq("amqp://guest:guest@127.0.0.1:1/%2F")().startswith("unreachable")
+
+
+def test_a_cached_check_runs_once_a_while_and_a_probe_never_waits_behind_a_running_one():
+    now = [100.0]
+    runs: list[float] = []
+    release = threading.Event()
+
+    def slow() -> str:
+        runs.append(now[0])
+        release.wait(5)
+        return health.OK
+
+    check = health.cached(slow, ttl_s=1.5, clock=lambda: now[0])
+    first = threading.Thread(target=check)
+    first.start()
+    while not runs:
+        threading.Event().wait(0.01)
+    assert check() == "checking"  # the first run has no answer yet: the probe does not wait for it
+    release.set()
+    first.join()
+    assert check() == health.OK and len(runs) == 1  # within its time: the last answer
+    now[0] += 2
+    assert check() == health.OK and len(runs) == 2

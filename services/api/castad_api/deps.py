@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from castad_contracts import api
-from castad_runtime import artifacts
+from castad_runtime import artifacts, health
 from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -31,10 +31,18 @@ class Gateway:
     store: artifacts.ArtifactStore
     metrics: metrics_.GatewayMetrics = dataclasses.field(default_factory=metrics_.GatewayMetrics)
     auth: auth.Authenticator = dataclasses.field(init=False)
+    broker_check: health.KeptBroker = dataclasses.field(init=False)
+    readiness: dict[str, health.Check] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         limit = auth.FailureLimit(self.config.auth_failure_burst, self.config.auth_failures_per_s)
         self.auth = auth.Authenticator(limit, lambda failure: self.metrics.auth_failures.labels(failure.value).inc())
+        # Readiness on connections kept for it (the pool's, one to the broker), read at most every CACHE_S.
+        self.broker_check = health.KeptBroker(self.config.amqp_url)
+        self.readiness = {
+            "database": health.cached(health.pooled_database(self.engine)),
+            "rabbitmq": health.cached(self.broker_check),
+        }
 
 
 async def gateway(request: Request) -> Gateway:

@@ -3,6 +3,7 @@ dead letters, the sweeper of overdue pipelines, the deliverer of notices and ret
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 import signal
@@ -11,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import uvicorn
 from castad_contracts import events, topology
-from castad_runtime import artifacts, cli, consumer, db, messaging, process, telemetry
+from castad_runtime import artifacts, cli, consumer, db, health, messaging, process, telemetry
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -70,6 +71,13 @@ def build(config: settings_.ApiSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        liveness = {
+            "event loop": health.loop_responsive(asyncio.get_running_loop()),
+            "consumer": health.threads_alive(worker.threads),
+        }
+        probes = app_.probe_server(gateway, liveness)
+        if probes is not None:
+            probes.start()
         gateway.notifications.start()
         for part in (worker, recorder, sweeper, deliverer, pruner):
             part.start()
@@ -77,9 +85,14 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         try:
             yield
         finally:
+            if probes is not None:
+                probes.stopping.set()
             for part in (pruner, deliverer, sweeper, recorder, worker):
                 part.stop()
             await gateway.notifications.stop()
+            if probes is not None:
+                probes.stop()
+            gateway.broker_check.close()
             projecting.dispose()
             engine.dispose()
 

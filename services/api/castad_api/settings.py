@@ -25,6 +25,13 @@ class ApiSettings(settings.StoreSettings):
     outbox_relay_role: settings.OutboxRelayRole = None
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
+    health_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="serve /healthz, /readyz and /metrics on this port and not on CASTAD_API_PORT, as the stages"
+        " serve theirs; unset: on CASTAD_API_PORT",
+    )
     max_body_bytes: int = Field(default=16_384, ge=1024, description="larger request bodies get 413")
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
