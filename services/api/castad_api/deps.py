@@ -18,7 +18,7 @@ from castad_runtime import artifacts, health
 from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from castad_api import auth, keys, notifications
+from castad_api import auth, keys, notifications, stream_keys
 from castad_api import metrics as metrics_
 from castad_api import settings as settings_
 
@@ -32,11 +32,14 @@ class Gateway:
     metrics: metrics_.GatewayMetrics = dataclasses.field(default_factory=metrics_.GatewayMetrics)
     auth: auth.Authenticator = dataclasses.field(init=False)
     broker_check: health.KeptBroker = dataclasses.field(init=False)
+    stream_keys: stream_keys.StreamKeys = dataclasses.field(init=False)
     readiness: dict[str, health.Check] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         limit = auth.FailureLimit(self.config.auth_failure_burst, self.config.auth_failures_per_s)
         self.auth = auth.Authenticator(limit, lambda failure: self.metrics.auth_failures.labels(failure.value).inc())
+        config = self.config
+        self.stream_keys = stream_keys.StreamKeys(self.engine, config.sse_streams_per_key, config.sse_key_check_s)
         # Readiness on connections kept for it (the pool's, one to the broker), read at most every CACHE_S.
         self.broker_check = health.KeptBroker(self.config.amqp_url)
         self.readiness = {

@@ -130,6 +130,13 @@ def authenticate(conn: sa.Connection, key: str) -> Principal | None:
     return Principal(row.id, row.tenant, frozenset(Scope(s) for s in row.scopes), row.name, minute)
 
 
+def valid(conn: sa.Connection, key_id: uuid.UUID) -> bool:
+    """Whether the key is still there and not revoked (an open stream's key, looked at again)."""
+    k = tables.api_keys
+    found = conn.execute(sa.select(k.c.id).where(k.c.id == key_id, k.c.revoked_at.is_(None))).first()
+    return found is not None
+
+
 def listing(conn: sa.Connection, tenant: str | None = None) -> list[sa.Row]:
     k = tables.api_keys
     query = sa.select(k.c.id, k.c.tenant, k.c.name, k.c.scopes, k.c.shown, k.c.created_at, k.c.revoked_at)

@@ -326,6 +326,7 @@ def _search(q: str | None) -> str | uuid.UUID | None:
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
         404: {"model": api.Problem},
+        **streams.TOO_MANY,
     },
 )
 async def pipeline_events(
@@ -334,11 +335,14 @@ async def pipeline_events(
     who: Reader,
     last_event_id: streams.LastEventId = None,
 ) -> EventSourceResponse:
-    """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable."""
+    """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable. Ends when
+    the pipeline ended and every entry was sent, or within seconds of its key's revocation; a key holds at most
+    CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
     after = streams.resumes_after(last_event_id) or 0
     await run_in_threadpool(_load, gw, pipeline_id, who.tenant_filter())
     read = functools.partial(_progress, gw.engine, pipeline_id)
-    return EventSourceResponse(streams.follow(gw, str(pipeline_id), read, after), ping=gw.config.sse_ping_s)
+    lease = streams.admit(gw, who)
+    return EventSourceResponse(streams.follow(gw, lease, str(pipeline_id), read, after), ping=gw.config.sse_ping_s)
 
 
 def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> streams.Batch[int]:

@@ -35,6 +35,25 @@ class ApiSettings(settings.StoreSettings):
     max_body_bytes: int = Field(default=16_384, ge=1024, description="larger request bodies get 413")
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
+    sse_key_check_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="an open event stream's key is looked at again this often: a revoked key's streams end within"
+        " it (and CASTAD_API_SSE_POLL_S)",
+    )
+    sse_streams_per_key: int = Field(
+        default=10,
+        ge=1,
+        description="event streams one API key may hold open at once on one gateway process (more: 429 with"
+        " Retry-After)",
+    )
+    sse_resume_max_entries: int = Field(
+        default=10_000,
+        ge=1,
+        description="the stream of every pipeline resumed with a Last-Event-ID further back than this many timeline"
+        " entries (of every tenant) resumes this many entries back instead",
+    )
     consumer_threads: int = Field(
         default=32,
         ge=1,

@@ -51,7 +51,7 @@ def pipeline_timeline(
     "/events",
     response_class=EventSourceResponse,
     tags=["events"],
-    responses={200: {"content": {"text/event-stream": {}}, "description": "the event stream"}},
+    responses={200: {"content": {"text/event-stream": {}}, "description": "the event stream"}, **streams.TOO_MANY},
 )
 async def every_pipeline_events(
     gw: GatewayDep,
@@ -65,14 +65,19 @@ async def every_pipeline_events(
     """Server-Sent Events: the timeline entries of every pipeline (a key's tenant's; an admin's: everyone's) as
     they are written, each as on a pipeline's timeline plus its pipeline's id, tenant, customer name and
     region (event `entry`, data api.FirehoseEntry). Starts after the newest entry, or after Last-Event-ID
-    (each event's id is its entry's seq). Keep-alive comments; closed after CASTAD_API_FIREHOSE_MAX_S, when
-    a client reconnects with Last-Event-ID and loses nothing."""
-    after = streams.resumes_after(last_event_id)
-    if after is None:
-        after = await run_in_threadpool(_newest, gw.engine)
+    (each event's id is its entry's seq), at most CASTAD_API_SSE_RESUME_MAX_ENTRIES entries (of every tenant)
+    back. Keep-alive comments; closed after CASTAD_API_FIREHOSE_MAX_S, when a client reconnects with
+    Last-Event-ID and loses nothing, or within seconds of its key's revocation. A key holds at most
+    CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
+    resumed = streams.resumes_after(last_event_id)
+    newest = await run_in_threadpool(_newest, gw.engine)
+    after = newest if resumed is None else max(resumed, newest - gw.config.sse_resume_max_entries)
     read = functools.partial(entries_after, gw.engine, who.tenant_filter(), status_, stage)
+    lease = streams.admit(gw, who)
     return EventSourceResponse(
-        streams.follow(gw, notifications.EVERY_PIPELINE, read, timeline.Position(after), gw.config.firehose_max_s),
+        streams.follow(
+            gw, lease, notifications.EVERY_PIPELINE, read, timeline.Position(after), gw.config.firehose_max_s
+        ),
         ping=gw.config.sse_ping_s,
     )
 
