@@ -18,7 +18,7 @@ from castad_runtime import artifacts, health
 from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from castad_api import auth, keys, notifications, stream_keys
+from castad_api import auth, disclosure, keyring, keys, notifications, stream_keys
 from castad_api import metrics as metrics_
 from castad_api import settings as settings_
 
@@ -33,12 +33,14 @@ class Gateway:
     auth: auth.Authenticator = dataclasses.field(init=False)
     broker_check: health.KeptBroker = dataclasses.field(init=False)
     stream_keys: stream_keys.StreamKeys = dataclasses.field(init=False)
+    keyring: keyring.Keyring = dataclasses.field(init=False)
     readiness: dict[str, health.Check] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         limit = auth.FailureLimit(self.config.auth_failure_burst, self.config.auth_failures_per_s)
         self.auth = auth.Authenticator(limit, lambda failure: self.metrics.auth_failures.labels(failure.value).inc())
         config = self.config
+        self.keyring = keyring.Keyring(self.engine)
         self.stream_keys = stream_keys.StreamKeys(self.engine, config.sse_streams_per_key, config.sse_key_check_s)
         # Readiness on connections kept for it (the pool's, one to the broker), read at most every CACHE_S.
         self.broker_check = health.KeptBroker(self.config.amqp_url)
@@ -46,6 +48,10 @@ class Gateway:
             "database": health.cached(health.pooled_database(self.engine)),
             "rabbitmq": health.cached(self.broker_check),
         }
+
+    def viewer(self, who: keys.Principal) -> disclosure.Viewer:
+        """What `who` is shown of the gateway's internals (all of it for an admin key)."""
+        return disclosure.Viewer(who.tenant_filter(), self.keyring)
 
 
 async def gateway(request: Request) -> Gateway:
@@ -110,6 +116,7 @@ Submitter = Annotated[keys.Principal, SUBMIT_ONLY]
 Reader = Annotated[keys.Principal, _caller(keys.Scope.READ)]
 Operator = Annotated[keys.Principal, _caller(keys.Scope.OPERATE)]
 ADMIN_ONLY = _caller(keys.Scope.ADMIN)  # for a whole router
+Admin = Annotated[keys.Principal, ADMIN_ONLY]  # the same dependency: the key is read once
 Actor = Annotated[
     str,
     Header(
@@ -117,6 +124,6 @@ Actor = Annotated[
         min_length=1,
         max_length=200,
         pattern=r"^[\x20-\x7e]+$",
-        description="who acts (recorded with every operator action)",
+        description="who acts (recorded with every operator action, beside the id and name of the API key that acts)",
     ),
 ]

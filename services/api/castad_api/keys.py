@@ -72,6 +72,10 @@ class Principal:
         """The tenant whose pipelines this caller sees; None: all of them."""
         return None if self.admin else self.tenant
 
+    def acting(self) -> dict[str, str]:
+        """The key as an operator action records it: its id and name, and its tenant (who may see them)."""
+        return {"id": str(self.key_id), "name": self.name, "tenant": self.tenant}
+
 
 @dataclasses.dataclass(frozen=True)
 class Made:

@@ -181,7 +181,19 @@ dead_letter_actions = sa.Table(
     sa.Column("actor", sa.Text, nullable=False),
     sa.Column("detail", sa.Text, nullable=False),  # what was done, or the reason given
     sa.Column("at", TZ, nullable=False, server_default=sa.func.now()),
+    # The API key that acted, as it was then (null: recorded before keys were), besides the actor it named.
+    sa.Column("key_id", pg.UUID(as_uuid=True)),
+    sa.Column("key_name", sa.Text),
     sa.Index("dead_letter_actions_by_letter", "dead_letter_id", "id"),
+)
+
+# Keys the gateway makes for itself, the same for every replica (keyring.py).
+gateway_keys = sa.Table(
+    "gateway_keys",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("secret", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
 )
 
 # Notices to a brief's callback_url when its pipeline ends, delivered by the gateway itself (webhooks.py).
