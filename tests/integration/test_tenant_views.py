@@ -129,6 +129,12 @@ def test_a_pipelines_entries_are_numbered_its_own_way_and_a_tenants_stream_ids_t
     assert ([e["seq"] for e in page["entries"]], page["next_after"]) == ([2], 2)
     assert [event_id for event_id, _ in sse(mia, f"/v1/pipelines/{ours}/events")] == ["1", "2", "3"]
     assert [event_id for event_id, _ in sse(mia, f"/v1/pipelines/{ours}/events", last_event_id="1")] == ["2", "3"]
+    # An id beyond its entries (a seq of every tenant's, from before they were numbered per pipeline): all again.
+    assert [event_id for event_id, _ in sse(mia, f"/v1/pipelines/{ours}/events", last_event_id="9999")] == [
+        "1",
+        "2",
+        "3",
+    ]
 
     assert [data["seq"] for _, data in received] == [1, 2, 3]
     ids = [event_id for event_id, _ in received]

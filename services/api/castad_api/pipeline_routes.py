@@ -342,9 +342,19 @@ async def pipeline_events(
     CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
     after = streams.resumes_after(last_event_id) or 0
     await run_in_threadpool(_load, gw, pipeline_id, who)
+    if after:
+        after = await run_in_threadpool(_resumable, gw.engine, pipeline_id, after)
     read = functools.partial(_progress, gw.engine, pipeline_id, gw.viewer(who))
     lease = streams.admit(gw, who)
     return EventSourceResponse(streams.follow(gw, lease, str(pipeline_id), read, after), ping=gw.config.sse_ping_s)
+
+
+def _resumable(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> int:
+    """Where a resumed stream starts: after the entry numbered `after`, or from the start for an id beyond the
+    pipeline's entries, which its stream never sent (one from before entries were numbered per pipeline): the
+    client sees entries again rather than none."""
+    with engine.connect() as conn:
+        return after if after <= repository.count_entries(conn, pipeline_id) else 0
 
 
 def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, viewer: disclosure.Viewer, after: int) -> streams.Batch[int]:

@@ -223,6 +223,12 @@ def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limi
     )
 
 
+def count_entries(conn: sa.Connection, pipeline_id: uuid.UUID) -> int:
+    """How many entries the pipeline's timeline holds (the number of its newest)."""
+    counted = sa.select(sa.func.count()).select_from(timeline).where(timeline.c.pipeline_id == pipeline_id)
+    return int(conn.execute(counted).scalar_one())
+
+
 def newest_entry(conn: sa.Connection) -> int:
     """The seq of the newest timeline entry (0: none yet)."""
     return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(timeline.c.seq), 0))).scalar_one())
