@@ -20,7 +20,7 @@ from tests.support import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.e2e
 
-SEALING_KEY = base64.b64encode(b"castad: end-to-end sealing key 32").decode()
+SEALING_KEY = base64.b64encode(b"castad: end-to-end sealing key32").decode()
 
 
 class Receiver(server.FakeServer):
