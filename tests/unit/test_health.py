@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 
 import httpx
+import pika.exceptions
 import pytest
 from castad_local import stack
-from castad_runtime import health
+from castad_runtime import amqp, health
 
 
 def _get(port: int, path: str) -> httpx.Response:
@@ -125,3 +127,28 @@ def test_a_cached_check_runs_once_a_while_and_a_probe_never_waits_behind_a_runni
     assert check() == health.OK and len(runs) == 1  # within its time: the last answer
     now[0] += 2
     assert check() == health.OK and len(runs) == 2
+
+
+def test_a_kept_broker_connection_found_dead_is_replaced_at_once(monkeypatch):
+    class Dead:
+        is_open = True
+
+        def channel(self):
+            raise pika.exceptions.StreamLostError("the broker closed it while nobody answered its heartbeats")
+
+        def close(self):
+            pass
+
+    class Alive:
+        is_open = True
+
+        def channel(self):
+            return types.SimpleNamespace(close=lambda: None)
+
+    made = []
+    monkeypatch.setattr(amqp, "blocking_connection", lambda url, timeout_s: made.append(url) or Alive())
+    check = health.KeptBroker("amqp://broker")
+    check._connection = Dead()  # kept from an earlier probe
+
+    assert check() == health.OK and made == ["amqp://broker"]
+    assert check() == health.OK and made == ["amqp://broker"]  # kept again

@@ -85,7 +85,9 @@ def pooled_database(engine: sa.Engine) -> Check:
 
 class KeptBroker:
     """RabbitMQ at `url` answers on a connection kept for these checks: each opens and closes a channel on it (a
-    round trip that also services its heartbeats); a new connection only when the kept one is gone."""
+    round trip that also services its heartbeats); a new connection only when the kept one is gone. A kept one
+    found dead (the broker closed it while no probe came to answer its heartbeats) is replaced at once, so only
+    a broker that refuses a new one too is unreachable."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -94,14 +96,24 @@ class KeptBroker:
 
     def __call__(self) -> str:
         with self._lock:  # a BlockingConnection is not for two threads at once
+            kept = self._connection is not None and self._connection.is_open
             try:
-                if self._connection is None or not self._connection.is_open:
-                    self._connection = amqp.blocking_connection(self.url, timeout_s=TIMEOUT_S)
-                self._connection.channel().close()
-                return OK
+                return self._answer()
+            except pika.exceptions.AMQPError as error:
+                self._drop()
+                if not kept:
+                    return f"unreachable: {type(error).__name__}"
+            try:
+                return self._answer()
             except pika.exceptions.AMQPError as error:
                 self._drop()
                 return f"unreachable: {type(error).__name__}"
+
+    def _answer(self) -> str:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = amqp.blocking_connection(self.url, timeout_s=TIMEOUT_S)
+        self._connection.channel().close()
+        return OK
 
     def close(self) -> None:
         with self._lock:

@@ -48,7 +48,13 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@health.get("/readyz")
+@health.get(
+    "/readyz",
+    responses={
+        200: {"description": "ready: every check says ok"},
+        503: {"description": "not ready: the checks say which part cannot be reached"},
+    },
+)
 def readyz(gw: GatewayDep) -> JSONResponse:
     """Its database and RabbitMQ are reachable (read at most every second or two)."""
     ready, checks = castad_health.run_checks(gw.readiness)
