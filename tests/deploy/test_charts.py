@@ -189,7 +189,11 @@ def test_a_providers_key_comes_from_a_secret_and_never_from_plain_values(chart_d
     assert charts.secret_settings("lyric") == ["CASTAD_LYRIC_OPENAI_API_KEY"]
     assert charts.secret_settings("song") == ["CASTAD_SONG_LINK_SECRET", "CASTAD_SONG_SUNO_API_KEY"]
     assert charts.secret_settings("video") == ["CASTAD_VIDEO_LINK_SECRET", "CASTAD_VIDEO_CREATOMATE_API_KEY"]
-    assert charts.secret_settings("api") == ["CASTAD_API_WEBHOOK_SECRET", "CASTAD_API_LINK_SECRET"]
+    assert charts.secret_settings("api") == [
+        "CASTAD_API_WEBHOOK_SECRETS_KEY",
+        "CASTAD_API_WEBHOOK_SECRET",
+        "CASTAD_API_LINK_SECRET",
+    ]
 
 
 def test_the_committed_settings_blocks_and_schemas_are_current():

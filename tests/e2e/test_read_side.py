@@ -89,7 +89,10 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     mine = [data for _, _, data in streams["every"] if data["pipeline_id"] == pipeline_id]
     assert [e["seq"] for e in mine] == sorted(e["seq"] for e in entries)
     assert all(e["customer_name"] == "바다책방" and e["region"] == "속초" for e in mine)
-    assert [sse_id for sse_id, _, data in streams["every"]] == [str(data["seq"]) for _, _, data in streams["every"]]
+    # An entry's seq is its number among its pipeline's entries; an admin's stream ids, its place among all.
+    assert sorted(e["seq"] for e in entries) == list(range(1, len(entries) + 1))
+    ids = [int(sse_id) for sse_id, _, _ in streams["every"]]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
     video = [data for _, _, data in streams["video"] if data["pipeline_id"] == pipeline_id]
     assert [e["status"] for e in video] == ["started", "completed"] and {e["step"] for e in video} == {"video"}
 

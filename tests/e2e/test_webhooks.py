@@ -1,5 +1,6 @@
 """A brief's callback_url hears of the pipeline's end, every service its own process: one notice
-per ending, signed as Standard Webhooks, tried again after a failed try, every try recorded."""
+per ending, signed as Standard Webhooks with its tenant's own secret, tried again after a failed try,
+every try recorded."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import json
 import threading
 
 import pytest
+from castad_api import secret_commands
+from castad_local import access
 from castad_local.fakes import server
 from standardwebhooks import Webhook
 
 from tests.e2e.conftest import sample_brief
+from tests.support import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.e2e
 
-SECRET = "whsec_" + base64.b64encode(b"castad end-to-end webhook key").decode()
+SEALING_KEY = base64.b64encode(b"castad: end-to-end sealing key32").decode()
 
 
 class Receiver(server.FakeServer):
@@ -35,11 +39,13 @@ class Receiver(server.FakeServer):
 
 
 @pytest.mark.timeout(120)
-def test_the_end_of_a_pipeline_is_told_to_its_callback_url_signed_and_retried(castad):
+def test_the_end_of_a_pipeline_is_told_to_its_callback_url_signed_and_retried(castad, installation):
+    sealing = {"CASTAD_API_WEBHOOK_SECRETS_KEY": SEALING_KEY}
+    secret = secret_commands.create_secret(access.gateway_settings({**installation.env(), **sealing}), TEST_KEY_TENANT)
     with Receiver(503) as receiver:
         running = castad(
             {
-                "CASTAD_API_WEBHOOK_SECRET": SECRET,
+                **sealing,
                 "CASTAD_API_WEBHOOK_ALLOW_PRIVATE": "true",  # the receiver listens on 127.0.0.1
                 "CASTAD_API_WEBHOOK_BACKOFF_BASE_S": "0.2",
                 "CASTAD_API_WEBHOOK_POLL_S": "0.2",
@@ -63,9 +69,13 @@ def test_the_end_of_a_pipeline_is_told_to_its_callback_url_signed_and_retried(ca
     first, second = receiver.received
     assert first.path == second.path == "/hooks/castad" and first.query == "k=1"
     assert first.headers["webhook-id"] == second.headers["webhook-id"] == delivery["id"]
-    notice = Webhook(SECRET).verify(second.body, second.headers)
+    notice = Webhook(secret).verify(second.body, second.headers)
     assert notice["type"] == "pipeline.succeeded"
-    assert (notice["data"]["id"], notice["data"]["status"]) == (pipeline_id, "SUCCEEDED")
+    assert (notice["data"]["id"], notice["data"]["status"], notice["data"]["tenant"]) == (
+        pipeline_id,
+        "SUCCEEDED",
+        TEST_KEY_TENANT,
+    )
     assert set(notice["data"]["artifacts"]) == {"lyric", "song", "video"}
     assert "callback_url" not in view.brief.model_dump()  # it stays with the gateway: no stage sees it
     assert json.loads(first.body) == json.loads(second.body)

@@ -171,11 +171,17 @@ class RunningApi:
 
         @contextlib.asynccontextmanager
         async def lifespan(_: Any) -> AsyncIterator[None]:
+            probes = app.probe_server(gateway, {})  # with CASTAD_API_HEALTH_PORT, as the gateway's own does
+            if probes is not None:
+                probes.start()
             gateway.notifications.start()
             try:
                 yield
             finally:
                 await gateway.notifications.stop()
+                if probes is not None:
+                    probes.stop()
+                gateway.broker_check.close()
 
         port = stack.free_port()
         self.base_url = f"http://127.0.0.1:{port}"

@@ -40,6 +40,8 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.dead_letter_actions,
         api_tables.webhook_deliveries,
         api_tables.webhook_attempts,
+        api_tables.webhook_secrets,
+        api_tables.gateway_keys,
         api_tables.api_keys,
         api_tables.key_windows,
     ),

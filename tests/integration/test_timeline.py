@@ -13,7 +13,7 @@ import httpx
 import httpx_sse
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, model, projection, repository, timeline, timeline_routes
+from castad_api import disclosure, keyring, keys, model, projection, repository, timeline, timeline_routes
 from castad_contracts import envelope, events
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -244,7 +244,8 @@ def test_a_version_1_started_event_makes_an_attempt_without_a_worker(gateway, en
 
 
 def _entries(engine: sa.Engine, position: timeline.Position, tenant: str | None = None, **filters):
-    return timeline_routes.entries_after(engine, tenant, filters.get("status"), filters.get("stage"), position)
+    viewer = disclosure.INTERNAL if tenant is None else disclosure.Viewer(tenant, keyring.Keyring(engine))
+    return timeline_routes.entries_after(engine, viewer, filters.get("status"), filters.get("stage"), position)
 
 
 def _uncommitted_entry(engine: sa.Engine, pipeline_id: str) -> sa.Connection:
@@ -287,11 +288,13 @@ def test_the_stream_of_every_pipeline_waits_for_an_entry_still_to_commit_and_pas
     lost.close()
     monkeypatch.setattr(timeline_routes, "time", _Clock(held.cursor.waiting_since or 0.0, later_s=0.6))
     passed = _entries(engine, held.cursor)
-    [retrying] = [json.loads(m["data"]) for m in passed.messages]
-    assert (retrying["pipeline_id"], retrying["event_type"], retrying["seq"]) == (
+    [message] = passed.messages
+    retrying = json.loads(message["data"])
+    assert (retrying["pipeline_id"], retrying["event_type"], retrying["seq"], message["id"]) == (
         second,
         "lyric.retrying",
-        start.after + 4,
+        3,  # its pipeline's third entry (requested, started, retrying)
+        str(start.after + 4),  # an admin's stream: the entry's place among all of the gateway's
     )
 
 
@@ -336,12 +339,8 @@ def test_the_stream_of_every_pipeline_shows_a_tenant_its_own_entries_that_match_
     assert seen("bob", stage=SONG) == []
     message = _entries(engine, start, "alice").messages[-1]
     data = json.loads(message["data"])
-    assert (message["event"], message["id"], data["tenant"], data["region"]) == (
-        "entry",
-        str(data["seq"]),
-        "alice",
-        "속초",
-    )
+    assert (message["event"], data["seq"], data["tenant"], data["region"]) == ("entry", 4, "alice", "속초")
+    assert not message["id"].isdigit()  # a tenant's cursor counts nothing
 
 
 def test_the_new_routes_hold_to_tenants_and_scopes(gateway, engines, api):
@@ -455,7 +454,8 @@ def test_the_stream_of_every_pipeline_follows_new_entries_through_an_outage_clos
     assert not reader.is_alive() and 7 <= open_s < 15  # closed by the gateway after its lifetime
     shown = [(data["pipeline_id"], data["event_type"], data["customer_name"]) for _, _, data in entries]
     assert shown == [(pipeline_id, "pipeline.requested", "바다책방"), (pipeline_id, "lyric.started", "바다책방")]
-    assert [(sse_id, event) for sse_id, event, _ in entries] == [(str(d["seq"]), "entry") for _, _, d in entries]
+    assert [(event, data["seq"]) for _, event, data in entries] == [("entry", 1), ("entry", 2)]
+    assert int(entries[0][0]) < int(entries[1][0])  # an admin's cursors: places among all of the gateway's entries
     assert entries[1][2]["worker"] == "lyric@a:1" and entries[1][2]["tenant"] == TEST_KEY_TENANT
 
     # Resumed after the first entry: the second, and what came since.

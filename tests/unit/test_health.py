@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 
 import httpx
+import pika.exceptions
 import pytest
 from castad_local import stack
-from castad_runtime import health
+from castad_runtime import amqp, health
 
 
 def _get(port: int, path: str) -> httpx.Response:
@@ -102,3 +104,51 @@ def test_loop_responsive_tells_a_blocked_loop_from_a_free_one():
 def test_unreachable_servers_are_reported_as_such():
     assert health.database("postgresql://postgres@127.0.0.1:1/none")().startswith("unreachable")
     assert health.rabbitmq("amqp://guest:guest@127.0.0.1:1/%2F")().startswith("unreachable")
+
+
+def test_a_cached_check_runs_once_a_while_and_a_probe_never_waits_behind_a_running_one():
+    now = [100.0]
+    runs: list[float] = []
+    release = threading.Event()
+
+    def slow() -> str:
+        runs.append(now[0])
+        release.wait(5)
+        return health.OK
+
+    check = health.cached(slow, ttl_s=1.5, clock=lambda: now[0])
+    first = threading.Thread(target=check)
+    first.start()
+    while not runs:
+        threading.Event().wait(0.01)
+    assert check() == "checking"  # the first run has no answer yet: the probe does not wait for it
+    release.set()
+    first.join()
+    assert check() == health.OK and len(runs) == 1  # within its time: the last answer
+    now[0] += 2
+    assert check() == health.OK and len(runs) == 2
+
+
+def test_a_kept_broker_connection_found_dead_is_replaced_at_once(monkeypatch):
+    class Dead:
+        is_open = True
+
+        def channel(self):
+            raise pika.exceptions.StreamLostError("the broker closed it while nobody answered its heartbeats")
+
+        def close(self):
+            pass
+
+    class Alive:
+        is_open = True
+
+        def channel(self):
+            return types.SimpleNamespace(close=lambda: None)
+
+    made = []
+    monkeypatch.setattr(amqp, "blocking_connection", lambda url, timeout_s: made.append(url) or Alive())
+    check = health.KeptBroker("amqp://broker")
+    check._connection = Dead()  # kept from an earlier probe
+
+    assert check() == health.OK and made == ["amqp://broker"]
+    assert check() == health.OK and made == ["amqp://broker"]  # kept again

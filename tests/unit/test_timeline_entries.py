@@ -15,7 +15,7 @@ ARTIFACT = {"uri": "file:///var/a/song.wav", "sha256": "a" * 64, "size": 9, "med
 
 
 def row(seq: int, event_type: str, data: dict) -> types.SimpleNamespace:
-    return types.SimpleNamespace(seq=seq, event_type=event_type, data=data, time=NOW)
+    return types.SimpleNamespace(seq=seq, number=seq, event_type=event_type, data=data, time=NOW)
 
 
 def test_every_gap_in_the_entries_is_waited_for_before_the_stream_goes_past_it():

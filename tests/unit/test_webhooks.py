@@ -57,8 +57,8 @@ def test_a_signature_is_what_the_standard_webhooks_library_verifies():
 def test_a_private_destination_is_refused_at_submit_and_at_delivery(url):
     assert webhooks.refusal(url, config()) is not None
     assert webhooks.refusal(url, config(webhook_allow_private=True)) is None
-    sender = webhooks.Sender(SECRET, False, 5)
-    outcome = sender.send("d-0", url, b"{}")
+    sender = webhooks.Sender(False, 5)
+    outcome = sender.send("d-0", url, b"{}", [SECRET])
     sender.close()
     assert outcome.blocked and outcome.error == webhooks.REFUSED
 
@@ -82,8 +82,8 @@ def test_the_request_goes_to_its_url_with_signed_headers():
         seen.append(request)
         return httpx.Response(204)
 
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
-    outcome = sender.send("d-1", f"https://{PUBLIC}:8080/hook?x=1", b"{}")
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(answer))
+    outcome = sender.send("d-1", f"https://{PUBLIC}:8080/hook?x=1", b"{}", [SECRET])
 
     assert outcome.delivered and outcome.status_code == 204
     [request] = seen
@@ -99,8 +99,8 @@ def test_a_redirect_is_a_failed_try_never_followed():
         seen.append(request)
         return httpx.Response(307, headers={"location": "http://169.254.169.254/latest"})
 
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(answer))
-    outcome = sender.send("d-2", f"https://{PUBLIC}/first", b"{}")
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(answer))
+    outcome = sender.send("d-2", f"https://{PUBLIC}/first", b"{}", [SECRET])
 
     assert (outcome.delivered, outcome.blocked, outcome.status_code) == (False, False, 307)
     assert len(seen) == 1 and "not followed" in (outcome.error or "")
@@ -121,19 +121,17 @@ def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
                 time.sleep(0.05)
                 yield b"x"
 
-    sender = webhooks.Sender(
-        SECRET, False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle()))
-    )
+    sender = webhooks.Sender(False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle())))
     started = time.monotonic()
-    outcome = sender.send("d-3", f"https://{PUBLIC}/slow", b"{}")
+    outcome = sender.send("d-3", f"https://{PUBLIC}/slow", b"{}", [SECRET])
 
     assert not outcome.delivered and "ReadTimeout" in (outcome.error or "")
     assert time.monotonic() - started < 2
 
 
 def test_a_url_no_try_can_send_to_fails_the_notice_at_once():
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
-    assert sender.send("d-4", "https://example.com:99999/x", b"{}").blocked
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    assert sender.send("d-4", "https://example.com:99999/x", b"{}", [SECRET]).blocked
 
 
 @pytest.mark.parametrize(
@@ -193,8 +191,8 @@ def test_a_name_is_sent_to_the_address_it_was_checked_at_with_its_own_host_heade
         return [(2, 1, 6, "", ("127.0.0.1", port))]
 
     monkeypatch.setattr(outbound, "_lookup", lookup)
-    sender = webhooks.Sender(SECRET, True, 5)
-    assert sender.send("d-5", f"http://receiver.test:{port}/hook", b"{}").delivered
+    sender = webhooks.Sender(True, 5)
+    assert sender.send("d-5", f"http://receiver.test:{port}/hook", b"{}", [SECRET]).delivered
     sender.close()
 
     assert looked_up == ["receiver.test"] and receiver.hosts == [f"receiver.test:{port}"]
@@ -205,10 +203,10 @@ def test_a_try_longer_than_its_deadline_is_a_failed_try_and_the_deliverer_goes_o
         time.sleep(2)
         return httpx.Response(200)
 
-    sender = webhooks.Sender(SECRET, False, 5, transport=httpx.MockTransport(slow))
+    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(slow))
     sender.deadline_s = 0.3
     started = time.monotonic()
-    outcome = sender.send("d-6", f"https://{PUBLIC}/hook", b"{}")
+    outcome = sender.send("d-6", f"https://{PUBLIC}/hook", b"{}", [SECRET])
 
     assert not outcome.delivered and "no answer within 0.3 s" in (outcome.error or "")
     assert time.monotonic() - started < 1.5

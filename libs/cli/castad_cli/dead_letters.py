@@ -61,7 +61,10 @@ def show(ctx: typer.Context, letter_id: int) -> None:
     console.print(letter.body, markup=False, highlight=False)
     for action in letter.actions:
         console.print(
-            f"  {action.at:%Y-%m-%d %H:%M:%S} {action.action} by {action.actor}: {action.detail}", markup=False
+            f"  {action.at:%Y-%m-%d %H:%M:%S} {action.action} by {action.actor}"
+            + (f" (key {action.key_name})" if action.key_name else "")
+            + f": {action.detail}",
+            markup=False,
         )
 
 

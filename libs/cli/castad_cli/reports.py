@@ -29,7 +29,7 @@ def _what(entry: api.TimelineEntry) -> str:
     if entry.next_attempt_at:
         said.append(f"next at {_clock(entry.next_attempt_at)}")
     if entry.actor:
-        said.append(f"by {entry.actor}")
+        said.append(f"by {entry.actor}" + (f" (key {entry.actor_key_name})" if entry.actor_key_name else ""))
     if entry.reason and not entry.error:
         said.append(f"“{entry.reason}”")
     if entry.resume:

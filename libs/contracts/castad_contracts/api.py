@@ -49,7 +49,7 @@ class StageView(BaseModel):
     attempts: int
     max_attempts: int | None
     last_error_code: str | None
-    last_error_message: str | None
+    last_error_message: str | None = Field(description="to a tenant: its code's public message")
     next_attempt_at: dt.datetime | None
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
@@ -62,7 +62,7 @@ class PipelineView(BaseModel):
     progress: int = Field(ge=0, le=100)
     current_stage: events.Stage | None
     error_code: str | None
-    error_message: str | None
+    error_message: str | None = Field(description="to a tenant: its code's public message")
     brief: brief.Brief
     created_at: dt.datetime
     updated_at: dt.datetime
@@ -182,7 +182,9 @@ class Conflict(BaseModel):
 
 class DeadLetterAction(BaseModel):
     action: str
-    actor: str
+    actor: str = Field(description="who acted, as the X-Castad-Actor header said")
+    key_id: str | None = Field(default=None, description="the API key that acted (null: recorded before keys were)")
+    key_name: str | None = Field(default=None, description="that key's name")
     detail: str
     at: dt.datetime
 
@@ -256,7 +258,10 @@ class ErrorInfo(BaseModel):
 class TimelineEntry(BaseModel):
     """One entry of a pipeline's timeline: a stage's event, an operator's action, a dead letter about it."""
 
-    seq: int = Field(description="its place among every timeline entry of the gateway (an event stream's id)")
+    seq: int = Field(
+        description="its number among its pipeline's entries (1, 2, ...): where its timeline's `after` and its"
+        " pipeline's event stream (Last-Event-ID) resume"
+    )
     time: dt.datetime = Field(description="when it happened: the event's own time")
     event_type: str = Field(description="e.g. song.retrying, pipeline.cancel_requested, dead_letter.replayed")
     step: str = Field(description="lyric, song, video, or pipeline for what concerns the whole pipeline")
@@ -267,14 +272,20 @@ class TimelineEntry(BaseModel):
     pipeline_status: str = Field(description="the pipeline's status after it")
     progress: int = Field(ge=0, le=100, description="the pipeline's progress after it, in percent")
     attempt: int | None = Field(default=None, description="the stage's attempt it is about")
-    worker: str | None = Field(default=None, description="started: the worker that runs the attempt")
-    error: ErrorInfo | None = None
+    worker: str | None = Field(
+        default=None, description="started: the worker that runs the attempt (to a tenant: an opaque id)"
+    )
+    error: ErrorInfo | None = Field(default=None, description="its code, and to a tenant the code's public message")
     next_attempt_at: dt.datetime | None = Field(default=None, description="retrying: when the next attempt is due")
     max_attempts: int | None = Field(default=None, description="retrying: the number of the last attempt that may run")
     attempt_budgets: dict[events.Stage, int] | None = Field(
         default=None, description="retry_requested: the attempt budgets the operator gave"
     )
-    actor: str | None = Field(default=None, description="an operator's action: who acted")
+    actor: str | None = Field(default=None, description="an operator's action: who acted (its X-Castad-Actor)")
+    actor_key_id: str | None = Field(
+        default=None, description="an operator's action: the API key that acted (shown to a tenant for its own keys)"
+    )
+    actor_key_name: str | None = Field(default=None, description="an operator's action: that key's name")
     reason: str | None = Field(default=None, description="a cancel's reason, or a dead letter's")
     operation: int | None = Field(default=None, description="the number of an operator's cancel or retry")
     resume: events.Stage | None = Field(default=None, description="retry_requested: the stage that runs again")
@@ -291,7 +302,10 @@ class AttemptView(BaseModel):
 
     stage: events.Stage
     attempt: int
-    worker: str | None = Field(description="who ran it; null if its start did not say or has not been heard of")
+    worker: str | None = Field(
+        description="who ran it (to a tenant: an opaque id, the same for one worker within the pipeline); null if"
+        " its start did not say or has not been heard of"
+    )
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
     duration_s: float | None = Field(description="from its start to its end; null until both are known")
@@ -300,7 +314,7 @@ class AttemptView(BaseModel):
         " good); interrupted (the machinery lost it: a worker stopped or died, an outage; not counted); canceled"
     )
     error_code: str | None
-    error_message: str | None
+    error_message: str | None = Field(description="to a tenant: its code's public message")
 
 
 class OperatorAction(BaseModel):
@@ -310,6 +324,8 @@ class OperatorAction(BaseModel):
     time: dt.datetime
     action: str = Field(description="cancel_requested, retry_requested, dead_letter_replayed, dead_letter_discarded")
     actor: str | None = Field(description="who acted (`deadline` for a cancel the deadline made)")
+    actor_key_id: str | None = Field(default=None, description="the API key that acted (a tenant's: its own only)")
+    actor_key_name: str | None = Field(default=None, description="that key's name")
     reason: str | None
     operation: int | None
     resume: events.Stage | None
@@ -337,7 +353,9 @@ class PipelineTimeline(BaseModel):
 
 
 class FirehoseEntry(TimelineEntry):
-    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline."""
+    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline. Its event's id
+    (Last-Event-ID) is a cursor of that stream: to an admin key, the entry's place among every entry of the
+    gateway; to a tenant's, an opaque one that counts nothing."""
 
     pipeline_id: str
     tenant: str

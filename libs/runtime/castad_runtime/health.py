@@ -7,20 +7,26 @@ by itself) never gets a pod restarted. Readiness says the service can reach what
 right now; it turns false while the service stops, too.
 
 Each check returns "ok" or a short reason; `/healthz` and `/readyz` answer 200 when every
-check says "ok" and 503 with the reasons otherwise.
+check says "ok" and 503 with the reasons otherwise. Where probes may come often or from anyone
+(the gateway's), readiness is `cached` and checks on connections kept for it (`pooled_database`,
+`KeptBroker`), so that no probe opens a connection of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 
+import pika
 import pika.exceptions
 import psycopg
+import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from castad_runtime import amqp, db, metrics
@@ -29,6 +35,8 @@ log = logging.getLogger(__name__)
 
 OK = "ok"
 TIMEOUT_S = 2
+CACHE_S = 1.5  # a cached check answers from its last run this long
+CHECKING = "checking"  # the first run of a cached check has not answered yet
 Check = Callable[[], str]
 
 
@@ -59,6 +67,89 @@ def rabbitmq(url: str) -> Check:
             return f"unreachable: {type(error).__name__}"
 
     return check
+
+
+def pooled_database(engine: sa.Engine) -> Check:
+    """The database answers a query on a connection of `engine`'s pool (one is opened only when none is there)."""
+
+    def check() -> str:
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+            return OK
+        except (sa.exc.SQLAlchemyError, psycopg.Error) as error:
+            return f"unreachable: {type(getattr(error, 'orig', None) or error).__name__}"
+
+    return check
+
+
+class KeptBroker:
+    """RabbitMQ at `url` answers on a connection kept for these checks: each opens and closes a channel on it (a
+    round trip that also services its heartbeats); a new connection only when the kept one is gone. A kept one
+    found dead (the broker closed it while no probe came to answer its heartbeats) is replaced at once, so only
+    a broker that refuses a new one too is unreachable."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._connection: pika.BlockingConnection | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str:
+        with self._lock:  # a BlockingConnection is not for two threads at once
+            kept = self._connection is not None and self._connection.is_open
+            try:
+                return self._answer()
+            except pika.exceptions.AMQPError as error:
+                self._drop()
+                if not kept:
+                    return f"unreachable: {type(error).__name__}"
+            try:
+                return self._answer()
+            except pika.exceptions.AMQPError as error:
+                self._drop()
+                return f"unreachable: {type(error).__name__}"
+
+    def _answer(self) -> str:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = amqp.blocking_connection(self.url, timeout_s=TIMEOUT_S)
+        self._connection.channel().close()
+        return OK
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()
+
+
+def cached(check: Check, ttl_s: float = CACHE_S, clock: Callable[[], float] = time.monotonic) -> Check:
+    """`check`, run at most once per `ttl_s`: a probe within that time gets its last answer, and so does one that
+    comes while it runs (no probe waits behind another; before the first answer: CHECKING)."""
+    lock = threading.Lock()
+    last: dict[str, object] = {"answer": CHECKING, "at": None}
+
+    def run() -> str:
+        at = last["at"]
+        if isinstance(at, float) and clock() - at < ttl_s:
+            return str(last["answer"])
+        if not lock.acquire(blocking=False):
+            return str(last["answer"])
+        try:
+            started = clock()
+            try:
+                answer = check()
+            except Exception as error:  # a probe answers; what broke is the answer
+                answer = f"check failed: {type(error).__name__}"
+            last.update(answer=answer, at=started)
+            return answer
+        finally:
+            lock.release()
+
+    return run
 
 
 def threads_alive(threads: Callable[[], list[threading.Thread]]) -> Check:

@@ -1,9 +1,16 @@
-"""The gateway's HTTP API: its routers, its errors mapped to statuses in one place, health, metrics."""
+"""The gateway's HTTP API: its routers, its errors mapped to statuses in one place, health, metrics.
+
+The probes and `/metrics` are served on the API port, or with CASTAD_API_HEALTH_PORT on that port alone
+(`probe_server`), which a chart keeps inside the cluster as the stages' is: the public port then serves no
+unauthenticated work but the console's static files. Readiness is cached and checks on connections the
+gateway keeps (deps.Gateway.readiness), so a probe never opens one.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -41,15 +48,16 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@health.get("/readyz")
+@health.get(
+    "/readyz",
+    responses={
+        200: {"description": "ready: every check says ok"},
+        503: {"description": "not ready: the checks say which part cannot be reached"},
+    },
+)
 def readyz(gw: GatewayDep) -> JSONResponse:
-    """Its database and RabbitMQ are reachable."""
-    ready, checks = castad_health.run_checks(
-        {
-            "database": castad_health.database(gw.config.database_url),
-            "rabbitmq": castad_health.rabbitmq(gw.config.amqp_url),
-        }
-    )
+    """Its database and RabbitMQ are reachable (read at most every second or two)."""
+    ready, checks = castad_health.run_checks(gw.readiness)
     return JSONResponse(
         {"status": "ready" if ready else "unavailable", "checks": checks},
         status_code=status.HTTP_200_OK if ready else status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -74,6 +82,13 @@ def metrics(request: Request, gw: GatewayDep) -> Response:
     return Response(body, media_type=content_type)
 
 
+def probe_server(gw: Gateway, liveness: Mapping[str, castad_health.Check]) -> castad_health.ProbeServer | None:
+    """The probes and metrics on CASTAD_API_HEALTH_PORT (None when unset: they are on the API port)."""
+    if gw.config.health_port is None:
+        return None
+    return castad_health.ProbeServer(gw.config.health_port, liveness, gw.readiness, registry=gw.metrics.registry)
+
+
 def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     app = FastAPI(
         title="Castad",
@@ -92,7 +107,8 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     app.include_router(stats_routes.router)
     app.include_router(dead_letter_routes.router)
     app.include_router(key_routes.router)
-    app.include_router(health)
+    if gw.config.health_port is None:
+        app.include_router(health)
     console_routes.mount(app, gw.config)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)
     app.add_middleware(metrics_.RequestMetrics, metrics=gw.metrics)  # outermost: counts the 413s too

@@ -10,7 +10,7 @@ from castad_runtime import db
 from fastapi import APIRouter, Path, Query, status
 
 from castad_api import dead_letters, errors, repository
-from castad_api.deps import ADMIN_ONLY, AUTH_ERRORS, UNREADABLE, Actor, GatewayDep
+from castad_api.deps import ADMIN_ONLY, AUTH_ERRORS, UNREADABLE, Actor, Admin, GatewayDep
 
 router = APIRouter(
     prefix="/v1/dead-letters", tags=["dead letters"], dependencies=[ADMIN_ONLY], responses={**AUTH_ERRORS, **UNREADABLE}
@@ -79,7 +79,17 @@ def get_dead_letter(letter_id: LetterId, gw: GatewayDep) -> api.DeadLetterDetail
         body=text,
         body_encoding=encoding,
         body_truncated=row.body_size > len(body),
-        actions=[api.DeadLetterAction(action=a.action, actor=a.actor, detail=a.detail, at=a.at) for a in actions],
+        actions=[
+            api.DeadLetterAction(
+                action=a.action,
+                actor=a.actor,
+                key_id=str(a.key_id) if a.key_id else None,
+                key_name=a.key_name,
+                detail=a.detail,
+                at=a.at,
+            )
+            for a in actions
+        ],
     )
 
 
@@ -95,30 +105,34 @@ def get_dead_letter(letter_id: LetterId, gw: GatewayDep) -> api.DeadLetterDetail
         },
     },
 )
-def replay_dead_letter(letter_id: LetterId, gw: GatewayDep, actor: Actor = "anonymous") -> api.Replayed:
+def replay_dead_letter(letter_id: LetterId, gw: GatewayDep, who: Admin, actor: Actor = "anonymous") -> api.Replayed:
     """Send it back to the queue it came from (upcast to the newest version of its type the gateway knows),
     or hand a parked outbox row back to the relay. Replaying twice is harmless. A message whose event is
     older than CASTAD_RETENTION_INBOX_S (less an hour) is refused: its consumer may have forgotten it."""
     with db.transaction(gw.engine) as conn:
-        detail = dead_letters.replay(conn, letter_id, actor, gw.config.retention_policy())
+        detail = dead_letters.replay(conn, letter_id, actor, gw.config.retention_policy(), who.acting())
     return api.Replayed(id=letter_id, detail=detail)
 
 
 @router.post("/replay", status_code=status.HTTP_202_ACCEPTED, response_model=api.BulkReplayed)
-def replay_dead_letters(body: api.DeadLetterFilter, gw: GatewayDep, actor: Actor = "anonymous") -> api.BulkReplayed:
+def replay_dead_letters(
+    body: api.DeadLetterFilter, gw: GatewayDep, who: Admin, actor: Actor = "anonymous"
+) -> api.BulkReplayed:
     """Replay every dead letter still `dead` that matches the filter, up to `limit`."""
     filters = repository.LetterFilters(None, body.service, body.event_type, body.reason, body.pipeline_id)
     with db.transaction(gw.engine) as conn:
-        replayed, refused = dead_letters.replay_matching(conn, filters, actor, body.limit, gw.config.retention_policy())
+        replayed, refused = dead_letters.replay_matching(
+            conn, filters, actor, body.limit, gw.config.retention_policy(), who.acting()
+        )
     return api.BulkReplayed(replayed=replayed, refused=refused)
 
 
 @router.post("/{letter_id}/discard", status_code=status.HTTP_200_OK, response_model=api.DeadLetter, responses=NOT_FOUND)
 def discard_dead_letter(
-    letter_id: LetterId, body: api.Discard, gw: GatewayDep, actor: Actor = "anonymous"
+    letter_id: LetterId, body: api.Discard, gw: GatewayDep, who: Admin, actor: Actor = "anonymous"
 ) -> api.DeadLetter:
     """Give up on it, with a reason: it stays listed as discarded."""
     with db.transaction(gw.engine) as conn:
-        dead_letters.discard(conn, letter_id, actor, body.reason)
+        dead_letters.discard(conn, letter_id, actor, body.reason, who.acting())
         row = repository.get_dead_letter(conn, letter_id)
     return _summary(row)

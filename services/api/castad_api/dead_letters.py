@@ -194,32 +194,44 @@ def record(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
     return letter_id
 
 
-def replay(conn: sa.Connection, letter_id: int, actor: str, policy: retention.Policy) -> str:
-    """Send a dead letter again; what was done (for the action row and the answer)."""
+def replay(
+    conn: sa.Connection, letter_id: int, actor: str, policy: retention.Policy, key: dict[str, str] | None = None
+) -> str:
+    """Send a dead letter again, for `actor` with the API key `key` (keys.Principal.acting); what was done (for
+    the action row and the answer)."""
     letter = _get(conn, letter_id)
     if letter.status == "discarded":
         raise errors.Conflict(f"dead letter {letter_id} was discarded", letter.status)
     detail = _republish(conn, letter) if letter.kind == "parked" else _send_back(conn, letter, policy)
-    repository.dead_letter_acted(conn, letter_id, "replay", actor, detail, status="replayed")
-    _note(conn, letter.pipeline_id, "dead_letter.replayed", dead_letter=letter_id, actor=actor, detail=detail)
+    repository.dead_letter_acted(conn, letter_id, "replay", actor, detail, status="replayed", key=key)
+    acting = {"actor_key": key} if key else {}
+    _note(conn, letter.pipeline_id, "dead_letter.replayed", dead_letter=letter_id, actor=actor, detail=detail, **acting)
     return detail
 
 
-def discard(conn: sa.Connection, letter_id: int, actor: str, reason: str) -> None:
+def discard(conn: sa.Connection, letter_id: int, actor: str, reason: str, key: dict[str, str] | None = None) -> None:
     letter = _get(conn, letter_id)
-    repository.dead_letter_acted(conn, letter_id, "discard", actor, reason, status="discarded")
-    _note(conn, letter.pipeline_id, "dead_letter.discarded", dead_letter=letter_id, actor=actor, detail=reason)
+    repository.dead_letter_acted(conn, letter_id, "discard", actor, reason, status="discarded", key=key)
+    acting = {"actor_key": key} if key else {}
+    _note(
+        conn, letter.pipeline_id, "dead_letter.discarded", dead_letter=letter_id, actor=actor, detail=reason, **acting
+    )
 
 
 def replay_matching(
-    conn: sa.Connection, filters: repository.LetterFilters, actor: str, limit: int, policy: retention.Policy
+    conn: sa.Connection,
+    filters: repository.LetterFilters,
+    actor: str,
+    limit: int,
+    policy: retention.Policy,
+    key: dict[str, str] | None = None,
 ) -> tuple[list[int], dict[int, str]]:
     """Replay every dead letter still `dead` that matches, up to `limit`: ids replayed, and why others were not."""
     replayed, refused = [], {}
     matching = dataclasses.replace(filters, status="dead")
     for letter in repository.dead_letters(conn, matching, before_id=None, limit=limit):
         try:
-            replay(conn, letter.id, actor, policy)
+            replay(conn, letter.id, actor, policy, key)
         except errors.GatewayError as error:
             refused[letter.id] = str(error)
         else:

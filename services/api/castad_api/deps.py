@@ -2,9 +2,9 @@
 
 Every route but the probes, `/metrics`, the providers' callbacks and the console's static files
 (console_routes.py) needs an API key (`Authorization: Bearer <key>`, see keys.py) with the route's
-scope (GET /v1/me: any): none or a wrong one is a 401, a missing scope a 403. A key sees only its
-tenant's pipelines (an admin key every tenant's); another tenant's pipeline is a 404, as if it did
-not exist.
+scope (GET /v1/me: any): none or a wrong one is a 401, a missing scope a 403, and a client address
+that failed too often a 429 (auth.py). A key sees only its tenant's pipelines (an admin key every
+tenant's); another tenant's pipeline is a 404, as if it did not exist.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from castad_contracts import api
-from castad_runtime import artifacts
+from castad_runtime import artifacts, health
 from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from castad_api import keys, notifications
+from castad_api import auth, disclosure, keyring, keys, notifications, stream_keys
 from castad_api import metrics as metrics_
 from castad_api import settings as settings_
 
@@ -30,6 +30,28 @@ class Gateway:
     notifications: notifications.PipelineNotifications
     store: artifacts.ArtifactStore
     metrics: metrics_.GatewayMetrics = dataclasses.field(default_factory=metrics_.GatewayMetrics)
+    auth: auth.Authenticator = dataclasses.field(init=False)
+    broker_check: health.KeptBroker = dataclasses.field(init=False)
+    stream_keys: stream_keys.StreamKeys = dataclasses.field(init=False)
+    keyring: keyring.Keyring = dataclasses.field(init=False)
+    readiness: dict[str, health.Check] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        limit = auth.FailureLimit(self.config.auth_failure_burst, self.config.auth_failures_per_s)
+        self.auth = auth.Authenticator(limit, lambda failure: self.metrics.auth_failures.labels(failure.value).inc())
+        config = self.config
+        self.keyring = keyring.Keyring(self.engine)
+        self.stream_keys = stream_keys.StreamKeys(self.engine, config.sse_streams_per_key, config.sse_key_check_s)
+        # Readiness on connections kept for it (the pool's, one to the broker), read at most every CACHE_S.
+        self.broker_check = health.KeptBroker(self.config.amqp_url)
+        self.readiness = {
+            "database": health.cached(health.pooled_database(self.engine)),
+            "rabbitmq": health.cached(self.broker_check),
+        }
+
+    def viewer(self, who: keys.Principal) -> disclosure.Viewer:
+        """What `who` is shown of the gateway's internals (all of it for an admin key)."""
+        return disclosure.Viewer(who.tenant_filter(), self.keyring)
 
 
 async def gateway(request: Request) -> Gateway:
@@ -43,6 +65,10 @@ GatewayDep = Annotated[Gateway, Depends(gateway)]
 AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": api.Problem, "description": "no API key, or an unknown or revoked one"},
     403: {"model": api.Problem, "description": "the API key lacks the scope"},
+    429: {
+        "model": api.Problem,
+        "description": "too many failed authentications from this client address: none is looked at before Retry-After",
+    },
 }
 UNREADABLE: dict[int | str, dict[str, Any]] = {400: {"model": api.Problem, "description": "a body that is not JSON"}}
 _bearer = HTTPBearer(auto_error=False, description="an API key (castad-admin keys create)")
@@ -53,21 +79,35 @@ def _caller(scope: keys.Scope | None) -> Any:
     """The caller of a route needing a valid key with `scope` (None: any valid key)."""
 
     def authorize(
-        gw: GatewayDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+        gw: GatewayDep,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> keys.Principal:
-        if credentials is None:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>", _CHALLENGE
-            )
-        with gw.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:  # no BEGIN, no ROLLBACK
-            principal = keys.authenticate(conn, credentials.credentials)
-        if principal is None:
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "the API key is unknown or revoked", _CHALLENGE)
+        address = request.client.host if request.client is not None else "unknown"
+        try:
+            token = credentials.credentials if credentials is not None else None
+            principal = gw.auth.authenticate(gw.engine, token, address)
+        except auth.Refused as refused:
+            raise _refusal(refused) from None
         if scope is not None and not principal.may(scope):
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"the API key lacks the scope {scope.value!r}")
         return principal
 
     return Depends(authorize)
+
+
+def _refusal(refused: auth.Refused) -> HTTPException:
+    if refused.failure is auth.Failure.THROTTLED:
+        return HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            "too many failed authentications from this address: try again later",
+            {"Retry-After": refused.retry_after()},
+        )
+    if refused.failure is auth.Failure.MISSING:
+        return HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>", _CHALLENGE
+        )
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, "the API key is unknown or revoked", _CHALLENGE)
 
 
 Caller = Annotated[keys.Principal, _caller(None)]
@@ -76,6 +116,7 @@ Submitter = Annotated[keys.Principal, SUBMIT_ONLY]
 Reader = Annotated[keys.Principal, _caller(keys.Scope.READ)]
 Operator = Annotated[keys.Principal, _caller(keys.Scope.OPERATE)]
 ADMIN_ONLY = _caller(keys.Scope.ADMIN)  # for a whole router
+Admin = Annotated[keys.Principal, ADMIN_ONLY]  # the same dependency: the key is read once
 Actor = Annotated[
     str,
     Header(
@@ -83,6 +124,6 @@ Actor = Annotated[
         min_length=1,
         max_length=200,
         pattern=r"^[\x20-\x7e]+$",
-        description="who acts (recorded with every operator action)",
+        description="who acts (recorded with every operator action, beside the id and name of the API key that acts)",
     ),
 ]

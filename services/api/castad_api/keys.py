@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import re
 import secrets
 import uuid
 
@@ -28,6 +29,7 @@ from castad_api import tables
 
 PREFIX = "cad_"
 SHOWN_CHARS = 12  # the start of a key, kept to tell keys apart in listings
+_FORM = re.compile(r"cad_[A-Za-z0-9_-]{40}")  # what `create` makes: PREFIX and token_urlsafe(30)
 
 
 class Scope(enum.StrEnum):
@@ -70,11 +72,20 @@ class Principal:
         """The tenant whose pipelines this caller sees; None: all of them."""
         return None if self.admin else self.tenant
 
+    def acting(self) -> dict[str, str]:
+        """The key as an operator action records it: its id and name, and its tenant (who may see them)."""
+        return {"id": str(self.key_id), "name": self.name, "tenant": self.tenant}
+
 
 @dataclasses.dataclass(frozen=True)
 class Made:
     key: str  # the whole key: shown once, never stored
     id: uuid.UUID
+
+
+def well_formed(key: str) -> bool:
+    """Whether `key` has the form of the keys this gateway makes (only such a key is worth a look-up)."""
+    return _FORM.fullmatch(key) is not None
 
 
 def digest(key: str) -> str:
@@ -113,12 +124,21 @@ RETURNING w.count, extract(epoch FROM w.window_start + interval '1 minute' - now
 
 
 def authenticate(conn: sa.Connection, key: str) -> Principal | None:
-    """The caller a key stands for; None for an unknown or revoked key."""
+    """The caller a key stands for; None for an unknown or revoked key (a malformed one is not looked up)."""
+    if not well_formed(key):
+        return None
     row = db.run(conn, _AUTHENTICATE, (digest(key),)).fetchone()
     if row is None:
         return None
     minute = Minute(row.created, float(row.left_s))
     return Principal(row.id, row.tenant, frozenset(Scope(s) for s in row.scopes), row.name, minute)
+
+
+def valid(conn: sa.Connection, key_id: uuid.UUID) -> bool:
+    """Whether the key is still there and not revoked (an open stream's key, looked at again)."""
+    k = tables.api_keys
+    found = conn.execute(sa.select(k.c.id).where(k.c.id == key_id, k.c.revoked_at.is_(None))).first()
+    return found is not None
 
 
 def listing(conn: sa.Connection, tenant: str | None = None) -> list[sa.Row]:

@@ -21,6 +21,7 @@ UNMATCHED = "unmatched"  # a path no route takes: its template is unknown, and t
 APPLIED = "applied"
 STALE = "stale"  # older than what the read model shows of its stage: ignored
 UNKNOWN_PIPELINE = "unknown_pipeline"  # a pipeline this gateway never accepted
+AUTH_FAILURES = ("missing", "malformed", "unknown", "throttled")  # castad_api.auth.Failure
 
 
 class GatewayMetrics:
@@ -53,6 +54,15 @@ class GatewayMetrics:
         self.streams = Gauge(
             "castad_sse_streams_open", "Event streams (Server-Sent Events) open now", registry=self.registry
         )
+        self.auth_failures = Counter(
+            "castad_api_auth_failures_total",
+            "Requests refused for their API key: missing, malformed, unknown (or revoked), or throttled (not looked"
+            " at: their client address failed too often)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in AUTH_FAILURES:
+            self.auth_failures.labels(reason)
 
     def answered(self, method: str, route: str, status: int, duration_s: float) -> None:
         method = method if method in METHODS else "other"

@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import uuid
+from typing import Any
 
 import sqlalchemy as sa
 from castad_contracts import api, events, topology
@@ -82,10 +83,16 @@ class Requested:
 
 
 def cancel(
-    conn: sa.Connection, pipeline_id: uuid.UUID, reason: str, actor: str, tenant: str | None = None
+    conn: sa.Connection,
+    pipeline_id: uuid.UUID,
+    reason: str,
+    actor: str,
+    tenant: str | None = None,
+    key: dict[str, str] | None = None,
 ) -> Requested:
-    """Ask every stage to stop the pipeline (of `tenant`, if given). Asking again is harmless; a pipeline
-    that ended is a Conflict."""
+    """Ask every stage to stop the pipeline (of `tenant`, if given), for `actor` with the API key `key`
+    (keys.Principal.acting; None: the gateway itself). Asking again is harmless; a pipeline that ended is a
+    Conflict."""
     pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status in (model.PipelineStatus.CANCELING, model.PipelineStatus.CANCELED):
@@ -110,6 +117,7 @@ def cancel(
         reason=reason,
         operation=operation,
         actor=actor,
+        **_acting(key),
     )
     return Requested(pipeline_id, status, operation)
 
@@ -121,8 +129,10 @@ def retry(
     policy: retention.Policy,
     actor: str,
     tenant: str | None = None,
+    key: dict[str, str] | None = None,
 ) -> tuple[Requested, events.Stage]:
-    """Resume a FAILED or CANCELED pipeline (of `tenant`, if given) at its first stage that did not succeed,
+    """Resume a FAILED or CANCELED pipeline (of `tenant`, if given; for `actor` with the API key `key`, as
+    `cancel`) at its first stage that did not succeed,
     with a fresh attempt budget there (and the pipeline a fresh deadline). Anything else is a Conflict, and
     so is a pipeline that ended so long ago that its stages' jobs or files may be deleted before the retry ends."""
     pipeline = _locked(conn, pipeline_id, tenant)
@@ -170,8 +180,14 @@ def retry(
         max_attempts=budgets,
         operation=operation,
         actor=actor,
+        **_acting(key),
     )
     return Requested(pipeline_id, status, operation), resume
+
+
+def _acting(key: dict[str, str] | None) -> dict[str, Any]:
+    """The acting key as a timeline entry keeps it (disclosure.Viewer shows it as actor_key_id and _name)."""
+    return {"actor_key": key} if key is not None else {}
 
 
 def cancel_overdue(conn: sa.Connection, limit: int = 100) -> int:

@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import deps, errors, keys, model, operations, repository, streams, timeline, webhooks
+from castad_api import deps, disclosure, errors, keys, model, operations, repository, streams, timeline, webhooks
 from castad_api.deps import Actor, Gateway, GatewayDep, Operator, Reader, Submitter
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,11 @@ def links(pipeline_id: str) -> api.Links:
         409: {"model": api.Problem, "description": "the Idempotency-Key was used with another body"},
         413: {"model": api.Problem},
         415: {"model": api.Problem},
-        429: {"model": api.Problem, "description": "the key made too many pipelines this minute (see Retry-After)"},
+        429: {
+            "model": api.Problem,
+            "description": "the key made too many pipelines this minute, or its client address failed authentication"
+            " too often (see Retry-After)",
+        },
     },
 )
 def create_pipeline(
@@ -83,6 +87,9 @@ def create_pipeline(
     """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike
     (an Idempotency-Key is the tenant's own: another tenant's same key makes another pipeline)."""
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
+    if body.callback_url and not refused:
+        with gw.engine.connect() as conn:
+            refused = webhooks.tenant_refusal(conn, who.tenant, gw.config)
     if refused:
         raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
     if who.minute.created >= gw.config.creations_per_minute:  # used up when the key was read: no work at all
@@ -126,7 +133,7 @@ def cancel_pipeline(
     202 and changes nothing. The status is CANCELING until every stage has answered, then CANCELED."""
     reason = (body or api.CancelRequest()).reason
     with db.transaction(gw.engine) as conn:
-        done = operations.cancel(conn, pipeline_id, reason, actor, who.tenant_filter())
+        done = operations.cancel(conn, pipeline_id, reason, actor, who.tenant_filter(), who.acting())
     return api.ActionAccepted(
         id=str(pipeline_id), status=done.status.value, operation=done.operation, links=links(str(pipeline_id))
     )
@@ -159,7 +166,7 @@ def retry_pipeline(
     overrides = (body or api.RetryRequest()).max_attempts
     with db.transaction(gw.engine) as conn:
         done, resume = operations.retry(
-            conn, pipeline_id, overrides, gw.config.retention_policy(), actor, who.tenant_filter()
+            conn, pipeline_id, overrides, gw.config.retention_policy(), actor, who.tenant_filter(), who.acting()
         )
     return api.ActionAccepted(
         id=str(pipeline_id),
@@ -207,7 +214,7 @@ def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDe
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
+def _view(row: Any, stage_rows: list[Any], viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.PipelineView:
     pid = str(row.id)
     by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}
     stages = []
@@ -223,7 +230,7 @@ def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
                 attempts=s.attempt if s else 0,
                 max_attempts=s.max_attempts if s else None,
                 last_error_code=s.last_error_code if s else None,
-                last_error_message=s.last_error_message if s else None,
+                last_error_message=viewer.error_message(s.last_error_code, s.last_error_message) if s else None,
                 next_attempt_at=s.next_attempt_at if s else None,
                 started_at=s.started_at if s else None,
                 finished_at=s.finished_at if s else None,
@@ -236,7 +243,7 @@ def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
         progress=row.progress,
         current_stage=row.current_stage,
         error_code=row.error_code,
-        error_message=row.error_message,
+        error_message=viewer.error_message(row.error_code, row.error_message),
         brief=row.brief,
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -250,19 +257,20 @@ def _view(row: Any, stage_rows: list[Any]) -> api.PipelineView:
     )
 
 
-def _load(gw: Gateway, pipeline_id: uuid.UUID, tenant: str | None) -> api.PipelineView:
-    """The pipeline as the API shows it; NotFound unless it is the tenant's (None: anyone's)."""
+def _load(gw: Gateway, pipeline_id: uuid.UUID, who: keys.Principal) -> api.PipelineView:
+    """The pipeline as the API shows it to `who`; NotFound unless it is its tenant's (an admin's: anyone's)."""
     with gw.engine.connect() as conn:
-        row = repository.get_pipeline(conn, pipeline_id, tenant)
+        row = repository.get_pipeline(conn, pipeline_id, who.tenant_filter())
         if row is None:
             raise errors.NotFound(f"no pipeline {pipeline_id}")
-        return _view(row, repository.get_stages(conn, [pipeline_id])[pipeline_id])
+        return _view(row, repository.get_stages(conn, [pipeline_id])[pipeline_id], gw.viewer(who))
 
 
 @router.get("/pipelines/{pipeline_id}", response_model=api.PipelineView, responses={404: {"model": api.Problem}})
 def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.PipelineView:
-    """Overall status and, per stage, status, attempts, last error, times and artifact."""
-    return _load(gw, pipeline_id, who.tenant_filter())
+    """Overall status and, per stage, status, attempts, last error, times and artifact (to a tenant's key, an
+    error as its code and the code's public message)."""
+    return _load(gw, pipeline_id, who)
 
 
 def _encode_cursor(row: Any) -> str:
@@ -305,7 +313,8 @@ def list_pipelines(
         page = rows[:limit]
         stage_rows = repository.get_stages(conn, [row.id for row in page])
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
-    return api.PipelinePage(items=[_view(row, stage_rows[row.id]) for row in page], next_cursor=next_cursor)
+    viewer = gw.viewer(who)
+    return api.PipelinePage(items=[_view(row, stage_rows[row.id], viewer) for row in page], next_cursor=next_cursor)
 
 
 def _search(q: str | None) -> str | uuid.UUID | None:
@@ -324,6 +333,7 @@ def _search(q: str | None) -> str | uuid.UUID | None:
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
         404: {"model": api.Problem},
+        **streams.TOO_MANY,
     },
 )
 async def pipeline_events(
@@ -332,28 +342,43 @@ async def pipeline_events(
     who: Reader,
     last_event_id: streams.LastEventId = None,
 ) -> EventSourceResponse:
-    """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable."""
+    """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable. Ends when
+    the pipeline ended and every entry was sent, or within seconds of its key's revocation; a key holds at most
+    CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
     after = streams.resumes_after(last_event_id) or 0
-    await run_in_threadpool(_load, gw, pipeline_id, who.tenant_filter())
-    read = functools.partial(_progress, gw.engine, pipeline_id)
-    return EventSourceResponse(streams.follow(gw, str(pipeline_id), read, after), ping=gw.config.sse_ping_s)
+    await run_in_threadpool(_load, gw, pipeline_id, who)
+    if after:
+        after = await run_in_threadpool(_resumable, gw.engine, pipeline_id, after)
+    read = functools.partial(_progress, gw.engine, pipeline_id, gw.viewer(who))
+    lease = streams.admit(gw, who)
+    return EventSourceResponse(streams.follow(gw, lease, str(pipeline_id), read, after), ping=gw.config.sse_ping_s)
 
 
-def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> streams.Batch[int]:
-    """The pipeline's entries after `after`; the stream ends once it ended and every entry was sent."""
+def _resumable(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> int:
+    """Where a resumed stream starts: after the entry numbered `after`, or from the start for an id beyond the
+    pipeline's entries, which its stream never sent (one from before entries were numbered per pipeline): the
+    client sees entries again rather than none."""
+    with engine.connect() as conn:
+        return after if after <= repository.count_entries(conn, pipeline_id) else 0
+
+
+def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, viewer: disclosure.Viewer, after: int) -> streams.Batch[int]:
+    """The pipeline's entries after the one numbered `after` (each event's id is its entry's number), as `viewer`
+    sees them; the stream ends once the pipeline ended and every entry was sent."""
+    pid = str(pipeline_id)
     with engine.connect() as conn:
         row = repository.get_pipeline(conn, pipeline_id)
         terminal = row is not None and model.PipelineStatus(row.status).terminal
         rows = repository.timeline_after(conn, pipeline_id, after)
     messages = [
         {
-            "id": str(row.seq),
+            "id": str(row.number),
             "event": "progress",
-            "data": json.dumps(timeline.public(str(pipeline_id), row.data), ensure_ascii=False),
+            "data": json.dumps(viewer.entry(pid, timeline.public(pid, row.data)), ensure_ascii=False),
         }
         for row in rows
     ]
-    return streams.Batch(messages, rows[-1].seq if rows else after, more=bool(rows), ended=terminal and not rows)
+    return streams.Batch(messages, rows[-1].number if rows else after, more=bool(rows), ended=terminal and not rows)
 
 
 DELETED: dict[int | str, dict[str, Any]] = {
@@ -419,7 +444,7 @@ def _serve(gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str
 )
 def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> list[api.WebhookDelivery]:
     """The notices sent to the brief's callback_url when the pipeline ended (once per ending), with every try."""
-    _load(gw, pipeline_id, who.tenant_filter())
+    _load(gw, pipeline_id, who)
     with gw.engine.connect() as conn:
         found = webhooks.deliveries(conn, pipeline_id)
     return [api.WebhookDelivery.model_validate({**d, "id": str(d["id"])}) for d in found]

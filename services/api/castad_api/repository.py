@@ -203,15 +203,30 @@ def append_timeline(
 ENTRY_TIME = sa.func.coalesce(timeline.c.occurred_at, timeline.c.created_at).label("time")
 
 
-def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after_seq: int, limit: int = 100) -> list[sa.Row[Any]]:
+# An entry's number among its pipeline's entries (1, 2, ...): what clients see as its `seq`. Stable: every
+# entry of a pipeline is written with the pipeline's row locked (the projection, the operators' requests, the
+# dead letters' notes), so they commit in the order of their seqs, and none is deleted but with all the others.
+NUMBER = sa.func.row_number().over(order_by=timeline.c.seq).label("number")
+
+
+def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limit: int = 100) -> list[sa.Row[Any]]:
+    """The pipeline's entries after the one numbered `after`, each with its `number` (and its `seq` in the whole
+    gateway, which is not shown to clients)."""
     return list(
         conn.execute(
-            sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME)
-            .where(timeline.c.pipeline_id == pipeline_id, timeline.c.seq > after_seq)
+            sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME, NUMBER)
+            .where(timeline.c.pipeline_id == pipeline_id)
             .order_by(timeline.c.seq)
+            .offset(after)
             .limit(limit)
         )
     )
+
+
+def count_entries(conn: sa.Connection, pipeline_id: uuid.UUID) -> int:
+    """How many entries the pipeline's timeline holds (the number of its newest)."""
+    counted = sa.select(sa.func.count()).select_from(timeline).where(timeline.c.pipeline_id == pipeline_id)
+    return int(conn.execute(counted).scalar_one())
 
 
 def newest_entry(conn: sa.Connection) -> int:
@@ -229,7 +244,8 @@ def entries_of_all(
 ) -> list[sa.Row[Any]]:
     """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`: whether it is
     the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step), and for
-    those its pipeline's tenant and customer. Every entry is returned, so that a gap in the seqs shows."""
+    those its pipeline's tenant and customer and the entry's number among its pipeline's entries. Every entry is
+    returned, so that a gap in the seqs shows."""
     scanned = (
         sa.select(timeline.c.seq, timeline.c.pipeline_id, timeline.c.event_type, timeline.c.data, ENTRY_TIME)
         .where(timeline.c.seq > after_seq)
@@ -244,11 +260,18 @@ def entries_of_all(
         matches.append(scanned.c.data["pipeline_status"].astext == status.value)
     if stage is not None:
         matches.append(scanned.c.data["step"].astext == stage.value)
+    earlier = timeline.alias("earlier")
+    number = (
+        sa.select(sa.func.count())
+        .where(earlier.c.pipeline_id == scanned.c.pipeline_id, earlier.c.seq <= scanned.c.seq)
+        .scalar_subquery()
+    )
     return list(
         conn.execute(
             sa.select(
                 scanned,
                 pipelines.c.id.is_not(None).label("shown"),
+                sa.case((pipelines.c.id.is_not(None), number)).label("number"),
                 pipelines.c.tenant,
                 pipelines.c.brief["customer_name"].astext.label("customer_name"),
                 pipelines.c.brief["region"].astext.label("region"),
@@ -383,9 +406,21 @@ def dead_letters(conn: sa.Connection, filters: LetterFilters, before_id: int | N
     return list(conn.execute(query))
 
 
-def dead_letter_acted(conn: sa.Connection, letter_id: int, action: str, actor: str, detail: str, status: str) -> None:
+def dead_letter_acted(
+    conn: sa.Connection,
+    letter_id: int,
+    action: str,
+    actor: str,
+    detail: str,
+    status: str,
+    key: dict[str, str] | None = None,
+) -> None:
+    """Record an action on a dead letter, by `actor` with the API key `key` (keys.Principal.acting)."""
+    acting = {"key_id": key["id"], "key_name": key["name"]} if key else {}
     conn.execute(
-        tables.dead_letter_actions.insert().values(dead_letter_id=letter_id, action=action, actor=actor, detail=detail)
+        tables.dead_letter_actions.insert().values(
+            dead_letter_id=letter_id, action=action, actor=actor, detail=detail, **acting
+        )
     )
     values: dict[str, Any] = {"status": status, "updated_at": sa.func.now()}
     if action == "replay":
@@ -416,7 +451,8 @@ VALUES (%s, %s, %s, %s, coalesce(%s, now()))
 # -- The projection's hot path, as plain SQL (castad_runtime.db.run): a few statements per event ------------
 
 _LOCK_PROJECTED = """
-SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url
+SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
+       tenant
 FROM pipelines WHERE id = %s FOR UPDATE
 """
 # Read once the pipeline is locked, by a statement of its own: a statement that waited for the lock still
@@ -432,7 +468,8 @@ WHERE pipeline_id = %s
 class Projected:
     """A pipeline locked for its projection, with what its stages have applied so far."""
 
-    # The row: id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url.
+    # The row: id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
+    # tenant.
     pipeline: Any
     stages: dict[events.Stage, dict[str, Any]]
 
@@ -470,7 +507,8 @@ def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | N
 
 
 _LOCK_ALL_PROJECTED = """
-SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url
+SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
+       tenant
 FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED
 """
 _ALL_PROJECTED_STAGES = """

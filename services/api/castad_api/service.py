@@ -3,6 +3,7 @@ dead letters, the sweeper of overdue pipelines, the deliverer of notices and ret
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 import signal
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator
 import typer
 import uvicorn
 from castad_contracts import events, topology
-from castad_runtime import artifacts, cli, consumer, db, links, messaging, process, telemetry
+from castad_runtime import artifacts, cli, consumer, db, health, links, messaging, process, telemetry
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry import trace
@@ -28,6 +29,7 @@ from castad_api import (
     notifications,
     projection,
     retention,
+    secret_commands,
     webhooks,
 )
 from castad_api import settings as settings_
@@ -71,6 +73,13 @@ def build(config: settings_.ApiSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        liveness = {
+            "event loop": health.loop_responsive(asyncio.get_running_loop()),
+            "consumer": health.threads_alive(worker.threads),
+        }
+        probes = app_.probe_server(gateway, liveness)
+        if probes is not None:
+            probes.start()
         gateway.notifications.start()
         for part in (worker, recorder, sweeper, deliverer, pruner):
             part.start()
@@ -78,9 +87,14 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         try:
             yield
         finally:
+            if probes is not None:
+                probes.stopping.set()
             for part in (pruner, deliverer, sweeper, recorder, worker):
                 part.stop()
             await gateway.notifications.stop()
+            if probes is not None:
+                probes.stop()
+            gateway.broker_check.close()
             projecting.dispose()
             engine.dispose()
 
@@ -105,13 +119,22 @@ def run(config: settings_.ApiSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        uvicorn.run(build(config), host=config.host, port=config.port, log_config=None, timeout_graceful_shutdown=5)
+        uvicorn.run(
+            build(config),
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            timeout_graceful_shutdown=5,
+            proxy_headers=True,
+            forwarded_allow_ips=config.forwarded_allow_ips,
+        )
     finally:
         telemetry.shutdown()
 
 
 app = cli.service_app("api", settings_.ApiSettings, run, MIGRATIONS)
 app.add_typer(key_commands.app, name="keys")
+app.add_typer(secret_commands.app, name="webhook-secrets")
 
 
 @app.command("link-secrets")

@@ -11,7 +11,7 @@ from castad_runtime import settings
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_api import retention
+from castad_api import retention, webhook_secrets
 
 
 class ApiSettings(settings.StoreSettings):
@@ -25,15 +25,55 @@ class ApiSettings(settings.StoreSettings):
     outbox_relay_role: settings.OutboxRelayRole = None
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
+    health_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="serve /healthz, /readyz and /metrics on this port and not on CASTAD_API_PORT, as the stages"
+        " serve theirs; unset: on CASTAD_API_PORT",
+    )
     max_body_bytes: int = Field(default=16_384, ge=1024, description="larger request bodies get 413")
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
+    sse_key_check_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="an open event stream's key is looked at again this often: a revoked key's streams end within"
+        " it (and CASTAD_API_SSE_POLL_S)",
+    )
+    sse_streams_per_key: int = Field(
+        default=10,
+        ge=1,
+        description="event streams one API key may hold open at once on one gateway process (more: 429 with"
+        " Retry-After)",
+    )
+    sse_resume_max_entries: int = Field(
+        default=10_000,
+        ge=1,
+        description="the stream of every pipeline resumed with a Last-Event-ID further back than this many timeline"
+        " entries (of every tenant) resumes this many entries back instead",
+    )
     consumer_threads: int = Field(
         default=32,
         ge=1,
         le=64,
         description="Dramatiq threads projecting events, each holding one: the events that come while one is"
         " projected wait and are projected together, so the threads bound how many go in one transaction (32 at most)",
+    )
+    auth_failure_burst: int = Field(
+        default=30,
+        ge=1,
+        description="failed authentications a client address may make at once; then CASTAD_API_AUTH_FAILURES_PER_S"
+        " more a second. Beyond that, its requests get 429 with Retry-After before any key is looked at",
+    )
+    auth_failures_per_s: float = Field(
+        default=0.5, gt=0, description="how fast a client address earns back a failed authentication"
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        description="proxies (comma-separated addresses, or *) whose X-Forwarded-For names the client: the limit of"
+        " failed authentications counts per client address",
     )
     creations_per_minute: int = Field(
         default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"
@@ -48,10 +88,18 @@ class ApiSettings(settings.StoreSettings):
         ge=1024,
         description="a dead letter's body is kept up to this size (a longer one cannot be replayed)",
     )
+    webhook_secrets_key: SecretStr | None = Field(
+        default=None,
+        description="the key (base64 of 32 random bytes: openssl rand -base64 32) that seals each tenant's webhook"
+        " secrets in the gateway's database (castad-admin webhook-secrets); the gateway and that command need the"
+        " same one. Unset: no notices are sent, and a brief with a callback_url is refused",
+    )
     webhook_secret: SecretStr | None = Field(
         default=None,
-        description="the Standard Webhooks secret (whsec_ and base64) that signs notices to a brief's callback_url;"
-        " unset: a brief with a callback_url is refused",
+        description="deprecated, only a migration aid: a secret shared by every tenant (whsec_ and base64) that"
+        " signs every notice besides the tenant's own, so that receivers still verifying with it keep working"
+        " while each moves to its tenant's secret. Any tenant holding it can forge notices to a receiver that"
+        " accepts it: unset it once they have moved",
     )
     webhook_allow_private: bool = Field(
         default=False,
@@ -149,6 +197,13 @@ class ApiSettings(settings.StoreSettings):
             fields = set()
         if not value.startswith(("http://", "https://")) or fields != {("trace_id", "", None)}:
             raise ValueError("must be an http(s) URL with {trace_id} where the trace id goes, and no other {...}")
+        return value
+
+    @field_validator("webhook_secrets_key")
+    @classmethod
+    def _sealing_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            webhook_secrets.decode_key(value.get_secret_value())
         return value
 
     @field_validator("webhook_secret")

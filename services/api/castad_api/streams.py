@@ -1,5 +1,6 @@
 """Server-Sent Events that follow timelines: woken by the projection's NOTIFY, read again every
-CASTAD_API_SSE_POLL_S without one, and kept open through an outage of the gateway's database."""
+CASTAD_API_SSE_POLL_S without one, and kept open through an outage of the gateway's database; each held
+by its API key's place (stream_keys.py), ended once that key is revoked."""
 
 from __future__ import annotations
 
@@ -10,16 +11,36 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Generic, TypeVar
 
+from castad_contracts import api
 from castad_runtime import outages
-from fastapi import Header
+from fastapi import Header, HTTPException, status
 from fastapi.concurrency import run_in_threadpool
 
-from castad_api import deps, errors
+from castad_api import deps, errors, keys, stream_keys
 
 Cursor = TypeVar("Cursor")
 LastEventId = Annotated[
     str | None, Header(alias="Last-Event-ID", description="resume after the event of this id (one this stream sent)")
 ]
+TOO_MANY: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": api.Problem,
+        "description": "the key holds as many event streams open as it may (CASTAD_API_SSE_STREAMS_PER_KEY; see"
+        " Retry-After), or its client address failed authentication too often",
+    }
+}
+
+
+def admit(gw: deps.Gateway, who: keys.Principal) -> stream_keys.Lease:
+    """A place for one more stream of the caller's key; a 429 with Retry-After beyond its cap."""
+    try:
+        return gw.stream_keys.admit(who.key_id)
+    except stream_keys.TooMany:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"this key holds {gw.config.sse_streams_per_key} event streams open already: close one",
+            {"Retry-After": str(stream_keys.RETRY_AFTER_S)},
+        ) from None
 
 
 def resumes_after(last_event_id: str | None) -> int | None:
@@ -42,23 +63,42 @@ class Batch(Generic[Cursor]):
     ended: bool = False  # nothing more will come: close the stream
 
 
-async def follow(
+def follow(
     gw: deps.Gateway,
+    lease: stream_keys.Lease,
     subscription: str,
     read: Callable[[Cursor], Batch[Cursor]],
     cursor: Cursor,
     lifetime_s: float | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Send what `read` finds from `cursor` on, reading again when `subscription` (a pipeline id, or
-    notifications.EVERY_PIPELINE) is notified; until a batch says it ended or `lifetime_s` is over. Counted
-    among the open streams (castad_sse_streams_open) meanwhile."""
-    with gw.metrics.streams.track_inprogress():
-        async for message in _follow(gw, subscription, read, cursor, lifetime_s):
-            yield message
+    notifications.EVERY_PIPELINE) is notified; until a batch says it ended, `lifetime_s` is over or the key
+    that holds `lease` is revoked. Counted among the open streams (castad_sse_streams_open) meanwhile; the
+    lease is given back at its end (or once it is freed, if it never began)."""
+    stream = _held(gw, lease, subscription, read, cursor, lifetime_s)
+    lease.bind(stream)
+    return stream
+
+
+async def _held(
+    gw: deps.Gateway,
+    lease: stream_keys.Lease,
+    subscription: str,
+    read: Callable[[Cursor], Batch[Cursor]],
+    cursor: Cursor,
+    lifetime_s: float | None,
+) -> AsyncIterator[dict[str, Any]]:
+    try:
+        with gw.metrics.streams.track_inprogress():
+            async for message in _follow(gw, lease, subscription, read, cursor, lifetime_s):
+                yield message
+    finally:
+        lease.release()
 
 
 async def _follow(
     gw: deps.Gateway,
+    lease: stream_keys.Lease,
     subscription: str,
     read: Callable[[Cursor], Batch[Cursor]],
     cursor: Cursor,
@@ -67,6 +107,8 @@ async def _follow(
     loop = asyncio.get_running_loop()
     closes_at = None if lifetime_s is None else loop.time() + lifetime_s
     while closes_at is None or loop.time() < closes_at:
+        if not await gw.stream_keys.valid(lease.key_id):
+            return  # revoked: the stream ends (a client that reconnects with it gets a 401)
         # Subscribed before the read, so that a projection committed after it still wakes the wait.
         with gw.notifications.subscribe(subscription) as grown:
             try:

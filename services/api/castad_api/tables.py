@@ -181,7 +181,19 @@ dead_letter_actions = sa.Table(
     sa.Column("actor", sa.Text, nullable=False),
     sa.Column("detail", sa.Text, nullable=False),  # what was done, or the reason given
     sa.Column("at", TZ, nullable=False, server_default=sa.func.now()),
+    # The API key that acted, as it was then (null: recorded before keys were), besides the actor it named.
+    sa.Column("key_id", pg.UUID(as_uuid=True)),
+    sa.Column("key_name", sa.Text),
     sa.Index("dead_letter_actions_by_letter", "dead_letter_id", "id"),
+)
+
+# Keys the gateway makes for itself, the same for every replica (keyring.py).
+gateway_keys = sa.Table(
+    "gateway_keys",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("secret", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
 )
 
 # Notices to a brief's callback_url when its pipeline ends, delivered by the gateway itself (webhooks.py).
@@ -201,6 +213,18 @@ webhook_deliveries = sa.Table(
     sa.Column("finished_at", TZ),
     sa.Index("webhook_deliveries_due", "due_at", postgresql_where=sa.text("status = 'pending'")),
     sa.Index("webhook_deliveries_by_pipeline", "pipeline_id", "created_at"),
+)
+
+# Each tenant's Standard Webhooks secrets, sealed (webhook_secrets.py): valid until expires_at (null: until rotated).
+webhook_secrets = sa.Table(
+    "webhook_secrets",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("sealed", sa.LargeBinary, nullable=False),  # AES-256-GCM: nonce, then ciphertext and tag
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("expires_at", TZ),
+    sa.Index("webhook_secrets_by_tenant", "tenant", "created_at"),
 )
 
 webhook_attempts = sa.Table(

@@ -1,6 +1,7 @@
 """A pipeline's timeline as clients see it: entries with artifacts by their gateway links (never by where
-they are kept), attempts with their durations, the operators' actions, and the stream of every pipeline's
-entries, which waits for a gap in the entries' numbers to fill before it goes past it."""
+they are kept), numbered among their pipeline's entries, attempts with their durations, the operators'
+actions, each as its viewer may see it (disclosure.py), and the stream of every pipeline's entries, which
+waits for a gap in the entries' numbers to fill before it goes past it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import dataclasses
 from typing import Any
 
 from castad_contracts import api, events
+
+from castad_api import disclosure
 
 ACTIONS = ("cancel_requested", "retry_requested", "dead_letter_replayed", "dead_letter_discarded")
 RUNNING = "running"  # the outcome shown for an attempt that has not ended
@@ -26,13 +29,13 @@ def public(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def entry(pipeline_id: str, row: Any) -> dict[str, Any]:
-    """The fields of an api.TimelineEntry from a row of the timeline (seq, event_type, data, time)."""
-    shown = public(pipeline_id, row.data)
+def entry(pipeline_id: str, row: Any, viewer: disclosure.Viewer = disclosure.INTERNAL) -> dict[str, Any]:
+    """The fields of an api.TimelineEntry from a row of the timeline (number, event_type, data, time)."""
+    shown = viewer.entry(pipeline_id, public(pipeline_id, row.data))
     budget = shown.pop("max_attempts", None)  # a retrying's last attempt, or a retry's budgets per stage
     return {
         **shown,
-        "seq": row.seq,
+        "seq": row.number,
         "time": row.time,
         "event_type": row.event_type,
         "max_attempts": budget if isinstance(budget, int) else None,
@@ -40,12 +43,19 @@ def entry(pipeline_id: str, row: Any) -> dict[str, Any]:
     }
 
 
-def attempt(row: Any) -> api.AttemptView:
+def attempt(row: Any, viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.AttemptView:
     """An attempt from its row of pipeline_attempts, with its duration once it ended."""
     duration = None
     if row.started_at is not None and row.ended_at is not None:
         duration = (row.ended_at - row.started_at).total_seconds()
-    return api.AttemptView.model_validate({**row._mapping, "duration_s": duration, "outcome": row.outcome or RUNNING})
+    shown = {
+        **row._mapping,
+        "worker": viewer.worker(str(row.pipeline_id), row.worker),
+        "error_message": viewer.error_message(row.error_code, row.error_message),
+        "duration_s": duration,
+        "outcome": row.outcome or RUNNING,
+    }
+    return api.AttemptView.model_validate(shown)
 
 
 def action(shown: api.TimelineEntry) -> api.OperatorAction | None:
@@ -62,33 +72,39 @@ def trace_url(template: str | None, trace_id: str | None) -> str | None:
 
 
 def build(
-    pipeline: Any, rows: list[Any], attempts: list[Any], more: bool, template: str | None, links: api.Links
+    pipeline: Any,
+    rows: list[Any],
+    attempts: list[Any],
+    more: bool,
+    template: str | None,
+    links: api.Links,
+    viewer: disclosure.Viewer = disclosure.INTERNAL,
 ) -> api.PipelineTimeline:
-    """The timeline from a page of its entries (`rows`, by seq). Entries are numbered as the gateway learns of
-    them, and events of different stages reach it in any order (the next stage may tell of its start before
+    """The timeline from a page of its entries (`rows`, by number). Entries are numbered as the gateway learns
+    of them, and events of different stages reach it in any order (the next stage may tell of its start before
     the previous one's end is applied): they are shown by the time each happened, seq breaking ties."""
     pipeline_id = str(pipeline.id)
-    entries = [api.TimelineEntry.model_validate(entry(pipeline_id, row)) for row in rows]
+    entries = [api.TimelineEntry.model_validate(entry(pipeline_id, row, viewer)) for row in rows]
     entries.sort(key=lambda shown: (shown.time, shown.seq))
     return api.PipelineTimeline(
         id=pipeline_id,
         status=pipeline.status,
         trace_id=pipeline.trace_id,
-        trace_url=trace_url(template, pipeline.trace_id),
+        trace_url=viewer.trace_url(trace_url(template, pipeline.trace_id)),
         entries=entries,
-        next_after=rows[-1].seq if more and rows else None,
-        attempts=[attempt(row) for row in attempts],
+        next_after=rows[-1].number if more and rows else None,
+        attempts=[attempt(row, viewer) for row in attempts],
         actions=[done for done in map(action, entries) if done is not None],
         links=links,
     )
 
 
-def firehose_entry(row: Any) -> api.FirehoseEntry:
+def firehose_entry(row: Any, viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.FirehoseEntry:
     """An entry of the stream of every pipeline (a row of repository.entries_of_all)."""
     pipeline_id = str(row.pipeline_id)
     return api.FirehoseEntry.model_validate(
         {
-            **entry(pipeline_id, row),
+            **entry(pipeline_id, row, viewer),
             "pipeline_id": pipeline_id,
             "tenant": row.tenant,
             "customer_name": row.customer_name,

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import deps, errors, model, notifications, pipeline_routes, repository, streams, timeline
+from castad_api import deps, disclosure, errors, model, notifications, pipeline_routes, repository, streams, timeline
 from castad_api.deps import GatewayDep, Reader
 
 router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
@@ -30,13 +30,17 @@ def pipeline_timeline(
     pipeline_id: uuid.UUID,
     gw: GatewayDep,
     who: Reader,
-    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="only the entries after this seq")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=2**63 - 1, description="only the entries after the one of this seq (its number)")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000, description="at most this many entries")] = 1000,
 ) -> api.PipelineTimeline:
     """Everything that happened to the pipeline, in order and at the time it happened: each stage's events,
     the operators' actions (cancel, retry, dead-letter replays and discards), dead letters about it. With
     every attempt (its worker, duration, outcome, error), the actions on their own, and the pipeline's
-    trace id and its link to a trace viewer (CASTAD_API_TRACE_URL)."""
+    trace id and its link to a trace viewer (CASTAD_API_TRACE_URL). Entries are numbered among the pipeline's
+    own (`seq`). To a tenant's key: a worker as an opaque id, an error as its code and public message, a dead
+    letter without its reason, no trace link (disclosure.py)."""
     with gw.engine.connect() as conn:
         pipeline = repository.get_pipeline(conn, pipeline_id, who.tenant_filter())
         if pipeline is None:
@@ -44,14 +48,15 @@ def pipeline_timeline(
         rows = repository.timeline_after(conn, pipeline_id, after, limit + 1)
         attempts = repository.pipeline_attempts(conn, pipeline_id)
     links = pipeline_routes.links(str(pipeline_id))
-    return timeline.build(pipeline, rows[:limit], attempts, len(rows) > limit, gw.config.trace_url, links)
+    more = len(rows) > limit
+    return timeline.build(pipeline, rows[:limit], attempts, more, gw.config.trace_url, links, gw.viewer(who))
 
 
 @router.get(
     "/events",
     response_class=EventSourceResponse,
     tags=["events"],
-    responses={200: {"content": {"text/event-stream": {}}, "description": "the event stream"}},
+    responses={200: {"content": {"text/event-stream": {}}, "description": "the event stream"}, **streams.TOO_MANY},
 )
 async def every_pipeline_events(
     gw: GatewayDep,
@@ -65,14 +70,21 @@ async def every_pipeline_events(
     """Server-Sent Events: the timeline entries of every pipeline (a key's tenant's; an admin's: everyone's) as
     they are written, each as on a pipeline's timeline plus its pipeline's id, tenant, customer name and
     region (event `entry`, data api.FirehoseEntry). Starts after the newest entry, or after Last-Event-ID
-    (each event's id is its entry's seq). Keep-alive comments; closed after CASTAD_API_FIREHOSE_MAX_S, when
-    a client reconnects with Last-Event-ID and loses nothing."""
-    after = streams.resumes_after(last_event_id)
-    if after is None:
-        after = await run_in_threadpool(_newest, gw.engine)
-    read = functools.partial(entries_after, gw.engine, who.tenant_filter(), status_, stage)
+    (each event's id is a cursor of this stream: to an admin key the entry's place among all of the gateway's,
+    to a tenant's an opaque one), at most CASTAD_API_SSE_RESUME_MAX_ENTRIES entries (of every tenant) back.
+    Keep-alive comments; closed after CASTAD_API_FIREHOSE_MAX_S, when a client reconnects with Last-Event-ID
+    and loses nothing, or within seconds of its key's revocation. A key holds at most
+    CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
+    viewer = gw.viewer(who)
+    resumed = await run_in_threadpool(viewer.resumes_after, last_event_id)  # a tenant's: with the keyring
+    newest = await run_in_threadpool(_newest, gw.engine)
+    after = newest if resumed is None else max(resumed, newest - gw.config.sse_resume_max_entries)
+    read = functools.partial(entries_after, gw.engine, viewer, status_, stage)
+    lease = streams.admit(gw, who)
     return EventSourceResponse(
-        streams.follow(gw, notifications.EVERY_PIPELINE, read, timeline.Position(after), gw.config.firehose_max_s),
+        streams.follow(
+            gw, lease, notifications.EVERY_PIPELINE, read, timeline.Position(after), gw.config.firehose_max_s
+        ),
         ping=gw.config.sse_ping_s,
     )
 
@@ -84,18 +96,18 @@ def _newest(engine: sa.Engine) -> int:
 
 def entries_after(
     engine: sa.Engine,
-    tenant: str | None,
+    viewer: disclosure.Viewer,
     status: model.PipelineStatus | None,
     stage: events.Stage | None,
     position: timeline.Position,
 ) -> streams.Batch[timeline.Position]:
-    """The stream's next read: the tenant's entries (None: everyone's) matching the filters, from `position`
-    up to the first gap in the entries' seqs still waited for."""
+    """The stream's next read: the viewer's tenant's entries (an admin's: everyone's) matching the filters, from
+    `position` up to the first gap in the entries' seqs still waited for."""
     with engine.connect() as conn:
-        rows = repository.entries_of_all(conn, position.after, SCAN, tenant, status, stage)
+        rows = repository.entries_of_all(conn, position.after, SCAN, viewer.tenant, status, stage)
     settled = timeline.settle(position, [row.seq for row in rows], time.monotonic(), GAP_WAIT_S)
     messages = [
-        {"id": str(row.seq), "event": "entry", "data": timeline.firehose_entry(row).model_dump_json()}
+        {"id": viewer.cursor(row.seq), "event": "entry", "data": timeline.firehose_entry(row, viewer).model_dump_json()}
         for row in rows
         if row.shown and row.seq <= settled.after
     ]

@@ -4,8 +4,9 @@ When the projection moves a pipeline to SUCCEEDED, FAILED or CANCELED, it adds a
 row in the same transaction (`enqueue`): a notice is never lost and never made twice for one
 ending. The gateway wakes its own due deliveries (`Deliverer`): it POSTs the notice with the
 `webhook-id` (the same on every try), `webhook-timestamp` and `webhook-signature` headers
-(HMAC-SHA256 with the `whsec_` secret, https://www.standardwebhooks.com/), records every try,
-and tries again with a capped backoff until a 2xx answer or the last try.
+(HMAC-SHA256 with each valid `whsec_` secret of the pipeline's tenant, webhook_secrets.py,
+https://www.standardwebhooks.com/), records every try, and tries again with a capped backoff
+until a 2xx answer or the last try. The notice names its tenant.
 
 A notice goes through the guarded client (castad_runtime.outbound): to an https URL, never to a
 private, loopback, link-local or otherwise non-public address (the host is resolved, every address
@@ -31,6 +32,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -41,9 +43,9 @@ from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from castad_api import model
+from castad_api import model, webhook_secrets
 from castad_api.settings import ApiSettings
-from castad_api.tables import webhook_attempts, webhook_deliveries
+from castad_api.tables import pipelines, webhook_attempts, webhook_deliveries
 
 log = logging.getLogger(__name__)
 BATCH = 10
@@ -58,13 +60,20 @@ def event_type(status: model.PipelineStatus) -> str:
 
 def refusal(url: str, config: ApiSettings) -> str | None:
     """Why a brief's callback_url cannot be accepted now (before any DNS lookup), or None."""
-    if config.webhook_secret is None:
-        return "this gateway sends no notices: CASTAD_API_WEBHOOK_SECRET is not set"
+    if config.webhook_secrets_key is None and config.webhook_secret is None:
+        return "this gateway sends no notices: CASTAD_API_WEBHOOK_SECRETS_KEY is not set"
     try:
         outbound.check_url(url, config.webhook_allow_private)
     except outbound.Refused as error:
         return f"must be an https URL of a public address ({error})"
     return None  # a name: checked once resolved, at delivery
+
+
+def tenant_refusal(conn: sa.Connection, tenant: str, config: ApiSettings) -> str | None:
+    """Why the tenant's notices cannot be signed (it has no secret of its own, and none is shared), or None."""
+    if config.webhook_secret is not None or webhook_secrets.has_valid(conn, tenant):
+        return None
+    return f"tenant {tenant!r} has no webhook secret: castad-admin webhook-secrets create --tenant {tenant}"
 
 
 _ENQUEUE = "INSERT INTO webhook_deliveries (id, pipeline_id, url, event_type, payload) VALUES (%s, %s, %s, %s, %s)"
@@ -81,6 +90,7 @@ def enqueue(
     ended = event_type(status)
     data = {
         "id": pipeline_id,
+        "tenant": pipeline.tenant,
         "status": status.value,
         "error_code": error_code if status is not model.PipelineStatus.SUCCEEDED else None,
         "artifacts": {
@@ -94,10 +104,15 @@ def enqueue(
 
 
 def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
-    """The `webhook-signature` header: `v1,` and the base64 HMAC-SHA256 of `id.timestamp.body`."""
+    """A signature: `v1,` and the base64 HMAC-SHA256 of `id.timestamp.body`."""
     key = base64.b64decode(secret.removeprefix("whsec_"))
     mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
     return f"v1,{base64.b64encode(mac).decode()}"
+
+
+def signatures(secrets: Sequence[str], message_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` header: a signature with each secret, space-separated (a rotation's overlap)."""
+    return " ".join(sign(secret, message_id, timestamp, body) for secret in secrets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +124,7 @@ class Due:
     url: str
     payload: dict[str, Any]
     attempts: int
+    tenant: str = ""  # whose secrets sign it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +143,7 @@ class Sender:
 
     Connections are not kept: a receiver gets one notice now and then, not a stream of them."""
 
-    def __init__(self, secret: str, allow_private: bool, timeout_s: float, transport: Any = None) -> None:
-        self._secret = secret
+    def __init__(self, allow_private: bool, timeout_s: float, transport: Any = None) -> None:
         self._timeout_s = timeout_s
         self.deadline_s = 2 * timeout_s + 5  # the name's lookup, the connection, the answer: shorter than a lease
         self._client = outbound.Client(
@@ -138,27 +153,27 @@ class Sender:
     def close(self) -> None:
         self._client.close()
 
-    def send(self, message_id: str, url: str, body: bytes) -> Outcome:
-        """One try. A receiver (or its name server) slower than the deadline is a failed try: the call
-        is left to end by its own timeouts while the deliverer goes on."""
+    def send(self, message_id: str, url: str, body: bytes, secrets: Sequence[str]) -> Outcome:
+        """One try, signed with each of `secrets`. A receiver (or its name server) slower than the deadline is a
+        failed try: the call is left to end by its own timeouts while the deliverer goes on."""
         watch = cancellation.Cancellation()
         timer = threading.Timer(self.deadline_s, watch.cancel, args=(cancellation.Reason.TIMEOUT,))
         timer.start()
         try:
-            return watch.call(lambda: self._send(message_id, url, body))
+            return watch.call(lambda: self._send(message_id, url, body, secrets))
         except cancellation.Cancelled:
             return Outcome(error=f"no answer within {self.deadline_s:g} s")
         finally:
             timer.cancel()
 
-    def _send(self, message_id: str, url: str, body: bytes) -> Outcome:
+    def _send(self, message_id: str, url: str, body: bytes, secrets: Sequence[str]) -> Outcome:
         timestamp = int(time.time())
         headers = {
             "content-type": "application/json",
             "user-agent": "castad-webhooks",
             "webhook-id": message_id,
             "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(self._secret, message_id, timestamp, body),
+            "webhook-signature": signatures(secrets, message_id, timestamp, body),
         }
         try:
             with self._client.stream("POST", url, content=body, headers=headers) as response:
@@ -182,14 +197,21 @@ class Deliverer:
     def __init__(self, engine: sa.Engine, config: ApiSettings, sender: Sender | None = None) -> None:
         self.engine = engine
         self.config = config
-        secret = config.webhook_secret.get_secret_value() if config.webhook_secret else ""
-        self.sender = sender or Sender(secret, config.webhook_allow_private, config.webhook_timeout_s)
+        key = config.webhook_secrets_key
+        self.sealer = webhook_secrets.Sealer.of(key.get_secret_value()) if key is not None else None
+        self.shared = [config.webhook_secret.get_secret_value()] if config.webhook_secret is not None else []
+        self.sender = sender or Sender(config.webhook_allow_private, config.webhook_timeout_s)
         self._rng = random.Random()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="webhooks", daemon=True)
 
     def start(self) -> None:
         if self.config.webhook_secret is not None:
+            log.warning(
+                "CASTAD_API_WEBHOOK_SECRET is set: every notice is also signed with a secret every tenant may hold;"
+                " unset it once receivers verify with their tenant's own (castad-admin webhook-secrets)"
+            )
+        if self.sealer is not None or self.shared:
             self._thread.start()
 
     def stop(self) -> None:
@@ -203,26 +225,49 @@ class Deliverer:
         for tried in range(BATCH):
             with db.transaction(self.engine) as conn:
                 delivery = self._claim(conn)
+                signing = self._secrets(conn, delivery.tenant) if delivery is not None else []
             if delivery is None:
                 return tried
             body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
             started = dt.datetime.now(dt.UTC)
             clock = time.monotonic()
-            outcome = self.sender.send(str(delivery.id), delivery.url, body)
+            if isinstance(signing, str):  # nothing to sign with: a failed try, tried again (a secret may come)
+                outcome = Outcome(error=signing)
+            else:
+                outcome = self.sender.send(str(delivery.id), delivery.url, body, signing)
             elapsed_ms = round((time.monotonic() - clock) * 1000)
             with db.transaction(self.engine) as conn:
                 self._record(conn, delivery, outcome, started, elapsed_ms)
         return BATCH
 
+    def _secrets(self, conn: sa.Connection, tenant: str) -> list[str] | str:
+        """The secrets that sign a notice of `tenant` (its own, newest first, then the shared one), or why
+        there are none."""
+        own: list[str] = []
+        if self.sealer is not None:
+            try:
+                own = webhook_secrets.signing(conn, self.sealer, tenant)
+            except webhook_secrets.Unreadable as error:
+                log.error(
+                    "cannot sign a notice: %s (is CASTAD_API_WEBHOOK_SECRETS_KEY the one it was made with?)", error
+                )
+                return f"cannot sign: a webhook secret of tenant {tenant!r} does not open with this gateway's key"
+        if not own and not self.shared:
+            return (
+                f"tenant {tenant!r} has no valid webhook secret: castad-admin webhook-secrets create --tenant {tenant}"
+            )
+        return own + self.shared
+
     def _claim(self, conn: sa.Connection) -> Due | None:
         """The most overdue notice, counted as tried and due again after a lease longer than a try (so that no
         other replica takes it meanwhile, and a gateway that dies mid-try leaves it to be tried again)."""
         row = conn.execute(
-            sa.select(webhook_deliveries)
+            sa.select(webhook_deliveries, pipelines.c.tenant)
+            .outerjoin(pipelines, pipelines.c.id == webhook_deliveries.c.pipeline_id)
             .where(webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= sa.func.now())
             .order_by(webhook_deliveries.c.due_at)
             .limit(1)
-            .with_for_update(skip_locked=True)
+            .with_for_update(of=webhook_deliveries, skip_locked=True)
         ).first()
         if row is None:
             return None
@@ -241,7 +286,7 @@ class Deliverer:
             .where(webhook_deliveries.c.id == row.id)
             .values(attempts=row.attempts + 1, due_at=sa.func.now() + lease)
         )
-        return Due(row.id, row.pipeline_id, row.url, row.payload, row.attempts + 1)
+        return Due(row.id, row.pipeline_id, row.url, row.payload, row.attempts + 1, row.tenant or "")
 
     def _record(self, conn: sa.Connection, delivery: Due, outcome: Outcome, started: dt.datetime, ms: int) -> None:
         error = outcome.error or (None if outcome.delivered else f"answered {outcome.status_code}")

@@ -122,7 +122,7 @@ export function detail(root, { arg: id, may }) {
       h("pre", { class: "body" }, JSON.stringify(letter.headers, null, 2)),
       h("h2", {}, t("letters.actions")),
       letter.actions.length
-        ? h("ul", { "data-testid": "letter-actions" }, letter.actions.map((a) => h("li", {}, `${format.dateTime(a.at)} · ${a.action} · ${a.actor} · ${a.detail}`)))
+        ? h("ul", { "data-testid": "letter-actions" }, letter.actions.map((a) => h("li", {}, `${format.dateTime(a.at)} · ${a.action} · ${a.actor}${a.key_name ? ` (${a.key_name})` : ""} · ${a.detail}`)))
         : h("p", {}, t("letters.no_actions")),
     );
   }

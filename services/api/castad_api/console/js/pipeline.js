@@ -177,7 +177,7 @@ export function render(root, { arg: id, may }) {
   function entryDetail(entry) {
     const parts = [];
     if (entry.error) parts.push(errorText(entry.error.code, entry.error.message));
-    if (entry.actor) parts.push(t("pipeline.by", { actor: entry.actor }));
+    if (entry.actor) parts.push(t("pipeline.by", { actor: entry.actor_key_name ? `${entry.actor} (${entry.actor_key_name})` : entry.actor }));
     if (entry.reason) parts.push(entry.reason);
     if (entry.resume) parts.push(t("pipeline.resumes_at", { stage: t(`stage.${entry.resume}`) }));
     if (entry.detail) parts.push(entry.detail);

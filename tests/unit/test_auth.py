@@ -1,0 +1,55 @@
+"""The limit of failed authentications per client address (a token bucket) and the memory of unknown keys,
+on a clock of the tests' own."""
+
+from __future__ import annotations
+
+import secrets
+
+from castad_api import auth, keys
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_address_may_fail_its_burst_then_earns_a_try_back_at_its_rate():
+    clock = Clock()
+    limit = auth.FailureLimit(burst=2, per_s=0.5, clock=clock)
+
+    assert limit.wait_s("10.0.0.1") is None
+    limit.failed("10.0.0.1")
+    limit.failed("10.0.0.1")
+    assert limit.wait_s("10.0.0.1") == 2.0  # one token at 0.5 a second
+    assert limit.wait_s("10.0.0.2") is None  # another address has a bucket of its own
+    clock.now += 1.5
+    assert limit.wait_s("10.0.0.1") == 0.5
+    clock.now += 0.5
+    assert limit.wait_s("10.0.0.1") is None
+
+
+def test_a_bucket_never_holds_more_than_its_burst():
+    clock = Clock()
+    limit = auth.FailureLimit(burst=1, per_s=1.0, clock=clock)
+    limit.failed("a")
+    clock.now += 3600
+    limit.failed("a")
+    assert limit.wait_s("a") == 1.0
+
+
+def test_an_unknown_key_is_remembered_for_its_time_only():
+    clock = Clock()
+    unknown = auth.UnknownKeys(ttl_s=60, clock=clock)
+    unknown.add("digest")
+    assert "digest" in unknown and "other" not in unknown
+    clock.now += 61
+    assert "digest" not in unknown
+
+
+def test_only_a_key_of_the_form_the_gateway_makes_is_well_formed():
+    assert keys.well_formed(keys.PREFIX + secrets.token_urlsafe(30))
+    for token in ("", "cad_", "cad_" + "a" * 39, "cad_" + "a" * 41, "xyz_" + "a" * 40, "cad_" + "é" * 40):
+        assert not keys.well_formed(token), token
