@@ -1,7 +1,6 @@
 """The Helm charts render, validate against Kubernetes' schemas and cover every setting.
 
-Rendering uses Helm's own Go SDK (helm-python-sdk), so templates, values.schema.json and
-`fail` behave as at `helm install`. Every rendered manifest is validated, strictly (no
+Every rendered manifest (rendering.render, through Helm's own SDK) is validated, strictly (no
 unknown field), against the OpenAPI schemas of the oldest and the newest Kubernetes version
 the charts support (kubernetes-validate).
 """
@@ -10,8 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import pathlib
-import shutil
 from typing import Any
 
 import helm_python as helm
@@ -20,8 +17,9 @@ import pytest
 import yaml
 from castad_local import REPO_ROOT, charts
 
+from tests.deploy.rendering import KUBERNETES_VERSIONS, by_kind, env_of, render
+
 SERVICES = tuple(charts.SETTINGS)
-KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the charts' kubeVersion floor, and the newest schemas at hand
 
 # Value sets besides the defaults: a production-like one and a pared-down one.
 PRODUCTION: dict[str, Any] = {
@@ -68,39 +66,6 @@ def value_sets(service: str) -> dict[str, dict[str, Any]]:
     if service == "relay":
         production["settings"] |= {"CASTAD_RELAY_MAX_MESSAGE_BYTES": 16777216}
     return {"defaults": {}, "production": production, "minimal": minimal}
-
-
-@pytest.fixture(scope="session")
-def chart_dir(tmp_path_factory) -> pathlib.Path:
-    """A copy of infra/helm with every chart's file:// dependencies vendored (helm dependency update)."""
-    root = tmp_path_factory.mktemp("helm") / "helm"
-    shutil.copytree(REPO_ROOT / "infra" / "helm", root)
-    for name in (*SERVICES, "castad"):
-        helm.dependency_update(root / name)
-    return root
-
-
-def render(chart_dir: pathlib.Path, name: str, values: dict[str, Any], *, upgrade: bool = False) -> list[dict]:
-    chart = helm.Chart.load(chart_dir / name)
-    chart.validate_schema(values)  # what `helm install` does before rendering
-    rendered = chart.render(
-        values, name="prod", namespace="media", revision=2 if upgrade else 1, is_install=not upgrade, is_upgrade=upgrade
-    )
-    documents = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith("NOTES.txt"):
-            assert "castad" in text
-            continue
-        documents += [doc for doc in yaml.safe_load_all(text) if doc]
-    return documents
-
-
-def by_kind(documents: list[dict], kind: str) -> list[dict]:
-    return [doc for doc in documents if doc["kind"] == kind]
-
-
-def env_of(container: dict) -> dict[str, Any]:
-    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
 
 
 @pytest.mark.parametrize("service", SERVICES)
