@@ -122,6 +122,17 @@ def test_every_setting_the_service_reads_is_reachable_from_its_values(chart_dir,
     assert set(values["settings"]) | set(charts.from_structure(service)) | set(charts.secret_settings(service)) == read
 
 
+@pytest.mark.parametrize("store", ("volume", "s3"))
+def test_only_the_stages_may_write_artifacts_the_gateway_mounts_them_read_only(chart_dir, store):
+    artifacts = {"store": store, "claimName": "castad-artifacts", "mountPath": "/var/lib/castad/artifacts"}
+    values = {"artifacts": artifacts, "settings": {"CASTAD_ARTIFACTS_S3_BUCKET": "media"}}
+    for service in ("api", "lyric", "song", "video"):
+        (deployment,) = by_kind(render(chart_dir, service, values), "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        (mount,) = [mount for mount in container["volumeMounts"] if mount["name"] == "artifacts"]
+        assert mount.get("readOnly", False) is (service == "api"), (service, mount)
+
+
 @pytest.mark.parametrize("service", ("api", "video"))
 def test_with_a_bucket_the_volume_is_scratch_space_and_credentials_come_from_a_secret(chart_dir, service):
     artifacts = {

@@ -1,7 +1,8 @@
 {{/*
 The service's Deployment. Workers answer their probes and /metrics on containerPort
 (CASTAD_<SERVICE>_HEALTH_PORT), the gateway on its HTTP port; metrics.scrape annotates the pods so that
-a Prometheus that finds pods by annotations scrapes them there.
+a Prometheus that finds pods by annotations scrapes them there. The gateway mounts the artifacts
+read-only: it only serves them, the stages write them.
 */}}
 {{- define "castad.deployment" -}}
 {{- $stopGrace := index (include "castad.settings" . | fromJson) (printf "CASTAD_%s_STOP_GRACE_S" (upper .Values.component)) -}}
@@ -99,6 +100,9 @@ spec:
             {{- if .Values.artifacts }}
             - name: artifacts
               mountPath: {{ .Values.artifacts.mountPath }}
+              {{- if eq .Values.component "api" }}
+              readOnly: true
+              {{- end }}
             {{- end }}
       volumes:
         # The root filesystem is read-only; scratch space lives here.
