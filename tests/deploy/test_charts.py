@@ -73,7 +73,15 @@ def test_every_value_set_renders_manifests_kubernetes_accepts(chart_dir, service
     for label, values in value_sets(service).items():
         documents = render(chart_dir, service, values)
         kinds = sorted(doc["kind"] for doc in documents)
-        expected = {"Deployment", "PodDisruptionBudget", "ServiceAccount", "Job", "Service", "HorizontalPodAutoscaler"}
+        expected = {
+            "Deployment",
+            "PodDisruptionBudget",
+            "ServiceAccount",
+            "Job",
+            "Service",
+            "HorizontalPodAutoscaler",
+            "NetworkPolicy",
+        }
         assert set(kinds) <= expected, (label, kinds)
         for document in documents:
             for version in KUBERNETES_VERSIONS:
@@ -100,9 +108,13 @@ def test_the_deployment_is_locked_down_probed_and_labelled(chart_dir, service):
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["resources"]["requests"] and container["resources"]["limits"]
     env = env_of(container)
-    port = container["ports"][0]["containerPort"]
-    probe_port = env["CASTAD_API_PORT"] if service == "api" else env[f"CASTAD_{service.upper()}_HEALTH_PORT"]
-    assert probe_port == str(port), "probes must ask the port the service serves them on"
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "probes"
+    health_port = env[f"CASTAD_{service.upper()}_HEALTH_PORT"]
+    assert health_port == str(ports["probes"]), "probes must ask the port the service serves them on"
+    if service == "api":
+        assert env["CASTAD_API_PORT"] == str(ports["http"]) and ports["http"] != ports["probes"]
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger-collector:4318"
     assert env["OTEL_SERVICE_NAME"] == f"castad-{service}"
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -120,6 +132,27 @@ def test_every_setting_the_service_reads_is_reachable_from_its_values(chart_dir,
     values = yaml.safe_load((REPO_ROOT / "infra" / "helm" / service / "values.yaml").read_text())
     assert set(values["settings"]) == set(charts.chart_settings(service))
     assert set(values["settings"]) | set(charts.from_structure(service)) | set(charts.secret_settings(service)) == read
+
+
+def test_the_gateway_serves_its_probes_and_metrics_apart_from_the_api_which_alone_its_service_exposes(chart_dir):
+    documents = render(chart_dir, "api", {"probesPort": 9090})
+    (deployment,) = by_kind(documents, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {port["name"]: port["containerPort"] for port in container["ports"]} == {"http": 8000, "probes": 9090}
+    assert env_of(container)["CASTAD_API_HEALTH_PORT"] == "9090"
+    (service,) = by_kind(documents, "Service")
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http"]
+
+    # Without a port of their own, they stay on the API's, as the gateway serves them then.
+    (deployment,) = by_kind(render(chart_dir, "api", {"probesPort": None}), "Deployment")
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert "CASTAD_API_HEALTH_PORT" not in env_of(container)
+    assert [port["name"] for port in container["ports"]] == ["http"]
+    assert container["readinessProbe"]["httpGet"]["port"] == "http"
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+    with pytest.raises(helm.HelmRenderError, match="probesPort"):
+        render(chart_dir, "api", {"probesPort": 8000})
 
 
 @pytest.mark.parametrize("store", ("volume", "s3"))
@@ -283,7 +316,7 @@ def test_pods_are_annotated_for_prometheus_and_a_pod_monitor_is_there_only_when_
     documents = render(chart_dir, service, {"podAnnotations": {"castad.example/team": "media"}})
     (deployment,) = by_kind(documents, "Deployment")
     template = deployment["spec"]["template"]
-    port = 8000 if service == "api" else template["spec"]["containers"][0]["ports"][0]["containerPort"]
+    (port,) = [p["containerPort"] for p in template["spec"]["containers"][0]["ports"] if p["name"] == "probes"]
     assert template["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
@@ -308,10 +341,7 @@ def test_pods_are_annotated_for_prometheus_and_a_pod_monitor_is_there_only_when_
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "x"
     assert monitor["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"  # job castad-<service>, as alerts.yml expects
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert monitor["spec"]["podMetricsEndpoints"] == [
-        {"port": container["ports"][0]["name"], "path": "/metrics", "interval": "15s"}
-    ]
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "probes", "path": "/metrics", "interval": "15s"}]
 
 
 # Replicas over nodes. `place` is the scheduler's topology-spread filter (the DoNotSchedule constraints), as
