@@ -29,3 +29,12 @@ def test_each_service_gets_its_own_role_and_broker_user_in_its_urls():
     assert env["CASTAD_LYRIC_DATABASE_URL"] == "postgresql+psycopg://t1_lyric:pw-lyric@127.0.0.1:5432/castad_lyric"
     assert env["CASTAD_RELAY_SOURCES"] == "postgresql+psycopg://t1_relay:pw-relay@127.0.0.1:5432/castad_lyric"
     assert env["CASTAD_SONG_AMQP_URL"] == "amqp://t1_song:pw-song@127.0.0.1:5672/%2F"
+
+
+def test_the_instructions_give_each_databases_public_schema_to_its_service_for_postgresql_before_15():
+    # There PUBLIC may create in schema public, and only the schema's owner (or a superuser) can take it back:
+    # the service's `migrate` does, once its role owns the schema.
+    lines = privileges.instructions("castad").splitlines()
+    for service in privileges.DATABASE_SERVICES:
+        at = lines.index(f"\\connect castad_{service}")
+        assert lines[at + 1] == f"ALTER SCHEMA public OWNER TO castad_{service};"
