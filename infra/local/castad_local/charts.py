@@ -121,16 +121,20 @@ RESOURCES = _object(
     }
 )
 WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
+# NetworkPolicy's parts, written once in each schema's `definitions` and referred to from where they are used.
 CIDR = {
     "type": "string",
     "pattern": r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$|^[0-9a-fA-F:]*:[0-9a-fA-F:]*/[0-9]{1,3}$",
 }
-LABEL_SELECTOR = _object(
-    {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}, "matchExpressions": LIST}
-)
-PEERS = {
-    "type": "array",
-    "items": {
+LABEL_SELECTOR = {"$ref": "#/definitions/labelSelector"}
+DESTINATIONS = {"$ref": "#/definitions/destinations"}
+PORTS = {"$ref": "#/definitions/ports"}
+TARGET = {"$ref": "#/definitions/target"}  # an egress rule: peers and ports
+DEFINITIONS = {
+    "labelSelector": _object(
+        {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}, "matchExpressions": LIST}
+    ),
+    "peer": {
         **_object(
             {
                 "podSelector": LABEL_SELECTOR,
@@ -140,9 +144,17 @@ PEERS = {
         ),
         "minProperties": 1,
     },
+    # an egress rule with no peer would reach everything on its ports
+    "destinations": {"type": "array", "items": {"$ref": "#/definitions/peer"}, "minItems": 1},
+    "ports": {"type": "array", "items": PORT, "minItems": 1},
+    "target": _object({"to": DESTINATIONS, "ports": PORTS}, ("to", "ports")),
 }
-DESTINATIONS = {**PEERS, "minItems": 1}  # an egress rule with no peer would reach everything on its ports
-PORTS = {"type": "array", "items": PORT, "minItems": 1}
+
+
+def _peers(description: str) -> dict[str, Any]:
+    return {"type": "array", "items": {"$ref": "#/definitions/peer"}, "description": description}
+
+
 COMMON_SETTINGS = (
     "CASTAD_NAMESPACE",
     "CASTAD_LOG_LEVEL",
@@ -162,13 +174,12 @@ COMMON_SETTINGS = (
 def network_policy_schema(service: str) -> dict[str, Any]:
     """`networkPolicy`: where the service's pods take connections from and what they reach (castad-common's
     _network.tpl): the same for every service, with the gateway's webhooks and a stage's provider besides."""
-    target = _object({"to": DESTINATIONS, "ports": PORTS}, ("to", "ports"))
     properties: dict[str, Any] = {
         "enabled": BOOLEAN,
-        "metricsFrom": {**PEERS, "description": "who reaches the probes port's /metrics (empty: anyone)"},
-        "dns": target,
-        "postgresql": target,
-        "rabbitmq": target,
+        "metricsFrom": _peers("who reaches the probes port's /metrics (empty: anyone)"),
+        "dns": TARGET,
+        "postgresql": TARGET,
+        "rabbitmq": TARGET,
         "otel": _object({"to": DESTINATIONS}, ("to",)),
         "extraEgress": {
             "type": "array",
@@ -178,14 +189,14 @@ def network_policy_schema(service: str) -> dict[str, Any]:
     }
     required = ["enabled", "dns", "postgresql", "rabbitmq", "otel"]
     if service == "api":
-        properties["apiFrom"] = {**PEERS, "description": "who reaches the API port (empty: anyone)"}
-        properties["webhooks"] = target
+        properties["apiFrom"] = _peers("who reaches the API port (empty: anyone)")
+        properties["webhooks"] = TARGET
         required.append("webhooks")
     elif service != "relay":
-        properties["provider"] = target
+        properties["provider"] = TARGET
         required.append("provider")
     if service != "relay":
-        properties["objectStore"] = target
+        properties["objectStore"] = TARGET
         required.append("objectStore")
     return _object(properties, tuple(required))
 
@@ -281,7 +292,7 @@ def values_schema(service: str) -> dict[str, Any]:
                 "networkPolicy": _object(
                     {
                         "enabled": BOOLEAN,
-                        "metricsFrom": PEERS,
+                        "metricsFrom": _peers("who reaches the probes port's /metrics (empty: anyone)"),
                         **{
                             name: _object({"to": DESTINATIONS, "ports": PORTS})
                             for name in ("dns", "postgresql", "rabbitmq")
@@ -372,6 +383,7 @@ def values_schema(service: str) -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft-07/schema#",
         "title": f"castad-{service} chart values",
         **_object(properties, tuple(required)),
+        "definitions": DEFINITIONS,
     }
 
 
