@@ -1,7 +1,6 @@
 """The Helm charts render, validate against Kubernetes' schemas and cover every setting.
 
-Rendering uses Helm's own Go SDK (helm-python-sdk), so templates, values.schema.json and
-`fail` behave as at `helm install`. Every rendered manifest is validated, strictly (no
+Every rendered manifest (rendering.render, through Helm's own SDK) is validated, strictly (no
 unknown field), against the OpenAPI schemas of the oldest and the newest Kubernetes version
 the charts support (kubernetes-validate).
 """
@@ -10,8 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import pathlib
-import shutil
 from typing import Any
 
 import helm_python as helm
@@ -20,8 +17,9 @@ import pytest
 import yaml
 from castad_local import REPO_ROOT, charts
 
+from tests.deploy.rendering import KUBERNETES_VERSIONS, by_kind, env_of, render
+
 SERVICES = tuple(charts.SETTINGS)
-KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the charts' kubeVersion floor, and the newest schemas at hand
 
 # Value sets besides the defaults: a production-like one and a pared-down one.
 PRODUCTION: dict[str, Any] = {
@@ -70,45 +68,20 @@ def value_sets(service: str) -> dict[str, dict[str, Any]]:
     return {"defaults": {}, "production": production, "minimal": minimal}
 
 
-@pytest.fixture(scope="session")
-def chart_dir(tmp_path_factory) -> pathlib.Path:
-    """A copy of infra/helm with every chart's file:// dependencies vendored (helm dependency update)."""
-    root = tmp_path_factory.mktemp("helm") / "helm"
-    shutil.copytree(REPO_ROOT / "infra" / "helm", root)
-    for name in (*SERVICES, "castad"):
-        helm.dependency_update(root / name)
-    return root
-
-
-def render(chart_dir: pathlib.Path, name: str, values: dict[str, Any], *, upgrade: bool = False) -> list[dict]:
-    chart = helm.Chart.load(chart_dir / name)
-    chart.validate_schema(values)  # what `helm install` does before rendering
-    rendered = chart.render(
-        values, name="prod", namespace="media", revision=2 if upgrade else 1, is_install=not upgrade, is_upgrade=upgrade
-    )
-    documents = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith("NOTES.txt"):
-            assert "castad" in text
-            continue
-        documents += [doc for doc in yaml.safe_load_all(text) if doc]
-    return documents
-
-
-def by_kind(documents: list[dict], kind: str) -> list[dict]:
-    return [doc for doc in documents if doc["kind"] == kind]
-
-
-def env_of(container: dict) -> dict[str, Any]:
-    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
-
-
 @pytest.mark.parametrize("service", SERVICES)
 def test_every_value_set_renders_manifests_kubernetes_accepts(chart_dir, service):
     for label, values in value_sets(service).items():
         documents = render(chart_dir, service, values)
         kinds = sorted(doc["kind"] for doc in documents)
-        expected = {"Deployment", "PodDisruptionBudget", "ServiceAccount", "Job", "Service", "HorizontalPodAutoscaler"}
+        expected = {
+            "Deployment",
+            "PodDisruptionBudget",
+            "ServiceAccount",
+            "Job",
+            "Service",
+            "HorizontalPodAutoscaler",
+            "NetworkPolicy",
+        }
         assert set(kinds) <= expected, (label, kinds)
         for document in documents:
             for version in KUBERNETES_VERSIONS:
@@ -135,9 +108,13 @@ def test_the_deployment_is_locked_down_probed_and_labelled(chart_dir, service):
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["resources"]["requests"] and container["resources"]["limits"]
     env = env_of(container)
-    port = container["ports"][0]["containerPort"]
-    probe_port = env["CASTAD_API_PORT"] if service == "api" else env[f"CASTAD_{service.upper()}_HEALTH_PORT"]
-    assert probe_port == str(port), "probes must ask the port the service serves them on"
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "probes"
+    health_port = env[f"CASTAD_{service.upper()}_HEALTH_PORT"]
+    assert health_port == str(ports["probes"]), "probes must ask the port the service serves them on"
+    if service == "api":
+        assert env["CASTAD_API_PORT"] == str(ports["http"]) and ports["http"] != ports["probes"]
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger-collector:4318"
     assert env["OTEL_SERVICE_NAME"] == f"castad-{service}"
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -155,6 +132,38 @@ def test_every_setting_the_service_reads_is_reachable_from_its_values(chart_dir,
     values = yaml.safe_load((REPO_ROOT / "infra" / "helm" / service / "values.yaml").read_text())
     assert set(values["settings"]) == set(charts.chart_settings(service))
     assert set(values["settings"]) | set(charts.from_structure(service)) | set(charts.secret_settings(service)) == read
+
+
+def test_the_gateway_serves_its_probes_and_metrics_apart_from_the_api_which_alone_its_service_exposes(chart_dir):
+    documents = render(chart_dir, "api", {"probesPort": 9090})
+    (deployment,) = by_kind(documents, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {port["name"]: port["containerPort"] for port in container["ports"]} == {"http": 8000, "probes": 9090}
+    assert env_of(container)["CASTAD_API_HEALTH_PORT"] == "9090"
+    (service,) = by_kind(documents, "Service")
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http"]
+
+    # Without a port of their own, they stay on the API's, as the gateway serves them then.
+    (deployment,) = by_kind(render(chart_dir, "api", {"probesPort": None}), "Deployment")
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert "CASTAD_API_HEALTH_PORT" not in env_of(container)
+    assert [port["name"] for port in container["ports"]] == ["http"]
+    assert container["readinessProbe"]["httpGet"]["port"] == "http"
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+    with pytest.raises(helm.HelmRenderError, match="probesPort"):
+        render(chart_dir, "api", {"probesPort": 8000})
+
+
+@pytest.mark.parametrize("store", ("volume", "s3"))
+def test_only_the_stages_may_write_artifacts_the_gateway_mounts_them_read_only(chart_dir, store):
+    artifacts = {"store": store, "claimName": "castad-artifacts", "mountPath": "/var/lib/castad/artifacts"}
+    values = {"artifacts": artifacts, "settings": {"CASTAD_ARTIFACTS_S3_BUCKET": "media"}}
+    for service in ("api", "lyric", "song", "video"):
+        (deployment,) = by_kind(render(chart_dir, service, values), "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        (mount,) = [mount for mount in container["volumeMounts"] if mount["name"] == "artifacts"]
+        assert mount.get("readOnly", False) is (service == "api"), (service, mount)
 
 
 @pytest.mark.parametrize("service", ("api", "video"))
@@ -316,7 +325,7 @@ def test_pods_are_annotated_for_prometheus_and_a_pod_monitor_is_there_only_when_
     documents = render(chart_dir, service, {"podAnnotations": {"castad.example/team": "media"}})
     (deployment,) = by_kind(documents, "Deployment")
     template = deployment["spec"]["template"]
-    port = 8000 if service == "api" else template["spec"]["containers"][0]["ports"][0]["containerPort"]
+    (port,) = [p["containerPort"] for p in template["spec"]["containers"][0]["ports"] if p["name"] == "probes"]
     assert template["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
@@ -341,10 +350,7 @@ def test_pods_are_annotated_for_prometheus_and_a_pod_monitor_is_there_only_when_
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "x"
     assert monitor["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"  # job castad-<service>, as alerts.yml expects
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert monitor["spec"]["podMetricsEndpoints"] == [
-        {"port": container["ports"][0]["name"], "path": "/metrics", "interval": "15s"}
-    ]
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "probes", "path": "/metrics", "interval": "15s"}]
 
 
 # Replicas over nodes. `place` is the scheduler's topology-spread filter (the DoNotSchedule constraints), as

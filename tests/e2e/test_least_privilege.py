@@ -127,6 +127,9 @@ def test_no_role_reaches_another_services_database_and_the_relay_only_reads_and_
             ):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(statement)
+        # Nor any other role (PostgreSQL before 15 lets every role create in schema public).
+        with psycopg.connect(_plain(url), autocommit=True) as conn:
+            assert conn.execute("SELECT has_schema_privilege('public', 'public', 'CREATE')").fetchone() == (False,)
 
 
 def test_a_service_migrating_its_own_database_as_its_role_lets_in_the_relay_and_no_one_else():

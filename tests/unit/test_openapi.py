@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
+from typing import Any
 
+import httpx
 import sqlalchemy as sa
 from castad_api import app, deps, notifications, settings
 from castad_runtime import artifacts
+from fastapi import FastAPI
+
+
+def gateway_app(tmp_path: pathlib.Path, **config: Any) -> FastAPI:
+    settings_ = settings.ApiSettings(**config)
+    gateway = deps.Gateway(
+        config=settings_,
+        engine=sa.create_engine(settings_.database_url),  # never connected: only the document is built
+        notifications=notifications.PipelineNotifications(settings_.database_url),
+        store=artifacts.VolumeStore(tmp_path),
+    )
+    return app.create_app(gateway)
 
 
 def openapi(tmp_path: pathlib.Path) -> dict:
-    config = settings.ApiSettings()
-    gateway = deps.Gateway(
-        config=config,
-        engine=sa.create_engine(config.database_url),  # never connected: only the document is built
-        notifications=notifications.PipelineNotifications(config.database_url),
-        store=artifacts.VolumeStore(tmp_path),
-    )
-    return app.create_app(gateway).openapi()
+    return gateway_app(tmp_path).openapi()
 
 
 def test_every_operator_endpoint_is_documented_with_its_errors(tmp_path):
@@ -45,3 +53,24 @@ def test_every_request_body_of_an_action_has_an_example(tmp_path):
     schemas = openapi(tmp_path)["components"]["schemas"]
     for name in ("CancelRequest", "RetryRequest", "DeadLetterFilter", "Discard"):
         assert schemas[name].get("examples"), name
+
+
+def statuses(application: FastAPI, *paths: str) -> dict[str, int]:
+    async def requests() -> dict[str, int]:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return {path: (await client.get(path)).status_code for path in paths}
+
+    return asyncio.run(requests())
+
+
+def test_the_docs_pages_are_off_unless_asked_for_and_the_document_is_always_served(tmp_path):
+    # Swagger UI and ReDoc load their scripts and styles from a public CDN into the gateway's origin, the console's.
+    pages = ("/docs", "/redoc", "/docs/oauth2-redirect", "/openapi.json")
+    assert statuses(gateway_app(tmp_path), *pages) == {
+        "/docs": 404,
+        "/redoc": 404,
+        "/docs/oauth2-redirect": 404,
+        "/openapi.json": 200,
+    }
+    assert set(statuses(gateway_app(tmp_path, docs=True), *pages).values()) == {200}

@@ -39,3 +39,12 @@ def test_a_services_broker_url_has_its_own_user_on_every_node_of_a_cluster():
 
     assert url == "amqp://castad_lyric:pw-lyric@n1:5672/castad,amqp://castad_lyric:pw-lyric@n2:5672/castad"
     assert "admin" not in url and privileges._vhost(admin) == "castad"
+
+
+def test_the_instructions_give_each_databases_public_schema_to_its_service_for_postgresql_before_15():
+    # There PUBLIC may create in schema public, and only the schema's owner (or a superuser) can take it back:
+    # the service's `migrate` does, once its role owns the schema.
+    lines = privileges.instructions("castad").splitlines()
+    for service in privileges.DATABASE_SERVICES:
+        at = lines.index(f"\\connect castad_{service}")
+        assert lines[at + 1] == f"ALTER SCHEMA public OWNER TO castad_{service};"

@@ -40,7 +40,11 @@ def from_structure(service: str) -> dict[str, str]:
     upper = service.upper()
     owned = {"CASTAD_AMQP_URL": "broker.existingSecret"}
     if service == "api":
-        owned |= {"CASTAD_API_HOST": "0.0.0.0", "CASTAD_API_PORT": "containerPort"}
+        owned |= {
+            "CASTAD_API_HOST": "0.0.0.0",
+            "CASTAD_API_PORT": "containerPort",
+            "CASTAD_API_HEALTH_PORT": "probesPort",
+        }
     else:
         owned[f"CASTAD_{upper}_HEALTH_PORT"] = "containerPort"
     if service == "relay":
@@ -121,6 +125,40 @@ RESOURCES = _object(
     }
 )
 WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
+# NetworkPolicy's parts, written once in each schema's `definitions` and referred to from where they are used.
+CIDR = {
+    "type": "string",
+    "pattern": r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$|^[0-9a-fA-F:]*:[0-9a-fA-F:]*/[0-9]{1,3}$",
+}
+LABEL_SELECTOR = {"$ref": "#/definitions/labelSelector"}
+DESTINATIONS = {"$ref": "#/definitions/destinations"}
+PORTS = {"$ref": "#/definitions/ports"}
+TARGET = {"$ref": "#/definitions/target"}  # an egress rule: peers and ports
+DEFINITIONS = {
+    "labelSelector": _object(
+        {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}, "matchExpressions": LIST}
+    ),
+    "peer": {
+        **_object(
+            {
+                "podSelector": LABEL_SELECTOR,
+                "namespaceSelector": LABEL_SELECTOR,
+                "ipBlock": _object({"cidr": CIDR, "except": {"type": "array", "items": CIDR}}, ("cidr",)),
+            }
+        ),
+        "minProperties": 1,
+    },
+    # an egress rule with no peer would reach everything on its ports
+    "destinations": {"type": "array", "items": {"$ref": "#/definitions/peer"}, "minItems": 1},
+    "ports": {"type": "array", "items": PORT, "minItems": 1},
+    "target": _object({"to": DESTINATIONS, "ports": PORTS}, ("to", "ports")),
+}
+
+
+def _peers(description: str) -> dict[str, Any]:
+    return {"type": "array", "items": {"$ref": "#/definitions/peer"}, "description": description}
+
+
 COMMON_SETTINGS = (
     "CASTAD_NAMESPACE",
     "CASTAD_LOG_LEVEL",
@@ -135,6 +173,36 @@ COMMON_SETTINGS = (
     "CASTAD_RETENTION_JOBS_S",
     "CASTAD_RETENTION_ARTIFACTS_S",
 )
+
+
+def network_policy_schema(service: str) -> dict[str, Any]:
+    """`networkPolicy`: where the service's pods take connections from and what they reach (castad-common's
+    _network.tpl): the same for every service, with the gateway's webhooks and a stage's provider besides."""
+    properties: dict[str, Any] = {
+        "enabled": BOOLEAN,
+        "metricsFrom": _peers("who reaches the probes port's /metrics (empty: anyone)"),
+        "dns": TARGET,
+        "postgresql": TARGET,
+        "rabbitmq": TARGET,
+        "otel": _object({"to": DESTINATIONS}, ("to",)),
+        "extraEgress": {
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "NetworkPolicy egress rules rendered as written",
+        },
+    }
+    required = ["enabled", "dns", "postgresql", "rabbitmq", "otel"]
+    if service == "api":
+        properties["apiFrom"] = _peers("who reaches the API port (empty: anyone)")
+        properties["webhooks"] = TARGET
+        required.append("webhooks")
+    elif service != "relay":
+        properties["provider"] = TARGET
+        required.append("provider")
+    if service != "relay":
+        properties["objectStore"] = TARGET
+        required.append("objectStore")
+    return _object(properties, tuple(required))
 
 
 def values_schema(service: str) -> dict[str, Any]:
@@ -225,8 +293,20 @@ def values_schema(service: str) -> dict[str, Any]:
                 "otel": _object({"endpoint": {"type": "string", "pattern": "^(https?://.+)?$"}}),
                 "artifacts": _object({"claimName": NAME}),
                 "settings": _object({name: _without_default(settings_[name]) for name in COMMON_SETTINGS}),
+                "networkPolicy": _object(
+                    {
+                        "enabled": BOOLEAN,
+                        "metricsFrom": _peers("who reaches the probes port's /metrics (empty: anyone)"),
+                        **{
+                            name: _object({"to": DESTINATIONS, "ports": PORTS})
+                            for name in ("dns", "postgresql", "rabbitmq")
+                        },
+                        "otel": _object({"to": DESTINATIONS}),
+                    }
+                ),
             },
         },
+        "networkPolicy": network_policy_schema(service),
         "settings": {
             **_object({name: _without_default(schema) for name, schema in settings_.items()}),
             "description": "every CASTAD_* setting of the service that its chart does not set itself",
@@ -236,7 +316,17 @@ def values_schema(service: str) -> dict[str, Any]:
             "description": "settings that are secrets (a provider's key), each from an existing Secret",
         },
     }
-    required = ["component", "image", "replicaCount", "containerPort", "portName", "broker", "metrics", "settings"]
+    required = [
+        "component",
+        "image",
+        "replicaCount",
+        "containerPort",
+        "portName",
+        "broker",
+        "metrics",
+        "networkPolicy",
+        "settings",
+    ]
     if service == "relay":
         source = _object(
             {"name": {"enum": ["api", "lyric", "song", "video"]}, "existingSecret": NAME, "key": NAME},
@@ -287,10 +377,17 @@ def values_schema(service: str) -> dict[str, Any]:
         properties["service"] = _object(
             {"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "port": PORT}, ("type", "port")
         )
+        properties["probesPort"] = {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": 65535,
+            "description": "the port of /healthz, /readyz and /metrics (CASTAD_API_HEALTH_PORT); null: the API's",
+        }
     return {
         "$schema": "https://json-schema.org/draft-07/schema#",
         "title": f"castad-{service} chart values",
         **_object(properties, tuple(required)),
+        "definitions": DEFINITIONS,
     }
 
 

@@ -133,6 +133,7 @@ def grant_postgres(users: Users, database_urls: Mapping[str, str]) -> None:
     for service, url in database_urls.items():
         with _connect(url) as conn:
             _give_objects(conn, users.name(service))
+            _give_public_schema(conn, users.name(service))
         migrations.restrict_access(url, users.name(RELAY))
 
 
@@ -171,6 +172,15 @@ def _give_objects(conn: psycopg.Connection[tuple[object, ...]], owner: str) -> N
     ).fetchall()
     for (name,) in rows:
         conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.SQL(str(name)), sql.Identifier(owner)))
+
+
+def _give_public_schema(conn: psycopg.Connection[tuple[object, ...]], owner: str) -> None:
+    """Where PUBLIC may create in the public schema (PostgreSQL before 15, or a cluster upgraded from one), the
+    schema goes to the owner, as PostgreSQL 15 has it (pg_database_owner): the owner keeps creating there once
+    `restrict_access` took that from PUBLIC, and its own `migrate` can take it again."""
+    row = conn.execute("SELECT has_schema_privilege('public', 'public', 'CREATE')").fetchone()
+    if row is not None and row[0]:
+        conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(owner)))
 
 
 def drop_postgres(users: Users, admin_url: str) -> None:
@@ -246,9 +256,14 @@ def instructions(namespace: str = topology.DEFAULT_NAMESPACE, vhost: str = "/") 
     for service in DATABASE_SERVICES:
         database = make_url(settings.database_url_default(service)).database
         lines.append(f"CREATE DATABASE {database} OWNER {users.name(service)};")
+    lines.append("-- Before PostgreSQL 15 (or upgraded from one), where PUBLIC may create in schema public:")
+    for service in DATABASE_SERVICES:
+        database = make_url(settings.database_url_default(service)).database
+        lines += [f"\\connect {database}", f"ALTER SCHEMA public OWNER TO {users.name(service)};"]
     lines += [
         f"-- then each service's `migrate`, run as its own role with CASTAD_OUTBOX_RELAY_ROLE={relay}, closes its",
-        f"-- database to every other role and lets {relay} read its outbox and mark the rows.",
+        f"-- database to every other role, takes CREATE on schema public from PUBLIC, and lets {relay} read its",
+        "-- outbox and mark the rows.",
         "",
         "# RabbitMQ (rabbitmqctl on a broker node):",
     ]

@@ -69,20 +69,38 @@ def drop_database(database_url: str) -> None:
 RELAY_COLUMNS = ("published_at", "publish_attempts", "last_error", "retry_at", "parked_at")
 
 
+class AccessNotRestricted(Exception):
+    """`restrict_access` could not close the database as asked; the message says what a superuser must do."""
+
+
 def restrict_access(database_url: str, relay_role: str) -> None:
     """Close the database to everyone but its owner and `relay_role`, which may read the outbox, mark
     its rows and hold the lease of its leadership (`outbox_leader`), nothing else. Run by the owner (the
-    service's `migrate`) or a superuser."""
+    service's `migrate`) or a superuser.
+
+    No role but the owner may create objects in the public schema either: PostgreSQL before 15 lets
+    PUBLIC do it (and a cluster upgraded from one keeps the grant), so the relay's role could. Only the
+    schema's owner or a superuser can take that back; where the one running this cannot, it raises
+    AccessNotRestricted, the rest done."""
     engine = sa.create_engine(database_url, poolclass=NullPool, connect_args=db.connect_args(database_url))
     try:
         with engine.begin() as conn:
             quote = conn.dialect.identifier_preparer.quote
             database, relay = quote(conn.scalar(sa.text("SELECT current_database()"))), quote(relay_role)
             conn.exec_driver_sql(f"REVOKE ALL ON DATABASE {database} FROM PUBLIC")
+            conn.exec_driver_sql("REVOKE CREATE ON SCHEMA public FROM PUBLIC")  # not the schema's owner: a warning
             conn.exec_driver_sql(f"GRANT CONNECT ON DATABASE {database} TO {relay}")
             conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA public TO {relay}")
             conn.exec_driver_sql(f"GRANT SELECT, UPDATE ({', '.join(RELAY_COLUMNS)}) ON outbox TO {relay}")
             conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE ON outbox_leader TO {relay}")
+        with engine.connect() as conn:
+            if conn.scalar(sa.text("SELECT has_schema_privilege('public', 'public', 'CREATE')")):
+                who = quote(conn.scalar(sa.text("SELECT current_user")))
+                raise AccessNotRestricted(
+                    f"every role may still create objects in schema public of database {database} (PostgreSQL"
+                    f" before 15 grants it), and {who} cannot revoke that: it does not own the schema. As a"
+                    f" superuser, in that database: ALTER SCHEMA public OWNER TO {who}; then migrate again"
+                )
     finally:
         engine.dispose()
 

@@ -95,6 +95,9 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
         version="1",
         summary="A brief about a local business in; lyrics, a song and a video out.",
         lifespan=lifespan,
+        # Their pages run a CDN's scripts in the console's origin: only when asked for (CASTAD_API_DOCS).
+        docs_url="/docs" if gw.config.docs else None,
+        redoc_url="/redoc" if gw.config.docs else None,
     )
     app.state.gateway = gw
     app.add_exception_handler(RequestValidationError, _invalid_request)

@@ -161,6 +161,11 @@ class ApiSettings(settings.StoreSettings):
         description="the stream of every pipeline (/v1/events) closes after this long; a client reconnects with"
         " Last-Event-ID and loses nothing, and long streams spread over the replicas",
     )
+    docs: bool = Field(
+        default=False,
+        description="serve Swagger UI at /docs and ReDoc at /redoc, whose pages load their scripts from a public CDN"
+        " into the gateway's origin (off: only the OpenAPI document, /openapi.json)",
+    )
 
     def retention_policy(self) -> retention.Policy:
         return retention.Policy(

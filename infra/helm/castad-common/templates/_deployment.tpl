@@ -1,9 +1,13 @@
 {{/*
 The service's Deployment. Workers answer their probes and /metrics on containerPort
-(CASTAD_<SERVICE>_HEALTH_PORT), the gateway on its HTTP port; metrics.scrape annotates the pods so that
-a Prometheus that finds pods by annotations scrapes them there.
+(CASTAD_<SERVICE>_HEALTH_PORT), the gateway on probesPort (CASTAD_API_HEALTH_PORT; unset: on its HTTP
+port); metrics.scrape annotates the pods so that a Prometheus that finds pods by annotations scrapes them
+there. The gateway mounts the artifacts read-only: it only serves them, the stages write them.
 */}}
 {{- define "castad.deployment" -}}
+{{- if and .Values.probesPort (eq (int .Values.probesPort) (int .Values.containerPort)) -}}
+{{- fail (printf "probesPort (%v) must differ from containerPort, or be null to serve the probes on the API's port" .Values.probesPort) -}}
+{{- end -}}
 {{- $stopGrace := index (include "castad.settings" . | fromJson) (printf "CASTAD_%s_STOP_GRACE_S" (upper .Values.component)) -}}
 {{- if and (not (kindIs "invalid" $stopGrace)) (lt (float64 .Values.terminationGracePeriodSeconds) (addf $stopGrace 20)) -}}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must exceed CASTAD_%s_STOP_GRACE_S (%v) by at least 20 s: the hand-back and the consumer's stop come after it" .Values.terminationGracePeriodSeconds (upper .Values.component) $stopGrace) -}}
@@ -35,7 +39,7 @@ spec:
       annotations:
         {{- if .Values.metrics.scrape }}
         prometheus.io/scrape: "true"
-        prometheus.io/port: {{ .Values.containerPort | quote }}
+        prometheus.io/port: {{ include "castad.probesPort" . | quote }}
         prometheus.io/path: /metrics
         {{- end }}
         {{- with .Values.podAnnotations }}
@@ -62,25 +66,30 @@ spec:
             - name: {{ .Values.portName }}
               containerPort: {{ .Values.containerPort }}
               protocol: TCP
+            {{- if ne (include "castad.probesPortName" .) .Values.portName }}
+            - name: {{ include "castad.probesPortName" . }}
+              containerPort: {{ include "castad.probesPort" . }}
+              protocol: TCP
+            {{- end }}
           env:
             {{- include "castad.env" . | nindent 12 }}
           startupProbe:
             httpGet:
               path: /healthz
-              port: {{ .Values.portName }}
+              port: {{ include "castad.probesPortName" . }}
             periodSeconds: 2
             failureThreshold: 60
           livenessProbe:
             httpGet:
               path: /healthz
-              port: {{ .Values.portName }}
+              port: {{ include "castad.probesPortName" . }}
             periodSeconds: 10
             timeoutSeconds: 5
             failureThreshold: 6
           readinessProbe:
             httpGet:
               path: /readyz
-              port: {{ .Values.portName }}
+              port: {{ include "castad.probesPortName" . }}
             periodSeconds: 10
             timeoutSeconds: 5
             failureThreshold: 3
@@ -99,6 +108,9 @@ spec:
             {{- if .Values.artifacts }}
             - name: artifacts
               mountPath: {{ .Values.artifacts.mountPath }}
+              {{- if eq .Values.component "api" }}
+              readOnly: true
+              {{- end }}
             {{- end }}
       volumes:
         # The root filesystem is read-only; scratch space lives here.

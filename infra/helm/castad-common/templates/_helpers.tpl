@@ -38,6 +38,26 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s/%s:%s" $registry .Values.image.repository (include "castad.version" .) -}}
 {{- end -}}
 
+{{/*
+Where the service answers /healthz, /readyz and /metrics: a worker on containerPort, the gateway on probesPort when
+set (CASTAD_API_HEALTH_PORT), else on its HTTP port.
+*/}}
+{{- define "castad.probesPort" -}}
+{{- if and (eq .Values.component "api") .Values.probesPort -}}
+{{- .Values.probesPort -}}
+{{- else -}}
+{{- .Values.containerPort -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "castad.probesPortName" -}}
+{{- if and (eq .Values.component "api") .Values.probesPort -}}
+probes
+{{- else -}}
+{{- .Values.portName -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "castad.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- .Values.serviceAccount.name | default (include "castad.fullname" .) -}}
@@ -96,6 +116,10 @@ connection URLs from existing Secrets, every CASTAD_* setting, OpenTelemetry.
   value: "0.0.0.0"
 - name: CASTAD_API_PORT
   value: {{ .Values.containerPort | quote }}
+{{- if .Values.probesPort }}
+- name: CASTAD_API_HEALTH_PORT
+  value: {{ .Values.probesPort | quote }}
+{{- end }}
 {{- else }}
 - name: {{ printf "CASTAD_%s_HEALTH_PORT" $upper }}
   value: {{ .Values.containerPort | quote }}

@@ -156,7 +156,7 @@ spec:
     matchLabels:
       {{- include "castad.selectorLabels" . | nindent 6 }}
   podMetricsEndpoints:
-    - port: {{ .Values.portName }}
+    - port: {{ include "castad.probesPortName" . }}
       path: /metrics
       interval: {{ .Values.metrics.podMonitor.interval }}
 {{- end -}}
