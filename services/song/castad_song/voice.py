@@ -107,7 +107,9 @@ class Voice:
         except (espeak.EspeakMissing, espeak.EspeakFailed, OSError, subprocess.SubprocessError) as error:
             raise VoiceUnavailable(f"the {singer.name} voice cannot sing: {error}") from None
         if missing:
-            raise VoiceUnavailable(f"the {singer.name} voice cannot sing {', '.join(missing)}: install {espeak.PACKAGE}")
+            raise VoiceUnavailable(
+                f"the {singer.name} voice cannot sing {', '.join(missing)}: install {espeak.PACKAGE}"
+            )
         self.singer = singer
         g2p.warm_up()
 
@@ -187,6 +189,12 @@ class Voice:
         for kind, start, end in segments:
             if kind in ("V", "S"):
                 voiced |= (in_times >= start) & (in_times < end)
+        # A vowel eSpeak whispered (Japanese devoices i and u between voiceless consonants) is sung
+        # voiced: it takes the phrase's typical aperiodicity instead of its own, which is all noise.
+        source_voiced = f0 > 0
+        whispered = voiced & ~source_voiced[np.rint(position).astype(int)]
+        if source_voiced.any():
+            ap[whispered] = np.median(aperiodicity[source_voiced], axis=0)
         # eSpeak's voice analyses as rather breathy; a cleaner source sings clearer and holds its pitch.
         ap[voiced] = ap[voiced] ** APERIODICITY_POWER
         midi = pitch_contour(out_times, notes, seed=index) + self.singer.transpose
@@ -214,6 +222,10 @@ def _segments(speech: espeak.Speech, merge_vowels: bool) -> list[tuple[str, floa
         end = after.start_s if after is not None else duration
         first = phoneme.name[0]
         kind = "P" if first == "_" else "V" if first in _VOWEL_STARTS else "S" if first in _SONORANT_STARTS else "C"
+        if kind == "V" and phoneme.name.endswith("~"):
+            kind = (
+                "S"  # a nasalised vowel is how eSpeak says Japanese ン before a vowel or glide: no syllable of its own
+            )
         if end <= phoneme.start_s and kind != "P":
             continue
         if merge_vowels and kind == "V" and found and found[-1][0] == "V":

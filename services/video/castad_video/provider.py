@@ -326,7 +326,6 @@ class Caption:
             stroke_fill=outline,
         )
 
-
     def draw_sung(
         self,
         draw: ImageDraw.ImageDraw,
