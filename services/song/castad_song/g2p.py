@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pypinyin
 from castad_contracts import brief
+from pypinyin import style as pinyin_style
 from janome import tokenizer
 
 _TOKEN = re.compile(r"[A-Za-z']+|[0-9]|\S")
@@ -105,6 +106,8 @@ def _japanese(line: str) -> list[Syllable]:
     found: list[Syllable] = []
     at = 0
     for token in _tokenizer().tokenize(line):
+        if isinstance(token, str):  # only with wakati=True
+            continue
         surface = str(token.surface)
         start = line.find(surface, at)
         at = start + len(surface) if start >= 0 else at
@@ -141,8 +144,8 @@ _FINALS = {
 
 def mandarin_phonemes(pinyin: str) -> str:
     """eSpeak NG's phonemes for one syllable of pinyin (tones left out: the melody sings the pitch)."""
-    initial = pypinyin.style.convert(pinyin, pypinyin.Style.INITIALS, strict=True)
-    final = pypinyin.style.convert(pinyin, pypinyin.Style.FINALS, strict=True)
+    initial = pinyin_style.convert(pinyin, pypinyin.Style.INITIALS, strict=True)
+    final = pinyin_style.convert(pinyin, pypinyin.Style.FINALS, strict=True)
     if final == "i" and initial in ("zh", "ch", "sh", "r"):
         vowel = "i."
     elif final == "i" and initial in ("z", "c", "s"):

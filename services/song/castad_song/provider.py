@@ -344,8 +344,8 @@ def _accompaniment(grid: _Grid) -> list[Note]:
     notes: list[Note] = []
     for bar_start in grid.bars():
         chord = grid.chord_at(bar_start)
-        for voice, pattern in drums:
-            notes.extend(Note(voice, time, 0.0, 0.0, 1.0) for time in _hits(pattern, bar_start, grid))
+        for drum, pattern in drums:
+            notes.extend(Note(drum, time, 0.0, 0.0, 1.0) for time in _hits(pattern, bar_start, grid))
         notes.extend(_chords(_hits(style.chords, bar_start, grid), bar_start + grid.bar_s, grid, chord))
         notes.extend(_bass(_hits(style.bass, bar_start, grid), bar_start + grid.bar_s, grid, chord))
     return notes

@@ -301,9 +301,9 @@ def pitch_contour(times: Signal, notes: Sequence[SungNote], seed: int = 0) -> Si
         depth = VIBRATO_SEMITONES * np.minimum(since[inside] / VIBRATO_RAMP_S, 1.0)
         midi[inside] += depth * np.sin(2 * math.pi * VIBRATO_HZ * since[inside])
     rng = np.random.default_rng(seed)
-    knots = rng.normal(0.0, DRIFT_CENTS / 100, size=int((times[-1] - times[0]) / 0.25) + 2) if times.size else []
-    if len(knots):
-        midi += np.interp(times, times[0] + 0.25 * np.arange(len(knots)), knots)
+    if times.size:
+        knots = rng.normal(0.0, DRIFT_CENTS / 100, size=int((times[-1] - times[0]) / 0.25) + 2)
+        midi += np.interp(times, times[0] + 0.25 * np.arange(knots.size), knots)
     return midi
 
 

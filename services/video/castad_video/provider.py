@@ -430,7 +430,7 @@ def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], durati
     chorus_lines = {line for section in lyrics.sections if section.kind == "chorus" for line in section.lines}
     starts: list[tuple[float, str | None, int | None]] = [(0.0, None, None)]
     for line in timed_lines:
-        moments = [(line.start_s, None)] if not line.syllables else []
+        moments: list[tuple[float, int | None]] = [(line.start_s, None)] if not line.syllables else []
         moments += [(syllable.start_s, syllable.at + len(syllable.text)) for syllable in line.syllables]
         for time, sung in moments:
             start = min(max(time, starts[-1][0]), duration_s)
