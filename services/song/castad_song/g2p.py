@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pypinyin
 from castad_contracts import brief
-from pypinyin import style as pinyin_style
 from janome import tokenizer
+from pypinyin import style as pinyin_style
 
 _TOKEN = re.compile(r"[A-Za-z']+|[0-9]|\S")
 _VOWEL_GROUP = re.compile(r"[aeiouy]+")
