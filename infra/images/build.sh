@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 SERVICES=("$@")
 [ ${#SERVICES[@]} -gt 0 ] || SERVICES=(api relay lyric song video)
 WORK=var/images
-ROOTFS_PACKAGES=python3,python3-venv,tini,ca-certificates,fonts-nanum,fonts-noto-cjk
+ROOTFS_PACKAGES=python3,python3-venv,tini,ca-certificates,fonts-nanum,fonts-noto-cjk,libespeak-ng1
 # Tagged by its package list, so a changed list makes a new root filesystem.
 ROOTFS_IMAGE=localhost/castad/rootfs:bookworm-$(printf %s "$ROOTFS_PACKAGES" | sha256sum | cut -c1-12)
 export CONTAINERS_CONF="$PWD/infra/images/containers.conf"
@@ -49,11 +49,11 @@ if [ "${REBUILD_ROOTFS:-0}" = 1 ] || ! podman image exists "$ROOTFS_IMAGE"; then
 fi
 
 # 2. The bases.
-for target in build media python; do
+for target in build media voice python; do
   podman build --quiet --squash-all --target "$target" -t "localhost/castad/$target:bookworm" --build-arg "ROOTFS=$ROOTFS_IMAGE" \
     -f infra/images/bases.Containerfile infra/images >/dev/null
 done
-say "bases: localhost/castad/{build,media,python}:bookworm"
+say "bases: localhost/castad/{build,media,voice,python}:bookworm"
 
 # 3. The services.
 REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make this machine ready to run Castad: Python environment from the lock file,
-# PostgreSQL and RabbitMQ reachable, a Hangul font for video captions, Debian's chromium
+# PostgreSQL and RabbitMQ reachable, a Hangul font for video captions, eSpeak NG for the
+# singing voice, Debian's chromium
 # for the console's browser test, then every service database created and migrated and
 # the RabbitMQ topology declared.
 # Idempotent: a second run only checks. Installs Debian packages only as root.
@@ -99,7 +100,17 @@ if ! fonts_found; then
   fi
 fi
 
-# 5. Debian's chromium, which the console's browser test drives with playwright (no browser is downloaded).
+# 5. Debian's espeak-ng, whose library speaks the lyrics the song's voice sings (castad_song.voice).
+if ! .venv/bin/python -c 'from castad_song import espeak, voice; assert not espeak.missing_voices([f"{c}+f3" for c in voice.LANGUAGES.values()])' 2>/dev/null; then
+  if is_root; then
+    say "installing Debian's espeak-ng for the singing voice"
+    apt_install espeak-ng || die "could not install espeak-ng"
+  else
+    die "The singing voice needs eSpeak NG. As root run: apt-get install espeak-ng, or set CASTAD_SONG_VOICE=off."
+  fi
+fi
+
+# 6. Debian's chromium, which the console's browser test drives with playwright (no browser is downloaded).
 #    Only the tests need it: without root, say what to run and go on.
 if [ ! -x /usr/bin/chromium ]; then
   if is_root; then
@@ -110,5 +121,5 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 
-# 6. Databases, migrations, exchange, queues and bindings.
+# 7. Databases, migrations, exchange, queues and bindings.
 .venv/bin/castad-admin setup

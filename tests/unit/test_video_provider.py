@@ -391,3 +391,63 @@ def test_a_file_that_is_no_audio_is_a_permanent_error(
         local.render(BRIEF, LYRICS, TIMED, broken, tmp_path / "out.mp4", seed="s", cancel=cancellation.Cancellation())
 
     assert raised.value.code == "song_unreadable"
+
+
+SUNG = (
+    events.TimedLine(
+        text="군산에 노을",
+        start_s=0.6,
+        end_s=1.9,
+        syllables=tuple(
+            events.TimedSyllable(text=char, at=at, start_s=round(0.6 + 0.26 * n, 2), end_s=round(0.86 + 0.26 * n, 2))
+            for n, (at, char) in enumerate((at, char) for at, char in enumerate("군산에 노을") if char != " ")
+        ),
+    ),
+    events.TimedLine(
+        text="오늘도",
+        start_s=2.3,
+        end_s=3.5,
+        syllables=tuple(
+            events.TimedSyllable(text=char, at=n, start_s=2.3 + 0.4 * n, end_s=2.7 + 0.4 * n)
+            for n, char in enumerate("오늘도")
+        ),
+    ),
+)
+
+
+def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_sung_syllable(
+    song: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    fps, side = 24, 360
+    renderer = provider.LocalVideoProvider(short_side=side, fps=fps)
+    out = tmp_path / "karaoke.mp4"
+    renderer.render(BRIEF, LYRICS, SUNG, song, out, seed="s", cancel=cancellation.Cancellation())
+    width, height = provider.frame_size(BRIEF.orientation, side)
+    raw = subprocess.run(
+        [FFMPEG, "-v", "error", "-i", str(out), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    frames = np.frombuffer(raw, dtype=np.uint8).reshape(-1, height, width, 3).astype(np.float64)
+    plan = provider.shots(LYRICS, SUNG, SONG_S)
+    stills = provider.FrameRenderer(BRIEF, (width, height), renderer.fonts[LYRICS.language], "s")
+    expected = [
+        np.asarray(
+            stills.title_card(LYRICS.title) if shot.text is None else stills.caption(shot.text, shot.chorus, shot.sung),
+            dtype=np.float64,
+        )
+        for shot in plan
+    ]
+
+    # Which planned still each decoded frame shows, by the nearest picture.
+    band = slice(int(0.4 * height), int(0.72 * height))  # where the caption is drawn
+    shown = [int(np.argmin([np.mean(np.abs(frame[band] - still[band])) for still in expected])) for frame in frames]
+    first_seen = {index: shown.index(index) / fps for index in set(shown)}
+    planned_starts = np.cumsum([0.0] + [shot.duration_s for shot in plan[:-1]])
+
+    assert len(plan) == 1 + sum(len(line.syllables) for line in SUNG)
+    assert set(first_seen) == set(range(len(plan)))
+    for index, start in enumerate(planned_starts):
+        assert abs(first_seen[index] - start) <= 0.2, (plan[index], first_seen[index], start)
+    sung_starts = [syllable.start_s for line in SUNG for syllable in line.syllables]
+    assert list(planned_starts[1:]) == pytest.approx(sung_starts)

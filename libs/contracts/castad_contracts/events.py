@@ -75,14 +75,33 @@ class Lyrics(BaseModel):
         return [line for section in self.sections for line in section.lines]
 
 
-class TimedLine(BaseModel):
-    """A lyric line and when it is sung."""
+class TimedLineV2(BaseModel):
+    """A lyric line and when it is sung (versions 1 and 2 of song.completed)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     text: str
     start_s: float = Field(ge=0)
     end_s: float = Field(ge=0)
+
+
+class TimedSyllable(BaseModel):
+    """A sung syllable of a line: the characters it sings and when."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(description="the characters of the line it sings; empty when it sings on the ones before")
+    at: int = Field(ge=0, description="offset of those characters in the line's text")
+    start_s: float = Field(ge=0)
+    end_s: float = Field(ge=0)
+
+
+class TimedLine(TimedLineV2):
+    """A lyric line and when it is sung, and (version 3) when each of its syllables is."""
+
+    syllables: tuple[TimedSyllable, ...] = Field(
+        default=(), description="every syllable in order; empty when the singer did not say (a version-2 event)"
+    )
 
 
 class PipelineRequested(Payload):
@@ -145,10 +164,16 @@ class LyricCompleted(StageCompleted):
     lyrics: Lyrics
 
 
-class SongCompleted(StageCompleted):
+class SongCompletedV2(StageCompleted):
     lyrics: Lyrics
-    timed_lines: tuple[TimedLine, ...]
+    timed_lines: tuple[TimedLineV2, ...]
     song_duration_s: float
+
+
+class SongCompleted(SongCompletedV2):
+    """The song is made (version 3: with the time of each sung syllable)."""
+
+    timed_lines: tuple[TimedLine, ...]
 
 
 class VideoCompleted(StageCompleted):
@@ -191,7 +216,7 @@ class LyricCompletedV1(LyricCompleted):
     lyrics: LyricsV1
 
 
-class SongCompletedV1(SongCompleted):
+class SongCompletedV1(SongCompletedV2):
     brief: BriefV1
     lyrics: LyricsV1
 
@@ -265,7 +290,7 @@ def provider_called_back(stage: Stage) -> str:
 
 _COMPLETED: dict[Stage, type[Payload]] = {
     Stage.LYRIC: LyricCompleted,
-    Stage.SONG: SongCompleted,
+    Stage.SONG: SongCompletedV2,
     Stage.VIDEO: VideoCompleted,
 }
 _COMPLETED_V1: dict[Stage, type[Payload]] = {
@@ -379,3 +404,5 @@ for _stage in Stage:
     REGISTRY.register(stage_event(_stage, "failed"), 1, StageFailed)
     REGISTRY.register(stage_event(_stage, "canceled"), 1, StageCanceled)
     REGISTRY.register(provider_called_back(_stage), 1, ProviderCalledBack)
+# Version 3 of song.completed times every syllable; a version-2 line reads as one whose syllables are untold.
+REGISTRY.register(stage_event(Stage.SONG, "completed"), 3, SongCompleted, _same)

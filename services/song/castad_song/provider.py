@@ -6,7 +6,6 @@ import dataclasses
 import hashlib
 import math
 import pathlib
-import re
 import wave
 from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, Protocol
@@ -16,14 +15,14 @@ import numpy.typing as npt
 from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
 
+from castad_song import g2p, mix, voice
+
 Signal = npt.NDArray[np.float64]
 Voice = Literal["lead", "chord", "bass", "kick", "snare", "hat"]
+BACKING: frozenset[Voice] = frozenset({"chord", "bass", "kick", "snare", "hat"})
 
 STEPS_PER_BAR = 16
 BEATS_PER_BAR = 4
-PEAK = 0.89
-EDGE_FADE_S = 0.02
-FADE_OUT_S = 1.0
 CHECK_EVERY_NOTES = 64  # how often synthesis looks whether its attempt was cancelled
 _GAINS: dict[Voice, float] = {"lead": 0.5, "chord": 0.11, "bass": 0.3, "kick": 0.55, "snare": 0.28, "hat": 0.09}
 
@@ -94,6 +93,7 @@ class Arrangement:
     style: Style
     notes: tuple[Note, ...]
     timed_lines: tuple[events.TimedLine, ...]
+    phrases: tuple[voice.Phrase, ...] = ()
 
     def onsets_per_second(self, voices: frozenset[Voice]) -> float:
         return sum(note.voice in voices for note in self.notes) / self.duration_s
@@ -212,30 +212,10 @@ _KEY_SHIFTS = (-3, -2, -1, 0, 1, 2, 3)
 _HANGUL_FIRST, _HANGUL_LAST = 0xAC00, 0xD7A3
 _BRIGHT_VOWELS = frozenset({1, 3, 5, 7, 16, 20})  # ㅐ ㅒ ㅔ ㅖ ㅟ ㅣ
 _DARK_VOWELS = frozenset({8, 12, 13, 17, 18})  # ㅗ ㅛ ㅜ ㅠ ㅡ
-_SYLLABLE = re.compile(r"[\uac00-\ud7a3]|[0-9]|[A-Za-z']+")
-_VOWEL_GROUP = re.compile(r"[aeiouy]+")
 
 
 def tempo_bpm(style: brief.Style) -> float:
     return STYLES[style].bpm
-
-
-def syllables(text: str) -> list[str]:
-    """Sung syllables: each Hangul syllable, each digit, each vowel group of an English word."""
-    found: list[str] = []
-    for token in _SYLLABLE.findall(text):
-        if (len(token) == 1 and not token.isascii()) or token.isdigit():
-            found.append(token)
-        elif token.strip("'"):
-            found.extend(_english_syllables(token))
-    return found
-
-
-def _english_syllables(word: str) -> list[str]:
-    lower = word.lower()
-    groups = _VOWEL_GROUP.findall(lower)
-    silent_e = len(groups) > 1 and groups[-1] == "e" and lower.endswith("e") and not lower.endswith("le")
-    return (groups[:-1] if silent_e else groups) or [word.lower()]
 
 
 def syllable_step(syllable: str) -> int:
@@ -265,13 +245,13 @@ def _nearest_chord_pitch(pitch: int, chord: Sequence[int], tonic: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class _Line:
     text: str
-    syllables: tuple[str, ...]
+    syllables: tuple[g2p.Syllable, ...]
     chorus: bool
 
 
 def _lines(lyrics: events.Lyrics) -> list[_Line]:
     return [
-        _Line(text, tuple(syllables(text)), section.kind == "chorus")
+        _Line(text, tuple(g2p.syllables(text, lyrics.language)), section.kind == "chorus")
         for section in lyrics.sections
         for text in section.lines
     ]
@@ -329,11 +309,11 @@ def _melody(grid: _Grid, line: _Line, start_s: float, end_s: float) -> list[Note
     on_grid = per_syllable >= 1
     note_s = per_syllable * step_s if on_grid else 0.92 * (end_s - start_s) / count
     anchor = 5 if line.chorus else 2
-    degree = anchor + syllable_step(line.syllables[0])
+    degree = anchor + syllable_step(line.syllables[0].sound)
     velocity = 1.0 if line.chorus else 0.75
     notes: list[Note] = []
     for index, syllable in enumerate(line.syllables):
-        degree = max(anchor - 3, min(anchor + 4, degree + syllable_step(syllable)))
+        degree = max(anchor - 3, min(anchor + 4, degree + syllable_step(syllable.sound)))
         onset = start_s + index * note_s
         if on_grid:
             onset = grid.swung(onset, step_s, index * per_syllable)
@@ -364,8 +344,8 @@ def _accompaniment(grid: _Grid) -> list[Note]:
     notes: list[Note] = []
     for bar_start in grid.bars():
         chord = grid.chord_at(bar_start)
-        for voice, pattern in drums:
-            notes.extend(Note(voice, time, 0.0, 0.0, 1.0) for time in _hits(pattern, bar_start, grid))
+        for drum, pattern in drums:
+            notes.extend(Note(drum, time, 0.0, 0.0, 1.0) for time in _hits(pattern, bar_start, grid))
         notes.extend(_chords(_hits(style.chords, bar_start, grid), bar_start + grid.bar_s, grid, chord))
         notes.extend(_bass(_hits(style.bass, bar_start, grid), bar_start + grid.bar_s, grid, chord))
     return notes
@@ -401,12 +381,28 @@ def arrange(brief: brief.Brief, lyrics: events.Lyrics, seed: str) -> Arrangement
     lines = _lines(lyrics)
     notes = _accompaniment(grid)
     timed: list[events.TimedLine] = []
+    phrases: list[voice.Phrase] = []
     if lines:
         bounds = [round(bound, 3) for bound in _slot_bounds(grid, lines)]
         for line, start, end in zip(lines, bounds, bounds[1:], strict=False):
-            timed.append(events.TimedLine(text=line.text, start_s=start, end_s=end))
-            notes.extend(_melody(grid, line, start, end))
-    return Arrangement(grid.duration_s, style, tuple(notes), tuple(timed))
+            melody = _melody(grid, line, start, end)
+            notes.extend(melody)
+            timed.append(_timed(line, melody, start, end))
+            sung = tuple(voice.SungNote(note.start_s, note.duration_s, note.pitch) for note in melody)
+            phrases.append(voice.Phrase(line.syllables, sung))
+    return Arrangement(grid.duration_s, style, tuple(notes), tuple(timed), tuple(phrases))
+
+
+def _timed(line: _Line, melody: Sequence[Note], slot_start: float, slot_end: float) -> events.TimedLine:
+    """When the line is sung: from its first note to the end of its last, each syllable on its note."""
+    if not melody:
+        return events.TimedLine(text=line.text, start_s=slot_start, end_s=slot_end)
+    ends = [later.start_s for later in melody[1:]] + [melody[-1].start_s + melody[-1].duration_s]
+    sung = tuple(
+        events.TimedSyllable(text=syllable.text, at=syllable.at, start_s=round(note.start_s, 3), end_s=round(end, 3))
+        for syllable, note, end in zip(line.syllables, melody, ends, strict=True)
+    )
+    return events.TimedLine(text=line.text, start_s=sung[0].start_s, end_s=sung[-1].end_s, syllables=sung)
 
 
 def _envelope(count: int, sample_rate: int, timbre: Timbre) -> Signal:
@@ -465,8 +461,13 @@ def _add(buffer: Signal, signal: Signal, start_s: float, sample_rate: int) -> No
         buffer[start:end] += signal[: end - start]
 
 
-def render(arrangement: Arrangement, sample_rate: int, check: Callable[[], None] = lambda: None) -> Signal:
-    """Synthesize the arrangement into samples in [-PEAK, PEAK]; `check` is called between notes
+def render(
+    arrangement: Arrangement,
+    sample_rate: int,
+    check: Callable[[], None] = lambda: None,
+    voices: frozenset[Voice] = frozenset(_GAINS),
+) -> Signal:
+    """Synthesize the arrangement's notes of `voices`, unmastered; `check` is called between notes
     (it raises to stop the work)."""
     buffer = np.zeros(int(round(arrangement.duration_s * sample_rate)))
     drums = _drums(sample_rate)
@@ -475,6 +476,8 @@ def render(arrangement: Arrangement, sample_rate: int, check: Callable[[], None]
     for index, note in enumerate(arrangement.notes):
         if index % CHECK_EVERY_NOTES == 0:
             check()
+        if note.voice not in voices:
+            continue
         gain = _GAINS[note.voice] * note.velocity
         if note.voice in drums:
             _add(buffer, gain * drums[note.voice], note.start_s, sample_rate)
@@ -483,14 +486,7 @@ def render(arrangement: Arrangement, sample_rate: int, check: Callable[[], None]
         if key not in tones:
             tones[key] = _tone(note.pitch, key[2], sample_rate, timbres[note.voice])
         _add(buffer, gain * tones[key], note.start_s, sample_rate)
-    fade_in = min(int(EDGE_FADE_S * sample_rate), buffer.size // 2)
-    fade_out = min(int(min(FADE_OUT_S, 0.05 * arrangement.duration_s) * sample_rate), buffer.size // 2)
-    if fade_in:
-        buffer[:fade_in] *= np.linspace(0.0, 1.0, fade_in)
-    if fade_out:
-        buffer[-fade_out:] *= np.linspace(1.0, 0.0, fade_out)
-    peak = float(np.max(np.abs(buffer), initial=0.0))
-    return buffer * (PEAK / peak) if peak > 0 else buffer
+    return buffer
 
 
 def write_wav(path: pathlib.Path, samples: Signal, sample_rate: int) -> None:
@@ -503,10 +499,15 @@ def write_wav(path: pathlib.Path, samples: Signal, sample_rate: int) -> None:
 
 
 class LocalSongProvider:
-    """Synthesizes the song offline with numpy: melody from the lyrics, groove from the genre."""
+    """Sings the song offline: melody from the lyrics, groove from the genre, the lyrics sung over it.
 
-    def __init__(self, sample_rate: int = 22050) -> None:
+    With no voice (`singer=None`) the melody is played on the synth lead alone. A voice that cannot
+    sing (eSpeak NG missing) raises voice.VoiceUnavailable here, when the service starts.
+    """
+
+    def __init__(self, sample_rate: int = 22050, singer: str | None = "female") -> None:
         self._sample_rate = sample_rate
+        self._voice = voice.Voice(voice.SINGERS[singer]) if singer is not None else None
 
     def compose(
         self,
@@ -518,6 +519,14 @@ class LocalSongProvider:
         cancel: cancellation.Cancellation,
     ) -> Song:
         arrangement = arrange(brief, lyrics, seed)
-        samples = render(arrangement, self._sample_rate, cancel.check)
-        write_wav(out_path, samples, self._sample_rate)
+        rate = self._sample_rate
+        backing = render(arrangement, rate, cancel.check, BACKING)
+        lead = render(arrangement, rate, cancel.check, frozenset({"lead"}))
+        sung = None
+        if self._voice is not None:
+            sung = self._voice.sing(
+                arrangement.phrases, lyrics.language, arrangement.duration_s, rate, cancel.check, cancel.run
+            )
+        samples = mix.master(mix.mix(backing, lead, sung), rate)
+        write_wav(out_path, samples, rate)
         return Song(duration_s=samples.size / self._sample_rate, timed_lines=arrangement.timed_lines)

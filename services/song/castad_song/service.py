@@ -26,6 +26,11 @@ class SongSettings(stage_service.LinkingStageSettings):
         description="`local` sings offline; `instant` writes a tiny WAV at once (benchmarks); `suno` asks a Suno"
         " music API shaped as sunoapi.org's v1 (CASTAD_SONG_SUNO_*), submit then poll",
     )
+    voice: Literal["female", "male", "off"] = Field(
+        default="female",
+        description="who sings with the `local` provider: `female` at the melody's pitch, `male` an octave below, or"
+        " `off` for the instrumental alone; a voice that cannot sing (eSpeak NG missing) stops the service at start",
+    )
     suno_base_url: str = Field(
         default="https://api.sunoapi.org", pattern=r"^https?://", description="the music API's base URL"
     )
@@ -84,7 +89,9 @@ def make_work(config: SongSettings) -> runner.Work:
     if config.provider == "suno":
         return make_suno_work(config)
     composer: provider.SongProvider = (
-        instant.InstantSongProvider() if config.provider == "instant" else provider.LocalSongProvider()
+        instant.InstantSongProvider()
+        if config.provider == "instant"
+        else provider.LocalSongProvider(singer=None if config.voice == "off" else config.voice)
     )
     store = artifacts.make_store(config)
 

@@ -220,14 +220,19 @@ class FrameRenderer:
     def title_card(self, title: str) -> Image.Image:
         return self._frame(title, self._palette.accent, scale=0.11)
 
-    def caption(self, text: str, chorus: bool = False) -> Image.Image:
-        colour = self._palette.accent if chorus else self._palette.text
-        return self._frame(text, colour, scale=0.085)
+    def caption(self, text: str, chorus: bool = False, sung: int | None = None) -> Image.Image:
+        """A lyric line; with `sung`, its first `sung` characters (karaoke: what has been sung) stand out."""
+        colour, highlight = self._palette.text, self._palette.accent
+        if chorus:
+            colour, highlight = highlight, colour
+        return self._frame(text, colour, scale=0.085, highlight=highlight, sung=sung)
 
-    def _frame(self, text: str, colour: Rgb, scale: float) -> Image.Image:
+    def _frame(
+        self, text: str, colour: Rgb, scale: float, highlight: Rgb | None = None, sung: int | None = None
+    ) -> Image.Image:
         image = self._background.copy()
         self._header(image)
-        self._centered(image, text, colour, scale)
+        self._centered(image, text, colour, scale, highlight, sung)
         return image.convert("RGB")
 
     def _font(self, size: int) -> ImageFont.FreeTypeFont:
@@ -252,13 +257,25 @@ class FrameRenderer:
             y += bottom - top + 0.35 * caption.font.size
         draw.line((0.38 * width, y, 0.62 * width, y), fill=palette.accent, width=max(short // 160, 1))
 
-    def _centered(self, image: Image.Image, text: str, colour: Rgb, scale: float) -> None:
+    def _centered(
+        self,
+        image: Image.Image,
+        text: str,
+        colour: Rgb,
+        scale: float,
+        highlight: Rgb | None = None,
+        sung: int | None = None,
+    ) -> None:
         width, height = self._size
         caption = self._caption(text, round(scale * min(self._size)), 0.86 * width, MAX_CAPTION_LINES)
         centre = (width / 2, 0.56 * height)
         draw = ImageDraw.Draw(image)
         _drop_shadow(image, caption, centre, caption.box(draw, centre))
-        caption.draw(draw, centre, colour, self._palette.outline)
+        if sung is None or highlight is None:
+            caption.draw(draw, centre, colour, self._palette.outline)
+        else:
+            letters = sum(not char.isspace() for char in text[:sung])
+            caption.draw_sung(draw, centre, letters, highlight, colour, self._palette.outline)
 
     def _caption(self, text: str, size: int, max_width: float, max_lines: int) -> Caption:
         """Text wrapped at the largest font, down to 40% of size, that fits in max_lines."""
@@ -309,6 +326,44 @@ class Caption:
             stroke_fill=outline,
         )
 
+    def draw_sung(
+        self,
+        draw: ImageDraw.ImageDraw,
+        centre: tuple[float, float],
+        letters: int,
+        sung: Rgb,
+        unsung: Rgb,
+        outline: Rgb,
+    ) -> None:
+        """Draw the block with its first `letters` non-space characters in `sung`, the rest in `unsung`.
+
+        Each row is laid out as multiline_text lays it out (centred, same line spacing), drawn in two
+        pieces so the colour can change inside it.
+        """
+        left, top, _, _ = self.box(draw, centre)
+        rows = self.block.split("\n")
+        pitch = self.font.getbbox("A", stroke_width=self.stroke)[3] + self.stroke + self.spacing
+        block_width = max(draw.textlength(row, font=self.font) for row in rows)
+        for number, row in enumerate(rows):
+            width = draw.textlength(row, font=self.font)
+            x = left + self.stroke + (block_width - width) / 2
+            y = top + self.stroke + number * pitch
+            cut = _cut(row, letters)
+            letters -= sum(not char.isspace() for char in row[:cut])
+            done, rest = row[:cut], row[cut:]
+            for piece, fill, at in ((done, sung, x), (rest, unsung, x + draw.textlength(done, font=self.font))):
+                if piece:
+                    draw.text((at, y), piece, font=self.font, fill=fill, stroke_width=self.stroke, stroke_fill=outline)
+
+
+def _cut(row: str, letters: int) -> int:
+    """Index in `row` just after its first `letters` non-space characters."""
+    for index, char in enumerate(row):
+        if letters <= 0:
+            return index
+        letters -= not char.isspace()
+    return len(row)
+
 
 def _drop_shadow(
     image: Image.Image, caption: Caption, centre: tuple[float, float], box: tuple[float, float, float, float]
@@ -355,24 +410,35 @@ def _pieces(word: str, font: ImageFont.FreeTypeFont, max_width: float) -> list[s
 
 @dataclasses.dataclass(frozen=True)
 class Shot:
-    """One still on screen: a caption, or the title card when text is None."""
+    """One still on screen: a caption, or the title card when text is None.
+
+    `sung` is how many characters of the caption have been sung (karaoke), None when not known.
+    """
 
     text: str | None
     chorus: bool
     duration_s: float
+    sung: int | None = None
 
 
 def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], duration_s: float) -> list[Shot]:
-    """The title card until the first line, then each line until the next one starts; sums to duration_s."""
+    """The title card until the first line, then each line until the next one starts; sums to duration_s.
+
+    A line whose syllables are timed is shown once per syllable, each time with what has been sung
+    so far highlighted (from the syllable's start).
+    """
     chorus_lines = {line for section in lyrics.sections if section.kind == "chorus" for line in section.lines}
-    starts: list[tuple[float, str | None]] = [(0.0, None)]
+    starts: list[tuple[float, str | None, int | None]] = [(0.0, None, None)]
     for line in timed_lines:
-        start = min(max(line.start_s, starts[-1][0]), duration_s)
-        starts.append((start, line.text))
-    ends = [start for start, _ in starts[1:]] + [duration_s]
+        moments: list[tuple[float, int | None]] = [(line.start_s, None)] if not line.syllables else []
+        moments += [(syllable.start_s, syllable.at + len(syllable.text)) for syllable in line.syllables]
+        for time, sung in moments:
+            start = min(max(time, starts[-1][0]), duration_s)
+            starts.append((start, line.text, sung))
+    ends = [start for start, _, _ in starts[1:]] + [duration_s]
     return [
-        Shot(text, text in chorus_lines, end - start)
-        for (start, text), end in zip(starts, ends, strict=True)
+        Shot(text, text in chorus_lines, end - start, sung)
+        for (start, text, sung), end in zip(starts, ends, strict=True)
         if end - start > 1e-3
     ]
 
@@ -473,14 +539,18 @@ class LocalVideoProvider:
         workdir: pathlib.Path,
         cancel: cancellation.Cancellation,
     ) -> list[pathlib.Path]:
-        written: dict[tuple[str | None, bool], pathlib.Path] = {}
+        written: dict[tuple[str | None, bool, int | None], pathlib.Path] = {}
         frames: list[pathlib.Path] = []
         for shot in plan:
-            key = (shot.text, shot.chorus)
+            key = (shot.text, shot.chorus, shot.sung)
             if key not in written:
                 cancel.check()
                 path = workdir / f"frame-{len(written):04d}.png"
-                image = renderer.title_card(title) if shot.text is None else renderer.caption(shot.text, shot.chorus)
+                image = (
+                    renderer.title_card(title)
+                    if shot.text is None
+                    else renderer.caption(shot.text, shot.chorus, shot.sung)
+                )
                 image.save(path, compress_level=1)
                 written[key] = path
             frames.append(written[key])
