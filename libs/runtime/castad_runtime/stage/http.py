@@ -193,6 +193,9 @@ class HttpProvider:
         self.timeout_s = timeout_s
         self.max_body_bytes = max_body_bytes
         self._headers = headers
+        # Only the guarded transport connects through httpcore, whose trace hook lets the fence run once the
+        # connection is made; a transport that answers in memory is fenced before it is called.
+        self._fence_on_send = transport is None
         self._client = outbound.Client(
             allow_private=allow_private, timeout_s=timeout_s, base_url=base_url, transport=transport
         )
@@ -207,8 +210,10 @@ class HttpProvider:
     def submit(self, path: str, cancel: cancellation.Cancellation, **kwargs: Any) -> Any:
         """POST a request that starts work at the provider (paid for) and return its JSON answer.
 
-        It goes only past the attempt's fence (`Cancellation.leaving`), checked as the last thing
-        before it is sent: an attempt that no longer holds its job sends nothing."""
+        It goes only past the attempt's fence (`Cancellation.leaving`), checked as late as the HTTP
+        client allows: once the name is resolved, the connection made and TLS set up (or a kept-alive
+        connection taken), as httpcore starts writing the request's headers (its `trace` hook). An
+        attempt that no longer holds its job by then sends nothing, however long the connect took."""
         return self.send("POST", path, cancel, leaving=True, **kwargs).json(self.name)
 
     def send(
@@ -217,7 +222,10 @@ class HttpProvider:
         """Send a request and return a successful answer (2xx); raise ProviderError for anything else.
         `leaving`: it starts work at the provider, and goes only past the attempt's fence."""
         headers = {**self._headers(), **kwargs.pop("headers", {})}  # a key file read before, not after, the fence
-        if leaving:
+        if leaving and self._fence_on_send:
+            cancel.check()
+            kwargs["extensions"] = {**kwargs.get("extensions", {}), "trace": _fence_before_headers(cancel)}
+        elif leaving:
             cancel.leaving()
         try:
             answer = cancel.call(lambda: self._exchange(method, path.lstrip("/"), headers, **kwargs))
@@ -254,6 +262,20 @@ class HttpProvider:
         with self._client.stream(method, path, headers=headers, **kwargs) as response:
             body = outbound.read(response, self.max_body_bytes, deadline)
             return Answer(response.status_code, response.headers, body)
+
+
+SENDING_HEADERS = frozenset({"http11.send_request_headers.started", "http2.send_request_headers.started"})
+
+
+def _fence_before_headers(cancel: cancellation.Cancellation) -> Callable[[str, dict[str, Any]], None]:
+    """httpcore's trace hook that passes the attempt's fence just before the request's first byte is written:
+    what it raises (Fenced, Cancelled) ends the request there, nothing sent."""
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event in SENDING_HEADERS:
+            cancel.leaving()
+
+    return trace
 
 
 @dataclasses.dataclass(frozen=True)
