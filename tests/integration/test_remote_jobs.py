@@ -365,3 +365,26 @@ def test_calls_already_on_their_way_when_the_provider_says_too_many_halve_the_ra
     limits = quota_row(engine, name)
     assert (limits["rate_per_s"], limits["throttled"]) == (20.0, 3)
     assert (limits["blocked_until"] - dt.datetime.now(dt.UTC)).total_seconds() <= quota.MAX_BLOCK_S
+
+
+def test_a_provider_down_for_maintenance_costs_no_attempt_however_often_it_says_so(engine):
+    def in_maintenance(job, callback_url, cancel):
+        raise errors.ProviderError(errors.MAINTENANCE, "the music API answered code 455", retry_after_s=0.1)
+
+    api = Provider()
+    api.submit = in_maintenance  # type: ignore[method-assign]
+    stage = remote_runner(engine, api, max_attempts=1)
+    pipeline_id = add_job(stage)
+    with db.transaction(engine) as conn:  # turned away many times already: still not charged (unlike "too many")
+        conn.execute(
+            tables.jobs.update()
+            .where(tables.jobs.c.pipeline_id == pipeline_id)
+            .values(attempts=runner.FREE_RATE_LIMITS + 5)
+        )
+
+    turn(stage)
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 0, errors.MAINTENANCE)
+    assert row.due_at >= row.updated_at + dt.timedelta(seconds=0.09)
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["interrupted"]

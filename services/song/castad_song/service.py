@@ -56,6 +56,7 @@ def make_suno_work(config: SongSettings) -> runner.Work:
         config.suno_max_answer_bytes,
         headers=key.bearer,
         allow_private=config.allow_private,
+        classify=suno.classify,
     )
     store = artifacts.make_store(config)
 

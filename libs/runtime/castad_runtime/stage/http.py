@@ -121,6 +121,9 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
     return errors.ProviderError("provider_rejected", message, retryable=False, status=status, detail=said)
 
 
+Classify = Callable[[str, int, Mapping[str, str], bytes], errors.ProviderError]
+
+
 def _error_code(body: bytes) -> str | None:
     try:
         error = json.loads(body).get("error")
@@ -176,7 +179,8 @@ class HttpProvider:
     """One provider's HTTP client: base URL, timeout, answer size cap and credentials per request.
 
     `allow_private` lets it reach a provider at a private address or over plain http (local fakes);
-    `transport` replaces the guarded one (tests answering in memory)."""
+    `transport` replaces the guarded one (tests answering in memory); `classify` reads an error answer
+    (a provider whose codes mean other things than HTTP's: sunoapi.org's 429 is credits, not a rate)."""
 
     def __init__(
         self,
@@ -188,8 +192,10 @@ class HttpProvider:
         transport: httpx.BaseTransport | None = None,
         *,
         allow_private: bool = False,
+        classify: Classify = classify,
     ) -> None:
         self.name = name
+        self._classify = classify
         self.timeout_s = timeout_s
         self.max_body_bytes = max_body_bytes
         self._headers = headers
@@ -250,7 +256,7 @@ class HttpProvider:
                 "provider_malformed", f"{self.name} answered with more than {self.max_body_bytes} bytes"
             ) from None
         if answer.status >= 400:
-            raise classify(self.name, answer.status, answer.headers, answer.body)
+            raise self._classify(self.name, answer.status, answer.headers, answer.body)
         if answer.status >= 300:
             raise errors.ProviderError(
                 "provider_rejected", f"{self.name} redirected ({answer.status})", retryable=False
