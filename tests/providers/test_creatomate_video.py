@@ -450,6 +450,14 @@ def test_output_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothin
     assert [path.name for path in (artifacts_dir / job.pipeline_id).iterdir()] == ["song-0123456789abcdef.mp3"]
 
 
+def test_a_video_a_cdn_serves_as_octet_stream_is_kept_as_the_mp4_its_bytes_are(fake, job):
+    work = work_for(fake)
+    job = submitted(work, job, Plan(output="octet_stream", seconds=0.1), fake=fake)
+    output = poll_until_done(work, job)
+    assert output.artifact.media_type == "video/mp4"
+    assert output.artifact.sha256 == hashlib.sha256(media.mp4()).hexdigest()
+
+
 # --- cancellation -----------------------------------------------------------------------------------------------
 
 

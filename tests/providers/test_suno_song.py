@@ -505,6 +505,14 @@ def test_audio_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothing
     assert not any(path.is_file() for path in (artifacts_dir / job.pipeline_id).glob("**/*"))
 
 
+def test_a_song_a_cdn_serves_as_octet_stream_is_kept_as_the_mp3_its_bytes_are(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(audio="octet_stream", seconds=0.1), fake=fake)
+    output = poll_until_done(work, job)
+    assert output.artifact.media_type == "audio/mpeg"
+    assert output.artifact.sha256 == hashlib.sha256(media.mp3(AUDIO_S)).hexdigest()
+
+
 # --- cancellation -----------------------------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import email.utils
 import json
+import logging
 import pathlib
 import time
 import urllib.parse
@@ -33,7 +34,9 @@ import httpx
 import pydantic
 
 from castad_runtime import outages, outbound, redact
-from castad_runtime.stage import cancellation, errors, machine
+from castad_runtime.stage import cancellation, errors, machine, sniff
+
+log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 200
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
@@ -310,8 +313,10 @@ def download(
     MAX_REDIRECTS redirects each checked, and a destination the guard refuses (a private address,
     plain http) is `provider_url_refused`, not retryable: nothing is fetched. No credentials go with
     it (the URL is often another host's, a CDN's). The answer must be one of `media_types` (e.g.
-    "audio/", a prefix, or "video/mp4") and at most `max_bytes`; what is not is
-    `provider_artifact_invalid`, retryable with a new attempt. Any error answer of the file host (a
+    "audio/", a prefix, or "video/mp4") by its bytes (castad_runtime.stage.sniff: a CDN may say
+    `application/octet-stream` of an MP3, or `audio/mpeg` of an error page; a header that disagrees
+    is logged), and at most `max_bytes`; what is not is `provider_artifact_invalid`, retryable with a
+    new attempt. Any error answer of the file host (a
     CDN still propagating, an expired link, a 5xx) is `provider_unavailable`: the result is fetched
     again at the next poll (see castad_runtime.stage.remote), and it says nothing of the provider's quota.
     """
@@ -324,19 +329,26 @@ def download(
             with client.stream("GET", url, max_redirects=MAX_REDIRECTS) as response:
                 if response.status_code >= 300:
                     raise _host_error(response, deadline)
-                media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
-                if not media_type.startswith(media_types):
-                    raise errors.ProviderError(
-                        "provider_artifact_invalid",
-                        f"the result is {media_type[:60] or 'untyped'}, not {'/'.join(media_types)}",
-                    )
+                declared = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 with dest.open("wb") as out:
                     size = outbound.write_to(response, out, max_bytes, deadline)
         finally:
             client.close()
         if size == 0:
             raise errors.ProviderError("provider_artifact_invalid", "the result is empty")
-        return Download(media_type, size)
+        with dest.open("rb") as written:
+            found = sniff.media_type(written.read(sniff.HEAD_BYTES))
+        if found is None or not found.startswith(media_types):
+            raise errors.ProviderError(
+                "provider_artifact_invalid",
+                f"the result is {found or 'of no known kind'} by its bytes, not {' or '.join(media_types)}",
+                detail=f"{where}: served as {declared[:60] or 'untyped'}",
+            )
+        if declared != found:
+            log.warning(
+                "%s: served as %s, by its bytes %s: kept as %s", where, declared[:60] or "untyped", found, found
+            )
+        return Download(found, size)
 
     try:
         return cancel.call(fetch)
