@@ -111,6 +111,7 @@ def job_for(
     handle: str | None = None,
     polls: int = 0,
     submitted_at: dt.datetime | None = None,
+    previous_handle: str | None = None,
 ) -> repository.Job:
     done = done or lyric_completed()
     if handle is not None and submitted_at is None:
@@ -129,6 +130,7 @@ def job_for(
         handle=handle,
         submitted_at=submitted_at,
         polls=polls,
+        previous_handle=previous_handle,
     )
 
 
@@ -511,6 +513,30 @@ def test_a_song_a_cdn_serves_as_octet_stream_is_kept_as_the_mp3_its_bytes_are(fa
     output = poll_until_done(work, job)
     assert output.artifact.media_type == "audio/mpeg"
     assert output.artifact.sha256 == hashlib.sha256(media.mp3(AUDIO_S)).hexdigest()
+
+
+def test_a_new_attempt_takes_the_song_an_earlier_attempt_left_finished_instead_of_paying_again(fake):
+    work = work_for(fake)
+    earlier = submitted(work, Plan(seconds=0.1), fake=fake)
+    time.sleep(0.2)  # done at the provider, though that attempt failed (its give-up time, a lost download)
+    made = fake.tasks_made
+
+    output = work(job_for(handle=None, previous_handle=earlier.handle), cancellation.Cancellation())
+
+    assert isinstance(output, runner.Output) and output.artifact.media_type == "audio/mpeg"
+    assert fake.tasks_made == made
+
+
+def test_a_new_attempt_submits_anew_when_the_earlier_song_failed(fake):
+    work = work_for(fake)
+    earlier = submitted(work, Plan(outcome="fail", seconds=0.05), fake=fake)
+    time.sleep(0.1)
+    made = fake.tasks_made
+
+    waiting = work(job_for(handle=None, previous_handle=earlier.handle), cancellation.Cancellation())
+
+    assert isinstance(waiting, runner.Awaiting) and waiting.handle != earlier.handle
+    assert fake.tasks_made == made + 1
 
 
 # --- cancellation -----------------------------------------------------------------------------------------------
