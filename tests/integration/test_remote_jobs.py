@@ -37,6 +37,7 @@ class Provider:
         self.polls = list(polls)
         self.submitted: list[tuple[str, str | None]] = []
         self.polled: list[str] = []
+        self.failed: dict[str, Exception] = {}
         self._lock = threading.Lock()
 
     def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
@@ -49,7 +50,11 @@ class Provider:
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         with self._lock:
             self.polled.append(handle)
+            if handle in self.failed:  # work the provider failed stays failed
+                raise self.failed[handle]
             step = self.polls.pop(0) if self.polls else remote.Finished("http://provider.invalid/result")
+            if isinstance(step, errors.ProviderError) and step.code in remote.GONE:
+                self.failed[handle] = step
         if isinstance(step, Exception):
             raise step
         return step
@@ -184,6 +189,7 @@ def test_failed_work_at_the_provider_fails_the_attempt_and_the_next_one_submits_
     turn_when_due(stage)
 
     assert [handle for handle, _ in api.submitted] == ["task-1", "task-2"]
+    assert api.polled[:2] == ["task-1", "task-1"]  # the second attempt looked the failed work up first
     assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["failed_retryable", "succeeded"]
 
 
@@ -365,3 +371,48 @@ def test_calls_already_on_their_way_when_the_provider_says_too_many_halve_the_ra
     limits = quota_row(engine, name)
     assert (limits["rate_per_s"], limits["throttled"]) == (20.0, 3)
     assert (limits["blocked_until"] - dt.datetime.now(dt.UTC)).total_seconds() <= quota.MAX_BLOCK_S
+
+
+def test_a_provider_down_for_maintenance_costs_no_attempt_however_often_it_says_so(engine):
+    def in_maintenance(job, callback_url, cancel):
+        raise errors.ProviderError(errors.MAINTENANCE, "the music API answered code 455", retry_after_s=0.1)
+
+    api = Provider()
+    api.submit = in_maintenance  # type: ignore[method-assign]
+    stage = remote_runner(engine, api, max_attempts=1)
+    pipeline_id = add_job(stage)
+    with db.transaction(engine) as conn:  # turned away many times already: still not charged (unlike "too many")
+        conn.execute(
+            tables.jobs.update()
+            .where(tables.jobs.c.pipeline_id == pipeline_id)
+            .values(attempts=runner.FREE_RATE_LIMITS + 5)
+        )
+
+    turn(stage)
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 0, errors.MAINTENANCE)
+    assert row.due_at >= row.updated_at + dt.timedelta(seconds=0.09)
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["interrupted"]
+
+
+def test_work_given_up_on_but_finished_since_is_taken_by_the_next_attempt_and_not_paid_for_again(engine):
+    api = Provider(*[remote.Pending("PENDING")] * 100)
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=0.05, max_s=0.05, give_up_s=0.12))
+    pipeline_id = add_job(stage)
+    turn(stage)
+    eventually(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.RETRY_WAIT, timeout=5.0)
+    assert (job_row(engine, pipeline_id).last_error_code, job_row(engine, pipeline_id).handle) == (
+        "provider_job_timeout",
+        None,
+    )
+
+    api.polls.clear()  # the provider finishes the work after all
+
+    turn_when_due(stage, "the second attempt")
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.previous_handle) == (Status.SUCCEEDED, "task-1")
+    assert [handle for handle, _ in api.submitted] == ["task-1"]  # looked up, not submitted again
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["failed_retryable", "succeeded"]
+    assert [a.submitted_at is not None for a in attempt_rows(engine, pipeline_id)] == [True, False]

@@ -225,6 +225,8 @@ def test_submit_sends_the_template_filled_with_the_pipelines_words_song_and_capt
         "Caption-3": "바다책방에서 만나요",
         "Caption-3.time": 7.5,
         "Caption-3.duration": 0.1,
+        # the template's captions past the song's last line are blanked, not left with the template's text
+        **{f"Caption-{n}": "" for n in range(4, creatomate.MAX_CAPTIONS + 1)},
     }
     assert body["metadata"] == job.submission_key == f"castad-{job.pipeline_id}-0-1"  # tagged with the attempt
     assert signed_path(body["webhook_url"], GATEWAY) == f"/v1/provider-callbacks/video/{job.pipeline_id}"
@@ -252,6 +254,25 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
     captions = [name for name in body["modifications"] if name.startswith("Caption-") and "." not in name]
     assert len(captions) == creatomate.MAX_CAPTIONS and "Caption-60" in captions
     assert isinstance(api.poll(handle, cancellation.Cancellation()), remote.Pending)
+
+
+@pytest.mark.parametrize(
+    ("missing", "named"),
+    [("Music", "Music"), ("Caption-2", "Caption-2"), ("Title", "Title")],
+)
+def test_a_template_lacking_an_element_the_video_needs_fails_the_stage_for_good(artifacts_dir, missing, named):
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=fake_creatomate.ELEMENTS - {missing}) as odd:
+        error = failure(work_for(odd), job_for(song_completed(artifacts_dir)))
+    assert (error.code, error.retryable) == ("template_mismatch", False)
+    assert named in error.message and named in (error.detail or "")
+
+
+def test_captions_the_template_has_no_element_for_past_the_songs_lines_are_only_warned_of(artifacts_dir, caplog):
+    ten = fake_creatomate.ELEMENTS - {f"Caption-{n}" for n in range(11, 61)}  # a template with ten captions
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=ten) as odd:
+        waiting = work_for(odd)(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
+    assert isinstance(waiting, runner.Awaiting)
+    assert "Caption-11" in caplog.text and "no element" in caplog.text  # logged for operators
 
 
 # --- the work's course: submit, wait, keep ----------------------------------------------------------------------
@@ -399,6 +420,13 @@ def test_a_render_the_api_failed_fails_the_attempt_retryably_with_its_reason(fak
     assert fake_creatomate.FAILURE[:40] in (error.detail or "") and error.message == "the render API failed the video"
 
 
+def test_a_render_canceled_at_the_api_fails_the_stage_for_good_and_is_not_rendered_again(fake, job):
+    work = work_for(fake)
+    job = submitted(work, job, Plan(outcome="cancelled", seconds=0.1), fake=fake)
+    error = failure_once_ended(work, job)
+    assert (error.code, error.retryable) == ("provider_job_canceled", False)
+
+
 def test_a_render_never_done_times_out_once_the_give_up_time_has_passed(fake, job):
     work = work_for(fake)
     job = submitted(work, job, Plan(outcome="never"), fake=fake)
@@ -420,6 +448,14 @@ def test_output_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothin
     error = failure_once_ended(work, job)
     assert (error.code, error.retryable) == ("provider_artifact_invalid", True)
     assert [path.name for path in (artifacts_dir / job.pipeline_id).iterdir()] == ["song-0123456789abcdef.mp3"]
+
+
+def test_a_video_a_cdn_serves_as_octet_stream_is_kept_as_the_mp4_its_bytes_are(fake, job):
+    work = work_for(fake)
+    job = submitted(work, job, Plan(output="octet_stream", seconds=0.1), fake=fake)
+    output = poll_until_done(work, job)
+    assert output.artifact.media_type == "video/mp4"
+    assert output.artifact.sha256 == hashlib.sha256(media.mp4()).hexdigest()
 
 
 # --- cancellation -----------------------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ def job_for(
     handle: str | None = None,
     polls: int = 0,
     submitted_at: dt.datetime | None = None,
+    previous_handle: str | None = None,
 ) -> repository.Job:
     done = done or lyric_completed()
     if handle is not None and submitted_at is None:
@@ -129,6 +130,7 @@ def job_for(
         handle=handle,
         submitted_at=submitted_at,
         polls=polls,
+        previous_handle=previous_handle,
     )
 
 
@@ -207,11 +209,29 @@ def test_submit_sends_the_lyrics_with_section_tags_the_genre_as_written_the_titl
     assert fake.received[-1]["query"] == f"taskId={waiting.handle}"
 
 
-def test_without_a_gateway_no_callback_url_is_sent(fake):
+def test_without_a_gateway_a_callback_url_that_never_resolves_is_sent_and_the_poll_decides(fake):
     before = len(fake.received)
-    work_for(fake)(job_for(), cancellation.Cancellation())
+    waiting = work_for(fake)(job_for(), cancellation.Cancellation())
     (request,) = sent(fake, before)
-    assert "callBackUrl" not in request["body"]
+    assert isinstance(waiting, runner.Awaiting)  # the API requires callBackUrl on every generate
+    assert urllib.parse.urlsplit(request["body"]["callBackUrl"]).hostname.endswith(".invalid")
+
+
+@pytest.mark.parametrize("model", ["V3_5", "V4"])
+def test_lyrics_too_long_for_an_older_model_are_cut_at_a_line_to_what_it_takes(fake, model):
+    line = "바다책방에서 만나요 책 한 권에 바다 한 줄 " * 3
+    many = tuple(events.LyricSection(kind="verse", lines=(line,) * 8) for _ in range(12))
+    long = events.Lyrics(title=LYRICS.title, language=brief.Language.KOREAN, sections=many)
+    done = lyric_completed().model_copy(update={"lyrics": long})
+    before = len(fake.received)
+
+    waiting = work_for(fake, suno_model=model)(job_for(done), cancellation.Cancellation())
+
+    (request,) = sent(fake, before)
+    assert isinstance(waiting, runner.Awaiting), "the API answers code 413 past the model's limits"
+    prompt = request["body"]["prompt"]
+    assert len(prompt) <= 3000
+    assert prompt.endswith(line) and prompt.startswith("[Verse]\n")  # whole lines, none cut in the middle
 
 
 def test_an_overlong_title_is_cut_to_what_the_api_takes(fake):
@@ -221,7 +241,7 @@ def test_an_overlong_title_is_cut_to_what_the_api_takes(fake):
     waiting = work_for(fake)(job_for(done), cancellation.Cancellation())
     (request,) = sent(fake, before)
     assert isinstance(waiting, runner.Awaiting)  # the fake, like the API, takes at most 80 characters
-    assert request["body"]["title"] == "가" * suno.MAX_TITLE
+    assert request["body"]["title"] == "가" * suno.NEWER.title
 
 
 # --- the work's course: submit, wait, keep ----------------------------------------------------------------------
@@ -292,7 +312,7 @@ def test_a_finished_song_is_kept_as_the_mp3_the_api_served_with_its_lines_spread
 
 
 def test_a_rate_limit_on_submit_is_retryable_after_the_retry_after(fake):
-    fake.script(Reply("status", status=429, retry_after="7"))
+    fake.script(Reply("code", code=430, in_status=True, retry_after="7"))
     error = failure(work_for(fake), job_for())
     assert (error.code, error.retryable, error.retry_after_s) == (errors.RATE_LIMITED, True, 7.0)
 
@@ -300,7 +320,7 @@ def test_a_rate_limit_on_submit_is_retryable_after_the_retry_after(fake):
 def test_a_rate_limit_on_a_poll_waits_at_least_the_retry_after_and_says_it_was_throttled(fake):
     work = work_for(fake)
     job = submitted(work, Plan(outcome="never"), fake=fake)
-    fake.script(Reply("status", status=429, retry_after="7"))
+    fake.script(Reply("code", code=430, in_status=True, retry_after="7"))
 
     waiting = work(job, cancellation.Cancellation())
 
@@ -357,7 +377,7 @@ def test_a_submit_that_fails_on_the_way_is_a_retryable_error(fake, reply, code):
         (430, errors.RATE_LIMITED, True),
         (405, errors.RATE_LIMITED, True),
         (429, "provider_credits_exhausted", False),
-        (455, "provider_unavailable", True),
+        (455, errors.MAINTENANCE, True),
         (500, "provider_unavailable", True),
         (400, "provider_rejected", False),
         (413, "provider_rejected", False),
@@ -368,6 +388,40 @@ def test_an_error_code_in_the_body_of_a_submit_is_classified(fake, body_code, co
     error = failure(work_for(fake), job_for())
     assert (error.code, error.retryable) == (code, retryable)
     assert str(body_code) in error.message
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "retryable"),
+    [
+        (430, errors.RATE_LIMITED, True),
+        (405, errors.RATE_LIMITED, True),
+        (429, "provider_credits_exhausted", False),
+        (455, errors.MAINTENANCE, True),
+        (413, "provider_rejected", False),
+        (401, "provider_auth", False),
+    ],
+)
+def test_an_error_code_carried_by_the_http_status_too_means_what_it_means_in_the_body(fake, status, code, retryable):
+    fake.script(Reply("code", code=status, in_status=True, retry_after="9"))
+    error = failure(work_for(fake), job_for())
+    assert (error.code, error.retryable) == (code, retryable)
+    if code in (errors.RATE_LIMITED, errors.MAINTENANCE):
+        assert error.retry_after_s == 9.0
+
+
+def test_maintenance_or_a_rate_limit_in_the_http_status_of_a_poll_only_waits(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(outcome="never"), fake=fake)
+    for status in (455, 430):
+        fake.script(Reply("code", code=status, in_status=True))
+        waiting = work(job, cancellation.Cancellation())
+        assert isinstance(waiting, runner.Awaiting) and waiting.handle == job.handle
+        assert waiting.throttled_s == (0.0 if status == 430 else None)
+
+
+def test_a_bare_429_without_the_apis_answer_is_a_rate_limit_of_something_in_front_of_it():
+    error = suno.classify("the music API", 429, {"retry-after": "4"}, b"<html>Too Many Requests</html>")
+    assert (error.code, error.retryable, error.retry_after_s) == (errors.RATE_LIMITED, True, 4.0)
 
 
 def test_credits_that_ran_out_fail_a_poll_for_good(fake):
@@ -408,6 +462,23 @@ def test_a_song_the_api_failed_fails_the_attempt_retryably(fake):
     assert "Audio generation failed." in (error.detail or "") and "Audio" not in error.message
 
 
+def test_a_task_whose_callback_could_not_be_delivered_is_finished_with_its_tracks_not_failed(fake):
+    work = work_for(fake, gateway_url=GATEWAY, link_secret=stage_link_secret("song"))
+    job = submitted(work, Plan(outcome="callback_exception", seconds=0.2), fake=fake)
+    made = fake.tasks_made
+
+    output = poll_until_done(work, job)
+
+    assert output.artifact.media_type == "audio/mpeg"
+    assert fake.tasks_made == made  # kept, not submitted again
+
+
+def test_a_task_whose_callback_failed_before_its_tracks_show_is_still_waited_for(fake):
+    data = {"status": "CALLBACK_EXCEPTION", "response": {"sunoData": [{"id": "t", "audioUrl": "", "duration": 3}]}}
+    assert isinstance(suno.finished(data), remote.Pending)
+    assert isinstance(suno.finished({"status": "CALLBACK_EXCEPTION", "response": None}), remote.Pending)
+
+
 def test_lyrics_refused_for_sensitive_words_fail_for_good(fake):
     work = work_for(fake)
     job = submitted(work, Plan(outcome="sensitive", seconds=0.3), fake=fake)
@@ -434,6 +505,38 @@ def test_audio_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothing
     error = failure_once_ended(work, job)
     assert (error.code, error.retryable) == ("provider_artifact_invalid", True)
     assert not any(path.is_file() for path in (artifacts_dir / job.pipeline_id).glob("**/*"))
+
+
+def test_a_song_a_cdn_serves_as_octet_stream_is_kept_as_the_mp3_its_bytes_are(fake):
+    work = work_for(fake)
+    job = submitted(work, Plan(audio="octet_stream", seconds=0.1), fake=fake)
+    output = poll_until_done(work, job)
+    assert output.artifact.media_type == "audio/mpeg"
+    assert output.artifact.sha256 == hashlib.sha256(media.mp3(AUDIO_S)).hexdigest()
+
+
+def test_a_new_attempt_takes_the_song_an_earlier_attempt_left_finished_instead_of_paying_again(fake):
+    work = work_for(fake)
+    earlier = submitted(work, Plan(seconds=0.1), fake=fake)
+    time.sleep(0.2)  # done at the provider, though that attempt failed (its give-up time, a lost download)
+    made = fake.tasks_made
+
+    output = work(job_for(handle=None, previous_handle=earlier.handle), cancellation.Cancellation())
+
+    assert isinstance(output, runner.Output) and output.artifact.media_type == "audio/mpeg"
+    assert fake.tasks_made == made
+
+
+def test_a_new_attempt_submits_anew_when_the_earlier_song_failed(fake):
+    work = work_for(fake)
+    earlier = submitted(work, Plan(outcome="fail", seconds=0.05), fake=fake)
+    time.sleep(0.1)
+    made = fake.tasks_made
+
+    waiting = work(job_for(handle=None, previous_handle=earlier.handle), cancellation.Cancellation())
+
+    assert isinstance(waiting, runner.Awaiting) and waiting.handle != earlier.handle
+    assert fake.tasks_made == made + 1
 
 
 # --- cancellation -----------------------------------------------------------------------------------------------

@@ -5,11 +5,15 @@ request is sent). The fence's record in the database is tested in tests/integrat
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from http import server as http_server
 
 import httpx
 import pytest
+from castad_runtime import outbound
 from castad_runtime.stage import cancellation, errors, fence, http, leases, machine, repository
 
 LEASE_S = 3600.0  # the heartbeat would first renew in 20 minutes: it never runs here
@@ -164,3 +168,83 @@ def test_a_key_that_cannot_be_read_fails_a_submit_before_the_fence_records_anyth
             "jobs", cancellation.Cancellation(before_leaving=lambda: asked.append(True)), json={}
         )
     assert asked == []
+
+
+class Listener:
+    """A local HTTP server that records the requests it receives (its bytes reached it)."""
+
+    def __init__(self) -> None:
+        received: list[str] = []
+        self.received = received
+
+        class Handler(http_server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                received.append(self.path)
+                body = b'{"id": "job-1"}'
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http_server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    made = Listener()
+    yield made
+    made.close()
+
+
+def lease_until(deadline: float, asked: list[float]) -> Callable[[], None]:
+    """A fence that holds while the monotonic clock is before `deadline` (a lease by the worker's own clock)."""
+
+    def fence_check() -> None:
+        asked.append(time.monotonic())
+        if time.monotonic() >= deadline:
+            fenced()
+
+    return fence_check
+
+
+def test_a_connect_that_stalls_past_the_lease_sends_nothing(listener, monkeypatch):
+    real_lookup = outbound._lookup
+
+    def slow_lookup(host: str, port: int) -> list:
+        time.sleep(0.5)  # a name server, a SYN or a TLS handshake taking its time: the lease runs out meanwhile
+        return real_lookup(host, port)
+
+    monkeypatch.setattr(outbound, "_lookup", slow_lookup)
+    asked: list[float] = []
+    cancel = cancellation.Cancellation(before_leaving=lease_until(time.monotonic() + 0.2, asked))
+    api = http.HttpProvider("the API", listener.url, 5.0, 10_000, allow_private=True)
+    try:
+        with pytest.raises(fence.Fenced):
+            api.submit("jobs", cancel, json={})
+    finally:
+        api.close()
+    assert listener.received == []
+    assert len(asked) == 1  # the fence was asked once the connection was made, not before
+
+
+def test_a_submit_over_the_guarded_client_passes_the_fence_once_connected_and_is_sent_once(listener):
+    asked: list[float] = []
+    cancel = cancellation.Cancellation(before_leaving=lease_until(time.monotonic() + 60, asked))
+    api = http.HttpProvider("the API", listener.url, 5.0, 10_000, allow_private=True)
+    try:
+        assert api.submit("jobs", cancel, json={}) == {"id": "job-1"}
+        assert api.submit("jobs", cancel, json={}) == {"id": "job-1"}  # a kept-alive connection: fenced all the same
+    finally:
+        api.close()
+    assert listener.received == ["/jobs", "/jobs"]
+    assert len(asked) == 2

@@ -135,3 +135,23 @@ def test_every_provider_kind_is_a_setting_value():
     kinds = set(service.StageSettings.model_fields["provider"].annotation.__args__)
     assert kinds == set(SONG_PROVIDERS) == set(VIDEO_PROVIDERS)
     assert set(lyric_service.LyricSettings.model_fields["provider"].annotation.__args__) == set(LYRIC_PROVIDERS)
+
+
+# Requests a provider publishes it takes in a window (docs/providers.md has the pages): (requests, seconds).
+PUBLISHED_LIMITS = {"suno": (20, 10.0), "creatomate": (30, 10.0)}
+
+
+@pytest.mark.parametrize("provider", list(PUBLISHED_LIMITS))
+def test_a_network_providers_default_quota_stays_within_its_published_limit_from_the_first_call(provider, monkeypatch):
+    from castad_song.service import SongSettings
+    from castad_video.service import VideoSettings
+
+    monkeypatch.setenv("CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID", "tpl")
+    monkeypatch.setenv("CASTAD_VIDEO_GATEWAY_URL", "https://gateway.test")
+    monkeypatch.setenv("CASTAD_VIDEO_LINK_SECRET", "s" * 32)
+    config = SongSettings if provider == "suno" else VideoSettings
+    limits = config(provider=provider, **{f"{provider}_api_key": SecretStr("k")}).quota_limits()
+    assert limits is not None
+    most, window_s = PUBLISHED_LIMITS[provider]
+    # A token bucket lets its burst through at once, then its rate: at most this many calls in any window.
+    assert limits.burst + limits.max_rate_per_s * window_s <= most

@@ -38,7 +38,8 @@ class _Secret(server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self.server.hits += 1
-        body = b'{"message": "AccessKeyId=ASIAINSIDE SecretAccessKey=inside-secret-123"}'
+        secret = b'{"message": "AccessKeyId=ASIAINSIDE SecretAccessKey=inside-secret-123"}'
+        body = AUDIO if self.path.endswith(".mp3") else secret
         self.send_response(200 if self.path.endswith(".mp3") else 403)
         self.send_header("content-type", "audio/mpeg" if self.path.endswith(".mp3") else "application/json")
         self.send_header("content-length", str(len(body)))
@@ -61,11 +62,11 @@ def inside() -> Iterator[Inside]:
 
 
 def fetch(url: str, dest: pathlib.Path, transport: httpx.BaseTransport | None = None, **options) -> http.Download:
+    options.setdefault("media_types", ("audio/",))
     return http.download(
         url,
         dest,
         cancellation.Cancellation(),
-        media_types=("audio/",),
         max_bytes=100_000,
         timeout_s=5,
         transport=transport,
@@ -170,3 +171,41 @@ def test_plain_http_is_refused_unless_private_addresses_are_allowed(inside, tmp_
 
     got = fetch(f"http://127.0.0.1:{inside.port}/song.mp3", tmp_path / "b.mp3", allow_private=True)
     assert got.media_type == "audio/mpeg" and inside.hits == 1
+
+
+WAV = b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 100
+MP4 = b"\x00\x00\x00\x20ftypisom\x00\x00\x02\x00isomiso2avc1mp41" + b"\x00" * 100
+
+
+@pytest.mark.parametrize(
+    ("body", "wanted", "found"),
+    [(AUDIO, ("audio/",), "audio/mpeg"), (WAV, ("audio/",), "audio/wav"), (MP4, ("video/mp4",), "video/mp4")],
+    ids=["mp3", "wav", "mp4"],
+)
+def test_a_result_is_judged_by_its_bytes_not_by_a_cdns_content_type(tmp_path, caplog, body, wanted, found):
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "application/octet-stream"})
+
+    got = fetch("https://cdn.test/result", tmp_path / "r", httpx.MockTransport(answer), media_types=wanted)
+
+    assert (got.media_type, got.size) == (found, len(body))
+    assert "application/octet-stream" in caplog.text  # the header that disagreed is logged
+
+
+@pytest.mark.parametrize("declared", ["audio/mpeg", "video/mp4"])
+def test_a_page_served_as_media_is_refused_by_its_bytes(tmp_path, declared):
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"<!doctype html><h1>Not Found</h1>", headers={"content-type": declared})
+
+    with pytest.raises(errors.ProviderError) as caught:
+        fetch("https://cdn.test/result", tmp_path / "r", httpx.MockTransport(answer), media_types=(declared,))
+    assert caught.value.code == "provider_artifact_invalid"
+
+
+def test_audio_is_not_taken_where_a_video_is_wanted(tmp_path):
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=AUDIO, headers={"content-type": "video/mp4"})
+
+    with pytest.raises(errors.ProviderError) as caught:
+        fetch("https://cdn.test/result", tmp_path / "r", httpx.MockTransport(answer), media_types=("video/mp4",))
+    assert caught.value.code == "provider_artifact_invalid"

@@ -114,6 +114,7 @@ def settings_table() -> str:
     from castad_lyric import service as lyric
     from castad_relay import settings as relay_settings
     from castad_runtime.stage import service as stage_service
+    from castad_song import service as song
     from castad_video import service as video
 
     rows = ["| variable | default | meaning |", "|---|---|---|"]
@@ -124,6 +125,7 @@ def settings_table() -> str:
         (relay_settings.RelaySettings, "CASTAD_RELAY_"),
         (stage_service.StageSettings, "CASTAD_<STAGE>_"),
         (lyric.LyricSettings, "CASTAD_LYRIC_"),
+        (song.SongSettings, "CASTAD_SONG_"),
         (video.VideoSettings, "CASTAD_VIDEO_"),
     ]
     stage_fields = stage_service.StageSettings.model_fields

@@ -258,3 +258,13 @@ def drop_submissions_v8() -> None:
     op.drop_column("jobs", "reopened")
     op.drop_column("attempts", "submission_key")
     op.drop_column("attempts", "submitted_at")
+
+
+def add_previous_handle_v9() -> None:
+    """The provider's handle of the work an attempt that failed had submitted: the next attempt looks it up
+    (castad_runtime.stage.remote) and takes its result if it is there, rather than paying for new work."""
+    op.add_column("jobs", sa.Column("previous_handle", sa.Text))
+
+
+def drop_previous_handle_v9() -> None:
+    op.drop_column("jobs", "previous_handle")

@@ -96,6 +96,9 @@ jobs = sa.Table(
     sa.Column("handle", sa.Text),
     sa.Column("submitted_at", TZ),
     sa.Column("polls", sa.Integer, nullable=False, server_default="0"),
+    # The handle of the work the last attempt that failed with work at the provider had submitted: the next
+    # attempt looks it up before submitting, and takes its result if it is there (castad_runtime.stage.remote).
+    sa.Column("previous_handle", sa.Text),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),

@@ -43,6 +43,12 @@ class SongSettings(stage_service.LinkingStageSettings):
     suno_model: str = Field(default="V4_5", min_length=1, description="the model to sing with")
     suno_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for one answer")
     suno_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
+    # sunoapi.org takes 20 requests per 10 s (docs/providers.md): a burst of 5 and 1 a second stay under it
+    # (15 in any 10 s) from the first call, with room for the look-up a resubmission makes first.
+    quota_rate_per_s: float = Field(
+        default=1.0, gt=0, description="calls per second to the music API, across every worker of the service"
+    )
+    quota_burst: float = Field(default=5.0, ge=1, description="calls that may go at once after a quiet spell")
 
     @model_validator(mode="after")
     def _key_for_suno(self) -> Self:
@@ -61,6 +67,7 @@ def make_suno_work(config: SongSettings) -> runner.Work:
         config.suno_max_answer_bytes,
         headers=key.bearer,
         allow_private=config.allow_private,
+        classify=suno.classify,
     )
     store = artifacts.make_store(config)
 

@@ -6,15 +6,23 @@ Submit, then poll (castad_runtime.stage.remote):
   starts with `castad-` and the pipeline id) as `metadata`
   → a render object whose `id` is the handle (API v1 answered a list of them: both are read);
 - `GET /v2/renders/{id}` → `status`: planned, waiting, transcribing and rendering are still at
-  work; succeeded brings `url` (and `width`, `height`); failed brings `error_message`.
+  work; succeeded brings `url` (and `width`, `height`); failed brings `error_message`; a render
+  canceled at the provider (`cancelled`, or `canceled`: no page Castad read names it, the safer
+  reading is that it may come) fails the stage for good, as an operator there meant it to stop.
 
 The template's elements are filled by name (docs/providers.md):
 `Title`, `Business`, `Region`, `Music.source` (the song's URL), and for each sung line n (from 1)
-`Caption-n` with `Caption-n.time` and `Caption-n.duration` in seconds.
+`Caption-n` with `Caption-n.time` and `Caption-n.duration` in seconds; `Caption-n` past the song's
+last line (up to MAX_CAPTIONS) is blanked, so the template's own text never shows. A modification
+that matches no element of the template renders the template's placeholder instead: the answer's
+`warnings` (and `errors`) are logged, and a warning that names an element the video needs (any but
+a blanked caption) fails the stage for good (`template_mismatch`): the template must be fixed.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -23,8 +31,12 @@ from castad_contracts import events
 from castad_runtime import redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
+log = logging.getLogger(__name__)
+
 PENDING = frozenset({"planned", "waiting", "transcribing", "rendering"})
+CANCELED = frozenset({"cancelled", "canceled"})
 MAX_CAPTIONS = 60
+QUOTED = re.compile(r"""['"`]([^'"`]{1,100})['"`]""")
 
 
 def modifications(done: events.SongCompleted, song_url: str) -> dict[str, Any]:
@@ -38,7 +50,43 @@ def modifications(done: events.SongCompleted, song_url: str) -> dict[str, Any]:
         values[f"Caption-{n}"] = line.text
         values[f"Caption-{n}.time"] = round(line.start_s, 3)
         values[f"Caption-{n}.duration"] = round(max(line.end_s - line.start_s, 0.1), 3)
+    for n in range(len(done.timed_lines) + 1, MAX_CAPTIONS + 1):  # the template's own text must not show
+        values[f"Caption-{n}"] = ""
     return values
+
+
+def needed(done: events.SongCompleted) -> frozenset[str]:
+    """The template's elements the video cannot do without: all it is sent but the blanked captions."""
+    lines = min(len(done.timed_lines), MAX_CAPTIONS)
+    return frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, lines + 1)})
+
+
+def notes(render: dict[str, Any]) -> list[str]:
+    """The render's `errors` and `warnings` as text (strings, or objects with a message)."""
+    said: list[str] = []
+    for field in ("errors", "warnings"):
+        items = render.get(field)
+        for item in items if isinstance(items, list) else []:
+            text = item.get("message") or item.get("text") or item if isinstance(item, dict) else item
+            said.append(redact.mask(str(text))[:300])
+    return said
+
+
+def check_notes(render: dict[str, Any], done: events.SongCompleted) -> None:
+    """Log what the API said of the render's modifications; fail if it names an element the video needs."""
+    said = notes(render)
+    if not said:
+        return
+    log.warning("the render API's notes on render %s: %s", render.get("id"), " | ".join(said))
+    must = needed(done)
+    missing = sorted({name.split(".")[0] for text in said for name in QUOTED.findall(text)} & must)
+    if missing:
+        raise errors.ProviderError(
+            "template_mismatch",
+            f"the video template has no element {', '.join(missing[:5])} (named in docs/providers.md)",
+            retryable=False,
+            detail="; ".join(said)[:1000],
+        )
 
 
 def render_of(answer: Any) -> dict[str, Any]:
@@ -52,6 +100,10 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
     status = render.get("status")
     if status in PENDING:
         return remote.Pending(str(status))
+    if status in CANCELED:
+        raise errors.ProviderError(
+            "provider_job_canceled", "the render was canceled at the render API", retryable=False
+        )
     if status == "failed":
         reason = redact.mask(str(render.get("error_message") or "no reason given"))[:200]
         raise errors.ProviderError("provider_job_failed", "the render API failed the video", detail=reason)
@@ -83,7 +135,9 @@ class CreatomateApi:
         }
         if callback_url:
             body["webhook_url"] = callback_url
-        return str(render_of(self._client.submit("v2/renders", cancel, json=body))["id"])
+        render = render_of(self._client.submit("v2/renders", cancel, json=body))
+        check_notes(render, done)
+        return str(render["id"])
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         try:

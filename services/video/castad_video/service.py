@@ -47,6 +47,12 @@ class VideoSettings(stage_service.LinkingStageSettings):
     )
     creatomate_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for one answer")
     creatomate_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
+    # Creatomate takes 30 requests per 10 s (docs/providers.md): a burst of 5 and 2 a second stay under it
+    # (25 in any 10 s) from the first call, with room for the look-up a resubmission makes first.
+    quota_rate_per_s: float = Field(
+        default=2.0, gt=0, description="calls per second to the render API, across every worker of the service"
+    )
+    quota_burst: float = Field(default=5.0, ge=1, description="calls that may go at once after a quiet spell")
 
     @model_validator(mode="after")
     def _creatomate_needs(self) -> Self:

@@ -2,10 +2,13 @@
 
 `POST /v2/renders` checks a bearer key and the body as the API does (a `template_id`, flat
 `modifications`, an optional `webhook_url` and `metadata`) and answers 202 with one render
-object; `GET /v2/renders/<id>` reports it. A render moves by the time since it was submitted
+object, whose `warnings` name each modification that matches no element of the template (the
+template's elements: `elements`; such a render still renders, with the template's own content
+there); `GET /v2/renders/<id>` reports it. A render moves by the time since it was submitted
 (`render_s`): planned, waiting, rendering, then succeeded, its `url` a 2 s 360x640 MP4 under
 `/_fake/renders/`. When it succeeds or fails the render is posted to its `webhook_url` from one
-background thread. Errors are the API's: a 4xx with `{"hint": ...}`. Like the API, it takes no
+background thread. A render may also end `cancelled` (canceled at the provider, no file). Errors
+are the API's: a 4xx with `{"hint": ...}`. Like the API, it takes no
 idempotency key and lists no renders: every render request is a new render, its `metadata` given back.
 
 Tests script it: `POST /_fake/script` queues replies for the next API requests (see
@@ -37,13 +40,16 @@ FAILURE = "The render failed: the template could not be rendered with these modi
 RENDER_PATH = re.compile(r"/v2/renders/([0-9a-f-]{36})")
 OUTPUT_PATH = re.compile(r"/_fake/renders/([0-9a-f-]{36})\.mp4")
 SCALARS = (str, int, float, bool, type(None))
+# The elements of the template Castad's docs describe (docs/providers.md): what modifications may name.
+ELEMENTS = frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, 61)})
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How one render goes. `outcome`: ok, fail, never (planned for ever); `output`: ok,
-    wrong_type (an HTML page), oversized (`size` bytes); `seconds`: how long it takes (the fake's
-    `render_s` when None)."""
+    """How one render goes. `outcome`: ok, fail, never (planned for ever), cancelled (canceled at
+    the provider); `output`: ok, wrong_type (an HTML page), oversized (`size` bytes), octet_stream
+    (the MP4 as `application/octet-stream`, as a CDN may serve it); `seconds`: how long it takes (the
+    fake's `render_s` when None)."""
 
     outcome: str = "ok"
     output: str = "ok"
@@ -51,9 +57,9 @@ class Plan:
     size: int = 0
 
     def __post_init__(self) -> None:
-        if self.outcome not in {"ok", "fail", "never"}:
+        if self.outcome not in {"ok", "fail", "never", "cancelled"}:
             raise ValueError(f"unknown outcome {self.outcome!r}")
-        if self.output not in {"ok", "wrong_type", "oversized"}:
+        if self.output not in {"ok", "wrong_type", "oversized", "octet_stream"}:
             raise ValueError(f"unknown output {self.output!r}")
 
     @classmethod
@@ -75,6 +81,8 @@ class Render:
         """(seconds after submitting, status) of every status it goes through."""
         if self.plan.outcome == "never":
             return [(0.0, "planned")]
+        if self.plan.outcome == "cancelled":
+            return [(0.0, "planned"), (0.3 * self.seconds, "cancelled")]
         end = "succeeded" if self.plan.outcome == "ok" else "failed"
         return [
             (0.0, "planned"),
@@ -122,8 +130,10 @@ class FakeCreatomate(server.FakeServer):
         api_key: str = DEFAULT_KEY,
         render_s: float = 5.0,
         templates: set[str] | frozenset[str] | None = None,
+        elements: set[str] | frozenset[str] = ELEMENTS,
     ) -> None:
         self.api_key = api_key
+        self.elements = frozenset(elements)
         self.render_s = render_s
         self.templates = None if templates is None else frozenset(templates)
         self._script = server.Script(server.Reply)
@@ -211,6 +221,8 @@ class FakeCreatomate(server.FakeServer):
             "modifications": body.get("modifications", {}),
             "webhook_url": body.get("webhook_url"),
             "metadata": body.get("metadata"),
+            "errors": [],
+            "warnings": self.warnings(body.get("modifications", {})),
         }
         if status == "succeeded":
             shown |= {"width": WIDTH, "height": HEIGHT, "frame_rate": FRAME_RATE, "duration": DURATION_S}
@@ -218,6 +230,11 @@ class FakeCreatomate(server.FakeServer):
         if status == "failed":
             shown["error_message"] = FAILURE
         return shown
+
+    def warnings(self, modifications: dict[str, Any]) -> list[str]:
+        """What the API warns of a render's modifications: each that matches no element of the template."""
+        unmatched = sorted({name.split(".")[0] for name in modifications} - self.elements)
+        return [f"The modification '{name}' matches no element of the template." for name in unmatched]
 
     def _fake(self, request: server.Request) -> server.Response:
         if (scripting := self._script.serve(request)) is not None:
@@ -244,7 +261,8 @@ class FakeCreatomate(server.FakeServer):
         video = media.mp4()
         if plan.output == "oversized":
             video = (video * (plan.size // len(video) + 1))[: plan.size]
-        return server.Response(200, video, {"content-type": "video/mp4"})
+        kind = "application/octet-stream" if plan.output == "octet_stream" else "video/mp4"
+        return server.Response(200, video, {"content-type": kind})
 
 
 def _output_size(plan: Plan) -> int:

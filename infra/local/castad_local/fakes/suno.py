@@ -1,13 +1,17 @@
 """A local server that behaves like the sunoapi.org Suno API (v1), for tests and offline runs.
 
-`POST /api/v1/generate` checks a bearer key and the body as the API does (custom mode: lyrics
-as `prompt`, a `style`, a `title`) and answers with a `taskId`; `GET /api/v1/generate/record-info`
-reports the task. A task moves by the time since it was submitted (`song_s`): PENDING,
-TEXT_SUCCESS after a third, FIRST_SUCCESS after two thirds (the first track streams), SUCCESS
-at the end (two tracks, each an MP3 of `audio_s` seconds under `/_fake/audio/`). With a
+`POST /api/v1/generate` checks a bearer key and the body as the API's reference does (`customMode`,
+`instrumental`, `model` and `callBackUrl` required; in custom mode lyrics as `prompt`, a `style`, a
+`title`, each within its model's length: code 413 past it) and answers with a `taskId`;
+`GET /api/v1/generate/record-info` reports the task. A task moves by the time since it was
+submitted (`song_s`): PENDING, TEXT_SUCCESS after a third, FIRST_SUCCESS after two thirds (the
+first track streams), SUCCESS at the end (two tracks, each an MP3 of `audio_s` seconds under `/_fake/audio/`). With a
 `callBackUrl`, each step is also posted there (text, first, complete or error) from one
-background thread. Errors are the API's: HTTP 200 with the error in the body's `code`. Like the
-API, it takes no idempotency key and lists no tasks: every valid generate is a new task.
+background thread (not to a host under `.invalid`, which never resolves). Errors are the API's:
+HTTP 200 with the error in the body's `code`, or (scripted, as the API's overview says it may) the
+same code as the HTTP status too. A task whose callback could not be delivered ends as
+CALLBACK_EXCEPTION with its tracks made. Like the API, it takes no idempotency key and lists no
+tasks: every valid generate is a new task.
 
 Tests script it: `POST /_fake/script` queues replies for the next API requests (see `Reply`:
 an HTTP status with or without Retry-After, an error `code` in the body, a hang, a malformed or
@@ -35,7 +39,9 @@ from castad_local.fakes import media, server
 
 DEFAULT_KEY = "suno-castad-local"
 MODELS = frozenset({"V3_5", "V4", "V4_5", "V4_5PLUS", "V4_5ALL", "V5"})
+OLD_MODELS = frozenset({"V3_5", "V4"})  # the generate reference: shorter prompts and styles than the newer ones
 LIMITS = {"prompt": 5000, "style": 1000, "title": 80}
+OLD_LIMITS = {"prompt": 3000, "style": 200, "title": 80}
 DESCRIPTION_LIMIT = 500  # the prompt outside custom mode
 CODE_MESSAGES = {
     400: "Invalid parameters",
@@ -51,7 +57,9 @@ CODE_MESSAGES = {
 
 PENDING, TEXT, FIRST, SUCCESS = "PENDING", "TEXT_SUCCESS", "FIRST_SUCCESS", "SUCCESS"
 AUDIO_FAILED, SENSITIVE = "GENERATE_AUDIO_FAILED", "SENSITIVE_WORD_ERROR"
+CALLBACK_EXCEPTION = "CALLBACK_EXCEPTION"  # "Error occurred during callback": the songs were made
 ERRORS = {AUDIO_FAILED: "Audio generation failed.", SENSITIVE: "The lyrics contain sensitive words."}
+MADE = frozenset({SUCCESS, CALLBACK_EXCEPTION})  # the tracks are whole
 CALLBACKS = {TEXT: ("text", "Text generation completed."), FIRST: ("first", "First track generation completed.")}
 CALLBACKS[SUCCESS] = ("complete", "All generated successfully.")
 
@@ -61,10 +69,12 @@ AUDIO_PATH = re.compile(r"/_fake/(audio|stream|image)/([0-9a-f]{32})/([12])(?:\.
 @dataclasses.dataclass(frozen=True)
 class Reply(server.Reply):
     """One scripted answer: a generic kind (see `server.Reply`) or `code`, HTTP 200 with
-    `{"code": code, "msg": msg}` (msg: the API's own for the code when not given)."""
+    `{"code": code, "msg": msg}` (msg: the API's own for the code when not given); with `in_status`
+    the HTTP status is the code too (and `retry_after` its Retry-After)."""
 
     code: int = 0
     msg: str | None = None
+    in_status: bool = False
 
 
 KINDS = server.GENERIC_KINDS | {"code"}
@@ -73,9 +83,11 @@ KINDS = server.GENERIC_KINDS | {"code"}
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How one task goes. `outcome`: ok, fail (audio generation fails), sensitive (refused for its
-    words), never (pending for ever); `audio`: ok, wrong_type (an HTML page), oversized (`size`
-    bytes); `seconds`: how long it takes (the fake's `song_s` when None); `audio_s`: how long its
-    songs last (the fake's `audio_s` when None)."""
+    words), never (pending for ever), callback_exception (its songs made, its callback not delivered:
+    CALLBACK_EXCEPTION); `audio`: ok, wrong_type (an HTML page), oversized (`size` bytes),
+    octet_stream (the MP3 as `application/octet-stream`, as a CDN may serve it); `seconds`: how long
+    it takes (the fake's `song_s` when None); `audio_s`: how long its songs last (the fake's
+    `audio_s` when None)."""
 
     outcome: str = "ok"
     audio: str = "ok"
@@ -84,9 +96,9 @@ class Plan:
     audio_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.outcome not in {"ok", "fail", "sensitive", "never"}:
+        if self.outcome not in {"ok", "fail", "sensitive", "never", "callback_exception"}:
             raise ValueError(f"unknown outcome {self.outcome!r}")
-        if self.audio not in {"ok", "wrong_type", "oversized"}:
+        if self.audio not in {"ok", "wrong_type", "oversized", "octet_stream"}:
             raise ValueError(f"unknown audio {self.audio!r}")
 
     @classmethod
@@ -114,6 +126,12 @@ class Task:
             "fail": [(0.0, PENDING), (third, TEXT), (self.seconds, AUDIO_FAILED)],
             "sensitive": [(0.0, PENDING), (third, SENSITIVE)],
             "never": [(0.0, PENDING)],
+            "callback_exception": [
+                (0.0, PENDING),
+                (third, TEXT),
+                (2 * third, FIRST),
+                (self.seconds, CALLBACK_EXCEPTION),
+            ],
         }[self.plan.outcome]
 
     def status(self) -> str:
@@ -139,12 +157,20 @@ def invalid(body: Any) -> str | None:
     if body.get("model") not in MODELS:
         return f"model must be one of {', '.join(sorted(MODELS))}"
     url = body.get("callBackUrl")
-    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+    if not isinstance(url, str) or not url:
+        return "Please enter callBackUrl."  # required on every generate (the reference's requiredProperties)
+    if not url.startswith(("http://", "https://")):
         return "callBackUrl must be an http(s) URL"
     if not body["customMode"]:
         return _text_error(body, "prompt", DESCRIPTION_LIMIT)
+    limits = OLD_LIMITS if body["model"] in OLD_MODELS else LIMITS
     needed = ["style", "title"] + ([] if body["instrumental"] else ["prompt"])
-    return next((error for name in needed if (error := _text_error(body, name, LIMITS[name]))), None)
+    return next((error for name in needed if (error := _text_error(body, name, limits[name]))), None)
+
+
+def error_code(problem: str) -> int:
+    """The code the API answers a generate body's problem with: 413 for a text too long, else 400."""
+    return 413 if " is too long" in problem else 400
 
 
 def _text_error(body: dict[str, Any], name: str, limit: int) -> str | None:
@@ -216,7 +242,9 @@ class FakeSuno(server.FakeServer):
     def _scripted(self, request: server.Request, normal: Callable[[], server.Response]) -> server.Response:
         reply = self._script.next(request.record())
         if reply.kind == "code":
-            return server.Response.of_json(200, envelope(reply.code, reply.msg or CODE_MESSAGES.get(reply.code, "")))
+            said = envelope(reply.code, reply.msg or CODE_MESSAGES.get(reply.code, ""))
+            retry = {"retry-after": reply.retry_after} if reply.retry_after else {}
+            return server.Response.of_json(reply.code if reply.in_status else 200, said, retry)
         return server.answer(
             reply,
             normal,
@@ -230,7 +258,7 @@ class FakeSuno(server.FakeServer):
         except ValueError:
             body = None
         if (error := invalid(body)) is not None:
-            return server.Response.of_json(200, envelope(400, error))
+            return server.Response.of_json(200, envelope(error_code(error), error))
         with self._lock:
             plan = self._plans.popleft() if self._plans else Plan()
             seconds = self.song_s if plan.seconds is None else plan.seconds
@@ -260,7 +288,7 @@ class FakeSuno(server.FakeServer):
 
     def details(self, task: Task, status: str) -> dict[str, Any]:
         """The record-info `data` of a task at a status."""
-        running = status in {TEXT, FIRST, SUCCESS}
+        running = status in {TEXT, FIRST} | MADE
         return {
             "taskId": task.id,
             "parentMusicId": "",
@@ -278,7 +306,7 @@ class FakeSuno(server.FakeServer):
         return [
             {
                 "id": track_id,
-                "audioUrl": self._media_url("audio", task, n) if status == SUCCESS else "",
+                "audioUrl": self._media_url("audio", task, n) if status in MADE else "",
                 "streamAudioUrl": self._media_url("stream", task, n) if _streams(status, n) else "",
                 "imageUrl": self._media_url("image", task, n),
                 "prompt": task.body.get("prompt", ""),
@@ -296,7 +324,11 @@ class FakeSuno(server.FakeServer):
         return f"{self.url}/_fake/{kind}/{task.id}/{n}{suffix}"
 
     def _schedule_callbacks(self, task: Task, url: str) -> None:
+        if (urllib.parse.urlsplit(url).hostname or "").endswith(".invalid"):  # RFC 6761: never resolves
+            return
         for after, status in task.steps()[1:]:
+            if status == CALLBACK_EXCEPTION:  # what the API says when its callback did not go through
+                continue
             kind = CALLBACKS.get(status, ("error", ""))[0]
             label = {"id": task.id, "callbackType": kind}
             self._callbacks.at(task.submitted + after, url, label, functools.partial(self.callback, task, status))
@@ -345,9 +377,9 @@ class FakeSuno(server.FakeServer):
         if task is None:
             return server.Response(404, b"not found", {"content-type": "text/plain"})
         n, status = int(number), task.status()
-        if kind == "image" and status in {TEXT, FIRST, SUCCESS}:
+        if kind == "image" and status in {TEXT, FIRST} | MADE:
             return server.Response(200, media.jpeg(), {"content-type": "image/jpeg"})
-        if (kind == "audio" and status == SUCCESS) or (kind == "stream" and _streams(status, n)):
+        if (kind == "audio" and status in MADE) or (kind == "stream" and _streams(status, n)):
             return self._audio(task.plan)
         return server.Response(404, b"not found", {"content-type": "text/plain"})
 
@@ -357,8 +389,9 @@ class FakeSuno(server.FakeServer):
         audio = media.mp3(plan.audio_s or self.audio_s)
         if plan.audio == "oversized":
             audio = (audio * (plan.size // len(audio) + 1))[: plan.size]
-        return server.Response(200, audio, {"content-type": "audio/mpeg"})
+        kind = "application/octet-stream" if plan.audio == "octet_stream" else "audio/mpeg"
+        return server.Response(200, audio, {"content-type": kind})
 
 
 def _streams(status: str, n: int) -> bool:
-    return status == SUCCESS or (status == FIRST and n == 1)
+    return status in MADE or (status == FIRST and n == 1)

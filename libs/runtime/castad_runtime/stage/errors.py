@@ -37,9 +37,19 @@ class ProviderError(Exception):
 # A request to the provider failed, not the work it was asked to do: while a job waits on a provider
 # (it holds a handle), such a failure only means "ask again later" (see castad_runtime.stage.remote).
 CALL_FAILURES = frozenset(
-    {"provider_rate_limited", "provider_unavailable", "provider_timeout", "provider_unreachable", "provider_malformed"}
+    {
+        "provider_rate_limited",
+        "provider_maintenance",
+        "provider_unavailable",
+        "provider_timeout",
+        "provider_unreachable",
+        "provider_malformed",
+    }
 )
 RATE_LIMITED = "provider_rate_limited"
+# The provider says it is down for maintenance: like an outage of Castad's own, a submit it turns away is
+# handed back uncounted and tried again after a backoff (castad_runtime.stage.runner), however long it lasts.
+MAINTENANCE = "provider_maintenance"
 
 
 class RetryableProviderError(ProviderError):

@@ -7,8 +7,10 @@ worker to claim again; so an attempt must not let its work go once it no longer 
 job, or a worker frozen past its lease, waking while another runs the same attempt, would
 submit it a second time.
 
-Immediately before such work leaves (`Cancellation.leaving`, which `HttpProvider.submit` calls
-last), the runner's `Fence`:
+Immediately before such work leaves (`Cancellation.leaving`, which `HttpProvider.submit` calls from
+httpcore's trace hook as the request's headers start to be written: after the name was resolved, the
+connection made and TLS set up, so a slow or frozen connect cannot carry a request past a lease), the
+runner's `Fence`:
 1. checks that the lease is known held for `margin_s` more by this process's clock
    (castad_runtime.stage.leases): a process frozen past its lease, or whose renewals failed
    that long, does not know it;
@@ -20,9 +22,10 @@ When one fails the work does not leave: `Fenced` is raised, and the runner hands
 back (outcome `interrupted`, code `lease_lost`, or `outage` when the database could not be
 asked), not counted, as the machinery's failure it is.
 
-What no fence closes: a worker frozen between its last check and its request's first bytes
-(nothing but local work lies between them), and a submit whose answer is lost after the
-provider took it. The next claim sends the same work again under the same key.
+What no fence closes: a worker frozen between its last check and its request's first bytes (what
+lies between them: the end of the check, httpcore writing the headers and body to a socket already
+connected, and the kernel sending them), and a submit whose answer is lost after the provider took
+it. The next claim sends the same work again under the same key.
 """
 
 from __future__ import annotations

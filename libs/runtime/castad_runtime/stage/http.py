@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import email.utils
 import json
+import logging
 import pathlib
 import time
 import urllib.parse
@@ -33,7 +34,9 @@ import httpx
 import pydantic
 
 from castad_runtime import outages, outbound, redact
-from castad_runtime.stage import cancellation, errors, machine
+from castad_runtime.stage import cancellation, errors, machine, sniff
+
+log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 200
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
@@ -121,6 +124,9 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
     return errors.ProviderError("provider_rejected", message, retryable=False, status=status, detail=said)
 
 
+Classify = Callable[[str, int, Mapping[str, str], bytes], errors.ProviderError]
+
+
 def _error_code(body: bytes) -> str | None:
     try:
         error = json.loads(body).get("error")
@@ -176,7 +182,8 @@ class HttpProvider:
     """One provider's HTTP client: base URL, timeout, answer size cap and credentials per request.
 
     `allow_private` lets it reach a provider at a private address or over plain http (local fakes);
-    `transport` replaces the guarded one (tests answering in memory)."""
+    `transport` replaces the guarded one (tests answering in memory); `classify` reads an error answer
+    (a provider whose codes mean other things than HTTP's: sunoapi.org's 429 is credits, not a rate)."""
 
     def __init__(
         self,
@@ -188,11 +195,16 @@ class HttpProvider:
         transport: httpx.BaseTransport | None = None,
         *,
         allow_private: bool = False,
+        classify: Classify = classify,
     ) -> None:
         self.name = name
+        self._classify = classify
         self.timeout_s = timeout_s
         self.max_body_bytes = max_body_bytes
         self._headers = headers
+        # Only the guarded transport connects through httpcore, whose trace hook lets the fence run once the
+        # connection is made; a transport that answers in memory is fenced before it is called.
+        self._fence_on_send = transport is None
         self._client = outbound.Client(
             allow_private=allow_private, timeout_s=timeout_s, base_url=base_url, transport=transport
         )
@@ -207,8 +219,10 @@ class HttpProvider:
     def submit(self, path: str, cancel: cancellation.Cancellation, **kwargs: Any) -> Any:
         """POST a request that starts work at the provider (paid for) and return its JSON answer.
 
-        It goes only past the attempt's fence (`Cancellation.leaving`), checked as the last thing
-        before it is sent: an attempt that no longer holds its job sends nothing."""
+        It goes only past the attempt's fence (`Cancellation.leaving`), checked as late as the HTTP
+        client allows: once the name is resolved, the connection made and TLS set up (or a kept-alive
+        connection taken), as httpcore starts writing the request's headers (its `trace` hook). An
+        attempt that no longer holds its job by then sends nothing, however long the connect took."""
         return self.send("POST", path, cancel, leaving=True, **kwargs).json(self.name)
 
     def send(
@@ -217,7 +231,10 @@ class HttpProvider:
         """Send a request and return a successful answer (2xx); raise ProviderError for anything else.
         `leaving`: it starts work at the provider, and goes only past the attempt's fence."""
         headers = {**self._headers(), **kwargs.pop("headers", {})}  # a key file read before, not after, the fence
-        if leaving:
+        if leaving and self._fence_on_send:
+            cancel.check()
+            kwargs["extensions"] = {**kwargs.get("extensions", {}), "trace": _fence_before_headers(cancel)}
+        elif leaving:
             cancel.leaving()
         try:
             answer = cancel.call(lambda: self._exchange(method, path.lstrip("/"), headers, **kwargs))
@@ -242,7 +259,7 @@ class HttpProvider:
                 "provider_malformed", f"{self.name} answered with more than {self.max_body_bytes} bytes"
             ) from None
         if answer.status >= 400:
-            raise classify(self.name, answer.status, answer.headers, answer.body)
+            raise self._classify(self.name, answer.status, answer.headers, answer.body)
         if answer.status >= 300:
             raise errors.ProviderError(
                 "provider_rejected", f"{self.name} redirected ({answer.status})", retryable=False
@@ -254,6 +271,20 @@ class HttpProvider:
         with self._client.stream(method, path, headers=headers, **kwargs) as response:
             body = outbound.read(response, self.max_body_bytes, deadline)
             return Answer(response.status_code, response.headers, body)
+
+
+SENDING_HEADERS = frozenset({"http11.send_request_headers.started", "http2.send_request_headers.started"})
+
+
+def _fence_before_headers(cancel: cancellation.Cancellation) -> Callable[[str, dict[str, Any]], None]:
+    """httpcore's trace hook that passes the attempt's fence just before the request's first byte is written:
+    what it raises (Fenced, Cancelled) ends the request there, nothing sent."""
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event in SENDING_HEADERS:
+            cancel.leaving()
+
+    return trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,8 +313,10 @@ def download(
     MAX_REDIRECTS redirects each checked, and a destination the guard refuses (a private address,
     plain http) is `provider_url_refused`, not retryable: nothing is fetched. No credentials go with
     it (the URL is often another host's, a CDN's). The answer must be one of `media_types` (e.g.
-    "audio/", a prefix, or "video/mp4") and at most `max_bytes`; what is not is
-    `provider_artifact_invalid`, retryable with a new attempt. Any error answer of the file host (a
+    "audio/", a prefix, or "video/mp4") by its bytes (castad_runtime.stage.sniff: a CDN may say
+    `application/octet-stream` of an MP3, or `audio/mpeg` of an error page; a header that disagrees
+    is logged), and at most `max_bytes`; what is not is `provider_artifact_invalid`, retryable with a
+    new attempt. Any error answer of the file host (a
     CDN still propagating, an expired link, a 5xx) is `provider_unavailable`: the result is fetched
     again at the next poll (see castad_runtime.stage.remote), and it says nothing of the provider's quota.
     """
@@ -296,19 +329,26 @@ def download(
             with client.stream("GET", url, max_redirects=MAX_REDIRECTS) as response:
                 if response.status_code >= 300:
                     raise _host_error(response, deadline)
-                media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
-                if not media_type.startswith(media_types):
-                    raise errors.ProviderError(
-                        "provider_artifact_invalid",
-                        f"the result is {media_type[:60] or 'untyped'}, not {'/'.join(media_types)}",
-                    )
+                declared = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 with dest.open("wb") as out:
                     size = outbound.write_to(response, out, max_bytes, deadline)
         finally:
             client.close()
         if size == 0:
             raise errors.ProviderError("provider_artifact_invalid", "the result is empty")
-        return Download(media_type, size)
+        with dest.open("rb") as written:
+            found = sniff.media_type(written.read(sniff.HEAD_BYTES))
+        if found is None or not found.startswith(media_types):
+            raise errors.ProviderError(
+                "provider_artifact_invalid",
+                f"the result is {found or 'of no known kind'} by its bytes, not {' or '.join(media_types)}",
+                detail=f"{where}: served as {declared[:60] or 'untyped'}",
+            )
+        if declared != found:
+            log.warning(
+                "%s: served as %s, by its bytes %s: kept as %s", where, declared[:60] or "untyped", found, found
+            )
+        return Download(found, size)
 
     try:
         return cancel.call(fetch)

@@ -12,6 +12,11 @@ that is already at the provider: the poll is simply due again, after the provide
 Retry-After if it gave one. Work whose result is not had after `give_up_s` (still unfinished, or its polls or download
 failing all along) fails the attempt (`provider_job_timeout`, retryable): a job that never
 finishes does not wait for ever; finished work is always fetched first.
+
+A new attempt after one that left work at the provider (its handle is the job's `previous_handle`)
+first looks that work up: finished, its result is taken and nothing is paid for again; failed, lost
+or still unfinished after its give-up time, new work is submitted. A look-up that fails on the way
+fails the attempt as a poll's request would (retryable), rather than paying for work that may exist.
 """
 
 from __future__ import annotations
@@ -109,6 +114,9 @@ def _extension(media_type: str) -> str:
 # request, and a key refused or unreadable for a moment (a rotation), which must not lose the work.
 WAIT_ON = errors.CALL_FAILURES | {"provider_auth", "provider_key_unreadable"}
 
+# What a look-up of an earlier attempt's work may find that lets new work be submitted: nothing to take there.
+GONE = frozenset({"provider_job_failed", "provider_job_lost", "provider_job_canceled", "content_refused"})
+
 Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
 CallbackUrl = Callable[[repository.Job], str | None]
 
@@ -118,6 +126,9 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
 
     def run(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
         if job.handle is None:
+            if job.previous_handle is not None and (earlier := look_up(job.previous_handle, cancel)) is not None:
+                log.info("the work %s an earlier attempt left is done: taken, not submitted again", job.previous_handle)
+                return fetch(job, earlier, cancel)
             return runner.Awaiting(api.submit(job, callback_url(job), cancel), schedule.first_s)
         try:
             state = api.poll(job.handle, cancel)
@@ -138,6 +149,17 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
             asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
             throttled_s = asked if error.code == errors.RATE_LIMITED else None
             return runner.Awaiting(job.handle, max(asked, schedule.after(job.polls)), throttled_s)
+
+    def look_up(handle: str, cancel: cancellation.Cancellation) -> Finished | None:
+        """The earlier attempt's work if it is finished; None if it failed, is lost or is still at work."""
+        try:
+            state = api.poll(handle, cancel)
+        except errors.ProviderError as error:
+            if error.code in GONE:
+                log.info("the work %s an earlier attempt left is gone (%s): submitting anew", handle, error.code)
+                return None
+            raise
+        return state if isinstance(state, Finished) else None
 
     def give_up(job: repository.Job) -> None:
         """Work still not had after give_up_s (by the database's clock) fails the attempt."""

@@ -23,7 +23,7 @@ CANCELED_CODE = "canceled"
 # partial indexes' predicates (jobs_due, jobs_leased), so that the planner matches them.
 JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
     tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s,
-    reopened"""
+    reopened, previous_handle"""
 
 # A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
 # PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
@@ -103,7 +103,7 @@ WITH moved AS (
     UPDATE jobs
     SET status = %(status)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
         counted_attempts = counted_attempts + %(counted)s,
-        handle = NULL, submitted_at = NULL, polls = 0,
+        previous_handle = coalesce(handle, previous_handle), handle = NULL, submitted_at = NULL, polls = 0,
         due_at = CASE WHEN %(retry_in_s)s::float8 IS NULL THEN due_at
                       ELSE now() + make_interval(secs => %(retry_in_s)s) END,
         finished_at = CASE WHEN %(terminal)s THEN now() ELSE finished_at END,
@@ -139,6 +139,7 @@ class Job:
     polls: int = 0  # polls that found the provider's work unfinished
     waited_s: float = 0.0  # since the submit, by the database's clock at the claim
     reopened: int = 0  # operator retries that reopened the job (its runs, less the first)
+    previous_handle: str | None = None  # the work an earlier attempt left at the provider, looked up first
 
     @property
     def polling(self) -> bool:
@@ -263,6 +264,7 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
             last_operation=operation,
             last_error_code=CANCELED_CODE,
             last_error_message=reason,
+            previous_handle=sa.func.coalesce(jobs.c.handle, jobs.c.previous_handle),  # an operator's retry looks
             handle=None,
             finished_at=sa.func.now(),
             updated_at=sa.func.now(),

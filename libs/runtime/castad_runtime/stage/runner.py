@@ -11,7 +11,9 @@ What an attempt comes to, and what it costs:
   (see castad_runtime.stage.remote); a poll that the machinery loses is simply due again;
 - its provider fails (ProviderError) or the attempt runs out of time (its work is then
   cancelled): a failure counted against max_attempts, retried with backoff while attempts
-  remain, FAILED after the last one; a non-retryable error fails at once;
+  remain, FAILED after the last one; a non-retryable error fails at once. A provider that says
+  "too many" is not charged for its first FREE_RATE_LIMITS refusals, one down for maintenance
+  never (it is an outage of the provider's, handed back after a backoff);
 - the machinery fails it: the service stops (running attempts are cancelled after the
   grace period), the machine runs short of disk or memory in the middle of it, its worker
   died and its lease ran out, or its work was about to leave for a provider when the lease was
@@ -462,6 +464,12 @@ class StageRunner:
         if isinstance(error, fence.Fenced):  # its work did not leave: the machinery's failure
             delay = self.limits.policy.delay_s(uncounted + 1, self.rng) if error.code == fence.OUTAGE else 0.0
             return HandedBack(error.code, error.message, delay)
+        if isinstance(error, errors.ProviderError) and error.code == errors.MAINTENANCE and error.retryable:
+            # The provider is down for maintenance: like an outage, it costs no attempt however long it lasts.
+            asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
+            return HandedBack(
+                error.code, error.message, max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
+            )
         if isinstance(error, errors.ProviderError) and error.code == errors.RATE_LIMITED and error.retryable:
             asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
             if uncounted < FREE_RATE_LIMITS:  # waiting for the provider is not the work failing...

@@ -1,0 +1,22 @@
+"""lyric service: the provider's handle of the last attempt whose work failed or was given up, kept so that
+the next attempt looks that work up before it pays for new work.
+
+Expand only: a service of the previous version neither keeps nor reads it (its attempts submit anew).
+
+Revision ID: 0009
+"""
+
+from castad_runtime import migration_ops
+
+revision = "0009"
+down_revision = "0008"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    migration_ops.add_previous_handle_v9()
+
+
+def downgrade() -> None:
+    migration_ops.drop_previous_handle_v9()
