@@ -48,7 +48,7 @@ class Receiver:
 
 def deliver_end_of_a_pipeline(gateway, engine: sa.Engine, config, tenant: str) -> Receiver:
     """A pipeline of `tenant` with a callback_url run to its end, and its notice delivered to a Receiver."""
-    pipeline_id = gateway.create(tenant=tenant, callback_url=f"http://{PUBLIC}/hooks")
+    pipeline_id = gateway.create(tenant=tenant, callback_url=f"https://{PUBLIC}/hooks")
     for n, stage in enumerate(events.STAGE_ORDER):
         gateway.run(pipeline_id, stage, ago(minutes=5 - n), 1)
     receiver = Receiver()
