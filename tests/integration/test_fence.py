@@ -55,15 +55,17 @@ class StandsStill:
         self.arrived = threading.Event()
         self._wake = threading.Event()
 
-    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+    def submit(
+        self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
+    ) -> remote.Submitted:
         if self.arrived.is_set():  # only the first submit stands still
             return self.provider.submit(job, callback_url, cancel)
-        handle = self.provider.submit(job, callback_url, cancel) if self.where == "after" else None
+        submitted = self.provider.submit(job, callback_url, cancel) if self.where == "after" else None
         self.arrived.set()
         assert self._wake.wait(20), "the test never woke the worker"
         if self.clock is not None:
             self.clock.freeze(self.frozen_s)
-        return handle or self.provider.submit(job, callback_url, cancel)
+        return submitted or self.provider.submit(job, callback_url, cancel)
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         return self.provider.poll(handle, cancel)

@@ -97,7 +97,9 @@ def test_a_lost_lease_and_a_cancel_end_their_attempts_in_the_counts(engine):
 class Limited(Provider):
     """A provider that answers every submit with "too many"."""
 
-    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+    def submit(
+        self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
+    ) -> remote.Submitted:
         raise errors.ProviderError(errors.RATE_LIMITED, "too many", retry_after_s=0.1)
 
 

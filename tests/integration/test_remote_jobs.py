@@ -38,14 +38,17 @@ class Provider:
         self.submitted: list[tuple[str, str | None]] = []
         self.polled: list[str] = []
         self.failed: dict[str, Exception] = {}
+        self.notes: tuple[str, ...] = ()
         self._lock = threading.Lock()
 
-    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+    def submit(
+        self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
+    ) -> remote.Submitted:
         cancel.leaving()
         with self._lock:
             handle = f"task-{len(self.submitted) + 1}"
             self.submitted.append((handle, callback_url))
-        return handle
+        return remote.Submitted(handle, self.notes)
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         with self._lock:
@@ -119,6 +122,21 @@ def test_submitted_work_waits_without_a_worker_and_its_polls_go_on_with_the_same
     assert api.polled == ["task-1"] * 3
     assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["succeeded"]
     assert [kind for kind, _ in emitted(engine, pipeline_id)] == ["lyric.started", "lyric.completed"]
+
+
+def test_the_providers_warnings_on_a_submission_stay_on_its_attempt_through_its_polls(engine):
+    api = Provider(remote.Pending("rendering"))
+    api.notes = ("Element 'Caption-11' was not found", "Element 'Caption-12' was not found")
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+
+    turn(stage)  # the submit
+    turn_when_due(stage)  # a poll: still at work
+    turn_when_due(stage)  # done
+
+    (attempt,) = attempt_rows(engine, pipeline_id)
+    assert attempt.outcome == "succeeded"
+    assert attempt.notes == "Element 'Caption-11' was not found\nElement 'Caption-12' was not found"
 
 
 def test_a_callback_brings_the_poll_forward(engine):
@@ -262,7 +280,7 @@ def test_a_rate_limit_halves_the_rate_waits_its_retry_after_and_costs_no_attempt
     def submit_limited_once(job, callback_url, cancel):
         if next(calls) == 0:
             raise errors.ProviderError(errors.RATE_LIMITED, "429", retry_after_s=1.0)
-        return "task-1"
+        return remote.Submitted("task-1")
 
     api = Provider()
     api.submit = submit_limited_once  # type: ignore[method-assign]

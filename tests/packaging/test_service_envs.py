@@ -117,12 +117,13 @@ def test_a_service_starts_from_its_own_environment(package: Package, installatio
     python = check_installed(package)
     service = package.name.removeprefix("castad-")
     port = stack.free_port()
+    # The gateway serves its probes on its API port unless told otherwise: one port, probed.
+    probes = "CASTAD_API_PORT" if service == "api" else f"CASTAD_{service.upper()}_HEALTH_PORT"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("CASTAD_", "VIRTUAL_ENV", "PYTHONPATH"))},
         **installation.env(),
         "OTEL_TRACES_EXPORTER": "none",
-        # The gateway serves its probes on the API port unless told otherwise: one port, probed.
-        **({"CASTAD_API_PORT": str(port)} if service == "api" else {f"CASTAD_{service.upper()}_HEALTH_PORT": str(port)}),
+        probes: str(port),
     }
     if package.migrates:
         command = [python, "-m", package.module, "migrate"]

@@ -245,7 +245,7 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
     api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: f"https://cdn.test/{song.pipeline_id}.mp3")
     before = len(fake.received)
 
-    handle = api.submit(job_for(done), None, cancellation.Cancellation())
+    handle = api.submit(job_for(done), None, cancellation.Cancellation()).handle
 
     (request,) = renders_sent(fake, before)
     body = request["body"]
@@ -273,6 +273,7 @@ def test_captions_the_template_has_no_element_for_past_the_songs_lines_are_only_
         waiting = work_for(odd)(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
     assert isinstance(waiting, runner.Awaiting)
     assert "Caption-11" in caplog.text and "no element" in caplog.text  # logged for operators
+    assert any("Caption-11" in note for note in waiting.notes)  # and kept on the attempt
 
 
 # --- the work's course: submit, wait, keep ----------------------------------------------------------------------
@@ -283,7 +284,7 @@ def test_the_adapter_reports_the_render_at_work_and_then_its_url_and_size(fake, 
     client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
     api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3")
     fake.plan(Plan(seconds=0.6))
-    handle = api.submit(job, None, cancellation.Cancellation())
+    handle = api.submit(job, None, cancellation.Cancellation()).handle
     states = []
     while isinstance(state := api.poll(handle, cancellation.Cancellation()), remote.Pending):
         if not states or states[-1] != state.state:

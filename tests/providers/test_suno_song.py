@@ -252,7 +252,7 @@ def test_the_adapter_reports_every_step_of_the_task_and_then_the_first_tracks_mp
     client = http.HttpProvider("the music API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
     api = suno.SunoApi(client, "V4_5")
     fake.plan(Plan(seconds=0.6))
-    handle = api.submit(job_for(), None, cancellation.Cancellation())
+    handle = api.submit(job_for(), None, cancellation.Cancellation()).handle
     states = []
     while isinstance(state := api.poll(handle, cancellation.Cancellation()), remote.Pending):
         if not states or states[-1] != state.state:

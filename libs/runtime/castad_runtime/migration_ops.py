@@ -268,3 +268,13 @@ def add_previous_handle_v9() -> None:
 
 def drop_previous_handle_v9() -> None:
     op.drop_column("jobs", "previous_handle")
+
+
+def add_attempt_notes_v10() -> None:
+    """The provider's advisory warnings on an attempt's submitted work (a render template's unmatched
+    elements), kept on the attempt for an operator."""
+    op.add_column("attempts", sa.Column("notes", sa.Text))
+
+
+def drop_attempt_notes_v10() -> None:
+    op.drop_column("attempts", "notes")

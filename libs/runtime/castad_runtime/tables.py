@@ -144,5 +144,6 @@ attempts = sa.Table(
     # held), and the key it was tagged with: the same for every claim of one counted attempt.
     sa.Column("submitted_at", TZ),
     sa.Column("submission_key", sa.Text),
+    sa.Column("notes", sa.Text),  # the provider's advisory warnings on the submitted work, one per line
     sa.UniqueConstraint("job_id", "number", name="attempts_job_number"),
 )

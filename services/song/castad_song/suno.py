@@ -175,7 +175,9 @@ class SunoApi:
         self._client = client
         self._model = model
 
-    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+    def submit(
+        self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
+    ) -> remote.Submitted:
         done = events.LyricCompleted.model_validate(job.input)
         body = request_body(done, self._model, callback_url)
         # The API takes no idempotency key, nor tells tasks by a tag of ours (docs/providers.md): past the fence,
@@ -184,7 +186,7 @@ class SunoApi:
         task = data_of(answer).get("taskId")
         if not isinstance(task, str) or not task:
             raise errors.ProviderError("provider_malformed", "the music API gave no taskId")
-        return task
+        return remote.Submitted(task)
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         answer = self._client.json("GET", "api/v1/generate/record-info", cancel, params={"taskId": handle})

@@ -15,8 +15,9 @@ The template's elements are filled by name (docs/providers.md):
 `Caption-n` with `Caption-n.time` and `Caption-n.duration` in seconds; `Caption-n` past the song's
 last line (up to MAX_CAPTIONS) is blanked, so the template's own text never shows. A modification
 that matches no element of the template renders the template's placeholder instead: the answer's
-`warnings` (and `errors`) are logged, and a warning that names an element the video needs (any but
-a blanked caption) fails the stage for good (`template_mismatch`): the template must be fixed.
+`warnings` (and `errors`) are logged and kept on the attempt (`attempts.notes`), and a warning that
+names an element the video needs (any but a blanked caption) fails the stage for good
+(`template_mismatch`): the template must be fixed.
 """
 
 from __future__ import annotations
@@ -72,11 +73,12 @@ def notes(render: dict[str, Any]) -> list[str]:
     return said
 
 
-def check_notes(render: dict[str, Any], done: events.SongCompleted) -> None:
-    """Log what the API said of the render's modifications; fail if it names an element the video needs."""
+def check_notes(render: dict[str, Any], done: events.SongCompleted) -> tuple[str, ...]:
+    """Log what the API said of the render's modifications and give it back for the attempt; fail if it
+    names an element the video needs."""
     said = notes(render)
     if not said:
-        return
+        return ()
     log.warning("the render API's notes on render %s: %s", render.get("id"), " | ".join(said))
     must = needed(done)
     missing = sorted({name.split(".")[0] for text in said for name in QUOTED.findall(text)} & must)
@@ -87,6 +89,7 @@ def check_notes(render: dict[str, Any], done: events.SongCompleted) -> None:
             retryable=False,
             detail="; ".join(said)[:1000],
         )
+    return tuple(said)
 
 
 def render_of(answer: Any) -> dict[str, Any]:
@@ -124,7 +127,9 @@ class CreatomateApi:
         self._template_id = template_id
         self._song_url = song_url
 
-    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+    def submit(
+        self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
+    ) -> remote.Submitted:
         done = events.SongCompleted.model_validate(job.input)
         body: dict[str, Any] = {
             "template_id": self._template_id,
@@ -136,8 +141,7 @@ class CreatomateApi:
         if callback_url:
             body["webhook_url"] = callback_url
         render = render_of(self._client.submit("v2/renders", cancel, json=body))
-        check_notes(render, done)
-        return str(render["id"])
+        return remote.Submitted(str(render["id"]), check_notes(render, done))
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         try:

@@ -50,10 +50,19 @@ class Finished:
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    """The provider took the work under `handle`; `notes` are its advisory warnings on the request, kept on the
+    attempt (an operator reads them where the attempt is)."""
+
+    handle: str
+    notes: tuple[str, ...] = ()
+
+
 class RemoteApi(Protocol):
     """A submit-then-poll provider (a music or render API)."""
 
-    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> str:
+    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> Submitted:
         """Hand the job's work to the provider; its handle for it. Raises ProviderError."""
         ...
 
@@ -129,7 +138,8 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
             if job.previous_handle is not None and (earlier := look_up(job.previous_handle, cancel)) is not None:
                 log.info("the work %s an earlier attempt left is done: taken, not submitted again", job.previous_handle)
                 return fetch(job, earlier, cancel)
-            return runner.Awaiting(api.submit(job, callback_url(job), cancel), schedule.first_s)
+            submitted = api.submit(job, callback_url(job), cancel)
+            return runner.Awaiting(submitted.handle, schedule.first_s, notes=submitted.notes)
         try:
             state = api.poll(job.handle, cancel)
             if isinstance(state, Finished):

@@ -417,9 +417,10 @@ def finish_attempt(
     return row is not None and row.moved == 1
 
 
-def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float) -> bool:
+def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float, notes: tuple[str, ...] = ()) -> bool:
     """The attempt's work is at the provider under `handle` (just submitted, or still unfinished):
-    the job waits without a worker until a poll is due. CAS on version, like finish_attempt."""
+    the job waits without a worker until a poll is due; the provider's `notes` on it go on the attempt.
+    CAS on version, like finish_attempt."""
     machine.check_transition(job.status, machine.Status.AWAITING)
     values: dict[str, Any] = {
         "status": machine.Status.AWAITING,
@@ -438,6 +439,12 @@ def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float)
         .where(jobs.c.id == job.id, jobs.c.version == job.version, jobs.c.status == machine.Status.RUNNING)
         .values(**values)
     )
+    if updated.rowcount == 1 and notes:
+        conn.execute(
+            attempts.update()
+            .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts)
+            .values(notes="\n".join(notes))
+        )
     return updated.rowcount == 1
 
 

@@ -77,11 +77,12 @@ class Output:
 @dataclasses.dataclass(frozen=True)
 class Awaiting:
     """The work is at a provider under `handle`: poll it in `poll_in_s`. `throttled_s`: the provider
-    said "too many" on the way (its Retry-After, 0 if it gave none)."""
+    said "too many" on the way (its Retry-After, 0 if it gave none); `notes`: its warnings on the submission."""
 
     handle: str
     poll_in_s: float
     throttled_s: float | None = None
+    notes: tuple[str, ...] = ()
 
 
 Work = Callable[[repository.Job, cancellation.Cancellation], Output | Awaiting]
@@ -547,7 +548,7 @@ class StageRunner:
             quota.relieved(conn, self.provider)
 
     def _write_awaiting(self, conn: sa.Connection, job: repository.Job, awaiting: Awaiting) -> bool:
-        if not repository.await_provider(conn, job, awaiting.handle, awaiting.poll_in_s):
+        if not repository.await_provider(conn, job, awaiting.handle, awaiting.poll_in_s, awaiting.notes):
             return False
         if not job.polling:
             log.info("%s attempt %d: submitted as %s", self.stage.value, job.attempts, awaiting.handle)

@@ -1,0 +1,21 @@
+"""song service: the provider's advisory warnings on an attempt's submitted work, kept on the attempt.
+
+Expand only: a service of the previous version neither writes nor reads it.
+
+Revision ID: 0010
+"""
+
+from castad_runtime import migration_ops
+
+revision = "0010"
+down_revision = "0009"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    migration_ops.add_attempt_notes_v10()
+
+
+def downgrade() -> None:
+    migration_ops.drop_attempt_notes_v10()
