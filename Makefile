@@ -3,10 +3,10 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay services/lyric services/song services/video infra/local
-PYTHON_DIRS := libs services infra/local tests bench
+PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint bench profile bench-providers bench-stats faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -17,7 +17,7 @@ demo: setup  ## start every service, run the demo brief to a finished MP4, stop
 up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0.0.1:8000)
 	@PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/honcho -f infra/local/Procfile -e var/local/castad.env -d . start
 
-test: setup lint  ## unit, integration and end-to-end tests
+test: setup lint docs  ## unit, integration and end-to-end tests
 	@$(BIN)/pytest
 
 lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), and uv.lock matches every pyproject.toml
@@ -27,6 +27,9 @@ lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), an
 	@$(BIN)/ruff format --check $(PYTHON_DIRS)
 	@$(BIN)/mypy
 	@for package in $(PACKAGES); do out=$$(cd $$package && $(CURDIR)/$(BIN)/deptry --no-ansi . 2>&1) || { echo "$$package: $$out"; exit 1; }; done
+
+docs:  ## the docs site into var/site, strictly: a broken link or a page left out of the navigation fails (castad-admin docs serves it)
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 21 minutes); writes BENCHMARKS.md
 	@$(BIN)/python -m bench.run

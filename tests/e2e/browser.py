@@ -26,6 +26,7 @@ FLAGS = [
 ]
 SCREENSHOTS = REPO_ROOT / "docs" / "console"
 VIEWPORT = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}  # a phone held upright
 
 
 @dataclasses.dataclass
@@ -49,8 +50,19 @@ class Console:
         self.page.goto(f"{self.base_url}/ui/{route}")
 
     def screenshot(self, name: str) -> None:
+        """Write the page's picture into docs/console, then check that it fits a phone."""
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+        self.fits_a_phone(name)
+
+    def fits_a_phone(self, name: str) -> None:
+        """At a phone's width nothing on the page scrolls sideways (a wide table scrolls in its own box)."""
+        self.page.set_viewport_size(PHONE)
+        try:
+            width = self.page.evaluate("() => document.documentElement.scrollWidth")
+        finally:
+            self.page.set_viewport_size(VIEWPORT)
+        assert width <= PHONE["width"], f"the {name} page is {width} px wide on a {PHONE['width']} px phone"
 
     def log_in(self, key: str, actor: str = "e2e-operator") -> None:
         self.page.get_by_test_id("login-key").fill(key)

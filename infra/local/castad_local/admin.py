@@ -1,8 +1,10 @@
-"""`castad-admin`: set up the local stack, run the demo, export schemas, list settings."""
+"""`castad-admin`: set up the local stack, run the demo, export schemas, list settings, serve the docs."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import sys
 import time
 import uuid
 from typing import Annotated
@@ -231,8 +233,18 @@ def move_to_quorum(
 
 @app.command("settings")
 def print_settings() -> None:
-    """Print the table of every setting (the README's copy must match it)."""
+    """Print the table of every setting (docs/operating/settings.md's copy must match it)."""
     print(settings_table())
+
+
+@app.command("docs")
+def serve_docs(
+    address: Annotated[str, typer.Option(help="host:port to serve on")] = "127.0.0.1:8010",
+) -> None:
+    """Serve the docs site (mkdocs serve, rebuilt on every change) until Ctrl-C."""
+    os.chdir(REPO_ROOT)
+    # Replaced by mkdocs itself, so that Ctrl-C and a stop signal reach the server and nothing is left behind.
+    os.execv(sys.executable, [sys.executable, "-m", "mkdocs", "serve", "--strict", "--dev-addr", address])
 
 
 def main() -> None:

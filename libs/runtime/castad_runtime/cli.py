@@ -44,7 +44,7 @@ def service_app(
 
     @app.callback()
     def main() -> None:
-        """Settings come from CASTAD_* environment variables (see the README)."""
+        """Settings come from CASTAD_* environment variables (see docs/operating/settings.md)."""
 
     @app.command("run")
     def run_command() -> None:

@@ -9,6 +9,7 @@ import { ENDED, IN_FLIGHT, STAGES, STATUSES, badge, countCell, isEnded, progress
 import { follow } from "./sse.js";
 
 const PAGE = 50;
+const HEADINGS = ["board.customer", "board.status", "board.stage", "board.progress", "board.created", "board.updated", "board.id"];
 const COUNTS_EVERY_MS = 2000; // an admin's counts come from /v1/stats, read again at most this often
 
 function itemOf(view) {
@@ -65,11 +66,12 @@ export function render(root, { params, may, go }) {
         h("small", { class: "region" }, item.region),
       ),
       h("td", {}, badge(item.status)),
-      h("td", {}, item.stage ? t(`stage.${item.stage}`) : "–"),
+      // On a phone a row is a card, whose cells say what they are (console.css).
+      h("td", { "data-label": t("board.stage") }, item.stage ? t(`stage.${item.stage}`) : "–"),
       h("td", {}, progressBar(item.progress)),
-      h("td", {}, format.dateTime(item.created)),
-      h("td", {}, format.time(item.updated)),
-      h("td", { class: "id" }, format.shortId(item.id)),
+      h("td", { "data-label": t("board.created") }, format.dateTime(item.created)),
+      h("td", { "data-label": t("board.updated") }, format.time(item.updated)),
+      h("td", { class: "id", "data-label": t("board.id") }, format.shortId(item.id)),
     );
   }
 
@@ -230,13 +232,12 @@ export function render(root, { params, may, go }) {
   stage.addEventListener("change", apply);
   more.addEventListener("click", () => load(nextCursor));
 
-  const headings = ["board.customer", "board.status", "board.stage", "board.progress", "board.created", "board.updated", "board.id"];
   root.append(
     h("div", { class: "title" }, h("h1", {}, t("nav.board")), live),
     counts,
     form,
     notice,
-    h("table", { class: "pipelines" }, h("thead", {}, h("tr", {}, headings.map((key) => h("th", {}, t(key))))), body),
+    h("table", { class: "pipelines" }, h("thead", {}, h("tr", {}, HEADINGS.map((key) => h("th", {}, t(key))))), body),
     more,
   );
 
