@@ -100,3 +100,15 @@ def test_the_s3_store_needs_a_bucket(monkeypatch):
     monkeypatch.delenv("CASTAD_ARTIFACTS_S3_BUCKET", raising=False)
     with pytest.raises(ValueError, match="CASTAD_ARTIFACTS_S3_BUCKET"):
         settings.StoreSettings()
+
+
+def test_a_tenants_image_is_uploaded_under_its_owners_place_named_by_its_bytes(store, object_store):
+    image = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+
+    digest = hashlib.sha256(b"\x89PNG photo").hexdigest()
+    key = image.uri.split("/", 3)[3]
+    assert key.startswith("media/images/") and key.endswith(f"/{digest}.png")
+    assert (image.sha256, image.size) == (digest, 10)
+    head = object_store.client().head_object(Bucket=store.bucket, Key=key)
+    assert (head["ContentType"], head["Metadata"]["sha256"]) == ("image/png", digest)
+    assert store.keep_image(b"\x89PNG photo", "mina", ".png", "image/png").uri != image.uri

@@ -158,3 +158,20 @@ def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp
     ):
         with pytest.raises(artifacts.ArtifactMisplaced, match="not a file of"):
             store.serve(song.model_copy(update={"uri": uri}), pipeline_id, stage)
+
+
+def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_once(tmp_path: pathlib.Path) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+
+    first = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    again = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    other = store.keep_image(b"\xff\xd8 photo", "../mina", ".jpg", "image/jpeg")
+
+    digest = hashlib.sha256(b"\xff\xd8 photo").hexdigest()
+    assert first == again and (first.sha256, first.size, first.media_type) == (digest, 8, "image/jpeg")
+    path = store.path(first)
+    assert path.name == f"{digest}.jpg" and path.parent.parent == tmp_path / "images"
+    assert store.path(other).parent != path.parent and store.path(other).is_relative_to(tmp_path / "images")
+    assert sorted(p.name for p in (tmp_path / "images").rglob("*")) == sorted(
+        [path.parent.name, store.path(other).parent.name, path.name, path.name]
+    )  # no temporary file is left beside them

@@ -16,6 +16,10 @@ URI, and whoever could write an event could otherwise name any file of the store
 deletes every file of a stage of a pipeline through `delete`, the artifact and whatever a late
 attempt left beside it. An object store that cannot be reached
 raises outages.StoreUnavailable, the machinery's failure, never the work's.
+
+A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
+`images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
+`keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class ArtifactStore(Protocol):
     def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path | str: ...
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
+
+    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact: ...
 
 
 class ArtifactMissing(LookupError):
@@ -122,6 +128,12 @@ def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: event
     place = _place(pipeline_id, stage)
     if not name.startswith(place) or "/" in name[len(place) :]:
         raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
+
+
+def _image_name(tenant: str, digest: str, suffix: str) -> str:
+    """Where a tenant's image with this sha256 is kept (under the root or the prefix)."""
+    owner = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    return f"images/{owner}/{digest}{suffix}"
 
 
 def _checked(pipeline_id: str) -> str:
@@ -200,6 +212,20 @@ class VolumeStore:
         """Delete every file of the stage for the pipeline; how many there were."""
         return _delete_local(self.root / _checked(pipeline_id), stage, final=True)
 
+    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
+        """Write a tenant's image under the name its bytes give it (whole or not at all) and describe it."""
+        digest = hashlib.sha256(data).hexdigest()
+        final = self.root / _image_name(tenant, digest, suffix)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=".upload", dir=final.parent)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            os.replace(name, final)
+        finally:
+            pathlib.Path(name).unlink(missing_ok=True)
+        return events.Artifact(uri=final.as_uri(), sha256=digest, size=len(data), media_type=media_type)
+
 
 class S3Store:
     """Objects `<prefix><pipeline id>/<stage>-<sha256 prefix><suffix>` in a bucket; scratch files on local disk."""
@@ -268,6 +294,21 @@ class S3Store:
             deleted += len(keys)
         _delete_local(self.scratch_root / pipeline_id, stage, final=False)
         return deleted
+
+    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
+        """Upload a tenant's image under the key its bytes give it and describe it."""
+        digest = hashlib.sha256(data).hexdigest()
+        key = self.prefix + _image_name(tenant, digest, suffix)
+        self._call(
+            "upload",
+            self._client.put_object,
+            Bucket=self.bucket,
+            Key=key,
+            Body=data,
+            ContentType=media_type,
+            Metadata={"sha256": digest},
+        )
+        return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data), media_type=media_type)
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket
