@@ -138,6 +138,8 @@ async def _refused(request: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": str(exc), "status": exc.status}, status_code=status.HTTP_409_CONFLICT)
     if isinstance(exc, errors.NotFound):
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, errors.InvalidField):
+        return await _invalid_request(request, errors.invalid(exc.loc, str(exc), exc.given))
     return await _invalid_request(request, errors.invalid(("path",), str(exc)))
 
 
