@@ -11,6 +11,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 from castad_api import keys, tables
+from castad_runtime import artifacts
 from castad_runtime import tables as runtime_tables
 from PIL import Image
 
@@ -122,7 +123,11 @@ def test_a_brief_names_its_tenants_photos_and_its_event_carries_references_not_b
     answer = submit(client, photos=[second["id"], first["id"]])
 
     assert answer.status_code == 202, answer.text
-    references = [{key: image[key] for key in ("id", "sha256", "media_type", "size")} for image in (second, first)]
+    owner = artifacts.image_owner("hana")
+    references = [
+        {"id": image["id"], "owner": owner, **{key: image[key] for key in ("sha256", "media_type", "size")}}
+        for image in (second, first)
+    ]
     assert client.get(f"/v1/pipelines/{answer.json()['id']}").json()["brief"]["photos"] == references
     with engines["api"].connect() as conn:
         [envelope] = conn.execute(

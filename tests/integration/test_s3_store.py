@@ -8,7 +8,7 @@ import hashlib
 
 import httpx
 import pytest
-from castad_contracts import events
+from castad_contracts import brief, events
 from castad_runtime import artifacts, outages, settings
 
 pytestmark = pytest.mark.integration
@@ -112,3 +112,16 @@ def test_a_tenants_image_is_uploaded_under_its_owners_place_named_by_its_bytes(s
     head = object_store.client().head_object(Bucket=store.bucket, Key=key)
     assert (head["ContentType"], head["Metadata"]["sha256"]) == ("image/png", digest)
     assert store.keep_image(b"\x89PNG photo", "mina", ".png", "image/png").uri != image.uri
+
+
+def test_a_photo_a_brief_names_is_downloaded_from_its_owners_place_with_its_bytes_checked(store, object_store):
+    kept = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+    photo = brief.Photo(
+        id=PIPELINE, owner=artifacts.image_owner("hana"), sha256=kept.sha256, media_type="image/png", size=10
+    )
+
+    with store.image_copy(photo) as path:
+        assert path.read_bytes() == b"\x89PNG photo"
+    assert not path.exists()
+    with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update={"owner": "0" * 32})):
+        pass

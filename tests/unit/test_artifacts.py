@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import uuid
 
 import boto3
 import pytest
-from castad_contracts import events
+from castad_contracts import brief, events
 from castad_runtime import artifacts
 
 PIPELINE = "pipeline-1"
@@ -175,3 +176,19 @@ def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_o
     assert sorted(p.name for p in (tmp_path / "images").rglob("*")) == sorted(
         [path.parent.name, store.path(other).parent.name, path.name, path.name]
     )  # no temporary file is left beside them
+
+
+def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_checked(tmp_path: pathlib.Path) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+    kept = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    owner = artifacts.image_owner("hana")
+    photo = brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type="image/jpeg", size=8)
+
+    with store.image_copy(photo) as path:
+        assert path.read_bytes() == b"\xff\xd8 photo"
+    for other in ({"owner": artifacts.image_owner("mina")}, {"sha256": "0" * 64}, {"media_type": "image/png"}):
+        with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update=other)):
+            pass
+    store.path(kept).write_bytes(b"changed")
+    with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo):
+        pass

@@ -276,7 +276,9 @@ def test_every_completed_event_carrying_a_brief_reads_version_1(stage):
     assert isinstance(read, model) and read.brief.style is brief.Style.JAZZ
 
 
-PHOTO = brief.Photo(id="0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f", sha256="a" * 64, media_type="image/jpeg", size=51_234)
+PHOTO = brief.Photo(
+    id="0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f", owner="b" * 32, sha256="a" * 64, media_type="image/jpeg", size=51_234
+)
 
 
 def test_a_brief_names_up_to_20_photos_by_reference_and_no_more():
@@ -284,7 +286,7 @@ def test_a_brief_names_up_to_20_photos_by_reference_and_no_more():
     with pytest.raises(pydantic.ValidationError) as raised:
         brief.Brief(customer_name="머뭄", region="군산", photos=(PHOTO,) * 21)
     assert raised.value.errors()[0]["loc"] == ("photos",) and "at most 20" in raised.value.errors()[0]["msg"]
-    for bad in ({"media_type": "image/gif"}, {"size": 0}, {"id": "../etc"}, {"bytes": "AAAA"}):
+    for bad in ({"media_type": "image/gif"}, {"size": 0}, {"id": "../etc"}, {"owner": "../x"}, {"bytes": "AAAA"}):
         with pytest.raises(pydantic.ValidationError):
             brief.Photo.model_validate({**PHOTO.model_dump(), **bad})
 
@@ -336,7 +338,7 @@ def test_an_event_names_its_photos_by_reference_and_never_carries_their_bytes():
     sent = envelope.wrap(requested, events.PIPELINE_REQUESTED, "/castad/api")
     assert sent.schemaversion == 3
     assert sent.data["brief"]["photos"] == [
-        {"id": PHOTO.id, "sha256": "a" * 64, "media_type": "image/jpeg", "size": 51_234}
+        {"id": PHOTO.id, "owner": "b" * 32, "sha256": "a" * 64, "media_type": "image/jpeg", "size": 51_234}
     ]
 
 

@@ -107,6 +107,10 @@ class Photo(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: ImageId
+    owner: str = Field(
+        pattern=r"^[0-9a-f]{32}$",
+        description="the place of its tenant's images in the artifact store (a digest of the tenant's name)",
+    )
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the stored file, metadata stripped")
     media_type: Literal["image/jpeg", "image/png", "image/webp"]
     size: int = Field(ge=1, description="size in bytes")

@@ -28,13 +28,14 @@ import contextlib
 import hashlib
 import os
 import pathlib
+import re
 import tempfile
 import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from castad_contracts import events
+from castad_contracts import brief, events
 
 from castad_runtime import outages, redact, settings
 
@@ -59,6 +60,8 @@ class ArtifactStore(Protocol):
     def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
 
     def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact: ...
+
+    def image_copy(self, photo: brief.Photo) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
 
 class ArtifactMissing(LookupError):
@@ -130,10 +133,23 @@ def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: event
         raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
 
 
-def _image_name(tenant: str, digest: str, suffix: str) -> str:
-    """Where a tenant's image with this sha256 is kept (under the root or the prefix)."""
-    owner = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+def image_owner(tenant: str) -> str:
+    """The place of a tenant's images: a digest of its name, which is free text."""
+    return hashlib.sha256(tenant.encode()).hexdigest()[:32]
+
+
+def _image_name(owner: str, digest: str, suffix: str) -> str:
+    """Where an image with this sha256 of the owner's is kept (under the root or the prefix)."""
+    if not re.fullmatch(r"[0-9a-f]{32}", owner) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ArtifactMisplaced(f"not an image's place: {owner}/{digest}")
     return f"images/{owner}/{digest}{suffix}"
+
+
+_IMAGE_SUFFIXES = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp"}
+
+
+def _photo_name(photo: brief.Photo) -> str:
+    return _image_name(photo.owner, photo.sha256, _IMAGE_SUFFIXES[photo.media_type])
 
 
 def _checked(pipeline_id: str) -> str:
@@ -215,7 +231,7 @@ class VolumeStore:
     def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
         """Write a tenant's image under the name its bytes give it (whole or not at all) and describe it."""
         digest = hashlib.sha256(data).hexdigest()
-        final = self.root / _image_name(tenant, digest, suffix)
+        final = self.root / _image_name(image_owner(tenant), digest, suffix)
         final.parent.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(prefix=".upload", dir=final.parent)
         try:
@@ -225,6 +241,14 @@ class VolumeStore:
         finally:
             pathlib.Path(name).unlink(missing_ok=True)
         return events.Artifact(uri=final.as_uri(), sha256=digest, size=len(data), media_type=media_type)
+
+    @contextlib.contextmanager
+    def image_copy(self, photo: brief.Photo) -> Iterator[pathlib.Path]:
+        """The file of a photo a brief names, its bytes checked; ArtifactMissing if it is not in this store."""
+        path = self.root / _photo_name(photo)
+        if not path.is_file() or _sha256(path) != photo.sha256:
+            raise ArtifactMissing(f"no image {photo.id} with its bytes in {self.root}")
+        yield path
 
 
 class S3Store:
@@ -255,7 +279,11 @@ class S3Store:
     @contextlib.contextmanager
     def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
         """The artifact downloaded to a scratch file (its sha256 checked), removed when the block ends."""
-        key = self._key(artifact, pipeline_id, stage)
+        with self._download(artifact, self._key(artifact, pipeline_id, stage)) as path:
+            yield path
+
+    @contextlib.contextmanager
+    def _download(self, artifact: events.Artifact, key: str) -> Iterator[pathlib.Path]:
         directory = self.scratch_root / ".downloads"
         directory.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(suffix=pathlib.PurePosixPath(key).suffix, dir=directory)
@@ -298,7 +326,7 @@ class S3Store:
     def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
         """Upload a tenant's image under the key its bytes give it and describe it."""
         digest = hashlib.sha256(data).hexdigest()
-        key = self.prefix + _image_name(tenant, digest, suffix)
+        key = self.prefix + _image_name(image_owner(tenant), digest, suffix)
         self._call(
             "upload",
             self._client.put_object,
@@ -309,6 +337,18 @@ class S3Store:
             Metadata={"sha256": digest},
         )
         return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data), media_type=media_type)
+
+    @contextlib.contextmanager
+    def image_copy(self, photo: brief.Photo) -> Iterator[pathlib.Path]:
+        """A photo a brief names, downloaded to a scratch file (its sha256 checked), removed when the block ends."""
+        artifact = events.Artifact(
+            uri=f"s3://{self.bucket}/{self.prefix}{_photo_name(photo)}",
+            sha256=photo.sha256,
+            size=photo.size,
+            media_type=photo.media_type,
+        )
+        with self._download(artifact, self.prefix + _photo_name(photo)) as path:
+            yield path
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket

@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from castad_contracts import api, brief, events, topology
 from castad_contracts import envelope as envelope_
-from castad_runtime import db, outbox, telemetry
+from castad_runtime import artifacts, db, outbox, telemetry
 
 from castad_api import errors, model, projection, repository, retention
 
@@ -72,6 +72,7 @@ def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple
     """The photos the request names, as the stages get them; InvalidField naming the first that is not an image
     the tenant uploaded (another tenant's is refused in the same words as one that does not exist)."""
     found = repository.tenant_images(conn, [uuid.UUID(image_id) for image_id in body.photos], tenant)
+    owner = artifacts.image_owner(tenant)
     named = []
     for index, image_id in enumerate(body.photos):
         row = found.get(uuid.UUID(image_id))
@@ -79,7 +80,7 @@ def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple
             raise errors.InvalidField(
                 ("body", "photos", index), f"no image {image_id} was uploaded by this tenant", image_id
             )
-        named.append(brief.Photo(id=image_id, sha256=row.sha256, media_type=row.media_type, size=row.size))
+        named.append(brief.Photo(id=image_id, owner=owner, sha256=row.sha256, media_type=row.media_type, size=row.size))
     return tuple(named)
 
 
