@@ -3,12 +3,15 @@ whole and is not too large in bytes or in pixels, turned upright, with none of t
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import struct
 import zlib
 
 import pytest
-from castad_api import images
+from castad_api import images, operations
+from castad_contracts import api
 from PIL import Image, PngImagePlugin
 
 MAX_BYTES = 2_000_000
@@ -133,3 +136,13 @@ def test_an_animated_image_is_refused():
 
     with pytest.raises(images.ImageRefused, match="animated"):
         clean(out.getvalue())
+
+
+def test_a_request_without_photos_hashes_as_before_there_were_any_so_its_idempotency_key_still_matches():
+    fields = {"customer_name": "머뭄", "region": "군산"}
+    before = api.PipelineRequest(**fields).model_dump(mode="json", exclude={"callback_url", "photos"})
+    digest = hashlib.sha256(json.dumps(before, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    assert operations.request_hash(api.PipelineRequest(**fields)) == digest
+    with_photo = api.PipelineRequest(**fields, photos=["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"])
+    assert operations.request_hash(with_photo) != digest

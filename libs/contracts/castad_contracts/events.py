@@ -205,8 +205,8 @@ class StageCanceled(Payload):
     canceled_at: dt.datetime
 
 
-# Version 2 of the events that carry a brief knew no photos: pipeline.requested, lyric.completed and video.completed v3
-# and song.completed v4 read every one of them as a brief without photos.
+# Before photos (pipeline.requested, lyric.completed and video.completed up to v2, song.completed up to v3) a brief
+# named none; the versions after read each such event as a brief without photos.
 BriefV2 = brief_.BriefV2
 
 
