@@ -7,10 +7,12 @@ import hashlib
 import io
 import json
 import struct
+import threading
+import time
 import zlib
 
 import pytest
-from castad_api import images, operations
+from castad_api import image_routes, images, operations
 from castad_contracts import api
 from PIL import Image, PngImagePlugin
 
@@ -146,3 +148,32 @@ def test_a_request_without_photos_hashes_as_before_there_were_any_so_its_idempot
     assert operations.request_hash(api.PipelineRequest(**fields)) == digest
     with_photo = api.PipelineRequest(**fields, photos=["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"])
     assert operations.request_hash(with_photo) != digest
+
+
+def test_a_gateway_process_decodes_two_uploads_at_once_and_the_others_wait(monkeypatch):
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def slow_clean(data: bytes, **_: object) -> images.Cleaned:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.1)
+        with lock:
+            running -= 1
+        return images.Cleaned(data, "image/png", ".png", 1, 1)
+
+    monkeypatch.setattr(images, "clean", slow_clean)
+    uploads = [
+        threading.Thread(
+            target=image_routes._clean, args=(b"x",), kwargs={"max_bytes": 9, "max_pixels": 9, "declared": None}
+        )
+        for _ in range(6)
+    ]
+    for upload in uploads:
+        upload.start()
+    for upload in uploads:
+        upload.join()
+
+    assert most == image_routes.DECODES_AT_ONCE == 2

@@ -9,6 +9,7 @@ made again finds in its place (names are the bytes' own).
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -23,6 +24,10 @@ from castad_api.deps import GatewayDep, Reader, Submitter
 UPLOAD_PATH = "/v1/images"
 MULTIPART_OVERHEAD_BYTES = 16_384  # a form's boundaries and part headers, beyond the image's own bytes
 FILE_FIELD = "file"
+# An image of CASTAD_API_IMAGE_MAX_PIXELS decodes to a few hundred MB: a gateway process decodes this many at once,
+# the others wait (decoding is CPU work: more at once would not finish sooner).
+DECODES_AT_ONCE = 2
+_decoding = threading.BoundedSemaphore(DECODES_AT_ONCE)
 router = APIRouter(prefix="/v1", tags=["images"], responses={**deps.AUTH_ERRORS})
 _ACCEPTED = ", ".join(images.MEDIA_TYPES)
 _BODY = {
@@ -63,7 +68,7 @@ async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.
     config = gw.config
     try:
         cleaned = await run_in_threadpool(
-            images.clean, data, max_bytes=config.image_max_bytes, max_pixels=config.image_max_pixels, declared=declared
+            _clean, data, max_bytes=config.image_max_bytes, max_pixels=config.image_max_pixels, declared=declared
         )
     except images.ImageRefused as refused:
         raise errors.invalid(loc, f"the image {refused}") from None
@@ -88,6 +93,11 @@ async def _received(request: Request) -> tuple[tuple[str, ...], bytes, str | Non
         return ("body", FILE_FIELD), await part.read(), said if said in images.MEDIA_TYPES else None
     finally:
         await form.close()
+
+
+def _clean(data: bytes, *, max_bytes: int, max_pixels: int, declared: str | None) -> images.Cleaned:
+    with _decoding:
+        return images.clean(data, max_bytes=max_bytes, max_pixels=max_pixels, declared=declared)
 
 
 def _keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
