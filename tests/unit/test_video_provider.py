@@ -513,3 +513,13 @@ def test_a_photo_that_does_not_decode_fails_the_render_for_good(
             photos=[broken],
         )
     assert raised.value.code == "photo_unreadable"
+
+
+def test_a_large_photo_is_held_only_as_large_as_it_takes_to_fill_the_frame(tmp_path: pathlib.Path) -> None:
+    large = tmp_path / "large.jpg"
+    Image.new("RGB", (4000, 3000), (90, 120, 200)).save(large)
+
+    held = provider._read_photo(large, (240, 426))
+
+    assert held.height >= 426 and held.width >= 240
+    assert held.size == pytest.approx((568, 426), abs=2)  # 4:3 covering a 240 x 426 frame

@@ -567,7 +567,7 @@ class LocalVideoProvider:
         any, over a gradient of the style's colours."""
         duration = song_duration(song_path, self._ffmpeg)
         width, height = frame_size(brief.orientation, self._short_side)
-        pictures = [_read_photo(path) for path in photos]
+        pictures = [_read_photo(path, (width, height)) for path in photos]
         renderer = FrameRenderer(brief, (width, height), self.fonts[lyrics.language], seed, pictures)
         plan = shots(lyrics, timed_lines, duration, len(pictures))
         with tempfile.TemporaryDirectory(prefix="castad-video-") as workdir:
@@ -629,12 +629,17 @@ class LocalVideoProvider:
         check_render(result)
 
 
-def _read_photo(path: pathlib.Path) -> Image.Image:
-    """A photo of the brief, decoded (the gateway kept it only once it decoded; its bytes were checked since)."""
+def _read_photo(path: pathlib.Path, frame: tuple[int, int]) -> Image.Image:
+    """A photo of the brief, decoded no larger than it needs to be to fill the frame (twenty large photos held
+    whole would take gigabytes). The gateway kept it only once it decoded; its bytes were checked since."""
     try:
         with Image.open(path) as photo:
-            photo.load()
-            return photo.convert("RGB")
+            scale = max(frame[0] / photo.width, frame[1] / photo.height)
+            needed = (max(round(photo.width * scale), frame[0]), max(round(photo.height * scale), frame[1]))
+            photo.draft("RGB", needed)  # a JPEG decodes at a fraction of its size when that is enough
+            picture = photo.convert("RGB")
+        picture.thumbnail((max(needed[0], 1), max(needed[1], 1)), Image.Resampling.LANCZOS)
+        return picture
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise errors.PermanentProviderError("photo_unreadable", f"{path.name} does not decode: {error}") from None
 
