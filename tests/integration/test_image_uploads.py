@@ -62,6 +62,8 @@ def test_an_uploaded_photo_is_kept_once_upright_and_without_its_metadata_for_its
     [row] = image_rows(engines["api"])
     assert (str(row.id), row.tenant, row.sha256) == (image["id"], "hana", image["sha256"])
     assert client.get(f"/v1/images/{image['id']}").json() == image
+    content = client.get(f"/v1/images/{image['id']}/content")
+    assert (content.status_code, content.content, content.headers["content-type"]) == (200, data, "image/jpeg")
 
 
 def test_a_photo_may_come_as_the_file_field_of_a_multipart_form(engines, api):
@@ -146,8 +148,9 @@ def test_another_tenants_image_is_not_found_on_any_route_and_a_brief_cannot_name
     mina = running.client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
     hanas = upload(hana, photo()).json()
 
-    assert mina.get(f"/v1/images/{hanas['id']}").status_code == 404
-    assert mina.get(f"/v1/images/{uuid.uuid4()}").status_code == 404
+    for path in (f"/v1/images/{hanas['id']}", f"/v1/images/{hanas['id']}/content"):
+        assert mina.get(path).status_code == 404 and hana.get(path).status_code == 200
+        assert mina.get(path.replace(hanas["id"], str(uuid.uuid4()))).status_code == 404
     refused = submit(mina, photos=[hanas["id"]])
     assert refused.status_code == 422
     [error] = refused.json()["detail"]

@@ -123,5 +123,7 @@ def test_a_photo_a_brief_names_is_downloaded_from_its_owners_place_with_its_byte
     with store.image_copy(photo) as path:
         assert path.read_bytes() == b"\x89PNG photo"
     assert not path.exists()
+    served = httpx.get(store.serve_image(photo), timeout=10)
+    assert (served.content, served.headers["content-type"]) == (b"\x89PNG photo", "image/png")
     with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update={"owner": "0" * 32})):
         pass

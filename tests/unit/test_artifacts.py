@@ -186,6 +186,9 @@ def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_chec
 
     with store.image_copy(photo) as path:
         assert path.read_bytes() == b"\xff\xd8 photo"
+    assert store.serve_image(photo) == store.path(kept)
+    with pytest.raises(artifacts.ArtifactMissing):
+        store.serve_image(photo.model_copy(update={"owner": artifacts.image_owner("mina")}))
     for other in ({"owner": artifacts.image_owner("mina")}, {"sha256": "0" * 64}, {"media_type": "image/png"}):
         with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update=other)):
             pass

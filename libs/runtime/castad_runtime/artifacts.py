@@ -63,6 +63,8 @@ class ArtifactStore(Protocol):
 
     def image_copy(self, photo: brief.Photo) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
+    def serve_image(self, photo: brief.Photo) -> pathlib.Path | str: ...
+
 
 class ArtifactMissing(LookupError):
     """The artifact is not in this store (another store's, removed, or its bytes changed)."""
@@ -250,6 +252,13 @@ class VolumeStore:
             raise ArtifactMissing(f"no image {photo.id} with its bytes in {self.root}")
         yield path
 
+    def serve_image(self, photo: brief.Photo) -> pathlib.Path:
+        """The file of a tenant's image; ArtifactMissing if it is not in this store."""
+        path = self.root / _photo_name(photo)
+        if not path.is_file():
+            raise ArtifactMissing(f"no image {photo.id} in {self.root}")
+        return path
+
 
 class S3Store:
     """Objects `<prefix><pipeline id>/<stage>-<sha256 prefix><suffix>` in a bucket; scratch files on local disk."""
@@ -349,6 +358,18 @@ class S3Store:
         )
         with self._download(artifact, self.prefix + _photo_name(photo)) as path:
             yield path
+
+    def serve_image(self, photo: brief.Photo) -> str:
+        """A presigned URL of a tenant's image, valid `presign_s` seconds."""
+        params = {
+            "Bucket": self.bucket,
+            "Key": self.prefix + _photo_name(photo),
+            "ResponseContentType": photo.media_type,
+        }
+        url: str = self._call(
+            "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
+        )
+        return url
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket

@@ -1,4 +1,4 @@
-"""Images a tenant uploads for its briefs to name as photos: upload one, read what was kept of it.
+"""Images a tenant uploads for its briefs to name as photos: upload one, read what was kept of it, fetch it.
 
 An upload is the image's bytes as the body (Content-Type image/jpeg, image/png or image/webp) or a
 multipart form with the image as its `file` field. It is kept only once it decoded whole and was
@@ -13,10 +13,11 @@ import threading
 import uuid
 from typing import Any
 
-from castad_contracts import api
-from castad_runtime import db
+from castad_contracts import api, brief
+from castad_runtime import artifacts, db
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from castad_api import deps, errors, images, repository
 from castad_api.deps import GatewayDep, Reader, Submitter
@@ -115,6 +116,38 @@ def get_image(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Image:
     if row is None:
         raise errors.NotFound(f"no image {image_id}")
     return _image(row)
+
+
+@router.get(
+    "/images/{image_id}/content",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {media_type: {} for media_type in images.MEDIA_TYPES}, "description": "the kept image"},
+        307: {"description": "a presigned URL of the object store"},
+        404: {"model": api.Problem},
+    },
+)
+def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
+    """The image as it was kept (upright, without metadata), or (with an object store) a redirect to a presigned
+    URL of it."""
+    with gw.engine.connect() as conn:
+        row = repository.get_image(conn, image_id, who.tenant_filter())
+    if row is None:
+        raise errors.NotFound(f"no image {image_id}")
+    photo = brief.Photo(
+        id=str(row.id),
+        owner=artifacts.image_owner(row.tenant),
+        sha256=row.sha256,
+        media_type=row.media_type,
+        size=row.size,
+    )
+    try:
+        where = gw.store.serve_image(photo)
+    except artifacts.ArtifactMissing:
+        raise errors.NotFound(f"image {image_id} is not in this store") from None
+    if isinstance(where, str):
+        return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
+    return FileResponse(where, media_type=row.media_type, filename=f"{row.id}{where.suffix}")
 
 
 def _image(row: Any) -> api.Image:
