@@ -453,15 +453,31 @@ def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_su
     assert list(planned_starts[1:]) == pytest.approx(sung_starts)
 
 
-def test_with_photos_each_is_the_background_of_an_equal_part_and_a_shot_over_a_cut_is_split_there() -> None:
-    shots = provider.shots(LYRICS, TIMED, SONG_S, photos=2)
+def test_with_photos_each_comes_on_at_a_sung_line_near_the_end_of_an_equal_part_and_a_shot_over_a_cut_is_split():
+    two = provider.shots(LYRICS, TIMED, SONG_S, photos=2)
+    three = provider.shots(LYRICS, TIMED, SONG_S, photos=3)
 
-    starts = [sum(shot.duration_s for shot in shots[:number]) for number in range(len(shots))]
-    assert [shot.text for shot in shots] == [None, TIMED[0].text, TIMED[0].text, TIMED[1].text]
-    assert starts == pytest.approx([0.0, 0.5, 2.0, 2.2])  # the first line goes on over the second photo
-    assert [shot.photo for shot in shots] == [0, 0, 1, 1]
-    assert sum(shot.duration_s for shot in shots) == pytest.approx(SONG_S)
+    # Two photos: the cut at 2.0 moves to the second line, sung from 2.2.
+    assert [(shot.text, shot.photo) for shot in two] == [(None, 0), (TIMED[0].text, 0), (TIMED[1].text, 1)]
+    # Three: no line starts near 1.33, so the first line goes on over the second photo; 2.67 moves to 2.2.
+    starts = [sum(shot.duration_s for shot in three[:number]) for number in range(len(three))]
+    assert [shot.text for shot in three] == [None, TIMED[0].text, TIMED[0].text, TIMED[1].text]
+    assert starts == pytest.approx([0.0, 0.5, SONG_S / 3, 2.2])
+    assert [shot.photo for shot in three] == [0, 0, 1, 2]
+    for shots in (two, three):
+        assert sum(shot.duration_s for shot in shots) == pytest.approx(SONG_S)
     assert {shot.photo for shot in provider.shots(LYRICS, TIMED, SONG_S)} == {0}  # no photos: one background
+
+
+def test_photo_cuts_keep_every_photo_on_for_a_while_and_in_order() -> None:
+    assert provider.photo_cuts(10.0, 1, [1.0, 2.0]) == []
+    assert provider.photo_cuts(10.0, 2, []) == [5.0]
+    # Parts of 2 s: a line sung within 1 s of a part's end starts the next photo; none near 6 or 8 (9.9 is too late).
+    assert provider.photo_cuts(10.0, 5, [0.1, 2.4, 3.6, 9.9]) == pytest.approx([2.4, 3.6, 6.0, 8.0])
+    # 3.05 is near 4.0 but would leave the photo from 2.95 on for less than half a second.
+    cuts = provider.photo_cuts(10.0, 5, [2.95, 3.05])
+    assert cuts == pytest.approx([2.95, 4.0, 6.0, 8.0])
+    assert all(later - earlier >= 0.5 for earlier, later in zip([0.0, *cuts], cuts, strict=False))
 
 
 def two_photos(directory: pathlib.Path) -> list[pathlib.Path]:

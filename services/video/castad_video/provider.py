@@ -462,7 +462,7 @@ def shots(
 
     A line whose syllables are timed is shown once per syllable, each time with what has been sung
     so far highlighted (from the syllable's start). With `photos`, each photo in turn is the
-    background of an equal part of the song: a shot that spans a cut is split there.
+    background of about an equal part of the song (photo_cuts): a shot that spans a cut is split there.
     """
     chorus_lines = {line for section in lyrics.sections if section.kind == "chorus" for line in section.lines}
     starts: list[tuple[float, str | None, int | None]] = [(0.0, None, None)]
@@ -472,7 +472,7 @@ def shots(
         for time, sung in moments:
             start = min(max(time, starts[-1][0]), duration_s)
             starts.append((start, line.text, sung))
-    cuts = [duration_s * number / photos for number in range(1, photos)]
+    cuts = photo_cuts(duration_s, photos, [line.start_s for line in timed_lines])
     for cut in cuts:
         at = bisect.bisect_right([start for start, _, _ in starts], cut)
         if starts[at - 1][0] < cut:  # the shot on screen then goes on over the next photo
@@ -483,6 +483,26 @@ def shots(
         for (start, text, sung), end in zip(starts, ends, strict=True)
         if end - start > 1e-3
     ]
+
+
+def photo_cuts(duration_s: float, photos: int, line_starts: Sequence[float]) -> list[float]:
+    """When each photo after the first comes on: at the start of the sung line nearest to the end of an equal
+    part of the song, if one is within half a part of it (a cut on a phrase, not in the middle of one), else at
+    that end; each photo stays on for at least a quarter of a part."""
+    if photos < 2:
+        return []
+    part = duration_s / photos
+    cuts: list[float] = []
+    for number in range(1, photos):
+        even = part * number
+        earliest = (cuts[-1] if cuts else 0.0) + part / 4
+        near = [
+            start
+            for start in line_starts
+            if abs(start - even) <= part / 2 and earliest <= start <= duration_s - part / 4
+        ]
+        cuts.append(min(near, key=lambda start: abs(start - even)) if near else max(even, earliest))
+    return cuts
 
 
 def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
