@@ -84,7 +84,7 @@ def castad_pipeline(pipeline_id: str, brief: dict[str, Any]) -> dict[str, Any]:
 @app.post("/v1/pipelines", status_code=status.HTTP_202_ACCEPTED)
 def submit(body: api.PipelineRequest, key: Annotated[str, Header(alias="Idempotency-Key")]) -> dict[str, str]:
     with SetWorkflowID(key):
-        handle = DBOS.start_workflow(castad_pipeline, key, body.without_callback().model_dump(mode="json"))
+        handle = DBOS.start_workflow(castad_pipeline, key, body.for_stages(()).model_dump(mode="json"))
     return {"id": handle.get_workflow_id()}
 
 

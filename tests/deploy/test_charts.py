@@ -156,14 +156,18 @@ def test_the_gateway_serves_its_probes_and_metrics_apart_from_the_api_which_alon
 
 
 @pytest.mark.parametrize("store", ("volume", "s3"))
-def test_only_the_stages_may_write_artifacts_the_gateway_mounts_them_read_only(chart_dir, store):
+def test_only_the_stages_may_write_artifacts_the_gateway_only_the_images_tenants_upload(chart_dir, store):
     artifacts = {"store": store, "claimName": "castad-artifacts", "mountPath": "/var/lib/castad/artifacts"}
     values = {"artifacts": artifacts, "settings": {"CASTAD_ARTIFACTS_S3_BUCKET": "media"}}
     for service in ("api", "lyric", "song", "video"):
         (deployment,) = by_kind(render(chart_dir, service, values), "Deployment")
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        (mount,) = [mount for mount in container["volumeMounts"] if mount["name"] == "artifacts"]
+        mount, *more = [mount for mount in container["volumeMounts"] if mount["name"] == "artifacts"]
         assert mount.get("readOnly", False) is (service == "api"), (service, mount)
+        if service == "api" and store == "volume":  # with a bucket, uploads go from memory to the bucket
+            assert more == [{"name": "artifacts", "mountPath": "/var/lib/castad/artifacts/images", "subPath": "images"}]
+        else:
+            assert more == [], (service, more)
 
 
 @pytest.mark.parametrize("service", ("api", "video"))

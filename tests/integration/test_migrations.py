@@ -44,6 +44,7 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.gateway_keys,
         api_tables.api_keys,
         api_tables.key_windows,
+        api_tables.images,
     ),
     "lyric": STAGE_TABLES,
     "song": STAGE_TABLES,

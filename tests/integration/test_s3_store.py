@@ -8,7 +8,7 @@ import hashlib
 
 import httpx
 import pytest
-from castad_contracts import events
+from castad_contracts import brief, events
 from castad_runtime import artifacts, outages, settings
 
 pytestmark = pytest.mark.integration
@@ -100,3 +100,30 @@ def test_the_s3_store_needs_a_bucket(monkeypatch):
     monkeypatch.delenv("CASTAD_ARTIFACTS_S3_BUCKET", raising=False)
     with pytest.raises(ValueError, match="CASTAD_ARTIFACTS_S3_BUCKET"):
         settings.StoreSettings()
+
+
+def test_a_tenants_image_is_uploaded_under_its_owners_place_named_by_its_bytes(store, object_store):
+    image = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+
+    digest = hashlib.sha256(b"\x89PNG photo").hexdigest()
+    key = image.uri.split("/", 3)[3]
+    assert key.startswith("media/images/") and key.endswith(f"/{digest}.png")
+    assert (image.sha256, image.size) == (digest, 10)
+    head = object_store.client().head_object(Bucket=store.bucket, Key=key)
+    assert (head["ContentType"], head["Metadata"]["sha256"]) == ("image/png", digest)
+    assert store.keep_image(b"\x89PNG photo", "mina", ".png", "image/png").uri != image.uri
+
+
+def test_a_photo_a_brief_names_is_downloaded_from_its_owners_place_with_its_bytes_checked(store, object_store):
+    kept = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+    photo = brief.Photo(
+        id=PIPELINE, owner=artifacts.image_owner("hana"), sha256=kept.sha256, media_type="image/png", size=10
+    )
+
+    with store.image_copy(photo) as path:
+        assert path.read_bytes() == b"\x89PNG photo"
+    assert not path.exists()
+    served = httpx.get(store.serve_image(photo), timeout=10)
+    assert (served.content, served.headers["content-type"]) == (b"\x89PNG photo", "image/png")
+    with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update={"owner": "0" * 32})):
+        pass

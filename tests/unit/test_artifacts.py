@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import uuid
 
 import boto3
 import pytest
-from castad_contracts import events
+from castad_contracts import brief, events
 from castad_runtime import artifacts
 
 PIPELINE = "pipeline-1"
@@ -158,3 +159,39 @@ def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp
     ):
         with pytest.raises(artifacts.ArtifactMisplaced, match="not a file of"):
             store.serve(song.model_copy(update={"uri": uri}), pipeline_id, stage)
+
+
+def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_once(tmp_path: pathlib.Path) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+
+    first = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    again = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    other = store.keep_image(b"\xff\xd8 photo", "../mina", ".jpg", "image/jpeg")
+
+    digest = hashlib.sha256(b"\xff\xd8 photo").hexdigest()
+    assert first == again and (first.sha256, first.size, first.media_type) == (digest, 8, "image/jpeg")
+    path = store.path(first)
+    assert path.name == f"{digest}.jpg" and path.parent.parent == tmp_path / "images"
+    assert store.path(other).parent != path.parent and store.path(other).is_relative_to(tmp_path / "images")
+    assert sorted(p.name for p in (tmp_path / "images").rglob("*")) == sorted(
+        [path.parent.name, store.path(other).parent.name, path.name, path.name]
+    )  # no temporary file is left beside them
+
+
+def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_checked(tmp_path: pathlib.Path) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+    kept = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    owner = artifacts.image_owner("hana")
+    photo = brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type="image/jpeg", size=8)
+
+    with store.image_copy(photo) as path:
+        assert path.read_bytes() == b"\xff\xd8 photo"
+    assert store.serve_image(photo) == store.path(kept)
+    with pytest.raises(artifacts.ArtifactMissing):
+        store.serve_image(photo.model_copy(update={"owner": artifacts.image_owner("mina")}))
+    for other in ({"owner": artifacts.image_owner("mina")}, {"sha256": "0" * 64}, {"media_type": "image/png"}):
+        with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update=other)):
+            pass
+    store.path(kept).write_bytes(b"changed")
+    with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo):
+        pass

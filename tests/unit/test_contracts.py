@@ -89,7 +89,7 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(
         pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
     )
-    with pytest.raises(TypeError, match="lyric.completed v2 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v3 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -233,15 +233,13 @@ def test_a_started_event_names_its_worker_from_version_2_and_a_version_1_one_rea
         events.REGISTRY.read(f"{stage.value}.started", 1, {**v1, "worker": "x"})
 
 
-def test_a_version_1_event_with_a_brief_is_read_as_version_2_and_a_version_2_value_is_not_version_1():
+def test_a_version_1_event_with_a_brief_is_read_as_the_newest_and_a_version_2_value_is_not_version_1():
     old_brief = {"customer_name": "머뭄", "region": "군산", "genre": "trot", "language": "English"}
     requested = {"pipeline_id": PIPELINE, "brief": old_brief, "requested_at": NOW.isoformat()}
 
     read = events.REGISTRY.read(events.PIPELINE_REQUESTED, 1, requested)
 
-    assert (
-        isinstance(read, events.PipelineRequested) and events.REGISTRY.current_version(events.PIPELINE_REQUESTED) == 2
-    )
+    assert isinstance(read, events.PipelineRequested) and read.brief.photos == ()
     assert (read.brief.genre, read.brief.style, read.brief.language) == (
         "trot",
         brief.Style.TROT,
@@ -269,12 +267,79 @@ def test_every_completed_event_carrying_a_brief_reads_version_1(stage):
         "width": 144,
         "height": 256,
     }
-    model = events.REGISTRY.model(events.stage_event(stage, "completed"), 2)
+    event_type = events.stage_event(stage, "completed")
+    model = events.REGISTRY.model(event_type, events.REGISTRY.current_version(event_type))
     data = {key: value for key, value in completed.items() if key in model.model_fields}
 
     read = events.REGISTRY.read(events.stage_event(stage, "completed"), 1, data)
 
     assert isinstance(read, model) and read.brief.style is brief.Style.JAZZ
+
+
+PHOTO = brief.Photo(
+    id="0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f", owner="b" * 32, sha256="a" * 64, media_type="image/jpeg", size=51_234
+)
+
+
+def test_a_brief_names_up_to_20_photos_by_reference_and_no_more():
+    assert brief.Brief(customer_name="머뭄", region="군산", photos=(PHOTO,) * 20).photos[19] == PHOTO
+    with pytest.raises(pydantic.ValidationError) as raised:
+        brief.Brief(customer_name="머뭄", region="군산", photos=(PHOTO,) * 21)
+    assert raised.value.errors()[0]["loc"] == ("photos",) and "at most 20" in raised.value.errors()[0]["msg"]
+    for bad in ({"media_type": "image/gif"}, {"size": 0}, {"id": "../etc"}, {"owner": "../x"}, {"bytes": "AAAA"}):
+        with pytest.raises(pydantic.ValidationError):
+            brief.Photo.model_validate({**PHOTO.model_dump(), **bad})
+
+
+# The last version of each event carrying a brief that knew no photos.
+BEFORE_PHOTOS = {
+    events.PIPELINE_REQUESTED: 2,
+    "lyric.completed": 2,
+    "song.completed": 3,
+    "video.completed": 2,
+}
+
+
+@pytest.mark.parametrize(("event_type", "version"), BEFORE_PHOTOS.items())
+def test_an_event_from_before_photos_reads_as_naming_none_and_photos_need_the_new_version(event_type, version):
+    fields = {
+        "pipeline_id": PIPELINE,
+        "requested_at": NOW.isoformat(),
+        "stage": event_type.split(".")[0],
+        "job_id": "j",
+        "attempt": 1,
+        "artifact": ARTIFACT.model_dump(mode="json"),
+        "completed_at": NOW.isoformat(),
+        "brief": BRIEF.model_dump(mode="json", exclude={"photos"}),
+        "lyrics": LYRICS.model_dump(mode="json"),
+        "timed_lines": [],
+        "song_duration_s": 3.0,
+        "width": 144,
+        "height": 256,
+    }
+    old = events.REGISTRY.model(event_type, version)
+    data = {key: value for key, value in fields.items() if key in old.model_fields}
+
+    read = events.REGISTRY.read(event_type, version, data)
+
+    assert events.REGISTRY.current_version(event_type) == version + 1
+    assert read.brief.photos == () and read.brief.customer_name == BRIEF.customer_name
+    with_photos = {**data, "brief": {**data["brief"], "photos": [PHOTO.model_dump(mode="json")]}}
+    assert events.REGISTRY.read(event_type, version + 1, with_photos).brief.photos == (PHOTO,)
+    # An older consumer refuses what only the new version says: it holds such an event until its upgrade.
+    with pytest.raises(pydantic.ValidationError, match="photos"):
+        events.REGISTRY.read(event_type, version, with_photos)
+
+
+def test_an_event_names_its_photos_by_reference_and_never_carries_their_bytes():
+    requested = events.PipelineRequested(
+        pipeline_id=PIPELINE, brief=BRIEF.model_copy(update={"photos": (PHOTO,)}), requested_at=NOW
+    )
+    sent = envelope.wrap(requested, events.PIPELINE_REQUESTED, "/castad/api")
+    assert sent.schemaversion == 3
+    assert sent.data["brief"]["photos"] == [
+        {"id": PHOTO.id, "owner": "b" * 32, "sha256": "a" * 64, "media_type": "image/jpeg", "size": 51_234}
+    ]
 
 
 def test_the_dead_letter_queue_has_no_delivery_limit_on_either_major_version_of_rabbitmq():

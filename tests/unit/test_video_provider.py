@@ -451,3 +451,91 @@ def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_su
         assert abs(first_seen[index] - start) <= 0.2, (plan[index], first_seen[index], start)
     sung_starts = [syllable.start_s for line in SUNG for syllable in line.syllables]
     assert list(planned_starts[1:]) == pytest.approx(sung_starts)
+
+
+def test_with_photos_each_comes_on_at_a_sung_line_near_the_end_of_an_equal_part_and_a_shot_over_a_cut_is_split():
+    two = provider.shots(LYRICS, TIMED, SONG_S, photos=2)
+    three = provider.shots(LYRICS, TIMED, SONG_S, photos=3)
+
+    # Two photos: the cut at 2.0 moves to the second line, sung from 2.2.
+    assert [(shot.text, shot.photo) for shot in two] == [(None, 0), (TIMED[0].text, 0), (TIMED[1].text, 1)]
+    # Three: no line starts near 1.33, so the first line goes on over the second photo; 2.67 moves to 2.2.
+    starts = [sum(shot.duration_s for shot in three[:number]) for number in range(len(three))]
+    assert [shot.text for shot in three] == [None, TIMED[0].text, TIMED[0].text, TIMED[1].text]
+    assert starts == pytest.approx([0.0, 0.5, SONG_S / 3, 2.2])
+    assert [shot.photo for shot in three] == [0, 0, 1, 2]
+    for shots in (two, three):
+        assert sum(shot.duration_s for shot in shots) == pytest.approx(SONG_S)
+    assert {shot.photo for shot in provider.shots(LYRICS, TIMED, SONG_S)} == {0}  # no photos: one background
+
+
+def test_photo_cuts_keep_every_photo_on_for_a_while_and_in_order() -> None:
+    assert provider.photo_cuts(10.0, 1, [1.0, 2.0]) == []
+    assert provider.photo_cuts(10.0, 2, []) == [5.0]
+    # Parts of 2 s: a line sung within 1 s of a part's end starts the next photo; none near 6 or 8 (9.9 is too late).
+    assert provider.photo_cuts(10.0, 5, [0.1, 2.4, 3.6, 9.9]) == pytest.approx([2.4, 3.6, 6.0, 8.0])
+    # 3.05 is near 4.0 but would leave the photo from 2.95 on for less than half a second.
+    cuts = provider.photo_cuts(10.0, 5, [2.95, 3.05])
+    assert cuts == pytest.approx([2.95, 4.0, 6.0, 8.0])
+    assert all(later - earlier >= 0.5 for earlier, later in zip([0.0, *cuts], cuts, strict=False))
+
+
+def two_photos(directory: pathlib.Path) -> list[pathlib.Path]:
+    """A photo with a red left half and a green right one, and one of blue and yellow stripes."""
+    halves = Image.new("RGB", (300, 400), (220, 40, 40))
+    halves.paste((40, 200, 60), (150, 0, 300, 400))
+    stripes = Image.new("RGB", (400, 300), (40, 60, 220))
+    for top in range(0, 300, 60):
+        stripes.paste((240, 220, 40), (0, top, 400, top + 30))
+    paths = [directory / "halves.jpg", directory / "stripes.png"]
+    halves.save(paths[0])
+    stripes.save(paths[1])
+    return paths
+
+
+def test_a_video_with_photos_shows_each_in_turn_under_the_captions(
+    local: provider.LocalVideoProvider, song: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    photos = two_photos(tmp_path)
+    out = tmp_path / "slideshow.mp4"
+
+    video = local.render(BRIEF, LYRICS, TIMED, song, out, seed="p", cancel=cancellation.Cancellation(), photos=photos)
+
+    size = (video.width, video.height)
+    expected = [np.asarray(provider.photo_background(Image.open(path), size).convert("RGB"), float) for path in photos]
+    for time_s, shown in ((1.0, 0), (3.0, 1)):
+        frame = np.asarray(frame_at(out, time_s, tmp_path / f"at-{time_s}.png"), dtype=np.float64)
+        distances = [float(np.mean(np.abs(frame - picture))) for picture in expected]
+        assert distances[shown] < 12 < distances[1 - shown], (time_s, distances)
+        caption_band = slice(video.height // 3, 2 * video.height // 3)
+        assert np.mean(np.abs(frame[caption_band] - expected[shown][caption_band]) > 60) > 0.01  # the caption's ink
+
+
+def test_a_photo_that_does_not_decode_fails_the_render_for_good(
+    local: provider.LocalVideoProvider, song: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff not a photo")
+
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        local.render(
+            BRIEF,
+            LYRICS,
+            TIMED,
+            song,
+            tmp_path / "out.mp4",
+            seed="p",
+            cancel=cancellation.Cancellation(),
+            photos=[broken],
+        )
+    assert raised.value.code == "photo_unreadable"
+
+
+def test_a_large_photo_is_held_only_as_large_as_it_takes_to_fill_the_frame(tmp_path: pathlib.Path) -> None:
+    large = tmp_path / "large.jpg"
+    Image.new("RGB", (4000, 3000), (90, 120, 200)).save(large)
+
+    held = provider._read_photo(large, (240, 426))
+
+    assert held.height >= 426 and held.width >= 240
+    assert held.size == pytest.approx((568, 426), abs=2)  # 4:3 covering a 240 x 426 frame

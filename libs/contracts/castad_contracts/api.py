@@ -110,18 +110,47 @@ def http_url(value: str) -> str:
 CallbackUrl = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000), AfterValidator(http_url)]
 
 
-class PipelineRequest(brief.Brief):
-    """A brief, and where to tell of its pipeline's end. Only the brief travels to the stages."""
+def distinct(ids: list[str]) -> list[str]:
+    if len(set(ids)) != len(ids):
+        raise ValueError("names the same photo more than once")
+    return ids
 
+
+class PipelineRequest(brief.BriefV2):
+    """A brief, the photos it shows by the ids their uploads got, and where to tell of its pipeline's end.
+
+    The stages get the brief with each photo as a reference (id, sha256, media type, size); the callback URL
+    stays with the gateway."""
+
+    photos: Annotated[list[brief.ImageId], AfterValidator(distinct)] = Field(
+        default_factory=list,
+        max_length=brief.MAX_PHOTOS,
+        description=f"Up to {brief.MAX_PHOTOS} images of the business, each uploaded first (POST /v1/images) by a"
+        " key of the same tenant, in the order to show them.",
+        examples=[["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"]],
+    )
     callback_url: CallbackUrl | None = Field(
         default=None,
         description="Where to POST a signed notice (Standard Webhooks) when the pipeline ends.",
         examples=["https://example.com/hooks/castad"],
     )
 
-    def without_callback(self) -> brief.Brief:
-        """The brief alone, as the stages get it."""
-        return brief.Brief.model_validate(self.model_dump(exclude={"callback_url"}))
+    def for_stages(self, photos: tuple[brief.Photo, ...]) -> brief.Brief:
+        """The brief as the stages get it: the photos named by reference, without the callback URL."""
+        fields = self.model_dump(exclude={"callback_url", "photos"})
+        return brief.Brief.model_validate({**fields, "photos": photos})
+
+
+class Image(BaseModel):
+    """An uploaded image, as the gateway stored it: decoded, turned upright, its metadata stripped."""
+
+    id: str = Field(description="what a brief's `photos` names it by")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the stored bytes (not of the upload)")
+    media_type: str = Field(examples=["image/jpeg"])
+    size: int = Field(ge=1, description="size in bytes of the stored file")
+    width: int = Field(ge=1, description="in pixels, upright")
+    height: int = Field(ge=1, description="in pixels, upright")
+    created_at: dt.datetime
 
 
 class WebhookTry(BaseModel):

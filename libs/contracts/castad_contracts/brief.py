@@ -90,8 +90,34 @@ MAX_DURATION_S = 180
 DEFAULT_DURATION_S = 30
 
 
-class Brief(BaseModel):
-    """What the business wants a video about."""
+MAX_PHOTOS = 20
+PHOTO_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp")
+ImageId = Annotated[
+    str,
+    Field(
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        description="an image id the gateway gave for an upload (POST /v1/images), a lowercase UUID",
+    ),
+]
+
+
+class Photo(BaseModel):
+    """A photo of the business, as events name it: a reference to a file of the artifact store, never its bytes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: ImageId
+    owner: str = Field(
+        pattern=r"^[0-9a-f]{32}$",
+        description="the place of its tenant's images in the artifact store (a digest of the tenant's name)",
+    )
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the stored file, metadata stripped")
+    media_type: Literal["image/jpeg", "image/png", "image/webp"]
+    size: int = Field(ge=1, description="size in bytes")
+
+
+class BriefV2(BaseModel):
+    """What the business wants a video about (versions 2 of the events carrying it: no photos)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -125,11 +151,21 @@ class Brief(BaseModel):
         return closest_style(self.genre)
 
 
+class Brief(BriefV2):
+    """What the business wants a video about, and the photos of it to show."""
+
+    photos: tuple[Photo, ...] = Field(
+        default=(),
+        max_length=MAX_PHOTOS,
+        description=f"Up to {MAX_PHOTOS} photos of the business, in the order to show them.",
+    )
+
+
 # What version 1 of the events carrying a brief allowed (see castad_contracts.events).
 V1Language = Literal["Korean", "English"]
 
 
-class BriefV1(Brief):
+class BriefV1(BriefV2):
     """A brief as version 1 of the events knew it: a genre from a fixed list, Korean or English."""
 
     genre: Literal["k-pop", "ballad", "hip-hop", "rock", "jazz", "trot", "acoustic"] = "k-pop"

@@ -165,15 +165,22 @@ class LyricCompleted(StageCompleted):
 
 
 class SongCompletedV2(StageCompleted):
+    brief: brief_.BriefV2  # type: ignore[assignment]
     lyrics: Lyrics
     timed_lines: tuple[TimedLineV2, ...]
     song_duration_s: float
 
 
-class SongCompleted(SongCompletedV2):
+class SongCompletedV3(SongCompletedV2):
     """The song is made (version 3: with the time of each sung syllable)."""
 
     timed_lines: tuple[TimedLine, ...]
+
+
+class SongCompleted(SongCompletedV3):
+    """The song is made (version 4: the brief names its photos)."""
+
+    brief: brief_.Brief
 
 
 class VideoCompleted(StageCompleted):
@@ -198,6 +205,23 @@ class StageCanceled(Payload):
     canceled_at: dt.datetime
 
 
+# Before photos (pipeline.requested, lyric.completed and video.completed up to v2, song.completed up to v3) a brief
+# named none; the versions after read each such event as a brief without photos.
+BriefV2 = brief_.BriefV2
+
+
+class PipelineRequestedV2(PipelineRequested):
+    brief: BriefV2  # type: ignore[assignment]
+
+
+class LyricCompletedV2(LyricCompleted):
+    brief: BriefV2  # type: ignore[assignment]
+
+
+class VideoCompletedV2(VideoCompleted):
+    brief: BriefV2  # type: ignore[assignment]
+
+
 # Version 1 of the events that carry a brief or lyrics knew fewer values: a genre from a fixed list and
 # Korean or English only. Version 2 (free-text genre, four languages) reads every version-1 event as it is.
 BriefV1 = brief_.BriefV1
@@ -207,11 +231,11 @@ class LyricsV1(Lyrics):
     language: brief_.V1Language  # type: ignore[assignment]
 
 
-class PipelineRequestedV1(PipelineRequested):
+class PipelineRequestedV1(PipelineRequestedV2):
     brief: BriefV1
 
 
-class LyricCompletedV1(LyricCompleted):
+class LyricCompletedV1(LyricCompletedV2):
     brief: BriefV1
     lyrics: LyricsV1
 
@@ -221,7 +245,7 @@ class SongCompletedV1(SongCompletedV2):
     lyrics: LyricsV1
 
 
-class VideoCompletedV1(VideoCompleted):
+class VideoCompletedV1(VideoCompletedV2):
     brief: BriefV1
 
 
@@ -288,9 +312,14 @@ def provider_called_back(stage: Stage) -> str:
     return f"provider.{stage.value}.called_back"
 
 
+_COMPLETED_V2: dict[Stage, type[Payload]] = {
+    Stage.LYRIC: LyricCompletedV2,
+    Stage.SONG: SongCompletedV2,
+    Stage.VIDEO: VideoCompletedV2,
+}
 _COMPLETED: dict[Stage, type[Payload]] = {
     Stage.LYRIC: LyricCompleted,
-    Stage.SONG: SongCompletedV2,
+    Stage.SONG: SongCompleted,
     Stage.VIDEO: VideoCompleted,
 }
 _COMPLETED_V1: dict[Stage, type[Payload]] = {
@@ -383,7 +412,8 @@ class Registry:
 
 REGISTRY = Registry()
 REGISTRY.register(PIPELINE_REQUESTED, 1, PipelineRequestedV1)
-REGISTRY.register(PIPELINE_REQUESTED, 2, PipelineRequested, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 2, PipelineRequestedV2, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 3, PipelineRequested, _same)
 # Version 1 of the operator requests had no order; read as the first request of their pipeline.
 REGISTRY.register(PIPELINE_CANCEL_REQUESTED, 1, PipelineCancelRequestedV1)
 REGISTRY.register(
@@ -400,9 +430,12 @@ for _stage in Stage:
     REGISTRY.register(stage_event(_stage, "started"), 2, StageStarted, lambda data: {**data, "worker": None})
     REGISTRY.register(stage_event(_stage, "retrying"), 1, StageRetrying)
     REGISTRY.register(stage_event(_stage, "completed"), 1, _COMPLETED_V1[_stage])
-    REGISTRY.register(stage_event(_stage, "completed"), 2, _COMPLETED[_stage], _same)
+    REGISTRY.register(stage_event(_stage, "completed"), 2, _COMPLETED_V2[_stage], _same)
     REGISTRY.register(stage_event(_stage, "failed"), 1, StageFailed)
     REGISTRY.register(stage_event(_stage, "canceled"), 1, StageCanceled)
     REGISTRY.register(provider_called_back(_stage), 1, ProviderCalledBack)
 # Version 3 of song.completed times every syllable; a version-2 line reads as one whose syllables are untold.
-REGISTRY.register(stage_event(Stage.SONG, "completed"), 3, SongCompleted, _same)
+REGISTRY.register(stage_event(Stage.SONG, "completed"), 3, SongCompletedV3, _same)
+# Then every completed event names the brief's photos (lyric and video v3, song v4); an older one names none.
+for _stage, _version in ((Stage.LYRIC, 3), (Stage.SONG, 4), (Stage.VIDEO, 3)):
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)

@@ -16,6 +16,10 @@ URI, and whoever could write an event could otherwise name any file of the store
 deletes every file of a stage of a pipeline through `delete`, the artifact and whatever a late
 attempt left beside it. An object store that cannot be reached
 raises outages.StoreUnavailable, the machinery's failure, never the work's.
+
+A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
+`images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
+`keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import contextlib
 import hashlib
 import os
 import pathlib
+import re
 import tempfile
 import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from castad_contracts import events
+from castad_contracts import brief, events
 
 from castad_runtime import outages, redact, settings
 
@@ -53,6 +58,12 @@ class ArtifactStore(Protocol):
     def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path | str: ...
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
+
+    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact: ...
+
+    def image_copy(self, photo: brief.Photo) -> contextlib.AbstractContextManager[pathlib.Path]: ...
+
+    def serve_image(self, photo: brief.Photo) -> pathlib.Path | str: ...
 
 
 class ArtifactMissing(LookupError):
@@ -122,6 +133,25 @@ def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: event
     place = _place(pipeline_id, stage)
     if not name.startswith(place) or "/" in name[len(place) :]:
         raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
+
+
+def image_owner(tenant: str) -> str:
+    """The place of a tenant's images: a digest of its name, which is free text."""
+    return hashlib.sha256(tenant.encode()).hexdigest()[:32]
+
+
+def _image_name(owner: str, digest: str, suffix: str) -> str:
+    """Where an image with this sha256 of the owner's is kept (under the root or the prefix)."""
+    if not re.fullmatch(r"[0-9a-f]{32}", owner) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ArtifactMisplaced(f"not an image's place: {owner}/{digest}")
+    return f"images/{owner}/{digest}{suffix}"
+
+
+_IMAGE_SUFFIXES = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp"}
+
+
+def _photo_name(photo: brief.Photo) -> str:
+    return _image_name(photo.owner, photo.sha256, _IMAGE_SUFFIXES[photo.media_type])
 
 
 def _checked(pipeline_id: str) -> str:
@@ -200,6 +230,35 @@ class VolumeStore:
         """Delete every file of the stage for the pipeline; how many there were."""
         return _delete_local(self.root / _checked(pipeline_id), stage, final=True)
 
+    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
+        """Write a tenant's image under the name its bytes give it (whole or not at all) and describe it."""
+        digest = hashlib.sha256(data).hexdigest()
+        final = self.root / _image_name(image_owner(tenant), digest, suffix)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=".upload", dir=final.parent)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            os.replace(name, final)
+        finally:
+            pathlib.Path(name).unlink(missing_ok=True)
+        return events.Artifact(uri=final.as_uri(), sha256=digest, size=len(data), media_type=media_type)
+
+    @contextlib.contextmanager
+    def image_copy(self, photo: brief.Photo) -> Iterator[pathlib.Path]:
+        """The file of a photo a brief names, its bytes checked; ArtifactMissing if it is not in this store."""
+        path = self.root / _photo_name(photo)
+        if not path.is_file() or _sha256(path) != photo.sha256:
+            raise ArtifactMissing(f"no image {photo.id} with its bytes in {self.root}")
+        yield path
+
+    def serve_image(self, photo: brief.Photo) -> pathlib.Path:
+        """The file of a tenant's image; ArtifactMissing if it is not in this store."""
+        path = self.root / _photo_name(photo)
+        if not path.is_file():
+            raise ArtifactMissing(f"no image {photo.id} in {self.root}")
+        return path
+
 
 class S3Store:
     """Objects `<prefix><pipeline id>/<stage>-<sha256 prefix><suffix>` in a bucket; scratch files on local disk."""
@@ -229,7 +288,11 @@ class S3Store:
     @contextlib.contextmanager
     def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
         """The artifact downloaded to a scratch file (its sha256 checked), removed when the block ends."""
-        key = self._key(artifact, pipeline_id, stage)
+        with self._download(artifact, self._key(artifact, pipeline_id, stage)) as path:
+            yield path
+
+    @contextlib.contextmanager
+    def _download(self, artifact: events.Artifact, key: str) -> Iterator[pathlib.Path]:
         directory = self.scratch_root / ".downloads"
         directory.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(suffix=pathlib.PurePosixPath(key).suffix, dir=directory)
@@ -268,6 +331,45 @@ class S3Store:
             deleted += len(keys)
         _delete_local(self.scratch_root / pipeline_id, stage, final=False)
         return deleted
+
+    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
+        """Upload a tenant's image under the key its bytes give it and describe it."""
+        digest = hashlib.sha256(data).hexdigest()
+        key = self.prefix + _image_name(image_owner(tenant), digest, suffix)
+        self._call(
+            "upload",
+            self._client.put_object,
+            Bucket=self.bucket,
+            Key=key,
+            Body=data,
+            ContentType=media_type,
+            Metadata={"sha256": digest},
+        )
+        return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data), media_type=media_type)
+
+    @contextlib.contextmanager
+    def image_copy(self, photo: brief.Photo) -> Iterator[pathlib.Path]:
+        """A photo a brief names, downloaded to a scratch file (its sha256 checked), removed when the block ends."""
+        artifact = events.Artifact(
+            uri=f"s3://{self.bucket}/{self.prefix}{_photo_name(photo)}",
+            sha256=photo.sha256,
+            size=photo.size,
+            media_type=photo.media_type,
+        )
+        with self._download(artifact, self.prefix + _photo_name(photo)) as path:
+            yield path
+
+    def serve_image(self, photo: brief.Photo) -> str:
+        """A presigned URL of a tenant's image, valid `presign_s` seconds."""
+        params = {
+            "Bucket": self.bucket,
+            "Key": self.prefix + _photo_name(photo),
+            "ResponseContentType": photo.media_type,
+        }
+        url: str = self._call(
+            "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
+        )
+        return url
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket

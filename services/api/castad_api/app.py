@@ -27,6 +27,7 @@ from castad_api import (
     console_routes,
     dead_letter_routes,
     errors,
+    image_routes,
     key_routes,
     pipeline_routes,
     stats_routes,
@@ -106,6 +107,7 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
         app.add_exception_handler(database_error, _unavailable)
     app.add_exception_handler(outages.StoreUnavailable, _store_unavailable)
     app.include_router(pipeline_routes.router)
+    app.include_router(image_routes.router)
     app.include_router(timeline_routes.router)
     app.include_router(stats_routes.router)
     app.include_router(dead_letter_routes.router)
@@ -113,7 +115,8 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     if gw.config.health_port is None:
         app.include_router(health)
     console_routes.mount(app, gw.config)
-    app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)
+    image_upload = gw.config.image_max_bytes + image_routes.MULTIPART_OVERHEAD_BYTES
+    app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes, larger={image_routes.UPLOAD_PATH: image_upload})
     app.add_middleware(metrics_.RequestMetrics, metrics=gw.metrics)  # outermost: counts the 413s too
     return app
 
@@ -138,6 +141,8 @@ async def _refused(request: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": str(exc), "status": exc.status}, status_code=status.HTTP_409_CONFLICT)
     if isinstance(exc, errors.NotFound):
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, errors.InvalidField):
+        return await _invalid_request(request, errors.invalid(exc.loc, str(exc), exc.given))
     return await _invalid_request(request, errors.invalid(("path",), str(exc)))
 
 
@@ -165,20 +170,24 @@ async def _store_unavailable(_: Request, exc: Exception) -> Response:
 
 
 class BodyLimit:
-    """413 for request bodies over the limit, declared or streamed."""
+    """413 for request bodies over the limit, declared or streamed; a POST to a path of `larger` has its own."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int, larger: Mapping[str, int] | None = None) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_max_bytes = max_bytes
+        self.larger = dict(larger or {})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.default_max_bytes
+        if scope.get("method") == "POST":
+            max_bytes = self.larger.get(scope.get("path", ""), max_bytes)
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await _too_large(self.max_bytes, send)
+        if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
+            await _too_large(max_bytes, send)
             return
         received = 0
 
@@ -187,14 +196,14 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _BodyTooLarge(self.max_bytes)
+                if received > max_bytes:
+                    raise _BodyTooLarge(max_bytes)
             return message
 
         try:
             await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
-            await _too_large(self.max_bytes, send)
+            await _too_large(max_bytes, send)
 
 
 class _BodyTooLarge(HTTPException):

@@ -29,6 +29,15 @@ class BadWindow(GatewayError):
     """A window of the statistics that is not a duration they take (422 naming the field)."""
 
 
-def invalid(loc: tuple[str, ...], message: str, given: object = None) -> RequestValidationError:
+class InvalidField(GatewayError):
+    """A field of the request that names what cannot be used, e.g. a photo that is not the tenant's (422)."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str, given: object = None) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.given = given
+
+
+def invalid(loc: tuple[str | int, ...], message: str, given: object = None) -> RequestValidationError:
     """A 422 in the shape of every other (FastAPI's validation error): where, and why."""
     return RequestValidationError([{"loc": loc, "msg": message, "type": "value_error", "input": given}])

@@ -17,9 +17,9 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import api, events, topology
+from castad_contracts import api, brief, events, topology
 from castad_contracts import envelope as envelope_
-from castad_runtime import db, outbox, telemetry
+from castad_runtime import artifacts, db, outbox, telemetry
 
 from castad_api import errors, model, projection, repository, retention
 
@@ -37,7 +37,7 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
     """Accept a brief and publish pipeline.requested; the same key and body again: the same pipeline.
     The same key with another body is a Conflict. The callback URL stays with the gateway."""
     digest = request_hash(body)
-    source = body.without_callback()
+    source = body.for_stages(photos(conn, body, tenant))
     pipeline_id = uuid.uuid4()
     # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
     requested = events.PipelineRequested(
@@ -68,9 +68,27 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
     return Accepted(created.pipeline_id, model.PipelineStatus(pipeline.status), False)
 
 
+def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple[brief.Photo, ...]:
+    """The photos the request names, as the stages get them; InvalidField naming the first that is not an image
+    the tenant uploaded (another tenant's is refused in the same words as one that does not exist)."""
+    found = repository.tenant_images(conn, [uuid.UUID(image_id) for image_id in body.photos], tenant)
+    owner = artifacts.image_owner(tenant)
+    named = []
+    for index, image_id in enumerate(body.photos):
+        row = found.get(uuid.UUID(image_id))
+        if row is None:
+            raise errors.InvalidField(
+                ("body", "photos", index), f"no image {image_id} was uploaded by this tenant", image_id
+            )
+        named.append(brief.Photo(id=image_id, owner=owner, sha256=row.sha256, media_type=row.media_type, size=row.size))
+    return tuple(named)
+
+
 def request_hash(body: api.PipelineRequest) -> str:
-    """The request's digest; without a callback_url, the brief's alone (as before there was one)."""
-    fields = body.model_dump(mode="json", exclude={"callback_url"} if body.callback_url is None else None)
+    """The request's digest; without a callback_url or photos, of the rest alone (as before there were any)."""
+    unset = {"callback_url"} if body.callback_url is None else set()
+    unset |= {"photos"} if not body.photos else set()
+    fields = body.model_dump(mode="json", exclude=unset or None)
     canonical = json.dumps(fields, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

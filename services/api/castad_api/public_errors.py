@@ -36,6 +36,8 @@ MESSAGES: dict[str, str] = {
     # The video stage's.
     "song_missing": "the song to put in the video was not found",
     "song_unreachable": "the song to put in the video could not be fetched",
+    "photo_unreachable": "a photo to put in the video could not be fetched",
+    "photo_unreadable": "a photo to put in the video could not be read",
     "song_unreadable": "the song to put in the video could not be read",
     "render_failed": "the video could not be rendered",
     "render_interrupted": "the video's rendering was interrupted; it is tried again",

@@ -22,6 +22,7 @@ stages = tables.stages
 attempts = tables.attempts
 timeline = tables.timeline
 letters = tables.dead_letters
+images = tables.images
 PIPELINE_EVENTS_CHANNEL = "castad_pipeline_events"
 TERMINAL = [status.value for status in model.PipelineStatus if status.terminal]
 
@@ -626,3 +627,41 @@ def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) 
     now = frozenset(column for column, value in values.items() if value is NOW)
     params = {column: value for column, value in values.items() if value is not NOW}
     db.run(conn, _pipeline_update(tuple(sorted(values)), now), {"id": pipeline_id, **params})
+
+
+def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> sa.Row[Any]:
+    """Record a tenant's image kept in the artifact store; the one it has already if it uploaded these bytes before."""
+    inserted = conn.execute(
+        pg.insert(images)
+        .values(
+            id=uuid.uuid4(),
+            tenant=tenant,
+            sha256=kept.sha256,
+            media_type=kept.media_type,
+            size=kept.size,
+            width=width,
+            height=height,
+            uri=kept.uri,
+        )
+        .on_conflict_do_nothing(constraint="images_tenant_sha256")
+        .returning(*images.c)
+    ).fetchone()
+    if inserted is not None:
+        return inserted
+    return conn.execute(sa.select(images).where(images.c.tenant == tenant, images.c.sha256 == kept.sha256)).one()
+
+
+def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> sa.Row[Any] | None:
+    """The image, unless it is not `tenant`'s (None: anyone's)."""
+    query = sa.select(images).where(images.c.id == image_id)
+    if tenant is not None:
+        query = query.where(images.c.tenant == tenant)
+    return conn.execute(query).fetchone()
+
+
+def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, sa.Row[Any]]:
+    """Those of the images that are `tenant`'s, by id."""
+    if not image_ids:
+        return {}
+    query = sa.select(images).where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant)
+    return {row.id: row for row in conn.execute(query)}

@@ -33,6 +33,17 @@ class ApiSettings(settings.StoreSettings):
         " serve theirs; unset: on CASTAD_API_PORT",
     )
     max_body_bytes: int = Field(default=16_384, ge=1024, description="larger request bodies get 413")
+    image_max_bytes: int = Field(
+        default=10_485_760,
+        ge=1024,
+        description="largest image upload (POST /v1/images) in bytes; larger ones get 413 or 422",
+    )
+    image_max_pixels: int = Field(
+        default=40_000_000,
+        ge=1,
+        le=89_000_000,
+        description="an uploaded image declaring more pixels (width x height) is refused before any is decoded",
+    )
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
     sse_key_check_s: float = Field(

@@ -239,3 +239,20 @@ webhook_attempts = sa.Table(
     sa.Column("error", sa.Text),
     sa.UniqueConstraint("delivery_id", "number"),
 )
+
+# Images a tenant uploaded (image_routes.py), each kept once in the artifact store under its owner's place, named
+# by its bytes (`uri`): the same bytes uploaded again by the same tenant are the same image.
+images = sa.Table(
+    "images",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("media_type", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("width", sa.Integer, nullable=False),
+    sa.Column("height", sa.Integer, nullable=False),
+    sa.Column("uri", sa.Text, nullable=False),
+    sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.UniqueConstraint("tenant", "sha256", name="images_tenant_sha256"),
+)

@@ -39,6 +39,7 @@ class InstantVideoProvider:
         seed: str,
         *,
         cancel: cancellation.Cancellation,
+        photos: Sequence[pathlib.Path] = (),  # the prepared clip shows none
     ) -> provider.Video:
         provider.song_duration(song_path)
         width, height = provider.frame_size(brief.orientation, SHORT_SIDE)

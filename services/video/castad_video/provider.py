@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import errno
 import pathlib
@@ -20,7 +21,7 @@ import numpy as np
 from castad_contracts import brief, events
 from castad_runtime import outages
 from castad_runtime.stage import cancellation, errors
-from PIL import Image, ImageDraw, ImageFilter, ImageFont
+from PIL import Image, ImageDraw, ImageFilter, ImageFont, ImageOps
 
 FONT_ENV = "CASTAD_VIDEO_FONT_PATH"
 
@@ -93,6 +94,7 @@ class VideoProvider(Protocol):
         seed: str,
         *,
         cancel: cancellation.Cancellation,
+        photos: Sequence[pathlib.Path] = (),
     ) -> Video: ...
 
 
@@ -201,36 +203,67 @@ def _bokeh(size: tuple[int, int], rng: random.Random) -> Image.Image:
     return layer.filter(ImageFilter.GaussianBlur(max(short / 60, 1)))
 
 
-class FrameRenderer:
-    """Draws the still frames of a video: a title card and one frame per caption."""
+def _scrim(size: tuple[int, int]) -> Image.Image:
+    """A shade darkest at the top and the bottom, where the header and the captions go over a photo."""
+    width, height = size
+    rows = np.linspace(-1.0, 1.0, height)
+    alpha = (60 + 110 * rows**2).astype(np.uint8)  # 60 of 255 in the middle, 170 at the edges
+    layer = np.zeros((height, width, 4), dtype=np.uint8)
+    layer[..., 3] = alpha[:, None]
+    return Image.fromarray(layer, "RGBA")
 
-    def __init__(self, brief: brief.Brief, size: tuple[int, int], font: Font, seed: str) -> None:
+
+def photo_background(photo: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """A photo cropped to fill the frame around its centre (a little above it: a subject, a roof line, a
+    face sits more often in the upper half of a photo than in the lower), shaded for the captions."""
+    fitted = ImageOps.fit(photo.convert("RGB"), size, Image.Resampling.LANCZOS, centering=(0.5, 0.45))
+    return Image.alpha_composite(fitted.convert("RGBA"), _scrim(size))
+
+
+class FrameRenderer:
+    """Draws the still frames of a video: a title card and one frame per caption, over the brief's photos or,
+    without any, over a gradient of the style's colours."""
+
+    def __init__(
+        self, brief: brief.Brief, size: tuple[int, int], font: Font, seed: str, photos: Sequence[Image.Image] = ()
+    ) -> None:
         self._brief = brief
         self._size = size
         self._face = font
         self._palette = PALETTES[brief.style]
         self._fonts: dict[int, ImageFont.FreeTypeFont] = {}
-        background = _gradient(size, self._palette).convert("RGBA")
-        self._background = Image.alpha_composite(background, _bokeh(size, random.Random(seed)))
+        if photos:
+            self._backgrounds = [photo_background(photo, size) for photo in photos]
+        else:
+            background = _gradient(size, self._palette).convert("RGBA")
+            self._backgrounds = [Image.alpha_composite(background, _bokeh(size, random.Random(seed)))]
 
     @property
     def size(self) -> tuple[int, int]:
         return self._size
 
-    def title_card(self, title: str) -> Image.Image:
-        return self._frame(title, self._palette.accent, scale=0.11)
+    def title_card(self, title: str, photo: int = 0) -> Image.Image:
+        """The song's title over the `photo`th photo (or the gradient)."""
+        return self._frame(title, self._palette.accent, 0.11, photo)
 
-    def caption(self, text: str, chorus: bool = False, sung: int | None = None) -> Image.Image:
-        """A lyric line; with `sung`, its first `sung` characters (karaoke: what has been sung) stand out."""
+    def caption(self, text: str, chorus: bool = False, sung: int | None = None, photo: int = 0) -> Image.Image:
+        """A lyric line over the `photo`th photo (or the gradient); with `sung`, its first `sung` characters
+        (karaoke: what has been sung) stand out."""
         colour, highlight = self._palette.text, self._palette.accent
         if chorus:
             colour, highlight = highlight, colour
-        return self._frame(text, colour, scale=0.085, highlight=highlight, sung=sung)
+        return self._frame(text, colour, 0.085, photo, highlight=highlight, sung=sung)
 
     def _frame(
-        self, text: str, colour: Rgb, scale: float, highlight: Rgb | None = None, sung: int | None = None
+        self,
+        text: str,
+        colour: Rgb,
+        scale: float,
+        photo: int,
+        highlight: Rgb | None = None,
+        sung: int | None = None,
     ) -> Image.Image:
-        image = self._background.copy()
+        image = self._backgrounds[photo % len(self._backgrounds)].copy()
         self._header(image)
         self._centered(image, text, colour, scale, highlight, sung)
         return image.convert("RGB")
@@ -419,13 +452,17 @@ class Shot:
     chorus: bool
     duration_s: float
     sung: int | None = None
+    photo: int = 0
 
 
-def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], duration_s: float) -> list[Shot]:
+def shots(
+    lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], duration_s: float, photos: int = 0
+) -> list[Shot]:
     """The title card until the first line, then each line until the next one starts; sums to duration_s.
 
     A line whose syllables are timed is shown once per syllable, each time with what has been sung
-    so far highlighted (from the syllable's start).
+    so far highlighted (from the syllable's start). With `photos`, each photo in turn is the
+    background of about an equal part of the song (photo_cuts): a shot that spans a cut is split there.
     """
     chorus_lines = {line for section in lyrics.sections if section.kind == "chorus" for line in section.lines}
     starts: list[tuple[float, str | None, int | None]] = [(0.0, None, None)]
@@ -435,12 +472,37 @@ def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], durati
         for time, sung in moments:
             start = min(max(time, starts[-1][0]), duration_s)
             starts.append((start, line.text, sung))
+    cuts = photo_cuts(duration_s, photos, [line.start_s for line in timed_lines])
+    for cut in cuts:
+        at = bisect.bisect_right([start for start, _, _ in starts], cut)
+        if starts[at - 1][0] < cut:  # the shot on screen then goes on over the next photo
+            starts.insert(at, (cut, *starts[at - 1][1:]))
     ends = [start for start, _, _ in starts[1:]] + [duration_s]
     return [
-        Shot(text, text in chorus_lines, end - start, sung)
+        Shot(text, text in chorus_lines, end - start, sung, bisect.bisect_right(cuts, start))
         for (start, text, sung), end in zip(starts, ends, strict=True)
         if end - start > 1e-3
     ]
+
+
+def photo_cuts(duration_s: float, photos: int, line_starts: Sequence[float]) -> list[float]:
+    """When each photo after the first comes on: at the start of the sung line nearest to the end of an equal
+    part of the song, if one is within half a part of it (a cut on a phrase, not in the middle of one), else at
+    that end; each photo stays on for at least a quarter of a part."""
+    if photos < 2:
+        return []
+    part = duration_s / photos
+    cuts: list[float] = []
+    for number in range(1, photos):
+        even = part * number
+        earliest = (cuts[-1] if cuts else 0.0) + part / 4
+        near = [
+            start
+            for start in line_starts
+            if abs(start - even) <= part / 2 and earliest <= start <= duration_s - part / 4
+        ]
+        cuts.append(min(near, key=lambda start: abs(start - even)) if near else max(even, earliest))
+    return cuts
 
 
 def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
@@ -519,11 +581,15 @@ class LocalVideoProvider:
         seed: str,
         *,
         cancel: cancellation.Cancellation,
+        photos: Sequence[pathlib.Path] = (),
     ) -> Video:
+        """The video of the song with the lyrics as captions, over `photos` in turn (a slideshow) or, without
+        any, over a gradient of the style's colours."""
         duration = song_duration(song_path, self._ffmpeg)
         width, height = frame_size(brief.orientation, self._short_side)
-        renderer = FrameRenderer(brief, (width, height), self.fonts[lyrics.language], seed)
-        plan = shots(lyrics, timed_lines, duration)
+        pictures = [_read_photo(path, (width, height)) for path in photos]
+        renderer = FrameRenderer(brief, (width, height), self.fonts[lyrics.language], seed, pictures)
+        plan = shots(lyrics, timed_lines, duration, len(pictures))
         with tempfile.TemporaryDirectory(prefix="castad-video-") as workdir:
             frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir), cancel)
             listing = pathlib.Path(workdir) / "frames.ffconcat"
@@ -539,17 +605,17 @@ class LocalVideoProvider:
         workdir: pathlib.Path,
         cancel: cancellation.Cancellation,
     ) -> list[pathlib.Path]:
-        written: dict[tuple[str | None, bool, int | None], pathlib.Path] = {}
+        written: dict[tuple[str | None, bool, int | None, int], pathlib.Path] = {}
         frames: list[pathlib.Path] = []
         for shot in plan:
-            key = (shot.text, shot.chorus, shot.sung)
+            key = (shot.text, shot.chorus, shot.sung, shot.photo)
             if key not in written:
                 cancel.check()
                 path = workdir / f"frame-{len(written):04d}.png"
                 image = (
-                    renderer.title_card(title)
+                    renderer.title_card(title, shot.photo)
                     if shot.text is None
-                    else renderer.caption(shot.text, shot.chorus, shot.sung)
+                    else renderer.caption(shot.text, shot.chorus, shot.sung, shot.photo)
                 )
                 image.save(path, compress_level=1)
                 written[key] = path
@@ -581,6 +647,21 @@ class LocalVideoProvider:
                 raise  # no memory or processes left to start ffmpeg: the machine's failure, not the render's
             raise errors.PermanentProviderError("render_failed", f"cannot run {self._ffmpeg}: {error}") from error
         check_render(result)
+
+
+def _read_photo(path: pathlib.Path, frame: tuple[int, int]) -> Image.Image:
+    """A photo of the brief, decoded no larger than it needs to be to fill the frame (twenty large photos held
+    whole would take gigabytes). The gateway kept it only once it decoded; its bytes were checked since."""
+    try:
+        with Image.open(path) as photo:
+            scale = max(frame[0] / photo.width, frame[1] / photo.height)
+            needed = (max(round(photo.width * scale), frame[0]), max(round(photo.height * scale), frame[1]))
+            photo.draft("RGB", needed)  # a JPEG decodes at a fraction of its size when that is enough
+            picture = photo.convert("RGB")
+        picture.thumbnail((max(needed[0], 1), max(needed[1], 1)), Image.Resampling.LANCZOS)
+        return picture
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise errors.PermanentProviderError("photo_unreadable", f"{path.name} does not decode: {error}") from None
 
 
 def check_render(result: subprocess.CompletedProcess[str]) -> None:

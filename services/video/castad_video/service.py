@@ -139,9 +139,20 @@ def make_work(config: VideoSettings) -> runner.Work:
                 song_path = files.enter_context(store.local_copy(done.artifact, job.pipeline_id, events.Stage.SONG))
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("song_unreachable", str(error)) from None
+            try:
+                photos = [files.enter_context(store.image_copy(photo)) for photo in done.brief.photos]
+            except artifacts.ArtifactMissing as error:
+                raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
             video = renderer.render(
-                done.brief, done.lyrics, done.timed_lines, song_path, scratch, seed=job.pipeline_id, cancel=cancel
+                done.brief,
+                done.lyrics,
+                done.timed_lines,
+                song_path,
+                scratch,
+                seed=job.pipeline_id,
+                cancel=cancel,
+                photos=photos,
             )
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
         return runner.Output(artifact, {"width": video.width, "height": video.height})

@@ -2,7 +2,8 @@
 The service's Deployment. Workers answer their probes and /metrics on containerPort
 (CASTAD_<SERVICE>_HEALTH_PORT), the gateway on probesPort (CASTAD_API_HEALTH_PORT; unset: on its HTTP
 port); metrics.scrape annotates the pods so that a Prometheus that finds pods by annotations scrapes them
-there. The gateway mounts the artifacts read-only: it only serves them, the stages write them.
+there. The gateway mounts the artifacts read-only (it serves them, the stages write them) but for `images/`, where
+it keeps the images tenants upload (with a bucket it uploads them from memory and writes nothing here).
 */}}
 {{- define "castad.deployment" -}}
 {{- if and .Values.probesPort (eq (int .Values.probesPort) (int .Values.containerPort)) -}}
@@ -111,6 +112,11 @@ spec:
               {{- if eq .Values.component "api" }}
               readOnly: true
               {{- end }}
+            {{- if and (eq .Values.component "api") (ne .Values.artifacts.store "s3") }}
+            - name: artifacts
+              mountPath: {{ .Values.artifacts.mountPath }}/images
+              subPath: images
+            {{- end }}
             {{- end }}
       volumes:
         # The root filesystem is read-only; scratch space lives here.

@@ -1,0 +1,162 @@
+"""Images a tenant uploads for its briefs to name as photos: upload one, read what was kept of it, fetch it.
+
+An upload is the image's bytes as the body (Content-Type image/jpeg, image/png or image/webp) or a
+multipart form with the image as its `file` field. It is kept only once it decoded whole and was
+made safe (images.py): nothing of a refused upload is stored. It is kept in the artifact store first
+and recorded after; a failure between the two leaves a file no record names, which the same upload
+made again finds in its place (names are the bytes' own).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from castad_contracts import api, brief
+from castad_runtime import artifacts, db
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+from castad_api import deps, errors, images, repository
+from castad_api.deps import GatewayDep, Reader, Submitter
+
+UPLOAD_PATH = "/v1/images"
+MULTIPART_OVERHEAD_BYTES = 16_384  # a form's boundaries and part headers, beyond the image's own bytes
+FILE_FIELD = "file"
+# An image of CASTAD_API_IMAGE_MAX_PIXELS decodes to a few hundred MB: a gateway process decodes this many at once,
+# the others wait (decoding is CPU work: more at once would not finish sooner).
+DECODES_AT_ONCE = 2
+_decoding = threading.BoundedSemaphore(DECODES_AT_ONCE)
+router = APIRouter(prefix="/v1", tags=["images"], responses={**deps.AUTH_ERRORS})
+_ACCEPTED = ", ".join(images.MEDIA_TYPES)
+_BODY = {
+    "required": True,
+    "content": {
+        **{media_type: {"schema": {"type": "string", "format": "binary"}} for media_type in images.MEDIA_TYPES},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": {FILE_FIELD: {"type": "string", "format": "binary"}},
+                "required": [FILE_FIELD],
+            }
+        },
+    },
+}
+
+
+@router.post(
+    "/images",
+    status_code=status.HTTP_201_CREATED,
+    response_model=api.Image,
+    dependencies=[deps.SUBMIT_ONLY],
+    openapi_extra={"requestBody": _BODY},
+    responses={
+        400: {"model": api.Problem, "description": "a multipart body that does not parse"},
+        413: {"model": api.Problem, "description": "larger than CASTAD_API_IMAGE_MAX_BYTES"},
+        415: {"model": api.Problem},
+        422: {"description": "not an image kept here, and why: the field and the reason"},
+    },
+)
+async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.Image:
+    """Upload a JPEG, PNG or WebP image for briefs of the key's tenant to name in `photos`. It is decoded
+    whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes), turned as its
+    EXIF orientation says and encoded again without any of its metadata (location, camera, comments, colour
+    profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again by
+    the tenant is the same image."""
+    loc, data, declared = await _received(request)
+    config = gw.config
+    try:
+        cleaned = await run_in_threadpool(
+            _clean, data, max_bytes=config.image_max_bytes, max_pixels=config.image_max_pixels, declared=declared
+        )
+    except images.ImageRefused as refused:
+        raise errors.invalid(loc, f"the image {refused}") from None
+    return await run_in_threadpool(_keep, gw, who.tenant, cleaned)
+
+
+async def _received(request: Request) -> tuple[tuple[str, ...], bytes, str | None]:
+    """Where the image is in the request, its bytes, and the media type it was sent as (None: not said)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in images.MEDIA_TYPES:
+        return ("body",), await request.body(), content_type
+    if content_type != "multipart/form-data":
+        raise HTTPException(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be {_ACCEPTED} or multipart/form-data"
+        )
+    form = await request.form(max_files=1, max_fields=0)
+    try:
+        part = form.get(FILE_FIELD)
+        if part is None or isinstance(part, str):  # none, or a text field: not a file
+            raise errors.invalid(("body", FILE_FIELD), f"a file field named {FILE_FIELD!r} is needed")
+        said = (part.content_type or "").lower()
+        return ("body", FILE_FIELD), await part.read(), said if said in images.MEDIA_TYPES else None
+    finally:
+        await form.close()
+
+
+def _clean(data: bytes, *, max_bytes: int, max_pixels: int, declared: str | None) -> images.Cleaned:
+    with _decoding:
+        return images.clean(data, max_bytes=max_bytes, max_pixels=max_pixels, declared=declared)
+
+
+def _keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
+    kept = gw.store.keep_image(cleaned.data, tenant, cleaned.suffix, cleaned.media_type)
+    with db.transaction(gw.engine) as conn:
+        row = repository.add_image(conn, tenant, kept, cleaned.width, cleaned.height)
+    return _image(row)
+
+
+@router.get("/images/{image_id}", response_model=api.Image, responses={404: {"model": api.Problem}})
+def get_image(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Image:
+    """What was kept of an image the key's tenant uploaded."""
+    with gw.engine.connect() as conn:
+        row = repository.get_image(conn, image_id, who.tenant_filter())
+    if row is None:
+        raise errors.NotFound(f"no image {image_id}")
+    return _image(row)
+
+
+@router.get(
+    "/images/{image_id}/content",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {media_type: {} for media_type in images.MEDIA_TYPES}, "description": "the kept image"},
+        307: {"description": "a presigned URL of the object store"},
+        404: {"model": api.Problem},
+    },
+)
+def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
+    """The image as it was kept (upright, without metadata), or (with an object store) a redirect to a presigned
+    URL of it."""
+    with gw.engine.connect() as conn:
+        row = repository.get_image(conn, image_id, who.tenant_filter())
+    if row is None:
+        raise errors.NotFound(f"no image {image_id}")
+    photo = brief.Photo(
+        id=str(row.id),
+        owner=artifacts.image_owner(row.tenant),
+        sha256=row.sha256,
+        media_type=row.media_type,
+        size=row.size,
+    )
+    try:
+        where = gw.store.serve_image(photo)
+    except artifacts.ArtifactMissing:
+        raise errors.NotFound(f"image {image_id} is not in this store") from None
+    if isinstance(where, str):
+        return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
+    return FileResponse(where, media_type=row.media_type, filename=f"{row.id}{where.suffix}")
+
+
+def _image(row: Any) -> api.Image:
+    return api.Image(
+        id=str(row.id),
+        sha256=row.sha256,
+        media_type=row.media_type,
+        size=row.size,
+        width=row.width,
+        height=row.height,
+        created_at=row.created_at,
+    )

@@ -1,0 +1,180 @@
+"""A tenant's photos on the gateway's HTTP API: uploaded as bytes or a form, kept once in the artifact store
+without their metadata, each recorded for its tenant alone; a bad upload stores nothing; a brief names the
+tenant's photos by id and its events carry references to them, never their bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from castad_api import keys, tables
+from castad_runtime import artifacts
+from castad_runtime import tables as runtime_tables
+from PIL import Image
+
+from tests.integration.gateway import make_key
+from tests.unit.test_image_uploads import exif_with_location, photo, png_declaring
+
+pytestmark = pytest.mark.integration
+BRIEF = {"customer_name": "Stay Meomum", "region": "Gunsan"}
+SUBMIT_AND_READ = (keys.Scope.SUBMIT, keys.Scope.READ)
+
+
+def stored_images(installation) -> list[str]:
+    """Every file under the artifact store's images, temporary ones too."""
+    root = installation.artifacts_dir / "images"
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()) if root.exists() else []
+
+
+def image_rows(engine) -> list[sa.Row]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(tables.images)))
+
+
+def upload(client, data: bytes, media_type: str = "image/jpeg"):
+    return client.post("/v1/images", content=data, headers={"Content-Type": media_type})
+
+
+def submit(client, **fields):
+    return client.post("/v1/pipelines", json={**BRIEF, **fields}, headers={"Idempotency-Key": str(uuid.uuid4())})
+
+
+def test_an_uploaded_photo_is_kept_once_upright_and_without_its_metadata_for_its_tenant(engines, api, installation):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    sideways = photo("JPEG", (64, 32), exif=exif_with_location(orientation=6), comment=b"taken at home")
+
+    answer = upload(client, sideways)
+    again = upload(client, sideways)
+
+    assert answer.status_code == 201, answer.text
+    image = answer.json()
+    assert again.json() == image  # the same bytes again: the same image
+    assert (image["media_type"], image["width"], image["height"]) == ("image/jpeg", 32, 64)
+    [kept] = stored_images(installation)
+    data = (installation.artifacts_dir / "images" / kept).read_bytes()
+    assert kept.endswith(f"/{image['sha256']}.jpg") and hashlib.sha256(data).hexdigest() == image["sha256"]
+    assert len(data) == image["size"] and b"PhoneMaker" not in data and b"taken at home" not in data
+    with Image.open(io.BytesIO(data)) as read:
+        assert read.size == (32, 64) and not read.getexif()
+    [row] = image_rows(engines["api"])
+    assert (str(row.id), row.tenant, row.sha256) == (image["id"], "hana", image["sha256"])
+    assert client.get(f"/v1/images/{image['id']}").json() == image
+    content = client.get(f"/v1/images/{image['id']}/content")
+    assert (content.status_code, content.content, content.headers["content-type"]) == (200, data, "image/jpeg")
+
+
+def test_a_photo_may_come_as_the_file_field_of_a_multipart_form(engines, api):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    answer = client.post("/v1/images", files={"file": ("garden.png", photo("PNG"), "application/octet-stream")})
+
+    assert answer.status_code == 201, answer.text
+    assert (answer.json()["media_type"], answer.json()["width"]) == ("image/png", 64)
+    refused = client.post("/v1/images", files={"picture": ("garden.png", photo("PNG"), "image/png")})
+    assert refused.status_code in (400, 422)  # a form whose file is not `file`
+
+
+@pytest.mark.parametrize(
+    ("data", "media_type", "status", "field", "reason"),
+    [
+        (b"%PDF-1.7 a document", "image/jpeg", 422, ["body"], "is not a JPEG, PNG or WebP image"),
+        (photo("JPEG")[:-200], "image/jpeg", 422, ["body"], "truncated or corrupt"),
+        (png_declaring(20_000, 20_000), "image/png", 422, ["body"], "pixels accepted"),
+        (photo("PNG"), "image/webp", 422, ["body"], "is a image/png image, not the image/webp it was sent as"),
+        (photo("GIF"), "image/gif", 415, None, "Content-Type must be image/jpeg, image/png, image/webp"),
+        (b"\xff\xd8" + b"\x00" * 30_000_000, "image/jpeg", 413, None, "request body larger than"),
+    ],
+    ids=["not-an-image", "truncated", "bomb", "mislabelled", "wrong-type", "30-mb"],
+)
+def test_a_bad_upload_is_refused_naming_the_field_and_the_reason_and_nothing_is_stored(
+    engines, api, installation, data, media_type, status, field, reason
+):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    answer = upload(client, data, media_type)
+
+    assert answer.status_code == status, answer.text
+    detail = answer.json()["detail"]
+    if field is None:
+        assert reason in detail
+    else:
+        assert detail[0]["loc"] == field and reason in detail[0]["msg"]
+    assert stored_images(installation) == [] and image_rows(engines["api"]) == []
+
+
+def test_an_upload_needs_a_key_that_may_submit(engines, api, installation):
+    running = api()
+    reader = running.client(make_key(engines["api"], "hana", keys.Scope.READ))
+
+    assert (
+        running.client(None).post("/v1/images", content=photo(), headers={"Content-Type": "image/jpeg"}).status_code
+        == 401
+    )
+    assert upload(reader, photo()).status_code == 403
+    assert stored_images(installation) == []
+
+
+def test_a_brief_names_its_tenants_photos_and_its_event_carries_references_not_bytes(engines, api):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    first = upload(client, photo("JPEG", (64, 32))).json()
+    second = upload(client, photo("WEBP", (40, 40)), "image/webp").json()
+
+    answer = submit(client, photos=[second["id"], first["id"]])
+
+    assert answer.status_code == 202, answer.text
+    owner = artifacts.image_owner("hana")
+    references = [
+        {"id": image["id"], "owner": owner, **{key: image[key] for key in ("sha256", "media_type", "size")}}
+        for image in (second, first)
+    ]
+    assert client.get(f"/v1/pipelines/{answer.json()['id']}").json()["brief"]["photos"] == references
+    with engines["api"].connect() as conn:
+        [envelope] = conn.execute(
+            sa.select(runtime_tables.outbox.c.envelope).where(
+                runtime_tables.outbox.c.pipeline_id == answer.json()["id"]
+            )
+        ).scalars()
+    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 3)
+    assert envelope["data"]["brief"]["photos"] == references
+    assert len(str(envelope)) < 2_000  # references only: no image's bytes
+
+
+def test_another_tenants_image_is_not_found_on_any_route_and_a_brief_cannot_name_it(engines, api, installation):
+    running = api()
+    hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    mina = running.client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
+    hanas = upload(hana, photo()).json()
+
+    for path in (f"/v1/images/{hanas['id']}", f"/v1/images/{hanas['id']}/content"):
+        assert mina.get(path).status_code == 404 and hana.get(path).status_code == 200
+        assert mina.get(path.replace(hanas["id"], str(uuid.uuid4()))).status_code == 404
+    refused = submit(mina, photos=[hanas["id"]])
+    assert refused.status_code == 422
+    [error] = refused.json()["detail"]
+    assert (
+        error["loc"] == ["body", "photos", 0] and f"no image {hanas['id']} was uploaded by this tenant" in error["msg"]
+    )
+    # The same bytes uploaded by another tenant are its own image, kept in its own place.
+    minas = upload(mina, photo()).json()
+    assert minas["id"] != hanas["id"] and minas["sha256"] == hanas["sha256"] and len(stored_images(installation)) == 2
+    assert submit(mina, photos=[minas["id"]]).status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("count", "repeat", "reason"),
+    [(21, False, "at most 20 items"), (2, True, "names the same photo more than once")],
+)
+def test_a_brief_names_at_most_20_photos_each_once(engines, api, count, repeat, reason):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    ids = [str(uuid.uuid4()) for _ in range(count)]
+    if repeat:
+        ids[1] = ids[0]
+
+    answer = submit(client, photos=ids)
+
+    assert answer.status_code == 422
+    [error] = answer.json()["detail"]
+    assert error["loc"] == ["body", "photos"] and reason in error["msg"]

@@ -1,0 +1,179 @@
+"""What the gateway makes of an uploaded image before it keeps it: only a JPEG, PNG or WebP image that decodes
+whole and is not too large in bytes or in pixels, turned upright, with none of the upload's metadata."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+import threading
+import time
+import zlib
+
+import pytest
+from castad_api import image_routes, images, operations
+from castad_contracts import api
+from PIL import Image, PngImagePlugin
+
+MAX_BYTES = 2_000_000
+MAX_PIXELS = 4_000_000
+
+
+def photo(fmt: str = "JPEG", size: tuple[int, int] = (64, 32), **options: object) -> bytes:
+    """A picture whose left half is red and right half blue, encoded as `fmt` with `options` (metadata)."""
+    picture = Image.new("RGB", size, (200, 30, 30))
+    picture.paste((30, 30, 200), (size[0] // 2, 0, size[0], size[1]))
+    out = io.BytesIO()
+    picture.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def clean(data: bytes, declared: str | None = None) -> images.Cleaned:
+    return images.clean(data, max_bytes=MAX_BYTES, max_pixels=MAX_PIXELS, declared=declared)
+
+
+def exif_with_location(orientation: int = 1) -> Image.Exif:
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    exif[0x010F] = "PhoneMaker"  # Make
+    exif[0x8825] = {1: "N", 2: (35.0, 58.0, 0.0), 3: "E", 4: (126.0, 42.0, 0.0)}  # GPS: Gunsan
+    return exif
+
+
+@pytest.mark.parametrize(
+    ("fmt", "media_type", "suffix"),
+    [("JPEG", "image/jpeg", ".jpg"), ("PNG", "image/png", ".png"), ("WEBP", "image/webp", ".webp")],
+)
+def test_a_jpeg_png_or_webp_image_is_kept_in_its_own_format_with_its_size(fmt, media_type, suffix):
+    kept = clean(photo(fmt), declared=media_type)
+
+    assert (kept.media_type, kept.suffix, kept.width, kept.height) == (media_type, suffix, 64, 32)
+    with Image.open(io.BytesIO(kept.data)) as read:
+        assert read.format == fmt and read.size == (64, 32)
+        red, blue = read.convert("RGB").getpixel((8, 16)), read.convert("RGB").getpixel((56, 16))
+    assert red[0] > 150 > red[2] and blue[2] > 150 > blue[0]
+
+
+def test_a_photo_is_turned_as_its_exif_orientation_says():
+    turned = photo("JPEG", (64, 32), exif=exif_with_location(orientation=6))  # the camera held on its side
+
+    kept = clean(turned)
+
+    assert (kept.width, kept.height) == (32, 64)
+    with Image.open(io.BytesIO(kept.data)) as read:
+        top, bottom = read.getpixel((16, 8)), read.getpixel((16, 56))
+    assert top[0] > 150 and bottom[2] > 150  # rotated a quarter turn clockwise: red (the left) is on top
+
+
+def test_no_metadata_of_the_upload_is_kept_not_the_location_nor_a_comment_nor_a_colour_profile():
+    profile = b"\x00" * 128  # a colour profile's bytes as a file would carry them
+    uploads = [
+        photo("JPEG", exif=exif_with_location(), comment=b"taken at home", icc_profile=profile),
+        photo("WEBP", exif=exif_with_location(), icc_profile=profile),
+    ]
+    text = PngImagePlugin.PngInfo()
+    text.add_text("Comment", "taken at home")
+    uploads.append(photo("PNG", pnginfo=text, exif=exif_with_location()))
+
+    for upload in uploads:
+        kept = clean(upload)
+        with Image.open(io.BytesIO(kept.data)) as read:
+            assert not read.getexif() and not read.info.get("icc_profile")
+            assert not {"exif", "comment", "Comment", "xmp", "XML:com.adobe.xmp"} & set(read.info)
+        assert b"PhoneMaker" not in kept.data and b"taken at home" not in kept.data
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A valid PNG header that declares `width` x `height` pixels and a few bytes of data: a decompression bomb."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.parametrize(
+    ("upload", "declared", "reason"),
+    [
+        (b"", None, "is empty"),
+        (b"%PDF-1.7 not a picture at all", None, "is not a JPEG, PNG or WebP image"),
+        (photo("GIF"), None, "is not a JPEG, PNG or WebP image"),
+        (photo("BMP"), None, "is not a JPEG, PNG or WebP image"),
+        (photo("JPEG")[:-200], None, "truncated or corrupt"),
+        (photo("PNG")[:-40], None, "truncated or corrupt"),
+        (png_declaring(20_000, 20_000), None, "pixels accepted"),
+        (png_declaring(2_001, 2_000), None, "2001 x 2000 pixels, more than the 4000000 accepted"),
+        (b"\xff" * (MAX_BYTES + 1), None, f"is {MAX_BYTES + 1} bytes, more than the {MAX_BYTES} accepted"),
+        (photo("PNG"), "image/jpeg", "is a image/png image, not the image/jpeg it was sent as"),
+    ],
+    ids=[
+        "empty",
+        "not-an-image",
+        "gif",
+        "bmp",
+        "truncated-jpeg",
+        "truncated-png",
+        "bomb",
+        "too-many-pixels",
+        "too-big",
+        "mislabelled",
+    ],
+)
+def test_a_bad_upload_is_refused_with_its_reason(upload, declared, reason):
+    with pytest.raises(images.ImageRefused, match=reason):
+        clean(upload, declared)
+
+
+def test_an_animated_image_is_refused():
+    frames = [Image.new("RGB", (16, 16), colour) for colour in ("red", "blue")]
+    out = io.BytesIO()
+    frames[0].save(out, "WEBP", save_all=True, append_images=frames[1:])
+
+    with pytest.raises(images.ImageRefused, match="animated"):
+        clean(out.getvalue())
+
+
+def test_a_request_without_photos_hashes_as_before_there_were_any_so_its_idempotency_key_still_matches():
+    fields = {"customer_name": "머뭄", "region": "군산"}
+    before = api.PipelineRequest(**fields).model_dump(mode="json", exclude={"callback_url", "photos"})
+    digest = hashlib.sha256(json.dumps(before, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    assert operations.request_hash(api.PipelineRequest(**fields)) == digest
+    with_photo = api.PipelineRequest(**fields, photos=["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"])
+    assert operations.request_hash(with_photo) != digest
+
+
+def test_a_gateway_process_decodes_two_uploads_at_once_and_the_others_wait(monkeypatch):
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def slow_clean(data: bytes, **_: object) -> images.Cleaned:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.1)
+        with lock:
+            running -= 1
+        return images.Cleaned(data, "image/png", ".png", 1, 1)
+
+    monkeypatch.setattr(images, "clean", slow_clean)
+    uploads = [
+        threading.Thread(
+            target=image_routes._clean, args=(b"x",), kwargs={"max_bytes": 9, "max_pixels": 9, "declared": None}
+        )
+        for _ in range(6)
+    ]
+    for upload in uploads:
+        upload.start()
+    for upload in uploads:
+        upload.join()
+
+    assert most == image_routes.DECODES_AT_ONCE == 2

@@ -1,0 +1,95 @@
+"""The video stage's local renderer shows the photos its brief names, read from the artifact store by their
+references alone; a photo not there fails the stage for good."""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+
+import numpy as np
+import pytest
+from castad_contracts import brief, events
+from castad_runtime import artifacts
+from castad_runtime.stage import cancellation, errors, machine, repository
+from castad_video import provider, service
+from PIL import Image
+
+from tests.unit.test_video_provider import BRIEF, LYRICS, TIMED, frame_at, two_photos, write_tone
+
+PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
+
+
+def song_completed(store: artifacts.VolumeStore, tmp_path: pathlib.Path, photos: list[brief.Photo]) -> dict:
+    with store.scratch(PIPELINE, events.Stage.SONG, 1, ".wav") as scratch:
+        write_tone(scratch, 4.0)
+        song = store.keep(scratch, PIPELINE, events.Stage.SONG, "audio/wav")
+    done = events.SongCompleted(
+        pipeline_id=PIPELINE,
+        stage=events.Stage.SONG,
+        job_id="song-job",
+        attempt=1,
+        artifact=song,
+        completed_at="2026-11-27T12:00:00Z",
+        brief=BRIEF.model_copy(update={"photos": tuple(photos)}),
+        lyrics=LYRICS,
+        timed_lines=TIMED,
+        song_duration_s=4.0,
+    )
+    return done.model_dump(mode="json")
+
+
+def job(input_: dict) -> repository.Job:
+    return repository.Job(
+        id=uuid.uuid4(),
+        pipeline_id=PIPELINE,
+        status=machine.Status.RUNNING,
+        version=1,
+        attempts=1,
+        counted_attempts=0,
+        max_attempts=3,
+        input=input_,
+        traceparent=None,
+        tracestate=None,
+    )
+
+
+def uploaded(store: artifacts.VolumeStore, path: pathlib.Path, tenant: str = "hana") -> brief.Photo:
+    media_type = "image/jpeg" if path.suffix == ".jpg" else "image/png"
+    kept = store.keep_image(path.read_bytes(), tenant, path.suffix, media_type)
+    owner = artifacts.image_owner(tenant)
+    return brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type=media_type, size=kept.size)
+
+
+@pytest.fixture
+def stage(tmp_path: pathlib.Path) -> tuple[artifacts.VolumeStore, service.runner.Work]:
+    config = service.VideoSettings(artifacts_dir=tmp_path / "artifacts", short_side=240, fps=6)
+    return artifacts.VolumeStore(config.artifacts_dir), service.make_work(config)
+
+
+def test_the_local_video_shows_the_photos_the_brief_names_in_turn(stage, tmp_path: pathlib.Path) -> None:
+    store, work = stage
+    paths = two_photos(tmp_path)
+    photos = [uploaded(store, path) for path in paths]
+
+    output = work(job(song_completed(store, tmp_path, photos)), cancellation.Cancellation())
+
+    size = (output.details["width"], output.details["height"])
+    video = store.path(output.artifact)
+    for time_s, shown in ((1.0, 0), (3.0, 1)):
+        frame = np.asarray(frame_at(video, time_s, tmp_path / f"at-{time_s}.png"), dtype=np.float64)
+        expected = [
+            np.asarray(provider.photo_background(Image.open(path), size).convert("RGB"), float) for path in paths
+        ]
+        distances = [float(np.mean(np.abs(frame - picture))) for picture in expected]
+        assert distances[shown] < 12 < distances[1 - shown], (time_s, distances)
+
+
+def test_a_photo_that_is_not_in_the_store_fails_the_video_for_good(stage, tmp_path: pathlib.Path) -> None:
+    store, work = stage
+    [path, _] = two_photos(tmp_path)
+    photo = uploaded(store, path)
+    someone_elses = photo.model_copy(update={"owner": artifacts.image_owner("mina")})
+
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        work(job(song_completed(store, tmp_path, [someone_elses])), cancellation.Cancellation())
+    assert raised.value.code == "photo_unreachable"
