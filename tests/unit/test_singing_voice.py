@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import subprocess
 import wave
 
 import numpy as np
@@ -159,12 +160,37 @@ def test_lines_split_into_the_syllables_of_their_language(
 
 def test_a_missing_espeak_says_that_make_setup_installs_it() -> None:
     def no_library(command: object) -> object:
-        import subprocess
-
         return subprocess.CompletedProcess(command, 1, '{"error": "cannot load libespeak-ng.so.1"}\n', "")
 
     with pytest.raises(espeak.EspeakMissing, match="make setup"):
         espeak.missing_voices(["ko+f3"], run=no_library)  # type: ignore[arg-type]
+
+
+# English lines holding the Korean words of a brief: Debian 12's eSpeak NG crashes speaking them in one run.
+MIXED = [
+    "All afternoon in 군산",
+    "Come and find the 바다가",
+    "군산's own 가게 6",
+    "Light it up 군산",
+    "군산 is calling me",
+    "바다가 보이는 한옥 come and see",
+    "군산's own 가게 6",
+    "Light it up 군산",
+]
+
+
+def test_phrases_the_library_crashes_on_together_are_each_spoken_alone() -> None:
+    spoken = espeak.speak([("en+f3", line) for line in MIXED])
+    assert len(spoken) == len(MIXED)
+    assert all(speech.samples.size > 0 and speech.phonemes for speech in spoken)
+
+
+def test_a_phrase_that_crashes_the_library_alone_fails_the_song() -> None:
+    def crashing(command: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(command, -11, "", "")
+
+    with pytest.raises(espeak.EspeakFailed, match="-11"):
+        espeak.speak([("en+f3", "one"), ("en+f3", "two")], run=crashing)  # type: ignore[arg-type]
 
 
 def test_the_sung_song_is_at_streaming_loudness_and_never_clips(tmp_path: pathlib.Path) -> None:

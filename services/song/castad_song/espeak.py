@@ -9,12 +9,15 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+log = logging.getLogger(__name__)
 
 PACKAGE = "Debian's espeak-ng (libespeak-ng1 and espeak-ng-data); `make setup` installs it"
 TIMEOUT_S = 120.0
@@ -70,10 +73,18 @@ def missing_voices(voices: Sequence[str], run: Run = run) -> list[str]:
 
 
 def speak(phrases: Sequence[tuple[str, str]], run: Run = run) -> list[Speech]:
-    """Speak each (voice, text) (where `[[...]]` holds phonemes) with `run` (the attempt's `cancel.run`)."""
+    """Speak each (voice, text) (where `[[...]]` holds phonemes) with `run` (the attempt's `cancel.run`).
+
+    The library can crash on a run of phrases it speaks well one by one (Debian 12's 1.51 does, on some
+    English lines holding Hangul words, from the seventh phrase on): then each is spoken by a process of its own.
+    """
     if not phrases:
         return []
-    answers = _answers(run(_command([json.dumps(list(phrases), ensure_ascii=False)])))
+    result = run(_command([json.dumps(list(phrases), ensure_ascii=False)]))
+    if result.returncode < 0 and len(phrases) > 1:  # killed by a signal: the library crashed
+        log.warning("eSpeak NG crashed (signal %d) on %d phrases: speaking each alone", -result.returncode, len(phrases))
+        return [speech for phrase in phrases for speech in speak([phrase], run)]
+    answers = _answers(result)
     if len(answers) != len(phrases):
         raise EspeakFailed(f"eSpeak NG spoke {len(answers)} of {len(phrases)} phrases")
     spoken = []
