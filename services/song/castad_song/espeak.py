@@ -82,7 +82,7 @@ def speak(phrases: Sequence[tuple[str, str]], run: Run = run) -> list[Speech]:
         return []
     result = run(_command([json.dumps(list(phrases), ensure_ascii=False)]))
     if result.returncode < 0 and len(phrases) > 1:  # killed by a signal: the library crashed
-        log.warning("eSpeak NG crashed (signal %d) on %d phrases: speaking each alone", -result.returncode, len(phrases))
+        log.warning("eSpeak NG crashed (signal %d) on %d phrases: each alone", -result.returncode, len(phrases))
         return [speech for phrase in phrases for speech in speak([phrase], run)]
     answers = _answers(result)
     if len(answers) != len(phrases):
