@@ -8,6 +8,7 @@ import types
 import uuid
 
 from castad_api import dead_letters
+from castad_runtime import consumer
 
 
 def test_an_event_dead_letter_is_described_by_its_envelope_and_headers():
@@ -103,7 +104,7 @@ def test_a_dead_letter_that_cannot_be_read_is_described_bare_rather_than_left_in
     assert (row["body"], row["body_size"]) == (b"abcd", 8) and row["message_id"].startswith("sha256:")
 
 
-def filed(queue: str, body: bytes, reason: str) -> tuple[dict[str, object], bytes]:
+def filed(queue: str, body: bytes, reason: str, count: int = 1) -> tuple[dict[str, object], bytes]:
     """A dead letter a consumer filed: its message, with the reason, rejected on its own queue, which the broker
     dead-lettered with an `x-death` naming that queue."""
     message = {
@@ -112,10 +113,10 @@ def filed(queue: str, body: bytes, reason: str) -> tuple[dict[str, object], byte
         "args": [base64.b64encode(body).decode(), reason],
         "kwargs": {},
         "options": {"castad_filed": True},
-        "message_id": str(uuid.uuid4()),
+        "message_id": consumer.filed_id(queue, body),
         "message_timestamp": 0,
     }
-    return {"x-death": [{"count": 1, "reason": "rejected", "queue": queue, "exchange": ""}]}, json.dumps(
+    return {"x-death": [{"count": count, "reason": "rejected", "queue": queue, "exchange": ""}]}, json.dumps(
         message
     ).encode()
 
@@ -130,6 +131,18 @@ def test_a_dead_letter_a_consumer_filed_is_its_own_message_with_its_reason_from_
     assert (row["kind"], row["service"], row["queue"]) == ("message", "song", "castad.song")
     assert row["reason"] == "lyric.completed handler failed 21 times"
     assert (row["body"], row["body_size"], row["event_id"]) == (original, len(original), event_id)
+
+
+def test_a_message_filed_twice_is_one_letter_of_its_queue_alone():
+    """A consumer stopped after it filed a message but before it acknowledged it files it again when the message
+    comes back: the two letters die apart (their `x-death` differs) but are one row."""
+    garbage = b"\x00\xff poison {not json"
+    first = dead_letters.describe(None, *filed("castad.video", garbage, "not JSON"), body_max=1024)
+    again = dead_letters.describe(None, *filed("castad.video", garbage, "not JSON", count=2), body_max=1024)
+    elsewhere = dead_letters.describe(None, *filed("castad.song", garbage, "not JSON"), body_max=1024)
+
+    assert first["message_id"] == again["message_id"]
+    assert elsewhere["message_id"] != first["message_id"]
 
 
 def test_the_queue_a_letter_died_in_is_the_brokers_word_not_what_its_headers_claim():

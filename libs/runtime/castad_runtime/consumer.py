@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import json
 import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -288,9 +290,16 @@ class EventConsumer:
             args=(base64.b64encode(body).decode(), reason),
             kwargs={},
             options={FILED_OPTION: True},
+            message_id=filed_id(self.queue_name, body),
         )
         self.broker.enqueue(letter)  # through this queue's requeue exchange (messaging.ServiceBroker)
         self.metrics.dead_lettered(kind)
+
+
+def filed_id(queue: str, body: bytes) -> str:
+    """The id of the dead letter filed for `body` on `queue`: the same message filed again (its delivery
+    repeated, by a consumer stopped before it acknowledged it) is the same letter, recorded once."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"castad-dead-letter:{queue}:{hashlib.sha256(body).hexdigest()}"))
 
 
 def _encode(document: dict[str, Any]) -> bytes:

@@ -60,7 +60,9 @@ def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_
         queue = _service_queue(death.get("queue"))
         filed = _filed(body)
         if filed is not None:
-            body, reason = filed
+            # The consumer's id of the letter (the same for the same message filed again), in its queue alone.
+            letter_id, body, reason = filed
+            fields["message_id"] = f"filed:{queue}:{letter_id}"
         else:
             reason = _text(headers.get("x-castad-reason")) or _broker_reason(death)
         fields |= {"kind": "message", "service": _service_of(queue), "queue": queue}
@@ -99,9 +101,9 @@ def _event_document(body: bytes) -> dict[str, Any] | None:
     return document
 
 
-def _filed(body: bytes) -> tuple[bytes, str] | None:
-    """The message's bytes and the reason of a dead letter a consumer filed (castad_runtime.consumer), if
-    `body` is one."""
+def _filed(body: bytes) -> tuple[str, bytes, str] | None:
+    """The letter's id, the message's bytes and the reason of a dead letter a consumer filed
+    (castad_runtime.consumer), if `body` is one."""
     try:
         document = json.loads(body)
     except ValueError:
@@ -114,7 +116,7 @@ def _filed(body: bytes) -> tuple[bytes, str] | None:
     if not (isinstance(args, list) and len(args) == 2 and all(isinstance(arg, str) for arg in args)):
         return None
     try:
-        return base64.b64decode(args[0], validate=True), args[1]
+        return _clean(str(document.get("message_id"))), base64.b64decode(args[0], validate=True), args[1]
     except (binascii.Error, ValueError):
         return None
 
