@@ -35,16 +35,16 @@ SHORT = Plan(
     name="short",
     pipelines=100,
     rate_per_s=1.0,
-    outage_s=20.0,
+    outage_s=10.0,
     broker_cut_s=6.0,
     broker_stall_s=4.0,
     partition_s=0.0,
     settle_s=120.0,
-    quiet_pipelines=40,
+    quiet_pipelines=20,
     duplicates=20,
     operator_interval_s=3.0,
     node_down_s=10.0,
-    relay_freeze_s=20.0,
+    relay_freeze_s=12.0,  # twice the relay's lease: a takeover, then the frozen one's waking
     failover_after_s=3.0,
 )
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -107,9 +106,7 @@ class RunningCastad:
     def close(self) -> None:
         self.client.close()
         self.http.close()
-        for name in list(self.services.processes):  # stop them together, then wait for each
-            self.services.signal(name, signal.SIGTERM)
-        self.services.stop_all()
+        self.services.stop_all()  # together, then waits for each
 
     def submit(self, body: brief.Brief | None = None, key: str | None = None) -> str:
         return self.client.submit(body or sample_brief(), key).id

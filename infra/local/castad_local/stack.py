@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -176,9 +177,21 @@ class Stack:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
-    def stop_all(self) -> None:
-        for name in list(self.processes):
-            self.stop(name)
+    def stop_all(self, timeout_s: float = 20.0) -> None:
+        """Stop every process at once: SIGTERM to each, then wait for each (SIGKILL if it has not ended in time)."""
+        processes = [process for process in self.processes.values() if process.poll() is None]
+        self.processes.clear()
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in processes:
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
     def check_alive(self) -> None:
         dead = {name: p.returncode for name, p in self.processes.items() if p.poll() is not None}
