@@ -4,13 +4,14 @@ tenant's photos by id and its events carry references to them, never their bytes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import uuid
 
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, tables
+from castad_api import decoding, keys, tables
 from castad_runtime import artifacts
 from castad_runtime import tables as runtime_tables
 from PIL import Image
@@ -103,6 +104,23 @@ def test_a_bad_upload_is_refused_naming_the_field_and_the_reason_and_nothing_is_
     else:
         assert detail[0]["loc"] == field and reason in detail[0]["msg"]
     assert stored_images(installation) == [] and image_rows(engines["api"]) == []
+
+
+def test_an_upload_past_those_waiting_for_their_decode_is_refused_with_503_and_nothing_is_stored(
+    engines, api, installation
+):
+    running = api()
+    client = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    with contextlib.ExitStack() as taken:
+        for _ in range(decoding.AT_ONCE + decoding.WAITING):  # decoding one, the others waiting their turn
+            taken.enter_context(running.gateway.decoding.admitted())
+        refused = upload(client, photo())
+
+    assert (refused.status_code, refused.headers["Retry-After"]) == (503, str(decoding.RETRY_AFTER_S))
+    assert "try again shortly" in refused.json()["detail"]
+    assert stored_images(installation) == [] and image_rows(engines["api"]) == []
+    assert upload(client, photo()).status_code == 201  # once their turns are over
 
 
 def test_an_upload_needs_a_key_that_may_submit(engines, api, installation):

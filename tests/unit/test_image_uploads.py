@@ -14,8 +14,10 @@ import threading
 import time
 import zlib
 
+import anyio
+import anyio.to_thread
 import pytest
-from castad_api import image_routes, images, operations
+from castad_api import decoding, images, operations
 from castad_contracts import api
 from PIL import Image, PngImagePlugin
 
@@ -226,11 +228,12 @@ def test_a_request_without_photos_hashes_as_before_there_were_any_so_its_idempot
     assert operations.request_hash(with_photo) != digest
 
 
-def test_a_gateway_process_decodes_two_uploads_at_once_and_the_others_wait(monkeypatch):
-    running, most = 0, 0
+def test_a_gateway_process_decodes_one_upload_at_a_time_and_those_waiting_hold_no_worker_thread():
+    turns = decoding.Decoding()
+    running, most, threads_taken = 0, 0, 0
     lock = threading.Lock()
 
-    def slow_clean(data: bytes, **_: object) -> images.Cleaned:
+    def slow_clean() -> None:
         nonlocal running, most
         with lock:
             running += 1
@@ -238,18 +241,30 @@ def test_a_gateway_process_decodes_two_uploads_at_once_and_the_others_wait(monke
         time.sleep(0.1)
         with lock:
             running -= 1
-        return images.Cleaned(data, "image/png", ".png", 1, 1)
 
-    monkeypatch.setattr(images, "clean", slow_clean)
-    uploads = [
-        threading.Thread(
-            target=image_routes._clean, args=(b"x",), kwargs={"max_bytes": 9, "max_pixels": 9, "declared": None}
-        )
-        for _ in range(6)
-    ]
-    for upload in uploads:
-        upload.start()
-    for upload in uploads:
-        upload.join()
+    async def upload() -> None:
+        with turns.admitted():
+            await turns.run(slow_clean)
 
-    assert most == image_routes.DECODES_AT_ONCE == 2
+    async def uploads() -> None:
+        nonlocal threads_taken
+        async with anyio.create_task_group() as group:
+            for _ in range(decoding.AT_ONCE + decoding.WAITING):
+                group.start_soon(upload)
+            await anyio.sleep(0.05)
+            # The threads FastAPI runs every plain route on: a waiting upload used to hold one.
+            threads_taken = anyio.to_thread.current_default_thread_limiter().borrowed_tokens
+
+    anyio.run(uploads)
+
+    assert most == decoding.AT_ONCE == 1 and threads_taken == 0
+
+
+def test_an_upload_past_those_waiting_for_their_decode_is_refused_until_one_is_done():
+    turns = decoding.Decoding(at_once=1, waiting=2)
+
+    with turns.admitted(), turns.admitted():
+        with turns.admitted(), pytest.raises(decoding.Busy):
+            turns.admitted().__enter__()
+        with turns.admitted():  # the third left: its place is free again
+            pass
