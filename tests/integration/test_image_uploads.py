@@ -5,8 +5,10 @@ tenant's photos by id and its events carry references to them, never their bytes
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
+import os
 import uuid
 
 import pytest
@@ -121,6 +123,19 @@ def test_an_upload_past_those_waiting_for_their_decode_is_refused_with_503_and_n
     assert "try again shortly" in refused.json()["detail"]
     assert stored_images(installation) == [] and image_rows(engines["api"]) == []
     assert upload(client, photo()).status_code == 201  # once their turns are over
+
+
+def test_an_upload_the_volume_refuses_is_a_503_and_nothing_is_recorded(engines, api, installation, monkeypatch):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    refused = upload(client, photo())
+
+    assert (refused.status_code, "Retry-After" in refused.headers) == (503, True)
+    assert stored_images(installation) == [] and image_rows(engines["api"]) == []
 
 
 def test_an_upload_needs_a_key_that_may_submit(engines, api, installation):
