@@ -17,9 +17,9 @@ from castad_contracts import api, brief
 from castad_runtime import artifacts, db
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, images, repository
+from castad_api import decoding, deps, errors, images, repository, served
 from castad_api.deps import GatewayDep, Reader, Submitter
 
 UPLOAD_PATH = "/v1/images"
@@ -157,9 +157,7 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
         where = gw.store.serve_image(photo)
     except artifacts.ArtifactMissing:
         raise errors.NotFound(f"image {image_id} is not in this store") from None
-    if isinstance(where, str):
-        return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
-    return FileResponse(where, media_type=row.media_type, filename=f"{row.id}{where.suffix}")
+    return served.file(where, row.media_type, str(row.id))
 
 
 def _image(row: Any) -> api.Image:
