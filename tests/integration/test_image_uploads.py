@@ -19,7 +19,7 @@ from castad_runtime import tables as runtime_tables
 from PIL import Image
 
 from tests.integration.gateway import make_key
-from tests.unit.test_image_uploads import exif_with_location, photo, png_declaring
+from tests.unit.test_image_uploads import DAMAGED_EXIF, exif_with_location, multi_picture_jpeg, photo, png_declaring
 
 pytestmark = pytest.mark.integration
 BRIEF = {"customer_name": "Stay Meomum", "region": "Gunsan"}
@@ -67,6 +67,18 @@ def test_an_uploaded_photo_is_kept_once_upright_and_without_its_metadata_for_its
     assert client.get(f"/v1/images/{image['id']}").json() == image
     content = client.get(f"/v1/images/{image['id']}/content")
     assert (content.status_code, content.content, content.headers["content-type"]) == (200, data, "image/jpeg")
+
+
+@pytest.mark.parametrize(
+    "data", [multi_picture_jpeg(), photo("JPEG", (64, 32), exif=DAMAGED_EXIF)], ids=["multi-picture", "damaged-exif"]
+)
+def test_a_phones_multi_picture_jpeg_or_one_with_damaged_exif_is_kept_as_a_jpeg(engines, api, data):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    answer = upload(client, data)
+
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["media_type"] == "image/jpeg"
 
 
 def test_a_photo_may_come_as_the_file_field_of_a_multipart_form(engines, api):

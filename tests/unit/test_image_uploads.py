@@ -89,12 +89,16 @@ def test_no_metadata_of_the_upload_is_kept_not_the_location_nor_a_comment_nor_a_
         assert b"PhoneMaker" not in kept.data and b"taken at home" not in kept.data
 
 
-def test_a_phones_multi_picture_jpeg_is_kept_as_a_jpeg_of_its_photo():
+def multi_picture_jpeg() -> bytes:
+    """A photo as phones write them: a JPEG in the multi-picture format, a green preview after it."""
     preview = Image.new("RGB", (16, 8), (30, 200, 30))
     out = io.BytesIO()
     Image.open(io.BytesIO(photo("JPEG", (64, 32)))).save(out, "MPO", save_all=True, append_images=[preview])
+    return out.getvalue()
 
-    kept = clean(out.getvalue(), declared="image/jpeg")
+
+def test_a_phones_multi_picture_jpeg_is_kept_as_a_jpeg_of_its_photo():
+    kept = clean(multi_picture_jpeg(), declared="image/jpeg")
 
     assert (kept.media_type, kept.suffix, kept.width, kept.height) == ("image/jpeg", ".jpg", 64, 32)
     with Image.open(io.BytesIO(kept.data)) as read:
