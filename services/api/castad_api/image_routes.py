@@ -67,7 +67,7 @@ async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.
     the tenant is the same image. A gateway process decodes one upload at a time; past a few waiting, the next is
     refused with 503 and Retry-After."""
     try:
-        with gw.decoding.admitted():  # before the body is read: a refused upload's never is
+        with gw.decoding.admitted():  # taken before the body is read: a refused upload's body never is
             cleaned = await _cleaned(request, gw)
     except decoding.Busy:
         raise HTTPException(
