@@ -162,7 +162,7 @@ class RunningApi:
     def __init__(self, database_url: str, artifacts_dir: pathlib.Path, **settings: Any) -> None:
         config = api_settings.ApiSettings(database_url=database_url, **settings)
         self.engine = db.make_engine(database_url)
-        gateway = deps.Gateway(
+        self.gateway = gateway = deps.Gateway(
             config=config,
             engine=self.engine,
             notifications=notifications.PipelineNotifications(database_url),

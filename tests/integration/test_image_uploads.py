@@ -4,19 +4,22 @@ tenant's photos by id and its events carry references to them, never their bytes
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
+import os
 import uuid
 
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, tables
+from castad_api import decoding, keys, tables
 from castad_runtime import artifacts
 from castad_runtime import tables as runtime_tables
 from PIL import Image
 
 from tests.integration.gateway import make_key
-from tests.unit.test_image_uploads import exif_with_location, photo, png_declaring
+from tests.unit.test_image_uploads import DAMAGED_EXIF, exif_with_location, multi_picture_jpeg, photo, png_declaring
 
 pytestmark = pytest.mark.integration
 BRIEF = {"customer_name": "Stay Meomum", "region": "Gunsan"}
@@ -66,6 +69,18 @@ def test_an_uploaded_photo_is_kept_once_upright_and_without_its_metadata_for_its
     assert (content.status_code, content.content, content.headers["content-type"]) == (200, data, "image/jpeg")
 
 
+@pytest.mark.parametrize(
+    "data", [multi_picture_jpeg(), photo("JPEG", (64, 32), exif=DAMAGED_EXIF)], ids=["multi-picture", "damaged-exif"]
+)
+def test_a_phones_multi_picture_jpeg_or_one_with_damaged_exif_is_kept_as_a_jpeg(engines, api, data):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    answer = upload(client, data)
+
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["media_type"] == "image/jpeg"
+
+
 def test_a_photo_may_come_as_the_file_field_of_a_multipart_form(engines, api):
     client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
 
@@ -102,6 +117,36 @@ def test_a_bad_upload_is_refused_naming_the_field_and_the_reason_and_nothing_is_
         assert reason in detail
     else:
         assert detail[0]["loc"] == field and reason in detail[0]["msg"]
+    assert stored_images(installation) == [] and image_rows(engines["api"]) == []
+
+
+def test_an_upload_past_those_waiting_for_their_decode_is_refused_with_503_and_nothing_is_stored(
+    engines, api, installation
+):
+    running = api()
+    client = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    with contextlib.ExitStack() as taken:
+        for _ in range(decoding.AT_ONCE + decoding.WAITING):  # decoding one, the others waiting their turn
+            taken.enter_context(running.gateway.decoding.admitted())
+        refused = upload(client, photo())
+
+    assert (refused.status_code, refused.headers["Retry-After"]) == (503, str(decoding.RETRY_AFTER_S))
+    assert "try again shortly" in refused.json()["detail"]
+    assert stored_images(installation) == [] and image_rows(engines["api"]) == []
+    assert upload(client, photo()).status_code == 201  # once their turns are over
+
+
+def test_an_upload_the_volume_refuses_is_a_503_and_nothing_is_recorded(engines, api, installation, monkeypatch):
+    client = api().client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    refused = upload(client, photo())
+
+    assert (refused.status_code, "Retry-After" in refused.headers) == (503, True)
     assert stored_images(installation) == [] and image_rows(engines["api"]) == []
 
 

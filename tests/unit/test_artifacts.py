@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import pathlib
+import stat
 import uuid
 
 import boto3
 import pytest
 from castad_contracts import brief, events
-from castad_runtime import artifacts
+from castad_runtime import artifacts, outages
 
 PIPELINE = "pipeline-1"
 STAGE = events.Stage.VIDEO
@@ -195,3 +198,45 @@ def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_chec
     store.path(kept).write_bytes(b"changed")
     with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo):
         pass
+
+
+def test_a_kept_image_gets_the_mode_of_every_artifact_and_is_on_disk_before_it_takes_its_name(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+    video = kept(store, 1, b"frames")  # written as the stages write theirs
+    synced: set[int] = set()
+    named: list[bool] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recorded_fsync(fd: int) -> None:
+        synced.add(os.fstat(fd).st_ino)
+        fsync(fd)
+
+    def recorded_replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        named.append(os.stat(source).st_ino in synced)
+        replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "replace", recorded_replace)
+
+    image = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+
+    assert stat.S_IMODE(store.path(image).stat().st_mode) == stat.S_IMODE(store.path(video).stat().st_mode)
+    assert named == [True]
+
+
+@pytest.mark.parametrize("failing", ["mkdir", "fsync", "replace"])
+def test_a_volume_that_refuses_an_image_is_the_store_unavailable_and_leaves_no_file(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+
+    def refused(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC if failing == "fsync" else errno.EROFS, "refused")
+
+    monkeypatch.setattr(pathlib.Path if failing == "mkdir" else os, failing, refused)
+
+    with pytest.raises(outages.StoreUnavailable, match="keep an image in"):
+        store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    assert [path for path in tmp_path.rglob("*") if path.is_file()] == []

@@ -291,6 +291,26 @@ def test_a_brief_names_up_to_20_photos_by_reference_and_no_more():
             brief.Photo.model_validate({**PHOTO.model_dump(), **bad})
 
 
+def test_a_brief_without_photos_dumps_as_before_there_were_any_so_the_previous_version_still_reads_it():
+    # The previous version's Brief (a gateway replica or a stage not yet upgraded reads pipelines and jobs with it)
+    # was BriefV2's fields, refusing any other.
+    assert brief.BriefV2.model_config["extra"] == "forbid" and "photos" not in brief.BriefV2.model_fields
+    requested = events.PipelineRequested(pipeline_id=PIPELINE, brief=BRIEF, requested_at=NOW)
+
+    dumps = [
+        BRIEF.model_dump(mode="json"),
+        json.loads(BRIEF.model_dump_json()),
+        envelope.wrap(requested, events.PIPELINE_REQUESTED, "/castad/api").data["brief"],
+    ]
+
+    for dumped in dumps:
+        assert "photos" not in dumped
+        assert brief.BriefV2.model_validate(dumped).model_dump() == BRIEF.model_dump()
+    assert BRIEF.model_copy(update={"photos": (PHOTO,)}).model_dump(mode="json")["photos"] == [
+        PHOTO.model_dump(mode="json")
+    ]
+
+
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,
@@ -326,7 +346,8 @@ def test_an_event_from_before_photos_reads_as_naming_none_and_photos_need_the_ne
     assert read.brief.photos == () and read.brief.customer_name == BRIEF.customer_name
     with_photos = {**data, "brief": {**data["brief"], "photos": [PHOTO.model_dump(mode="json")]}}
     assert events.REGISTRY.read(event_type, version + 1, with_photos).brief.photos == (PHOTO,)
-    # An older consumer refuses what only the new version says: it holds such an event until its upgrade.
+    # The old version's model refuses photos: an event naming some is only ever sent as the new version, which a
+    # consumer that knows only the old one holds until its upgrade (by the version number, without reading it).
     with pytest.raises(pydantic.ValidationError, match="photos"):
         events.REGISTRY.read(event_type, version, with_photos)
 

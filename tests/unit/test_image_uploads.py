@@ -6,13 +6,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pathlib
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
 
+import anyio
+import anyio.to_thread
 import pytest
-from castad_api import image_routes, images, operations
+from castad_api import decoding, images, operations
 from castad_contracts import api
 from PIL import Image, PngImagePlugin
 
@@ -84,6 +89,83 @@ def test_no_metadata_of_the_upload_is_kept_not_the_location_nor_a_comment_nor_a_
         assert b"PhoneMaker" not in kept.data and b"taken at home" not in kept.data
 
 
+def multi_picture_jpeg() -> bytes:
+    """A photo as phones write them: a JPEG in the multi-picture format, a green preview after it."""
+    preview = Image.new("RGB", (16, 8), (30, 200, 30))
+    out = io.BytesIO()
+    Image.open(io.BytesIO(photo("JPEG", (64, 32)))).save(out, "MPO", save_all=True, append_images=[preview])
+    return out.getvalue()
+
+
+def test_a_phones_multi_picture_jpeg_is_kept_as_a_jpeg_of_its_photo():
+    kept = clean(multi_picture_jpeg(), declared="image/jpeg")
+
+    assert (kept.media_type, kept.suffix, kept.width, kept.height) == ("image/jpeg", ".jpg", 64, 32)
+    with Image.open(io.BytesIO(kept.data)) as read:
+        assert read.format == "JPEG" and getattr(read, "n_frames", 1) == 1
+        assert read.getpixel((8, 16))[0] > 150  # the photo's red, not the green preview
+
+
+# An EXIF block a fuzzer damaged: Pillow's own turning of such a photo raised struct.error, yet its orientation
+# (6) reads.
+DAMAGED_EXIF = bytes.fromhex(
+    "4578696600004d4d002a000000080003010100020000000b0000003201120003000000010006000088250004000000010000003e00"
+    "00000050326f6e654d616b65720000000200010002000000024e0000000002da05000000030000005c000000000000002300000001"
+    "0000003a00005f010000000000000001"
+)
+
+
+def test_a_photo_with_damaged_exif_is_kept_turned_as_its_orientation_says():
+    kept = clean(photo("JPEG", (64, 32), exif=DAMAGED_EXIF))
+
+    assert (kept.width, kept.height) == (32, 64)
+    assert DAMAGED_EXIF[6:] not in kept.data
+
+
+def test_an_upload_whose_decoding_fails_in_any_way_is_refused_and_logged(monkeypatch, caplog):
+    def damaged(_: Image.Image) -> Image.Exif:
+        raise struct.error("required argument is not an integer")
+
+    monkeypatch.setattr(Image.Image, "getexif", damaged)
+
+    with pytest.raises(images.ImageRefused, match="does not decode"):
+        clean(photo("JPEG"))
+    [record] = [record for record in caplog.records if record.name == images.__name__]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], struct.error)
+
+
+PEAK_SCRIPT = """
+import sys
+from castad_api import images
+
+
+def kib(field):  # of this process's memory, from Linux's account of it: its own since its exec, unlike ru_maxrss
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+data = open(sys.argv[1], "rb").read()
+before = kib("VmRSS")
+images.clean(data, max_bytes=len(data), max_pixels=10**8)
+print((kib("VmHWM") - before) * 1024)
+"""
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/status").exists(), reason="reads a process's peak memory from Linux")
+@pytest.mark.parametrize("orientation", [1, 6], ids=["upright", "turned"])
+def test_cleaning_a_large_photo_holds_at_most_about_two_copies_of_its_pixels(tmp_path, orientation):
+    width, height = 4000, 2000  # 32 MB decoded (RGB is 4 bytes a pixel); a phone's photo has 12 to 50 million
+    upload = tmp_path / "large.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.linear_gradient("L").resize((width, height)).convert("RGB").save(upload, "JPEG", exif=exif)
+
+    ran = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, upload], capture_output=True, text=True, check=True)
+
+    # Once the decoded image, and once a turned copy or the JPEG encoder's buffers (it optimises its tables).
+    assert int(ran.stdout) < 2.5 * width * height * 4  # it held 4.7 times as much when it copied them thrice
+
+
 def png_declaring(width: int, height: int) -> bytes:
     """A valid PNG header that declares `width` x `height` pixels and a few bytes of data: a decompression bomb."""
 
@@ -150,11 +232,12 @@ def test_a_request_without_photos_hashes_as_before_there_were_any_so_its_idempot
     assert operations.request_hash(with_photo) != digest
 
 
-def test_a_gateway_process_decodes_two_uploads_at_once_and_the_others_wait(monkeypatch):
-    running, most = 0, 0
+def test_a_gateway_process_decodes_one_upload_at_a_time_and_those_waiting_hold_no_worker_thread():
+    turns = decoding.Decoding()
+    running, most, threads_taken = 0, 0, 0
     lock = threading.Lock()
 
-    def slow_clean(data: bytes, **_: object) -> images.Cleaned:
+    def slow_clean() -> None:
         nonlocal running, most
         with lock:
             running += 1
@@ -162,18 +245,30 @@ def test_a_gateway_process_decodes_two_uploads_at_once_and_the_others_wait(monke
         time.sleep(0.1)
         with lock:
             running -= 1
-        return images.Cleaned(data, "image/png", ".png", 1, 1)
 
-    monkeypatch.setattr(images, "clean", slow_clean)
-    uploads = [
-        threading.Thread(
-            target=image_routes._clean, args=(b"x",), kwargs={"max_bytes": 9, "max_pixels": 9, "declared": None}
-        )
-        for _ in range(6)
-    ]
-    for upload in uploads:
-        upload.start()
-    for upload in uploads:
-        upload.join()
+    async def upload() -> None:
+        with turns.admitted():
+            await turns.run(slow_clean)
 
-    assert most == image_routes.DECODES_AT_ONCE == 2
+    async def uploads() -> None:
+        nonlocal threads_taken
+        async with anyio.create_task_group() as group:
+            for _ in range(decoding.AT_ONCE + decoding.WAITING):
+                group.start_soon(upload)
+            await anyio.sleep(0.05)
+            # The threads FastAPI runs every plain route on: a waiting upload used to hold one.
+            threads_taken = anyio.to_thread.current_default_thread_limiter().borrowed_tokens
+
+    anyio.run(uploads)
+
+    assert most == decoding.AT_ONCE == 1 and threads_taken == 0
+
+
+def test_an_upload_past_those_waiting_for_their_decode_is_refused_until_one_is_done():
+    turns = decoding.Decoding(at_once=1, waiting=2)
+
+    with turns.admitted(), turns.admitted():
+        with turns.admitted(), pytest.raises(decoding.Busy):
+            turns.admitted().__enter__()
+        with turns.admitted():  # the third left: its place is free again
+            pass

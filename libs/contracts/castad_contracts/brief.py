@@ -157,6 +157,10 @@ class Brief(BriefV2):
     photos: tuple[Photo, ...] = Field(
         default=(),
         max_length=MAX_PHOTOS,
+        # Left out when there are none: a brief without photos reads as it did before there were any, to the
+        # previous version's Brief too (it forbids what it does not know), which a gateway replica or a stage not
+        # yet upgraded reads pipelines and jobs with during a rolling upgrade.
+        exclude_if=lambda photos: not photos,
         description=f"Up to {MAX_PHOTOS} photos of the business, in the order to show them.",
     )
 

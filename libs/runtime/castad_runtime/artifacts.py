@@ -14,8 +14,9 @@ redirect to. Both take the pipeline and stage the artifact is asked for, and ref
 not in their place, `<pipeline id>/<stage>-…` (ArtifactMisplaced): an event names its artifact by
 URI, and whoever could write an event could otherwise name any file of the store. Retention
 deletes every file of a stage of a pipeline through `delete`, the artifact and whatever a late
-attempt left beside it. An object store that cannot be reached
-raises outages.StoreUnavailable, the machinery's failure, never the work's.
+attempt left beside it. An object store that cannot be reached, or a volume that refuses an
+uploaded image (full, read-only), raises outages.StoreUnavailable, the machinery's failure, never
+the work's.
 
 A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
 `images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
@@ -165,6 +166,21 @@ def _checked(pipeline_id: str) -> str:
     return pipeline_id
 
 
+def _write_whole(final: pathlib.Path, data: bytes) -> None:
+    """Write `final` as a whole or not at all: a file beside it, on disk before it takes the name. Its mode is
+    every file's a process here writes (0o666 less the umask), as the stages' artifacts get theirs."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    written = final.with_name(f".upload-{uuid.uuid4().hex}")
+    try:
+        with open(written, "xb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(written, final)
+    finally:
+        written.unlink(missing_ok=True)
+
+
 def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> int:
     """Delete a stage's scratch files in a pipeline's folder, and its final files if `final`, then the folder
     if nothing else is left in it. How many final files were deleted."""
@@ -231,17 +247,15 @@ class VolumeStore:
         return _delete_local(self.root / _checked(pipeline_id), stage, final=True)
 
     def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
-        """Write a tenant's image under the name its bytes give it (whole or not at all) and describe it."""
+        """Write a tenant's image under the name its bytes give it (whole or not at all) and describe it.
+
+        Raises outages.StoreUnavailable if the volume refuses the file (full, mounted read-only)."""
         digest = hashlib.sha256(data).hexdigest()
         final = self.root / _image_name(image_owner(tenant), digest, suffix)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(prefix=".upload", dir=final.parent)
         try:
-            with os.fdopen(handle, "wb") as file:
-                file.write(data)
-            os.replace(name, final)
-        finally:
-            pathlib.Path(name).unlink(missing_ok=True)
+            _write_whole(final, data)
+        except OSError as error:
+            raise outages.StoreUnavailable(f"keep an image in {self.root}: {redact.describe(error)}") from None
         return events.Artifact(uri=final.as_uri(), sha256=digest, size=len(data), media_type=media_type)
 
     @contextlib.contextmanager

@@ -18,7 +18,7 @@ from castad_runtime import artifacts, health
 from fastapi import Depends, Header, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from castad_api import auth, disclosure, keyring, keys, notifications, stream_keys
+from castad_api import auth, decoding, disclosure, keyring, keys, notifications, stream_keys
 from castad_api import metrics as metrics_
 from castad_api import settings as settings_
 
@@ -30,6 +30,7 @@ class Gateway:
     notifications: notifications.PipelineNotifications
     store: artifacts.ArtifactStore
     metrics: metrics_.GatewayMetrics = dataclasses.field(default_factory=metrics_.GatewayMetrics)
+    decoding: decoding.Decoding = dataclasses.field(default_factory=decoding.Decoding)
     auth: auth.Authenticator = dataclasses.field(init=False)
     broker_check: health.KeptBroker = dataclasses.field(init=False)
     stream_keys: stream_keys.StreamKeys = dataclasses.field(init=False)

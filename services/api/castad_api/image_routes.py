@@ -9,7 +9,7 @@ made again finds in its place (names are the bytes' own).
 
 from __future__ import annotations
 
-import threading
+import functools
 import uuid
 from typing import Any
 
@@ -17,18 +17,14 @@ from castad_contracts import api, brief
 from castad_runtime import artifacts, db
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, Response
 
-from castad_api import deps, errors, images, repository
+from castad_api import decoding, deps, errors, images, repository, served
 from castad_api.deps import GatewayDep, Reader, Submitter
 
 UPLOAD_PATH = "/v1/images"
 MULTIPART_OVERHEAD_BYTES = 16_384  # a form's boundaries and part headers, beyond the image's own bytes
 FILE_FIELD = "file"
-# An image of CASTAD_API_IMAGE_MAX_PIXELS decodes to a few hundred MB: a gateway process decodes this many at once,
-# the others wait (decoding is CPU work: more at once would not finish sooner).
-DECODES_AT_ONCE = 2
-_decoding = threading.BoundedSemaphore(DECODES_AT_ONCE)
 router = APIRouter(prefix="/v1", tags=["images"], responses={**deps.AUTH_ERRORS})
 _ACCEPTED = ", ".join(images.MEDIA_TYPES)
 _BODY = {
@@ -57,6 +53,10 @@ _BODY = {
         413: {"model": api.Problem, "description": "larger than CASTAD_API_IMAGE_MAX_BYTES"},
         415: {"model": api.Problem},
         422: {"description": "not an image kept here, and why: the field and the reason"},
+        503: {
+            "model": api.Problem,
+            "description": "as many uploads as may wait for their decode are waiting (see Retry-After)",
+        },
     },
 )
 async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.Image:
@@ -64,16 +64,33 @@ async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.
     whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes), turned as its
     EXIF orientation says and encoded again without any of its metadata (location, camera, comments, colour
     profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again by
-    the tenant is the same image."""
-    loc, data, declared = await _received(request)
-    config = gw.config
+    the tenant is the same image. A gateway process decodes one upload at a time; past a few waiting, the next is
+    refused with 503 and Retry-After."""
     try:
-        cleaned = await run_in_threadpool(
-            _clean, data, max_bytes=config.image_max_bytes, max_pixels=config.image_max_pixels, declared=declared
-        )
+        with gw.decoding.admitted():  # taken before the body is read: a refused upload's body never is
+            cleaned = await _cleaned(request, gw)
+    except decoding.Busy:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "as many image uploads as this gateway takes at once are in progress; try again shortly",
+            {"Retry-After": str(decoding.RETRY_AFTER_S)},
+        ) from None
+    return await run_in_threadpool(_keep, gw, who.tenant, cleaned)
+
+
+async def _cleaned(request: Request, gw: deps.Gateway) -> images.Cleaned:
+    loc, data, declared = await _received(request)
+    clean = functools.partial(
+        images.clean,
+        data,
+        max_bytes=gw.config.image_max_bytes,
+        max_pixels=gw.config.image_max_pixels,
+        declared=declared,
+    )
+    try:
+        return await gw.decoding.run(clean)
     except images.ImageRefused as refused:
         raise errors.invalid(loc, f"the image {refused}") from None
-    return await run_in_threadpool(_keep, gw, who.tenant, cleaned)
 
 
 async def _received(request: Request) -> tuple[tuple[str, ...], bytes, str | None]:
@@ -94,11 +111,6 @@ async def _received(request: Request) -> tuple[tuple[str, ...], bytes, str | Non
         return ("body", FILE_FIELD), await part.read(), said if said in images.MEDIA_TYPES else None
     finally:
         await form.close()
-
-
-def _clean(data: bytes, *, max_bytes: int, max_pixels: int, declared: str | None) -> images.Cleaned:
-    with _decoding:
-        return images.clean(data, max_bytes=max_bytes, max_pixels=max_pixels, declared=declared)
 
 
 def _keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
@@ -145,9 +157,7 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
         where = gw.store.serve_image(photo)
     except artifacts.ArtifactMissing:
         raise errors.NotFound(f"image {image_id} is not in this store") from None
-    if isinstance(where, str):
-        return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
-    return FileResponse(where, media_type=row.media_type, filename=f"{row.id}{where.suffix}")
+    return served.file(where, row.media_type, str(row.id))
 
 
 def _image(row: Any) -> api.Image:

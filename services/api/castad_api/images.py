@@ -5,20 +5,45 @@ dimensions are read from its header and refused past a pixel limit before any pi
 small file can declare a huge image: a decompression bomb). The image is turned as its EXIF
 orientation says, then encoded again from its pixels alone, so that nothing of the upload's
 metadata (EXIF with its camera and location, XMP, comments, colour profiles, text chunks) is kept.
+A phone's JPEG in the multi-picture format (an MPO: the photo and a preview or depth map after it)
+is a JPEG: its first picture, the photo, is kept.
+
+The bytes are a stranger's: whatever decoding them raises (a damaged EXIF block can make Pillow
+raise errors no file format documents) refuses the upload, logged, rather than failing the request.
+
+Memory: a decoded image takes 4 bytes a pixel (RGB is padded), 160 MB at 40 million pixels. An upright
+RGB image is encoded from the decoded image itself; a turned or converted one from a copy, the image it
+was made from closed as soon as the copy is made. At most about twice the decoded image is held at
+once: it and a copy, or it and the JPEG encoder's buffers (optimised tables need every coefficient).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import warnings
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, UnidentifiedImageError
+
+log = logging.getLogger(__name__)
 
 # Pillow's name of each format accepted -> its media type and the suffix of its file.
 FORMATS = {"JPEG": ("image/jpeg", ".jpg"), "PNG": ("image/png", ".png"), "WEBP": ("image/webp", ".webp")}
+# Formats Pillow names that are one of those: a JPEG in the multi-picture format (phones write them).
+SAME_AS = {"MPO": "JPEG"}
 MEDIA_TYPES = tuple(media_type for media_type, _ in FORMATS.values())
 JPEG_QUALITY = 90
+# An EXIF orientation -> what turns the image upright (1, or a value no camera writes: nothing).
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 class ImageRefused(Exception):
@@ -39,7 +64,7 @@ def clean(data: bytes, *, max_bytes: int, max_pixels: int, declared: str | None 
 
     Raises ImageRefused for an empty or too large upload, anything but a JPEG, PNG or WebP image
     (or not the one `declared`, a media type), an animated one, one of more than `max_pixels`
-    pixels, and one that does not decode whole (truncated or corrupt).
+    pixels, and one that does not decode whole (truncated or corrupt, or raising anything else).
     """
     if not data:
         raise ImageRefused("is empty")
@@ -53,35 +78,50 @@ def clean(data: bytes, *, max_bytes: int, max_pixels: int, declared: str | None 
             opened = Image.open(io.BytesIO(data), formats=list(FORMATS))
         with opened:
             return _cleaned(opened, max_pixels, declared)
+    except (ImageRefused, MemoryError):
+        raise  # a refusal already, or this process's shortage: nothing the upload says
     except Image.DecompressionBombError:
         raise ImageRefused(f"has more than the {max_pixels} pixels accepted") from None
     except UnidentifiedImageError:
         raise ImageRefused("is not a JPEG, PNG or WebP image") from None
     except (OSError, SyntaxError, ValueError, EOFError):
         raise ImageRefused("does not decode: it is truncated or corrupt") from None
+    except Exception:
+        log.warning("an uploaded image failed to decode", exc_info=True)
+        raise ImageRefused("does not decode: it is corrupt") from None
 
 
 def _cleaned(opened: Image.Image, max_pixels: int, declared: str | None) -> Cleaned:
-    media_type, suffix = FORMATS[str(opened.format)]
+    kind = SAME_AS.get(str(opened.format), str(opened.format))
+    media_type, suffix = FORMATS[kind]
     if declared is not None and declared != media_type:
         raise ImageRefused(f"is a {media_type} image, not the {declared} it was sent as")
     width, height = opened.size
     if width * height > max_pixels:
         raise ImageRefused(f"is {width} x {height} pixels, more than the {max_pixels} accepted")
-    if getattr(opened, "n_frames", 1) > 1:
+    if opened.format not in SAME_AS and getattr(opened, "n_frames", 1) > 1:  # an MPO's other pictures are no frames
         raise ImageRefused("is animated; a still image is needed")
     opened.load()
-    upright = ImageOps.exif_transpose(opened)
-    has_alpha = upright.mode in ("RGBA", "LA", "PA") or "transparency" in upright.info
-    converted = upright.convert("RGBA" if has_alpha and opened.format != "JPEG" else "RGB")
-    # A new image of the pixels alone: some encoders write what the decoded image's `info` holds (a JPEG's
-    # comment, a PNG's colour profile) unless told otherwise.
-    pixels = Image.frombytes(converted.mode, converted.size, converted.tobytes())
+    has_alpha = opened.mode in ("RGBA", "LA", "PA") or "transparency" in opened.info
+    orientation = opened.getexif().get(ExifTags.Base.Orientation, 1)
+    turn = _UPRIGHT.get(orientation) if isinstance(orientation, int) else None
+    image = _replaced(opened, opened.transpose(turn)) if turn is not None else opened
+    mode = "RGBA" if has_alpha and kind != "JPEG" else "RGB"
+    image = _replaced(image, image.convert(mode)) if image.mode != mode else image
+    # Encoders write some of what the decoded image's `info` holds (a JPEG's comment, a PNG's colour profile)
+    # unless told otherwise; without it, the pixels alone are written.
+    image.info = {}
     out = io.BytesIO()
-    if opened.format == "JPEG":
-        pixels.save(out, "JPEG", quality=JPEG_QUALITY, optimize=True)
-    elif opened.format == "PNG":
-        pixels.save(out, "PNG", optimize=True)
+    if kind == "JPEG":
+        image.save(out, "JPEG", quality=JPEG_QUALITY, optimize=True)
+    elif kind == "PNG":
+        image.save(out, "PNG", optimize=True)
     else:
-        pixels.save(out, "WEBP", quality=JPEG_QUALITY)
-    return Cleaned(out.getvalue(), media_type, suffix, pixels.width, pixels.height)
+        image.save(out, "WEBP", quality=JPEG_QUALITY)
+    return Cleaned(out.getvalue(), media_type, suffix, image.width, image.height)
+
+
+def _replaced(image: Image.Image, made: Image.Image) -> Image.Image:
+    """`made`, once `image` (which it was made from) is closed: its pixels released before the next step."""
+    image.close()
+    return made

@@ -18,10 +18,22 @@ from castad_runtime import artifacts, db
 from castad_runtime import links as signed_links
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import deps, disclosure, errors, keys, model, operations, repository, streams, timeline, webhooks
+from castad_api import (
+    deps,
+    disclosure,
+    errors,
+    keys,
+    model,
+    operations,
+    repository,
+    served,
+    streams,
+    timeline,
+    webhooks,
+)
 from castad_api.deps import Actor, Gateway, GatewayDep, Operator, Reader, Submitter
 
 log = logging.getLogger(__name__)
@@ -431,10 +443,7 @@ def _serve(gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
     except artifacts.ArtifactMissing:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
-    if isinstance(where, str):
-        return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
-    filename = f"{pipeline_id}-{stage.value}{where.suffix}"
-    return FileResponse(where, media_type=artifact.media_type, filename=filename)
+    return served.file(where, artifact.media_type, f"{pipeline_id}-{stage.value}")
 
 
 @router.get(
