@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -42,6 +42,9 @@ bench-providers: setup  ## 200 pipelines through the network providers' fakes, a
 
 bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines in a scratch database; writes docs/stats.md
 	@$(BIN)/python -m bench.stats
+
+bench-song: setup  ## CPU per ten seconds of song, sung by each voice in each language and without a voice; writes docs/performance/song.md
+	@$(BIN)/python -m bench.song
 
 faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes FAULTS.md
 	@$(BIN)/python -m bench.faults
