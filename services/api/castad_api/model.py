@@ -103,7 +103,7 @@ class AttemptOutcome(enum.StrEnum):
 
 # Error codes of the attempts the stage runner hands back (castad_runtime.stage.runner.HandedBack): the
 # machinery failed, not the work. A provider's "too many" is handed back too for its first tries, but its
-# event does not say whether it was counted: it shows as a retryable failure with code rate_limited.
+# event does not say whether it was counted: it shows as a retryable failure with code provider_rate_limited.
 INTERRUPTIONS = frozenset({"worker_stopped", "lease_expired", "outage"})
 
 
