@@ -52,7 +52,7 @@ def test_a_thousand_generated_requests_get_no_5xx_and_answers_that_fit_the_docum
             "--checks",
             CHECKS,
             "--max-examples",
-            "25",
+            "15",
             "--generation-deterministic",
             "--phases",
             "examples,coverage,fuzzing",
