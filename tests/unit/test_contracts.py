@@ -89,7 +89,7 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(
         pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
     )
-    with pytest.raises(TypeError, match="lyric.completed v3 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v4 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -342,7 +342,7 @@ def test_an_event_from_before_photos_reads_as_naming_none_and_photos_need_the_ne
 
     read = events.REGISTRY.read(event_type, version, data)
 
-    assert events.REGISTRY.current_version(event_type) == version + 1
+    assert events.REGISTRY.current_version(event_type) == version + 2
     assert read.brief.photos == () and read.brief.customer_name == BRIEF.customer_name
     with_photos = {**data, "brief": {**data["brief"], "photos": [PHOTO.model_dump(mode="json")]}}
     assert events.REGISTRY.read(event_type, version + 1, with_photos).brief.photos == (PHOTO,)
@@ -357,10 +357,52 @@ def test_an_event_names_its_photos_by_reference_and_never_carries_their_bytes():
         pipeline_id=PIPELINE, brief=BRIEF.model_copy(update={"photos": (PHOTO,)}), requested_at=NOW
     )
     sent = envelope.wrap(requested, events.PIPELINE_REQUESTED, "/castad/api")
-    assert sent.schemaversion == 3
+    assert sent.schemaversion == 4
     assert sent.data["brief"]["photos"] == [
         {"id": PHOTO.id, "owner": "b" * 32, "sha256": "a" * 64, "media_type": "image/jpeg", "size": 51_234}
     ]
+
+
+# The last version of each event carrying a brief whose photos were uploads only.
+BEFORE_PHOTO_LINKS = {
+    events.PIPELINE_REQUESTED: 3,
+    "lyric.completed": 3,
+    "song.completed": 4,
+    "video.completed": 3,
+}
+
+
+@pytest.mark.parametrize(("event_type", "version"), BEFORE_PHOTO_LINKS.items())
+def test_a_photo_named_by_url_needs_the_newest_version_and_older_ones_read_as_they_are(event_type, version):
+    fields = {
+        "pipeline_id": PIPELINE,
+        "requested_at": NOW.isoformat(),
+        "stage": event_type.split(".")[0],
+        "job_id": "j",
+        "attempt": 1,
+        "artifact": ARTIFACT.model_dump(mode="json"),
+        "completed_at": NOW.isoformat(),
+        "brief": {**BRIEF.model_dump(mode="json"), "photos": [PHOTO.model_dump(mode="json")]},
+        "lyrics": LYRICS.model_dump(mode="json"),
+        "timed_lines": [],
+        "song_duration_s": 3.0,
+        "width": 144,
+        "height": 256,
+    }
+    old = events.REGISTRY.model(event_type, version)
+    data = {key: value for key, value in fields.items() if key in old.model_fields}
+
+    read = events.REGISTRY.read(event_type, version, data)
+
+    assert events.REGISTRY.current_version(event_type) == version + 1
+    assert read.brief.photos == (PHOTO,)
+    if event_type == "song.completed":
+        assert read.bars_s == ()  # an older song.completed told no bars
+    link = {"url": "https://example.com/hall.jpg"}
+    with_link = {**data, "brief": {**data["brief"], "photos": [PHOTO.model_dump(mode="json"), link]}}
+    assert events.REGISTRY.read(event_type, version + 1, with_link).brief.photos == (PHOTO, brief.PhotoLink(**link))
+    with pytest.raises(pydantic.ValidationError, match="photos"):
+        events.REGISTRY.read(event_type, version, with_link)
 
 
 def test_the_dead_letter_queue_has_no_delivery_limit_on_either_major_version_of_rabbitmq():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-import urllib.parse
+import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -93,19 +93,7 @@ class Caller(BaseModel):
     scopes: list[str] = Field(description="submit, read, operate, admin (admin may do everything)")
 
 
-def http_url(value: str) -> str:
-    """An absolute http(s) URL with a host, a valid port and no credentials."""
-    parsed = urllib.parse.urlsplit(value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError("must be an absolute http or https URL")
-    if parsed.username is not None or parsed.password is not None:
-        raise ValueError("must not carry credentials")
-    try:
-        parsed.port  # noqa: B018 (raises ValueError for a port that is not one)
-    except ValueError:
-        raise ValueError("has a port that is not a number from 0 to 65535") from None
-    return value
-
+http_url = brief.http_url
 
 CallbackUrl = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000), AfterValidator(http_url)]
 
@@ -116,18 +104,35 @@ def distinct(ids: list[str]) -> list[str]:
     return ids
 
 
+def image_id_or_url(value: str) -> str:
+    """An upload's image id (a lowercase UUID) or a photo's http(s) URL."""
+    if re.fullmatch(brief.UUID_PATTERN, value):
+        return value
+    if "://" not in value:
+        raise ValueError("must be an uploaded image's id (a lowercase UUID) or an https URL")
+    return brief.http_url(value)
+
+
+PhotoName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, max_length=brief.PHOTO_URL_MAX_LENGTH),
+    AfterValidator(image_id_or_url),
+]
+
+
 class PipelineRequest(brief.BriefV2):
     """A brief, the photos it shows by the ids their uploads got, and where to tell of its pipeline's end.
 
     The stages get the brief with each photo as a reference (id, sha256, media type, size); the callback URL
     stays with the gateway."""
 
-    photos: Annotated[list[brief.ImageId], AfterValidator(distinct)] = Field(
+    photos: Annotated[list[PhotoName], AfterValidator(distinct)] = Field(
         default_factory=list,
         max_length=brief.MAX_PHOTOS,
-        description=f"Up to {brief.MAX_PHOTOS} images of the business, each uploaded first (POST /v1/images) by a"
-        " key of the same tenant, in the order to show them.",
-        examples=[["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"]],
+        description=f"Up to {brief.MAX_PHOTOS} photos of the business in the order to show them, each the id of an"
+        " image uploaded first (POST /v1/images) by a key of the same tenant, or an https URL the video stage"
+        " fetches when it renders.",
+        examples=[["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f", "https://example.com/photos/hall.jpg"]],
     )
     callback_url: CallbackUrl | None = Field(
         default=None,
@@ -135,7 +140,7 @@ class PipelineRequest(brief.BriefV2):
         examples=["https://example.com/hooks/castad"],
     )
 
-    def for_stages(self, photos: tuple[brief.Photo, ...]) -> brief.Brief:
+    def for_stages(self, photos: tuple[brief.Photo | brief.PhotoLink, ...]) -> brief.Brief:
         """The brief as the stages get it: the photos named by reference, without the callback URL."""
         fields = self.model_dump(exclude={"callback_url", "photos"})
         return brief.Brief.model_validate({**fields, "photos": photos})

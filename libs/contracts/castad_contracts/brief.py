@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
+import urllib.parse
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -91,13 +92,34 @@ DEFAULT_DURATION_S = 30
 
 
 MAX_PHOTOS = 20
-PHOTO_MEDIA_TYPES = ("image/jpeg", "image/png", "image/webp")
+PHOTO_URL_MAX_LENGTH = 2000
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 ImageId = Annotated[
     str,
     Field(
-        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        pattern=UUID_PATTERN,
         description="an image id the gateway gave for an upload (POST /v1/images), a lowercase UUID",
     ),
+]
+ImageMediaType = Literal["image/jpeg", "image/png", "image/webp"]
+
+
+def http_url(value: str) -> str:
+    """An absolute http(s) URL with a host, a valid port and no credentials."""
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError("must be an absolute http or https URL")
+    if parsed.username is not None or parsed.password is not None:
+        raise ValueError("must not carry credentials")
+    try:
+        parsed.port  # noqa: B018 (raises ValueError for a port that is not one)
+    except ValueError:
+        raise ValueError("has a port that is not a number from 0 to 65535") from None
+    return value
+
+
+WebUrl = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=PHOTO_URL_MAX_LENGTH), AfterValidator(http_url)
 ]
 
 
@@ -112,8 +134,17 @@ class Photo(BaseModel):
         description="the place of its tenant's images in the artifact store (a digest of the tenant's name)",
     )
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the stored file, metadata stripped")
-    media_type: Literal["image/jpeg", "image/png", "image/webp"]
+    media_type: ImageMediaType
     size: int = Field(ge=1, description="size in bytes")
+
+
+class PhotoLink(BaseModel):
+    """A photo named by its URL in the brief: the video stage fetches it (through its guarded outbound client,
+    checked and cleaned as an upload is) when it renders."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: WebUrl = Field(description="where the photo is; https unless the gateway allows otherwise")
 
 
 class BriefV2(BaseModel):
@@ -151,8 +182,9 @@ class BriefV2(BaseModel):
         return closest_style(self.genre)
 
 
-class Brief(BriefV2):
-    """What the business wants a video about, and the photos of it to show."""
+class BriefV3(BriefV2):
+    """What the business wants a video about, and its uploaded photos (versions 3 of pipeline.requested,
+    lyric.completed and video.completed, version 4 of song.completed)."""
 
     photos: tuple[Photo, ...] = Field(
         default=(),
@@ -162,6 +194,18 @@ class Brief(BriefV2):
         # yet upgraded reads pipelines and jobs with during a rolling upgrade.
         exclude_if=lambda photos: not photos,
         description=f"Up to {MAX_PHOTOS} photos of the business, in the order to show them.",
+    )
+
+
+class Brief(BriefV3):
+    """What the business wants a video about, and the photos of it to show: uploaded, or named by URL."""
+
+    photos: tuple[Photo | PhotoLink, ...] = Field(  # type: ignore[assignment]
+        default=(),
+        max_length=MAX_PHOTOS,
+        exclude_if=lambda photos: not photos,
+        description=f"Up to {MAX_PHOTOS} photos of the business, in the order to show them: each an upload's"
+        " reference or a URL.",
     )
 
 

@@ -177,10 +177,21 @@ class SongCompletedV3(SongCompletedV2):
     timed_lines: tuple[TimedLine, ...]
 
 
-class SongCompleted(SongCompletedV3):
-    """The song is made (version 4: the brief names its photos)."""
+class SongCompletedV4(SongCompletedV3):
+    """The song is made (version 4: the brief names its uploaded photos)."""
+
+    brief: brief_.BriefV3
+
+
+class SongCompleted(SongCompletedV4):
+    """The song is made (version 5: photos named by URL too, and when each bar of the song begins)."""
 
     brief: brief_.Brief
+    bars_s: tuple[float, ...] = Field(
+        default=(),
+        description="when each bar of the song begins, in seconds from its start; empty when the music provider"
+        " does not say (an earlier version's event, a music API that tells no tempo)",
+    )
 
 
 class VideoCompleted(StageCompleted):
@@ -203,6 +214,23 @@ class StageCanceled(Payload):
     operation: int = Field(ge=1, description="the cancel request this answers")
     reason: str
     canceled_at: dt.datetime
+
+
+# Before photos by URL (pipeline.requested, lyric.completed and video.completed up to v3, song.completed up to v4)
+# a brief named uploads only, and song.completed told no bars; the versions after read each as it is.
+BriefV3 = brief_.BriefV3
+
+
+class PipelineRequestedV3(PipelineRequested):
+    brief: BriefV3  # type: ignore[assignment]
+
+
+class LyricCompletedV3(LyricCompleted):
+    brief: BriefV3  # type: ignore[assignment]
+
+
+class VideoCompletedV3(VideoCompleted):
+    brief: BriefV3  # type: ignore[assignment]
 
 
 # Before photos (pipeline.requested, lyric.completed and video.completed up to v2, song.completed up to v3) a brief
@@ -413,7 +441,8 @@ class Registry:
 REGISTRY = Registry()
 REGISTRY.register(PIPELINE_REQUESTED, 1, PipelineRequestedV1)
 REGISTRY.register(PIPELINE_REQUESTED, 2, PipelineRequestedV2, _same)
-REGISTRY.register(PIPELINE_REQUESTED, 3, PipelineRequested, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 3, PipelineRequestedV3, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 4, PipelineRequested, _same)
 # Version 1 of the operator requests had no order; read as the first request of their pipeline.
 REGISTRY.register(PIPELINE_CANCEL_REQUESTED, 1, PipelineCancelRequestedV1)
 REGISTRY.register(
@@ -437,5 +466,14 @@ for _stage in Stage:
 # Version 3 of song.completed times every syllable; a version-2 line reads as one whose syllables are untold.
 REGISTRY.register(stage_event(Stage.SONG, "completed"), 3, SongCompletedV3, _same)
 # Then every completed event names the brief's photos (lyric and video v3, song v4); an older one names none.
+_COMPLETED_V3: dict[Stage, type[Payload]] = {
+    Stage.LYRIC: LyricCompletedV3,
+    Stage.SONG: SongCompletedV4,
+    Stage.VIDEO: VideoCompletedV3,
+}
 for _stage, _version in ((Stage.LYRIC, 3), (Stage.SONG, 4), (Stage.VIDEO, 3)):
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED_V3[_stage], _same)
+# Then a brief may name photos by URL (lyric and video v4, song v5), and song.completed tells the song's bars; an
+# older event names uploads only and tells no bars.
+for _stage, _version in ((Stage.LYRIC, 4), (Stage.SONG, 5), (Stage.VIDEO, 4)):
     REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)

@@ -68,19 +68,22 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
     return Accepted(created.pipeline_id, model.PipelineStatus(pipeline.status), False)
 
 
-def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple[brief.Photo, ...]:
-    """The photos the request names, as the stages get them; InvalidField naming the first that is not an image
-    the tenant uploaded (another tenant's is refused in the same words as one that does not exist)."""
-    found = repository.tenant_images(conn, [uuid.UUID(image_id) for image_id in body.photos], tenant)
+def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple[brief.Photo | brief.PhotoLink, ...]:
+    """The photos the request names, as the stages get them: an upload by reference, a URL as it is; InvalidField
+    naming the first id that is not an image the tenant uploaded (another tenant's is refused in the same words
+    as one that does not exist)."""
+    ids = [uuid.UUID(name) for name in body.photos if "://" not in name]
+    found = repository.tenant_images(conn, ids, tenant)
     owner = artifacts.image_owner(tenant)
-    named = []
-    for index, image_id in enumerate(body.photos):
-        row = found.get(uuid.UUID(image_id))
+    named: list[brief.Photo | brief.PhotoLink] = []
+    for index, name in enumerate(body.photos):
+        if "://" in name:
+            named.append(brief.PhotoLink(url=name))
+            continue
+        row = found.get(uuid.UUID(name))
         if row is None:
-            raise errors.InvalidField(
-                ("body", "photos", index), f"no image {image_id} was uploaded by this tenant", image_id
-            )
-        named.append(brief.Photo(id=image_id, owner=owner, sha256=row.sha256, media_type=row.media_type, size=row.size))
+            raise errors.InvalidField(("body", "photos", index), f"no image {name} was uploaded by this tenant", name)
+        named.append(brief.Photo(id=name, owner=owner, sha256=row.sha256, media_type=row.media_type, size=row.size))
     return tuple(named)
 
 

@@ -6,7 +6,7 @@ import contextlib
 import pathlib
 from typing import Literal, Self
 
-from castad_contracts import events
+from castad_contracts import brief, events
 from castad_runtime import artifacts, cli, links, settings
 from castad_runtime.stage import cancellation, errors, http, remote, repository, runner
 from castad_runtime.stage import service as stage_service
@@ -117,6 +117,12 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
     return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
 
 
+def _uploaded(photo: brief.Photo | brief.PhotoLink) -> brief.Photo:
+    if isinstance(photo, brief.PhotoLink):
+        raise errors.PermanentProviderError("photo_unreachable", f"photos by URL are not fetched yet: {photo.url}")
+    return photo
+
+
 def make_work(config: VideoSettings) -> runner.Work:
     if config.provider == "creatomate":
         return make_creatomate_work(config)
@@ -140,7 +146,7 @@ def make_work(config: VideoSettings) -> runner.Work:
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("song_unreachable", str(error)) from None
             try:
-                photos = [files.enter_context(store.image_copy(photo)) for photo in done.brief.photos]
+                photos = [files.enter_context(store.image_copy(_uploaded(photo))) for photo in done.brief.photos]
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
