@@ -103,7 +103,7 @@ def test_the_s3_store_needs_a_bucket(monkeypatch):
 
 
 def test_a_tenants_image_is_uploaded_under_its_owners_place_named_by_its_bytes(store, object_store):
-    image = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+    image = store.keep_image(b"\x89PNG photo", "hana", "image/png")
 
     digest = hashlib.sha256(b"\x89PNG photo").hexdigest()
     key = image.uri.split("/", 3)[3]
@@ -111,11 +111,11 @@ def test_a_tenants_image_is_uploaded_under_its_owners_place_named_by_its_bytes(s
     assert (image.sha256, image.size) == (digest, 10)
     head = object_store.client().head_object(Bucket=store.bucket, Key=key)
     assert (head["ContentType"], head["Metadata"]["sha256"]) == ("image/png", digest)
-    assert store.keep_image(b"\x89PNG photo", "mina", ".png", "image/png").uri != image.uri
+    assert store.keep_image(b"\x89PNG photo", "mina", "image/png").uri != image.uri
 
 
 def test_a_photo_a_brief_names_is_downloaded_from_its_owners_place_with_its_bytes_checked(store, object_store):
-    kept = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+    kept = store.keep_image(b"\x89PNG photo", "hana", "image/png")
     photo = brief.Photo(
         id=PIPELINE, owner=artifacts.image_owner("hana"), sha256=kept.sha256, media_type="image/png", size=10
     )

@@ -167,9 +167,9 @@ def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp
 def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_once(tmp_path: pathlib.Path) -> None:
     store = artifacts.VolumeStore(tmp_path)
 
-    first = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
-    again = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
-    other = store.keep_image(b"\xff\xd8 photo", "../mina", ".jpg", "image/jpeg")
+    first = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
+    again = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
+    other = store.keep_image(b"\xff\xd8 photo", "../mina", "image/jpeg")
 
     digest = hashlib.sha256(b"\xff\xd8 photo").hexdigest()
     assert first == again and (first.sha256, first.size, first.media_type) == (digest, 8, "image/jpeg")
@@ -183,7 +183,7 @@ def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_o
 
 def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_checked(tmp_path: pathlib.Path) -> None:
     store = artifacts.VolumeStore(tmp_path)
-    kept = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    kept = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
     owner = artifacts.image_owner("hana")
     photo = brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type="image/jpeg", size=8)
 
@@ -220,7 +220,7 @@ def test_a_kept_image_gets_the_mode_of_every_artifact_and_is_on_disk_before_it_t
     monkeypatch.setattr(os, "fsync", recorded_fsync)
     monkeypatch.setattr(os, "replace", recorded_replace)
 
-    image = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    image = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
 
     assert stat.S_IMODE(store.path(image).stat().st_mode) == stat.S_IMODE(store.path(video).stat().st_mode)
     assert named == [True]
@@ -238,5 +238,5 @@ def test_a_volume_that_refuses_an_image_is_the_store_unavailable_and_leaves_no_f
     monkeypatch.setattr(pathlib.Path if failing == "mkdir" else os, failing, refused)
 
     with pytest.raises(outages.StoreUnavailable, match="keep an image in"):
-        store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+        store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
     assert [path for path in tmp_path.rglob("*") if path.is_file()] == []

@@ -55,7 +55,7 @@ def job(input_: dict) -> repository.Job:
 
 def uploaded(store: artifacts.VolumeStore, path: pathlib.Path, tenant: str = "hana") -> brief.Photo:
     media_type = "image/jpeg" if path.suffix == ".jpg" else "image/png"
-    kept = store.keep_image(path.read_bytes(), tenant, path.suffix, media_type)
+    kept = store.keep_image(path.read_bytes(), tenant, media_type)
     owner = artifacts.image_owner(tenant)
     return brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type=media_type, size=kept.size)
 

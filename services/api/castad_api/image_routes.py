@@ -2,7 +2,7 @@
 
 An upload is the image's bytes as the body (Content-Type image/jpeg, image/png or image/webp) or a
 multipart form with the image as its `file` field. It is kept only once it decoded whole and was
-made safe (images.py): nothing of a refused upload is stored. It is kept in the artifact store first
+made safe (castad_runtime.images): nothing of a refused upload is stored. It is kept in the artifact store first
 and recorded after; a failure between the two leaves a file no record names, which the same upload
 made again finds in its place (names are the bytes' own).
 """
@@ -14,12 +14,12 @@ import uuid
 from typing import Any
 
 from castad_contracts import api, brief
-from castad_runtime import artifacts, db
+from castad_runtime import artifacts, db, images
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, images, repository, served
+from castad_api import decoding, deps, errors, repository, served
 from castad_api.deps import GatewayDep, Reader, Submitter
 
 UPLOAD_PATH = "/v1/images"
@@ -114,7 +114,7 @@ async def _received(request: Request) -> tuple[tuple[str, ...], bytes, str | Non
 
 
 def _keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
-    kept = gw.store.keep_image(cleaned.data, tenant, cleaned.suffix, cleaned.media_type)
+    kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
     with db.transaction(gw.engine) as conn:
         row = repository.add_image(conn, tenant, kept, cleaned.width, cleaned.height)
     return _image(row)
