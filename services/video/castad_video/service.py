@@ -13,7 +13,7 @@ from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_video import creatomate, instant, provider
+from castad_video import creatomate, instant, photos, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -53,6 +53,35 @@ class VideoSettings(stage_service.LinkingStageSettings):
         default=2.0, gt=0, description="calls per second to the render API, across every worker of the service"
     )
     quota_burst: float = Field(default=5.0, ge=1, description="calls that may go at once after a quiet spell")
+    allow_private: bool = Field(
+        default=False,
+        description="let calls to the render API, downloads of its results and the brief's photos named by URL go"
+        " to private, loopback and link-local addresses and over plain http (local fakes and tests only; off:"
+        " https to public addresses, checked after DNS and on redirects)",
+    )
+    photo_max_bytes: int = Field(
+        default=10_485_760,
+        ge=1024,
+        description="a photo the brief names by URL larger than this is refused (as CASTAD_API_IMAGE_MAX_BYTES"
+        " refuses an upload)",
+    )
+    photo_max_pixels: int = Field(
+        default=40_000_000,
+        ge=1,
+        le=89_000_000,
+        description="a photo named by URL declaring more pixels (width x height) is refused before any is decoded",
+    )
+    photo_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="longest wait for the whole of a photo named by URL"
+    )
+
+    def photo_limits(self) -> photos.Limits:
+        return photos.Limits(
+            max_bytes=self.photo_max_bytes,
+            max_pixels=self.photo_max_pixels,
+            timeout_s=self.photo_timeout_s,
+            allow_private=self.allow_private,
+        )
 
     @model_validator(mode="after")
     def _creatomate_needs(self) -> Self:
@@ -117,12 +146,6 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
     return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
 
 
-def _uploaded(photo: brief.Photo | brief.PhotoLink) -> brief.Photo:
-    if isinstance(photo, brief.PhotoLink):
-        raise errors.PermanentProviderError("photo_unreachable", f"photos by URL are not fetched yet: {photo.url}")
-    return photo
-
-
 def make_work(config: VideoSettings) -> runner.Work:
     if config.provider == "creatomate":
         return make_creatomate_work(config)
@@ -137,6 +160,16 @@ def make_work(config: VideoSettings) -> runner.Work:
             ffmpeg=config.ffmpeg,
         )
     store = artifacts.make_store(config)
+    limits = config.photo_limits()
+
+    def photo_copy(
+        job: repository.Job, index: int, photo: brief.Photo | brief.PhotoLink, cancel: cancellation.Cancellation
+    ) -> contextlib.AbstractContextManager[pathlib.Path]:
+        """The file of the brief's `index`th photo: an upload read from the store, a URL's fetched (or kept by an
+        earlier attempt)."""
+        if isinstance(photo, brief.PhotoLink):
+            return photos.linked_copy(store, job.pipeline_id, index, photo, limits, cancel)
+        return store.image_copy(photo)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = events.SongCompleted.model_validate(job.input)
@@ -146,7 +179,10 @@ def make_work(config: VideoSettings) -> runner.Work:
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("song_unreachable", str(error)) from None
             try:
-                photos = [files.enter_context(store.image_copy(_uploaded(photo))) for photo in done.brief.photos]
+                paths = [
+                    files.enter_context(photo_copy(job, index, photo, cancel))
+                    for index, photo in enumerate(done.brief.photos)
+                ]
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
@@ -158,7 +194,7 @@ def make_work(config: VideoSettings) -> runner.Work:
                 scratch,
                 seed=job.pipeline_id,
                 cancel=cancel,
-                photos=photos,
+                photos=paths,
             )
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
         return runner.Output(artifact, {"width": video.width, "height": video.height})
