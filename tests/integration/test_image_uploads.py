@@ -182,9 +182,35 @@ def test_a_brief_names_its_tenants_photos_and_its_event_carries_references_not_b
                 runtime_tables.outbox.c.pipeline_id == answer.json()["id"]
             )
         ).scalars()
-    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 3)
+    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 4)
     assert envelope["data"]["brief"]["photos"] == references
     assert len(str(envelope)) < 2_000  # references only: no image's bytes
+
+
+def test_a_brief_may_name_a_photo_by_an_https_url_of_a_public_host_which_the_stages_get_as_it_is(engines, api):
+    key = make_key(engines["api"], "hana", *SUBMIT_AND_READ)
+    client = api().client(key)
+    uploaded = upload(client, photo()).json()
+
+    for url in (
+        "http://photos.example.com/hall.jpg",
+        "https://127.0.0.1/hall.jpg",
+        "https://169.254.169.254/latest/meta-data/",
+        "https://localhost:8443/hall.jpg",
+    ):
+        refused = submit(client, photos=[uploaded["id"], url])
+        assert refused.status_code == 422, url
+        [error] = refused.json()["detail"]
+        assert error["loc"] == ["body", "photos", 1] and "must be an https URL of a public address" in error["msg"]
+    answer = submit(client, photos=[uploaded["id"], "https://photos.example.com/hall.jpg"])
+
+    assert answer.status_code == 202, answer.text
+    named = client.get(f"/v1/pipelines/{answer.json()['id']}").json()["brief"]["photos"]
+    assert [photo.get("id") for photo in named] == [uploaded["id"], None]
+    assert named[1] == {"url": "https://photos.example.com/hall.jpg"}
+    # A local set-up's test photo host, on this machine over plain http: only where the gateway allows it.
+    lenient = api(photo_allow_private=True).client(key)
+    assert submit(lenient, photos=["http://127.0.0.1:8080/hall.jpg"]).status_code == 202
 
 
 def test_another_tenants_image_is_not_found_on_any_route_and_a_brief_cannot_name_it(engines, api, installation):
