@@ -240,3 +240,25 @@ def test_a_volume_that_refuses_an_image_is_the_store_unavailable_and_leaves_no_f
     with pytest.raises(outages.StoreUnavailable, match="keep an image in"):
         store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
     assert [path for path in tmp_path.rglob("*") if path.is_file()] == []
+
+
+def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_unless_its_bytes_changed(
+    tmp_path: pathlib.Path,
+) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+    pipeline, url = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f", "https://photos.example.com/hall.png"
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as nothing:
+        assert nothing is None
+
+    kept = store.keep_fetched(b"\x89PNG hall", pipeline, events.Stage.VIDEO, url, "image/png")
+
+    path = store.path(kept)
+    assert path.parent == tmp_path / pipeline and path.name.startswith("video-") and path.suffix == ".png"
+    assert path.stem.endswith(kept.sha256[:16]) and kept.size == 9
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as found:
+        assert found == path
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url + "?v=2") as other:
+        assert other is None  # another URL's
+    path.write_bytes(b"other bytes")
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as changed:
+        assert changed is None

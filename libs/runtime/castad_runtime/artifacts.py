@@ -181,9 +181,9 @@ def _fetched_name(pipeline_id: str, stage: events.Stage, url: str, digest: str, 
     return f"{_fetched_place(pipeline_id, stage, url)}{digest[:DIGEST_NAME_CHARS]}{image_suffix(media_type)}"
 
 
-def _intact(path: pathlib.Path) -> bool:
-    """Whether a fetched file still has the bytes its name gives (`<...>-<sha256 prefix><suffix>`)."""
-    return _sha256(path).startswith(path.stem.rsplit("-", 1)[-1])
+def _intact(path: pathlib.Path, name: str) -> bool:
+    """Whether a fetched file (a copy at `path`) still has the bytes its name gives (`<...>-<sha256 prefix><suffix>`)."""
+    return _sha256(path).startswith(pathlib.PurePosixPath(name).stem.rsplit("-", 1)[-1])
 
 
 def _checked(pipeline_id: str) -> str:
@@ -323,7 +323,7 @@ class VolumeStore:
         """The file an attempt of the stage of the pipeline fetched from `url` and kept, its bytes checked; None
         if there is none."""
         place = _fetched_place(pipeline_id, stage, url)
-        found = (path for path in sorted(self.root.glob(f"{place}*")) if path.is_file() and _intact(path))
+        found = (path for path in sorted(self.root.glob(f"{place}*")) if path.is_file() and _intact(path, path.name))
         yield next(found, None)
 
 
@@ -458,7 +458,7 @@ class S3Store:
         listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=place)
         for key in sorted(found["Key"] for found in listed.get("Contents", [])):
             path = self._scratch_download(key)
-            if _intact(path):
+            if _intact(path, key):
                 try:
                     yield path
                 finally:
