@@ -182,7 +182,7 @@ def _fetched_name(pipeline_id: str, stage: events.Stage, url: str, digest: str, 
 
 
 def _intact(path: pathlib.Path, name: str) -> bool:
-    """Whether a fetched file (a copy at `path`) still has the bytes its name gives (`<...>-<sha256 prefix><suffix>`)."""
+    """Whether a fetched file, copied at `path`, has the bytes its `name` gives (`<...>-<sha256 prefix><suffix>`)."""
     return _sha256(path).startswith(pathlib.PurePosixPath(name).stem.rsplit("-", 1)[-1])
 
 
