@@ -242,7 +242,7 @@ def test_a_volume_that_refuses_an_image_is_the_store_unavailable_and_leaves_no_f
     assert [path for path in tmp_path.rglob("*") if path.is_file()] == []
 
 
-def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_unless_its_bytes_changed(
+def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_changed_and_deleted_with_it(
     tmp_path: pathlib.Path,
 ) -> None:
     store = artifacts.VolumeStore(tmp_path)
@@ -262,3 +262,5 @@ def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_unless_its_bytes
     path.write_bytes(b"other bytes")
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as changed:
         assert changed is None
+    (tmp_path / pipeline / ".upload-0123").write_bytes(b"half")  # a write its process did not live to finish
+    assert store.delete(pipeline, events.Stage.VIDEO) == 1 and not (tmp_path / pipeline).exists()

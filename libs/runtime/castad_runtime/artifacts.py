@@ -219,6 +219,8 @@ def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> 
     for path in directory.glob(f".{stage.value}.attempt*"):
         path.unlink(missing_ok=True)
     if final:
+        for path in directory.glob(".upload-*"):  # a fetched file's write that its process did not live to finish
+            path.unlink(missing_ok=True)
         for path in directory.glob(f"{stage.value}-*"):
             path.unlink(missing_ok=True)
             deleted += 1

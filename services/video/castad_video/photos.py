@@ -18,8 +18,8 @@ masked) and the reason:
 - not an image kept here (not a JPEG, PNG or WebP, truncated, corrupt, animated, sent encoded):
   `photo_unreadable`, for good;
 - the host answers 404 or another 4xx: `photo_unreachable`, for good (the photo is not there);
-- no whole answer in time: `photo_timeout`, and a connection that fails or a 408, 429 or 5xx answer:
-  `photo_unreachable`, both tried again with the next attempt.
+- no whole answer in time: `photo_timeout`, and a connection that fails or a 408, 409, 425, 429 or 5xx
+  answer: `photo_unreachable`, both tried again with the next attempt.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from castad_runtime import artifacts, images, outbound, redact
 from castad_runtime.stage import cancellation, errors, http
 
 MAX_REDIRECTS = 3
-RETRYABLE_STATUSES = frozenset({408, 425, 429})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +120,7 @@ def _fetched(
 
     try:
         return cancel.call(get)
-    except outbound.Refused as error:
-        raise errors.PermanentProviderError("photo_refused", f"{named} is not allowed: {error}") from None
-    except outbound.TooManyRedirects as error:
+    except (outbound.Refused, outbound.TooManyRedirects) as error:
         raise errors.PermanentProviderError("photo_refused", f"{named} is not allowed: {error}") from None
     except outbound.TooLarge:
         raise errors.PermanentProviderError(
@@ -147,7 +144,7 @@ def _answered(named: str, response: httpx.Response) -> errors.ProviderError:
     if status < 400:
         return errors.PermanentProviderError("photo_refused", f"{named} redirected ({status}) with no place to go")
     message = f"{named}: its host answered {status}"
-    if status >= 500 or status in RETRYABLE_STATUSES:
+    if status >= 500 or status in http.RETRYABLE_STATUSES:
         return errors.RetryableProviderError(
             "photo_unreachable", message, retry_after_s=http.retry_after_s(response.headers), status=status
         )
