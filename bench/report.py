@@ -1,4 +1,4 @@
-"""BENCHMARKS.md from one run's results."""
+"""The benchmark report (docs/reports/benchmarks.md) from one run's results."""
 
 from __future__ import annotations
 
@@ -1252,7 +1252,7 @@ def render(r: dict[str, Any]) -> str:
     add("## How to reproduce")
     add("")
     add("```")
-    add("make bench                        # = .venv/bin/python -m bench.run; rewrites BENCHMARKS.md")
+    add("make bench                        # = .venv/bin/python -m bench.run; rewrites docs/reports/benchmarks.md")
     add(".venv/bin/python -m bench.run --help   # sizes: --pipelines, --idle, --concurrency, --notify-per-thread, ...")
     add("```")
     add("")

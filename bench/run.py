@@ -1,4 +1,4 @@
-"""`make bench`: run every part side by side, then rewrite BENCHMARKS.md.
+"""`make bench`: run every part side by side, then rewrite docs/reports/benchmarks.md.
 
 A: Castad; B: a plain Dramatiq pipeline; C: NOTIFY inside or after the commit; D: the same
 steps as a DBOS workflow, measured in rounds alternating with A's (bench.paired); E: an outbox
@@ -50,7 +50,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--raw-window", type=int, default=1000, help="unconfirmed publishes at a time, raw peer")
     parser.add_argument("--sustained-minutes", type=float, default=10.0, help="length of the steady run")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "benchmarks.md")
     parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.rounds % 2 == 0 or args.drain_rounds < 1 or args.drain_rounds % 2 == 0:

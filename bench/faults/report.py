@@ -1,4 +1,5 @@
-"""FAULTS.md: what a fault run did, what every service recorded, and whether the promise held."""
+"""The fault report (docs/reports/faults.md): what a fault run did, what every service recorded, and whether the
+promise held."""
 
 from __future__ import annotations
 
