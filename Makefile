@@ -31,7 +31,7 @@ lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), an
 docs:  ## the docs site into var/site, strictly: a broken link or a page left out of the navigation fails (castad-admin docs serves it)
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 21 minutes); writes docs/reports/benchmarks.md
+bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 21 minutes); writes docs/reports/benchmarks.md and its charts
 	@$(BIN)/python -m bench.run
 
 profile: setup  ## where each service spends its CPU under load (py-spy); stacks in var/bench/profile

@@ -1,7 +1,7 @@
-"""The benchmark report (docs/reports/benchmarks.md), from one run's measurements.
+"""The benchmark report (docs/reports/benchmarks.md) and its charts, from one run's measurements.
 
 `make bench` runs the benchmark, keeps its measurements beside the report (benchmarks.json) and writes the
-report from them; `python -m bench.report` writes it again from those measurements without
+report and its charts from them; `python -m bench.report` writes both again from those measurements without
 running anything. Each section of the report is a function of the measurements; how the benchmark came to
 be run as it is, and what each change measured with it moved, are dated pages written by hand under
 docs/performance/, to which the report links.
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from bench import common, paired
+from bench import charts, common, paired
 
 HANDOFF_P50_MS = 5.0
 HANDOFF_P99_MS = 25.0
@@ -33,8 +33,38 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(line for section in SECTIONS for line in section(r))
 
 
+def figures(r: dict[str, Any]) -> dict[str, str]:
+    """Return the report's charts as SVG documents, by the file name the report gives each."""
+    return {
+        _chart_file("throughput"): charts.grouped_bars(
+            "Throughput in each paired round",
+            [f"round {number}" for number in range(1, len(r["paired"]["rounds"]) + 1)],
+            {
+                name: [one[side]["throughput"]["rate"] for one in r["paired"]["rounds"]]
+                for name, side in (("Castad", "castad"), ("DBOS", "dbos"))
+            },
+            unit="pipelines/s",
+        ),
+        _chart_file("idle"): charts.grouped_bars(
+            "An idle pipeline: end to end and a stage handoff",
+            ["end to end p50", "end to end p99", "handoff p50", "handoff p99"],
+            _idle_latencies(r),
+            unit="ms",
+        ),
+        _chart_file("steady"): charts.lines(
+            "The steady run: latency by the minute a pipeline was created",
+            [int(minute) + 1 for minute in r["sustained"]["minutes"]],
+            {q: [summary[q] for summary in r["sustained"]["minutes"].values()] for q in ("p50", "p99")},
+            x_label="minute",
+            unit="ms",
+        ),
+    }
+
+
 def write(r: dict[str, Any], output: pathlib.Path) -> None:
-    """Write the report."""
+    """Write the report and its charts beside it."""
+    for name, svg in figures(r).items():
+        (output.parent / name).write_text(svg)
     output.write_text(render(r))
 
 
@@ -136,6 +166,8 @@ def summary(r: dict[str, Any]) -> list[str]:
             f"| {_ratio(handoff[q], peer_handoff[q])} |"
         )
     add("")
+    add(f"![{_IDLE_ALT}]({_chart_file('idle')})")
+    add("")
     rounds = r["paired"]["rounds"]
     ratios, medians = _paired_ratios(rounds)
 
@@ -197,7 +229,7 @@ def summary(r: dict[str, Any]) -> list[str]:
 
 
 def paired_rounds(r: dict[str, Any]) -> list[str]:
-    """Return each paired round of Castad and DBOS, the ratios within it, and their medians."""
+    """Return each paired round of Castad and DBOS, the ratios within it, their medians and their chart."""
     ratios, medians = _paired_ratios(r["paired"]["rounds"])
     lines: list[str] = []
     add = lines.append
@@ -237,6 +269,8 @@ def paired_rounds(r: dict[str, Any]) -> list[str]:
         "*Stages done*: from the first POST to the video stage's last success; *gateway done*: to the last "
         "pipeline's end in the gateway's database, the end of the throughput run (see A)."
     )
+    add("")
+    add(f"![{_THROUGHPUT_ALT}]({_chart_file('throughput')})")
     add("")
     return lines
 
@@ -510,7 +544,7 @@ def drain(r: dict[str, Any]) -> list[str]:
 
 
 def steady(r: dict[str, Any]) -> list[str]:
-    """Return F: the steady run's latency and what the servers did, minute by minute."""
+    """Return F: the steady run's latency and what the servers did, minute by minute, and its chart."""
     steady = r["sustained"]
     lines: list[str] = []
     add = lines.append
@@ -548,6 +582,8 @@ def steady(r: dict[str, Any]) -> list[str]:
             else " | | | | | | | "
         )
         add(f"| {int(minute) + 1} | {summary['n']} | {_f(summary['p50'], 0)} | {_f(summary['p99'], 0)} | {beside} |")
+    add("")
+    add(f"![{_STEADY_ALT}]({_chart_file('steady')})")
     add("")
     _steady_cpu_and_tail(add, steady)
     return lines
@@ -692,8 +728,8 @@ def reproduce(r: dict[str, Any]) -> list[str]:
     add("## How to reproduce")
     add("")
     add("```")
-    add("make bench                        # = .venv/bin/python -m bench.run; rewrites this page")
-    add(".venv/bin/python -m bench.report   # this page again from benchmarks.json, nothing run")
+    add("make bench                        # = .venv/bin/python -m bench.run; rewrites this page and its charts")
+    add(".venv/bin/python -m bench.report   # this page and its charts again from benchmarks.json, nothing run")
     add(".venv/bin/python -m bench.run --help   # sizes: --pipelines, --idle, --concurrency, --notify-per-thread, ...")
     add("```")
     add("")
@@ -723,11 +759,30 @@ SECTIONS: tuple[Section, ...] = (
     notify,
     reproduce,
 )
+_IDLE_ALT = "Idle end to end and stage handoff, p50 and p99 in ms: Castad, DBOS and plain Dramatiq"
+_THROUGHPUT_ALT = "Pipelines a second in each paired round, Castad beside DBOS"
+_STEADY_ALT = "The steady run's p50 and p99 in ms, minute by minute"
+
+
+def _chart_file(name: str) -> str:
+    return f"benchmarks-{name}.svg"
 
 
 def _paired_ratios(rounds: list[dict[str, Any]]) -> tuple[dict[str, list[float]], dict[str, float]]:
     ratios = paired.ratios(rounds)
     return ratios, {name: statistics.median(values) for name, values in ratios.items()}
+
+
+def _idle_latencies(r: dict[str, Any]) -> dict[str, list[float | None]]:
+    """Return idle end to end and stage handoff, p50 and p99, of each installation (DBOS has no handoff)."""
+    idle, peer = r["castad"]["idle"], r["peer"]["defaults"]["idle"]
+    quantiles = ("p50", "p99")
+    return {
+        "Castad": [idle["e2e_projection_ms"][q] for q in quantiles]
+        + [idle["handoff_stages"]["total"][q] for q in quantiles],
+        "DBOS": [r["dbos"]["idle"]["e2e_database_ms"][q] for q in quantiles] + [None, None],
+        "plain Dramatiq": [peer["e2e_ms"][q] for q in quantiles] + [peer["handoff"][q] for q in quantiles],
+    }
 
 
 def _range(values: list[float]) -> str:
@@ -790,7 +845,7 @@ def _load(values: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the report again from a run's kept measurements."""
+    """Write the report and its charts again from a run's kept measurements."""
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__)
     parser.add_argument("--results", type=pathlib.Path, default=OUTPUT.with_suffix(".json"))
     parser.add_argument("--output", type=pathlib.Path, default=OUTPUT)
@@ -798,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.results.exists():
         parser.error(f"--results: {args.results} does not exist (`make bench` keeps it beside the report)")
     write(json.loads(args.results.read_text()), args.output)
-    print(f"written to {args.output}")
+    print(f"written to {args.output} and its charts beside it")
     return 0
 
 

@@ -54,7 +54,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--output",
         type=pathlib.Path,
         default=report.OUTPUT,
-        help="the report; its measurements go beside it",
+        help="the report; its measurements and charts go beside it",
     )
     parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
     args = parser.parse_args(argv)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = json.dumps(results, indent=1, default=str) + "\n"
         args.output.with_suffix(".json").write_text(kept)
         report.write(json.loads(kept), args.output)
-        common.log.info("wrote %s in %.0f s", args.output, results["seconds"])
+        common.log.info("wrote %s and its charts in %.0f s", args.output, results["seconds"])
     else:
         common.log.info("partial run (%s): %s not rewritten; raw results in %s", parts, args.output.name, args.json)
     return 0

@@ -1,8 +1,9 @@
-"""The benchmark report (bench/report.py): each section from the run's measurements, and the page written again
-from the measurements kept, without a run."""
+"""The benchmark report (bench/report.py): each section from the run's measurements, the charts beside it, and
+the page written again from the measurements kept, without a run."""
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 import re
@@ -237,7 +238,7 @@ def test_the_summary_meets_the_throughput_target_only_when_the_median_round_does
     assert throughput[2] == "**met**"
 
 
-def test_the_paired_rounds_show_each_round_and_its_ratios() -> None:
+def test_the_paired_rounds_show_each_round_its_ratios_and_the_throughput_chart() -> None:
     lines = report.paired_rounds(results())
     rounds = _rows(lines, "1 ") + _rows(lines, "2 ") + _rows(lines, "3 ")
     assert [row[:4] for row in rounds] == [
@@ -247,6 +248,7 @@ def test_the_paired_rounds_show_each_round_and_its_ratios() -> None:
     ]
     [median] = _rows(lines, "median")
     assert median[3] == "0.79×" and median[5] == "1.65×"
+    assert "![Pipelines a second in each paired round, Castad beside DBOS](benchmarks-throughput.svg)" in lines
 
 
 def test_a_drain_round_that_lost_a_pipelines_order_is_shown_broken_and_misses_its_target() -> None:
@@ -258,21 +260,44 @@ def test_a_drain_round_that_lost_a_pipelines_order_is_shown_broken_and_misses_it
     assert "ORDER OR COUNT BROKEN" in target[1] and target[2] == "**not met**"
 
 
-def test_the_steady_run_lists_each_minute_beside_what_the_servers_did() -> None:
+def test_the_steady_run_lists_each_minute_beside_what_the_servers_did_and_its_chart() -> None:
     lines = report.steady(results())
     minutes = [_rows(lines, f"{minute} | 1900")[0] for minute in (1, 2, 3)]
     assert [row[2:4] for row in minutes] == [["60", "84"], ["62", "503"], ["58", "90"]]
     assert minutes[0][4:] == ["0", "1,200", "30.5", "0", "1.50", "80%", "1%", "0%"]
+    assert "![The steady run's p50 and p99 in ms, minute by minute](benchmarks-steady.svg)" in lines
 
 
-def test_the_report_is_written_again_from_its_kept_measurements_the_same_each_time(
+def test_the_summary_shows_the_idle_latency_chart() -> None:
+    chart = (
+        "![Idle end to end and stage handoff, p50 and p99 in ms: Castad, DBOS and plain Dramatiq](benchmarks-idle.svg)"
+    )
+    assert chart in report.summary(results())
+
+
+def test_the_charts_are_the_same_file_for_the_same_measurements_and_follow_them() -> None:
+    r = results()
+    first = report.figures(r)
+    assert sorted(first) == ["benchmarks-idle.svg", "benchmarks-steady.svg", "benchmarks-throughput.svg"]
+    assert report.figures(copy.deepcopy(r)) == first
+    r["paired"]["rounds"][1]["castad"]["throughput"]["rate"] = 66.6
+    again = report.figures(r)
+    assert again["benchmarks-throughput.svg"] != first["benchmarks-throughput.svg"]
+    assert again["benchmarks-steady.svg"] == first["benchmarks-steady.svg"]
+    assert "<dc:date>" not in again["benchmarks-throughput.svg"]
+
+
+def test_the_report_is_written_again_from_its_kept_measurements_with_every_chart_it_links(
     tmp_path: pathlib.Path,
 ) -> None:
     kept = tmp_path / "benchmarks.json"
     kept.write_text(json.dumps(results()))
     output = tmp_path / "benchmarks.md"
     assert report.main(["--results", str(kept), "--output", str(output)]) == 0
-    assert output.read_text() == report.render(results())
+    page = output.read_text()
+    linked = re.findall(r"!\[[^]]*\]\(([^)]+\.svg)\)", page)
+    assert sorted(linked) == ["benchmarks-idle.svg", "benchmarks-steady.svg", "benchmarks-throughput.svg"]
+    assert all((tmp_path / name).read_text().startswith("<?xml") for name in linked)
     written = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
     assert report.main(["--results", str(kept), "--output", str(output)]) == 0
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == written
