@@ -46,7 +46,7 @@ bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines
 bench-song: setup  ## CPU per ten seconds of song, sung by each voice in each language and without a voice; writes docs/reports/song.md
 	@$(BIN)/python -m bench.song
 
-faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md
+faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
 	@$(BIN)/python -m bench.faults
 
 images: setup  ## build every service's image with podman and run the stack from them to a finished video (root)

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 SIZE = (7.0, 3.2)  # inches: the width of the docs site's text column at its default zoom
 STYLE = {
     "svg.hashsalt": "castad",  # element ids from a fixed salt instead of a random one
-    "svg.fonttype": "path",  # glyphs drawn as paths: the same picture whatever fonts the reader has
+    "svg.fonttype": "none",  # text kept as text: smaller files, read by screen readers and searched in tests
     "font.size": 9.0,
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -57,6 +57,29 @@ def lines(title: str, xs: Sequence[float], series: dict[str, Sequence[float]], *
         return _svg(figure)
 
 
+def timeline(title: str, spans: Sequence[tuple[str, float, float, str]], *, unit: str) -> str:
+    """Return an SVG chart of one row per span, top to bottom: (label, start, end, a note written after it).
+
+    A span too short to see at the chart's scale is still marked where it starts.
+    """
+    with matplotlib.rc_context(STYLE):
+        figure = Figure(figsize=(SIZE[0], 0.8 + 0.22 * len(spans)))
+        axes = figure.subplots()
+        rows = list(range(len(spans)))
+        starts, ends = [start for _, start, _, _ in spans], [end for _, _, end, _ in spans]
+        axes.barh(rows, [end - start for start, end in zip(starts, ends, strict=True)], left=starts, height=0.6)
+        axes.plot(starts, rows, linestyle="none", marker="|", markersize=8, color="C0")
+        for row, end, (_, _, _, note) in zip(rows, ends, spans, strict=True):
+            axes.annotate(note, (end, row), xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
+        axes.set_yticks(rows, [label for label, _, _, _ in spans], fontsize=7)
+        axes.invert_yaxis()
+        axes.set_xlim(0, 1.5 * max(ends, default=1.0))  # room for the notes after the last spans
+        axes.set_xlabel(unit)
+        axes.set_title(title, loc="left")
+        axes.grid(axis="x", linewidth=0.4, alpha=0.5)
+        return _svg(figure)
+
+
 def _finish(axes: Axes, title: str, unit: str) -> None:
     axes.set_title(title, loc="left")
     axes.set_ylabel(unit)
@@ -65,7 +88,6 @@ def _finish(axes: Axes, title: str, unit: str) -> None:
 
 
 def _svg(figure: Figure) -> str:
-    figure.tight_layout()
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", metadata={"Date": None})
+    figure.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")
     return buffer.getvalue()

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         common.log.error("interrupted; cleaned up; logs in %s", workdir)
         return 1
-    args.output.write_text(report.render(result))
+    report.write(result, args.output)
     for finding in result.findings:
         print(f"finding: {finding}", file=sys.stderr)
     if result.findings:

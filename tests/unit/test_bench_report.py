@@ -285,6 +285,7 @@ def test_the_charts_are_the_same_file_for_the_same_measurements_and_follow_them(
     assert again["benchmarks-throughput.svg"] != first["benchmarks-throughput.svg"]
     assert again["benchmarks-steady.svg"] == first["benchmarks-steady.svg"]
     assert "<dc:date>" not in again["benchmarks-throughput.svg"]
+    assert "66.6" in again["benchmarks-throughput.svg"] and "66.6" not in first["benchmarks-throughput.svg"]
 
 
 def test_the_report_is_written_again_from_its_kept_measurements_with_every_chart_it_links(
