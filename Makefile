@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -45,6 +45,9 @@ bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines
 
 bench-song: setup  ## CPU per ten seconds of song, sung by each voice in each language and without a voice; writes docs/reports/song.md
 	@$(BIN)/python -m bench.song
+
+bench-wakeups: setup  ## commits a second of 32 writers with no wake-up, a NOTIFY in each transaction, and the waker after the commit; writes docs/reports/wakeups.md
+	@$(BIN)/python -m bench.wakeups
 
 faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
 	@$(BIN)/python -m bench.faults

@@ -31,7 +31,7 @@ from castad_runtime import db
 
 log = logging.getLogger(__name__)
 
-MIN_GAP_S = 0.001  # between two sends: at most a thousand small transactions a second from a busy process
+MIN_GAP_S = 0.005  # between two sends: at most 200 small transactions a second from a busy process
 RETRY_AFTER_S = 1.0  # after a failed send, before the next (a server that is out is not asked in a loop)
 WARN_EVERY_S = 60.0  # a waker that keeps failing says so once a minute
 
