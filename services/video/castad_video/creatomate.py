@@ -17,7 +17,7 @@ last line (up to MAX_CAPTIONS) is blanked, so the template's own text never show
 the brief, `Photo-n.source` for n from 1 to MAX_PHOTOS, the brief's photos in order and again from
 the first when there are fewer, so no image element of the template shows its own picture (an
 image element's source is set by a modification as the audio's is: creatomate.com/docs, "API
-automation"): each an URL the render API fetches, which `photo_urls` gives (a presigned URL of
+automation"): each a URL the render API fetches, which `photo_urls` gives (a presigned URL of
 the bucket or a signed link of the gateway for an upload; a photo named by an https URL, that
 URL). A brief without photos sends no `Photo-n`: the template's pictures show. A modification
 that matches no element of the template renders the template's placeholder instead: the answer's
