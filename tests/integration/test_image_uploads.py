@@ -14,11 +14,13 @@ import uuid
 import pytest
 import sqlalchemy as sa
 from castad_api import decoding, keys, tables
-from castad_runtime import artifacts
+from castad_runtime import artifacts, links
 from castad_runtime import tables as runtime_tables
 from PIL import Image
+from pydantic import SecretStr
 
 from tests.integration.gateway import make_key
+from tests.support import LINK_SECRET, stage_link_secret
 from tests.unit.test_image_uploads import DAMAGED_EXIF, exif_with_location, multi_picture_jpeg, photo, png_declaring
 
 pytestmark = pytest.mark.integration
@@ -249,3 +251,29 @@ def test_a_brief_names_at_most_20_photos_each_once(engines, api, count, repeat, 
     assert answer.status_code == 422
     [error] = answer.json()["detail"]
     assert error["loc"] == ["body", "photos"] and reason in error["msg"]
+
+
+def test_a_link_the_video_stage_signed_opens_one_photo_of_its_pipelines_brief_and_nothing_else(engines, api):
+    running = api(link_secret=SecretStr(LINK_SECRET))
+    hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    mina = running.client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
+    named, unnamed = upload(hana, photo("JPEG", (64, 32))).json(), upload(hana, photo("PNG"), "image/png").json()
+    minas = upload(mina, photo("WEBP", (40, 40)), "image/webp").json()
+    pipeline = submit(hana, photos=[named["id"]]).json()["id"]
+    anonymous = running.client(None)
+    video = stage_link_secret("video")
+
+    def fetched(path: str, key=video, purpose=links.Purpose.PHOTO):
+        return anonymous.get(links.sign(running.base_url, path, key, purpose, 3600))
+
+    opened = fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}")
+    assert opened.status_code == 200 and hashlib.sha256(opened.content).hexdigest() == named["sha256"]
+    assert opened.headers["content-type"] == "image/jpeg"
+    # The tenant's image the brief does not name, another tenant's, and one of another pipeline: not found.
+    for image in (unnamed, minas):
+        assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{image['id']}").status_code == 404
+    assert fetched(f"/v1/links/pipelines/{uuid.uuid4()}/photos/{named['id']}").status_code == 404
+    # Signed by the song stage, or for the song's file: refused.
+    assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", stage_link_secret("song")).status_code == 401
+    artifact = links.Purpose.ARTIFACT
+    assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", purpose=artifact).status_code == 401

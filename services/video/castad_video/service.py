@@ -112,6 +112,34 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
     return links.sign(config.gateway_url, path, config.link_secret, links.Purpose.ARTIFACT, config.link_valid_s())
 
 
+def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> list[str]:
+    """Where the render API fetches each of the brief's photos: an upload at a presigned URL of the bucket or a
+    signed link of the gateway that opens that one image; a photo named by an https URL at that URL (the render
+    API fetches it itself; an http one, which only a test setting lets a brief name, it is not sent)."""
+    urls = []
+    for photo in done.brief.photos:
+        if isinstance(photo, brief.PhotoLink):
+            if not photo.url.lower().startswith("https://"):
+                raise errors.PermanentProviderError(
+                    "photo_unreachable", f"the render API is given photos by https URL only, not {photo.url}"
+                )
+            urls.append(photo.url)
+            continue
+        try:
+            served = store.serve_image(photo)
+        except artifacts.ArtifactMissing as error:
+            raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
+        if isinstance(served, str):
+            urls.append(served)
+            continue
+        assert config.gateway_url is not None and config.link_secret is not None
+        path = f"/v1/links/pipelines/{done.pipeline_id}/photos/{photo.id}"
+        urls.append(
+            links.sign(config.gateway_url, path, config.link_secret, links.Purpose.PHOTO, config.link_valid_s())
+        )
+    return urls
+
+
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
     assert config.creatomate_template_id is not None
     key = http.Credential(config.creatomate_api_key, config.creatomate_api_key_file)
@@ -142,7 +170,12 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}
         return runner.Output(artifact, size)
 
-    api = creatomate.CreatomateApi(client, config.creatomate_template_id, lambda done: song_url(config, store, done))
+    api = creatomate.CreatomateApi(
+        client,
+        config.creatomate_template_id,
+        lambda done: song_url(config, store, done),
+        lambda done: photo_urls(config, store, done),
+    )
     return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
 
 
