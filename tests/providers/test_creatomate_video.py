@@ -315,10 +315,10 @@ def test_a_template_with_fewer_image_elements_shows_the_first_photos_and_one_wit
 def test_a_photo_the_render_api_cannot_be_given_fails_the_stage_for_good(fake, artifacts_dir):
     plain = brief.PhotoLink(url="http://photos.example.com/hall.jpg")  # only a test-only setting allows http
     gone = uploaded(artifacts_dir, "red").model_copy(update={"sha256": "0" * 64})
-    for photo, said in ((plain, "https URL only"), (gone, "no image")):
+    for photo, code, said in ((plain, "photo_refused", "https URL only"), (gone, "photo_unreachable", "no image")):
         before = len(fake.received)
         error = failure(work_for(fake), job_for(song_completed(artifacts_dir, photos=(photo,))))
-        assert (error.code, error.retryable) == ("photo_unreachable", False) and said in error.message
+        assert (error.code, error.retryable) == (code, False) and said in error.message
         assert renders_sent(fake, before) == []  # nothing was submitted
 
 

@@ -121,7 +121,7 @@ def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: even
         if isinstance(photo, brief.PhotoLink):
             if not photo.url.lower().startswith("https://"):
                 raise errors.PermanentProviderError(
-                    "photo_unreachable", f"the render API is given photos by https URL only, not {photo.url}"
+                    "photo_refused", f"the render API is given photos by https URL only, not {photo.url}"
                 )
             urls.append(photo.url)
             continue
