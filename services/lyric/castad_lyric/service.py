@@ -91,7 +91,6 @@ def make_work(config: LyricSettings) -> runner.Work:
 
 DEFINITION = stage_service.StageDefinition[LyricSettings](
     stage=events.Stage.LYRIC,
-    trigger=events.PIPELINE_REQUESTED,
     completed_model=events.LyricCompleted,
     make_work=make_work,
 )

@@ -115,7 +115,6 @@ def make_work(config: SongSettings) -> runner.Work:
 
 DEFINITION = stage_service.StageDefinition[SongSettings](
     stage=events.Stage.SONG,
-    trigger=events.stage_event(events.Stage.LYRIC, "completed"),
     completed_model=events.SongCompleted,
     make_work=make_work,
 )

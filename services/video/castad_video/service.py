@@ -168,7 +168,6 @@ def make_work(config: VideoSettings) -> runner.Work:
 
 DEFINITION = stage_service.StageDefinition[VideoSettings](
     stage=events.Stage.VIDEO,
-    trigger=events.stage_event(events.Stage.SONG, "completed"),
     completed_model=events.VideoCompleted,
     make_work=make_work,
 )

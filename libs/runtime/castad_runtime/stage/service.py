@@ -191,7 +191,6 @@ S = TypeVar("S", bound=StageSettings)
 @dataclasses.dataclass(frozen=True)
 class StageDefinition(Generic[S]):
     stage: events.Stage
-    trigger: str
     completed_model: type[events.StageCompleted]
     make_work: Callable[[S], runner.Work]
 
@@ -236,7 +235,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
         broker,
         service,
         topo,
-        stage_handlers.table(definition.trigger),
+        stage_handlers.table(events.TRIGGERS[definition.stage]),
         max_retries=config.handler_retries,
         hold_s=config.hold_events_s,
         metrics=measured.consumer,
