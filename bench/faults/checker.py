@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
+from castad_contracts import codes
 from psycopg.rows import dict_row
 
 from bench import common
@@ -42,7 +43,6 @@ PREDECESSOR = {
     "song": ("lyric", "lyric.completed"),
     "video": ("song", "song.completed"),
 }
-MACHINERY_CODES = frozenset({"worker_stopped", "lease_expired", "outage"})
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELED"})
 Row = dict[str, Any]
 
@@ -254,7 +254,7 @@ class Checker:
     def failed_for_the_works_reason(self, stage: str, pipeline_id: str, job: Row) -> None:
         last = self.s.attempts[stage][job["id"]][-1]
         exhausted = job["counted_attempts"] >= job["max_attempts"]
-        if last["error_code"] in MACHINERY_CODES or (last["outcome"] != "failed" and not exhausted):
+        if last["error_code"] in codes.INTERRUPTIONS or (last["outcome"] != "failed" and not exhausted):
             self.fail(f"{pipeline_id}: {stage} FAILED on {last['outcome']} {last['error_code']}, a machinery failure")
         pipeline = self.s.pipelines[pipeline_id]
         if pipeline["error_code"] != job["last_error_code"]:

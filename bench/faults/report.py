@@ -7,10 +7,10 @@ import math
 import os
 import platform
 
+from castad_contracts import codes
+
 from bench import machine
 from bench.faults import injections, plan, run
-
-MACHINERY = ("worker_stopped", "lease_expired", "outage")
 
 
 def _seconds(value: float | None) -> str:
@@ -115,7 +115,7 @@ def render(result: run.Result) -> str:
         "## Attempts",
         "",
         "Outcome of every attempt, per stage (`interrupted` attempts are the machinery's: "
-        + ", ".join(f"`{code}`" for code in MACHINERY)
+        + ", ".join(f"`{code}`" for code in codes.INTERRUPTIONS)
         + "; they are not counted against max_attempts).",
         "",
         "| stage | outcomes |",

@@ -6,7 +6,7 @@ import contextlib
 import pathlib
 from typing import Literal, Self
 
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_runtime import artifacts, cli, links, settings
 from castad_runtime.stage import cancellation, errors, http, remote, repository, runner
 from castad_runtime.stage import service as stage_service
@@ -75,7 +75,7 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
     try:
         served = store.serve(done.artifact, done.pipeline_id, events.Stage.SONG)
     except artifacts.ArtifactMissing as error:
-        raise errors.PermanentProviderError("song_unreachable", str(error)) from None
+        raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREACHABLE, str(error)) from None
     if isinstance(served, str):
         return served
     assert config.gateway_url is not None and config.link_secret is not None
@@ -119,7 +119,9 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
 
 def _uploaded(photo: brief.Photo | brief.PhotoLink) -> brief.Photo:
     if isinstance(photo, brief.PhotoLink):
-        raise errors.PermanentProviderError("photo_unreachable", f"photos by URL are not fetched yet: {photo.url}")
+        raise errors.PermanentProviderError(
+            codes.ErrorCode.PHOTO_UNREACHABLE, f"photos by URL are not fetched yet: {photo.url}"
+        )
     return photo
 
 
@@ -144,11 +146,11 @@ def make_work(config: VideoSettings) -> runner.Work:
             try:
                 song_path = files.enter_context(store.local_copy(done.artifact, job.pipeline_id, events.Stage.SONG))
             except artifacts.ArtifactMissing as error:
-                raise errors.PermanentProviderError("song_unreachable", str(error)) from None
+                raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREACHABLE, str(error)) from None
             try:
                 photos = [files.enter_context(store.image_copy(_uploaded(photo))) for photo in done.brief.photos]
             except artifacts.ArtifactMissing as error:
-                raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
+                raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
             video = renderer.render(
                 done.brief,
