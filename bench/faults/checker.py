@@ -31,18 +31,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
-from castad_contracts import codes
+from castad_contracts import codes, events, topology
 from psycopg.rows import dict_row
 
 from bench import common
 from bench.faults import injections
 
-STAGES = ("lyric", "song", "video")
-PREDECESSOR = {
-    "lyric": ("api", "pipeline.requested"),
-    "song": ("lyric", "lyric.completed"),
-    "video": ("song", "song.completed"),
-}
+STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
+# Each stage's trigger, and the service whose outbox writes it: the saga's order as the contracts say it.
+PREDECESSOR = {stage.value: (topology.PRODUCERS[trigger], trigger) for stage, trigger in events.TRIGGERS.items()}
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELED"})
 Row = dict[str, Any]
 
