@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "castad_outbox"
+MAINTENANCE_DATABASE = "postgres"  # on every server: where databases are created, dropped and altered from
 # libpq's connection parameters that bound every wait on a dead or unreachable server; a URL's own win.
 TIMEOUTS: dict[str, int] = {
     "connect_timeout": 3,  # seconds, per host tried (libpq tries a multi-host URL's hosts in order)
@@ -53,6 +54,19 @@ def connect_args(url: str) -> dict[str, Any]:
     if len(named) > 1 and "target_session_attrs" not in parsed.query:  # ?host=a&host=b, or libpq's ?host=a,b
         added["target_session_attrs"] = "read-write"
     return added
+
+
+def maintenance_url(url: str) -> str:
+    """Return `url` with its server's maintenance database in place of its own (hosts, user and parameters kept)."""
+    return sa.engine.make_url(url).set(database=MAINTENANCE_DATABASE).render_as_string(hide_password=False)
+
+
+def maintenance_engine(url: str) -> sa.Engine:
+    """Return an unpooled engine on the maintenance database of `url`'s server, in autocommit: CREATE, DROP and
+    ALTER DATABASE run outside a transaction, and never in the database they are about."""
+    return sa.create_engine(
+        maintenance_url(url), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool, connect_args=connect_args(url)
+    )
 
 
 def connect_kwargs(url: str) -> dict[str, Any]:
