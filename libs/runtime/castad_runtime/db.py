@@ -73,7 +73,7 @@ def connect_kwargs(url: str) -> dict[str, Any]:
     """The keyword arguments of `psycopg.connect` (or `AsyncConnection.connect`) for `url`, as SQLAlchemy's
     engine would connect: the URL's host or hosts, database, user and parameters, with `connect_args`."""
     parsed = sa.engine.make_url(url).set(drivername="postgresql+psycopg")
-    _, kwargs = _PSYCOPG.create_connect_args(parsed)
+    _, kwargs = _PSYCOPG.create_connect_args(parsed)  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect
     return {**kwargs, **connect_args(url)}
 
 
@@ -82,7 +82,7 @@ def database_name(url: str) -> str:
     return sa.engine.make_url(url).database or ""
 
 
-_PSYCOPG = psycopg_dialect.dialect()
+_PSYCOPG = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialects are untyped
 
 
 def make_engine(url: str, pool_size: int = 5) -> sa.Engine:

@@ -505,7 +505,8 @@ def submissions(conn: sa.Connection, pipeline_ids: Collection[str] | None = None
 
 
 def due_at(conn: sa.Connection, job_id: uuid.UUID) -> dt.datetime:
-    return conn.execute(sa.select(jobs.c.due_at).where(jobs.c.id == job_id)).scalar_one()
+    due: dt.datetime = conn.execute(sa.select(jobs.c.due_at).where(jobs.c.id == job_id)).scalar_one()
+    return due
 
 
 @dataclasses.dataclass(frozen=True)

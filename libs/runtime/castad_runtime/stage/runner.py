@@ -412,7 +412,9 @@ class StageRunner:
                         db.after_commit(conn, functools.partial(self._count, back, job.polling, None))
         return len(lost)
 
-    def _start_work(self, job: repository.Job, cancel: cancellation.Cancellation) -> tuple[threading.Thread, dict]:
+    def _start_work(
+        self, job: repository.Job, cancel: cancellation.Cancellation
+    ) -> tuple[threading.Thread, dict[str, Any]]:
         """The provider runs on a thread of its own, so that its supervisor can time it out."""
         result: dict[str, Any] = {}
         parent = otel_context.get_current()
