@@ -42,7 +42,7 @@ import httpx_sse
 import pika
 import psycopg
 from castad_api import keys
-from castad_contracts import brief, topology
+from castad_contracts import brief, events, topology
 from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import db, messaging, migrations
@@ -50,14 +50,14 @@ from castad_runtime import db, messaging, migrations
 from bench import commits, common, cpu, latency
 
 SERVICES = ("api", "lyric", "song", "video")
-STAGES = ("lyric", "song", "video")
+STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
 TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
-# The chain of a pipeline: (event type, producing database, consuming database).
+# The chain of a pipeline: (event type, producing database, consuming database), each stage's trigger as the
+# contracts say it, then the last stage's result back to the gateway.
+_LAST = events.stage_event(events.STAGE_ORDER[-1], "completed")
 CHAIN = (
-    ("pipeline.requested", "api", "lyric"),
-    ("lyric.completed", "lyric", "song"),
-    ("song.completed", "song", "video"),
-    ("video.completed", "video", "api"),
+    *((trigger, topology.PRODUCERS[trigger], stage.value) for stage, trigger in events.TRIGGERS.items()),
+    (_LAST, topology.PRODUCERS[_LAST], topology.GATEWAY),
 )
 
 COMMIT_CLOCK = """

@@ -31,18 +31,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
+from castad_contracts import codes, events, topology
 from psycopg.rows import dict_row
 
 from bench import common
 from bench.faults import injections
 
-STAGES = ("lyric", "song", "video")
-PREDECESSOR = {
-    "lyric": ("api", "pipeline.requested"),
-    "song": ("lyric", "lyric.completed"),
-    "video": ("song", "song.completed"),
-}
-MACHINERY_CODES = frozenset({"worker_stopped", "lease_expired", "outage"})
+STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
+# Each stage's trigger, and the service whose outbox writes it: the saga's order as the contracts say it.
+PREDECESSOR = {stage.value: (topology.PRODUCERS[trigger], trigger) for stage, trigger in events.TRIGGERS.items()}
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELED"})
 Row = dict[str, Any]
 
@@ -254,7 +251,7 @@ class Checker:
     def failed_for_the_works_reason(self, stage: str, pipeline_id: str, job: Row) -> None:
         last = self.s.attempts[stage][job["id"]][-1]
         exhausted = job["counted_attempts"] >= job["max_attempts"]
-        if last["error_code"] in MACHINERY_CODES or (last["outcome"] != "failed" and not exhausted):
+        if last["error_code"] in codes.INTERRUPTIONS or (last["outcome"] != "failed" and not exhausted):
             self.fail(f"{pipeline_id}: {stage} FAILED on {last['outcome']} {last['error_code']}, a machinery failure")
         pipeline = self.s.pipelines[pipeline_id]
         if pipeline["error_code"] != job["last_error_code"]:

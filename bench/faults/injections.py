@@ -17,13 +17,13 @@ from collections import deque
 
 import pika
 import psycopg
-from castad_contracts import topology
+from castad_contracts import events, topology
 from castad_runtime import amqp
 
 from bench import common
 
 # The event type each service's queue is bound to, to send it as a version it cannot know yet.
-TRIGGERS = {"api": "lyric.started", "lyric": "pipeline.requested", "song": "lyric.completed", "video": "song.completed"}
+TRIGGERS = {topology.GATEWAY: "lyric.started", **{stage.value: trigger for stage, trigger in events.TRIGGERS.items()}}
 EXPECTED_REASON = {"garbage": "not JSON", "unknown_type": "no handler", "newer_version": "is newer than"}
 PROBE_TYPE = "harness.fault_probe"  # an event type no service produces: the relay parks it at once
 

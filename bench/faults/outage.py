@@ -12,18 +12,11 @@ from collections.abc import Iterator
 
 import sqlalchemy as sa
 from castad_runtime import db
-from sqlalchemy.engine import make_url
 
 
 def _admin(database_url: str) -> tuple[sa.Engine, str]:
-    url = make_url(database_url)
-    engine = sa.create_engine(
-        url.set(database="postgres"),
-        isolation_level="AUTOCOMMIT",
-        poolclass=sa.pool.NullPool,
-        connect_args=db.connect_args(database_url),  # the primary, where the database has a standby
-    )
-    return engine, url.database or ""
+    # The primary, where the database has a standby (db.connect_args, which the engine keeps).
+    return db.maintenance_engine(database_url), db.database_name(database_url)
 
 
 def block(database_url: str) -> None:

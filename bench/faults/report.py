@@ -9,10 +9,11 @@ import os
 import pathlib
 import platform
 
+from castad_contracts import codes
+
 from bench import charts, machine
 from bench.faults import injections, plan, run
 
-MACHINERY = ("worker_stopped", "lease_expired", "outage")
 TIMELINE = "faults-timeline.svg"
 
 
@@ -143,7 +144,7 @@ def render(result: run.Result) -> str:
         "## Attempts",
         "",
         "Outcome of every attempt, per stage (`interrupted` attempts are the machinery's: "
-        + ", ".join(f"`{code}`" for code in MACHINERY)
+        + ", ".join(f"`{code}`" for code in codes.INTERRUPTIONS)
         + "; they are not counted against max_attempts).",
         "",
         "| stage | outcomes |",

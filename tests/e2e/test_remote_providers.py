@@ -10,9 +10,9 @@ from __future__ import annotations
 import httpx
 import pytest
 import sqlalchemy as sa
+from castad_contracts import codes
 from castad_local import stack
 from castad_local.fakes import chat, creatomate, suno
-from castad_runtime.stage import errors
 
 from tests.e2e.test_languages import BRIEFS
 from tests.support import link_secrets, signed_path
@@ -113,7 +113,7 @@ def test_a_rate_limit_costs_no_attempt_and_a_failed_song_is_made_again(network, 
     submits = [r for r in music.received if r["path"] == "/api/v1/generate"]
     assert len(submits) == 3
     [first, second, third] = dbs.attempts_of("song", job["id"])
-    assert (first["error_code"], second["error_code"]) == (errors.RATE_LIMITED, "provider_job_failed")
+    assert (first["error_code"], second["error_code"]) == (codes.ErrorCode.PROVIDER_RATE_LIMITED, "provider_job_failed")
     # Each submit is on its attempt's row (the refused one too: it left). The rate limit cost no attempt, so
     # the next one sent the same work under the same key; the failed song made the third a new attempt.
     keys = [f"castad-{pipeline_id}-0-1", f"castad-{pipeline_id}-0-1", f"castad-{pipeline_id}-0-2"]

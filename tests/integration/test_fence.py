@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_contracts import events
+from castad_contracts import codes, events
 from castad_runtime import db, tables
-from castad_runtime.stage import cancellation, errors, fence, leases, machine, remote, repository
+from castad_runtime.stage import cancellation, errors, leases, machine, remote, repository
 
 from bench.faults import outage
 from tests.integration.helpers import eventually
@@ -137,9 +137,13 @@ def test_a_worker_frozen_past_its_lease_sends_nothing_and_the_attempt_claimed_ag
 
     assert api.submitted == []
     row = job_row(engine, pipeline_id)
-    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 0, fence.LEASE_LOST)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 0, codes.ErrorCode.LEASE_LOST)
     [attempt] = attempt_rows(engine, pipeline_id)
-    assert (attempt.outcome, attempt.error_code, attempt.submitted_at) == ("interrupted", fence.LEASE_LOST, None)
+    assert (attempt.outcome, attempt.error_code, attempt.submitted_at) == (
+        "interrupted",
+        codes.ErrorCode.LEASE_LOST,
+        None,
+    )
     assert (sample(stage, "sent"), sample(stage, "fenced")) == (0, 1)
 
     again = turn(stage)  # due at once, not counted; the clock no longer jumps
@@ -299,7 +303,7 @@ def test_a_database_out_at_the_fence_hands_the_attempt_back_uncounted_and_nothin
 
     assert api.submitted == []
     [attempt] = attempt_rows(engine, pipeline_id)
-    assert (attempt.outcome, attempt.error_code, attempt.submitted_at) == ("interrupted", fence.OUTAGE, None)
+    assert (attempt.outcome, attempt.error_code, attempt.submitted_at) == ("interrupted", codes.ErrorCode.OUTAGE, None)
     assert job_row(engine, pipeline_id).counted_attempts == 0
     eventually(lambda: turn(stage), timeout=10.0, what="the attempt after the outage's backoff")
     assert [handle for handle, _ in api.submitted] == ["task-1"]

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from castad_api import dead_letters, operations, projection
 from castad_api import metrics as api_metrics
-from castad_contracts import api, envelope, events
+from castad_contracts import api, codes, envelope, events
 from castad_relay import metrics as relay_metrics
 from castad_runtime import db, metrics, scrape, tables
 from castad_runtime.stage import cancellation, errors, gauges, handlers, quota, remote, repository
@@ -100,7 +100,7 @@ class Limited(Provider):
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
-        raise errors.ProviderError(errors.RATE_LIMITED, "too many", retry_after_s=0.1)
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_RATE_LIMITED, "too many", retry_after_s=0.1)
 
 
 def test_a_due_job_the_quota_holds_back_is_a_wait_and_a_429_is_counted(engine):
@@ -128,7 +128,7 @@ def test_a_due_job_the_quota_holds_back_is_a_wait_and_a_429_is_counted(engine):
     busy_registry = busy.metrics.registry
     busy.execute(busy.claim_next())
     assert sample(busy_registry, "castad_provider_throttled_total", **STAGE, provider=busy.provider) == 1
-    handed_back = {**STAGE, "outcome": "interrupted", "error_code": errors.RATE_LIMITED}
+    handed_back = {**STAGE, "outcome": "interrupted", "error_code": codes.ErrorCode.PROVIDER_RATE_LIMITED}
     assert sample(busy_registry, "castad_attempts_total", **handed_back) == 1
 
 

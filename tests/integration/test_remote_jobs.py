@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_contracts import events
+from castad_contracts import codes, events
 from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, errors, machine, quota, remote, repository, runner
 
@@ -176,7 +176,7 @@ def test_of_callback_and_poll_racing_only_one_claim_completes_the_job(engine):
 def test_a_failed_poll_request_keeps_waiting_on_the_same_work_and_costs_nothing(engine):
     api = Provider(
         errors.ProviderError("provider_unavailable", "503"),
-        errors.ProviderError(errors.RATE_LIMITED, "429", retry_after_s=0.2),
+        errors.ProviderError(codes.ErrorCode.PROVIDER_RATE_LIMITED, "429", retry_after_s=0.2),
     )
     stage = remote_runner(engine, api)
     pipeline_id = add_job(stage)
@@ -279,7 +279,7 @@ def test_a_rate_limit_halves_the_rate_waits_its_retry_after_and_costs_no_attempt
 
     def submit_limited_once(job, callback_url, cancel):
         if next(calls) == 0:
-            raise errors.ProviderError(errors.RATE_LIMITED, "429", retry_after_s=1.0)
+            raise errors.ProviderError(codes.ErrorCode.PROVIDER_RATE_LIMITED, "429", retry_after_s=1.0)
         return remote.Submitted("task-1")
 
     api = Provider()
@@ -290,7 +290,11 @@ def test_a_rate_limit_halves_the_rate_waits_its_retry_after_and_costs_no_attempt
 
     turn(stage)
     row, limits = job_row(engine, pipeline_id), quota_row(engine, name)
-    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 0, errors.RATE_LIMITED)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (
+        Status.RETRY_WAIT,
+        0,
+        codes.ErrorCode.PROVIDER_RATE_LIMITED,
+    )
     assert (limits["rate_per_s"], limits["throttled"]) == (20.0, 1)
     assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["interrupted"]
     blocked_for = (limits["blocked_until"] - dt.datetime.now(dt.UTC)).total_seconds()
@@ -359,7 +363,7 @@ def test_a_key_refused_while_work_waits_at_the_provider_does_not_lose_the_work(e
 
 def test_a_provider_that_never_stops_saying_too_many_is_charged_after_its_free_attempts(engine):
     def always_limited(job, callback_url, cancel):
-        raise errors.ProviderError(errors.RATE_LIMITED, "429")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_RATE_LIMITED, "429")
 
     api = Provider()
     api.submit = always_limited  # type: ignore[method-assign]
@@ -375,7 +379,11 @@ def test_a_provider_that_never_stops_saying_too_many_is_charged_after_its_free_a
     turn(stage)
 
     row = job_row(engine, pipeline_id)
-    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 1, errors.RATE_LIMITED)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (
+        Status.RETRY_WAIT,
+        1,
+        codes.ErrorCode.PROVIDER_RATE_LIMITED,
+    )
 
 
 def test_calls_already_on_their_way_when_the_provider_says_too_many_halve_the_rate_once(engine):
@@ -393,7 +401,9 @@ def test_calls_already_on_their_way_when_the_provider_says_too_many_halve_the_ra
 
 def test_a_provider_down_for_maintenance_costs_no_attempt_however_often_it_says_so(engine):
     def in_maintenance(job, callback_url, cancel):
-        raise errors.ProviderError(errors.MAINTENANCE, "the music API answered code 455", retry_after_s=0.1)
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_MAINTENANCE, "the music API answered code 455", retry_after_s=0.1
+        )
 
     api = Provider()
     api.submit = in_maintenance  # type: ignore[method-assign]
@@ -409,7 +419,11 @@ def test_a_provider_down_for_maintenance_costs_no_attempt_however_often_it_says_
     turn(stage)
 
     row = job_row(engine, pipeline_id)
-    assert (row.status, row.counted_attempts, row.last_error_code) == (Status.RETRY_WAIT, 0, errors.MAINTENANCE)
+    assert (row.status, row.counted_attempts, row.last_error_code) == (
+        Status.RETRY_WAIT,
+        0,
+        codes.ErrorCode.PROVIDER_MAINTENANCE,
+    )
     assert row.due_at >= row.updated_at + dt.timedelta(seconds=0.09)
     assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["interrupted"]
 

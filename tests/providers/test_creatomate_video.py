@@ -19,7 +19,7 @@ import urllib.parse
 import uuid
 
 import pytest
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_local.fakes import creatomate as fake_creatomate
 from castad_local.fakes import media
 from castad_local.fakes.creatomate import DEFAULT_KEY, FakeCreatomate, Plan
@@ -410,7 +410,7 @@ def test_a_finished_render_is_kept_as_the_mp4_the_api_served_with_its_size(fake,
 def test_a_rate_limit_on_submit_is_retryable_after_the_retry_after(fake, job):
     fake.script(Reply("status", status=429, retry_after="7"))
     error = failure(work_for(fake), job)
-    assert (error.code, error.retryable, error.retry_after_s) == (errors.RATE_LIMITED, True, 7.0)
+    assert (error.code, error.retryable, error.retry_after_s) == (codes.ErrorCode.PROVIDER_RATE_LIMITED, True, 7.0)
 
 
 def test_a_rate_limit_on_a_poll_waits_at_least_the_retry_after_and_says_it_was_throttled(fake, job):

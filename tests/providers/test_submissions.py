@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from castad_contracts import codes
 from castad_local.fakes import chat as fake_chat
 from castad_local.fakes import creatomate as fake_creatomate
 from castad_local.fakes import suno as fake_suno
@@ -118,7 +119,7 @@ def api(request: pytest.FixtureRequest, artifacts_dir: pathlib.Path) -> Iterator
 
 
 def lease_lost() -> None:
-    raise fence.Fenced(fence.LEASE_LOST, "the lease is not known to be held")
+    raise fence.Fenced(codes.ErrorCode.LEASE_LOST, "the lease is not known to be held")
 
 
 def test_a_worker_whose_lease_ran_out_before_its_submit_sends_nothing_to_the_api(api: Api) -> None:

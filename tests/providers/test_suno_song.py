@@ -18,7 +18,7 @@ import urllib.parse
 import uuid
 
 import pytest
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_local.fakes import media
 from castad_local.fakes.suno import DEFAULT_KEY, FakeSuno, Plan, Reply
 from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
@@ -314,7 +314,7 @@ def test_a_finished_song_is_kept_as_the_mp3_the_api_served_with_its_lines_spread
 def test_a_rate_limit_on_submit_is_retryable_after_the_retry_after(fake):
     fake.script(Reply("code", code=430, in_status=True, retry_after="7"))
     error = failure(work_for(fake), job_for())
-    assert (error.code, error.retryable, error.retry_after_s) == (errors.RATE_LIMITED, True, 7.0)
+    assert (error.code, error.retryable, error.retry_after_s) == (codes.ErrorCode.PROVIDER_RATE_LIMITED, True, 7.0)
 
 
 def test_a_rate_limit_on_a_poll_waits_at_least_the_retry_after_and_says_it_was_throttled(fake):
@@ -374,10 +374,10 @@ def test_a_submit_that_fails_on_the_way_is_a_retryable_error(fake, reply, code):
 @pytest.mark.parametrize(
     ("body_code", "code", "retryable"),
     [
-        (430, errors.RATE_LIMITED, True),
-        (405, errors.RATE_LIMITED, True),
+        (430, codes.ErrorCode.PROVIDER_RATE_LIMITED, True),
+        (405, codes.ErrorCode.PROVIDER_RATE_LIMITED, True),
         (429, "provider_credits_exhausted", False),
-        (455, errors.MAINTENANCE, True),
+        (455, codes.ErrorCode.PROVIDER_MAINTENANCE, True),
         (500, "provider_unavailable", True),
         (400, "provider_rejected", False),
         (413, "provider_rejected", False),
@@ -393,10 +393,10 @@ def test_an_error_code_in_the_body_of_a_submit_is_classified(fake, body_code, co
 @pytest.mark.parametrize(
     ("status", "code", "retryable"),
     [
-        (430, errors.RATE_LIMITED, True),
-        (405, errors.RATE_LIMITED, True),
+        (430, codes.ErrorCode.PROVIDER_RATE_LIMITED, True),
+        (405, codes.ErrorCode.PROVIDER_RATE_LIMITED, True),
         (429, "provider_credits_exhausted", False),
-        (455, errors.MAINTENANCE, True),
+        (455, codes.ErrorCode.PROVIDER_MAINTENANCE, True),
         (413, "provider_rejected", False),
         (401, "provider_auth", False),
     ],
@@ -405,7 +405,7 @@ def test_an_error_code_carried_by_the_http_status_too_means_what_it_means_in_the
     fake.script(Reply("code", code=status, in_status=True, retry_after="9"))
     error = failure(work_for(fake), job_for())
     assert (error.code, error.retryable) == (code, retryable)
-    if code in (errors.RATE_LIMITED, errors.MAINTENANCE):
+    if code in (codes.ErrorCode.PROVIDER_RATE_LIMITED, codes.ErrorCode.PROVIDER_MAINTENANCE):
         assert error.retry_after_s == 9.0
 
 
@@ -421,7 +421,7 @@ def test_maintenance_or_a_rate_limit_in_the_http_status_of_a_poll_only_waits(fak
 
 def test_a_bare_429_without_the_apis_answer_is_a_rate_limit_of_something_in_front_of_it():
     error = suno.classify("the music API", 429, {"retry-after": "4"}, b"<html>Too Many Requests</html>")
-    assert (error.code, error.retryable, error.retry_after_s) == (errors.RATE_LIMITED, True, 4.0)
+    assert (error.code, error.retryable, error.retry_after_s) == (codes.ErrorCode.PROVIDER_RATE_LIMITED, True, 4.0)
 
 
 def test_credits_that_ran_out_fail_a_poll_for_good(fake):

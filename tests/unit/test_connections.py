@@ -59,3 +59,14 @@ def test_a_database_url_keeps_its_own_timeouts_and_session_attributes_and_gets_t
 
 def test_a_single_host_database_url_is_not_made_to_insist_on_a_writable_host():
     assert "target_session_attrs" not in db.connect_args("postgresql+psycopg://u@h1:5432/castad_api")
+
+
+def test_the_maintenance_url_changes_the_database_alone():
+    url = "postgresql+psycopg://u:s%40cret@/castad_api?host=h1:5432&host=h2:5433&connect_timeout=9"
+
+    assert db.maintenance_url(url) == (
+        "postgresql+psycopg://u:s%40cret@/postgres?connect_timeout=9&host=h1%3A5432&host=h2%3A5433"
+    )
+    kwargs = db.connect_kwargs(db.maintenance_url(url))
+    assert (kwargs["dbname"], kwargs["password"]) == ("postgres", "s@cret")
+    assert kwargs["target_session_attrs"] == "read-write"

@@ -1,4 +1,4 @@
-"""The contracts every service shares: brief, envelope, event registry, topology, schemas."""
+"""The contracts every service shares: brief, envelope, event registry, topology, schemas, error codes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 import pydantic
 import pytest
-from castad_contracts import brief, envelope, events, schemas, topology
+from castad_contracts import brief, codes, envelope, events, schemas, topology
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
@@ -421,3 +421,17 @@ def test_every_event_type_has_one_producer_with_a_source_of_its_own():
         "song",
         "video",
     }
+
+
+def test_every_error_code_is_its_own_word_with_a_one_line_meaning():
+    names, members = codes.ErrorCode.__members__, list(codes.ErrorCode)
+    assert len(names) == len(members), "two names share one value: an alias, not a code"
+    for code in members:
+        assert re.fullmatch(r"[a-z][a-z0-9_]{0,63}", code), code  # a metric's label value (metrics.ERROR_CODE)
+        assert code.meaning and "\n" not in code.meaning and len(code.meaning) <= 120, code
+
+
+def test_an_error_code_is_found_by_its_value_and_an_unknown_one_is_none():
+    assert codes.ErrorCode.known("render_failed") is codes.ErrorCode.RENDER_FAILED
+    assert codes.ErrorCode.known("a_newer_stages_code") is None
+    assert json.dumps({"code": codes.ErrorCode.OUTAGE}) == '{"code": "outage"}'

@@ -9,6 +9,7 @@ import hmac
 
 import pytest
 from castad_api import disclosure, public_errors
+from castad_contracts import codes
 from fastapi.exceptions import RequestValidationError
 
 
@@ -42,7 +43,7 @@ def test_an_entry_shows_a_tenant_codes_with_public_messages_and_dead_letters_bar
 
     assert alice.entry("p", retrying)["error"] == {
         "code": "provider_auth",
-        "message": public_errors.MESSAGES["provider_auth"],
+        "message": codes.ErrorCode.PROVIDER_AUTH.meaning,
     }
     assert alice.entry("p", letter) == {"status": "dead_letter_recorded"}
     assert (alice.entry("p", own)["actor_key_id"], alice.entry("p", own)["actor_key_name"]) == ("k1", "mine")

@@ -24,3 +24,10 @@ def test_the_readme_is_read_in_five_minutes():
     readme = (REPO_ROOT / "README.md").read_bytes()
     assert len(readme) < 12 * 1024, "move what a newcomer does not need first into docs/"
     assert readme.count(b"\n") < 200, "move what a newcomer does not need first into docs/"
+
+
+def test_the_failures_page_lists_every_error_code_with_its_meaning():
+    page = (REPO_ROOT / "docs" / "operating" / "failures.md").read_text()
+    documented = re.search(r"<!-- error-codes:begin -->\n(.*?)\n<!-- error-codes:end -->", page, re.S)
+    assert documented, "docs/operating/failures.md lost its error-codes markers"
+    assert documented.group(1) == admin.error_codes_table(), "regenerate with: .venv/bin/castad-admin error-codes"

@@ -13,6 +13,7 @@ from http import server as http_server
 
 import httpx
 import pytest
+from castad_contracts import codes
 from castad_runtime import outbound
 from castad_runtime.stage import cancellation, errors, fence, http, leases, machine, repository
 
@@ -119,7 +120,7 @@ def test_leaving_checks_the_cancellation_before_it_asks_the_fence():
 
 
 def fenced() -> None:
-    raise fence.Fenced(fence.LEASE_LOST, "the lease is not known to be held")
+    raise fence.Fenced(codes.ErrorCode.LEASE_LOST, "the lease is not known to be held")
 
 
 class Server:

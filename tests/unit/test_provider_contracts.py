@@ -18,9 +18,11 @@ from castad_lyric import service as lyric_service
 from castad_runtime.stage import cancellation, errors, http
 from castad_song import instant as song_instant
 from castad_song import provider as song_provider
+from castad_song import service as song_service
 from castad_video import instant as video_instant
 from castad_video import provider as video_provider
-from pydantic import SecretStr
+from castad_video import service as video_service
+from pydantic import SecretStr, ValidationError
 
 from tests.unit.test_video_provider import probe
 
@@ -155,3 +157,34 @@ def test_a_network_providers_default_quota_stays_within_its_published_limit_from
     most, window_s = PUBLISHED_LIMITS[provider]
     # A token bucket lets its burst through at once, then its rate: at most this many calls in any window.
     assert limits.burst + limits.max_rate_per_s * window_s <= most
+
+
+NETWORK_PROVIDERS = [
+    (lyric_service.LyricSettings, "openai", {}),
+    (song_service.SongSettings, "suno", {}),
+    (
+        video_service.VideoSettings,
+        "creatomate",
+        {"creatomate_template_id": "t", "gateway_url": "https://castad.example"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings_class", "provider", "needs"), NETWORK_PROVIDERS)
+def test_a_network_provider_is_refused_without_a_key_and_its_client_is_made_from_the_settings_named_after_it(
+    settings_class, provider, needs
+):
+    prefix = settings_class.model_config["env_prefix"]
+    with pytest.raises(ValidationError, match=f"needs {prefix}{provider.upper()}_API_KEY"):
+        settings_class(provider=provider, **needs)
+    own = {"base_url": "https://api.example.com/v1", "api_key": SecretStr("k"), "timeout_s": 7.5}
+    config = settings_class(
+        provider=provider, link_secret="s" * 32, **needs, **{f"{provider}_{name}": value for name, value in own.items()}
+    )
+
+    client = config.provider_client("the API")
+    try:
+        assert (client.name, client.timeout_s) == ("the API", 7.5)
+        assert client.max_body_bytes == getattr(config, f"{provider}_max_answer_bytes")
+    finally:
+        client.close()

@@ -1,4 +1,4 @@
-"""`castad-admin`: set up the local stack, run the demo, export schemas, list settings, serve the docs."""
+"""`castad-admin`: set up the local stack, run the demo, export schemas, list settings and error codes, serve docs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from castad_api import key_commands, secret_commands
 from castad_cli import client as client_
 from castad_cli import main as cli_main
 from castad_cli import progress
-from castad_contracts import api, brief, schemas, topology
+from castad_contracts import api, brief, codes, schemas, topology
 from castad_runtime import messaging, redact, settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
@@ -113,6 +113,13 @@ def export_schemas(directory: pathlib.Path) -> None:
     """Write every event's JSON Schema (and the envelope's and the brief's) into DIRECTORY."""
     for path in schemas.write_schemas(directory):
         console.print(str(path), soft_wrap=True)
+
+
+def error_codes_table() -> str:
+    """Markdown table of every error code a pipeline or an attempt may end with, and its meaning."""
+    rows = ["| code | meaning |", "|---|---|"]
+    rows += [f"| `{code}` | {code.meaning} |" for code in codes.ErrorCode]
+    return "\n".join(rows)
 
 
 def settings_table() -> str:
@@ -240,6 +247,12 @@ def move_to_quorum(
 def print_settings() -> None:
     """Print the table of every setting (docs/operating/settings.md's copy must match it)."""
     print(settings_table())
+
+
+@app.command("error-codes")
+def print_error_codes() -> None:
+    """Print the table of every error code (docs/operating/failures.md's copy must match it)."""
+    print(error_codes_table())
 
 
 @app.command("docs")

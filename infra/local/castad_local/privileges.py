@@ -126,7 +126,7 @@ def grant_postgres(users: Users, database_urls: Mapping[str, str]) -> None:
     """Each service's role owns its database and what is in it; the relay's role reads and marks outboxes."""
     any_url = next(iter(database_urls.values()))
     ensure_roles(users, any_url)
-    with _connect(any_url, "postgres") as conn:
+    with _connect(db.maintenance_url(any_url)) as conn:
         for service, url in database_urls.items():
             database = sql.Identifier(make_url(url).database or "")
             conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(database, sql.Identifier(users.name(service))))
@@ -137,16 +137,13 @@ def grant_postgres(users: Users, database_urls: Mapping[str, str]) -> None:
         migrations.restrict_access(url, users.name(RELAY))
 
 
-def _connect(url: str, database: str | None = None) -> psycopg.Connection[tuple[object, ...]]:
-    parsed = make_url(url)
-    if database is not None:
-        parsed = parsed.set(database=database)
-    return psycopg.connect(**db.connect_kwargs(parsed.render_as_string(hide_password=False)), autocommit=True)
+def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(**db.connect_kwargs(url), autocommit=True)
 
 
 def ensure_roles(users: Users, admin_url: str) -> None:
     """Every role, able to log in with its password and nothing more (as a superuser at `admin_url`)."""
-    with _connect(admin_url, "postgres") as conn:
+    with _connect(db.maintenance_url(admin_url)) as conn:
         for service in USERS:
             role = users.name(service)
             exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
@@ -185,7 +182,7 @@ def _give_public_schema(conn: psycopg.Connection[tuple[object, ...]], owner: str
 
 def drop_postgres(users: Users, admin_url: str) -> None:
     """Remove the roles (their databases dropped first)."""
-    with _connect(admin_url, "postgres") as conn:
+    with _connect(db.maintenance_url(admin_url)) as conn:
         for service in USERS:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(users.name(service))))
 

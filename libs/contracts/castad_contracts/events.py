@@ -332,12 +332,20 @@ StageFact = Literal["started", "retrying", "completed", "failed", "canceled"]
 
 
 def stage_event(stage: Stage, fact: StageFact) -> str:
+    """The event type by which `stage` tells `fact` about a pipeline's job."""
     return f"{stage.value}.{fact}"
 
 
 def provider_called_back(stage: Stage) -> str:
     """The event type by which the gateway passes a provider's callback to the stage alone."""
     return f"provider.{stage.value}.called_back"
+
+
+# The saga's order, written once: the first stage starts on the brief, each later one on its predecessor's result.
+TRIGGERS: dict[Stage, str] = {
+    stage: PIPELINE_REQUESTED if n == 0 else stage_event(STAGE_ORDER[n - 1], "completed")
+    for n, stage in enumerate(STAGE_ORDER)
+}
 
 
 _COMPLETED_V2: dict[Stage, type[Payload]] = {

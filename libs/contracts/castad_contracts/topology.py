@@ -54,11 +54,7 @@ SUBSCRIPTIONS: dict[str, Subscription] = {
     "api": Subscription("api", _all_stage_facts()),
     **{
         stage.value: Subscription(stage.value, (trigger, events.provider_called_back(stage), *events.OPERATOR_REQUESTS))
-        for stage, trigger in (
-            (events.Stage.LYRIC, events.PIPELINE_REQUESTED),
-            (events.Stage.SONG, events.stage_event(events.Stage.LYRIC, "completed")),
-            (events.Stage.VIDEO, events.stage_event(events.Stage.SONG, "completed")),
-        )
+        for stage, trigger in events.TRIGGERS.items()
     },
 }
 

@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "castad_outbox"
+MAINTENANCE_DATABASE = "postgres"  # on every server: where databases are created, dropped and altered from
 # libpq's connection parameters that bound every wait on a dead or unreachable server; a URL's own win.
 TIMEOUTS: dict[str, int] = {
     "connect_timeout": 3,  # seconds, per host tried (libpq tries a multi-host URL's hosts in order)
@@ -54,11 +55,24 @@ def connect_args(url: str) -> dict[str, Any]:
     return added
 
 
+def maintenance_url(url: str) -> str:
+    """Return `url` with its server's maintenance database in place of its own (hosts, user and parameters kept)."""
+    return sa.engine.make_url(url).set(database=MAINTENANCE_DATABASE).render_as_string(hide_password=False)
+
+
+def maintenance_engine(url: str) -> sa.Engine:
+    """Return an unpooled engine on the maintenance database of `url`'s server, in autocommit: CREATE, DROP and
+    ALTER DATABASE run outside a transaction, and never in the database they are about."""
+    return sa.create_engine(
+        maintenance_url(url), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool, connect_args=connect_args(url)
+    )
+
+
 def connect_kwargs(url: str) -> dict[str, Any]:
     """The keyword arguments of `psycopg.connect` (or `AsyncConnection.connect`) for `url`, as SQLAlchemy's
     engine would connect: the URL's host or hosts, database, user and parameters, with `connect_args`."""
     parsed = sa.engine.make_url(url).set(drivername="postgresql+psycopg")
-    _, kwargs = _PSYCOPG.create_connect_args(parsed)
+    _, kwargs = _PSYCOPG.create_connect_args(parsed)  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect
     return {**kwargs, **connect_args(url)}
 
 
@@ -67,7 +81,7 @@ def database_name(url: str) -> str:
     return sa.engine.make_url(url).database or ""
 
 
-_PSYCOPG = psycopg_dialect.dialect()
+_PSYCOPG = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialects are untyped
 
 
 def make_engine(url: str, pool_size: int = 5) -> sa.Engine:

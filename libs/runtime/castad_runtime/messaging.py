@@ -24,7 +24,9 @@ import dramatiq
 import pika
 import pika.exceptions
 from castad_contracts import topology
-from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name, xq_name
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.common import dq_name
+from dramatiq.common import xq_name as xq_name  # re-exported: set-up moves what Dramatiq once declared
 from dramatiq.middleware import CurrentMessage
 
 from castad_runtime import amqp, outages

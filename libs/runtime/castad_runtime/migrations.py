@@ -25,12 +25,7 @@ def ensure_database(database_url: str, template: str | None = None) -> bool:
     databases are made by its operators), a database that takes a connection is taken as there.
     """
     url = make_url(database_url)
-    admin = sa.create_engine(
-        url.set(database="postgres"),
-        isolation_level="AUTOCOMMIT",
-        poolclass=NullPool,
-        connect_args=db.connect_args(database_url),
-    )
+    admin = db.maintenance_engine(database_url)
     try:
         try:
             conn = admin.connect()
@@ -53,13 +48,11 @@ def ensure_database(database_url: str, template: str | None = None) -> bool:
 
 
 def drop_database(database_url: str) -> None:
-    url = make_url(database_url)
-    admin = sa.create_engine(
-        url.set(database="postgres"), isolation_level="AUTOCOMMIT", connect_args=db.connect_args(database_url)
-    )
+    """Drop the database named in the URL, if it exists, ending its sessions."""
+    admin = db.maintenance_engine(database_url)
     try:
         with admin.connect() as conn:
-            quoted = conn.dialect.identifier_preparer.quote(url.database or "")
+            quoted = conn.dialect.identifier_preparer.quote(db.database_name(database_url))
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
     finally:
         admin.dispose()

@@ -20,7 +20,7 @@ import enum
 import re
 from typing import Any
 
-from castad_contracts import events
+from castad_contracts import codes, events
 
 
 class PipelineStatus(enum.StrEnum):
@@ -56,7 +56,6 @@ STATUS_AFTER = {
     "failed": StageStatus.FAILED,
     "canceled": StageStatus.CANCELED,
 }
-DEADLINE_EXCEEDED = "deadline_exceeded"  # the reason of a cancel the deadline made
 
 Position = tuple[int, int, int]
 
@@ -101,12 +100,6 @@ class AttemptOutcome(enum.StrEnum):
     CANCELED = "canceled"  # an operator's cancel (or the deadline) stopped it
 
 
-# Error codes of the attempts the stage runner hands back (castad_runtime.stage.runner.HandedBack): the
-# machinery failed, not the work. A provider's "too many" is handed back too for its first tries, but its
-# event does not say whether it was counted: it shows as a retryable failure with code provider_rate_limited.
-INTERRUPTIONS = frozenset({"worker_stopped", "lease_expired", "outage"})
-
-
 def attempt_change(fact: str, payload: events.Payload, event_time: dt.datetime) -> dict[str, Any] | None:
     """What a stage event says of its attempt (a row of pipeline_attempts), None if it names none.
 
@@ -121,14 +114,16 @@ def attempt_change(fact: str, payload: events.Payload, event_time: dt.datetime) 
     if isinstance(payload, events.StageStarted):
         return {"worker": payload.worker, "started_at": payload.started_at}
     if isinstance(payload, events.StageRetrying):
-        outcome = AttemptOutcome.INTERRUPTED if payload.error_code in INTERRUPTIONS else AttemptOutcome.FAILED_RETRYABLE
+        outcome = (
+            AttemptOutcome.INTERRUPTED if payload.error_code in codes.INTERRUPTIONS else AttemptOutcome.FAILED_RETRYABLE
+        )
         return _ended(event_time, outcome, payload.error_code, payload.error_message)
     if isinstance(payload, events.StageFailed):
         return _ended(payload.failed_at, AttemptOutcome.FAILED, payload.error_code, payload.error_message)
     if isinstance(payload, events.StageCompleted):
         return _ended(payload.completed_at, AttemptOutcome.SUCCEEDED, None, None)
     if isinstance(payload, events.StageCanceled):
-        return _ended(payload.canceled_at, AttemptOutcome.CANCELED, "canceled", payload.reason)
+        return _ended(payload.canceled_at, AttemptOutcome.CANCELED, codes.ErrorCode.CANCELED, payload.reason)
     return None
 
 

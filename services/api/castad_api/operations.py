@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import api, brief, events, topology
+from castad_contracts import api, brief, codes, events, topology
 from castad_contracts import envelope as envelope_
 from castad_runtime import artifacts, db, outbound, outbox, telemetry
 
@@ -230,7 +230,7 @@ def cancel_overdue(conn: sa.Connection, limit: int = 100) -> int:
     """Cancel the pipelines past their deadline (reason deadline_exceeded); how many."""
     overdue = repository.overdue(conn, limit)
     for pipeline_id in overdue:
-        cancel(conn, pipeline_id, model.DEADLINE_EXCEEDED, actor="deadline")
+        cancel(conn, pipeline_id, codes.ErrorCode.DEADLINE_EXCEEDED, actor="deadline")
     return len(overdue)
 
 

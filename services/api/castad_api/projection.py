@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from castad_contracts import codes, events
 from castad_contracts import envelope as envelope_
-from castad_contracts import events
 from castad_runtime import db, groups, inbox, logs, telemetry
 
 from castad_api import metrics, model, repository, webhooks
@@ -199,7 +199,8 @@ def record(
     elif status is model.PipelineStatus.FAILED:  # the failure came first (model.pipeline_status): this ends it
         details.setdefault("error", {"code": pipeline.error_code, "message": pipeline.error_message})
     if status is model.PipelineStatus.CANCELED:
-        code = model.DEADLINE_EXCEEDED if pipeline.cancel_reason == model.DEADLINE_EXCEEDED else "canceled"
+        deadline = pipeline.cancel_reason == codes.ErrorCode.DEADLINE_EXCEEDED
+        code = codes.ErrorCode.DEADLINE_EXCEEDED if deadline else codes.ErrorCode.CANCELED
         changes.update(error_code=code, error_message=pipeline.cancel_reason)
     if status.terminal and not model.PipelineStatus(pipeline.status).terminal:
         changes["finished_at"] = repository.NOW
@@ -241,7 +242,7 @@ def _stage_values(fact: str, payload: events.Payload) -> dict[str, Any]:
     elif isinstance(payload, events.StageCanceled):
         values.update(
             operation=payload.operation,
-            last_error_code="canceled",
+            last_error_code=codes.ErrorCode.CANCELED,
             last_error_message=payload.reason,
             finished_at=payload.canceled_at,
             next_attempt_at=None,

@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_runtime import redact
 from castad_runtime.stage import cancellation, errors, http
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -105,24 +105,27 @@ def lyrics_of(answer: Any, language: brief.Language) -> events.Lyrics:
         message = choice["message"]
         refusal, content, finish = message.get("refusal"), message.get("content"), choice.get("finish_reason")
     except (KeyError, IndexError, TypeError, AttributeError):
-        raise errors.ProviderError("provider_malformed", "the answer has no choices[0].message") from None
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the answer has no choices[0].message") from None
     if refusal:
         raise errors.ProviderError(
-            "content_refused", "the model refused to write the lyrics", retryable=False, detail=str(refusal)[:200]
+            codes.ErrorCode.CONTENT_REFUSED,
+            "the model refused to write the lyrics",
+            retryable=False,
+            detail=str(refusal)[:200],
         )
     if finish == "content_filter":
         raise errors.ProviderError(
-            "content_filtered", "the server's content filter stopped the lyrics", retryable=False
+            codes.ErrorCode.CONTENT_FILTERED, "the server's content filter stopped the lyrics", retryable=False
         )
     if finish == "length":
-        raise errors.ProviderError("provider_truncated", "the lyrics were cut off at the token limit")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_TRUNCATED, "the lyrics were cut off at the token limit")
     if not isinstance(content, str):
-        raise errors.ProviderError("provider_malformed", "the answer's message has no content")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the answer's message has no content")
     try:
         written = _Written.model_validate_json(content)
     except ValidationError as error:
         raise errors.ProviderError(
-            "provider_malformed", f"the lyrics do not fit: {redact.validation_summary(error, 3)}"
+            codes.ErrorCode.PROVIDER_MALFORMED, f"the lyrics do not fit: {redact.validation_summary(error, 3)}"
         ) from None
     sections = tuple(events.LyricSection(kind=s.kind, lines=tuple(s.lines)) for s in written.sections)
     return events.Lyrics(title=written.title, language=language, sections=sections)

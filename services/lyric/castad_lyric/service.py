@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Literal, Self
+from typing import Literal
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, http, repository, runner
+from castad_runtime.stage import cancellation, repository, runner
 from castad_runtime.stage import service as stage_service
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from castad_lyric import chat, instant, provider
@@ -32,19 +32,10 @@ class LyricSettings(stage_service.StageSettings):
     openai_api_key: SecretStr | None = Field(
         default=None, description="its API key (or CASTAD_LYRIC_OPENAI_API_KEY_FILE); never logged"
     )
-    openai_api_key_file: pathlib.Path | None = Field(
-        default=None, description="a file holding the API key, read at every call (a mounted Secret can rotate)"
-    )
+    openai_api_key_file: stage_service.ProviderKeyFile = None
     openai_model: str = Field(default="gpt-4o-mini", min_length=1, description="the model to ask")
-    openai_timeout_s: float = Field(default=60.0, gt=0, description="longest wait for one answer")
-    openai_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
-
-    @model_validator(mode="after")
-    def _key_for_openai(self) -> Self:
-        if self.provider == "openai":
-            settings.check_key(self, "openai_api_key")
-            settings.check_provider_url(self, "openai_base_url")
-        return self
+    openai_timeout_s: stage_service.ProviderTimeout = 60.0
+    openai_max_answer_bytes: stage_service.ProviderMaxAnswer = 1_000_000
 
 
 def render_text(lyrics: events.Lyrics) -> str:
@@ -60,16 +51,7 @@ def make_writer(config: LyricSettings) -> provider.LyricProvider:
     if config.provider == "instant":
         return instant.InstantLyricProvider()
     if config.provider == "openai":
-        key = http.Credential(config.openai_api_key, config.openai_api_key_file)
-        client = http.HttpProvider(
-            "the Chat Completions server",
-            config.openai_base_url,
-            config.openai_timeout_s,
-            config.openai_max_answer_bytes,
-            headers=key.bearer,
-            allow_private=config.allow_private,
-        )
-        return chat.ChatLyricProvider(client, config.openai_model)
+        return chat.ChatLyricProvider(config.provider_client("the Chat Completions server"), config.openai_model)
     return provider.LocalLyricProvider()
 
 
@@ -91,7 +73,6 @@ def make_work(config: LyricSettings) -> runner.Work:
 
 DEFINITION = stage_service.StageDefinition[LyricSettings](
     stage=events.Stage.LYRIC,
-    trigger=events.PIPELINE_REQUESTED,
     completed_model=events.LyricCompleted,
     make_work=make_work,
 )

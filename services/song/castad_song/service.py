@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Literal, Self
+from typing import Literal
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, http, remote, repository, runner
+from castad_runtime.stage import cancellation, remote, repository, runner
 from castad_runtime.stage import service as stage_service
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from castad_song import instant, provider, suno
@@ -37,12 +37,10 @@ class SongSettings(stage_service.LinkingStageSettings):
     suno_api_key: SecretStr | None = Field(
         default=None, description="its API key (or CASTAD_SONG_SUNO_API_KEY_FILE); never logged"
     )
-    suno_api_key_file: pathlib.Path | None = Field(
-        default=None, description="a file holding the API key, read at every call (a mounted Secret can rotate)"
-    )
+    suno_api_key_file: stage_service.ProviderKeyFile = None
     suno_model: str = Field(default="V4_5", min_length=1, description="the model to sing with")
-    suno_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for one answer")
-    suno_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
+    suno_timeout_s: stage_service.ProviderTimeout = 30.0
+    suno_max_answer_bytes: stage_service.ProviderMaxAnswer = 1_000_000
     # sunoapi.org takes 20 requests per 10 s (docs/providers.md): a burst of 5 and 1 a second stay under it
     # (15 in any 10 s) from the first call, with room for the look-up a resubmission makes first.
     quota_rate_per_s: float = Field(
@@ -50,25 +48,9 @@ class SongSettings(stage_service.LinkingStageSettings):
     )
     quota_burst: float = Field(default=5.0, ge=1, description="calls that may go at once after a quiet spell")
 
-    @model_validator(mode="after")
-    def _key_for_suno(self) -> Self:
-        if self.provider == "suno":
-            settings.check_key(self, "suno_api_key")
-            settings.check_provider_url(self, "suno_base_url")
-        return self
-
 
 def make_suno_work(config: SongSettings) -> runner.Work:
-    key = http.Credential(config.suno_api_key, config.suno_api_key_file)
-    client = http.HttpProvider(
-        "the music API",
-        config.suno_base_url,
-        config.suno_timeout_s,
-        config.suno_max_answer_bytes,
-        headers=key.bearer,
-        allow_private=config.allow_private,
-        classify=suno.classify,
-    )
+    client = config.provider_client("the music API", suno.classify)
     store = artifacts.make_store(config)
 
     def fetch(job: repository.Job, song: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
@@ -115,7 +97,6 @@ def make_work(config: SongSettings) -> runner.Work:
 
 DEFINITION = stage_service.StageDefinition[SongSettings](
     stage=events.Stage.SONG,
-    trigger=events.stage_event(events.Stage.LYRIC, "completed"),
     completed_model=events.SongCompleted,
     make_work=make_work,
 )

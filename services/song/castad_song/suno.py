@@ -25,7 +25,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from castad_contracts import events
+from castad_contracts import codes, events
 from castad_runtime import redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
@@ -89,23 +89,25 @@ def code_error(
     message = f"the music API answered code {code}"  # what it said is the operators' (detail), not the tenant's
     if code in (405, 430):
         return errors.ProviderError(
-            errors.RATE_LIMITED, message, retry_after_s=retry_after_s, status=status, detail=said
+            codes.ErrorCode.PROVIDER_RATE_LIMITED, message, retry_after_s=retry_after_s, status=status, detail=said
         )
     if code == 455:
         return errors.ProviderError(
-            errors.MAINTENANCE, message, retry_after_s=retry_after_s, status=status, detail=said
+            codes.ErrorCode.PROVIDER_MAINTENANCE, message, retry_after_s=retry_after_s, status=status, detail=said
         )
     if code == 401:
-        return errors.ProviderError("provider_auth", message, retryable=False, status=status, detail=said)
+        return errors.ProviderError(codes.ErrorCode.PROVIDER_AUTH, message, retryable=False, status=status, detail=said)
     if code == 429:
-        return errors.ProviderError("provider_credits_exhausted", message, retryable=False, status=status, detail=said)
+        return errors.ProviderError(
+            codes.ErrorCode.PROVIDER_CREDITS_EXHAUSTED, message, retryable=False, status=status, detail=said
+        )
     if code == 404:
-        return errors.ProviderError("provider_job_lost", message, status=status, detail=said)
+        return errors.ProviderError(codes.ErrorCode.PROVIDER_JOB_LOST, message, status=status, detail=said)
     if code >= 500 or code in http.RETRYABLE_STATUSES:
         return errors.ProviderError(
-            "provider_unavailable", message, retry_after_s=retry_after_s, status=status, detail=said
+            codes.ErrorCode.PROVIDER_UNAVAILABLE, message, retry_after_s=retry_after_s, status=status, detail=said
         )
-    return errors.ProviderError("provider_rejected", message, retryable=False, status=status, detail=said)
+    return errors.ProviderError(codes.ErrorCode.PROVIDER_REJECTED, message, retryable=False, status=status, detail=said)
 
 
 def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes) -> errors.ProviderError:
@@ -125,13 +127,13 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
 def data_of(answer: Any) -> dict[str, Any]:
     """The `data` of an answer whose body `code` is 200; a ProviderError for any other code."""
     if not isinstance(answer, dict) or not isinstance(answer.get("code"), int):
-        raise errors.ProviderError("provider_malformed", "the music API's answer has no code")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the music API's answer has no code")
     code = answer["code"]
     if code != 200:
         raise code_error(code, redact.mask(str(answer.get("msg") or ""))[:200] or None)
     data = answer.get("data")
     if not isinstance(data, dict):
-        raise errors.ProviderError("provider_malformed", "the music API's answer has no data")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the music API's answer has no data")
     return data
 
 
@@ -143,17 +145,19 @@ def finished(data: dict[str, Any]) -> remote.Pending | remote.Finished:
     reason = redact.mask(str(data.get("errorMessage") or status))[:200]
     if status == "SENSITIVE_WORD_ERROR":
         raise errors.ProviderError(
-            "content_refused", "the music API refused the lyrics", retryable=False, detail=reason
+            codes.ErrorCode.CONTENT_REFUSED, "the music API refused the lyrics", retryable=False, detail=reason
         )
     if status in FAILED:
-        raise errors.ProviderError("provider_job_failed", f"the music API failed the song ({status})", detail=reason)
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_JOB_FAILED, f"the music API failed the song ({status})", detail=reason
+        )
     if status == CALLBACK_EXCEPTION:  # its callback failed, not (necessarily) its songs: the poll decides
         return _track(data) or remote.Pending(CALLBACK_EXCEPTION)
     if status != "SUCCESS":
-        raise errors.ProviderError("provider_malformed", f"the music API's task is {str(status)[:40]!r}")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, f"the music API's task is {str(status)[:40]!r}")
     track = _track(data)
     if track is None:
-        raise errors.ProviderError("provider_malformed", "the music API's finished task has no track")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the music API's finished task has no track")
     return track
 
 
@@ -185,7 +189,7 @@ class SunoApi:
         answer = self._client.submit("api/v1/generate", cancel, json=body)
         task = data_of(answer).get("taskId")
         if not isinstance(task, str) or not task:
-            raise errors.ProviderError("provider_malformed", "the music API gave no taskId")
+            raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the music API gave no taskId")
         return remote.Submitted(task)
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:

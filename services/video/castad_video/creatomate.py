@@ -35,7 +35,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_runtime import redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
@@ -97,7 +97,7 @@ def check_notes(render: dict[str, Any], done: events.SongCompleted) -> tuple[str
     missing = sorted({name.split(".")[0] for text in said for name in QUOTED.findall(text)} & must)
     if missing:
         raise errors.ProviderError(
-            "template_mismatch",
+            codes.ErrorCode.TEMPLATE_MISMATCH,
             f"the video template has no element {', '.join(missing[:5])} (named in docs/providers.md)",
             retryable=False,
             detail="; ".join(said)[:1000],
@@ -108,7 +108,7 @@ def check_notes(render: dict[str, Any], done: events.SongCompleted) -> tuple[str
 def render_of(answer: Any) -> dict[str, Any]:
     render = answer[0] if isinstance(answer, list) and answer else answer
     if not isinstance(render, dict) or not isinstance(render.get("id"), str) or not render["id"]:
-        raise errors.ProviderError("provider_malformed", "the render API's answer has no render id")
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the render API's answer has no render id")
     return render
 
 
@@ -118,14 +118,18 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
         return remote.Pending(str(status))
     if status in CANCELED:
         raise errors.ProviderError(
-            "provider_job_canceled", "the render was canceled at the render API", retryable=False
+            codes.ErrorCode.PROVIDER_JOB_CANCELED, "the render was canceled at the render API", retryable=False
         )
     if status == "failed":
         reason = redact.mask(str(render.get("error_message") or "no reason given"))[:200]
-        raise errors.ProviderError("provider_job_failed", "the render API failed the video", detail=reason)
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_JOB_FAILED, "the render API failed the video", detail=reason
+        )
     url = render.get("url")
     if status != "succeeded" or not isinstance(url, str):
-        raise errors.ProviderError("provider_malformed", f"the render is {str(status)[:40]!r} without a URL")
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_MALFORMED, f"the render is {str(status)[:40]!r} without a URL"
+        )
     details = {k: render[k] for k in ("width", "height", "duration") if isinstance(render.get(k), int | float)}
     return remote.Finished(url, details)
 
@@ -167,6 +171,8 @@ class CreatomateApi:
             answer = self._client.json("GET", f"v2/renders/{urllib.parse.quote(handle, safe='')}", cancel)
         except errors.ProviderError as error:
             if error.status == 404:  # the render is gone: a new attempt renders anew
-                raise errors.ProviderError("provider_job_lost", f"the render API no longer knows {handle}") from None
+                raise errors.ProviderError(
+                    codes.ErrorCode.PROVIDER_JOB_LOST, f"the render API no longer knows {handle}"
+                ) from None
             raise
         return finished(render_of(answer))

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_runtime import artifacts, images, outbound, redact
 from castad_runtime.stage import cancellation, errors, http
 
@@ -69,7 +69,7 @@ def linked_copy(
     with store.fetched_copy(pipeline_id, events.Stage.VIDEO, link.url) as kept:
         if kept is None:
             raise errors.RetryableProviderError(
-                "photo_unreachable", f"{_named(index, link)}: what was kept of it is not in the store"
+                codes.ErrorCode.PHOTO_UNREACHABLE, f"{_named(index, link)}: what was kept of it is not in the store"
             )
         yield kept
 
@@ -88,9 +88,9 @@ def fetch(
     try:
         return images.clean(data, max_bytes=limits.max_bytes, max_pixels=limits.max_pixels)
     except images.TooLarge as refused:
-        raise errors.PermanentProviderError("photo_too_large", f"{named}: the image {refused}") from None
+        raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_TOO_LARGE, f"{named}: the image {refused}") from None
     except images.ImageRefused as refused:
-        raise errors.PermanentProviderError("photo_unreadable", f"{named}: the image {refused}") from None
+        raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREADABLE, f"{named}: the image {refused}") from None
 
 
 def _named(index: int, link: brief.PhotoLink) -> str:
@@ -121,20 +121,22 @@ def _fetched(
     try:
         return cancel.call(get)
     except (outbound.Refused, outbound.TooManyRedirects) as error:
-        raise errors.PermanentProviderError("photo_refused", f"{named} is not allowed: {error}") from None
+        raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_REFUSED, f"{named} is not allowed: {error}") from None
     except outbound.TooLarge:
         raise errors.PermanentProviderError(
-            "photo_too_large", f"{named} is larger than the {limits.max_bytes} bytes accepted"
+            codes.ErrorCode.PHOTO_TOO_LARGE, f"{named} is larger than the {limits.max_bytes} bytes accepted"
         ) from None
     except outbound.EncodingRefused as error:
-        raise errors.PermanentProviderError("photo_unreadable", f"{named} came encoded: {error}") from None
+        raise errors.PermanentProviderError(
+            codes.ErrorCode.PHOTO_UNREADABLE, f"{named} came encoded: {error}"
+        ) from None
     except httpx.TimeoutException:
         raise errors.RetryableProviderError(
-            "photo_timeout", f"{named} did not arrive within {limits.timeout_s:g} s"
+            codes.ErrorCode.PHOTO_TIMEOUT, f"{named} did not arrive within {limits.timeout_s:g} s"
         ) from None
     except httpx.RequestError as error:  # connection refused or reset, TLS, protocol errors
         raise errors.RetryableProviderError(
-            "photo_unreachable", f"{named}: its host could not be reached ({redact.describe(error)})"
+            codes.ErrorCode.PHOTO_UNREACHABLE, f"{named}: its host could not be reached ({redact.describe(error)})"
         ) from None
 
 
@@ -142,10 +144,15 @@ def _answered(named: str, response: httpx.Response) -> errors.ProviderError:
     """The error a host's answer other than the photo stands for: its status is said, its body is not read."""
     status = response.status_code
     if status < 400:
-        return errors.PermanentProviderError("photo_refused", f"{named} redirected ({status}) with no place to go")
+        return errors.PermanentProviderError(
+            codes.ErrorCode.PHOTO_REFUSED, f"{named} redirected ({status}) with no place to go"
+        )
     message = f"{named}: its host answered {status}"
     if status >= 500 or status in http.RETRYABLE_STATUSES:
         return errors.RetryableProviderError(
-            "photo_unreachable", message, retry_after_s=http.retry_after_s(response.headers), status=status
+            codes.ErrorCode.PHOTO_UNREACHABLE,
+            message,
+            retry_after_s=http.retry_after_s(response.headers),
+            status=status,
         )
-    return errors.PermanentProviderError("photo_unreachable", message, status=status)
+    return errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, message, status=status)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import imageio_ffmpeg
 import numpy as np
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_runtime import outages
 from castad_runtime.stage import cancellation, errors
 from PIL import Image, ImageDraw, ImageFilter, ImageFont, ImageOps
@@ -508,7 +508,7 @@ def photo_cuts(duration_s: float, photos: int, line_starts: Sequence[float]) -> 
 def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
     """Seconds of the song: a WAV's from its header, any other audio's (a music API's MP3) as ffmpeg reads it."""
     if not song_path.is_file():
-        raise errors.PermanentProviderError("song_missing", f"no song file at {song_path}")
+        raise errors.PermanentProviderError(codes.ErrorCode.SONG_MISSING, f"no song file at {song_path}")
     with song_path.open("rb") as head:
         riff = head.read(4) == b"RIFF"
     if riff or ffmpeg is None:
@@ -516,11 +516,13 @@ def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
             with wave.open(str(song_path), "rb") as song:
                 duration = song.getnframes() / song.getframerate()
         except (wave.Error, EOFError) as error:
-            raise errors.PermanentProviderError("song_unreadable", f"{song_path} is not a WAV file: {error}") from error
+            raise errors.PermanentProviderError(
+                codes.ErrorCode.SONG_UNREADABLE, f"{song_path} is not a WAV file: {error}"
+            ) from error
     else:
         duration = _probed_duration(song_path, ffmpeg)
     if duration <= 0:
-        raise errors.PermanentProviderError("song_unreadable", f"{song_path} holds no audio")
+        raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREADABLE, f"{song_path} holds no audio")
     return duration
 
 
@@ -534,10 +536,12 @@ def _probed_duration(song_path: pathlib.Path, ffmpeg: str) -> float:
             [ffmpeg, "-nostdin", "-hide_banner", "-i", str(song_path)], capture_output=True, text=True, timeout=30
         )
     except subprocess.TimeoutExpired:
-        raise errors.RetryableProviderError("render_failed", f"ffmpeg did not read {song_path} in 30 s") from None
+        raise errors.RetryableProviderError(
+            codes.ErrorCode.RENDER_FAILED, f"ffmpeg did not read {song_path} in 30 s"
+        ) from None
     found = FFMPEG_DURATION.search(result.stderr)
     if found is None or "Audio:" not in result.stderr:
-        raise errors.PermanentProviderError("song_unreadable", f"{song_path} is no audio ffmpeg reads")
+        raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREADABLE, f"{song_path} is no audio ffmpeg reads")
     hours, minutes, seconds = found.groups()
     return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
@@ -645,7 +649,9 @@ class LocalVideoProvider:
         except OSError as error:
             if outages.is_resource_shortage(error):
                 raise  # no memory or processes left to start ffmpeg: the machine's failure, not the render's
-            raise errors.PermanentProviderError("render_failed", f"cannot run {self._ffmpeg}: {error}") from error
+            raise errors.PermanentProviderError(
+                codes.ErrorCode.RENDER_FAILED, f"cannot run {self._ffmpeg}: {error}"
+            ) from error
         check_render(result)
 
 
@@ -661,7 +667,9 @@ def _read_photo(path: pathlib.Path, frame: tuple[int, int]) -> Image.Image:
         picture.thumbnail((max(needed[0], 1), max(needed[1], 1)), Image.Resampling.LANCZOS)
         return picture
     except (OSError, ValueError, Image.DecompressionBombError) as error:
-        raise errors.PermanentProviderError("photo_unreadable", f"{path.name} does not decode: {error}") from None
+        raise errors.PermanentProviderError(
+            codes.ErrorCode.PHOTO_UNREADABLE, f"{path.name} does not decode: {error}"
+        ) from None
 
 
 def check_render(result: subprocess.CompletedProcess[str]) -> None:
@@ -671,7 +679,11 @@ def check_render(result: subprocess.CompletedProcess[str]) -> None:
     tail = "\n".join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
     if result.returncode < 0 or result.returncode in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
         name = signal.Signals(abs(result.returncode) % 128).name
-        raise errors.RetryableProviderError("render_interrupted", f"ffmpeg was killed by {name}. {tail}".strip())
+        raise errors.RetryableProviderError(
+            codes.ErrorCode.RENDER_INTERRUPTED, f"ffmpeg was killed by {name}. {tail}".strip()
+        )
     if "No space left on device" in result.stderr or "Disk quota exceeded" in result.stderr:
         raise OSError(errno.ENOSPC, f"ffmpeg ran out of disk: {tail}")
-    raise errors.PermanentProviderError("render_failed", tail or f"ffmpeg exited with {result.returncode}")
+    raise errors.PermanentProviderError(
+        codes.ErrorCode.RENDER_FAILED, tail or f"ffmpeg exited with {result.returncode}"
+    )

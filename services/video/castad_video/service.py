@@ -6,9 +6,9 @@ import contextlib
 import pathlib
 from typing import Literal, Self
 
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_runtime import artifacts, cli, links, settings
-from castad_runtime.stage import cancellation, errors, http, remote, repository, runner
+from castad_runtime.stage import cancellation, errors, remote, repository, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -39,14 +39,12 @@ class VideoSettings(stage_service.LinkingStageSettings):
     creatomate_api_key: SecretStr | None = Field(
         default=None, description="its API key (or CASTAD_VIDEO_CREATOMATE_API_KEY_FILE); never logged"
     )
-    creatomate_api_key_file: pathlib.Path | None = Field(
-        default=None, description="a file holding the API key, read at every call (a mounted Secret can rotate)"
-    )
+    creatomate_api_key_file: stage_service.ProviderKeyFile = None
     creatomate_template_id: str | None = Field(
         default=None, min_length=1, description="the template rendered (its elements: see docs/providers.md)"
     )
-    creatomate_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for one answer")
-    creatomate_max_answer_bytes: int = Field(default=1_000_000, ge=1024, description="a larger answer is refused")
+    creatomate_timeout_s: stage_service.ProviderTimeout = 30.0
+    creatomate_max_answer_bytes: stage_service.ProviderMaxAnswer = 1_000_000
     # Creatomate takes 30 requests per 10 s (docs/providers.md): a burst of 5 and 2 a second stay under it
     # (25 in any 10 s) from the first call, with room for the look-up a resubmission makes first.
     quota_rate_per_s: float = Field(
@@ -87,8 +85,6 @@ class VideoSettings(stage_service.LinkingStageSettings):
     def _creatomate_needs(self) -> Self:
         if self.provider != "creatomate":
             return self
-        settings.check_key(self, "creatomate_api_key")
-        settings.check_provider_url(self, "creatomate_base_url")
         if self.creatomate_template_id is None:
             raise ValueError("provider creatomate needs CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID")
         if self.artifacts_store == "volume" and self.gateway_url is None:
@@ -104,7 +100,7 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
     try:
         served = store.serve(done.artifact, done.pipeline_id, events.Stage.SONG)
     except artifacts.ArtifactMissing as error:
-        raise errors.PermanentProviderError("song_unreachable", str(error)) from None
+        raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREACHABLE, str(error)) from None
     if isinstance(served, str):
         return served
     assert config.gateway_url is not None and config.link_secret is not None
@@ -121,14 +117,14 @@ def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: even
         if isinstance(photo, brief.PhotoLink):
             if not photo.url.lower().startswith("https://"):
                 raise errors.PermanentProviderError(
-                    "photo_refused", f"the render API is given photos by https URL only, not {photo.url}"
+                    codes.ErrorCode.PHOTO_REFUSED, f"the render API is given photos by https URL only, not {photo.url}"
                 )
             urls.append(photo.url)
             continue
         try:
             served = store.serve_image(photo)
         except artifacts.ArtifactMissing as error:
-            raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
+            raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
         if isinstance(served, str):
             urls.append(served)
             continue
@@ -142,15 +138,7 @@ def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: even
 
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
     assert config.creatomate_template_id is not None
-    key = http.Credential(config.creatomate_api_key, config.creatomate_api_key_file)
-    client = http.HttpProvider(
-        "the render API",
-        config.creatomate_base_url,
-        config.creatomate_timeout_s,
-        config.creatomate_max_answer_bytes,
-        headers=key.bearer,
-        allow_private=config.allow_private,
-    )
+    client = config.provider_client("the render API")
     store = artifacts.make_store(config)
 
     def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
@@ -210,14 +198,14 @@ def make_work(config: VideoSettings) -> runner.Work:
             try:
                 song_path = files.enter_context(store.local_copy(done.artifact, job.pipeline_id, events.Stage.SONG))
             except artifacts.ArtifactMissing as error:
-                raise errors.PermanentProviderError("song_unreachable", str(error)) from None
+                raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREACHABLE, str(error)) from None
             try:
                 paths = [
                     files.enter_context(photo_copy(job, index, photo, cancel))
                     for index, photo in enumerate(done.brief.photos)
                 ]
             except artifacts.ArtifactMissing as error:
-                raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
+                raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
             video = renderer.render(
                 done.brief,
@@ -237,7 +225,6 @@ def make_work(config: VideoSettings) -> runner.Work:
 
 DEFINITION = stage_service.StageDefinition[VideoSettings](
     stage=events.Stage.VIDEO,
-    trigger=events.stage_event(events.Stage.SONG, "completed"),
     completed_model=events.VideoCompleted,
     make_work=make_work,
 )

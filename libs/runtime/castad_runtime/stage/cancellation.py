@@ -123,7 +123,8 @@ class Cancellation:
         self.check()
         if "error" in result:
             raise result["error"]
-        return result["value"]
+        value: T = result["value"]
+        return value
 
     def run(self, command: Sequence[str], timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
         """Run a child process in its own session and return its exit status and output.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from castad_contracts import codes
+
 
 class ProviderError(Exception):
     """A provider call failed. `retryable` says whether another attempt may succeed; `retry_after_s`
@@ -16,7 +18,7 @@ class ProviderError(Exception):
 
     def __init__(
         self,
-        code: str,
+        code: codes.ErrorCode,
         message: str,
         *,
         retryable: bool | None = None,
@@ -38,18 +40,14 @@ class ProviderError(Exception):
 # (it holds a handle), such a failure only means "ask again later" (see castad_runtime.stage.remote).
 CALL_FAILURES = frozenset(
     {
-        "provider_rate_limited",
-        "provider_maintenance",
-        "provider_unavailable",
-        "provider_timeout",
-        "provider_unreachable",
-        "provider_malformed",
+        codes.ErrorCode.PROVIDER_RATE_LIMITED,
+        codes.ErrorCode.PROVIDER_MAINTENANCE,
+        codes.ErrorCode.PROVIDER_UNAVAILABLE,
+        codes.ErrorCode.PROVIDER_TIMEOUT,
+        codes.ErrorCode.PROVIDER_UNREACHABLE,
+        codes.ErrorCode.PROVIDER_MALFORMED,
     }
 )
-RATE_LIMITED = "provider_rate_limited"
-# The provider says it is down for maintenance: like an outage of Castad's own, a submit it turns away is
-# handed back uncounted and tried again after a backoff (castad_runtime.stage.runner), however long it lasts.
-MAINTENANCE = "provider_maintenance"
 
 
 class RetryableProviderError(ProviderError):

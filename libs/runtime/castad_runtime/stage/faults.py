@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from castad_contracts import codes
+
 from castad_runtime.stage import cancellation, errors
 
 T = TypeVar("T")
@@ -57,12 +59,12 @@ class FaultInjector:
             cancel.sleep(None)
         if fail < self.faults.permanent_rate:
             raise errors.PermanentProviderError(
-                "injected_fault", "permanent fault injected by CASTAD_*_FAULT_PERMANENT_RATE"
+                codes.ErrorCode.INJECTED_FAULT, "permanent fault injected by CASTAD_*_FAULT_PERMANENT_RATE"
             )
         if fail < self.faults.permanent_rate + self.faults.failure_rate:
             kind = "retryable" if self.faults.retryable else "permanent"
             raise errors.ProviderError(
-                "injected_fault",
+                codes.ErrorCode.INJECTED_FAULT,
                 f"{kind} fault injected by CASTAD_*_FAULT_* settings",
                 retryable=self.faults.retryable,
             )

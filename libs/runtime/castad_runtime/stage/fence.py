@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable
 
 import sqlalchemy as sa
+from castad_contracts import codes
 
 from castad_runtime import db, logs, outages, redact
 from castad_runtime.stage import leases, repository
@@ -41,14 +42,12 @@ from castad_runtime.stage import leases, repository
 log = logging.getLogger(__name__)
 
 MARGIN = 0.1  # of a lease: at least this much of it must be left when work leaves
-LEASE_LOST = "lease_lost"
-OUTAGE = "outage"
 
 
 class Fenced(Exception):
     """An attempt's work was about to leave Castad without a lease known to be held, and did not leave."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: codes.ErrorCode, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
@@ -77,7 +76,7 @@ class Fence:
         """Return if the claim `job`'s work may leave now, its submission recorded; raise Fenced if not."""
         if not self.leases.known_held(job, self.margin_s):
             lost = "its lease is not known to be held (its worker froze, or was cut off)"
-            raise self._held_back(job, LEASE_LOST, lost)
+            raise self._held_back(job, codes.ErrorCode.LEASE_LOST, lost)
         began = self.leases.clock()
         try:
             with db.transaction(self.engine) as conn:
@@ -86,16 +85,20 @@ class Fence:
             if not outages.is_outage(error):
                 raise
             message = f"the submission could not be recorded: {redact.describe(error)}"
-            raise self._held_back(job, OUTAGE, message) from None
+            raise self._held_back(job, codes.ErrorCode.OUTAGE, message) from None
         if left_s is None:
-            raise self._held_back(job, LEASE_LOST, "its claim no longer holds the job (taken over, canceled, expired)")
+            raise self._held_back(
+                job, codes.ErrorCode.LEASE_LOST, "its claim no longer holds the job (taken over, canceled, expired)"
+            )
         self.leases.confirmed(job, began, left_s)
         if not self.leases.known_held(job, self.margin_s):
             self._unrecord(job)
-            raise self._held_back(job, LEASE_LOST, "recording the submission took what was left of the lease")
+            raise self._held_back(
+                job, codes.ErrorCode.LEASE_LOST, "recording the submission took what was left of the lease"
+            )
         self._sent()
 
-    def _held_back(self, job: repository.Job, code: str, message: str) -> Fenced:
+    def _held_back(self, job: repository.Job, code: codes.ErrorCode, message: str) -> Fenced:
         with logs.bound(job.pipeline_id):  # the provider's thread has no log context of its own
             log.warning("attempt %d: its work held back, not sent (%s): %s", job.attempts, code, message)
         self._fenced()

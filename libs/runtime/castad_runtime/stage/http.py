@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 import pydantic
+from castad_contracts import codes
 
 from castad_runtime import outages, outbound, redact
 from castad_runtime.stage import cancellation, errors, machine, sniff
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 200
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 MAX_ERROR_BODY = 65_536  # of an error answer, read for its reason
-REFUSED = "provider_url_refused"
 
 
 def retry_after_s(headers: Mapping[str, str], now: dt.datetime | None = None) -> float | None:
@@ -100,10 +100,12 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
     said = reason(body) or None
     message = f"{provider} answered {status}"
     if status == 429 and _error_code(body) == "insufficient_quota":  # OpenAI's "out of credits": not a rate
-        return errors.ProviderError("provider_credits_exhausted", message, retryable=False, status=status, detail=said)
+        return errors.ProviderError(
+            codes.ErrorCode.PROVIDER_CREDITS_EXHAUSTED, message, retryable=False, status=status, detail=said
+        )
     if status == 429:
         return errors.ProviderError(
-            errors.RATE_LIMITED,
+            codes.ErrorCode.PROVIDER_RATE_LIMITED,
             message,
             retryable=True,
             retry_after_s=retry_after_s(headers),
@@ -112,7 +114,7 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
         )
     if status >= 500 or status in RETRYABLE_STATUSES:
         return errors.ProviderError(
-            "provider_unavailable",
+            codes.ErrorCode.PROVIDER_UNAVAILABLE,
             message,
             retryable=True,
             retry_after_s=retry_after_s(headers),
@@ -120,8 +122,8 @@ def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes
             detail=said,
         )
     if status in (401, 403):
-        return errors.ProviderError("provider_auth", message, retryable=False, status=status, detail=said)
-    return errors.ProviderError("provider_rejected", message, retryable=False, status=status, detail=said)
+        return errors.ProviderError(codes.ErrorCode.PROVIDER_AUTH, message, retryable=False, status=status, detail=said)
+    return errors.ProviderError(codes.ErrorCode.PROVIDER_REJECTED, message, retryable=False, status=status, detail=said)
 
 
 Classify = Callable[[str, int, Mapping[str, str], bytes], errors.ProviderError]
@@ -151,7 +153,7 @@ class Credential:
                 if outages.is_resource_shortage(error):  # the machine's shortage, not the key's
                     raise
                 raise errors.ProviderError(
-                    "provider_key_unreadable",
+                    codes.ErrorCode.PROVIDER_KEY_UNREADABLE,
                     "the provider's key cannot be read",
                     detail=f"{self.file}: {error.strerror}",
                 ) from None
@@ -175,7 +177,9 @@ class Answer:
         try:
             return json.loads(self.body)
         except ValueError:
-            raise errors.ProviderError("provider_malformed", f"{provider} answered with something not JSON") from None
+            raise errors.ProviderError(
+                codes.ErrorCode.PROVIDER_MALFORMED, f"{provider} answered with something not JSON"
+            ) from None
 
 
 class HttpProvider:
@@ -240,29 +244,34 @@ class HttpProvider:
             answer = cancel.call(lambda: self._exchange(method, path.lstrip("/"), headers, **kwargs))
         except outbound.Refused as error:
             raise errors.ProviderError(
-                REFUSED, f"{self.name} is at an address that is not allowed", retryable=False, detail=str(error)
+                codes.ErrorCode.PROVIDER_URL_REFUSED,
+                f"{self.name} is at an address that is not allowed",
+                retryable=False,
+                detail=str(error),
             ) from None
         except httpx.TimeoutException:
             raise errors.ProviderError(
-                "provider_timeout", f"{self.name} did not answer within {self.timeout_s:g} s"
+                codes.ErrorCode.PROVIDER_TIMEOUT, f"{self.name} did not answer within {self.timeout_s:g} s"
             ) from None
         except (httpx.DecodingError, outbound.EncodingRefused) as error:
             raise errors.ProviderError(
-                "provider_malformed", f"{self.name} sent a mis-encoded body", detail=redact.describe(error)
+                codes.ErrorCode.PROVIDER_MALFORMED,
+                f"{self.name} sent a mis-encoded body",
+                detail=redact.describe(error),
             ) from None
         except httpx.RequestError as error:  # connection refused or reset, TLS, protocol errors
             raise errors.ProviderError(
-                "provider_unreachable", f"{self.name} could not be reached", detail=redact.describe(error)
+                codes.ErrorCode.PROVIDER_UNREACHABLE, f"{self.name} could not be reached", detail=redact.describe(error)
             ) from None
         except outbound.TooLarge:
             raise errors.ProviderError(
-                "provider_malformed", f"{self.name} answered with more than {self.max_body_bytes} bytes"
+                codes.ErrorCode.PROVIDER_MALFORMED, f"{self.name} answered with more than {self.max_body_bytes} bytes"
             ) from None
         if answer.status >= 400:
             raise self._classify(self.name, answer.status, answer.headers, answer.body)
         if answer.status >= 300:
             raise errors.ProviderError(
-                "provider_rejected", f"{self.name} redirected ({answer.status})", retryable=False
+                codes.ErrorCode.PROVIDER_REJECTED, f"{self.name} redirected ({answer.status})", retryable=False
             )
         return answer
 
@@ -335,12 +344,12 @@ def download(
         finally:
             client.close()
         if size == 0:
-            raise errors.ProviderError("provider_artifact_invalid", "the result is empty")
+            raise errors.ProviderError(codes.ErrorCode.PROVIDER_ARTIFACT_INVALID, "the result is empty")
         with dest.open("rb") as written:
             found = sniff.media_type(written.read(sniff.HEAD_BYTES))
         if found is None or not found.startswith(media_types):
             raise errors.ProviderError(
-                "provider_artifact_invalid",
+                codes.ErrorCode.PROVIDER_ARTIFACT_INVALID,
                 f"the result is {found or 'of no known kind'} by its bytes, not {' or '.join(media_types)}",
                 detail=f"{where}: served as {declared[:60] or 'untyped'}",
             )
@@ -354,22 +363,31 @@ def download(
         return cancel.call(fetch)
     except outbound.Refused as error:
         raise errors.ProviderError(
-            REFUSED, "the result's URL is not allowed", retryable=False, detail=f"{where}: {error}"
+            codes.ErrorCode.PROVIDER_URL_REFUSED,
+            "the result's URL is not allowed",
+            retryable=False,
+            detail=f"{where}: {error}",
         ) from None
     except outbound.TooLarge:
         raise errors.ProviderError(
-            "provider_artifact_invalid", f"the result is larger than {max_bytes} bytes"
+            codes.ErrorCode.PROVIDER_ARTIFACT_INVALID, f"the result is larger than {max_bytes} bytes"
         ) from None
     except outbound.EncodingRefused as error:
-        raise errors.ProviderError("provider_artifact_invalid", "the result came encoded", detail=str(error)) from None
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_ARTIFACT_INVALID, "the result came encoded", detail=str(error)
+        ) from None
     except outbound.TooManyRedirects:
-        raise errors.ProviderError("provider_artifact_invalid", "the result's URL redirects too often") from None
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_ARTIFACT_INVALID, "the result's URL redirects too often"
+        ) from None
     except httpx.TimeoutException:
-        raise errors.ProviderError("provider_timeout", f"the result did not arrive within {timeout_s:g} s") from None
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_TIMEOUT, f"the result did not arrive within {timeout_s:g} s"
+        ) from None
     except httpx.RequestError as error:
         detail = f"{where}: {redact.describe(error)}"
         raise errors.ProviderError(
-            "provider_unreachable", "the result's host could not be reached", detail=detail
+            codes.ErrorCode.PROVIDER_UNREACHABLE, "the result's host could not be reached", detail=detail
         ) from None
 
 
@@ -387,10 +405,11 @@ def _host_error(response: httpx.Response, deadline: float) -> errors.ProviderErr
         said = ""
     if response.status_code < 400:
         return errors.ProviderError(
-            "provider_artifact_invalid", f"the result's URL redirected ({response.status_code}) with no place to go"
+            codes.ErrorCode.PROVIDER_ARTIFACT_INVALID,
+            f"the result's URL redirected ({response.status_code}) with no place to go",
         )
     return errors.ProviderError(
-        "provider_unavailable",
+        codes.ErrorCode.PROVIDER_UNAVAILABLE,
         f"the provider's file host answered {response.status_code}",
         retry_after_s=retry_after_s(response.headers),
         status=response.status_code,

@@ -27,7 +27,7 @@ import mimetypes
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from castad_contracts import events
+from castad_contracts import codes, events
 
 from castad_runtime import artifacts
 from castad_runtime.stage import cancellation, errors, http, machine, repository, runner
@@ -121,10 +121,17 @@ def _extension(media_type: str) -> str:
 
 # While work is at the provider, these only mean "ask again later" (bounded by give_up_s): a failed
 # request, and a key refused or unreadable for a moment (a rotation), which must not lose the work.
-WAIT_ON = errors.CALL_FAILURES | {"provider_auth", "provider_key_unreadable"}
+WAIT_ON = errors.CALL_FAILURES | {codes.ErrorCode.PROVIDER_AUTH, codes.ErrorCode.PROVIDER_KEY_UNREADABLE}
 
 # What a look-up of an earlier attempt's work may find that lets new work be submitted: nothing to take there.
-GONE = frozenset({"provider_job_failed", "provider_job_lost", "provider_job_canceled", "content_refused"})
+GONE = frozenset(
+    {
+        codes.ErrorCode.PROVIDER_JOB_FAILED,
+        codes.ErrorCode.PROVIDER_JOB_LOST,
+        codes.ErrorCode.PROVIDER_JOB_CANCELED,
+        codes.ErrorCode.CONTENT_REFUSED,
+    }
+)
 
 Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
 CallbackUrl = Callable[[repository.Job], str | None]
@@ -157,7 +164,7 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
                 f": {error.detail}" if error.detail else "",
             )
             asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
-            throttled_s = asked if error.code == errors.RATE_LIMITED else None
+            throttled_s = asked if error.code == codes.ErrorCode.PROVIDER_RATE_LIMITED else None
             return runner.Awaiting(job.handle, max(asked, schedule.after(job.polls)), throttled_s)
 
     def look_up(handle: str, cancel: cancellation.Cancellation) -> Finished | None:
@@ -175,7 +182,8 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
         """Work still not had after give_up_s (by the database's clock) fails the attempt."""
         if job.waited_s > schedule.give_up_s:
             raise errors.ProviderError(
-                "provider_job_timeout", f"the provider's work {job.handle} was not had after {schedule.give_up_s:g} s"
+                codes.ErrorCode.PROVIDER_JOB_TIMEOUT,
+                f"the provider's work {job.handle} was not had after {schedule.give_up_s:g} s",
             )
 
     return run

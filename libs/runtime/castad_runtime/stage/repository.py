@@ -9,6 +9,7 @@ from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
+from castad_contracts import codes
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
@@ -17,7 +18,6 @@ from castad_runtime.stage import machine, quota
 
 jobs = tables.jobs
 attempts = tables.attempts
-CANCELED_CODE = "canceled"
 
 # The hot path's statements as plain SQL (castad_runtime.db.run). The status lists are literal, as in the
 # partial indexes' predicates (jobs_due, jobs_leased), so that the planner matches them.
@@ -221,7 +221,7 @@ def add_canceled(
         operation,
         max_attempts,
         status=machine.Status.CANCELED,
-        last_error_code=CANCELED_CODE,
+        last_error_code=codes.ErrorCode.CANCELED,
         last_error_message=reason,
         finished_at=sa.func.now(),
     )
@@ -262,7 +262,7 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
             lease_owner=None,
             lease_expires_at=None,
             last_operation=operation,
-            last_error_code=CANCELED_CODE,
+            last_error_code=codes.ErrorCode.CANCELED,
             last_error_message=reason,
             previous_handle=sa.func.coalesce(jobs.c.handle, jobs.c.previous_handle),  # an operator's retry looks
             handle=None,
@@ -274,7 +274,9 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
         conn.execute(
             attempts.update()
             .where(attempts.c.job_id == held.id, attempts.c.number == held.attempts, attempts.c.outcome == "running")
-            .values(finished_at=sa.func.now(), outcome="canceled", error_code=CANCELED_CODE, error_message=reason)
+            .values(
+                finished_at=sa.func.now(), outcome="canceled", error_code=codes.ErrorCode.CANCELED, error_message=reason
+            )
         )
 
 
@@ -503,7 +505,8 @@ def submissions(conn: sa.Connection, pipeline_ids: Collection[str] | None = None
 
 
 def due_at(conn: sa.Connection, job_id: uuid.UUID) -> dt.datetime:
-    return conn.execute(sa.select(jobs.c.due_at).where(jobs.c.id == job_id)).scalar_one()
+    due: dt.datetime = conn.execute(sa.select(jobs.c.due_at).where(jobs.c.id == job_id)).scalar_one()
+    return due
 
 
 @dataclasses.dataclass(frozen=True)

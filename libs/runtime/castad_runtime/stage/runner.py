@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import events, topology
+from castad_contracts import codes, events, topology
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -36,9 +36,16 @@ STUCK_LOG_EVERY_S = 60.0  # while a provider ignores its cancellation, say so th
 FREE_RATE_LIMITS = 20  # attempts a provider may turn away with "too many" before they count
 # Error codes the runner gives itself: always label values of its metrics, never crowded out by a provider's.
 OWN_CODES = frozenset(
-    {"attempt_timeout", "internal_error", "worker_stopped", "lease_expired", "outage", "poll_timeout"}
-    | {fence.LEASE_LOST}
-    | {"provider_job_timeout", repository.CANCELED_CODE}
+    {
+        codes.ErrorCode.ATTEMPT_TIMEOUT,
+        codes.ErrorCode.INTERNAL_ERROR,
+        codes.ErrorCode.WORKER_STOPPED,
+        codes.ErrorCode.LEASE_EXPIRED,
+        codes.ErrorCode.OUTAGE,
+        codes.ErrorCode.POLL_TIMEOUT,
+    }
+    | {codes.ErrorCode.LEASE_LOST}
+    | {codes.ErrorCode.PROVIDER_JOB_TIMEOUT, codes.ErrorCode.CANCELED}
     | errors.CALL_FAILURES
 )
 
@@ -110,7 +117,7 @@ class Succeeded:
 class Failed:
     """The work failed: counted against max_attempts."""
 
-    code: str
+    code: codes.ErrorCode
     message: str
     retryable: bool
     retry_after_s: float | None = None
@@ -121,7 +128,7 @@ class HandedBack:
     """The machinery failed the attempt, or the provider asked us to slow down (`throttled_s`): not
     counted, the job is due again after `delay_s` (its poll, if its work is at a provider)."""
 
-    code: str
+    code: codes.ErrorCode
     message: str
     delay_s: float = 0.0
     throttled_s: float | None = None
@@ -196,7 +203,7 @@ class StageRunner:
             return None
         repository.cancel(conn, held, request.operation, request.reason)
         if held.status in (machine.Status.RUNNING, machine.Status.AWAITING):  # its attempt ends canceled
-            db.after_commit(conn, lambda: self.metrics.attempt_ended("canceled", repository.CANCELED_CODE))
+            db.after_commit(conn, lambda: self.metrics.attempt_ended("canceled", codes.ErrorCode.CANCELED))
         self._emit_canceled(conn, request, held.id, attempt=held.attempts)
         log.info("%s job canceled (%s)", self.stage.value, request.reason)
         return held.id if held.status is machine.Status.RUNNING else None
@@ -313,7 +320,7 @@ class StageRunner:
     def hand_back(self, claim: Claim, why: str) -> None:
         """A claim whose attempt will not run here: handed back at once (outcome interrupted, not counted)."""
         with trace.use_span(claim.span, end_on_exit=True):
-            back = HandedBack("worker_stopped", why)
+            back = HandedBack(codes.ErrorCode.WORKER_STOPPED, why)
             if self._record(claim.job, back)[0]:
                 self._count(back, claim.job.polling, 0.0)
 
@@ -377,12 +384,14 @@ class StageRunner:
             for job in lost:
                 with telemetry.continued(job.traceparent, job.tracestate), logs.bound(job.pipeline_id):
                     log.warning("%s attempt %d lost its lease; handing it back", self.stage.value, job.attempts)
-                    back = HandedBack("lease_expired", "the worker stopped renewing its lease")
+                    back = HandedBack(codes.ErrorCode.LEASE_EXPIRED, "the worker stopped renewing its lease")
                     if self._write_hand_back(conn, job, back):
                         db.after_commit(conn, functools.partial(self._count, back, job.polling, None))
         return len(lost)
 
-    def _start_work(self, job: repository.Job, cancel: cancellation.Cancellation) -> tuple[threading.Thread, dict]:
+    def _start_work(
+        self, job: repository.Job, cancel: cancellation.Cancellation
+    ) -> tuple[threading.Thread, dict[str, Any]]:
         """The provider runs on a thread of its own, so that its supervisor can time it out."""
         result: dict[str, Any] = {}
         parent = otel_context.get_current()
@@ -427,11 +436,15 @@ class StageRunner:
             )
         # A cancellation explains whatever the cancelled work raised (a killed child, say).
         if cancel.reason is cancellation.Reason.TIMEOUT and job.polling:  # the work at the provider goes on
-            return HandedBack("poll_timeout", f"a poll took more than {self.limits.attempt_timeout_s:g} s", 0.0)
+            return HandedBack(
+                codes.ErrorCode.POLL_TIMEOUT, f"a poll took more than {self.limits.attempt_timeout_s:g} s", 0.0
+            )
         if cancel.reason is cancellation.Reason.TIMEOUT:
-            return Failed("attempt_timeout", f"no result within {self.limits.attempt_timeout_s:g} s", True)
+            return Failed(
+                codes.ErrorCode.ATTEMPT_TIMEOUT, f"no result within {self.limits.attempt_timeout_s:g} s", True
+            )
         if cancel.reason is cancellation.Reason.SHUTDOWN:
-            return HandedBack("worker_stopped", "the service stopped before the attempt finished")
+            return HandedBack(codes.ErrorCode.WORKER_STOPPED, "the service stopped before the attempt finished")
         if cancel.reason in (cancellation.Reason.SUPERSEDED, cancellation.Reason.CANCELED):
             log.warning("%s attempt %d stopped: %s", self.stage.value, job.attempts, cancel.reason)
             return None
@@ -440,15 +453,23 @@ class StageRunner:
             log.warning("%s attempt %d: %s (%s)", self.stage.value, job.attempts, error.code, error.detail)
         uncounted = job.attempts - 1 - job.counted_attempts  # earlier attempts handed back
         if isinstance(error, fence.Fenced):  # its work did not leave: the machinery's failure
-            delay = self.limits.policy.delay_s(uncounted + 1, self.rng) if error.code == fence.OUTAGE else 0.0
+            delay = self.limits.policy.delay_s(uncounted + 1, self.rng) if error.code == codes.ErrorCode.OUTAGE else 0.0
             return HandedBack(error.code, error.message, delay)
-        if isinstance(error, errors.ProviderError) and error.code == errors.MAINTENANCE and error.retryable:
+        if (
+            isinstance(error, errors.ProviderError)
+            and error.code == codes.ErrorCode.PROVIDER_MAINTENANCE
+            and error.retryable
+        ):
             # The provider is down for maintenance: like an outage, it costs no attempt however long it lasts.
             asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
             return HandedBack(
                 error.code, error.message, max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
             )
-        if isinstance(error, errors.ProviderError) and error.code == errors.RATE_LIMITED and error.retryable:
+        if (
+            isinstance(error, errors.ProviderError)
+            and error.code == codes.ErrorCode.PROVIDER_RATE_LIMITED
+            and error.retryable
+        ):
             asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
             if uncounted < FREE_RATE_LIMITS:  # waiting for the provider is not the work failing...
                 delay = max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
@@ -457,9 +478,13 @@ class StageRunner:
         if isinstance(error, errors.ProviderError):
             return Failed(error.code, error.message, error.retryable, error.retry_after_s)
         if outages.is_resource_shortage(error):
-            return HandedBack("outage", redact.describe(error), self.limits.policy.delay_s(uncounted + 1, self.rng))
+            return HandedBack(
+                codes.ErrorCode.OUTAGE, redact.describe(error), self.limits.policy.delay_s(uncounted + 1, self.rng)
+            )
         log.error("%s attempt crashed", self.stage.value, exc_info=error)
-        return Failed("internal_error", "the stage failed on an error of its own (its logs say which)", True)
+        return Failed(
+            codes.ErrorCode.INTERNAL_ERROR, "the stage failed on an error of its own (its logs say which)", True
+        )
 
     def _record(
         self, job: repository.Job, outcome: Outcome, claim_next: Callable[[], bool] | None = None
@@ -614,7 +639,7 @@ class StageRunner:
         return True
 
     def _emit_retrying(
-        self, conn: sa.Connection, job: repository.Job, code: str, message: str, last_attempt: int
+        self, conn: sa.Connection, job: repository.Job, code: codes.ErrorCode, message: str, last_attempt: int
     ) -> None:
         self._emit(
             conn,

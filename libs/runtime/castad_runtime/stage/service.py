@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import random
 from collections.abc import Callable
-from typing import Generic, Literal, Self, TypeVar
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 import sqlalchemy as sa
 from castad_contracts import events, topology
@@ -32,6 +33,7 @@ from castad_runtime.stage import (
     faults,
     gauges,
     handlers,
+    http,
     machine,
     quota,
     remote,
@@ -42,6 +44,16 @@ from castad_runtime.stage import (
 from castad_runtime.stage import retention as stage_retention
 
 OFFLINE_PROVIDERS = frozenset({"local", "instant"})  # every other provider is a network one, with a quota
+
+# A network provider's settings are named after it (CASTAD_<STAGE>_<PROVIDER>_*): `<provider>_base_url`,
+# `_api_key`, `_api_key_file`, `_timeout_s` and `_max_answer_bytes`, of these types where they are alike;
+# StageSettings checks them and builds the provider's client from them.
+ProviderKeyFile = Annotated[
+    pathlib.Path | None,
+    Field(description="a file holding the API key, read at every call (a mounted Secret can rotate)"),
+]
+ProviderTimeout = Annotated[float, Field(gt=0, description="longest wait for one answer")]
+ProviderMaxAnswer = Annotated[int, Field(ge=1024, description="a larger answer is refused")]
 
 
 class StageSettings(settings.StoreSettings):
@@ -108,6 +120,31 @@ class StageSettings(settings.StoreSettings):
     fault_handler_rate: float = Field(
         default=0.0, ge=0, le=1, description="share of trigger handlings that fail as a handler bug would"
     )
+
+    @model_validator(mode="after")
+    def _network_provider_usable(self) -> Self:
+        if self.provider not in OFFLINE_PROVIDERS:
+            settings.check_key(self, f"{self.provider}_api_key")
+            settings.check_provider_url(self, f"{self.provider}_base_url")
+        return self
+
+    def provider_client(self, name: str, classify: http.Classify = http.classify) -> http.HttpProvider:
+        """Return the client of this stage's network provider, from the settings named after it; `name` is how
+        its errors call it ("the music API")."""
+
+        def setting(part: str) -> Any:
+            return getattr(self, f"{self.provider}_{part}")
+
+        key = http.Credential(setting("api_key"), setting("api_key_file"))
+        return http.HttpProvider(
+            name,
+            setting("base_url"),
+            setting("timeout_s"),
+            setting("max_answer_bytes"),
+            headers=key.bearer,
+            allow_private=self.allow_private,
+            classify=classify,
+        )
 
     def retry_policy(self) -> machine.RetryPolicy:
         return machine.RetryPolicy(
@@ -193,7 +230,6 @@ S = TypeVar("S", bound=StageSettings)
 @dataclasses.dataclass(frozen=True)
 class StageDefinition(Generic[S]):
     stage: events.Stage
-    trigger: str
     completed_model: type[events.StageCompleted]
     make_work: Callable[[S], runner.Work]
 
@@ -238,7 +274,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
         broker,
         service,
         topo,
-        stage_handlers.table(definition.trigger),
+        stage_handlers.table(events.TRIGGERS[definition.stage]),
         max_retries=config.handler_retries,
         hold_s=config.hold_events_s,
         metrics=measured.consumer,
