@@ -136,6 +136,20 @@ class ApiSettings(settings.StoreSettings):
     webhook_backoff_max_s: float = Field(default=3600.0, gt=0, description="longest delay between tries of a notice")
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=120, description="longest wait for a receiver's answer")
     webhook_poll_s: float = Field(default=1.0, gt=0, le=60, description="how often due notices are looked for")
+    webhook_concurrency: int = Field(
+        default=100,
+        ge=1,
+        le=1000,
+        description="notices one gateway process sends at once (each waits for its receiver's answer on a thread"
+        " of its own)",
+    )
+    webhook_per_host: int = Field(
+        default=50,
+        ge=1,
+        le=1000,
+        description="notices one gateway process sends at once to one receiving host, so that a slow receiver"
+        " leaves the other places to the others' notices; at most CASTAD_API_WEBHOOK_CONCURRENCY",
+    )
     retention_timeline_s: float = Field(
         default=30 * settings.DAY_S,
         ge=3600,
@@ -199,6 +213,15 @@ class ApiSettings(settings.StoreSettings):
             raise ValueError(
                 "CASTAD_API_RETENTION_PIPELINES_S must be at least CASTAD_API_RETENTION_TIMELINE_S: a pipeline is"
                 " deleted with its timeline"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _per_host_within_concurrency(self) -> Self:
+        if self.webhook_per_host > self.webhook_concurrency:
+            raise ValueError(
+                "CASTAD_API_WEBHOOK_PER_HOST must be at most CASTAD_API_WEBHOOK_CONCURRENCY: a host's notices take"
+                " their places among all of them"
             )
         return self
 
