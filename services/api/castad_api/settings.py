@@ -45,13 +45,27 @@ class ApiSettings(settings.StoreSettings):
         description="an uploaded image declaring more pixels (width x height) is refused before any is decoded",
     )
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
-    sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
+    sse_poll_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="re-read an event stream this often while the gateway's listener is not listening (no"
+        " notification can wake it), and while the gateway's database is out",
+    )
+    sse_sweep_s: float = Field(
+        default=45.0,
+        gt=0,
+        le=3600,
+        description="the gateway process looks this often (one query, however many streams it holds) for timeline"
+        " entries of the pipelines it holds streams of that no notification told of: one lost without the"
+        " listener noticing (a connection cut without a word, a fail-over to a standby, which carries no"
+        " notifications) delays its streams by at most about this",
+    )
     sse_key_check_s: float = Field(
         default=5.0,
         gt=0,
         le=60,
-        description="an open event stream's key is looked at again this often: a revoked key's streams end within"
-        " it (and CASTAD_API_SSE_POLL_S)",
+        description="the keys holding event streams open are looked at again this often: a revoked key's streams"
+        " end within it",
     )
     sse_streams_per_key: int = Field(
         default=10,
