@@ -338,7 +338,7 @@ class Deliverer:
     def _claim(self, conn: sa.Connection, free: int, taken: list[tuple[Due, str]]) -> bool:
         """Add to `taken` the most overdue notices, up to `free`, each with a place of its host taken, counted as
         tried and due again after a lease longer than a try (so that no other replica takes them meanwhile, and a
-        gateway that dies mid-try leaves them to be tried again); whether the claim found as many as it asked for.
+        gateway that dies mid-try leaves them to be tried again); whether more may be due now.
 
         The notices of hosts with no place left are passed over in the query, so that one host's backlog
         cannot hide the others' notices behind it."""
@@ -382,7 +382,8 @@ class Deliverer:
                 .where(webhook_deliveries.c.id.in_([delivery.id for delivery, _ in taken]))
                 .values(attempts=webhook_deliveries.c.attempts + 1, due_at=sa.func.now() + lease)
             )
-        return len(rows) == free
+        # More may be due when the claim was cut at its limit; not when it took nothing (it would find the same).
+        return len(rows) == free and bool(taken or spent)
 
     def _record(self, conn: sa.Connection, delivery: Due, outcome: Outcome, started: dt.datetime, ms: int) -> None:
         error = outcome.error or (None if outcome.delivered else f"answered {outcome.status_code}")
