@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-webhooks bench-streams faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -45,6 +45,12 @@ bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines
 
 bench-song: setup  ## CPU per ten seconds of song, sung by each voice in each language and without a voice; writes docs/reports/song.md
 	@$(BIN)/python -m bench.song
+
+bench-webhooks: setup  ## 1,000 webhook notices to a local receiver answering in 1 s, by one gateway process, before and after; writes docs/reports/webhooks.md
+	@$(BIN)/python -m bench.webhooks
+
+bench-streams: setup  ## 2,000 idle event streams on one gateway process: its CPU and memory, before and after; writes docs/reports/streams.md
+	@$(BIN)/python -m bench.streams
 
 bench-wakeups: setup  ## commits a second of 32 writers with no wake-up, a NOTIFY in each transaction, and the waker after the commit; writes docs/reports/wakeups.md
 	@$(BIN)/python -m bench.wakeups

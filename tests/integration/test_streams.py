@@ -1,18 +1,23 @@
 """Event streams and the keys that hold them, on the gateway's HTTP API: a revoked key's open streams end
-within seconds, a key holds at most its cap of streams at once (429 with Retry-After beyond it), and a
-stream resumed from far back replays only the newest entries."""
+within seconds, a key holds at most its cap of streams at once (429 with Retry-After beyond it), a
+stream resumed from far back replays only the newest entries, and the gateway's one listener wakes the
+streams of the pipeline a notification names (its sweep, those of a pipeline whose notification was lost),
+and every stream when it loses or regains its database."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import httpx_sse
 import pytest
-from castad_api import keys
+import sqlalchemy as sa
+from castad_api import keys, notifications, repository
 from castad_runtime import db
 
 from tests.integration.gateway import make_key
@@ -127,3 +132,62 @@ def test_a_stream_resumed_from_far_back_replays_only_the_newest_entries(gateway,
     resumed = Stream(http, "/v1/events", last_event_id=oldest)
     assert resumed.ended(10)  # after its lifetime
     assert resumed.ids == live.ids[-3:]
+
+
+@pytest.mark.timeout(60)
+def test_the_listener_wakes_its_pipelines_streams_and_every_stream_when_it_loses_and_regains_its_database(
+    engines, installation, gateway
+):
+    engine = engines["api"]
+    pipeline_id = gateway.create(tenant="lee")
+
+    def run(*statements: str, **values: str) -> None:
+        with db.transaction(engine) as conn:
+            for statement in statements:
+                conn.execute(sa.text(statement), values)
+
+    async def until(condition, what: str) -> None:
+        async with asyncio.timeout(10):
+            while not condition():
+                await asyncio.sleep(0.05)
+        assert condition(), what
+
+    async def scenario() -> None:
+        listener = notifications.PipelineNotifications(installation.database_urls["api"], sweep_s=0.3)
+        listener.start()
+        try:
+            with listener.subscribe(pipeline_id) as mine, listener.subscribe(str(uuid.uuid4())) as other:
+                await until(lambda: listener.listening, "listening")
+                mine.clear(), other.clear()
+                await asyncio.to_thread(
+                    run, "SELECT pg_notify(:channel, :id)", channel=repository.PIPELINE_EVENTS_CHANNEL, id=pipeline_id
+                )
+                await until(mine.is_set, "the pipeline's stream woken")
+                assert not other.is_set()
+
+                # An entry whose notification was lost (its trigger did not fire): the sweep finds it.
+                await asyncio.sleep(0.7)  # a sweep or two have marked the newest entry
+                mine.clear()
+                await asyncio.to_thread(
+                    run,
+                    "SET LOCAL session_replication_role = replica",
+                    "INSERT INTO pipeline_events (pipeline_id, event_id, event_type, data)"
+                    " VALUES (:id, gen_random_uuid(), 'lyric.started', '{}')",
+                    id=pipeline_id,
+                )
+                await until(mine.is_set, "the pipeline's stream woken by the sweep")
+                assert not other.is_set()
+
+                mine.clear()
+                await asyncio.to_thread(
+                    run,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+                )
+                await until(lambda: mine.is_set() and other.is_set() and not listener.listening, "woken: not listening")
+                mine.clear(), other.clear()
+                await until(lambda: listener.listening and mine.is_set() and other.is_set(), "woken: listening again")
+        finally:
+            await listener.stop()
+
+    asyncio.run(scenario())

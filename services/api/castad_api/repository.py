@@ -236,6 +236,14 @@ def newest_entry(conn: sa.Connection) -> int:
     return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(timeline.c.seq), 0))).scalar_one())
 
 
+# The event listener's sweep (notifications.py), on a connection of its own: the newest seq, and which of the
+# pipelines with open streams have entries after a seq (by pipeline_events_by_pipeline, one probe each).
+NEWEST_ENTRY = "SELECT coalesce(max(seq), 0) FROM pipeline_events"
+PIPELINES_WITH_ENTRIES_AFTER = (
+    "SELECT DISTINCT pipeline_id::text FROM pipeline_events WHERE pipeline_id = ANY(%s::uuid[]) AND seq > %s"
+)
+
+
 def entries_of_all(
     conn: sa.Connection,
     after_seq: int,

@@ -44,7 +44,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     gateway = deps.Gateway(
         config=config,
         engine=engine,
-        notifications=notifications.PipelineNotifications(config.database_url),
+        notifications=notifications.PipelineNotifications(config.database_url, config.sse_sweep_s),
         store=artifacts.make_store(config),
         metrics=metrics.instruments(config.database_url, config.amqp_url, topo),
     )

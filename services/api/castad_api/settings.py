@@ -51,13 +51,27 @@ class ApiSettings(settings.StoreSettings):
         " host is not such an address, checked again after DNS and on redirects by the video stage",
     )
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
-    sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
+    sse_poll_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="re-read an event stream this often while the gateway's listener is not listening (no"
+        " notification can wake it), and while the gateway's database is out",
+    )
+    sse_sweep_s: float = Field(
+        default=45.0,
+        gt=0,
+        le=3600,
+        description="the gateway process looks this often (one query, however many streams it holds) for timeline"
+        " entries of the pipelines it holds streams of that no notification told of: one lost without the"
+        " listener noticing (a connection cut without a word, a fail-over to a standby, which carries no"
+        " notifications) delays its streams by at most about this",
+    )
     sse_key_check_s: float = Field(
         default=5.0,
         gt=0,
         le=60,
-        description="an open event stream's key is looked at again this often: a revoked key's streams end within"
-        " it (and CASTAD_API_SSE_POLL_S)",
+        description="the keys holding event streams open are looked at again this often: a revoked key's streams"
+        " end within it",
     )
     sse_streams_per_key: int = Field(
         default=10,
@@ -142,6 +156,20 @@ class ApiSettings(settings.StoreSettings):
     webhook_backoff_max_s: float = Field(default=3600.0, gt=0, description="longest delay between tries of a notice")
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=120, description="longest wait for a receiver's answer")
     webhook_poll_s: float = Field(default=1.0, gt=0, le=60, description="how often due notices are looked for")
+    webhook_concurrency: int = Field(
+        default=100,
+        ge=1,
+        le=1000,
+        description="notices one gateway process sends at once (each waits for its receiver's answer on a thread"
+        " of its own)",
+    )
+    webhook_per_host: int = Field(
+        default=50,
+        ge=1,
+        le=1000,
+        description="notices one gateway process sends at once to one receiving host, so that a slow receiver"
+        " leaves the other places to the others' notices; at most CASTAD_API_WEBHOOK_CONCURRENCY",
+    )
     retention_timeline_s: float = Field(
         default=30 * settings.DAY_S,
         ge=3600,
@@ -205,6 +233,15 @@ class ApiSettings(settings.StoreSettings):
             raise ValueError(
                 "CASTAD_API_RETENTION_PIPELINES_S must be at least CASTAD_API_RETENTION_TIMELINE_S: a pipeline is"
                 " deleted with its timeline"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _per_host_within_concurrency(self) -> Self:
+        if self.webhook_per_host > self.webhook_concurrency:
+            raise ValueError(
+                "CASTAD_API_WEBHOOK_PER_HOST must be at most CASTAD_API_WEBHOOK_CONCURRENCY: a host's notices take"
+                " their places among all of them"
             )
         return self
 

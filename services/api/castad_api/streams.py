@@ -1,12 +1,14 @@
-"""Server-Sent Events that follow timelines: woken by the projection's NOTIFY, read again every
-CASTAD_API_SSE_POLL_S without one, and kept open through an outage of the gateway's database; each held
-by its API key's place (stream_keys.py), ended once that key is revoked."""
+"""Server-Sent Events that follow timelines: each read again only when the gateway's listener (or its sweep)
+says its pipeline changed (notifications.py), on a clock of CASTAD_API_SSE_POLL_S while the listener is not
+listening, and kept open through an outage of the gateway's database; each held by its API key's place
+(stream_keys.py), ended once that key is revoked. An idle stream costs its keep-alive comments, no reads."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import math
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Generic, TypeVar
@@ -61,6 +63,7 @@ class Batch(Generic[Cursor]):
     cursor: Cursor
     more: bool = False  # the read was cut at its limit: read again at once
     ended: bool = False  # nothing more will come: close the stream
+    again_s: float | None = None  # read again within this long, even if nothing wakes the stream
 
 
 def follow(
@@ -106,27 +109,37 @@ async def _follow(
 ) -> AsyncIterator[dict[str, Any]]:
     loop = asyncio.get_running_loop()
     closes_at = None if lifetime_s is None else loop.time() + lifetime_s
-    while closes_at is None or loop.time() < closes_at:
-        if not await gw.stream_keys.valid(lease.key_id):
-            return  # revoked: the stream ends (a client that reconnects with it gets a 401)
-        # Subscribed before the read, so that a projection committed after it still wakes the wait.
-        with gw.notifications.subscribe(subscription) as grown:
+    # Subscribed for the stream's life, before its first read: a projection committed after a read wakes the wait
+    # after it. The key's revocation wakes it too.
+    with gw.notifications.subscribe(subscription) as woken, gw.stream_keys.watching(lease.key_id, woken):
+        while closes_at is None or loop.time() < closes_at:
+            if not await gw.stream_keys.valid(lease.key_id):
+                return  # revoked: the stream ends (a client that reconnects with it gets a 401)
+            woken.clear()
             try:
                 batch = await run_in_threadpool(read, cursor)
             except Exception as error:
                 if not outages.is_outage(error):
                     raise
                 # The database is out: keep the stream (keep-alives go on) and read again later.
-                await asyncio.sleep(gw.config.sse_poll_s)
+                await _wait(woken, gw.config.sse_poll_s)
                 continue
             for message in batch.messages:
                 yield message
             cursor = batch.cursor
             if batch.ended:
                 return
-            if not batch.more:
-                wait_s = gw.config.sse_poll_s
-                if closes_at is not None:
-                    wait_s = max(min(wait_s, closes_at - loop.time()), 0.0)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(grown.wait(), wait_s)
+            if batch.more:
+                continue
+            wait_s = None if gw.notifications.listening else gw.config.sse_poll_s
+            if batch.again_s is not None:
+                wait_s = batch.again_s if wait_s is None else min(wait_s, batch.again_s)
+            if closes_at is not None:
+                wait_s = max(min(wait_s or math.inf, closes_at - loop.time()), 0.0)
+            await _wait(woken, wait_s)
+
+
+async def _wait(woken: asyncio.Event, seconds: float | None) -> None:
+    """Until `woken` is set, or for `seconds` (None: no limit)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(woken.wait(), seconds)

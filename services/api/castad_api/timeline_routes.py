@@ -112,4 +112,6 @@ def entries_after(
         if row.shown and row.seq <= settled.after
     ]
     more = len(rows) == SCAN and settled.after == rows[-1].seq
-    return streams.Batch(messages, settled, more=more)
+    # Stopped at a missing entry: if it never commits, no notification tells, so the stream looks again then.
+    again_s = None if settled.waiting_since is None else GAP_WAIT_S
+    return streams.Batch(messages, settled, more=more, again_s=again_s)

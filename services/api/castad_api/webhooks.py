@@ -2,7 +2,8 @@
 
 When the projection moves a pipeline to SUCCEEDED, FAILED or CANCELED, it adds a delivery
 row in the same transaction (`enqueue`): a notice is never lost and never made twice for one
-ending. The gateway wakes its own due deliveries (`Deliverer`): it POSTs the notice with the
+ending. The gateway wakes its own due deliveries (`Deliverer`), several at once (so many per receiving
+host, webhook_slots.py, so that a slow receiver delays only its own): it POSTs the notice with the
 `webhook-id` (the same on every try), `webhook-timestamp` and `webhook-signature` headers
 (HMAC-SHA256 with each valid `whsec_` secret of the pipeline's tenant, webhook_secrets.py,
 https://www.standardwebhooks.com/), records every try, and tries again with a capped backoff
@@ -15,7 +16,7 @@ cannot change it), unless CASTAD_API_WEBHOOK_ALLOW_PRIVATE is set (plain http an
 addresses, for local receivers). A refused destination fails the delivery at once. Redirects are
 not followed (a 3xx answer is a failed try), as Standard Webhooks advises; an answer's body is
 read up to a few kilobytes, and a try that takes longer than its deadline is a failed try, so
-no receiver holds the deliverer.
+no receiver holds a place for longer.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import hashlib
 import hmac
 import json
 import logging
+import queue
 import random
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent import futures
 from typing import Any
 
 import httpx
@@ -43,12 +46,11 @@ from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from castad_api import model, webhook_secrets
+from castad_api import model, webhook_secrets, webhook_slots
 from castad_api.settings import ApiSettings
 from castad_api.tables import pipelines, webhook_attempts, webhook_deliveries
 
 log = logging.getLogger(__name__)
-BATCH = 10
 ERROR_MAX_CHARS = 500
 ANSWER_MAX_BYTES = 16_384
 REFUSED = "the destination is not allowed: not https, or not a public address"
@@ -191,8 +193,25 @@ class Sender:
         return Outcome(status_code=status)
 
 
+@dataclasses.dataclass(frozen=True)
+class Tried:
+    """A try that came back (or ran out of time), waiting to be recorded."""
+
+    delivery: Due
+    host: str
+    outcome: Outcome
+    started: dt.datetime
+    elapsed_ms: int
+
+
 class Deliverer:
-    """The gateway's thread that sends due notices; several gateway replicas share them."""
+    """The gateway's sender of due notices, several at once; several gateway replicas share them.
+
+    One thread claims due notices for the places free (webhook_slots.py: CASTAD_API_WEBHOOK_CONCURRENCY in
+    all, CASTAD_API_WEBHOOK_PER_HOST to one receiving host), hands each to a pool of as many threads that
+    send it, and records the tries that came back, several in one transaction. A claim leases its notices
+    (no other replica takes them meanwhile) for longer than a try; a gateway that dies mid-try leaves them to
+    be tried again when the lease ends: at least once, never lost."""
 
     def __init__(self, engine: sa.Engine, config: ApiSettings, sender: Sender | None = None) -> None:
         self.engine = engine
@@ -201,6 +220,11 @@ class Deliverer:
         self.sealer = webhook_secrets.Sealer.of(key.get_secret_value()) if key is not None else None
         self.shared = [config.webhook_secret.get_secret_value()] if config.webhook_secret is not None else []
         self.sender = sender or Sender(config.webhook_allow_private, config.webhook_timeout_s)
+        self.slots = webhook_slots.Slots(config.webhook_concurrency, config.webhook_per_host)
+        self._pool = futures.ThreadPoolExecutor(config.webhook_concurrency, thread_name_prefix="webhook")
+        self._tried: queue.SimpleQueue[Tried] = queue.SimpleQueue()
+        self._unrecorded: list[Tried] = []  # came back, not yet recorded (kept while the database is out)
+        self._came_back = threading.Event()
         self._rng = random.Random()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="webhooks", daemon=True)
@@ -216,29 +240,82 @@ class Deliverer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._came_back.set()
         if self._thread.is_alive():
-            self._thread.join(self.config.webhook_timeout_s + 5)
+            self._thread.join(self.sender.deadline_s + 5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.sender.close()
 
     def run_once(self) -> int:
-        """Try the due notices, one after another, up to a batch; how many were tried."""
-        for tried in range(BATCH):
+        """Send the notices due now, as many at once as there are places, and record their tries; how many were
+        tried."""
+        self._record_tried()
+        tried = self._dispatch()[0]
+        self._finish(time.monotonic() + self.sender.deadline_s + 5)
+        return tried
+
+    def _dispatch(self) -> tuple[int, bool]:
+        """Claim due notices for the free places and hand them to the pool: how many, and whether more may be
+        due now (the claim found as many as it asked for)."""
+        free = self.slots.free()
+        if free == 0:
+            return 0, False
+        claimed: list[tuple[Due, str]] = []
+        try:
             with db.transaction(self.engine) as conn:
-                delivery = self._claim(conn)
-                signing = self._secrets(conn, delivery.tenant) if delivery is not None else []
-            if delivery is None:
-                return tried
-            body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
-            started = dt.datetime.now(dt.UTC)
-            clock = time.monotonic()
+                more = self._claim(conn, free, claimed)
+                signing: dict[str, list[str] | str] = {}
+                for delivery, _ in claimed:
+                    if delivery.tenant not in signing:
+                        signing[delivery.tenant] = self._secrets(conn, delivery.tenant)
+        except BaseException:  # nothing claimed: the places are free again
+            for _, host in claimed:
+                self.slots.give_back(host)
+            raise
+        for delivery, host in claimed:
+            self._pool.submit(self._try, delivery, host, signing[delivery.tenant])
+        return len(claimed), more
+
+    def _try(self, delivery: Due, host: str, signing: list[str] | str) -> None:
+        """Send one notice (on a thread of the pool) and hand its try back to be recorded."""
+        started = dt.datetime.now(dt.UTC)
+        clock = time.monotonic()
+        try:
             if isinstance(signing, str):  # nothing to sign with: a failed try, tried again (a secret may come)
                 outcome = Outcome(error=signing)
             else:
+                body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
                 outcome = self.sender.send(str(delivery.id), delivery.url, body, signing)
-            elapsed_ms = round((time.monotonic() - clock) * 1000)
-            with db.transaction(self.engine) as conn:
-                self._record(conn, delivery, outcome, started, elapsed_ms)
-        return BATCH
+        except Exception as error:  # the try's end, whatever it was, frees its place and is recorded
+            log.exception("sending notice %s failed", delivery.id)
+            outcome = Outcome(error=redact.describe(error))
+        elapsed_ms = round((time.monotonic() - clock) * 1000)
+        self._tried.put(Tried(delivery, host, outcome, started, elapsed_ms))
+        self._came_back.set()
+
+    def _record_tried(self) -> int:
+        """Record the tries that came back, in one transaction, and free their places; how many."""
+        while True:
+            try:
+                self._unrecorded.append(self._tried.get_nowait())
+            except queue.Empty:
+                break
+        if not self._unrecorded:
+            return 0
+        with db.transaction(self.engine) as conn:
+            for tried in self._unrecorded:
+                self._record(conn, tried.delivery, tried.outcome, tried.started, tried.elapsed_ms)
+        done, self._unrecorded = self._unrecorded, []
+        for tried in done:
+            self.slots.give_back(tried.host)
+        return len(done)
+
+    def _finish(self, until: float) -> None:
+        """Wait for the tries in flight (until the monotonic time `until`), recording them as they come back."""
+        while self.slots.in_flight() and time.monotonic() < until:
+            self._came_back.wait(max(until - time.monotonic(), 0.0))
+            self._came_back.clear()
+            self._record_tried()
 
     def _secrets(self, conn: sa.Connection, tenant: str) -> list[str] | str:
         """The secrets that sign a notice of `tenant` (its own, newest first, then the shared one), or why
@@ -258,35 +335,55 @@ class Deliverer:
             )
         return own + self.shared
 
-    def _claim(self, conn: sa.Connection) -> Due | None:
-        """The most overdue notice, counted as tried and due again after a lease longer than a try (so that no
-        other replica takes it meanwhile, and a gateway that dies mid-try leaves it to be tried again)."""
-        row = conn.execute(
+    def _claim(self, conn: sa.Connection, free: int, taken: list[tuple[Due, str]]) -> bool:
+        """Add to `taken` the most overdue notices, up to `free`, each with a place of its host taken, counted as
+        tried and due again after a lease longer than a try (so that no other replica takes them meanwhile, and a
+        gateway that dies mid-try leaves them to be tried again); whether more may be due now.
+
+        The notices of hosts with no place left are passed over in the query, so that one host's backlog
+        cannot hide the others' notices behind it."""
+        host_of = sa.func.coalesce(
+            sa.func.lower(sa.func.substring(webhook_deliveries.c.url, webhook_slots.HOST_PATTERN)), ""
+        )
+        query = (
             sa.select(webhook_deliveries, pipelines.c.tenant)
             .outerjoin(pipelines, pipelines.c.id == webhook_deliveries.c.pipeline_id)
             .where(webhook_deliveries.c.status == "pending", webhook_deliveries.c.due_at <= sa.func.now())
             .order_by(webhook_deliveries.c.due_at)
-            .limit(1)
+            .limit(free)
             .with_for_update(of=webhook_deliveries, skip_locked=True)
-        ).first()
-        if row is None:
-            return None
-        if row.attempts >= self.config.webhook_max_attempts:  # its last try never came back (a gateway died)
+        )
+        full = self.slots.full_hosts()
+        if full:
+            query = query.where(host_of.not_in(full))
+        rows = conn.execute(query).all()
+        spent = []
+        for row in rows:
+            if row.attempts >= self.config.webhook_max_attempts:  # its last try never came back (a gateway died)
+                spent.append(row.id)
+                continue
+            host = webhook_slots.host(row.url)
+            if self.slots.take(host):  # else its host filled up within this claim: left for a later one
+                taken.append(
+                    (Due(row.id, row.pipeline_id, row.url, row.payload, row.attempts + 1, row.tenant or ""), host)
+                )
+        if spent:
             conn.execute(
                 webhook_deliveries.update()
-                .where(webhook_deliveries.c.id == row.id)
+                .where(webhook_deliveries.c.id.in_(spent))
                 .values(
                     status="failed", finished_at=sa.func.now(), last_error="no answer was recorded for its last try"
                 )
             )
-            return self._claim(conn)
-        lease = dt.timedelta(seconds=2 * self.config.webhook_timeout_s + 30)
-        conn.execute(
-            webhook_deliveries.update()
-            .where(webhook_deliveries.c.id == row.id)
-            .values(attempts=row.attempts + 1, due_at=sa.func.now() + lease)
-        )
-        return Due(row.id, row.pipeline_id, row.url, row.payload, row.attempts + 1, row.tenant or "")
+        if taken:
+            lease = dt.timedelta(seconds=2 * self.config.webhook_timeout_s + 30)
+            conn.execute(
+                webhook_deliveries.update()
+                .where(webhook_deliveries.c.id.in_([delivery.id for delivery, _ in taken]))
+                .values(attempts=webhook_deliveries.c.attempts + 1, due_at=sa.func.now() + lease)
+            )
+        # More may be due when the claim was cut at its limit; not when it took nothing (it would find the same).
+        return len(rows) == free and bool(taken or spent)
 
     def _record(self, conn: sa.Connection, delivery: Due, outcome: Outcome, started: dt.datetime, ms: int) -> None:
         error = outcome.error or (None if outcome.delivered else f"answered {outcome.status_code}")
@@ -329,16 +426,23 @@ class Deliverer:
     def _loop(self) -> None:
         delays = backoff.Backoff(first_s=self.config.webhook_poll_s, max_s=max(self.config.webhook_poll_s, 30.0))
         while not self._stop.is_set():
+            self._came_back.clear()  # before looking: a try that comes back after it wakes the wait below
             try:
-                tried = self.run_once()
+                self._record_tried()
+                more = self._dispatch()[1]
             except Exception as error:
                 if not outages.is_outage(error):
                     log.exception("sending notices failed; trying again")
                 self._stop.wait(delays.next_s())
                 continue
             delays.tries = 0
-            if tried < BATCH:
-                self._stop.wait(self.config.webhook_poll_s)
+            if not more:  # nothing more due now, or no place free: until a try comes back, or the next look
+                self._came_back.wait(self.config.webhook_poll_s)
+        try:  # the tries in flight are recorded; one that is not is sent again when its lease ends
+            self._finish(time.monotonic() + self.sender.deadline_s)
+        except Exception as error:
+            if not outages.is_outage(error):
+                log.exception("recording the last tries failed; they are sent again when their leases end")
 
 
 def deliveries(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[dict[str, Any]]:
