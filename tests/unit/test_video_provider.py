@@ -552,7 +552,7 @@ def as_shown(photo: pathlib.Path, size: tuple[int, int], progress: float = 0.0) 
     y = height * (0.5 + (drawn.end[1] - 0.5) * progress)
     box = (x - width / zoom / 2, y - height / zoom / 2, x + width / zoom / 2, y + height / zoom / 2)
     view = drawn.image.resize(size, Image.Resampling.BILINEAR, box=box).convert("RGBA")
-    return np.asarray(Image.alpha_composite(view, provider._scrim(size)).convert("RGB"), dtype=np.float64)
+    return np.asarray(Image.alpha_composite(view, provider.scrim(size)).convert("RGB"), dtype=np.float64)
 
 
 def decoded(video: pathlib.Path, size: tuple[int, int]) -> npt.NDArray[np.float64]:

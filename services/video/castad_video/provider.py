@@ -205,7 +205,7 @@ def _bokeh(size: tuple[int, int], rng: random.Random) -> Image.Image:
     return layer.filter(ImageFilter.GaussianBlur(max(short / 60, 1)))
 
 
-def _scrim(size: tuple[int, int]) -> Image.Image:
+def scrim(size: tuple[int, int]) -> Image.Image:
     """A shade darkest at the top and the bottom, where the header and the captions go over a photo."""
     width, height = size
     rows = np.linspace(-1.0, 1.0, height)
@@ -229,7 +229,7 @@ class FrameRenderer:
         self._seed = seed
         self._palette = PALETTES[brief.style]
         self._fonts: dict[int, ImageFont.FreeTypeFont] = {}
-        self._clear = _scrim(size) if photos else Image.new("RGBA", size, (0, 0, 0, 0))
+        self._clear = scrim(size) if photos else Image.new("RGBA", size, (0, 0, 0, 0))
         self._headed: Image.Image | None = None
 
     @property
@@ -454,7 +454,7 @@ def _pieces(word: str, font: ImageFont.FreeTypeFont, max_width: float) -> list[s
 
 @dataclasses.dataclass(frozen=True)
 class Shot:
-    """One still on screen: a caption, or the title card when text is None.
+    """One caption layer on screen: a lyric line, or the title card when text is None.
 
     `sung` is how many characters of the caption have been sung (karaoke), None when not known.
     """
