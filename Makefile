@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -31,22 +31,25 @@ lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), an
 docs:  ## the docs site into var/site, strictly: a broken link or a page left out of the navigation fails (castad-admin docs serves it)
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 21 minutes); writes BENCHMARKS.md
+bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 21 minutes); writes docs/reports/benchmarks.md and its charts
 	@$(BIN)/python -m bench.run
 
 profile: setup  ## where each service spends its CPU under load (py-spy); stacks in var/bench/profile
 	@PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.profile
 
-bench-providers: setup  ## 200 pipelines through the network providers' fakes, a 30 s music API, 2 worker threads per stage; writes PROVIDERS.md
+bench-providers: setup  ## 200 pipelines through the network providers' fakes, a 30 s music API, 2 worker threads per stage; writes docs/reports/providers.md
 	@$(BIN)/python -m bench.providers
 
-bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines in a scratch database; writes docs/stats.md
+bench-stats: setup  ## /v1/stats and the listing's search on 1,000,000 pipelines in a scratch database; writes docs/reports/stats.md
 	@$(BIN)/python -m bench.stats
 
-bench-song: setup  ## CPU per ten seconds of song, sung by each voice in each language and without a voice; writes docs/performance/song.md
+bench-song: setup  ## CPU per ten seconds of song, sung by each voice in each language and without a voice; writes docs/reports/song.md
 	@$(BIN)/python -m bench.song
 
-faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes FAULTS.md
+bench-wakeups: setup  ## commits a second of 32 writers with no wake-up, a NOTIFY in each transaction, and the waker after the commit; writes docs/reports/wakeups.md
+	@$(BIN)/python -m bench.wakeups
+
+faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
 	@$(BIN)/python -m bench.faults
 
 images: setup  ## build every service's image with podman and run the stack from them to a finished video (root)

@@ -20,6 +20,7 @@ log = logging.getLogger("bench")
 AMQP_URL = os.environ.get("CASTAD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 PG_URL = os.environ.get("CASTAD_BENCH_PG_URL", settings.DEFAULT_PG)  # postgresql+psycopg://user@host:port
 RUN_ID = uuid.uuid4().hex[:8]
+REPORTS = REPO_ROOT / "docs" / "reports"  # every generated report, under a stable name the docs site links to
 
 
 def database_url(name: str) -> str:

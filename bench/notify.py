@@ -9,10 +9,13 @@ the outbox channel like the relay does:
 - `after_commit`: NOTIFY in a statement of its own after the commit (an autocommit
   statement on the same connection: Castad's way until the outbox had its trigger);
 - `in_transaction`: the outbox's own trigger NOTIFYs inside the writing transaction
-  (castad_runtime.migration_ops.add_outbox_notify_v6: Castad's way now).
+  (castad_runtime.migration_ops.add_outbox_notify_v6: Castad's way until the waker);
+- `waker`: the process's waker NOTIFYs from a thread of its own once the writer committed,
+  coalescing the wake-ups that came meanwhile (castad_runtime.wakeups: Castad's way now).
 
-The same three run once more with pgbench (PostgreSQL's C client, if installed) as the
-writers, so that the server's side shows without the Python client's cost.
+The first three run once more with pgbench (PostgreSQL's C client, if installed) as the
+writers, so that the server's side shows without the Python client's cost (a waker is the
+services' own thread: pgbench has none).
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from castad_runtime import db, migrations, tables
+from castad_runtime import db, migrations, tables, wakeups
 
 from bench import common, latency
 
-VARIANTS = ("none", "after_commit", "in_transaction")
+VARIANTS = ("none", "after_commit", "in_transaction", "waker")
+PGBENCH_VARIANTS = VARIANTS[:3]
 
 
 class _Listener(threading.Thread):
@@ -56,6 +60,11 @@ class _Listener(threading.Thread):
 
 
 def _transaction(engine: sa.Engine, variant: str, row: dict[str, Any]) -> None:
+    if variant == "waker":
+        with db.transaction(engine) as conn:
+            conn.execute(tables.outbox.insert().values(**row))
+            wakeups.after_commit(conn, db.OUTBOX_CHANNEL)
+        return
     with engine.connect() as conn:
         with conn.begin():
             conn.execute(tables.outbox.insert().values(**row))
@@ -139,6 +148,7 @@ def run(
         owned.push("drop notify database", lambda: migrations.drop_database(url))
         engine = db.make_engine(url, pool_size=threads)
         owned.push("dispose notify engine", engine.dispose)
+        owned.push("stop the wakers", wakeups.close_all)
         tables.outbox.create(engine)
         listener = _Listener(url)
         listener.start()
@@ -148,7 +158,7 @@ def run(
             _transaction(engine, "none", _row())
         runs: list[dict[str, Any]] = []
         for number in range(rounds):
-            order = VARIANTS[number % 3 :] + VARIANTS[: number % 3]
+            order = VARIANTS[number % len(VARIANTS) :] + VARIANTS[: number % len(VARIANTS)]
             for variant in order:
                 _prepare(engine, variant)
                 result = _one_run(engine, variant, threads, per_thread)
@@ -231,7 +241,7 @@ def run_pgbench(
         base = [binary, "-n", "-h", parsed.host or "127.0.0.1", "-p", str(parsed.port or 5432)]
         base += ["-U", parsed.username or "postgres", "-c", str(threads), "-j", str(min(threads, 2))]
         for number in range(rounds):
-            order = VARIANTS[number % 3 :] + VARIANTS[: number % 3]
+            order = PGBENCH_VARIANTS[number % 3 :] + PGBENCH_VARIANTS[: number % 3]
             for variant in order:
                 _prepare(engine, variant)
                 command = [*base, "-t", str(per_thread), "-f", scripts[variant], parsed.database or ""]
@@ -252,7 +262,7 @@ def run_pgbench(
             "round_rates": [r["rate"] for r in runs if r["variant"] == variant],
             "latency_avg_ms": statistics.fmean([r["latency_ms"] for r in runs if r["variant"] == variant]),
         }
-        for variant in VARIANTS
+        for variant in PGBENCH_VARIANTS
     }
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.strip()
     return {

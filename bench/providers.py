@@ -1,5 +1,5 @@
 """`make bench-providers` (`python -m bench.providers`): many pipelines through the three network
-providers at once, the music API slow, every stage service with 2 worker threads; writes PROVIDERS.md.
+providers at once, the music API slow, every stage service with 2 worker threads; writes docs/reports/providers.md.
 
 The providers are the fake servers of castad_local.fakes, in this process, on 127.0.0.1: a Chat
 Completions server, a Suno-shaped music API taking `--song-s` per song, Creatomate's render API
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--song-s", type=float, default=30.0)
     parser.add_argument("--render-s", type=float, default=5.0)
     parser.add_argument("--timeout-s", type=float, default=900.0)
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "PROVIDERS.md")
+    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "providers.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("bench").setLevel(logging.INFO)

@@ -1,4 +1,4 @@
-"""`make bench`: run every part side by side, then rewrite BENCHMARKS.md.
+"""`make bench`: run every part side by side, then rewrite docs/reports/benchmarks.md.
 
 A: Castad; B: a plain Dramatiq pipeline; C: NOTIFY inside or after the commit; D: the same
 steps as a DBOS workflow, measured in rounds alternating with A's (bench.paired); E: an outbox
@@ -50,7 +50,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--raw-window", type=int, default=1000, help="unconfirmed publishes at a time, raw peer")
     parser.add_argument("--sustained-minutes", type=float, default=10.0, help="length of the steady run")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument(
+        "--output",
+        type=pathlib.Path,
+        default=report.OUTPUT,
+        help="the report; its measurements and charts go beside it",
+    )
     parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.rounds % 2 == 0 or args.drain_rounds < 1 or args.drain_rounds % 2 == 0:
@@ -178,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         return 1
     if set(parts) == set(PARTS):
-        args.output.write_text(report.render(results))
-        common.log.info("wrote %s in %.0f s", args.output, results["seconds"])
+        # the measurements kept beside the report, and the report written from what was kept, so that
+        # `python -m bench.report` writes the same page again
+        kept = json.dumps(results, indent=1, default=str) + "\n"
+        args.output.with_suffix(".json").write_text(kept)
+        report.write(json.loads(kept), args.output)
+        common.log.info("wrote %s and its charts in %.0f s", args.output, results["seconds"])
     else:
         common.log.info("partial run (%s): %s not rewritten; raw results in %s", parts, args.output.name, args.json)
     return 0

@@ -2,7 +2,7 @@
 seconds of song, sung by each voice in each language and played without a voice.
 
 Each song is the local lyric provider's lyrics for one brief per language, composed once to warm up and then
-timed `ROUNDS` times; the median goes to docs/performance/song.md (`make bench-song`). The budget the singing
+timed `ROUNDS` times; the median goes to docs/reports/song.md (`make bench-song`). The budget the singing
 voice was built to: about a second of CPU per ten seconds sung, a tenth of that without a voice.
 """
 
@@ -23,14 +23,14 @@ from castad_lyric import provider as lyric_provider
 from castad_runtime.stage import cancellation
 from castad_song import provider
 
-from bench import machine
+from bench import common, machine
 
 ROUNDS = 3
 DURATION_S = 30
 VOICES = ("female", "male", None)
 BUDGET_SUNG_S = 1.0  # CPU seconds per ten seconds of song
 BUDGET_INSTRUMENTAL_S = 0.33
-OUT = pathlib.Path("docs/performance/song.md")
+OUT = common.REPORTS / "song.md"
 
 
 def cpu_s() -> float:

@@ -5,7 +5,7 @@ A scratch database is migrated as the gateway's, filled with `INSERT ... SELECT 
 pipelines created over 30 days, their stages, their attempts, dead letters), vacuumed and analysed; then
 every statement of castad_api.stats runs for windows of 15 minutes to 7 days, `stats.read` as /v1/stats
 calls it, and the listing's search (castad_api.repository.listing) by id and by parts of names. Results,
-with `EXPLAIN (ANALYZE, BUFFERS)` of each, go to docs/stats.md. The database is dropped at the end, however
+with `EXPLAIN (ANALYZE, BUFFERS)` of each, go to docs/reports/stats.md. The database is dropped at the end, however
 the run ends.
 """
 
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipelines", type=int, default=1_000_000)
     parser.add_argument("--dead-letters", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each statement; the median is kept")
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "docs" / "stats.md")
+    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "stats.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("bench").setLevel(logging.INFO)

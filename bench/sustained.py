@@ -12,7 +12,7 @@ full-page images that follow one in the WAL, autovacuum runs on the installation
 machine's load, how its CPUs spent the minute, the CPU each process of the installation used) and
 where the slowest pipelines of each minute spent their time (`tail_parts`), to tell a slow minute's
 cause. Results go to var/bench/sustained.json; `make bench`
-puts its own run's into BENCHMARKS.md (bench.report).
+puts its own run's into the benchmark report (bench.report).
 """
 
 from __future__ import annotations

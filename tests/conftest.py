@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from castad_api import keys
 from castad_local import access, stack
-from castad_runtime import messaging, migrations
+from castad_runtime import messaging, migrations, wakeups
 from sqlalchemy.engine import make_url
 
 from tests import support
@@ -59,6 +59,7 @@ def installation(migrated_templates: dict[str, str], tmp_path: pathlib.Path) -> 
         messaging.declare_topology(result.amqp_url, result.topology)
         yield result
     finally:
+        wakeups.close_all()  # their connections to the databases about to be dropped
         messaging.delete_topology(result.amqp_url, result.topology)
         for url in urls.values():
             migrations.drop_database(url)

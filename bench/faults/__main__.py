@@ -1,4 +1,4 @@
-"""`make faults` (`python -m bench.faults`): a fault run, then FAULTS.md; exit status 1 on any finding.
+"""`make faults` (`python -m bench.faults`): a fault run, then docs/reports/faults.md; exit status 1 on any finding.
 
 `--short` runs the plan `make test` runs (every fault kind once, 10 s outages). Logs of the
 services stay in var/faults/<run id>/logs when the run found anything or failed.
@@ -19,7 +19,7 @@ from bench.faults import plan, report, run
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__)
     parser.add_argument("--short", action="store_true", help="the short plan of `make test`")
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPO_ROOT / "FAULTS.md")
+    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "faults.md")
     parser.add_argument("--keep", action="store_true", help="leave the databases, queues and files of the run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         common.log.error("interrupted; cleaned up; logs in %s", workdir)
         return 1
-    args.output.write_text(report.render(result))
+    report.write(result, args.output)
     for finding in result.findings:
         print(f"finding: {finding}", file=sys.stderr)
     if result.findings:

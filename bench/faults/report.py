@@ -1,20 +1,44 @@
-"""FAULTS.md: what a fault run did, what every service recorded, and whether the promise held."""
+"""The fault report (docs/reports/faults.md): what a fault run did, what every service recorded, and whether the
+promise held."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
 import os
+import pathlib
 import platform
 
-from bench import machine
+from bench import charts, machine
 from bench.faults import injections, plan, run
 
 MACHINERY = ("worker_stopped", "lease_expired", "outage")
+TIMELINE = "faults-timeline.svg"
 
 
 def _seconds(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.1f} s"
+
+
+def write(result: run.Result, output: pathlib.Path) -> None:
+    """Write the report and its chart of the faults beside it."""
+    (output.parent / TIMELINE).write_text(timeline(result.faults, result.started))
+    output.write_text(render(result))
+
+
+def timeline(faults: list[run.Fault], started: float) -> str:
+    """Return the faults in the order they came as an SVG chart: when each began and ended, in minutes since
+    the run started, with how long it lasted and how soon the part it hit worked again."""
+    spans = [
+        (
+            f"{number} {fault.kind}: {fault.target}",
+            (fault.started - started) / 60,
+            (fault.ended - started) / 60,
+            f"{_seconds(fault.ended - fault.started)}, recovered in {_seconds(fault.recovered_s)}",
+        )
+        for number, fault in enumerate(faults, start=1)
+    ]
+    return charts.timeline("Each fault on the run's clock", spans, unit="minutes since the run started")
 
 
 def render(result: run.Result) -> str:
@@ -91,6 +115,10 @@ def render(result: run.Result) -> str:
             f"| {number} | {fault.kind} | {fault.target} | {_seconds(fault.ended - fault.started)} |"
             f" {_seconds(fault.recovered_s)} | {fault.detail} |"
         )
+    lines += [
+        "",
+        f"![Each fault on the run's clock: when it began, how long it lasted, how soon work resumed]({TIMELINE})",
+    ]
     lines += _node_losses(result)
     kinds = ", ".join(f"{kind} ×{count}" for kind, count in run.kinds(result.faults).items())
     acted = {(a.kind, a.answer): 0 for a in result.actions}

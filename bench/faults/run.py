@@ -9,7 +9,7 @@ to one cut off without a word, a freeze (SIGSTOP) of the relay that leads the ga
 freeze of a song replica mid-attempt (before its submit) for longer than its lease, kill -9 of the
 PostgreSQL primary and the promotion of its standby.
 
-`python -m bench.faults [--short]` runs FULL (or SHORT) and writes FAULTS.md.
+`python -m bench.faults [--short]` runs FULL (or SHORT) and writes docs/reports/faults.md.
 """
 
 from __future__ import annotations
@@ -545,7 +545,7 @@ def run(chosen: plan.Plan, workdir: pathlib.Path, keep: bool = False) -> Result:
 
 
 def summarize(result: Result) -> dict[str, Any]:
-    """The figures FAULTS.md reports."""
+    """The figures the fault report gives."""
     pipelines = result.snapshot.pipelines
     outcomes: dict[str, int] = {}
     for row in pipelines.values():

@@ -1,8 +1,8 @@
 """MkDocs hooks: the pages written from the code, so that the site says each fact where the code says it.
 
-The API reference is rendered from the gateway's own OpenAPI document, the command line reference from
-Typer's own help, and the generated reports at the repository's root (`make bench`, `make faults`,
-`make bench-providers`) are taken into the site as they are.
+The API reference is rendered from the gateway's own OpenAPI document and the command line reference from
+Typer's own help. The reports the `make bench*` and `make faults` targets generate are written straight into
+docs/reports/, so the site takes them as any other page.
 """
 
 from __future__ import annotations
@@ -23,17 +23,13 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-REPORTS = ("BENCHMARKS.md", "FAULTS.md", "PROVIDERS.md")
 API_PAGE = "api/reference.md"
 CLI_MARKER = "<!-- cli-reference -->"
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    """Add the API reference and the reports at the repository's root to the site."""
+    """Add the API reference to the site."""
     files.append(File.generated(config, API_PAGE, content=api_reference(openapi_document())))
-    for report in REPORTS:
-        files.append(File.generated(config, f"reports/{report}", abs_src_path=str(REPO_ROOT / report)))
     return files
 
 

@@ -247,8 +247,9 @@ def test_each_service_reaches_only_what_it_must(chart_dir, service):
         gateway = Pod({"app.kubernetes.io/name": "castad-api"})
         assert not reaches(gateway, 8000), "no service calls the gateway: providers do, from outside"
         assert not reaches(INTERNET, 80) and not reaches(PRIVATE, 443)
-        # Out to the internet, on 443 only: a stage's provider, the gateway's webhooks, a bucket.
-        out = label == "networked" and service != "relay"
+        # Out to the internet, on 443 only: a stage's provider, the gateway's webhooks, a bucket; the video stage's
+        # photos named by URL whatever its provider.
+        out = (label == "networked" and service != "relay") or service == "video"
         assert reaches(INTERNET, 443) == out, (label, service)
 
 
@@ -263,7 +264,6 @@ BUCKET = {
     [
         ("lyric", {"settings": {"CASTAD_LYRIC_PROVIDER": "openai"}}),
         ("song", {"settings": {"CASTAD_SONG_PROVIDER": "suno"}}),
-        ("video", {"settings": {"CASTAD_VIDEO_PROVIDER": "creatomate"}}),
         ("api", {"secretSettings": {"CASTAD_API_WEBHOOK_SECRET": {"existingSecret": "castad", "key": "whsec"}}}),
         ("api", BUCKET),
         ("song", BUCKET),
@@ -274,6 +274,18 @@ def test_a_service_goes_out_to_the_internet_only_for_what_it_uses(chart_dir, ser
     pod, _ = pod_of(documents)
     assert allowed(policies(documents), pod, "egress", INTERNET, 443)
     assert not allowed(policies(render(chart_dir, service, {})), pod, "egress", INTERNET, 443)
+
+
+def test_the_video_stage_reaches_photo_hosts_on_the_internet_or_where_narrowed_and_never_inside(chart_dir):
+    documents = render(chart_dir, "video", {})
+    pod, _ = pod_of(documents)
+    found = policies(documents)
+
+    assert allowed(found, pod, "egress", INTERNET, 443) and not allowed(found, pod, "egress", INTERNET, 80)
+    assert not allowed(found, pod, "egress", PRIVATE, 443) and not allowed(found, pod, "egress", "169.254.169.254", 443)
+    proxy = {"photos": {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [3128]}}  # a forward proxy
+    narrowed = policies(render(chart_dir, "video", {"networkPolicy": proxy}))
+    assert allowed(narrowed, pod, "egress", "192.0.2.7", 3128) and not allowed(narrowed, pod, "egress", INTERNET, 443)
 
 
 def test_traces_go_to_the_collectors_port_and_nowhere_when_exporting_is_off(chart_dir):

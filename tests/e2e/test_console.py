@@ -1,6 +1,6 @@
 """The operator console at /ui in a real browser (Debian's chromium, driven by playwright), every service
-its own process: the board follows pipelines live without a reload, a pipeline's page shows its stages,
-attempts, timeline and previews and retries and cancels through its buttons, the stats page charts the
+its own process: the board follows pipelines live without a reload, a pipeline's page shows its photos,
+stages, attempts, timeline and previews and retries and cancels through its buttons, the stats page charts the
 window, the dead-letter page replays and discards, a key sees only what its scopes allow. Each test fails
 on any console error or uncaught exception of the page, and writes the screenshots of docs/console."""
 
@@ -15,8 +15,8 @@ import httpx
 import pika
 import pytest
 from castad_api import keys, tables
-from castad_contracts import brief
-from castad_local import access
+from castad_contracts import api, brief
+from castad_local import access, demo_photos
 from castad_local.fakes.chat import FakeChat, Reply
 from playwright.sync_api import expect
 
@@ -107,7 +107,9 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
     failed_before = int(count(console, "status-FAILED").inner_text(timeout=WAIT_MS))
 
     chat.script(Reply("status", status=400), Reply("hang", seconds=120))
-    refused = running.submit(sample_brief("바다책방"))
+    shown = [running.client.upload_image(name, data).id for name, data in demo_photos.photos().items()][:2]
+    with_photos = api.PipelineRequest(**sample_brief("바다책방").model_dump(), photos=shown)
+    refused = running.client.submit(with_photos).id
     expect(row(console, refused)).to_have_attribute("data-status", "FAILED", timeout=WAIT_MS)
     hanging = running.submit(
         brief.Brief(customer_name="Cafe Blue", region="Busan", language=brief.Language.ENGLISH, duration_s=3)
@@ -147,6 +149,15 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
         "e2e-operator"
     )
     expect(page.get_by_test_id("lyrics")).to_contain_text("바다책방", timeout=WAIT_MS)
+    # The brief's photos as thumbnails, in its order, each fetched with the key and drawn.
+    photos = page.get_by_test_id("photo")
+    expect(photos).to_have_count(2, timeout=WAIT_MS)
+    assert [photos.nth(i).get_attribute("data-image-id") for i in range(2)] == shown
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-testid=photo]')]"
+        f".every((img) => img.complete && img.src.startsWith('blob:') && img.naturalWidth === {demo_photos.SIZE[0]})",
+        timeout=WAIT_MS,
+    )
     media_ready(console, "song")
     media_ready(console, "video")
     trace_url = running.http.get(f"/v1/pipelines/{refused}/timeline").json()["trace_url"]

@@ -1,20 +1,82 @@
-"""One brief through every service: lyrics, a song and a video, all downloadable."""
+"""One brief through every service: lyrics, a song and a video, all downloadable; and one with photos, one
+uploaded to the gateway and one named by URL that the video stage fetches from a local photo host, both shown
+in its video."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
+import pathlib
+import threading
+import uuid
+from collections.abc import Iterator
+from http import server
 
+import numpy as np
 import pytest
+from PIL import Image
+
+from tests.e2e.conftest import RunningCastad, sample_brief
+from tests.unit.test_video_provider import frame_at
 
 pytestmark = pytest.mark.e2e
+RED, BLUE = (220, 40, 40), (40, 60, 220)
+# A local set-up's photo host is on this machine over plain http: both the gateway and the video stage allow it.
+PHOTO_HOST_ALLOWED = {"CASTAD_API_PHOTO_ALLOW_PRIVATE": "true", "CASTAD_VIDEO_ALLOW_PRIVATE": "true"}
 
 
-def test_a_brief_becomes_lyrics_a_song_and_a_video(castad):
-    running = castad()
+@pytest.fixture
+def photo_host(tmp_path: pathlib.Path) -> Iterator[str]:
+    """A plain http server on 127.0.0.1 serving the test's folder."""
+    handler = functools.partial(server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    served = server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=served.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{served.server_address[1]}"
+    served.shutdown()
+    served.server_close()
+    thread.join()
+
+
+def picture(colour: tuple[int, int, int], size: tuple[int, int]) -> Image.Image:
+    """A photo mostly of `colour`, with white bars: something for a crop to keep."""
+    drawn = Image.new("RGB", size, colour)
+    for left in range(0, size[0], size[0] // 4):
+        drawn.paste((240, 240, 240), (left, 0, left + size[0] // 16, size[1]))
+    return drawn
+
+
+def redness(frame: Image.Image) -> float:
+    """How much redder than blue a frame is on average: positive over the red photo, negative over the blue."""
+    pixels = np.asarray(frame, dtype=np.float64)
+    return float(pixels[..., 0].mean() - pixels[..., 2].mean())
+
+
+def submit_with_photos(running: RunningCastad, photo_host: str, folder: pathlib.Path) -> str:
+    """A brief showing a red photo uploaded first, then a blue one by the photo host's URL."""
+    out = io.BytesIO()
+    picture(RED, (320, 240)).save(out, "JPEG")
+    uploaded = running.http.post("/v1/images", content=out.getvalue(), headers={"Content-Type": "image/jpeg"})
+    assert uploaded.status_code == 201, uploaded.text
+    picture(BLUE, (240, 320)).save(folder / "hall.png")
+    body = {
+        **sample_brief(duration_s=6).model_dump(mode="json"),
+        "photos": [uploaded.json()["id"], f"{photo_host}/hall.png"],
+    }
+    accepted = running.http.post("/v1/pipelines", json=body, headers={"Idempotency-Key": str(uuid.uuid4())})
+    assert accepted.status_code == 202, accepted.text
+    return str(accepted.json()["id"])
+
+
+def test_a_brief_becomes_lyrics_a_song_and_a_video_and_one_with_photos_shows_them(castad, photo_host, tmp_path):
+    running = castad(PHOTO_HOST_ALLOWED)
     pipeline_id = running.submit()
+    with_photos = submit_with_photos(running, photo_host, tmp_path)
 
-    view = running.wait_terminal([pipeline_id])[pipeline_id]
+    views = running.wait_terminal([pipeline_id, with_photos])
 
+    view = views[pipeline_id]
     assert view.status == "SUCCEEDED"
     assert [stage.stage.value for stage in view.stages] == ["lyric", "song", "video"]
     for stage in view.stages:
@@ -27,3 +89,10 @@ def test_a_brief_becomes_lyrics_a_song_and_a_video(castad):
         suffix = {"lyric": ".txt", "song": ".wav", "video": ".mp4"}[stage.stage.value]
         disposition = download.headers["content-disposition"]
         assert disposition.endswith(f'filename="{pipeline_id}-{stage.stage.value}{suffix}"'), disposition
+    photos = views[with_photos]
+    assert photos.status == "SUCCEEDED", [(stage.stage, stage.last_error_message) for stage in photos.stages]
+    video = tmp_path / "video.mp4"
+    video.write_bytes(running.http.get(f"/v1/pipelines/{with_photos}/artifacts/video").content)
+    shown = [redness(frame_at(video, at, tmp_path / f"at-{at}.png")) for at in (0.5, 1.5, 2.5, 3.5, 4.5, 5.5)]
+    assert max(shown) > 40 and min(shown) < -40, shown  # the red upload and the blue photo fetched by URL
+    assert shown.index(max(shown)) < shown.index(min(shown)), shown  # in the brief's order

@@ -14,11 +14,13 @@ import uuid
 import pytest
 import sqlalchemy as sa
 from castad_api import decoding, keys, tables
-from castad_runtime import artifacts
+from castad_runtime import artifacts, links
 from castad_runtime import tables as runtime_tables
 from PIL import Image
+from pydantic import SecretStr
 
 from tests.integration.gateway import make_key
+from tests.support import LINK_SECRET, stage_link_secret
 from tests.unit.test_image_uploads import DAMAGED_EXIF, exif_with_location, multi_picture_jpeg, photo, png_declaring
 
 pytestmark = pytest.mark.integration
@@ -182,9 +184,35 @@ def test_a_brief_names_its_tenants_photos_and_its_event_carries_references_not_b
                 runtime_tables.outbox.c.pipeline_id == answer.json()["id"]
             )
         ).scalars()
-    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 3)
+    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 4)
     assert envelope["data"]["brief"]["photos"] == references
     assert len(str(envelope)) < 2_000  # references only: no image's bytes
+
+
+def test_a_brief_may_name_a_photo_by_an_https_url_of_a_public_host_which_the_stages_get_as_it_is(engines, api):
+    key = make_key(engines["api"], "hana", *SUBMIT_AND_READ)
+    client = api().client(key)
+    uploaded = upload(client, photo()).json()
+
+    for url in (
+        "http://photos.example.com/hall.jpg",
+        "https://127.0.0.1/hall.jpg",
+        "https://169.254.169.254/latest/meta-data/",
+        "https://localhost:8443/hall.jpg",
+    ):
+        refused = submit(client, photos=[uploaded["id"], url])
+        assert refused.status_code == 422, url
+        [error] = refused.json()["detail"]
+        assert error["loc"] == ["body", "photos", 1] and "must be an https URL of a public address" in error["msg"]
+    answer = submit(client, photos=[uploaded["id"], "https://photos.example.com/hall.jpg"])
+
+    assert answer.status_code == 202, answer.text
+    named = client.get(f"/v1/pipelines/{answer.json()['id']}").json()["brief"]["photos"]
+    assert [photo.get("id") for photo in named] == [uploaded["id"], None]
+    assert named[1] == {"url": "https://photos.example.com/hall.jpg"}
+    # A local set-up's test photo host, on this machine over plain http: only where the gateway allows it.
+    lenient = api(photo_allow_private=True).client(key)
+    assert submit(lenient, photos=["http://127.0.0.1:8080/hall.jpg"]).status_code == 202
 
 
 def test_another_tenants_image_is_not_found_on_any_route_and_a_brief_cannot_name_it(engines, api, installation):
@@ -223,3 +251,29 @@ def test_a_brief_names_at_most_20_photos_each_once(engines, api, count, repeat, 
     assert answer.status_code == 422
     [error] = answer.json()["detail"]
     assert error["loc"] == ["body", "photos"] and reason in error["msg"]
+
+
+def test_a_link_the_video_stage_signed_opens_one_photo_of_its_pipelines_brief_and_nothing_else(engines, api):
+    running = api(link_secret=SecretStr(LINK_SECRET))
+    hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    mina = running.client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
+    named, unnamed = upload(hana, photo("JPEG", (64, 32))).json(), upload(hana, photo("PNG"), "image/png").json()
+    minas = upload(mina, photo("WEBP", (40, 40)), "image/webp").json()
+    pipeline = submit(hana, photos=[named["id"]]).json()["id"]
+    anonymous = running.client(None)
+    video = stage_link_secret("video")
+
+    def fetched(path: str, key=video, purpose=links.Purpose.PHOTO):
+        return anonymous.get(links.sign(running.base_url, path, key, purpose, 3600))
+
+    opened = fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}")
+    assert opened.status_code == 200 and hashlib.sha256(opened.content).hexdigest() == named["sha256"]
+    assert opened.headers["content-type"] == "image/jpeg"
+    # The tenant's image the brief does not name, another tenant's, and one of another pipeline: not found.
+    for image in (unnamed, minas):
+        assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{image['id']}").status_code == 404
+    assert fetched(f"/v1/links/pipelines/{uuid.uuid4()}/photos/{named['id']}").status_code == 404
+    # Signed by the song stage, or for the song's file: refused.
+    assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", stage_link_secret("song")).status_code == 401
+    artifact = links.Purpose.ARTIFACT
+    assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", purpose=artifact).status_code == 401

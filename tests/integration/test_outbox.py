@@ -1,6 +1,6 @@
 """The transactional outbox on a real PostgreSQL: rows commit or vanish with the state change
-they announce, and the relay's wake-up (NOTIFY castad_outbox, sent by the outbox's own trigger) reaches
-listeners at the commit only, once per transaction."""
+they announce, and the relay's wake-up (NOTIFY castad_outbox, sent by the process's waker once the
+writer committed, never inside its transaction) reaches listeners after the commit only, once per transaction."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_runtime import db, outbox, tables
+from castad_runtime import db, outbox, tables, wakeups
 from castad_runtime.stage import repository
 
 from tests.integration.helpers import count, lyric_started, outbox_rows, pipeline_requested
@@ -38,11 +38,14 @@ def listening(url: str) -> Iterator[psycopg.Connection]:
 
 
 def notifications_before_probe(listener: psycopg.Connection, engine: sa.Engine) -> list[str]:
-    """Channels notified before a probe sent now from another session.
+    """Channels notified before a probe sent now from another session, once the waker of the engine's outbox
+    sent what it had to.
 
     PostgreSQL delivers notifications in commit order, so once the probe arrives every
     notification committed earlier has arrived too: an empty list proves that none was sent.
     """
+    url = engine.url.render_as_string(hide_password=False)
+    assert wakeups.waker(url, db.OUTBOX_CHANNEL).settled()
     token = uuid.uuid4().hex
     with engine.connect() as conn:
         conn.execute(sa.select(sa.func.pg_notify(PROBE, token)))
@@ -131,8 +134,7 @@ def test_no_notify_after_a_rollback_or_without_an_outbox_write(installation, eng
 
 
 def test_handing_back_a_parked_row_wakes_the_relay_though_no_row_is_inserted(installation, engines):
-    """republish changes rows instead of inserting them, which the outbox's trigger does not see: it
-    notifies by itself, at the commit."""
+    """republish changes rows instead of inserting them: it wakes the relay as an insert does, after the commit."""
     engine = engines["lyric"]
     with db.transaction(engine) as conn:
         env = outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
@@ -142,6 +144,29 @@ def test_handing_back_a_parked_row_wakes_the_relay_though_no_row_is_inserted(ins
         with db.transaction(engine) as conn:
             assert outbox.republish(conn, [env.id]) == 1
             assert notifications_before_probe(listener, engine) == []
+        assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
+
+
+def test_a_wake_up_its_waker_cannot_send_costs_the_writer_nothing_and_the_next_goes_out(installation, engines):
+    """The writer's transaction sends no NOTIFY of its own (a listener that stopped reading would fail its
+    commit): a waker whose session the server ended drops that wake-up, logged, and sends the next."""
+    engine = engines["lyric"]
+    waker = wakeups.waker(engine.url.render_as_string(hide_password=False), db.OUTBOX_CHANNEL)
+    with listening(installation.database_urls["lyric"]) as listener:
+        with db.transaction(engine) as conn:
+            outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
+        assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
+        assert waker._conn is not None  # noqa: SLF001 (the session the server is made to end)
+        with engine.connect() as conn:
+            conn.execute(sa.select(sa.func.pg_terminate_backend(waker._conn.info.backend_pid)))  # noqa: SLF001
+
+        with db.transaction(engine) as conn:
+            outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
+        assert len(outbox_rows(engine)) == 2
+        assert notifications_before_probe(listener, engine) == []  # dropped: the relay's own re-read finds it
+        time.sleep(wakeups.RETRY_AFTER_S)
+        with db.transaction(engine) as conn:
+            outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
         assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
 
 

@@ -103,7 +103,7 @@ def test_the_s3_store_needs_a_bucket(monkeypatch):
 
 
 def test_a_tenants_image_is_uploaded_under_its_owners_place_named_by_its_bytes(store, object_store):
-    image = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+    image = store.keep_image(b"\x89PNG photo", "hana", "image/png")
 
     digest = hashlib.sha256(b"\x89PNG photo").hexdigest()
     key = image.uri.split("/", 3)[3]
@@ -111,11 +111,11 @@ def test_a_tenants_image_is_uploaded_under_its_owners_place_named_by_its_bytes(s
     assert (image.sha256, image.size) == (digest, 10)
     head = object_store.client().head_object(Bucket=store.bucket, Key=key)
     assert (head["ContentType"], head["Metadata"]["sha256"]) == ("image/png", digest)
-    assert store.keep_image(b"\x89PNG photo", "mina", ".png", "image/png").uri != image.uri
+    assert store.keep_image(b"\x89PNG photo", "mina", "image/png").uri != image.uri
 
 
 def test_a_photo_a_brief_names_is_downloaded_from_its_owners_place_with_its_bytes_checked(store, object_store):
-    kept = store.keep_image(b"\x89PNG photo", "hana", ".png", "image/png")
+    kept = store.keep_image(b"\x89PNG photo", "hana", "image/png")
     photo = brief.Photo(
         id=PIPELINE, owner=artifacts.image_owner("hana"), sha256=kept.sha256, media_type="image/png", size=10
     )
@@ -127,3 +127,21 @@ def test_a_photo_a_brief_names_is_downloaded_from_its_owners_place_with_its_byte
     assert (served.content, served.headers["content-type"]) == (b"\x89PNG photo", "image/png")
     with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update={"owner": "0" * 32})):
         pass
+
+
+def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_and_deleted_with_its_stage(store, object_store):
+    url = "https://photos.example.com/hall.png"
+    with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as nothing:
+        assert nothing is None
+
+    kept = store.keep_fetched(b"\x89PNG hall", PIPELINE, events.Stage.VIDEO, url, "image/png")
+
+    key = kept.uri.split("/", 3)[3]
+    assert key.startswith(f"media/{PIPELINE}/video-") and key.endswith(f"-{kept.sha256[:16]}.png")
+    with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as path:
+        assert path is not None and path.read_bytes() == b"\x89PNG hall"
+    assert not path.exists()
+    object_store.client().put_object(Bucket=store.bucket, Key=key, Body=b"other bytes")
+    with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as changed:
+        assert changed is None
+    assert store.delete(PIPELINE, events.Stage.VIDEO) == 1

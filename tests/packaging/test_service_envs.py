@@ -48,7 +48,7 @@ SERVICES = (
         "castad-api",
         "castad_api",
         {"castad-api", "castad-runtime", "castad-contracts"},
-        MEDIA - {"pillow"},  # it decodes uploaded images (images.py), but renders nothing
+        MEDIA - {"pillow"},  # it decodes uploaded images (castad_runtime.images), but renders nothing
         serves=("/ui/", "/ui/console.css", "/ui/js/main.js"),  # the console's files, shipped in the wheel
     ),
     Package("castad-relay", "castad_relay", {"castad-relay", "castad-runtime", "castad-contracts"}, MEDIA, False),

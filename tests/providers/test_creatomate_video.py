@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
+import io
 import pathlib
 import threading
 import time
@@ -23,9 +24,11 @@ from castad_local.fakes import creatomate as fake_creatomate
 from castad_local.fakes import media
 from castad_local.fakes.creatomate import DEFAULT_KEY, FakeCreatomate, Plan
 from castad_local.fakes.server import Reply
+from castad_runtime import artifacts
 from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
-from castad_video import creatomate
+from castad_video import creatomate, service
 from castad_video.service import VideoSettings, make_creatomate_work
+from PIL import Image
 from pydantic import SecretStr
 
 from tests.support import signed_path, stage_link_secret
@@ -99,7 +102,21 @@ def work_for(fake, **overrides) -> runner.Work:
     return make_creatomate_work(settings_for(fake, **overrides))
 
 
-def song_completed(artifacts_dir: pathlib.Path, timed: tuple[events.TimedLine, ...] = TIMED) -> events.SongCompleted:
+def uploaded(artifacts_dir: pathlib.Path, colour: str) -> brief.Photo:
+    """A photo of tenant hana's as the gateway kept its upload in the artifact store."""
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), colour).save(out, "PNG")
+    data = out.getvalue()
+    kept = artifacts.VolumeStore(artifacts_dir).keep_image(data, "hana", "image/png")
+    owner = artifacts.image_owner("hana")
+    return brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type="image/png", size=kept.size)
+
+
+def song_completed(
+    artifacts_dir: pathlib.Path,
+    timed: tuple[events.TimedLine, ...] = TIMED,
+    photos: tuple[brief.Photo | brief.PhotoLink, ...] = (),
+) -> events.SongCompleted:
     """A song.completed whose song is in the artifact store, as the song stage left it."""
     pipeline_id = str(uuid.uuid4())
     song = artifacts_dir / pipeline_id / "song-0123456789abcdef.mp3"
@@ -117,7 +134,7 @@ def song_completed(artifacts_dir: pathlib.Path, timed: tuple[events.TimedLine, .
             media_type="audio/mpeg",
         ),
         completed_at=dt.datetime.now(dt.UTC),
-        brief=SOURCE,
+        brief=SOURCE.model_copy(update={"photos": photos}),
         lyrics=LYRICS,
         timed_lines=timed,
         song_duration_s=9.0,
@@ -242,7 +259,9 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
     done = song_completed(artifacts_dir, many)
     key = http.Credential(SecretStr(DEFAULT_KEY))
     client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
-    api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: f"https://cdn.test/{song.pipeline_id}.mp3")
+    api = creatomate.CreatomateApi(
+        client, TEMPLATE, lambda song: f"https://cdn.test/{song.pipeline_id}.mp3", lambda song: ()
+    )
     before = len(fake.received)
 
     handle = api.submit(job_for(done), None, cancellation.Cancellation()).handle
@@ -254,6 +273,66 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
     captions = [name for name in body["modifications"] if name.startswith("Caption-") and "." not in name]
     assert len(captions) == creatomate.MAX_CAPTIONS and "Caption-60" in captions
     assert isinstance(api.poll(handle, cancellation.Cancellation()), remote.Pending)
+
+
+def test_the_briefs_photos_fill_every_image_element_as_links_the_render_api_may_fetch(fake, artifacts_dir):
+    hall, garden = uploaded(artifacts_dir, "red"), uploaded(artifacts_dir, "blue")
+    terrace = brief.PhotoLink(url="https://photos.example.com/terrace.jpg")
+    job = job_for(song_completed(artifacts_dir, photos=(hall, terrace, garden)))
+    fake.plan(Plan(outcome="never"))
+    before = len(fake.received)
+
+    waiting = work_for(fake)(job, cancellation.Cancellation())
+
+    (request,) = renders_sent(fake, before)
+    sent = {k: v for k, v in request["body"]["modifications"].items() if k.startswith("Photo-")}
+    assert list(sent) == [f"Photo-{n}.source" for n in range(1, brief.MAX_PHOTOS + 1)]
+    # In the brief's order, then again from the first: no image element keeps the template's own picture.
+    paths = [f"/v1/links/pipelines/{job.pipeline_id}/photos/{photo.id}" for photo in (hall, garden)]
+    for n, url in enumerate(sent.values()):
+        if n % 3 == 1:
+            assert url == terrace.url  # named by an https URL: the render API fetches it there
+        else:
+            assert signed_path(url, GATEWAY) == paths[n % 3 // 2]  # an upload: a link that opens that one image
+    assert isinstance(waiting, runner.Awaiting) and waiting.notes == ()
+
+
+def test_a_template_with_fewer_image_elements_shows_the_first_photos_and_one_with_none_fails(artifacts_dir):
+    photos = tuple(uploaded(artifacts_dir, colour) for colour in ("red", "green", "blue"))
+    five = fake_creatomate.ELEMENTS - {f"Photo-{n}" for n in range(6, 21)}
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=five) as odd:
+        waiting = work_for(odd)(job_for(song_completed(artifacts_dir, photos=photos)), cancellation.Cancellation())
+    assert isinstance(waiting, runner.Awaiting)
+    assert any("Photo-6" in note for note in waiting.notes)  # warned of, kept on the attempt
+    none = fake_creatomate.ELEMENTS - {f"Photo-{n}" for n in range(1, 21)}
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=none) as odd:
+        error = failure(work_for(odd), job_for(song_completed(artifacts_dir, photos=photos)))
+        waiting = work_for(odd)(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
+    assert (error.code, error.retryable) == ("template_mismatch", False) and "Photo-1" in error.message
+    assert isinstance(waiting, runner.Awaiting)  # without photos the template needs no image element
+
+
+def test_a_photo_the_render_api_cannot_be_given_fails_the_stage_for_good(fake, artifacts_dir):
+    plain = brief.PhotoLink(url="http://photos.example.com/hall.jpg")  # only a test-only setting allows http
+    gone = uploaded(artifacts_dir, "red").model_copy(update={"sha256": "0" * 64})
+    for photo, code, said in ((plain, "photo_refused", "https URL only"), (gone, "photo_unreachable", "no image")):
+        before = len(fake.received)
+        error = failure(work_for(fake), job_for(song_completed(artifacts_dir, photos=(photo,))))
+        assert (error.code, error.retryable) == (code, False) and said in error.message
+        assert renders_sent(fake, before) == []  # nothing was submitted
+
+
+def test_with_a_bucket_the_render_api_fetches_an_upload_at_its_presigned_url(fake, artifacts_dir):
+    class Bucket:
+        def serve_image(self, photo: brief.Photo) -> str:
+            return f"https://bucket.test/images/{photo.sha256}.png?X-Amz-Signature=abc"
+
+    hall = uploaded(artifacts_dir, "red")
+    done = song_completed(artifacts_dir, photos=(hall,))
+
+    urls = service.photo_urls(settings_for(fake), Bucket(), done)  # type: ignore[arg-type]
+
+    assert urls == [f"https://bucket.test/images/{hall.sha256}.png?X-Amz-Signature=abc"]
 
 
 @pytest.mark.parametrize(
@@ -282,7 +361,7 @@ def test_captions_the_template_has_no_element_for_past_the_songs_lines_are_only_
 def test_the_adapter_reports_the_render_at_work_and_then_its_url_and_size(fake, job):
     key = http.Credential(SecretStr(DEFAULT_KEY))
     client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
-    api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3")
+    api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3", lambda song: ())
     fake.plan(Plan(seconds=0.6))
     handle = api.submit(job, None, cancellation.Cancellation()).handle
     states = []

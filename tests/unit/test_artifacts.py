@@ -167,9 +167,9 @@ def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp
 def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_once(tmp_path: pathlib.Path) -> None:
     store = artifacts.VolumeStore(tmp_path)
 
-    first = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
-    again = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
-    other = store.keep_image(b"\xff\xd8 photo", "../mina", ".jpg", "image/jpeg")
+    first = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
+    again = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
+    other = store.keep_image(b"\xff\xd8 photo", "../mina", "image/jpeg")
 
     digest = hashlib.sha256(b"\xff\xd8 photo").hexdigest()
     assert first == again and (first.sha256, first.size, first.media_type) == (digest, 8, "image/jpeg")
@@ -183,7 +183,7 @@ def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_o
 
 def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_checked(tmp_path: pathlib.Path) -> None:
     store = artifacts.VolumeStore(tmp_path)
-    kept = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    kept = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
     owner = artifacts.image_owner("hana")
     photo = brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type="image/jpeg", size=8)
 
@@ -220,7 +220,7 @@ def test_a_kept_image_gets_the_mode_of_every_artifact_and_is_on_disk_before_it_t
     monkeypatch.setattr(os, "fsync", recorded_fsync)
     monkeypatch.setattr(os, "replace", recorded_replace)
 
-    image = store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+    image = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
 
     assert stat.S_IMODE(store.path(image).stat().st_mode) == stat.S_IMODE(store.path(video).stat().st_mode)
     assert named == [True]
@@ -238,5 +238,29 @@ def test_a_volume_that_refuses_an_image_is_the_store_unavailable_and_leaves_no_f
     monkeypatch.setattr(pathlib.Path if failing == "mkdir" else os, failing, refused)
 
     with pytest.raises(outages.StoreUnavailable, match="keep an image in"):
-        store.keep_image(b"\xff\xd8 photo", "hana", ".jpg", "image/jpeg")
+        store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
     assert [path for path in tmp_path.rglob("*") if path.is_file()] == []
+
+
+def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_changed_and_deleted_with_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+    pipeline, url = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f", "https://photos.example.com/hall.png"
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as nothing:
+        assert nothing is None
+
+    kept = store.keep_fetched(b"\x89PNG hall", pipeline, events.Stage.VIDEO, url, "image/png")
+
+    path = store.path(kept)
+    assert path.parent == tmp_path / pipeline and path.name.startswith("video-") and path.suffix == ".png"
+    assert path.stem.endswith(kept.sha256[:16]) and kept.size == 9
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as found:
+        assert found == path
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url + "?v=2") as other:
+        assert other is None  # another URL's
+    path.write_bytes(b"other bytes")
+    with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as changed:
+        assert changed is None
+    (tmp_path / pipeline / ".upload-0123").write_bytes(b"half")  # a write its process did not live to finish
+    assert store.delete(pipeline, events.Stage.VIDEO) == 1 and not (tmp_path / pipeline).exists()

@@ -48,6 +48,7 @@ def test_the_console_is_served_without_a_key_with_a_strict_policy_and_outside_th
     assert policy["default-src"] == "'none'"
     assert policy["script-src"] == policy["style-src"] == policy["connect-src"] == "'self'"
     assert policy["media-src"] == "blob:" and policy["frame-ancestors"] == "'none'"
+    assert policy["img-src"] == "'self' blob:"  # the photos' thumbnails, fetched with the key
     assert page.headers["x-content-type-options"] == "nosniff"
     assert module.status_code == 200 and "javascript" in module.headers["content-type"]
     assert module.headers["content-security-policy"] == page.headers["content-security-policy"]

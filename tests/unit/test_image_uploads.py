@@ -17,8 +17,9 @@ import zlib
 import anyio
 import anyio.to_thread
 import pytest
-from castad_api import decoding, images, operations
+from castad_api import decoding, operations
 from castad_contracts import api
+from castad_runtime import images
 from PIL import Image, PngImagePlugin
 
 MAX_BYTES = 2_000_000
@@ -46,14 +47,11 @@ def exif_with_location(orientation: int = 1) -> Image.Exif:
     return exif
 
 
-@pytest.mark.parametrize(
-    ("fmt", "media_type", "suffix"),
-    [("JPEG", "image/jpeg", ".jpg"), ("PNG", "image/png", ".png"), ("WEBP", "image/webp", ".webp")],
-)
-def test_a_jpeg_png_or_webp_image_is_kept_in_its_own_format_with_its_size(fmt, media_type, suffix):
+@pytest.mark.parametrize(("fmt", "media_type"), [("JPEG", "image/jpeg"), ("PNG", "image/png"), ("WEBP", "image/webp")])
+def test_a_jpeg_png_or_webp_image_is_kept_in_its_own_format_with_its_size(fmt, media_type):
     kept = clean(photo(fmt), declared=media_type)
 
-    assert (kept.media_type, kept.suffix, kept.width, kept.height) == (media_type, suffix, 64, 32)
+    assert (kept.media_type, kept.width, kept.height) == (media_type, 64, 32)
     with Image.open(io.BytesIO(kept.data)) as read:
         assert read.format == fmt and read.size == (64, 32)
         red, blue = read.convert("RGB").getpixel((8, 16)), read.convert("RGB").getpixel((56, 16))
@@ -100,7 +98,7 @@ def multi_picture_jpeg() -> bytes:
 def test_a_phones_multi_picture_jpeg_is_kept_as_a_jpeg_of_its_photo():
     kept = clean(multi_picture_jpeg(), declared="image/jpeg")
 
-    assert (kept.media_type, kept.suffix, kept.width, kept.height) == ("image/jpeg", ".jpg", 64, 32)
+    assert (kept.media_type, kept.width, kept.height) == ("image/jpeg", 64, 32)
     with Image.open(io.BytesIO(kept.data)) as read:
         assert read.format == "JPEG" and getattr(read, "n_frames", 1) == 1
         assert read.getpixel((8, 16))[0] > 150  # the photo's red, not the green preview
@@ -136,7 +134,7 @@ def test_an_upload_whose_decoding_fails_in_any_way_is_refused_and_logged(monkeyp
 
 PEAK_SCRIPT = """
 import sys
-from castad_api import images
+from castad_runtime import images
 
 
 def kib(field):  # of this process's memory, from Linux's account of it: its own since its exec, unlike ru_maxrss

@@ -26,6 +26,7 @@ SONG, VIDEO = events.Stage.SONG, events.Stage.VIDEO
 PIPELINE = str(uuid.uuid4())
 CALLBACK = f"/v1/provider-callbacks/song/{PIPELINE}"
 SONG_FILE = f"/v1/links/pipelines/{PIPELINE}/artifacts/song"
+PHOTO = f"/v1/links/pipelines/{PIPELINE}/photos/{uuid.uuid4()}"
 HOUR = 3600.0
 
 
@@ -65,6 +66,20 @@ def test_each_stage_signs_its_own_links_and_no_other_stages():
     assert not accepted(links.sign("https://gw", CALLBACK, ROOT, links.Purpose.CALLBACK, HOUR))
 
 
+def test_a_photo_link_is_the_video_stages_for_its_photos_and_opens_that_one_image_only():
+    video_key = links.stage_secret(ROOT, VIDEO)
+    url = links.sign("https://gw", PHOTO, video_key, links.Purpose.PHOTO, HOUR)
+    assert accepted(url)
+    # Not signed for the song's file purpose, nor by the song stage; nor good for another image or pipeline.
+    assert not accepted(links.sign("https://gw", PHOTO, video_key, links.Purpose.ARTIFACT, HOUR))
+    assert not accepted(links.sign("https://gw", PHOTO, links.stage_secret(ROOT, SONG), links.Purpose.PHOTO, HOUR))
+    assert not accepted(links.sign("https://gw", SONG_FILE, video_key, links.Purpose.PHOTO, HOUR))
+    _, expires, signature = split(url)
+    other = f"/v1/links/pipelines/{PIPELINE}/photos/{uuid.uuid4()}"
+    assert not links.accepted(ROOT, other, expires, signature, max_s=6 * HOUR)
+    assert not links.accepted(ROOT, PHOTO.replace(PIPELINE, str(uuid.uuid4())), expires, signature, max_s=6 * HOUR)
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -72,6 +87,8 @@ def test_each_stage_signs_its_own_links_and_no_other_stages():
         f"/v1/links/pipelines/{PIPELINE}/artifacts/lyrics",
         f"/v1/links/pipelines/{PIPELINE}/artifacts/video",
         f"/v1/links/pipelines/{PIPELINE}/artifacts/lyric",
+        f"/v1/links/pipelines/{PIPELINE}/photos",
+        f"/v1/links/pipelines/{PIPELINE}/photos/{uuid.uuid4()}/more",
     ],
 )
 def test_no_key_signs_a_link_nobody_needs(path):

@@ -1,10 +1,13 @@
 """The video stage's local renderer shows the photos its brief names, read from the artifact store by their
-references alone; a photo not there fails the stage for good."""
+references alone or fetched from their URLs; a photo not there fails the stage for good."""
 
 from __future__ import annotations
 
+import functools
 import pathlib
+import threading
 import uuid
+from http import server
 
 import numpy as np
 import pytest
@@ -18,7 +21,9 @@ from tests.unit.test_video_provider import BRIEF, LYRICS, TIMED, as_shown, frame
 PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
 
 
-def song_completed(store: artifacts.VolumeStore, tmp_path: pathlib.Path, photos: list[brief.Photo]) -> dict:
+def song_completed(
+    store: artifacts.VolumeStore, tmp_path: pathlib.Path, photos: list[brief.Photo | brief.PhotoLink]
+) -> dict:
     with store.scratch(PIPELINE, events.Stage.SONG, 1, ".wav") as scratch:
         write_tone(scratch, 4.0)
         song = store.keep(scratch, PIPELINE, events.Stage.SONG, "audio/wav")
@@ -54,21 +59,40 @@ def job(input_: dict) -> repository.Job:
 
 def uploaded(store: artifacts.VolumeStore, path: pathlib.Path, tenant: str = "hana") -> brief.Photo:
     media_type = "image/jpeg" if path.suffix == ".jpg" else "image/png"
-    kept = store.keep_image(path.read_bytes(), tenant, path.suffix, media_type)
+    kept = store.keep_image(path.read_bytes(), tenant, media_type)
     owner = artifacts.image_owner(tenant)
     return brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type=media_type, size=kept.size)
 
 
 @pytest.fixture
 def stage(tmp_path: pathlib.Path) -> tuple[artifacts.VolumeStore, service.runner.Work]:
-    config = service.VideoSettings(artifacts_dir=tmp_path / "artifacts", short_side=240, fps=6)
+    # Private addresses allowed: the photo host of a test is on 127.0.0.1.
+    # The store's folder goes by the variable's name (a setting every service shares), not by the field's.
+    config = service.VideoSettings(
+        CASTAD_ARTIFACTS_DIR=tmp_path / "artifacts", short_side=240, fps=6, allow_private=True
+    )
     return artifacts.VolumeStore(config.artifacts_dir), service.make_work(config)
 
 
-def test_the_local_video_shows_the_photos_the_brief_names_in_turn(stage, tmp_path: pathlib.Path) -> None:
+@pytest.fixture
+def photo_host(tmp_path: pathlib.Path):
+    """An http server on 127.0.0.1 serving the files of the test's folder."""
+    handler = functools.partial(server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    served = server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=served.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{served.server_address[1]}"
+    served.shutdown()
+    served.server_close()
+    thread.join()
+
+
+@pytest.mark.parametrize("second", ["uploaded", "by-url"])
+def test_the_local_video_shows_the_photos_the_brief_names_in_turn(stage, tmp_path: pathlib.Path, photo_host, second):
     store, work = stage
     paths = two_photos(tmp_path)
-    photos = [uploaded(store, path) for path in paths]
+    linked = brief.PhotoLink(url=f"{photo_host}/{paths[1].name}")
+    photos = [uploaded(store, paths[0]), uploaded(store, paths[1]) if second == "uploaded" else linked]
 
     output = work(job(song_completed(store, tmp_path, photos)), cancellation.Cancellation())
 
@@ -79,6 +103,8 @@ def test_the_local_video_shows_the_photos_the_brief_names_in_turn(stage, tmp_pat
         frame = np.asarray(frame_at(video, time_s, tmp_path / f"at-{time_s}.png"), dtype=np.float64)
         distances = [float(np.mean(np.abs(frame[rows] - as_shown(path, size, 0.5)[rows]))) for path in paths]
         assert distances[shown] < 12 < distances[1 - shown], (time_s, distances)
+    fetched = sorted(path.suffix for path in (store.root / PIPELINE).glob("video-*"))
+    assert fetched == ([".mp4", ".png"] if second == "by-url" else [".mp4"])  # the fetched photo kept as its file
 
 
 def test_a_photo_that_is_not_in_the_store_fails_the_video_for_good(stage, tmp_path: pathlib.Path) -> None:

@@ -14,12 +14,12 @@ from castad_api import key_commands, secret_commands
 from castad_cli import client as client_
 from castad_cli import main as cli_main
 from castad_cli import progress
-from castad_contracts import brief, schemas, topology
+from castad_contracts import api, brief, schemas, topology
 from castad_runtime import messaging, redact, settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
-from castad_local import REPO_ROOT, access, charts, privileges, quorum, stack
+from castad_local import REPO_ROOT, access, charts, demo_photos, privileges, quorum, stack
 
 app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
 app.add_typer(key_commands.app, name="keys")
@@ -63,7 +63,8 @@ def demo(
     port: Annotated[int, typer.Option(help="gateway port for the demo")] = 8000,
     timeout_s: Annotated[float, typer.Option(help="give up after this long")] = 600.0,
 ) -> None:
-    """Start every service, run one brief to a finished video, stop the services."""
+    """Start every service, upload the demo's photos (drawn at run time), run one brief showing them to a
+    finished video, stop the services."""
     setup()
     logs = REPO_ROOT / "var" / "log" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     services = stack.Stack({"CASTAD_API_PORT": str(port), **privileges.local_env()}, logs)
@@ -74,7 +75,11 @@ def demo(
         services.wait_ready(base_url)
         key, _ = access.ensure_local_key()
         client = client_.Client(base_url, api_key=key)
-        accepted = client.submit(DEMO_BRIEF, f"demo-{uuid.uuid4()}")
+        uploaded = [client.upload_image(name, data) for name, data in demo_photos.photos().items()]
+        for name, image in zip(demo_photos.PHOTOS, uploaded, strict=True):
+            console.print(f"uploaded {name}: image {image.id} ({image.width}x{image.height})")
+        request = api.PipelineRequest(**DEMO_BRIEF.model_dump(), photos=[image.id for image in uploaded])
+        accepted = client.submit(request, f"demo-{uuid.uuid4()}")
         console.print(f"submitted {DEMO_BRIEF.customer_name} ({DEMO_BRIEF.region}): pipeline {accepted.id}")
         deadline = time.monotonic() + timeout_s
 

@@ -177,7 +177,8 @@ COMMON_SETTINGS = (
 
 def network_policy_schema(service: str) -> dict[str, Any]:
     """`networkPolicy`: where the service's pods take connections from and what they reach (castad-common's
-    _network.tpl): the same for every service, with the gateway's webhooks and a stage's provider besides."""
+    _network.tpl): the same for every service, with the gateway's webhooks, a stage's provider and the video
+    stage's photo hosts besides."""
     properties: dict[str, Any] = {
         "enabled": BOOLEAN,
         "metricsFrom": _peers("who reaches the probes port's /metrics (empty: anyone)"),
@@ -199,6 +200,9 @@ def network_policy_schema(service: str) -> dict[str, Any]:
     elif service != "relay":
         properties["provider"] = TARGET
         required.append("provider")
+    if service == "video":
+        properties["photos"] = TARGET
+        required.append("photos")
     if service != "relay":
         properties["objectStore"] = TARGET
         required.append("objectStore")

@@ -32,10 +32,21 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    def submit(self, body: brief.Brief, idempotency_key: str | None = None) -> api.PipelineAccepted:
+    def submit(
+        self, body: brief.Brief | api.PipelineRequest, idempotency_key: str | None = None
+    ) -> api.PipelineAccepted:
+        """Submit a brief (a PipelineRequest names photos by uploaded image id or URL)."""
         headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         return api.PipelineAccepted.model_validate(
             self._call("POST", "/v1/pipelines", content=body.model_dump_json(), headers=headers)
+        )
+
+    def upload_image(self, name: str, data: bytes) -> api.Image:
+        """Upload an image for briefs to name: the gateway tells its type by decoding it, and refuses what it is
+        not (422 with the reason)."""
+        files = {"file": (name, data, "application/octet-stream")}
+        return api.Image.model_validate(
+            self._call("POST", "/v1/images", files=files, timeout=httpx.Timeout(10, read=120))
         )
 
     def status(self, pipeline_id: str) -> api.PipelineView:

@@ -1,5 +1,5 @@
-"""`castad`: submit a brief, watch it, show it and its timeline, cancel or retry it; `castad stats` for the
-gateway's numbers; `castad dead-letters ...` for dead letters.
+"""`castad`: submit a brief (uploading its photos), watch it, show it and its timeline, cancel or retry it;
+`castad stats` for the gateway's numbers; `castad dead-letters ...` for dead letters.
 
 Every error is one line on stderr and an exit status: 2 the input was refused (also by the
 gateway: 400, 413, 415, 422), 3 the gateway cannot be reached, 4 not found (404), 5 a conflict
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import getpass
 import pathlib
+import re
+import urllib.parse
 from typing import Annotated
 
 import pydantic
 import typer
-from castad_contracts import brief, events
+from castad_contracts import api, brief, events
 from rich.table import Table
 
 from castad_cli import client as client_
@@ -72,29 +74,81 @@ def submit(
     genre: Annotated[str, typer.Option(help="style tags, free text (e.g. 'acoustic folk')")] = brief.DEFAULT_GENRE,
     orientation: brief.Orientation = brief.Orientation.VERTICAL,
     duration_s: int = brief.DEFAULT_DURATION_S,
+    photo: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a photo to show, in order (repeatable, up to 20): an image file (JPEG, PNG, WebP) uploaded first,"
+            " an https URL the video stage fetches, or the id of an image uploaded before"
+        ),
+    ] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="default: a new random key")] = None,
     watch_: Annotated[bool, typer.Option("--watch/--no-watch", help="follow progress until done")] = True,
 ) -> None:
-    """Submit a brief; by default follow it to the end."""
-    try:
-        body = brief.Brief(
-            customer_name=customer_name,
-            region=region,
-            detail_region_info=detail_region_info,
-            language=language,
-            genre=genre,
-            orientation=orientation,
-            duration_s=duration_s,
-        )
-    except pydantic.ValidationError as error:
-        for problem in error.errors():
-            errors.print(f"castad: {'.'.join(map(str, problem['loc']))}: {problem['msg']}")
-        raise typer.Exit(2) from None
+    """Submit a brief, uploading its photos first; by default follow it to the end."""
+    fields = {
+        "customer_name": customer_name,
+        "region": region,
+        "detail_region_info": detail_region_info,
+        "language": language,
+        "genre": genre,
+        "orientation": orientation,
+        "duration_s": duration_s,
+    }
+    named = photo or []
+    files = _photo_files(named)
+    # The brief is checked whole before any upload, a file standing for the id its upload will get.
+    _request(fields, [f"https://photo.invalid/{urllib.parse.quote(n)}" if n in files else n for n in named])
     with connected(ctx) as client:
+        body = _request(fields, [_uploaded(client, name, files[name]) if name in files else name for name in named])
         accepted = client.submit(body, idempotency_key)
         console.print(f"pipeline [bold]{accepted.id}[/] {accepted.status}")
         if watch_:
             raise typer.Exit(_watch(client, accepted.id))
+
+
+def _request(fields: dict[str, object], photos: list[str]) -> api.PipelineRequest:
+    """The brief as the gateway takes it; exit 2 with a line per problem if it is not one."""
+    try:
+        return api.PipelineRequest.model_validate({**fields, "photos": photos})
+    except pydantic.ValidationError as error:
+        for problem in error.errors():
+            errors.print(f"castad: {'.'.join(map(str, problem['loc']))}: {problem['msg']}")
+        raise typer.Exit(2) from None
+
+
+def _photo_files(named: list[str]) -> dict[str, pathlib.Path]:
+    """Each `--photo` that is a file; exit 2 before anything is uploaded if one cannot be read. An https URL, or
+    an image id no file is named after, is not a file: the gateway is given it as it is."""
+    files: dict[str, pathlib.Path] = {}
+    for name in named:
+        path = pathlib.Path(name).expanduser()
+        if "://" in name or (re.fullmatch(brief.UUID_PATTERN, name) and not path.exists()):
+            continue
+        _read(name, path, 1)
+        files[name] = path
+    return files
+
+
+def _read(name: str, path: pathlib.Path, size: int = -1) -> bytes:
+    """The file's first `size` bytes (-1: all); exit 2 naming it if it cannot be read."""
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a folder, not an image file")
+        with path.open("rb") as read:
+            return read.read(size)
+    except OSError as error:
+        errors.print(f"castad: --photo {name}: {error.strerror or type(error).__name__}", markup=False)
+        raise typer.Exit(2) from None
+
+
+def _uploaded(client: client_.Client, name: str, path: pathlib.Path) -> str:
+    """The id the gateway gave the uploaded file; its refusal names the file."""
+    try:
+        image = client.upload_image(path.name, _read(name, path))
+    except client_.GatewayError as error:
+        raise client_.GatewayError(f"--photo {name}: {error}", error.status) from None
+    console.print(f"photo {name}: {image.id} ({image.media_type}, {image.width}x{image.height})", markup=False)
+    return image.id
 
 
 @app.command()

@@ -21,6 +21,12 @@ the work's.
 A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
 `images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
 `keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file.
+
+A file a stage fetched from a URL for its work (a photo a brief names by URL) is a file of the stage of
+the pipeline, deleted with its other files: `keep_fetched` stores it whole or not at all as
+`<pipeline id>/<stage>-<digest of the URL>-<sha256 prefix><suffix>`, named by its bytes as every file is,
+and `fetched_copy` finds it again by its URL alone (its bytes checked against its name), so that a later
+attempt of the stage reuses what an earlier one fetched rather than fetching it again.
 """
 
 from __future__ import annotations
@@ -60,11 +66,19 @@ class ArtifactStore(Protocol):
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
 
-    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact: ...
+    def keep_image(self, data: bytes, tenant: str, media_type: str) -> events.Artifact: ...
 
     def image_copy(self, photo: brief.Photo) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
     def serve_image(self, photo: brief.Photo) -> pathlib.Path | str: ...
+
+    def keep_fetched(
+        self, data: bytes, pipeline_id: str, stage: events.Stage, url: str, media_type: str
+    ) -> events.Artifact: ...
+
+    def fetched_copy(
+        self, pipeline_id: str, stage: events.Stage, url: str
+    ) -> contextlib.AbstractContextManager[pathlib.Path | None]: ...
 
 
 class ArtifactMissing(LookupError):
@@ -148,11 +162,28 @@ def _image_name(owner: str, digest: str, suffix: str) -> str:
     return f"images/{owner}/{digest}{suffix}"
 
 
-_IMAGE_SUFFIXES = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp"}
+def image_suffix(media_type: str) -> str:
+    """The suffix of a kept image's file: its media type's subtype (.png, .webp), a JPEG's the usual .jpg."""
+    subtype = media_type.removeprefix("image/")
+    return ".jpg" if subtype == "jpeg" else f".{subtype}"
 
 
 def _photo_name(photo: brief.Photo) -> str:
-    return _image_name(photo.owner, photo.sha256, _IMAGE_SUFFIXES[photo.media_type])
+    return _image_name(photo.owner, photo.sha256, image_suffix(photo.media_type))
+
+
+def _fetched_place(pipeline_id: str, stage: events.Stage, url: str) -> str:
+    """How the name of a file fetched from `url` for the stage of the pipeline starts: its URL's digest."""
+    return f"{_place(_checked(pipeline_id), stage)}{hashlib.sha256(url.encode()).hexdigest()[:DIGEST_NAME_CHARS]}-"
+
+
+def _fetched_name(pipeline_id: str, stage: events.Stage, url: str, digest: str, media_type: str) -> str:
+    return f"{_fetched_place(pipeline_id, stage, url)}{digest[:DIGEST_NAME_CHARS]}{image_suffix(media_type)}"
+
+
+def _intact(path: pathlib.Path, name: str) -> bool:
+    """Whether a fetched file, copied at `path`, has the bytes its `name` gives (`<...>-<sha256 prefix><suffix>`)."""
+    return _sha256(path).startswith(pathlib.PurePosixPath(name).stem.rsplit("-", 1)[-1])
 
 
 def _checked(pipeline_id: str) -> str:
@@ -188,6 +219,8 @@ def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> 
     for path in directory.glob(f".{stage.value}.attempt*"):
         path.unlink(missing_ok=True)
     if final:
+        for path in directory.glob(".upload-*"):  # a fetched file's write that its process did not live to finish
+            path.unlink(missing_ok=True)
         for path in directory.glob(f"{stage.value}-*"):
             path.unlink(missing_ok=True)
             deleted += 1
@@ -246,12 +279,12 @@ class VolumeStore:
         """Delete every file of the stage for the pipeline; how many there were."""
         return _delete_local(self.root / _checked(pipeline_id), stage, final=True)
 
-    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
+    def keep_image(self, data: bytes, tenant: str, media_type: str) -> events.Artifact:
         """Write a tenant's image under the name its bytes give it (whole or not at all) and describe it.
 
         Raises outages.StoreUnavailable if the volume refuses the file (full, mounted read-only)."""
         digest = hashlib.sha256(data).hexdigest()
-        final = self.root / _image_name(image_owner(tenant), digest, suffix)
+        final = self.root / _image_name(image_owner(tenant), digest, image_suffix(media_type))
         try:
             _write_whole(final, data)
         except OSError as error:
@@ -272,6 +305,28 @@ class VolumeStore:
         if not path.is_file():
             raise ArtifactMissing(f"no image {photo.id} in {self.root}")
         return path
+
+    def keep_fetched(
+        self, data: bytes, pipeline_id: str, stage: events.Stage, url: str, media_type: str
+    ) -> events.Artifact:
+        """Write a file fetched from `url` for the stage of the pipeline (whole or not at all) and describe it.
+
+        Raises outages.StoreUnavailable if the volume refuses the file (full, mounted read-only)."""
+        digest = hashlib.sha256(data).hexdigest()
+        final = self.root / _fetched_name(pipeline_id, stage, url, digest, media_type)
+        try:
+            _write_whole(final, data)
+        except OSError as error:
+            raise outages.StoreUnavailable(f"keep a fetched file in {self.root}: {redact.describe(error)}") from None
+        return events.Artifact(uri=final.as_uri(), sha256=digest, size=len(data), media_type=media_type)
+
+    @contextlib.contextmanager
+    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
+        """The file an attempt of the stage of the pipeline fetched from `url` and kept, its bytes checked; None
+        if there is none."""
+        place = _fetched_place(pipeline_id, stage, url)
+        found = (path for path in sorted(self.root.glob(f"{place}*")) if path.is_file() and _intact(path, path.name))
+        yield next(found, None)
 
 
 class S3Store:
@@ -307,13 +362,8 @@ class S3Store:
 
     @contextlib.contextmanager
     def _download(self, artifact: events.Artifact, key: str) -> Iterator[pathlib.Path]:
-        directory = self.scratch_root / ".downloads"
-        directory.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(suffix=pathlib.PurePosixPath(key).suffix, dir=directory)
-        os.close(handle)
-        path = pathlib.Path(name)
+        path = self._scratch_download(key)
         try:
-            self._call("download", self._client.download_file, self.bucket, key, str(path))
             if _sha256(path) != artifact.sha256:
                 raise ArtifactMissing(f"{artifact.uri} no longer has the bytes its event describes")
             yield path
@@ -346,10 +396,10 @@ class S3Store:
         _delete_local(self.scratch_root / pipeline_id, stage, final=False)
         return deleted
 
-    def keep_image(self, data: bytes, tenant: str, suffix: str, media_type: str) -> events.Artifact:
+    def keep_image(self, data: bytes, tenant: str, media_type: str) -> events.Artifact:
         """Upload a tenant's image under the key its bytes give it and describe it."""
         digest = hashlib.sha256(data).hexdigest()
-        key = self.prefix + _image_name(image_owner(tenant), digest, suffix)
+        key = self.prefix + _image_name(image_owner(tenant), digest, image_suffix(media_type))
         self._call(
             "upload",
             self._client.put_object,
@@ -384,6 +434,54 @@ class S3Store:
             "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
         )
         return url
+
+    def keep_fetched(
+        self, data: bytes, pipeline_id: str, stage: events.Stage, url: str, media_type: str
+    ) -> events.Artifact:
+        """Upload a file fetched from `url` for the stage of the pipeline and describe it."""
+        digest = hashlib.sha256(data).hexdigest()
+        key = self.prefix + _fetched_name(pipeline_id, stage, url, digest, media_type)
+        self._call(
+            "upload",
+            self._client.put_object,
+            Bucket=self.bucket,
+            Key=key,
+            Body=data,
+            ContentType=media_type,
+            Metadata={"sha256": digest},
+        )
+        return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data), media_type=media_type)
+
+    @contextlib.contextmanager
+    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
+        """The file an attempt of the stage of the pipeline fetched from `url` and kept, downloaded to a scratch
+        file (its bytes checked against its name) removed when the block ends; None if there is none."""
+        place = self.prefix + _fetched_place(pipeline_id, stage, url)
+        listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=place)
+        for key in sorted(found["Key"] for found in listed.get("Contents", [])):
+            path = self._scratch_download(key)
+            if _intact(path, key):
+                try:
+                    yield path
+                finally:
+                    path.unlink(missing_ok=True)
+                return
+            path.unlink(missing_ok=True)
+        yield None
+
+    def _scratch_download(self, key: str) -> pathlib.Path:
+        """An object downloaded to a new scratch file, the caller's to remove."""
+        directory = self.scratch_root / ".downloads"
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(suffix=pathlib.PurePosixPath(key).suffix, dir=directory)
+        os.close(handle)
+        path = pathlib.Path(name)
+        try:
+            self._call("download", self._client.download_file, self.bucket, key, str(path))
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket

@@ -1,37 +1,7 @@
 """The one actor on a service's queue: envelopes dispatched by type to the service's handlers.
 
-What becomes of a message. It is acknowledged only once whatever replaces it (a delayed
-copy, a dead letter) has been confirmed by the broker, so nothing is lost in between:
-- its handler commits: acknowledged;
-- the database or the broker is out (`outages.is_outage`): the handler is tried again in
-  this thread with a capped backoff, for as long as the outage lasts. The message is not
-  acknowledged meanwhile, so a worker that stops leaves it in its queue. An outage never
-  uses up a message. After `HAND_BACK_AFTER_S` of it, the message is handed back through the
-  delay queue (a copy, confirmed before the original is acknowledged) and the wait goes on from
-  there: RabbitMQ takes back a delivery left unacknowledged for its `consumer_timeout` (30
-  minutes by default), and each time it did, the message would come nearer to its queue's
-  delivery limit; a copy starts from none;
-- its schema version is newer than this service knows (its producer was upgraded first), or
-  its handler cannot take it yet (`Hold`: an operator request ahead of an earlier one):
-  held, that is sent back through Dramatiq's delay queue with a growing delay, for up to
-  `hold_s` after this service first saw it, then dead-lettered;
-- its handler fails for a reason of its own: tried again through the delay queue, up to
-  `max_retries` more times, then dead-lettered with the last error;
-- it cannot be decoded, its type is unknown, no handler takes it, it says it comes from
-  another service than its type's producer (`topology.PRODUCERS`: only that service's outbox
-  may publish it, and a dead letter the gateway replays keeps its producer's source), or its
-  payload is invalid: dead-lettered at once (`encoder.EnvelopeEncoder` finds most of these).
-A dead letter goes to `<namespace>.dead-letter` through the broker, never published by this
-service: the consumer files it (the message's bytes and the reason) as a message of its own
-queue for the dead-letter actor, confirmed before the original is acknowledged; the actor rejects
-that message, and the queue dead-letters it with the broker's `x-death` naming the queue. So a
-service cannot file a dead letter as another queue's (to have it replayed there), and its broker
-user needs no right on the dead-letter exchange (`topology.Topology.permissions`). The gateway
-reads the bytes and the reason back out of it (castad_api.dead_letters).
-
-Its metrics (`metrics.ConsumerMetrics`): the handoff of every event it hands to a handler for
-the first time (from the envelope's time, set when the event was written to its outbox), and
-every message it dead-letters, by why.
+What becomes of a message (acknowledged, tried again through an outage, held, retried,
+dead-lettered) and its metrics: docs/concepts/consumers.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Engines, connections, transactions, and what runs once one committed (metrics).
+"""Engines, connections, transactions, and what runs once one committed (metrics, wake-ups).
 
-What a transaction writes to the outbox or the gateway's timeline wakes their listeners by itself:
-triggers on those tables NOTIFY inside the writing transaction (castad_runtime.migration_ops), so
-a writer spends no round trip on it.
+What a transaction writes to the outbox or the gateway's timeline wakes their listeners once it
+committed, never from inside it (castad_runtime.wakeups says why).
 
 A database URL is SQLAlchemy's (`postgresql+psycopg://user:pw@host:port/db`), for a server with a
 standby in its multi-host form (`postgresql+psycopg://user:pw@/db?host=h1:5432&host=h2:5432`), which
@@ -19,7 +18,7 @@ import contextlib
 import datetime as dt
 import logging
 import select
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import psycopg
@@ -188,25 +187,29 @@ async def notifications(listener: psycopg.AsyncConnection[Any], timeout_s: float
     return [notice async for notice in listener.notifies(timeout=0)]
 
 
-def notify(conn: sa.Connection, channel: str, payload: str = "") -> None:
-    """NOTIFY `channel` with `payload` when this transaction commits (for a change no trigger announces)."""
-    conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
-
-
-def after_commit(conn: sa.Connection, callback: Callable[[], None]) -> None:
+def after_commit(conn: sa.Connection, callback: Callable[[], None], key: Hashable | None = None) -> None:
     """Call `callback` once this transaction has committed (not if it rolls back): for what must count
-    only what committed, as a metric of an outcome. It must not fail; if it does, that is logged."""
-    conn.info.setdefault(_AFTER_COMMIT, []).append(callback)
+    only what committed, as a metric of an outcome. It must not fail; if it does, that is logged. Only a
+    `transaction` runs them: anywhere else this raises RuntimeError, rather than the callback never running.
+    A callback given with a `key` the transaction has one for already is not added again."""
+    callbacks = conn.info.get(_AFTER_COMMIT)
+    if callbacks is None:
+        raise RuntimeError("db.after_commit outside a db.transaction: nothing would run the callback")
+    callbacks.setdefault(object() if key is None else key, callback)
 
 
 @contextlib.contextmanager
 def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
     """One local transaction, then what was to run once it committed (`after_commit`)."""
     with engine.connect() as conn:
-        conn.info.pop(_AFTER_COMMIT, None)
-        with conn.begin():
-            yield conn
-        for callback in conn.info.pop(_AFTER_COMMIT, ()):
+        conn.info[_AFTER_COMMIT] = {}
+        try:
+            with conn.begin():
+                yield conn
+        except BaseException:
+            conn.info.pop(_AFTER_COMMIT, None)
+            raise
+        for callback in conn.info.pop(_AFTER_COMMIT, {}).values():
             try:
                 callback()
             except Exception:

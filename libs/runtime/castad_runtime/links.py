@@ -13,7 +13,10 @@ no key. Who signs what, which the gateway checks:
 
 - `/v1/provider-callbacks/{stage}/{pipeline}`: `stage` (song, video), purpose `callback`;
 - `/v1/links/pipelines/{pipeline}/artifacts/song`: video (its render API fetches the song),
-  purpose `artifact`; no other file has a link.
+  purpose `artifact`; no other stage's file has a link;
+- `/v1/links/pipelines/{pipeline}/photos/{image}`: video (its render API fetches the brief's
+  uploaded photos), purpose `photo`; the gateway opens it only for an image that pipeline's brief
+  names, of the pipeline's tenant.
 
 The gateway refuses a link for another path, altered, expired, or whose expiry is further off
 than it allows (CASTAD_API_LINK_MAX_S): a stage signs for its provider's give-up time and
@@ -36,6 +39,7 @@ MARGIN_S = 3600.0  # a link outlives its provider's give-up time by this much (a
 _SALT = b"castad links v1"
 _CALLBACK = re.compile(r"^/v1/provider-callbacks/(?P<stage>song|video)/[^/]+$")
 _ARTIFACT = re.compile(r"^/v1/links/pipelines/[^/]+/artifacts/(?P<stage>song)$")
+_PHOTO = re.compile(r"^/v1/links/pipelines/[^/]+/photos/[^/]+$")
 FILE_SIGNER = {events.Stage.SONG: events.Stage.VIDEO}  # a stage's file: the stage whose provider fetches it
 SIGNERS = (events.Stage.SONG, events.Stage.VIDEO)  # the stages that sign links, each with a key of its own
 
@@ -45,6 +49,7 @@ class Purpose(enum.StrEnum):
 
     CALLBACK = "callback"
     ARTIFACT = "artifact"
+    PHOTO = "photo"
 
 
 def hkdf(key: bytes, *, salt: bytes, info: bytes, length: int = 32) -> bytes:
@@ -82,6 +87,8 @@ def signer(path: str) -> tuple[events.Stage, Purpose] | None:
         return events.Stage(found["stage"]), Purpose.CALLBACK
     if found := _ARTIFACT.match(path):
         return FILE_SIGNER[events.Stage(found["stage"])], Purpose.ARTIFACT
+    if _PHOTO.match(path):
+        return events.Stage.VIDEO, Purpose.PHOTO
     return None
 
 

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
 from castad_contracts import events
 
-from castad_runtime import db, tables, telemetry
+from castad_runtime import db, tables, telemetry, wakeups
 
 APPEND = """
 INSERT INTO outbox (event_id, pipeline_id, routing_key, envelope, destination) VALUES (%s, %s, %s, %s::jsonb, %s)
@@ -36,7 +36,8 @@ def append(
     letter): the envelope keeps its id, by which the consumer's inbox knows it.
     """
     row = (delivery_id or env.id, env.subject, env.type, env.model_dump_json(), destination)
-    db.run(conn, APPEND, row)  # the outbox's trigger wakes the relay
+    db.run(conn, APPEND, row)
+    wakeups.after_commit(conn, db.OUTBOX_CHANNEL)
 
 
 def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
@@ -49,7 +50,7 @@ def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
         .values(parked_at=None, retry_at=None, publish_attempts=0, last_error=None)
     )
     if result.rowcount:
-        db.notify(conn, db.OUTBOX_CHANNEL)  # no row inserted: the outbox's trigger says nothing
+        wakeups.after_commit(conn, db.OUTBOX_CHANNEL)
     return result.rowcount
 
 

@@ -4,7 +4,8 @@ The page itself needs no key: it asks for one and sends it with every API call i
 files say nothing about any tenant. They are not part of the OpenAPI document. Every answer
 carries a strict Content-Security-Policy: scripts and styles from the gateway only (no inline
 script), API calls to the gateway only (and, with an object store, to the store its downloads
-redirect to), media from the object URLs the page makes of what it downloaded with its key.
+redirect to), media and images (the brief's photos) from the object URLs the page makes of what it downloaded
+with its key.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def content_security_policy(config: settings_.ApiSettings) -> str:
         "default-src": "'none'",
         "script-src": "'self'",
         "style-src": "'self'",
-        "img-src": "'self'",
+        "img-src": "'self' blob:",
         "media-src": "blob:",
         "connect-src": " ".join(connect),
         "base-uri": "'none'",

@@ -1,6 +1,6 @@
 """The uploads a gateway process decodes: one at a time, a few more waiting their turn, the rest refused.
 
-Cleaning an image holds about twice its decoded pixels (images.py): some 320 MB at the default
+Cleaning an image holds about twice its decoded pixels (castad_runtime.images): some 320 MB at the default
 CASTAD_API_IMAGE_MAX_PIXELS of 40 million. The API's pod may use 768Mi and one CPU (infra/helm/api):
 a second decode at once would not finish sooner on one CPU and would take the process past its limit,
 so a process decodes one upload at a time. The others wait on an anyio CapacityLimiter, holding no

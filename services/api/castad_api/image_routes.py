@@ -1,8 +1,9 @@
-"""Images a tenant uploads for its briefs to name as photos: upload one, read what was kept of it, fetch it.
+"""Images a tenant uploads for its briefs to name as photos: upload one, read what was kept of it, fetch it
+(with a key of its tenant, or by a link the video stage signed for its render API: castad_runtime.links).
 
 An upload is the image's bytes as the body (Content-Type image/jpeg, image/png or image/webp) or a
 multipart form with the image as its `file` field. It is kept only once it decoded whole and was
-made safe (images.py): nothing of a refused upload is stored. It is kept in the artifact store first
+made safe (castad_runtime.images): nothing of a refused upload is stored. It is kept in the artifact store first
 and recorded after; a failure between the two leaves a file no record names, which the same upload
 made again finds in its place (names are the bytes' own).
 """
@@ -14,12 +15,12 @@ import uuid
 from typing import Any
 
 from castad_contracts import api, brief
-from castad_runtime import artifacts, db
+from castad_runtime import artifacts, db, images
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, images, repository, served
+from castad_api import decoding, deps, errors, pipeline_routes, repository, served
 from castad_api.deps import GatewayDep, Reader, Submitter
 
 UPLOAD_PATH = "/v1/images"
@@ -114,7 +115,7 @@ async def _received(request: Request) -> tuple[tuple[str, ...], bytes, str | Non
 
 
 def _keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
-    kept = gw.store.keep_image(cleaned.data, tenant, cleaned.suffix, cleaned.media_type)
+    kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
     with db.transaction(gw.engine) as conn:
         row = repository.add_image(conn, tenant, kept, cleaned.width, cleaned.height)
     return _image(row)
@@ -146,6 +147,30 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
         row = repository.get_image(conn, image_id, who.tenant_filter())
     if row is None:
         raise errors.NotFound(f"no image {image_id}")
+    return _content(gw, row)
+
+
+@router.get(
+    "/links/pipelines/{pipeline_id}/photos/{image_id}",
+    response_class=FileResponse,
+    tags=["providers"],
+    responses=pipeline_routes.LINK_ERRORS,
+    dependencies=pipeline_routes.SIGNED_LINK,
+)
+def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) -> Response:
+    """An uploaded photo of a pipeline's brief by a link the video stage signed for its render API: the image
+    only if that pipeline's brief names it and it is the pipeline's tenant's."""
+    with gw.engine.connect() as conn:
+        pipeline = repository.get_pipeline(conn, pipeline_id)
+        named = pipeline is not None and any(p.get("id") == str(image_id) for p in pipeline.brief.get("photos", ()))
+        row = repository.get_image(conn, image_id, pipeline.tenant) if pipeline is not None and named else None
+    if row is None:
+        raise errors.NotFound(f"no image {image_id} in the brief of pipeline {pipeline_id}")
+    return _content(gw, row)
+
+
+def _content(gw: deps.Gateway, row: Any) -> Response:
+    """The kept file of an image, or a redirect to a presigned URL of it."""
     photo = brief.Photo(
         id=str(row.id),
         owner=artifacts.image_owner(row.tenant),
@@ -156,7 +181,7 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
     try:
         where = gw.store.serve_image(photo)
     except artifacts.ArtifactMissing:
-        raise errors.NotFound(f"image {image_id} is not in this store") from None
+        raise errors.NotFound(f"image {row.id} is not in this store") from None
     return served.file(where, row.media_type, str(row.id))
 
 

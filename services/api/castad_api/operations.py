@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from castad_contracts import api, brief, events, topology
 from castad_contracts import envelope as envelope_
-from castad_runtime import artifacts, db, outbox, telemetry
+from castad_runtime import artifacts, db, outbound, outbox, telemetry
 
 from castad_api import errors, model, projection, repository, retention
 
@@ -85,6 +85,21 @@ def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple
             raise errors.InvalidField(("body", "photos", index), f"no image {name} was uploaded by this tenant", name)
         named.append(brief.Photo(id=name, owner=owner, sha256=row.sha256, media_type=row.media_type, size=row.size))
     return tuple(named)
+
+
+def check_photo_urls(body: api.PipelineRequest, allow_private: bool) -> None:
+    """InvalidField naming the first photo URL the video stage would refuse to fetch, as far as can be told
+    without a lookup (plain http, a private address written in it, this machine's name): no network call here,
+    the stage checks every address again when it fetches."""
+    for index, name in enumerate(body.photos):
+        if "://" not in name:
+            continue
+        try:
+            outbound.check_url(name, allow_private)
+        except outbound.Refused as error:
+            raise errors.InvalidField(
+                ("body", "photos", index), f"must be an https URL of a public address ({error})", name
+            ) from None
 
 
 def request_hash(body: api.PipelineRequest) -> str:

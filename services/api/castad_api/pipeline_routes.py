@@ -98,6 +98,7 @@ def create_pipeline(
 ) -> api.PipelineAccepted:
     """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike
     (an Idempotency-Key is the tenant's own: another tenant's same key makes another pipeline)."""
+    operations.check_photo_urls(body, gw.config.photo_allow_private)
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
     if body.callback_url and not refused:
         with gw.engine.connect() as conn:

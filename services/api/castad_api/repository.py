@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_runtime import db
+from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
@@ -195,9 +195,10 @@ def append_timeline(
     data: dict[str, Any],
     occurred_at: dt.datetime | None = None,
 ) -> None:
-    """An entry of the pipeline's timeline; `occurred_at` is the event's own time (default: now). Its
-    trigger NOTIFYs the pipeline's event streams."""
+    """An entry of the pipeline's timeline; `occurred_at` is the event's own time (default: now). The
+    pipeline's event streams are woken once the transaction committed."""
     db.run(conn, _APPEND_TIMELINE, (pipeline_id, event_id, event_type, Jsonb(data), occurred_at))
+    wakeups.after_commit(conn, PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
 
 
 # When an entry happened: the event's own time, or for entries older than that column when it was written.

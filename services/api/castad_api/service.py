@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import typer
 import uvicorn
 from castad_contracts import events, topology
-from castad_runtime import artifacts, cli, consumer, db, health, links, messaging, process, telemetry
+from castad_runtime import artifacts, cli, consumer, db, health, links, messaging, process, telemetry, wakeups
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry import trace
@@ -95,6 +95,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
             if probes is not None:
                 probes.stop()
             gateway.broker_check.close()
+            wakeups.close_all()  # the last commits' wake-ups
             projecting.dispose()
             engine.dispose()
 

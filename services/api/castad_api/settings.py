@@ -44,6 +44,12 @@ class ApiSettings(settings.StoreSettings):
         le=89_000_000,
         description="an uploaded image declaring more pixels (width x height) is refused before any is decoded",
     )
+    photo_allow_private: bool = Field(
+        default=False,
+        description="accept photos named by a plain http URL or at a private, loopback or link-local address (local"
+        " tests only: the video stage fetches them only with CASTAD_VIDEO_ALLOW_PRIVATE); off: an https URL whose"
+        " host is not such an address, checked again after DNS and on redirects by the video stage",
+    )
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(default=2.0, gt=0, description="re-read an event stream this often without a NOTIFY")
     sse_key_check_s: float = Field(

@@ -3,7 +3,7 @@ their arithmetic.
 
 Each statement reads through an index whose size follows the window or the set of pipelines in flight,
 never the whole history (`QUERIES`; bench/stats.py times them on a million pipelines and records their
-plans in docs/stats.md):
+plans in docs/reports/stats.md):
 
 - what is in flight now: the partial index pipelines_in_flight, then each in-flight pipeline's stages by
   their primary key;

@@ -1,27 +1,7 @@
 """Drains outbox tables into the topic exchange, with publisher confirms.
 
-One task per source database. It publishes only while it holds the database's lease
-(`leadership.Lease`), so a second relay replica waits as a hot standby instead of publishing
-the same rows, and takes over within seconds when the leader freezes, dies or is cut off.
-Only once it leads does it LISTEN on the outbox channel (a standby that listened would never
-read its notifications and so hold back PostgreSQL's notification queue, shared by the whole
-server); it drains then, whenever a writer's NOTIFY arrives, when a backing-off row comes due,
-and (should a NOTIFY be missed) every `fallback_poll_s`. No row is sent once the lease is no
-longer known to be held, and a stopping relay gives its leases up.
-
-A drain publishes the oldest publishable rows (`publisher.Publisher`, order per
-pipeline kept) and marks the confirmed ones published once their batch is settled, by a
-statement of their own, without waiting for that mark's WAL flush (a mark lost to a
-crash, or to a stop before it was made, only sends its rows again: duplicates, which
-inboxes drop). Marked in the next look for rows instead, by the same statement, they
-made each look slower as the outbox grew, and the latency of a steady load with it.
-A row the broker refuses for its own sake (no queue bound to its routing key, too large) backs
-off on its own, exponentially, and after `max_publish_attempts` refusals is parked
-with its reason for an operator to republish (`castad_runtime.outbox.republish`, through
-the gateway's dead letters: the relay puts a notice of it in the dead-letter queue
-first); meanwhile it holds back only the later rows of its own pipeline, and every other
-pipeline flows on. Trouble with the broker connection charges no row: rows wait, the relay
-reconnects and carries on.
+One task per source database, publishing only while it holds the database's lease; how a
+drain orders, marks and backs off rows: docs/concepts/outbox.md.
 """
 
 from __future__ import annotations

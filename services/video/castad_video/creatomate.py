@@ -13,11 +13,18 @@ Submit, then poll (castad_runtime.stage.remote):
 The template's elements are filled by name (docs/providers.md):
 `Title`, `Business`, `Region`, `Music.source` (the song's URL), and for each sung line n (from 1)
 `Caption-n` with `Caption-n.time` and `Caption-n.duration` in seconds; `Caption-n` past the song's
-last line (up to MAX_CAPTIONS) is blanked, so the template's own text never shows. A modification
+last line (up to MAX_CAPTIONS) is blanked, so the template's own text never shows. With photos in
+the brief, `Photo-n.source` for n from 1 to MAX_PHOTOS, the brief's photos in order and again from
+the first when there are fewer, so no image element of the template shows its own picture (an
+image element's source is set by a modification as the audio's is: creatomate.com/docs, "API
+automation"): each a URL the render API fetches, which `photo_urls` gives (a presigned URL of
+the bucket or a signed link of the gateway for an upload; a photo named by an https URL, that
+URL). A brief without photos sends no `Photo-n`: the template's pictures show. A modification
 that matches no element of the template renders the template's placeholder instead: the answer's
 `warnings` (and `errors`) are logged and kept on the attempt (`attempts.notes`), and a warning that
-names an element the video needs (any but a blanked caption) fails the stage for good
-(`template_mismatch`): the template must be fixed.
+names an element the video needs (any but a blanked caption or a photo past `Photo-1`) fails the
+stage for good (`template_mismatch`): the template must be fixed. A template with fewer image
+elements than photos shows the first ones (the API warns of the others, logged and kept).
 """
 
 from __future__ import annotations
@@ -25,10 +32,10 @@ from __future__ import annotations
 import logging
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from castad_contracts import events
+from castad_contracts import brief, events
 from castad_runtime import redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
@@ -37,10 +44,12 @@ log = logging.getLogger(__name__)
 PENDING = frozenset({"planned", "waiting", "transcribing", "rendering"})
 CANCELED = frozenset({"cancelled", "canceled"})
 MAX_CAPTIONS = 60
+MAX_PHOTOS = brief.MAX_PHOTOS
 QUOTED = re.compile(r"""['"`]([^'"`]{1,100})['"`]""")
 
 
-def modifications(done: events.SongCompleted, song_url: str) -> dict[str, Any]:
+def modifications(done: events.SongCompleted, song_url: str, photo_urls: Sequence[str] = ()) -> dict[str, Any]:
+    """The template's elements by name and what each shows (the module's docstring says which)."""
     values: dict[str, Any] = {
         "Title": done.lyrics.title,
         "Business": done.brief.customer_name,
@@ -53,13 +62,17 @@ def modifications(done: events.SongCompleted, song_url: str) -> dict[str, Any]:
         values[f"Caption-{n}.duration"] = round(max(line.end_s - line.start_s, 0.1), 3)
     for n in range(len(done.timed_lines) + 1, MAX_CAPTIONS + 1):  # the template's own text must not show
         values[f"Caption-{n}"] = ""
+    if photo_urls:  # every image element shows one of the brief's photos, none the template's own
+        for n in range(1, MAX_PHOTOS + 1):
+            values[f"Photo-{n}.source"] = photo_urls[(n - 1) % len(photo_urls)]
     return values
 
 
 def needed(done: events.SongCompleted) -> frozenset[str]:
     """The template's elements the video cannot do without: all it is sent but the blanked captions."""
     lines = min(len(done.timed_lines), MAX_CAPTIONS)
-    return frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, lines + 1)})
+    photo = {"Photo-1"} if done.brief.photos else set()  # without one, the brief's photos would not show at all
+    return frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, lines + 1)} | photo)
 
 
 def notes(render: dict[str, Any]) -> list[str]:
@@ -118,14 +131,20 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
 
 
 class CreatomateApi:
-    """A `remote.RemoteApi` for the video stage; `song_url` says where the render API fetches the song."""
+    """A `remote.RemoteApi` for the video stage; `song_url` and `photo_urls` say where the render API fetches
+    the song and the brief's photos (in the brief's order)."""
 
     def __init__(
-        self, client: http.HttpProvider, template_id: str, song_url: Callable[[events.SongCompleted], str]
+        self,
+        client: http.HttpProvider,
+        template_id: str,
+        song_url: Callable[[events.SongCompleted], str],
+        photo_urls: Callable[[events.SongCompleted], Sequence[str]],
     ) -> None:
         self._client = client
         self._template_id = template_id
         self._song_url = song_url
+        self._photo_urls = photo_urls
 
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
@@ -133,7 +152,7 @@ class CreatomateApi:
         done = events.SongCompleted.model_validate(job.input)
         body: dict[str, Any] = {
             "template_id": self._template_id,
-            "modifications": modifications(done, self._song_url(done)),
+            "modifications": modifications(done, self._song_url(done), self._photo_urls(done)),
             # The API takes no idempotency key; the attempt's key tags the render (it comes back in the render
             # object and the webhook), so that renders one attempt made twice can be told (docs/providers.md).
             "metadata": job.submission_key,

@@ -13,7 +13,7 @@ from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_video import creatomate, instant, provider
+from castad_video import creatomate, instant, photos, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
@@ -53,6 +53,35 @@ class VideoSettings(stage_service.LinkingStageSettings):
         default=2.0, gt=0, description="calls per second to the render API, across every worker of the service"
     )
     quota_burst: float = Field(default=5.0, ge=1, description="calls that may go at once after a quiet spell")
+    allow_private: bool = Field(
+        default=False,
+        description="let calls to the render API, downloads of its results and the brief's photos named by URL go"
+        " to private, loopback and link-local addresses and over plain http (local fakes and tests only; off:"
+        " https to public addresses, checked after DNS and on redirects)",
+    )
+    photo_max_bytes: int = Field(
+        default=10_485_760,
+        ge=1024,
+        description="a photo the brief names by URL larger than this is refused (as CASTAD_API_IMAGE_MAX_BYTES"
+        " refuses an upload)",
+    )
+    photo_max_pixels: int = Field(
+        default=40_000_000,
+        ge=1,
+        le=89_000_000,
+        description="a photo named by URL declaring more pixels (width x height) is refused before any is decoded",
+    )
+    photo_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="longest wait for the whole of a photo named by URL"
+    )
+
+    def photo_limits(self) -> photos.Limits:
+        return photos.Limits(
+            max_bytes=self.photo_max_bytes,
+            max_pixels=self.photo_max_pixels,
+            timeout_s=self.photo_timeout_s,
+            allow_private=self.allow_private,
+        )
 
     @model_validator(mode="after")
     def _creatomate_needs(self) -> Self:
@@ -81,6 +110,34 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
     assert config.gateway_url is not None and config.link_secret is not None
     path = f"/v1/links/pipelines/{done.pipeline_id}/artifacts/song"
     return links.sign(config.gateway_url, path, config.link_secret, links.Purpose.ARTIFACT, config.link_valid_s())
+
+
+def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> list[str]:
+    """Where the render API fetches each of the brief's photos: an upload at a presigned URL of the bucket or a
+    signed link of the gateway that opens that one image; a photo named by an https URL at that URL (the render
+    API fetches it itself; an http one, which only a test setting lets a brief name, it is not sent)."""
+    urls = []
+    for photo in done.brief.photos:
+        if isinstance(photo, brief.PhotoLink):
+            if not photo.url.lower().startswith("https://"):
+                raise errors.PermanentProviderError(
+                    "photo_refused", f"the render API is given photos by https URL only, not {photo.url}"
+                )
+            urls.append(photo.url)
+            continue
+        try:
+            served = store.serve_image(photo)
+        except artifacts.ArtifactMissing as error:
+            raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
+        if isinstance(served, str):
+            urls.append(served)
+            continue
+        assert config.gateway_url is not None and config.link_secret is not None
+        path = f"/v1/links/pipelines/{done.pipeline_id}/photos/{photo.id}"
+        urls.append(
+            links.sign(config.gateway_url, path, config.link_secret, links.Purpose.PHOTO, config.link_valid_s())
+        )
+    return urls
 
 
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
@@ -113,14 +170,13 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}
         return runner.Output(artifact, size)
 
-    api = creatomate.CreatomateApi(client, config.creatomate_template_id, lambda done: song_url(config, store, done))
+    api = creatomate.CreatomateApi(
+        client,
+        config.creatomate_template_id,
+        lambda done: song_url(config, store, done),
+        lambda done: photo_urls(config, store, done),
+    )
     return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
-
-
-def _uploaded(photo: brief.Photo | brief.PhotoLink) -> brief.Photo:
-    if isinstance(photo, brief.PhotoLink):
-        raise errors.PermanentProviderError("photo_unreachable", f"photos by URL are not fetched yet: {photo.url}")
-    return photo
 
 
 def make_work(config: VideoSettings) -> runner.Work:
@@ -137,6 +193,16 @@ def make_work(config: VideoSettings) -> runner.Work:
             ffmpeg=config.ffmpeg,
         )
     store = artifacts.make_store(config)
+    limits = config.photo_limits()
+
+    def photo_copy(
+        job: repository.Job, index: int, photo: brief.Photo | brief.PhotoLink, cancel: cancellation.Cancellation
+    ) -> contextlib.AbstractContextManager[pathlib.Path]:
+        """The file of the brief's `index`th photo: an upload read from the store, a URL's fetched (or kept by an
+        earlier attempt)."""
+        if isinstance(photo, brief.PhotoLink):
+            return photos.linked_copy(store, job.pipeline_id, index, photo, limits, cancel)
+        return store.image_copy(photo)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = events.SongCompleted.model_validate(job.input)
@@ -146,7 +212,10 @@ def make_work(config: VideoSettings) -> runner.Work:
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("song_unreachable", str(error)) from None
             try:
-                photos = [files.enter_context(store.image_copy(_uploaded(photo))) for photo in done.brief.photos]
+                paths = [
+                    files.enter_context(photo_copy(job, index, photo, cancel))
+                    for index, photo in enumerate(done.brief.photos)
+                ]
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError("photo_unreachable", str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
@@ -158,7 +227,7 @@ def make_work(config: VideoSettings) -> runner.Work:
                 scratch,
                 seed=job.pipeline_id,
                 cancel=cancel,
-                photos=photos,
+                photos=paths,
                 bars_s=done.bars_s,
             )
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")

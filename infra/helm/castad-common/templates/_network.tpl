@@ -4,8 +4,9 @@ same name and instance labels, the same database Secret), take connections only 
 port from `apiFrom` (empty: from anywhere: users, and providers calling back), the probe port's /metrics from
 `metricsFrom`. The kubelet's probes come from the pod's own node, which NetworkPolicy never blocks. They reach only:
 DNS, PostgreSQL, RabbitMQ, the trace collector (the port of otel.endpoint, when exporting), and where the service uses
-them a stage's network provider (`provider`), the gateway's webhook receivers (`webhooks`, given a webhook secret) and
-the object store (`objectStore`, artifacts.store s3). No service calls the gateway: providers do, from outside.
+them a stage's network provider (`provider`), the hosts of the photos briefs name by URL (`photos`, the video stage),
+the gateway's webhook receivers (`webhooks`, given a webhook secret) and the object store (`objectStore`, artifacts.store
+s3). No service calls the gateway: providers do, from outside.
 
 Every ipBlock the chart renders has the link-local and cloud metadata ranges below taken out (its `except`), whatever
 the values say: from there a cloud answers with the node's credentials. A peer that lies inside one is refused. Only
@@ -180,6 +181,10 @@ spec:
     {{- if and $np.provider (not (has $provider (list "local" "instant"))) }}
     # The {{ $provider }} provider: its API and the downloads of its results.
     {{- include "castad.egressRule" (dict "target" $np.provider "what" "provider") | nindent 4 }}
+    {{- end }}
+    {{- if $np.photos }}
+    # The hosts of the photos briefs name by URL (the video stage fetches them).
+    {{- include "castad.egressRule" (dict "target" $np.photos "what" "photos") | nindent 4 }}
     {{- end }}
     {{- $secrets := .Values.secretSettings | default dict }}
     {{- if and $np.webhooks (or (hasKey $secrets "CASTAD_API_WEBHOOK_SECRETS_KEY") (hasKey $secrets "CASTAD_API_WEBHOOK_SECRET")) }}

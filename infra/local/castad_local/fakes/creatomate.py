@@ -41,7 +41,11 @@ RENDER_PATH = re.compile(r"/v2/renders/([0-9a-f-]{36})")
 OUTPUT_PATH = re.compile(r"/_fake/renders/([0-9a-f-]{36})\.mp4")
 SCALARS = (str, int, float, bool, type(None))
 # The elements of the template Castad's docs describe (docs/providers.md): what modifications may name.
-ELEMENTS = frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, 61)})
+ELEMENTS = frozenset(
+    {"Title", "Business", "Region", "Music"}
+    | {f"Caption-{n}" for n in range(1, 61)}
+    | {f"Photo-{n}" for n in range(1, 21)}
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,32 +1,9 @@
 """Runs one stage's jobs through the state machine around its provider.
 
 A stage service supplies `work` (provider call plus artifact) and the payload model of its
-`completed` event; everything else (claim, lease, heartbeat, attempts, backoff, outbox
-events) is here, the same for every stage.
-
-What an attempt comes to, and what it costs:
-- its work returns: SUCCEEDED;
-- its work was submitted to a provider, or a poll finds it unfinished (`Awaiting`): the job
-  waits as AWAITING with the provider's handle, holding no worker, until its next poll is due
-  (see castad_runtime.stage.remote); a poll that the machinery loses is simply due again;
-- its provider fails (ProviderError) or the attempt runs out of time (its work is then
-  cancelled): a failure counted against max_attempts, retried with backoff while attempts
-  remain, FAILED after the last one; a non-retryable error fails at once. A provider that says
-  "too many" is not charged for its first FREE_RATE_LIMITS refusals, one down for maintenance
-  never (it is an outage of the provider's, handed back after a backoff);
-- the machinery fails it: the service stops (running attempts are cancelled after the
-  grace period), the machine runs short of disk or memory in the middle of it, its worker
-  died and its lease ran out, or its work was about to leave for a provider when the lease was
-  no longer known to be held (castad_runtime.stage.fence: a frozen worker sends nothing). The
-  attempt is handed back (outcome `interrupted`), is not counted, and the job is due again (at
-  once, or after a backoff for an outage); claimed again, it sends its work under the same
-  submission key;
-- its claim is lost (its lease was taken over, its job moved on): the work is cancelled
-  and nothing is recorded; whoever holds the job now records what becomes of it.
-An outcome is recorded with the events that announce it in one transaction, tried again
-through a database outage until it commits or the claim turns out to be lost. Once it
-committed, it is counted (`metrics.StageMetrics`: outcome, error code, and the attempt's
-duration when this process ran it).
+`completed` event; everything else (claim, lease, heartbeat, attempts, backoff, outbox events)
+is here, the same for every stage. What an attempt comes to and what it costs:
+docs/concepts/stage-machine.md.
 """
 
 from __future__ import annotations

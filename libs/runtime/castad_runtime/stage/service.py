@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 from typing import Generic, Literal, Self, TypeVar
 
+import sqlalchemy as sa
 from castad_contracts import events, topology
 from prometheus_client import CollectorRegistry
 from pydantic import Field, SecretStr, model_validator
@@ -24,6 +25,7 @@ from castad_runtime import (
     retention,
     scrape,
     settings,
+    wakeups,
 )
 from castad_runtime.stage import (
     cancellation,
@@ -259,7 +261,13 @@ def run(definition: StageDefinition[S], config: S) -> None:
         )
     # Parts stop in reverse order: retention, then the scheduler, so that a stopping service claims no new
     # attempt while it finishes or hands back its running ones; events still arriving only become job rows.
-    process.run_until_signalled(service, [worker, jobs, pruner], on_stop=engine.dispose, probes=probes)
+    process.run_until_signalled(service, [worker, jobs, pruner], on_stop=lambda: _stopped(engine), probes=probes)
+
+
+def _stopped(engine: sa.Engine) -> None:
+    """Once every part stopped: the last commits' wake-ups sent, the connections closed."""
+    wakeups.close_all()
+    engine.dispose()
 
 
 @dataclasses.dataclass(frozen=True)

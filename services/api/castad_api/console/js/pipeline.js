@@ -1,4 +1,4 @@
-// One pipeline: its brief and state, a card per stage, previews of what the stages made (lyrics, the song,
+// One pipeline: its brief and state, its photos, a card per stage, previews of what the stages made (lyrics, the song,
 // the video), its attempts and timeline, links to its files and its trace, and the operator's Cancel and
 // Retry; all kept live from the pipeline's own event stream.
 
@@ -37,6 +37,8 @@ export function render(root, { arg: id, may }) {
   const actions = h("div", { class: "actions" });
   const result = h("p", { class: "notice", role: "status", "data-testid": "action-result" });
   const stages = h("section", { class: "stages", "data-testid": "stages" });
+  const photos = h("ul", { class: "photos", "data-testid": "photos" });
+  let photosShown = false; // a brief never changes: its photos are fetched once
   const previews = {
     lyric: h("div", { class: "preview", "data-preview": "lyric" }),
     song: h("div", { class: "preview", "data-preview": "song" }),
@@ -109,6 +111,39 @@ export function render(root, { arg: id, may }) {
       buttons.push(h("button", { type: "button", class: "primary", "data-testid": "retry", onclick: retry }, t("action.retry")));
     }
     fill(actions, buttons);
+  }
+
+  /** The brief's photos as thumbnails: an upload fetched with the session's key (the gateway serves a tenant's
+   * images to its own keys only), a photo by URL as its link (the console loads nothing from elsewhere). */
+  function drawPhotos() {
+    if (photosShown) return;
+    photosShown = true;
+    const named = view.brief.photos || [];
+    if (named.length === 0) {
+      fill(photos, h("li", { class: "none" }, t("pipeline.no_photos")));
+      return;
+    }
+    fill(
+      photos,
+      named.map((photo, i) => {
+        const label = t("pipeline.photo", { n: i + 1 });
+        if (photo.url) {
+          return h("li", { class: "photo-link", "data-photo": i + 1 }, h("a", { href: photo.url, target: "_blank", rel: "noopener noreferrer", title: photo.url }, label));
+        }
+        const item = h("li", { "data-photo": i + 1 }, h("span", { class: "loading" }, t("pipeline.loading")));
+        showPhoto(item, photo, label);
+        return item;
+      }),
+    );
+  }
+
+  async function showPhoto(item, photo, label) {
+    try {
+      const blob = await download(`/v1/images/${encodeURIComponent(photo.id)}/content`);
+      fill(item, h("img", { src: objectUrl(blob), alt: label, title: label, "data-testid": "photo", "data-image-id": photo.id }));
+    } catch (error) {
+      fill(item, h("span", { class: "problem", title: problem(error) }, label));
+    }
   }
 
   function drawStages() {
@@ -221,6 +256,7 @@ export function render(root, { arg: id, may }) {
       try {
         [view, timeline] = await Promise.all([call(`/v1/pipelines/${id}`), call(`/v1/pipelines/${id}/timeline`)]);
         drawHead();
+        drawPhotos();
         drawStages();
         drawLinks();
         drawAttempts();
@@ -274,6 +310,7 @@ export function render(root, { arg: id, may }) {
     head,
     actions,
     result,
+    h("section", { class: "photos-box" }, h("h2", {}, t("pipeline.photos")), photos),
     stages,
     h("section", { class: "previews" }, h("h2", {}, t("pipeline.previews")), previews.lyric, previews.song, previews.video),
     h("section", {}, h("h2", {}, t("pipeline.links")), links),
