@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pytest
 from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
-from castad_song import g2p, provider
+from castad_song import g2p, instant, provider
 
 BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Style.KPOP.value, duration_s=12)
 LYRICS = events.Lyrics(
@@ -180,3 +180,28 @@ def test_the_chorus_is_sung_higher_and_louder_than_the_verses() -> None:
 
     assert statistics.mean(n.pitch for n in chorus) > statistics.mean(n.pitch for n in verse)
     assert min(n.velocity for n in chorus) > max(n.velocity for n in verse)
+
+
+@pytest.mark.parametrize("style", [brief.Style.KPOP, brief.Style.BALLAD, brief.Style.JAZZ])
+def test_the_bars_are_the_grooves_bar_lines_four_beats_apart_over_the_whole_song(style: brief.Style) -> None:
+    arrangement = provider.arrange(BRIEF.model_copy(update={"genre": style.value}), LYRICS, "s")
+    bar_s = provider.BEATS_PER_BAR * 60.0 / provider.tempo_bpm(style)
+    bars = np.array(arrangement.bars_s)
+    kicks = sorted(note.start_s for note in arrangement.notes if note.voice == "kick")
+
+    assert bars[0] == 0.0
+    assert np.diff(bars) == pytest.approx(bar_s, abs=2e-3)
+    assert bars[-1] < arrangement.duration_s <= bars[-1] + bar_s
+    # Every style's kick pattern opens its bar: each bar line is a downbeat of the music played.
+    assert all(min(abs(kick - bar) for kick in kicks) < 2e-3 for bar in bars)
+
+
+def test_the_composed_song_tells_its_bars_and_the_instant_one_none(tmp_path: pathlib.Path) -> None:
+    song, _ = compose(tmp_path, BRIEF.model_copy(update={"duration_s": 5}))
+    silence = instant.InstantSongProvider().compose(
+        BRIEF, LYRICS, tmp_path / "instant.wav", seed="s", cancel=cancellation.Cancellation()
+    )
+
+    assert song.bars_s == provider.arrange(BRIEF.model_copy(update={"duration_s": 5}), LYRICS, "pipeline-1").bars_s
+    assert len(song.bars_s) == 3  # 118 bpm: bars of 2.03 s in 5 s
+    assert silence.bars_s == ()  # silence has no tempo

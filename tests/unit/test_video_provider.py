@@ -13,11 +13,12 @@ import wave
 
 import imageio_ffmpeg
 import numpy as np
+import numpy.typing as npt
 import pytest
 from castad_contracts import brief, events
 from castad_runtime import outages
 from castad_runtime.stage import cancellation, errors
-from castad_video import provider
+from castad_video import provider, slideshow
 from PIL import Image, ImageChops
 
 SONG_S = 4.0
@@ -173,9 +174,11 @@ def test_the_caption_renderer_draws_every_languages_glyphs_not_missing_glyph_box
     font = provider.find_font(language)
     renderer = provider.FrameRenderer(BRIEF, provider.frame_size(BRIEF.orientation, 360), font, "s")
 
-    empty = renderer.caption("")
-    drawn = renderer.caption(CAPTIONS[language])
-    missing = renderer.caption("\uffff" * len(CAPTIONS[language]))
+    background = renderer.background().convert("RGBA")
+    empty, drawn, missing = (
+        Image.alpha_composite(background, renderer.caption(text))
+        for text in ("", CAPTIONS[language], "\uffff" * len(CAPTIONS[language]))
+    )
 
     assert 0.005 < ink(drawn, empty) < 0.3
     assert ink(drawn, missing) > 0.005
@@ -431,13 +434,12 @@ def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_su
     frames = np.frombuffer(raw, dtype=np.uint8).reshape(-1, height, width, 3).astype(np.float64)
     plan = provider.shots(LYRICS, SUNG, SONG_S)
     stills = provider.FrameRenderer(BRIEF, (width, height), renderer.fonts[LYRICS.language], "s")
-    expected = [
-        np.asarray(
-            stills.title_card(LYRICS.title) if shot.text is None else stills.caption(shot.text, shot.chorus, shot.sung),
-            dtype=np.float64,
-        )
+    background = stills.background().convert("RGBA")
+    layers = [
+        stills.title_card(LYRICS.title) if shot.text is None else stills.caption(shot.text, shot.chorus, shot.sung)
         for shot in plan
     ]
+    expected = [np.asarray(Image.alpha_composite(background, layer).convert("RGB"), np.float64) for layer in layers]
 
     # Which planned still each decoded frame shows, by the nearest picture.
     band = slice(int(0.4 * height), int(0.72 * height))  # where the caption is drawn
@@ -453,31 +455,77 @@ def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_su
     assert list(planned_starts[1:]) == pytest.approx(sung_starts)
 
 
-def test_with_photos_each_comes_on_at_a_sung_line_near_the_end_of_an_equal_part_and_a_shot_over_a_cut_is_split():
-    two = provider.shots(LYRICS, TIMED, SONG_S, photos=2)
-    three = provider.shots(LYRICS, TIMED, SONG_S, photos=3)
+def test_captions_change_only_with_the_lyrics_whatever_the_photos() -> None:
+    plan = provider.shots(LYRICS, TIMED, SONG_S)
 
-    # Two photos: the cut at 2.0 moves to the second line, sung from 2.2.
-    assert [(shot.text, shot.photo) for shot in two] == [(None, 0), (TIMED[0].text, 0), (TIMED[1].text, 1)]
-    # Three: no line starts near 1.33, so the first line goes on over the second photo; 2.67 moves to 2.2.
-    starts = [sum(shot.duration_s for shot in three[:number]) for number in range(len(three))]
-    assert [shot.text for shot in three] == [None, TIMED[0].text, TIMED[0].text, TIMED[1].text]
-    assert starts == pytest.approx([0.0, 0.5, SONG_S / 3, 2.2])
-    assert [shot.photo for shot in three] == [0, 0, 1, 2]
-    for shots in (two, three):
-        assert sum(shot.duration_s for shot in shots) == pytest.approx(SONG_S)
-    assert {shot.photo for shot in provider.shots(LYRICS, TIMED, SONG_S)} == {0}  # no photos: one background
+    starts = [sum(shot.duration_s for shot in plan[:number]) for number in range(len(plan))]
+    assert starts == pytest.approx([0.0, TIMED[0].start_s, TIMED[1].start_s])
 
 
-def test_photo_cuts_keep_every_photo_on_for_a_while_and_in_order() -> None:
-    assert provider.photo_cuts(10.0, 1, [1.0, 2.0]) == []
-    assert provider.photo_cuts(10.0, 2, []) == [5.0]
+def test_each_photo_comes_on_at_the_bar_line_nearest_the_end_of_an_equal_part() -> None:
+    bars = [2.03 * number for number in range(15)]  # 118 bpm in 4/4
+
+    cuts = slideshow.photo_cuts(30.0, 5, bars)
+
+    # Parts of 6 s end at 6, 12, 18 and 24: the nearest bars are at 6.09, 12.18, 18.27 and 24.36.
+    assert cuts == pytest.approx([6.09, 12.18, 18.27, 24.36])
+
+
+def test_without_bars_the_photos_change_at_sung_lines_and_with_neither_at_equal_parts() -> None:
+    assert slideshow.photo_cuts(10.0, 1, [1.0, 2.0]) == []
+    assert slideshow.photo_cuts(10.0, 2, []) == [5.0]
     # Parts of 2 s: a line sung within 1 s of a part's end starts the next photo; none near 6 or 8 (9.9 is too late).
-    assert provider.photo_cuts(10.0, 5, [0.1, 2.4, 3.6, 9.9]) == pytest.approx([2.4, 3.6, 6.0, 8.0])
+    assert slideshow.photo_cuts(10.0, 5, [0.1, 2.4, 3.6, 9.9]) == pytest.approx([2.4, 3.6, 6.0, 8.0])
     # 3.05 is near 4.0 but would leave the photo from 2.95 on for less than half a second.
-    cuts = provider.photo_cuts(10.0, 5, [2.95, 3.05])
+    cuts = slideshow.photo_cuts(10.0, 5, [2.95, 3.05])
     assert cuts == pytest.approx([2.95, 4.0, 6.0, 8.0])
     assert all(later - earlier >= 0.5 for earlier, later in zip([0.0, *cuts], cuts, strict=False))
+
+
+def test_a_photo_comes_on_from_the_first_frame_at_or_after_its_cut() -> None:
+    # At 12 fps frames start every 1/12 s: a cut at 2.03 s is shown from frame 25 (2.083 s), one at 2.5 s from
+    # frame 30 exactly, and the last photo lasts until the frame before 4.0 s.
+    assert slideshow.frame_counts([2.03, 2.5], 4.0, 12) == [25, 5, 18]
+    assert slideshow.frame_counts([], 4.0, 12) == [48]
+
+
+def detailed_object(centre: tuple[float, float], size: tuple[int, int] = (400, 300)) -> Image.Image:
+    """A soft gradient with fine grain, and a small checkered object whose middle is at `centre` (fractions)."""
+    rng = np.random.default_rng(7)
+    rows = np.linspace(60.0, 200.0, size[1])[:, None]
+    pixels = np.broadcast_to(rows, (size[1], size[0])) + rng.normal(0.0, 3.0, (size[1], size[0]))
+    x, y, half = round(centre[0] * size[0]), round(centre[1] * size[1]), 30
+    checks = (np.add.outer(np.arange(2 * half) // 6, np.arange(2 * half) // 6) % 2) * 255.0
+    pixels[y - half : y + half, x - half : x + half] = checks
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).convert("RGB")
+
+
+def test_the_centre_of_interest_is_where_the_detail_is() -> None:
+    x, y = slideshow.centre_of_interest(detailed_object((0.7, 0.35)))
+
+    assert (x, y) == pytest.approx((0.7, 0.35), abs=0.04)
+
+
+def test_the_centre_of_interest_keeps_away_from_the_borders_and_a_plain_photo_is_looked_at_in_its_middle() -> None:
+    assert slideshow.centre_of_interest(detailed_object((0.9, 0.12))) == pytest.approx((0.8, 0.2), abs=0.01)
+    assert slideshow.centre_of_interest(Image.new("RGB", (300, 200), (90, 140, 200))) == (0.5, 0.5)
+
+
+def test_a_photo_is_cropped_to_the_frame_around_its_centre_of_interest() -> None:
+    photo = detailed_object((0.75, 0.5), (800, 300))  # wide: a vertical frame takes a narrow slice of it
+
+    drawn = slideshow.canvas(photo, (90, 160))
+
+    assert drawn.image.size == slideshow.canvas_size((90, 160))
+    assert drawn.image.width * 160 == pytest.approx(drawn.image.height * 90, rel=0.01)
+    # The slice (169 px of 800) is centred on the object at x = 600, so the checks fill the canvas's middle.
+    middle = np.asarray(drawn.image.convert("L"), float)[:, drawn.image.width // 3 : 2 * drawn.image.width // 3]
+    assert middle.std() > 60
+    assert slideshow.crop_box((800, 300), (90, 160), (0.75, 0.5)) == pytest.approx((515.6, 0.0, 684.4, 300.0), abs=0.1)
+    assert drawn.end == pytest.approx((0.5, 0.5), abs=0.03)  # already in the middle: the window zooms straight in
+    # A photo of the frame's shape is kept whole; the window drifts towards the object as far as it stays inside.
+    whole = slideshow.canvas(detailed_object((0.7, 0.3), (360, 640)), (90, 160))
+    assert whole.end == pytest.approx((0.5 + 0.5 - 0.5 / slideshow.ZOOM, 0.5 / slideshow.ZOOM))
 
 
 def two_photos(directory: pathlib.Path) -> list[pathlib.Path]:
@@ -493,22 +541,61 @@ def two_photos(directory: pathlib.Path) -> list[pathlib.Path]:
     return paths
 
 
-def test_a_video_with_photos_shows_each_in_turn_under_the_captions(
-    local: provider.LocalVideoProvider, song: pathlib.Path, tmp_path: pathlib.Path
+def as_shown(photo: pathlib.Path, size: tuple[int, int], progress: float = 0.0) -> npt.NDArray[np.float64]:
+    """The photo as the slideshow shows it `progress` (0 to 1) of the way through its time: cropped around its
+    centre of interest, zoomed from 1 to ZOOM with the window's centre moving straight to the drift's end, shaded
+    for the captions."""
+    drawn = slideshow.canvas(Image.open(photo).convert("RGB"), size)
+    zoom = 1 + (slideshow.ZOOM - 1) * progress
+    width, height = drawn.image.size
+    x = width * (0.5 + (drawn.end[0] - 0.5) * progress)
+    y = height * (0.5 + (drawn.end[1] - 0.5) * progress)
+    box = (x - width / zoom / 2, y - height / zoom / 2, x + width / zoom / 2, y + height / zoom / 2)
+    view = drawn.image.resize(size, Image.Resampling.BILINEAR, box=box).convert("RGBA")
+    return np.asarray(Image.alpha_composite(view, provider.scrim(size)).convert("RGB"), dtype=np.float64)
+
+
+def decoded(video: pathlib.Path, size: tuple[int, int]) -> npt.NDArray[np.float64]:
+    """Every frame of the video, as RGB."""
+    raw = subprocess.run(
+        [FFMPEG, "-v", "error", "-i", str(video), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return np.frombuffer(raw, dtype=np.uint8).reshape(-1, size[1], size[0], 3).astype(np.float64)
+
+
+def test_a_video_with_photos_shows_each_in_turn_under_the_captions_cut_on_a_bar(
+    song: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
+    fps = 12
     photos = two_photos(tmp_path)
     out = tmp_path / "slideshow.mp4"
+    bars = (0.0, 1.9, 3.8)  # the cut nearest the middle of the song is on the bar at 1.9 s, not at 2.0 s
 
-    video = local.render(BRIEF, LYRICS, TIMED, song, out, seed="p", cancel=cancellation.Cancellation(), photos=photos)
+    video = provider.LocalVideoProvider(short_side=SHORT_SIDE, fps=fps).render(
+        BRIEF, LYRICS, TIMED, song, out, seed="p", cancel=cancellation.Cancellation(), photos=photos, bars_s=bars
+    )
 
     size = (video.width, video.height)
-    expected = [np.asarray(provider.photo_background(Image.open(path), size).convert("RGB"), float) for path in photos]
-    for time_s, shown in ((1.0, 0), (3.0, 1)):
-        frame = np.asarray(frame_at(out, time_s, tmp_path / f"at-{time_s}.png"), dtype=np.float64)
-        distances = [float(np.mean(np.abs(frame - picture))) for picture in expected]
-        assert distances[shown] < 12 < distances[1 - shown], (time_s, distances)
-        caption_band = slice(video.height // 3, 2 * video.height // 3)
-        assert np.mean(np.abs(frame[caption_band] - expected[shown][caption_band]) > 60) > 0.01  # the caption's ink
+    frames = decoded(out, size)
+    cut = math.ceil(1.9 * fps)  # the first frame at or after the bar
+    spans = [(0, cut), (cut, len(frames))]
+    band = slice(int(0.3 * video.height), int(0.75 * video.height))  # where the caption is drawn
+    rows = np.r_[int(0.2 * video.height) : band.start, band.stop : video.height]  # below the name, off the caption
+    for number, frame in enumerate(frames):
+        shown = next(photo for photo, (first, end) in enumerate(spans) if first <= number < end)
+        first, end = spans[shown]
+        progress = (number - first) / (end - first - 1)
+        views = [as_shown(path, size, progress) for path in photos]
+        distances = [float(np.mean(np.abs(frame[rows] - view[rows]))) for view in views]
+        # The frame is the photo due then, as far zoomed and moved as it should be by then.
+        assert distances[shown] < 10 < 30 < distances[1 - shown], (number, distances)
+        if number % fps == 0:  # the caption's ink is over the photo
+            assert np.mean(np.abs(frame[band] - views[shown][band]) > 60) > 0.01, number
+    # By its end the striped photo is zoomed in: its stripes have moved from where they were at first.
+    last, unzoomed = frames[-1][rows], as_shown(photos[1], size)[rows]
+    assert np.mean(np.abs(last - as_shown(photos[1], size, 1.0)[rows])) < np.mean(np.abs(last - unzoomed)) - 10
 
 
 def test_a_photo_that_does_not_decode_fails_the_render_for_good(
@@ -539,3 +626,19 @@ def test_a_large_photo_is_held_only_as_large_as_it_takes_to_fill_the_frame(tmp_p
 
     assert held.height >= 426 and held.width >= 240
     assert held.size == pytest.approx((568, 426), abs=2)  # 4:3 covering a 240 x 426 frame
+
+
+def test_the_title_card_shows_the_business_and_its_region_in_the_middle() -> None:
+    size = provider.frame_size(BRIEF.orientation, 360)
+    font = provider.find_font(brief.Language.KOREAN)
+
+    def middle(source: brief.Brief) -> Image.Image:
+        renderer = provider.FrameRenderer(source, size, font, "s", photos=True)
+        card = Image.alpha_composite(Image.new("RGBA", size, (120, 120, 120, 255)), renderer.title_card("노래"))
+        return card.crop((0, size[1] // 4, size[0], 3 * size[1] // 4)).convert("RGB")
+
+    plain = Image.new("RGB", (size[0], size[1] // 2), (120, 120, 120))
+    card = middle(BRIEF)
+    assert ink(card, plain) > 0.03
+    assert ink(middle(BRIEF.model_copy(update={"customer_name": "바다 책방"})), card) > 0.01
+    assert ink(middle(BRIEF.model_copy(update={"region": "부산 해운대"})), card) > 0.01

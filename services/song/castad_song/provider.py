@@ -43,6 +43,7 @@ class SongProvider(Protocol):
 class Song:
     duration_s: float
     timed_lines: tuple[events.TimedLine, ...]
+    bars_s: tuple[float, ...] = ()  # when each bar begins; empty when the song has no steady tempo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Arrangement:
     notes: tuple[Note, ...]
     timed_lines: tuple[events.TimedLine, ...]
     phrases: tuple[voice.Phrase, ...] = ()
+    bars_s: tuple[float, ...] = ()
 
     def onsets_per_second(self, voices: frozenset[Voice]) -> float:
         return sum(note.voice in voices for note in self.notes) / self.duration_s
@@ -390,7 +392,8 @@ def arrange(brief: brief.Brief, lyrics: events.Lyrics, seed: str) -> Arrangement
             timed.append(_timed(line, melody, start, end))
             sung = tuple(voice.SungNote(note.start_s, note.duration_s, note.pitch) for note in melody)
             phrases.append(voice.Phrase(line.syllables, sung))
-    return Arrangement(grid.duration_s, style, tuple(notes), tuple(timed), tuple(phrases))
+    bars = tuple(round(start, 3) for start in grid.bars())
+    return Arrangement(grid.duration_s, style, tuple(notes), tuple(timed), tuple(phrases), bars)
 
 
 def _timed(line: _Line, melody: Sequence[Note], slot_start: float, slot_end: float) -> events.TimedLine:
@@ -529,4 +532,8 @@ class LocalSongProvider:
             )
         samples = mix.master(mix.mix(backing, lead, sung), rate)
         write_wav(out_path, samples, rate)
-        return Song(duration_s=samples.size / self._sample_rate, timed_lines=arrangement.timed_lines)
+        return Song(
+            duration_s=samples.size / self._sample_rate,
+            timed_lines=arrangement.timed_lines,
+            bars_s=arrangement.bars_s,
+        )

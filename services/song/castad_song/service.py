@@ -89,7 +89,12 @@ def make_work(config: SongSettings) -> runner.Work:
         with store.scratch(job.pipeline_id, events.Stage.SONG, job.attempts, ".wav") as scratch:
             song = composer.compose(done.brief, done.lyrics, scratch, seed=job.pipeline_id, cancel=cancel)
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.SONG, "audio/wav")
-        details = {"lyrics": done.lyrics, "timed_lines": song.timed_lines, "song_duration_s": song.duration_s}
+        details = {
+            "lyrics": done.lyrics,
+            "timed_lines": song.timed_lines,
+            "song_duration_s": song.duration_s,
+            "bars_s": song.bars_s,
+        }
         return runner.Output(artifact, details)
 
     return work

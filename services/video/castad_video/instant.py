@@ -40,6 +40,7 @@ class InstantVideoProvider:
         *,
         cancel: cancellation.Cancellation,
         photos: Sequence[pathlib.Path] = (),  # the prepared clip shows none
+        bars_s: Sequence[float] = (),
     ) -> provider.Video:
         provider.song_duration(song_path)
         width, height = provider.frame_size(brief.orientation, SHORT_SIDE)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import errno
 import pathlib
@@ -21,7 +20,9 @@ import numpy as np
 from castad_contracts import brief, codes, events
 from castad_runtime import outages
 from castad_runtime.stage import cancellation, errors
-from PIL import Image, ImageDraw, ImageFilter, ImageFont, ImageOps
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+from castad_video import slideshow
 
 FONT_ENV = "CASTAD_VIDEO_FONT_PATH"
 
@@ -95,6 +96,7 @@ class VideoProvider(Protocol):
         *,
         cancel: cancellation.Cancellation,
         photos: Sequence[pathlib.Path] = (),
+        bars_s: Sequence[float] = (),
     ) -> Video: ...
 
 
@@ -203,7 +205,7 @@ def _bokeh(size: tuple[int, int], rng: random.Random) -> Image.Image:
     return layer.filter(ImageFilter.GaussianBlur(max(short / 60, 1)))
 
 
-def _scrim(size: tuple[int, int]) -> Image.Image:
+def scrim(size: tuple[int, int]) -> Image.Image:
     """A shade darkest at the top and the bottom, where the header and the captions go over a photo."""
     width, height = size
     rows = np.linspace(-1.0, 1.0, height)
@@ -213,60 +215,69 @@ def _scrim(size: tuple[int, int]) -> Image.Image:
     return Image.fromarray(layer, "RGBA")
 
 
-def photo_background(photo: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """A photo cropped to fill the frame around its centre (a little above it: a subject, a roof line, a
-    face sits more often in the upper half of a photo than in the lower), shaded for the captions."""
-    fitted = ImageOps.fit(photo.convert("RGB"), size, Image.Resampling.LANCZOS, centering=(0.5, 0.45))
-    return Image.alpha_composite(fitted.convert("RGBA"), _scrim(size))
-
-
 class FrameRenderer:
-    """Draws the still frames of a video: a title card and one frame per caption, over the brief's photos or,
-    without any, over a gradient of the style's colours."""
+    """Draws what goes over the video's background: a title card and one layer per caption (transparent where
+    the background shows), and the background itself when there are no photos.
 
-    def __init__(
-        self, brief: brief.Brief, size: tuple[int, int], font: Font, seed: str, photos: Sequence[Image.Image] = ()
-    ) -> None:
+    Over photos the layers shade the frame's top and bottom (the scrim), so the text reads on any photo.
+    """
+
+    def __init__(self, brief: brief.Brief, size: tuple[int, int], font: Font, seed: str, photos: bool = False) -> None:
         self._brief = brief
         self._size = size
         self._face = font
+        self._seed = seed
         self._palette = PALETTES[brief.style]
         self._fonts: dict[int, ImageFont.FreeTypeFont] = {}
-        if photos:
-            self._backgrounds = [photo_background(photo, size) for photo in photos]
-        else:
-            background = _gradient(size, self._palette).convert("RGBA")
-            self._backgrounds = [Image.alpha_composite(background, _bokeh(size, random.Random(seed)))]
+        self._clear = scrim(size) if photos else Image.new("RGBA", size, (0, 0, 0, 0))
+        self._headed: Image.Image | None = None
 
     @property
     def size(self) -> tuple[int, int]:
         return self._size
 
-    def title_card(self, title: str, photo: int = 0) -> Image.Image:
-        """The song's title over the `photo`th photo (or the gradient)."""
-        return self._frame(title, self._palette.accent, 0.11, photo)
+    def background(self) -> Image.Image:
+        """The gradient of the style's colours with soft circles: the background of a video without photos."""
+        gradient = _gradient(self._size, self._palette).convert("RGBA")
+        return Image.alpha_composite(gradient, _bokeh(self._size, random.Random(self._seed))).convert("RGB")
 
-    def caption(self, text: str, chorus: bool = False, sung: int | None = None, photo: int = 0) -> Image.Image:
-        """A lyric line over the `photo`th photo (or the gradient); with `sung`, its first `sung` characters
-        (karaoke: what has been sung) stand out."""
+    def title_card(self, title: str) -> Image.Image:
+        """The business's name and region large in the middle, the song's title under them."""
+        image = self._clear.copy()
+        width, height = self._size
+        short = min(self._size)
+        draw = ImageDraw.Draw(image)
+        palette = self._palette
+        blocks = [
+            (self._caption(self._brief.customer_name, round(0.12 * short), 0.88 * width, 2), palette.text),
+            (self._caption(self._brief.region, round(0.07 * short), 0.88 * width, 2), palette.accent),
+            (self._caption(title, round(0.06 * short), 0.86 * width, 2), palette.text),
+        ]
+        extents = [block.box(draw, (0, 0)) for block, _ in blocks]
+        gaps = [0.5 * block.font.size for block, _ in blocks[:-1]]
+        y = 0.5 * height - (sum(bottom - top for _, top, _, bottom in extents) + sum(gaps)) / 2
+        for number, ((block, colour), (_, top, _, bottom)) in enumerate(zip(blocks, extents, strict=True)):
+            centre = (width / 2, y + (bottom - top) / 2)
+            _drop_shadow(image, block, centre, block.box(draw, centre))
+            block.draw(draw, centre, colour, palette.outline)
+            y += bottom - top + (gaps[number] if number < len(gaps) else 0.0)
+            if number == 1:  # a rule between the business and the song
+                rule = y - gaps[number] / 2
+                draw.line((0.38 * width, rule, 0.62 * width, rule), fill=palette.accent, width=max(short // 160, 1))
+        return image
+
+    def caption(self, text: str, chorus: bool = False, sung: int | None = None) -> Image.Image:
+        """A lyric line under the business's name; with `sung`, its first `sung` characters (karaoke: what has
+        been sung) stand out."""
         colour, highlight = self._palette.text, self._palette.accent
         if chorus:
             colour, highlight = highlight, colour
-        return self._frame(text, colour, 0.085, photo, highlight=highlight, sung=sung)
-
-    def _frame(
-        self,
-        text: str,
-        colour: Rgb,
-        scale: float,
-        photo: int,
-        highlight: Rgb | None = None,
-        sung: int | None = None,
-    ) -> Image.Image:
-        image = self._backgrounds[photo % len(self._backgrounds)].copy()
-        self._header(image)
-        self._centered(image, text, colour, scale, highlight, sung)
-        return image.convert("RGB")
+        if self._headed is None:
+            self._headed = self._clear.copy()
+            self._header(self._headed)
+        image = self._headed.copy()
+        self._centered(image, text, colour, 0.085, highlight, sung)
+        return image
 
     def _font(self, size: int) -> ImageFont.FreeTypeFont:
         if size not in self._fonts:
@@ -443,7 +454,7 @@ def _pieces(word: str, font: ImageFont.FreeTypeFont, max_width: float) -> list[s
 
 @dataclasses.dataclass(frozen=True)
 class Shot:
-    """One still on screen: a caption, or the title card when text is None.
+    """One caption layer on screen: a lyric line, or the title card when text is None.
 
     `sung` is how many characters of the caption have been sung (karaoke), None when not known.
     """
@@ -452,17 +463,13 @@ class Shot:
     chorus: bool
     duration_s: float
     sung: int | None = None
-    photo: int = 0
 
 
-def shots(
-    lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], duration_s: float, photos: int = 0
-) -> list[Shot]:
+def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], duration_s: float) -> list[Shot]:
     """The title card until the first line, then each line until the next one starts; sums to duration_s.
 
     A line whose syllables are timed is shown once per syllable, each time with what has been sung
-    so far highlighted (from the syllable's start). With `photos`, each photo in turn is the
-    background of about an equal part of the song (photo_cuts): a shot that spans a cut is split there.
+    so far highlighted (from the syllable's start).
     """
     chorus_lines = {line for section in lyrics.sections if section.kind == "chorus" for line in section.lines}
     starts: list[tuple[float, str | None, int | None]] = [(0.0, None, None)]
@@ -472,37 +479,12 @@ def shots(
         for time, sung in moments:
             start = min(max(time, starts[-1][0]), duration_s)
             starts.append((start, line.text, sung))
-    cuts = photo_cuts(duration_s, photos, [line.start_s for line in timed_lines])
-    for cut in cuts:
-        at = bisect.bisect_right([start for start, _, _ in starts], cut)
-        if starts[at - 1][0] < cut:  # the shot on screen then goes on over the next photo
-            starts.insert(at, (cut, *starts[at - 1][1:]))
     ends = [start for start, _, _ in starts[1:]] + [duration_s]
     return [
-        Shot(text, text in chorus_lines, end - start, sung, bisect.bisect_right(cuts, start))
+        Shot(text, text in chorus_lines, end - start, sung)
         for (start, text, sung), end in zip(starts, ends, strict=True)
         if end - start > 1e-3
     ]
-
-
-def photo_cuts(duration_s: float, photos: int, line_starts: Sequence[float]) -> list[float]:
-    """When each photo after the first comes on: at the start of the sung line nearest to the end of an equal
-    part of the song, if one is within half a part of it (a cut on a phrase, not in the middle of one), else at
-    that end; each photo stays on for at least a quarter of a part."""
-    if photos < 2:
-        return []
-    part = duration_s / photos
-    cuts: list[float] = []
-    for number in range(1, photos):
-        even = part * number
-        earliest = (cuts[-1] if cuts else 0.0) + part / 4
-        near = [
-            start
-            for start in line_starts
-            if abs(start - even) <= part / 2 and earliest <= start <= duration_s - part / 4
-        ]
-        cuts.append(min(near, key=lambda start: abs(start - even)) if near else max(even, earliest))
-    return cuts
 
 
 def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
@@ -552,8 +534,23 @@ def _concat_list(plan: Sequence[Shot], frames: Sequence[pathlib.Path]) -> str:
     return "\n".join(["ffconcat version 1.0", *entries, f"file '{frames[-1].name}'", ""])
 
 
+@dataclasses.dataclass(frozen=True)
+class Backdrop:
+    """A still behind the captions for `frames` frames: a photo's canvas whose window drifts to `end`, or the
+    gradient (`end` None), which stands still."""
+
+    path: pathlib.Path
+    end: tuple[float, float] | None
+    frames: int
+
+
 class LocalVideoProvider:
-    """Renders caption stills with Pillow and encodes them with the song using ffmpeg.
+    """Draws the captions with Pillow and has ffmpeg move over the photos and encode them with the song.
+
+    The photos are a slideshow (castad_video.slideshow): each cropped around its centre of interest, slowly
+    zoomed towards it by ffmpeg's zoompan, one after the other on the song's bars. The captions are transparent
+    layers, one per change, laid over the moving photos by ffmpeg (so Python draws a still per caption, not a
+    frame per frame). Without photos a gradient of the style's colours stays behind the captions.
 
     ffmpeg runs through the attempt's cancellation: in a session of its own (a stop signal
     sent to the service's process group does not reach it) and killed as soon as the
@@ -586,61 +583,111 @@ class LocalVideoProvider:
         *,
         cancel: cancellation.Cancellation,
         photos: Sequence[pathlib.Path] = (),
+        bars_s: Sequence[float] = (),
     ) -> Video:
-        """The video of the song with the lyrics as captions, over `photos` in turn (a slideshow) or, without
-        any, over a gradient of the style's colours."""
+        """The video of the song with the lyrics as captions, over `photos` in turn (a slideshow cut on the bars
+        of `bars_s`, else on sung lines) or, without any, over a gradient of the style's colours."""
         duration = song_duration(song_path, self._ffmpeg)
-        width, height = frame_size(brief.orientation, self._short_side)
-        pictures = [_read_photo(path, (width, height)) for path in photos]
-        renderer = FrameRenderer(brief, (width, height), self.fonts[lyrics.language], seed, pictures)
-        plan = shots(lyrics, timed_lines, duration, len(pictures))
+        size = frame_size(brief.orientation, self._short_side)
+        renderer = FrameRenderer(brief, size, self.fonts[lyrics.language], seed, photos=bool(photos))
+        plan = shots(lyrics, timed_lines, duration)
+        moments = bars_s or [line.start_s for line in timed_lines]
+        counts = slideshow.frame_counts(slideshow.photo_cuts(duration, len(photos), moments), duration, self._fps)
         with tempfile.TemporaryDirectory(prefix="castad-video-") as workdir:
-            frames = self._write_frames(renderer, lyrics.title, plan, pathlib.Path(workdir), cancel)
-            listing = pathlib.Path(workdir) / "frames.ffconcat"
-            listing.write_text(_concat_list(plan, frames), encoding="utf-8")
-            self._encode(listing, song_path, out_path, duration, cancel)
-        return Video(width=width, height=height, duration_s=duration)
+            folder = pathlib.Path(workdir)
+            layers = self._write_layers(renderer, lyrics.title, plan, folder, cancel)
+            listing = folder / "layers.ffconcat"
+            listing.write_text(_concat_list(plan, layers), encoding="utf-8")
+            if photos:
+                backgrounds = self._write_canvases(photos, counts, size, folder, cancel)
+            else:
+                still = folder / "background.png"
+                renderer.background().save(still, compress_level=1)
+                backgrounds = [Backdrop(still, None, slideshow.first_frame(duration, self._fps))]
+            self._encode(listing, backgrounds, song_path, out_path, size, duration, cancel)
+        return Video(width=size[0], height=size[1], duration_s=duration)
 
     @staticmethod
-    def _write_frames(
+    def _write_layers(
         renderer: FrameRenderer,
         title: str,
         plan: Sequence[Shot],
         workdir: pathlib.Path,
         cancel: cancellation.Cancellation,
     ) -> list[pathlib.Path]:
-        written: dict[tuple[str | None, bool, int | None, int], pathlib.Path] = {}
-        frames: list[pathlib.Path] = []
+        written: dict[tuple[str | None, bool, int | None], pathlib.Path] = {}
+        layers: list[pathlib.Path] = []
         for shot in plan:
-            key = (shot.text, shot.chorus, shot.sung, shot.photo)
+            key = (shot.text, shot.chorus, shot.sung)
             if key not in written:
                 cancel.check()
-                path = workdir / f"frame-{len(written):04d}.png"
+                path = workdir / f"layer-{len(written):04d}.png"
                 image = (
-                    renderer.title_card(title, shot.photo)
+                    renderer.title_card(title)
                     if shot.text is None
-                    else renderer.caption(shot.text, shot.chorus, shot.sung, shot.photo)
+                    else renderer.caption(shot.text, shot.chorus, shot.sung)
                 )
                 image.save(path, compress_level=1)
                 written[key] = path
-            frames.append(written[key])
-        return frames
+            layers.append(written[key])
+        return layers
+
+    @staticmethod
+    def _write_canvases(
+        photos: Sequence[pathlib.Path],
+        counts: Sequence[int],
+        size: tuple[int, int],
+        workdir: pathlib.Path,
+        cancel: cancellation.Cancellation,
+    ) -> list[Backdrop]:
+        """Each photo shown (on for a frame or more) as its canvas, with where its drift ends and its frames."""
+        canvases: list[Backdrop] = []
+        for number, (photo, frames) in enumerate(zip(photos, counts, strict=True)):
+            if frames == 0:
+                continue
+            cancel.check()
+            drawn = slideshow.canvas(_read_photo(photo, slideshow.canvas_size(size)), size)
+            path = workdir / f"canvas-{number:02d}.png"
+            drawn.image.save(path, compress_level=1)
+            canvases.append(Backdrop(path, drawn.end, frames))
+        return canvases
 
     def _encode(
         self,
         listing: pathlib.Path,
+        backgrounds: Sequence[Backdrop],
         song_path: pathlib.Path,
         out_path: pathlib.Path,
+        size: tuple[int, int],
         duration: float,
         cancel: cancellation.Cancellation,
     ) -> None:
+        inputs = ["-f", "concat", "-safe", "0", "-i", str(listing)]
+        parts = []
+        for number, backdrop in enumerate(backgrounds, start=1):
+            if backdrop.end is None:
+                inputs += ["-i", str(backdrop.path)]
+                # The decoded frame repeated (`-loop 1` would decode the picture again for every frame).
+                motion = f"loop=loop={backdrop.frames - 1}:size=1,setpts=N/({self._fps}*TB)"
+            else:
+                inputs += ["-i", str(backdrop.path)]
+                motion = slideshow.zoompan(backdrop.end, backdrop.frames, size, self._fps)
+            parts.append(f"[{number}:v]{motion},setsar=1[p{number}]")
+        joined = "".join(f"[p{number}]" for number in range(1, len(backgrounds) + 1))
+        graph = ";".join(
+            [
+                *parts,
+                f"{joined}concat=n={len(backgrounds)}:v=1:a=0,format=yuv420p[background]",
+                "[background][0:v]overlay=eof_action=repeat,format=yuv420p[video]",
+            ]
+        )
         command = [
             self._ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
-            "-f", "concat", "-safe", "0", "-i", str(listing),
+            *inputs,
             "-i", str(song_path),
-            "-map", "0:v:0", "-map", "1:a:0",
-            "-vf", f"format=yuv420p,fps={self._fps}", "-r", str(self._fps),
-            "-c:v", "libx264", "-preset", "veryfast", "-tune", "stillimage",
+            "-filter_complex", graph,
+            "-map", "[video]", "-map", f"{len(backgrounds) + 1}:a:0", "-r", str(self._fps),
+            "-c:v", "libx264", "-preset", "veryfast",
             "-c:a", "aac", "-b:a", "128k",
             "-t", f"{duration:.3f}", "-movflags", "+faststart", "-f", "mp4", str(out_path),
         ]  # fmt: skip
@@ -655,13 +702,13 @@ class LocalVideoProvider:
         check_render(result)
 
 
-def _read_photo(path: pathlib.Path, frame: tuple[int, int]) -> Image.Image:
-    """A photo of the brief, decoded no larger than it needs to be to fill the frame (twenty large photos held
+def _read_photo(path: pathlib.Path, canvas: tuple[int, int]) -> Image.Image:
+    """A photo of the brief, decoded no larger than it needs to be to fill the canvas (twenty large photos held
     whole would take gigabytes). The gateway kept it only once it decoded; its bytes were checked since."""
     try:
         with Image.open(path) as photo:
-            scale = max(frame[0] / photo.width, frame[1] / photo.height)
-            needed = (max(round(photo.width * scale), frame[0]), max(round(photo.height * scale), frame[1]))
+            scale = max(canvas[0] / photo.width, canvas[1] / photo.height)
+            needed = (max(round(photo.width * scale), canvas[0]), max(round(photo.height * scale), canvas[1]))
             photo.draft("RGB", needed)  # a JPEG decodes at a fraction of its size when that is enough
             picture = photo.convert("RGB")
         picture.thumbnail((max(needed[0], 1), max(needed[1], 1)), Image.Resampling.LANCZOS)

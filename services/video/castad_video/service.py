@@ -216,6 +216,7 @@ def make_work(config: VideoSettings) -> runner.Work:
                 seed=job.pipeline_id,
                 cancel=cancel,
                 photos=paths,
+                bars_s=done.bars_s,
             )
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
         return runner.Output(artifact, {"width": video.width, "height": video.height})
