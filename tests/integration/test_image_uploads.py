@@ -9,6 +9,7 @@ import errno
 import hashlib
 import io
 import os
+import random
 import uuid
 
 import pytest
@@ -182,7 +183,7 @@ def test_a_brief_names_its_tenants_photos_and_its_event_carries_references_not_b
                 runtime_tables.outbox.c.pipeline_id == answer.json()["id"]
             )
         ).scalars()
-    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 3)
+    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 4)
     assert envelope["data"]["brief"]["photos"] == references
     assert len(str(envelope)) < 2_000  # references only: no image's bytes
 
@@ -223,3 +224,53 @@ def test_a_brief_names_at_most_20_photos_each_once(engines, api, count, repeat, 
     assert answer.status_code == 422
     [error] = answer.json()["detail"]
     assert error["loc"] == ["body", "photos"] and reason in error["msg"]
+
+
+def test_a_tenant_uploading_faster_than_it_may_is_refused_with_429_before_its_upload_is_read(
+    engines, api, installation
+):
+    running = api(image_upload_burst=2, image_uploads_per_minute=1)
+    hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    hanas_other_key = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT))
+    mina = running.client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
+
+    answers = [upload(hana, b"not an image"), upload(hana, photo()), upload(hanas_other_key, photo("PNG"), "image/png")]
+
+    assert [answer.status_code for answer in answers] == [422, 201, 429]  # a refused upload counts too
+    refused = answers[-1]
+    assert 55 <= int(refused.headers["Retry-After"]) <= 60  # a token a minute
+    assert "may upload 2 images at once, then 1 a minute" in refused.json()["detail"]
+    assert len(stored_images(installation)) == 1 and len(image_rows(engines["api"])) == 1
+    assert upload(mina, photo("PNG"), "image/png").status_code == 201  # another tenant's bucket is its own
+
+
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [
+        ({"image_max_per_tenant": 1}, "holds 1 images, as many as it may"),
+        ({"image_max_bytes": 1024, "image_max_bytes_per_tenant": 1024}, "bytes of images and this one is"),
+    ],
+    ids=["images", "bytes"],
+)
+def test_an_upload_past_what_a_tenant_may_hold_is_a_409_and_nothing_is_stored(
+    engines, api, installation, limit, reason
+):
+    running = api(**limit)
+    hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    first = noise()
+    kept = upload(hana, first, "image/png")
+    assert kept.status_code == 201, kept.text
+
+    again, other = upload(hana, first, "image/png"), upload(hana, photo("JPEG", (30, 30)))
+
+    assert again.status_code == 201 and again.json() == kept.json()  # the image it holds: nothing more held
+    assert other.status_code == 409 and reason in other.json()["detail"]
+    assert len(stored_images(installation)) == 1 and len(image_rows(engines["api"])) == 1
+
+
+def noise() -> bytes:
+    """A PNG of 16 x 16 random pixels: some 850 bytes, which no encoding makes much smaller."""
+    pixels = random.Random(0).randbytes(16 * 16 * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (16, 16), pixels).save(out, "PNG")
+    return out.getvalue()

@@ -127,3 +127,16 @@ def test_a_photo_a_brief_names_is_downloaded_from_its_owners_place_with_its_byte
     assert (served.content, served.headers["content-type"]) == (b"\x89PNG photo", "image/png")
     with pytest.raises(artifacts.ArtifactMissing), store.image_copy(photo.model_copy(update={"owner": "0" * 32})):
         pass
+
+
+def test_a_deleted_image_is_gone_from_its_owners_place_alone_and_deleting_it_again_is_harmless(store, object_store):
+    hanas, minas = (store.keep_image(b"\x89PNG photo", tenant, ".png", "image/png") for tenant in ("hana", "mina"))
+    photo = brief.Photo(
+        id=PIPELINE, owner=artifacts.image_owner("hana"), sha256=hanas.sha256, media_type="image/png", size=10
+    )
+
+    store.delete_image(photo)
+    store.delete_image(photo)
+
+    listed = object_store.client().list_objects_v2(Bucket=store.bucket, Prefix="media/images/")
+    assert [found["Key"] for found in listed.get("Contents", [])] == [minas.uri.split("/", 3)[3]]

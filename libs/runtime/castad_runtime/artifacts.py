@@ -20,7 +20,8 @@ the work's.
 
 A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
 `images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
-`keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file.
+`keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file;
+`delete_image` deletes one (the gateway's retention, once no image record needs it).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class ArtifactStore(Protocol):
     def image_copy(self, photo: brief.Photo) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
     def serve_image(self, photo: brief.Photo) -> pathlib.Path | str: ...
+
+    def delete_image(self, photo: brief.Photo) -> None: ...
 
 
 class ArtifactMissing(LookupError):
@@ -273,6 +276,18 @@ class VolumeStore:
             raise ArtifactMissing(f"no image {photo.id} in {self.root}")
         return path
 
+    def delete_image(self, photo: brief.Photo) -> None:
+        """Delete the file of a tenant's image (one already gone is fine), and its owner's folder once empty.
+
+        Raises outages.StoreUnavailable if the volume refuses (mounted read-only)."""
+        path = self.root / _photo_name(photo)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as error:
+            raise outages.StoreUnavailable(f"delete an image in {self.root}: {redact.describe(error)}") from None
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # refused while another image of the owner's is there (or an upload is under way)
+
 
 class S3Store:
     """Objects `<prefix><pipeline id>/<stage>-<sha256 prefix><suffix>` in a bucket; scratch files on local disk."""
@@ -384,6 +399,10 @@ class S3Store:
             "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
         )
         return url
+
+    def delete_image(self, photo: brief.Photo) -> None:
+        """Delete the object of a tenant's image (S3 answers alike whether it was there or not)."""
+        self._call("delete", self._client.delete_object, Bucket=self.bucket, Key=self.prefix + _photo_name(photo))
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket
