@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
-from castad_api import decoding, keys, tables
+from castad_api import decoding, images, keys, tables
 from castad_runtime import artifacts
 from castad_runtime import tables as runtime_tables
 from PIL import Image
@@ -226,15 +226,22 @@ def test_a_brief_names_at_most_20_photos_each_once(engines, api, count, repeat, 
     assert error["loc"] == ["body", "photos"] and reason in error["msg"]
 
 
-def test_a_tenant_uploading_faster_than_it_may_is_refused_with_429_before_its_upload_is_read(
-    engines, api, installation
+def test_a_tenant_uploading_faster_than_it_may_is_refused_with_429_before_its_upload_is_decoded(
+    engines, api, installation, monkeypatch
 ):
     running = api(image_upload_burst=2, image_uploads_per_minute=1)
     hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
     hanas_other_key = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT))
     mina = running.client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
+    answers = [upload(hana, b"not an image"), upload(hana, photo())]
+    decode = images.clean
 
-    answers = [upload(hana, b"not an image"), upload(hana, photo()), upload(hanas_other_key, photo("PNG"), "image/png")]
+    def no_decode(*args: object, **kwargs: object) -> images.Cleaned:
+        raise AssertionError("an upload over the tenant's rate was decoded")
+
+    monkeypatch.setattr(images, "clean", no_decode)
+    answers.append(upload(hanas_other_key, photo("PNG"), "image/png"))  # the tenant's bucket, whichever its key
+    monkeypatch.setattr(images, "clean", decode)
 
     assert [answer.status_code for answer in answers] == [422, 201, 429]  # a refused upload counts too
     refused = answers[-1]
