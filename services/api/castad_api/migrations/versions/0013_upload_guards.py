@@ -7,8 +7,9 @@
 
 Expand only: a gateway of the previous version ignores all three (it records an upload again without moving
 its `uploaded_at`, and does not lock the images a pipeline it creates names: during a rollout, only an image
-retention would delete anyway, unnamed for CASTAD_API_RETENTION_IMAGES_S, could be named at that moment). The index on pipelines, which may already be large, is built first, CONCURRENTLY and outside
-the migration's transaction, as 0007 does; a build that failed half-way is dropped and built again.
+retention would delete anyway, unnamed for CASTAD_API_RETENTION_IMAGES_S, could be named at that moment).
+The index on pipelines, which may already be large, is built first, CONCURRENTLY and outside the migration's
+transaction, as 0007 does; a build that failed half-way is dropped and built again.
 
 Revision ID: 0013
 """
