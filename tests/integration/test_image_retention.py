@@ -104,16 +104,18 @@ def test_an_image_no_pipeline_names_goes_with_its_file_and_one_a_pipeline_names_
     assert upload(gw, 20) == again  # the same bytes uploaded again: kept 7 days from now
 
     with statements_of(gw.engine) as statements:
-        assert prune(gw) == 1
+        assert prune(gw) == 2  # the one deleted, and the one found named
 
     assert kept(gw) == {recent: True, named: True, again: True} and files(installation) == 3
     assert {"images_uploaded", "pipelines_photos"} <= indexes_used(gw.engine, statements)
-    # Once the pipeline is deleted (90 days after it ended), so is the image it named.
-    p = tables.pipelines
+    assert prune(gw) == 0  # the one found named is looked at again a period later
+    # Once the pipeline is deleted (90 days after it ended), so is the image it named, when it is looked at again.
+    p, i = tables.pipelines, tables.images
     with db.transaction(gw.engine) as conn:
         ended = repository.now(conn) - 91 * DAY
         conn.execute(p.update().where(p.c.id == pipeline_id).values(status="CANCELED", finished_at=ended))
         assert api_retention.forget_pipelines(conn, gw.config.retention_pipelines_s, 10) == 1
+        conn.execute(i.update().where(i.c.id == named).values(uploaded_at=repository.now(conn) - 8 * DAY))
     assert prune(gw) == 1
     assert kept(gw) == {recent: True, again: True} and files(installation) == 2
 
@@ -124,7 +126,7 @@ def test_an_image_a_pipeline_is_being_created_with_is_skipped_then_kept(gw):
     with db.transaction(gw.engine) as conn:
         create(conn, image)
         assert prune(gw) == 0  # locked by the creation, not yet committed
-    assert prune(gw) == 0  # named
+    assert prune(gw) == 1  # found named: kept
 
     assert kept(gw) == {image: True}
 

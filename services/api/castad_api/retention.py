@@ -10,7 +10,8 @@ The gateway's retention (steps run by castad_runtime.retention's Pruner) deletes
   last action on them (one still dead is kept);
 - the creation counts of API keys, once their minute is over, and the upload buckets of tenants, once full again;
 - an uploaded image no pipeline names, CASTAD_API_RETENTION_IMAGES_S after its last upload: its file, then its
-  record (`forget_images`). One a pipeline names is kept while that pipeline is.
+  record (`forget_images`). One a pipeline names is kept while that pipeline is: found named, it is looked at
+  again a period later (then, at most that long after the last pipeline naming it was deleted, it goes).
 A pipeline that has not ended is never touched.
 
 An image is deleted with its row locked, and only if no pipeline names it by a check made once the lock is
@@ -34,12 +35,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from castad_runtime import artifacts, db, outages, settings
 from castad_runtime import retention as runtime_retention
+from sqlalchemy.dialects import postgresql as pg
 
 from castad_api import keys, repository, tables, upload_limits
 
@@ -185,23 +188,27 @@ def forget_dead_letters(conn: sa.Connection, older_than_s: float, limit: int) ->
 
 
 def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` images last uploaded more than `older_than_s` ago that no pipeline names, each file
-    first, then the records of those whose file is gone; how many. A store that fails stops the batch: the images
-    deleted before are recorded deleted, then its error is raised (the round stops, the next one goes on)."""
+    """Deal with up to `limit` images last uploaded, or last found named, more than `older_than_s` ago: delete
+    those no pipeline names, each file first, then the records of those whose file is gone; find the others
+    named again, which moves them as far off as an upload would (each is looked at once a period, not on every
+    round). How many it dealt with. A store that fails stops the batch: the images deleted before are recorded
+    deleted, then its error is raised (the round stops, the next one goes on)."""
     i = tables.images
-    unnamed = sa.select(i.c.id).where(~named(i.c.id))
     failure: outages.StoreUnavailable | None = None
     gone: list[Any] = []
     with runtime_retention.transaction(engine) as conn:
-        locked = list(conn.execute(db.expired(unnamed, i.c.uploaded_at, older_than_s, limit)).scalars())
+        locked = list(conn.execute(db.expired(sa.select(i.c.id), i.c.uploaded_at, older_than_s, limit)).scalars())
         if not locked:
             return 0
-        # Again, now that they are locked: this statement's snapshot sees every pipeline committed before the locks
-        # were taken, the first one's may not have (a creation that committed while it ran).
-        doomed = conn.execute(
-            sa.select(i).where(i.c.id.in_(locked), ~named(i.c.id), i.c.uploaded_at < db.seconds_from_now(-older_than_s))
-        )
-        for row in doomed:
+        # Named or not, asked now that they are locked: this statement's snapshot sees every pipeline committed
+        # before the locks were taken.
+        rows = list(conn.execute(sa.select(i).where(i.c.id.in_(locked))))
+        kept = named_among(conn, locked)
+        if kept:
+            conn.execute(i.update().where(i.c.id.in_(kept)).values(uploaded_at=sa.func.now()))
+        for row in rows:
+            if row.id in kept:
+                continue
             try:
                 store.delete_image(repository.photo(row))
             except outages.StoreUnavailable as error:
@@ -212,12 +219,15 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
             conn.execute(i.delete().where(i.c.id.in_(gone)))
     if failure is not None:
         raise failure
-    return len(gone)
+    return len(kept) + len(gone)
 
 
-def named(image_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-    """Whether a pipeline's brief names the image (by the index pipelines_photos)."""
+def named_among(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of the images a pipeline's brief names. One look-up of the index pipelines_photos an image, OR-ed: a
+    check correlated with each image is planned as a scan of every pipeline."""
     p = tables.pipelines
-    photo = sa.func.jsonb_build_array(sa.func.jsonb_build_object("id", sa.cast(image_id, sa.Text)))
     has_photos = p.c.brief.has_key(sa.literal_column(f"'{tables.PHOTOS}'"))  # a constant: the index's predicate
-    return sa.exists().where(has_photos, tables.PHOTOS_OF.op("@>")(photo))
+    each = [tables.PHOTOS_OF.op("@>")(sa.literal([{"id": str(i)}], pg.JSONB)) for i in image_ids]
+    found = conn.execute(sa.select(tables.PHOTOS_OF).where(has_photos, sa.or_(*each))).scalars()
+    wanted = {str(i) for i in image_ids}
+    return {uuid.UUID(photo["id"]) for photos in found for photo in photos if photo.get("id") in wanted}
