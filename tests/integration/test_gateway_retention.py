@@ -105,8 +105,11 @@ def left(engine: sa.Engine, table: sa.Table, column: str = "pipeline_id") -> set
         return set(conn.execute(sa.select(table.c[column]).distinct()).scalars())
 
 
-def run(engine: sa.Engine, config: api_settings.ApiSettings) -> dict[str, int]:
-    steps = api_retention.steps(engine, config, config.retention_policy())
+def run(
+    engine: sa.Engine, config: api_settings.ApiSettings, store: artifacts.ArtifactStore | None = None
+) -> dict[str, int]:
+    store = store or artifacts.make_store(config)
+    steps = api_retention.steps(engine, config, config.retention_policy(), store, config.upload_limits())
     return retention.Pruner(steps, interval_s=60, batch=config.retention_batch, pause_s=0).run_once()
 
 

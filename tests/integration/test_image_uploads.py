@@ -9,12 +9,13 @@ import errno
 import hashlib
 import io
 import os
+import random
 import uuid
 
 import pytest
 import sqlalchemy as sa
 from castad_api import decoding, keys, tables
-from castad_runtime import artifacts, links
+from castad_runtime import artifacts, images, links
 from castad_runtime import tables as runtime_tables
 from PIL import Image
 from pydantic import SecretStr
@@ -277,3 +278,60 @@ def test_a_link_the_video_stage_signed_opens_one_photo_of_its_pipelines_brief_an
     assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", stage_link_secret("song")).status_code == 401
     artifact = links.Purpose.ARTIFACT
     assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", purpose=artifact).status_code == 401
+
+
+def test_a_tenant_uploading_faster_than_it_may_is_refused_with_429_before_its_upload_is_decoded(
+    engines, api, installation, monkeypatch
+):
+    running = api(image_upload_burst=2, image_uploads_per_minute=1)
+    hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    hanas_other_key = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT))
+    mina = running.client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
+    answers = [upload(hana, b"not an image"), upload(hana, photo())]
+    decode = images.clean
+
+    def no_decode(*args: object, **kwargs: object) -> images.Cleaned:
+        raise AssertionError("an upload over the tenant's rate was decoded")
+
+    monkeypatch.setattr(images, "clean", no_decode)
+    answers.append(upload(hanas_other_key, photo("PNG"), "image/png"))  # the tenant's bucket, whichever its key
+    monkeypatch.setattr(images, "clean", decode)
+
+    assert [answer.status_code for answer in answers] == [422, 201, 429]  # a refused upload counts too
+    refused = answers[-1]
+    assert 55 <= int(refused.headers["Retry-After"]) <= 60  # a token a minute
+    assert "may upload 2 images at once, then 1 a minute" in refused.json()["detail"]
+    assert len(stored_images(installation)) == 1 and len(image_rows(engines["api"])) == 1
+    assert upload(mina, photo("PNG"), "image/png").status_code == 201  # another tenant's bucket is its own
+
+
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [
+        ({"image_max_per_tenant": 1}, "holds 1 images, as many as it may"),
+        ({"image_max_bytes": 1024, "image_max_bytes_per_tenant": 1024}, "bytes of images and this one is"),
+    ],
+    ids=["images", "bytes"],
+)
+def test_an_upload_past_what_a_tenant_may_hold_is_a_409_and_nothing_is_stored(
+    engines, api, installation, limit, reason
+):
+    running = api(**limit)
+    hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    first = noise()
+    kept = upload(hana, first, "image/png")
+    assert kept.status_code == 201, kept.text
+
+    again, other = upload(hana, first, "image/png"), upload(hana, photo("JPEG", (30, 30)))
+
+    assert again.status_code == 201 and again.json() == kept.json()  # the image it holds: nothing more held
+    assert other.status_code == 409 and reason in other.json()["detail"]
+    assert len(stored_images(installation)) == 1 and len(image_rows(engines["api"])) == 1
+
+
+def noise() -> bytes:
+    """A PNG of 16 x 16 random pixels: some 850 bytes, which no encoding makes much smaller."""
+    pixels = random.Random(0).randbytes(16 * 16 * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (16, 16), pixels).save(out, "PNG")
+    return out.getvalue()

@@ -45,6 +45,7 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.api_keys,
         api_tables.key_windows,
         api_tables.images,
+        api_tables.upload_buckets,
     ),
     "lyric": STAGE_TABLES,
     "song": STAGE_TABLES,

@@ -145,3 +145,16 @@ def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_and_deleted_with
     with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as changed:
         assert changed is None
     assert store.delete(PIPELINE, events.Stage.VIDEO) == 1
+
+
+def test_a_deleted_image_is_gone_from_its_owners_place_alone_and_deleting_it_again_is_harmless(store, object_store):
+    hanas, minas = (store.keep_image(b"\x89PNG photo", tenant, "image/png") for tenant in ("hana", "mina"))
+    photo = brief.Photo(
+        id=PIPELINE, owner=artifacts.image_owner("hana"), sha256=hanas.sha256, media_type="image/png", size=10
+    )
+
+    store.delete_image(photo)
+    store.delete_image(photo)
+
+    listed = object_store.client().list_objects_v2(Bucket=store.bucket, Prefix="media/images/")
+    assert [found["Key"] for found in listed.get("Contents", [])] == [minas.uri.split("/", 3)[3]]

@@ -165,12 +165,11 @@ def test_the_listener_wakes_its_pipelines_streams_and_every_stream_when_it_loses
                 await until(mine.is_set, "the pipeline's stream woken")
                 assert not other.is_set()
 
-                # An entry whose notification was lost (its trigger did not fire): the sweep finds it.
+                # An entry whose notification was lost (written without its waker's wake-up): the sweep finds it.
                 await asyncio.sleep(0.7)  # a sweep or two have marked the newest entry
                 mine.clear()
                 await asyncio.to_thread(
                     run,
-                    "SET LOCAL session_replication_role = replica",
                     "INSERT INTO pipeline_events (pipeline_id, event_id, event_type, data)"
                     " VALUES (:id, gen_random_uuid(), 'lyric.started', '{}')",
                     id=pipeline_id,

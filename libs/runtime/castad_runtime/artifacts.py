@@ -20,7 +20,8 @@ the work's.
 
 A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
 `images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
-`keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file.
+`keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file;
+`delete_image` deletes one (the gateway's retention, once no image record needs it).
 
 A file a stage fetched from a URL for its work (a photo a brief names by URL) is a file of the stage of
 the pipeline, deleted with its other files: `keep_fetched` stores it whole or not at all as
@@ -79,6 +80,7 @@ class ArtifactStore(Protocol):
     def fetched_copy(
         self, pipeline_id: str, stage: events.Stage, url: str
     ) -> contextlib.AbstractContextManager[pathlib.Path | None]: ...
+    def delete_image(self, photo: brief.Photo) -> None: ...
 
 
 class ArtifactMissing(LookupError):
@@ -328,6 +330,18 @@ class VolumeStore:
         found = (path for path in sorted(self.root.glob(f"{place}*")) if path.is_file() and _intact(path, path.name))
         yield next(found, None)
 
+    def delete_image(self, photo: brief.Photo) -> None:
+        """Delete the file of a tenant's image (one already gone is fine), and its owner's folder once empty.
+
+        Raises outages.StoreUnavailable if the volume refuses (mounted read-only)."""
+        path = self.root / _photo_name(photo)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as error:
+            raise outages.StoreUnavailable(f"delete an image in {self.root}: {redact.describe(error)}") from None
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # refused while another image of the owner's is there (or an upload is under way)
+
 
 class S3Store:
     """Objects `<prefix><pipeline id>/<stage>-<sha256 prefix><suffix>` in a bucket; scratch files on local disk."""
@@ -482,6 +496,10 @@ class S3Store:
             path.unlink(missing_ok=True)
             raise
         return path
+
+    def delete_image(self, photo: brief.Photo) -> None:
+        """Delete the object of a tenant's image (S3 answers alike whether it was there or not)."""
+        self._call("delete", self._client.delete_object, Bucket=self.bucket, Key=self.prefix + _photo_name(photo))
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket

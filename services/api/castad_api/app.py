@@ -139,6 +139,8 @@ async def _refused(request: Request, exc: Exception) -> Response:
     """What a use case refused, as the status that says why."""
     if isinstance(exc, errors.Conflict):
         return JSONResponse({"detail": str(exc), "status": exc.status}, status_code=status.HTTP_409_CONFLICT)
+    if isinstance(exc, errors.Full):
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
     if isinstance(exc, errors.NotFound):
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, errors.InvalidField):

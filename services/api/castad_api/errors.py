@@ -21,6 +21,10 @@ class Conflict(GatewayError):
         self.status = status
 
 
+class Full(GatewayError):
+    """The tenant holds as many images, or as many bytes of them, as it may (409): nothing was stored."""
+
+
 class NotReplayable(GatewayError):
     """A dead letter that cannot be sent again as it is (422)."""
 

@@ -3,24 +3,29 @@
 
 An upload is the image's bytes as the body (Content-Type image/jpeg, image/png or image/webp) or a
 multipart form with the image as its `file` field. It is kept only once it decoded whole and was
-made safe (castad_runtime.images): nothing of a refused upload is stored. It is kept in the artifact store first
-and recorded after; a failure between the two leaves a file no record names, which the same upload
-made again finds in its place (names are the bytes' own).
+made safe (castad_runtime.images): nothing of a refused upload is stored. A tenant uploads at a rate and holds images
+up to limits of its own (upload_limits.py): past its rate it gets 429 with Retry-After before its body is
+read, past what it may hold a 409. The image is kept in the artifact store and recorded in one transaction
+that holds the lock of the tenant's record of these bytes, if it has one, so that retention cannot delete
+that file meanwhile (retention.py); a failure after the file is kept leaves a file no record names, which
+the same upload made again finds in its place (names are the bytes' own).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import math
 import uuid
 from typing import Any
 
-from castad_contracts import api, brief
+from castad_contracts import api
 from castad_runtime import artifacts, db, images
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, pipeline_routes, repository, served
+from castad_api import decoding, deps, errors, pipeline_routes, repository, served, upload_limits
 from castad_api.deps import GatewayDep, Reader, Submitter
 
 UPLOAD_PATH = "/v1/images"
@@ -51,9 +56,19 @@ _BODY = {
     openapi_extra={"requestBody": _BODY},
     responses={
         400: {"model": api.Problem, "description": "a multipart body that does not parse"},
+        409: {
+            "model": api.Problem,
+            "description": "the tenant holds as many images, or bytes of them, as it may"
+            " (CASTAD_API_IMAGE_MAX_PER_TENANT, CASTAD_API_IMAGE_MAX_BYTES_PER_TENANT)",
+        },
         413: {"model": api.Problem, "description": "larger than CASTAD_API_IMAGE_MAX_BYTES"},
         415: {"model": api.Problem},
         422: {"description": "not an image kept here, and why: the field and the reason"},
+        429: {
+            "model": api.Problem,
+            "description": "the tenant uploaded as fast as it may (CASTAD_API_IMAGE_UPLOADS_PER_MINUTE after"
+            " CASTAD_API_IMAGE_UPLOAD_BURST), or its client address failed authentication too often (see Retry-After)",
+        },
         503: {
             "model": api.Problem,
             "description": "as many uploads as may wait for their decode are waiting (see Retry-After)",
@@ -65,10 +80,14 @@ async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.
     whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes), turned as its
     EXIF orientation says and encoded again without any of its metadata (location, camera, comments, colour
     profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again by
-    the tenant is the same image. A gateway process decodes one upload at a time; past a few waiting, the next is
-    refused with 503 and Retry-After."""
+    the tenant is the same image, kept CASTAD_API_RETENTION_IMAGES_S from then on unless a pipeline names it. A
+    tenant uploads at most CASTAD_API_IMAGE_UPLOAD_BURST images at once, then CASTAD_API_IMAGE_UPLOADS_PER_MINUTE
+    a minute (429 with Retry-After), and holds at most CASTAD_API_IMAGE_MAX_PER_TENANT images of
+    CASTAD_API_IMAGE_MAX_BYTES_PER_TENANT bytes in all (409). A gateway process decodes one upload at a time; past
+    a few waiting, the next is refused with 503 and Retry-After."""
     try:
         with gw.decoding.admitted():  # taken before the body is read: a refused upload's body never is
+            await run_in_threadpool(_counted, gw, who.tenant)
             cleaned = await _cleaned(request, gw)
     except decoding.Busy:
         raise HTTPException(
@@ -76,7 +95,7 @@ async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.
             "as many image uploads as this gateway takes at once are in progress; try again shortly",
             {"Retry-After": str(decoding.RETRY_AFTER_S)},
         ) from None
-    return await run_in_threadpool(_keep, gw, who.tenant, cleaned)
+    return await run_in_threadpool(keep, gw, who.tenant, cleaned)
 
 
 async def _cleaned(request: Request, gw: deps.Gateway) -> images.Cleaned:
@@ -114,9 +133,27 @@ async def _received(request: Request) -> tuple[tuple[str, ...], bytes, str | Non
         await form.close()
 
 
-def _keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
-    kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
+def _counted(gw: deps.Gateway, tenant: str) -> None:
+    """Count an upload of the tenant's; a 429 with Retry-After if it uploaded as fast as it may."""
+    try:
+        with db.transaction(gw.engine) as conn:
+            upload_limits.take(conn, tenant, gw.config.upload_limits())  # rolled back when over
+    except upload_limits.OverRate as over:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"this tenant may upload {gw.config.image_upload_burst} images at once, then"
+            f" {gw.config.image_uploads_per_minute:g} a minute",
+            {"Retry-After": str(math.ceil(over.wait_s))},
+        ) from None
+
+
+def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
+    """Keep a cleaned upload for the tenant, if it has room for it (errors.Full if not), and describe it."""
+    digest = hashlib.sha256(cleaned.data).hexdigest()
     with db.transaction(gw.engine) as conn:
+        upload_limits.check_room(conn, tenant, digest, len(cleaned.data), gw.config.upload_limits())
+        repository.lock_image(conn, tenant, digest)  # its file is not deleted while it is kept again
+        kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
         row = repository.add_image(conn, tenant, kept, cleaned.width, cleaned.height)
     return _image(row)
 
@@ -171,15 +208,8 @@ def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) ->
 
 def _content(gw: deps.Gateway, row: Any) -> Response:
     """The kept file of an image, or a redirect to a presigned URL of it."""
-    photo = brief.Photo(
-        id=str(row.id),
-        owner=artifacts.image_owner(row.tenant),
-        sha256=row.sha256,
-        media_type=row.media_type,
-        size=row.size,
-    )
     try:
-        where = gw.store.serve_image(photo)
+        where = gw.store.serve_image(repository.photo(row))
     except artifacts.ArtifactMissing:
         raise errors.NotFound(f"image {row.id} is not in this store") from None
     return served.file(where, row.media_type, str(row.id))

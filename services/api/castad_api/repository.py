@@ -10,7 +10,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import events
+from castad_contracts import brief, events
+from castad_runtime import artifacts as artifacts_
 from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
@@ -639,8 +640,9 @@ def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) 
 
 
 def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> sa.Row[Any]:
-    """Record a tenant's image kept in the artifact store; the one it has already if it uploaded these bytes before."""
-    inserted = conn.execute(
+    """Record a tenant's image kept in the artifact store, uploaded now; the one it has already if it uploaded these
+    bytes before, its last upload moved to now."""
+    return conn.execute(
         pg.insert(images)
         .values(
             id=uuid.uuid4(),
@@ -652,12 +654,26 @@ def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: in
             height=height,
             uri=kept.uri,
         )
-        .on_conflict_do_nothing(constraint="images_tenant_sha256")
+        .on_conflict_do_update(constraint="images_tenant_sha256", set_={"uploaded_at": sa.func.now()})
         .returning(*images.c)
-    ).fetchone()
-    if inserted is not None:
-        return inserted
-    return conn.execute(sa.select(images).where(images.c.tenant == tenant, images.c.sha256 == kept.sha256)).one()
+    ).one()
+
+
+def lock_image(conn: sa.Connection, tenant: str, sha256: str) -> None:
+    """Lock the tenant's image with these bytes, if it has one, until the transaction ends: retention, which skips
+    locked images, cannot delete it (and its file) meanwhile; a deletion under way is waited for."""
+    conn.execute(sa.select(images.c.id).where(images.c.tenant == tenant, images.c.sha256 == sha256).with_for_update())
+
+
+def photo(row: sa.Row[Any]) -> brief.Photo:
+    """An image as events name it: a reference to its file in the store."""
+    return brief.Photo(
+        id=str(row.id),
+        owner=artifacts_.image_owner(row.tenant),
+        sha256=row.sha256,
+        media_type=row.media_type,
+        size=row.size,
+    )
 
 
 def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> sa.Row[Any] | None:
@@ -669,8 +685,16 @@ def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> s
 
 
 def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, sa.Row[Any]]:
-    """Those of the images that are `tenant`'s, by id."""
+    """Those of the images that are `tenant`'s, by id, each locked (FOR KEY SHARE) until the transaction ends.
+
+    The lock is what keeps retention from deleting an image a pipeline is being created with: retention skips
+    locked images, and checks again, once it holds the lock, that no pipeline names one. An image retention is
+    deleting is waited for, then not found."""
     if not image_ids:
         return {}
-    query = sa.select(images).where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant)
+    query = (
+        sa.select(images)
+        .where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant)
+        .with_for_update(read=True, key_share=True)
+    )
     return {row.id: row for row in conn.execute(query)}

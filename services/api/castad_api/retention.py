@@ -8,8 +8,18 @@ The gateway's retention (steps run by castad_runtime.retention's Pruner) deletes
   while a notice is still being tried;
 - dead letters replayed or discarded, with their actions, CASTAD_API_RETENTION_DEAD_LETTERS_S after the
   last action on them (one still dead is kept);
-- the creation counts of API keys, once their minute is over.
+- the creation counts of API keys, once their minute is over, and the upload buckets of tenants, once full again;
+- an uploaded image no pipeline names, CASTAD_API_RETENTION_IMAGES_S after its last upload: its file, then its
+  record (`forget_images`). One a pipeline names is kept while that pipeline is: found named, it is looked at
+  again a period later (then, at most that long after the last pipeline naming it was deleted, it goes).
 A pipeline that has not ended is never touched.
+
+An image is deleted with its row locked, and only if no pipeline names it by a check made once the lock is
+held (a statement of its own, whose snapshot sees every pipeline committed before): a pipeline created at the
+same moment locks the images it names (repository.tenant_images), so either retention skips it, or the creation
+waits for the deletion and then finds no such image (422). The file goes before the row, under that lock: an
+upload of the same bytes again waits for it (repository.lock_image), then keeps the file anew under a new record.
+The same bytes uploaded twice by a tenant are one record (images_tenant_sha256), so a file is one record's alone.
 
 It refuses (409) what retention would make go wrong:
 - a retry, once a stage of the pipeline ended so long ago that its stage may delete its job or files
@@ -25,18 +35,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
-from castad_runtime import db, settings
+from castad_runtime import artifacts, db, outages, settings
 from castad_runtime import retention as runtime_retention
+from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import keys, tables
+from castad_api import keys, repository, tables, upload_limits
 
 MARGIN_S = 3600.0
 PIPELINE_ROWS = 14  # a pipeline, its stages and their attempts, its notices and their tries, about
 LETTER_ROWS = 3  # a dead letter and its actions, about
 KEY_WINDOW_KEPT_S = 120.0  # a key's creation count is read only during its own minute
+IMAGE_FILES = 10  # an image costs a deletion in the store, under its row's lock: far fewer of them per batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +63,7 @@ class Policy:
     pipelines_s: float
     dead_letters_s: float
     deadline_s: float  # a pipeline's run after its request or retry
+    images_s: float  # an uploaded image no pipeline names, after its last upload
 
     def artifacts_gone(self, finished_at: dt.datetime, now: dt.datetime) -> bool:
         """Whether the files of a stage that ended at `finished_at` are deleted (or due to be) by `now`."""
@@ -90,8 +105,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def steps(engine: sa.Engine, config: settings.CommonSettings, policy: Policy) -> list[runtime_retention.Step]:
-    """The gateway's retention: outbox, inbox, timelines, pipelines, dead letters, creation counts."""
+def steps(
+    engine: sa.Engine,
+    config: settings.CommonSettings,
+    policy: Policy,
+    store: artifacts.ArtifactStore,
+    limits: upload_limits.Limits,
+) -> list[runtime_retention.Step]:
+    """The gateway's retention: outbox, inbox, timelines, pipelines, dead letters, creation counts, upload buckets
+    and uploaded images (after the pipelines: an image is kept while one names it)."""
     step = runtime_retention.statement_step
     return [
         *runtime_retention.shared_steps(engine, config),
@@ -109,6 +131,16 @@ def steps(engine: sa.Engine, config: settings.CommonSettings, policy: Policy) ->
             rows_each=LETTER_ROWS,
         ),
         step("creation counts", engine, lambda conn, limit: keys.forget_windows(conn, KEY_WINDOW_KEPT_S, limit)),
+        step(
+            "upload buckets",
+            engine,
+            lambda conn, limit: upload_limits.forget_buckets(conn, limits.full_after_s(), limit),
+        ),
+        runtime_retention.Step(
+            "uploaded images",
+            lambda limit: forget_images(engine, store, policy.images_s, limit),
+            rows_each=IMAGE_FILES,
+        ),
     ]
 
 
@@ -153,3 +185,49 @@ def forget_dead_letters(conn: sa.Connection, older_than_s: float, limit: int) ->
         conn.execute(actions.delete().where(actions.c.dead_letter_id.in_(doomed)))
         conn.execute(letters.delete().where(letters.c.id.in_(doomed)))
     return len(doomed)
+
+
+def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_s: float, limit: int) -> int:
+    """Deal with up to `limit` images last uploaded, or last found named, more than `older_than_s` ago: delete
+    those no pipeline names, each file first, then the records of those whose file is gone; find the others
+    named again, which moves them as far off as an upload would (each is looked at once a period, not on every
+    round). How many it dealt with. A store that fails stops the batch: the images deleted before are recorded
+    deleted, then its error is raised (the round stops, the next one goes on)."""
+    i = tables.images
+    failure: outages.StoreUnavailable | None = None
+    gone: list[Any] = []
+    with runtime_retention.transaction(engine) as conn:
+        locked = list(conn.execute(db.expired(sa.select(i.c.id), i.c.uploaded_at, older_than_s, limit)).scalars())
+        if not locked:
+            return 0
+        # Named or not, asked now that they are locked: this statement's snapshot sees every pipeline committed
+        # before the locks were taken.
+        rows = list(conn.execute(sa.select(i).where(i.c.id.in_(locked))))
+        kept = named_among(conn, locked)
+        if kept:
+            conn.execute(i.update().where(i.c.id.in_(kept)).values(uploaded_at=sa.func.now()))
+        for row in rows:
+            if row.id in kept:
+                continue
+            try:
+                store.delete_image(repository.photo(row))
+            except outages.StoreUnavailable as error:
+                failure = error
+                break
+            gone.append(row.id)
+        if gone:
+            conn.execute(i.delete().where(i.c.id.in_(gone)))
+    if failure is not None:
+        raise failure
+    return len(kept) + len(gone)
+
+
+def named_among(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of the images a pipeline's brief names. One look-up of the index pipelines_photos an image, OR-ed: a
+    check correlated with each image is planned as a scan of every pipeline."""
+    p = tables.pipelines
+    has_photos = p.c.brief.has_key(sa.literal_column(f"'{tables.PHOTOS}'"))  # a constant: the index's predicate
+    each = [tables.PHOTOS_OF.op("@>")(sa.literal([{"id": str(i)}], pg.JSONB)) for i in image_ids]
+    found = conn.execute(sa.select(tables.PHOTOS_OF).where(has_photos, sa.or_(*each))).scalars()
+    wanted = {str(i) for i in image_ids}
+    return {uuid.UUID(photo["id"]) for photos in found for photo in photos if photo.get("id") in wanted}

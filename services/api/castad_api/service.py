@@ -69,7 +69,9 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     recorder = dead_letters.Recorder(config.amqp_url, topo.dead_letter_queue, engine, config.dead_letter_body_max_bytes)
     sweeper = deadlines.DeadlineSweeper(engine, config.deadline_poll_s)
     deliverer = webhooks.Deliverer(engine, config)
-    pruner = runtime_retention.Pruner.of(retention.steps(engine, config, config.retention_policy()), config)
+    pruner = runtime_retention.Pruner.of(
+        retention.steps(engine, config, config.retention_policy(), gateway.store, config.upload_limits()), config
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

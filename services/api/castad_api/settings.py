@@ -11,7 +11,7 @@ from castad_runtime import settings
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_api import retention, webhook_secrets
+from castad_api import retention, upload_limits, webhook_secrets
 
 
 class ApiSettings(settings.StoreSettings):
@@ -49,6 +49,28 @@ class ApiSettings(settings.StoreSettings):
         description="accept photos named by a plain http URL or at a private, loopback or link-local address (local"
         " tests only: the video stage fetches them only with CASTAD_VIDEO_ALLOW_PRIVATE); off: an https URL whose"
         " host is not such an address, checked again after DNS and on redirects by the video stage",
+    )
+    image_uploads_per_minute: float = Field(
+        default=30.0,
+        gt=0,
+        description="image uploads one tenant may make a minute, after its CASTAD_API_IMAGE_UPLOAD_BURST, counted in"
+        " the gateway's database across every replica (refused ones too; more: 429 with Retry-After)",
+    )
+    image_upload_burst: int = Field(
+        default=40,
+        ge=1,
+        description="image uploads one tenant may make at once before CASTAD_API_IMAGE_UPLOADS_PER_MINUTE applies",
+    )
+    image_max_per_tenant: int = Field(
+        default=2000,
+        ge=1,
+        description="images one tenant may hold (an upload past them: 409, until retention deletes some)",
+    )
+    image_max_bytes_per_tenant: int = Field(
+        default=2 * 1024**3,
+        ge=1024,
+        description="bytes of images one tenant may hold, as kept (an upload past them: 409, until retention"
+        " deletes some)",
     )
     sse_ping_s: float = Field(default=15.0, gt=0, description="keep-alive comment interval on event streams")
     sse_poll_s: float = Field(
@@ -188,6 +210,13 @@ class ApiSettings(settings.StoreSettings):
         description="a dead letter replayed or discarded is deleted this long after the last action on it (one still"
         " dead is kept)",
     )
+    retention_images_s: float = Field(
+        default=7 * settings.DAY_S,
+        ge=3600,
+        description="an uploaded image is deleted (its record and its file) this long after its last upload once no"
+        " pipeline names it; one a pipeline names is kept as long as that pipeline (CASTAD_API_RETENTION_PIPELINES_S"
+        " after it ended)",
+    )
     trace_url: str | None = Field(
         default=None,
         description="a pipeline's trace in a trace viewer, {trace_id} standing for its id (Jaeger:"
@@ -220,6 +249,15 @@ class ApiSettings(settings.StoreSettings):
             pipelines_s=self.retention_pipelines_s,
             dead_letters_s=self.retention_dead_letters_s,
             deadline_s=self.pipeline_deadline_s,
+            images_s=self.retention_images_s,
+        )
+
+    def upload_limits(self) -> upload_limits.Limits:
+        return upload_limits.Limits(
+            per_minute=self.image_uploads_per_minute,
+            burst=self.image_upload_burst,
+            max_images=self.image_max_per_tenant,
+            max_bytes=self.image_max_bytes_per_tenant,
         )
 
     @model_validator(mode="after")
@@ -228,6 +266,11 @@ class ApiSettings(settings.StoreSettings):
             raise ValueError(
                 "CASTAD_RETENTION_ARTIFACTS_S must be longer than CASTAD_API_PIPELINE_DEADLINE_S: a running pipeline"
                 " reads the files of its earlier stages until its deadline"
+            )
+        if self.image_max_bytes_per_tenant < self.image_max_bytes:
+            raise ValueError(
+                "CASTAD_API_IMAGE_MAX_BYTES_PER_TENANT must be at least CASTAD_API_IMAGE_MAX_BYTES: a tenant could not"
+                " hold an image it may upload"
             )
         if self.retention_pipelines_s < self.retention_timeline_s:
             raise ValueError(

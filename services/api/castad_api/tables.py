@@ -12,6 +12,7 @@ OPEN_ENDED = "('SUCCEEDED', 'FAILED', 'CANCELED')"  # pipeline statuses no deadl
 # Retention's predicates (castad_api.retention), written once for its partial indexes and its queries alike.
 ENDED = f"status IN {OPEN_ENDED}"
 SETTLED_LETTER = "status IN ('replayed', 'discarded')"
+PHOTOS = "photos"  # the key of a brief's photos, present only when it names some
 
 pipelines = sa.Table(
     "pipelines",
@@ -240,8 +241,20 @@ webhook_attempts = sa.Table(
     sa.UniqueConstraint("delivery_id", "number"),
 )
 
+# Pipelines whose brief names uploaded photos, found by an image's id (`brief->'photos' @> [{"id": ...}]`):
+# retention keeps an image while a pipeline names it (castad_api.image_retention).
+PHOTOS_OF = pipelines.c.brief.op("->")(sa.literal_column(f"'{PHOTOS}'"))  # `brief -> 'photos'`, as indexed
+sa.Index(
+    "pipelines_photos",
+    PHOTOS_OF.label("photos"),
+    postgresql_using="gin",
+    postgresql_ops={"photos": "jsonb_path_ops"},
+    postgresql_where=sa.text(f"brief ? '{PHOTOS}'"),
+)
+
 # Images a tenant uploaded (image_routes.py), each kept once in the artifact store under its owner's place, named
-# by its bytes (`uri`): the same bytes uploaded again by the same tenant are the same image.
+# by its bytes (`uri`): the same bytes uploaded again by the same tenant are the same image, and its file is that
+# row's alone. `uploaded_at` is its last upload: retention deletes it some time after, once no pipeline names it.
 images = sa.Table(
     "images",
     metadata,
@@ -254,5 +267,17 @@ images = sa.Table(
     sa.Column("height", sa.Integer, nullable=False),
     sa.Column("uri", sa.Text, nullable=False),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("uploaded_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.UniqueConstraint("tenant", "sha256", name="images_tenant_sha256"),
+    sa.Index("images_uploaded", "uploaded_at"),
+)
+
+# Each tenant's uploads as a token bucket (upload_limits.py): `tokens` left at `at`, refilled at the configured rate
+# up to the burst. A tenant without a row has a full bucket.
+upload_buckets = sa.Table(
+    "image_upload_buckets",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("at", TZ, nullable=False),
 )
