@@ -3,9 +3,11 @@
 A NOTIFY inside a transaction is delivered at its commit, but PostgreSQL serialises the commits of
 notifying transactions under one lock of the whole server, held through the commit's WAL flush: such
 commits share no flush with others (group commit) and wait their turn, across every database of the
-server. On this machine 32 writers committed about ten times fewer transactions a second with a NOTIFY in
-each than without (docs/performance/wakeups.md, from `make bench-wakeups`). And a listener that stops
-reading fills the server's notification queue until every notifying commit fails.
+server. Where a flush is quick and the cores are free that costs little; where a writer holding the lock
+is descheduled, every other waits for it: on this machine, its two cores busy with other work, 32
+writers committed a fifth as many transactions a second with a NOTIFY in each as without, and 70-90%
+with the waker (`make bench-wakeups`, docs/reports/wakeups.md, measured quiet). And a listener that
+stops reading fills the server's notification queue until every notifying commit fails.
 
 So no writer's transaction notifies. `after_commit` asks the process's `Waker` for the channel to wake its
 listeners once the transaction committed; the waker's thread sends one NOTIFY per distinct payload for
