@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_api import deps, errors, image_routes, images, notifications, operations, repository, tables, upload_limits
+from castad_api import deps, errors, image_routes, notifications, operations, repository, tables, upload_limits
 from castad_api import retention as api_retention
 from castad_api import settings as api_settings
 from castad_contracts import api, brief
-from castad_runtime import artifacts, db, outages
+from castad_runtime import artifacts, db, images, outages
 
 from tests.integration.helpers import indexes_used, statements_of
 from tests.support import Installation
