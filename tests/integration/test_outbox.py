@@ -149,25 +149,34 @@ def test_handing_back_a_parked_row_wakes_the_relay_though_no_row_is_inserted(ins
 
 def test_a_wake_up_its_waker_cannot_send_costs_the_writer_nothing_and_the_next_goes_out(installation, engines):
     """The writer's transaction sends no NOTIFY of its own (a listener that stopped reading would fail its
-    commit): a waker whose session the server ended drops that wake-up, logged, and sends the next."""
+    commit). A waker whose session the server ended sends on a new one; one that cannot reach the server
+    drops that wake-up, logged, and sends the next once it can."""
     engine = engines["lyric"]
     waker = wakeups.waker(engine.url.render_as_string(hide_password=False), db.OUTBOX_CHANNEL)
-    with listening(installation.database_urls["lyric"]) as listener:
+
+    def written() -> None:
         with db.transaction(engine) as conn:
             outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
+
+    with listening(installation.database_urls["lyric"]) as listener:
+        written()
         assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
         assert waker._conn is not None  # noqa: SLF001 (the session the server is made to end)
         with engine.connect() as conn:
             conn.execute(sa.select(sa.func.pg_terminate_backend(waker._conn.info.backend_pid)))  # noqa: SLF001
+        written()
+        assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]  # on a new session
 
-        with db.transaction(engine) as conn:
-            outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
-        assert len(outbox_rows(engine)) == 2
+        url = waker._url  # noqa: SLF001 (stands for a server out of reach)
+        waker._url = "postgresql+psycopg://postgres@127.0.0.1:9/nowhere"  # noqa: SLF001
+        waker._close()  # noqa: SLF001 (settled: its thread is not using the connection)
+        written()
         assert notifications_before_probe(listener, engine) == []  # dropped: the relay's own re-read finds it
+        waker._url = url  # noqa: SLF001
         time.sleep(wakeups.RETRY_AFTER_S)
-        with db.transaction(engine) as conn:
-            outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
+        written()
         assert notifications_before_probe(listener, engine) == [db.OUTBOX_CHANNEL]
+        assert len(outbox_rows(engine)) == 4  # every writer committed
 
 
 async def _listener(url: str) -> psycopg.AsyncConnection:

@@ -11,9 +11,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
-from castad_api import projection, settings, tables
+from castad_api import projection, repository, settings, tables
 from castad_contracts import events
 from castad_runtime import groups
 from castad_runtime import tables as runtime_tables
@@ -319,3 +320,17 @@ def test_a_start_that_comes_after_its_completion_gives_the_stage_its_start_but_n
     assert stage.started_at == stage.first_started_at == started
     assert stage.finished_at == completed
     assert (attempt.started_at, attempt.ended_at, attempt.worker) == (started, completed, "lyric@late")
+
+
+def test_the_entries_a_group_writes_wake_the_event_streams_of_their_pipelines(gateway: Projection):
+    """A group's timeline entries are written by one statement of its own, not append_timeline: each of their
+    pipelines is woken too, once the group committed."""
+    first, second = gateway.create(), gateway.create()
+    url = gateway.engine.url.render_as_string(hide_password=False)
+    listener = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True)
+    with listener:
+        listener.execute(f"LISTEN {repository.PIPELINE_EVENTS_CHANNEL}")
+        envs = [gateway.envelope(pipeline_id, LYRIC, "started", 1, ago(seconds=1)) for pipeline_id in (first, second)]
+        assert projection.apply_all(gateway.engine, [(env, env.payload()) for env in envs]) == [None, None]
+        heard = {notice.payload for notice in listener.notifies(timeout=5, stop_after=2)}
+    assert heard == {first, second}

@@ -331,7 +331,8 @@ class VolumeStore:
         yield next(found, None)
 
     def delete_image(self, photo: brief.Photo) -> None:
-        """Delete the file of a tenant's image (one already gone is fine), and its owner's folder once empty.
+        """Delete the file of a tenant's image (one already gone is fine). Its owner's folder stays, empty or not:
+        an upload of the owner's may have made it a moment ago to write into it.
 
         Raises outages.StoreUnavailable if the volume refuses (mounted read-only)."""
         path = self.root / _photo_name(photo)
@@ -339,8 +340,6 @@ class VolumeStore:
             path.unlink(missing_ok=True)
         except OSError as error:
             raise outages.StoreUnavailable(f"delete an image in {self.root}: {redact.describe(error)}") from None
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()  # refused while another image of the owner's is there (or an upload is under way)
 
 
 class S3Store:

@@ -88,27 +88,50 @@ class Waker:
                 self._ready.notify_all()
             pause = MIN_GAP_S if sent else RETRY_AFTER_S
             time.sleep(max(0.0, pause - (time.monotonic() - started)))
-        if self._conn is not None:
-            self._conn.close()
+        self._close()
 
     def _send(self, payloads: list[str]) -> bool:
+        """Send `payloads`; on a connection the server ended since its last use (a restart, a fail-over, an idle
+        timeout), once more on a new one. False if they could not be sent: they are dropped, logged."""
+        reused = self._conn is not None and not self._conn.closed
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(**db.connect_kwargs(self._url), autocommit=True)
-                self._conn.execute("SET synchronous_commit = off")
-            with self._conn.transaction():
-                for payload in payloads:
-                    self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
-        except psycopg.Error as error:
-            if self._conn is not None:
-                self._conn.close()
+            try:
+                self._notify(payloads)
+            except psycopg.OperationalError:
+                if not reused:
+                    raise
+                self._notify(payloads)  # the reused connection had died: a new one is asked once
+        except Exception as error:  # the thread must outlive anything a send meets
+            self._close()
             now = time.monotonic()
             if now - self._warned_at >= WARN_EVERY_S:
                 self._warned_at = now
-                log.warning("could not wake the listeners of %s (they re-read by themselves): %s", self._channel, error)
+                log.warning(
+                    "could not wake the listeners of %s (they re-read by themselves): %s",
+                    self._channel,
+                    error,
+                    exc_info=not isinstance(error, psycopg.Error),
+                )
             return False
         self.sent += len(payloads)
         return True
+
+    def _notify(self, payloads: list[str]) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(**db.connect_kwargs(self._url), autocommit=True)
+            self._conn.execute("SET synchronous_commit = off")
+        try:
+            with self._conn.transaction():
+                for payload in payloads:
+                    self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, payload))
+        except psycopg.OperationalError:
+            self._close()
+            raise
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 _wakers: dict[tuple[str, str], Waker] = {}

@@ -19,7 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_runtime import db
+from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
@@ -139,6 +139,8 @@ class Merged(Writes):
             db.run(self.conn, _update_pipelines_sql(columns, now), [_records(pipeline_rows), ids], prepare=db.REPLAN)
         if self._timeline:
             db.run(self.conn, _APPEND_ALL_TIMELINE, [_records(self._timeline)])
+            for pipeline_id in dict.fromkeys(entry["pipeline_id"] for entry in self._timeline):
+                wakeups.after_commit(self.conn, repository.PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
 
 
 def _json_value(value: Any) -> Any:

@@ -1,6 +1,7 @@
 """api service: what retention and the upload limits need of uploaded images.
 
-- `images.uploaded_at`, an image's last upload (its first, for those uploaded before), and its index: retention
+- `images.uploaded_at`, an image's last upload (the migration's time for those uploaded before: a full retention
+  period from the upgrade), and its index: retention
   deletes an image no pipeline names some time after it;
 - `pipelines_photos`, the pipelines whose brief names photos by image id: whether one still names an image;
 - `image_upload_buckets`, each tenant's uploads as a token bucket.
@@ -43,7 +44,6 @@ def upgrade() -> None:
             if_not_exists=True,
         )
     op.add_column("images", sa.Column("uploaded_at", TZ, nullable=False, server_default=sa.func.now()))
-    op.execute("UPDATE images SET uploaded_at = created_at")
     op.create_index("images_uploaded", "images", ["uploaded_at"])
     op.create_table(
         "image_upload_buckets",
