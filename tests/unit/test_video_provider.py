@@ -15,7 +15,7 @@ import imageio_ffmpeg
 import numpy as np
 import numpy.typing as npt
 import pytest
-from castad_contracts import brief, events
+from castad_contracts import brief, codes, events
 from castad_runtime import outages
 from castad_runtime.stage import cancellation, errors
 from castad_video import provider, slideshow
@@ -642,3 +642,30 @@ def test_the_title_card_shows_the_business_and_its_region_in_the_middle() -> Non
     assert ink(card, plain) > 0.03
     assert ink(middle(BRIEF.model_copy(update={"customer_name": "바다 책방"})), card) > 0.01
     assert ink(middle(BRIEF.model_copy(update={"region": "부산 해운대"})), card) > 0.01
+
+
+def test_an_encode_that_stalls_is_killed_and_run_once_more_and_a_second_stall_is_retryable(monkeypatch):
+    """ffmpeg's pipeline can stop for good: an encode past its time is killed and run again, twice at most."""
+    renderer = provider.LocalVideoProvider.__new__(provider.LocalVideoProvider)
+    renderer._ffmpeg = "ffmpeg"  # noqa: SLF001
+    runs: list[float | None] = []
+    done = subprocess.CompletedProcess(["ffmpeg"], 0, "", "")
+
+    def stalls_once(command, timeout_s=None):
+        runs.append(timeout_s)
+        if len(runs) == 1:
+            raise subprocess.TimeoutExpired(command, timeout_s)
+        return done
+
+    cancel = cancellation.Cancellation()
+    monkeypatch.setattr(cancel, "run", stalls_once)
+    assert renderer._run_encoder(["ffmpeg"], 30.0, cancel) is done  # noqa: SLF001
+    assert runs == [300.0, 300.0]  # ten seconds a second of video
+
+    def stalls(command, timeout_s=None):
+        raise subprocess.TimeoutExpired(command, timeout_s)
+
+    monkeypatch.setattr(cancel, "run", stalls)
+    with pytest.raises(errors.RetryableProviderError) as raised:
+        renderer._run_encoder(["ffmpeg"], 3.0, cancel)  # noqa: SLF001
+    assert raised.value.code == codes.ErrorCode.RENDER_INTERRUPTED and "120 s, 2 times" in raised.value.message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import pathlib
 import random
 import re
@@ -23,6 +24,8 @@ from castad_runtime.stage import cancellation, errors
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from castad_video import slideshow
+
+log = logging.getLogger(__name__)
 
 FONT_ENV = "CASTAD_VIDEO_FONT_PATH"
 
@@ -76,6 +79,12 @@ _FC_LANG = {
 }
 FONT_PACKAGES = "Debian's fonts-nanum (Korean) and fonts-noto-cjk (Japanese, Chinese)"
 STDERR_TAIL_LINES = 12
+# ffmpeg's threaded pipeline was seen to stop for good, every thread waiting on another, in about one encode
+# of a few thousand (tests' 3 s videos): an encode is given ENCODE_S_PER_S of wall time a second of video (at
+# least ENCODE_MIN_S; a 30 s video took 21-73 s on two busy cores), then killed and run once more.
+ENCODE_S_PER_S = 10.0
+ENCODE_MIN_S = 120.0
+ENCODE_TRIES = 2
 MAX_CAPTION_LINES = 3
 HEADER_LINES = 2
 MIN_FONT_PX = 8
@@ -691,15 +700,28 @@ class LocalVideoProvider:
             "-c:a", "aac", "-b:a", "128k",
             "-t", f"{duration:.3f}", "-movflags", "+faststart", "-f", "mp4", str(out_path),
         ]  # fmt: skip
-        try:
-            result = cancel.run(command)
-        except OSError as error:
-            if outages.is_resource_shortage(error):
-                raise  # no memory or processes left to start ffmpeg: the machine's failure, not the render's
-            raise errors.PermanentProviderError(
-                codes.ErrorCode.RENDER_FAILED, f"cannot run {self._ffmpeg}: {error}"
-            ) from error
-        check_render(result)
+        check_render(self._run_encoder(command, duration, cancel))
+
+    def _run_encoder(
+        self, command: Sequence[str], duration: float, cancel: cancellation.Cancellation
+    ) -> subprocess.CompletedProcess[str]:
+        """ffmpeg's run of `command`, killed and run once more if it has not ended in its time (a stalled
+        pipeline); a second stall is the render's retryable failure."""
+        limit_s = max(ENCODE_MIN_S, ENCODE_S_PER_S * duration)
+        for _ in range(ENCODE_TRIES):
+            try:
+                return cancel.run(command, timeout_s=limit_s)
+            except subprocess.TimeoutExpired:
+                log.warning("ffmpeg had not ended a %.1f s video in %.0f s: killed", duration, limit_s)
+            except OSError as error:
+                if outages.is_resource_shortage(error):
+                    raise  # no memory or processes left to start ffmpeg: the machine's failure, not the render's
+                raise errors.PermanentProviderError(
+                    codes.ErrorCode.RENDER_FAILED, f"cannot run {self._ffmpeg}: {error}"
+                ) from error
+        raise errors.RetryableProviderError(
+            codes.ErrorCode.RENDER_INTERRUPTED, f"ffmpeg had not ended in {limit_s:.0f} s, {ENCODE_TRIES} times"
+        )
 
 
 def _read_photo(path: pathlib.Path, canvas: tuple[int, int]) -> Image.Image:
