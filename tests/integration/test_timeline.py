@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from castad_api import disclosure, keyring, keys, model, projection, repository, timeline, timeline_routes
 from castad_contracts import envelope, events
+from castad_runtime import db
 from opentelemetry.sdk.trace import TracerProvider
 
 from bench.faults import outage
@@ -248,13 +249,23 @@ def _entries(engine: sa.Engine, position: timeline.Position, tenant: str | None 
     return timeline_routes.entries_after(engine, viewer, filters.get("status"), filters.get("stage"), position)
 
 
-def _uncommitted_entry(engine: sa.Engine, pipeline_id: str) -> sa.Connection:
-    """A transaction that wrote an entry of the pipeline's timeline and has not committed (the caller ends it)."""
-    conn = engine.connect()
-    conn.begin()
-    pipeline = repository.lock_pipeline(conn, uuid.UUID(pipeline_id))
-    projection.record(conn, pipeline, uuid.uuid4(), "dead_letter.recorded", None, "dead_letter_recorded", reason="x")
-    return conn
+class _UncommittedEntry:
+    """A transaction that wrote an entry of the pipeline's timeline and has not ended (the caller ends it)."""
+
+    def __init__(self, engine: sa.Engine, pipeline_id: str) -> None:
+        self._transaction = db.transaction(engine)
+        conn = self._transaction.__enter__()
+        pipeline = repository.lock_pipeline(conn, uuid.UUID(pipeline_id))
+        projection.record(
+            conn, pipeline, uuid.uuid4(), "dead_letter.recorded", None, "dead_letter_recorded", reason="x"
+        )
+
+    def commit(self) -> None:
+        self._transaction.__exit__(None, None, None)
+
+    def rollback(self) -> None:
+        ended = RuntimeError("rolled back by the test")
+        assert not self._transaction.__exit__(RuntimeError, ended, None)
 
 
 def test_the_stream_of_every_pipeline_waits_for_an_entry_still_to_commit_and_passes_one_rolled_back(
@@ -266,26 +277,24 @@ def test_the_stream_of_every_pipeline_waits_for_an_entry_still_to_commit_and_pas
     with engine.connect() as conn:
         start = timeline.Position(repository.newest_entry(conn))
 
-    slow = _uncommitted_entry(engine, first)  # takes the next seq, commits later
+    slow = _UncommittedEntry(engine, first)  # takes the next seq, commits later
     gateway.event(second, LYRIC, "started", 1, ago(seconds=3))
     waiting = _entries(engine, start)
     assert waiting.messages == [] and waiting.cursor.after == start.after and waiting.cursor.waiting_since is not None
 
     slow.commit()
-    slow.close()
     caught_up = _entries(engine, waiting.cursor)
     shown = [(json.loads(m["data"])["pipeline_id"], json.loads(m["data"])["status"]) for m in caught_up.messages]
     assert shown == [(first, "dead_letter_recorded"), (second, "started")]
     assert [int(m["id"]) for m in caught_up.messages] == [start.after + 1, start.after + 2]
     assert caught_up.cursor == timeline.Position(start.after + 2)
 
-    lost = _uncommitted_entry(engine, first)
+    lost = _UncommittedEntry(engine, first)
     gateway.event(second, LYRIC, "retrying", 1, ago(seconds=2))
     held = _entries(engine, caught_up.cursor)
     assert held.messages == []
     assert _entries(engine, held.cursor) == held  # read again before the wait is over: still held
     lost.rollback()
-    lost.close()
     monkeypatch.setattr(timeline_routes, "time", _Clock(held.cursor.waiting_since or 0.0, later_s=0.6))
     passed = _entries(engine, held.cursor)
     [message] = passed.messages
