@@ -311,6 +311,28 @@ def test_a_brief_without_photos_dumps_as_before_there_were_any_so_the_previous_v
     ]
 
 
+def brief_carrying(event_type: str, version: int, brief_data: dict[str, object]) -> dict[str, object]:
+    """A payload of `version` of an event type carrying a brief, the brief as `brief_data`."""
+    fields = {
+        "pipeline_id": PIPELINE,
+        "requested_at": NOW.isoformat(),
+        "stage": event_type.split(".")[0],
+        "job_id": "j",
+        "attempt": 1,
+        "artifact": ARTIFACT.model_dump(mode="json"),
+        "completed_at": NOW.isoformat(),
+        "brief": brief_data,
+        "lyrics": LYRICS.model_dump(mode="json"),
+        "timed_lines": [],
+        "song_duration_s": 3.0,
+        "width": 144,
+        "height": 256,
+    }
+    return {
+        key: value for key, value in fields.items() if key in events.REGISTRY.model(event_type, version).model_fields
+    }
+
+
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,
@@ -322,23 +344,7 @@ BEFORE_PHOTOS = {
 
 @pytest.mark.parametrize(("event_type", "version"), BEFORE_PHOTOS.items())
 def test_an_event_from_before_photos_reads_as_naming_none_and_photos_need_the_new_version(event_type, version):
-    fields = {
-        "pipeline_id": PIPELINE,
-        "requested_at": NOW.isoformat(),
-        "stage": event_type.split(".")[0],
-        "job_id": "j",
-        "attempt": 1,
-        "artifact": ARTIFACT.model_dump(mode="json"),
-        "completed_at": NOW.isoformat(),
-        "brief": BRIEF.model_dump(mode="json", exclude={"photos"}),
-        "lyrics": LYRICS.model_dump(mode="json"),
-        "timed_lines": [],
-        "song_duration_s": 3.0,
-        "width": 144,
-        "height": 256,
-    }
-    old = events.REGISTRY.model(event_type, version)
-    data = {key: value for key, value in fields.items() if key in old.model_fields}
+    data = brief_carrying(event_type, version, BRIEF.model_dump(mode="json", exclude={"photos"}))
 
     read = events.REGISTRY.read(event_type, version, data)
 
@@ -374,23 +380,9 @@ BEFORE_PHOTO_LINKS = {
 
 @pytest.mark.parametrize(("event_type", "version"), BEFORE_PHOTO_LINKS.items())
 def test_a_photo_named_by_url_needs_the_newest_version_and_older_ones_read_as_they_are(event_type, version):
-    fields = {
-        "pipeline_id": PIPELINE,
-        "requested_at": NOW.isoformat(),
-        "stage": event_type.split(".")[0],
-        "job_id": "j",
-        "attempt": 1,
-        "artifact": ARTIFACT.model_dump(mode="json"),
-        "completed_at": NOW.isoformat(),
-        "brief": {**BRIEF.model_dump(mode="json"), "photos": [PHOTO.model_dump(mode="json")]},
-        "lyrics": LYRICS.model_dump(mode="json"),
-        "timed_lines": [],
-        "song_duration_s": 3.0,
-        "width": 144,
-        "height": 256,
-    }
-    old = events.REGISTRY.model(event_type, version)
-    data = {key: value for key, value in fields.items() if key in old.model_fields}
+    data = brief_carrying(
+        event_type, version, {**BRIEF.model_dump(mode="json"), "photos": [PHOTO.model_dump(mode="json")]}
+    )
 
     read = events.REGISTRY.read(event_type, version, data)
 

@@ -412,17 +412,9 @@ class S3Store:
     def keep_image(self, data: bytes, tenant: str, media_type: str) -> events.Artifact:
         """Upload a tenant's image under the key its bytes give it and describe it."""
         digest = hashlib.sha256(data).hexdigest()
-        key = self.prefix + _image_name(image_owner(tenant), digest, image_suffix(media_type))
-        self._call(
-            "upload",
-            self._client.put_object,
-            Bucket=self.bucket,
-            Key=key,
-            Body=data,
-            ContentType=media_type,
-            Metadata={"sha256": digest},
+        return self._put(
+            self.prefix + _image_name(image_owner(tenant), digest, image_suffix(media_type)), data, digest, media_type
         )
-        return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data), media_type=media_type)
 
     @contextlib.contextmanager
     def image_copy(self, photo: brief.Photo) -> Iterator[pathlib.Path]:
@@ -453,7 +445,12 @@ class S3Store:
     ) -> events.Artifact:
         """Upload a file fetched from `url` for the stage of the pipeline and describe it."""
         digest = hashlib.sha256(data).hexdigest()
-        key = self.prefix + _fetched_name(pipeline_id, stage, url, digest, media_type)
+        return self._put(
+            self.prefix + _fetched_name(pipeline_id, stage, url, digest, media_type), data, digest, media_type
+        )
+
+    def _put(self, key: str, data: bytes, digest: str, media_type: str) -> events.Artifact:
+        """Upload `data` (whose sha256 is `digest`) as the object `key`, and describe it."""
         self._call(
             "upload",
             self._client.put_object,
