@@ -26,11 +26,20 @@ from tests.support import database_url
 
 pytestmark = pytest.mark.integration
 
-STAGE_TABLES = (tables.outbox, tables.outbox_leader, tables.inbox, tables.jobs, tables.attempts, tables.quotas)
+STAGE_TABLES = (
+    tables.outbox,
+    tables.outbox_leader,
+    tables.outbox_relay,
+    tables.inbox,
+    tables.jobs,
+    tables.attempts,
+    tables.quotas,
+)
 SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
     "api": (
         tables.outbox,
         tables.outbox_leader,
+        tables.outbox_relay,
         tables.inbox,
         api_tables.pipelines,
         api_tables.stages,
