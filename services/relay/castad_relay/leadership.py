@@ -111,7 +111,7 @@ class Lease:
         self.clock = clock
         self.spread = spread or Spread(1, lease_s, clock)
         self.spread.leases.append(self)
-        self.term: int | None = None  # the term this relay leads or last led under
+        self.term: int | None = None  # the term this relay leads or last led under (None: it gave the lease up)
         self.relays = 1  # the live relays its database counted at the last look, this one included
         self.handing_back = False  # gave up acting on the lease, to end it for another relay
         self._valid_until = 0.0
@@ -211,8 +211,9 @@ class Lease:
         without waiting."""
         self._valid_until = 0.0
         self.handing_back = False
-        if self.term is not None:
-            await conn.execute(statements.RELEASE_LEASE, {"holder": self.holder, "term": self.term})
+        term, self.term = self.term, None  # not to be taken back as its own: it waits its turn as any other relay
+        if term is not None:
+            await conn.execute(statements.RELEASE_LEASE, {"holder": self.holder, "term": term})
 
     async def leave(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Take this relay's row out of the live ones (a stopping relay), so that the others count it out at once."""
