@@ -139,6 +139,8 @@ class SourceRelay:
                 await asyncio.wait((waiting,))
         if not waiting.cancelled():
             waiting.result()  # the listener's error, if it failed
+        if renewing.done():
+            renewing.result()  # the renewal's error, if one it does not handle ended it
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
