@@ -204,6 +204,9 @@ def run(
                 sum(measured["cpu_ms_per_pipeline"].values()),
             )
         time.sleep(1)  # the tap's last deliveries
+        tap.stop()
+        # The services stopped first: what they recorded is final, and their connections are free for the check's.
+        installation.stack.stop_all()
         checked, findings = check(installation.bench, tuple(tap.seen), started)
     return {
         "cores": os.cpu_count(),

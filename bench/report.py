@@ -754,7 +754,8 @@ def replicas(r: dict[str, Any]) -> list[str]:
     add(
         f"**This machine has {m['cores']} cores; two replicas share the same cores one replica has, so these "
         "rounds cannot show what replicas add.** They show that nothing is lost, duplicated or reordered while "
-        "replicas compete for the same jobs, events and outboxes, and what competing costs here."
+        "replicas compete for the same jobs, events and outboxes, and what competing costs here. On a machine "
+        "shared with other work, more processes may also take a larger share of it, whatever they add."
     )
     add("")
     add("| round | workers | pipelines/s | CPU ms a pipeline | of it PostgreSQL | latency p50 / p99 ms |")
