@@ -312,7 +312,8 @@ def render(measured: dict[str, Any]) -> str:
         "",
         f"Run on {facts['date']}: {facts['cores']} cores, {facts['cpu']}; {facts['postgres']['version']}, "
         f"RabbitMQ {facts['rabbitmq']}, both on 127.0.0.1; load average "
-        f"{' / '.join(f'{value:.2f}' for value in facts['load'])} at the start, {measured['seconds']:.0f} s in all.",
+        f"{' / '.join(f'{value:.2f}' for value in facts['load'])} at the start, {measured['seconds']:.0f} s in all"
+        + (f", run with `{' '.join(measured['options'])}`." if measured.get("options") else "."),
         "",
         *report.replicas({"replicas": measured}),
     ]
@@ -343,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                 measured = run(cleanup, workdir, args.pipelines, args.concurrency, args.rounds, args.warmup)
         finally:
             cleanup.run()
-        measured = {"facts": facts, **measured, "seconds": time.monotonic() - started}
+        options = argv if argv is not None else sys.argv[1:]
+        measured = {"facts": facts, "options": options, **measured, "seconds": time.monotonic() - started}
         kept.write_text(json.dumps(measured, indent=1, default=str) + "\n")
     measured = json.loads(kept.read_text())
     args.output.write_text(render(measured))

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import pathlib
+import subprocess
 from typing import Any
+
+import pytest
+from castad_local import stack
 
 from bench import replicas
 
@@ -66,3 +71,17 @@ def test_a_timeline_that_goes_back_in_the_saga_is_a_finding() -> None:
     assert replicas.timelines_in_order([("p3", "lyric.completed"), ("p3", "lyric.started")]) == [
         "p3: timeline entry lyric.started after a later stage's"
     ]
+
+
+def test_a_worker_id_or_a_relay_holder_names_the_process_that_runs_it(tmp_path: pathlib.Path) -> None:
+    running = stack.Stack({}, tmp_path)
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        running.processes["lyric-2"] = process
+        assert running.process_of(f"lyric@host:{process.pid}") == "lyric-2"
+        assert running.process_of(f"relay@host:{process.pid}/ab12cd34") == "lyric-2"
+        with pytest.raises(LookupError):
+            running.process_of(f"lyric@host:{process.pid + 100000}")
+    finally:
+        process.kill()
+        process.wait()
