@@ -44,8 +44,10 @@ class ArtifactLink(BaseModel):
 
 
 class FetchedPhotoLink(BaseModel):
-    """A photo the brief names by URL as the video stage fetched and kept it: a file of that stage, fetched from
-    the gateway as the stage's artifact is, never from where the servers keep it."""
+    """A photo the brief names by URL as the video stage fetched and kept it.
+
+    A file of that stage, fetched from the gateway as the stage's artifact is, never from where the servers keep it.
+    """
 
     photo: int = Field(ge=0, description="its place in the brief's photos, from 0")
     url: str = Field(description="the URL the brief names it by")
@@ -420,9 +422,11 @@ class PipelineTimeline(BaseModel):
 
 
 class FirehoseEntry(TimelineEntry):
-    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline. Its event's id
-    (Last-Event-ID) is a cursor of that stream: to an admin key, the entry's place among every entry of the
-    gateway; to a tenant's, an opaque one that counts nothing."""
+    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline.
+
+    Its event's id (Last-Event-ID) is a cursor of that stream: to an admin key, the entry's place among every entry
+    of the gateway; to a tenant's, an opaque one that counts nothing.
+    """
 
     pipeline_id: str
     tenant: str

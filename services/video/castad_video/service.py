@@ -109,9 +109,12 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
 
 
 def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> list[str]:
-    """Where the render API fetches each of the brief's photos: an upload at a presigned URL of the bucket or a
-    signed link of the gateway that opens that one image; a photo named by an https URL at that URL (the render
-    API fetches it itself; an http one, which only a test setting lets a brief name, it is not sent)."""
+    """Where the render API fetches each of the brief's photos.
+
+    An upload at a presigned URL of the bucket or a signed link of the gateway that opens that one image; a photo
+    named by an https URL at that URL (the render API fetches it itself; an http one, which only a test setting
+    lets a brief name, it is not sent).
+    """
     urls = []
     for photo in done.brief.photos:
         if isinstance(photo, brief.PhotoLink):
@@ -186,8 +189,11 @@ def make_work(config: VideoSettings) -> runner.Work:
     def photo_copies(
         files: contextlib.ExitStack, job: repository.Job, done: events.SongCompleted, cancel: cancellation.Cancellation
     ) -> tuple[list[pathlib.Path], list[events.FetchedPhoto]]:
-        """The files of the brief's photos, open until `files` closes (an upload read from the store, a URL's
-        fetched or kept by an earlier attempt), and those fetched by URL as the completed event tells them."""
+        """The files of the brief's photos, open until `files` closes, and those fetched by URL as kept.
+
+        An upload is read from the store, a URL's fetched or kept by an earlier attempt; those fetched by URL are
+        also returned as the completed event tells them.
+        """
         paths, fetched = [], []
         for index, photo in enumerate(done.brief.photos):
             if isinstance(photo, brief.PhotoLink):
