@@ -229,6 +229,30 @@ def test_a_stage_deletes_every_file_of_its_finished_jobs_after_their_ttl_and_not
     assert jobs_left(engine) == {recent, running}
 
 
+def test_the_video_stage_deletes_the_photos_it_fetched_by_url_with_its_other_files(engines, store):
+    engine, video = engines["video"], events.Stage.VIDEO
+    old, recent = add_job(engine, "SUCCEEDED", OLD), add_job(engine, "SUCCEEDED", NEW)
+    url = "https://photos.example.com/hall.png"
+    made = {
+        pipeline_id: keep(store, pipeline_id, video, b"video of " + pipeline_id.encode())
+        for pipeline_id in (old, recent)
+    }
+    fetched = {
+        pipeline_id: store.keep_fetched(
+            b"\x89PNG hall of " + pipeline_id.encode(), pipeline_id, video, url, "image/png"
+        )
+        for pipeline_id in (old, recent)
+    }
+
+    step = retention.Step("files", lambda limit: stage_retention.sweep(engine, store, video, TTL_S, limit), 20)
+    assert pruner(step).run_once() == {"files": 1}
+
+    assert not present(store, made[old], old, video) and not present(store, fetched[old], old, video)
+    with store.fetched_copy(old, video, url) as found:
+        assert found is None  # a retry could not find it either: it is gone, not only unnamed
+    assert present(store, made[recent], recent, video) and present(store, fetched[recent], recent, video)
+
+
 def test_a_run_over_many_rows_deletes_them_in_several_bounded_transactions(engines):
     engine = engines["lyric"]
     published_outbox(engine, 25, OLD)

@@ -258,7 +258,7 @@ def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_chang
     assert path.parent == tmp_path / pipeline and path.name.startswith("video-") and path.suffix == ".png"
     assert path.stem.endswith(kept.sha256[:16]) and kept.size == 9
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as found:
-        assert found == path
+        assert found == artifacts.Fetched(path, kept)
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url + "?v=2") as other:
         assert other is None  # another URL's
     path.write_bytes(b"other bytes")

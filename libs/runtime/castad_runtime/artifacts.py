@@ -27,12 +27,14 @@ A file a stage fetched from a URL for its work (a photo a brief names by URL) is
 the pipeline, deleted with its other files: `keep_fetched` stores it whole or not at all as
 `<pipeline id>/<stage>-<digest of the URL>-<sha256 prefix><suffix>`, named by its bytes as every file is,
 and `fetched_copy` finds it again by its URL alone (its bytes checked against its name), so that a later
-attempt of the stage reuses what an earlier one fetched rather than fetching it again.
+attempt of the stage reuses what an earlier one fetched rather than fetching it again; both describe it as
+an event names it, so the gateway serves it (`serve`, in the stage's place) as any other file of the stage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import pathlib
@@ -79,8 +81,17 @@ class ArtifactStore(Protocol):
 
     def fetched_copy(
         self, pipeline_id: str, stage: events.Stage, url: str
-    ) -> contextlib.AbstractContextManager[pathlib.Path | None]: ...
+    ) -> contextlib.AbstractContextManager[Fetched | None]: ...
+
     def delete_image(self, photo: brief.Photo) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A file a stage fetched and kept: a local copy to read, and the kept file as an event names it."""
+
+    path: pathlib.Path
+    artifact: events.Artifact
 
 
 class ArtifactMissing(LookupError):
@@ -186,9 +197,17 @@ def _fetched_name(pipeline_id: str, stage: events.Stage, url: str, digest: str, 
     return f"{_fetched_place(pipeline_id, stage, url)}{digest[:DIGEST_NAME_CHARS]}{image_suffix(media_type)}"
 
 
-def _intact(path: pathlib.Path, name: str) -> bool:
-    """Whether a fetched file, copied at `path`, has the bytes its `name` gives (`<...>-<sha256 prefix><suffix>`)."""
-    return _sha256(path).startswith(pathlib.PurePosixPath(name).stem.rsplit("-", 1)[-1])
+def _intact(path: pathlib.Path, name: str, uri: str) -> Fetched | None:
+    """A fetched file, copied at `path` and kept as `uri`, if it has the bytes its `name` gives; None if not.
+
+    The name ends `-<sha256 prefix><suffix>`.
+    """
+    digest = _sha256(path)
+    stem, suffix = pathlib.PurePosixPath(name).stem, pathlib.PurePosixPath(name).suffix
+    if not digest.startswith(stem.rsplit("-", 1)[-1]):
+        return None
+    media_type = "image/jpeg" if suffix == ".jpg" else f"image/{suffix.removeprefix('.')}"
+    return Fetched(path, events.Artifact(uri=uri, sha256=digest, size=path.stat().st_size, media_type=media_type))
 
 
 def _checked(pipeline_id: str) -> str:
@@ -333,14 +352,16 @@ class VolumeStore:
         return events.Artifact(uri=final.as_uri(), sha256=digest, size=len(data), media_type=media_type)
 
     @contextlib.contextmanager
-    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
+    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[Fetched | None]:
         """The file an attempt of the stage of the pipeline fetched from `url` and kept, its bytes checked.
 
         None if there is none.
         """
         place = _fetched_place(pipeline_id, stage, url)
-        found = (path for path in sorted(self.root.glob(f"{place}*")) if path.is_file() and _intact(path, path.name))
-        yield next(found, None)
+        found = (
+            _intact(path, path.name, path.as_uri()) for path in sorted(self.root.glob(f"{place}*")) if path.is_file()
+        )
+        yield next((fetched for fetched in found if fetched is not None), None)
 
     def delete_image(self, photo: brief.Photo) -> None:
         """Delete the file of a tenant's image (one already gone is fine).
@@ -477,7 +498,7 @@ class S3Store:
         return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data), media_type=media_type)
 
     @contextlib.contextmanager
-    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
+    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[Fetched | None]:
         """The file an attempt of the stage fetched from `url` and kept, in a scratch file; None if none.
 
         The scratch file is downloaded from the store (its bytes checked against its name) and removed when the
@@ -487,9 +508,10 @@ class S3Store:
         listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=place)
         for key in sorted(found["Key"] for found in listed.get("Contents", [])):
             path = self._scratch_download(key)
-            if _intact(path, key):
+            fetched = _intact(path, key, f"s3://{self.bucket}/{key}")
+            if fetched is not None:
                 try:
-                    yield path
+                    yield fetched
                 finally:
                     path.unlink(missing_ok=True)
                 return

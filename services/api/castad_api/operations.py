@@ -41,7 +41,15 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
     stays with the gateway.
     """
     digest = request_hash(body)
-    source = body.for_stages(photos(conn, body, tenant))
+    try:
+        named = photos(conn, body, tenant)
+    except errors.InvalidField:
+        # A replay answers the pipeline its key made as it was: an image its brief named may be gone since.
+        made = repository.keyed_pipeline(conn, tenant, key)
+        if made is None:
+            raise
+        return _replayed(conn, made, key, digest)
+    source = body.for_stages(named)
     pipeline_id = uuid.uuid4()
     # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
     requested = events.PipelineRequested(
@@ -59,17 +67,22 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
         deadline_s,
         model.trace_id(env.traceparent),
     )
-    if created.request_hash != digest:
-        raise errors.Conflict(
-            f"Idempotency-Key {key!r} was already used with a different request body; use a new key", "conflict"
-        )
     if created.new:
         outbox.append(conn, env)
         projection.record_request(conn, created.pipeline_id, env)
         return Accepted(created.pipeline_id, model.PipelineStatus.PENDING, True)
-    pipeline = repository.get_pipeline(conn, created.pipeline_id)
+    return _replayed(conn, created, key, digest)
+
+
+def _replayed(conn: sa.Connection, made: repository.Created, key: str, digest: str) -> Accepted:
+    """The pipeline the key made before, for a request of the same body (`digest`); a Conflict for another."""
+    if made.request_hash != digest:
+        raise errors.Conflict(
+            f"Idempotency-Key {key!r} was already used with a different request body; use a new key", "conflict"
+        )
+    pipeline = repository.get_pipeline(conn, made.pipeline_id)
     assert pipeline is not None
-    return Accepted(created.pipeline_id, model.PipelineStatus(pipeline.status), False)
+    return Accepted(made.pipeline_id, model.PipelineStatus(pipeline.status), False)
 
 
 def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple[brief.Photo | brief.PhotoLink, ...]:

@@ -13,10 +13,10 @@ import uuid
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from castad_contracts import api, events
+from castad_contracts import api, brief, events
 from castad_runtime import artifacts, db
 from castad_runtime import links as signed_links
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 from sse_starlette.sse import EventSourceResponse
@@ -245,9 +245,10 @@ def _view(row: Any, stage_rows: list[Any], viewer: disclosure.Viewer = disclosur
     stages = []
     for stage in events.STAGE_ORDER:
         s = by_stage.get(stage.value)
-        artifact = None
+        artifact, fetched = None, []
         if s is not None and s.artifact:
             artifact = api.ArtifactLink.of(pid, stage, s.artifact)
+            fetched = [api.FetchedPhotoLink.of(pid, photo) for photo in s.fetched_photos or ()]
         stages.append(
             api.StageView(
                 stage=stage,
@@ -260,6 +261,7 @@ def _view(row: Any, stage_rows: list[Any], viewer: disclosure.Viewer = disclosur
                 started_at=s.started_at if s else None,
                 finished_at=s.finished_at if s else None,
                 artifact=artifact,
+                fetched_photos=fetched,
             )
         )
     return api.PipelineView(
@@ -448,26 +450,57 @@ def linked_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep)
     return _serve(gw, pipeline_id, stage, None)
 
 
-def _serve(gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str | None) -> Response:
+@router.get(
+    "/pipelines/{pipeline_id}/artifacts/video/photos/{photo}",
+    response_class=FileResponse,
+    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
+)
+def download_fetched_photo(
+    pipeline_id: uuid.UUID,
+    photo: Annotated[int, Path(ge=0, lt=brief.MAX_PHOTOS, description="its place in the brief's photos")],
+    gw: GatewayDep,
+    who: Reader,
+) -> Response:
+    """A photo the brief names by URL as the video stage fetched and kept it.
+
+    With an object store, a redirect to a presigned URL of it; 404 for a photo the stage did not fetch (an
+    upload: GET /v1/images/{id}/content), 410 once retention deleted the stage's files.
+    """
+    return _serve(gw, pipeline_id, events.Stage.VIDEO, who.tenant_filter(), photo)
+
+
+def _serve(
+    gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str | None, photo: int | None = None
+) -> Response:
+    """A file of the stage of the pipeline: its artifact, or the `photo`th photo of the brief it fetched and kept.
+
+    Only a file in that stage's place of that pipeline is served, whatever its event named.
+    """
     with gw.engine.connect() as conn:
         if repository.get_pipeline(conn, pipeline_id, tenant) is None:
             raise errors.NotFound(f"no pipeline {pipeline_id}")
         made, now = repository.get_stage(conn, pipeline_id, stage), repository.now(conn)
     if made is None or made.artifact is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
+    if photo is None:
+        artifact, name = events.Artifact.model_validate(made.artifact), f"{pipeline_id}-{stage.value}"
+        file, kept = f"the {stage.value} file", f"{stage.value} artifact"
+    else:
+        told = {fetched["photo"]: fetched for fetched in made.fetched_photos or ()}.get(photo)
+        if told is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage fetched no photos[{photo}]")
+        artifact, name = events.FetchedPhoto.model_validate(told).file, f"{pipeline_id}-photo-{photo}"
+        file = kept = f"the {stage.value} stage's photos[{photo}]"
     if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
-        raise HTTPException(
-            status.HTTP_410_GONE, f"the {stage.value} file was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)"
-        )
-    artifact = events.Artifact.model_validate(made.artifact)
+        raise HTTPException(status.HTTP_410_GONE, f"{file} was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)")
     try:
         where = gw.store.serve(artifact, str(pipeline_id), stage)
     except artifacts.ArtifactMisplaced as error:  # its event named another pipeline's or stage's file
         log.warning("not served: %s", error)
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{kept} is not in this store") from None
     except artifacts.ArtifactMissing:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
-    return served.file(where, artifact.media_type, f"{pipeline_id}-{stage.value}")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{kept} is not in this store") from None
+    return served.file(where, artifact.media_type, name)
 
 
 @router.get(

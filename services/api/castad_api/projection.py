@@ -248,6 +248,8 @@ def _stage_values(fact: str, payload: events.Payload) -> dict[str, Any]:
         values.update(
             artifact=payload.artifact.model_dump(mode="json"), finished_at=payload.completed_at, next_attempt_at=None
         )
+        if isinstance(payload, events.VideoCompleted):  # the photos it fetched are files of the stage too
+            values["fetched_photos"] = [photo.model_dump(mode="json") for photo in payload.fetched_photos]
     elif isinstance(payload, events.StageCanceled):
         values.update(
             operation=payload.operation,

@@ -79,6 +79,16 @@ def create_pipeline(
     return Created(row.id, row.request_hash, False)
 
 
+def keyed_pipeline(conn: sa.Connection, tenant: str, key: str) -> Created | None:
+    """The pipeline the tenant's Idempotency-Key made, if it made one (never new)."""
+    row = conn.execute(
+        sa.select(pipelines.c.id, pipelines.c.request_hash).where(
+            pipelines.c.idempotency_key == tenant_key(tenant, key)
+        )
+    ).first()
+    return None if row is None else Created(row.id, row.request_hash, False)
+
+
 def tenant_key(tenant: str, key: str) -> str:
     """An Idempotency-Key as kept: the tenant's name, length first (no two tenants' keys can meet), then it."""
     return f"{len(tenant)}:{tenant}/{key}"
@@ -631,8 +641,9 @@ def stage_row(pos: model.Position, values: dict[str, Any]) -> dict[str, Any]:
     row = {"rank": pos[0], "attempt": pos[1], "step": pos[2], **values}
     if "started_at" in values:
         row["first_started_at"] = values["started_at"]
-    if row.get("artifact") is not None:
-        row["artifact"] = Jsonb(row["artifact"])
+    for column in ("artifact", "fetched_photos"):  # JSONB: given as psycopg's wrapper (a list is an array else)
+        if row.get(column) is not None:
+            row[column] = Jsonb(row[column])
     return row
 
 

@@ -83,6 +83,8 @@ stages = sa.Table(
     sa.Column("first_started_at", TZ),  # of its first attempt since it was (re)opened
     sa.Column("finished_at", TZ),
     sa.Column("artifact", pg.JSONB),
+    # The photos named by URL that the stage fetched and kept (events.FetchedPhoto, as JSON), with its artifact.
+    sa.Column("fetched_photos", pg.JSONB),
     sa.Index("pipeline_stages_finished", "finished_at", postgresql_where=sa.text("finished_at IS NOT NULL")),
 )
 
