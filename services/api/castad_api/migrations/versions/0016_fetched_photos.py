@@ -5,15 +5,15 @@ file and serves them as it serves that file. Expand only: a nullable column with
 without rewriting the table. A gateway of the previous version neither writes nor reads it; a v5 event it
 is handed it holds, by its version number, until its own upgrade.
 
-Revision ID: 0015
+Revision ID: 0016
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql as pg
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
