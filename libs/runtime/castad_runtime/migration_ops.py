@@ -299,7 +299,9 @@ def add_sharded_quota_v12() -> None:
         sa.Column("tokens", sa.Float, nullable=False),
         sa.Column("refilled_at", TZ, nullable=False, server_default=sa.func.now()),
     )
-    op.execute("INSERT INTO quota_shards (provider, shard, tokens, refilled_at) SELECT provider, 0, tokens, now() FROM quotas")
+    op.execute(
+        "INSERT INTO quota_shards (provider, shard, tokens, refilled_at) SELECT provider, 0, tokens, now() FROM quotas"
+    )
     op.create_table(
         "in_flight_counts",
         sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
@@ -322,7 +324,8 @@ BEGIN
     IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.status IN {IN_FLIGHT} THEN delta := delta - 1; END IF;
     IF delta = 0 THEN RETURN NULL; END IF;
     SELECT shard INTO target FROM in_flight_counts WHERE delta < 0 OR cap IS NULL OR jobs < cap
-        ORDER BY coalesce(delta < 0 AND jobs > cap, false) DESC, shard = mod(pg_backend_pid(), {IN_FLIGHT_SHARDS_V12}) DESC
+        ORDER BY coalesce(delta < 0 AND jobs > cap, false) DESC,
+            shard = mod(pg_backend_pid(), {IN_FLIGHT_SHARDS_V12}) DESC
         LIMIT 1 FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         SELECT shard INTO target FROM in_flight_counts
