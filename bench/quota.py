@@ -18,8 +18,6 @@ docs/reports/quota.md (`make bench-quota`).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import statistics
 import threading
 import time
@@ -236,8 +234,8 @@ def render(results: dict[str, list[dict[str, Any]]], facts: dict[str, object]) -
             *rows,
             "",
             "Found nothing: claims that went for a job another claim took meanwhile, and looked again (as a",
-            "scheduler's slot does); they are not in the claims a second. Two cores run the 32 claimers, PostgreSQL",
-            "and whatever else the machine runs at the time: the load average says how busy it was.",
+            "scheduler's slot does); they are not in the claims a second. The claimers, PostgreSQL and whatever",
+            "else the machine runs at the time share its cores: the load average says how busy it was.",
             "",
         ]
     )
@@ -245,18 +243,11 @@ def render(results: dict[str, list[dict[str, Any]]], facts: dict[str, object]) -
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    load = " / ".join(f"{value:.2f}" for value in machine.load())
+    load = machine.load()
     cleanup = common.Cleanup()
     with common.interrupt_on_sigterm():
         results = run(cleanup)
-    postgres = machine.postgres()
-    facts = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cores": os.cpu_count(),
-        "cpu": machine.cpu_model(),
-        "postgres": f"{postgres['version']}, synchronous_commit {postgres['synchronous_commit']}",
-        "load": load,
-    }
+    facts = machine.brief_facts(load)
     OUT.write_text(render(results, facts))
     print(f"written to {OUT}")
 

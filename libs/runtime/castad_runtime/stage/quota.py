@@ -30,8 +30,10 @@ capped every replica's claims together at what one row lock a commit allows):
   either, in the transaction that changed its status, whatever changed it (a claim, an outcome, a
   cancel, a lease's recovery, an operator's retry, a service of an older version during an
   upgrade). The rows' sum is the count, exactly. Each row has a share of `max_in_flight` as its
-  `cap`; a claim that may start new work holds a row below its cap (SKIP LOCKED again), and the
-  trigger adds its job to a row below its cap, which that held row guarantees there is. No row
+  `cap` (given by `configure`, which moves the jobs counted so far to rows below their shares, any
+  beyond the cap to a row that the triggers take jobs away from first); a claim that may start new
+  work holds a row below its cap (SKIP LOCKED again), and the trigger adds its job to a row below
+  its cap, which that held row guarantees there is. No row
   ever goes above its cap by a claim, so the sum never goes above `max_in_flight`; and while the
   sum is below it some row is below its own cap, so no claim is refused while there is room
   (unless every such row is held by another claim at that instant: that claim polls instead, and
