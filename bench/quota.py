@@ -31,7 +31,7 @@ from castad_runtime.stage import quota, repository
 from bench import common, latency, machine
 
 CLAIMERS = 32
-PER_CLAIMER = 30  # claims per claimer and round
+PER_CLAIMER = 20  # claims per claimer and round
 ROUNDS = 3
 IN_FLIGHT = 10_000
 CAP = 1_000_000
