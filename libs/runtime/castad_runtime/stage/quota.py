@@ -86,8 +86,9 @@ class Limits:
 
     @property
     def shards(self) -> int:
-        """Rows the token bucket is split into: each holds a whole token at least, and refills one within
-        1 / SHARD_RATE_PER_S seconds at the highest rate."""
+        """Rows the token bucket is split into.
+
+        Each holds a whole token at least, and refills one within 1 / SHARD_RATE_PER_S seconds at the highest rate."""
         return max(1, min(MAX_SHARDS, math.floor(self.burst), math.floor(self.max_rate_per_s / SHARD_RATE_PER_S)))
 
 
@@ -183,9 +184,11 @@ def configure(conn: sa.Connection, limits: Limits) -> None:
 
 
 def _share_the_cap(conn: sa.Connection, cap: int | None) -> None:
-    """Give each row of the in-flight count its share of the cap, and the jobs counted so far to rows below
-    their caps (any beyond the cap to the first row, which releases take from first), so that a row below
-    its cap means room. Every row is held meanwhile, taken in their order (no deadlock with another start)."""
+    """Give each row of the in-flight count its share of the cap.
+
+    The jobs counted so far go to rows below their caps (any beyond the cap to the first row, which releases
+    take from first), so that a row below its cap means room. Every row is held meanwhile, taken in their
+    order (no deadlock with another start)."""
     rows = conn.execute(sa.select(in_flight.c.shard, in_flight.c.jobs).order_by(in_flight.c.shard).with_for_update())
     shares = list(rows)
     left = sum(row.jobs for row in shares)
@@ -205,8 +208,9 @@ def _share_the_cap(conn: sa.Connection, cap: int | None) -> None:
 
 
 def gate(conn: sa.Connection, provider: str) -> Gate:
-    """Hold a shard of the provider's bucket with a token for this claim (and, under a cap on jobs in flight,
-    a row of their count with room) and say what it allows now."""
+    """Hold a shard of the provider's bucket with a token for this claim, and say what it allows now.
+
+    Under a cap on jobs in flight, a row of their count with room is held too, for the claim of new work."""
     params = {"provider": provider}
     row = db.run(conn, TAKE, params).fetchone()
     if row is None:
@@ -234,8 +238,11 @@ def jobs_in_flight(conn: sa.Connection) -> int:
 
 
 def throttled(conn: sa.Connection, provider: str, retry_after_s: float) -> None:
-    """The provider said "too many": halve the rate, and claim nothing before its Retry-After (at most an
-    hour). Calls that were on their way when it said so do not halve it again: once per such window."""
+    """The provider said "too many".
+
+    Halve the rate, and claim nothing before its Retry-After (at most an hour). Calls that were on their way when
+    it said so do not halve it again: once per such window.
+    """
     until = sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, min(max(retry_after_s, 0.0), MAX_BLOCK_S))
     blocked = sa.func.coalesce(quotas.c.blocked_until > sa.func.now(), False)
     conn.execute(
