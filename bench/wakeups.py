@@ -13,8 +13,6 @@ return to the listener hearing of it. Written to docs/reports/wakeups.md (`make 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import time
 
 import psycopg
@@ -103,19 +101,12 @@ def render(rates: dict[str, dict], delays: dict[str, list[float]], facts: dict[s
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    load = " / ".join(f"{value:.2f}" for value in machine.load())
+    load = machine.load()
     cleanup = common.Cleanup()
     with common.interrupt_on_sigterm():
         rates = notify.run(WRITERS, PER_WRITER, ROUNDS, cleanup)["totals"]
         delays = {variant: wake_latency_ms(variant, cleanup) for variant in notify.VARIANTS if variant != "none"}
-    postgres = machine.postgres()
-    facts = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cores": os.cpu_count(),
-        "cpu": machine.cpu_model(),
-        "postgres": f"{postgres['version']}, synchronous_commit {postgres['synchronous_commit']}",
-        "load": load,
-    }
+    facts = machine.brief_facts(load)
     OUT.write_text(render(rates, delays, facts))
     print(f"written to {OUT}")
 

@@ -26,7 +26,16 @@ from tests.support import database_url
 
 pytestmark = pytest.mark.integration
 
-STAGE_TABLES = (tables.outbox, tables.outbox_leader, tables.inbox, tables.jobs, tables.attempts, tables.quotas)
+STAGE_TABLES = (
+    tables.outbox,
+    tables.outbox_leader,
+    tables.inbox,
+    tables.jobs,
+    tables.attempts,
+    tables.quotas,
+    tables.quota_shards,
+    tables.in_flight_counts,
+)
 SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
     "api": (
         tables.outbox,

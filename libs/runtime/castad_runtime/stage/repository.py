@@ -349,8 +349,8 @@ def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str |
     job = _job(row)
     if not job.polling:
         db.run(conn, OPEN_ATTEMPT, (job.id, job.attempts, worker))
-    if provider is not None:
-        quota.spend(conn, provider)
+    if provider is not None and gate is not None:
+        quota.spend(conn, provider, gate)
     return job
 
 
