@@ -28,6 +28,7 @@ from castad_api import (
     keys,
     model,
     operations,
+    records,
     repository,
     served,
     streams,
@@ -227,7 +228,9 @@ def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDe
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _view(row: Any, stage_rows: list[Any], viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.PipelineView:
+def _view(
+    row: records.Pipeline, stage_rows: list[records.Stage], viewer: disclosure.Viewer = disclosure.INTERNAL
+) -> api.PipelineView:
     pid = str(row.id)
     by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}
     stages = []
@@ -286,7 +289,7 @@ def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Pip
     return _load(gw, pipeline_id, who)
 
 
-def _encode_cursor(row: Any) -> str:
+def _encode_cursor(row: records.Pipeline) -> str:
     return base64.urlsafe_b64encode(f"{row.created_at.isoformat()}|{row.id}".encode()).decode()
 
 

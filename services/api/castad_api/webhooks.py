@@ -46,7 +46,7 @@ from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from castad_api import model, webhook_secrets, webhook_slots
+from castad_api import model, records, webhook_secrets, webhook_slots
 from castad_api.settings import ApiSettings
 from castad_api.tables import pipelines, webhook_attempts, webhook_deliveries
 
@@ -82,7 +82,11 @@ _ENQUEUE = "INSERT INTO webhook_deliveries (id, pipeline_id, url, event_type, pa
 
 
 def enqueue(
-    conn: sa.Connection, pipeline: Any, status: model.PipelineStatus, error_code: str | None, artifacts: dict[str, Any]
+    conn: sa.Connection,
+    pipeline: records.Pipeline | records.Locked,
+    status: model.PipelineStatus,
+    error_code: str | None,
+    artifacts: dict[str, Any],
 ) -> None:
     """Add the notice of a pipeline's end, if its brief asked for one (inside the projection's transaction)."""
     url = pipeline.callback_url
