@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -460,4 +461,4 @@ def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> li
     _load(gw, pipeline_id, who)
     with gw.engine.connect() as conn:
         found = webhooks.deliveries(conn, pipeline_id)
-    return [api.WebhookDelivery.model_validate({**d, "id": str(d["id"])}) for d in found]
+    return [api.WebhookDelivery.model_validate({**dataclasses.asdict(d), "id": str(d.id)}) for d in found]
