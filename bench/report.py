@@ -809,8 +809,10 @@ def _percent(share: float | None) -> str:
 
 
 def _steady_cpu_and_tail(add: Callable[[str], None], steady: dict[str, Any]) -> None:
-    """Add the steady run's CPU per process per minute, and where each minute's slowest pipelines spent their
-    time (runs before these were recorded have neither)."""
+    """Add the steady run's CPU per process and where its slowest pipelines spent their time, per minute.
+
+    Runs before these were recorded have neither.
+    """
     servers, tails = steady.get("servers", {}), steady.get("tail_parts")
     if not tails:
         return

@@ -71,9 +71,12 @@ def _phase(results: dict[str, Any], name: str) -> None:
 
 
 def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, parts: list[str]) -> Any:
-    """A and D, both up at once: the detailed idle run of each, a throughput run of each that counts its commits
-    (and warms it up under load), then `--rounds` paired rounds (bench.paired). The throughput shown in detail
-    is that of the median round, with the commits of the counting run."""
+    """A and D, both up at once.
+
+    The detailed idle run of each, a throughput run of each that counts its commits (and warms it up under load),
+    then `--rounds` paired rounds (bench.paired). The throughput shown in detail is that of the median round, with
+    the commits of the counting run.
+    """
     results: dict[str, dict[str, Any]] = {}
     with cleanup.scope():
         sides: dict[str, paired.Side] = {}

@@ -1,6 +1,8 @@
-"""Waking the relay at 32 writers: commits a second with no wake-up, with a NOTIFY inside each writing
-transaction (as the outbox's trigger did), with one after the commit on the writer's connection, and with the
-waker (castad_runtime.wakeups); and how long after a commit a listener hears of it.
+"""Waking the relay at 32 writers.
+
+Commits a second with no wake-up, with a NOTIFY inside each writing transaction (as the outbox's trigger did), with
+one after the commit on the writer's connection, and with the waker (castad_runtime.wakeups); and how long after a
+commit a listener hears of it.
 
 The commit rates are bench.notify's variants at `WRITERS` threads (the benchmark's own part C runs them at
 8), `ROUNDS` rounds interleaved; then `PROBES` single commits, `PROBE_GAP_S` apart, timed from the commit's

@@ -1,6 +1,8 @@
-"""One brief through every service: lyrics, a song and a video, all downloadable; and one with photos, one
-uploaded to the gateway and one named by URL that the video stage fetches from a local photo host, both shown
-in its video."""
+"""One brief through every service.
+
+Lyrics, a song and a video, all downloadable; and one with photos, one uploaded to the gateway and one named by URL
+that the video stage fetches from a local photo host, both shown in its video.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The object-store artifact store against a real S3-compatible server (moto's server mode):
-content-addressed uploads, checked downloads, presigned links, and an unreachable store told
-apart from the work's failures."""
+"""The object-store artifact store against a real S3-compatible server (moto's server mode).
+
+Content-addressed uploads, checked downloads, presigned links, and an unreachable store told apart from the work's
+failures.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Notices sent several at once, on a real PostgreSQL: slow receivers are waited for side by side, one
-receiving host takes at most its share of the places, and two deliverers never send one notice twice."""
+"""Notices sent several at once, on a real PostgreSQL.
+
+Slow receivers are waited for side by side, one receiving host takes at most its share of the places, and two
+deliverers never send one notice twice.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The benchmark report (bench/report.py): each section from the run's measurements, the charts beside it, and
-the page written again from the measurements kept, without a run."""
+"""The benchmark report (bench/report.py).
+
+Each section from the run's measurements, the charts beside it, and the page written again from the measurements
+kept, without a run.
+"""
 
 from __future__ import annotations
 

@@ -398,8 +398,10 @@ def test_a_photo_named_by_url_needs_the_newest_version_and_older_ones_read_as_th
 
 
 def test_the_dead_letter_queue_has_no_delivery_limit_on_either_major_version_of_rabbitmq():
-    """RabbitMQ 4 limits every quorum queue to 20 returns unless told -1; RabbitMQ 3 has no limit by default and
-    would drop a message at its first return if told -1 (tried on 3.10.8)."""
+    """RabbitMQ 4 limits every quorum queue to 20 returns unless told -1.
+
+    RabbitMQ 3 has no limit by default and would drop a message at its first return if told -1 (tried on 3.10.8).
+    """
     assert "x-delivery-limit" not in topology.Topology.dead_letter_queue_arguments(3)
     assert topology.Topology.dead_letter_queue_arguments(4)["x-delivery-limit"] == -1
 

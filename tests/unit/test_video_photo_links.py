@@ -1,6 +1,9 @@
-"""A photo a brief names by URL is fetched by the video stage through the guarded client, cleaned as an upload is
-and kept as the pipeline's file; what is refused, too large or not an image fails the stage for good, naming the
-photo, and keeps nothing; a host that is slow or down is tried again."""
+"""A photo a brief names by URL is fetched, cleaned and kept by the video stage, or fails it.
+
+It is fetched through the guarded client, cleaned as an upload is and kept as the pipeline's file; what is refused,
+too large or not an image fails the stage for good, naming the photo, and keeps nothing; a host that is slow or
+down is tried again.
+"""
 
 from __future__ import annotations
 

@@ -387,9 +387,11 @@ class PipelineTimeline(BaseModel):
 
 
 class FirehoseEntry(TimelineEntry):
-    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline. Its event's id
-    (Last-Event-ID) is a cursor of that stream: to an admin key, the entry's place among every entry of the
-    gateway; to a tenant's, an opaque one that counts nothing."""
+    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline.
+
+    Its event's id (Last-Event-ID) is a cursor of that stream: to an admin key, the entry's place among every entry
+    of the gateway; to a tenant's, an opaque one that counts nothing.
+    """
 
     pipeline_id: str
     tenant: str

@@ -287,8 +287,11 @@ class PipelineCancelRequestedV1(Payload):
 
 
 class PipelineCancelRequested(Payload):
-    """Every stage is to stop the pipeline: a job not started never starts, a running attempt is stopped,
-    and a stage not reached yet will not start; a stage that completed keeps its artifact."""
+    """Every stage is to stop the pipeline.
+
+    A job not started never starts, a running attempt is stopped, and a stage not reached yet will not start; a
+    stage that completed keeps its artifact.
+    """
 
     operation: int = Field(ge=1, description=OPERATION)
     reason: str = Field(max_length=500, description="the operator's words, or deadline_exceeded")
@@ -299,8 +302,10 @@ class PipelineRetryRequestedV1(Payload):
 
 
 class PipelineRetryRequested(Payload):
-    """A FAILED or CANCELED pipeline resumes at `stage`, the first that did not succeed, with a fresh attempt
-    budget; stages that succeeded are not run again."""
+    """A FAILED or CANCELED pipeline resumes at `stage`, the first that did not succeed.
+
+    It gets a fresh attempt budget; stages that succeeded are not run again.
+    """
 
     operation: int = Field(ge=1, description=OPERATION)
     stage: Stage
@@ -311,7 +316,9 @@ class PipelineRetryRequested(Payload):
 
 class OutboxRepublishRequested(Payload):
     """The service whose outbox holds the parked row with this event id is to hand it back to the relay.
-    `pipeline_id` is the row's own."""
+
+    `pipeline_id` is the row's own.
+    """
 
     event_id: uuid.UUID
 

@@ -145,8 +145,11 @@ def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str) -> st
 
 
 def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> None:
-    """Raise ArtifactMisplaced unless `name` (relative to the root or the prefix) is a final file of the stage of
-    the pipeline: `<pipeline id>/<stage>-<rest>`, `rest` naming no folder."""
+    """Raise ArtifactMisplaced unless `name` is a final file of the stage of the pipeline.
+
+    `name` is relative to the root or the prefix; a final file is `<pipeline id>/<stage>-<rest>`, `rest` naming no
+    folder.
+    """
     place = _place(pipeline_id, stage)
     if not name.startswith(place) or "/" in name[len(place) :]:
         raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
@@ -200,8 +203,11 @@ def _checked(pipeline_id: str) -> str:
 
 
 def _write_whole(final: pathlib.Path, data: bytes) -> None:
-    """Write `final` as a whole or not at all: a file beside it, on disk before it takes the name. Its mode is
-    every file's a process here writes (0o666 less the umask), as the stages' artifacts get theirs."""
+    """Write `final` as a whole or not at all.
+
+    A file beside it, on disk before it takes the name. Its mode is every file's a process here writes (0o666 less
+    the umask), as the stages' artifacts get theirs.
+    """
     final.parent.mkdir(parents=True, exist_ok=True)
     written = final.with_name(f".upload-{uuid.uuid4().hex}")
     try:
@@ -215,8 +221,10 @@ def _write_whole(final: pathlib.Path, data: bytes) -> None:
 
 
 def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> int:
-    """Delete a stage's scratch files in a pipeline's folder, and its final files if `final`, then the folder
-    if nothing else is left in it. How many final files were deleted."""
+    """Delete a stage's files in a pipeline's folder; how many final files were deleted.
+
+    The stage's scratch files go, and its final files if `final`, then the folder if nothing else is left in it.
+    """
     deleted = 0
     for path in directory.glob(f".{stage.value}.attempt*"):
         path.unlink(missing_ok=True)
@@ -261,8 +269,10 @@ class VolumeStore:
         return path
 
     def placed(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path:
-        """The local file of an artifact of the stage of the pipeline; raises ArtifactMissing if it is not under
-        this store, ArtifactMisplaced if it is not in that stage's place."""
+        """The local file of an artifact of the stage of the pipeline.
+
+        Raises ArtifactMissing if it is not under this store, ArtifactMisplaced if it is not in that stage's place.
+        """
         path = self.path(artifact)
         _placed(path.relative_to(self.root).as_posix(), artifact, pipeline_id, stage)
         return path
@@ -324,15 +334,19 @@ class VolumeStore:
 
     @contextlib.contextmanager
     def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
-        """The file an attempt of the stage of the pipeline fetched from `url` and kept, its bytes checked; None
-        if there is none."""
+        """The file an attempt of the stage of the pipeline fetched from `url` and kept, its bytes checked.
+
+        None if there is none.
+        """
         place = _fetched_place(pipeline_id, stage, url)
         found = (path for path in sorted(self.root.glob(f"{place}*")) if path.is_file() and _intact(path, path.name))
         yield next(found, None)
 
     def delete_image(self, photo: brief.Photo) -> None:
-        """Delete the file of a tenant's image (one already gone is fine). Its owner's folder stays, empty or not:
-        an upload of the owner's may have made it a moment ago to write into it.
+        """Delete the file of a tenant's image (one already gone is fine).
+
+        Its owner's folder stays, empty or not: an upload of the owner's may have made it a moment ago to write
+        into it.
 
         Raises outages.StoreUnavailable if the volume refuses (mounted read-only)."""
         path = self.root / _photo_name(photo)
@@ -464,8 +478,11 @@ class S3Store:
 
     @contextlib.contextmanager
     def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
-        """The file an attempt of the stage of the pipeline fetched from `url` and kept, downloaded to a scratch
-        file (its bytes checked against its name) removed when the block ends; None if there is none."""
+        """The file an attempt of the stage fetched from `url` and kept, in a scratch file; None if none.
+
+        The scratch file is downloaded from the store (its bytes checked against its name) and removed when the
+        block ends.
+        """
         place = self.prefix + _fetched_place(pipeline_id, stage, url)
         listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=place)
         for key in sorted(found["Key"] for found in listed.get("Contents", [])):
@@ -498,8 +515,11 @@ class S3Store:
         self._call("delete", self._client.delete_object, Bucket=self.bucket, Key=self.prefix + _photo_name(photo))
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
-        """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket
-        under the prefix, ArtifactMisplaced if it is not in that stage's place."""
+        """The key of an artifact of the stage of the pipeline.
+
+        ArtifactMissing if it is not in this bucket under the prefix, ArtifactMisplaced if it is not in that
+        stage's place.
+        """
         parsed = urllib.parse.urlparse(artifact.uri)
         if parsed.scheme != "s3" or parsed.netloc != self.bucket or not parsed.path.startswith(f"/{self.prefix}"):
             raise ArtifactMissing(f"not an artifact of s3://{self.bucket}/{self.prefix}: {artifact.uri}")

@@ -175,8 +175,11 @@ def drop_operator_requests_v3() -> None:
 
 
 def add_retention_v5() -> None:
-    """What retention deletes by, in every service: outbox rows by when they were published, event ids by
-    when they came. Partial where it can be, so that the hot path's writes pay little."""
+    """What retention deletes by, in every service.
+
+    Outbox rows by when they were published, event ids by when they came. Partial where it can be, so that the hot
+    path's writes pay little.
+    """
     op.create_index(
         "outbox_published", "outbox", ["published_at"], postgresql_where=sa.text("published_at IS NOT NULL")
     )
@@ -211,9 +214,12 @@ OUTBOX_NOTIFY_FUNCTION = "castad_outbox_notify"
 
 
 def add_outbox_notify_v6(channel: str) -> None:
-    """The outbox announces its own new rows: a statement-level trigger NOTIFYs `channel` when rows are
-    inserted, inside the writing transaction (delivered at its commit, one notification per transaction
-    whatever the rows), so a writer spends no round trip of its own on waking the relay."""
+    """The outbox announces its own new rows.
+
+    A statement-level trigger NOTIFYs `channel` when rows are inserted, inside the writing transaction (delivered
+    at its commit, one notification per transaction whatever the rows), so a writer spends no round trip of its own
+    on waking the relay.
+    """
     op.execute(
         f"CREATE FUNCTION {OUTBOX_NOTIFY_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$"
         f" BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
@@ -247,8 +253,11 @@ def drop_outbox_leader_v7() -> None:
 
 
 def add_submissions_v8() -> None:
-    """What a stage sent to a provider: each attempt's submission, recorded (with its key) just before it
-    left; and the operator's retries that reopened a job, so that a new run's submissions have new keys."""
+    """What a stage sent to a provider.
+
+    Each attempt's submission, recorded (with its key) just before it left; and the operator's retries that
+    reopened a job, so that a new run's submissions have new keys.
+    """
     op.add_column("attempts", sa.Column("submitted_at", TZ))
     op.add_column("attempts", sa.Column("submission_key", sa.Text))
     op.add_column("jobs", sa.Column("reopened", sa.Integer, nullable=False, server_default="0"))
@@ -261,8 +270,11 @@ def drop_submissions_v8() -> None:
 
 
 def add_previous_handle_v9() -> None:
-    """The provider's handle of the work an attempt that failed had submitted: the next attempt looks it up
-    (castad_runtime.stage.remote) and takes its result if it is there, rather than paying for new work."""
+    """The provider's handle of the work an attempt that failed had submitted.
+
+    The next attempt looks it up (castad_runtime.stage.remote) and takes its result if it is there, rather than
+    paying for new work.
+    """
     op.add_column("jobs", sa.Column("previous_handle", sa.Text))
 
 
@@ -271,8 +283,10 @@ def drop_previous_handle_v9() -> None:
 
 
 def add_attempt_notes_v10() -> None:
-    """The provider's advisory warnings on an attempt's submitted work (a render template's unmatched
-    elements), kept on the attempt for an operator."""
+    """Keep the provider's advisory warnings on an attempt's submitted work.
+
+    Such as a render template's unmatched elements; they are kept on the attempt for an operator.
+    """
     op.add_column("attempts", sa.Column("notes", sa.Text))
 
 

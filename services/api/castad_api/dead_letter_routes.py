@@ -106,9 +106,12 @@ def get_dead_letter(letter_id: LetterId, gw: GatewayDep) -> api.DeadLetterDetail
     },
 )
 def replay_dead_letter(letter_id: LetterId, gw: GatewayDep, who: Admin, actor: Actor = "anonymous") -> api.Replayed:
-    """Send it back to the queue it came from (upcast to the newest version of its type the gateway knows),
-    or hand a parked outbox row back to the relay. Replaying twice is harmless. A message whose event is
-    older than CASTAD_RETENTION_INBOX_S (less an hour) is refused: its consumer may have forgotten it."""
+    """Replay a dead letter: send it back to its queue, or hand a parked outbox row back to the relay.
+
+    A message is upcast to the newest version of its type the gateway knows. Replaying twice is harmless. A message
+    whose event is older than CASTAD_RETENTION_INBOX_S (less an hour) is refused: its consumer may have forgotten
+    it.
+    """
     with db.transaction(gw.engine) as conn:
         detail = dead_letters.replay(conn, letter_id, actor, gw.config.retention_policy(), who.acting())
     return api.Replayed(id=letter_id, detail=detail)

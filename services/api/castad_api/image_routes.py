@@ -1,5 +1,7 @@
-"""Images a tenant uploads for its briefs to name as photos: upload one, read what was kept of it, fetch it
-(with a key of its tenant, or by a link the video stage signed for its render API: castad_runtime.links).
+"""Images a tenant uploads for its briefs to name as photos.
+
+Upload one, read what was kept of it, fetch it (with a key of its tenant, or by a link the video stage signed for
+its render API: castad_runtime.links).
 
 An upload is the image's bytes as the body (Content-Type image/jpeg, image/png or image/webp) or a
 multipart form with the image as its `file` field. It is kept only once it decoded whole and was
@@ -75,15 +77,17 @@ _BODY = {
     },
 )
 async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.Image:
-    """Upload a JPEG, PNG or WebP image for briefs of the key's tenant to name in `photos`. It is decoded
-    whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes), turned as its
-    EXIF orientation says and encoded again without any of its metadata (location, camera, comments, colour
-    profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again by
-    the tenant is the same image, kept CASTAD_API_RETENTION_IMAGES_S from then on unless a pipeline names it. A
-    tenant uploads at most CASTAD_API_IMAGE_UPLOAD_BURST images at once, then CASTAD_API_IMAGE_UPLOADS_PER_MINUTE
-    a minute (429 with Retry-After), and holds at most CASTAD_API_IMAGE_MAX_PER_TENANT images of
+    """Upload a JPEG, PNG or WebP image for briefs of the key's tenant to name in `photos`.
+
+    It is decoded whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes),
+    turned as its EXIF orientation says and encoded again without any of its metadata (location, camera, comments,
+    colour profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again
+    by the tenant is the same image, kept CASTAD_API_RETENTION_IMAGES_S from then on unless a pipeline names it. A
+    tenant uploads at most CASTAD_API_IMAGE_UPLOAD_BURST images at once, then CASTAD_API_IMAGE_UPLOADS_PER_MINUTE a
+    minute (429 with Retry-After), and holds at most CASTAD_API_IMAGE_MAX_PER_TENANT images of
     CASTAD_API_IMAGE_MAX_BYTES_PER_TENANT bytes in all (409). A gateway process decodes one upload at a time; past
-    a few waiting, the next is refused with 503 and Retry-After."""
+    a few waiting, the next is refused with 503 and Retry-After.
+    """
     try:
         with gw.decoding.admitted():  # taken before the body is read: a refused upload's body never is
             await run_in_threadpool(_counted, gw, who.tenant)
@@ -177,8 +181,10 @@ def get_image(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Image:
     },
 )
 def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
-    """The image as it was kept (upright, without metadata), or (with an object store) a redirect to a presigned
-    URL of it."""
+    """The image as it was kept, or (with an object store) a redirect to a presigned URL of it.
+
+    It was kept upright, without metadata.
+    """
     with gw.engine.connect() as conn:
         row = repository.get_image(conn, image_id, who.tenant_filter())
     if row is None:
@@ -194,8 +200,10 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
     dependencies=pipeline_routes.SIGNED_LINK,
 )
 def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) -> Response:
-    """An uploaded photo of a pipeline's brief by a link the video stage signed for its render API: the image
-    only if that pipeline's brief names it and it is the pipeline's tenant's."""
+    """An uploaded photo of a pipeline's brief by a link the video stage signed for its render API.
+
+    The image only if that pipeline's brief names it and it is the pipeline's tenant's.
+    """
     with gw.engine.connect() as conn:
         pipeline = repository.get_pipeline(conn, pipeline_id)
         named = pipeline is not None and any(p.get("id") == str(image_id) for p in pipeline.brief.get("photos", ()))

@@ -42,8 +42,10 @@ class Scope(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Minute:
-    """A key's creations counted so far in the current minute, as its authentication read them, and the
-    seconds left in that minute."""
+    """A key's creations counted so far in the current minute, and the seconds left in that minute.
+
+    The count is as the key's authentication read it.
+    """
 
     created: int
     left_s: float
@@ -173,8 +175,10 @@ def revoke(conn: sa.Connection, key_id: uuid.UUID) -> bool:
 
 
 def count_creation(conn: sa.Connection, key_id: uuid.UUID, per_minute: int) -> float | None:
-    """Count one creation against the key's limit for this minute. None if it is within the limit,
-    else the seconds until the next minute (the Retry-After)."""
+    """Count one creation against the key's limit for this minute.
+
+    None if it is within the limit, else the seconds until the next minute (the Retry-After).
+    """
     row = db.run(conn, _COUNT_CREATION, (key_id,)).fetchone()
     assert row is not None  # an upsert returns its row
     count, left_s = row

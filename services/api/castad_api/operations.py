@@ -1,5 +1,6 @@
-"""What a client asks of a pipeline: its creation, and an operator's levers: cancel, retry from the stage
-that did not succeed, deadlines.
+"""What a client asks of a pipeline.
+
+Its creation, and an operator's levers: cancel, retry from the stage that did not succeed, deadlines.
 
 Each is a request recorded in the gateway's database with the event that announces it
 (`pipeline.cancel_requested`, `pipeline.retry_requested`); the stages do the rest. The
@@ -34,8 +35,11 @@ class Accepted:
 
 
 def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str, deadline_s: float) -> Accepted:
-    """Accept a brief and publish pipeline.requested; the same key and body again: the same pipeline.
-    The same key with another body is a Conflict. The callback URL stays with the gateway."""
+    """Accept a brief and publish pipeline.requested.
+
+    The same key and body again: the same pipeline. The same key with another body is a Conflict. The callback URL
+    stays with the gateway.
+    """
     digest = request_hash(body)
     source = body.for_stages(photos(conn, body, tenant))
     pipeline_id = uuid.uuid4()
@@ -69,9 +73,11 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
 
 
 def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple[brief.Photo | brief.PhotoLink, ...]:
-    """The photos the request names, as the stages get them: an upload by reference, a URL as it is; InvalidField
-    naming the first id that is not an image the tenant uploaded (another tenant's is refused in the same words
-    as one that does not exist)."""
+    """The photos the request names, as the stages get them.
+
+    An upload by reference, a URL as it is; InvalidField naming the first id that is not an image the tenant
+    uploaded (another tenant's is refused in the same words as one that does not exist).
+    """
     ids = [uuid.UUID(name) for name in body.photos if "://" not in name]
     found = repository.tenant_images(conn, ids, tenant)
     owner = artifacts.image_owner(tenant)
@@ -88,9 +94,11 @@ def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple
 
 
 def check_photo_urls(body: api.PipelineRequest, allow_private: bool) -> None:
-    """InvalidField naming the first photo URL the video stage would refuse to fetch, as far as can be told
-    without a lookup (plain http, a private address written in it, this machine's name): no network call here,
-    the stage checks every address again when it fetches."""
+    """Refuse the first photo URL the video stage would refuse to fetch, without a network call.
+
+    Raises InvalidField naming it, as far as can be told without a lookup: plain http, a private address written in
+    it, this machine's name. The stage checks every address again when it fetches.
+    """
     for index, name in enumerate(body.photos):
         if "://" not in name:
             continue
@@ -126,9 +134,11 @@ def cancel(
     tenant: str | None = None,
     key: dict[str, str] | None = None,
 ) -> Requested:
-    """Ask every stage to stop the pipeline (of `tenant`, if given), for `actor` with the API key `key`
-    (keys.Principal.acting; None: the gateway itself). Asking again is harmless; a pipeline that ended is a
-    Conflict."""
+    """Ask every stage to stop the pipeline (of `tenant`, if given).
+
+    Asked for `actor` with the API key `key` (keys.Principal.acting; None: the gateway itself). Asking again is
+    harmless; a pipeline that ended is a Conflict.
+    """
     pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status in (model.PipelineStatus.CANCELING, model.PipelineStatus.CANCELED):
@@ -167,10 +177,12 @@ def retry(
     tenant: str | None = None,
     key: dict[str, str] | None = None,
 ) -> tuple[Requested, events.Stage]:
-    """Resume a FAILED or CANCELED pipeline (of `tenant`, if given; for `actor` with the API key `key`, as
-    `cancel`) at its first stage that did not succeed,
-    with a fresh attempt budget there (and the pipeline a fresh deadline). Anything else is a Conflict, and
-    so is a pipeline that ended so long ago that its stages' jobs or files may be deleted before the retry ends."""
+    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed.
+
+    The pipeline is `tenant`'s, if given; asked for `actor` with the API key `key`, as `cancel`. That stage gets a
+    fresh attempt budget, and the pipeline a fresh deadline. Anything else is a Conflict, and so is a pipeline that
+    ended so long ago that its stages' jobs or files may be deleted before the retry ends.
+    """
     pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status not in (model.PipelineStatus.FAILED, model.PipelineStatus.CANCELED):
@@ -235,8 +247,11 @@ def cancel_overdue(conn: sa.Connection, limit: int = 100) -> int:
 
 
 def called_back(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> bool:
-    """A stage's provider called back: the stage polls it at once. Nothing is taken from the call itself
-    (providers do not sign it), so a forged one can only bring a poll forward. False if the pipeline ended."""
+    """A stage's provider called back.
+
+    The stage polls it at once. Nothing is taken from the call itself (providers do not sign it), so a forged one
+    can only bring a poll forward. False if the pipeline ended.
+    """
     pipeline = repository.get_pipeline(conn, pipeline_id)
     if pipeline is None:
         raise errors.NotFound(f"no pipeline {pipeline_id}")

@@ -98,8 +98,11 @@ def links(pipeline_id: str) -> api.Links:
 def create_pipeline(
     body: api.PipelineRequest, key: IdempotencyKey, gw: GatewayDep, who: Submitter
 ) -> api.PipelineAccepted:
-    """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike
-    (an Idempotency-Key is the tenant's own: another tenant's same key makes another pipeline)."""
+    """Accept a brief; publishes pipeline.requested.
+
+    Replays of the same key and body are answered alike (an Idempotency-Key is the tenant's own: another tenant's
+    same key makes another pipeline).
+    """
     operations.check_photo_urls(body, gw.config.photo_allow_private)
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
     if body.callback_url and not refused:
@@ -143,9 +146,12 @@ def cancel_pipeline(
     actor: Actor = "anonymous",
     body: api.CancelRequest | None = None,
 ) -> api.ActionAccepted:
-    """Cancel a pipeline that has not ended: every stage stops its job (a running attempt is stopped, a stage
-    not reached yet never starts), a stage that completed keeps its artifact. Idempotent: asking again gives
-    202 and changes nothing. The status is CANCELING until every stage has answered, then CANCELED."""
+    """Cancel a pipeline that has not ended.
+
+    Every stage stops its job (a running attempt is stopped, a stage not reached yet never starts), a stage that
+    completed keeps its artifact. Idempotent: asking again gives 202 and changes nothing. The status is CANCELING
+    until every stage has answered, then CANCELED.
+    """
     reason = (body or api.CancelRequest()).reason
     with db.transaction(gw.engine) as conn:
         done = operations.cancel(conn, pipeline_id, reason, actor, who.tenant_filter(), who.acting())
@@ -174,10 +180,12 @@ def retry_pipeline(
     actor: Actor = "anonymous",
     body: api.RetryRequest | None = None,
 ) -> api.ActionAccepted:
-    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed, with a fresh attempt
-    budget (`max_attempts` per stage, optional); stages that succeeded keep their artifacts and are not run
-    again. The pipeline gets a fresh deadline. A pipeline can be retried until CASTAD_RETENTION_ARTIFACTS_S,
-    less its deadline and an hour, after the first of its stages ended."""
+    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed.
+
+    It gets a fresh attempt budget (`max_attempts` per stage, optional); stages that succeeded keep their artifacts
+    and are not run again. The pipeline gets a fresh deadline. A pipeline can be retried until
+    CASTAD_RETENTION_ARTIFACTS_S, less its deadline and an hour, after the first of its stages ended.
+    """
     overrides = (body or api.RetryRequest()).max_attempts
     with db.transaction(gw.engine) as conn:
         done, resume = operations.retry(
@@ -197,8 +205,11 @@ Signature = Annotated[str, Query(pattern=r"^[0-9a-f]{64}$", description="the lin
 
 
 def _check_link(gw: GatewayDep, request: Request, expires: Expires, signature: Signature) -> None:
-    """A link signed for a provider (castad_runtime.links) by the stage that signs links to this very path, for
-    its purpose, not expired and not valid for longer than CASTAD_API_LINK_MAX_S."""
+    """Check a link signed for a provider by the stage that signs links to this path.
+
+    The link (castad_runtime.links) must be for this very path and its purpose, not expired and not valid for
+    longer than CASTAD_API_LINK_MAX_S.
+    """
     root = gw.config.link_secret
     if root is None or not signed_links.accepted(
         root, request.url.path, expires, signature, max_s=gw.config.link_max_s
@@ -220,10 +231,11 @@ LINK_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": api.Problem}, 404
     dependencies=SIGNED_LINK,
 )
 def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDep) -> Response:
-    """Where a stage's network provider (a music or render API) calls back when its work moves on: the
-    stage polls the provider at once instead of at its next scheduled poll. A link the stage signed
-    (no API key: providers cannot send one). The body is not read; the poll alone decides what became
-    of the work."""
+    """Where a stage's network provider (a music or render API) calls back when its work moves on.
+
+    The stage polls the provider at once instead of at its next scheduled poll. A link the stage signed (no API
+    key: providers cannot send one). The body is not read; the poll alone decides what became of the work.
+    """
     with db.transaction(gw.engine) as conn:
         operations.called_back(conn, pipeline_id, stage)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -285,8 +297,10 @@ def _load(gw: Gateway, pipeline_id: uuid.UUID, who: keys.Principal) -> api.Pipel
 
 @router.get("/pipelines/{pipeline_id}", response_model=api.PipelineView, responses={404: {"model": api.Problem}})
 def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.PipelineView:
-    """Overall status and, per stage, status, attempts, last error, times and artifact (to a tenant's key, an
-    error as its code and the code's public message)."""
+    """The pipeline's overall status and, per stage, its status, attempts, errors, times and artifact.
+
+    The error shown is the last one; to a tenant's key, an error is its code and the code's public message.
+    """
     return _load(gw, pipeline_id, who)
 
 
@@ -359,9 +373,11 @@ async def pipeline_events(
     who: Reader,
     last_event_id: streams.LastEventId = None,
 ) -> EventSourceResponse:
-    """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable. Ends when
-    the pipeline ended and every entry was sent, or within seconds of its key's revocation; a key holds at most
-    CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
+    """Server-Sent Events: step, status, progress, attempt.
+
+    Artifacts on the final event. Resumable. Ends when the pipeline ended and every entry was sent, or within
+    seconds of its key's revocation; a key holds at most CASTAD_API_SSE_STREAMS_PER_KEY streams at once.
+    """
     after = streams.resumes_after(last_event_id) or 0
     await run_in_threadpool(_load, gw, pipeline_id, who)
     if after:
@@ -372,16 +388,21 @@ async def pipeline_events(
 
 
 def _resumable(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> int:
-    """Where a resumed stream starts: after the entry numbered `after`, or from the start for an id beyond the
-    pipeline's entries, which its stream never sent (one from before entries were numbered per pipeline): the
-    client sees entries again rather than none."""
+    """Where a resumed stream starts.
+
+    After the entry numbered `after`, or from the start for an id beyond the pipeline's entries, which its stream
+    never sent (one from before entries were numbered per pipeline): the client sees entries again rather than
+    none.
+    """
     with engine.connect() as conn:
         return after if after <= repository.count_entries(conn, pipeline_id) else 0
 
 
 def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, viewer: disclosure.Viewer, after: int) -> streams.Batch[int]:
-    """The pipeline's entries after the one numbered `after` (each event's id is its entry's number), as `viewer`
-    sees them; the stream ends once the pipeline ended and every entry was sent."""
+    """The pipeline's entries after the one numbered `after`, as `viewer` sees them.
+
+    Each event's id is its entry's number; the stream ends once the pipeline ended and every entry was sent.
+    """
     pid = str(pipeline_id)
     with engine.connect() as conn:
         row = repository.get_pipeline(conn, pipeline_id)
@@ -412,8 +433,10 @@ DELETED: dict[int | str, dict[str, Any]] = {
     responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
 )
 def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep, who: Reader) -> Response:
-    """The file a stage produced, or (with an object store) a redirect to a presigned URL of it; 410 once
-    retention deleted it."""
+    """The file a stage produced, or (with an object store) a redirect to a presigned URL of it.
+
+    410 once retention deleted it.
+    """
     return _serve(gw, pipeline_id, stage, who.tenant_filter())
 
 

@@ -237,8 +237,11 @@ def append_timeline(
     data: dict[str, Any],
     occurred_at: dt.datetime | None = None,
 ) -> None:
-    """An entry of the pipeline's timeline; `occurred_at` is the event's own time (default: now). The
-    pipeline's event streams are woken once the transaction committed."""
+    """An entry of the pipeline's timeline.
+
+    `occurred_at` is the event's own time (default: now). The pipeline's event streams are woken once the
+    transaction committed.
+    """
     db.run(conn, _APPEND_TIMELINE, (pipeline_id, event_id, event_type, Jsonb(data), occurred_at))
     wakeups.after_commit(conn, PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
 
@@ -254,8 +257,10 @@ NUMBER = sa.func.row_number().over(order_by=timeline.c.seq).label("number")
 
 
 def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limit: int = 100) -> list[records.Entry]:
-    """The pipeline's entries after the one numbered `after`, each with its `number` (and its `seq` in the whole
-    gateway, which is not shown to clients)."""
+    """The pipeline's entries after the one numbered `after`, each with its `number`.
+
+    Each also has its `seq` in the whole gateway, which is not shown to clients.
+    """
     query = (
         sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME, NUMBER)
         .where(timeline.c.pipeline_id == pipeline_id)
@@ -293,10 +298,12 @@ def entries_of_all(
     status: model.PipelineStatus | None = None,
     stage: events.Stage | None = None,
 ) -> list[records.Scanned]:
-    """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`: whether it is
-    the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step), and for
-    those its pipeline's tenant and customer and the entry's number among its pipeline's entries. Every entry is
-    returned, so that a gap in the seqs shows."""
+    """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`.
+
+    Whether it is the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step),
+    and for those its pipeline's tenant and customer and the entry's number among its pipeline's entries. Every
+    entry is returned, so that a gap in the seqs shows.
+    """
     scanned = (
         sa.select(timeline.c.seq, timeline.c.pipeline_id, timeline.c.event_type, timeline.c.data, ENTRY_TIME)
         .where(timeline.c.seq > after_seq)
@@ -334,8 +341,11 @@ def entries_of_all(
 
 @dataclasses.dataclass(frozen=True)
 class Listing:
-    """What a listing of pipelines shows: `after` is the (created_at, id) of the last row of the previous page;
-    `search` a pipeline id, or a part of the customer's name (see _named)."""
+    """What a listing of pipelines shows.
+
+    `after` is the (created_at, id) of the last row of the previous page; `search` a pipeline id, or a part of the
+    customer's name (see _named).
+    """
 
     status: model.PipelineStatus | None = None
     stage: events.Stage | None = None
@@ -345,10 +355,12 @@ class Listing:
 
 
 def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[records.Pipeline]:
-    """Newest first. A name is looked for among the newest RECENT pipelines first (a frequent one fills the
-    page there at once), and only if they hold too few, among all its matches through the trigram index
-    pipelines_customer_name: either way the page is the newest matches, and no search reads more than
-    RECENT rows or its matches."""
+    """The page of pipelines `shown` selects, newest first.
+
+    A name is looked for among the newest RECENT pipelines first (a frequent one fills the page there at once), and
+    only if they hold too few, among all its matches through the trigram index pipelines_customer_name: either way
+    the page is the newest matches, and no search reads more than RECENT rows or its matches.
+    """
     if isinstance(shown.search, str):
         rows = [_pipeline(row) for row in conn.execute(listing(shown, limit, within=RECENT))]
         if len(rows) == limit:
@@ -360,8 +372,10 @@ RECENT = 2000
 
 
 def listing(shown: Listing, limit: int, within: int | None = None) -> sa.Select[Any]:
-    """A statement of list_pipelines (bench/stats.py explains them): with a name to search, among the newest
-    `within` pipelines, or (None) among every match of the trigram index."""
+    """A statement of list_pipelines (bench/stats.py explains them).
+
+    With a name to search, among the newest `within` pipelines, or (None) among every match of the trigram index.
+    """
     conditions = []
     if shown.tenant is not None:
         conditions.append(pipelines.c.tenant == shown.tenant)
@@ -403,8 +417,10 @@ TRIGRAM = 3
 
 
 def _named(name: sa.ColumnElement[str], search: str) -> sa.ColumnElement[bool]:
-    """Names that hold `search` (any case), or, shorter than a trigram, have a word that starts with it: a
-    trigram index finds both (ILIKE on the indexed expression itself, never wrapped in lower())."""
+    """Names that hold `search` (any case), or, shorter than a trigram, have a word that starts with it.
+
+    A trigram index finds both (ILIKE on the indexed expression itself, never wrapped in lower()).
+    """
     escaped = search.replace("/", "//").replace("%", "/%").replace("_", "/_")
     if len(search) >= TRIGRAM:
         return name.ilike(f"%{escaped}%", escape="/")
@@ -563,8 +579,10 @@ _STAGE_APPLIED = frozenset(_fields(records.StageApplied))
 
 
 def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
-    """The pipeline, locked, with its stages (both statements sent before either answer is read: one round trip
-    in `db.pipelined`)."""
+    """The pipeline, locked, with its stages, in one round trip.
+
+    Both statements are sent before either answer is read (`db.pipelined`).
+    """
     locked = db.run(conn, _LOCK_PROJECTED, (pipeline_id,))
     stages = db.run(conn, _PROJECTED_STAGES, (pipeline_id,))
     row = locked.fetchone()
@@ -585,8 +603,11 @@ FROM pipeline_stages WHERE pipeline_id = ANY(%s)
 
 
 def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, Projected]:
-    """`lock_projected` of several pipelines in two statements (sent together in `db.pipelined`), without waiting:
-    a pipeline another transaction holds is left out, as is one not found."""
+    """`lock_projected` of several pipelines, leaving out any another transaction holds.
+
+    Two statements, sent together in `db.pipelined`, without waiting: a pipeline another transaction holds is left
+    out, as is one not found.
+    """
     ids = sorted(set(pipeline_ids))
     locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,), prepare=db.REPLAN)
     stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,), prepare=db.REPLAN)
@@ -637,8 +658,11 @@ def save_attempt(
 
 
 def upsert_stages_sql(columns: tuple[str, ...], source: str) -> str:
-    """The upsert of stages' rows with these columns (besides their key) from `source` (VALUES, or a SELECT of
-    many rows); the first start since the stage was (re)opened stays."""
+    """The upsert of stages' rows with these columns from `source`.
+
+    The columns are besides their key; `source` is VALUES, or a SELECT of many rows. The first start since the
+    stage was (re)opened stays.
+    """
     updates = ", ".join(
         "first_started_at = coalesce(s.first_started_at, EXCLUDED.first_started_at)"
         if column == "first_started_at"
@@ -698,8 +722,10 @@ IMAGE_COLUMNS = _columns(images, records.Image)
 
 
 def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> records.Image:
-    """Record a tenant's image kept in the artifact store, uploaded now; the one it has already if it uploaded these
-    bytes before, its last upload moved to now."""
+    """Record a tenant's image kept in the artifact store, uploaded now.
+
+    The one it has already if it uploaded these bytes before, its last upload moved to now.
+    """
     row = conn.execute(
         pg.insert(images)
         .values(
@@ -719,8 +745,11 @@ def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: in
 
 
 def lock_image(conn: sa.Connection, tenant: str, sha256: str) -> None:
-    """Lock the tenant's image with these bytes, if it has one, until the transaction ends: retention, which skips
-    locked images, cannot delete it (and its file) meanwhile; a deletion under way is waited for."""
+    """Lock the tenant's image with these bytes, if it has one, until the transaction ends.
+
+    Retention, which skips locked images, cannot delete it (and its file) meanwhile; a deletion under way is waited
+    for.
+    """
     conn.execute(sa.select(images.c.id).where(images.c.tenant == tenant, images.c.sha256 == sha256).with_for_update())
 
 

@@ -1,7 +1,10 @@
-"""A pipeline's timeline as clients see it: entries with artifacts by their gateway links (never by where
-they are kept), numbered among their pipeline's entries, attempts with their durations, the operators'
-actions, each as its viewer may see it (disclosure.py), and the stream of every pipeline's entries, which
-waits for a gap in the entries' numbers to fill before it goes past it."""
+"""A pipeline's timeline as clients see it.
+
+Entries with artifacts by their gateway links (never by where they are kept), numbered among their pipeline's
+entries, attempts with their durations, the operators' actions, each as its viewer may see it (disclosure.py), and
+the stream of every pipeline's entries, which waits for a gap in the entries' numbers to fill before it goes past
+it.
+"""
 
 from __future__ import annotations
 
@@ -85,9 +88,12 @@ def build(
     links: api.Links,
     viewer: disclosure.Viewer = disclosure.INTERNAL,
 ) -> api.PipelineTimeline:
-    """The timeline from a page of its entries (`rows`, by number). Entries are numbered as the gateway learns
-    of them, and events of different stages reach it in any order (the next stage may tell of its start before
-    the previous one's end is applied): they are shown by the time each happened, seq breaking ties."""
+    """The timeline from a page of its entries (`rows`, by number).
+
+    Entries are numbered as the gateway learns of them, and events of different stages reach it in any order (the
+    next stage may tell of its start before the previous one's end is applied): they are shown by the time each
+    happened, seq breaking ties.
+    """
     pipeline_id = str(pipeline.id)
     entries = [api.TimelineEntry.model_validate(entry(pipeline_id, row, viewer)) for row in rows]
     entries.sort(key=lambda shown: (shown.time, shown.seq))
@@ -120,8 +126,11 @@ def firehose_entry(row: records.Scanned, viewer: disclosure.Viewer = disclosure.
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """Where the stream of every pipeline stands: every entry up to `after` was looked at; `waiting_since`
-    (monotonic seconds): since when the entry after it is missing while later ones are there."""
+    """Where the stream of every pipeline stands.
+
+    Every entry up to `after` was looked at; `waiting_since` (monotonic seconds): since when the entry after it is
+    missing while later ones are there.
+    """
 
     after: int
     waiting_since: float | None = None

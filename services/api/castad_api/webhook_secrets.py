@@ -1,5 +1,7 @@
-"""Each tenant's webhook secrets: made and shown once (`castad-admin webhook-secrets`), kept sealed in the
-gateway's database, read by the gateway to sign the tenant's notices.
+"""Each tenant's webhook secrets.
+
+Made and shown once (`castad-admin webhook-secrets`), kept sealed in the gateway's database, read by the gateway to
+sign the tenant's notices.
 
 A secret is `whsec_` and the base64 of 32 random bytes. Standard Webhooks signs with HMAC-SHA256 (`v1`),
 a symmetric scheme: whoever verifies holds the very secret that signs, and the gateway must read it to

@@ -25,8 +25,10 @@ def host(url: str) -> str:
 
 
 class Slots:
-    """At most `total` notices in flight, at most `per_host` of them to one host; taken and given back from any
-    thread."""
+    """At most `total` notices in flight, at most `per_host` of them to one host.
+
+    Taken and given back from any thread.
+    """
 
     def __init__(self, total: int, per_host: int) -> None:
         self.total = total

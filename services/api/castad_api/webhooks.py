@@ -160,8 +160,11 @@ class Sender:
         self._client.close()
 
     def send(self, message_id: str, url: str, body: bytes, secrets: Sequence[str]) -> Outcome:
-        """One try, signed with each of `secrets`. A receiver (or its name server) slower than the deadline is a
-        failed try: the call is left to end by its own timeouts while the deliverer goes on."""
+        """One try, signed with each of `secrets`.
+
+        A receiver (or its name server) slower than the deadline is a failed try: the call is left to end by its
+        own timeouts while the deliverer goes on.
+        """
         watch = cancellation.Cancellation()
         timer = threading.Timer(self.deadline_s, watch.cancel, args=(cancellation.Reason.TIMEOUT,))
         timer.start()
@@ -251,16 +254,20 @@ class Deliverer:
         self.sender.close()
 
     def run_once(self) -> int:
-        """Send the notices due now, as many at once as there are places, and record their tries; how many were
-        tried."""
+        """Send the notices due now, as many at once as there are places, and record their tries.
+
+        How many were tried.
+        """
         self._record_tried()
         tried = self._dispatch()[0]
         self._finish(time.monotonic() + self.sender.deadline_s + 5)
         return tried
 
     def _dispatch(self) -> tuple[int, bool]:
-        """Claim due notices for the free places and hand them to the pool: how many, and whether more may be
-        due now (the claim found as many as it asked for)."""
+        """Claim due notices for the free places and hand them to the pool.
+
+        How many, and whether more may be due now (the claim found as many as it asked for).
+        """
         free = self.slots.free()
         if free == 0:
             return 0, False
@@ -322,8 +329,10 @@ class Deliverer:
             self._record_tried()
 
     def _secrets(self, conn: sa.Connection, tenant: str) -> list[str] | str:
-        """The secrets that sign a notice of `tenant` (its own, newest first, then the shared one), or why
-        there are none."""
+        """The secrets that sign a notice of `tenant`, or why there are none.
+
+        Its own, newest first, then the shared one.
+        """
         own: list[str] = []
         if self.sealer is not None:
             try:
@@ -340,9 +349,10 @@ class Deliverer:
         return own + self.shared
 
     def _claim(self, conn: sa.Connection, free: int, taken: list[tuple[Due, str]]) -> bool:
-        """Add to `taken` the most overdue notices, up to `free`, each with a place of its host taken, counted as
-        tried and due again after a lease longer than a try (so that no other replica takes them meanwhile, and a
-        gateway that dies mid-try leaves them to be tried again); whether more may be due now.
+        """Claim up to `free` of the most overdue notices into `taken`; whether more may be due now.
+
+        Each has a place of its host taken, and is counted as tried and due again after a lease longer than a try,
+        so that no other replica takes it meanwhile, and a gateway that dies mid-try leaves it to be tried again.
 
         The notices of hosts with no place left are passed over in the query, so that one host's backlog
         cannot hide the others' notices behind it."""

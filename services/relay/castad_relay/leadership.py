@@ -89,8 +89,11 @@ class Lease:
         return True
 
     async def _may_take(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        """Whether the lease is free or this relay's, by a read: a standby's look each second locks and writes
-        nothing (TAKE_LEASE would, and on a primary with a synchronous standby, wait for it)."""
+        """Whether the lease is free or this relay's, by a read.
+
+        A standby's look each second locks and writes nothing (TAKE_LEASE would, and on a primary with a
+        synchronous standby, wait for it).
+        """
         cursor = await conn.execute(statements.LEASE)
         row = await cursor.fetchone()
         if row is None:

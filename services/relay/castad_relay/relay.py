@@ -217,8 +217,10 @@ class SourceRelay:
     async def _refused(
         self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str, final: bool = False
     ) -> None:
-        """Back a refused row off, or park it: once its tries are used up, or at once when it is never to be
-        sent (`final`)."""
+        """Back a refused row off, or park it.
+
+        Once its tries are used up, or at once when it is never to be sent (`final`).
+        """
         self._backing_off = True
         tries = row["publish_attempts"] + 1
         delay_s = backoff.exponential_s(
@@ -280,8 +282,11 @@ class SourceRelay:
         return await cursor.fetchall()
 
     async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:
-        """How long to wait for a NOTIFY before draining anyway: until the first row that backs off is due.
-        Asked only while rows may back off (since the start, or a refusal)."""
+        """How long to wait for a NOTIFY before draining anyway.
+
+        Until the first row that backs off is due. Asked only while rows may back off (since the start, or a
+        refusal).
+        """
         cursor = await conn.execute(statements.NEXT_RETRY_IN)
         row = await cursor.fetchone()
         due_in = row[0] if row else None

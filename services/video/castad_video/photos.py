@@ -58,8 +58,11 @@ def linked_copy(
     cancel: cancellation.Cancellation,
     transport: httpx.BaseTransport | None = None,
 ) -> Iterator[pathlib.Path]:
-    """The file of the `index`th photo of the brief, named by URL: kept by an earlier attempt of the stage, or
-    fetched, cleaned and kept now. Raises ProviderError (see the module's docstring)."""
+    """The file of the `index`th photo of the brief, named by URL.
+
+    Kept by an earlier attempt of the stage, or fetched, cleaned and kept now. Raises ProviderError (see the
+    module's docstring).
+    """
     with store.fetched_copy(pipeline_id, events.Stage.VIDEO, link.url) as earlier:
         if earlier is not None:
             yield earlier
@@ -81,8 +84,10 @@ def fetch(
     cancel: cancellation.Cancellation,
     transport: httpx.BaseTransport | None = None,
 ) -> images.Cleaned:
-    """The `index`th photo of the brief, fetched from its URL and cleaned as an upload is; nothing is kept.
-    Raises ProviderError (see the module's docstring)."""
+    """The `index`th photo of the brief, fetched from its URL and cleaned as an upload is.
+
+    Nothing is kept. Raises ProviderError (see the module's docstring).
+    """
     named = _named(index, link)
     data = _fetched(named, link.url, limits, cancel, transport)
     try:

@@ -109,9 +109,12 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
 
 
 def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> list[str]:
-    """Where the render API fetches each of the brief's photos: an upload at a presigned URL of the bucket or a
-    signed link of the gateway that opens that one image; a photo named by an https URL at that URL (the render
-    API fetches it itself; an http one, which only a test setting lets a brief name, it is not sent)."""
+    """Where the render API fetches each of the brief's photos.
+
+    An upload at a presigned URL of the bucket or a signed link of the gateway that opens that one image; a photo
+    named by an https URL at that URL (the render API fetches it itself; an http one, which only a test setting
+    lets a brief name, it is not sent).
+    """
     urls = []
     for photo in done.brief.photos:
         if isinstance(photo, brief.PhotoLink):
@@ -186,8 +189,10 @@ def make_work(config: VideoSettings) -> runner.Work:
     def photo_copy(
         job: repository.Job, index: int, photo: brief.Photo | brief.PhotoLink, cancel: cancellation.Cancellation
     ) -> contextlib.AbstractContextManager[pathlib.Path]:
-        """The file of the brief's `index`th photo: an upload read from the store, a URL's fetched (or kept by an
-        earlier attempt)."""
+        """The file of the brief's `index`th photo.
+
+        An upload read from the store, a URL's fetched (or kept by an earlier attempt).
+        """
         if isinstance(photo, brief.PhotoLink):
             return photos.linked_copy(store, job.pipeline_id, index, photo, limits, cancel)
         return store.image_copy(photo)

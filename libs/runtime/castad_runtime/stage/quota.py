@@ -119,8 +119,11 @@ def spend(conn: sa.Connection, provider: str) -> None:
 
 
 def throttled(conn: sa.Connection, provider: str, retry_after_s: float) -> None:
-    """The provider said "too many": halve the rate, and claim nothing before its Retry-After (at most an
-    hour). Calls that were on their way when it said so do not halve it again: once per such window."""
+    """The provider said "too many".
+
+    Halve the rate, and claim nothing before its Retry-After (at most an hour). Calls that were on their way when
+    it said so do not halve it again: once per such window.
+    """
     until = sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, min(max(retry_after_s, 0.0), MAX_BLOCK_S))
     blocked = sa.func.coalesce(quotas.c.blocked_until > sa.func.now(), False)
     conn.execute(
