@@ -1,7 +1,8 @@
 """The gateway's rows, typed and frozen, as its repository returns them.
 
 What a caller reads of a pipeline, its stages, attempts and timeline, its dead letters and images: each
-a row of its table (or of a statement's columns), its statuses as the model's enums."""
+a row of its table (or of a statement's columns), its statuses as the model's enums.
+"""
 
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ class Scanned:
     """A timeline entry of any pipeline, as `entries_of_all` scans them.
 
     `shown`: whether it is the tenant's and matches the filters; only then are its number and its pipeline's
-    tenant, customer and region there."""
+    tenant, customer and region there.
+    """
 
     seq: int
     pipeline_id: uuid.UUID
@@ -178,7 +180,8 @@ class Locked:
 class StageApplied:
     """A stage's row as the projection reads it.
 
-    What it applied so far (model.Applied), its status, its artifact and its latest start."""
+    What it applied so far (model.Applied), its status, its artifact and its latest start.
+    """
 
     status: model.StageStatus
     rank: int = 0
