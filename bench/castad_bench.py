@@ -187,10 +187,15 @@ class CastadBench:
             common.log.info("castad: %s", line)
         self.api_key = access.create_key("bench", frozenset(keys.Scope), "the benchmark", self.env())
 
-    def start(self) -> None:
+    def start(self, names: Iterable[str] = ()) -> None:
+        """Start the processes `names`, then wait for the gateway.
+
+        Each name is a service or a replica of one (`lyric-2`); none given: the Procfile's services.
+        """
         self.stack = stack_.Stack(self.env(), self.log_dir)
         self.cleanup.push("stop services", self.stack.stop_all)
-        self.stack.start_all()
+        for name in list(names) or list(self.stack.commands):
+            self.stack.start(name)
         self.stack.wait_ready(self.base_url, timeout_s=120)
         self.cleanup.push("close clients", self._close_clients)
 

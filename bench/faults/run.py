@@ -324,7 +324,7 @@ class FaultRun:
             row = conn.execute("SELECT holder, term FROM outbox_leader").fetchone()
         if row is None:
             raise RuntimeError("no relay leads the gateway's outbox")
-        name = self.deployment.process_of(row[0])
+        name = self.stack.process_of(row[0])
         self._record(
             "relay leader frozen",
             name,
@@ -342,7 +342,7 @@ class FaultRun:
         submits; the frozen one, woken, must send nothing (its fence).
         """
         job_id, worker, attempt = self._song_attempt_before_its_submit()
-        name = self.deployment.process_of(worker)
+        name = self.stack.process_of(worker)
         self.frozen_job = ("song", job_id, worker, attempt)
         self._record(
             "stage replica frozen",

@@ -205,6 +205,8 @@ webhook_deliveries = sa.Table(
     sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),  # the webhook-id header: the same on every try
     sa.Column("pipeline_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("url", sa.Text, nullable=False),
+    # The URL's receiving host (webhook_slots.host), whose places it takes; null when made before migration 0015.
+    sa.Column("host", sa.Text),
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("payload", pg.JSONB, nullable=False),
     sa.Column("status", sa.Text, nullable=False, server_default="pending"),  # pending, delivered, failed
