@@ -63,7 +63,7 @@ def create(conn: sa.Connection, *image_ids: uuid.UUID) -> uuid.UUID:
 def kept(gw: deps.Gateway) -> dict[uuid.UUID, bool]:
     """Each image recorded, and whether its file is in the store."""
     with gw.engine.connect() as conn:
-        rows = list(conn.execute(sa.select(tables.images)))
+        rows = repository.get_images(conn, conn.execute(sa.select(tables.images.c.id)).scalars().all())
     return {row.id: _there(gw.store, repository.photo(row)) for row in rows}
 
 

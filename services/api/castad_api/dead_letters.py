@@ -42,7 +42,7 @@ from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
 from castad_runtime import amqp, backoff, consumer, db, encoder, outages, outbox, redact
 
-from castad_api import errors, projection, repository, retention
+from castad_api import errors, projection, records, repository, retention
 
 log = logging.getLogger(__name__)
 SOURCE = topology.SOURCES[topology.GATEWAY]
@@ -253,14 +253,14 @@ def replay_matching(
     return replayed, refused
 
 
-def _get(conn: sa.Connection, letter_id: int) -> Any:
+def _get(conn: sa.Connection, letter_id: int) -> records.DeadLetter:
     letter = repository.lock_dead_letter(conn, letter_id)
     if letter is None:
         raise errors.NotFound(f"no dead letter {letter_id}")
     return letter
 
 
-def _send_back(conn: sa.Connection, letter: Any, policy: retention.Policy) -> str:
+def _send_back(conn: sa.Connection, letter: records.DeadLetter, policy: retention.Policy) -> str:
     if letter.body_size > len(letter.body):
         raise errors.NotReplayable(f"dead letter {letter.id} was cut to {len(letter.body)} bytes when recorded")
     if not letter.queue:
@@ -294,7 +294,7 @@ def _upcast(env: envelope_.Envelope) -> envelope_.Envelope:
     return env.model_copy(update={"schemaversion": current, "data": payload.model_dump(mode="json")})
 
 
-def _republish(conn: sa.Connection, letter: Any) -> str:
+def _republish(conn: sa.Connection, letter: records.DeadLetter) -> str:
     event_id = uuid.UUID(str(letter.headers[PARKED_HEADER]))
     if outbox.republish(conn, [event_id]):
         return "handed back to the relay from the gateway's outbox"

@@ -19,7 +19,6 @@ import functools
 import hashlib
 import math
 import uuid
-from typing import Any
 
 from castad_contracts import api
 from castad_runtime import artifacts, db, images
@@ -27,7 +26,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, pipeline_routes, repository, served, upload_limits
+from castad_api import decoding, deps, errors, pipeline_routes, records, repository, served, upload_limits
 from castad_api.deps import GatewayDep, Reader, Submitter
 
 UPLOAD_PATH = "/v1/images"
@@ -214,7 +213,7 @@ def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) ->
     return _content(gw, row)
 
 
-def _content(gw: deps.Gateway, row: Any) -> Response:
+def _content(gw: deps.Gateway, row: records.Image) -> Response:
     """The kept file of an image, or a redirect to a presigned URL of it."""
     try:
         where = gw.store.serve_image(repository.photo(row))
@@ -223,7 +222,7 @@ def _content(gw: deps.Gateway, row: Any) -> Response:
     return served.file(where, row.media_type, str(row.id))
 
 
-def _image(row: Any) -> api.Image:
+def _image(row: records.Image) -> api.Image:
     return api.Image(
         id=str(row.id),
         sha256=row.sha256,

@@ -16,6 +16,7 @@ gateway's database, so every replica of the gateway enforces one limit.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 import hashlib
 import re
@@ -143,12 +144,25 @@ def valid(conn: sa.Connection, key_id: uuid.UUID) -> bool:
     return found is not None
 
 
-def listing(conn: sa.Connection, tenant: str | None = None) -> list[sa.Row]:
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """A key as listed: never its digest, `shown` its first characters."""
+
+    id: uuid.UUID
+    tenant: str
+    name: str
+    scopes: list[str]
+    shown: str
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+
+
+def listing(conn: sa.Connection, tenant: str | None = None) -> list[Listed]:
     k = tables.api_keys
     query = sa.select(k.c.id, k.c.tenant, k.c.name, k.c.scopes, k.c.shown, k.c.created_at, k.c.revoked_at)
     if tenant is not None:
         query = query.where(k.c.tenant == tenant)
-    return list(conn.execute(query.order_by(k.c.tenant, k.c.created_at)))
+    return [Listed(**row._asdict()) for row in conn.execute(query.order_by(k.c.tenant, k.c.created_at))]
 
 
 def revoke(conn: sa.Connection, key_id: uuid.UUID) -> bool:

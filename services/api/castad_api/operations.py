@@ -22,7 +22,7 @@ from castad_contracts import api, brief, codes, events, topology
 from castad_contracts import envelope as envelope_
 from castad_runtime import artifacts, db, outbound, outbox, telemetry
 
-from castad_api import errors, model, projection, repository, retention
+from castad_api import errors, model, projection, records, repository, retention
 
 SOURCE = topology.SOURCES[topology.GATEWAY]
 
@@ -275,7 +275,7 @@ def called_back(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage
     return True
 
 
-def _locked(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row:
+def _locked(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline:
     pipeline = repository.lock_pipeline(conn, pipeline_id, tenant)
     if pipeline is None:
         raise errors.NotFound(f"no pipeline {pipeline_id}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -28,6 +29,7 @@ from castad_api import (
     keys,
     model,
     operations,
+    records,
     repository,
     served,
     streams,
@@ -239,7 +241,9 @@ def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDe
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _view(row: Any, stage_rows: list[Any], viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.PipelineView:
+def _view(
+    row: records.Pipeline, stage_rows: list[records.Stage], viewer: disclosure.Viewer = disclosure.INTERNAL
+) -> api.PipelineView:
     pid = str(row.id)
     by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}
     stages = []
@@ -302,7 +306,7 @@ def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Pip
     return _load(gw, pipeline_id, who)
 
 
-def _encode_cursor(row: Any) -> str:
+def _encode_cursor(row: records.Pipeline) -> str:
     return base64.urlsafe_b64encode(f"{row.created_at.isoformat()}|{row.id}".encode()).decode()
 
 
@@ -513,4 +517,4 @@ def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> li
     _load(gw, pipeline_id, who)
     with gw.engine.connect() as conn:
         found = webhooks.deliveries(conn, pipeline_id)
-    return [api.WebhookDelivery.model_validate({**d, "id": str(d["id"])}) for d in found]
+    return [api.WebhookDelivery.model_validate({**dataclasses.asdict(d), "id": str(d.id)}) for d in found]

@@ -21,7 +21,7 @@ from castad_contracts import codes, events
 from castad_contracts import envelope as envelope_
 from castad_runtime import db, groups, inbox, logs, telemetry
 
-from castad_api import metrics, model, repository, webhooks
+from castad_api import metrics, model, records, repository, webhooks
 from castad_api import writes as writes_
 
 log = logging.getLogger(__name__)
@@ -152,10 +152,11 @@ def _apply(
     superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
     applied = projected.applied(stage)
     if superseded or model.is_stale(fact, attempt, operation, applied):
-        if applied is not None and model.fills_start(fact, attempt, row := projected.stages[stage]):
-            kept = {"status": row["status"], "started_at": _stage_values(fact, payload)["started_at"]}
-            writes.stage(pipeline_id, stage, applied.position, kept)
-            projected.saved(stage, applied.position, kept)
+        row = projected.stages.get(stage)
+        if row is not None and model.fills_start(fact, attempt, row.applied, row.started_at):
+            kept = {"status": row.status.value, "started_at": _stage_values(fact, payload)["started_at"]}
+            writes.stage(pipeline_id, stage, row.applied.position, kept)
+            projected.saved(stage, row.applied.position, kept)
             log.info("late %s (attempt %d): its start kept, its stage not moved back", env.type, attempt)
         else:
             log.info("stale %s (attempt %d) ignored", env.type, attempt)
@@ -180,7 +181,7 @@ def _apply(
 
 def record(
     conn: sa.Connection,
-    pipeline: Any,
+    pipeline: records.Pipeline | records.Locked,
     event_id: uuid.UUID,
     event_type: str,
     stage: events.Stage | None,

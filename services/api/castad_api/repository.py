@@ -7,7 +7,7 @@ import datetime as dt
 import functools
 import uuid
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from castad_contracts import brief, events
@@ -16,7 +16,7 @@ from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import model, tables
+from castad_api import model, records, tables
 
 pipelines = tables.pipelines
 stages = tables.stages
@@ -33,6 +33,39 @@ class Created:
     pipeline_id: uuid.UUID
     request_hash: str
     new: bool
+
+
+T = TypeVar("T")
+
+
+def _fields(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+
+def _columns(table: sa.Table, cls: type[Any]) -> list[sa.Column[Any]]:
+    """The columns of `table` that the typed row `cls` holds, in its order."""
+    return [table.c[name] for name in _fields(cls)]
+
+
+def _typed(cls: type[T], row: Any, **converted: Any) -> T:
+    """A typed row from a row of SQL with a column named as each field of `cls`; `converted`: fields made typed."""
+    return cls(**{name: getattr(row, name) for name in _fields(cls)} | converted)
+
+
+def _pipeline(row: Any) -> records.Pipeline:
+    return _typed(records.Pipeline, row, status=model.PipelineStatus(row.status))
+
+
+def _stage(row: Any) -> records.Stage:
+    return _typed(records.Stage, row, status=model.StageStatus(row.status))
+
+
+def _locked(row: Any) -> records.Locked:
+    return _typed(records.Locked, row, status=model.PipelineStatus(row.status))
+
+
+def _stage_applied(row: Any) -> records.StageApplied:
+    return _typed(records.StageApplied, row, status=model.StageStatus(row.status))
 
 
 _CREATE_PIPELINE = """
@@ -94,32 +127,39 @@ def tenant_key(tenant: str, key: str) -> str:
     return f"{len(tenant)}:{tenant}/{key}"
 
 
+PIPELINE_COLUMNS = _columns(pipelines, records.Pipeline)
+STAGE_COLUMNS = _columns(stages, records.Stage)
+
+
 def _one(pipeline_id: uuid.UUID, tenant: str | None) -> sa.Select[Any]:
     """The pipeline, if it is the tenant's (None: whoever's it is)."""
-    query = sa.select(pipelines).where(pipelines.c.id == pipeline_id)
+    query = sa.select(*PIPELINE_COLUMNS).where(pipelines.c.id == pipeline_id)
     return query if tenant is None else query.where(pipelines.c.tenant == tenant)
 
 
-def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row[Any] | None:
-    return conn.execute(_one(pipeline_id, tenant).with_for_update()).first()
+def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline | None:
+    row = conn.execute(_one(pipeline_id, tenant).with_for_update()).first()
+    return None if row is None else _pipeline(row)
 
 
-def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row[Any] | None:
-    return conn.execute(_one(pipeline_id, tenant)).first()
+def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline | None:
+    row = conn.execute(_one(pipeline_id, tenant)).first()
+    return None if row is None else _pipeline(row)
 
 
-def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[sa.Row[Any]]]:
-    result: dict[uuid.UUID, list[sa.Row[Any]]] = {pid: [] for pid in pipeline_ids}
+def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[records.Stage]]:
+    result: dict[uuid.UUID, list[records.Stage]] = {pid: [] for pid in pipeline_ids}
     if pipeline_ids:
-        for row in conn.execute(sa.select(stages).where(stages.c.pipeline_id.in_(pipeline_ids))):
-            result[row.pipeline_id].append(row)
+        for row in conn.execute(sa.select(*STAGE_COLUMNS).where(stages.c.pipeline_id.in_(pipeline_ids))):
+            result[row.pipeline_id].append(_stage(row))
     return result
 
 
-def get_stage(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> sa.Row[Any] | None:
-    return conn.execute(
-        sa.select(stages).where(stages.c.pipeline_id == pipeline_id, stages.c.stage == stage.value)
+def get_stage(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> records.Stage | None:
+    row = conn.execute(
+        sa.select(*STAGE_COLUMNS).where(stages.c.pipeline_id == pipeline_id, stages.c.stage == stage.value)
     ).first()
+    return None if row is None else _stage(row)
 
 
 def stage_applied(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> model.Applied | None:
@@ -152,14 +192,15 @@ def reopen_stages(conn: sa.Connection, pipeline_id: uuid.UUID, from_stage: event
     )
 
 
-def pipeline_attempts(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[sa.Row[Any]]:
+def pipeline_attempts(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[records.Attempt]:
     """Every attempt of the pipeline, by stage order and number."""
     order = sa.case({stage.value: n for n, stage in enumerate(events.STAGE_ORDER)}, value=attempts.c.stage)
-    return list(
-        conn.execute(
-            sa.select(attempts).where(attempts.c.pipeline_id == pipeline_id).order_by(order, attempts.c.attempt)
-        )
+    query = (
+        sa.select(*_columns(attempts, records.Attempt))
+        .where(attempts.c.pipeline_id == pipeline_id)
+        .order_by(order, attempts.c.attempt)
     )
+    return [_typed(records.Attempt, row) for row in conn.execute(query)]
 
 
 def stage_statuses(conn: sa.Connection, pipeline_id: uuid.UUID) -> dict[events.Stage, model.StageStatus]:
@@ -225,20 +266,19 @@ ENTRY_TIME = sa.func.coalesce(timeline.c.occurred_at, timeline.c.created_at).lab
 NUMBER = sa.func.row_number().over(order_by=timeline.c.seq).label("number")
 
 
-def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limit: int = 100) -> list[sa.Row[Any]]:
+def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limit: int = 100) -> list[records.Entry]:
     """The pipeline's entries after the one numbered `after`, each with its `number`.
 
     Each also has its `seq` in the whole gateway, which is not shown to clients.
     """
-    return list(
-        conn.execute(
-            sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME, NUMBER)
-            .where(timeline.c.pipeline_id == pipeline_id)
-            .order_by(timeline.c.seq)
-            .offset(after)
-            .limit(limit)
-        )
+    query = (
+        sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME, NUMBER)
+        .where(timeline.c.pipeline_id == pipeline_id)
+        .order_by(timeline.c.seq)
+        .offset(after)
+        .limit(limit)
     )
+    return [_typed(records.Entry, row) for row in conn.execute(query)]
 
 
 def count_entries(conn: sa.Connection, pipeline_id: uuid.UUID) -> int:
@@ -267,7 +307,7 @@ def entries_of_all(
     tenant: str | None = None,
     status: model.PipelineStatus | None = None,
     stage: events.Stage | None = None,
-) -> list[sa.Row[Any]]:
+) -> list[records.Scanned]:
     """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`.
 
     Whether it is the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step),
@@ -294,20 +334,19 @@ def entries_of_all(
         .where(earlier.c.pipeline_id == scanned.c.pipeline_id, earlier.c.seq <= scanned.c.seq)
         .scalar_subquery()
     )
-    return list(
-        conn.execute(
-            sa.select(
-                scanned,
-                pipelines.c.id.is_not(None).label("shown"),
-                sa.case((pipelines.c.id.is_not(None), number)).label("number"),
-                pipelines.c.tenant,
-                pipelines.c.brief["customer_name"].astext.label("customer_name"),
-                pipelines.c.brief["region"].astext.label("region"),
-            )
-            .select_from(scanned.outerjoin(pipelines, sa.and_(*matches)))
-            .order_by(scanned.c.seq)
+    query = (
+        sa.select(
+            scanned,
+            pipelines.c.id.is_not(None).label("shown"),
+            sa.case((pipelines.c.id.is_not(None), number)).label("number"),
+            pipelines.c.tenant,
+            pipelines.c.brief["customer_name"].astext.label("customer_name"),
+            pipelines.c.brief["region"].astext.label("region"),
         )
+        .select_from(scanned.outerjoin(pipelines, sa.and_(*matches)))
+        .order_by(scanned.c.seq)
     )
+    return [_typed(records.Scanned, row) for row in conn.execute(query)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +364,7 @@ class Listing:
     search: str | uuid.UUID | None = None
 
 
-def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[sa.Row[Any]]:
+def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[records.Pipeline]:
     """The page of pipelines `shown` selects, newest first.
 
     A name is looked for among the newest RECENT pipelines first (a frequent one fills the page there at once), and
@@ -333,10 +372,10 @@ def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[sa.R
     the page is the newest matches, and no search reads more than RECENT rows or its matches.
     """
     if isinstance(shown.search, str):
-        rows = list(conn.execute(listing(shown, limit, within=RECENT)))
+        rows = [_pipeline(row) for row in conn.execute(listing(shown, limit, within=RECENT))]
         if len(rows) == limit:
             return rows
-    return list(conn.execute(listing(shown, limit)))
+    return [_pipeline(row) for row in conn.execute(listing(shown, limit))]
 
 
 RECENT = 2000
@@ -417,17 +456,24 @@ def add_dead_letter(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
     ).scalar()
 
 
-def lock_dead_letter(conn: sa.Connection, letter_id: int) -> sa.Row[Any] | None:
-    return conn.execute(sa.select(letters).where(letters.c.id == letter_id).with_for_update()).first()
+LETTER_COLUMNS = _columns(letters, records.DeadLetter)
 
 
-def get_dead_letter(conn: sa.Connection, letter_id: int) -> sa.Row[Any] | None:
-    return conn.execute(sa.select(letters).where(letters.c.id == letter_id)).first()
+def lock_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
+    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id).with_for_update()).first()
+    return None if row is None else _typed(records.DeadLetter, row)
 
 
-def dead_letters(conn: sa.Connection, filters: LetterFilters, before_id: int | None, limit: int) -> list[sa.Row[Any]]:
+def get_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
+    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id)).first()
+    return None if row is None else _typed(records.DeadLetter, row)
+
+
+def dead_letters(
+    conn: sa.Connection, filters: LetterFilters, before_id: int | None, limit: int
+) -> list[records.DeadLetter]:
     """Newest first; `before_id` is the id of the last row of the previous page."""
-    query = sa.select(letters).order_by(letters.c.id.desc()).limit(limit)
+    query = sa.select(*LETTER_COLUMNS).order_by(letters.c.id.desc()).limit(limit)
     for column, value in (
         (letters.c.status, filters.status),
         (letters.c.service, filters.service),
@@ -440,7 +486,7 @@ def dead_letters(conn: sa.Connection, filters: LetterFilters, before_id: int | N
         query = query.where(letters.c.reason.contains(filters.reason, autoescape=True))
     if before_id is not None:
         query = query.where(letters.c.id < before_id)
-    return list(conn.execute(query))
+    return [_typed(records.DeadLetter, row) for row in conn.execute(query)]
 
 
 def dead_letter_acted(
@@ -465,9 +511,14 @@ def dead_letter_acted(
     conn.execute(letters.update().where(letters.c.id == letter_id).values(**values))
 
 
-def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[sa.Row[Any]]:
+def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[records.DeadLetterAction]:
     actions = tables.dead_letter_actions
-    return list(conn.execute(sa.select(actions).where(actions.c.dead_letter_id == letter_id).order_by(actions.c.id)))
+    query = (
+        sa.select(*_columns(actions, records.DeadLetterAction))
+        .where(actions.c.dead_letter_id == letter_id)
+        .order_by(actions.c.id)
+    )
+    return [_typed(records.DeadLetterAction, row) for row in conn.execute(query)]
 
 
 DEAD_LETTER_STATUSES = ("dead", "replayed", "discarded")
@@ -505,31 +556,36 @@ WHERE pipeline_id = %s
 class Projected:
     """A pipeline locked for its projection, with what its stages have applied so far."""
 
-    # The row: id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
-    # tenant.
-    pipeline: Any
-    stages: dict[events.Stage, dict[str, Any]]
+    pipeline: records.Locked
+    stages: dict[events.Stage, records.StageApplied]
 
     def applied(self, stage: events.Stage) -> model.Applied | None:
         row = self.stages.get(stage)
-        if row is None:
-            return None
-        return model.Applied((row["rank"], row["attempt"], row["step"]), row["floor_attempt"], row["operation"])
+        return None if row is None else row.applied
 
     def statuses(self) -> dict[events.Stage, model.StageStatus]:
-        return {stage: model.StageStatus(row["status"]) for stage, row in self.stages.items()}
+        return {stage: row.status for stage, row in self.stages.items()}
 
     def artifacts(self) -> dict[str, Any]:
-        return {stage.value: row["artifact"] for stage, row in self.stages.items() if row.get("artifact") is not None}
+        return {stage.value: row.artifact for stage, row in self.stages.items() if row.artifact is not None}
 
     def saved(self, stage: events.Stage, pos: model.Position, values: dict[str, Any]) -> None:
         """What `save_stage` wrote (a new row has its columns' defaults), for the next event of the transaction."""
-        row = self.stages.setdefault(stage, {"floor_attempt": 0, "operation": 0, "artifact": None, "started_at": None})
-        row.update(values, rank=pos[0], attempt=pos[1], step=pos[2])
+        kept = {name: value for name, value in values.items() if name in _STAGE_APPLIED}
+        kept.update(status=model.StageStatus(values["status"]), rank=pos[0], attempt=pos[1], step=pos[2])
+        row = self.stages.get(stage)
+        self.stages[stage] = records.StageApplied(**kept) if row is None else dataclasses.replace(row, **kept)
 
     def updated(self, changes: dict[str, Any]) -> None:
         """What `update_pipeline` wrote to the row, for the next event of the same transaction."""
-        self.pipeline = self.pipeline._replace(**{k: v for k, v in changes.items() if k in self.pipeline._fields})
+        kept = {name: value for name, value in changes.items() if name in _LOCKED}
+        if "status" in kept:
+            kept["status"] = model.PipelineStatus(kept["status"])
+        self.pipeline = dataclasses.replace(self.pipeline, **kept)
+
+
+_LOCKED = frozenset(_fields(records.Locked))
+_STAGE_APPLIED = frozenset(_fields(records.StageApplied))
 
 
 def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
@@ -542,7 +598,7 @@ def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | N
     row = locked.fetchone()
     if row is None:
         return None
-    return Projected(row, {events.Stage(stage.stage): stage._asdict() for stage in stages.fetchall()})
+    return Projected(_locked(row), {events.Stage(stage.stage): _stage_applied(stage) for stage in stages.fetchall()})
 
 
 _LOCK_ALL_PROJECTED = """
@@ -565,11 +621,10 @@ def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID])
     ids = sorted(set(pipeline_ids))
     locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,), prepare=db.REPLAN)
     stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,), prepare=db.REPLAN)
-    found = {row.id: Projected(row, {}) for row in locked.fetchall()}
+    found = {row.id: Projected(_locked(row), {}) for row in locked.fetchall()}
     for stage in stages.fetchall():
-        values = stage._asdict()
-        if (projected := found.get(values.pop("pipeline_id"))) is not None:
-            projected.stages[events.Stage(stage.stage)] = values
+        if (projected := found.get(stage.pipeline_id)) is not None:
+            projected.stages[events.Stage(stage.stage)] = _stage_applied(stage)
     return found
 
 
@@ -674,12 +729,15 @@ def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) 
     db.run(conn, _pipeline_update(tuple(sorted(values)), now), {"id": pipeline_id, **params})
 
 
-def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> sa.Row[Any]:
+IMAGE_COLUMNS = _columns(images, records.Image)
+
+
+def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> records.Image:
     """Record a tenant's image kept in the artifact store, uploaded now.
 
     The one it has already if it uploaded these bytes before, its last upload moved to now.
     """
-    return conn.execute(
+    row = conn.execute(
         pg.insert(images)
         .values(
             id=uuid.uuid4(),
@@ -692,8 +750,9 @@ def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: in
             uri=kept.uri,
         )
         .on_conflict_do_update(constraint="images_tenant_sha256", set_={"uploaded_at": sa.func.now()})
-        .returning(*images.c)
+        .returning(*IMAGE_COLUMNS)
     ).one()
+    return _typed(records.Image, row)
 
 
 def lock_image(conn: sa.Connection, tenant: str, sha256: str) -> None:
@@ -705,26 +764,34 @@ def lock_image(conn: sa.Connection, tenant: str, sha256: str) -> None:
     conn.execute(sa.select(images.c.id).where(images.c.tenant == tenant, images.c.sha256 == sha256).with_for_update())
 
 
-def photo(row: sa.Row[Any]) -> brief.Photo:
+def photo(image: records.Image) -> brief.Photo:
     """An image as events name it: a reference to its file in the store."""
     return brief.Photo(
-        id=str(row.id),
-        owner=artifacts_.image_owner(row.tenant),
-        sha256=row.sha256,
-        media_type=row.media_type,
-        size=row.size,
+        id=str(image.id),
+        owner=artifacts_.image_owner(image.tenant),
+        sha256=image.sha256,
+        media_type=image.media_type,
+        size=image.size,
     )
 
 
-def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> sa.Row[Any] | None:
+def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> records.Image | None:
     """The image, unless it is not `tenant`'s (None: anyone's)."""
-    query = sa.select(images).where(images.c.id == image_id)
+    query = sa.select(*IMAGE_COLUMNS).where(images.c.id == image_id)
     if tenant is not None:
         query = query.where(images.c.tenant == tenant)
-    return conn.execute(query).fetchone()
+    row = conn.execute(query).fetchone()
+    return None if row is None else _typed(records.Image, row)
 
 
-def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, sa.Row[Any]]:
+def get_images(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> list[records.Image]:
+    """These images (those found), whoever's they are."""
+    return [
+        _typed(records.Image, row) for row in conn.execute(sa.select(*IMAGE_COLUMNS).where(images.c.id.in_(image_ids)))
+    ]
+
+
+def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, records.Image]:
     """Those of the images that are `tenant`'s, by id, each locked (FOR KEY SHARE) until the transaction ends.
 
     The lock is what keeps retention from deleting an image a pipeline is being created with: retention skips
@@ -733,8 +800,8 @@ def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant:
     if not image_ids:
         return {}
     query = (
-        sa.select(images)
+        sa.select(*IMAGE_COLUMNS)
         .where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant)
         .with_for_update(read=True, key_share=True)
     )
-    return {row.id: row for row in conn.execute(query)}
+    return {row.id: _typed(records.Image, row) for row in conn.execute(query)}

@@ -37,7 +37,6 @@ import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import sqlalchemy as sa
 from castad_runtime import artifacts, db, outages, settings
@@ -204,14 +203,14 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
     """
     i = tables.images
     failure: outages.StoreUnavailable | None = None
-    gone: list[Any] = []
+    gone: list[uuid.UUID] = []
     with runtime_retention.transaction(engine) as conn:
         locked = list(conn.execute(db.expired(sa.select(i.c.id), i.c.uploaded_at, older_than_s, limit)).scalars())
         if not locked:
             return 0
         # Named or not, asked now that they are locked: this statement's snapshot sees every pipeline committed
         # before the locks were taken.
-        rows = list(conn.execute(sa.select(i).where(i.c.id.in_(locked))))
+        rows = repository.get_images(conn, locked)
         kept = named_among(conn, locked)
         if kept:
             conn.execute(i.update().where(i.c.id.in_(kept)).values(uploaded_at=sa.func.now()))

@@ -59,7 +59,8 @@ sa.Index(
 )
 
 # The index of customer names needs pg_trgm, a trusted extension: the database's owner may create it.
-EXTENSIONS = sa.DDL("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+# (SQLAlchemy's DDL is untyped.)
+EXTENSIONS = sa.DDL("CREATE EXTENSION IF NOT EXISTS pg_trgm")  # type: ignore[no-untyped-call]
 sa.event.listen(pipelines, "before_create", EXTENSIONS)
 
 stages = sa.Table(

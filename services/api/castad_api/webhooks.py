@@ -48,7 +48,7 @@ from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from castad_api import model, webhook_secrets, webhook_slots
+from castad_api import model, records, webhook_secrets, webhook_slots
 from castad_api.settings import ApiSettings
 from castad_api.tables import pipelines, webhook_attempts, webhook_deliveries
 
@@ -86,7 +86,11 @@ _ENQUEUE = (
 
 
 def enqueue(
-    conn: sa.Connection, pipeline: Any, status: model.PipelineStatus, error_code: str | None, artifacts: dict[str, Any]
+    conn: sa.Connection,
+    pipeline: records.Pipeline | records.Locked,
+    status: model.PipelineStatus,
+    error_code: str | None,
+    artifacts: dict[str, Any],
 ) -> None:
     """Add the notice of a pipeline's end, if its brief asked for one (inside the projection's transaction)."""
     url = pipeline.callback_url
@@ -495,19 +499,41 @@ class Deliverer:
                 log.exception("recording the last tries failed; they are sent again when their leases end")
 
 
-def deliveries(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class Try:
+    """A try of a notice: the receiver's answer (`status_code`), or the error that stood for one."""
+
+    number: int
+    started_at: dt.datetime
+    duration_ms: int
+    status_code: int | None
+    error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """A notice of a pipeline's end, with its tries so far."""
+
+    id: uuid.UUID
+    url: str
+    event_type: str
+    status: str  # pending, delivered, failed
+    attempts: int
+    due_at: dt.datetime
+    last_error: str | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    tries: tuple[Try, ...]
+
+
+def deliveries(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[Delivery]:
     """The notices of a pipeline, oldest first, each with its tries."""
-    rows = conn.execute(
-        sa.select(webhook_deliveries)
-        .where(webhook_deliveries.c.pipeline_id == pipeline_id)
-        .order_by(webhook_deliveries.c.created_at)
-    ).mappings()
+    d, a = webhook_deliveries, webhook_attempts
+    columns = [d.c[field.name] for field in dataclasses.fields(Delivery) if field.name != "tries"]
+    rows = conn.execute(sa.select(*columns).where(d.c.pipeline_id == pipeline_id).order_by(d.c.created_at))
     result = []
     for row in rows:
-        tries = conn.execute(
-            sa.select(webhook_attempts)
-            .where(webhook_attempts.c.delivery_id == row["id"])
-            .order_by(webhook_attempts.c.number)
-        ).mappings()
-        result.append({**row, "tries": [dict(t) for t in tries]})
+        tried = sa.select(*(a.c[field.name] for field in dataclasses.fields(Try)))
+        tries = conn.execute(tried.where(a.c.delivery_id == row.id).order_by(a.c.number))
+        result.append(Delivery(**row._asdict(), tries=tuple(Try(**t._asdict()) for t in tries)))
     return result

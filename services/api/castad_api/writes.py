@@ -173,9 +173,12 @@ def _records(rows: list[dict[str, Any]]) -> Jsonb:
     return Jsonb(rows, dumps=_dumps)
 
 
+_DIALECT = pg.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialects are untyped
+
+
 def _typed(table: sa.Table, columns: tuple[str, ...]) -> str:
     """A column definition list of these columns of `table`, typed as the table types them."""
-    return ", ".join(f"{column} {table.c[column].type.compile(dialect=pg.dialect())}" for column in columns)
+    return ", ".join(f"{column} {table.c[column].type.compile(dialect=_DIALECT)}" for column in columns)
 
 
 def _recordset(table: sa.Table, columns: tuple[str, ...]) -> str:
