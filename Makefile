@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-webhooks bench-streams faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-capacity bench-replicas bench-webhooks bench-streams faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -31,7 +31,7 @@ lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), an
 docs:  ## the docs site into var/site, strictly: a broken link or a page left out of the navigation fails (castad-admin docs serves it)
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run (about 21 minutes); writes docs/reports/benchmarks.md and its charts
+bench: setup  ## Castad vs DBOS and a plain Dramatiq pipeline, a backlog drain, a 10-minute steady run, two replicas of every worker (about 23 minutes); writes docs/reports/benchmarks.md and its charts
 	@$(BIN)/python -m bench.run
 
 profile: setup  ## where each service spends its CPU under load (py-spy); stacks in var/bench/profile
@@ -54,6 +54,15 @@ bench-streams: setup  ## 2,000 idle event streams on one gateway process: its CP
 
 bench-wakeups: setup  ## commits a second of 32 writers with no wake-up, a NOTIFY in each transaction, and the waker after the commit; writes docs/reports/wakeups.md
 	@$(BIN)/python -m bench.wakeups
+
+bench-quota: setup  ## claims a second of 32 claimers through a provider's quota with 10,000 jobs in flight, through its one locked row before and its shards now; writes docs/reports/quota.md
+	@$(BIN)/python -m bench.quota
+
+bench-capacity: setup  ## what a pipeline and a waiting job cost each part, the ceilings here, and what 5,000 pipelines/s would need (about 6 minutes); writes docs/reports/capacity.md
+	@$(BIN)/python -m bench.capacity
+
+bench-replicas: setup  ## two replicas of every stage and of the relay beside one of each: nothing lost, order kept, throughput (about 3 minutes); writes docs/reports/replicas.md
+	@$(BIN)/python -m bench.replicas
 
 faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
 	@$(BIN)/python -m bench.faults

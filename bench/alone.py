@@ -1,5 +1,7 @@
-"""`python -m bench.alone projection|stage`: one service's hot path alone, one item at a time, to compare two
-versions of the code where the whole installation's figures (A) vary from run to run by more than a change moves.
+"""`python -m bench.alone projection|stage`.
+
+One service's hot path alone, one item at a time, to compare two versions of the code where the whole
+installation's figures (A) vary from run to run by more than a change moves.
 
 - `projection`: the gateway's projection of a pipeline's six stage events (`castad_api.projection.apply`, as its
   consumer calls it), per event.

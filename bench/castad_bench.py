@@ -187,10 +187,15 @@ class CastadBench:
             common.log.info("castad: %s", line)
         self.api_key = access.create_key("bench", frozenset(keys.Scope), "the benchmark", self.env())
 
-    def start(self) -> None:
+    def start(self, names: Iterable[str] = ()) -> None:
+        """Start the processes `names`, then wait for the gateway.
+
+        Each name is a service or a replica of one (`lyric-2`); none given: the Procfile's services.
+        """
         self.stack = stack_.Stack(self.env(), self.log_dir)
         self.cleanup.push("stop services", self.stack.stop_all)
-        self.stack.start_all()
+        for name in list(names) or list(self.stack.commands):
+            self.stack.start(name)
         self.stack.wait_ready(self.base_url, timeout_s=120)
         self.cleanup.push("close clients", self._close_clients)
 
@@ -274,8 +279,10 @@ class CastadBench:
     def throughput(
         self, count: int, concurrency: int, first: int, timeout_s: float = 300, count_commits: bool = True
     ) -> dict[str, Any]:
-        """Submit `count` pipelines, at most `concurrency` requests at a time, until all SUCCEEDED. Counting
-        the commits (`commits_per_pipeline`) adds about 45 s of waiting for PostgreSQL's statistics."""
+        """Submit `count` pipelines, at most `concurrency` requests at a time, until all SUCCEEDED.
+
+        Counting the commits (`commits_per_pipeline`) adds about 45 s of waiting for PostgreSQL's statistics.
+        """
         counter = commits.Counter(self.databases) if count_commits else None
         if counter is not None:
             counter.start()
@@ -316,8 +323,11 @@ class CastadBench:
         }
 
     def _videos_done(self, ids: list[str]) -> dict[str, float]:
-        """When the video stage recorded each pipeline's success (`jobs.finished_at`, the transaction that also
-        wrote its `completed` event): after that, only the relay's hop and the gateway's projection are left."""
+        """When the video stage recorded each pipeline's success (`jobs.finished_at`).
+
+        That is the transaction that also wrote its `completed` event: after that, only the relay's hop and the
+        gateway's projection are left.
+        """
         with psycopg.connect(common.dsn(self.urls["video"]), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT pipeline_id, finished_at FROM jobs WHERE pipeline_id = ANY(%s) AND status = 'SUCCEEDED'",
@@ -341,11 +351,14 @@ class CastadBench:
     # -- the idle run with its observers ----------------------------------------------------
 
     def idle(self, count: int, warmup: int) -> dict[str, Any]:
-        """Warm up, then `count` pipelines one at a time timed by the databases alone, then `count` more with
-        the harness's observers of a handoff's parts running too. The observers share the machine with the
-        services (a tap queue RabbitMQ routes every event to as well, a LISTEN per database that PostgreSQL
-        wakes on every commit, threads of this process taking their share of the cores), so they slow the
-        handoff they time: the totals come from the first lot, the parts from the second."""
+        """Time `count` pipelines one at a time by the databases alone, then `count` more with observers.
+
+        After a warm-up, the first lot is timed by the databases alone, the second with the harness's observers of
+        a handoff's parts running too. The observers share the machine with the services (a tap queue RabbitMQ
+        routes every event to as well, a LISTEN per database that PostgreSQL wakes on every commit, threads of this
+        process taking their share of the cores), so they slow the handoff they time: the totals come from the
+        first lot, the parts from the second.
+        """
         self.commit_clock(True)
         observers: list[Any] = []
         try:
@@ -373,8 +386,9 @@ def _rows(url: str, query: str) -> list[dict[str, Any]]:
 
 
 def _match_notifications(outbox: list[dict[str, Any]], arrivals: list[float], ids: set[str]) -> dict[str, float]:
-    """Pair the k-th committed outbox transaction of a database for the pipelines `ids` (those run while the
-    notifications were listened to) with the k-th notification.
+    """Pair the k-th committed outbox transaction of a database with the k-th notification.
+
+    The transactions are those for the pipelines `ids`, run while the notifications were listened to.
 
     Every outbox-writing transaction sends exactly one notification after its commit, and
     in a database one transaction follows the other while one pipeline runs at a time, so
@@ -526,8 +540,10 @@ def analyse_idle(
 
 
 def end_to_end(api_url: str, ids: set[str]) -> latency.Summary:
-    """`pipelines.finished_at - created_at` of these pipelines in the gateway's database: from the transaction
-    that accepted the POST to the projection's that recorded the pipeline's end."""
+    """`pipelines.finished_at - created_at` of these pipelines in the gateway's database.
+
+    From the transaction that accepted the POST to the projection's that recorded the pipeline's end.
+    """
     with psycopg.connect(common.dsn(api_url), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[]) AND finished_at IS NOT NULL",

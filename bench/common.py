@@ -46,8 +46,11 @@ class Cleanup:
         self._steps.append((what, step))
 
     def run(self) -> None:
-        """Run every step; a step that fails, or is interrupted (a second Ctrl-C, a SIGTERM while cleaning up),
-        does not keep the others from running: engines and services left behind would outlive the run."""
+        """Run every step, each whatever became of the others.
+
+        A step that fails, or is interrupted (a second Ctrl-C, a SIGTERM while cleaning up), does not keep the
+        others from running: engines and services left behind would outlive the run.
+        """
         while self._steps:
             what, step = self._steps.pop()
             try:

@@ -55,8 +55,10 @@ def in_group(pgid: int) -> Callable[[int, int, str], bool]:
 
 
 def postgres_backends(*databases: str) -> Callable[[int, int, str], bool]:
-    """Server processes of connections to these databases (`postgres: <cluster>: <user> <database> <client>
-    <state>`, the title padded with spaces)."""
+    """Server processes of connections to these databases.
+
+    Their title is `postgres: <cluster>: <user> <database> <client> <state>`, padded with spaces.
+    """
     names = {f" {database} " for database in databases}
     return lambda pid, pgrp, cmdline: cmdline.startswith("postgres: ") and any(name in cmdline for name in names)
 

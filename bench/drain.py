@@ -182,8 +182,10 @@ class Drain:
         return {"received": count, "out_of_order": out_of_order, "duplicates": duplicates}
 
     def relay_round(self, envs: list[envelope.Envelope]) -> dict[str, Any]:
-        """Fill the backlog, let the relay drain it, read the queue back; then empty the outbox for the next
-        round to write the same rows again."""
+        """Fill the backlog, let the relay drain it, read the queue back.
+
+        Then empty the outbox for the next round to write the same rows again.
+        """
         measured = {"fill_seconds": self.fill(envs), "relay": self.relay(), "order": self.check_order()}
         with psycopg.connect(common.dsn(self.url), autocommit=True) as conn:
             conn.execute("TRUNCATE outbox")
@@ -228,8 +230,10 @@ class Drain:
 def run(
     cleanup: common.Cleanup, workdir: Any, rows: int, per_pipeline: int, window: int, rounds: int
 ) -> dict[str, Any]:
-    """`rounds` rounds of the relay's drain and the raw publish (odd: the median round is shown); the median
-    round's figures, with every round's under `rounds`."""
+    """`rounds` rounds of the relay's drain and the raw publish (odd: the median round is shown).
+
+    The median round's figures, with every round's under `rounds`.
+    """
     done: list[dict[str, Any]] = []
     with cleanup.scope():
         drain = Drain(cleanup, workdir, rows, per_pipeline)

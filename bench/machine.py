@@ -94,6 +94,18 @@ def _memory_gib() -> str:
         return "?"
 
 
+def brief_facts(load_at_start: tuple[float, float, float]) -> dict[str, object]:
+    """What a micro-benchmark's report says of the machine: when, its cores and CPU, PostgreSQL, how busy it was."""
+    server = postgres()
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "postgres": f"{server['version']}, synchronous_commit {server['synchronous_commit']}",
+        "load": " / ".join(f"{value:.2f}" for value in load_at_start),
+    }
+
+
 def facts() -> dict[str, Any]:
     return {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),

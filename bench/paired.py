@@ -27,9 +27,12 @@ class Side(Protocol):
 
 
 def run(sides: Mapping[str, Side], rounds: int, pipelines: int, concurrency: int, idle: int, first: int) -> list[Any]:
-    """`rounds` rounds over `sides` (name -> side); each round's figures by side, and the order they ran in.
-    No round counts commits: that waits about 45 s for PostgreSQL's statistics before and after a run, which
-    would set the two sides' runs of a round far apart (count them in a run before the rounds)."""
+    """`rounds` rounds over `sides` (name -> side).
+
+    Each round's figures by side, and the order they ran in. No round counts commits: that waits about 45 s for
+    PostgreSQL's statistics before and after a run, which would set the two sides' runs of a round far apart (count
+    them in a run before the rounds).
+    """
     done: list[dict[str, Any]] = []
     for number in range(rounds):
         order = list(sides) if number % 2 == 0 else list(sides)[::-1]
@@ -75,8 +78,11 @@ def median_of(items: Sequence[T], key: Callable[[T], float]) -> T:
 
 
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round the report shows in detail: of an odd number of rounds, the one whose throughput ratio is the
-    median (of one side's rounds, the one of median throughput)."""
+    """The round the report shows in detail.
+
+    Of an odd number of rounds, the one whose throughput ratio is the median (of one side's rounds, the one of
+    median throughput).
+    """
     (one, *others) = rounds[0]["order"]
     keys = ratios(rounds)["throughput"] if others else [r[one]["throughput"]["rate"] for r in rounds]
     return rounds[median_of(range(len(rounds)), keys.__getitem__)]

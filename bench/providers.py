@@ -1,5 +1,7 @@
-"""`make bench-providers` (`python -m bench.providers`): many pipelines through the three network
-providers at once, the music API slow, every stage service with 2 worker threads; writes docs/reports/providers.md.
+"""`make bench-providers` (`python -m bench.providers`).
+
+Many pipelines through the three network providers at once, the music API slow, every stage service with 2 worker
+threads; writes docs/reports/providers.md.
 
 The providers are the fake servers of castad_local.fakes, in this process, on 127.0.0.1: a Chat
 Completions server, a Suno-shaped music API taking `--song-s` per song, Creatomate's render API

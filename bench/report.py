@@ -730,6 +730,109 @@ def notify(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def replicas(r: dict[str, Any]) -> list[str]:
+    """Return the rounds with two replicas of every worker beside one of each, how the work spread, the checks.
+
+    Runs before this part was measured have none: no section.
+    """
+    if "replicas" not in r:
+        return []
+    m = r["replicas"]
+    rounds, checked = m["rounds"], m["checked"]
+    lines: list[str] = []
+    add = lines.append
+    add("## G. Two replicas of every worker beside one")
+    add("")
+    add(
+        f"One gateway (the client talks to it alone); {', '.join(m['replicated'])} each as {m['replicas']} "
+        f"processes in some rounds and one in the others, alternating (two, one, one, two, ...), on the one "
+        f"PostgreSQL and RabbitMQ, with the instant providers: {m['pipelines']:,} pipelines a round at "
+        f"{m['concurrency']} requests in flight. CPU is of every process of the installation (a service's "
+        "replicas summed), PostgreSQL's backends, RabbitMQ and the client."
+    )
+    add("")
+    add(
+        f"**This machine has {m['cores']} cores; two replicas share the same cores one replica has, so these "
+        "rounds cannot show what replicas add.** They show that nothing is lost, duplicated or reordered while "
+        "replicas compete for the same jobs, events and outboxes, and what competing costs here. On a machine "
+        "shared with other work, more processes may also take a larger share of it, whatever they add."
+    )
+    add("")
+    add("| round | workers | pipelines/s | CPU ms a pipeline | of it PostgreSQL | latency p50 / p99 ms |")
+    add("|---|---|---|---|---|---|")
+    for number, one in enumerate(rounds, 1):
+        cpu = one["cpu_ms_per_pipeline"]
+        latency = one["latency_ms"]
+        add(
+            f"| {number} | {one['config']} | {_f(one['rate'])} | {_f(sum(cpu.values()))} | "
+            f"{_f(cpu.get('postgres'))} | {_f(latency['p50'], 0)} / {_f(latency['p99'], 0)} |"
+        )
+    configs = sorted({one["config"] for one in rounds}, reverse=True)
+    rates = {c: statistics.mean(one["rate"] for one in rounds if one["config"] == c) for c in configs}
+    add("")
+    if len(configs) == 2:
+        two, one_each = configs
+        add(
+            f"Mean over its rounds: {two} {_f(rates[two])} pipelines/s, {one_each} {_f(rates[one_each])}: "
+            f"{_ratio(rates[two], rates[one_each])} the throughput."
+        )
+        add("")
+    services = sorted({name for one in rounds for name in one["cpu_ms_per_pipeline"]})
+    add("CPU ms a pipeline by part, the mean over each installation's rounds:")
+    add("")
+    add("| part | " + " | ".join(configs) + " |")
+    add("|---" * (1 + len(configs)) + "|")
+    for service in services:
+        means = [
+            statistics.mean(one["cpu_ms_per_pipeline"].get(service, 0.0) for one in rounds if one["config"] == c)
+            for c in configs
+        ]
+        add(f"| {service} | " + " | ".join(_f(value) for value in means) + " |")
+    add("")
+    add(
+        "How the work spread in each round: the attempts each process ran (`attempts.worker` in the stage's "
+        "database), and the relay leading each outbox at the round's end (`outbox_leader`), with the takeovers "
+        "during the round."
+    )
+    add("")
+    outboxes = list(rounds[0]["leaders"])
+    add(
+        "| round | "
+        + " | ".join(f"{stage} attempts" for stage in rounds[0]["attempts"])
+        + " | "
+        + " | ".join(f"{db} outbox led by" for db in outboxes)
+        + " |"
+    )
+    add("|---" * (1 + len(rounds[0]["attempts"]) + len(outboxes)) + "|")
+    for number, one in enumerate(rounds, 1):
+        spread = [", ".join(f"{name} {count:,}" for name, count in by.items()) for by in one["attempts"].values()]
+        led = [
+            f"{lead['holder']}" + (f" ({lead['takeovers']} takeovers)" if lead["takeovers"] else "")
+            for lead in one["leaders"].values()
+        ]
+        add(f"| {number} | " + " | ".join(spread + led) + " |")
+    add("")
+    findings = m["findings"]
+    add(
+        f"Checked after the last round, every pipeline of the run (the rounds' and the warm-ups'): "
+        f"{checked['succeeded']:,} of {checked['pipelines']:,} SUCCEEDED; `completed` events "
+        + ", ".join(f"{stage} {count:,}" for stage, count in checked["completed_events"].items())
+        + f" (one per stage and pipeline); {checked['outbox_rows']:,} outbox rows, {checked['parked']} parked; "
+        f"{checked['routed']:,} events routed by the broker, each producer's of a pipeline in the order written "
+        f"and published in that order; {checked['timeline_entries']:,} gateway timeline entries, each pipeline's "
+        f"in stage order; {checked['dead_letters']} dead letters."
+    )
+    add("")
+    if findings:
+        add(f"**{len(findings)} findings: the run failed.**")
+        add("")
+        lines.extend(f"- {finding}" for finding in findings[:20])
+    else:
+        add("**No finding**: nothing lost, duplicated or reordered.")
+    add("")
+    return lines
+
+
 def reproduce(r: dict[str, Any]) -> list[str]:
     """Return how to run the benchmark again, and where its measurements are kept."""
     lines: list[str] = []
@@ -766,6 +869,7 @@ SECTIONS: tuple[Section, ...] = (
     steady,
     idle_handoff,
     notify,
+    replicas,
     reproduce,
 )
 _IDLE_ALT = "Idle end to end and stage handoff, p50 and p99 in ms: Castad, DBOS and plain Dramatiq"
@@ -809,8 +913,10 @@ def _percent(share: float | None) -> str:
 
 
 def _steady_cpu_and_tail(add: Callable[[str], None], steady: dict[str, Any]) -> None:
-    """Add the steady run's CPU per process per minute, and where each minute's slowest pipelines spent their
-    time (runs before these were recorded have neither)."""
+    """Add the steady run's CPU per process and where its slowest pipelines spent their time, per minute.
+
+    Runs before these were recorded have neither.
+    """
     servers, tails = steady.get("servers", {}), steady.get("tail_parts")
     if not tails:
         return

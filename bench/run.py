@@ -2,7 +2,8 @@
 
 A: Castad; B: a plain Dramatiq pipeline; C: NOTIFY inside or after the commit; D: the same
 steps as a DBOS workflow, measured in rounds alternating with A's (bench.paired); E: an outbox
-backlog drained by the relay against a raw publisher; F: a long run at half of A's throughput.
+backlog drained by the relay against a raw publisher; F: a long run at half of A's throughput;
+G: two replicas of every worker beside one (bench.replicas), checked for anything lost or reordered.
 
 Everything runs against the local servers (127.0.0.1) in databases, queues and processes
 of this run only, removed at the end however the run ends (Ctrl-C and SIGTERM included).
@@ -21,9 +22,9 @@ import sys
 import time
 from typing import Any
 
-from bench import castad_bench, common, dbos_peer, drain, machine, notify, paired, peer, report, sustained
+from bench import castad_bench, common, dbos_peer, drain, machine, notify, paired, peer, replicas, report, sustained
 
-PARTS = ("castad", "dbos", "peer", "drain", "sustained", "notify")
+PARTS = ("castad", "dbos", "peer", "drain", "sustained", "notify", "replicas")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -49,6 +50,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--raw-window", type=int, default=1000, help="unconfirmed publishes at a time, raw peer")
     parser.add_argument("--sustained-minutes", type=float, default=10.0, help="length of the steady run")
+    parser.add_argument(
+        "--replica-rounds", type=int, default=2, help="pairs of rounds, two replicas of every worker and one"
+    )
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     parser.add_argument(
         "--output",
@@ -60,8 +64,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.rounds % 2 == 0 or args.drain_rounds < 1 or args.drain_rounds % 2 == 0:
         parser.error("--rounds and --drain-rounds must be odd (the report shows the median round)")
-    if args.idle_lot < 1:
-        parser.error("--idle-lot must be at least 1")
+    if args.idle_lot < 1 or args.replica_rounds < 1:
+        parser.error("--idle-lot and --replica-rounds must be at least 1")
     return args
 
 
@@ -71,9 +75,12 @@ def _phase(results: dict[str, Any], name: str) -> None:
 
 
 def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, parts: list[str]) -> Any:
-    """A and D, both up at once: the detailed idle run of each, a throughput run of each that counts its commits
-    (and warms it up under load), then `--rounds` paired rounds (bench.paired). The throughput shown in detail
-    is that of the median round, with the commits of the counting run."""
+    """A and D, both up at once.
+
+    The detailed idle run of each, a throughput run of each that counts its commits (and warms it up under load),
+    then `--rounds` paired rounds (bench.paired). The throughput shown in detail is that of the median round, with
+    the commits of the counting run.
+    """
     results: dict[str, dict[str, Any]] = {}
     with cleanup.scope():
         sides: dict[str, paired.Side] = {}
@@ -168,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
             if "notify" in parts:
                 results["notify"] = run_notify(args, cleanup, workdir)
                 _phase(results, "after notify")
+            if "replicas" in parts:
+                results["replicas"] = replicas.run(
+                    cleanup, workdir, args.pipelines, args.concurrency, args.replica_rounds, args.warmup
+                )
+                _phase(results, "after replicas")
+                if results["replicas"]["findings"]:
+                    raise RuntimeError(f"replicas: {len(results['replicas']['findings'])} findings")
         ok = True
     except KeyboardInterrupt:
         common.log.error("interrupted; cleaning up")

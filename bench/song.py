@@ -1,5 +1,7 @@
-"""What a song costs the song stage's local provider: CPU seconds (its own process and eSpeak NG's) per ten
-seconds of song, sung by each voice in each language and played without a voice.
+"""What a song costs the song stage's local provider.
+
+CPU seconds (its own process and eSpeak NG's) per ten seconds of song, sung by each voice in each language and
+played without a voice.
 
 Each song is the local lyric provider's lyrics for one brief per language, composed once to warm up and then
 timed `ROUNDS` times; the median goes to docs/reports/song.md (`make bench-song`). The budget the singing

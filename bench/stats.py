@@ -1,5 +1,6 @@
-"""The operator's statistics and the listing's search on a million pipelines: each statement timed, its plan
-recorded.
+"""The operator's statistics and the listing's search on a million pipelines.
+
+Each statement timed, its plan recorded.
 
 A scratch database is migrated as the gateway's, filled with `INSERT ... SELECT generate_series` (1,000,000
 pipelines created over 30 days, their stages, their attempts, dead letters), vacuumed and analysed; then

@@ -1,5 +1,7 @@
-"""What idle event streams cost one gateway process: its CPU and memory while 2,000 streams stay open and
-nothing changes, with the code before streams waited for the listener alone, and with this tree's.
+"""What idle event streams cost one gateway process.
+
+Its CPU and memory while 2,000 streams stay open and nothing changes, with the code before streams waited for the
+listener alone, and with this tree's.
 
 A scratch database migrated as the gateway's holds `--pipelines` running pipelines and an admin key. A
 gateway process serves its HTTP API and its listener (as the gateway's own process does, without the

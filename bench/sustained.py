@@ -65,10 +65,13 @@ class Sample:
 
 
 class Servers(threading.Thread):
-    """Samples, every `every_s`, counters of the PostgreSQL server (cluster-wide: checkpoints finished, WAL
-    full-page images and bytes; per database of the installation: autovacuum and autoanalyze runs), the
-    machine's CPU ticks and load average and the CPU seconds of the processes `processes` names; `by_minute`
-    gives what each minute since `started` added."""
+    """Samples, every `every_s`, counters of the PostgreSQL server, the machine and some processes.
+
+    The PostgreSQL counters are cluster-wide (checkpoints finished, WAL full-page images and bytes) and per
+    database of the installation (autovacuum and autoanalyze runs); the machine's are its CPU ticks and load
+    average; and the CPU seconds of the processes `processes` names. `by_minute` gives what each minute since
+    `started` added.
+    """
 
     CLUSTER = """
     SELECT (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
@@ -112,9 +115,11 @@ class Servers(threading.Thread):
             conn.close()
 
     def by_minute(self) -> dict[int, dict[str, Any]]:
-        """Per minute: checkpoints finished, full-page images, WAL MB and autovacuum runs it added; the
-        highest one-minute load average seen in it; the share of the machine's CPU time that was busy,
-        waiting for I/O or stolen by the hypervisor; and the CPU seconds each process used."""
+        """Per minute: checkpoints finished, full-page images, WAL MB and autovacuum runs it added.
+
+        The highest one-minute load average seen in it; the share of the machine's CPU time that was busy, waiting
+        for I/O or stolen by the hypervisor; and the CPU seconds each process used.
+        """
         minutes: dict[int, dict[str, Any]] = {}
         ticks: dict[int, list[int]] = {}
         for before, after in zip(self.samples, self.samples[1:], strict=False):
@@ -157,8 +162,11 @@ PARTS = [part for stage in STAGE_ORDER for part in (f"to {stage}", str(stage))] 
 
 
 def tail_parts(pipelines: list[list[float]]) -> dict[str, float]:
-    """Where the pipelines at or above the p99 of these spent their time: the mean, in ms, of each part
-    between two of their moments (a wait before a stage starts, the stage itself, the gateway's last step)."""
+    """Where the pipelines at or above the p99 of these spent their time.
+
+    The mean, in ms, of each part between two of their moments (a wait before a stage starts, the stage itself, the
+    gateway's last step).
+    """
     totals = [moments[-1] - moments[0] for moments in pipelines]
     p99 = latency.percentile(totals, 99)
     slowest = [moments for moments, total in zip(pipelines, totals, strict=True) if total >= p99]

@@ -1,6 +1,8 @@
-"""Waking the relay at 32 writers: commits a second with no wake-up, with a NOTIFY inside each writing
-transaction (as the outbox's trigger did), with one after the commit on the writer's connection, and with the
-waker (castad_runtime.wakeups); and how long after a commit a listener hears of it.
+"""Waking the relay at 32 writers.
+
+Commits a second with no wake-up, with a NOTIFY inside each writing transaction (as the outbox's trigger did), with
+one after the commit on the writer's connection, and with the waker (castad_runtime.wakeups); and how long after a
+commit a listener hears of it.
 
 The commit rates are bench.notify's variants at `WRITERS` threads (the benchmark's own part C runs them at
 8), `ROUNDS` rounds interleaved; then `PROBES` single commits, `PROBE_GAP_S` apart, timed from the commit's
@@ -11,8 +13,6 @@ return to the listener hearing of it. Written to docs/reports/wakeups.md (`make 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import time
 
 import psycopg
@@ -101,19 +101,12 @@ def render(rates: dict[str, dict], delays: dict[str, list[float]], facts: dict[s
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    load = " / ".join(f"{value:.2f}" for value in machine.load())
+    load = machine.load()
     cleanup = common.Cleanup()
     with common.interrupt_on_sigterm():
         rates = notify.run(WRITERS, PER_WRITER, ROUNDS, cleanup)["totals"]
         delays = {variant: wake_latency_ms(variant, cleanup) for variant in notify.VARIANTS if variant != "none"}
-    postgres = machine.postgres()
-    facts = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cores": os.cpu_count(),
-        "cpu": machine.cpu_model(),
-        "postgres": f"{postgres['version']}, synchronous_commit {postgres['synchronous_commit']}",
-        "load": load,
-    }
+    facts = machine.brief_facts(load)
     OUT.write_text(render(rates, delays, facts))
     print(f"written to {OUT}")
 

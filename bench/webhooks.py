@@ -1,5 +1,6 @@
-"""How long one gateway process takes to deliver webhook notices to a receiver answering in 1 s: the code before
-notices were sent several at once, and the code of this tree.
+"""How long one gateway process takes to deliver webhook notices to a receiver answering in 1 s.
+
+The code before notices were sent several at once, and the code of this tree.
 
 A scratch database is migrated as the gateway's and given `--notices` due notices, all to one receiver on
 127.0.0.1 (a threaded HTTP server that answers 204 after `--answer-s`); the gateway's deliverer (its defaults
@@ -147,8 +148,10 @@ def checkout(revision: str) -> Iterator[pathlib.Path]:
 
 
 def with_code_of(tree: pathlib.Path | None) -> dict[str, str]:
-    """The environment of a process that runs the gateway (and the libraries it uses) of `tree` (None: of this
-    tree, as installed)."""
+    """The environment of a process that runs the gateway of `tree` (None: of this tree, as installed).
+
+    The gateway and the libraries it uses are those of `tree`.
+    """
     env = dict(os.environ)
     if tree is not None:
         packages = [tree / "services" / "api", tree / "libs" / "runtime", tree / "libs" / "contracts"]

@@ -29,8 +29,10 @@ SERVICES = tuple(database.service for database in stack.DATABASES)
 
 @pytest.fixture(scope="session")
 def migrated_templates() -> Iterator[dict[str, str]]:
-    """A freshly migrated template database per service, made once per test session; the gateway's
-    holds the tests' admin API key (TEST_KEY_TENANT), so every installation has it."""
+    """A freshly migrated template database per service, made once per test session.
+
+    The gateway's holds the tests' admin API key (TEST_KEY_TENANT), so every installation has it.
+    """
     require_servers()
     session = uuid.uuid4().hex[:8]
     templates = {}

@@ -1,4 +1,6 @@
-"""`make faults` (`python -m bench.faults`): a fault run, then docs/reports/faults.md; exit status 1 on any finding.
+"""`make faults` (`python -m bench.faults`).
+
+A fault run, then docs/reports/faults.md; exit status 1 on any finding.
 
 `--short` runs the plan `make test` runs (every fault kind once, 10 s outages). Logs of the
 services stay in var/faults/<run id>/logs when the run found anything or failed.

@@ -104,8 +104,10 @@ def last_retries(snapshot: Snapshot) -> dict[str, float]:
 
 
 def lateness(pipeline_id: str, pipeline: Row, last_retry: dict[str, float], last_fault_end: float) -> float:
-    """Seconds from the end of the last fault, or from the pipeline's acceptance or last retry when that
-    came later, to its end: what the bound limits."""
+    """Seconds from the end of the last fault to the pipeline's end: what the bound limits.
+
+    Counted from the pipeline's acceptance or last retry instead when that came later.
+    """
     started = max(pipeline["created_at"].timestamp(), last_retry.get(pipeline_id, 0.0))
     return float(pipeline["finished_at"].timestamp() - max(started, last_fault_end))
 
@@ -226,8 +228,10 @@ class Checker:
             self.fail(f"{pipeline_id}: {stage} artifact {path} is not what its event describes")
 
     def after_predecessor(self, stage: str, pipeline_id: str, job: Row) -> None:
-        """No attempt started before the event that triggers the stage was written. (The job's row may be
-        older: a cancel, or a retry, can create it before the trigger comes.)"""
+        """No attempt started before the event that triggers the stage was written.
+
+        (The job's row may be older: a cancel, or a retry, can create it before the trigger comes.)
+        """
         service, event_type = PREDECESSOR[stage]
         trigger = self.first_event.get((service, pipeline_id, event_type))
         attempts = self.s.attempts[stage].get(job["id"], [])
@@ -258,9 +262,11 @@ class Checker:
             self.fail(f"{pipeline_id}: FAILED with {pipeline['error_code']}, {stage} with {job['last_error_code']}")
 
     def in_order(self) -> None:
-        """The events of a pipeline from one producer were routed by the broker in the order they were written,
-        whatever relay published them: the first time each was routed (copies that came later are dropped by
-        inboxes) never comes after a later event of the same pipeline and producer."""
+        """The events of a pipeline from one producer were routed in the order they were written.
+
+        Whatever relay published them: the first time each was routed by the broker (copies that came later are
+        dropped by inboxes) never comes after a later event of the same pipeline and producer.
+        """
         written = {
             str(row["event_id"]): (service, row["pipeline_id"], row["id"])
             for service, rows in self.s.outbox.items()
@@ -396,8 +402,11 @@ def longest_pause(times: Iterable[dt.datetime], start: float, end: float) -> flo
 
 
 def submissions(snapshot: Snapshot, stage: str, start: float, end: float) -> str:
-    """What a network provider got from the jobs whose attempts started between `start` and `end`: submissions per
-    job, and how many counted attempts submitted more than once under one key (a job the provider may do twice)."""
+    """What a network provider got from the jobs whose attempts started between `start` and `end`.
+
+    Submissions per job, and how many counted attempts submitted more than once under one key (a job the provider
+    may do twice).
+    """
     per_job: list[int] = []
     twice = 0
     for attempts in snapshot.attempts[stage].values():

@@ -136,14 +136,6 @@ class Deployment:
         if stack_.service_of(name) == "api":
             self.stack.wait_ready(f"http://127.0.0.1:{self.replica_env(name)['CASTAD_API_PORT']}", timeout_s=60)
 
-    def process_of(self, worker: str) -> str:
-        """The name of the process a worker id names (`song@host:1234`, a relay's `relay@host:1234/ab12cd34`)."""
-        pid = int(worker.split("/", 1)[0].rsplit(":", 1)[1])
-        for name, process in self.stack.processes.items():
-            if process.pid == pid:
-                return name
-        raise LookupError(f"no running process is worker {worker}")
-
     def ffmpeg_renders(self) -> Iterator[tuple[str, int]]:
         """(video replica, pid of an ffmpeg it runs) for every render under way."""
         for name in self.names("video"):

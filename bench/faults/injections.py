@@ -1,5 +1,6 @@
-"""Faults that are messages or rows: poison in every queue, copies of real events, an outbox row the relay
-refuses (of a type no service produces).
+"""Faults that are messages or rows.
+
+Poison in every queue, copies of real events, an outbox row the relay refuses (of a type no service produces).
 
 Every poison message carries a marker of its own (a UUID in its body), so that the checker
 can tell the dead-letter queue holds exactly the poison injected, each with its reason.
@@ -71,10 +72,12 @@ def publish_poison(poison: list[Poison], amqp_url: str) -> None:
 
 
 class Tap:
-    """Sees every event the exchange routes to a service, in the order it routes them: a quorum queue of the
-    harness bound as every service's queue is, read for as long as the run lasts, across the loss of any node
-    (its consumer connects again, and what it had not acknowledged comes again). Keeps the ids in that order,
-    and copies of the latest `keep` events to send again (`republish`)."""
+    """Sees every event the exchange routes to a service, in the order it routes them.
+
+    A quorum queue of the harness bound as every service's queue is, read for as long as the run lasts, across the
+    loss of any node (its consumer connects again, and what it had not acknowledged comes again). Keeps the ids in
+    that order, and copies of the latest `keep` events to send again (`republish`).
+    """
 
     def __init__(self, topo: topology.Topology, queue: str, keep: int, amqp_url: str) -> None:
         self.exchange = topo.exchange
@@ -131,8 +134,10 @@ class Tap:
 
 
 def add_unroutable_row(api_database_url: str) -> str:
-    """An outbox row in the gateway's database of an event type no service produces (so no queue is bound to
-    it either), which the relay parks at once; its event id."""
+    """Add an outbox row the relay parks at once to the gateway's database; its event id.
+
+    Its event type is one no service produces, so no queue is bound to it either.
+    """
     event_id, pipeline_id = str(uuid.uuid4()), str(uuid.uuid4())
     document = {
         "specversion": "1.0",
@@ -212,8 +217,10 @@ def pipeline_of(pid: int) -> str | None:
 
 
 def song_seconds_of(pid: int) -> float:
-    """About how long the song an ffmpeg process renders lasts, by its size (the music API's MP3s take about 8 KB a
-    second, a WAV 88 KB); 0 when its song is not to be found."""
+    """About how long the song an ffmpeg process renders lasts, by its size; 0 if its song is not found.
+
+    The music API's MP3s take about 8 KB a second, a WAV 88 KB.
+    """
     try:
         arguments = (pathlib.Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
     except OSError:

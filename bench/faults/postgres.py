@@ -1,5 +1,6 @@
-"""A PostgreSQL primary and its synchronous standby on this machine, from Debian's postgresql: start them,
-kill the primary, promote the standby, make the old primary a standby again.
+"""A PostgreSQL primary and its synchronous standby on this machine, from Debian's postgresql.
+
+Start them, kill the primary, promote the standby, make the old primary a standby again.
 
 `PostgresPair`: `start()`, `url(database)`, `kill_primary()`, `stop_primary()`, `promote()`,
 `rebuild_standby()`, `destroy()` (see `engines` for what the engines share).
@@ -64,8 +65,9 @@ host all all 127.0.0.1/32 scram-sha-256
 
 
 class PostgresPair:
-    """A PostgreSQL primary (the newest Debian installed: 15 on bookworm) and a synchronous hot standby on
-    127.0.0.1, swapped by a failover.
+    """A PostgreSQL primary and a synchronous hot standby on 127.0.0.1, swapped by a failover.
+
+    The primary is the newest Debian installed: 15 on bookworm.
 
     Their data directories go to a directory of their own under /var/tmp, not under `workdir`:
     the server runs as the postgres OS user, who must reach them, and a caller's work directory
@@ -138,8 +140,11 @@ class PostgresPair:
         self._pg_ctl(self.primary, "stop", "-m", "fast")
 
     def promote(self) -> None:
-        """Make the standby the primary; it commits without waiting for a standby until one is rebuilt
-        (as Patroni's non-strict synchronous mode does)."""
+        """Make the standby the primary.
+
+        It commits without waiting for a standby until one is rebuilt (as Patroni's non-strict synchronous mode
+        does).
+        """
         if self._postmaster(self.primary) is not None:
             raise engines.ClusterError(f"{self.primary.name} still runs: promoting would make two primaries")
         if self._postmaster(self.standby) is None:

@@ -1,5 +1,6 @@
-"""Three RabbitMQ nodes in one cluster on this machine, from Debian's rabbitmq-server: start them, lose one
-(kill -9 or a graceful stop), start it again, ask which node leads a quorum queue.
+"""Three RabbitMQ nodes in one cluster on this machine, from Debian's rabbitmq-server.
+
+Start them, lose one (kill -9 or a graceful stop), start it again, ask which node leads a quorum queue.
 
 `RabbitCluster`: `start()`, `urls()`, `grant()`, `kill(node)`, `stop(node)`, `start_node(node)`,
 `leader_of(queue)`, `destroy()` (see `engines` for what the engines share).
@@ -78,8 +79,10 @@ class RabbitCluster:
     # -- the cluster as a whole
 
     def start(self) -> RabbitCluster:
-        """Boot every node at once, each but the first joining the first as it boots; return once
-        every node answers AMQP and the first sees them all running."""
+        """Boot every node at once, each but the first joining the first as it boots.
+
+        Return once every node answers AMQP and the first sees them all running.
+        """
         engines.require_programs()
         started = time.monotonic()
         self._write_files()
@@ -122,8 +125,10 @@ class RabbitCluster:
         self._import_definitions(_definitions(vhost, wanted))
 
     def leader_of(self, queue: str, vhost: str = "/", timeout_s: float = 30.0) -> str:
-        """The node that leads quorum queue `queue`, once its members agree on one (an election after
-        its leader's loss takes a few seconds)."""
+        """The node that leads quorum queue `queue`, once its members agree on one.
+
+        An election after its leader's loss takes a few seconds.
+        """
         found: list[str] = []
         status = ("quorum_status", queue, "--vhost", vhost, "--formatter", "json")
 
@@ -163,8 +168,10 @@ class RabbitCluster:
         self._wait_exited(target)
 
     def start_node(self, node: str) -> None:
-        """Start a node that was killed or stopped; return once it runs in the cluster again and every
-        quorum queue it is a member of has it back online."""
+        """Start a node that was killed or stopped.
+
+        Return once it runs in the cluster again and every quorum queue it is a member of has it back online.
+        """
         target = self._node(node)
         if target.running:
             raise engines.ClusterError(f"{node} is already running")
@@ -213,8 +220,9 @@ class RabbitCluster:
             (node.data / "rabbitmq.config").write_text(self._config(node, join=node is not first))
 
     def _config(self, node: RabbitNode, join: bool) -> str:
-        """The node's configuration, in the classic format (read about 0.4 s sooner than a rabbitmq.conf,
-        which goes through cuttlefish's schemas first).
+        """The node's configuration, in the classic format.
+
+        It is read about 0.4 s sooner than a rabbitmq.conf, which goes through cuttlefish's schemas first.
 
         A node to `join` names the first node as its peer: it joins it while it boots, the first time
         (once it has a database of its own, a node rejoins its cluster by itself). Booting the three

@@ -1,5 +1,7 @@
-"""The fault report (docs/reports/faults.md): what a fault run did, what every service recorded, and whether the
-promise held."""
+"""The fault report (docs/reports/faults.md).
+
+What a fault run did, what every service recorded, and whether the promise held.
+"""
 
 from __future__ import annotations
 
@@ -28,8 +30,11 @@ def write(result: run.Result, output: pathlib.Path) -> None:
 
 
 def timeline(faults: list[run.Fault], started: float) -> str:
-    """Return the faults in the order they came as an SVG chart: when each began and ended, in minutes since
-    the run started, with how long it lasted and how soon the part it hit worked again."""
+    """Return the faults in the order they came as an SVG chart.
+
+    When each began and ended, in minutes since the run started, with how long it lasted and how soon the part it
+    hit worked again.
+    """
     spans = [
         (
             f"{number} {fault.kind}: {fault.target}",

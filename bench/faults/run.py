@@ -1,5 +1,6 @@
-"""A fault run: the services in replicas on clustered engines under steady traffic, faults injected one after
-another, then the checker.
+"""A fault run: the services under steady traffic, faults injected one after another, then the checker.
+
+The services run in replicas on clustered engines.
 
 What runs where: `deployment.Deployment`. Faults, in order: kill -9 of a replica of each service,
 SIGTERM to the video stage mid-render, poison messages and copies of real events, an outage of
@@ -219,8 +220,11 @@ class FaultRun:
         self._record("kill -9", name, lambda: self.stack.kill(name), DOWN_AFTER_KILL_S, lambda: self._restart(name))
 
     def _stop_video_mid_render(self) -> None:
-        """SIGTERM to a video replica's process group while its ffmpeg renders a long song (the music API makes
-        the next ten songs last LONG_SONG_S: some fail their attempts, as every provider call may)."""
+        """SIGTERM to a video replica's process group while its ffmpeg renders a long song.
+
+        The music API makes the next ten songs last LONG_SONG_S: some fail their attempts, as every provider call
+        may.
+        """
         self.deployment.music.plan(*[suno.Plan(audio_s=LONG_SONG_S)] * 10)
         deadline = time.monotonic() + 300
         while True:
@@ -296,8 +300,11 @@ class FaultRun:
         )
 
     def _cut_off_a_node(self) -> None:
-        """The network to the node that leads the lyric stage's queue drops every byte, closing nothing (a lost
-        machine, a partition): the services find out by their heartbeats and keepalives, not by a reset."""
+        """Cut the network to the node that leads the lyric stage's queue, closing nothing.
+
+        Every byte is dropped (a lost machine, a partition): the services find out by their heartbeats and
+        keepalives, not by a reset.
+        """
         rabbitmq = self.deployment.rabbitmq
         node = rabbitmq.leader_of(self.topology.queue("lyric"))
         cut = self.deployment.proxies[[each.name for each in rabbitmq.nodes].index(node)]
@@ -317,7 +324,7 @@ class FaultRun:
             row = conn.execute("SELECT holder, term FROM outbox_leader").fetchone()
         if row is None:
             raise RuntimeError("no relay leads the gateway's outbox")
-        name = self.deployment.process_of(row[0])
+        name = self.stack.process_of(row[0])
         self._record(
             "relay leader frozen",
             name,
@@ -329,11 +336,13 @@ class FaultRun:
         )
 
     def _freeze_a_stage_replica_mid_attempt(self) -> None:
-        """SIGSTOP of a song replica in an attempt that has not submitted its work to the music API yet, for longer
-        than its lease; then SIGCONT. Another replica takes the attempt over and submits; the frozen one, woken,
-        must send nothing (its fence)."""
+        """SIGSTOP a song replica in an attempt not yet submitted, for longer than its lease; then SIGCONT.
+
+        The attempt has not submitted its work to the music API yet. Another replica takes the attempt over and
+        submits; the frozen one, woken, must send nothing (its fence).
+        """
         job_id, worker, attempt = self._song_attempt_before_its_submit()
-        name = self.deployment.process_of(worker)
+        name = self.stack.process_of(worker)
         self.frozen_job = ("song", job_id, worker, attempt)
         self._record(
             "stage replica frozen",
@@ -346,8 +355,10 @@ class FaultRun:
         )
 
     def _song_attempt_before_its_submit(self) -> tuple[str, str, int]:
-        """A song job, the worker and the number of its attempt under way that has no handle yet (its work is
-        about to be submitted: the fault injector's latency holds it there a moment)."""
+        """A song job, the worker and the number of its attempt under way that has no handle yet.
+
+        Its work is about to be submitted: the fault injector's latency holds it there a moment.
+        """
         deadline = time.monotonic() + 120
         with psycopg.connect(common.dsn(self.urls["song"]), autocommit=True) as conn:
             while time.monotonic() < deadline:
@@ -361,8 +372,10 @@ class FaultRun:
         raise RuntimeError("no song attempt about to submit within 120 s")
 
     def _fail_over_postgresql(self) -> None:
-        """kill -9 of the PostgreSQL primary; the standby promoted `failover_after_s` later, the old primary
-        made a synchronous standby again."""
+        """kill -9 of the PostgreSQL primary.
+
+        The standby promoted `failover_after_s` later, the old primary made a synchronous standby again.
+        """
         postgres = self.deployment.postgres
         fault = Fault(FAILOVER, f"primary on port {postgres.primary_port()}", time.time())
         log.info("faults: %s", fault.kind)
@@ -401,8 +414,10 @@ class FaultRun:
         raise RuntimeError("the unroutable row was not parked within 120 s")
 
     def _quiet_phase(self) -> list[traffic.Accepted]:
-        """Pipelines run one at a time while a row is parked and no other fault is injected: their handoffs
-        show whether the parked row slows anybody else down."""
+        """Pipelines run one at a time while a row is parked and no other fault is injected.
+
+        Their handoffs show whether the parked row slows anybody else down.
+        """
         for url in self.urls.values():
             with psycopg.connect(common.dsn(url), autocommit=True) as conn:
                 conn.execute(COMMIT_CLOCK)
@@ -477,8 +492,11 @@ class FaultRun:
                 fault.recovered_s = None if None in sides else max(s for s in sides if s is not None)
 
     def _every_submission_recorded(self, snapshot: checker.Snapshot) -> list[str]:
-        """The music API's own count of the songs it was asked for equals the submissions the song stage recorded
-        before sending them: none left unrecorded (a fence passed by), none recorded and lost."""
+        """The songs the music API was asked for equal the submissions the song stage recorded before.
+
+        The music API's own count equals the submissions the song stage recorded before sending them: none left
+        unrecorded (a fence passed by), none recorded and lost.
+        """
         self.provider_tasks = self.deployment.music.tasks_made
         self.recorded_submissions = sum(
             a.get("submitted_at") is not None for attempts in snapshot.attempts["song"].values() for a in attempts

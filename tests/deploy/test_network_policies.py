@@ -1,7 +1,8 @@
-"""Each service's pods take connections only on their ports from where they must come, and reach only
-what they must: DNS, PostgreSQL, RabbitMQ, the trace collector, and a stage's provider, the gateway's
-webhook receivers and the object store where the service uses one. No rendered rule reaches a cloud's
-metadata address, whatever an operator gives.
+"""Each service's pods take connections only from where they must, and reach only what they must.
+
+Connections come only on their ports; they reach DNS, PostgreSQL, RabbitMQ, the trace collector, and a stage's
+provider, the gateway's webhook receivers and the object store where the service uses one. No rendered rule reaches
+a cloud's metadata address, whatever an operator gives.
 
 `allowed` is NetworkPolicy's semantics as Kubernetes documents them, run over the rendered policies: a
 pod that no policy of a direction selects is open that way; a pod that some do takes a connection when

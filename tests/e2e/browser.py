@@ -1,5 +1,8 @@
-"""Debian's chromium driven by playwright, for the console's tests: kept off the network, every console
-error and uncaught exception of the page collected, so that a test fails on any of them."""
+"""Debian's chromium driven by playwright, for the console's tests.
+
+Kept off the network, every console error and uncaught exception of the page collected, so that a test fails on any
+of them.
+"""
 
 from __future__ import annotations
 

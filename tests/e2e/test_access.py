@@ -1,7 +1,9 @@
-"""Who may do what at the gateway, every service its own process: API keys with tenants and scopes,
-401 without a valid key, 403 without the scope, 404 for another tenant's pipeline (on every route
-that names one), idempotency keys per tenant, rotation, and one creation limit shared by two
-gateway processes."""
+"""Who may do what at the gateway, every service its own process.
+
+API keys with tenants and scopes, 401 without a valid key, 403 without the scope, 404 for another tenant's pipeline
+(on every route that names one), idempotency keys per tenant, rotation, and one creation limit shared by two
+gateway processes.
+"""
 
 from __future__ import annotations
 

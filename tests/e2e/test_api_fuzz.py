@@ -1,7 +1,9 @@
-"""The gateway against requests generated from its own OpenAPI document (schemathesis), the gateway
-its own process on a real PostgreSQL: with a valid key, over a thousand requests and not one 5xx,
-every answer's status, content type and body as the document says; without a key, a 401 from
-every route but the probes and /metrics, and the console's static files at /ui (outside the document)."""
+"""The gateway against requests generated from its own OpenAPI document (schemathesis).
+
+The gateway runs as its own process on a real PostgreSQL. With a valid key, over a thousand requests and not one
+5xx, every answer's status, content type and body as the document says; without a key, a 401 from every route but
+the probes and /metrics, and the console's static files at /ui (outside the document).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The `castad` command against a running gateway: every error is one line and an exit status, never a
-traceback; cancel, retry and dead letters work from the command line."""
+"""The `castad` command against a running gateway.
+
+Every error is one line and an exit status, never a traceback; cancel, retry and dead letters work from the command
+line.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""The operator console at /ui in a real browser (Debian's chromium, driven by playwright), every service
-its own process: the board follows pipelines live without a reload, a pipeline's page shows its photos,
-stages, attempts, timeline and previews and retries and cancels through its buttons, the stats page charts the
-window, the dead-letter page replays and discards, a key sees only what its scopes allow. Each test fails
-on any console error or uncaught exception of the page, and writes the screenshots of docs/console."""
+"""The operator console at /ui in a real browser, every service its own process.
+
+The browser is Debian's chromium, driven by playwright. The board follows pipelines live without a reload, a
+pipeline's page shows its photos, stages, attempts, timeline and previews and retries and cancels through its
+buttons, the stats page charts the window, the dead-letter page replays and discards, a key sees only what its
+scopes allow. Each test fails on any console error or uncaught exception of the page, and writes the screenshots of
+docs/console.
+"""
 
 from __future__ import annotations
 

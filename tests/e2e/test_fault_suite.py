@@ -1,6 +1,9 @@
-"""The promise under every kind of fault, in short: the fault harness's SHORT plan (`make faults` runs the
-full one and writes docs/reports/faults.md). Every service in replicas on a 3-node RabbitMQ cluster and a PostgreSQL
-primary with a synchronous standby; at least 100 pipelines; every fault kind once, outages of 10 s."""
+"""The promise under every kind of fault, in short.
+
+The fault harness's SHORT plan (`make faults` runs the full one and writes docs/reports/faults.md). Every service
+in replicas on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; at least 100
+pipelines; every fault kind once, outages of 10 s.
+"""
 
 from __future__ import annotations
 

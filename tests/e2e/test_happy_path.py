@@ -1,6 +1,9 @@
-"""One brief through every service: lyrics, a song and a video, all downloadable; and one with photos, one
-uploaded to the gateway and one named by URL that the video stage fetches from a local photo host, both shown
-in its video."""
+"""One brief through every service.
+
+Lyrics, a song and a video, all downloadable; and one with photos, one uploaded to the gateway and one named by URL
+that the video stage fetches from a local photo host, both shown in its video, the one fetched by URL listed and
+downloadable with the pipeline's files.
+"""
 
 from __future__ import annotations
 
@@ -96,3 +99,12 @@ def test_a_brief_becomes_lyrics_a_song_and_a_video_and_one_with_photos_shows_the
     shown = [redness(frame_at(video, at, tmp_path / f"at-{at}.png")) for at in (0.5, 1.5, 2.5, 3.5, 4.5, 5.5)]
     assert max(shown) > 40 and min(shown) < -40, shown  # the red upload and the blue photo fetched by URL
     assert shown.index(max(shown)) < shown.index(min(shown)), shown  # in the brief's order
+    # The photo fetched by URL is a file of the pipeline's video stage: listed with it and downloadable there.
+    [fetched] = photos.stages[2].fetched_photos
+    assert (fetched.photo, fetched.url, fetched.media_type) == (1, f"{photo_host}/hall.png", "image/png")
+    assert (fetched.width, fetched.height) == (240, 320)
+    kept = running.http.get(fetched.download)
+    assert kept.status_code == 200 and len(kept.content) == fetched.size
+    assert hashlib.sha256(kept.content).hexdigest() == fetched.sha256
+    with Image.open(io.BytesIO(kept.content)) as opened:
+        assert opened.size == (240, 320) and redness(opened.convert("RGB")) < -40  # the blue photo, as cleaned

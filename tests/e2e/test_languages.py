@@ -1,6 +1,8 @@
-"""The seeds' request fields in each of the four languages, with free-text genres, end to end:
-every service its own process, each brief to a finished video whose captions are drawn in a
-font that has the language's glyphs (a frame of each is kept in the test's folder to look at)."""
+"""The seeds' request fields in each of the four languages, with free-text genres, end to end.
+
+Every service its own process, each brief to a finished video whose captions are drawn in a font that has the
+language's glyphs (a frame of each is kept in the test's folder to look at).
+"""
 
 from __future__ import annotations
 

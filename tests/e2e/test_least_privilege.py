@@ -133,8 +133,11 @@ def test_no_role_reaches_another_services_database_and_the_relay_only_reads_and_
 
 
 def test_a_service_migrating_its_own_database_as_its_role_lets_in_the_relay_and_no_one_else():
-    """The way a cluster does it (docs/deploy.md): roles and an empty database owned by the service's role
-    made by hand, then the service's own `migrate` (the chart's hook Job) as that role."""
+    """The way a cluster does it (docs/deploy.md).
+
+    Roles and an empty database owned by the service's role made by hand, then the service's own `migrate` (the
+    chart's hook Job) as that role.
+    """
     made = privileges.Users.new(f"m{uuid.uuid4().hex[:10]}")
     url = support.database_url(f"castad_{made.namespace}_lyric")
     privileges.ensure_roles(made, support.PG_URL)

@@ -1,6 +1,8 @@
-"""Every service's /metrics while a pipeline runs through the real processes: the figures of what
-happened move (pipelines created, relay published, each stage's attempts succeeded, handoffs), and the
-scrape-time gauges are read (the scrapes of databases and broker succeed)."""
+"""Every service's /metrics while a pipeline runs through the real processes.
+
+The figures of what happened move (pipelines created, relay published, each stage's attempts succeeded, handoffs),
+and the scrape-time gauges are read (the scrapes of databases and broker succeed).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The lyric stage calling an OpenAI-compatible server (a local one that behaves like the API),
-every service its own process: lyrics come from the server, a rate limit waits as long as the
-server asks and costs no attempt, a refused key fails the pipeline at once and says why."""
+"""The lyric stage calling an OpenAI-compatible server, every service its own process.
+
+The server is a local one that behaves like the API. Lyrics come from the server, a rate limit waits as long as the
+server asks and costs no attempt, a refused key fails the pipeline at once and says why.
+"""
 
 from __future__ import annotations
 

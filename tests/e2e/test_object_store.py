@@ -1,6 +1,8 @@
-"""Artifacts in an S3-compatible bucket (moto's server mode), every service its own process:
-each stage uploads its artifact, the video stage reads the song from the bucket, and the
-gateway's download redirects to a presigned URL that serves the exact bytes."""
+"""Artifacts in an S3-compatible bucket (moto's server mode), every service its own process.
+
+Each stage uploads its artifact, the video stage reads the song from the bucket, and the gateway's download
+redirects to a presigned URL that serves the exact bytes.
+"""
 
 from __future__ import annotations
 

@@ -90,8 +90,10 @@ def test_a_cancel_during_a_retry_wait_ends_it_there_and_a_cancel_after_success_i
 
 @pytest.mark.timeout(240)
 def test_a_cancel_racing_the_last_stage_gives_one_outcome_each_time(castad, dbs):
-    """Cancels sent as the video renders: each pipeline ends SUCCEEDED or CANCELED, never both, and every
-    service's record agrees with the outcome."""
+    """Cancels sent as the video renders.
+
+    Each pipeline ends SUCCEEDED or CANCELED, never both, and every service's record agrees with the outcome.
+    """
     running = castad()
     ids = [running.submit(sample_brief(f"경주 {n}")) for n in range(20)]
     answers = {}

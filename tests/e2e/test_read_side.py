@@ -1,6 +1,9 @@
-"""The operator's view, every service its own process: a pipeline run by the real stages read back as its
-timeline (each attempt with the worker that ran it and its duration, the trace it belongs to), followed on
-the stream of every pipeline, counted by /v1/stats, and shown by `castad timeline` and `castad stats`."""
+"""The operator's view, every service its own process.
+
+A pipeline run by the real stages read back as its timeline (each attempt with the worker that ran it and its
+duration, the trace it belongs to), followed on the stream of every pipeline, counted by /v1/stats, and shown by
+`castad timeline` and `castad stats`.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""All three stages calling network providers (local fake servers that behave like the documented
-APIs), every service its own process: lyrics from a Chat Completions server, songs from a
-Suno-shaped music API, videos from Creatomate's render API v2. The music and render APIs call
-the gateway back when done; the first scheduled poll is set far off, so a pipeline that finishes
-quickly did so through its callbacks. `make bench-providers` runs the same with 200 pipelines.
+"""All three stages calling network providers, every service its own process.
+
+The providers are local fake servers that behave like the documented APIs: lyrics from a Chat Completions server,
+songs from a Suno-shaped music API, videos from Creatomate's render API v2. The music and render APIs call the
+gateway back when done; the first scheduled poll is set far off, so a pipeline that finishes quickly did so through
+its callbacks. `make bench-providers` runs the same with 200 pipelines.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""Retention end to end: every service, as its own process, deletes what of its own outlived its time,
-and nothing of a pipeline that is still recent."""
+"""Retention end to end.
+
+Every service, as its own process, deletes what of its own outlived its time, and nothing of a pipeline that is
+still recent.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""No secret leaves Castad in its traces or its logs: one pipeline through the three network providers
-(the local fakes), with callbacks, signed links and, in a bucket, presigned URLs; every span every
-service exported (OTLP, as test_tracing receives it) and every line of every service's log is
-scanned for every secret the run used: the API key, the providers' keys, the link keys, and each
-link's and presigned URL's signature."""
+"""No secret leaves Castad in its traces or its logs.
+
+One pipeline through the three network providers (the local fakes), with callbacks, signed links and, in a bucket,
+presigned URLs; every span every service exported (OTLP, as test_tracing receives it) and every line of every
+service's log is scanned for every secret the run used: the API key, the providers' keys, the link keys, and each
+link's and presigned URL's signature.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""A brief's uploaded photos in its video: each on screen in turn, cut on the song's bar lines, under the captions."""
+"""A brief's uploaded photos in its video.
+
+Each on screen in turn, cut on the song's bar lines, under the captions.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""A service stopped mid-attempt (SIGTERM to its whole process group, as Kubernetes, systemd,
-honcho and Ctrl-C send it): its attempt finishes within the grace period or is handed back,
-never failed. With CASTAD_VIDEO_MAX_ATTEMPTS=1 a single counted failure would end the pipeline.
+"""A service stopped mid-attempt finishes its attempt or hands it back, never fails it.
+
+It is stopped by SIGTERM to its whole process group, as Kubernetes, systemd, honcho and Ctrl-C send it; its attempt
+finishes within the grace period or is handed back. With CASTAD_VIDEO_MAX_ATTEMPTS=1 a single counted failure would
+end the pipeline.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""One pipeline is one trace: spans from all five services, exported over OTLP/HTTP (the wire format
-Jaeger's collector takes, decoded here with opentelemetry-proto), share its trace id, link parent to
-child along the saga, and follow OpenTelemetry's HTTP and messaging conventions."""
+"""One pipeline is one trace.
+
+Spans from all five services, exported over OTLP/HTTP (the wire format Jaeger's collector takes, decoded here with
+opentelemetry-proto), share its trace id, link parent to child along the saga, and follow OpenTelemetry's HTTP and
+messaging conventions.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""A brief's callback_url hears of the pipeline's end, every service its own process: one notice
-per ending, signed as Standard Webhooks with its tenant's own secret, tried again after a failed try,
-every try recorded."""
+"""A brief's callback_url hears of the pipeline's end, every service its own process.
+
+One notice per ending, signed as Standard Webhooks with its tenant's own secret, tried again after a failed try,
+every try recorded.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Every service's image builds on this machine, and the whole stack runs from the images to a
-finished video against the local PostgreSQL and RabbitMQ (`make images`; not part of `make test`).
+"""Every service's image builds on this machine, and the whole stack runs from the images.
+
+It runs to a finished video against the local PostgreSQL and RabbitMQ (`make images`; not part of `make test`).
 
 Containers run as the images define them (non-root, SIGTERM, tini), with a read-only root
 filesystem as the Helm charts run them, on the host's network to reach the servers, sharing

@@ -1,5 +1,8 @@
-"""Fixtures of the integration tests: engines on the installation's databases, a broker
-connection, the relay running in this process, and Dramatiq's global state put back."""
+"""Fixtures of the integration tests.
+
+Engines on the installation's databases, a broker connection, the relay running in this process, and Dramatiq's
+global state put back.
+"""
 
 from __future__ import annotations
 
@@ -107,8 +110,10 @@ def start_relay(relay_config: RelayConfig) -> Iterator[StartRelay]:
 
 
 class Consumers:
-    """Runs a service's event consumer in this process, as its composition root runs it: a Dramatiq
-    RabbitMQ broker, the EventConsumer actor on the service's queue, a Dramatiq worker."""
+    """Runs a service's event consumer in this process, as its composition root runs it.
+
+    A Dramatiq RabbitMQ broker, the EventConsumer actor on the service's queue, a Dramatiq worker.
+    """
 
     def __init__(self, installation: Installation) -> None:
         self.installation = installation

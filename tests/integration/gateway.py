@@ -1,5 +1,8 @@
-"""The gateway's projection driven event by event, as its consumer applies them, and its HTTP API served
-from this process: for tests of what the gateway makes of a known sequence of events."""
+"""The gateway's projection driven event by event, and its HTTP API served from this process.
+
+The events are applied as its consumer applies them: for tests of what the gateway makes of a known sequence of
+events.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +45,10 @@ class Projection:
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
-        """The events delivered inside are projected at its end, together in one transaction, as the
-        gateway's consumer projects those that come at the same time (projection.apply_all)."""
+        """Project the events delivered inside together, in one transaction, at the block's end.
+
+        As the gateway's consumer projects those that come at the same time (projection.apply_all).
+        """
         self._group = []
         try:
             yield
@@ -70,8 +75,10 @@ class Projection:
         at: dt.datetime,
         **options: Any,
     ) -> envelope.Envelope:
-        """Apply `<stage>.<fact>` of `attempt` that happened `at` (options: see `envelope`). Returns its envelope,
-        to deliver it again with `deliver`."""
+        """Apply `<stage>.<fact>` of `attempt` that happened `at` (options: see `envelope`).
+
+        Returns its envelope, to deliver it again with `deliver`.
+        """
         return self.deliver(self.envelope(pipeline_id, stage, fact, attempt, at, **options))
 
     def envelope(
@@ -87,8 +94,10 @@ class Projection:
         operation: int = 1,
         time: dt.datetime | None = None,
     ) -> envelope.Envelope:
-        """The envelope of `<stage>.<fact>` of `attempt` that happened `at` (the payload's time; the envelope's is
-        `time`, by default `at` too), not delivered."""
+        """The envelope of `<stage>.<fact>` of `attempt` that happened `at`, not delivered.
+
+        `at` is the payload's time; the envelope's is `time`, by default `at` too.
+        """
         common = {"pipeline_id": pipeline_id, "stage": stage, "job_id": f"job-{stage.value}", "attempt": attempt}
         payload: events.Payload
         if fact == "started":

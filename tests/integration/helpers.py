@@ -69,8 +69,11 @@ def lyric_started(pipeline_id: str, attempt: int, stage: events.Stage = events.S
 
 
 def write_events(engine: sa.Engine, payloads: Iterable[events.Payload], event_type: str) -> list[envelope.Envelope]:
-    """Each payload in its own committed transaction, as a service writes them: with its type's producer's
-    source (the relay publishes a type only from its producer's database, with that source)."""
+    """Each payload in its own committed transaction, as a service writes them.
+
+    With its type's producer's source (the relay publishes a type only from its producer's database, with that
+    source).
+    """
     written = []
     for payload in payloads:
         with db.transaction(engine) as conn:
@@ -145,8 +148,10 @@ class Counted:
 
 
 def stage_trigger_handler(engine: sa.Engine, fail_first: bool = False) -> consumer.Handler:
-    """The lyric stage's pipeline.requested handler, as castad_runtime.stage.service wires it; with
-    `fail_first`, the first delivery loses its connection before the commit (its job is not created)."""
+    """The lyric stage's pipeline.requested handler, as castad_runtime.stage.service wires it.
+
+    With `fail_first`, the first delivery loses its connection before the commit (its job is not created).
+    """
     on_trigger = handlers.StageHandlers(
         engine, stage_runner(engine, succeed), handlers.WakeOnly(lambda: None)
     ).on_trigger

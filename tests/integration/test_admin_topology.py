@@ -1,5 +1,8 @@
-"""`castad-admin topology`: the whole topology declared ahead of the services, as an operator does once with
-the users (docs/deploy.md), so that no event is refused as unroutable for a consumer not started yet."""
+"""`castad-admin topology`.
+
+The whole topology declared ahead of the services, as an operator does once with the users (docs/deploy.md), so
+that no event is refused as unroutable for a consumer not started yet.
+"""
 
 from __future__ import annotations
 

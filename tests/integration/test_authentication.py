@@ -1,6 +1,8 @@
-"""Failed authentication on the gateway's HTTP API: a bogus key costs no database query (a malformed one
-none at all, an unknown one once a while), and a client address that keeps failing is slowed (429 with
-Retry-After) and counted in castad_api_auth_failures_total."""
+"""Failed authentication on the gateway's HTTP API.
+
+A bogus key costs no database query (a malformed one none at all, an unknown one once a while), and a client
+address that keeps failing is slowed (429 with Retry-After) and counted in castad_api_auth_failures_total.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""`castad submit --photo` against the gateway's HTTP API: each file uploaded, then the brief submitted naming
-the uploads and the URLs in the order given; a file that cannot be read or an image the gateway refuses is one
-line and exit 2, and nothing is submitted."""
+"""`castad submit --photo` against the gateway's HTTP API.
+
+Each file uploaded, then the brief submitted naming the uploads and the URLs in the order given; a file that cannot
+be read or an image the gateway refuses is one line and exit 2, and nothing is submitted.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ TERRACE = "https://photos.example.com/terrace.jpg"
 
 @pytest.fixture
 def cli(monkeypatch, capsys):
-    """`castad` run in this process (as its entry point runs it: errors and exit statuses alike), which spares
-    each call the second or more a new interpreter takes to import it."""
+    """`castad` run in this process, as its entry point runs it.
+
+    Errors and exit statuses come alike; this spares each call the second or more a new interpreter takes to import
+    it.
+    """
 
     def run(gateway: str, *args: str, key: str = "") -> subprocess.CompletedProcess[str]:
         monkeypatch.setenv("CASTAD_API_KEY", key)

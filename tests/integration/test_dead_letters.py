@@ -1,8 +1,10 @@
-"""Messages a service cannot read or handle are parked in the dead-letter queue with the reason,
-and its consumer (a real Dramatiq worker on the service's queue) goes on with the next one; each is
-counted by why (castad_consumer_dead_letters_total). A consumer files a dead letter by rejecting it on
-its own queue: the broker's `x-death` names the queue, which is how the gateway records where it came from
-(`describe`, the recorder's reading of a message of the dead-letter queue)."""
+"""Messages a service cannot read or handle are dead-lettered, and its consumer goes on.
+
+They are parked in the dead-letter queue with the reason, and the consumer (a real Dramatiq worker on the service's
+queue) goes on with the next one; each is counted by why (castad_consumer_dead_letters_total). A consumer files a
+dead letter by rejecting it on its own queue: the broker's `x-death` names the queue, which is how the gateway
+records where it came from (`describe`, the recorder's reading of a message of the dead-letter queue).
+"""
 
 from __future__ import annotations
 
@@ -37,9 +39,11 @@ pytestmark = pytest.mark.integration
 def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_one_is_handled(
     installation, engines, amqp, run_consumer
 ):
-    """Six bad messages on the lyric queue, then a good one: each bad one lands in <ns>.dead-letter
-    with its body and an x-castad-reason naming what is wrong; none blocks, crashes or is retried,
-    and the good pipeline.requested still creates its job."""
+    """Six bad messages on the lyric queue, then a good one.
+
+    Each bad one lands in <ns>.dead-letter with its body and an x-castad-reason naming what is wrong; none blocks,
+    crashes or is retried, and the good pipeline.requested still creates its job.
+    """
     topology = installation.topology
     handler = Counted(stage_trigger_handler(engines["lyric"]))
     registry = metrics.registry()
@@ -82,9 +86,12 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
 
 
 def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_retry(installation, amqp, run_consumer):
-    """A handler that always raises: Dramatiq retries the message with backoff, and after the last
-    retry it lands in <ns>.dead-letter with the error as its reason (Dramatiq's .XQ, where it would expire
-    unexplained, is not even declared); the queue goes on with the next message."""
+    """A handler that always raises.
+
+    Dramatiq retries the message with backoff, and after the last retry it lands in <ns>.dead-letter with the error
+    as its reason (Dramatiq's .XQ, where it would expire unexplained, is not even declared); the queue goes on with
+    the next message.
+    """
     topology = installation.topology
     calls: list[str] = []
 
@@ -114,9 +121,11 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
 
 
 def test_a_bad_message_on_the_delay_queue_is_dead_lettered_and_acknowledged_there(installation, amqp, run_consumer):
-    """Only Dramatiq writes to <queue>.DQ (retries waiting for their time), but what it cannot run
-    from there is dead-lettered too, and acknowledged on the delay queue: once the worker has
-    stopped, nothing comes back to it."""
+    """What Dramatiq cannot run from the delay queue is dead-lettered and acknowledged there.
+
+    Only Dramatiq writes to <queue>.DQ (retries waiting for their time), but what it cannot run from there is
+    dead-lettered too, and acknowledged on the delay queue: once the worker has stopped, nothing comes back to it.
+    """
     topology = installation.topology
     delay_queue = topology.queue("lyric") + ".DQ"
     run_consumer("lyric", {}, threads=1)
@@ -167,9 +176,12 @@ def _handoffs(registry: CollectorRegistry) -> float:
 
 
 def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_after_the_delivery_limit(installation, amqp):
-    """A message whose consumers die before acknowledging it (here: each closes its channel with the message
-    unacknowledged, as a killed process's connection would) comes back DELIVERY_LIMIT times, then its quorum
-    queue puts it into <ns>.dead-letter with the broker's reason, instead of killing consumers for ever."""
+    """A message whose consumers keep dying is dead-lettered after DELIVERY_LIMIT returns.
+
+    Its consumers die before acknowledging it (here: each closes its channel with the message unacknowledged, as a
+    killed process's connection would); it comes back DELIVERY_LIMIT times, then its quorum queue puts it into
+    <ns>.dead-letter with the broker's reason, instead of killing consumers for ever.
+    """
     topology = installation.topology
     queue = topology.queue("lyric")
     poison = requested_envelope()
@@ -200,9 +212,11 @@ def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_after_the
 def test_an_event_from_another_service_than_its_types_producer_is_dead_lettered_and_never_handled(
     installation, engines, amqp, run_consumer
 ):
-    """A pipeline.requested that says it comes from the song stage (only the gateway produces it): dead-lettered
-    at once with a reason naming both, counted as wrong_source, its handler never called; a genuine one after
-    it is handled."""
+    """A pipeline.requested that says it comes from the song stage (only the gateway produces it).
+
+    Dead-lettered at once with a reason naming both, counted as wrong_source, its handler never called; a genuine
+    one after it is handled.
+    """
     topology = installation.topology
     handler = Counted(stage_trigger_handler(engines["lyric"]))
     registry = metrics.registry()
@@ -227,9 +241,12 @@ def test_an_event_from_another_service_than_its_types_producer_is_dead_lettered_
 
 
 def test_a_dead_letter_is_replayed_only_into_the_queue_it_died_in_whatever_it_claims(installation, engines, amqp):
-    """A message in lyric's queue claiming, in every header it can set, to be song's dead letter (its queue,
-    its service, an `x-death` of its own): rejected there, it is recorded as lyric's, and its replay goes to
-    lyric's queue alone, where it came from."""
+    """A dead letter claiming to be another queue's is recorded and replayed as its own queue's.
+
+    A message in lyric's queue claims, in every header it can set, to be song's dead letter (its queue, its
+    service, an `x-death` of its own): rejected there, it is recorded as lyric's, and its replay goes to lyric's
+    queue alone, where it came from.
+    """
     topology = installation.topology
     event = Projection(engines["api"]).envelope(str(uuid.uuid4()), events.Stage.LYRIC, "completed", 1, now())
     claims = {

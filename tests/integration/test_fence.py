@@ -1,6 +1,8 @@
-"""What leaves for a provider, on a real PostgreSQL: work goes only under a lease its worker knows it holds
-and the database agrees it holds, and each submission is recorded on its attempt with its key, so that a
-worker frozen past its lease sends nothing and a checker can count what each job sent.
+"""What leaves for a provider, on a real PostgreSQL.
+
+Work goes only under a lease its worker knows it holds and the database agrees it holds, and each submission is
+recorded on its attempt with its key, so that a worker frozen past its lease sends nothing and a checker can count
+what each job sent.
 
 The provider is the scripted RemoteApi of test_remote_jobs, which submits past the attempt's fence as every
 adapter does (HttpProvider.submit); the adapters and their fakes have their own tests in tests/providers. A
@@ -44,8 +46,10 @@ class Clock:
 
 
 class StandsStill:
-    """A worker's provider whose first submit stands still (`arrived`) until the test lets it go on (`wake`):
-    `before` the submit leaves (frozen at its fence) or `after` the provider took it (its answer lost)."""
+    """A provider whose first submit stands still (`arrived`) until the test lets it go on (`wake`).
+
+    It stands `before` the submit leaves (frozen at its fence) or `after` the provider took it (its answer lost).
+    """
 
     def __init__(self, provider: Provider, where: str, clock: Clock | None = None, frozen_s: float = 0.0) -> None:
         self.provider = provider
@@ -209,8 +213,11 @@ def test_work_of_a_job_canceled_by_another_replica_does_not_leave_though_its_wor
 
 
 def test_a_cancel_committing_while_the_fence_records_stops_the_work_from_leaving(engine):
-    """The cancel of another replica holds its locks (not yet committed) when the worker's fence records the
-    submission: the fence waits for it and, once it committed, finds the claim gone; nothing leaves."""
+    """A cancel committing while the fence records the submission leaves nothing to send.
+
+    The cancel of another replica holds its locks (not yet committed) when the worker's fence records the
+    submission: the fence waits for it and, once it committed, finds the claim gone; nothing leaves.
+    """
     api = Provider()
     held = StandsStill(api, "before")
     stage = remote_runner(engine, held, worker="worker-a", lease_s=LEASE_S)
@@ -239,10 +246,13 @@ def waiting_on_a_lock(engine: sa.Engine) -> bool:
 
 
 def test_a_submit_whose_answer_was_lost_goes_again_under_the_same_key_and_both_are_counted(engine):
-    """The limit no fence closes: worker A's submit was taken by the provider, and A stood still before it
-    recorded the handle. B sends the attempt again, under the same key: one job at a provider that takes
-    keys, two at one that does not (each of Castad's three: docs/providers.md). The stage's database
-    counts both, so a fault run can say how often that happened."""
+    """The limit no fence closes.
+
+    Worker A's submit was taken by the provider, and A stood still before it recorded the handle. B sends the
+    attempt again, under the same key: one job at a provider that takes keys, two at one that does not (each of
+    Castad's three: docs/providers.md). The stage's database counts both, so a fault run can say how often that
+    happened.
+    """
     api = Provider()
     frozen = StandsStill(api, "after")
     a = remote_runner(engine, frozen, worker="worker-a", lease_s=LEASE_S)

@@ -1,7 +1,10 @@
-"""The gateway's retention on a real PostgreSQL: timelines, pipelines, dead letters and creation counts go
-after their time, nothing of a pipeline that has not ended goes, and the HTTP API refuses (409, 410)
-what the stages' retention deleted or would delete before it could be used; and a download serves a
-stage's file only from its own pipeline's and stage's place in the store, whatever its event names."""
+"""The gateway's retention on a real PostgreSQL.
+
+Timelines, pipelines, dead letters and creation counts go after their time, nothing of a pipeline that has not
+ended goes, and the HTTP API refuses (409, 410) what the stages' retention deleted or would delete before it could
+be used; and a download serves a stage's file only from its own pipeline's and stage's place in the store, whatever
+its event names.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +34,11 @@ SOURCE = "/castad/test"
 
 @pytest.fixture
 def config(installation: Installation) -> api_settings.ApiSettings:
-    """The gateway's settings: the default retention (30 days of files, timelines and dead letters, 90 of
-    pipelines, 30 of event ids, a 2-hour deadline)."""
+    """The gateway's settings.
+
+    The default retention (30 days of files, timelines and dead letters, 90 of pipelines, 30 of event ids, a 2-hour
+    deadline).
+    """
     return api_settings.ApiSettings(database_url=installation.database_urls["api"])
 
 
@@ -48,8 +54,11 @@ def project(engine: sa.Engine, payload: events.Payload, event_type: str) -> None
 def ended_pipeline(
     engine: sa.Engine, ended_ago: dt.timedelta, lyric: Callable[[str], events.Artifact] | None = None
 ) -> uuid.UUID:
-    """A pipeline whose lyric stage completed (its artifact made by `lyric`) and whose song stage failed,
-    `ended_ago` ago by every time the gateway keeps of it: FAILED, resuming at the song on a retry."""
+    """A FAILED pipeline that ended `ended_ago` ago, resuming at the song on a retry.
+
+    Its lyric stage completed (its artifact made by `lyric`) and its song stage failed, `ended_ago` ago by every
+    time the gateway keeps of it.
+    """
     pipeline_id = running_pipeline(engine)
     job = str(uuid.uuid4())
     done = output()
@@ -89,8 +98,10 @@ def running_pipeline(engine: sa.Engine, created_ago: dt.timedelta = dt.timedelta
 
 
 def backdate(conn: sa.Connection, pipeline_id: uuid.UUID, age: dt.timedelta) -> None:
-    """Move the times the gateway keeps of a pipeline (its request, its end, its stages' ends, its timeline)
-    `age` into the past; what has not ended stays so."""
+    """Move the times the gateway keeps of a pipeline `age` into the past.
+
+    Those are its request, its end, its stages' ends, its timeline; what has not ended stays so.
+    """
     then = repository.now(conn) - age
     p, s, t = tables.pipelines, tables.stages, tables.timeline
     ended = sa.case((p.c.finished_at.is_not(None), then))
@@ -209,8 +220,10 @@ def test_creation_counts_go_once_their_minute_is_over(engine, config):
 
 
 class InProcess:
-    """The gateway's HTTP API in this process, on the installation's database (its background parts not
-    started): each request goes through the whole ASGI application."""
+    """The gateway's HTTP API in this process, on the installation's database.
+
+    Its background parts are not started; each request goes through the whole ASGI application.
+    """
 
     def __init__(self, application: Any, headers: dict[str, str]) -> None:
         self.application = application
@@ -325,8 +338,11 @@ def test_a_completed_event_naming_another_pipelines_or_stages_file_gets_a_404_no
 
 
 def test_every_retention_query_of_the_gateway_finds_its_rows_through_an_index(engine, config):
-    """The plans of the statements retention runs use the indexes made for them, on a database shaped as
-    retention leaves it: many pipelines that ended long ago without their timelines, recent ones with theirs."""
+    """The plans of the statements the gateway's retention runs use the indexes made for them.
+
+    On a database shaped as retention leaves it: many pipelines that ended long ago without their timelines, recent
+    ones with theirs.
+    """
     with db.transaction(engine) as conn:
         for prefix, n, ended, events_each in (("old", 5000, "31 days", 0), ("new", 1000, "0 days", 10)):
             conn.execute(

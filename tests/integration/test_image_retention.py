@@ -1,6 +1,9 @@
-"""Retention of uploaded images on a real PostgreSQL: an image no pipeline names goes, record and file, some time
-after its last upload; one a pipeline names stays while the pipeline does; and neither a pipeline created, nor the
-same bytes uploaded again, at the moment retention deletes the image ends with a record whose file is gone."""
+"""Retention of uploaded images on a real PostgreSQL.
+
+An image no pipeline names goes, record and file, some time after its last upload; one a pipeline names stays while
+the pipeline does; and neither a pipeline created, nor the same bytes uploaded again, at the moment retention
+deletes the image ends with a record whose file is gone.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +34,10 @@ TENANT = "hana"
 
 @pytest.fixture
 def gw(installation: Installation, engines: dict[str, sa.Engine]) -> deps.Gateway:
-    """The gateway's parts an upload and retention use, with the default settings: an image no pipeline names is
-    kept 7 days after its last upload."""
+    """The gateway's parts an upload and retention use, with the default settings.
+
+    An image no pipeline names is kept 7 days after its last upload.
+    """
     url = installation.database_urls["api"]
     config = api_settings.ApiSettings(database_url=url, artifacts_dir=installation.artifacts_dir)
     store = artifacts.VolumeStore(installation.artifacts_dir)
@@ -58,7 +63,7 @@ def create(conn: sa.Connection, *image_ids: uuid.UUID) -> uuid.UUID:
 def kept(gw: deps.Gateway) -> dict[uuid.UUID, bool]:
     """Each image recorded, and whether its file is in the store."""
     with gw.engine.connect() as conn:
-        rows = list(conn.execute(sa.select(tables.images)))
+        rows = repository.get_images(conn, conn.execute(sa.select(tables.images.c.id)).scalars().all())
     return {row.id: _there(gw.store, repository.photo(row)) for row in rows}
 
 

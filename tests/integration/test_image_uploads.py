@@ -1,6 +1,9 @@
-"""A tenant's photos on the gateway's HTTP API: uploaded as bytes or a form, kept once in the artifact store
-without their metadata, each recorded for its tenant alone; a bad upload stores nothing; a brief names the
-tenant's photos by id and its events carry references to them, never their bytes."""
+"""A tenant's photos on the gateway's HTTP API.
+
+Uploaded as bytes or a form, kept once in the artifact store without their metadata, each recorded for its tenant
+alone; a bad upload stores nothing; a brief names the tenant's photos by id and its events carry references to
+them, never their bytes.
+"""
 
 from __future__ import annotations
 

@@ -72,8 +72,11 @@ def waiting_for_a_lock(engine: sa.Engine) -> bool:
 
 @pytest.mark.parametrize("first_commits", [True, False], ids=["first-commits", "first-rolls-back"])
 def test_two_concurrent_deliveries_of_one_event_take_effect_once(engines, first_commits):
-    """The second delivery waits on the first one's inbox row: if the first commits, the second is a
-    duplicate; if the first rolls back, the second is the first delivery. Either way one effect."""
+    """The second delivery waits on the first one's inbox row.
+
+    If the first commits, the second is a duplicate; if the first rolls back, the second is the first delivery.
+    Either way one effect.
+    """
     engine = engines["lyric"]
     env = requested_envelope()
     inside, proceed = threading.Event(), threading.Event()
@@ -132,8 +135,10 @@ def test_a_step_read_first_sees_what_it_read_once_and_a_duplicate_only_reads(eng
 
 
 def test_a_sqlalchemy_statement_in_a_pipelined_block_is_refused_and_nothing_is_kept(engines):
-    """SQLAlchemy would read a rowcount or rows that pipeline mode has not received yet: refused loudly, and
-    the transaction (the inbox row with it) rolled back, so that the event is handled again."""
+    """SQLAlchemy would read a rowcount or rows that pipeline mode has not received yet.
+
+    Refused loudly, and the transaction (the inbox row with it) rolled back, so that the event is handled again.
+    """
     engine = engines["lyric"]
     env = requested_envelope()
 
@@ -152,8 +157,10 @@ def publish_twice(amqp, installation, env: envelope.Envelope) -> None:
 
 
 def test_a_redelivered_trigger_creates_one_job(installation, engines, amqp, run_consumer):
-    """pipeline.requested delivered twice to the lyric stage: both deliveries are handled, one job and
-    one inbox row result."""
+    """pipeline.requested delivered twice to the lyric stage.
+
+    Both deliveries are handled, one job and one inbox row result.
+    """
     engine = engines["lyric"]
     handler = Counted(stage_trigger_handler(engine))
     run_consumer("lyric", {events.PIPELINE_REQUESTED: handler})
@@ -168,9 +175,11 @@ def test_a_redelivered_trigger_creates_one_job(installation, engines, amqp, run_
 
 
 def test_a_handler_that_fails_before_commit_takes_effect_on_redelivery(installation, engines, amqp, run_consumer):
-    """The inbox row is written in the handler's transaction: when that transaction fails (here on a
-    lost connection, an outage), the retry is not mistaken for a duplicate and creates the job (once),
-    so no delivery is lost."""
+    """The inbox row is written in the handler's transaction.
+
+    When that transaction fails (here on a lost connection, an outage), the retry is not mistaken for a duplicate
+    and creates the job (once), so no delivery is lost.
+    """
     engine = engines["lyric"]
     handler = Counted(stage_trigger_handler(engine, fail_first=True))
     run_consumer("lyric", {events.PIPELINE_REQUESTED: handler})

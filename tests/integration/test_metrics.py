@@ -1,8 +1,10 @@
-"""Each metric moves when its event happens, on a real PostgreSQL and RabbitMQ: attempts and their
-durations once their outcome commits, quota waits and 429s, inbox duplicates, the projection's
-outcomes, what the relay publishes and what the broker refuses; and the gauges a scrape reads from
-the databases and the broker (jobs by status, due, with an expired lease; outbox backlog, oldest row,
-parked rows; queue depth; recorded dead letters)."""
+"""Each metric moves when its event happens, on a real PostgreSQL and RabbitMQ.
+
+Attempts and their durations once their outcome commits, quota waits and 429s, inbox duplicates, the projection's
+outcomes, what the relay publishes and what the broker refuses; and the gauges a scrape reads from the databases
+and the broker (jobs by status, due, with an expired lease; outbox backlog, oldest row, parked rows; queue depth;
+recorded dead letters).
+"""
 
 from __future__ import annotations
 

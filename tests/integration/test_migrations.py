@@ -34,6 +34,8 @@ STAGE_TABLES = (
     tables.jobs,
     tables.attempts,
     tables.quotas,
+    tables.quota_shards,
+    tables.in_flight_counts,
 )
 SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
     "api": (
@@ -117,8 +119,11 @@ def scratch_engine() -> Iterator[sa.Engine]:
 
 
 def test_each_migrated_schema_matches_its_table_metadata(engines, scratch_engine):
-    """For every service, Alembic finds nothing to change, and PostgreSQL describes the migrated
-    database exactly as one created from the metadata."""
+    """Each service's migrated schema is exactly the one its table metadata describes.
+
+    For every service, Alembic finds nothing to change, and PostgreSQL describes the migrated database exactly as
+    one created from the metadata.
+    """
     alembic_view, catalog_view = {}, {}
     for service in SERVICE_TABLES:
         metadata = service_metadata(service)
@@ -144,8 +149,11 @@ def test_the_comparison_notices_a_schema_drift(engines):
 
 
 def test_migrations_go_down_to_nothing_and_up_again_to_the_same_schema(installation, engines):
-    """For every service, downgrade base drops every table the migrations created and upgrade head
-    recreates the same schema."""
+    """Each service's migrations go down to nothing and up again to the same schema.
+
+    For every service, downgrade base drops every table the migrations created and upgrade head recreates the same
+    schema.
+    """
     for service, engine in engines.items():
         before = catalog(engine)
         migrations.downgrade(installation.database_urls[service], MIGRATIONS[service], "base")
@@ -161,9 +169,12 @@ def revisions(service: str) -> list[str]:
 
 
 def test_every_migration_only_expands_so_the_version_still_running_keeps_working(scratch_engine):
-    """Expand/contract: during a rolling upgrade the old pods run against the new schema, so a
-    migration may add tables, nullable (or defaulted) columns and indexes, and relax a NOT NULL;
-    it may not drop or rename a table or a column, change a type, or tighten a NULL."""
+    """Every migration only expands the schema, so the version still running keeps working.
+
+    Expand/contract: during a rolling upgrade the old pods run against the new schema, so a migration may add
+    tables, nullable (or defaulted) columns and indexes, and relax a NOT NULL; it may not drop or rename a table or
+    a column, change a type, or tighten a NULL.
+    """
     url = scratch_engine.url.render_as_string(hide_password=False)
     for service in MIGRATIONS:
         previous: dict[str, dict[str, tuple[Any, ...]]] = {}

@@ -254,8 +254,10 @@ def test_a_republish_request_hands_a_parked_row_of_this_outbox_back(stage):
 
 
 def test_trigger_and_cancel_racing_leave_one_consistent_job(engines):
-    """The trigger and the cancel handled at the same time on two threads, many times: each pipeline
-    ends with one job, CANCELED, with the trigger kept, and one canceled event."""
+    """The trigger and the cancel handled at the same time on two threads, many times.
+
+    Each pipeline ends with one job, CANCELED, with the trigger kept, and one canceled event.
+    """
     stage = Stage(engines["lyric"])
     pipelines = [str(uuid.uuid4()) for _ in range(20)]
 

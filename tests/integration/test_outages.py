@@ -80,8 +80,11 @@ def _pooled_session(engine: sa.Engine) -> int:
 
 
 def test_a_pooled_connection_the_server_ended_is_replaced_before_use_with_no_ping(installation, engines):
-    """A pool looks at a connection's socket before handing it out (no `SELECT 1`): the server's goodbye
-    to a session it ended makes it readable, and the connection is replaced instead of failing the work."""
+    """A pool looks at a connection's socket before handing it out (no `SELECT 1`).
+
+    The server's goodbye to a session it ended makes it readable, and the connection is replaced instead of failing
+    the work.
+    """
     engine = engines["lyric"]
     ended = _pooled_session(engine)
     _end_session(installation.database_urls["lyric"], ended)
@@ -91,9 +94,12 @@ def test_a_pooled_connection_the_server_ended_is_replaced_before_use_with_no_pin
 
 
 def test_a_replacement_ended_before_its_first_use_fails_as_an_outage(installation, engines):
-    """The replacement of an ended connection is not looked at (SQLAlchemy tries a checkout twice, and a second
+    """A replacement connection ended before its first use fails that use as an outage.
+
+    The replacement of an ended connection is not looked at (SQLAlchemy tries a checkout twice, and a second
     refusal raises an error that is no outage's): ended too, it fails its first statement as an outage, which
-    nothing counts against the work, and the pool replaces it for the next."""
+    nothing counts against the work, and the pool replaces it for the next.
+    """
     engine, url = engines["song"], installation.database_urls["song"]
     _end_session(url, _pooled_session(engine))
 
@@ -111,8 +117,10 @@ def test_a_replacement_ended_before_its_first_use_fails_as_an_outage(installatio
 def test_a_database_outage_uses_up_no_message_and_each_takes_effect_once_it_is_back(
     installation, engines, amqp, run_consumer
 ):
-    """With max_retries=2 a failing handler is dead-lettered after three tries, well under a second; an
-    outage of several seconds must not count as such failures."""
+    """With max_retries=2 a failing handler is dead-lettered after three tries, well under a second.
+
+    An outage of several seconds must not count as such failures.
+    """
     engine = engines["lyric"]
     handler = Counted(stage_trigger_handler(engine))
     run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=2, max_retries=2)
@@ -134,9 +142,12 @@ def test_a_database_outage_uses_up_no_message_and_each_takes_effect_once_it_is_b
 def test_a_message_held_through_a_long_outage_is_handed_back_as_a_copy_and_takes_effect_once_it_is_back(
     installation, engines, amqp, run_consumer, caplog
 ):
-    """RabbitMQ takes back a delivery left unacknowledged past its consumer_timeout, and each return brings a
-    message nearer its queue's delivery limit: a consumer waiting out a long outage hands the message back
-    through the delay queue (a copy, which counts no return) and waits on from there."""
+    """A consumer waiting out a long outage hands its message back through the delay queue as a copy.
+
+    RabbitMQ takes back a delivery left unacknowledged past its consumer_timeout, and each return brings a message
+    nearer its queue's delivery limit: the consumer hands the message back (a copy, which counts no return) and
+    waits on from there.
+    """
     engine = engines["lyric"]
     handler = Counted(stage_trigger_handler(engine))
     run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=1, hand_back_after_s=1.0)
@@ -172,8 +183,11 @@ def test_a_worker_stopped_during_an_outage_leaves_its_message_in_the_queue(insta
 
 
 def test_an_event_newer_than_its_consumer_waits_for_the_consumers_upgrade(installation, engines, amqp, run_consumer):
-    """Producer upgraded first: the old consumer holds the newer event instead of dead-lettering it; the
-    upgraded consumer that replaces it handles it."""
+    """Producer upgraded first.
+
+    The old consumer holds the newer event instead of dead-lettering it; the upgraded consumer that replaces it
+    handles it.
+    """
     engine = engines["lyric"]
     old = Counted(stage_trigger_handler(engine))
     run_consumer("lyric", {events.PIPELINE_REQUESTED: old}, threads=1, hold_s=120)

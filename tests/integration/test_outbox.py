@@ -1,6 +1,9 @@
-"""The transactional outbox on a real PostgreSQL: rows commit or vanish with the state change
-they announce, and the relay's wake-up (NOTIFY castad_outbox, sent by the process's waker once the
-writer committed, never inside its transaction) reaches listeners after the commit only, once per transaction."""
+"""The transactional outbox on a real PostgreSQL.
+
+Rows commit or vanish with the state change they announce, and the relay's wake-up (NOTIFY castad_outbox, sent by
+the process's waker once the writer committed, never inside its transaction) reaches listeners after the commit
+only, once per transaction.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +41,9 @@ def listening(url: str) -> Iterator[psycopg.Connection]:
 
 
 def notifications_before_probe(listener: psycopg.Connection, engine: sa.Engine) -> list[str]:
-    """Channels notified before a probe sent now from another session, once the waker of the engine's outbox
-    sent what it had to.
+    """Channels notified before a probe sent now from another session.
+
+    Read once the waker of the engine's outbox sent what it had to.
 
     PostgreSQL delivers notifications in commit order, so once the probe arrives every
     notification committed earlier has arrived too: an empty list proves that none was sent.
@@ -148,9 +152,12 @@ def test_handing_back_a_parked_row_wakes_the_relay_though_no_row_is_inserted(ins
 
 
 def test_a_wake_up_its_waker_cannot_send_costs_the_writer_nothing_and_the_next_goes_out(installation, engines):
-    """The writer's transaction sends no NOTIFY of its own (a listener that stopped reading would fail its
-    commit). A waker whose session the server ended sends on a new one; one that cannot reach the server
-    drops that wake-up, logged, and sends the next once it can."""
+    """A wake-up its waker cannot send costs the writer nothing, and the next goes out.
+
+    The writer's transaction sends no NOTIFY of its own (a listener that stopped reading would fail its commit). A
+    waker whose session the server ended sends on a new one; one that cannot reach the server drops that wake-up,
+    logged, and sends the next once it can.
+    """
     engine = engines["lyric"]
     waker = wakeups.waker(engine.url.render_as_string(hide_password=False), db.OUTBOX_CHANNEL)
 
@@ -193,8 +200,10 @@ def _notify(engine: sa.Engine, payload: str) -> None:
 
 
 def test_a_listener_sleeping_until_its_socket_is_readable_wakes_at_each_notify(engines, installation):
-    """db.notifications: what came already is taken without waiting, a later NOTIFY ends the wait (a wait that
-    ran out returns nothing, and the test's own limit would end one that never does)."""
+    """db.notifications takes what came already without waiting, and a later NOTIFY ends its wait.
+
+    A wait that ran out returns nothing, and the test's own limit would end one that never does.
+    """
     engine = engines["lyric"]
 
     async def scenario() -> tuple[list[str], list[str], list[str]]:

@@ -1,6 +1,9 @@
-"""The gateway's probes and metrics: readiness read at most once a second or two, on connections it keeps
-(not a new PostgreSQL and AMQP connection per call), and with CASTAD_API_HEALTH_PORT served on that port
-alone, as the stages serve theirs, never on the API port."""
+"""The gateway's probes and metrics.
+
+Readiness read at most once a second or two, on connections it keeps (not a new PostgreSQL and AMQP connection per
+call), and with CASTAD_API_HEALTH_PORT served on that port alone, as the stages serve theirs, never on the API
+port.
+"""
 
 from __future__ import annotations
 

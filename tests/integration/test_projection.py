@@ -19,9 +19,12 @@ LYRIC, SONG, VIDEO = events.STAGE_ORDER
 
 
 def test_events_that_waited_for_the_same_pipeline_each_see_what_the_other_committed(gateway: Projection):
-    """Two stages end while a third transaction holds the pipeline: each projection, once it has the lock,
-    sees the stage the other one wrote, so the pipeline ends SUCCEEDED (a projection that read the stages
-    with the lock it waited for would see them as they were before and leave it RUNNING)."""
+    """Two stages end while a third transaction holds the pipeline.
+
+    Each projection, once it has the lock, sees the stage the other one wrote, so the pipeline ends SUCCEEDED (a
+    projection that read the stages with the lock it waited for would see them as they were before and leave it
+    RUNNING).
+    """
     pipeline_id = gateway.create()
     for stage in (LYRIC, SONG, VIDEO):
         gateway.event(pipeline_id, stage, "started", 1, ago(seconds=3))

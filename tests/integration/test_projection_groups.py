@@ -1,5 +1,8 @@
-"""The gateway's projection of events that come together (castad_api.projection.apply_all and Projector): the
-same read model, timeline and webhooks as the same events projected one by one, in a transaction for all."""
+"""The gateway's projection of events that come together, in one transaction for all.
+
+castad_api.projection.apply_all and Projector make the same read model, timeline and webhooks as the same events
+projected one by one.
+"""
 
 from __future__ import annotations
 
@@ -179,8 +182,11 @@ def test_a_group_waits_for_no_lock_and_leaves_the_events_of_a_held_pipeline_to_t
 
 
 def test_the_projector_projects_the_events_that_came_while_it_was_busy_in_one_transaction(gateway: Projection):
-    """A transaction holds the pipeline: the first event waits for it, the next ones wait for that one, then
-    go together (their inbox rows have one transaction time)."""
+    """A transaction holds the pipeline.
+
+    The first event waits for it, the next ones wait for that one, then go together (their inbox rows have one
+    transaction time).
+    """
     pipeline_id = gateway.create()
     projector = projection.Projector(gateway.engine)
     holder = hold(gateway.engine, [pipeline_id])
@@ -210,8 +216,11 @@ def test_the_projector_projects_the_events_that_came_while_it_was_busy_in_one_tr
 
 
 def test_while_one_pipeline_s_transaction_waits_another_pipeline_s_events_are_projected(gateway: Projection):
-    """Two transactions under way at once: the held pipeline's first event waits in one, its next one waits for
-    it (never two transactions with one pipeline's events), another pipeline's event goes in the other."""
+    """Two transactions under way at once.
+
+    The held pipeline's first event waits in one, its next one waits for it (never two transactions with one
+    pipeline's events), another pipeline's event goes in the other.
+    """
     held_id, free_id = gateway.create(), gateway.create()
     projector = projection.Projector(gateway.engine)
     holder = hold(gateway.engine, [held_id])
@@ -241,9 +250,12 @@ def test_while_one_pipeline_s_transaction_waits_another_pipeline_s_events_are_pr
 def test_the_consumer_s_threads_outnumber_the_projection_s_connections_and_every_event_is_projected(
     gateway: Projection,
 ):
-    """As many events at once as the gateway's consumer has threads, a group of all but two of them, every one of
-    its pipelines held by another transaction: the group leaves them to their own threads, which queue for the
-    projection's few connections instead of each opening one, and all are projected once the holder lets go."""
+    """More consumer threads than projection connections still get every event projected.
+
+    As many events at once as the gateway's consumer has threads, a group of all but two of them, every one of its
+    pipelines held by another transaction: the group leaves them to their own threads, which queue for the
+    projection's few connections instead of each opening one, and all are projected once the holder lets go.
+    """
     threads_count = settings.ApiSettings.model_fields["consumer_threads"].default
     every_connection = 2 * projection.POOL_SIZE  # the pool and its overflow
     assert threads_count - 2 > every_connection  # the case this test is about
@@ -303,8 +315,11 @@ def waiting_for_a_lock(engine: sa.Engine) -> int:
 def test_a_start_that_comes_after_its_completion_gives_the_stage_its_start_but_not_its_status(
     gateway: Projection, together: bool
 ):
-    """The consumer's threads may project a stage's `completed` before its `started`: the stage stays
-    SUCCEEDED and gets the start the late event tells (its row and its attempt's), so the stage is timed."""
+    """The consumer's threads may project a stage's `completed` before its `started`.
+
+    The stage stays SUCCEEDED and gets the start the late event tells (its row and its attempt's), so the stage is
+    timed.
+    """
     now = ago(seconds=0)
     started, completed = now - dt.timedelta(seconds=5), now - dt.timedelta(seconds=4)
     pipeline_id = gateway.create()
@@ -323,8 +338,10 @@ def test_a_start_that_comes_after_its_completion_gives_the_stage_its_start_but_n
 
 
 def test_the_entries_a_group_writes_wake_the_event_streams_of_their_pipelines(gateway: Projection):
-    """A group's timeline entries are written by one statement of its own, not append_timeline: each of their
-    pipelines is woken too, once the group committed."""
+    """A group's timeline entries are written by one statement of its own, not append_timeline.
+
+    Each of their pipelines is woken too, once the group committed.
+    """
     first, second = gateway.create(), gateway.create()
     url = gateway.engine.url.render_as_string(hide_password=False)
     listener = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True)

@@ -1,6 +1,8 @@
-"""An installation whose queues an earlier version declared as classic queues: its services refuse to start
-with one line, `castad-admin topology` says so, and `castad-admin move-to-quorum` moves every queue to a
-quorum queue with every message that waited in it, in order."""
+"""An installation whose queues an earlier version declared as classic queues.
+
+Its services refuse to start with one line, `castad-admin topology` says so, and `castad-admin move-to-quorum`
+moves every queue to a quorum queue with every message that waited in it, in order.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ pytestmark = pytest.mark.integration
 
 
 def declare_as_an_earlier_version_did(topo: topology.Topology) -> None:
-    """The topology of the version before quorum queues: Dramatiq's classic queues (with .DQ and .XQ), a
-    classic dead-letter queue, the same exchanges and bindings."""
+    """The topology of the version before quorum queues.
+
+    Dramatiq's classic queues (with .DQ and .XQ), a classic dead-letter queue, the same exchanges and bindings.
+    """
     broker = RabbitmqBroker(url=AMQP_URL)
     try:
         for service in topo.services:
@@ -130,8 +134,11 @@ def test_moving_refuses_while_a_service_consumes(earlier):
 
 
 def test_a_move_stopped_half_way_is_reported_and_finished_by_running_it_again(earlier):
-    """Stopped after the classic queues were emptied and the quorum ones declared, but before the messages went
-    back: `castad-admin topology` refuses, naming the holding queue, and a second move puts every message back."""
+    """A quorum move stopped half way is reported, and running it again finishes it.
+
+    Stopped after the classic queues were emptied and the quorum ones declared, but before the messages went back:
+    `castad-admin topology` refuses, naming the holding queue, and a second move puts every message back.
+    """
     amqp = Amqp(AMQP_URL)
     try:
         waiting = [requested_envelope() for _ in range(3)]

@@ -99,8 +99,10 @@ LISTENING = "query ILIKE 'LISTEN%'"  # a listener's last statement: it then only
 def replicas(
     config: relay_settings.RelaySettings, exchange: str
 ) -> Iterator[tuple[list[LoopThread], list[relay.SourceRelay]]]:
-    """Two relays on the first source of `config`, as two processes would run them: each with its event loop
-    and its publisher."""
+    """Two relays on the first source of `config`, as two processes would run them.
+
+    Each with its event loop and its publisher.
+    """
     loops = [LoopThread(), LoopThread()]
     publishers = [
         publisher.Publisher(config.amqp_url, exchange, config.confirm_timeout_s, config.max_message_bytes)
@@ -135,8 +137,11 @@ def lease_row(engine: sa.Engine) -> sa.Row[Any]:
 
 
 def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engines, amqp, start_relay):
-    """Rows of several source databases are published to the topic exchange, routed by event type,
-    each once, as the CloudEvents envelope it was written as; then they are marked published."""
+    """Rows of several source databases reach the bound queues once each, then are marked published.
+
+    They are published to the topic exchange, routed by event type, each as the CloudEvents envelope it was written
+    as.
+    """
     topology = installation.topology
     start_relay(fallback_poll_s=30)
     pipeline_id = str(uuid.uuid4())
@@ -162,8 +167,10 @@ def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engine
 
 
 def test_order_per_pipeline_holds_across_many_batches(installation, engines, amqp, start_relay):
-    """60 rows of 4 interleaved pipelines, in batches of 7, half written before the relay starts:
-    every row arrives exactly once and each pipeline's rows arrive in the order they were written."""
+    """60 rows of 4 interleaved pipelines, in batches of 7, half written before the relay starts.
+
+    Every row arrives exactly once and each pipeline's rows arrive in the order they were written.
+    """
     pipelines = [str(uuid.uuid4()) for _ in range(4)]
     payloads = interleaved(pipelines, 15, seed=1)
     write_events(engines["lyric"], payloads[:30], STARTED)
@@ -203,10 +210,13 @@ def publish_delay_s(engine: sa.Engine, event_id: uuid.UUID) -> float:
 def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_its_pipeline(
     installation, engines, amqp, start_relay
 ):
-    """A row RabbitMQ cannot route is tried again with a growing delay and parked after its third try,
-    with the reason; no later row of its pipeline goes out meanwhile, while other pipelines' rows go out
-    in milliseconds. After the fix (a queue bound) an operator republishes it: it and the rows it held
-    back go out, in order, each once."""
+    """A refused row backs off, then parks, holding back only the later rows of its pipeline.
+
+    A row RabbitMQ cannot route is tried again with a growing delay and parked after its third try, with the
+    reason; no later row of its pipeline goes out meanwhile, while other pipelines' rows go out in milliseconds.
+    After the fix (a queue bound) an operator republishes it: it and the rows it held back go out, in order, each
+    once.
+    """
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     hear_only_started(amqp, installation.topology)
@@ -249,9 +259,12 @@ def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_
 def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_the_rest_of_its_pipeline(
     installation, engines, amqp, start_relay
 ):
-    """A backlog drained in batches of 3; a row of one pipeline that the broker keeps refusing comes due
-    again and again meanwhile (backoff capped at 0.1 s). Each time it is due it goes out before its
-    pipeline's later row, at the end of the backlog, and is refused again: that row is never published."""
+    """A backlog drained in batches of 3.
+
+    A row of one pipeline that the broker keeps refusing comes due again and again meanwhile (backoff capped at 0.1
+    s). Each time it is due it goes out before its pipeline's later row, at the end of the backlog, and is refused
+    again: that row is never published.
+    """
     engine = engines["lyric"]
     hear_only_started(amqp, installation.topology)
     stuck = str(uuid.uuid4())
@@ -276,8 +289,10 @@ def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_t
 
 
 def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engines, amqp, start_relay):
-    """250 rows of 250 pipelines, all unroutable, ahead of good ones (a batch is 200 rows): the good
-    rows go out as soon as the refused ones are backing off."""
+    """250 rows of 250 pipelines, all unroutable, ahead of good ones (a batch is 200 rows).
+
+    The good rows go out as soon as the refused ones are backing off.
+    """
     engine = engines["lyric"]
     hear_only_started(amqp, installation.topology)
     for _ in range(250):
@@ -292,8 +307,11 @@ def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engi
 
 
 def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines, amqp, start_relay):
-    """With the broker's replies held back, a row already sitting in its queue is still unpublished in
-    the outbox; it is marked once the confirm gets through."""
+    """A row is marked published only once the broker's confirm arrives.
+
+    With the broker's replies held back, a row already sitting in its queue is still unpublished in the outbox; it
+    is marked once the confirm gets through.
+    """
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     with running_proxy(address_of(installation.amqp_url)) as proxy:
@@ -327,8 +345,11 @@ def test_a_confirmed_row_is_marked_once_its_batch_is_settled(engines, amqp, inst
 def test_a_relay_stopped_while_it_marks_rows_marks_them_on_its_way_out(
     engines, amqp, installation, start_relay, monkeypatch
 ):
-    """The stop cancels the mark of a confirmed row; the relay marks it once more before it leaves (within
-    `retry_delay_s`), so the row is not sent again by the next relay. Each mark is slowed to 3 s here."""
+    """The stop cancels the mark of a confirmed row.
+
+    The relay marks it once more before it leaves (within `retry_delay_s`), so the row is not sent again by the
+    next relay. Each mark is slowed to 3 s here.
+    """
     engine = engines["lyric"]
     slow_mark = statements.MARK_PUBLISHED + " AND (SELECT true FROM pg_sleep(3))"
     monkeypatch.setattr(statements, "MARK_PUBLISHED", slow_mark)
@@ -344,8 +365,11 @@ def test_a_relay_stopped_while_it_marks_rows_marks_them_on_its_way_out(
 
 
 def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start_relay):
-    """While the broker is unreachable rows stay unpublished and none is lost; once it is back the
-    relay resumes by itself (no NOTIFY, no fallback poll) and publishes each row once, in order per pipeline."""
+    """While the broker is unreachable rows stay unpublished and none is lost.
+
+    Once it is back the relay resumes by itself (no NOTIFY, no fallback poll) and publishes each row once, in order
+    per pipeline.
+    """
     api_queue = installation.topology.queue("api")
     pipelines = [str(uuid.uuid4()) for _ in range(3)]
     with running_proxy(address_of(installation.amqp_url)) as proxy:
@@ -380,9 +404,12 @@ def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start
 
 
 def test_a_broker_that_stops_answering_only_makes_rows_wait(installation, engines, amqp, start_relay):
-    """A network partition: the relay's connection and every new one go silent, nothing is closed. The
-    relay gives up on silent connections (after confirm_timeout_s) instead of waiting forever, and
-    publishes every row once, in order per pipeline, when the network heals."""
+    """A network partition.
+
+    The relay's connection and every new one go silent, nothing is closed. The relay gives up on silent connections
+    (after confirm_timeout_s) instead of waiting forever, and publishes every row once, in order per pipeline, when
+    the network heals.
+    """
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     pipelines = [str(uuid.uuid4()) for _ in range(3)]
@@ -406,8 +433,11 @@ def test_a_broker_that_stops_answering_only_makes_rows_wait(installation, engine
 
 
 class _ConfirmsCancelledOnce(publisher.Publisher):
-    """A publisher whose first publish meets what aiormq does to the confirms it awaits when its connection dies:
-    they are rejected with a CancelledError, which is no stop of the relay."""
+    """A publisher whose first publish has its confirm cancelled, as when its connection dies.
+
+    It meets what aiormq does to the confirms it awaits when its connection dies: they are rejected with a
+    CancelledError, which is no stop of the relay.
+    """
 
     cancelled = 0
 
@@ -449,8 +479,11 @@ def test_a_publish_cancelled_under_the_relay_only_makes_its_row_wait(installatio
 
 
 def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(installation, engines, amqp, relay_config):
-    """Two relays drain one database: only the lease's holder publishes, so no row goes out twice; a leader
-    that stops gives its lease up, and the standby takes over at its next look."""
+    """Two relays drain one database.
+
+    Only the lease's holder publishes, so no row goes out twice; a leader that stops gives its lease up, and the
+    standby takes over at its next look.
+    """
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=30)
@@ -587,9 +620,11 @@ def test_two_relays_share_four_outboxes_take_over_a_frozen_ones_and_share_again(
 
 
 def test_a_standby_relay_does_not_listen_until_it_leads(installation, engines, relay_config):
-    """A standby that LISTENed would never read its notifications and so hold back PostgreSQL's
-    notification queue, shared by the whole server, until every NOTIFY fails. Only the leader listens;
-    the standby starts when it takes over, and misses no row committed before."""
+    """Only the leader relay listens; a standby starts listening when it takes over.
+
+    A standby that LISTENed would never read its notifications and so hold back PostgreSQL's notification queue,
+    shared by the whole server, until every NOTIFY fails. The standby misses no row committed before it takes over.
+    """
     engine = engines["lyric"]
     config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=30)
     with replicas(config, installation.topology.exchange) as (loops, relays):
@@ -612,10 +647,13 @@ def test_a_standby_relay_does_not_listen_until_it_leads(installation, engines, r
 def test_a_frozen_leader_is_replaced_within_its_lease_and_publishes_nothing_when_it_wakes(
     installation, engines, amqp, relay_config
 ):
-    """A leader whose process stops running (a paused machine, SIGSTOP; here its event loop blocked) keeps
-    its connections open but renews nothing: the standby takes over once the lease ran out, and publishes
-    what is written meanwhile. The old leader, woken, knows by its own clock that its lease is gone and
-    sends nothing more: every row reaches the queue once."""
+    """A frozen leader is replaced within its lease, and publishes nothing when it wakes.
+
+    A leader whose process stops running (a paused machine, SIGSTOP; here its event loop blocked) keeps its
+    connections open but renews nothing: the standby takes over once the lease ran out, and publishes what is
+    written meanwhile. The old leader, woken, knows by its own clock that its lease is gone and sends nothing more:
+    every row reaches the queue once.
+    """
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
     config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=0.5, lease_s=2)
@@ -640,8 +678,10 @@ def test_a_frozen_leader_is_replaced_within_its_lease_and_publishes_nothing_when
 
 
 def test_a_leader_that_lost_its_connections_leads_on_under_its_term(installation, engines, amqp, relay_config):
-    """A leader whose sessions the server ended (an outage of a moment, a failover) connects again and
-    renews its own lease before it runs out: no other relay took over, the term is the same."""
+    """A leader whose sessions the server ended connects again and leads on under the same term.
+
+    An outage of a moment, a failover: it renews its own lease before it runs out, and no other relay took over.
+    """
     engine = engines["lyric"]
     config = relay_config(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=0.5, lease_s=6)
     with replicas(config, installation.topology.exchange) as (loops, relays):
@@ -665,8 +705,10 @@ def test_a_leader_that_lost_its_connections_leads_on_under_its_term(installation
 def test_an_unexpected_error_is_logged_with_its_traceback_and_the_relay_carries_on(
     installation, engines, start_relay, monkeypatch, caplog
 ):
-    """An error that is neither the database's nor the broker's (a bug) does not end the source's relay:
-    it is logged with the traceback, and the relay starts over after retry_delay_s and publishes."""
+    """An error that is neither the database's nor the broker's (a bug) does not end the source's relay.
+
+    It is logged with the traceback, and the relay starts over after retry_delay_s and publishes.
+    """
     pending = relay.SourceRelay._pending
     failures: list[RuntimeError] = []
 
@@ -690,8 +732,10 @@ def test_an_unexpected_error_is_logged_with_its_traceback_and_the_relay_carries_
 def test_a_database_not_migrated_to_the_relays_version_is_named_as_such_not_as_an_outage(
     installation, engines, start_relay, caplog
 ):
-    """A relay upgraded before the service whose outbox it drains finds no lease table: it says what to do, as
-    an error, and keeps trying; once the database is migrated it leads and publishes."""
+    """A relay upgraded before the service whose outbox it drains finds no lease table.
+
+    It says what to do, as an error, and keeps trying; once the database is migrated it leads and publishes.
+    """
     engine = engines["lyric"]
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE outbox_leader RENAME TO outbox_leader_later"))

@@ -1,7 +1,9 @@
-"""The relay publishes from each service's outbox only what that service may say: its own event types,
-written with its own source, to the events exchange; only the gateway's outbox addresses one queue (a
-replayed dead letter). Any other row is parked at once with the reason, the operators are told (a notice
-in the dead-letter queue), it is counted, and it holds back only the later rows of its own pipeline."""
+"""The relay publishes from each service's outbox only what that service may say.
+
+Its own event types, written with its own source, to the events exchange; only the gateway's outbox addresses one
+queue (a replayed dead letter). Any other row is parked at once with the reason, the operators are told (a notice
+in the dead-letter queue), it is counted, and it holds back only the later rows of its own pipeline.
+"""
 
 from __future__ import annotations
 
@@ -104,8 +106,11 @@ def own_rows(engine: sa.Engine, service: str, pipeline_id: str) -> list[uuid.UUI
 def test_the_gateways_replay_keeps_its_producers_source_and_goes_to_its_queue_alone(
     installation, engines, amqp, start_relay
 ):
-    """A dead letter the gateway sends back: an event another service produced, in the gateway's outbox,
-    addressed to the queue it came from. It is published there alone, as it was."""
+    """A dead letter the gateway sends back.
+
+    An event another service produced, in the gateway's outbox, addressed to the queue it came from. It is
+    published there alone, as it was.
+    """
     topo = installation.topology
     completed = started(events.Stage.LYRIC, str(uuid.uuid4()))
     with db.transaction(engines["api"]) as conn:

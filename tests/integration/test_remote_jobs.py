@@ -1,6 +1,7 @@
-"""Work at a submit-then-poll provider, on a real PostgreSQL: the job waits as AWAITING with its
-handle and no worker, polls are claims of their own, a callback brings the poll forward and only
-one claim completes the job; a provider's quota is shared through the database.
+"""Work at a submit-then-poll provider, on a real PostgreSQL.
+
+The job waits as AWAITING with its handle and no worker, polls are claims of their own, a callback brings the poll
+forward and only one claim completes the job; a provider's quota is shared through the database.
 
 The provider here is a scripted RemoteApi (what it answers is not the point; the adapters have
 their own contract tests against fake servers in tests/providers).
@@ -30,8 +31,11 @@ FAST = remote.PollSchedule(first_s=0.05, max_s=0.2, give_up_s=60.0)
 
 
 class Provider:
-    """Submits with a new handle each time, past the attempt's fence as an adapter does (HttpProvider.submit);
-    each poll takes the next answer of its script (then: done)."""
+    """A provider that submits with a new handle each time and answers polls from a script.
+
+    Each submit passes the attempt's fence as an adapter does (HttpProvider.submit); each poll takes the next
+    answer of its script (then: done).
+    """
 
     def __init__(self, *polls: remote.Pending | remote.Finished | Exception) -> None:
         self.polls = list(polls)

@@ -1,6 +1,8 @@
-"""Retention in a stage service's own database and artifact store, on a real PostgreSQL (and S3 server):
-what outlived its time goes, in bounded batches that skip what others hold; nothing newer, nothing
-unfinished, nothing not yet published goes, whatever its age."""
+"""Retention in a stage service's own database and artifact store, on a real PostgreSQL and S3 server.
+
+What outlived its time goes, in bounded batches that skip what others hold; nothing newer, nothing unfinished,
+nothing not yet published goes, whatever its age.
+"""
 
 from __future__ import annotations
 
@@ -100,8 +102,10 @@ def test_handled_event_ids_go_after_their_ttl_and_newer_ones_stay(engines):
 def add_job(
     engine: sa.Engine, status: str, finished: dt.timedelta | None, *, attempts: int = 2, swept: bool = False
 ) -> str:
-    """A job of a pipeline of its own, `finished` ago (None: not finished), with its attempts; created
-    and last updated 60 days ago whatever its status, so that only its status and end decide."""
+    """A job of a pipeline of its own, `finished` ago (None: not finished), with its attempts.
+
+    Created and last updated 60 days ago whatever its status, so that only its status and end decide.
+    """
     pipeline_id = str(uuid.uuid4())
     job_id = uuid.uuid4()
     with db.transaction(engine) as conn:
@@ -225,6 +229,30 @@ def test_a_stage_deletes_every_file_of_its_finished_jobs_after_their_ttl_and_not
     assert jobs_left(engine) == {recent, running}
 
 
+def test_the_video_stage_deletes_the_photos_it_fetched_by_url_with_its_other_files(engines, store):
+    engine, video = engines["video"], events.Stage.VIDEO
+    old, recent = add_job(engine, "SUCCEEDED", OLD), add_job(engine, "SUCCEEDED", NEW)
+    url = "https://photos.example.com/hall.png"
+    made = {
+        pipeline_id: keep(store, pipeline_id, video, b"video of " + pipeline_id.encode())
+        for pipeline_id in (old, recent)
+    }
+    fetched = {
+        pipeline_id: store.keep_fetched(
+            b"\x89PNG hall of " + pipeline_id.encode(), pipeline_id, video, url, "image/png"
+        )
+        for pipeline_id in (old, recent)
+    }
+
+    step = retention.Step("files", lambda limit: stage_retention.sweep(engine, store, video, TTL_S, limit), 20)
+    assert pruner(step).run_once() == {"files": 1}
+
+    assert not present(store, made[old], old, video) and not present(store, fetched[old], old, video)
+    with store.fetched_copy(old, video, url) as found:
+        assert found is None  # a retry could not find it either: it is gone, not only unnamed
+    assert present(store, made[recent], recent, video) and present(store, fetched[recent], recent, video)
+
+
 def test_a_run_over_many_rows_deletes_them_in_several_bounded_transactions(engines):
     engine = engines["lyric"]
     published_outbox(engine, 25, OLD)
@@ -295,8 +323,10 @@ def test_the_pruner_thread_runs_its_steps_every_interval_until_stopped(engines):
 
 
 def test_every_retention_query_of_a_stage_finds_its_rows_through_an_index(engines, tmp_path):
-    """The plans of the statements a stage's retention runs use the indexes made for them (their predicates
-    match the queries', also for a plan prepared without the values)."""
+    """The plans of the statements a stage's retention runs use the indexes made for them.
+
+    Their predicates match the queries', also for a plan prepared without the values.
+    """
     engine = engines["lyric"]
     published_outbox(engine, 3, OLD)
     for status in ("SUCCEEDED", "FAILED", "RUNNING"):

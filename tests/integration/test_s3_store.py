@@ -1,6 +1,8 @@
-"""The object-store artifact store against a real S3-compatible server (moto's server mode):
-content-addressed uploads, checked downloads, presigned links, and an unreachable store told
-apart from the work's failures."""
+"""The object-store artifact store against a real S3-compatible server (moto's server mode).
+
+Content-addressed uploads, checked downloads, presigned links, and an unreachable store told apart from the work's
+failures.
+"""
 
 from __future__ import annotations
 
@@ -138,9 +140,9 @@ def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_and_deleted_with
 
     key = kept.uri.split("/", 3)[3]
     assert key.startswith(f"media/{PIPELINE}/video-") and key.endswith(f"-{kept.sha256[:16]}.png")
-    with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as path:
-        assert path is not None and path.read_bytes() == b"\x89PNG hall"
-    assert not path.exists()
+    with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as found:
+        assert found is not None and found.path.read_bytes() == b"\x89PNG hall" and found.artifact == kept
+    assert not found.path.exists()
     object_store.client().put_object(Bucket=store.bucket, Key=key, Body=b"other bytes")
     with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as changed:
         assert changed is None

@@ -1,5 +1,7 @@
-"""After set-up, or a service's own `migrate` with CASTAD_OUTBOX_RELAY_ROLE, no role but a database's owner may
-create objects in its `public` schema: not the relay's, which connects to every service's database.
+"""No role but a database's owner may create objects in its `public` schema.
+
+So after set-up, or a service's own `migrate` with CASTAD_OUTBOX_RELAY_ROLE: not even the relay's, which connects
+to every service's database.
 
 PostgreSQL 15 no longer grants CREATE there to PUBLIC; 13 and 14 do (the schema owned by the bootstrap superuser),
 and so does a cluster upgraded from them, which keeps the old grant. Each test puts that state back first, so on

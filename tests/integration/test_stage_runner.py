@@ -173,8 +173,11 @@ def test_racing_runners_claim_each_of_many_jobs_exactly_once(engine):
 
 
 def test_a_retryable_failure_waits_its_backoff_then_is_claimed_again(engine):
-    """Attempt 1 fails retryably: RETRY_WAIT with due_at one backoff (1 s) ahead, a StageRetrying event
-    announcing it, no claim before it is due; attempt 2 is claimed once due and succeeds."""
+    """Attempt 1 fails retryably.
+
+    RETRY_WAIT with due_at one backoff (1 s) ahead, a StageRetrying event announcing it, no claim before it is due;
+    attempt 2 is claimed once due and succeeds.
+    """
     work = Script(errors.RetryableProviderError("busy", "provider busy"))
     stage = stage_runner(engine, work, backoff_s=1.0)
     pipeline_id = add_job(stage)
@@ -202,8 +205,11 @@ def test_a_retryable_failure_waits_its_backoff_then_is_claimed_again(engine):
 
 
 def test_when_attempts_run_out_the_job_fails_with_a_stage_failed_event(engine, run_scheduler):
-    """Every attempt fails retryably; the pipeline's own limit (3, under the service's 5) ends it:
-    FAILED after three attempt rows, the last event a StageFailed of attempt 3."""
+    """Every attempt fails retryably.
+
+    The pipeline's own limit (3, under the service's 5) ends it: FAILED after three attempt rows, the last event a
+    StageFailed of attempt 3.
+    """
     work = Script(*(errors.RetryableProviderError("flaky", f"try {n}") for n in range(1, 10)))
     stage = stage_runner(engine, work, max_attempts=5)
     pipeline_id = add_job(stage, max_attempts={events.Stage.LYRIC: 3})
@@ -246,8 +252,11 @@ def test_a_non_retryable_error_fails_the_job_at_once(engine, run_scheduler):
 
 
 def test_an_expired_lease_is_recovered_by_another_runner_and_the_job_completes(engine, run_scheduler):
-    """Worker A claims and dies (no heartbeat, 0.5 s lease). Worker B's scheduler hands the attempt
-    back once the lease expired, uncounted, and completes the job. A's late result changes nothing."""
+    """Worker A claims and dies (no heartbeat, 0.5 s lease).
+
+    Worker B's scheduler hands the attempt back once the lease expired, uncounted, and completes the job. A's late
+    result changes nothing.
+    """
     dead = stage_runner(engine, succeed, worker="worker-a", lease_s=0.5)
     pipeline_id = add_job(dead)
     zombie = dead.claim_next()
@@ -275,8 +284,10 @@ def provider_threads() -> list[threading.Thread]:
 
 
 def test_a_hung_provider_call_is_cancelled_at_its_timeout_and_really_stops(engine):
-    """A provider call that would never return ends after attempt_timeout_s (0.5 s): its work is
-    cancelled and gone, the attempt is a retryable attempt_timeout, and the worker is free again."""
+    """A provider call that would never return ends after attempt_timeout_s (0.5 s).
+
+    Its work is cancelled and gone, the attempt is a retryable attempt_timeout, and the worker is free again.
+    """
     cancelled: list[cancellation.Reason | None] = []
 
     def hang(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -307,8 +318,11 @@ def test_a_hung_provider_call_is_cancelled_at_its_timeout_and_really_stops(engin
 
 
 def test_hangs_never_push_concurrency_past_its_setting(engine, run_scheduler):
-    """Six jobs on two slots; every provider call hangs until cancelled at 0.3 s, then the retries
-    succeed. At no time do more than two provider calls run, and none is left running."""
+    """Six jobs on two slots.
+
+    Every provider call hangs until cancelled at 0.3 s, then the retries succeed. At no time do more than two
+    provider calls run, and none is left running.
+    """
     lock = threading.Lock()
     running, most = [0], [0]
 
@@ -335,8 +349,10 @@ def test_hangs_never_push_concurrency_past_its_setting(engine, run_scheduler):
 
 
 def test_a_provider_that_ignores_its_cancellation_keeps_its_slot_until_it_returns(engine, run_scheduler):
-    """One slot. The first call ignores its cancellation and returns 1.5 s later: its attempt is
-    recorded as timed out at once, but the next job starts only after that call has returned."""
+    """One slot. The first call ignores its cancellation and returns 1.5 s later.
+
+    Its attempt is recorded as timed out at once, but the next job starts only after that call has returned.
+    """
     calls: list[tuple[str, float, float]] = []
 
     def stubborn(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -363,9 +379,11 @@ def test_a_provider_that_ignores_its_cancellation_keeps_its_slot_until_it_return
 
 
 def test_a_stopping_service_hands_back_its_running_attempt_uncounted(engine):
-    """A scheduler stops while an attempt runs: after its grace period the work is cancelled and the
-    attempt handed back (interrupted, worker_stopped, not counted), due at once; the next worker
-    takes it at once and finishes it as attempt 2 with the whole budget."""
+    """A scheduler stops while an attempt runs.
+
+    After its grace period the work is cancelled and the attempt handed back (interrupted, worker_stopped, not
+    counted), due at once; the next worker takes it at once and finishes it as attempt 2 with the whole budget.
+    """
     entered = threading.Event()
 
     def endless(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -400,8 +418,11 @@ def test_a_stopping_service_hands_back_its_running_attempt_uncounted(engine):
 
 
 def test_an_outage_inside_the_work_hands_the_attempt_back_and_costs_nothing(engine, run_scheduler):
-    """The disk is full on the first try: an outage, not the work's fault. Handed back after a backoff,
-    not counted; the next try succeeds. With max_attempts=1 a counted failure would have ended it."""
+    """The disk is full on the first try.
+
+    An outage, not the work's fault. Handed back after a backoff, not counted; the next try succeeds. With
+    max_attempts=1 a counted failure would have ended it.
+    """
     work = Script(OSError(errno.ENOSPC, "No space left on device"))
     stage = stage_runner(engine, work, max_attempts=1)
     pipeline_id = add_job(stage)
@@ -417,8 +438,10 @@ def test_an_outage_inside_the_work_hands_the_attempt_back_and_costs_nothing(engi
 
 
 def test_the_finish_of_an_attempt_rides_out_a_database_outage(engine, installation):
-    """The database goes away as the work returns, for longer than the lease: the outcome is recorded
-    once it is back, as the attempt's own success; nothing is lost to lease recovery."""
+    """The database goes away as the work returns, for longer than the lease.
+
+    The outcome is recorded once it is back, as the attempt's own success; nothing is lost to lease recovery.
+    """
     url = installation.database_urls["lyric"]
 
     def succeed_into_an_outage(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -439,8 +462,10 @@ def test_the_finish_of_an_attempt_rides_out_a_database_outage(engine, installati
 
 
 def test_a_lost_claim_cancels_the_work_and_records_nothing(engine):
-    """Somebody else moves the job on (here: its version bumped, as a takeover does); the heartbeat
-    notices within a third of the lease, the work is cancelled, and this worker records nothing."""
+    """Somebody else moves the job on (here: its version bumped, as a takeover does).
+
+    The heartbeat notices within a third of the lease, the work is cancelled, and this worker records nothing.
+    """
     reasons: list[cancellation.Reason | None] = []
     entered = threading.Event()
 
@@ -472,8 +497,10 @@ def test_a_lost_claim_cancels_the_work_and_records_nothing(engine):
 
 
 def test_a_worker_never_recovers_the_lease_of_an_attempt_it_is_still_running(engine):
-    """After an outage longer than the lease, a worker's own look for lost leases skips the attempts it
-    runs (their heartbeat renews them); another worker's look does take them over."""
+    """A worker's look for lost leases skips the attempts it still runs; another worker's takes them.
+
+    After an outage longer than the lease, the worker's own attempts are renewed by their heartbeat.
+    """
     release = threading.Event()
 
     def wait(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -499,9 +526,12 @@ def test_a_worker_never_recovers_the_lease_of_an_attempt_it_is_still_running(eng
 
 
 def test_slow_but_alive_attempts_keep_renewing_their_leases_and_are_not_stolen(engine):
-    """Two attempts run for several times their 0.6 s lease while another worker keeps looking for lost
-    leases and due jobs: one heartbeat thread keeps moving both leases ahead, nobody steals the jobs, and
-    they succeed on their first attempt."""
+    """Slow but alive attempts keep renewing their leases and are not stolen.
+
+    Two attempts run for several times their 0.6 s lease while another worker keeps looking for lost leases and due
+    jobs: one heartbeat thread keeps moving both leases ahead, nobody steals the jobs, and they succeed on their
+    first attempt.
+    """
     finish = threading.Event()
 
     def slow(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
@@ -558,8 +588,10 @@ def test_slow_but_alive_attempts_keep_renewing_their_leases_and_are_not_stolen(e
 
 
 def first_look_done(jobs: scheduler.JobScheduler) -> None:
-    """Wait until the scheduler's first look found nothing due: until then a trigger reserves no slot (work
-    that waited longer may be due)."""
+    """Wait until the scheduler's first look found nothing due.
+
+    Until then a trigger reserves no slot (work that waited longer may be due).
+    """
     eventually(jobs.reserve, what="the scheduler's first look done")
     jobs.release()
 
@@ -573,8 +605,10 @@ def trigger(stage: runner.StageRunner, jobs: scheduler.JobScheduler) -> str:
 
 
 def test_a_trigger_with_a_free_slot_starts_its_attempt_in_its_own_transaction(engine, run_scheduler):
-    """No transaction of its own claims the job: the job, its attempt and its `started` event all have the
-    trigger's transaction time."""
+    """No transaction of its own claims the job.
+
+    The job, its attempt and its `started` event all have the trigger's transaction time.
+    """
     stage = stage_runner(engine, succeed)
     jobs = run_scheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
     first_look_done(jobs)
@@ -613,9 +647,11 @@ def test_an_attempt_that_succeeds_costs_the_scheduler_no_look_for_more_work(engi
 def test_with_work_waiting_for_a_slot_each_next_job_is_claimed_by_the_transaction_recording_the_last(
     engine, run_scheduler
 ):
-    """No transaction of its own claims a job that waited for a slot: each next attempt starts at the
-    transaction time of its predecessor's end (the same commit), and the scheduler looks only once
-    more, when the backlog has run dry."""
+    """No transaction of its own claims a job that waited for a slot.
+
+    Each next attempt starts at the transaction time of its predecessor's end (the same commit), and the scheduler
+    looks only once more, when the backlog has run dry.
+    """
     stage = stage_runner(engine, succeed)
     pipeline_ids = [add_job(stage) for _ in range(4)]
     looks: list[float] = []
@@ -684,8 +720,10 @@ def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(
 
 
 def test_a_trigger_before_the_schedulers_first_look_leaves_its_job_behind_work_that_waited_longer(engine):
-    """At a start, due work may be waiting (a retry, a job accepted while the service was down): until the
-    scheduler has looked, a trigger claims nothing, so its job runs after that work, not ahead of it."""
+    """At a start, due work may be waiting (a retry, a job accepted while the service was down).
+
+    Until the scheduler has looked, a trigger claims nothing, so its job runs after that work, not ahead of it.
+    """
     calls: list[str] = []
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:

@@ -1,5 +1,8 @@
-"""The operator's numbers (/v1/stats) against a known set of pipelines in the gateway's projection, on a real
-PostgreSQL: exact counts, rates and percentiles (PostgreSQL's percentile_cont: linear between ranks)."""
+"""The operator's numbers (/v1/stats) against a known set of pipelines, on a real PostgreSQL.
+
+From the gateway's projection: exact counts, rates and percentiles (PostgreSQL's percentile_cont: linear between
+ranks).
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Event streams and the keys that hold them, on the gateway's HTTP API: a revoked key's open streams end
-within seconds, a key holds at most its cap of streams at once (429 with Retry-After beyond it), a
-stream resumed from far back replays only the newest entries, and the gateway's one listener wakes the
-streams of the pipeline a notification names (its sweep, those of a pipeline whose notification was lost),
-and every stream when it loses or regains its database."""
+"""Event streams and the keys that hold them, on the gateway's HTTP API.
+
+A revoked key's open streams end within seconds, a key holds at most its cap of streams at once (429 with
+Retry-After beyond it), a stream resumed from far back replays only the newest entries, and the gateway's one
+listener wakes the streams of the pipeline a notification names (its sweep, those of a pipeline whose notification
+was lost), and every stream when it loses or regains its database.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""What a tenant's key is shown of the gateway's internals, through its HTTP API: no worker host names (an
-opaque id per pipeline instead), no internal error texts (each code's public message), no dead letters'
-reasons, and cursors that number a pipeline's own entries or say nothing at all, so that no number tells
-the platform's volume. An operator (an admin key) still sees everything. Every operator action records the
-acting key's id and name besides the X-Castad-Actor it gave."""
+"""What a tenant's key is shown of the gateway's internals, through its HTTP API.
+
+No worker host names (an opaque id per pipeline instead), no internal error texts (each code's public message), no
+dead letters' reasons, and cursors that number a pipeline's own entries or say nothing at all, so that no number
+tells the platform's volume. An operator (an admin key) still sees everything. Every operator action records the
+acting key's id and name besides the X-Castad-Actor it gave.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""A pipeline's timeline and the stream of every pipeline's entries, from the gateway's projection on a real
-PostgreSQL: events applied as its consumer applies them, read through its HTTP API."""
+"""A pipeline's timeline and the stream of every pipeline's entries, on a real PostgreSQL.
+
+From the gateway's projection: events applied as its consumer applies them, read through its HTTP API.
+"""
 
 from __future__ import annotations
 
@@ -425,8 +427,10 @@ def test_the_listing_finds_a_pipeline_by_its_id_or_a_part_of_its_customers_name(
 def follow(
     http: httpx.Client, received: list, last_event_id: str | None = None, opened: threading.Event | None = None
 ) -> float:
-    """Read /v1/events until the gateway closes it, into `received` as (id, event, data); seconds it stayed open.
-    `opened` is set once its answer began (its starting point is read before that)."""
+    """Read /v1/events until the gateway closes it, into `received` as (id, event, data).
+
+    Seconds it stayed open. `opened` is set once its answer began (its starting point is read before that).
+    """
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
     started = time.monotonic()
     with httpx_sse.connect_sse(http, "GET", "/v1/events", headers=headers, timeout=httpx.Timeout(10, read=5)) as source:

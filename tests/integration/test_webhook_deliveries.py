@@ -1,5 +1,9 @@
-"""Notices sent several at once, on a real PostgreSQL: slow receivers are waited for side by side, one
-receiving host takes at most its share of the places, and two deliverers never send one notice twice."""
+"""Notices sent several at once, on a real PostgreSQL.
+
+Slow receivers are waited for side by side, one receiving host (however its URLs spell it) takes at most its
+share of the places, a notice whose tries cannot be recorded holds none, and two deliverers never send one
+notice twice.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from castad_api import settings as api_settings
-from castad_api import tables, webhook_slots, webhooks
+from castad_api import tables, webhooks
 from castad_contracts import events
 
 from tests.integration.gateway import ago
@@ -53,7 +57,7 @@ def ended_with_notices(gateway, hosts: list[str]) -> None:
             gateway.run(pipeline_id, stage, ago(minutes=5 - n), 1)
 
 
-def deliverer(engine: sa.Engine, url: str, receiver: SlowReceiver, **settings: int) -> webhooks.Deliverer:
+def deliverer(engine: sa.Engine, url: str, receiver: SlowReceiver, **settings: float) -> webhooks.Deliverer:
     config = api_settings.ApiSettings(database_url=url, webhook_secret=SECRET, **settings)
     sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(receiver))
     return webhooks.Deliverer(engine, config, sender=sender)
@@ -108,14 +112,74 @@ def test_two_deliverers_at_once_send_each_notice_once(gateway, engines, installa
     assert statuses(engines["api"]) == ["delivered"] * 6
 
 
-def test_the_host_of_a_url_is_read_alike_by_python_and_by_postgresql(engines):
-    cases = {
-        "https://Example.COM/hooks?a=1": "example.com",
-        "http://127.0.0.1:8080/x": "127.0.0.1",
-        "https://[2001:db8::1]:443/x": "[2001:db8::1]",
-        "https://example.com#frag": "example.com",
-    }
+def test_every_spelling_of_one_host_shares_its_places(gateway, engines, installation):
+    spellings = ["93.184.216.34", "93.184.216.34.", "93.184.216.34:443", "93.184.216.34.:443"]
+    ended_with_notices(gateway, spellings)
+    receiver = SlowReceiver()
+    sending = deliverer(
+        engines["api"], installation.database_urls["api"], receiver, webhook_concurrency=4, webhook_per_host=2
+    )
     with engines["api"].connect() as conn:
-        for url, host in cases.items():
-            in_sql = conn.scalar(sa.select(sa.func.lower(sa.func.substring(url, webhook_slots.HOST_PATTERN))))
-            assert webhook_slots.host(url) == in_sql == host
+        kept = set(conn.scalars(sa.select(tables.webhook_deliveries.c.host)))
+
+    assert kept == {"93.184.216.34:443"}
+    assert sending.run_once() == 2 and receiver.peak_all == 2
+    assert sending.run_once() == 2 and receiver.peak_all == 2
+    assert statuses(engines["api"]) == ["delivered"] * 4
+
+
+def test_a_notice_whose_tries_cannot_be_recorded_holds_no_place_and_the_others_still_go(gateway, engines, installation):
+    """The record of one notice's tries fails every time (a trigger refuses it); the only place is not jammed.
+
+    Its tries are sent again when their leases end, as if their gateway had died, until the last one.
+    """
+    ended_with_notices(gateway, ["93.184.216.40", "93.184.216.41", "93.184.216.42", "93.184.216.43"])
+    engine = engines["api"]
+    deliveries = tables.webhook_deliveries
+    with engine.begin() as conn:
+        stuck = conn.scalar(sa.select(deliveries.c.id).where(deliveries.c.url == "https://93.184.216.40/hooks"))
+        conn.execute(deliveries.update().where(deliveries.c.id == stuck).values(due_at=ago(minutes=10)))  # first
+        conn.execute(
+            sa.text(
+                "CREATE FUNCTION refuse_try() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                f" IF NEW.delivery_id = '{stuck}' THEN RAISE EXCEPTION 'this try is not to be recorded'; END IF;"
+                " RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "CREATE TRIGGER refuse_try BEFORE INSERT ON webhook_attempts FOR EACH ROW EXECUTE FUNCTION refuse_try()"
+            )
+        )
+    receiver = SlowReceiver()
+    config = {"webhook_concurrency": 1, "webhook_per_host": 1, "webhook_max_attempts": 2, "webhook_poll_s": 0.05}
+    sending = deliverer(engine, installation.database_urls["api"], receiver, **config)
+
+    sending.start()
+    try:
+        deadline = time.monotonic() + 15
+        while statuses(engine).count("delivered") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sending.stop()
+
+    assert statuses(engine) == ["delivered", "delivered", "delivered", "pending"]
+    assert receiver.ids[0] == str(stuck) and sorted(collections.Counter(receiver.ids).values()) == [1] * 4
+    assert sending.slots.in_flight() == 0
+    with engine.begin() as conn:
+        assert conn.scalar(sa.select(deliveries.c.attempts).where(deliveries.c.id == stuck)) == 1
+        conn.execute(deliveries.update().where(deliveries.c.id == stuck).values(due_at=sa.func.now()))  # lease over
+    again = deliverer(engine, installation.database_urls["api"], receiver, **config)
+    assert again.run_once() == 1 and receiver.ids.count(str(stuck)) == 2
+    with engine.begin() as conn:
+        conn.execute(deliveries.update().where(deliveries.c.id == stuck).values(due_at=sa.func.now()))  # lease over
+    assert again.run_once() == 0  # its last try was sent and never recorded: the notice fails
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(deliveries).where(deliveries.c.id == stuck)).one()
+        recorded = conn.scalar(
+            sa.select(sa.func.count())
+            .select_from(tables.webhook_attempts)
+            .where(tables.webhook_attempts.c.delivery_id == stuck)
+        )
+    assert (row.status, row.attempts, row.last_error) == ("failed", 2, "no answer was recorded for its last try")
+    assert recorded == 0 and again.slots.in_flight() == 0

@@ -1,6 +1,9 @@
-"""Webhook secrets per tenant, on a real PostgreSQL: a notice verifies only with its own tenant's secret (no
-tenant can forge another's), names its tenant, carries a signature per valid secret while a rotation overlaps,
-and the secrets are made and shown once by the command line and kept sealed."""
+"""Webhook secrets per tenant, on a real PostgreSQL.
+
+A notice verifies only with its own tenant's secret (no tenant can forge another's), names its tenant, carries a
+signature per valid secret while a rotation overlaps, and the secrets are made and shown once by the command line
+and kept sealed.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The Chat Completions lyric provider against a local server that behaves like OpenAI's API:
-every kind of answer it can give, and how each becomes lyrics or a classified failure."""
+"""The Chat Completions lyric provider against a local server that behaves like OpenAI's API.
+
+Every kind of answer it can give, and how each becomes lyrics or a classified failure.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The Creatomate video adapter against a local server that behaves like Creatomate's render API
-(v2): what it submits, how the stage's submit-then-poll work goes from a render id to a kept MP4,
-and how every kind of answer becomes a wait, a result or a classified failure.
+"""The Creatomate video adapter against a local server that behaves like Creatomate's render API (v2).
+
+What it submits, how the stage's submit-then-poll work goes from a render id to a kept MP4, and how every kind of
+answer becomes a wait, a result or a classified failure.
 
 The work is the one the video service runs (`make_creatomate_work`), called with hand-built jobs
 as the stage runner would claim them: `handle=None` submits, a handle polls.
@@ -193,8 +194,11 @@ def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10
 
 
 def failure_once_ended(work: runner.Work, job: repository.Job, within_s: float = 5.0) -> errors.ProviderError:
-    """The error of polling work that ended badly at the provider (a poll that failed on the way, a
-    reset keep-alive connection say, is only "ask again later", as the runner would)."""
+    """The error of polling work that ended badly at the provider.
+
+    A poll that failed on the way, a reset keep-alive connection say, is only "ask again later", as the runner
+    would take it.
+    """
     deadline = time.monotonic() + within_s
     while True:
         try:

@@ -1,6 +1,7 @@
-"""One contract for every network provider's adapter, run against the fake of its API: what starts work at
-the API leaves only past the attempt's fence, and what one attempt sends twice is what the real API makes
-of it.
+"""One contract for every network provider's adapter, run against the fake of its API.
+
+What starts work at the API leaves only past the attempt's fence, and what one attempt sends twice is what the real
+API makes of it.
 
 Two submits of one attempt happen when a worker's answer is lost with its lease: the worker that claims
 the attempt again sends it again, under the same submission key. None of the three APIs takes an

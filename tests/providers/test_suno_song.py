@@ -1,6 +1,7 @@
-"""The Suno song adapter against a local server that behaves like sunoapi.org's API (v1): what it
-submits, how the stage's submit-then-poll work goes from a handle to a kept MP3, and how every
-kind of answer becomes a wait, a result or a classified failure.
+"""The Suno song adapter against a local server that behaves like sunoapi.org's API (v1).
+
+What it submits, how the stage's submit-then-poll work goes from a handle to a kept MP3, and how every kind of
+answer becomes a wait, a result or a classified failure.
 
 The work is the one the song service runs (`make_suno_work`), called with hand-built jobs as the
 stage runner would claim them: `handle=None` submits, a handle polls.
@@ -156,8 +157,11 @@ def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10
 
 
 def failure_once_ended(work: runner.Work, job: repository.Job, within_s: float = 5.0) -> errors.ProviderError:
-    """The error of polling work that ended badly at the provider (a poll that failed on the way, a
-    reset keep-alive connection say, is only "ask again later", as the runner would)."""
+    """The error of polling work that ended badly at the provider.
+
+    A poll that failed on the way, a reset keep-alive connection say, is only "ask again later", as the runner
+    would take it.
+    """
     deadline = time.monotonic() + within_s
     while True:
         try:

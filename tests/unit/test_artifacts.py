@@ -123,9 +123,11 @@ OTHER = "0b9e8f1c-2d3a-4c5b-8e7f-6a5b4c3d2e1f"
 
 
 def test_a_file_is_served_and_read_only_from_its_own_pipelines_and_stages_place(tmp_path: pathlib.Path) -> None:
-    """An event names its artifact by URI; whoever wrote the event could name any file of the store. A file is
-    served (and read by a later stage) only from `<pipeline id>/<stage>-…`, the place of the pipeline and
-    stage asked for."""
+    """An event names its artifact by URI.
+
+    Whoever wrote the event could name any file of the store. A file is served (and read by a later stage) only
+    from `<pipeline id>/<stage>-…`, the place of the pipeline and stage asked for.
+    """
     store = artifacts.VolumeStore(tmp_path)
     with store.scratch(OWN, events.Stage.SONG, 1, ".wav") as scratch:
         scratch.write_bytes(b"the song")
@@ -256,7 +258,7 @@ def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_chang
     assert path.parent == tmp_path / pipeline and path.name.startswith("video-") and path.suffix == ".png"
     assert path.stem.endswith(kept.sha256[:16]) and kept.size == 9
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as found:
-        assert found == path
+        assert found == artifacts.Fetched(path, kept)
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url + "?v=2") as other:
         assert other is None  # another URL's
     path.write_bytes(b"other bytes")

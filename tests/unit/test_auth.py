@@ -1,5 +1,7 @@
-"""The limit of failed authentications per client address (a token bucket) and the memory of unknown keys,
-on a clock of the tests' own."""
+"""The limit of failed authentications per client address and the memory of unknown keys.
+
+The limit is a token bucket; both run on a clock of the tests' own.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The benchmark's paired rounds (bench/paired.py): who runs first, the ratios taken within a round, and the
-round shown in detail."""
+"""The benchmark's paired rounds (bench/paired.py).
+
+Who runs first, the ratios taken within a round, and the round shown in detail.
+"""
 
 from __future__ import annotations
 

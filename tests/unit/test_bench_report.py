@@ -1,5 +1,8 @@
-"""The benchmark report (bench/report.py): each section from the run's measurements, the charts beside it, and
-the page written again from the measurements kept, without a run."""
+"""The benchmark report (bench/report.py).
+
+Each section from the run's measurements, the charts beside it, and the page written again from the measurements
+kept, without a run.
+"""
 
 from __future__ import annotations
 
@@ -196,6 +199,46 @@ def results() -> dict[str, Any]:
             "python": _notify(per_thread=1000, rounds=3),
             "pgbench": _notify(pgbench="pgbench (PostgreSQL) 16.4"),
         },
+        "replicas": _replicas(),
+    }
+
+
+def _replica_round(config: str, rate: float) -> dict[str, Any]:
+    two = config == "two of each"
+    spread = {"lyric-1": 110, "lyric-2": 90} if two else {"lyric-1": 200}
+    return {
+        "config": config,
+        "rate": rate,
+        "seconds": 200 / rate,
+        "latency_ms": _q(150.0, 400.0),
+        "cpu_ms_per_pipeline": {"api": 8.0, "lyric": 6.0 if two else 5.0, "postgres": 12.0},
+        "attempts": {"lyric": spread},
+        "leaders": {"api": {"holder": "relay-2" if two else "relay-1", "takeovers": 1 if two else 0}},
+    }
+
+
+def _replicas() -> dict[str, Any]:
+    """Return the replicas part's measurements: two pairs of rounds, two replicas of each worker and one."""
+    rounds = [("two of each", 50.0), ("one of each", 60.0), ("one of each", 58.0), ("two of each", 54.0)]
+    return {
+        "cores": 2,
+        "gateways": 1,
+        "replicas": 2,
+        "replicated": ["relay", "lyric", "song", "video"],
+        "pipelines": 200,
+        "concurrency": 8,
+        "rounds": [_replica_round(config, rate) for config, rate in rounds],
+        "checked": {
+            "pipelines": 820,
+            "succeeded": 820,
+            "completed_events": {"lyric": 820, "song": 820, "video": 820},
+            "outbox_rows": 6560,
+            "routed": 6560,
+            "timeline_entries": 6560,
+            "dead_letters": 0,
+            "parked": 0,
+        },
+        "findings": [],
     }
 
 
@@ -222,6 +265,7 @@ def test_the_report_is_its_sections_in_order_each_from_the_measurements() -> Non
         "F. A long run at a steady rate",
         "Where an idle handoff's time goes",
         "C. NOTIFY inside the transaction or after the commit",
+        "G. Two replicas of every worker beside one",
         "How to reproduce",
     ]
     assert "run `a1b2c3d4`" in page
@@ -266,6 +310,35 @@ def test_the_steady_run_lists_each_minute_beside_what_the_servers_did_and_its_ch
     assert [row[2:4] for row in minutes] == [["60", "84"], ["62", "503"], ["58", "90"]]
     assert minutes[0][4:] == ["0", "1,200", "30.5", "0", "1.50", "80%", "1%", "0%"]
     assert "![The steady run's p50 and p99 in ms, minute by minute](benchmarks-steady.svg)" in lines
+
+
+def test_the_replicas_section_shows_each_round_the_spread_and_the_two_cores_note_and_fails_on_a_finding() -> None:
+    r = results()
+    lines = report.replicas(r)
+    rows = [_rows(lines, f"{number} | ")[0] for number in range(1, 5)]
+    assert [row[1:3] for row in rows] == [
+        ["two of each", "50.0"],
+        ["one of each", "60.0"],
+        ["one of each", "58.0"],
+        ["two of each", "54.0"],
+    ]
+    assert rows[0][3] == "26.0" and rows[1][3] == "25.0"
+    page = "\n".join(lines)
+    assert "two of each 52.0 pipelines/s, one of each 59.0: 0.88× the throughput" in page
+    assert "lyric-1 110, lyric-2 90" in page and "relay-2 (1 takeovers)" in page
+    assert "This machine has 2 cores" in page and "cannot show what replicas add" in page
+    assert "**No finding**" in page
+    r["replicas"]["findings"] = ["p1: lyric SUCCEEDED with 1 succeeded attempts and 2 completed events"]
+    page = "\n".join(report.replicas(r))
+    assert "**1 findings: the run failed.**" in page and "- p1: lyric SUCCEEDED" in page
+    assert "No finding" not in page
+
+
+def test_a_run_without_the_replicas_part_has_no_replicas_section() -> None:
+    r = results()
+    del r["replicas"]
+    assert report.replicas(r) == []
+    assert "## G." not in report.render(r)
 
 
 def test_the_summary_shows_the_idle_latency_chart() -> None:

@@ -1,5 +1,7 @@
-"""What every connection to the broker and the database is given: several nodes or hosts, timeouts, and what a
-URL sets itself winning."""
+"""What every connection to the broker and the database is given.
+
+Several nodes or hosts, timeouts, and what a URL sets itself winning.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The console's static files as the gateway serves them: without a key, outside the OpenAPI document,
-with a strict Content-Security-Policy; and a guard on the files themselves: no inline script or style,
-and no data ever put into the page as HTML."""
+"""The console's static files as the gateway serves them.
+
+Without a key, outside the OpenAPI document, with a strict Content-Security-Policy; and a guard on the files
+themselves: no inline script or style, and no data ever put into the page as HTML.
+"""
 
 from __future__ import annotations
 

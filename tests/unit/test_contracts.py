@@ -333,6 +333,8 @@ def brief_carrying(event_type: str, version: int, brief_data: dict[str, object])
     }
 
 
+# The newest version of each event carrying a brief.
+NEWEST = {events.PIPELINE_REQUESTED: 4, "lyric.completed": 4, "song.completed": 5, "video.completed": 5}
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,
@@ -348,7 +350,7 @@ def test_an_event_from_before_photos_reads_as_naming_none_and_photos_need_the_ne
 
     read = events.REGISTRY.read(event_type, version, data)
 
-    assert events.REGISTRY.current_version(event_type) == version + 2
+    assert events.REGISTRY.current_version(event_type) == NEWEST[event_type]
     assert read.brief.photos == () and read.brief.customer_name == BRIEF.customer_name
     with_photos = {**data, "brief": {**data["brief"], "photos": [PHOTO.model_dump(mode="json")]}}
     assert events.REGISTRY.read(event_type, version + 1, with_photos).brief.photos == (PHOTO,)
@@ -386,7 +388,7 @@ def test_a_photo_named_by_url_needs_the_newest_version_and_older_ones_read_as_th
 
     read = events.REGISTRY.read(event_type, version, data)
 
-    assert events.REGISTRY.current_version(event_type) == version + 1
+    assert events.REGISTRY.current_version(event_type) == NEWEST[event_type]
     assert read.brief.photos == (PHOTO,)
     if event_type == "song.completed":
         assert read.bars_s == ()  # an older song.completed told no bars
@@ -397,9 +399,69 @@ def test_a_photo_named_by_url_needs_the_newest_version_and_older_ones_read_as_th
         events.REGISTRY.read(event_type, version, with_link)
 
 
+LINKED = brief.PhotoLink(url="https://example.com/hall.jpg")
+FETCHED = events.FetchedPhoto(
+    photo=1,
+    url=LINKED.url,
+    file=events.Artifact(
+        uri=f"file:///srv/castad/{PIPELINE}/video-0123456789abcdef-{'c' * 16}.jpg",
+        sha256="c" * 64,
+        size=48_210,
+        media_type="image/jpeg",
+    ),
+    width=1280,
+    height=960,
+)
+
+
+def test_a_video_4_event_reads_as_one_that_fetched_no_photos_and_fetched_photos_need_version_5():
+    data = brief_carrying(
+        "video.completed",
+        4,
+        {**BRIEF.model_dump(mode="json"), "photos": [PHOTO.model_dump(mode="json"), LINKED.model_dump(mode="json")]},
+    )
+
+    read = events.REGISTRY.read("video.completed", 4, data)
+
+    assert isinstance(read, events.VideoCompleted) and read.fetched_photos == ()
+    assert read.brief.photos == (PHOTO, LINKED) and (read.width, read.height) == (144, 256)
+    fetched = {**data, "fetched_photos": [FETCHED.model_dump(mode="json")]}
+    assert events.REGISTRY.read("video.completed", 5, fetched).fetched_photos == (FETCHED,)
+    with pytest.raises(pydantic.ValidationError, match="fetched_photos"):
+        events.REGISTRY.read("video.completed", 4, fetched)
+
+
+def test_a_fetched_photo_is_told_by_reference_and_never_carries_its_bytes():
+    completed = events.VideoCompleted.model_validate(
+        {
+            **brief_carrying(
+                "video.completed", 5, BRIEF.model_copy(update={"photos": (PHOTO, LINKED)}).model_dump(mode="json")
+            ),
+            "fetched_photos": [FETCHED.model_dump(mode="json")],
+        }
+    )
+    sent = envelope.wrap(completed, "video.completed", "/castad/video")
+
+    assert sent.schemaversion == 5
+    assert sent.data["fetched_photos"] == [
+        {
+            "photo": 1,
+            "url": LINKED.url,
+            "file": {"uri": FETCHED.file.uri, "sha256": "c" * 64, "size": 48_210, "media_type": "image/jpeg"},
+            "width": 1280,
+            "height": 960,
+        }
+    ]
+    for bad in ({"photo": -1}, {"width": 0}, {"bytes": "AAAA"}):
+        with pytest.raises(pydantic.ValidationError):
+            events.FetchedPhoto.model_validate({**FETCHED.model_dump(mode="json"), **bad})
+
+
 def test_the_dead_letter_queue_has_no_delivery_limit_on_either_major_version_of_rabbitmq():
-    """RabbitMQ 4 limits every quorum queue to 20 returns unless told -1; RabbitMQ 3 has no limit by default and
-    would drop a message at its first return if told -1 (tried on 3.10.8)."""
+    """RabbitMQ 4 limits every quorum queue to 20 returns unless told -1.
+
+    RabbitMQ 3 has no limit by default and would drop a message at its first return if told -1 (tried on 3.10.8).
+    """
     assert "x-delivery-limit" not in topology.Topology.dead_letter_queue_arguments(3)
     assert topology.Topology.dead_letter_queue_arguments(4)["x-delivery-limit"] == -1
 

@@ -63,8 +63,11 @@ def test_a_parked_row_notice_and_a_body_over_the_cap():
 
 
 def test_a_message_its_queue_gave_up_on_is_described_by_the_brokers_x_death():
-    """A message taken and never acknowledged past the delivery limit carries no header of Castad's, only
-    the broker's `x-death`: the row says why in words, and which service's queue it came from."""
+    """A message its queue gave up on is described by the broker's `x-death`.
+
+    A message taken and never acknowledged past the delivery limit carries no header of Castad's, only the broker's
+    `x-death`: the row says why in words, and which service's queue it came from.
+    """
     event_id = uuid.uuid4()
     body = json.dumps({"specversion": "1.0", "id": str(event_id), "type": "pipeline.requested"}).encode()
     headers = {"x-death": [{"count": 1, "reason": "delivery_limit", "queue": "castad.lyric", "exchange": ""}]}
@@ -88,8 +91,11 @@ def test_a_retry_its_delay_queue_gave_up_on_is_described_by_the_event_inside_and
 
 
 def test_a_dead_letter_that_cannot_be_read_is_described_bare_rather_than_left_in_the_queue(monkeypatch):
-    """Reading a message must never fail for good: a letter that made `describe` raise would come back to the
-    recorder at every reconnect, holding up the queue behind it (and, on RabbitMQ 4, be dropped at its limit)."""
+    """Reading a message must never fail for good.
+
+    A letter that made `describe` raise would come back to the recorder at every reconnect, holding up the queue
+    behind it (and, on RabbitMQ 4, be dropped at its limit).
+    """
 
     def broken(*_: object) -> dict[str, object]:
         raise KeyError("a bug")
@@ -105,8 +111,11 @@ def test_a_dead_letter_that_cannot_be_read_is_described_bare_rather_than_left_in
 
 
 def filed(queue: str, body: bytes, reason: str, count: int = 1) -> tuple[dict[str, object], bytes]:
-    """A dead letter a consumer filed: its message, with the reason, rejected on its own queue, which the broker
-    dead-lettered with an `x-death` naming that queue."""
+    """A dead letter a consumer filed.
+
+    Its message, with the reason, rejected on its own queue, which the broker dead-lettered with an `x-death`
+    naming that queue.
+    """
     message = {
         "queue_name": queue,
         "actor_name": "castad.dead_letter",
@@ -134,8 +143,11 @@ def test_a_dead_letter_a_consumer_filed_is_its_own_message_with_its_reason_from_
 
 
 def test_a_message_filed_twice_is_one_letter_of_its_queue_alone():
-    """A consumer stopped after it filed a message but before it acknowledged it files it again when the message
-    comes back: the two letters die apart (their `x-death` differs) but are one row."""
+    """A message filed twice is one letter of its queue alone.
+
+    A consumer stopped after it filed a message but before it acknowledged it files it again when the message comes
+    back: the two letters die apart (their `x-death` differs) but are one row.
+    """
     garbage = b"\x00\xff poison {not json"
     first = dead_letters.describe(None, *filed("castad.video", garbage, "not JSON"), body_max=1024)
     again = dead_letters.describe(None, *filed("castad.video", garbage, "not JSON", count=2), body_max=1024)
@@ -146,9 +158,12 @@ def test_a_message_filed_twice_is_one_letter_of_its_queue_alone():
 
 
 def test_the_queue_a_letter_died_in_is_the_brokers_word_not_what_its_headers_claim():
-    """Whatever a service puts in a message of its own queue (headers naming another queue or service, a
-    parked row's header, a forged `x-death` of its own), the broker's newest `x-death` entry says where it
-    died: that is the queue it is replayed into."""
+    """The queue a letter died in is the broker's newest `x-death` entry, whatever its headers claim.
+
+    Whatever a service puts in a message of its own queue (headers naming another queue or service, a parked row's
+    header, a forged `x-death` of its own), the broker's entry says where it died: that is the queue it is replayed
+    into.
+    """
     original = json.dumps({"specversion": "1.0", "id": str(uuid.uuid4()), "type": "lyric.completed"}).encode()
     headers, body = filed("castad.lyric", original, "no handler")
     headers["x-death"] = [*headers["x-death"], {"count": 1, "reason": "rejected", "queue": "castad.song"}]  # type: ignore[list-item]

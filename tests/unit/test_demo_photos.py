@@ -20,8 +20,11 @@ def test_the_demo_photos_are_the_same_bytes_every_run_and_images_the_gateway_kee
 
 
 def test_no_two_demo_photos_look_alike():
-    """Their tiny greyscale thumbnails differ by a good part of the range in most places (a slideshow's frames
-    must be told apart by the pictures they show)."""
+    """No two demo photos look alike.
+
+    Their tiny greyscale thumbnails differ by a good part of the range in most places (a slideshow's frames must be
+    told apart by the pictures they show).
+    """
     thumbs = [Image.open(io.BytesIO(data)).convert("L").resize((16, 12)) for data in demo_photos.photos().values()]
     for i, a in enumerate(thumbs):
         for b in thumbs[i + 1 :]:

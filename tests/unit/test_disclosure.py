@@ -1,6 +1,8 @@
-"""What a tenant's key is shown of internals, on a keyring of the tests' own: workers named opaquely (the same
-worker alike within a pipeline, unrelated across pipelines), public error messages, dead letters bare, and
-stream cursors that open only for their tenant."""
+"""What a tenant's key is shown of internals, on a keyring of the tests' own.
+
+Workers named opaquely (the same worker alike within a pipeline, unrelated across pipelines), public error
+messages, dead letters bare, and stream cursors that open only for their tenant.
+"""
 
 from __future__ import annotations
 

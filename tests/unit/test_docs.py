@@ -1,4 +1,7 @@
-"""The README stays a newcomer's first five minutes; the docs list every setting as the settings classes define them."""
+"""The README stays a newcomer's first five minutes.
+
+The docs list every setting as the settings classes define them.
+"""
 
 from __future__ import annotations
 

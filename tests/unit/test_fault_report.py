@@ -1,5 +1,7 @@
-"""The fault report's chart (bench/faults/report.py): each fault on the run's clock, the same file for the same
-faults."""
+"""The fault report's chart (bench/faults/report.py).
+
+Each fault on the run's clock, the same file for the same faults.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""The pure parts of what guards work leaving for a provider: an attempt's submission key, what a worker
-knows of its lease by its own clock, and the order of things in a submit (the fence last, just before the
-request is sent). The fence's record in the database is tested in tests/integration/test_fence.py."""
+"""The pure parts of what guards work leaving for a provider.
+
+An attempt's submission key, what a worker knows of its lease by its own clock, and the order of things in a submit
+(the fence last, just before the request is sent). The fence's record in the database is tested in
+tests/integration/test_fence.py.
+"""
 
 from __future__ import annotations
 

@@ -43,8 +43,10 @@ class Recorder:
 
 
 def submit_all(commit: groups.GroupCommit[str, str], items: list[str], queued: bool = True) -> dict[str, Any]:
-    """Each item handed in from a thread of its own; if `queued` (another item is being handled), each started
-    once the one before it waits."""
+    """Each item handed in from a thread of its own.
+
+    If `queued` (another item is being handled), each started once the one before it waits.
+    """
     outcomes: dict[str, Any] = {}
 
     def submit(item: str) -> None:

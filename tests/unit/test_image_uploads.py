@@ -1,5 +1,8 @@
-"""What the gateway makes of an uploaded image before it keeps it: only a JPEG, PNG or WebP image that decodes
-whole and is not too large in bytes or in pixels, turned upright, with none of the upload's metadata."""
+"""What the gateway makes of an uploaded image before it keeps it.
+
+Only a JPEG, PNG or WebP image that decodes whole and is not too large in bytes or in pixels, turned upright, with
+none of the upload's metadata.
+"""
 
 from __future__ import annotations
 

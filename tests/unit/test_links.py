@@ -1,6 +1,8 @@
-"""Links a provider uses without an API key: each stage signs with a key of its own, derived from the
-gateway's, for one purpose; the lyric stage signs nothing and holds no key; the gateway checks the
-signer, the purpose, the path and a lifetime it caps."""
+"""Links a provider uses without an API key.
+
+Each stage signs with a key of its own, derived from the gateway's, for one purpose; the lyric stage signs nothing
+and holds no key; the gateway checks the signer, the purpose, the path and a lifetime it caps.
+"""
 
 from __future__ import annotations
 

@@ -80,8 +80,10 @@ def test_the_same_seed_writes_the_same_lyrics() -> None:
 
 @pytest.mark.parametrize("source", [KOREAN, ENGLISH], ids=["korean", "english"])
 def test_the_same_seed_writes_the_same_lyrics_in_every_process(source: brief.Brief) -> None:
-    """Another replica, or the same service after a restart, runs with another hash seed: a retried attempt must
-    still write what the first one would have."""
+    """Another replica, or the same service after a restart, runs with another hash seed.
+
+    A retried attempt must still write what the first one would have.
+    """
     program = (
         "import sys; from castad_contracts import brief; from castad_lyric import provider;"
         " source = brief.Brief.model_validate_json(sys.stdin.read());"

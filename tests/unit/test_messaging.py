@@ -97,8 +97,10 @@ def test_a_dramatiq_message_the_queue_cannot_run_is_dead_lettered(own, reason):
 
 
 def test_a_bad_message_from_the_delay_queue_is_dead_lettered_on_the_delay_queue():
-    """Dramatiq acknowledges a message through the consumer of the queue it names: naming the main
-    queue would leave the delivery on the delay queue unacknowledged, to come back later."""
+    """Dramatiq acknowledges a message through the consumer of the queue it names.
+
+    Naming the main queue would leave the delivery on the delay queue unacknowledged, to come back later.
+    """
     message = ENCODER.decode(ENCODER.encode(own_message(queue_name="t.song.DQ", args=[])))
     assert (message["actor_name"], message["queue_name"]) == (encoder.DEAD_LETTER_ACTOR, "t.song.DQ")
 

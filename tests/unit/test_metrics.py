@@ -1,6 +1,8 @@
-"""The metrics' own rules, without servers: label values stay bounded, a scrape-time reading that fails
-costs only its own gauges, the probe server and the gateway serve the Prometheus text, and the gateway
-counts each request by its route's template."""
+"""The metrics' own rules, without servers.
+
+Label values stay bounded, a scrape-time reading that fails costs only its own gauges, the probe server and the
+gateway serve the Prometheus text, and the gateway counts each request by its route's template.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The alert rules, the scrape configs and the Grafana dashboard of infra/observability: every rule is
-complete, every query parses as PromQL, and every metric and label a query names is one the services
-really expose, as their own registries list them (built as each composition root builds them, with
-servers that are not there: a scrape-time reading that fails still names its families)."""
+"""The alert rules, the scrape configs and the Grafana dashboard of infra/observability.
+
+Every rule is complete, every query parses as PromQL, and every metric and label a query names is one the services
+really expose, as their own registries list them (built as each composition root builds them, with servers that are
+not there: a scrape-time reading that fails still names its families).
+"""
 
 from __future__ import annotations
 
@@ -54,8 +56,10 @@ def exposed(registry: CollectorRegistry) -> dict[str, frozenset[str]]:
 
 @pytest.fixture(scope="module")
 def metrics() -> dict[str, frozenset[str]]:
-    """Every metric of every service, from the registries their composition roots build (a scrape of them
-    with no server there answers with every family all the same)."""
+    """Every metric of every service, from the registries their composition roots build.
+
+    A scrape of them with no server there answers with every family all the same.
+    """
     topo = topology.Topology("castad")
     stage_config = lyric.LyricSettings(database_url=NOWHERE_DB, amqp_url=NOWHERE_AMQP)
     registries = [

@@ -52,8 +52,10 @@ def test_a_statement_that_fails_for_its_own_sake_is_not_an_outage(error):
 
 
 def test_a_pool_with_no_connection_free_in_time_is_an_outage():
-    """The gateway's consumer threads outnumber its projection's connections: a thread that waits too long for
-    one tries again, its message kept."""
+    """The gateway's consumer threads outnumber its projection's connections.
+
+    A thread that waits too long for one tries again, its message kept.
+    """
     error = sa.exc.TimeoutError("QueuePool limit of size 4 overflow 4 reached, connection timed out, timeout 30.00")
     assert outages.is_outage(error)
 

@@ -1,5 +1,7 @@
-"""The guarded client every outbound call goes through: which destinations it refuses, how it follows
-redirects, and what it takes of an answer."""
+"""The guarded client every outbound call goes through.
+
+Which destinations it refuses, how it follows redirects, and what it takes of an answer.
+"""
 
 from __future__ import annotations
 

@@ -259,13 +259,13 @@ def test_a_pipelines_trace_id_is_read_from_its_requests_traceparent(traceparent,
     assert model.trace_id(traceparent) == trace_id
 
 
-def _row(attempt: int, started_at: dt.datetime | None, floor_attempt: int = 0) -> dict:
-    return {"attempt": attempt, "floor_attempt": floor_attempt, "started_at": started_at}
+def _at(attempt: int, floor_attempt: int = 0) -> model.Applied:
+    return model.Applied((2, attempt, 0), floor_attempt)
 
 
 def test_a_late_started_gives_its_start_only_to_a_row_of_its_attempt_that_has_none():
-    assert model.fills_start("started", 1, _row(1, None))
-    assert not model.fills_start("started", 1, _row(1, NOW))  # the first start stays
-    assert not model.fills_start("started", 1, _row(2, None))  # the row is at a later attempt
-    assert not model.fills_start("started", 2, _row(2, None, floor_attempt=2))  # before the stage was reopened
-    assert not model.fills_start("completed", 1, _row(1, None))
+    assert model.fills_start("started", 1, _at(1), None)
+    assert not model.fills_start("started", 1, _at(1), NOW)  # the first start stays
+    assert not model.fills_start("started", 1, _at(2), None)  # the row is at a later attempt
+    assert not model.fills_start("started", 2, _at(2, floor_attempt=2), None)  # before the stage was reopened
+    assert not model.fills_start("completed", 1, _at(1), None)

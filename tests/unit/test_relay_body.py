@@ -1,5 +1,8 @@
-"""The relay's message body: the outbox row's envelope, read as JSON text without its trace context,
-with the publish span's trace context spliced in."""
+"""The relay's message body.
+
+The outbox row's envelope, read as JSON text without its trace context, with the publish span's trace context
+spliced in.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The relay's lease as its holder knows it: by its own clock, from the moment it sent the renewal that last
-succeeded (the database set the lease's end no earlier than that statement's start)."""
+"""The relay's lease as its holder knows it.
+
+By its own clock, from the moment it sent the renewal that last succeeded (the database set the lease's end no
+earlier than that statement's start).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Per-pipeline order in the relay: how a batch goes out on the wire, and which confirmed rows it may
-mark published. Publishing runs against a fake confirm-mode channel; the integration tests run it
-against RabbitMQ."""
+"""Per-pipeline order in the relay.
+
+How a batch goes out on the wire, and which confirmed rows it may mark published. Publishing runs against a fake
+confirm-mode channel; the integration tests run it against RabbitMQ.
+"""
 
 from __future__ import annotations
 
@@ -44,9 +46,11 @@ def unroutable() -> aiormq.exceptions.PublishError:
 
 
 class FakeChannel:
-    """A confirm-mode channel that answers each publish after a round trip (other publishes may go out
-    meanwhile): an ack, or what `answers` says for that row id. It records when each row was sent and
-    answered."""
+    """A confirm-mode channel that answers each publish after a round trip.
+
+    Other publishes may go out meanwhile. The answer is an ack, or what `answers` says for that row id. It records
+    when each row was sent and answered.
+    """
 
     is_closed = False
 
@@ -178,8 +182,11 @@ def test_a_row_over_the_size_limit_is_refused_without_being_sent():
 
 
 def test_a_missing_exchange_is_the_rows_doing_only_for_a_replay_sent_to_its_own_destination():
-    """A replay names its destination queue (through that queue's requeue exchange): if that exchange is
-    missing, the row is to blame. The events exchange missing is the set-up's trouble: every row waits."""
+    """A replay names its destination queue (through that queue's requeue exchange).
+
+    If that exchange is missing, the row is to blame. The events exchange missing is the set-up's trouble: every
+    row waits.
+    """
     replay, event = rows("a", "b")
     replay["destination"] = "castad.lyric"
     results, _ = publish([replay, event], FakeChannel({1: not_found(), 2: not_found()}))

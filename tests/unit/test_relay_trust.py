@@ -1,5 +1,8 @@
-"""What the relay trusts a database with: each source is named by the service whose outbox it holds, and
-from it the relay publishes only what that service may say (castad_relay.ownership)."""
+"""What the relay trusts a database with.
+
+Each source is named by the service whose outbox it holds, and from it the relay publishes only what that service
+may say (castad_relay.ownership).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Retention's pure parts: a pruner's rounds of bounded batches, the gateway's refusals at the edge of
-what the stages keep, and settings that refuse combinations which would lose what a pipeline needs."""
+"""Retention's pure parts.
+
+A pruner's rounds of bounded batches, the gateway's refusals at the edge of what the stages keep, and settings that
+refuse combinations which would lose what a pipeline needs.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""A key's places among the event streams of one gateway process: at most its cap, each given back once,
-also by a stream that was never read (its client left before the answer began)."""
+"""A key's places among the event streams of one gateway process.
+
+At most its cap, each given back once, also by a stream that was never read (its client left before the answer
+began).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""An event stream reads the database when its pipeline is said to have changed, not on a clock: while the
-gateway's listener listens, an idle stream does not read; it reads on its clock only while the listener does
-not listen; a key's revocation and a missing entry still wake it in time."""
+"""An event stream reads the database when its pipeline is said to have changed, not on a clock.
+
+While the gateway's listener listens, an idle stream does not read; it reads on its clock only while the listener
+does not listen; a key's revocation and a missing entry still wake it in time.
+"""
 
 from __future__ import annotations
 

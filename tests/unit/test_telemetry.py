@@ -53,8 +53,11 @@ def test_spans_are_recorded_only_when_exported_and_the_trace_goes_on_either_way(
 
 
 def test_no_span_carries_a_links_signature_or_a_key_whatever_its_case(tmp_path, monkeypatch):
-    """The gateway's own instrumentation records `url.query` as it came (and headers, when an operator has them
-    captured): the spans leave the process masked."""
+    """No span carries a link's signature or a key, whatever its case.
+
+    The gateway's own instrumentation records `url.query` as it came (and headers, when an operator has them
+    captured): the spans leave the process masked.
+    """
     import asyncio
     import uuid
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import types
 
-from castad_api import timeline
+from castad_api import records, timeline
 from castad_api.timeline import Position
 from castad_contracts import api
 
@@ -14,8 +13,8 @@ NOW = dt.datetime(2026, 11, 23, tzinfo=dt.UTC)
 ARTIFACT = {"uri": "file:///var/a/song.wav", "sha256": "a" * 64, "size": 9, "media_type": "audio/wav"}
 
 
-def row(seq: int, event_type: str, data: dict) -> types.SimpleNamespace:
-    return types.SimpleNamespace(seq=seq, number=seq, event_type=event_type, data=data, time=NOW)
+def row(seq: int, event_type: str, data: dict) -> records.Entry:
+    return records.Entry(seq=seq, event_type=event_type, data=data, time=NOW, number=seq)
 
 
 def test_every_gap_in_the_entries_is_waited_for_before_the_stream_goes_past_it():

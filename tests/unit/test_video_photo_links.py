@@ -1,9 +1,13 @@
-"""A photo a brief names by URL is fetched by the video stage through the guarded client, cleaned as an upload is
-and kept as the pipeline's file; what is refused, too large or not an image fails the stage for good, naming the
-photo, and keeps nothing; a host that is slow or down is tried again."""
+"""A photo a brief names by URL is fetched, cleaned and kept by the video stage, or fails it.
+
+It is fetched through the guarded client, cleaned as an upload is and kept as the pipeline's file; what is refused,
+too large or not an image fails the stage for good, naming the photo, and keeps nothing; a host that is slow or
+down is tried again.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pathlib
 import threading
@@ -116,16 +120,22 @@ def kept_files(store: artifacts.VolumeStore) -> list[pathlib.Path]:
 
 
 def test_a_linked_photo_is_fetched_cleaned_and_kept_as_the_pipelines_file_and_a_later_attempt_reuses_it(host, store):
-    with linked(store, host.url("/moved.jpg")) as path:
-        kept = path.read_bytes()
+    with linked(store, host.url("/moved.jpg")) as first:
+        kept = first.path.read_bytes()
 
     assert host.hits == ["/moved.jpg", "/hall.jpg"]  # a redirect on the same host is followed
     with Image.open(io.BytesIO(kept)) as read:
         assert read.size == (64, 32) and not read.getexif()  # its location and camera stripped
     [file] = kept_files(store)
     assert file.relative_to(store.root).as_posix().startswith(f"{PIPELINE}/video-")
+    told = first.photo  # as the completed event tells it: by reference, in the video stage's place
+    assert (told.photo, told.url, told.width, told.height) == (1, host.url("/moved.jpg"), 64, 32)
+    assert told.file == events.Artifact(
+        uri=file.as_uri(), sha256=hashlib.sha256(kept).hexdigest(), size=len(kept), media_type="image/jpeg"
+    )
+    assert store.serve(told.file, PIPELINE, events.Stage.VIDEO) == file  # the gateway serves it as the stage's
     with linked(store, host.url("/moved.jpg")) as again:
-        assert again.read_bytes() == kept
+        assert again.path.read_bytes() == kept and again.photo == told
     assert len(host.hits) == 2  # the second attempt fetched nothing
     assert store.delete(PIPELINE, events.Stage.VIDEO) == 1  # retention deletes it with the stage's other files
 

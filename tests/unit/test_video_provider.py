@@ -542,9 +542,11 @@ def two_photos(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def as_shown(photo: pathlib.Path, size: tuple[int, int], progress: float = 0.0) -> npt.NDArray[np.float64]:
-    """The photo as the slideshow shows it `progress` (0 to 1) of the way through its time: cropped around its
-    centre of interest, zoomed from 1 to ZOOM with the window's centre moving straight to the drift's end, shaded
-    for the captions."""
+    """The photo as the slideshow shows it `progress` (0 to 1) of the way through its time.
+
+    Cropped around its centre of interest, zoomed from 1 to ZOOM with the window's centre moving straight to the
+    drift's end, shaded for the captions.
+    """
     drawn = slideshow.canvas(Image.open(photo).convert("RGB"), size)
     zoom = 1 + (slideshow.ZOOM - 1) * progress
     width, height = drawn.image.size

@@ -1,5 +1,8 @@
-"""The video stage's local renderer shows the photos its brief names, read from the artifact store by their
-references alone or fetched from their URLs; a photo not there fails the stage for good."""
+"""The video stage's local renderer shows the photos its brief names.
+
+They are read from the artifact store by their references alone or fetched from their URLs; a photo not there fails
+the stage for good.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Each tenant's webhook secrets: sealed with the gateway's key so that its database alone reveals none, each
-bound to its tenant, and a notice signed with every valid one while a rotation overlaps (Standard Webhooks'
-space-separated signatures, checked by that project's own library)."""
+"""Each tenant's webhook secrets.
+
+Sealed with the gateway's key so that its database alone reveals none, each bound to its tenant, and a notice
+signed with every valid one while a rotation overlaps (Standard Webhooks' space-separated signatures, checked by
+that project's own library).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Notices of a pipeline's end: signed as Standard Webhooks (checked by that project's own
-library), and never sent to a private, loopback or link-local address unless allowed."""
+"""Notices of a pipeline's end.
+
+Signed as Standard Webhooks (checked by that project's own library), and never sent to a private, loopback or
+link-local address unless allowed.
+"""
 
 from __future__ import annotations
 

@@ -193,6 +193,17 @@ class Stack:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
+    def process_of(self, worker: str) -> str:
+        """The name of the running process a worker id names.
+
+        A stage's worker id is `song@host:1234`, a relay's lease holder `relay@host:1234/ab12cd34`.
+        """
+        pid = int(worker.split("/", 1)[0].rsplit(":", 1)[1])
+        for name, process in self.processes.items():
+            if process.pid == pid:
+                return name
+        raise LookupError(f"no running process is worker {worker}")
+
     def check_alive(self) -> None:
         dead = {name: p.returncode for name, p in self.processes.items() if p.poll() is not None}
         if dead:

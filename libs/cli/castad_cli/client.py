@@ -42,8 +42,10 @@ class Client:
         )
 
     def upload_image(self, name: str, data: bytes) -> api.Image:
-        """Upload an image for briefs to name: the gateway tells its type by decoding it, and refuses what it is
-        not (422 with the reason)."""
+        """Upload an image for briefs to name.
+
+        The gateway tells its type by decoding it, and refuses what it is not (422 with the reason).
+        """
         files = {"file": (name, data, "application/octet-stream")}
         return api.Image.model_validate(
             self._call("POST", "/v1/images", files=files, timeout=httpx.Timeout(10, read=120))

@@ -1,5 +1,7 @@
-"""`castad`: submit a brief (uploading its photos), watch it, show it and its timeline, cancel or retry it;
-`castad stats` for the gateway's numbers; `castad dead-letters ...` for dead letters.
+"""The `castad` command line: submit, watch, show, cancel and retry pipelines.
+
+`castad` submits a brief (uploading its photos), watches it, shows it and its timeline, cancels or retries it;
+`castad stats` shows the gateway's numbers; `castad dead-letters ...` deals with dead letters.
 
 Every error is one line on stderr and an exit status: 2 the input was refused (also by the
 gateway: 400, 413, 415, 422), 3 the gateway cannot be reached, 4 not found (404), 5 a conflict
@@ -117,8 +119,11 @@ def _request(fields: dict[str, object], photos: list[str]) -> api.PipelineReques
 
 
 def _photo_files(named: list[str]) -> dict[str, pathlib.Path]:
-    """Each `--photo` that is a file; exit 2 before anything is uploaded if one cannot be read. An https URL, or
-    an image id no file is named after, is not a file: the gateway is given it as it is."""
+    """Each `--photo` that is a file.
+
+    Exit 2 before anything is uploaded if one cannot be read. An https URL, or an image id no file is named after,
+    is not a file: the gateway is given it as it is.
+    """
     files: dict[str, pathlib.Path] = {}
     for name in named:
         path = pathlib.Path(name).expanduser()
@@ -189,8 +194,11 @@ def stats(
     ctx: typer.Context,
     window: Annotated[str, typer.Option(help="how far back: 15m, 1h, 24h, 7d or seconds")] = "1h",
 ) -> None:
-    """The gateway's numbers: pipelines in flight and ended, each stage's queue, failures and durations, stuck
-    attempts, dead letters (an admin key)."""
+    """The gateway's numbers.
+
+    Pipelines in flight and ended, each stage's queue, failures and durations, stuck attempts, dead letters (an
+    admin key).
+    """
     with connected(ctx) as client:
         numbers = client.stats(window)
     console.print(reports.stats(numbers))

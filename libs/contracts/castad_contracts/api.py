@@ -43,6 +43,36 @@ class ArtifactLink(BaseModel):
         )
 
 
+class FetchedPhotoLink(BaseModel):
+    """A photo the brief names by URL as the video stage fetched and kept it.
+
+    A file of that stage, fetched from the gateway as the stage's artifact is, never from where the servers keep it.
+    """
+
+    photo: int = Field(ge=0, description="its place in the brief's photos, from 0")
+    url: str = Field(description="the URL the brief names it by")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the kept file (cleaned: not of what was fetched)")
+    size: int = Field(ge=0, description="size in bytes of the kept file")
+    media_type: str
+    width: int | None = Field(description="in pixels, upright; null when the stage did not say")
+    height: int | None = Field(description="in pixels, upright; null when the stage did not say")
+    download: str = Field(description="the gateway's path that serves the file (an API key with `read`)")
+
+    @classmethod
+    def of(cls, pipeline_id: str, fetched: dict[str, Any]) -> FetchedPhotoLink:
+        told = events.FetchedPhoto.model_validate(fetched)
+        return cls(
+            photo=told.photo,
+            url=told.url,
+            sha256=told.file.sha256,
+            size=told.file.size,
+            media_type=told.file.media_type,
+            width=told.width,
+            height=told.height,
+            download=f"/v1/pipelines/{pipeline_id}/artifacts/{events.Stage.VIDEO.value}/photos/{told.photo}",
+        )
+
+
 class StageView(BaseModel):
     stage: events.Stage
     status: str
@@ -54,6 +84,11 @@ class StageView(BaseModel):
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
     artifact: ArtifactLink | None
+    fetched_photos: list[FetchedPhotoLink] = Field(
+        default_factory=list,
+        description="with its artifact, the photos the brief names by URL as the stage fetched and kept them (the"
+        " video stage, rendering locally), in the brief's order",
+    )
 
 
 class PipelineView(BaseModel):
@@ -387,9 +422,11 @@ class PipelineTimeline(BaseModel):
 
 
 class FirehoseEntry(TimelineEntry):
-    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline. Its event's id
-    (Last-Event-ID) is a cursor of that stream: to an admin key, the entry's place among every entry of the
-    gateway; to a tenant's, an opaque one that counts nothing."""
+    """A timeline entry on the stream of every pipeline, with what a board shows of its pipeline.
+
+    Its event's id (Last-Event-ID) is a cursor of that stream: to an admin key, the entry's place among every entry
+    of the gateway; to a tenant's, an opaque one that counts nothing.
+    """
 
     pipeline_id: str
     tenant: str

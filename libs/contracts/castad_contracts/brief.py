@@ -139,8 +139,11 @@ class Photo(BaseModel):
 
 
 class PhotoLink(BaseModel):
-    """A photo named by its URL in the brief: the video stage fetches it (through its guarded outbound client,
-    checked and cleaned as an upload is) when it renders."""
+    """A photo named by its URL in the brief.
+
+    The video stage fetches it (through its guarded outbound client, checked and cleaned as an upload is) when it
+    renders.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -183,8 +186,10 @@ class BriefV2(BaseModel):
 
 
 class BriefV3(BriefV2):
-    """What the business wants a video about, and its uploaded photos (versions 3 of pipeline.requested,
-    lyric.completed and video.completed, version 4 of song.completed)."""
+    """What the business wants a video about, and its uploaded photos.
+
+    Versions 3 of pipeline.requested, lyric.completed and video.completed, version 4 of song.completed.
+    """
 
     photos: tuple[Photo, ...] = Field(
         default=(),

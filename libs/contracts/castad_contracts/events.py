@@ -194,9 +194,36 @@ class SongCompleted(SongCompletedV4):
     )
 
 
-class VideoCompleted(StageCompleted):
+class VideoCompletedV4(StageCompleted):
+    """The video is made, and its frame size (versions 1 to 4)."""
+
     width: int
     height: int
+
+
+class FetchedPhoto(BaseModel):
+    """A photo the brief names by URL as the video stage fetched, cleaned and kept it.
+
+    A file of the pipeline's video stage, referenced by location and content hash, never its bytes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    photo: int = Field(ge=0, description="its place in the brief's photos, from 0")
+    url: str = Field(description="the URL the brief names it by")
+    file: Artifact = Field(description="the kept file, in the video stage's place of the pipeline")
+    width: int | None = Field(default=None, ge=1, description="in pixels, upright; null when not said")
+    height: int | None = Field(default=None, ge=1, description="in pixels, upright; null when not said")
+
+
+class VideoCompleted(VideoCompletedV4):
+    """The video is made (version 5: with the photos named by URL that the stage fetched and kept)."""
+
+    fetched_photos: tuple[FetchedPhoto, ...] = Field(
+        default=(),
+        description="each photo of the brief named by URL, in the brief's order, as kept for this video; empty"
+        " when the brief names none or the renderer fetches them itself (a render API; an earlier version's event)",
+    )
 
 
 OPERATION = (
@@ -229,7 +256,7 @@ class LyricCompletedV3(LyricCompleted):
     brief: BriefV3  # type: ignore[assignment]
 
 
-class VideoCompletedV3(VideoCompleted):
+class VideoCompletedV3(VideoCompletedV4):
     brief: BriefV3  # type: ignore[assignment]
 
 
@@ -246,7 +273,7 @@ class LyricCompletedV2(LyricCompleted):
     brief: BriefV2  # type: ignore[assignment]
 
 
-class VideoCompletedV2(VideoCompleted):
+class VideoCompletedV2(VideoCompletedV4):
     brief: BriefV2  # type: ignore[assignment]
 
 
@@ -287,8 +314,11 @@ class PipelineCancelRequestedV1(Payload):
 
 
 class PipelineCancelRequested(Payload):
-    """Every stage is to stop the pipeline: a job not started never starts, a running attempt is stopped,
-    and a stage not reached yet will not start; a stage that completed keeps its artifact."""
+    """Every stage is to stop the pipeline.
+
+    A job not started never starts, a running attempt is stopped, and a stage not reached yet will not start; a
+    stage that completed keeps its artifact.
+    """
 
     operation: int = Field(ge=1, description=OPERATION)
     reason: str = Field(max_length=500, description="the operator's words, or deadline_exceeded")
@@ -299,8 +329,10 @@ class PipelineRetryRequestedV1(Payload):
 
 
 class PipelineRetryRequested(Payload):
-    """A FAILED or CANCELED pipeline resumes at `stage`, the first that did not succeed, with a fresh attempt
-    budget; stages that succeeded are not run again."""
+    """A FAILED or CANCELED pipeline resumes at `stage`, the first that did not succeed.
+
+    It gets a fresh attempt budget; stages that succeeded are not run again.
+    """
 
     operation: int = Field(ge=1, description=OPERATION)
     stage: Stage
@@ -311,7 +343,9 @@ class PipelineRetryRequested(Payload):
 
 class OutboxRepublishRequested(Payload):
     """The service whose outbox holds the parked row with this event id is to hand it back to the relay.
-    `pipeline_id` is the row's own."""
+
+    `pipeline_id` is the row's own.
+    """
 
     event_id: uuid.UUID
 
@@ -356,7 +390,7 @@ _COMPLETED_V2: dict[Stage, type[Payload]] = {
 _COMPLETED: dict[Stage, type[Payload]] = {
     Stage.LYRIC: LyricCompleted,
     Stage.SONG: SongCompleted,
-    Stage.VIDEO: VideoCompleted,
+    Stage.VIDEO: VideoCompletedV4,
 }
 _COMPLETED_V1: dict[Stage, type[Payload]] = {
     Stage.LYRIC: LyricCompletedV1,
@@ -485,3 +519,5 @@ for _stage, _version in ((Stage.LYRIC, 3), (Stage.SONG, 4), (Stage.VIDEO, 3)):
 # older event names uploads only and tells no bars.
 for _stage, _version in ((Stage.LYRIC, 4), (Stage.SONG, 5), (Stage.VIDEO, 4)):
     REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)
+# Then video.completed (v5) tells the photos named by URL that the stage fetched and kept; an older one tells none.
+REGISTRY.register(stage_event(Stage.VIDEO, "completed"), 5, VideoCompleted, lambda data: {**data, "fetched_photos": []})

@@ -122,9 +122,12 @@ class Topology:
 
     @staticmethod
     def dead_letter_queue_arguments(broker_major: int) -> dict[str, str | int]:
-        """The arguments of the dead-letter queue on a RabbitMQ of this major version: no delivery limit, as it has
-        nowhere further to send a message. RabbitMQ 4 gives every quorum queue a limit of 20 unless told -1;
-        RabbitMQ 3 has none unless told one, and drops a message at its first return when told -1."""
+        """The arguments of the dead-letter queue on a RabbitMQ of this major version.
+
+        No delivery limit, as it has nowhere further to send a message. RabbitMQ 4 gives every quorum queue a limit
+        of 20 unless told -1; RabbitMQ 3 has none unless told one, and drops a message at its first return when
+        told -1.
+        """
         return {"x-queue-type": QUEUE_TYPE, **({"x-delivery-limit": -1} if broker_major >= 4 else {})}
 
     @staticmethod
@@ -133,11 +136,12 @@ class Topology:
         return f"{queue}.requeue"
 
     def permissions(self, user: str) -> Permissions:
-        """The least a broker user needs: a consuming service (its queues, its requeue exchange,
-        binding to the events exchange; the gateway also owns the shared exchanges and the dead-letter
-        queue, and may publish dead letters) or the relay (publishing only: events, replays, notices of
-        parked rows). A stage may not publish into the dead-letter exchange: it files a dead letter by
-        rejecting it on its own queue.
+        """The least a broker user needs.
+
+        A consuming service (its queues, its requeue exchange, binding to the events exchange; the gateway also
+        owns the shared exchanges and the dead-letter queue, and may publish dead letters) or the relay (publishing
+        only: events, replays, notices of parked rows). A stage may not publish into the dead-letter exchange: it
+        files a dead letter by rejecting it on its own queue.
 
         A queue is declared with its dead-letter exchange as an argument, which RabbitMQ lets only a
         user who may publish there declare anew (declaring it again as it is needs no such right): so a

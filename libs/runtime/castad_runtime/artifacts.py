@@ -27,12 +27,14 @@ A file a stage fetched from a URL for its work (a photo a brief names by URL) is
 the pipeline, deleted with its other files: `keep_fetched` stores it whole or not at all as
 `<pipeline id>/<stage>-<digest of the URL>-<sha256 prefix><suffix>`, named by its bytes as every file is,
 and `fetched_copy` finds it again by its URL alone (its bytes checked against its name), so that a later
-attempt of the stage reuses what an earlier one fetched rather than fetching it again.
+attempt of the stage reuses what an earlier one fetched rather than fetching it again; both describe it as
+an event names it, so the gateway serves it (`serve`, in the stage's place) as any other file of the stage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import pathlib
@@ -79,8 +81,17 @@ class ArtifactStore(Protocol):
 
     def fetched_copy(
         self, pipeline_id: str, stage: events.Stage, url: str
-    ) -> contextlib.AbstractContextManager[pathlib.Path | None]: ...
+    ) -> contextlib.AbstractContextManager[Fetched | None]: ...
+
     def delete_image(self, photo: brief.Photo) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A file a stage fetched and kept: a local copy to read, and the kept file as an event names it."""
+
+    path: pathlib.Path
+    artifact: events.Artifact
 
 
 class ArtifactMissing(LookupError):
@@ -145,8 +156,11 @@ def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str) -> st
 
 
 def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> None:
-    """Raise ArtifactMisplaced unless `name` (relative to the root or the prefix) is a final file of the stage of
-    the pipeline: `<pipeline id>/<stage>-<rest>`, `rest` naming no folder."""
+    """Raise ArtifactMisplaced unless `name` is a final file of the stage of the pipeline.
+
+    `name` is relative to the root or the prefix; a final file is `<pipeline id>/<stage>-<rest>`, `rest` naming no
+    folder.
+    """
     place = _place(pipeline_id, stage)
     if not name.startswith(place) or "/" in name[len(place) :]:
         raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
@@ -183,9 +197,17 @@ def _fetched_name(pipeline_id: str, stage: events.Stage, url: str, digest: str, 
     return f"{_fetched_place(pipeline_id, stage, url)}{digest[:DIGEST_NAME_CHARS]}{image_suffix(media_type)}"
 
 
-def _intact(path: pathlib.Path, name: str) -> bool:
-    """Whether a fetched file, copied at `path`, has the bytes its `name` gives (`<...>-<sha256 prefix><suffix>`)."""
-    return _sha256(path).startswith(pathlib.PurePosixPath(name).stem.rsplit("-", 1)[-1])
+def _intact(path: pathlib.Path, name: str, uri: str) -> Fetched | None:
+    """A fetched file, copied at `path` and kept as `uri`, if it has the bytes its `name` gives; None if not.
+
+    The name ends `-<sha256 prefix><suffix>`.
+    """
+    digest = _sha256(path)
+    stem, suffix = pathlib.PurePosixPath(name).stem, pathlib.PurePosixPath(name).suffix
+    if not digest.startswith(stem.rsplit("-", 1)[-1]):
+        return None
+    media_type = "image/jpeg" if suffix == ".jpg" else f"image/{suffix.removeprefix('.')}"
+    return Fetched(path, events.Artifact(uri=uri, sha256=digest, size=path.stat().st_size, media_type=media_type))
 
 
 def _checked(pipeline_id: str) -> str:
@@ -200,8 +222,11 @@ def _checked(pipeline_id: str) -> str:
 
 
 def _write_whole(final: pathlib.Path, data: bytes) -> None:
-    """Write `final` as a whole or not at all: a file beside it, on disk before it takes the name. Its mode is
-    every file's a process here writes (0o666 less the umask), as the stages' artifacts get theirs."""
+    """Write `final` as a whole or not at all.
+
+    A file beside it, on disk before it takes the name. Its mode is every file's a process here writes (0o666 less
+    the umask), as the stages' artifacts get theirs.
+    """
     final.parent.mkdir(parents=True, exist_ok=True)
     written = final.with_name(f".upload-{uuid.uuid4().hex}")
     try:
@@ -215,8 +240,10 @@ def _write_whole(final: pathlib.Path, data: bytes) -> None:
 
 
 def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> int:
-    """Delete a stage's scratch files in a pipeline's folder, and its final files if `final`, then the folder
-    if nothing else is left in it. How many final files were deleted."""
+    """Delete a stage's files in a pipeline's folder; how many final files were deleted.
+
+    The stage's scratch files go, and its final files if `final`, then the folder if nothing else is left in it.
+    """
     deleted = 0
     for path in directory.glob(f".{stage.value}.attempt*"):
         path.unlink(missing_ok=True)
@@ -261,8 +288,10 @@ class VolumeStore:
         return path
 
     def placed(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path:
-        """The local file of an artifact of the stage of the pipeline; raises ArtifactMissing if it is not under
-        this store, ArtifactMisplaced if it is not in that stage's place."""
+        """The local file of an artifact of the stage of the pipeline.
+
+        Raises ArtifactMissing if it is not under this store, ArtifactMisplaced if it is not in that stage's place.
+        """
         path = self.path(artifact)
         _placed(path.relative_to(self.root).as_posix(), artifact, pipeline_id, stage)
         return path
@@ -323,16 +352,22 @@ class VolumeStore:
         return events.Artifact(uri=final.as_uri(), sha256=digest, size=len(data), media_type=media_type)
 
     @contextlib.contextmanager
-    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
-        """The file an attempt of the stage of the pipeline fetched from `url` and kept, its bytes checked; None
-        if there is none."""
+    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[Fetched | None]:
+        """The file an attempt of the stage of the pipeline fetched from `url` and kept, its bytes checked.
+
+        None if there is none.
+        """
         place = _fetched_place(pipeline_id, stage, url)
-        found = (path for path in sorted(self.root.glob(f"{place}*")) if path.is_file() and _intact(path, path.name))
-        yield next(found, None)
+        found = (
+            _intact(path, path.name, path.as_uri()) for path in sorted(self.root.glob(f"{place}*")) if path.is_file()
+        )
+        yield next((fetched for fetched in found if fetched is not None), None)
 
     def delete_image(self, photo: brief.Photo) -> None:
-        """Delete the file of a tenant's image (one already gone is fine). Its owner's folder stays, empty or not:
-        an upload of the owner's may have made it a moment ago to write into it.
+        """Delete the file of a tenant's image (one already gone is fine).
+
+        Its owner's folder stays, empty or not: an upload of the owner's may have made it a moment ago to write
+        into it.
 
         Raises outages.StoreUnavailable if the volume refuses (mounted read-only)."""
         path = self.root / _photo_name(photo)
@@ -463,16 +498,20 @@ class S3Store:
         return events.Artifact(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data), media_type=media_type)
 
     @contextlib.contextmanager
-    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[pathlib.Path | None]:
-        """The file an attempt of the stage of the pipeline fetched from `url` and kept, downloaded to a scratch
-        file (its bytes checked against its name) removed when the block ends; None if there is none."""
+    def fetched_copy(self, pipeline_id: str, stage: events.Stage, url: str) -> Iterator[Fetched | None]:
+        """The file an attempt of the stage fetched from `url` and kept, in a scratch file; None if none.
+
+        The scratch file is downloaded from the store (its bytes checked against its name) and removed when the
+        block ends.
+        """
         place = self.prefix + _fetched_place(pipeline_id, stage, url)
         listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=place)
         for key in sorted(found["Key"] for found in listed.get("Contents", [])):
             path = self._scratch_download(key)
-            if _intact(path, key):
+            fetched = _intact(path, key, f"s3://{self.bucket}/{key}")
+            if fetched is not None:
                 try:
-                    yield path
+                    yield fetched
                 finally:
                     path.unlink(missing_ok=True)
                 return
@@ -498,8 +537,11 @@ class S3Store:
         self._call("delete", self._client.delete_object, Bucket=self.bucket, Key=self.prefix + _photo_name(photo))
 
     def _key(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
-        """The key of an artifact of the stage of the pipeline; ArtifactMissing if it is not in this bucket
-        under the prefix, ArtifactMisplaced if it is not in that stage's place."""
+        """The key of an artifact of the stage of the pipeline.
+
+        ArtifactMissing if it is not in this bucket under the prefix, ArtifactMisplaced if it is not in that
+        stage's place.
+        """
         parsed = urllib.parse.urlparse(artifact.uri)
         if parsed.scheme != "s3" or parsed.netloc != self.bucket or not parsed.path.startswith(f"/{self.prefix}"):
             raise ArtifactMissing(f"not an artifact of s3://{self.bucket}/{self.prefix}: {artifact.uri}")

@@ -7,8 +7,10 @@ import threading
 
 
 def exponential_s(tries: int, first_s: float, max_s: float, jitter: float, rng: random.Random) -> float:
-    """The delay after `tries` failed tries before it: `first_s` doubled each time up to `max_s`, with up to
-    `jitter` of it taken off at random."""
+    """The delay after `tries` failed tries before it.
+
+    `first_s` doubled each time up to `max_s`, with up to `jitter` of it taken off at random.
+    """
     return min(max_s, first_s * 2.0**tries) * (1 - jitter * rng.random())
 
 

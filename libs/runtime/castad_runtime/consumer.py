@@ -46,8 +46,10 @@ HOLD_BACKOFF_S = (1.0, 60.0)  # first and longest delay between looks at a newer
 
 
 class Hold(Exception):
-    """Raised by a handler that cannot take its message yet (it depends on one still to come): the
-    message is held like an event of a newer version, then dead-lettered if it is still not takeable."""
+    """Raised by a handler that cannot take its message yet (it depends on one still to come).
+
+    The message is held like an event of a newer version, then dead-lettered if it is still not takeable.
+    """
 
 
 class _Abandoned(Exception):
@@ -119,8 +121,11 @@ class EventConsumer:
             log.info("worker stopped during an outage; the message stays in %s", self.queue_name)
 
     def dead_letter(self, raw_b64: str, reason: str) -> None:
-        """The dead-letter actor: a dead letter this consumer filed is rejected, for the broker to dead-letter
-        it from this queue; a message the encoder could not turn into an event is filed."""
+        """The dead-letter actor.
+
+        A dead letter this consumer filed is rejected, for the broker to dead-letter it from this queue; a message
+        the encoder could not turn into an event is filed.
+        """
         message = CurrentMessage.get_current_message()  # a MessageProxy while the actor runs
         if isinstance(message, MessageProxy) and message.options.get(FILED_OPTION):
             message.fail()  # Dramatiq rejects a failed message without requeueing it: the queue dead-letters it
@@ -187,8 +192,10 @@ class EventConsumer:
                 self._through_outages(functools.partial(self._retry_later, document, env, error))
 
     def _through_outages(self, action: Callable[[], T], hand_back_after_s: float | None = None) -> T:
-        """`action()`, tried again for as long as it fails on an outage; _Abandoned if the worker stops,
-        outages.Outlasted after `hand_back_after_s`."""
+        """`action()`, tried again for as long as it fails on an outage.
+
+        _Abandoned if the worker stops, outages.Outlasted after `hand_back_after_s`.
+        """
         try:
             return outages.keep_trying(
                 action,
@@ -239,8 +246,10 @@ class EventConsumer:
         self.broker.enqueue(message.copy(options={HELD_SINCE_OPTION: since_ms}), delay=int(delay_s * 1000))
 
     def _hand_back(self) -> None:
-        """Send the message being handled back to this queue through the delay queue, as it is (a retry, a held
-        event keep what they counted), to be handled again once HAND_BACK_DELAY_S passed."""
+        """Send the message being handled back to this queue through the delay queue, as it is.
+
+        A retry and a held event keep what they counted. It is handled again once HAND_BACK_DELAY_S passed.
+        """
         message = CurrentMessage.get_current_message()
         assert message is not None
         self.broker.enqueue(message.copy(options={OUTAGE_OPTION: True}), delay=int(HAND_BACK_DELAY_S * 1000))
@@ -249,9 +258,11 @@ class EventConsumer:
         self._through_outages(lambda: self._file(_encode(document), reason, kind))
 
     def _file(self, body: bytes, reason: str, kind: str) -> None:
-        """File a message that cannot be handled as a dead letter, with the reason: a message of this queue for
-        the dead-letter actor, which rejects it into the dead-letter exchange (see the module docstring);
-        confirmed by the broker. `kind`: why, in a word (the metric's label)."""
+        """File a message that cannot be handled as a dead letter, with the reason.
+
+        A message of this queue for the dead-letter actor, which rejects it into the dead-letter exchange (see the
+        module docstring); confirmed by the broker. `kind`: why, in a word (the metric's label).
+        """
         reason = redact.mask(reason)[:REASON_MAX]
         log.warning("dead-lettering message: %s", reason)
         letter: dramatiq.Message[None] = dramatiq.Message(
@@ -267,8 +278,11 @@ class EventConsumer:
 
 
 def filed_id(queue: str, body: bytes) -> str:
-    """The id of the dead letter filed for `body` on `queue`: the same message filed again (its delivery
-    repeated, by a consumer stopped before it acknowledged it) is the same letter, recorded once."""
+    """The id of the dead letter filed for `body` on `queue`.
+
+    The same message filed again (its delivery repeated, by a consumer stopped before it acknowledged it) is the
+    same letter, recorded once.
+    """
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"castad-dead-letter:{queue}:{hashlib.sha256(body).hexdigest()}"))
 
 

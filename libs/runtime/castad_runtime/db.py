@@ -44,8 +44,10 @@ _USED = "castad_used"  # a pooled connection's record: it was handed out before
 
 
 def connect_args(url: str) -> dict[str, Any]:
-    """What SQLAlchemy's engine for `url` must add to the URL's own parameters: `TIMEOUTS`, and
-    `target_session_attrs=read-write` where the URL names several hosts (unless it says otherwise)."""
+    """What SQLAlchemy's engine for `url` must add to the URL's own parameters.
+
+    `TIMEOUTS`, and `target_session_attrs=read-write` where the URL names several hosts (unless it says otherwise).
+    """
     parsed = sa.engine.make_url(url)
     added: dict[str, Any] = {key: value for key, value in TIMEOUTS.items() if key not in parsed.query}
     hosts = parsed.query.get("host", ())
@@ -61,16 +63,21 @@ def maintenance_url(url: str) -> str:
 
 
 def maintenance_engine(url: str) -> sa.Engine:
-    """Return an unpooled engine on the maintenance database of `url`'s server, in autocommit: CREATE, DROP and
-    ALTER DATABASE run outside a transaction, and never in the database they are about."""
+    """Return an unpooled engine on the maintenance database of `url`'s server, in autocommit.
+
+    CREATE, DROP and ALTER DATABASE run outside a transaction, and never in the database they are about.
+    """
     return sa.create_engine(
         maintenance_url(url), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool, connect_args=connect_args(url)
     )
 
 
 def connect_kwargs(url: str) -> dict[str, Any]:
-    """The keyword arguments of `psycopg.connect` (or `AsyncConnection.connect`) for `url`, as SQLAlchemy's
-    engine would connect: the URL's host or hosts, database, user and parameters, with `connect_args`."""
+    """The keyword arguments of `psycopg.connect` for `url`, as SQLAlchemy's engine would connect.
+
+    The same serve `AsyncConnection.connect`: the URL's host or hosts, database, user and parameters, with
+    `connect_args`.
+    """
     parsed = sa.engine.make_url(url).set(drivername="postgresql+psycopg")
     _, kwargs = _PSYCOPG.create_connect_args(parsed)  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect
     return {**kwargs, **connect_args(url)}
@@ -85,8 +92,10 @@ _PSYCOPG = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlch
 
 
 def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
-    """A pool of connections to `url`, each looked at before use (`_known_broken`) without a round trip:
-    a pre-ping `SELECT 1` would cost one per transaction, and a commit in PostgreSQL's statistics."""
+    """A pool of connections to `url`, each looked at before use (`_known_broken`) without a round trip.
+
+    A pre-ping `SELECT 1` would cost one per transaction, and a commit in PostgreSQL's statistics.
+    """
     engine = sa.create_engine(
         url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600, connect_args=connect_args(url)
     )
@@ -103,15 +112,18 @@ def _not_pipelined(conn: sa.Connection, cursor: Any, statement: str, *args: Any)
 
 
 def _known_broken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """A pooled connection is replaced before use if psycopg knows it to be closed or broken, or if the server
-    sent it anything while it sat idle in the pool: a server that ends a session (a restart, an outage's
-    `pg_terminate_backend`, `idle_session_timeout`) says why and closes it, so its socket is readable. Nothing
-    else comes to an idle pooled connection (none of them LISTENs); a notice that did would only cost a new
-    connection. A new connection is not looked at, as a pre-ping would not: SQLAlchemy tries a checkout twice,
-    and a second refusal would raise a bug's error instead of an outage's. A connection that died without a
-    word (a network partition, a middlebox that dropped it) is found by its first statement instead of a
-    ping: that work fails as in an outage (a request answers 503 with Retry-After, a consumer tries again,
-    nothing used up), and `pool_recycle` bounds how old a pooled connection gets."""
+    """Whether a pooled connection must be replaced before use (closed, broken, or spoken to while idle).
+
+    A pooled connection is replaced before use if psycopg knows it to be closed or broken, or if the server sent it
+    anything while it sat idle in the pool: a server that ends a session (a restart, an outage's
+    `pg_terminate_backend`, `idle_session_timeout`) says why and closes it, so its socket is readable. Nothing else
+    comes to an idle pooled connection (none of them LISTENs); a notice that did would only cost a new connection.
+    A new connection is not looked at, as a pre-ping would not: SQLAlchemy tries a checkout twice, and a second
+    refusal would raise a bug's error instead of an outage's. A connection that died without a word (a network
+    partition, a middlebox that dropped it) is found by its first statement instead of a ping: that work fails as
+    in an outage (a request answers 503 with Retry-After, a consumer tries again, nothing used up), and
+    `pool_recycle` bounds how old a pooled connection gets.
+    """
     if dbapi_connection.closed or dbapi_connection.broken:
         raise sa.exc.DisconnectionError("the connection was closed or broken")
     if not record.info.get(_USED):  # cleared when the pool replaces the connection
@@ -124,11 +136,13 @@ def _known_broken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
 
 
 def run(conn: sa.Connection, statement: str, params: Any = None, *, prepare: bool | None = None) -> psycopg.Cursor[Any]:
-    """Run one of a package's hot-path statements (plain SQL with psycopg's `%(name)s` placeholders) in the
-    transaction of `conn`, straight on its psycopg connection: no SQLAlchemy compilation or result wrapping,
-    and psycopg prepares a statement it has run a few times. Rows come as named tuples. Parameters that
-    are JSON must be wrapped (`psycopg.types.json.Jsonb`). Write only inside `transaction` (SQLAlchemy
-    commits it); on a plain `engine.connect()`, read only: SQLAlchemy rolls back what it does not know of.
+    """Run one of a package's hot-path statements straight on the psycopg connection of `conn`.
+
+    The statement is plain SQL with psycopg's `%(name)s` placeholders, run in the transaction of `conn`: no
+    SQLAlchemy compilation or result wrapping, and psycopg prepares a statement it has run a few times. Rows come
+    as named tuples. Parameters that are JSON must be wrapped (`psycopg.types.json.Jsonb`). Write only inside
+    `transaction` (SQLAlchemy commits it); on a plain `engine.connect()`, read only: SQLAlchemy rolls back what it
+    does not know of.
 
     `prepare=False` (`REPLAN`) plans the statement at every run, for its parameters and its tables as they are
     then. Give it to a statement that finds its rows by an array of keys (`= ANY(%s)`, a join with the rows of
@@ -144,10 +158,12 @@ REPLAN = False  # `run(..., prepare=REPLAN)`: planned at every run (see `run`)
 
 @contextlib.contextmanager
 def pipelined(conn: sa.Connection) -> Iterator[None]:
-    """Inside, the statements `run` runs go to the server without waiting for each one's answer (psycopg's
-    pipeline mode): an answer is waited for when its rows are read, and all of them when the block ends, which
-    raises the first error. Several statements in a row then cost one round trip. Only `run` inside: SQLAlchemy
-    expects each statement's answer at once, and its statements are refused there."""
+    """Send the statements `run` runs inside without waiting for each one's answer (pipeline mode).
+
+    This is psycopg's pipeline mode: an answer is waited for when its rows are read, and all of them when the block
+    ends, which raises the first error. Several statements in a row then cost one round trip. Only `run` inside:
+    SQLAlchemy expects each statement's answer at once, and its statements are refused there.
+    """
     driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
     with driver.pipeline():
         yield
@@ -161,9 +177,11 @@ def seconds_from_now(seconds: float) -> sa.ColumnElement[dt.datetime]:
 def expired(
     rows: sa.Select[Any], time_column: sa.Column[dt.datetime], older_than_s: float, limit: int
 ) -> sa.Select[Any]:
-    """Retention's choice: up to `limit` of `rows` whose `time_column` is more than `older_than_s` old by the
-    database's clock, oldest first, locked (rows of `time_column`'s table only); rows another transaction
-    holds are skipped, never waited for."""
+    """Retention's choice: up to `limit` of `rows` older than `older_than_s`, oldest first, locked.
+
+    A row's age is its `time_column`'s, by the database's clock. Only rows of `time_column`'s table are locked;
+    rows another transaction holds are skipped, never waited for.
+    """
     return (
         rows.where(time_column < seconds_from_now(-older_than_s))
         .order_by(time_column)
@@ -173,8 +191,10 @@ def expired(
 
 
 async def notifications(listener: psycopg.AsyncConnection[Any], timeout_s: float | None = None) -> list[psycopg.Notify]:
-    """The notifications of a LISTENing connection: those that came already, else those of the first wake-up
-    within `timeout_s` (None: no limit; an empty list once it passed).
+    """The notifications of a LISTENing connection.
+
+    Those that came already, else those of the first wake-up within `timeout_s` (None: no limit; an empty list once
+    it passed).
 
     The wait is one sleep until the connection's socket has something to read. psycopg's own wait for
     notifications (`notifies`) wakes every 0.1 s to look again: ten turns of the event loop a second for
@@ -202,10 +222,12 @@ async def notifications(listener: psycopg.AsyncConnection[Any], timeout_s: float
 
 
 def after_commit(conn: sa.Connection, callback: Callable[[], None], key: Hashable | None = None) -> None:
-    """Call `callback` once this transaction has committed (not if it rolls back): for what must count
-    only what committed, as a metric of an outcome. It must not fail; if it does, that is logged. Only a
-    `transaction` runs them: anywhere else this raises RuntimeError, rather than the callback never running.
-    A callback given with a `key` the transaction has one for already is not added again."""
+    """Call `callback` once this transaction has committed (not if it rolls back).
+
+    For what must count only what committed, as a metric of an outcome. It must not fail; if it does, that is
+    logged. Only a `transaction` runs them: anywhere else this raises RuntimeError, rather than the callback never
+    running. A callback given with a `key` the transaction has one for already is not added again.
+    """
     callbacks = conn.info.get(_AFTER_COMMIT)
     if callbacks is None:
         raise RuntimeError("db.after_commit outside a db.transaction: nothing would run the callback")

@@ -52,9 +52,11 @@ class EnvelopeEncoder(Encoder):
         return self._dead(data, "neither a CloudEvents envelope nor a Dramatiq message")
 
     def _own(self, data: bytes, document: dict[str, Any]) -> MessageData:
-        """A message Dramatiq enqueued itself (a retry, via the delay queue): kept only if it is
-        one of this queue's, for its actors, with their arguments, else Dramatiq would refuse it
-        or its actor would fail on it every time."""
+        """A message Dramatiq enqueued itself (a retry, via the delay queue).
+
+        Kept only if it is one of this queue's, for its actors, with their arguments, else Dramatiq would refuse it
+        or its actor would fail on it every time.
+        """
         reason = self._unrunnable(document)
         if reason is None:
             return document

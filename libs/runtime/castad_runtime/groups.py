@@ -130,8 +130,11 @@ class GroupCommit(Generic[T, R]):
         return results
 
     def _settle(self, group: list[_Entry[T, R]], results: Sequence[R | Left] | None, lone: bool = False) -> None:
-        """The group is done (results None: each item alone, in its own thread; `lone`: its leader's own item,
-        whose thread has its result already); the items waiting that may go make the next groups."""
+        """Settle a group that is done, and make the next groups of the items waiting that may go.
+
+        Results None: each item alone, in its own thread; `lone`: its leader's own item, whose thread has its
+        result already.
+        """
         with self._lock:
             for index, entry in enumerate(group if not lone else ()):
                 result = ALONE if results is None else results[index]
@@ -152,8 +155,10 @@ class GroupCommit(Generic[T, R]):
             self._busy = +self._busy  # drop the keys no group has any more
 
     def _hand_on(self) -> None:
-        """While fewer than `max_groups` are under way, the items waiting that may go make the next group, handed
-        to its first item's thread to lead (with the lock held)."""
+        """Start the next groups while fewer than `max_groups` are under way (with the lock held).
+
+        Each group is made of the items waiting that may go, and handed to its first item's thread to lead.
+        """
         while self._waiting and self._groups < self._max_groups:
             group = self._next_group()
             if not group:  # every item waiting has a key that a group under way has
@@ -165,8 +170,10 @@ class GroupCommit(Generic[T, R]):
             group[0].woken.set()
 
     def _next_group(self) -> list[_Entry[T, R]]:
-        """Up to `max_items` of the items waiting, in order, but those whose key a group under way has; taken
-        off the waiting list (with the lock held)."""
+        """Up to `max_items` of the items waiting, in order, but those whose key a group under way has.
+
+        Taken off the waiting list (with the lock held).
+        """
         group: list[_Entry[T, R]] = []
         left: list[_Entry[T, R]] = []
         for entry in self._waiting:
@@ -178,9 +185,11 @@ class GroupCommit(Generic[T, R]):
         return group
 
     def _abandon(self, entry: _Entry[T, R]) -> None:
-        """A thread that leaves early (an exception it did not raise itself, while it waited or led): its item
-        is no longer waiting, and a group it was handed but did not lead goes back, first in line, for another
-        thread to lead."""
+        """A thread that leaves early (an exception it did not raise itself, while it waited or led).
+
+        Its item is no longer waiting, and a group it was handed but did not lead goes back, first in line, for
+        another thread to lead.
+        """
         with self._lock:
             if entry in self._waiting:
                 self._waiting.remove(entry)

@@ -1,5 +1,6 @@
-"""Liveness and readiness of a service, and the small HTTP server that answers the probes of a worker
-(and, given a registry, Prometheus's scrapes of `/metrics`).
+"""Liveness and readiness of a service, and the HTTP server that answers a worker's probes.
+
+The small server also answers, given a registry, Prometheus's scrapes of `/metrics`.
 
 Liveness says the process is working: its own threads run and its loop answers. It never
 looks at the database or the broker, so an outage of either (which the service rides out
@@ -41,8 +42,10 @@ Check = Callable[[], str]
 
 
 def database(url: str) -> Check:
-    """The database at `url` (its host that takes writes, where it names several) takes a connection and
-    answers a query."""
+    """Check that the database at `url` takes a connection and answers a query.
+
+    Where `url` names several hosts, the one checked is the host that takes writes.
+    """
     parameters = {**db.connect_kwargs(url), "connect_timeout": TIMEOUT_S}
 
     def check() -> str:
@@ -84,10 +87,12 @@ def pooled_database(engine: sa.Engine) -> Check:
 
 
 class KeptBroker:
-    """RabbitMQ at `url` answers on a connection kept for these checks: each opens and closes a channel on it (a
-    round trip that also services its heartbeats); a new connection only when the kept one is gone. A kept one
-    found dead (the broker closed it while no probe came to answer its heartbeats) is replaced at once, so only
-    a broker that refuses a new one too is unreachable."""
+    """RabbitMQ at `url` answers on a connection kept for these checks.
+
+    Each opens and closes a channel on it (a round trip that also services its heartbeats); a new connection only
+    when the kept one is gone. A kept one found dead (the broker closed it while no probe came to answer its
+    heartbeats) is replaced at once, so only a broker that refuses a new one too is unreachable.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -127,8 +132,11 @@ class KeptBroker:
 
 
 def cached(check: Check, ttl_s: float = CACHE_S, clock: Callable[[], float] = time.monotonic) -> Check:
-    """`check`, run at most once per `ttl_s`: a probe within that time gets its last answer, and so does one that
-    comes while it runs (no probe waits behind another; before the first answer: CHECKING)."""
+    """`check`, run at most once per `ttl_s`.
+
+    A probe within that time gets its last answer, and so does one that comes while it runs (no probe waits behind
+    another; before the first answer: CHECKING).
+    """
     lock = threading.Lock()
     last: dict[str, object] = {"answer": CHECKING, "at": None}
 
@@ -190,8 +198,10 @@ def run_checks(checks: Mapping[str, Check]) -> tuple[bool, dict[str, str]]:
 
 
 class ProbeServer:
-    """`/healthz` (liveness), `/readyz` (readiness) and, with a registry, `/metrics` over HTTP, on a thread
-    of its own (a thread per request: a slow scrape holds up no probe)."""
+    """Serve `/healthz`, `/readyz` and, with a registry, `/metrics` over HTTP on a thread of its own.
+
+    `/healthz` is liveness, `/readyz` readiness. A thread per request: a slow scrape holds up no probe.
+    """
 
     def __init__(
         self,

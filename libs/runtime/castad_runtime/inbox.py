@@ -28,8 +28,10 @@ SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[]) ON CONFLICT DO NOTHING 
 
 
 def record_all(conn: sa.Connection, envs: Sequence[envelope_.Envelope]) -> Callable[[], set[uuid.UUID]]:
-    """Record these events' ids in one statement (in `db.pipelined`, sent at once); read later, the ids
-    seen for the first time (an id given twice is new once)."""
+    """Record these events' ids in one statement (in `db.pipelined`, sent at once).
+
+    Read later, the ids seen for the first time (an id given twice is new once).
+    """
     columns = ([env.id for env in envs], [env.type for env in envs], [env.subject for env in envs])
     recorded = db.run(conn, RECORD_ALL, columns)
     return lambda: {row.event_id for row in recorded.fetchall()}
@@ -51,9 +53,11 @@ def once(
     step: Callable[[sa.Connection], T],
     seen_again: Callable[[str], None] | None = None,
 ) -> T | None:
-    """`step(conn)` in one transaction with the event's inbox row, the first time the event comes; what
-    it returns. A duplicate runs nothing (None), and once its transaction committed its type is passed
-    to `seen_again` (a metric)."""
+    """`step(conn)` in one transaction with the event's inbox row, the first time the event comes.
+
+    What it returns. A duplicate runs nothing (None), and once its transaction committed its type is passed to
+    `seen_again` (a metric).
+    """
     with db.transaction(engine) as conn:
         if first_delivery(conn, env):
             return step(conn)
@@ -69,10 +73,12 @@ def once_read_first(
     step: Callable[[sa.Connection, R], T],
     seen_again: Callable[[str], None] | None = None,
 ) -> T | None:
-    """`once` for a step that first reads or locks what it changes (`read`, which must change nothing: it runs
-    for a duplicate too): the inbox row goes to the server with `read`'s statements, and the step's own
-    statements go together, each lot in one round trip (`db.pipelined`). What `step(conn, what read returned)`
-    returns; None for a duplicate."""
+    """`once` for a step that first reads or locks what it changes, in two round trips.
+
+    `read` must change nothing: it runs for a duplicate too. The inbox row goes to the server with `read`'s
+    statements, and the step's own statements go together, each lot in one round trip (`db.pipelined`). What
+    `step(conn, what read returned)` returns; None for a duplicate.
+    """
     with db.transaction(engine) as conn, db.pipelined(conn):
         recorded = db.run(conn, RECORD, (env.id, env.type, env.subject))
         found = read(conn)
@@ -84,8 +90,10 @@ def once_read_first(
 
 
 def forget(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` event ids received more than `older_than_s` ago, skipping rows another transaction
-    holds; how many. A copy of such an event coming later would be taken as new."""
+    """Delete up to `limit` event ids received more than `older_than_s` ago; how many.
+
+    Rows another transaction holds are skipped. A copy of such an event coming later would be taken as new.
+    """
     t = tables.inbox
     doomed = db.expired(sa.select(t.c.event_id), t.c.received_at, older_than_s, limit)
     return conn.execute(t.delete().where(t.c.event_id.in_(doomed.scalar_subquery()))).rowcount

@@ -93,8 +93,11 @@ def signer(path: str) -> tuple[events.Stage, Purpose] | None:
 
 
 def accepted(root: SecretStr, path: str, expires: int, given: str, *, max_s: float) -> bool:
-    """Whether the gateway takes a link: signed for this very path by the stage that signs it, for its purpose,
-    not expired, and expiring within `max_s`."""
+    """Whether the gateway takes a link.
+
+    Signed for this very path by the stage that signs it, for its purpose, not expired, and expiring within
+    `max_s`.
+    """
     who = signer(path)
     now = time.time()
     if who is None or not now <= expires <= now + max_s:

@@ -116,8 +116,11 @@ def declare_topology(amqp_url: str, topo: topology.Topology) -> None:
 
 
 def declare_own(amqp_url: str, topo: topology.Topology, service: str) -> None:
-    """Declare what `service` owns: its queues, its requeue exchange, its bindings (and, for the
-    gateway, the exchanges and queue every service shares). The events exchange must exist first."""
+    """Declare what `service` owns.
+
+    Its queues, its requeue exchange, its bindings (and, for the gateway, the exchanges and queue every service
+    shares). The events exchange must exist first.
+    """
     _declare(amqp_url, topo, (service,), shared=service == topology.SHARED_OWNER)
 
 
@@ -173,8 +176,11 @@ def _declare_queue(
 
 @contextlib.contextmanager
 def _expected_closes() -> Iterator[None]:
-    """pika logs a warning for every channel the broker closes; a declare that only asks (is this queue there,
-    is it declared so?) expects the broker to close its channel when the answer is no."""
+    """Silence pika's warning for the channels a declare that only asks expects the broker to close.
+
+    pika logs a warning for every channel the broker closes; a declare that only asks (is this queue there, is it
+    declared so?) expects the broker to close its channel when the answer is no.
+    """
     channel_log = logging.getLogger("pika.channel")
     level = channel_log.level
     channel_log.setLevel(logging.ERROR)
@@ -250,9 +256,11 @@ def queue_depth(connection: pika.BlockingConnection, queue: str) -> tuple[int, i
 
 
 def queue_kind(connection: pika.BlockingConnection, queue: str, topo: topology.Topology) -> str:
-    """Whether an existing queue is as this version declares it, as an earlier (classic) version did, or
-    otherwise. AMQP tells a queue's arguments only by refusing a declare that differs, so each candidate
-    is declared (an equivalent declare changes nothing)."""
+    """Whether an existing queue is as this version declares it, as an earlier version did, or otherwise.
+
+    The earlier version's queues were classic. AMQP tells a queue's arguments only by refusing a declare that
+    differs, so each candidate is declared (an equivalent declare changes nothing).
+    """
     dead_letters = queue == topo.dead_letter_queue
     ours = topo.dead_letter_queue_arguments(broker_major(connection)) if dead_letters else topo.queue_arguments()
     earlier: dict[str, Any] = (
@@ -288,9 +296,11 @@ def _refusal(connection: pika.BlockingConnection, queue: str, arguments: dict[st
 def declare_own_when_reachable(
     amqp_url: str, topo: topology.Topology, service: str, stop: threading.Event | None = None
 ) -> None:
-    """`declare_own`, tried again until it succeeds: a service started during a broker outage (or
-    before the gateway first declared the shared exchanges) waits instead of exiting. Raises
-    outages.Stopped if `stop` is set meanwhile."""
+    """`declare_own`, tried again until it succeeds.
+
+    A service started during a broker outage (or before the gateway first declared the shared exchanges) waits
+    instead of exiting. Raises outages.Stopped if `stop` is set meanwhile.
+    """
     outages.keep_trying(
         lambda: declare_own(amqp_url, topo, service), "declaring its queues", stop=stop, first_s=0.5, max_s=10.0
     )

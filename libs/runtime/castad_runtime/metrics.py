@@ -48,15 +48,20 @@ def registry() -> CollectorRegistry:
 
 
 def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    """The registry's metrics in the format the scraper's Accept header asks for (Prometheus text by
-    default, OpenMetrics when asked), and that format's content type."""
+    """The registry's metrics in the format the scraper asks for, and that format's content type.
+
+    The format is the one the Accept header asks for: Prometheus text by default, OpenMetrics when asked.
+    """
     encode, content_type = exposition_.choose_encoder(accept or "")
     return encode(registry), content_type
 
 
 class BoundedLabel:
-    """The values one label may take: those matching `pattern`, `known` ones always, and at most
-    `limit` distinct others per process; anything else is `other`."""
+    """The values one label may take.
+
+    Those matching `pattern`, `known` ones always, and at most `limit` distinct others per process; anything else
+    is `other`.
+    """
 
     def __init__(
         self, pattern: re.Pattern[str] = ERROR_CODE, limit: int = MAX_CODES, known: Iterable[str] = ()
@@ -122,8 +127,11 @@ class ConsumerMetrics:
 
 
 class StageMetrics:
-    """What a stage's runner counts: attempts by outcome and error code, their durations, quota waits, the
-    provider's "too many" answers, and the submits that went to it or were held back."""
+    """What a stage's runner counts.
+
+    Attempts by outcome and error code, their durations, quota waits, the provider's "too many" answers, and the
+    submits that went to it or were held back.
+    """
 
     def __init__(self, registry: CollectorRegistry, stage: str, known_codes: Iterable[str] = ()) -> None:
         self.registry = registry

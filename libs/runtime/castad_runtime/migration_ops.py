@@ -175,8 +175,11 @@ def drop_operator_requests_v3() -> None:
 
 
 def add_retention_v5() -> None:
-    """What retention deletes by, in every service: outbox rows by when they were published, event ids by
-    when they came. Partial where it can be, so that the hot path's writes pay little."""
+    """What retention deletes by, in every service.
+
+    Outbox rows by when they were published, event ids by when they came. Partial where it can be, so that the hot
+    path's writes pay little.
+    """
     op.create_index(
         "outbox_published", "outbox", ["published_at"], postgresql_where=sa.text("published_at IS NOT NULL")
     )
@@ -211,9 +214,12 @@ OUTBOX_NOTIFY_FUNCTION = "castad_outbox_notify"
 
 
 def add_outbox_notify_v6(channel: str) -> None:
-    """The outbox announces its own new rows: a statement-level trigger NOTIFYs `channel` when rows are
-    inserted, inside the writing transaction (delivered at its commit, one notification per transaction
-    whatever the rows), so a writer spends no round trip of its own on waking the relay."""
+    """The outbox announces its own new rows.
+
+    A statement-level trigger NOTIFYs `channel` when rows are inserted, inside the writing transaction (delivered
+    at its commit, one notification per transaction whatever the rows), so a writer spends no round trip of its own
+    on waking the relay.
+    """
     op.execute(
         f"CREATE FUNCTION {OUTBOX_NOTIFY_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$"
         f" BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
@@ -246,7 +252,7 @@ def drop_outbox_leader_v7() -> None:
     op.drop_table("outbox_leader")
 
 
-def add_outbox_relay_v12() -> None:
+def add_outbox_relay_v13() -> None:
     """The relays that drain this database's outbox: one row per live relay, ending like a lease."""
     op.create_table(
         "outbox_relay",
@@ -255,13 +261,16 @@ def add_outbox_relay_v12() -> None:
     )
 
 
-def drop_outbox_relay_v12() -> None:
+def drop_outbox_relay_v13() -> None:
     op.drop_table("outbox_relay")
 
 
 def add_submissions_v8() -> None:
-    """What a stage sent to a provider: each attempt's submission, recorded (with its key) just before it
-    left; and the operator's retries that reopened a job, so that a new run's submissions have new keys."""
+    """What a stage sent to a provider.
+
+    Each attempt's submission, recorded (with its key) just before it left; and the operator's retries that
+    reopened a job, so that a new run's submissions have new keys.
+    """
     op.add_column("attempts", sa.Column("submitted_at", TZ))
     op.add_column("attempts", sa.Column("submission_key", sa.Text))
     op.add_column("jobs", sa.Column("reopened", sa.Integer, nullable=False, server_default="0"))
@@ -274,8 +283,11 @@ def drop_submissions_v8() -> None:
 
 
 def add_previous_handle_v9() -> None:
-    """The provider's handle of the work an attempt that failed had submitted: the next attempt looks it up
-    (castad_runtime.stage.remote) and takes its result if it is there, rather than paying for new work."""
+    """The provider's handle of the work an attempt that failed had submitted.
+
+    The next attempt looks it up (castad_runtime.stage.remote) and takes its result if it is there, rather than
+    paying for new work.
+    """
     op.add_column("jobs", sa.Column("previous_handle", sa.Text))
 
 
@@ -284,10 +296,102 @@ def drop_previous_handle_v9() -> None:
 
 
 def add_attempt_notes_v10() -> None:
-    """The provider's advisory warnings on an attempt's submitted work (a render template's unmatched
-    elements), kept on the attempt for an operator."""
+    """Keep the provider's advisory warnings on an attempt's submitted work.
+
+    Such as a render template's unmatched elements; they are kept on the attempt for an operator.
+    """
     op.add_column("attempts", sa.Column("notes", sa.Text))
 
 
 def drop_attempt_notes_v10() -> None:
     op.drop_column("attempts", "notes")
+
+
+IN_FLIGHT_SHARDS_V12 = 64
+IN_FLIGHT_FUNCTION = "castad_jobs_in_flight"
+IN_FLIGHT = "('RUNNING', 'AWAITING')"
+
+
+def add_sharded_quota_v12() -> None:
+    """Split a provider's token bucket into rows, and count the jobs in flight by triggers over rows of their own.
+
+    No claim locks a row that every other claim needs, none counts the jobs (castad_runtime.stage.quota).
+    The count starts from the jobs in flight now: the triggers are created in this transaction, which holds
+    jobs against every write from then until it commits, so that no change is counted twice or missed."""
+    op.add_column("quotas", sa.Column("shards", sa.Integer, nullable=False, server_default="1"))
+    op.create_table(
+        "quota_shards",
+        sa.Column("provider", sa.Text, primary_key=True),
+        sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("tokens", sa.Float, nullable=False),
+        sa.Column("refilled_at", TZ, nullable=False, server_default=sa.func.now()),
+    )
+    op.execute(
+        "INSERT INTO quota_shards (provider, shard, tokens, refilled_at) SELECT provider, 0, tokens, now() FROM quotas"
+    )
+    op.create_table(
+        "in_flight_counts",
+        sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("jobs", sa.BigInteger, nullable=False),
+        sa.Column("cap", sa.BigInteger),
+    )
+    # A row below its cap (to take a job away: a row above its cap first, then any), preferring the connection's
+    # own, that no other transaction holds: a trigger waits for a row only when every row is held.
+    op.execute(
+        f"""CREATE FUNCTION {IN_FLIGHT_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    delta integer := 0;
+    target integer;
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        UPDATE in_flight_counts SET jobs = 0;
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.status IN {IN_FLIGHT} THEN delta := delta + 1; END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.status IN {IN_FLIGHT} THEN delta := delta - 1; END IF;
+    IF delta = 0 THEN RETURN NULL; END IF;
+    SELECT shard INTO target FROM in_flight_counts WHERE delta < 0 OR cap IS NULL OR jobs < cap
+        ORDER BY coalesce(delta < 0 AND jobs > cap, false) DESC,
+            shard = mod(pg_backend_pid(), {IN_FLIGHT_SHARDS_V12}) DESC
+        LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT shard INTO target FROM in_flight_counts
+            ORDER BY shard = mod(pg_backend_pid(), {IN_FLIGHT_SHARDS_V12}) DESC LIMIT 1 FOR UPDATE SKIP LOCKED;
+    END IF;
+    UPDATE in_flight_counts SET jobs = jobs + delta
+        WHERE shard = coalesce(target, mod(pg_backend_pid(), {IN_FLIGHT_SHARDS_V12}));
+    RETURN NULL;
+END $$"""
+    )
+    op.execute(
+        "CREATE TRIGGER jobs_in_flight_insert AFTER INSERT ON jobs FOR EACH ROW"
+        f" WHEN (NEW.status IN {IN_FLIGHT}) EXECUTE FUNCTION {IN_FLIGHT_FUNCTION}()"
+    )
+    op.execute(
+        "CREATE TRIGGER jobs_in_flight_update AFTER UPDATE OF status ON jobs FOR EACH ROW"
+        f" WHEN ((OLD.status IN {IN_FLIGHT}) IS DISTINCT FROM (NEW.status IN {IN_FLIGHT}))"
+        f" EXECUTE FUNCTION {IN_FLIGHT_FUNCTION}()"
+    )
+    op.execute(
+        "CREATE TRIGGER jobs_in_flight_delete AFTER DELETE ON jobs FOR EACH ROW"
+        f" WHEN (OLD.status IN {IN_FLIGHT}) EXECUTE FUNCTION {IN_FLIGHT_FUNCTION}()"
+    )
+    op.execute(
+        f"CREATE TRIGGER jobs_in_flight_truncate AFTER TRUNCATE ON jobs FOR EACH STATEMENT"
+        f" EXECUTE FUNCTION {IN_FLIGHT_FUNCTION}()"
+    )
+    op.execute(
+        "INSERT INTO in_flight_counts (shard, jobs, cap)"
+        f" SELECT shard, CASE WHEN shard = 0 THEN (SELECT count(*) FROM jobs WHERE status IN {IN_FLIGHT}) ELSE 0 END,"
+        " NULL"
+        f" FROM generate_series(0, {IN_FLIGHT_SHARDS_V12 - 1}) AS shard"
+    )
+
+
+def drop_sharded_quota_v12() -> None:
+    for trigger in ("truncate", "delete", "update", "insert"):
+        op.execute(f"DROP TRIGGER jobs_in_flight_{trigger} ON jobs")
+    op.execute(f"DROP FUNCTION {IN_FLIGHT_FUNCTION}()")
+    op.drop_table("in_flight_counts")
+    op.drop_table("quota_shards")
+    op.drop_column("quotas", "shards")

@@ -67,9 +67,11 @@ class AccessNotRestricted(Exception):
 
 
 def restrict_access(database_url: str, relay_role: str) -> None:
-    """Close the database to everyone but its owner and `relay_role`, which may read the outbox, mark
-    its rows, hold the lease of its leadership (`outbox_leader`) and keep its own row among the live relays
-    (`outbox_relay`), nothing else. Run by the owner (the service's `migrate`) or a superuser.
+    """Close the database to everyone but its owner and `relay_role`.
+
+    `relay_role` may read the outbox, mark its rows, hold the lease of its leadership (`outbox_leader`) and keep
+    its own row among the live relays (`outbox_relay`), nothing else. Run by the owner (the service's `migrate`)
+    or a superuser.
 
     No role but the owner may create objects in the public schema either: PostgreSQL before 15 lets
     PUBLIC do it (and a cluster upgraded from one keeps the grant), so the relay's role could. Only the

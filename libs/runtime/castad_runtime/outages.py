@@ -57,8 +57,9 @@ class StoreUnavailable(Exception):
 
 
 def is_resource_shortage(error: BaseException) -> bool:
-    """Whether work failed because this machine ran short (disk, memory, processes, open files)
-    or the artifact store was unavailable.
+    """Whether work failed because this machine ran short or the artifact store was unavailable.
+
+    Short of disk, memory, processes or open files.
 
     Inside a provider's work only these are the machinery's failures: a network error or a
     timeout there is the provider's answer, and costs an attempt."""
@@ -91,9 +92,11 @@ def keep_trying(
     max_s: float = 5.0,
     give_up_after_s: float | None = None,
 ) -> T:
-    """`action()`, tried again after a backoff while it fails on an outage, for as long as the outage
-    lasts; any other error propagates. Raises Stopped if `stop` is set while waiting, Outlasted once
-    `give_up_after_s` passed (the caller then does its waiting another way)."""
+    """`action()`, tried again after a backoff for as long as it fails on an outage.
+
+    Any other error propagates. Raises Stopped if `stop` is set while waiting, Outlasted once `give_up_after_s`
+    passed (the caller then does its waiting another way).
+    """
     delays = backoff.Backoff(first_s, max_s)
     started = time.monotonic()
     while True:

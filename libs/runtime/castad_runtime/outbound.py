@@ -275,9 +275,11 @@ class Client:
 
 
 def read(response: httpx.Response, max_bytes: int, deadline: float) -> bytes:
-    """Return a streamed answer's body: TooLarge past `max_bytes`, httpx.ReadTimeout past `deadline` (monotonic;
-    a server trickling bytes would otherwise hold the connection for as long as it likes), EncodingRefused for
-    an encoded one."""
+    """Return a streamed answer's body.
+
+    TooLarge past `max_bytes`, httpx.ReadTimeout past `deadline` (monotonic; a server trickling bytes would
+    otherwise hold the connection for as long as it likes), EncodingRefused for an encoded one.
+    """
     body = bytearray()
     _copy(response, body.extend, max_bytes, deadline)
     return bytes(body)

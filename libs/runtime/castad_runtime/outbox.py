@@ -41,8 +41,10 @@ def append(
 
 
 def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
-    """Hand parked rows back to the relay (once the cause is fixed): their tries start over.
-    Returns how many were parked here; the relay is woken after the commit."""
+    """Hand parked rows back to the relay (once the cause is fixed).
+
+    Their tries start over. Returns how many were parked here; the relay is woken after the commit.
+    """
     t = tables.outbox
     result = conn.execute(
         t.update()
@@ -55,8 +57,10 @@ def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
 
 
 def forget_published(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` rows the broker confirmed more than `older_than_s` ago, skipping rows another
-    transaction holds; how many. A row not yet published, or parked, is never deleted."""
+    """Delete up to `limit` rows the broker confirmed more than `older_than_s` ago; how many.
+
+    Rows another transaction holds are skipped. A row not yet published, or parked, is never deleted.
+    """
     t = tables.outbox
     doomed = db.expired(sa.select(t.c.id), t.c.published_at, older_than_s, limit)
     return conn.execute(t.delete().where(t.c.id.in_(doomed.scalar_subquery()))).rowcount

@@ -34,9 +34,12 @@ def start_observability(service: str, log_level: str) -> None:
 
 
 def start_up_done() -> None:
-    """Call once a service has started: what start-up made (modules, settings, engines, the app) lives as
-    long as the process, so the garbage collector stops going through it (`gc.freeze`). Every full
-    collection under load went over those objects again, to free none of them."""
+    """Call once a service has started.
+
+    What start-up made (modules, settings, engines, the app) lives as long as the process, so the garbage collector
+    stops going through it (`gc.freeze`). Every full collection under load went over those objects again, to free
+    none of them.
+    """
     gc.freeze()
 
 

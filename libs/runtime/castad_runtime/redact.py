@@ -51,8 +51,9 @@ def known(*secrets: str) -> None:
 
 
 def mask(text: str) -> str:
-    """`text` with every password (in a URL or a libpq connection string), bearer token, API key, signature
-    and known secret replaced by ***.
+    """`text` with every password, token, key, signature and known secret replaced by ***.
+
+    Passwords in a URL or a libpq connection string, bearer tokens and API keys are all masked.
 
     Every log line and span attribute passes here, and most hold no credential: a pattern runs only on a
     text holding the words it needs (a substring test costs far less than a regular expression's scan)."""
@@ -74,8 +75,10 @@ def mask(text: str) -> str:
 
 
 def describe(error: BaseException) -> str:
-    """`ClassName: first line of the message`, masked and short. For a SQLAlchemy error, the
-    driver's error it wraps: its message without the statement and the parameters."""
+    """`ClassName: first line of the message`, masked and short.
+
+    For a SQLAlchemy error, the driver's error it wraps: its message without the statement and the parameters.
+    """
     if isinstance(error, sa.exc.StatementError) and error.orig is not None:
         error = error.orig
     lines = str(error).strip().splitlines()

@@ -33,9 +33,11 @@ STATEMENT_TIMEOUT = "30s"
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One kind of thing a service deletes. `remove(limit)` deletes up to `limit` of them, committed, and says
-    how many; `rows_each` is about how many rows one spans (a job and its attempts), so that a batch of
-    `batch // rows_each` of them stays near `batch` rows."""
+    """One kind of thing a service deletes.
+
+    `remove(limit)` deletes up to `limit` of them, committed, and says how many; `rows_each` is about how many rows
+    one spans (a job and its attempts), so that a batch of `batch // rows_each` of them stays near `batch` rows.
+    """
 
     what: str
     remove: Callable[[int], int]

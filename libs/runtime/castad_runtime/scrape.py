@@ -103,8 +103,11 @@ def _merged(families: list[Metric]) -> list[Metric]:
 
 
 def engine(url: str) -> sa.Engine:
-    """An engine for scrape-time reads: one connection, and no wait longer than TIMEOUT_S for it, its
-    connect or a statement (a scrape must not hang on a database that is out)."""
+    """An engine for scrape-time reads.
+
+    One connection, and no wait longer than TIMEOUT_S for it, its connect or a statement (a scrape must not hang on
+    a database that is out).
+    """
     timeout_ms = int(TIMEOUT_S * 1000)
     return sa.create_engine(
         url,

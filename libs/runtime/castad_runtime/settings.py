@@ -85,8 +85,10 @@ def _common(name: str) -> AliasChoices:
 
 
 class _ServiceAmqpUrl(PydanticBaseSettingsSource):
-    """`<prefix>AMQP_URL` (CASTAD_LYRIC_AMQP_URL, ...) over CASTAD_AMQP_URL: the service's own broker
-    user, where the services of one machine share an environment."""
+    """`<prefix>AMQP_URL` (CASTAD_LYRIC_AMQP_URL, ...) over CASTAD_AMQP_URL.
+
+    The service's own broker user, where the services of one machine share an environment.
+    """
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[object, str, bool]:
         return None, field_name, False  # not used: __call__ reads the one variable itself

@@ -131,10 +131,35 @@ quotas = sa.Table(
     sa.Column("min_rate_per_s", sa.Float, nullable=False),
     sa.Column("burst", sa.Float, nullable=False),
     sa.Column("rate_per_s", sa.Float, nullable=False),  # now, between the two
+    # The one bucket of the services before migration 0012, which they go on using during an upgrade; this version
+    # keeps its tokens in quota_shards.
     sa.Column("tokens", sa.Float, nullable=False),
     sa.Column("refilled_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("blocked_until", TZ),  # the provider's Retry-After
     sa.Column("throttled", sa.Integer, nullable=False, server_default="0"),  # times it said "too many"
+    sa.Column("shards", sa.Integer, nullable=False, server_default="1"),  # rows of quota_shards its bucket is in
+)
+
+# A provider's token bucket split into rows, each with its share of the burst and of the rate, so that concurrent
+# claims take tokens from different rows (castad_runtime.stage.quota).
+quota_shards = sa.Table(
+    "quota_shards",
+    metadata,
+    sa.Column("provider", sa.Text, primary_key=True),
+    sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("refilled_at", TZ, nullable=False, server_default=sa.func.now()),
+)
+
+# The jobs RUNNING or AWAITING, counted by triggers on jobs (castad_runtime.migration_ops.add_sharded_quota_v12)
+# over this many rows: their sum is the count. `cap`: the row's share of the provider's cap on jobs in flight.
+IN_FLIGHT_SHARDS = 64
+in_flight_counts = sa.Table(
+    "in_flight_counts",
+    metadata,
+    sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("jobs", sa.BigInteger, nullable=False),
+    sa.Column("cap", sa.BigInteger),  # NULL: no cap
 )
 
 attempts = sa.Table(

@@ -91,8 +91,11 @@ class Waker:
         self._close()
 
     def _send(self, payloads: list[str]) -> bool:
-        """Send `payloads`; on a connection the server ended since its last use (a restart, a fail-over, an idle
-        timeout), once more on a new one. False if they could not be sent: they are dropped, logged."""
+        """Send `payloads`, once more on a new connection if the server ended the last one.
+
+        The server may have ended the connection since its last use: a restart, a fail-over, an idle timeout. False
+        if they could not be sent: they are dropped, logged.
+        """
         reused = self._conn is not None and not self._conn.closed
         try:
             try:

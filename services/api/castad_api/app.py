@@ -77,8 +77,10 @@ def readyz(gw: GatewayDep) -> JSONResponse:
 )
 def metrics(request: Request, gw: GatewayDep) -> Response:
     """The gateway's metrics for Prometheus (no key: like the probes, they name no pipeline and no tenant).
-    A plain function: FastAPI runs it on a thread, so the database and broker reads of a scrape never
-    hold up the event loop."""
+
+    A plain function: FastAPI runs it on a thread, so the database and broker reads of a scrape never hold up the
+    event loop.
+    """
     body, content_type = castad_metrics.exposition(gw.metrics.registry, request.headers.get("accept"))
     return Response(body, media_type=content_type)
 
@@ -122,9 +124,12 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
 
 
 async def _invalid_request(_: Request, exc: Exception) -> Response:
-    """FastAPI's 422, made safe for any input it echoes back. FastAPI's own handler answers with a 500
-    when an input holds a lone surrogate ("\\ud800" in the JSON: UTF-8 cannot encode it, so the body
-    is ASCII-escaped) or is Infinity (`1e400`: strict JSON has no such number, so inputs are left out)."""
+    """FastAPI's 422, made safe for any input it echoes back.
+
+    FastAPI's own handler answers with a 500 when an input holds a lone surrogate ("\\ud800" in the JSON: UTF-8
+    cannot encode it, so the body is ASCII-escaped) or is Infinity (`1e400`: strict JSON has no such number, so
+    inputs are left out).
+    """
     assert isinstance(exc, RequestValidationError)
     detail = jsonable_encoder(exc.errors())
     try:
@@ -149,8 +154,11 @@ async def _refused(request: Request, exc: Exception) -> Response:
 
 
 async def _unavailable(_: Request, exc: Exception) -> Response:
-    """A 503 with Retry-After while the gateway's database is out: nothing was accepted, try again.
-    Any other database error is a bug: a 500, logged with its traceback, its SQL kept out of the answer."""
+    """A 503 with Retry-After while the gateway's database is out.
+
+    Nothing was accepted, try again. Any other database error is a bug: a 500, logged with its traceback, its SQL
+    kept out of the answer.
+    """
     if not outages.is_outage(exc):
         log.error("request failed on a database error", exc_info=exc)
         return JSONResponse({"detail": "internal error"}, status_code=status.HTTP_500_INTERNAL_SERVER_ERROR)
@@ -209,8 +217,11 @@ class BodyLimit:
 
 
 class _BodyTooLarge(HTTPException):
-    """Raised while the body is read. An HTTPException, because FastAPI turns any other exception
-    from reading the body into a 400; this one it re-raises, and it is answered as this 413."""
+    """Raised while the body is read.
+
+    An HTTPException, because FastAPI turns any other exception from reading the body into a 400; this one it
+    re-raises, and it is answered as this 413.
+    """
 
     def __init__(self, max_bytes: int) -> None:
         super().__init__(status.HTTP_413_CONTENT_TOO_LARGE, f"request body larger than {max_bytes} bytes")

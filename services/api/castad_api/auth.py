@@ -1,5 +1,7 @@
-"""Who calls, decided cheaply for those who fail: the public port answers anyone, so a bogus key must not
-cost a database query each time, and a client address that keeps failing is slowed.
+"""Who calls, decided cheaply for those who fail.
+
+The public port answers anyone, so a bogus key must not cost a database query each time, and a client address that
+keeps failing is slowed.
 
 - A key not of the form keys.py makes (`cad_` and 40 URL-safe characters) is refused without a look-up.
 - A well-formed key found unknown or revoked is remembered for UNKNOWN_TTL_S, so that sending it again

@@ -25,8 +25,11 @@ AWS_S3 = "https://*.amazonaws.com"  # where presigned URLs point without CASTAD_
 
 
 def content_security_policy(config: settings_.ApiSettings) -> str:
-    """The console's policy. A download may answer 307 to a presigned URL of the object store, which the
-    page's fetch follows: the store's origin is then allowed to be fetched from as well."""
+    """The console's policy.
+
+    A download may answer 307 to a presigned URL of the object store, which the page's fetch follows: the store's
+    origin is then allowed to be fetched from as well.
+    """
     connect = ["'self'"]
     if config.artifacts_store == "s3":
         endpoint = config.artifacts_s3_endpoint_url

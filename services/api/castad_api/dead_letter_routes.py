@@ -9,7 +9,7 @@ from castad_contracts import api
 from castad_runtime import db
 from fastapi import APIRouter, Path, Query, status
 
-from castad_api import dead_letters, errors, repository
+from castad_api import dead_letters, errors, records, repository
 from castad_api.deps import ADMIN_ONLY, AUTH_ERRORS, UNREADABLE, Actor, Admin, GatewayDep
 
 router = APIRouter(
@@ -21,7 +21,7 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": api.Problem}}
 LetterId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a dead letter's id")]  # a BIGINT
 
 
-def _summary(row: Any) -> api.DeadLetter:
+def _summary(row: records.DeadLetter) -> api.DeadLetter:
     return api.DeadLetter(
         id=row.id,
         kind=row.kind,
@@ -106,9 +106,12 @@ def get_dead_letter(letter_id: LetterId, gw: GatewayDep) -> api.DeadLetterDetail
     },
 )
 def replay_dead_letter(letter_id: LetterId, gw: GatewayDep, who: Admin, actor: Actor = "anonymous") -> api.Replayed:
-    """Send it back to the queue it came from (upcast to the newest version of its type the gateway knows),
-    or hand a parked outbox row back to the relay. Replaying twice is harmless. A message whose event is
-    older than CASTAD_RETENTION_INBOX_S (less an hour) is refused: its consumer may have forgotten it."""
+    """Replay a dead letter: send it back to its queue, or hand a parked outbox row back to the relay.
+
+    A message is upcast to the newest version of its type the gateway knows. Replaying twice is harmless. A message
+    whose event is older than CASTAD_RETENTION_INBOX_S (less an hour) is refused: its consumer may have forgotten
+    it.
+    """
     with db.transaction(gw.engine) as conn:
         detail = dead_letters.replay(conn, letter_id, actor, gw.config.retention_policy(), who.acting())
     return api.Replayed(id=letter_id, detail=detail)
@@ -135,4 +138,5 @@ def discard_dead_letter(
     with db.transaction(gw.engine) as conn:
         dead_letters.discard(conn, letter_id, actor, body.reason, who.acting())
         row = repository.get_dead_letter(conn, letter_id)
+    assert row is not None  # discarded just now, in this transaction
     return _summary(row)

@@ -42,7 +42,7 @@ from castad_contracts import envelope as envelope_
 from castad_contracts import events, topology
 from castad_runtime import amqp, backoff, consumer, db, encoder, outages, outbox, redact
 
-from castad_api import errors, projection, repository, retention
+from castad_api import errors, projection, records, repository, retention
 
 log = logging.getLogger(__name__)
 SOURCE = topology.SOURCES[topology.GATEWAY]
@@ -50,8 +50,11 @@ PARKED_HEADER = "x-castad-parked-event"
 
 
 def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_max: int) -> dict[str, Any]:
-    """The row of a dead-letter message: where it came from, why, and what it is, as far as it can be read.
-    Texts lose their NUL characters, which PostgreSQL cannot store (the body keeps every byte)."""
+    """The row of a dead-letter message.
+
+    Where it came from, why, and what it is, as far as it can be read. Texts lose their NUL characters, which
+    PostgreSQL cannot store (the body keeps every byte).
+    """
     headers = _clean(json.loads(json.dumps(headers, default=str)))
     fields: dict[str, Any] = {"message_id": _clean(message_id) or _fingerprint(headers, body), "headers": headers}
     death = _first_death(headers)
@@ -87,8 +90,11 @@ def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_
 
 
 def _event_document(body: bytes) -> dict[str, Any] | None:
-    """The event a dead letter carries, as a JSON object: the body itself, or the envelope inside a Dramatiq
-    message (a retry or a held event that was waiting in a delay queue when its queue gave up on it)."""
+    """The event a dead letter carries, as a JSON object.
+
+    The body itself, or the envelope inside a Dramatiq message (a retry or a held event that was waiting in a delay
+    queue when its queue gave up on it).
+    """
     try:
         document = json.loads(body)
     except ValueError:
@@ -102,8 +108,10 @@ def _event_document(body: bytes) -> dict[str, Any] | None:
 
 
 def _filed(body: bytes) -> tuple[str, bytes, str] | None:
-    """The letter's id, the message's bytes and the reason of a dead letter a consumer filed
-    (castad_runtime.consumer), if `body` is one."""
+    """The letter's id, the message's bytes and the reason of a dead letter a consumer filed, if any.
+
+    None unless `body` is a dead letter filed by castad_runtime.consumer.
+    """
     try:
         document = json.loads(body)
     except ValueError:
@@ -122,8 +130,10 @@ def _filed(body: bytes) -> tuple[str, bytes, str] | None:
 
 
 def _first_death(headers: dict[str, Any]) -> dict[str, Any]:
-    """Why and where the broker last dead-lettered a message (the newest entry of its `x-death` header, which
-    the broker puts first), if it did."""
+    """Why and where the broker last dead-lettered a message, if it did.
+
+    That is the newest entry of its `x-death` header, which the broker puts first.
+    """
     deaths = headers.get("x-death")
     return deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
 
@@ -199,8 +209,10 @@ def record(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
 def replay(
     conn: sa.Connection, letter_id: int, actor: str, policy: retention.Policy, key: dict[str, str] | None = None
 ) -> str:
-    """Send a dead letter again, for `actor` with the API key `key` (keys.Principal.acting); what was done (for
-    the action row and the answer)."""
+    """Send a dead letter again, for `actor` with the API key `key` (keys.Principal.acting).
+
+    What was done (for the action row and the answer).
+    """
     letter = _get(conn, letter_id)
     if letter.status == "discarded":
         raise errors.Conflict(f"dead letter {letter_id} was discarded", letter.status)
@@ -241,14 +253,14 @@ def replay_matching(
     return replayed, refused
 
 
-def _get(conn: sa.Connection, letter_id: int) -> Any:
+def _get(conn: sa.Connection, letter_id: int) -> records.DeadLetter:
     letter = repository.lock_dead_letter(conn, letter_id)
     if letter is None:
         raise errors.NotFound(f"no dead letter {letter_id}")
     return letter
 
 
-def _send_back(conn: sa.Connection, letter: Any, policy: retention.Policy) -> str:
+def _send_back(conn: sa.Connection, letter: records.DeadLetter, policy: retention.Policy) -> str:
     if letter.body_size > len(letter.body):
         raise errors.NotReplayable(f"dead letter {letter.id} was cut to {len(letter.body)} bytes when recorded")
     if not letter.queue:
@@ -282,7 +294,7 @@ def _upcast(env: envelope_.Envelope) -> envelope_.Envelope:
     return env.model_copy(update={"schemaversion": current, "data": payload.model_dump(mode="json")})
 
 
-def _republish(conn: sa.Connection, letter: Any) -> str:
+def _republish(conn: sa.Connection, letter: records.DeadLetter) -> str:
     event_id = uuid.UUID(str(letter.headers[PARKED_HEADER]))
     if outbox.republish(conn, [event_id]):
         return "handed back to the relay from the gateway's outbox"
@@ -366,8 +378,11 @@ class Recorder:
             return _bare({"message_id": message_id, "body": body[: self.body_max], "body_size": len(body)}, error)
 
     def _record(self, fields: dict[str, Any]) -> bool:
-        """Record through a database outage; False if the recorder stops first. A message that cannot be
-        recorded as it is (a bug) is recorded bare, so that it does not hold up the queue behind it."""
+        """Record through a database outage.
+
+        False if the recorder stops first. A message that cannot be recorded as it is (a bug) is recorded bare, so
+        that it does not hold up the queue behind it.
+        """
 
         def write(row: dict[str, Any]) -> None:
             with db.transaction(self.engine) as conn:

@@ -56,8 +56,11 @@ class Gateway:
 
 
 async def gateway(request: Request) -> Gateway:
-    """The gateway's parts. Async though it waits for nothing: FastAPI runs a plain function dependency on a
-    thread of its pool, a hop that costs more than this takes."""
+    """The gateway's parts.
+
+    Async though it waits for nothing: FastAPI runs a plain function dependency on a thread of its pool, a hop that
+    costs more than this takes.
+    """
     gw: Gateway = request.app.state.gateway
     return gw
 

@@ -58,8 +58,10 @@ class Viewer:
         return message if self.internal else public_errors.message(code)
 
     def entry(self, pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
-        """A timeline entry's data (timeline.public's) as this viewer sees it; the acting key of an operator's
-        action as `actor_key_id` and `actor_key_name`."""
+        """A timeline entry's data (timeline.public's) as this viewer sees it.
+
+        The acting key of an operator's action as `actor_key_id` and `actor_key_name`.
+        """
         shown = dict(data)
         acting = shown.pop("actor_key", None)
         if isinstance(acting, dict) and (self.internal or acting.get("tenant") == self.tenant):
@@ -88,8 +90,10 @@ class Viewer:
         return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
     def resumes_after(self, last_event_id: str | None) -> int | None:
-        """The entry (numbered in the whole gateway) a stream of every pipeline resumes after; None: not resumed.
-        A 422 for an id this viewer's stream could not have sent."""
+        """The entry (numbered in the whole gateway) a stream of every pipeline resumes after.
+
+        None: not resumed. A 422 for an id this viewer's stream could not have sent.
+        """
         if not last_event_id:
             return None
         if self.internal:

@@ -1,5 +1,7 @@
-"""Images a tenant uploads for its briefs to name as photos: upload one, read what was kept of it, fetch it
-(with a key of its tenant, or by a link the video stage signed for its render API: castad_runtime.links).
+"""Images a tenant uploads for its briefs to name as photos.
+
+Upload one, read what was kept of it, fetch it (with a key of its tenant, or by a link the video stage signed for
+its render API: castad_runtime.links).
 
 An upload is the image's bytes as the body (Content-Type image/jpeg, image/png or image/webp) or a
 multipart form with the image as its `file` field. It is kept only once it decoded whole and was
@@ -17,7 +19,6 @@ import functools
 import hashlib
 import math
 import uuid
-from typing import Any
 
 from castad_contracts import api
 from castad_runtime import artifacts, db, images
@@ -25,7 +26,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, pipeline_routes, repository, served, upload_limits
+from castad_api import decoding, deps, errors, pipeline_routes, records, repository, served, upload_limits
 from castad_api.deps import GatewayDep, Reader, Submitter
 
 UPLOAD_PATH = "/v1/images"
@@ -76,15 +77,17 @@ _BODY = {
     },
 )
 async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.Image:
-    """Upload a JPEG, PNG or WebP image for briefs of the key's tenant to name in `photos`. It is decoded
-    whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes), turned as its
-    EXIF orientation says and encoded again without any of its metadata (location, camera, comments, colour
-    profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again by
-    the tenant is the same image, kept CASTAD_API_RETENTION_IMAGES_S from then on unless a pipeline names it. A
-    tenant uploads at most CASTAD_API_IMAGE_UPLOAD_BURST images at once, then CASTAD_API_IMAGE_UPLOADS_PER_MINUTE
-    a minute (429 with Retry-After), and holds at most CASTAD_API_IMAGE_MAX_PER_TENANT images of
+    """Upload a JPEG, PNG or WebP image for briefs of the key's tenant to name in `photos`.
+
+    It is decoded whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes),
+    turned as its EXIF orientation says and encoded again without any of its metadata (location, camera, comments,
+    colour profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again
+    by the tenant is the same image, kept CASTAD_API_RETENTION_IMAGES_S from then on unless a pipeline names it. A
+    tenant uploads at most CASTAD_API_IMAGE_UPLOAD_BURST images at once, then CASTAD_API_IMAGE_UPLOADS_PER_MINUTE a
+    minute (429 with Retry-After), and holds at most CASTAD_API_IMAGE_MAX_PER_TENANT images of
     CASTAD_API_IMAGE_MAX_BYTES_PER_TENANT bytes in all (409). A gateway process decodes one upload at a time; past
-    a few waiting, the next is refused with 503 and Retry-After."""
+    a few waiting, the next is refused with 503 and Retry-After.
+    """
     try:
         with gw.decoding.admitted():  # taken before the body is read: a refused upload's body never is
             await run_in_threadpool(_counted, gw, who.tenant)
@@ -178,8 +181,10 @@ def get_image(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Image:
     },
 )
 def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
-    """The image as it was kept (upright, without metadata), or (with an object store) a redirect to a presigned
-    URL of it."""
+    """The image as it was kept, or (with an object store) a redirect to a presigned URL of it.
+
+    It was kept upright, without metadata.
+    """
     with gw.engine.connect() as conn:
         row = repository.get_image(conn, image_id, who.tenant_filter())
     if row is None:
@@ -195,8 +200,10 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
     dependencies=pipeline_routes.SIGNED_LINK,
 )
 def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) -> Response:
-    """An uploaded photo of a pipeline's brief by a link the video stage signed for its render API: the image
-    only if that pipeline's brief names it and it is the pipeline's tenant's."""
+    """An uploaded photo of a pipeline's brief by a link the video stage signed for its render API.
+
+    The image only if that pipeline's brief names it and it is the pipeline's tenant's.
+    """
     with gw.engine.connect() as conn:
         pipeline = repository.get_pipeline(conn, pipeline_id)
         named = pipeline is not None and any(p.get("id") == str(image_id) for p in pipeline.brief.get("photos", ()))
@@ -206,7 +213,7 @@ def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) ->
     return _content(gw, row)
 
 
-def _content(gw: deps.Gateway, row: Any) -> Response:
+def _content(gw: deps.Gateway, row: records.Image) -> Response:
     """The kept file of an image, or a redirect to a presigned URL of it."""
     try:
         where = gw.store.serve_image(repository.photo(row))
@@ -215,7 +222,7 @@ def _content(gw: deps.Gateway, row: Any) -> Response:
     return served.file(where, row.media_type, str(row.id))
 
 
-def _image(row: Any) -> api.Image:
+def _image(row: records.Image) -> api.Image:
     return api.Image(
         id=str(row.id),
         sha256=row.sha256,

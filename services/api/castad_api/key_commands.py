@@ -1,5 +1,6 @@
-"""`python -m castad_api keys create|list|revoke` (also `castad-admin keys ...` locally): the gateway's
-API keys, kept in its database (keys.py), managed with its own settings (CASTAD_API_DATABASE_URL).
+"""`python -m castad_api keys create|list|revoke` (also `castad-admin keys ...` locally).
+
+The gateway's API keys, kept in its database (keys.py), managed with its own settings (CASTAD_API_DATABASE_URL).
 
 In a cluster: `kubectl exec deploy/<release>-api -- python -m castad_api keys create --tenant acme`.
 """

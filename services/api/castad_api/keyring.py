@@ -1,5 +1,7 @@
-"""Keys the gateway makes for itself and keeps in its own database, so that every replica, and every
-restart, uses the same: what names a worker opaquely and seals a tenant's stream cursors (disclosure.py).
+"""Keys the gateway makes for itself and keeps in its own database, the same for every replica.
+
+Every replica, and every restart, uses the same keys: what names a worker opaquely and seals a tenant's stream
+cursors (disclosure.py).
 
 One root of 32 random bytes, made by the first gateway that needs it; each use gets a key of its own
 derived from it (HMAC-SHA256 of the use's name). Read once per process, on first use.

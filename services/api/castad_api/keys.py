@@ -16,6 +16,7 @@ gateway's database, so every replica of the gateway enforces one limit.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 import hashlib
 import re
@@ -41,8 +42,10 @@ class Scope(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Minute:
-    """A key's creations counted so far in the current minute, as its authentication read them, and the
-    seconds left in that minute."""
+    """A key's creations counted so far in the current minute, and the seconds left in that minute.
+
+    The count is as the key's authentication read it.
+    """
 
     created: int
     left_s: float
@@ -141,12 +144,25 @@ def valid(conn: sa.Connection, key_id: uuid.UUID) -> bool:
     return found is not None
 
 
-def listing(conn: sa.Connection, tenant: str | None = None) -> list[sa.Row]:
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """A key as listed: never its digest, `shown` its first characters."""
+
+    id: uuid.UUID
+    tenant: str
+    name: str
+    scopes: list[str]
+    shown: str
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+
+
+def listing(conn: sa.Connection, tenant: str | None = None) -> list[Listed]:
     k = tables.api_keys
     query = sa.select(k.c.id, k.c.tenant, k.c.name, k.c.scopes, k.c.shown, k.c.created_at, k.c.revoked_at)
     if tenant is not None:
         query = query.where(k.c.tenant == tenant)
-    return list(conn.execute(query.order_by(k.c.tenant, k.c.created_at)))
+    return [Listed(**row._asdict()) for row in conn.execute(query.order_by(k.c.tenant, k.c.created_at))]
 
 
 def revoke(conn: sa.Connection, key_id: uuid.UUID) -> bool:
@@ -159,8 +175,10 @@ def revoke(conn: sa.Connection, key_id: uuid.UUID) -> bool:
 
 
 def count_creation(conn: sa.Connection, key_id: uuid.UUID, per_minute: int) -> float | None:
-    """Count one creation against the key's limit for this minute. None if it is within the limit,
-    else the seconds until the next minute (the Retry-After)."""
+    """Count one creation against the key's limit for this minute.
+
+    None if it is within the limit, else the seconds until the next minute (the Retry-After).
+    """
     row = db.run(conn, _COUNT_CREATION, (key_id,)).fetchone()
     assert row is not None  # an upsert returns its row
     count, left_s = row

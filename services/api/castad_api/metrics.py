@@ -1,5 +1,8 @@
-"""The gateway's metrics: its HTTP requests by route template, pipelines created, the projection's events,
-open event streams, and (read at scrape time) its recorded dead letters and its queues on the broker."""
+"""The gateway's metrics.
+
+Its HTTP requests by route template, pipelines created, the projection's events, open event streams, and (read at
+scrape time) its recorded dead letters and its queues on the broker.
+"""
 
 from __future__ import annotations
 
@@ -124,8 +127,11 @@ class DeadLetters:
 
 
 def instruments(database_url: str, amqp_url: str, topo: topology.Topology) -> GatewayMetrics:
-    """The gateway's metrics, with the gauges a scrape reads: its dead letters, its queue, its delay queue and
-    the dead-letter queue. Nothing connects until a scrape reads them."""
+    """The gateway's metrics, with the gauges a scrape reads.
+
+    Its dead letters, its queue, its delay queue and the dead-letter queue. Nothing connects until a scrape reads
+    them.
+    """
     gateway = GatewayMetrics()
     scrape.register(
         gateway.registry,

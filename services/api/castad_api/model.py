@@ -85,11 +85,14 @@ def is_stale(fact: str, attempt: int, operation: int, applied: Applied | None) -
     return attempt <= applied.floor_attempt or position(fact, attempt) <= applied.position
 
 
-def fills_start(fact: str, attempt: int, row: dict[str, Any]) -> bool:
-    """Whether a stale event still gives its stage's row a start time: a `started` of the attempt the row is at
-    (which ended or was retried before its `started` came: the consumer's threads may take a stage's events out
-    of order) when the row has no start. The stage does not move back; its start is known, as the attempt's is."""
-    return fact == "started" and row["attempt"] == attempt > row["floor_attempt"] and row["started_at"] is None
+def fills_start(fact: str, attempt: int, applied: Applied, started_at: dt.datetime | None) -> bool:
+    """Whether a stale event still gives its stage's row a start time.
+
+    A `started` of the attempt the row is at (which ended or was retried before its `started` came: the consumer's
+    threads may take a stage's events out of order) when the row has no start (`started_at`). The stage does not
+    move back; its start is known, as the attempt's is.
+    """
+    return fact == "started" and applied.position[1] == attempt > applied.floor_attempt and started_at is None
 
 
 class AttemptOutcome(enum.StrEnum):
@@ -148,8 +151,10 @@ def split_type(event_type: str) -> tuple[events.Stage, str]:
 
 
 def pipeline_status(stage_status: dict[events.Stage, StageStatus], cancel_pending: bool = False) -> PipelineStatus:
-    """A failure is the pipeline's whatever else happens (it committed before any cancel reached its
-    stage); a pending cancel ends it CANCELED once every stage has answered (ended one way or another).
+    """The pipeline's status from its stages' statuses and a pending cancel.
+
+    A failure is the pipeline's whatever else happens (it committed before any cancel reached its stage); a pending
+    cancel ends it CANCELED once every stage has answered (ended one way or another).
 
     A pipeline ends only with every artifact it made known: a stage runs only once the one before it
     completed, but the gateway may project a stage's failure before that completion, and then it waits

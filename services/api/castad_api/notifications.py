@@ -1,5 +1,7 @@
-"""Wakes event streams when the projection commits: one LISTEN connection per process, whose notifications
-go to the open streams of the pipelines they name (and to the streams of every pipeline).
+"""Wakes event streams when the projection commits.
+
+One LISTEN connection per process, whose notifications go to the open streams of the pipelines they name (and to
+the streams of every pipeline).
 
 While it listens, a stream reads the database only when woken. Whatever was committed while it did not
 listen was never heard: when it (re)connects, and when it loses its connection, it wakes every stream,

@@ -1,5 +1,6 @@
-"""What a client asks of a pipeline: its creation, and an operator's levers: cancel, retry from the stage
-that did not succeed, deadlines.
+"""What a client asks of a pipeline.
+
+Its creation, and an operator's levers: cancel, retry from the stage that did not succeed, deadlines.
 
 Each is a request recorded in the gateway's database with the event that announces it
 (`pipeline.cancel_requested`, `pipeline.retry_requested`); the stages do the rest. The
@@ -21,7 +22,7 @@ from castad_contracts import api, brief, codes, events, topology
 from castad_contracts import envelope as envelope_
 from castad_runtime import artifacts, db, outbound, outbox, telemetry
 
-from castad_api import errors, model, projection, repository, retention
+from castad_api import errors, model, projection, records, repository, retention
 
 SOURCE = topology.SOURCES[topology.GATEWAY]
 
@@ -34,10 +35,21 @@ class Accepted:
 
 
 def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str, deadline_s: float) -> Accepted:
-    """Accept a brief and publish pipeline.requested; the same key and body again: the same pipeline.
-    The same key with another body is a Conflict. The callback URL stays with the gateway."""
+    """Accept a brief and publish pipeline.requested.
+
+    The same key and body again: the same pipeline. The same key with another body is a Conflict. The callback URL
+    stays with the gateway.
+    """
     digest = request_hash(body)
-    source = body.for_stages(photos(conn, body, tenant))
+    try:
+        named = photos(conn, body, tenant)
+    except errors.InvalidField:
+        # A replay answers the pipeline its key made as it was: an image its brief named may be gone since.
+        made = repository.keyed_pipeline(conn, tenant, key)
+        if made is None:
+            raise
+        return _replayed(conn, made, key, digest)
+    source = body.for_stages(named)
     pipeline_id = uuid.uuid4()
     # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
     requested = events.PipelineRequested(
@@ -55,23 +67,30 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
         deadline_s,
         model.trace_id(env.traceparent),
     )
-    if created.request_hash != digest:
-        raise errors.Conflict(
-            f"Idempotency-Key {key!r} was already used with a different request body; use a new key", "conflict"
-        )
     if created.new:
         outbox.append(conn, env)
         projection.record_request(conn, created.pipeline_id, env)
         return Accepted(created.pipeline_id, model.PipelineStatus.PENDING, True)
-    pipeline = repository.get_pipeline(conn, created.pipeline_id)
+    return _replayed(conn, created, key, digest)
+
+
+def _replayed(conn: sa.Connection, made: repository.Created, key: str, digest: str) -> Accepted:
+    """The pipeline the key made before, for a request of the same body (`digest`); a Conflict for another."""
+    if made.request_hash != digest:
+        raise errors.Conflict(
+            f"Idempotency-Key {key!r} was already used with a different request body; use a new key", "conflict"
+        )
+    pipeline = repository.get_pipeline(conn, made.pipeline_id)
     assert pipeline is not None
-    return Accepted(created.pipeline_id, model.PipelineStatus(pipeline.status), False)
+    return Accepted(made.pipeline_id, model.PipelineStatus(pipeline.status), False)
 
 
 def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple[brief.Photo | brief.PhotoLink, ...]:
-    """The photos the request names, as the stages get them: an upload by reference, a URL as it is; InvalidField
-    naming the first id that is not an image the tenant uploaded (another tenant's is refused in the same words
-    as one that does not exist)."""
+    """The photos the request names, as the stages get them.
+
+    An upload by reference, a URL as it is; InvalidField naming the first id that is not an image the tenant
+    uploaded (another tenant's is refused in the same words as one that does not exist).
+    """
     ids = [uuid.UUID(name) for name in body.photos if "://" not in name]
     found = repository.tenant_images(conn, ids, tenant)
     owner = artifacts.image_owner(tenant)
@@ -88,9 +107,11 @@ def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple
 
 
 def check_photo_urls(body: api.PipelineRequest, allow_private: bool) -> None:
-    """InvalidField naming the first photo URL the video stage would refuse to fetch, as far as can be told
-    without a lookup (plain http, a private address written in it, this machine's name): no network call here,
-    the stage checks every address again when it fetches."""
+    """Refuse the first photo URL the video stage would refuse to fetch, without a network call.
+
+    Raises InvalidField naming it, as far as can be told without a lookup: plain http, a private address written in
+    it, this machine's name. The stage checks every address again when it fetches.
+    """
     for index, name in enumerate(body.photos):
         if "://" not in name:
             continue
@@ -126,9 +147,11 @@ def cancel(
     tenant: str | None = None,
     key: dict[str, str] | None = None,
 ) -> Requested:
-    """Ask every stage to stop the pipeline (of `tenant`, if given), for `actor` with the API key `key`
-    (keys.Principal.acting; None: the gateway itself). Asking again is harmless; a pipeline that ended is a
-    Conflict."""
+    """Ask every stage to stop the pipeline (of `tenant`, if given).
+
+    Asked for `actor` with the API key `key` (keys.Principal.acting; None: the gateway itself). Asking again is
+    harmless; a pipeline that ended is a Conflict.
+    """
     pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status in (model.PipelineStatus.CANCELING, model.PipelineStatus.CANCELED):
@@ -167,10 +190,12 @@ def retry(
     tenant: str | None = None,
     key: dict[str, str] | None = None,
 ) -> tuple[Requested, events.Stage]:
-    """Resume a FAILED or CANCELED pipeline (of `tenant`, if given; for `actor` with the API key `key`, as
-    `cancel`) at its first stage that did not succeed,
-    with a fresh attempt budget there (and the pipeline a fresh deadline). Anything else is a Conflict, and
-    so is a pipeline that ended so long ago that its stages' jobs or files may be deleted before the retry ends."""
+    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed.
+
+    The pipeline is `tenant`'s, if given; asked for `actor` with the API key `key`, as `cancel`. That stage gets a
+    fresh attempt budget, and the pipeline a fresh deadline. Anything else is a Conflict, and so is a pipeline that
+    ended so long ago that its stages' jobs or files may be deleted before the retry ends.
+    """
     pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
     if status not in (model.PipelineStatus.FAILED, model.PipelineStatus.CANCELED):
@@ -235,8 +260,11 @@ def cancel_overdue(conn: sa.Connection, limit: int = 100) -> int:
 
 
 def called_back(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> bool:
-    """A stage's provider called back: the stage polls it at once. Nothing is taken from the call itself
-    (providers do not sign it), so a forged one can only bring a poll forward. False if the pipeline ended."""
+    """A stage's provider called back.
+
+    The stage polls it at once. Nothing is taken from the call itself (providers do not sign it), so a forged one
+    can only bring a poll forward. False if the pipeline ended.
+    """
     pipeline = repository.get_pipeline(conn, pipeline_id)
     if pipeline is None:
         raise errors.NotFound(f"no pipeline {pipeline_id}")
@@ -247,7 +275,7 @@ def called_back(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage
     return True
 
 
-def _locked(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row:
+def _locked(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline:
     pipeline = repository.lock_pipeline(conn, pipeline_id, tenant)
     if pipeline is None:
         raise errors.NotFound(f"no pipeline {pipeline_id}")

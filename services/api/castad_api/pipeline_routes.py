@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -13,10 +14,10 @@ import uuid
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from castad_contracts import api, events
+from castad_contracts import api, brief, events
 from castad_runtime import artifacts, db
 from castad_runtime import links as signed_links
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 from sse_starlette.sse import EventSourceResponse
@@ -28,6 +29,7 @@ from castad_api import (
     keys,
     model,
     operations,
+    records,
     repository,
     served,
     streams,
@@ -96,8 +98,11 @@ def links(pipeline_id: str) -> api.Links:
 def create_pipeline(
     body: api.PipelineRequest, key: IdempotencyKey, gw: GatewayDep, who: Submitter
 ) -> api.PipelineAccepted:
-    """Accept a brief; publishes pipeline.requested. Replays of the same key and body are answered alike
-    (an Idempotency-Key is the tenant's own: another tenant's same key makes another pipeline)."""
+    """Accept a brief; publishes pipeline.requested.
+
+    Replays of the same key and body are answered alike (an Idempotency-Key is the tenant's own: another tenant's
+    same key makes another pipeline).
+    """
     operations.check_photo_urls(body, gw.config.photo_allow_private)
     refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
     if body.callback_url and not refused:
@@ -141,9 +146,12 @@ def cancel_pipeline(
     actor: Actor = "anonymous",
     body: api.CancelRequest | None = None,
 ) -> api.ActionAccepted:
-    """Cancel a pipeline that has not ended: every stage stops its job (a running attempt is stopped, a stage
-    not reached yet never starts), a stage that completed keeps its artifact. Idempotent: asking again gives
-    202 and changes nothing. The status is CANCELING until every stage has answered, then CANCELED."""
+    """Cancel a pipeline that has not ended.
+
+    Every stage stops its job (a running attempt is stopped, a stage not reached yet never starts), a stage that
+    completed keeps its artifact. Idempotent: asking again gives 202 and changes nothing. The status is CANCELING
+    until every stage has answered, then CANCELED.
+    """
     reason = (body or api.CancelRequest()).reason
     with db.transaction(gw.engine) as conn:
         done = operations.cancel(conn, pipeline_id, reason, actor, who.tenant_filter(), who.acting())
@@ -172,10 +180,12 @@ def retry_pipeline(
     actor: Actor = "anonymous",
     body: api.RetryRequest | None = None,
 ) -> api.ActionAccepted:
-    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed, with a fresh attempt
-    budget (`max_attempts` per stage, optional); stages that succeeded keep their artifacts and are not run
-    again. The pipeline gets a fresh deadline. A pipeline can be retried until CASTAD_RETENTION_ARTIFACTS_S,
-    less its deadline and an hour, after the first of its stages ended."""
+    """Resume a FAILED or CANCELED pipeline at its first stage that did not succeed.
+
+    It gets a fresh attempt budget (`max_attempts` per stage, optional); stages that succeeded keep their artifacts
+    and are not run again. The pipeline gets a fresh deadline. A pipeline can be retried until
+    CASTAD_RETENTION_ARTIFACTS_S, less its deadline and an hour, after the first of its stages ended.
+    """
     overrides = (body or api.RetryRequest()).max_attempts
     with db.transaction(gw.engine) as conn:
         done, resume = operations.retry(
@@ -195,8 +205,11 @@ Signature = Annotated[str, Query(pattern=r"^[0-9a-f]{64}$", description="the lin
 
 
 def _check_link(gw: GatewayDep, request: Request, expires: Expires, signature: Signature) -> None:
-    """A link signed for a provider (castad_runtime.links) by the stage that signs links to this very path, for
-    its purpose, not expired and not valid for longer than CASTAD_API_LINK_MAX_S."""
+    """Check a link signed for a provider by the stage that signs links to this path.
+
+    The link (castad_runtime.links) must be for this very path and its purpose, not expired and not valid for
+    longer than CASTAD_API_LINK_MAX_S.
+    """
     root = gw.config.link_secret
     if root is None or not signed_links.accepted(
         root, request.url.path, expires, signature, max_s=gw.config.link_max_s
@@ -218,24 +231,28 @@ LINK_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": api.Problem}, 404
     dependencies=SIGNED_LINK,
 )
 def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDep) -> Response:
-    """Where a stage's network provider (a music or render API) calls back when its work moves on: the
-    stage polls the provider at once instead of at its next scheduled poll. A link the stage signed
-    (no API key: providers cannot send one). The body is not read; the poll alone decides what became
-    of the work."""
+    """Where a stage's network provider (a music or render API) calls back when its work moves on.
+
+    The stage polls the provider at once instead of at its next scheduled poll. A link the stage signed (no API
+    key: providers cannot send one). The body is not read; the poll alone decides what became of the work.
+    """
     with db.transaction(gw.engine) as conn:
         operations.called_back(conn, pipeline_id, stage)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _view(row: Any, stage_rows: list[Any], viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.PipelineView:
+def _view(
+    row: records.Pipeline, stage_rows: list[records.Stage], viewer: disclosure.Viewer = disclosure.INTERNAL
+) -> api.PipelineView:
     pid = str(row.id)
     by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}
     stages = []
     for stage in events.STAGE_ORDER:
         s = by_stage.get(stage.value)
-        artifact = None
+        artifact, fetched = None, []
         if s is not None and s.artifact:
             artifact = api.ArtifactLink.of(pid, stage, s.artifact)
+            fetched = [api.FetchedPhotoLink.of(pid, photo) for photo in s.fetched_photos or ()]
         stages.append(
             api.StageView(
                 stage=stage,
@@ -248,6 +265,7 @@ def _view(row: Any, stage_rows: list[Any], viewer: disclosure.Viewer = disclosur
                 started_at=s.started_at if s else None,
                 finished_at=s.finished_at if s else None,
                 artifact=artifact,
+                fetched_photos=fetched,
             )
         )
     return api.PipelineView(
@@ -281,12 +299,14 @@ def _load(gw: Gateway, pipeline_id: uuid.UUID, who: keys.Principal) -> api.Pipel
 
 @router.get("/pipelines/{pipeline_id}", response_model=api.PipelineView, responses={404: {"model": api.Problem}})
 def get_pipeline(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.PipelineView:
-    """Overall status and, per stage, status, attempts, last error, times and artifact (to a tenant's key, an
-    error as its code and the code's public message)."""
+    """The pipeline's overall status and, per stage, its status, attempts, errors, times and artifact.
+
+    The error shown is the last one; to a tenant's key, an error is its code and the code's public message.
+    """
     return _load(gw, pipeline_id, who)
 
 
-def _encode_cursor(row: Any) -> str:
+def _encode_cursor(row: records.Pipeline) -> str:
     return base64.urlsafe_b64encode(f"{row.created_at.isoformat()}|{row.id}".encode()).decode()
 
 
@@ -355,9 +375,11 @@ async def pipeline_events(
     who: Reader,
     last_event_id: streams.LastEventId = None,
 ) -> EventSourceResponse:
-    """Server-Sent Events: step, status, progress, attempt; artifacts on the final event. Resumable. Ends when
-    the pipeline ended and every entry was sent, or within seconds of its key's revocation; a key holds at most
-    CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
+    """Server-Sent Events: step, status, progress, attempt.
+
+    Artifacts on the final event. Resumable. Ends when the pipeline ended and every entry was sent, or within
+    seconds of its key's revocation; a key holds at most CASTAD_API_SSE_STREAMS_PER_KEY streams at once.
+    """
     after = streams.resumes_after(last_event_id) or 0
     await run_in_threadpool(_load, gw, pipeline_id, who)
     if after:
@@ -368,16 +390,21 @@ async def pipeline_events(
 
 
 def _resumable(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> int:
-    """Where a resumed stream starts: after the entry numbered `after`, or from the start for an id beyond the
-    pipeline's entries, which its stream never sent (one from before entries were numbered per pipeline): the
-    client sees entries again rather than none."""
+    """Where a resumed stream starts.
+
+    After the entry numbered `after`, or from the start for an id beyond the pipeline's entries, which its stream
+    never sent (one from before entries were numbered per pipeline): the client sees entries again rather than
+    none.
+    """
     with engine.connect() as conn:
         return after if after <= repository.count_entries(conn, pipeline_id) else 0
 
 
 def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, viewer: disclosure.Viewer, after: int) -> streams.Batch[int]:
-    """The pipeline's entries after the one numbered `after` (each event's id is its entry's number), as `viewer`
-    sees them; the stream ends once the pipeline ended and every entry was sent."""
+    """The pipeline's entries after the one numbered `after`, as `viewer` sees them.
+
+    Each event's id is its entry's number; the stream ends once the pipeline ended and every entry was sent.
+    """
     pid = str(pipeline_id)
     with engine.connect() as conn:
         row = repository.get_pipeline(conn, pipeline_id)
@@ -408,8 +435,10 @@ DELETED: dict[int | str, dict[str, Any]] = {
     responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
 )
 def download_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep, who: Reader) -> Response:
-    """The file a stage produced, or (with an object store) a redirect to a presigned URL of it; 410 once
-    retention deleted it."""
+    """The file a stage produced, or (with an object store) a redirect to a presigned URL of it.
+
+    410 once retention deleted it.
+    """
     return _serve(gw, pipeline_id, stage, who.tenant_filter())
 
 
@@ -425,26 +454,57 @@ def linked_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep)
     return _serve(gw, pipeline_id, stage, None)
 
 
-def _serve(gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str | None) -> Response:
+@router.get(
+    "/pipelines/{pipeline_id}/artifacts/video/photos/{photo}",
+    response_class=FileResponse,
+    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
+)
+def download_fetched_photo(
+    pipeline_id: uuid.UUID,
+    photo: Annotated[int, Path(ge=0, lt=brief.MAX_PHOTOS, description="its place in the brief's photos")],
+    gw: GatewayDep,
+    who: Reader,
+) -> Response:
+    """A photo the brief names by URL as the video stage fetched and kept it.
+
+    With an object store, a redirect to a presigned URL of it; 404 for a photo the stage did not fetch (an
+    upload: GET /v1/images/{id}/content), 410 once retention deleted the stage's files.
+    """
+    return _serve(gw, pipeline_id, events.Stage.VIDEO, who.tenant_filter(), photo)
+
+
+def _serve(
+    gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str | None, photo: int | None = None
+) -> Response:
+    """A file of the stage of the pipeline: its artifact, or the `photo`th photo of the brief it fetched and kept.
+
+    Only a file in that stage's place of that pipeline is served, whatever its event named.
+    """
     with gw.engine.connect() as conn:
         if repository.get_pipeline(conn, pipeline_id, tenant) is None:
             raise errors.NotFound(f"no pipeline {pipeline_id}")
         made, now = repository.get_stage(conn, pipeline_id, stage), repository.now(conn)
     if made is None or made.artifact is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
+    if photo is None:
+        artifact, name = events.Artifact.model_validate(made.artifact), f"{pipeline_id}-{stage.value}"
+        file, kept = f"the {stage.value} file", f"{stage.value} artifact"
+    else:
+        told = {fetched["photo"]: fetched for fetched in made.fetched_photos or ()}.get(photo)
+        if told is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage fetched no photos[{photo}]")
+        artifact, name = events.FetchedPhoto.model_validate(told).file, f"{pipeline_id}-photo-{photo}"
+        file = kept = f"the {stage.value} stage's photos[{photo}]"
     if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
-        raise HTTPException(
-            status.HTTP_410_GONE, f"the {stage.value} file was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)"
-        )
-    artifact = events.Artifact.model_validate(made.artifact)
+        raise HTTPException(status.HTTP_410_GONE, f"{file} was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)")
     try:
         where = gw.store.serve(artifact, str(pipeline_id), stage)
     except artifacts.ArtifactMisplaced as error:  # its event named another pipeline's or stage's file
         log.warning("not served: %s", error)
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{kept} is not in this store") from None
     except artifacts.ArtifactMissing:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} artifact is not in this store") from None
-    return served.file(where, artifact.media_type, f"{pipeline_id}-{stage.value}")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{kept} is not in this store") from None
+    return served.file(where, artifact.media_type, name)
 
 
 @router.get(
@@ -457,4 +517,4 @@ def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> li
     _load(gw, pipeline_id, who)
     with gw.engine.connect() as conn:
         found = webhooks.deliveries(conn, pipeline_id)
-    return [api.WebhookDelivery.model_validate({**d, "id": str(d["id"])}) for d in found]
+    return [api.WebhookDelivery.model_validate({**dataclasses.asdict(d), "id": str(d.id)}) for d in found]

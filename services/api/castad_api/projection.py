@@ -21,7 +21,7 @@ from castad_contracts import codes, events
 from castad_contracts import envelope as envelope_
 from castad_runtime import db, groups, inbox, logs, telemetry
 
-from castad_api import metrics, model, repository, webhooks
+from castad_api import metrics, model, records, repository, webhooks
 from castad_api import writes as writes_
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,12 @@ POOL_SIZE = 4
 
 
 class Projector:
-    """Projects the stage events its consumer's threads hand it, those that come together in one transaction
-    (`castad_runtime.groups`): under load, a commit and a few round trips for several events instead of each.
-    Two such transactions may be under way, never with events of the same pipeline: a pipeline's events are
-    projected in the order its threads handed them in, as with one."""
+    """Project the stage events its consumer's threads hand it, several in one transaction.
+
+    Those that come together go in one transaction (`castad_runtime.groups`): under load, a commit and a few round
+    trips for several events instead of each. Two such transactions may be under way, never with events of the same
+    pipeline: a pipeline's events are projected in the order its threads handed them in, as with one.
+    """
 
     def __init__(self, engine: sa.Engine, measured: metrics.GatewayMetrics | None = None, max_events: int = 32) -> None:
         self.engine = engine
@@ -76,8 +78,11 @@ def _pipeline_of(event: Event) -> str:
 def apply(
     engine: sa.Engine, env: envelope_.Envelope, payload: events.Payload, measured: metrics.GatewayMetrics | None = None
 ) -> None:
-    """Project a stage event, once (its inbox row); counted in `measured` once committed. Three round trips: the
-    inbox row with the pipeline's lock and stages, the writes, the commit."""
+    """Project a stage event, once (its inbox row).
+
+    Counted in `measured` once committed. Three round trips: the inbox row with the pipeline's lock and stages, the
+    writes, the commit.
+    """
     measured = measured or metrics.GatewayMetrics()
     pipeline_id = uuid.UUID(payload.pipeline_id)
     outcome = inbox.once_read_first(
@@ -94,10 +99,12 @@ def apply(
 def apply_all(
     engine: sa.Engine, group: Sequence[Event], measured: metrics.GatewayMetrics | None = None
 ) -> list[None | groups.Left]:
-    """Project several stage events in one transaction, in order, each once (see `apply`): three round trips in
-    all, their writes merged per row (`writes.Merged`). The transaction waits for no lock: an event whose
-    pipeline another transaction holds (or that this gateway never accepted) is left to its own thread
-    (groups.ALONE), its inbox row taken back."""
+    """Project several stage events in one transaction, in order, each once (see `apply`).
+
+    Three round trips in all, their writes merged per row (`writes.Merged`). The transaction waits for no lock: an
+    event whose pipeline another transaction holds (or that this gateway never accepted) is left to its own thread
+    (groups.ALONE), its inbox row taken back.
+    """
     measured = measured or metrics.GatewayMetrics()
     results: list[None | groups.Left] = []
     with db.transaction(engine) as conn:
@@ -145,10 +152,11 @@ def _apply(
     superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
     applied = projected.applied(stage)
     if superseded or model.is_stale(fact, attempt, operation, applied):
-        if applied is not None and model.fills_start(fact, attempt, row := projected.stages[stage]):
-            kept = {"status": row["status"], "started_at": _stage_values(fact, payload)["started_at"]}
-            writes.stage(pipeline_id, stage, applied.position, kept)
-            projected.saved(stage, applied.position, kept)
+        row = projected.stages.get(stage)
+        if row is not None and model.fills_start(fact, attempt, row.applied, row.started_at):
+            kept = {"status": row.status.value, "started_at": _stage_values(fact, payload)["started_at"]}
+            writes.stage(pipeline_id, stage, row.applied.position, kept)
+            projected.saved(stage, row.applied.position, kept)
             log.info("late %s (attempt %d): its start kept, its stage not moved back", env.type, attempt)
         else:
             log.info("stale %s (attempt %d) ignored", env.type, attempt)
@@ -173,7 +181,7 @@ def _apply(
 
 def record(
     conn: sa.Connection,
-    pipeline: Any,
+    pipeline: records.Pipeline | records.Locked,
     event_id: uuid.UUID,
     event_type: str,
     stage: events.Stage | None,
@@ -185,9 +193,11 @@ def record(
     writes: writes_.Writes | None = None,
     **details: Any,
 ) -> model.PipelineStatus:
-    """After a change to `pipeline` (its row, locked) or its stages: its new status, a timeline entry (at
-    `occurred_at`, the event's time; default now). `projected`: its stages as they are now, if known
-    (else they are read). `writes`: how to write (default: at once, on `conn`)."""
+    """Record a change to `pipeline` or its stages: its new status and a timeline entry.
+
+    `pipeline` is its row, locked. The entry is at `occurred_at`, the event's time (default now). `projected`: its
+    stages as they are now, if known (else they are read). `writes`: how to write (default: at once, on `conn`).
+    """
     writes = writes or writes_.Writes(conn)
     statuses = projected.statuses() if projected else repository.stage_statuses(conn, pipeline.id)
     status = model.pipeline_status(statuses, cancel_pending=pipeline.cancel_requested_at is not None)
@@ -239,6 +249,8 @@ def _stage_values(fact: str, payload: events.Payload) -> dict[str, Any]:
         values.update(
             artifact=payload.artifact.model_dump(mode="json"), finished_at=payload.completed_at, next_attempt_at=None
         )
+        if isinstance(payload, events.VideoCompleted):  # the photos it fetched are files of the stage too
+            values["fetched_photos"] = [photo.model_dump(mode="json") for photo in payload.fetched_photos]
     elif isinstance(payload, events.StageCanceled):
         values.update(
             operation=payload.operation,

@@ -7,7 +7,7 @@ import datetime as dt
 import functools
 import uuid
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from castad_contracts import brief, events
@@ -16,7 +16,7 @@ from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import model, tables
+from castad_api import model, records, tables
 
 pipelines = tables.pipelines
 stages = tables.stages
@@ -33,6 +33,39 @@ class Created:
     pipeline_id: uuid.UUID
     request_hash: str
     new: bool
+
+
+T = TypeVar("T")
+
+
+def _fields(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+
+def _columns(table: sa.Table, cls: type[Any]) -> list[sa.Column[Any]]:
+    """The columns of `table` that the typed row `cls` holds, in its order."""
+    return [table.c[name] for name in _fields(cls)]
+
+
+def _typed(cls: type[T], row: Any, **converted: Any) -> T:
+    """A typed row from a row of SQL with a column named as each field of `cls`; `converted`: fields made typed."""
+    return cls(**{name: getattr(row, name) for name in _fields(cls)} | converted)
+
+
+def _pipeline(row: Any) -> records.Pipeline:
+    return _typed(records.Pipeline, row, status=model.PipelineStatus(row.status))
+
+
+def _stage(row: Any) -> records.Stage:
+    return _typed(records.Stage, row, status=model.StageStatus(row.status))
+
+
+def _locked(row: Any) -> records.Locked:
+    return _typed(records.Locked, row, status=model.PipelineStatus(row.status))
+
+
+def _stage_applied(row: Any) -> records.StageApplied:
+    return _typed(records.StageApplied, row, status=model.StageStatus(row.status))
 
 
 _CREATE_PIPELINE = """
@@ -79,37 +112,54 @@ def create_pipeline(
     return Created(row.id, row.request_hash, False)
 
 
+def keyed_pipeline(conn: sa.Connection, tenant: str, key: str) -> Created | None:
+    """The pipeline the tenant's Idempotency-Key made, if it made one (never new)."""
+    row = conn.execute(
+        sa.select(pipelines.c.id, pipelines.c.request_hash).where(
+            pipelines.c.idempotency_key == tenant_key(tenant, key)
+        )
+    ).first()
+    return None if row is None else Created(row.id, row.request_hash, False)
+
+
 def tenant_key(tenant: str, key: str) -> str:
     """An Idempotency-Key as kept: the tenant's name, length first (no two tenants' keys can meet), then it."""
     return f"{len(tenant)}:{tenant}/{key}"
 
 
+PIPELINE_COLUMNS = _columns(pipelines, records.Pipeline)
+STAGE_COLUMNS = _columns(stages, records.Stage)
+
+
 def _one(pipeline_id: uuid.UUID, tenant: str | None) -> sa.Select[Any]:
     """The pipeline, if it is the tenant's (None: whoever's it is)."""
-    query = sa.select(pipelines).where(pipelines.c.id == pipeline_id)
+    query = sa.select(*PIPELINE_COLUMNS).where(pipelines.c.id == pipeline_id)
     return query if tenant is None else query.where(pipelines.c.tenant == tenant)
 
 
-def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row[Any] | None:
-    return conn.execute(_one(pipeline_id, tenant).with_for_update()).first()
+def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline | None:
+    row = conn.execute(_one(pipeline_id, tenant).with_for_update()).first()
+    return None if row is None else _pipeline(row)
 
 
-def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> sa.Row[Any] | None:
-    return conn.execute(_one(pipeline_id, tenant)).first()
+def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline | None:
+    row = conn.execute(_one(pipeline_id, tenant)).first()
+    return None if row is None else _pipeline(row)
 
 
-def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[sa.Row[Any]]]:
-    result: dict[uuid.UUID, list[sa.Row[Any]]] = {pid: [] for pid in pipeline_ids}
+def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[records.Stage]]:
+    result: dict[uuid.UUID, list[records.Stage]] = {pid: [] for pid in pipeline_ids}
     if pipeline_ids:
-        for row in conn.execute(sa.select(stages).where(stages.c.pipeline_id.in_(pipeline_ids))):
-            result[row.pipeline_id].append(row)
+        for row in conn.execute(sa.select(*STAGE_COLUMNS).where(stages.c.pipeline_id.in_(pipeline_ids))):
+            result[row.pipeline_id].append(_stage(row))
     return result
 
 
-def get_stage(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> sa.Row[Any] | None:
-    return conn.execute(
-        sa.select(stages).where(stages.c.pipeline_id == pipeline_id, stages.c.stage == stage.value)
+def get_stage(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> records.Stage | None:
+    row = conn.execute(
+        sa.select(*STAGE_COLUMNS).where(stages.c.pipeline_id == pipeline_id, stages.c.stage == stage.value)
     ).first()
+    return None if row is None else _stage(row)
 
 
 def stage_applied(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> model.Applied | None:
@@ -142,14 +192,15 @@ def reopen_stages(conn: sa.Connection, pipeline_id: uuid.UUID, from_stage: event
     )
 
 
-def pipeline_attempts(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[sa.Row[Any]]:
+def pipeline_attempts(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[records.Attempt]:
     """Every attempt of the pipeline, by stage order and number."""
     order = sa.case({stage.value: n for n, stage in enumerate(events.STAGE_ORDER)}, value=attempts.c.stage)
-    return list(
-        conn.execute(
-            sa.select(attempts).where(attempts.c.pipeline_id == pipeline_id).order_by(order, attempts.c.attempt)
-        )
+    query = (
+        sa.select(*_columns(attempts, records.Attempt))
+        .where(attempts.c.pipeline_id == pipeline_id)
+        .order_by(order, attempts.c.attempt)
     )
+    return [_typed(records.Attempt, row) for row in conn.execute(query)]
 
 
 def stage_statuses(conn: sa.Connection, pipeline_id: uuid.UUID) -> dict[events.Stage, model.StageStatus]:
@@ -196,8 +247,11 @@ def append_timeline(
     data: dict[str, Any],
     occurred_at: dt.datetime | None = None,
 ) -> None:
-    """An entry of the pipeline's timeline; `occurred_at` is the event's own time (default: now). The
-    pipeline's event streams are woken once the transaction committed."""
+    """An entry of the pipeline's timeline.
+
+    `occurred_at` is the event's own time (default: now). The pipeline's event streams are woken once the
+    transaction committed.
+    """
     db.run(conn, _APPEND_TIMELINE, (pipeline_id, event_id, event_type, Jsonb(data), occurred_at))
     wakeups.after_commit(conn, PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
 
@@ -212,18 +266,19 @@ ENTRY_TIME = sa.func.coalesce(timeline.c.occurred_at, timeline.c.created_at).lab
 NUMBER = sa.func.row_number().over(order_by=timeline.c.seq).label("number")
 
 
-def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limit: int = 100) -> list[sa.Row[Any]]:
-    """The pipeline's entries after the one numbered `after`, each with its `number` (and its `seq` in the whole
-    gateway, which is not shown to clients)."""
-    return list(
-        conn.execute(
-            sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME, NUMBER)
-            .where(timeline.c.pipeline_id == pipeline_id)
-            .order_by(timeline.c.seq)
-            .offset(after)
-            .limit(limit)
-        )
+def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limit: int = 100) -> list[records.Entry]:
+    """The pipeline's entries after the one numbered `after`, each with its `number`.
+
+    Each also has its `seq` in the whole gateway, which is not shown to clients.
+    """
+    query = (
+        sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME, NUMBER)
+        .where(timeline.c.pipeline_id == pipeline_id)
+        .order_by(timeline.c.seq)
+        .offset(after)
+        .limit(limit)
     )
+    return [_typed(records.Entry, row) for row in conn.execute(query)]
 
 
 def count_entries(conn: sa.Connection, pipeline_id: uuid.UUID) -> int:
@@ -252,11 +307,13 @@ def entries_of_all(
     tenant: str | None = None,
     status: model.PipelineStatus | None = None,
     stage: events.Stage | None = None,
-) -> list[sa.Row[Any]]:
-    """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`: whether it is
-    the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step), and for
-    those its pipeline's tenant and customer and the entry's number among its pipeline's entries. Every entry is
-    returned, so that a gap in the seqs shows."""
+) -> list[records.Scanned]:
+    """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`.
+
+    Whether it is the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step),
+    and for those its pipeline's tenant and customer and the entry's number among its pipeline's entries. Every
+    entry is returned, so that a gap in the seqs shows.
+    """
     scanned = (
         sa.select(timeline.c.seq, timeline.c.pipeline_id, timeline.c.event_type, timeline.c.data, ENTRY_TIME)
         .where(timeline.c.seq > after_seq)
@@ -277,26 +334,28 @@ def entries_of_all(
         .where(earlier.c.pipeline_id == scanned.c.pipeline_id, earlier.c.seq <= scanned.c.seq)
         .scalar_subquery()
     )
-    return list(
-        conn.execute(
-            sa.select(
-                scanned,
-                pipelines.c.id.is_not(None).label("shown"),
-                sa.case((pipelines.c.id.is_not(None), number)).label("number"),
-                pipelines.c.tenant,
-                pipelines.c.brief["customer_name"].astext.label("customer_name"),
-                pipelines.c.brief["region"].astext.label("region"),
-            )
-            .select_from(scanned.outerjoin(pipelines, sa.and_(*matches)))
-            .order_by(scanned.c.seq)
+    query = (
+        sa.select(
+            scanned,
+            pipelines.c.id.is_not(None).label("shown"),
+            sa.case((pipelines.c.id.is_not(None), number)).label("number"),
+            pipelines.c.tenant,
+            pipelines.c.brief["customer_name"].astext.label("customer_name"),
+            pipelines.c.brief["region"].astext.label("region"),
         )
+        .select_from(scanned.outerjoin(pipelines, sa.and_(*matches)))
+        .order_by(scanned.c.seq)
     )
+    return [_typed(records.Scanned, row) for row in conn.execute(query)]
 
 
 @dataclasses.dataclass(frozen=True)
 class Listing:
-    """What a listing of pipelines shows: `after` is the (created_at, id) of the last row of the previous page;
-    `search` a pipeline id, or a part of the customer's name (see _named)."""
+    """What a listing of pipelines shows.
+
+    `after` is the (created_at, id) of the last row of the previous page; `search` a pipeline id, or a part of the
+    customer's name (see _named).
+    """
 
     status: model.PipelineStatus | None = None
     stage: events.Stage | None = None
@@ -305,24 +364,28 @@ class Listing:
     search: str | uuid.UUID | None = None
 
 
-def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[sa.Row[Any]]:
-    """Newest first. A name is looked for among the newest RECENT pipelines first (a frequent one fills the
-    page there at once), and only if they hold too few, among all its matches through the trigram index
-    pipelines_customer_name: either way the page is the newest matches, and no search reads more than
-    RECENT rows or its matches."""
+def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[records.Pipeline]:
+    """The page of pipelines `shown` selects, newest first.
+
+    A name is looked for among the newest RECENT pipelines first (a frequent one fills the page there at once), and
+    only if they hold too few, among all its matches through the trigram index pipelines_customer_name: either way
+    the page is the newest matches, and no search reads more than RECENT rows or its matches.
+    """
     if isinstance(shown.search, str):
-        rows = list(conn.execute(listing(shown, limit, within=RECENT)))
+        rows = [_pipeline(row) for row in conn.execute(listing(shown, limit, within=RECENT))]
         if len(rows) == limit:
             return rows
-    return list(conn.execute(listing(shown, limit)))
+    return [_pipeline(row) for row in conn.execute(listing(shown, limit))]
 
 
 RECENT = 2000
 
 
 def listing(shown: Listing, limit: int, within: int | None = None) -> sa.Select[Any]:
-    """A statement of list_pipelines (bench/stats.py explains them): with a name to search, among the newest
-    `within` pipelines, or (None) among every match of the trigram index."""
+    """A statement of list_pipelines (bench/stats.py explains them).
+
+    With a name to search, among the newest `within` pipelines, or (None) among every match of the trigram index.
+    """
     conditions = []
     if shown.tenant is not None:
         conditions.append(pipelines.c.tenant == shown.tenant)
@@ -364,8 +427,10 @@ TRIGRAM = 3
 
 
 def _named(name: sa.ColumnElement[str], search: str) -> sa.ColumnElement[bool]:
-    """Names that hold `search` (any case), or, shorter than a trigram, have a word that starts with it: a
-    trigram index finds both (ILIKE on the indexed expression itself, never wrapped in lower())."""
+    """Names that hold `search` (any case), or, shorter than a trigram, have a word that starts with it.
+
+    A trigram index finds both (ILIKE on the indexed expression itself, never wrapped in lower()).
+    """
     escaped = search.replace("/", "//").replace("%", "/%").replace("_", "/_")
     if len(search) >= TRIGRAM:
         return name.ilike(f"%{escaped}%", escape="/")
@@ -391,17 +456,24 @@ def add_dead_letter(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
     ).scalar()
 
 
-def lock_dead_letter(conn: sa.Connection, letter_id: int) -> sa.Row[Any] | None:
-    return conn.execute(sa.select(letters).where(letters.c.id == letter_id).with_for_update()).first()
+LETTER_COLUMNS = _columns(letters, records.DeadLetter)
 
 
-def get_dead_letter(conn: sa.Connection, letter_id: int) -> sa.Row[Any] | None:
-    return conn.execute(sa.select(letters).where(letters.c.id == letter_id)).first()
+def lock_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
+    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id).with_for_update()).first()
+    return None if row is None else _typed(records.DeadLetter, row)
 
 
-def dead_letters(conn: sa.Connection, filters: LetterFilters, before_id: int | None, limit: int) -> list[sa.Row[Any]]:
+def get_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
+    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id)).first()
+    return None if row is None else _typed(records.DeadLetter, row)
+
+
+def dead_letters(
+    conn: sa.Connection, filters: LetterFilters, before_id: int | None, limit: int
+) -> list[records.DeadLetter]:
     """Newest first; `before_id` is the id of the last row of the previous page."""
-    query = sa.select(letters).order_by(letters.c.id.desc()).limit(limit)
+    query = sa.select(*LETTER_COLUMNS).order_by(letters.c.id.desc()).limit(limit)
     for column, value in (
         (letters.c.status, filters.status),
         (letters.c.service, filters.service),
@@ -414,7 +486,7 @@ def dead_letters(conn: sa.Connection, filters: LetterFilters, before_id: int | N
         query = query.where(letters.c.reason.contains(filters.reason, autoescape=True))
     if before_id is not None:
         query = query.where(letters.c.id < before_id)
-    return list(conn.execute(query))
+    return [_typed(records.DeadLetter, row) for row in conn.execute(query)]
 
 
 def dead_letter_acted(
@@ -439,9 +511,14 @@ def dead_letter_acted(
     conn.execute(letters.update().where(letters.c.id == letter_id).values(**values))
 
 
-def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[sa.Row[Any]]:
+def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[records.DeadLetterAction]:
     actions = tables.dead_letter_actions
-    return list(conn.execute(sa.select(actions).where(actions.c.dead_letter_id == letter_id).order_by(actions.c.id)))
+    query = (
+        sa.select(*_columns(actions, records.DeadLetterAction))
+        .where(actions.c.dead_letter_id == letter_id)
+        .order_by(actions.c.id)
+    )
+    return [_typed(records.DeadLetterAction, row) for row in conn.execute(query)]
 
 
 DEAD_LETTER_STATUSES = ("dead", "replayed", "discarded")
@@ -479,42 +556,49 @@ WHERE pipeline_id = %s
 class Projected:
     """A pipeline locked for its projection, with what its stages have applied so far."""
 
-    # The row: id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
-    # tenant.
-    pipeline: Any
-    stages: dict[events.Stage, dict[str, Any]]
+    pipeline: records.Locked
+    stages: dict[events.Stage, records.StageApplied]
 
     def applied(self, stage: events.Stage) -> model.Applied | None:
         row = self.stages.get(stage)
-        if row is None:
-            return None
-        return model.Applied((row["rank"], row["attempt"], row["step"]), row["floor_attempt"], row["operation"])
+        return None if row is None else row.applied
 
     def statuses(self) -> dict[events.Stage, model.StageStatus]:
-        return {stage: model.StageStatus(row["status"]) for stage, row in self.stages.items()}
+        return {stage: row.status for stage, row in self.stages.items()}
 
     def artifacts(self) -> dict[str, Any]:
-        return {stage.value: row["artifact"] for stage, row in self.stages.items() if row.get("artifact") is not None}
+        return {stage.value: row.artifact for stage, row in self.stages.items() if row.artifact is not None}
 
     def saved(self, stage: events.Stage, pos: model.Position, values: dict[str, Any]) -> None:
         """What `save_stage` wrote (a new row has its columns' defaults), for the next event of the transaction."""
-        row = self.stages.setdefault(stage, {"floor_attempt": 0, "operation": 0, "artifact": None, "started_at": None})
-        row.update(values, rank=pos[0], attempt=pos[1], step=pos[2])
+        kept = {name: value for name, value in values.items() if name in _STAGE_APPLIED}
+        kept.update(status=model.StageStatus(values["status"]), rank=pos[0], attempt=pos[1], step=pos[2])
+        row = self.stages.get(stage)
+        self.stages[stage] = records.StageApplied(**kept) if row is None else dataclasses.replace(row, **kept)
 
     def updated(self, changes: dict[str, Any]) -> None:
         """What `update_pipeline` wrote to the row, for the next event of the same transaction."""
-        self.pipeline = self.pipeline._replace(**{k: v for k, v in changes.items() if k in self.pipeline._fields})
+        kept = {name: value for name, value in changes.items() if name in _LOCKED}
+        if "status" in kept:
+            kept["status"] = model.PipelineStatus(kept["status"])
+        self.pipeline = dataclasses.replace(self.pipeline, **kept)
+
+
+_LOCKED = frozenset(_fields(records.Locked))
+_STAGE_APPLIED = frozenset(_fields(records.StageApplied))
 
 
 def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
-    """The pipeline, locked, with its stages (both statements sent before either answer is read: one round trip
-    in `db.pipelined`)."""
+    """The pipeline, locked, with its stages, in one round trip.
+
+    Both statements are sent before either answer is read (`db.pipelined`).
+    """
     locked = db.run(conn, _LOCK_PROJECTED, (pipeline_id,))
     stages = db.run(conn, _PROJECTED_STAGES, (pipeline_id,))
     row = locked.fetchone()
     if row is None:
         return None
-    return Projected(row, {events.Stage(stage.stage): stage._asdict() for stage in stages.fetchall()})
+    return Projected(_locked(row), {events.Stage(stage.stage): _stage_applied(stage) for stage in stages.fetchall()})
 
 
 _LOCK_ALL_PROJECTED = """
@@ -529,16 +613,18 @@ FROM pipeline_stages WHERE pipeline_id = ANY(%s)
 
 
 def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, Projected]:
-    """`lock_projected` of several pipelines in two statements (sent together in `db.pipelined`), without waiting:
-    a pipeline another transaction holds is left out, as is one not found."""
+    """`lock_projected` of several pipelines, leaving out any another transaction holds.
+
+    Two statements, sent together in `db.pipelined`, without waiting: a pipeline another transaction holds is left
+    out, as is one not found.
+    """
     ids = sorted(set(pipeline_ids))
     locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,), prepare=db.REPLAN)
     stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,), prepare=db.REPLAN)
-    found = {row.id: Projected(row, {}) for row in locked.fetchall()}
+    found = {row.id: Projected(_locked(row), {}) for row in locked.fetchall()}
     for stage in stages.fetchall():
-        values = stage._asdict()
-        if (projected := found.get(values.pop("pipeline_id"))) is not None:
-            projected.stages[events.Stage(stage.stage)] = values
+        if (projected := found.get(stage.pipeline_id)) is not None:
+            projected.stages[events.Stage(stage.stage)] = _stage_applied(stage)
     return found
 
 
@@ -582,8 +668,11 @@ def save_attempt(
 
 
 def upsert_stages_sql(columns: tuple[str, ...], source: str) -> str:
-    """The upsert of stages' rows with these columns (besides their key) from `source` (VALUES, or a SELECT of
-    many rows); the first start since the stage was (re)opened stays."""
+    """The upsert of stages' rows with these columns from `source`.
+
+    The columns are besides their key; `source` is VALUES, or a SELECT of many rows. The first start since the
+    stage was (re)opened stays.
+    """
     updates = ", ".join(
         "first_started_at = coalesce(s.first_started_at, EXCLUDED.first_started_at)"
         if column == "first_started_at"
@@ -607,8 +696,9 @@ def stage_row(pos: model.Position, values: dict[str, Any]) -> dict[str, Any]:
     row = {"rank": pos[0], "attempt": pos[1], "step": pos[2], **values}
     if "started_at" in values:
         row["first_started_at"] = values["started_at"]
-    if row.get("artifact") is not None:
-        row["artifact"] = Jsonb(row["artifact"])
+    for column in ("artifact", "fetched_photos"):  # JSONB: given as psycopg's wrapper (a list is an array else)
+        if row.get(column) is not None:
+            row[column] = Jsonb(row[column])
     return row
 
 
@@ -639,10 +729,15 @@ def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) 
     db.run(conn, _pipeline_update(tuple(sorted(values)), now), {"id": pipeline_id, **params})
 
 
-def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> sa.Row[Any]:
-    """Record a tenant's image kept in the artifact store, uploaded now; the one it has already if it uploaded these
-    bytes before, its last upload moved to now."""
-    return conn.execute(
+IMAGE_COLUMNS = _columns(images, records.Image)
+
+
+def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> records.Image:
+    """Record a tenant's image kept in the artifact store, uploaded now.
+
+    The one it has already if it uploaded these bytes before, its last upload moved to now.
+    """
+    row = conn.execute(
         pg.insert(images)
         .values(
             id=uuid.uuid4(),
@@ -655,36 +750,48 @@ def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: in
             uri=kept.uri,
         )
         .on_conflict_do_update(constraint="images_tenant_sha256", set_={"uploaded_at": sa.func.now()})
-        .returning(*images.c)
+        .returning(*IMAGE_COLUMNS)
     ).one()
+    return _typed(records.Image, row)
 
 
 def lock_image(conn: sa.Connection, tenant: str, sha256: str) -> None:
-    """Lock the tenant's image with these bytes, if it has one, until the transaction ends: retention, which skips
-    locked images, cannot delete it (and its file) meanwhile; a deletion under way is waited for."""
+    """Lock the tenant's image with these bytes, if it has one, until the transaction ends.
+
+    Retention, which skips locked images, cannot delete it (and its file) meanwhile; a deletion under way is waited
+    for.
+    """
     conn.execute(sa.select(images.c.id).where(images.c.tenant == tenant, images.c.sha256 == sha256).with_for_update())
 
 
-def photo(row: sa.Row[Any]) -> brief.Photo:
+def photo(image: records.Image) -> brief.Photo:
     """An image as events name it: a reference to its file in the store."""
     return brief.Photo(
-        id=str(row.id),
-        owner=artifacts_.image_owner(row.tenant),
-        sha256=row.sha256,
-        media_type=row.media_type,
-        size=row.size,
+        id=str(image.id),
+        owner=artifacts_.image_owner(image.tenant),
+        sha256=image.sha256,
+        media_type=image.media_type,
+        size=image.size,
     )
 
 
-def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> sa.Row[Any] | None:
+def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> records.Image | None:
     """The image, unless it is not `tenant`'s (None: anyone's)."""
-    query = sa.select(images).where(images.c.id == image_id)
+    query = sa.select(*IMAGE_COLUMNS).where(images.c.id == image_id)
     if tenant is not None:
         query = query.where(images.c.tenant == tenant)
-    return conn.execute(query).fetchone()
+    row = conn.execute(query).fetchone()
+    return None if row is None else _typed(records.Image, row)
 
 
-def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, sa.Row[Any]]:
+def get_images(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> list[records.Image]:
+    """These images (those found), whoever's they are."""
+    return [
+        _typed(records.Image, row) for row in conn.execute(sa.select(*IMAGE_COLUMNS).where(images.c.id.in_(image_ids)))
+    ]
+
+
+def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, records.Image]:
     """Those of the images that are `tenant`'s, by id, each locked (FOR KEY SHARE) until the transaction ends.
 
     The lock is what keeps retention from deleting an image a pipeline is being created with: retention skips
@@ -693,8 +800,8 @@ def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant:
     if not image_ids:
         return {}
     query = (
-        sa.select(images)
+        sa.select(*IMAGE_COLUMNS)
         .where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant)
         .with_for_update(read=True, key_share=True)
     )
-    return {row.id: row for row in conn.execute(query)}
+    return {row.id: _typed(records.Image, row) for row in conn.execute(query)}

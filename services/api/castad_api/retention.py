@@ -37,7 +37,6 @@ import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import sqlalchemy as sa
 from castad_runtime import artifacts, db, outages, settings
@@ -112,8 +111,11 @@ def steps(
     store: artifacts.ArtifactStore,
     limits: upload_limits.Limits,
 ) -> list[runtime_retention.Step]:
-    """The gateway's retention: outbox, inbox, timelines, pipelines, dead letters, creation counts, upload buckets
-    and uploaded images (after the pipelines: an image is kept while one names it)."""
+    """The gateway's retention.
+
+    Outbox, inbox, timelines, pipelines, dead letters, creation counts, upload buckets and uploaded images (after
+    the pipelines: an image is kept while one names it).
+    """
     step = runtime_retention.statement_step
     return [
         *runtime_retention.shared_steps(engine, config),
@@ -157,8 +159,10 @@ def forget_timelines(conn: sa.Connection, older_than_s: float, limit: int) -> in
 
 
 def forget_pipelines(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` pipelines that ended more than `older_than_s` ago, with everything that refers to
-    them, but for those with a notice still being tried; how many."""
+    """Delete up to `limit` pipelines that ended more than `older_than_s` ago; how many.
+
+    Each goes with everything that refers to it, but for those with a notice still being tried.
+    """
     p, deliveries = tables.pipelines, tables.webhook_deliveries
     pending = sa.exists().where(deliveries.c.pipeline_id == p.c.id, deliveries.c.status == "pending")
     ended = sa.select(p.c.id).where(sa.text(f"pipelines.{tables.ENDED}"), ~pending)
@@ -176,8 +180,10 @@ def forget_pipelines(conn: sa.Connection, older_than_s: float, limit: int) -> in
 
 
 def forget_dead_letters(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` dead letters replayed or discarded more than `older_than_s` ago, with their actions;
-    how many. One still dead is kept whatever its age."""
+    """Delete up to `limit` dead letters dealt with more than `older_than_s` ago; how many.
+
+    Dead letters replayed or discarded go with their actions. One still dead is kept whatever its age.
+    """
     letters, actions = tables.dead_letters, tables.dead_letter_actions
     settled = sa.select(letters.c.id).where(sa.text(tables.SETTLED_LETTER))
     doomed = list(conn.execute(db.expired(settled, letters.c.updated_at, older_than_s, limit)).scalars())
@@ -188,21 +194,23 @@ def forget_dead_letters(conn: sa.Connection, older_than_s: float, limit: int) ->
 
 
 def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_s: float, limit: int) -> int:
-    """Deal with up to `limit` images last uploaded, or last found named, more than `older_than_s` ago: delete
-    those no pipeline names, each file first, then the records of those whose file is gone; find the others
+    """Deal with up to `limit` images last uploaded, or last found named, more than `older_than_s` ago.
+
+    Delete those no pipeline names, each file first, then the records of those whose file is gone; find the others
     named again, which moves them as far off as an upload would (each is looked at once a period, not on every
     round). How many it dealt with. A store that fails stops the batch: the images deleted before are recorded
-    deleted, then its error is raised (the round stops, the next one goes on)."""
+    deleted, then its error is raised (the round stops, the next one goes on).
+    """
     i = tables.images
     failure: outages.StoreUnavailable | None = None
-    gone: list[Any] = []
+    gone: list[uuid.UUID] = []
     with runtime_retention.transaction(engine) as conn:
         locked = list(conn.execute(db.expired(sa.select(i.c.id), i.c.uploaded_at, older_than_s, limit)).scalars())
         if not locked:
             return 0
         # Named or not, asked now that they are locked: this statement's snapshot sees every pipeline committed
         # before the locks were taken.
-        rows = list(conn.execute(sa.select(i).where(i.c.id.in_(locked))))
+        rows = repository.get_images(conn, locked)
         kept = named_among(conn, locked)
         if kept:
             conn.execute(i.update().where(i.c.id.in_(kept)).values(uploaded_at=sa.func.now()))
@@ -223,8 +231,11 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
 
 
 def named_among(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-    """Those of the images a pipeline's brief names. One look-up of the index pipelines_photos an image, OR-ed: a
-    check correlated with each image is planned as a scan of every pipeline."""
+    """Those of the images a pipeline's brief names.
+
+    One look-up of the index pipelines_photos an image, OR-ed: a check correlated with each image is planned as a
+    scan of every pipeline.
+    """
     p = tables.pipelines
     has_photos = p.c.brief.has_key(sa.literal_column(f"'{tables.PHOTOS}'"))  # a constant: the index's predicate
     each = [tables.PHOTOS_OF.op("@>")(sa.literal([{"id": str(i)}], pg.JSONB)) for i in image_ids]

@@ -1,6 +1,8 @@
-"""`python -m castad_api webhook-secrets create|rotate|list|revoke` (also `castad-admin webhook-secrets ...`
-locally): each tenant's Standard Webhooks secrets (webhook_secrets.py), kept sealed in the gateway's database
-with CASTAD_API_WEBHOOK_SECRETS_KEY, which this command needs as the gateway does.
+"""`python -m castad_api webhook-secrets ...`: manage each tenant's webhook secrets.
+
+The commands are create, rotate, list and revoke (also `castad-admin webhook-secrets ...` locally). Each tenant's
+Standard Webhooks secrets (webhook_secrets.py) are kept sealed in the gateway's database with
+CASTAD_API_WEBHOOK_SECRETS_KEY, which this command needs as the gateway does.
 
 A secret is printed once, when it is made: hand it to the tenant, whose receiver verifies its notices with it.
 In a cluster: `kubectl exec deploy/<release>-api -- python -m castad_api webhook-secrets create --tenant acme`.

@@ -1,5 +1,8 @@
-"""Composition root of the gateway: HTTP API, the consumer that feeds its projection, the recorder of
-dead letters, the sweeper of overdue pipelines, the deliverer of notices and retention."""
+"""Composition root of the gateway.
+
+HTTP API, the consumer that feeds its projection, the recorder of dead letters, the sweeper of overdue pipelines,
+the deliverer of notices and retention.
+"""
 
 from __future__ import annotations
 
@@ -107,8 +110,10 @@ def build(config: settings_.ApiSettings) -> FastAPI:
 
 
 def instrument(application: FastAPI, tracer_provider: trace.TracerProvider | None = None) -> None:
-    """Record a span per request (the global tracer provider's, unless given); spans are masked on export
-    (castad_runtime.telemetry)."""
+    """Record a span per request (the global tracer provider's, unless given).
+
+    Spans are masked on export (castad_runtime.telemetry).
+    """
     # The probes, the scrapes and the console's static files are no work of a pipeline: no spans for them.
     FastAPIInstrumentor.instrument_app(
         application, excluded_urls="healthz,readyz,metrics,/ui", tracer_provider=tracer_provider

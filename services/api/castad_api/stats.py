@@ -1,5 +1,6 @@
-"""The operator's numbers over a window, from the gateway's own projection: every SQL statement of them and
-their arithmetic.
+"""The operator's numbers over a window, from the gateway's own projection.
+
+Every SQL statement of them and their arithmetic.
 
 Each statement reads through an index whose size follows the window or the set of pipelines in flight,
 never the whole history (`QUERIES`; bench/stats.py times them on a million pipelines and records their

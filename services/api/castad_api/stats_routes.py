@@ -1,5 +1,8 @@
-"""The operator's numbers: pipelines in flight and finished, each stage's queue, failures and durations,
-stuck attempts, dead letters, throughput (admin: they span every tenant)."""
+"""The operator's numbers.
+
+Pipelines in flight and finished, each stage's queue, failures and durations, stuck attempts, dead letters,
+throughput (admin: they span every tenant).
+"""
 
 from __future__ import annotations
 
@@ -28,11 +31,14 @@ def get_stats(
         ),
     ] = "1h",
 ) -> api.Stats:
-    """In flight now: pipelines by status, and per stage how many wait for it, run in it (stuck among them:
-    RUNNING longer than CASTAD_API_STUCK_AFTER_S, the gateway not seeing leases) or wait for its next attempt.
-    Over the window: pipelines created and ended, per stage its runs' outcomes, failure rate and duration
-    percentiles (first start to end), its attempts' outcomes, errors by code and duration percentiles;
-    dead letters and parked outbox rows; throughput per minute. From the gateway's own projection."""
+    """The operator's numbers: what is in flight now, and how the window went.
+
+    In flight now: pipelines by status, and per stage how many wait for it, run in it (stuck among them: RUNNING
+    longer than CASTAD_API_STUCK_AFTER_S, the gateway not seeing leases) or wait for its next attempt. Over the
+    window: pipelines created and ended, per stage its runs' outcomes, failure rate and duration percentiles (first
+    start to end), its attempts' outcomes, errors by code and duration percentiles; dead letters and parked outbox
+    rows; throughput per minute. From the gateway's own projection.
+    """
     try:
         window_s = stats.parse_window(window)
     except errors.BadWindow as error:

@@ -1,5 +1,7 @@
-"""The API keys that hold event streams open on this gateway process: at most so many streams each, and
-each key looked at again while it holds one, so that a revoked key's streams end within seconds.
+"""The API keys that hold event streams open on this gateway process.
+
+At most so many streams each, and each key looked at again while it holds one, so that a revoked key's streams end
+within seconds.
 
 A stream is authenticated once, when it opens, and may stay open an hour (the stream of every pipeline)
 or as long as its pipeline runs. So one task of the process (`watching`) looks at every key that holds a

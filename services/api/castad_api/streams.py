@@ -1,7 +1,10 @@
-"""Server-Sent Events that follow timelines: each read again only when the gateway's listener (or its sweep)
-says its pipeline changed (notifications.py), on a clock of CASTAD_API_SSE_POLL_S while the listener is not
-listening, and kept open through an outage of the gateway's database; each held by its API key's place
-(stream_keys.py), ended once that key is revoked. An idle stream costs its keep-alive comments, no reads."""
+"""Server-Sent Events that follow timelines.
+
+Each read again only when the gateway's listener (or its sweep) says its pipeline changed (notifications.py), on a
+clock of CASTAD_API_SSE_POLL_S while the listener is not listening, and kept open through an outage of the
+gateway's database; each held by its API key's place (stream_keys.py), ended once that key is revoked. An idle
+stream costs its keep-alive comments, no reads.
+"""
 
 from __future__ import annotations
 
@@ -74,10 +77,13 @@ def follow(
     cursor: Cursor,
     lifetime_s: float | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """Send what `read` finds from `cursor` on, reading again when `subscription` (a pipeline id, or
-    notifications.EVERY_PIPELINE) is notified; until a batch says it ended, `lifetime_s` is over or the key
-    that holds `lease` is revoked. Counted among the open streams (castad_sse_streams_open) meanwhile; the
-    lease is given back at its end (or once it is freed, if it never began)."""
+    """Send what `read` finds from `cursor` on, reading again whenever `subscription` is notified.
+
+    `subscription` is a pipeline id, or notifications.EVERY_PIPELINE. It goes on until a batch says it ended,
+    `lifetime_s` is over or the key that holds `lease` is revoked. Counted among the open streams
+    (castad_sse_streams_open) meanwhile; the lease is given back at its end (or once it is freed, if it never
+    began).
+    """
     stream = _held(gw, lease, subscription, read, cursor, lifetime_s)
     lease.bind(stream)
     return stream

@@ -59,7 +59,8 @@ sa.Index(
 )
 
 # The index of customer names needs pg_trgm, a trusted extension: the database's owner may create it.
-EXTENSIONS = sa.DDL("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+# (SQLAlchemy's DDL is untyped.)
+EXTENSIONS = sa.DDL("CREATE EXTENSION IF NOT EXISTS pg_trgm")  # type: ignore[no-untyped-call]
 sa.event.listen(pipelines, "before_create", EXTENSIONS)
 
 stages = sa.Table(
@@ -83,6 +84,8 @@ stages = sa.Table(
     sa.Column("first_started_at", TZ),  # of its first attempt since it was (re)opened
     sa.Column("finished_at", TZ),
     sa.Column("artifact", pg.JSONB),
+    # The photos named by URL that the stage fetched and kept (events.FetchedPhoto, as JSON), with its artifact.
+    sa.Column("fetched_photos", pg.JSONB),
     sa.Index("pipeline_stages_finished", "finished_at", postgresql_where=sa.text("finished_at IS NOT NULL")),
 )
 
@@ -204,6 +207,8 @@ webhook_deliveries = sa.Table(
     sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),  # the webhook-id header: the same on every try
     sa.Column("pipeline_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("url", sa.Text, nullable=False),
+    # The URL's receiving host (webhook_slots.host), whose places it takes; null when made before migration 0015.
+    sa.Column("host", sa.Text),
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("payload", pg.JSONB, nullable=False),
     sa.Column("status", sa.Text, nullable=False, server_default="pending"),  # pending, delivered, failed

@@ -1,7 +1,10 @@
-"""A pipeline's timeline as clients see it: entries with artifacts by their gateway links (never by where
-they are kept), numbered among their pipeline's entries, attempts with their durations, the operators'
-actions, each as its viewer may see it (disclosure.py), and the stream of every pipeline's entries, which
-waits for a gap in the entries' numbers to fill before it goes past it."""
+"""A pipeline's timeline as clients see it.
+
+Entries with artifacts by their gateway links (never by where they are kept), numbered among their pipeline's
+entries, attempts with their durations, the operators' actions, each as its viewer may see it (disclosure.py), and
+the stream of every pipeline's entries, which waits for a gap in the entries' numbers to fill before it goes past
+it.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 
 from castad_contracts import api, events
 
-from castad_api import disclosure
+from castad_api import disclosure, records
 
 ACTIONS = ("cancel_requested", "retry_requested", "dead_letter_replayed", "dead_letter_discarded")
 RUNNING = "running"  # the outcome shown for an attempt that has not ended
@@ -29,7 +32,9 @@ def public(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def entry(pipeline_id: str, row: Any, viewer: disclosure.Viewer = disclosure.INTERNAL) -> dict[str, Any]:
+def entry(
+    pipeline_id: str, row: records.Entry | records.Scanned, viewer: disclosure.Viewer = disclosure.INTERNAL
+) -> dict[str, Any]:
     """The fields of an api.TimelineEntry from a row of the timeline (number, event_type, data, time)."""
     shown = viewer.entry(pipeline_id, public(pipeline_id, row.data))
     budget = shown.pop("max_attempts", None)  # a retrying's last attempt, or a retry's budgets per stage
@@ -43,19 +48,22 @@ def entry(pipeline_id: str, row: Any, viewer: disclosure.Viewer = disclosure.INT
     }
 
 
-def attempt(row: Any, viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.AttemptView:
+def attempt(row: records.Attempt, viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.AttemptView:
     """An attempt from its row of pipeline_attempts, with its duration once it ended."""
     duration = None
     if row.started_at is not None and row.ended_at is not None:
         duration = (row.ended_at - row.started_at).total_seconds()
-    shown = {
-        **row._mapping,
-        "worker": viewer.worker(str(row.pipeline_id), row.worker),
-        "error_message": viewer.error_message(row.error_code, row.error_message),
-        "duration_s": duration,
-        "outcome": row.outcome or RUNNING,
-    }
-    return api.AttemptView.model_validate(shown)
+    return api.AttemptView(
+        stage=events.Stage(row.stage),
+        attempt=row.attempt,
+        worker=viewer.worker(str(row.pipeline_id), row.worker),
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        duration_s=duration,
+        outcome=row.outcome or RUNNING,
+        error_code=row.error_code,
+        error_message=viewer.error_message(row.error_code, row.error_message),
+    )
 
 
 def action(shown: api.TimelineEntry) -> api.OperatorAction | None:
@@ -72,17 +80,20 @@ def trace_url(template: str | None, trace_id: str | None) -> str | None:
 
 
 def build(
-    pipeline: Any,
-    rows: list[Any],
-    attempts: list[Any],
+    pipeline: records.Pipeline,
+    rows: list[records.Entry],
+    attempts: list[records.Attempt],
     more: bool,
     template: str | None,
     links: api.Links,
     viewer: disclosure.Viewer = disclosure.INTERNAL,
 ) -> api.PipelineTimeline:
-    """The timeline from a page of its entries (`rows`, by number). Entries are numbered as the gateway learns
-    of them, and events of different stages reach it in any order (the next stage may tell of its start before
-    the previous one's end is applied): they are shown by the time each happened, seq breaking ties."""
+    """The timeline from a page of its entries (`rows`, by number).
+
+    Entries are numbered as the gateway learns of them, and events of different stages reach it in any order (the
+    next stage may tell of its start before the previous one's end is applied): they are shown by the time each
+    happened, seq breaking ties.
+    """
     pipeline_id = str(pipeline.id)
     entries = [api.TimelineEntry.model_validate(entry(pipeline_id, row, viewer)) for row in rows]
     entries.sort(key=lambda shown: (shown.time, shown.seq))
@@ -99,7 +110,7 @@ def build(
     )
 
 
-def firehose_entry(row: Any, viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.FirehoseEntry:
+def firehose_entry(row: records.Scanned, viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.FirehoseEntry:
     """An entry of the stream of every pipeline (a row of repository.entries_of_all)."""
     pipeline_id = str(row.pipeline_id)
     return api.FirehoseEntry.model_validate(
@@ -115,8 +126,11 @@ def firehose_entry(row: Any, viewer: disclosure.Viewer = disclosure.INTERNAL) ->
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """Where the stream of every pipeline stands: every entry up to `after` was looked at; `waiting_since`
-    (monotonic seconds): since when the entry after it is missing while later ones are there."""
+    """Where the stream of every pipeline stands.
+
+    Every entry up to `after` was looked at; `waiting_since` (monotonic seconds): since when the entry after it is
+    missing while later ones are there.
+    """
 
     after: int
     waiting_since: float | None = None

@@ -35,12 +35,14 @@ def pipeline_timeline(
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000, description="at most this many entries")] = 1000,
 ) -> api.PipelineTimeline:
-    """Everything that happened to the pipeline, in order and at the time it happened: each stage's events,
-    the operators' actions (cancel, retry, dead-letter replays and discards), dead letters about it. With
-    every attempt (its worker, duration, outcome, error), the actions on their own, and the pipeline's
-    trace id and its link to a trace viewer (CASTAD_API_TRACE_URL). Entries are numbered among the pipeline's
-    own (`seq`). To a tenant's key: a worker as an opaque id, an error as its code and public message, a dead
-    letter without its reason, no trace link (disclosure.py)."""
+    """Everything that happened to the pipeline, in order and at the time it happened.
+
+    Each stage's events, the operators' actions (cancel, retry, dead-letter replays and discards), dead letters
+    about it. With every attempt (its worker, duration, outcome, error), the actions on their own, and the
+    pipeline's trace id and its link to a trace viewer (CASTAD_API_TRACE_URL). Entries are numbered among the
+    pipeline's own (`seq`). To a tenant's key: a worker as an opaque id, an error as its code and public message, a
+    dead letter without its reason, no trace link (disclosure.py).
+    """
     with gw.engine.connect() as conn:
         pipeline = repository.get_pipeline(conn, pipeline_id, who.tenant_filter())
         if pipeline is None:
@@ -67,14 +69,16 @@ async def every_pipeline_events(
     stage: Annotated[events.Stage | None, Query(description="only entries of this stage")] = None,
     last_event_id: streams.LastEventId = None,
 ) -> EventSourceResponse:
-    """Server-Sent Events: the timeline entries of every pipeline (a key's tenant's; an admin's: everyone's) as
-    they are written, each as on a pipeline's timeline plus its pipeline's id, tenant, customer name and
-    region (event `entry`, data api.FirehoseEntry). Starts after the newest entry, or after Last-Event-ID
-    (each event's id is a cursor of this stream: to an admin key the entry's place among all of the gateway's,
-    to a tenant's an opaque one), at most CASTAD_API_SSE_RESUME_MAX_ENTRIES entries (of every tenant) back.
-    Keep-alive comments; closed after CASTAD_API_FIREHOSE_MAX_S, when a client reconnects with Last-Event-ID
-    and loses nothing, or within seconds of its key's revocation. A key holds at most
-    CASTAD_API_SSE_STREAMS_PER_KEY streams at once."""
+    """Server-Sent Events: the timeline entries of every pipeline as they are written.
+
+    A key's tenant's pipelines; an admin's: everyone's. Each entry is as on a pipeline's timeline plus its
+    pipeline's id, tenant, customer name and region (event `entry`, data api.FirehoseEntry). Starts after the
+    newest entry, or after Last-Event-ID (each event's id is a cursor of this stream: to an admin key the entry's
+    place among all of the gateway's, to a tenant's an opaque one), at most CASTAD_API_SSE_RESUME_MAX_ENTRIES
+    entries (of every tenant) back. Keep-alive comments; closed after CASTAD_API_FIREHOSE_MAX_S, when a client
+    reconnects with Last-Event-ID and loses nothing, or within seconds of its key's revocation. A key holds at most
+    CASTAD_API_SSE_STREAMS_PER_KEY streams at once.
+    """
     viewer = gw.viewer(who)
     resumed = await run_in_threadpool(viewer.resumes_after, last_event_id)  # a tenant's: with the keyring
     newest = await run_in_threadpool(_newest, gw.engine)
@@ -101,8 +105,11 @@ def entries_after(
     stage: events.Stage | None,
     position: timeline.Position,
 ) -> streams.Batch[timeline.Position]:
-    """The stream's next read: the viewer's tenant's entries (an admin's: everyone's) matching the filters, from
-    `position` up to the first gap in the entries' seqs still waited for."""
+    """The stream's next read.
+
+    The viewer's tenant's entries (an admin's: everyone's) matching the filters, from `position` up to the first
+    gap in the entries' seqs still waited for.
+    """
     with engine.connect() as conn:
         rows = repository.entries_of_all(conn, position.after, SCAN, viewer.tenant, status, stage)
     settled = timeline.settle(position, [row.seq for row in rows], time.monotonic(), GAP_WAIT_S)

@@ -31,8 +31,10 @@ RETURNING tokens
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """A tenant's upload limits (CASTAD_API_IMAGE_UPLOADS_PER_MINUTE, _UPLOAD_BURST, _MAX_PER_TENANT,
-    _MAX_BYTES_PER_TENANT)."""
+    """A tenant's upload limits.
+
+    CASTAD_API_IMAGE_UPLOADS_PER_MINUTE, _UPLOAD_BURST, _MAX_PER_TENANT, _MAX_BYTES_PER_TENANT.
+    """
 
     per_minute: float
     burst: int
@@ -66,8 +68,11 @@ def take(conn: sa.Connection, tenant: str, limits: Limits) -> None:
 
 
 def check_room(conn: sa.Connection, tenant: str, sha256: str, size: int, limits: Limits) -> None:
-    """Make sure the tenant may hold one more image of `size` bytes (unless it holds these bytes already), and
-    keep its other uploads from being recorded until the transaction ends; errors.Full if it may not."""
+    """Make sure the tenant may hold one more image of `size` bytes; errors.Full if it may not.
+
+    Not checked if it holds these bytes already. The tenant's other uploads are kept from being recorded until the
+    transaction ends.
+    """
     conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(f"images/{tenant}", 0))))
     i = tables.images
     held = conn.execute(

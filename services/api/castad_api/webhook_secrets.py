@@ -1,5 +1,7 @@
-"""Each tenant's webhook secrets: made and shown once (`castad-admin webhook-secrets`), kept sealed in the
-gateway's database, read by the gateway to sign the tenant's notices.
+"""Each tenant's webhook secrets.
+
+Made and shown once (`castad-admin webhook-secrets`), kept sealed in the gateway's database, read by the gateway to
+sign the tenant's notices.
 
 A secret is `whsec_` and the base64 of 32 random bytes. Standard Webhooks signs with HMAC-SHA256 (`v1`),
 a symmetric scheme: whoever verifies holds the very secret that signs, and the gateway must read it to
@@ -20,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import datetime as dt
 import os
 import secrets
 import uuid
@@ -141,12 +144,22 @@ def revoke(conn: sa.Connection, secret_id: uuid.UUID) -> bool:
     return conn.execute(_secrets.update().where(_secrets.c.id == secret_id).values(expires_at=ends)).rowcount == 1
 
 
-def listing(conn: sa.Connection, tenant: str | None = None) -> list[sa.Row]:
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """A secret as listed, never its value: valid until `expires_at` (None: until rotated)."""
+
+    id: uuid.UUID
+    tenant: str
+    created_at: dt.datetime
+    expires_at: dt.datetime | None
+
+
+def listing(conn: sa.Connection, tenant: str | None = None) -> list[Listed]:
     """Every secret (never its value), a tenant's or everyone's, by tenant then age."""
     query = sa.select(_secrets.c.id, _secrets.c.tenant, _secrets.c.created_at, _secrets.c.expires_at)
     if tenant is not None:
         query = query.where(_secrets.c.tenant == tenant)
-    return list(conn.execute(query.order_by(_secrets.c.tenant, _secrets.c.created_at)))
+    return [Listed(**row._asdict()) for row in conn.execute(query.order_by(_secrets.c.tenant, _secrets.c.created_at))]
 
 
 def has_valid(conn: sa.Connection, tenant: str) -> bool:

@@ -1,32 +1,52 @@
 """The places of the notices a gateway process has in flight: so many at once, and so many per receiving host.
 
 A receiver answering slowly holds its places for as long as it takes, never another host's: a tenant whose
-receiver answers in 10 s delays its own notices, not everyone's. The host is read from the URL by one
-pattern, in Python and in SQL alike (`HOST_PATTERN`), so the claim can pass over the notices of hosts with no
-place left without taking them.
+receiver answers in 10 s delays its own notices, not everyone's. A notice's host is read once, when it is
+made (`host`, kept in `webhook_deliveries.host`), by the URL parser the sender connects with, so that every
+spelling of one host shares its places and the claim can pass over the notices of hosts with no place left
+without taking them.
 """
 
 from __future__ import annotations
 
 import collections
-import re
+import ipaddress
 import threading
 
-# The URL's host: after the scheme, before the port or the path; an IPv6 address with its brackets. The
-# same text in PostgreSQL's regular expressions (substring ... from) as in Python's.
-HOST_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]*://(\[[^]]*\]|[^/:?#]+)"
-_HOST = re.compile(HOST_PATTERN)
+import httpx
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def host(url: str) -> str:
-    """The receiving host of `url`, in lower case ("" for a URL without one, all such sharing one place)."""
-    match = _HOST.match(url)
-    return match.group(1).lower() if match else ""
+    """The receiving host of `url` as `host:port`, one spelling for all of its own.
+
+    The host in lower case, IDNA-encoded, without a trailing dot, an IPv6 address compressed within brackets;
+    the port written out, the scheme's own when the URL has none; userinfo, path, query and fragment left out.
+    "" for a URL without a host (all such share one place).
+    """
+    try:
+        parsed = httpx.URL(url)
+        name = parsed.raw_host.decode("ascii").lower().rstrip(".")
+    except (httpx.InvalidURL, UnicodeError):
+        return ""
+    if not name:
+        return ""
+    port = parsed.port or DEFAULT_PORTS.get(parsed.scheme)
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    else:
+        name = f"[{address.compressed}]" if address.version == 6 else address.compressed
+    return f"{name}:{port}" if port is not None else name
 
 
 class Slots:
-    """At most `total` notices in flight, at most `per_host` of them to one host; taken and given back from any
-    thread."""
+    """At most `total` notices in flight, at most `per_host` of them to one host.
+
+    Taken and given back from any thread.
+    """
 
     def __init__(self, total: int, per_host: int) -> None:
         self.total = total

@@ -7,7 +7,9 @@ host, webhook_slots.py, so that a slow receiver delays only its own): it POSTs t
 `webhook-id` (the same on every try), `webhook-timestamp` and `webhook-signature` headers
 (HMAC-SHA256 with each valid `whsec_` secret of the pipeline's tenant, webhook_secrets.py,
 https://www.standardwebhooks.com/), records every try, and tries again with a capped backoff
-until a 2xx answer or the last try. The notice names its tenant.
+until a 2xx answer or the last try. The notice names its tenant. A try gives its place back when it
+ends, however it ends; a try whose record fails for a reason of its own (not the database being out)
+is left unrecorded, and its notice is sent again when its lease ends, like one whose gateway died.
 
 A notice goes through the guarded client (castad_runtime.outbound): to an https URL, never to a
 private, loopback, link-local or otherwise non-public address (the host is resolved, every address
@@ -46,7 +48,7 @@ from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from castad_api import model, webhook_secrets, webhook_slots
+from castad_api import model, records, webhook_secrets, webhook_slots
 from castad_api.settings import ApiSettings
 from castad_api.tables import pipelines, webhook_attempts, webhook_deliveries
 
@@ -78,11 +80,17 @@ def tenant_refusal(conn: sa.Connection, tenant: str, config: ApiSettings) -> str
     return f"tenant {tenant!r} has no webhook secret: castad-admin webhook-secrets create --tenant {tenant}"
 
 
-_ENQUEUE = "INSERT INTO webhook_deliveries (id, pipeline_id, url, event_type, payload) VALUES (%s, %s, %s, %s, %s)"
+_ENQUEUE = (
+    "INSERT INTO webhook_deliveries (id, pipeline_id, url, host, event_type, payload) VALUES (%s, %s, %s, %s, %s, %s)"
+)
 
 
 def enqueue(
-    conn: sa.Connection, pipeline: Any, status: model.PipelineStatus, error_code: str | None, artifacts: dict[str, Any]
+    conn: sa.Connection,
+    pipeline: records.Pipeline | records.Locked,
+    status: model.PipelineStatus,
+    error_code: str | None,
+    artifacts: dict[str, Any],
 ) -> None:
     """Add the notice of a pipeline's end, if its brief asked for one (inside the projection's transaction)."""
     url = pipeline.callback_url
@@ -102,7 +110,8 @@ def enqueue(
         "links": {"self": f"/v1/pipelines/{pipeline_id}"},
     }
     payload = {"type": ended, "timestamp": dt.datetime.now(dt.UTC).isoformat(), "data": data}
-    db.run(conn, _ENQUEUE, (uuid.uuid4(), pipeline.id, url, ended, Jsonb(payload)))  # in the projection's pipeline
+    row = (uuid.uuid4(), pipeline.id, url, webhook_slots.host(url), ended, Jsonb(payload))
+    db.run(conn, _ENQUEUE, row)  # in the projection's pipeline
 
 
 def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
@@ -156,8 +165,11 @@ class Sender:
         self._client.close()
 
     def send(self, message_id: str, url: str, body: bytes, secrets: Sequence[str]) -> Outcome:
-        """One try, signed with each of `secrets`. A receiver (or its name server) slower than the deadline is a
-        failed try: the call is left to end by its own timeouts while the deliverer goes on."""
+        """One try, signed with each of `secrets`.
+
+        A receiver (or its name server) slower than the deadline is a failed try: the call is left to end by its
+        own timeouts while the deliverer goes on.
+        """
         watch = cancellation.Cancellation()
         timer = threading.Timer(self.deadline_s, watch.cancel, args=(cancellation.Reason.TIMEOUT,))
         timer.start()
@@ -198,7 +210,6 @@ class Tried:
     """A try that came back (or ran out of time), waiting to be recorded."""
 
     delivery: Due
-    host: str
     outcome: Outcome
     started: dt.datetime
     elapsed_ms: int
@@ -209,9 +220,10 @@ class Deliverer:
 
     One thread claims due notices for the places free (webhook_slots.py: CASTAD_API_WEBHOOK_CONCURRENCY in
     all, CASTAD_API_WEBHOOK_PER_HOST to one receiving host), hands each to a pool of as many threads that
-    send it, and records the tries that came back, several in one transaction. A claim leases its notices
-    (no other replica takes them meanwhile) for longer than a try; a gateway that dies mid-try leaves them to
-    be tried again when the lease ends: at least once, never lost."""
+    send it, and records the tries that came back, several in one transaction. A try's place is free again
+    as soon as it ends, recorded or not. A claim leases its notices (no other replica takes them meanwhile)
+    for longer than a try; a gateway that dies mid-try, or a try that cannot be recorded, leaves them to be
+    tried again when the lease ends: at least once, never lost."""
 
     def __init__(self, engine: sa.Engine, config: ApiSettings, sender: Sender | None = None) -> None:
         self.engine = engine
@@ -247,16 +259,20 @@ class Deliverer:
         self.sender.close()
 
     def run_once(self) -> int:
-        """Send the notices due now, as many at once as there are places, and record their tries; how many were
-        tried."""
+        """Send the notices due now, as many at once as there are places, and record their tries.
+
+        How many were tried.
+        """
         self._record_tried()
         tried = self._dispatch()[0]
         self._finish(time.monotonic() + self.sender.deadline_s + 5)
         return tried
 
     def _dispatch(self) -> tuple[int, bool]:
-        """Claim due notices for the free places and hand them to the pool: how many, and whether more may be
-        due now (the claim found as many as it asked for)."""
+        """Claim due notices for the free places and hand them to the pool.
+
+        How many, and whether more may be due now (the claim found as many as it asked for).
+        """
         free = self.slots.free()
         if free == 0:
             return 0, False
@@ -272,29 +288,42 @@ class Deliverer:
             for _, host in claimed:
                 self.slots.give_back(host)
             raise
-        for delivery, host in claimed:
-            self._pool.submit(self._try, delivery, host, signing[delivery.tenant])
+        for n, (delivery, host) in enumerate(claimed):
+            try:
+                self._pool.submit(self._try, delivery, host, signing[delivery.tenant])
+            except BaseException:  # the pool is shut down: the rest are sent when their leases end
+                for _, unsent in claimed[n:]:
+                    self.slots.give_back(unsent)
+                raise
         return len(claimed), more
 
     def _try(self, delivery: Due, host: str, signing: list[str] | str) -> None:
-        """Send one notice (on a thread of the pool) and hand its try back to be recorded."""
+        """Send one notice (on a thread of the pool), hand its try back to be recorded, and give its place back."""
         started = dt.datetime.now(dt.UTC)
         clock = time.monotonic()
+        outcome = Outcome(error="the try ended before its answer was read")  # replaced unless the thread dies
         try:
             if isinstance(signing, str):  # nothing to sign with: a failed try, tried again (a secret may come)
                 outcome = Outcome(error=signing)
             else:
                 body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
                 outcome = self.sender.send(str(delivery.id), delivery.url, body, signing)
-        except Exception as error:  # the try's end, whatever it was, frees its place and is recorded
+        except Exception as error:  # a failed try, recorded as such
             log.exception("sending notice %s failed", delivery.id)
             outcome = Outcome(error=redact.describe(error))
-        elapsed_ms = round((time.monotonic() - clock) * 1000)
-        self._tried.put(Tried(delivery, host, outcome, started, elapsed_ms))
-        self._came_back.set()
+        finally:  # queued before the place is given back: once none is in flight, every try is queued
+            elapsed_ms = round((time.monotonic() - clock) * 1000)
+            self._tried.put(Tried(delivery, outcome, started, elapsed_ms))
+            self.slots.give_back(host)
+            self._came_back.set()
 
     def _record_tried(self) -> int:
-        """Record the tries that came back, in one transaction, and free their places; how many."""
+        """Record the tries that came back, in one transaction; how many were recorded.
+
+        Each in a savepoint of its own: one whose record fails for a reason of its own is logged and left
+        unrecorded (its notice is sent again when its lease ends, as if its gateway had died) without holding
+        back the others. The database being out fails them all, kept for the next call.
+        """
         while True:
             try:
                 self._unrecorded.append(self._tried.get_nowait())
@@ -302,13 +331,37 @@ class Deliverer:
                 break
         if not self._unrecorded:
             return 0
-        with db.transaction(self.engine) as conn:
-            for tried in self._unrecorded:
+        recorded = 0
+        try:
+            with db.transaction(self.engine) as conn:
+                for tried in self._unrecorded:
+                    if self._record_one(conn, tried):
+                        recorded += 1
+        except Exception as error:
+            if outages.is_outage(error):
+                raise
+            log.exception(
+                "recording %d tries failed; their notices are sent again when their leases end", len(self._unrecorded)
+            )
+            recorded = 0
+        self._unrecorded = []
+        return recorded
+
+    def _record_one(self, conn: sa.Connection, tried: Tried) -> bool:
+        """Record one try in a savepoint; whether it was (False: it failed for a reason of its own, logged)."""
+        try:
+            with conn.begin_nested():
                 self._record(conn, tried.delivery, tried.outcome, tried.started, tried.elapsed_ms)
-        done, self._unrecorded = self._unrecorded, []
-        for tried in done:
-            self.slots.give_back(tried.host)
-        return len(done)
+        except Exception as error:
+            if outages.is_outage(error):
+                raise
+            log.exception(
+                "recording try %s of notice %s failed; the notice is sent again when its lease ends",
+                tried.delivery.attempts,
+                tried.delivery.id,
+            )
+            return False
+        return True
 
     def _finish(self, until: float) -> None:
         """Wait for the tries in flight (until the monotonic time `until`), recording them as they come back."""
@@ -316,10 +369,13 @@ class Deliverer:
             self._came_back.wait(max(until - time.monotonic(), 0.0))
             self._came_back.clear()
             self._record_tried()
+        self._record_tried()  # the last to come back may have been queued after the look above
 
     def _secrets(self, conn: sa.Connection, tenant: str) -> list[str] | str:
-        """The secrets that sign a notice of `tenant` (its own, newest first, then the shared one), or why
-        there are none."""
+        """The secrets that sign a notice of `tenant`, or why there are none.
+
+        Its own, newest first, then the shared one.
+        """
         own: list[str] = []
         if self.sealer is not None:
             try:
@@ -336,15 +392,13 @@ class Deliverer:
         return own + self.shared
 
     def _claim(self, conn: sa.Connection, free: int, taken: list[tuple[Due, str]]) -> bool:
-        """Add to `taken` the most overdue notices, up to `free`, each with a place of its host taken, counted as
-        tried and due again after a lease longer than a try (so that no other replica takes them meanwhile, and a
-        gateway that dies mid-try leaves them to be tried again); whether more may be due now.
+        """Claim up to `free` of the most overdue notices into `taken`; whether more may be due now.
+
+        Each has a place of its host taken, and is counted as tried and due again after a lease longer than a try,
+        so that no other replica takes it meanwhile, and a gateway that dies mid-try leaves it to be tried again.
 
         The notices of hosts with no place left are passed over in the query, so that one host's backlog
         cannot hide the others' notices behind it."""
-        host_of = sa.func.coalesce(
-            sa.func.lower(sa.func.substring(webhook_deliveries.c.url, webhook_slots.HOST_PATTERN)), ""
-        )
         query = (
             sa.select(webhook_deliveries, pipelines.c.tenant)
             .outerjoin(pipelines, pipelines.c.id == webhook_deliveries.c.pipeline_id)
@@ -354,15 +408,15 @@ class Deliverer:
             .with_for_update(of=webhook_deliveries, skip_locked=True)
         )
         full = self.slots.full_hosts()
-        if full:
-            query = query.where(host_of.not_in(full))
+        if full:  # a notice made before its host was kept (migration 0015) is read once claimed
+            query = query.where(webhook_deliveries.c.host.is_(None) | webhook_deliveries.c.host.not_in(full))
         rows = conn.execute(query).all()
         spent = []
         for row in rows:
             if row.attempts >= self.config.webhook_max_attempts:  # its last try never came back (a gateway died)
                 spent.append(row.id)
                 continue
-            host = webhook_slots.host(row.url)
+            host = row.host if row.host is not None else webhook_slots.host(row.url)
             if self.slots.take(host):  # else its host filled up within this claim: left for a later one
                 taken.append(
                     (Due(row.id, row.pipeline_id, row.url, row.payload, row.attempts + 1, row.tenant or ""), host)
@@ -445,19 +499,41 @@ class Deliverer:
                 log.exception("recording the last tries failed; they are sent again when their leases end")
 
 
-def deliveries(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class Try:
+    """A try of a notice: the receiver's answer (`status_code`), or the error that stood for one."""
+
+    number: int
+    started_at: dt.datetime
+    duration_ms: int
+    status_code: int | None
+    error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """A notice of a pipeline's end, with its tries so far."""
+
+    id: uuid.UUID
+    url: str
+    event_type: str
+    status: str  # pending, delivered, failed
+    attempts: int
+    due_at: dt.datetime
+    last_error: str | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    tries: tuple[Try, ...]
+
+
+def deliveries(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[Delivery]:
     """The notices of a pipeline, oldest first, each with its tries."""
-    rows = conn.execute(
-        sa.select(webhook_deliveries)
-        .where(webhook_deliveries.c.pipeline_id == pipeline_id)
-        .order_by(webhook_deliveries.c.created_at)
-    ).mappings()
+    d, a = webhook_deliveries, webhook_attempts
+    columns = [d.c[field.name] for field in dataclasses.fields(Delivery) if field.name != "tries"]
+    rows = conn.execute(sa.select(*columns).where(d.c.pipeline_id == pipeline_id).order_by(d.c.created_at))
     result = []
     for row in rows:
-        tries = conn.execute(
-            sa.select(webhook_attempts)
-            .where(webhook_attempts.c.delivery_id == row["id"])
-            .order_by(webhook_attempts.c.number)
-        ).mappings()
-        result.append({**row, "tries": [dict(t) for t in tries]})
+        tried = sa.select(*(a.c[field.name] for field in dataclasses.fields(Try)))
+        tries = conn.execute(tried.where(a.c.delivery_id == row.id).order_by(a.c.number))
+        result.append(Delivery(**row._asdict(), tries=tuple(Try(**t._asdict()) for t in tries)))
     return result

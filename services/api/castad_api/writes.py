@@ -1,5 +1,7 @@
-"""The projection's writes to the read model: made at once (`Writes`), or, for a group of events projected in one
-transaction, merged per row and made by a statement a table (`Merged`).
+"""The projection's writes to the read model.
+
+Made at once (`Writes`), or, for a group of events projected in one transaction, merged per row and made by a
+statement a table (`Merged`).
 
 A group's rows are merged as their statements would leave them one after the other: the last value of a
 column wins, but what the statements themselves merge (an attempt's start and end, a stage's first start)
@@ -56,9 +58,12 @@ class Writes:
 
 
 def merge_attempt(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
-    """Two changes of one attempt (model.attempt_change), in order, as one: what `repository.save_attempt`'s
-    statement leaves of them one after the other. Who ran it and when it started: the first that says; its end:
-    the later one's if the earlier had none, or had a cancel's and the later one is not."""
+    """Two changes of one attempt (model.attempt_change), in order, as one.
+
+    What `repository.save_attempt`'s statement leaves of them one after the other. Who ran it and when it started:
+    the first that says; its end: the later one's if the earlier had none, or had a cancel's and the later one is
+    not.
+    """
     merged = {
         field: earlier.get(field) if earlier.get(field) is not None else later.get(field)
         for field in ("worker", "started_at")
@@ -73,8 +78,10 @@ def merge_attempt(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, A
 
 
 class Merged(Writes):
-    """Writes merged per row, made at `flush` (which must come before the transaction reads them back). A
-    webhook's notice (`webhooks.enqueue`, at a pipeline's end) is still written at once, on `conn`."""
+    """Writes merged per row, made at `flush` (which must come before the transaction reads them back).
+
+    A webhook's notice (`webhooks.enqueue`, at a pipeline's end) is still written at once, on `conn`.
+    """
 
     def __init__(self, conn: sa.Connection) -> None:
         super().__init__(conn)
@@ -158,14 +165,20 @@ _dumps = functools.partial(json.dumps, default=_json_value, separators=(",", ":"
 
 
 def _records(rows: list[dict[str, Any]]) -> Jsonb:
-    """Rows as one JSON array of objects, read back by `jsonb_to_recordset` (a key a row lacks: NULL). psycopg
-    dumps it with one call of the JSON encoder; a column of arrays instead goes value by value through Python."""
+    """Rows as one JSON array of objects, read back by `jsonb_to_recordset` (a key a row lacks: NULL).
+
+    Psycopg dumps it with one call of the JSON encoder; a column of arrays instead goes value by value through
+    Python.
+    """
     return Jsonb(rows, dumps=_dumps)
+
+
+_DIALECT = pg.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialects are untyped
 
 
 def _typed(table: sa.Table, columns: tuple[str, ...]) -> str:
     """A column definition list of these columns of `table`, typed as the table types them."""
-    return ", ".join(f"{column} {table.c[column].type.compile(dialect=pg.dialect())}" for column in columns)
+    return ", ".join(f"{column} {table.c[column].type.compile(dialect=_DIALECT)}" for column in columns)
 
 
 def _recordset(table: sa.Table, columns: tuple[str, ...]) -> str:
@@ -197,10 +210,12 @@ def _save_stages_sql(columns: tuple[str, ...]) -> str:
 
 @functools.cache
 def _update_pipelines_sql(columns: tuple[str, ...], now: frozenset[str]) -> str:
-    """`repository.update_pipeline` for many pipelines with these columns (those in `now`: the database's now()).
-    The pipelines' ids come twice, in their rows and as an array: the planner cannot tell how many rows the JSON
-    holds (it guesses 100) and would scan the whole table to join them; the array it counts, and looks each
-    id up in the primary key."""
+    """`repository.update_pipeline` for many pipelines with these columns, in one statement.
+
+    Those in `now` are set to the database's now(). The pipelines' ids come twice, in their rows and as an array:
+    the planner cannot tell how many rows the JSON holds (it guesses 100) and would scan the whole table to join
+    them; the array it counts, and looks each id up in the primary key.
+    """
     given = tuple(column for column in columns if column not in now)
     sets = ", ".join(f"{column} = now()" if column in now else f"{column} = u.{column}" for column in columns)
     return (

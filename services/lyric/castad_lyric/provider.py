@@ -611,8 +611,11 @@ _FORMATTER = _ParticleFormatter()
 
 
 def slots(template: str) -> tuple[str, ...]:
-    """The template's fields, each once, in the order they stand: filled in that order, a seed gives the same
-    lyrics in every process (a set's order changes with each process's hash seed)."""
+    """The template's fields, each once, in the order they stand.
+
+    Filled in that order, a seed gives the same lyrics in every process (a set's order changes with each process's
+    hash seed).
+    """
     return tuple(dict.fromkeys(field for _, field, _, _ in _FORMATTER.parse(template) if field))
 
 

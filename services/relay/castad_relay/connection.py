@@ -1,5 +1,8 @@
-"""The relay's connection to RabbitMQ: the first node of the broker setting that answers, with heartbeats and
-TCP keepalives as every connection of Castad has them (castad_runtime.amqp)."""
+"""The relay's connection to RabbitMQ.
+
+The first node of the broker setting that answers, with heartbeats and TCP keepalives as every connection of Castad
+has them (castad_runtime.amqp).
+"""
 
 from __future__ import annotations
 

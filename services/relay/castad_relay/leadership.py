@@ -84,8 +84,10 @@ class Spread:
         return self.leading() < fair_share(self.outboxes, relays) or free_for_s >= GRACE_S
 
     def hand_back(self, relays: int) -> bool:
-        """Whether the caller's lease is to be handed back: this relay led more than its share for a whole
-        `settle_s` (and handed none back meanwhile). One caller is told so; the next only `settle_s` later."""
+        """Whether the caller's lease is to be handed back, this relay leading more than its share.
+
+        Only once it led more for a whole `settle_s` (and handed none back meanwhile). One caller is told so; the
+        next only `settle_s` later."""
         now = self.clock()
         if self.leading() <= fair_share(self.outboxes, relays):
             self._over_since = None
@@ -158,16 +160,20 @@ class Lease:
         return True
 
     async def _write_live(self, conn: psycopg.AsyncConnection[Any], sent_at: float) -> None:
-        """Keep this relay's row among the live ones: with each renewal (before it, so that the row ends no
-        later than the lease), and every third of `lease_s` while it looks."""
+        """Keep this relay's row among the live ones.
+
+        Written with each renewal (before it, so that the row ends no later than the lease), and every third
+        of `lease_s` while it looks."""
         if self.held() or self._written_at is None or sent_at - self._written_at >= self.lease_s / 3:
             await conn.execute(statements.HEARTBEAT, {"holder": self.holder, "lease_s": self.lease_s})
             self._written_at = sent_at
 
     async def _may_take(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        """Whether the lease is this relay's, or free and its to take by the spread, by a read: a standby's look
-        each second locks nothing and writes only its row among the live ones, every third of `lease_s`
-        (TAKE_LEASE would write each time, and on a primary with a synchronous standby, wait for it)."""
+        """Whether the lease is this relay's, or free and its to take by the spread, by a read.
+
+        A standby's look each second locks nothing and writes only its row among the live ones, every third
+        of `lease_s` (TAKE_LEASE would write each time, and on a primary with a synchronous standby, wait for it).
+        """
         cursor = await conn.execute(statements.LOOK, {"holder": self.holder})
         row = await cursor.fetchone()
         assert row is not None  # one row, even without a lease row
@@ -185,10 +191,9 @@ class Lease:
             await asyncio.sleep(LOOK_S)
 
     async def keep(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Renew the lease every third of `lease_s` while it is held; return once it is lost, or once this relay
-        is to hand it back (`handing_back`: it acts on it no more, and its holder is to end it).
+        """Renew the lease every third of `lease_s` while it is held; return once it is lost or to be handed back.
 
-        A renewal that fails on the way (an outage, a timeout) is tried again each LOOK_S while the lease
+        Handed back (`handing_back`): this relay acts on it no more, and its holder is to end it. A renewal that fails on the way (an outage, a timeout) is tried again each LOOK_S while the lease
         lasts; the lease is lost when it ran out, or when another relay took it."""
         while True:
             await asyncio.sleep(self.lease_s / 3)
@@ -207,8 +212,9 @@ class Lease:
                     await asyncio.sleep(min(LOOK_S, self.lease_s / 3))
 
     async def release(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Give the lease up at once (a stopping relay, or one handing it back), so that another one takes over
-        without waiting."""
+        """Give the lease up at once, so that another relay takes over without waiting.
+
+        A stopping relay does, and one handing the lease back."""
         self._valid_until = 0.0
         self.handing_back = False
         term, self.term = self.term, None  # not to be taken back as its own: it waits its turn as any other relay

@@ -1,5 +1,8 @@
-"""The relay's metrics: what it publishes, how fast the broker confirms, what fails, and (read from every
-outbox at scrape time) what waits to be published and what is parked."""
+"""The relay's metrics.
+
+What it publishes, how fast the broker confirms, what fails, and (read from every outbox at scrape time) what waits
+to be published and what is parked.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +26,10 @@ BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
 def instruments(sources: Mapping[str, str]) -> RelayMetrics:
-    """The relay's metrics on a registry of their own, with the outbox of each source database (service ->
-    URL) read at scrape time. Nothing connects until a scrape reads them."""
+    """The relay's metrics on a registry of their own, with each source database's outbox.
+
+    Sources map service to URL; each outbox is read at scrape time. Nothing connects until a scrape reads them.
+    """
     registry = metrics.registry()
     scrape.register(registry, [Outbox(url, service) for service, url in sources.items()])
     return RelayMetrics(registry)
@@ -61,8 +66,10 @@ class RelayMetrics:
 
 
 class Outbox:
-    """What waits in one source database's outbox, read when Prometheus scrapes (a connection each time,
-    TIMEOUT_S at most to connect and to run the statement)."""
+    """What waits in one source database's outbox, read when Prometheus scrapes.
+
+    A connection each time, TIMEOUT_S at most to connect and to run the statement.
+    """
 
     ttl_s = 0.0
 

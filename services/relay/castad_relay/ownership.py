@@ -24,8 +24,10 @@ from castad_contracts import topology
 
 
 def refusal(service: str, row: Mapping[str, Any], topo: topology.Topology) -> str | None:
-    """Why `service`'s outbox may not publish `row` (an outbox row with its envelope's `event_type` and
-    `event_source`); None if it may."""
+    """Why `service`'s outbox may not publish `row`; None if it may.
+
+    `row` is an outbox row with its envelope's `event_type` and `event_source`.
+    """
     event_type, source, destination = row["event_type"], row["event_source"], row["destination"]
     if event_type != row["routing_key"]:
         return f"routing key {row['routing_key']} is not its event's type {event_type!r}"

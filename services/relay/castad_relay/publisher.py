@@ -70,16 +70,20 @@ class Nacked(Exception):
 
 
 def stopping() -> bool:
-    """Whether the current task itself is being cancelled (a stop), rather than handed a CancelledError by a
-    library whose connection died."""
+    """Whether the current task itself is being cancelled (a stop).
+
+    Rather than handed a CancelledError by a library whose connection died.
+    """
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
 
 
 def envelope_body(content: str, traceparent: str | None, tracestate: str | None) -> bytes:
-    """A message body: an outbox row's envelope with the given trace context. `content` is the envelope
-    without one, as JSON text (PostgreSQL's, which writes an object as `{...}`); the trace fields are
-    spliced in rather than the whole envelope parsed and encoded again."""
+    """A message body: an outbox row's envelope with the given trace context.
+
+    `content` is the envelope without one, as JSON text (PostgreSQL's, which writes an object as `{...}`); the
+    trace fields are spliced in rather than the whole envelope parsed and encoded again.
+    """
     trace_fields = json.dumps({"traceparent": traceparent, "tracestate": tracestate})
     separator = ", " if content != "{}" else ""
     return f"{content[:-1]}{separator}{trace_fields[1:]}".encode()

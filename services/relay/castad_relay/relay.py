@@ -128,8 +128,9 @@ class SourceRelay:
                         await self._release(keeper)
 
     async def _wait(self, listener: psycopg.AsyncConnection[Any], wait_s: float, renewing: asyncio.Task[None]) -> None:
-        """Wait for a NOTIFY up to `wait_s`, or until the lease is lost or to be handed back: a lease handed back
-        is ended at once, not at the next drain."""
+        """Wait for a NOTIFY up to `wait_s`, or until the lease is lost or to be handed back.
+
+        A lease handed back is so ended at once, not at the next drain."""
         waiting = asyncio.ensure_future(db.notifications(listener, wait_s))
         try:
             await asyncio.wait((waiting, renewing), return_when=asyncio.FIRST_COMPLETED)
@@ -146,8 +147,9 @@ class SourceRelay:
         return await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
 
     async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """End the lease at once (a stopping relay, or one handing it back), so another relay takes over without
-        waiting for it to run out; a stopping relay also leaves the live ones."""
+        """End the lease at once, so that another relay takes over without waiting for it to run out.
+
+        A stopping relay does (and leaves the live ones), and one handing the lease back."""
         try:
             async with asyncio.timeout(self.config.retry_delay_s):
                 await self.lease.release(conn)
@@ -239,8 +241,10 @@ class SourceRelay:
     async def _refused(
         self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str, final: bool = False
     ) -> None:
-        """Back a refused row off, or park it: once its tries are used up, or at once when it is never to be
-        sent (`final`)."""
+        """Back a refused row off, or park it.
+
+        Once its tries are used up, or at once when it is never to be sent (`final`).
+        """
         self._backing_off = True
         tries = row["publish_attempts"] + 1
         delay_s = backoff.exponential_s(
@@ -302,8 +306,11 @@ class SourceRelay:
         return await cursor.fetchall()
 
     async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:
-        """How long to wait for a NOTIFY before draining anyway: until the first row that backs off is due.
-        Asked only while rows may back off (since the start, or a refusal)."""
+        """How long to wait for a NOTIFY before draining anyway.
+
+        Until the first row that backs off is due. Asked only while rows may back off (since the start, or a
+        refusal).
+        """
         cursor = await conn.execute(statements.NEXT_RETRY_IN)
         row = await cursor.fetchone()
         due_in = row[0] if row else None

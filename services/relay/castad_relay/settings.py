@@ -75,8 +75,11 @@ class RelaySettings(settings.CommonSettings):
 
 
 def _source(entry: str) -> tuple[str, str]:
-    """The service and URL of a `sources` entry: `<service>=<URL>`, or a URL whose database's name ends with
-    the service's (castad_lyric), which says whose it is as long as no other service's name could be meant."""
+    """The service and URL of a `sources` entry.
+
+    `<service>=<URL>`, or a URL whose database's name ends with the service's (castad_lyric), which says whose it
+    is as long as no other service's name could be meant.
+    """
     named = _NAMED.match(entry)
     if named and not named.group(1).startswith("postgresql"):
         service, url = named.groups()

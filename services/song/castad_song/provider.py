@@ -470,8 +470,10 @@ def render(
     check: Callable[[], None] = lambda: None,
     voices: frozenset[Voice] = frozenset(_GAINS),
 ) -> Signal:
-    """Synthesize the arrangement's notes of `voices`, unmastered; `check` is called between notes
-    (it raises to stop the work)."""
+    """Synthesize the arrangement's notes of `voices`, unmastered.
+
+    `check` is called between notes (it raises to stop the work).
+    """
     buffer = np.zeros(int(round(arrangement.duration_s * sample_rate)))
     drums = _drums(sample_rate)
     timbres: dict[Voice, Timbre] = {"lead": arrangement.style.lead, "chord": arrangement.style.pad, "bass": _BASS}

@@ -111,9 +111,12 @@ def code_error(
 
 
 def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes) -> errors.ProviderError:
-    """An error answer (an HTTP status of 400 or more). The API's own (a JSON body with a `code`) is read by
-    that code, as in a 200 answer: HTTP 429 with code 429 is credits that ran out, not a rate limit. An
-    answer without the API's body is from something in front of it (a proxy, a CDN) and means what HTTP says."""
+    """Classify an error answer (an HTTP status of 400 or more).
+
+    The API's own (a JSON body with a `code`) is read by that code, as in a 200 answer: HTTP 429 with code 429 is
+    credits that ran out, not a rate limit. An answer without the API's body is from something in front of it (a
+    proxy, a CDN) and means what HTTP says.
+    """
     try:
         data = json.loads(body)
     except ValueError:

@@ -87,8 +87,10 @@ def notes(render: dict[str, Any]) -> list[str]:
 
 
 def check_notes(render: dict[str, Any], done: events.SongCompleted) -> tuple[str, ...]:
-    """Log what the API said of the render's modifications and give it back for the attempt; fail if it
-    names an element the video needs."""
+    """Log what the API said of the render's modifications and give it back for the attempt.
+
+    Fail if it names an element the video needs.
+    """
     said = notes(render)
     if not said:
         return ()
@@ -135,8 +137,11 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
 
 
 class CreatomateApi:
-    """A `remote.RemoteApi` for the video stage; `song_url` and `photo_urls` say where the render API fetches
-    the song and the brief's photos (in the brief's order)."""
+    """A `remote.RemoteApi` for the video stage.
+
+    `song_url` and `photo_urls` say where the render API fetches the song and the brief's photos (in the brief's
+    order).
+    """
 
     def __init__(
         self,

@@ -18,8 +18,9 @@ CLIP_S = 1.0
 
 
 class InstantVideoProvider:
-    """A one-second black H.264 clip with silent AAC audio in the brief's orientation, encoded
-    once per orientation at start-up.
+    """A one-second black clip with silent audio, encoded once per orientation at start-up.
+
+    H.264 video and AAC audio, in the brief's orientation.
 
     A job reads the song's length (so a missing or broken song still fails as it would
     with the local provider) and writes the prepared bytes.

@@ -6,7 +6,9 @@ checked, the identity encoding only), up to `max_bytes` within `timeout_s` for t
 bytes are then checked and cleaned exactly as an upload is (castad_runtime.images: decoded whole, the
 pixel limit checked before any pixel is, turned upright, its metadata stripped) and only then kept in
 the artifact store as a file of the pipeline's video stage (`ArtifactStore.keep_fetched`), whole or not
-at all. A later attempt of the stage finds it there by its URL and fetches nothing again.
+at all. A later attempt of the stage finds it there by its URL and fetches nothing again. Either way the
+stage's completed event tells the kept file by reference (events.FetchedPhoto), so that the gateway lists
+it with the pipeline's files and serves it.
 
 What goes wrong is a stage error naming the photo (`photos[i]` and its URL, credentials in its query
 masked) and the reason:
@@ -34,6 +36,7 @@ import httpx
 from castad_contracts import brief, codes, events
 from castad_runtime import artifacts, images, outbound, redact
 from castad_runtime.stage import cancellation, errors, http
+from PIL import Image
 
 MAX_REDIRECTS = 3
 
@@ -48,6 +51,14 @@ class Limits:
     allow_private: bool = False  # plain http and private addresses too (local tests only)
 
 
+@dataclasses.dataclass(frozen=True)
+class Linked:
+    """A photo named by URL as kept for the video: a local copy to read, and the kept file as the event tells it."""
+
+    path: pathlib.Path
+    photo: events.FetchedPhoto
+
+
 @contextlib.contextmanager
 def linked_copy(
     store: artifacts.ArtifactStore,
@@ -57,12 +68,15 @@ def linked_copy(
     limits: Limits,
     cancel: cancellation.Cancellation,
     transport: httpx.BaseTransport | None = None,
-) -> Iterator[pathlib.Path]:
-    """The file of the `index`th photo of the brief, named by URL: kept by an earlier attempt of the stage, or
-    fetched, cleaned and kept now. Raises ProviderError (see the module's docstring)."""
+) -> Iterator[Linked]:
+    """The file of the `index`th photo of the brief, named by URL.
+
+    Kept by an earlier attempt of the stage, or fetched, cleaned and kept now. Raises ProviderError (see the
+    module's docstring).
+    """
     with store.fetched_copy(pipeline_id, events.Stage.VIDEO, link.url) as earlier:
         if earlier is not None:
-            yield earlier
+            yield _linked(index, link, earlier)
             return
     cleaned = fetch(index, link, limits, cancel, transport)
     store.keep_fetched(cleaned.data, pipeline_id, events.Stage.VIDEO, link.url, cleaned.media_type)
@@ -71,7 +85,15 @@ def linked_copy(
             raise errors.RetryableProviderError(
                 codes.ErrorCode.PHOTO_UNREACHABLE, f"{_named(index, link)}: what was kept of it is not in the store"
             )
-        yield kept
+        yield _linked(index, link, kept)
+
+
+def _linked(index: int, link: brief.PhotoLink, kept: artifacts.Fetched) -> Linked:
+    """The kept file of the `index`th photo, with its pixel size (read from its header: it was kept upright)."""
+    with Image.open(kept.path) as opened:
+        width, height = opened.size
+    photo = events.FetchedPhoto(photo=index, url=link.url, file=kept.artifact, width=width, height=height)
+    return Linked(kept.path, photo)
 
 
 def fetch(
@@ -81,8 +103,10 @@ def fetch(
     cancel: cancellation.Cancellation,
     transport: httpx.BaseTransport | None = None,
 ) -> images.Cleaned:
-    """The `index`th photo of the brief, fetched from its URL and cleaned as an upload is; nothing is kept.
-    Raises ProviderError (see the module's docstring)."""
+    """The `index`th photo of the brief, fetched from its URL and cleaned as an upload is.
+
+    Nothing is kept. Raises ProviderError (see the module's docstring).
+    """
     named = _named(index, link)
     data = _fetched(named, link.url, limits, cancel, transport)
     try:

@@ -225,8 +225,10 @@ def scrim(size: tuple[int, int]) -> Image.Image:
 
 
 class FrameRenderer:
-    """Draws what goes over the video's background: a title card and one layer per caption (transparent where
-    the background shows), and the background itself when there are no photos.
+    """Draws what goes over the video's background.
+
+    A title card and one layer per caption (transparent where the background shows), and the background itself when
+    there are no photos.
 
     Over photos the layers shade the frame's top and bottom (the scrim), so the text reads on any photo.
     """
@@ -276,8 +278,10 @@ class FrameRenderer:
         return image
 
     def caption(self, text: str, chorus: bool = False, sung: int | None = None) -> Image.Image:
-        """A lyric line under the business's name; with `sung`, its first `sung` characters (karaoke: what has
-        been sung) stand out."""
+        """A lyric line under the business's name.
+
+        With `sung`, its first `sung` characters (karaoke: what has been sung) stand out.
+        """
         colour, highlight = self._palette.text, self._palette.accent
         if chorus:
             colour, highlight = highlight, colour
@@ -545,8 +549,10 @@ def _concat_list(plan: Sequence[Shot], frames: Sequence[pathlib.Path]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Backdrop:
-    """A still behind the captions for `frames` frames: a photo's canvas whose window drifts to `end`, or the
-    gradient (`end` None), which stands still."""
+    """A still behind the captions for `frames` frames.
+
+    A photo's canvas whose window drifts to `end`, or the gradient (`end` None), which stands still.
+    """
 
     path: pathlib.Path
     end: tuple[float, float] | None
@@ -594,8 +600,11 @@ class LocalVideoProvider:
         photos: Sequence[pathlib.Path] = (),
         bars_s: Sequence[float] = (),
     ) -> Video:
-        """The video of the song with the lyrics as captions, over `photos` in turn (a slideshow cut on the bars
-        of `bars_s`, else on sung lines) or, without any, over a gradient of the style's colours."""
+        """The video of the song with the lyrics as captions, over the photos or a gradient.
+
+        Over `photos` in turn (a slideshow cut on the bars of `bars_s`, else on sung lines) or, without any, over a
+        gradient of the style's colours.
+        """
         duration = song_duration(song_path, self._ffmpeg)
         size = frame_size(brief.orientation, self._short_side)
         renderer = FrameRenderer(brief, size, self.fonts[lyrics.language], seed, photos=bool(photos))
@@ -705,8 +714,10 @@ class LocalVideoProvider:
     def _run_encoder(
         self, command: Sequence[str], duration: float, cancel: cancellation.Cancellation
     ) -> subprocess.CompletedProcess[str]:
-        """ffmpeg's run of `command`, killed and run once more if it has not ended in its time (a stalled
-        pipeline); a second stall is the render's retryable failure."""
+        """Run ffmpeg's `command`, killed and run once more if it has not ended in its time.
+
+        Not ending in time is a stalled pipeline; a second stall is the render's retryable failure.
+        """
         limit_s = max(ENCODE_MIN_S, ENCODE_S_PER_S * duration)
         for _ in range(ENCODE_TRIES):
             try:
@@ -725,8 +736,11 @@ class LocalVideoProvider:
 
 
 def _read_photo(path: pathlib.Path, canvas: tuple[int, int]) -> Image.Image:
-    """A photo of the brief, decoded no larger than it needs to be to fill the canvas (twenty large photos held
-    whole would take gigabytes). The gateway kept it only once it decoded; its bytes were checked since."""
+    """A photo of the brief, decoded no larger than it needs to be to fill the canvas.
+
+    Twenty large photos held whole would take gigabytes. The gateway kept it only once it decoded; its bytes were
+    checked since.
+    """
     try:
         with Image.open(path) as photo:
             scale = max(canvas[0] / photo.width, canvas[1] / photo.height)

@@ -109,9 +109,12 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
 
 
 def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> list[str]:
-    """Where the render API fetches each of the brief's photos: an upload at a presigned URL of the bucket or a
-    signed link of the gateway that opens that one image; a photo named by an https URL at that URL (the render
-    API fetches it itself; an http one, which only a test setting lets a brief name, it is not sent)."""
+    """Where the render API fetches each of the brief's photos.
+
+    An upload at a presigned URL of the bucket or a signed link of the gateway that opens that one image; a photo
+    named by an https URL at that URL (the render API fetches it itself; an http one, which only a test setting
+    lets a brief name, it is not sent).
+    """
     urls = []
     for photo in done.brief.photos:
         if isinstance(photo, brief.PhotoLink):
@@ -183,14 +186,23 @@ def make_work(config: VideoSettings) -> runner.Work:
     store = artifacts.make_store(config)
     limits = config.photo_limits()
 
-    def photo_copy(
-        job: repository.Job, index: int, photo: brief.Photo | brief.PhotoLink, cancel: cancellation.Cancellation
-    ) -> contextlib.AbstractContextManager[pathlib.Path]:
-        """The file of the brief's `index`th photo: an upload read from the store, a URL's fetched (or kept by an
-        earlier attempt)."""
-        if isinstance(photo, brief.PhotoLink):
-            return photos.linked_copy(store, job.pipeline_id, index, photo, limits, cancel)
-        return store.image_copy(photo)
+    def photo_copies(
+        files: contextlib.ExitStack, job: repository.Job, done: events.SongCompleted, cancel: cancellation.Cancellation
+    ) -> tuple[list[pathlib.Path], list[events.FetchedPhoto]]:
+        """The files of the brief's photos, open until `files` closes, and those fetched by URL as kept.
+
+        An upload is read from the store, a URL's fetched or kept by an earlier attempt; those fetched by URL are
+        also returned as the completed event tells them.
+        """
+        paths, fetched = [], []
+        for index, photo in enumerate(done.brief.photos):
+            if isinstance(photo, brief.PhotoLink):
+                linked = files.enter_context(photos.linked_copy(store, job.pipeline_id, index, photo, limits, cancel))
+                paths.append(linked.path)
+                fetched.append(linked.photo)
+            else:
+                paths.append(files.enter_context(store.image_copy(photo)))
+        return paths, fetched
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = events.SongCompleted.model_validate(job.input)
@@ -200,10 +212,7 @@ def make_work(config: VideoSettings) -> runner.Work:
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREACHABLE, str(error)) from None
             try:
-                paths = [
-                    files.enter_context(photo_copy(job, index, photo, cancel))
-                    for index, photo in enumerate(done.brief.photos)
-                ]
+                paths, fetched = photo_copies(files, job, done, cancel)
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
             scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
@@ -219,7 +228,12 @@ def make_work(config: VideoSettings) -> runner.Work:
                 bars_s=done.bars_s,
             )
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
-        return runner.Output(artifact, {"width": video.width, "height": video.height})
+        details = {
+            "width": video.width,
+            "height": video.height,
+            "fetched_photos": tuple(fetched),
+        }
+        return runner.Output(artifact, details)
 
     return work
 

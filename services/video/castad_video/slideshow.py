@@ -93,9 +93,11 @@ def canvas(photo: Image.Image, frame: tuple[int, int]) -> Canvas:
 
 
 def zoompan(end: tuple[float, float], frames: int, size: tuple[int, int], fps: int) -> str:
-    """ffmpeg's zoompan drawing `frames` frames of one still: zoom from 1 to ZOOM, the window's centre moving in a
-    straight line from the canvas's centre to `end` (the window stays inside the canvas all the way: its centre
-    moves no faster than its half-size shrinks)."""
+    """ffmpeg's zoompan drawing `frames` frames of one still.
+
+    Zoom from 1 to ZOOM, the window's centre moving in a straight line from the canvas's centre to `end` (the
+    window stays inside the canvas all the way: its centre moves no faster than its half-size shrinks).
+    """
     last = max(frames - 1, 1)
     dx, dy = end[0] - 0.5, end[1] - 0.5
     return (
@@ -107,9 +109,11 @@ def zoompan(end: tuple[float, float], frames: int, size: tuple[int, int], fps: i
 
 
 def photo_cuts(duration_s: float, photos: int, moments: Sequence[float]) -> list[float]:
-    """When each photo after the first comes on: at the moment (a bar line, else a sung line's start) nearest to the
-    end of an equal part of the song, if one is within half a part of it, else at that end; each photo stays on
-    for at least a quarter of a part."""
+    """When each photo after the first comes on.
+
+    At the moment (a bar line, else a sung line's start) nearest to the end of an equal part of the song, if one is
+    within half a part of it, else at that end; each photo stays on for at least a quarter of a part.
+    """
     if photos < 2:
         return []
     part = duration_s / photos

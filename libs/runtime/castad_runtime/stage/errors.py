@@ -6,9 +6,11 @@ from castad_contracts import codes
 
 
 class ProviderError(Exception):
-    """A provider call failed. `retryable` says whether another attempt may succeed; `retry_after_s`
-    is how long the provider asked us to wait before the next one (its `Retry-After`), if it said;
-    `status` is the HTTP status it answered with, if it was an error answer.
+    """A provider call failed.
+
+    `retryable` says whether another attempt may succeed; `retry_after_s` is how long the provider asked us to wait
+    before the next one (its `Retry-After`), if it said; `status` is the HTTP status it answered with, if it was an
+    error answer.
 
     `code` and `message` are public: they reach the tenant (the job's last error, its events).
     What the provider or a host said in its own words goes in `detail`, which only the logs get

@@ -34,9 +34,11 @@ class InjectedHandlerFault(RuntimeError):
 
 
 class FaultInjector:
-    """Before each call: wait `latency_s`, then hang with `hang_rate` (until the attempt is
-    cancelled), fail non-retryably with `permanent_rate`, or fail with `failure_rate`
-    (retryable as `retryable` says)."""
+    """Delay, hang or fail provider calls at the configured rates.
+
+    Before each call: wait `latency_s`, then hang with `hang_rate` (until the attempt is cancelled), fail
+    non-retryably with `permanent_rate`, or fail with `failure_rate` (retryable as `retryable` says).
+    """
 
     def __init__(self, faults: Faults, rng: random.Random | None = None) -> None:
         self.faults = faults

@@ -76,8 +76,10 @@ class StageHandlers:
         }
 
     def on_trigger(self, env: envelope_.Envelope, payload: events.Payload) -> None:
-        """The job, claimed at once into a free slot of the scheduler (no transaction of its own to claim it),
-        or left due for the scheduler."""
+        """Claim the job at once into a free slot of the scheduler, or leave it due for the scheduler.
+
+        The claim takes no transaction of its own.
+        """
         if self.faults is not None:
             self.faults.handler()
         reserved = self.runner.claims_at_trigger and self.scheduler.reserve()

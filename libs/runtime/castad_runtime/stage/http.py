@@ -45,8 +45,11 @@ MAX_ERROR_BODY = 65_536  # of an error answer, read for its reason
 
 
 def retry_after_s(headers: Mapping[str, str], now: dt.datetime | None = None) -> float | None:
-    """How long an answer asks the caller to wait: `retry-after-ms`, or `Retry-After` as seconds or a date;
-    at most machine.MAX_RETRY_AFTER_S (a larger or absurd value is taken as that)."""
+    """How long an answer asks the caller to wait.
+
+    `retry-after-ms`, or `Retry-After` as seconds or a date; at most machine.MAX_RETRY_AFTER_S (a larger or absurd
+    value is taken as that).
+    """
     asked = _retry_after_s(headers, now)
     return None if asked is None else min(asked, machine.MAX_RETRY_AFTER_S)
 
@@ -74,8 +77,11 @@ def _retry_after_s(headers: Mapping[str, str], now: dt.datetime | None) -> float
 
 
 def reason(body: bytes) -> str:
-    """The provider's own words about an error: `error.message`, `message`, `detail`, `msg` or `hint` of a
-    JSON body (OpenAI, most APIs, FastAPI, sunoapi.org, Creatomate)."""
+    """The provider's own words about an error.
+
+    `error.message`, `message`, `detail`, `msg` or `hint` of a JSON body (OpenAI, most APIs, FastAPI, sunoapi.org,
+    Creatomate).
+    """
     try:
         data = json.loads(body)
     except ValueError:
@@ -232,8 +238,11 @@ class HttpProvider:
     def send(
         self, method: str, path: str, cancel: cancellation.Cancellation, *, leaving: bool = False, **kwargs: Any
     ) -> Answer:
-        """Send a request and return a successful answer (2xx); raise ProviderError for anything else.
-        `leaving`: it starts work at the provider, and goes only past the attempt's fence."""
+        """Send a request and return a successful answer (2xx).
+
+        Raise ProviderError for anything else. `leaving`: it starts work at the provider, and goes only past the
+        attempt's fence.
+        """
         headers = {**self._headers(), **kwargs.pop("headers", {})}  # a key file read before, not after, the fence
         if leaving and self._fence_on_send:
             cancel.check()
@@ -286,8 +295,10 @@ SENDING_HEADERS = frozenset({"http11.send_request_headers.started", "http2.send_
 
 
 def _fence_before_headers(cancel: cancellation.Cancellation) -> Callable[[str, dict[str, Any]], None]:
-    """httpcore's trace hook that passes the attempt's fence just before the request's first byte is written:
-    what it raises (Fenced, Cancelled) ends the request there, nothing sent."""
+    """httpcore's trace hook that passes the attempt's fence just before the request's first byte.
+
+    What it raises (Fenced, Cancelled) ends the request there, before the first byte is written: nothing is sent.
+    """
 
     def trace(event: str, info: dict[str, Any]) -> None:
         if event in SENDING_HEADERS:

@@ -39,9 +39,12 @@ class _Held:
 
 
 class Leases:
-    """The heartbeat of the attempts this process runs: their leases renewed every third of a lease, all in one
-    transaction, by one thread (started with the first attempt, ended by a turn that found none). An attempt
-    whose claim turns out to be lost (its lease was taken over, its job moved on) is told by its `on_lost`."""
+    """The heartbeat of the attempts this process runs.
+
+    Their leases renewed every third of a lease, all in one transaction, by one thread (started with the first
+    attempt, ended by a turn that found none). An attempt whose claim turns out to be lost (its lease was taken
+    over, its job moved on) is told by its `on_lost`.
+    """
 
     def __init__(self, engine: sa.Engine, lease_s: float, name: str, clock: Clock = clock) -> None:
         self.engine = engine
@@ -53,8 +56,11 @@ class Leases:
         self._thread: threading.Thread | None = None
 
     def hold(self, job: repository.Job, on_lost: Callable[[], None], since: float) -> None:
-        """Renew this claim's lease from now on, until `release`. `since`: a time of the clock at or before the
-        claiming transaction began (the lease runs from then, at the earliest)."""
+        """Renew this claim's lease from now on, until `release`.
+
+        `since`: a time of the clock at or before the claiming transaction began (the lease runs from then, at the
+        earliest).
+        """
         with self._lock:
             self._held[job.id] = _Held(job, on_lost, since + self.lease_s)
             if self._thread is None:

@@ -10,22 +10,62 @@
 
 Waiting for quota is not an attempt: a job that finds no token simply stays due, unclaimed.
 The clock is the database's, so workers on different machines agree.
+
+No claim locks or writes a row every other claim needs (issue 37: one locked row per provider
+capped every replica's claims together at what one row lock a commit allows):
+
+- The bucket is split into `shards` rows (`quota_shards`), each with `burst / shards` tokens
+  refilled at `rate_per_s / shards`: a claim takes a token from any shard that has one and that
+  no other claim holds (`FOR UPDATE SKIP LOCKED`), so concurrent claims take different rows; it
+  waits for a held shard only when no free one has a token. A shard refills more slowly than the
+  bucket, and a token left in one shard is not seen by a claim that found another: so there are
+  at most `MAX_SHARDS`, at most `floor(burst)` (each holds a whole token), and at most one for each
+  `SHARD_RATE_PER_S` of the highest rate (each refills a token within a tenth of a second then). A
+  provider with a rate of a few calls a second keeps one shard: its claims are too few to contend. The
+  AIMD state (the rate, the Retry-After block) stays in the provider's `quotas` row, which a claim
+  only reads: only a call's outcome writes it (`throttled`, and `relieved` while the rate is
+  below its highest), and the shards refill lazily at whatever rate that row holds.
+- Jobs in flight are counted by the database itself: triggers on `jobs` add one to a row of
+  `in_flight_counts` when a job becomes RUNNING or AWAITING, and take one away when it stops being
+  either, in the transaction that changed its status, whatever changed it (a claim, an outcome, a
+  cancel, a lease's recovery, an operator's retry, a service of an older version during an
+  upgrade). The rows' sum is the count, exactly. Each row has a share of `max_in_flight` as its
+  `cap` (given by `configure`, which moves the jobs counted so far to rows below their shares, any
+  beyond the cap to a row that the triggers take jobs away from first); a claim that may start new
+  work holds a row below its cap (SKIP LOCKED again), and the trigger adds its job to a row below
+  its cap, which that held row guarantees there is. No row
+  ever goes above its cap by a claim, so the sum never goes above `max_in_flight`; and while the
+  sum is below it some row is below its own cap, so no claim is refused while there is room
+  (unless every such row is held by another claim at that instant: that claim polls instead, and
+  the job is claimed by the next one). A trigger never waits for a row another transaction holds
+  but when every row is held (`IN_FLIGHT_SHARDS` rows, more than the connections a service opens):
+  so counting cannot deadlock, as several jobs changed in one transaction could otherwise.
+
+A batch of tokens leased to each worker would spare the database more, but a worker's unspent
+tokens are lost to the others until their lease ends, and a worker would have to hold slots of
+the in-flight cap it may never use: the shards keep the rate and the cap what they were.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_runtime import tables
+from castad_runtime import db, tables
 
 quotas = tables.quotas
-jobs = tables.jobs
+shards = tables.quota_shards
+in_flight = tables.in_flight_counts
 DECREASE = 0.5  # the rate is multiplied by this when the provider says "too many"
 INCREASE_STEPS = 20  # calls that go through to climb from the lowest rate back to the highest
 MAX_BLOCK_S = 3600.0  # the longest a Retry-After stops every call (as machine.MAX_RETRY_AFTER_S)
+MAX_SHARDS = 16  # rows a provider's token bucket is split into, at most
+SHARD_RATE_PER_S = 10.0  # a shard's share of the highest rate, at least
+IN_FLIGHT_SHARDS = tables.IN_FLIGHT_SHARDS  # rows of in_flight_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +84,13 @@ class Limits:
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
 
+    @property
+    def shards(self) -> int:
+        """Rows the token bucket is split into.
+
+        Each holds a whole token at least, and refills one within 1 / SHARD_RATE_PER_S seconds at the highest rate."""
+        return max(1, min(MAX_SHARDS, math.floor(self.burst), math.floor(self.max_rate_per_s / SHARD_RATE_PER_S)))
+
 
 NO_TOKEN = "no_token"  # the rate is spent for now
 RETRY_AFTER = "retry_after"  # the provider asked to wait
@@ -55,12 +102,43 @@ class Gate:
     open: bool  # a call may go now
     new_work: bool  # a new attempt may submit work (fewer than max_in_flight jobs at the provider)
     closed_by: str | None = None  # why no call may go: NO_TOKEN or RETRY_AFTER
+    shard: int | None = None  # the shard of the provider's bucket this claim holds, its token to spend
 
 
-def _refilled() -> sa.ColumnElement[float]:
-    """Tokens now: what the bucket held, plus what its rate added since, up to its size."""
-    elapsed = sa.func.extract("epoch", sa.func.now() - quotas.c.refilled_at)
-    return sa.func.least(quotas.c.burst, quotas.c.tokens + quotas.c.rate_per_s * elapsed)
+# A shard's tokens now: what it held, plus what its share of the provider's rate added since, up to its share
+# of the burst. `q` is the provider's row, `s` the shard.
+_REFILLED = "least(q.burst / q.shards, s.tokens + q.rate_per_s / q.shards * extract(epoch FROM now() - s.refilled_at))"
+
+# A shard of the provider's bucket with a token, held for this claim: one no other claim holds if there is one
+# ({wait} empty), else any ({wait} = no SKIP LOCKED, only when every shard with a token is held); nothing while
+# a Retry-After blocks the provider.
+_TAKE = f"""
+SELECT s.shard, q.max_in_flight FROM quotas q JOIN quota_shards s ON s.provider = q.provider
+WHERE q.provider = %(provider)s AND q.shards > s.shard AND NOT coalesce(q.blocked_until > now(), false)
+    AND {_REFILLED} >= 1
+ORDER BY random() LIMIT 1 FOR UPDATE OF s {{wait}}
+"""
+TAKE = _TAKE.format(wait="SKIP LOCKED")
+TAKE_WAITING = _TAKE.format(wait="")
+
+# Why no shard was free: the provider's block, and whether any shard has a token (held by other claims).
+WHY_CLOSED = f"""
+SELECT coalesce(q.blocked_until > now(), false) AS blocked,
+    coalesce(bool_or({_REFILLED} >= 1), false) AS tokens_held
+FROM quotas q JOIN quota_shards s ON s.provider = q.provider AND q.shards > s.shard
+WHERE q.provider = %(provider)s GROUP BY q.blocked_until
+"""
+
+SPEND = f"""
+UPDATE quota_shards s SET tokens = {_REFILLED} - 1, refilled_at = now()
+FROM quotas q WHERE q.provider = s.provider AND s.provider = %(provider)s AND s.shard = %(shard)s
+"""
+
+# A row of the in-flight count below its cap, held for this claim: the trigger adds the claimed job to such a row.
+ROOM = f"""
+SELECT shard FROM in_flight_counts WHERE cap IS NULL OR jobs < cap
+ORDER BY shard = mod(pg_backend_pid(), {IN_FLIGHT_SHARDS}) DESC LIMIT 1 FOR UPDATE SKIP LOCKED
+"""
 
 
 def configure(conn: sa.Connection, limits: Limits) -> None:
@@ -73,6 +151,7 @@ def configure(conn: sa.Connection, limits: Limits) -> None:
         burst=limits.burst,
         rate_per_s=limits.max_rate_per_s,
         tokens=limits.burst,
+        shards=limits.shards,
     )
     ex = insert.excluded
     conn.execute(
@@ -87,48 +166,89 @@ def configure(conn: sa.Connection, limits: Limits) -> None:
                     ex.max_rate_per_s, sa.func.greatest(ex.min_rate_per_s, quotas.c.rate_per_s)
                 ),
                 "tokens": sa.func.least(ex.burst, quotas.c.tokens),
+                "shards": ex.shards,
             },
         )
+    )
+    share = limits.burst / limits.shards
+    rows = [{"provider": limits.provider, "shard": shard, "tokens": share} for shard in range(limits.shards)]
+    new_shards = pg.insert(shards).values(rows)
+    conn.execute(
+        new_shards.on_conflict_do_update(
+            index_elements=[shards.c.provider, shards.c.shard],
+            set_={"tokens": sa.func.least(share, shards.c.tokens)},
+        )
+    )
+    conn.execute(shards.delete().where(shards.c.provider == limits.provider, shards.c.shard >= limits.shards))
+    _share_the_cap(conn, limits.max_in_flight)
+
+
+def _share_the_cap(conn: sa.Connection, cap: int | None) -> None:
+    """Give each row of the in-flight count its share of the cap.
+
+    The jobs counted so far go to rows below their caps (any beyond the cap to the first row, which releases
+    take from first), so that a row below its cap means room. Every row is held meanwhile, taken in their
+    order (no deadlock with another start)."""
+    rows = conn.execute(sa.select(in_flight.c.shard, in_flight.c.jobs).order_by(in_flight.c.shard).with_for_update())
+    shares = list(rows)
+    left = sum(row.jobs for row in shares)
+    values = []
+    for row in shares:
+        share = None if cap is None else cap // len(shares) + (1 if row.shard < cap % len(shares) else 0)
+        jobs = 0 if share is None else min(share, left)
+        left -= jobs
+        values.append({"row": row.shard, "share": share, "counted": jobs})
+    values[0]["counted"] += left
+    conn.execute(
+        in_flight.update()
+        .where(in_flight.c.shard == sa.bindparam("row"))
+        .values(cap=sa.bindparam("share"), jobs=sa.bindparam("counted")),
+        values,
     )
 
 
 def gate(conn: sa.Connection, provider: str) -> Gate:
-    """Lock the provider's row for this claim and say what it allows now."""
-    row = conn.execute(
-        sa.select(
-            _refilled().label("tokens"),
-            sa.func.coalesce(quotas.c.blocked_until > sa.func.now(), False).label("blocked"),
-            quotas.c.max_in_flight,
-        )
-        .where(quotas.c.provider == provider)
-        .with_for_update()
-    ).one()
-    if row.blocked or row.tokens < 1:
-        return Gate(open=False, new_work=False, closed_by=RETRY_AFTER if row.blocked else NO_TOKEN)
+    """Hold a shard of the provider's bucket with a token for this claim, and say what it allows now.
+
+    Under a cap on jobs in flight, a row of their count with room is held too, for the claim of new work."""
+    params = {"provider": provider}
+    row = db.run(conn, TAKE, params).fetchone()
+    if row is None:
+        why = db.run(conn, WHY_CLOSED, params).fetchone()
+        if why is not None and why.blocked:
+            return Gate(open=False, new_work=False, closed_by=RETRY_AFTER)
+        if why is not None and why.tokens_held:  # every shard with a token is another claim's: wait for one
+            row = db.run(conn, TAKE_WAITING, params).fetchone()
+        if row is None:
+            return Gate(open=False, new_work=False, closed_by=NO_TOKEN)
     if row.max_in_flight is None:
-        return Gate(open=True, new_work=True)
-    in_flight = conn.execute(sa.select(sa.func.count()).where(jobs.c.status.in_(["RUNNING", "AWAITING"]))).scalar_one()
-    return Gate(open=True, new_work=in_flight < row.max_in_flight)
+        return Gate(open=True, new_work=True, shard=row.shard)
+    room = db.run(conn, ROOM).fetchone()
+    return Gate(open=True, new_work=room is not None, shard=row.shard)
 
 
-def spend(conn: sa.Connection, provider: str) -> None:
-    """A claim took a token."""
-    conn.execute(
-        quotas.update().where(quotas.c.provider == provider).values(tokens=_refilled() - 1, refilled_at=sa.func.now())
-    )
+def spend(conn: sa.Connection, provider: str, held: Gate) -> None:
+    """A claim took the token of the shard it holds."""
+    db.run(conn, SPEND, {"provider": provider, "shard": held.shard})
+
+
+def jobs_in_flight(conn: sa.Connection) -> int:
+    """Jobs RUNNING or AWAITING, as the triggers counted them (no count of the jobs table)."""
+    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(in_flight.c.jobs), 0))).scalar_one())
 
 
 def throttled(conn: sa.Connection, provider: str, retry_after_s: float) -> None:
-    """The provider said "too many": halve the rate, and claim nothing before its Retry-After (at most an
-    hour). Calls that were on their way when it said so do not halve it again: once per such window."""
+    """The provider said "too many".
+
+    Halve the rate, and claim nothing before its Retry-After (at most an hour). Calls that were on their way when
+    it said so do not halve it again: once per such window.
+    """
     until = sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, min(max(retry_after_s, 0.0), MAX_BLOCK_S))
     blocked = sa.func.coalesce(quotas.c.blocked_until > sa.func.now(), False)
     conn.execute(
         quotas.update()
         .where(quotas.c.provider == provider)
         .values(
-            tokens=sa.func.least(_refilled(), 0.0),
-            refilled_at=sa.func.now(),
             rate_per_s=sa.case(
                 (blocked, quotas.c.rate_per_s),
                 else_=sa.func.greatest(quotas.c.min_rate_per_s, quotas.c.rate_per_s * DECREASE),
@@ -145,15 +265,18 @@ def relieved(conn: sa.Connection, provider: str) -> None:
     conn.execute(
         quotas.update()
         .where(quotas.c.provider == provider, quotas.c.rate_per_s < quotas.c.max_rate_per_s)
-        .values(
-            tokens=_refilled(),
-            refilled_at=sa.func.now(),
-            rate_per_s=sa.func.least(quotas.c.max_rate_per_s, quotas.c.rate_per_s + step),
-        )
+        .values(rate_per_s=sa.func.least(quotas.c.max_rate_per_s, quotas.c.rate_per_s + step))
     )
 
 
-def state(conn: sa.Connection, provider: str) -> dict[str, object]:
-    """The provider's row as it is (for tests and operators)."""
+def state(conn: sa.Connection, provider: str) -> dict[str, Any]:
+    """The provider's row as it is, its `tokens` those of its shards now (for tests and operators)."""
     row = conn.execute(sa.select(quotas).where(quotas.c.provider == provider)).one()
-    return dict(row._mapping)
+    tokens = db.run(
+        conn,
+        f"SELECT coalesce(sum({_REFILLED}), 0) FROM quotas q JOIN quota_shards s ON s.provider = q.provider"
+        " AND q.shards > s.shard WHERE q.provider = %(provider)s",
+        {"provider": provider},
+    ).fetchone()
+    assert tokens is not None
+    return {**row._mapping, "tokens": float(tokens[0])}

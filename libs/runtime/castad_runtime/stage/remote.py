@@ -52,8 +52,11 @@ class Finished:
 
 @dataclasses.dataclass(frozen=True)
 class Submitted:
-    """The provider took the work under `handle`; `notes` are its advisory warnings on the request, kept on the
-    attempt (an operator reads them where the attempt is)."""
+    """The provider took the work under `handle`.
+
+    `notes` are its advisory warnings on the request, kept on the attempt (an operator reads them where the attempt
+    is).
+    """
 
     handle: str
     notes: tuple[str, ...] = ()

@@ -171,9 +171,11 @@ def accept_trigger(
     traceparent: str | None,
     tracestate: str | None,
 ) -> bool:
-    """Record the stage's trigger: a PENDING job, due now. A job reopened by a retry before its trigger
-    came (WAITING) becomes PENDING; a job canceled before its trigger came keeps it for a later retry.
-    True if a job is now due."""
+    """Record the stage's trigger.
+
+    A PENDING job, due now. A job reopened by a retry before its trigger came (WAITING) becomes PENDING; a job
+    canceled before its trigger came keeps it for a later retry. True if a job is now due.
+    """
     row = db.run(
         conn,
         ACCEPT_TRIGGER,
@@ -321,8 +323,10 @@ class QuotaWait:
 
 
 def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str | None = None) -> Job | QuotaWait | None:
-    """Compare-and-set the most overdue claimable job to RUNNING under a lease, and open its attempt
-    (a job AWAITING its provider goes on with the attempt that submitted its work).
+    """Claim the most overdue claimable job under a lease and open its attempt.
+
+    The job is compare-and-set to RUNNING. A job AWAITING its provider goes on with the attempt that submitted its
+    work.
 
     `provider`: claims call this provider, within its quota: none while its rate is spent or it asked
     to wait, and no new attempt while as many jobs as it allows are at it. When that holds back a job
@@ -345,14 +349,16 @@ def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str |
     job = _job(row)
     if not job.polling:
         db.run(conn, OPEN_ATTEMPT, (job.id, job.attempts, worker))
-    if provider is not None:
-        quota.spend(conn, provider)
+    if provider is not None and gate is not None:
+        quota.spend(conn, provider, gate)
     return job
 
 
 def claim_pending(conn: sa.Connection, pipeline_id: str, worker: str, lease_s: float) -> Job | None:
-    """Claim the pipeline's PENDING job under a lease and open its attempt (see claim_next); None if it is
-    not PENDING and due."""
+    """Claim the pipeline's PENDING job under a lease and open its attempt (see claim_next).
+
+    None if it is not PENDING and due.
+    """
     row = db.run(conn, CLAIM_PENDING, {"pipeline_id": pipeline_id, "worker": worker, "lease_s": lease_s}).fetchone()
     if row is None:
         return None
@@ -373,8 +379,11 @@ def renew_leases(conn: sa.Connection, claimed: Collection[Job], lease_s: float) 
 
 
 def expired_leases(conn: sa.Connection, limit: int, exclude: Collection[uuid.UUID] = ()) -> list[Job]:
-    """RUNNING jobs whose lease ran out, but for `exclude` (attempts this process is still running:
-    after an outage longer than the lease, their heartbeat renews them, or their finish records them)."""
+    """RUNNING jobs whose lease ran out, but for those this process still runs (`exclude`).
+
+    After an outage longer than the lease, the heartbeat of the excluded attempts renews them, or their finish
+    records them.
+    """
     rows = db.run(conn, EXPIRED_LEASES, {"exclude": list(exclude), "limit": limit})
     return [_job(row) for row in rows]
 
@@ -420,9 +429,11 @@ def finish_attempt(
 
 
 def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float, notes: tuple[str, ...] = ()) -> bool:
-    """The attempt's work is at the provider under `handle` (just submitted, or still unfinished):
-    the job waits without a worker until a poll is due; the provider's `notes` on it go on the attempt.
-    CAS on version, like finish_attempt."""
+    """The attempt's work is at the provider under `handle` (just submitted, or still unfinished).
+
+    The job waits without a worker until a poll is due; the provider's `notes` on it go on the attempt. CAS on
+    version, like finish_attempt.
+    """
     machine.check_transition(job.status, machine.Status.AWAITING)
     values: dict[str, Any] = {
         "status": machine.Status.AWAITING,
@@ -461,9 +472,12 @@ def poll_now(conn: sa.Connection, pipeline_id: str) -> bool:
 
 
 def record_submission(conn: sa.Connection, job: Job, margin_s: float) -> float | None:
-    """Record on the attempt's row that its work leaves for the provider now, under `job.submission_key`, if
-    `job` is still the current claim and its lease has more than `margin_s` left by the database's clock:
-    the seconds of lease left then. None: the claim does not hold (the work must not leave)."""
+    """Record that the attempt's work leaves for the provider now, if its claim still holds.
+
+    It is recorded on the attempt's row, under `job.submission_key`, if `job` is still the current claim and its
+    lease has more than `margin_s` left by the database's clock: the seconds of lease left then. None: the claim
+    does not hold (the work must not leave).
+    """
     params = {"key": job.submission_key, "id": job.id, "version": job.version, "number": job.attempts}
     row = db.run(conn, RECORD_SUBMISSION, {**params, "margin_s": margin_s}).fetchone()
     return None if row is None else float(row.lease_left_s)
@@ -480,8 +494,11 @@ def unrecord_submission(conn: sa.Connection, job: Job) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Submissions:
-    """What a job sent to its provider: submissions (attempts whose work left) and the distinct keys they had.
-    At a provider that takes an idempotency key, the jobs there are `keys`; at one that takes none, `sent`."""
+    """What a job sent to its provider.
+
+    Submissions (attempts whose work left) and the distinct keys they had. At a provider that takes an idempotency
+    key, the jobs there are `keys`; at one that takes none, `sent`.
+    """
 
     sent: int
     keys: int
@@ -511,8 +528,11 @@ def due_at(conn: sa.Connection, job_id: uuid.UUID) -> dt.datetime:
 
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """The jobs not ended, for the metrics: by status, those due (claimable and waiting for a slot or the
-    quota), and those RUNNING whose lease ran out and that no one recovered yet."""
+    """The jobs not ended, for the metrics.
+
+    By status, those due (claimable and waiting for a slot or the quota), and those RUNNING whose lease ran out and
+    that no one recovered yet.
+    """
 
     by_status: dict[machine.Status, int]
     due: int
@@ -583,9 +603,12 @@ def mark_swept(conn: sa.Connection, swept: Collection[Finished]) -> None:
 
 
 def forget_finished(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` jobs (with their attempts) that finished more than `older_than_s` ago and whose
-    files were deleted since, skipping jobs another transaction holds; how many. A job that has not
-    finished (PENDING, RUNNING, RETRY_WAIT, AWAITING, WAITING) is never deleted."""
+    """Delete up to `limit` finished jobs whose files were deleted; how many.
+
+    A job goes with its attempts once it finished more than `older_than_s` ago and its files were deleted since;
+    jobs another transaction holds are skipped. A job that has not finished (PENDING, RUNNING, RETRY_WAIT,
+    AWAITING, WAITING) is never deleted.
+    """
     swept = sa.select(jobs.c.id).where(sa.text(tables.FINISHED_JOB), jobs.c.artifacts_swept_at >= jobs.c.finished_at)
     doomed = list(conn.execute(db.expired(swept, jobs.c.finished_at, older_than_s, limit)).scalars())
     if doomed:

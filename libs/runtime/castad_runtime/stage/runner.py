@@ -60,8 +60,11 @@ class Output:
 
 @dataclasses.dataclass(frozen=True)
 class Awaiting:
-    """The work is at a provider under `handle`: poll it in `poll_in_s`. `throttled_s`: the provider
-    said "too many" on the way (its Retry-After, 0 if it gave none); `notes`: its warnings on the submission."""
+    """The work is at a provider under `handle`.
+
+    Poll it in `poll_in_s`. `throttled_s`: the provider said "too many" on the way (its Retry-After, 0 if it gave
+    none); `notes`: its warnings on the submission.
+    """
 
     handle: str
     poll_in_s: float
@@ -125,8 +128,10 @@ class Failed:
 
 @dataclasses.dataclass(frozen=True)
 class HandedBack:
-    """The machinery failed the attempt, or the provider asked us to slow down (`throttled_s`): not
-    counted, the job is due again after `delay_s` (its poll, if its work is at a provider)."""
+    """The machinery failed the attempt, or the provider asked us to slow down (`throttled_s`).
+
+    Not counted, the job is due again after `delay_s` (its poll, if its work is at a provider).
+    """
 
     code: codes.ErrorCode
     message: str
@@ -186,8 +191,11 @@ class StageRunner:
         )
 
     def apply_cancel(self, conn: sa.Connection, request: events.PipelineCancelRequested) -> uuid.UUID | None:
-        """In the handler's transaction: cancel this pipeline's job, or, if it has none yet, make sure it
-        never starts one. Returns the job whose attempt runs, if it does, to stop it at once here."""
+        """Cancel this pipeline's job, or make sure it never starts one.
+
+        In the handler's transaction: the job is canceled, or, if there is none yet, none will start. Returns the
+        job whose attempt runs, if it does, to stop it at once here.
+        """
         held = self._in_order(conn, request.pipeline_id, request.operation)
         if held is None:
             job_id = repository.add_canceled(
@@ -209,8 +217,11 @@ class StageRunner:
         return held.id if held.status is machine.Status.RUNNING else None
 
     def apply_retry(self, conn: sa.Connection, request: events.PipelineRetryRequested) -> bool:
-        """In the handler's transaction: reopen this stage's job if the pipeline resumes here or before it
-        reached here. True if a job is now due."""
+        """Reopen this stage's job if the pipeline resumes here; True if a job is now due.
+
+        In the handler's transaction. The job is reopened if the pipeline resumes at this stage or before it
+        reached here.
+        """
         held = self._in_order(conn, request.pipeline_id, request.operation)
         overrides = request.max_attempts or {}
         budget = overrides.get(self.stage, self.limits.policy.max_attempts)
@@ -278,8 +289,10 @@ class StageRunner:
         return len(running)
 
     def give_up_recording(self) -> None:
-        """Stop retrying to record outcomes through an outage (the service is about to exit): the
-        leases of those attempts run out, and whoever recovers them hands them back."""
+        """Stop retrying to record outcomes through an outage (the service is about to exit).
+
+        The leases of those attempts run out, and whoever recovers them hands them back.
+        """
         self._give_up.set()
 
     def claim_next(self) -> Claim | None:
@@ -288,8 +301,10 @@ class StageRunner:
             return self._claim_next_in(conn, began)
 
     def _claim_next_in(self, conn: sa.Connection, began: float) -> Claim | None:
-        """The most overdue claimable job, claimed in the caller's transaction, which began at `began` or after
-        (see `claim_accepted` on a transaction that does not commit)."""
+        """Claim the most overdue claimable job in the caller's transaction.
+
+        That transaction began at `began` or after (see `claim_accepted` on a transaction that does not commit).
+        """
         job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider)
         if isinstance(job, repository.QuotaWait):
             assert self.provider is not None
@@ -300,9 +315,12 @@ class StageRunner:
         return self._claimed(conn, job, began)
 
     def claim_accepted(self, conn: sa.Connection, pipeline_id: str, began: float) -> Claim | None:
-        """In the trigger's transaction, once `accept` made its job due: claim it at once (not when a provider's
-        quota decides what may start). `began`: a time of `clock()` before that transaction began. The claim
-        holds only once the transaction committed; if it does not, end the claim's span (`Claim.abandon`)."""
+        """Claim the job `accept` made due, at once, in the trigger's transaction.
+
+        Not when a provider's quota decides what may start. `began`: a time of `clock()` before that transaction
+        began. The claim holds only once the transaction committed; if it does not, end the claim's span
+        (`Claim.abandon`).
+        """
         if not self.claims_at_trigger:
             return None
         job = repository.claim_pending(conn, pipeline_id, self.worker_id, self.limits.lease_s)
@@ -337,8 +355,10 @@ class StageRunner:
         return Claim(job, span, began)
 
     def execute(self, claim: Claim, claim_next: Callable[[], bool] = lambda: False) -> Ran:
-        """Run the claimed attempt and record its outcome. Returns once its work has stopped (so a
-        slot of the scheduler is never given to a new attempt while an old one still runs).
+        """Run the claimed attempt and record its outcome.
+
+        Returns once its work has stopped (so a slot of the scheduler is never given to a new attempt while an old
+        one still runs).
 
         `claim_next()` says whether to look for more work: if it does once the work has stopped, the
         transaction that records the outcome also claims the most overdue job for this slot (`Ran.next`),
@@ -489,8 +509,11 @@ class StageRunner:
     def _record(
         self, job: repository.Job, outcome: Outcome, claim_next: Callable[[], bool] | None = None
     ) -> tuple[bool, Claim | None]:
-        """Record the outcome through an outage, and claim the next job in that transaction if `claim_next()`
-        says so: whether it was recorded (not if the job moved on, or the service stops), and that claim."""
+        """Record the outcome through an outage, and claim the next job in that transaction if asked.
+
+        The next job is claimed if `claim_next()` says so. Returns whether the outcome was recorded (not if the job
+        moved on, or the service stops), and that claim.
+        """
 
         def write() -> tuple[bool, Claim | None]:
             following: Claim | None = None
@@ -517,8 +540,10 @@ class StageRunner:
         return recorded, following
 
     def _count(self, outcome: Outcome, polling: bool, attempt_s: float | None) -> None:
-        """A recorded outcome in the metrics: the attempt's end (as the attempts table has it), if it ended,
-        and the provider's "too many"."""
+        """A recorded outcome in the metrics.
+
+        The attempt's end (as the attempts table has it), if it ended, and the provider's "too many".
+        """
         if getattr(outcome, "throttled_s", None) is not None and self.provider is not None:
             self.metrics.provider_throttled(self.provider)
         if isinstance(outcome, Succeeded):

@@ -60,8 +60,11 @@ class JobScheduler:
         self._wake.set()
 
     def reserve(self) -> bool:
-        """Take a free slot for work claimed elsewhere; False if none is free or the scheduler stops. The
-        slot counts as running (a stop waits for it) until `run_claimed` ran its attempt or `release`."""
+        """Take a free slot for work claimed elsewhere.
+
+        False if none is free or the scheduler stops. The slot counts as running (a stop waits for it) until
+        `run_claimed` ran its attempt or `release`.
+        """
         if self._stopping.is_set() or self._backlog or not self._slots.acquire(blocking=False):
             return False
         with self._idle:
@@ -75,8 +78,11 @@ class JobScheduler:
         self._look_if_backlog()
 
     def run_claimed(self, claim: runner_.Claim) -> None:
-        """Run an attempt claimed into a reserved slot; handed back at once (not counted) if the scheduler
-        stops meanwhile, as a stopping service starts no new attempt."""
+        """Run an attempt claimed into a reserved slot.
+
+        Handed back at once (not counted) if the scheduler stops meanwhile, as a stopping service starts no new
+        attempt.
+        """
         if not self._stopping.is_set():
             try:
                 self._pool.submit(self._run, claim)
@@ -172,9 +178,11 @@ class JobScheduler:
         return self._backlog and not self._stopping.is_set()
 
     def _look_if_backlog(self) -> None:
-        """A slot was just freed: look for due work only if the last look left some for want of a slot. (A
-        look costs a transaction; new work wakes the scheduler itself.) The slot is freed before this reads
-        `_backlog`, and a look sets `_backlog` before it takes a slot, so no due job is left unseen."""
+        """Look for due work after a slot was freed, if the last look left some for want of a slot.
+
+        A look costs a transaction; new work wakes the scheduler itself. The slot is freed before this reads
+        `_backlog`, and a look sets `_backlog` before it takes a slot, so no due job is left unseen.
+        """
         if self._backlog:
             self._wake.set()
 

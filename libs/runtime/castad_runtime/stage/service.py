@@ -129,8 +129,10 @@ class StageSettings(settings.StoreSettings):
         return self
 
     def provider_client(self, name: str, classify: http.Classify = http.classify) -> http.HttpProvider:
-        """Return the client of this stage's network provider, from the settings named after it; `name` is how
-        its errors call it ("the music API")."""
+        """Return the client of this stage's network provider, from the settings named after it.
+
+        `name` is how its errors call it ("the music API").
+        """
 
         def setting(part: str) -> Any:
             return getattr(self, f"{self.provider}_{part}")
@@ -204,8 +206,11 @@ class LinkingStageSettings(StageSettings):
         return self.provider_give_up_s + links.MARGIN_S
 
     def callback_url(self, stage: events.Stage) -> remote.CallbackUrl:
-        """Where the stage's provider calls back about a job: a link of the gateway signed for the job's
-        pipeline, valid while the work may take (None without a gateway URL)."""
+        """Where the stage's provider calls back about a job.
+
+        A link of the gateway signed for the job's pipeline, valid while the work may take (None without a gateway
+        URL).
+        """
         base, secret, valid_s = self.gateway_url, self.link_secret, self.link_valid_s()
         if base is None or secret is None:
             return lambda job: None
@@ -316,8 +321,11 @@ class Instruments:
 
 
 def instruments(service: str, config: StageSettings, topo: topology.Topology) -> Instruments:
-    """The stage's metrics: what its consumer and runner record, and the gauges a scrape reads (its jobs,
-    its queue and delay queue). Nothing connects until a scrape reads them."""
+    """The stage's metrics.
+
+    What its consumer and runner record, and the gauges a scrape reads (its jobs, its queue and delay queue).
+    Nothing connects until a scrape reads them.
+    """
     registry = metrics.registry()
     jobs = gauges.Jobs(scrape.engine(config.database_url), service)
     scrape.register(registry, [jobs, scrape.QueueDepth.of_service(config.amqp_url, topo.queue(service))])

@@ -10,9 +10,11 @@ HEAD_BYTES = 16  # enough for every signature below
 
 
 def media_type(head: bytes) -> str | None:
-    """The media type a file's first bytes show, None when they show none of these:
-    WAV (`RIFF....WAVE`), MP3 (an ID3v2 tag, or an MPEG audio frame's sync word with a layer),
-    MP4/M4A (an ISO base media `ftyp` box first), Ogg, FLAC."""
+    """The media type a file's first bytes show, None when they show none of these.
+
+    WAV (`RIFF....WAVE`), MP3 (an ID3v2 tag, or an MPEG audio frame's sync word with a layer), MP4/M4A (an ISO base
+    media `ftyp` box first), Ogg, FLAC.
+    """
     if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
         return "audio/wav"
     if head[:3] == b"ID3":

@@ -1,0 +1,256 @@
+"""Claims a second through a provider's quota at 32 claimers, with a cap on jobs in flight and 10,000 in flight.
+
+`CLAIMERS` threads, each with its own pooled connection, claim jobs of one provider on a scratch stage
+database (the lyric service's migrations), each claim a transaction of its own, until each made `PER_CLAIMER`:
+
+- `one_row`: the quota before issue 37, kept here only as this baseline: every claim locks the provider's
+  one row, counts the jobs RUNNING or AWAITING under that lock, and writes the row (the in-flight triggers
+  disabled, as that schema had none);
+- `sharded`: castad_runtime.stage.quota now: a token from a shard of the bucket no other claim holds,
+  a row of the in-flight count below its share of the cap, the count kept by the triggers.
+
+`IN_FLIGHT` jobs wait AWAITING, not due, the whole time; claimed jobs stay RUNNING until the round ends,
+when they are made due again. The rate and the cap are far above what is claimed, so that what is measured
+is what a claim costs, not the quota's refusals. The variants alternate over `ROUNDS` rounds. Written to
+docs/reports/quota.md (`make bench-quota`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from castad_local import stack
+from castad_runtime import db, migrations
+from castad_runtime.stage import quota, repository
+
+from bench import common, latency, machine
+
+CLAIMERS = 32
+PER_CLAIMER = 20  # claims per claimer and round
+ROUNDS = 3
+IN_FLIGHT = 10_000
+CAP = 1_000_000
+DUE = CLAIMERS * PER_CLAIMER  # jobs due at each round's start: one for every claim
+PROVIDER = "bench"
+MAX_MISSED = 10 * PER_CLAIMER  # claims of a claimer that found nothing, at most
+VARIANTS = ("one_row", "sharded")
+OUT = common.REPORTS / "quota.md"
+LABELS = {
+    "one_row": "one locked row, count(*) under its lock (before)",
+    "sharded": "shards taken with SKIP LOCKED, a counted in-flight total (now)",
+}
+
+# The gate and its spend before issue 37, on the columns the provider's row still has for services of then.
+ONE_ROW_GATE = """
+SELECT least(burst, tokens + rate_per_s * extract(epoch FROM now() - refilled_at)) AS tokens,
+    coalesce(blocked_until > now(), false) AS blocked, max_in_flight
+FROM quotas WHERE provider = %(provider)s FOR UPDATE
+"""
+ONE_ROW_IN_FLIGHT = "SELECT count(*) FROM jobs WHERE status IN ('RUNNING', 'AWAITING')"
+ONE_ROW_SPEND = """
+UPDATE quotas SET tokens = least(burst, tokens + rate_per_s * extract(epoch FROM now() - refilled_at)) - 1,
+    refilled_at = now()
+WHERE provider = %(provider)s
+"""
+
+
+def one_row_claim(conn: sa.Connection, worker: str) -> bool:
+    """A claim through the quota as it was: gate under the row's lock, the claim, the spend."""
+    gate = db.run(conn, ONE_ROW_GATE, {"provider": PROVIDER}).fetchone()
+    if gate.blocked or gate.tokens < 1:
+        return False
+    in_flight = db.run(conn, ONE_ROW_IN_FLIGHT).fetchone()[0]
+    statement = repository.CLAIM if in_flight < gate.max_in_flight else repository.CLAIM_POLL
+    row = db.run(conn, statement, {"worker": worker, "lease_s": 300.0}).fetchone()
+    if row is None:
+        return False
+    db.run(conn, repository.OPEN_ATTEMPT, (row.id, row.attempts, worker))
+    db.run(conn, ONE_ROW_SPEND, {"provider": PROVIDER})
+    return True
+
+
+def sharded_claim(conn: sa.Connection, worker: str) -> bool:
+    return isinstance(repository.claim_next(conn, worker, 300.0, PROVIDER), repository.Job)
+
+
+CLAIMS = {"one_row": one_row_claim, "sharded": sharded_claim}
+
+
+def prepare(engine: sa.Engine) -> None:
+    """The provider, `IN_FLIGHT` jobs AWAITING and not due, `DUE` jobs PENDING and due."""
+    with db.transaction(engine) as conn:
+        quota.configure(
+            conn,
+            quota.Limits(PROVIDER, max_rate_per_s=1e6, min_rate_per_s=1.0, burst=1e6, max_in_flight=CAP),
+        )
+        for status, count, due in (("AWAITING", IN_FLIGHT, "now() + interval '1 day'"), ("PENDING", DUE, "now()")):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (id, pipeline_id, status, max_attempts, due_at, input, handle)"
+                    f" SELECT gen_random_uuid(), gen_random_uuid()::text, '{status}', 1000, {due} - n * interval"
+                    " '1 microsecond', '{}'::jsonb, CASE WHEN :status = 'AWAITING' THEN 'work' END"
+                    " FROM generate_series(1, :count) AS n"
+                ),
+                {"status": status, "count": count},
+            )
+        conn.execute(sa.text("ANALYZE jobs"))
+
+
+def reset(engine: sa.Engine, variant: str) -> None:
+    """The round's claims due again, their attempts gone; the in-flight triggers on for `sharded` only (their
+    count made anew from the jobs when they come back on)."""
+    with db.transaction(engine) as conn:
+        conn.execute(sa.text("ALTER TABLE jobs ENABLE TRIGGER USER"))
+        conn.execute(sa.text("DELETE FROM attempts"))
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET status = 'PENDING', due_at = now(), lease_owner = NULL, lease_expires_at = NULL"
+                " WHERE status = 'RUNNING'"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE in_flight_counts SET jobs = CASE WHEN shard = 0 THEN"
+                " (SELECT count(*) FROM jobs WHERE status IN ('RUNNING', 'AWAITING')) ELSE 0 END"
+            )
+        )
+        quota.configure(
+            conn,
+            quota.Limits(PROVIDER, max_rate_per_s=1e6, min_rate_per_s=1.0, burst=1e6, max_in_flight=CAP),
+        )
+        if variant == "one_row":
+            conn.execute(sa.text("ALTER TABLE jobs DISABLE TRIGGER USER"))
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("VACUUM ANALYZE jobs"))
+
+
+def one_round(engine: sa.Engine, variant: str) -> dict[str, Any]:
+    claim = CLAIMS[variant]
+    barrier = threading.Barrier(CLAIMERS + 1)
+    latencies: list[list[float]] = [[] for _ in range(CLAIMERS)]
+    errors: list[BaseException] = []
+    missed = [0] * CLAIMERS
+
+    def claimer(index: int) -> None:
+        mine = latencies[index]
+        barrier.wait()
+        try:
+            while len(mine) < PER_CLAIMER:
+                started = time.perf_counter()
+                with db.transaction(engine) as conn:
+                    claimed = claim(conn, f"claimer-{index}")
+                if claimed:
+                    mine.append(time.perf_counter() - started)
+                else:  # the job it went for was claimed by another meanwhile: as a scheduler's slot, look again
+                    missed[index] += 1
+                    if missed[index] > MAX_MISSED:
+                        raise RuntimeError(f"{variant}: {MAX_MISSED} claims found nothing, though jobs are due")
+        except BaseException as error:
+            errors.append(error)
+
+    workers = [threading.Thread(target=claimer, args=(i,), name=f"claimer-{i}") for i in range(CLAIMERS)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    flat = [value for per in latencies for value in per]
+    with engine.connect() as conn:
+        real = conn.execute(sa.text("SELECT count(*) FROM jobs WHERE status IN ('RUNNING', 'AWAITING')")).scalar_one()
+        counted = quota.jobs_in_flight(conn)
+    if variant == "sharded" and counted != real:
+        raise RuntimeError(f"the triggers counted {counted} jobs in flight, the jobs table holds {real}")
+    return {
+        "rate": len(flat) / elapsed,
+        "missed": sum(missed),
+        "latency_ms": latency.summary(latency.ms(flat)),
+        "in_flight": real,
+    }
+
+
+def run(cleanup: common.Cleanup) -> dict[str, list[dict[str, Any]]]:
+    url = common.database_url(f"castad_bench_{common.RUN_ID}_quota")
+    lyric = next(database for database in stack.DATABASES if database.service == "lyric")
+    results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+    with cleanup.scope():
+        migrations.drop_database(url)
+        migrations.ensure_database(url)
+        cleanup.push("drop the quota database", lambda: migrations.drop_database(url))
+        migrations.upgrade(url, lyric.migrations_dir)
+        engine = db.make_engine(url, pool_size=CLAIMERS)
+        cleanup.push("dispose its engine", engine.dispose)
+        prepare(engine)
+        for number in range(ROUNDS):
+            order = VARIANTS if number % 2 == 0 else VARIANTS[::-1]
+            for variant in order:
+                reset(engine, variant)
+                results[variant].append(one_round(engine, variant))
+                print(f"round {number + 1} {variant}: {results[variant][-1]['rate']:,.0f} claims/s", flush=True)
+    return results
+
+
+def render(results: dict[str, list[dict[str, Any]]], facts: dict[str, object]) -> str:
+    medians = {variant: statistics.median(r["rate"] for r in rounds) for variant, rounds in results.items()}
+    base = medians["one_row"]
+    rows = []
+    for variant, label in LABELS.items():
+        rounds = results[variant]
+        per_round = ", ".join(f"{r['rate']:,.0f}" for r in rounds)
+        p50 = statistics.median(r["latency_ms"]["p50"] for r in rounds)
+        p99 = statistics.median(r["latency_ms"]["p99"] for r in rounds)
+        missed = sum(r["missed"] for r in rounds)
+        rate = medians[variant]
+        rows.append(f"| {label} | {rate:,.0f} | {rate / base:.2f}x | {per_round} | {p50:.1f} / {p99:.1f} | {missed} |")
+    return "\n".join(
+        [
+            "# Claims through a provider's quota",
+            "",
+            "Generated by `make bench-quota` (`python -m bench.quota`); do not edit by hand, run it again.",
+            "",
+            f"{CLAIMERS} claimer threads, each with its own connection, each making {PER_CLAIMER} claims of one",
+            f"provider's jobs a round, every claim a transaction of its own; {IN_FLIGHT:,} jobs in flight",
+            f"(AWAITING, not due) the whole time and a cap on jobs in flight of {CAP:,}; the rate and the cap",
+            "far above what is claimed, so that what is measured is what a claim costs. The variants alternate",
+            f"over {ROUNDS} rounds; the claims of a round stay RUNNING until it ends. Before: every claim locked",
+            "the provider's one row, counted the jobs in flight under that lock and wrote the row. Now",
+            "(castad_runtime.stage.quota): a token from a shard of the bucket no other claim holds, and a row of",
+            "the in-flight count below its share of the cap, the count kept by triggers on the jobs (checked",
+            "against a count of the jobs table after every round).",
+            "",
+            f"Run {facts['date']} on {facts['cores']} cores, {facts['cpu']}; {facts['postgres']};",
+            f"load average at the start {facts['load']}.",
+            "",
+            "| variant | claims/s (median round) | of before | per round | claim, ms (p50 / p99) | found nothing |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+            "Found nothing: claims that went for a job another claim took meanwhile, and looked again (as a",
+            "scheduler's slot does); they are not in the claims a second. The claimers, PostgreSQL and whatever",
+            "else the machine runs at the time share its cores: the load average says how busy it was.",
+            "",
+        ]
+    )
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
+    load = machine.load()
+    cleanup = common.Cleanup()
+    with common.interrupt_on_sigterm():
+        results = run(cleanup)
+    facts = machine.brief_facts(load)
+    OUT.write_text(render(results, facts))
+    print(f"written to {OUT}")
+
+
+if __name__ == "__main__":
+    main()

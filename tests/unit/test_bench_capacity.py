@@ -1,0 +1,95 @@
+"""The capacity model (bench/capacity.py): topic routing as RabbitMQ does it, the projection's arithmetic from the
+measurements, and the page written again from the measurements kept beside it."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import pytest
+
+from bench import capacity
+
+
+@pytest.mark.parametrize(
+    ("key", "pattern", "routed"),
+    [
+        ("lyric.completed", "lyric.*", True),
+        ("lyric.completed", "lyric.completed", True),
+        ("provider.lyric.called_back", "lyric.*", False),
+        ("lyric.completed", "song.*", False),
+        ("lyric.completed", "#", True),
+        ("provider.song.called_back", "provider.#", True),
+        ("lyric", "lyric.*", False),
+    ],
+)
+def test_topic_patterns_route_as_the_broker_does(key: str, pattern: str, routed: bool) -> None:
+    assert capacity._routed(key, pattern) is routed
+
+
+def _measured() -> dict[str, Any]:
+    return {
+        "facts": {"date": "2026-11-28 05:00 UTC", "cores": 2, "cpu": "test", "postgres": "15", "load": "0 / 0 / 0"},
+        "orchestration": {
+            "pipelines": 300,
+            "concurrency": 16,
+            "rate": 50.0,
+            "cpu_ms": {
+                "api": 4.0,
+                "lyric": 2.0,
+                "song": 2.0,
+                "video": 2.0,
+                "relay": 1.0,
+                "postgres": 6.0,
+                "rabbitmq": 1.0,
+                "client": 3.0,
+            },  # fmt: skip
+            "commits": {"api": 5.0, "lyric": 3.0, "song": 3.0, "video": 3.0},
+            "rows": {"api": 20.0, "lyric": 10.0, "song": 10.0, "video": 10.0},
+            "wal_bytes": {"api": 10_000.0, "lyric": 5_000.0, "song": 5_000.0, "video": 5_000.0, "no relation": 900.0},
+            "events": {svc: {"events": 2.0, "deliveries": 3.0} for svc in ("api", "lyric", "song", "video")},
+        },
+        "ceilings": {
+            "commits_per_s": 10_000.0,
+            "relay_rows_per_s": 4_000.0,
+            "relay_cpu_ms_per_1000_rows": {"relay": 100.0, "postgres": 50.0},
+            "publish_rows_per_s": 6_000.0,
+        },
+        "waiting": {
+            "waiting": 400,
+            "window_s": 60.0,
+            "polls": 600,
+            "polls_per_s": 10.0,
+            "cpu_ms_per_poll": {"song": 2.0, "postgres": 1.0},
+            "commits_per_poll": 2.0,
+            "poll_first_s": 5.0,
+            "poll_max_s": 30.0,
+        },
+    }
+
+
+def test_the_projection_multiplies_the_measured_costs_out() -> None:
+    plan = capacity.model(_measured(), rate=5_000, waiting_jobs=1_000_000)
+    assert plan["parts"]["api"]["cores"] == pytest.approx(20.0)  # 4 ms x 5,000/s
+    assert plan["parts"]["api"]["replicas"] == 29  # at 70 % of a core each
+    assert "client" not in plan["parts"]  # the harness is not part of Castad
+    api = plan["databases"]["api"]
+    assert api["commits_per_s"] == pytest.approx(25_000)
+    assert api["servers"] == 5  # at half of 10,000 commits/s
+    assert api["outbox_leaders"] == 3  # 10,000 events/s over 4,000 rows/s a leader
+    assert api["wal_mb_per_s"] == pytest.approx(50.0)
+    assert plan["polls_per_s"] == pytest.approx(1_000_000 / 30)
+    assert plan["poll_cores"]["song"] == pytest.approx(66.67, rel=1e-3)
+    assert plan["deliveries_per_s"] == pytest.approx(4 * 3.0 * 5_000)
+    assert plan["total_cores"] == pytest.approx(5 * (4 + 2 + 2 + 2 + 1 + 6 + 1) + 1_000_000 / 30 * 3 / 1000)
+
+
+def test_the_page_is_written_again_from_the_kept_measurements(tmp_path: pathlib.Path) -> None:
+    kept = tmp_path / "capacity.json"
+    kept.write_text(json.dumps(_measured()))
+    assert capacity.main(["--render", "--output", str(tmp_path / "capacity.md")]) == 0
+    page = (tmp_path / "capacity.md").read_text()
+    assert "| api | 20.0 | 29 |" in page
+    assert "33,333 polls a second" in page
+    assert "**Measured**" in page and "**All projected.**" in page
