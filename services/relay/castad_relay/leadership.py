@@ -193,8 +193,9 @@ class Lease:
     async def keep(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Renew the lease every third of `lease_s` while it is held; return once it is lost or to be handed back.
 
-        Handed back (`handing_back`): this relay acts on it no more, and its holder is to end it. A renewal that fails on the way (an outage, a timeout) is tried again each LOOK_S while the lease
-        lasts; the lease is lost when it ran out, or when another relay took it."""
+        Handed back (`handing_back`): this relay acts on it no more, and its holder is to end it. A renewal
+        that fails on the way (an outage, a timeout) is tried again each LOOK_S while the lease lasts; the
+        lease is lost when it ran out, or when another relay took it."""
         while True:
             await asyncio.sleep(self.lease_s / 3)
             while True:
