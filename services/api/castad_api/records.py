@@ -60,6 +60,7 @@ class Stage:
     first_started_at: dt.datetime | None
     finished_at: dt.datetime | None
     artifact: dict[str, Any] | None
+    fetched_photos: list[dict[str, Any]] | None  # events.FetchedPhoto of each photo named by URL it fetched
 
 
 @dataclasses.dataclass(frozen=True)
