@@ -7,6 +7,7 @@ global state put back.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -55,6 +56,10 @@ class RunningRelay:
         self._stop = asyncio.Event()
         self._run = self._thread.submit(relay.run(config, self._stop, metrics))
         self._stopped = False
+
+    def freeze(self, seconds: float) -> None:
+        """Block the relay's event loop for `seconds`, as a paused machine (SIGSTOP) stops its whole process."""
+        self._thread.call(lambda: time.sleep(seconds))
 
     def stop(self) -> None:
         if self._stopped:

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 STAGE_TABLES = (
     tables.outbox,
     tables.outbox_leader,
+    tables.outbox_relay,
     tables.inbox,
     tables.jobs,
     tables.attempts,
@@ -40,6 +41,7 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
     "api": (
         tables.outbox,
         tables.outbox_leader,
+        tables.outbox_relay,
         tables.inbox,
         api_tables.pipelines,
         api_tables.stages,

@@ -13,7 +13,7 @@ import logging
 import random
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -45,6 +45,7 @@ pytestmark = pytest.mark.integration
 
 STARTED = events.stage_event(events.Stage.LYRIC, "started")  # bound to the gateway's queue
 SONG_STARTED = events.stage_event(events.Stage.SONG, "started")
+VIDEO_STARTED = events.stage_event(events.Stage.VIDEO, "started")
 
 
 def interleaved(
@@ -504,6 +505,118 @@ def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(insta
         eventually(lambda: all_published(engine), what="rows published by the standby")
         eventually(lambda: [relays[leader].published, relays[1 - leader].published] == [30, 5], what="counts")
         assert len(amqp.take_all(api_queue)) == 5
+
+
+def leaders(engines: dict[str, sa.Engine]) -> Counter[str]:
+    """How many of the source databases each relay leads (by their live lease rows)."""
+    led: Counter[str] = Counter()
+    for engine in engines.values():
+        with engine.connect() as conn:
+            holder = conn.execute(sa.text("SELECT holder FROM outbox_leader WHERE expires_at > now()")).scalar()
+        if holder is not None:
+            led[holder] += 1
+    return led
+
+
+class Writes:
+    """Rows written into every source database in rounds, and what the queues must have got from them."""
+
+    STAGES = {
+        "lyric": (events.Stage.LYRIC, STARTED),
+        "song": (events.Stage.SONG, SONG_STARTED),
+        "video": (events.Stage.VIDEO, VIDEO_STARTED),
+    }
+
+    def __init__(self, engines: dict[str, sa.Engine]) -> None:
+        self.engines = engines
+        self.pipelines = {service: str(uuid.uuid4()) for service in self.STAGES}  # one per stage's database
+        self.written = dict.fromkeys(self.STAGES, 0)
+        self.ids: set[uuid.UUID] = set()
+
+    def round(self, per_database: int) -> None:
+        """`per_database` more rows in each database: the next attempts of its pipeline, requests in the api's."""
+        for service, (stage, event_type) in self.STAGES.items():
+            attempts = range(self.written[service] + 1, self.written[service] + 1 + per_database)
+            payloads = [lyric_started(self.pipelines[service], n, stage) for n in attempts]
+            self.ids |= {row.id for row in write_events(self.engines[service], payloads, event_type)}
+            self.written[service] += per_database
+        requests = [pipeline_requested() for _ in range(per_database)]
+        self.ids |= {row.id for row in write_events(self.engines["api"], requests, events.PIPELINE_REQUESTED)}
+
+    def published(self) -> bool:
+        return all(all_published(engine) for engine in self.engines.values())
+
+    def check(self, amqp: Any, topology: Any) -> list[tuple[str, int | None]]:
+        """Assert that every row reached its queue, each pipeline's in order; those that came twice."""
+        eventually(self.published, what="every row published")
+        delivered = amqp.take_all(topology.queue("api")) + amqp.take_all(topology.queue("lyric"))
+        first: dict[uuid.UUID, Delivered] = {}
+        for message in delivered:
+            first.setdefault(message.event_id, message)
+        assert set(first) == self.ids
+        stage_facts = (message for message in first.values() if message.routing_key != events.PIPELINE_REQUESTED)
+        expected = {self.pipelines[service]: list(range(1, self.written[service] + 1)) for service in self.STAGES}
+        assert sequences(stage_facts) == expected
+        twice = [message for message in delivered if first[message.event_id] is not message]
+        return [(message.routing_key, message.document["data"].get("attempt")) for message in twice]
+
+
+def test_two_relays_share_four_outboxes_take_over_a_frozen_ones_and_share_again(
+    installation, engines, amqp, start_relay
+):
+    """Four source databases: a lone relay leads all four; a second one starts, and the first hands two
+    leases over, one at a time, so each leads two. One freezes (a paused machine): the other leads all four
+    within the lease and a look, and publishes on. Woken, the frozen one is fenced, counted live again, and
+    the leases spread two and two again; when one stops, the other leads all four at once. Every row
+    arrives, once, each pipeline's in order."""
+    lease_s = 2.0
+    within_s = 2 * lease_s + 4 * leadership.LOOK_S  # two hand-backs, a lease_s apart, each taken at a look
+    writes = Writes(engines)
+    writes.round(5)
+    first = start_relay(lease_s=lease_s, fallback_poll_s=0.5)
+    [alone] = eventually(lambda: list(leaders(engines).values()) == [4] and list(leaders(engines)), what="all 4")
+
+    started = time.monotonic()
+    second = start_relay(lease_s=lease_s, fallback_poll_s=0.5)
+    writes.round(5)
+    spread = eventually(lambda: sorted(leaders(engines).values()) == [2, 2] and leaders(engines), timeout=20)
+    spread_s = time.monotonic() - started
+    assert spread_s < lease_s + within_s, spread_s  # it counts the new relay live within a renewal
+    writes.round(5)
+    eventually(writes.published, what="the rows published before the freeze")
+
+    frozen_at = time.monotonic()
+    first.freeze(10)
+    [survivor] = eventually(lambda: list(leaders(engines).values()) == [4] and list(leaders(engines)), timeout=10)
+    taken_over_s = time.monotonic() - frozen_at
+    assert taken_over_s < lease_s + leadership.LOOK_S + 0.5, taken_over_s  # 0.5 s: this test's looks
+    assert survivor != alone  # the first one froze: the second took its leases over
+    writes.round(5)
+
+    time.sleep(max(0.0, 10 - (time.monotonic() - frozen_at)))  # the frozen relay wakes
+    woken_at = time.monotonic()
+    again = eventually(lambda: sorted(leaders(engines).values()) == [2, 2] and leaders(engines), timeout=20)
+    spread_again_s = time.monotonic() - woken_at
+    assert set(again) == set(spread) == {alone, survivor}
+    assert spread_again_s < lease_s + within_s, spread_again_s
+    writes.round(5)
+    eventually(writes.published, what="the rows published before the stop")  # a stop mid-batch sends some twice
+
+    stopped_at = time.monotonic()
+    second.stop()  # it gives its leases up and leaves the live relays: the first one's share is all four
+    eventually(lambda: leaders(engines) == {alone: 4}, timeout=10, what="the first relay leading all 4")
+    alone_again_s = time.monotonic() - stopped_at
+    assert alone_again_s < 2 * leadership.LOOK_S, alone_again_s
+    writes.round(5)
+
+    assert writes.check(amqp, installation.topology) == []
+    logging.getLogger(__name__).info(
+        "spread in %.1f s, taken over in %.1f s, spread again in %.1f s, alone again in %.1f s",
+        spread_s,
+        taken_over_s,
+        spread_again_s,
+        alone_again_s,
+    )
 
 
 def test_a_standby_relay_does_not_listen_until_it_leads(installation, engines, relay_config):

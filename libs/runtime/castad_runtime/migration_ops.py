@@ -252,6 +252,19 @@ def drop_outbox_leader_v7() -> None:
     op.drop_table("outbox_leader")
 
 
+def add_outbox_relay_v13() -> None:
+    """The relays that drain this database's outbox: one row per live relay, ending like a lease."""
+    op.create_table(
+        "outbox_relay",
+        sa.Column("holder", sa.Text, primary_key=True),
+        sa.Column("expires_at", TZ, nullable=False),
+    )
+
+
+def drop_outbox_relay_v13() -> None:
+    op.drop_table("outbox_relay")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

@@ -56,6 +56,15 @@ outbox_leader = sa.Table(
     sa.CheckConstraint("id", name="outbox_leader_one_row"),
 )
 
+# The relays that drain this database's outbox (castad_relay.leadership.Spread): one row per live relay, renewed
+# with its looks, ending like a lease. How many there are tells each relay its fair share of the outboxes.
+outbox_relay = sa.Table(
+    "outbox_relay",
+    metadata,
+    sa.Column("holder", sa.Text, primary_key=True),
+    sa.Column("expires_at", TZ, nullable=False),
+)
+
 inbox = sa.Table(
     "inbox",
     metadata,

@@ -1,7 +1,8 @@
 """Drains outbox tables into the topic exchange, with publisher confirms.
 
-One task per source database, publishing only while it holds the database's lease; how a
-drain orders, marks and backs off rows: docs/concepts/outbox.md.
+One task per source database, publishing only while it holds the database's lease, the leases
+spread over the relay's replicas (castad_relay.leadership); how a drain orders, marks and backs
+off rows: docs/concepts/outbox.md.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class SourceRelay:
         dead_letter_exchange: str,
         metrics: metrics_.RelayMetrics | None = None,
         holder: str | None = None,
+        spread: leadership.Spread | None = None,
     ) -> None:
         self.url = url
         self.dead_letter_exchange = dead_letter_exchange
@@ -60,7 +62,7 @@ class SourceRelay:
         self.source = service  # whose outbox this is (the relay's setting says): what it may publish from it
         self.topology = topology.Topology(config.namespace)
         holder = holder or leadership.Lease.holder_name(process.worker_id("relay"))
-        self.lease = leadership.Lease(holder, config.lease_s)
+        self.lease = leadership.Lease(holder, config.lease_s, spread=spread)
         self.metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
         self.publisher = publisher
         self.config = config
@@ -85,6 +87,8 @@ class SourceRelay:
                 )
             except (psycopg.Error, OSError, TimeoutError) as error:
                 log.warning("relay %s: database unavailable (%s); retrying", self.name, redact.describe(error))
+            except leadership.HandedBack as error:
+                log.info("relay %s: %s, for another relay to lead", self.name, error)
             except leadership.LostLeadership as error:
                 log.warning("relay %s: %s; waiting to lead again", self.name, error)
             except Exception:
@@ -116,21 +120,41 @@ class SourceRelay:
                         wait_s = (
                             await self._until_next_retry(worker) if self._backing_off else self.config.fallback_poll_s
                         )
-                        await db.notifications(listener, wait_s)
+                        await self._wait(listener, wait_s, renewing)
                 finally:
                     renewing.cancel()
                     await self._mark_on_leaving(worker)
-                    if publisher_.stopping():
+                    if publisher_.stopping() or self.lease.handing_back:
                         await self._release(keeper)
+
+    async def _wait(self, listener: psycopg.AsyncConnection[Any], wait_s: float, renewing: asyncio.Task[None]) -> None:
+        """Wait for a NOTIFY up to `wait_s`, or until the lease is lost or to be handed back.
+
+        A lease handed back is so ended at once, not at the next drain."""
+        waiting = asyncio.ensure_future(db.notifications(listener, wait_s))
+        try:
+            await asyncio.wait((waiting, renewing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+                await asyncio.wait((waiting,))
+        if not waiting.cancelled():
+            waiting.result()  # the listener's error, if it failed
+        if renewing.done():
+            renewing.result()  # the renewal's error, if one it does not handle ended it
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
 
     async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """A stopping relay's lease is ended at once, so a standby takes over without waiting for it to run out."""
+        """End the lease at once, so that another relay takes over without waiting for it to run out.
+
+        A stopping relay does (and leaves the live ones), and one handing the lease back."""
         try:
             async with asyncio.timeout(self.config.retry_delay_s):
                 await self.lease.release(conn)
+                if publisher_.stopping():
+                    await self.lease.leave(conn)
         except (psycopg.Error, OSError, TimeoutError) as error:
             log.warning("relay %s: lease left to run out (%s)", self.name, redact.describe(error))
 
@@ -316,8 +340,11 @@ async def run(
         config.amqp_url, topo.exchange, config.confirm_timeout_s, config.max_message_bytes, metrics.confirms
     )
     # The relay's broker user may only publish: the queues are declared by set-up and by their services.
+    # One holder name for all its leases: the other relays count it once among the live ones.
+    holder = leadership.Lease.holder_name(process.worker_id("relay"))
+    spread = leadership.Spread(len(config.sources), config.lease_s)
     relays = [
-        SourceRelay(service, url, publisher, config, topo.dead_letter_exchange, metrics)
+        SourceRelay(service, url, publisher, config, topo.dead_letter_exchange, metrics, holder, spread)
         for service, url in config.sources.items()
     ]
     tasks = [asyncio.create_task(relay.run_forever(), name=relay.name) for relay in relays]

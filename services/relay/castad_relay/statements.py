@@ -16,10 +16,27 @@ WHERE (lease.holder = EXCLUDED.holder AND lease.term = %(term)s) OR lease.expire
 RETURNING term
 """
 
-# Who holds the lease, and whether it ran out (a standby's look, before it tries to take it).
-LEASE = "SELECT holder, term, expires_at < now() FROM outbox_leader"
+# A look before taking or renewing the lease (a read, so a standby's look each second writes nothing): who holds
+# it, whether it ran out and for how many seconds (NULL holder: no relay ever took it), and how many relays are
+# live here besides this one (castad_relay.leadership.Spread).
+LOOK = """
+SELECT lease.holder, lease.term, lease.expires_at < now(), extract(epoch FROM now() - lease.expires_at)::float8,
+       (SELECT count(*) FROM outbox_relay WHERE expires_at >= now() AND holder <> %(holder)s)
+FROM (SELECT) AS one LEFT JOIN outbox_leader AS lease ON true
+"""
 
-# A stopping leader ends its lease at once.
+# This relay is live: its row among the relays of this database, ending like a lease (written every third
+# of it). Rows of relays gone for an hour are cleared on the way.
+HEARTBEAT = """
+WITH gone AS (DELETE FROM outbox_relay WHERE expires_at < now() - interval '1 hour')
+INSERT INTO outbox_relay AS relay (holder, expires_at) VALUES (%(holder)s, now() + make_interval(secs => %(lease_s)s))
+ON CONFLICT (holder) DO UPDATE SET expires_at = EXCLUDED.expires_at
+"""
+
+# A stopping relay leaves the roll at once, so the others count it out without waiting.
+LEAVE = "DELETE FROM outbox_relay WHERE holder = %(holder)s"
+
+# A stopping leader, or one handing the lease over to another relay, ends its lease at once.
 RELEASE_LEASE = "UPDATE outbox_leader SET expires_at = now() WHERE holder = %(holder)s AND term = %(term)s"
 
 # The oldest publishable rows: not published, not parked, not backing off, and with no held
