@@ -73,7 +73,13 @@ def test_a_thousand_generated_requests_get_no_5xx_and_answers_that_fit_the_docum
 
 def test_without_a_key_every_route_but_the_probes_metrics_and_the_console_answers_401(gateway):
     document = httpx.get(f"{gateway}/openapi.json").json()
-    values = {"pipeline_id": str(uuid.uuid4()), "letter_id": "1", "stage": "video", "image_id": str(uuid.uuid4())}
+    values = {
+        "pipeline_id": str(uuid.uuid4()),
+        "letter_id": "1",
+        "stage": "video",
+        "image_id": str(uuid.uuid4()),
+        "photo": "0",
+    }
     signed = {"expires": "4102444800", "signature": "0" * 64}  # well formed, not signed by anyone
     tried = 0
     with httpx.Client(base_url=gateway, timeout=10) as anonymous:
