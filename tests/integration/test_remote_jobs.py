@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -401,6 +402,24 @@ def test_calls_already_on_their_way_when_the_provider_says_too_many_halve_the_ra
     limits = quota_row(engine, name)
     assert (limits["rate_per_s"], limits["throttled"]) == (20.0, 3)
     assert (limits["blocked_until"] - dt.datetime.now(dt.UTC)).total_seconds() <= quota.MAX_BLOCK_S
+
+
+def test_too_many_without_a_retry_after_spends_every_shards_tokens(engine):
+    name = fresh_provider(engine, max_rate_per_s=40.0, min_rate_per_s=1.0, burst=20.0)
+    assert quota.Limits(name, 40.0, 1.0, 20.0).shards == 4  # 5 tokens each, refilled at a quarter of the rate
+    assert quota_row(engine, name)["tokens"] == pytest.approx(20.0)
+    said = time.monotonic()
+    with db.transaction(engine) as conn:
+        quota.throttled(conn, name, 0.0)  # nothing blocks: only the tokens spent hold the calls back
+    with db.transaction(engine) as conn:
+        next_call = quota.gate(conn, name)
+    after = quota_row(engine, name)
+    elapsed_s = time.monotonic() - said
+
+    assert after["rate_per_s"] == 20.0
+    assert after["tokens"] <= 20.0 * elapsed_s + 1e-6  # what the halved rate refilled since, no more
+    if elapsed_s < 0.2:  # a shard refills a whole token in 0.2 s at 5/s
+        assert (next_call.open, next_call.closed_by) == (False, quota.NO_TOKEN)
 
 
 def test_a_provider_down_for_maintenance_costs_no_attempt_however_often_it_says_so(engine):

@@ -37,9 +37,10 @@ capped every replica's claims together at what one row lock a commit allows):
   ever goes above its cap by a claim, so the sum never goes above `max_in_flight`; and while the
   sum is below it some row is below its own cap, so no claim is refused while there is room
   (unless every such row is held by another claim at that instant: that claim polls instead, and
-  the job is claimed by the next one). A trigger never waits for a row another transaction holds
-  but when every row is held (`IN_FLIGHT_SHARDS` rows, more than the connections a service opens):
-  so counting cannot deadlock, as several jobs changed in one transaction could otherwise.
+  the job is claimed by the next one). A trigger waits for a row another transaction holds only
+  when every one of the `IN_FLIGHT_SHARDS` rows is held: rare while a service's connections are
+  fewer, and a deadlock it then meets is PostgreSQL's to break, the transaction it ends retried as
+  an outage (castad_runtime.outages), with nothing lost or counted twice.
 
 A batch of tokens leased to each worker would spare the database more, but a worker's unspent
 tokens are lost to the others until their lease ends, and a worker would have to hold slots of
@@ -132,6 +133,14 @@ WHERE q.provider = %(provider)s GROUP BY q.blocked_until
 SPEND = f"""
 UPDATE quota_shards s SET tokens = {_REFILLED} - 1, refilled_at = now()
 FROM quotas q WHERE q.provider = s.provider AND s.provider = %(provider)s AND s.shard = %(shard)s
+"""
+
+# "Too many": every shard's tokens spent, so that nothing is called until they refill at the halved rate (or the
+# Retry-After ends). The shards are locked in their order, so that two such answers at once cannot deadlock.
+EMPTY = f"""
+UPDATE quota_shards s SET tokens = least({_REFILLED}, 0), refilled_at = now()
+FROM quotas q, (SELECT shard FROM quota_shards WHERE provider = %(provider)s ORDER BY shard FOR UPDATE) AS held
+WHERE q.provider = s.provider AND s.provider = %(provider)s AND s.shard = held.shard
 """
 
 # A row of the in-flight count below its cap, held for this claim: the trigger adds the claimed job to such a row.
@@ -240,9 +249,11 @@ def jobs_in_flight(conn: sa.Connection) -> int:
 def throttled(conn: sa.Connection, provider: str, retry_after_s: float) -> None:
     """The provider said "too many".
 
-    Halve the rate, and claim nothing before its Retry-After (at most an hour). Calls that were on their way when
-    it said so do not halve it again: once per such window.
+    Spend every token, halve the rate, and claim nothing before its Retry-After (at most an hour): without one,
+    calls go again as the shards refill at the halved rate. Calls that were on their way when it said so do not
+    halve it again: once per such window.
     """
+    db.run(conn, EMPTY, {"provider": provider})  # at the rate before, as the tokens it held were refilled
     until = sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, min(max(retry_after_s, 0.0), MAX_BLOCK_S))
     blocked = sa.func.coalesce(quotas.c.blocked_until > sa.func.now(), False)
     conn.execute(
