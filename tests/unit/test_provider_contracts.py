@@ -188,3 +188,22 @@ def test_a_network_provider_is_refused_without_a_key_and_its_client_is_made_from
         assert client.max_body_bytes == getattr(config, f"{provider}_max_answer_bytes")
     finally:
         client.close()
+
+
+def test_with_callbacks_the_polls_are_a_safety_net_far_apart_and_without_them_they_keep_their_own_pace():
+    from castad_song.service import SongSettings
+
+    key = {"suno_api_key": SecretStr("k")}
+    polled = SongSettings(provider="suno", poll_max_s=30.0, **key).poll_schedule()
+    called_back = SongSettings(
+        provider="suno", poll_max_s=30.0, gateway_url="https://castad.example", link_secret="s" * 32, **key
+    ).poll_schedule()
+
+    assert polled.max_s == 30.0 and called_back.max_s == 300.0
+    assert called_back.first_s == polled.first_s  # the first poll comes as soon: a callback may be lost
+    assert (
+        SongSettings(provider="suno", poll_max_s=600.0, gateway_url="https://c.example", link_secret="s" * 32, **key)
+        .poll_schedule()
+        .max_s
+        == 600.0
+    )

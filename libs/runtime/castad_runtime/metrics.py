@@ -172,6 +172,19 @@ class StageMetrics:
             registry=registry,
         )
 
+        self.probes = Counter(
+            "castad_probes_total",
+            "Polls of work waiting at the provider made in batches, by what they found: not had yet (later) or done,"
+            " failed or past its give-up time (ready: a claim takes the job)",
+            ["stage", "outcome"],
+            registry=registry,
+        )
+
+    def probed(self, later: int, ready: int) -> None:
+        """A batch of polls was recorded."""
+        self.probes.labels(self.stage, "later").inc(later)
+        self.probes.labels(self.stage, "ready").inc(ready)
+
     def attempt_ended(self, outcome: str, error_code: str | None, duration_s: float | None = None) -> None:
         """An attempt's outcome committed; `duration_s` when this process ran it."""
         self.attempts.labels(self.stage, outcome, self.codes(error_code)).inc()

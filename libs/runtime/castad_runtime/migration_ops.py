@@ -265,6 +265,20 @@ def drop_outbox_relay_v13() -> None:
     op.drop_table("outbox_relay")
 
 
+def add_probe_indexes_v14() -> None:
+    """What a claim takes and what the prober polls, while a prober polls the jobs waiting at a provider."""
+    claimable = "status IN ('PENDING', 'RETRY_WAIT') OR (status = 'AWAITING' AND due_at <= submitted_at)"
+    op.create_index("jobs_claimable", "jobs", ["due_at"], postgresql_where=sa.text(claimable))
+    op.create_index(
+        "jobs_probes", "jobs", ["due_at"], postgresql_where=sa.text("status = 'AWAITING' AND due_at > submitted_at")
+    )
+
+
+def drop_probe_indexes_v14() -> None:
+    op.drop_index("jobs_probes", "jobs")
+    op.drop_index("jobs_claimable", "jobs")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

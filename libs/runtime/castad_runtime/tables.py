@@ -14,6 +14,8 @@ metadata = sa.MetaData()
 TZ = sa.DateTime(timezone=True)
 # Retention's predicates (castad_runtime.retention), written once for its partial indexes and its queries alike,
 # so that the planner sees the index's own predicate in the query.
+CLAIMABLE_JOB = "status IN ('PENDING', 'RETRY_WAIT') OR (status = 'AWAITING' AND due_at <= submitted_at)"
+PROBED_JOB = "status = 'AWAITING' AND due_at > submitted_at"
 FINISHED_JOB = "status IN ('SUCCEEDED', 'FAILED', 'CANCELED')"
 UNSWEPT_JOB = "(artifacts_swept_at IS NULL OR artifacts_swept_at < finished_at)"  # files not deleted since it ended
 
@@ -114,6 +116,10 @@ jobs = sa.Table(
     # When retention last deleted the stage's files of this job; earlier than finished_at: it ended again since.
     sa.Column("artifacts_swept_at", TZ),
     sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")),
+    # While a prober polls the jobs waiting at a provider (castad_runtime.stage.probes): what a claim takes, and
+    # what the prober asks about (castad_runtime.stage.repository: READY and CLAIM_PROBES).
+    sa.Index("jobs_claimable", "due_at", postgresql_where=sa.text(CLAIMABLE_JOB)),
+    sa.Index("jobs_probes", "due_at", postgresql_where=sa.text(PROBED_JOB)),
     sa.Index("jobs_leased", "lease_expires_at", postgresql_where=sa.text("status = 'RUNNING'")),
     sa.Index("jobs_in_flight", "status", postgresql_where=sa.text("status IN ('RUNNING', 'AWAITING')")),
     sa.Index("jobs_finished", "finished_at", postgresql_where=sa.text(FINISHED_JOB)),

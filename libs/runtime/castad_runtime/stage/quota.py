@@ -135,6 +135,21 @@ UPDATE quota_shards s SET tokens = {_REFILLED} - 1, refilled_at = now()
 FROM quotas q WHERE q.provider = s.provider AND s.provider = %(provider)s AND s.shard = %(shard)s
 """
 
+# Every shard of the provider's bucket with a whole token that no other claim holds, held for a batch of probes
+# (castad_runtime.stage.probes), with its whole tokens; nothing while a Retry-After blocks the provider.
+HOLD_TOKENS = f"""
+SELECT s.shard, floor({_REFILLED})::int AS tokens FROM quotas q JOIN quota_shards s ON s.provider = q.provider
+WHERE q.provider = %(provider)s AND q.shards > s.shard AND NOT coalesce(q.blocked_until > now(), false)
+    AND {_REFILLED} >= 1
+ORDER BY s.shard FOR UPDATE OF s SKIP LOCKED
+"""
+
+SPEND_MANY = f"""
+UPDATE quota_shards s SET tokens = {_REFILLED} - spent.tokens, refilled_at = now()
+FROM quotas q, unnest(%(shards)s::int[], %(tokens)s::int[]) AS spent(shard, tokens)
+WHERE q.provider = s.provider AND s.provider = %(provider)s AND s.shard = spent.shard
+"""
+
 # "Too many": every shard's tokens spent, so that nothing is called until they refill at the halved rate (or the
 # Retry-After ends). The shards are locked in their order, so that two such answers at once cannot deadlock.
 EMPTY = f"""
@@ -239,6 +254,39 @@ def gate(conn: sa.Connection, provider: str) -> Gate:
 def spend(conn: sa.Connection, provider: str, held: Gate) -> None:
     """A claim took the token of the shard it holds."""
     db.run(conn, SPEND, {"provider": provider, "shard": held.shard})
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """Whole tokens of the provider's bucket held for a batch of calls: by shard, in the shards' order."""
+
+    provider: str
+    by_shard: dict[int, int]
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_shard.values())
+
+
+def hold_tokens(conn: sa.Connection, provider: str) -> Tokens:
+    """Hold every shard of the provider's bucket that has a whole token and that no other claim holds."""
+    rows = db.run(conn, HOLD_TOKENS, {"provider": provider})
+    return Tokens(provider, {row.shard: row.tokens for row in rows})
+
+
+def spend_tokens(conn: sa.Connection, held: Tokens, used: int) -> None:
+    """A batch made `used` calls (at most the tokens held): their tokens are taken from the held shards."""
+    if not 0 <= used <= held.count:
+        raise ValueError(f"{used} calls cannot be paid with the {held.count} tokens held")
+    spent: dict[int, int] = {}
+    for shard, tokens in held.by_shard.items():
+        if used == 0:
+            break
+        spent[shard] = min(tokens, used)
+        used -= spent[shard]
+    if spent:
+        params = {"provider": held.provider, "shards": list(spent), "tokens": list(spent.values())}
+        db.run(conn, SPEND_MANY, params, prepare=db.REPLAN)
 
 
 def jobs_in_flight(conn: sa.Connection) -> int:

@@ -5,7 +5,10 @@ it in the job's row (AWAITING) with the first poll due a little later. Each late
 once: unfinished work is due again (the wait grows from `first_s` to `max_s`), finished work
 is fetched into the artifact store and the attempt succeeds, failed work fails the attempt
 (counted; the next attempt submits anew). A provider's callback only brings the next poll
-forward, so the poll alone decides, and callback and poll never complete a job twice.
+forward, so the poll alone decides, and callback and poll never complete a job twice. In a
+service, the polls that find the work unfinished are made in batches by its prober (`probe`,
+castad_runtime.stage.probes), which brings a claim's poll forward as a callback does once the
+work is done or failed.
 
 A request that fails on the way (429, 5xx, a timeout, a garbled answer) does not fail work
 that is already at the provider: the poll is simply due again, after the provider's
@@ -136,11 +139,41 @@ GONE = frozenset(
     }
 )
 
+
+@dataclasses.dataclass(frozen=True)
+class Later:
+    """Not had yet: ask again in `wait_s`; `throttled_s`: the provider said "too many" (its Retry-After, or 0)."""
+
+    wait_s: float
+    throttled_s: float | None = None
+
+
+def _later(error: errors.ProviderError, schedule: PollSchedule, polls: int) -> Later | None:
+    """A poll's request failed on the way: when to ask again; None if the failure is the work's own."""
+    if error.code not in WAIT_ON or (error.code in errors.CALL_FAILURES and not error.retryable):
+        return None
+    asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
+    throttled_s = asked if error.code == codes.ErrorCode.PROVIDER_RATE_LIMITED else None
+    return Later(max(asked, schedule.after(polls)), throttled_s)
+
+
 Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
 CallbackUrl = Callable[[repository.Job], str | None]
+Probe = Callable[[repository.Probe, cancellation.Cancellation], Later | None]
 
 
-def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetch: Fetch) -> runner.Work:
+@dataclasses.dataclass(frozen=True)
+class RemoteWork:
+    """A stage's work at a submit-then-poll provider (`run`), and its polls in batches (`probe`)."""
+
+    run: runner.Work
+    probe: Probe
+
+    def __call__(self, job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
+        return self.run(job, cancel)
+
+
+def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetch: Fetch) -> RemoteWork:
     """The stage's work for a submit-then-poll provider: `fetch` turns its finished work into the output."""
 
     def run(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
@@ -157,18 +190,11 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
             give_up(job)
             return runner.Awaiting(job.handle, schedule.after(job.polls))
         except errors.ProviderError as error:
-            if error.code not in WAIT_ON or (error.code in errors.CALL_FAILURES and not error.retryable):
+            if (later := _later(error, schedule, job.polls)) is None:
                 raise
             give_up(job)
-            log.warning(
-                "polling %s failed on the way (%s%s); asking again later",
-                job.handle,
-                error.code,
-                f": {error.detail}" if error.detail else "",
-            )
-            asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
-            throttled_s = asked if error.code == codes.ErrorCode.PROVIDER_RATE_LIMITED else None
-            return runner.Awaiting(job.handle, max(asked, schedule.after(job.polls)), throttled_s)
+            _asking_later(job.handle, error)
+            return runner.Awaiting(job.handle, later.wait_s, later.throttled_s)
 
     def look_up(handle: str, cancel: cancellation.Cancellation) -> Finished | None:
         """The earlier attempt's work if it is finished; None if it failed, is lost or is still at work."""
@@ -189,4 +215,31 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
                 f"the provider's work {job.handle} was not had after {schedule.give_up_s:g} s",
             )
 
-    return run
+    return RemoteWork(run, probe(api, schedule))
+
+
+def _asking_later(handle: str, error: errors.ProviderError) -> None:
+    detail = f": {error.detail}" if error.detail else ""
+    log.warning("polling %s failed on the way (%s%s); asking again later", handle, error.code, detail)
+
+
+def probe(api: RemoteApi, schedule: PollSchedule) -> Probe:
+    """One poll of a batch (castad_runtime.stage.probes): when to ask again, or None when a claim must take the job.
+
+    None when the work is done or failed, or waited past `give_up_s`: the claim then polls once more and does what
+    `work` does (fetch the result, fail the attempt). A request that fails on the way is asked again later, as in
+    `work`.
+    """
+
+    def ask(job: repository.Probe, cancel: cancellation.Cancellation) -> Later | None:
+        if job.waited_s > schedule.give_up_s:
+            return None
+        try:
+            state = api.poll(job.handle, cancel)
+        except errors.ProviderError as error:
+            if (later := _later(error, schedule, job.polls)) is not None:
+                _asking_later(job.handle, error)
+            return later
+        return None if isinstance(state, Finished) else Later(schedule.after(job.polls))
+
+    return ask

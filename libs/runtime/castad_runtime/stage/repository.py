@@ -53,6 +53,38 @@ RETURNING {columns}
 CLAIM = _CLAIM.format(claimable="status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')", columns=JOB_COLUMNS)
 CLAIM_POLL = _CLAIM.format(claimable="status = 'AWAITING'", columns=JOB_COLUMNS)  # no new attempt may start
 
+# While the service's prober asks the provider in batches how waiting work goes (castad_runtime.stage.probes), a
+# claim takes a job AWAITING its provider only once it is ready: its poll brought forward to its submit (a callback,
+# or a probe that found the work done or failed). The same predicate as the partial index jobs_claimable.
+READY = "status = 'AWAITING' AND due_at <= submitted_at"
+CLAIM_PROBED = _CLAIM.format(claimable=f"(status IN ('PENDING', 'RETRY_WAIT') OR ({READY}))", columns=JOB_COLUMNS)
+CLAIM_POLL_PROBED = _CLAIM.format(claimable=READY, columns=JOB_COLUMNS)
+
+# Up to `limit` jobs AWAITING their provider whose poll is due and not brought forward, for one batch of probes:
+# each is due again `lease_s` later, so that nothing else asks for it meanwhile (and it is asked again should this
+# process die). That new due_at is the probe's claim: its outcome is recorded only while the row still has it.
+# (The chosen rows are a materialized CTE: a subquery in `id IN (...)` may be run again for each row of a join,
+# each run finding other rows, and then more than `limit` rows are claimed.)
+CLAIM_PROBES = """
+WITH due AS MATERIALIZED (
+    SELECT id FROM jobs WHERE status = 'AWAITING' AND due_at > submitted_at AND due_at <= now()
+    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs SET due_at = now() + make_interval(secs => %(lease_s)s)
+FROM due WHERE jobs.id = due.id
+RETURNING jobs.id, handle, due_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s
+"""
+
+# A batch of probes' outcomes: work not had yet is due again after its wait (one more poll); work found done or
+# failed is ready for a claim (due at its submit, as a callback makes it). Only rows still as the probe claimed them.
+RECORD_PROBES = """
+UPDATE jobs SET updated_at = now(),
+    polls = CASE WHEN probe.ready THEN jobs.polls ELSE jobs.polls + 1 END,
+    due_at = CASE WHEN probe.ready THEN jobs.submitted_at ELSE now() + make_interval(secs => probe.wait_s) END
+FROM unnest(%s::uuid[], %s::timestamptz[], %s::bool[], %s::float8[]) AS probe(id, claimed_due, ready, wait_s)
+WHERE jobs.id = probe.id AND jobs.status = 'AWAITING' AND jobs.due_at = probe.claimed_due
+"""
+
 # RUNNING jobs whose lease ran out (jobs_leased), but for those this process still runs, locked.
 EXPIRED_LEASES = f"""
 SELECT {JOB_COLUMNS} FROM jobs
@@ -322,11 +354,13 @@ class QuotaWait:
     reason: str
 
 
-def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str | None = None) -> Job | QuotaWait | None:
+def claim_next(
+    conn: sa.Connection, worker: str, lease_s: float, provider: str | None = None, probed: bool = False
+) -> Job | QuotaWait | None:
     """Claim the most overdue claimable job under a lease and open its attempt.
 
     The job is compare-and-set to RUNNING. A job AWAITING its provider goes on with the attempt that submitted its
-    work.
+    work; `probed`: the service's prober polls such jobs, and a claim takes one only once it is ready.
 
     `provider`: claims call this provider, within its quota: none while its rate is spent or it asked
     to wait, and no new attempt while as many jobs as it allows are at it. When that holds back a job
@@ -340,7 +374,10 @@ def claim_next(conn: sa.Connection, worker: str, lease_s: float, provider: str |
             return QuotaWait(gate.closed_by) if _any_due(conn, machine.CLAIMABLE) else None
         if not gate.new_work:
             claimable = frozenset({machine.Status.AWAITING})
-    statement = CLAIM if claimable == machine.CLAIMABLE else CLAIM_POLL
+    if claimable == machine.CLAIMABLE:
+        statement = CLAIM_PROBED if probed else CLAIM
+    else:
+        statement = CLAIM_POLL_PROBED if probed else CLAIM_POLL
     row = db.run(conn, statement, {"worker": worker, "lease_s": lease_s}).fetchone()
     if row is None:
         if gate is not None and not gate.new_work and _any_due(conn, machine.NEW_ATTEMPT):
@@ -459,6 +496,45 @@ def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float,
             .values(notes="\n".join(notes))
         )
     return updated.rowcount == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A job AWAITING its provider, claimed for one probe: `claimed_due` is the claim (its row's due_at)."""
+
+    id: uuid.UUID
+    handle: str
+    claimed_due: dt.datetime
+    polls: int
+    waited_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Probed:
+    """A probe's outcome: `ready` for a claim (the work is done or failed), or due again in `wait_s`."""
+
+    probe: Probe
+    ready: bool
+    wait_s: float = 0.0
+
+
+def claim_probes(conn: sa.Connection, limit: int, lease_s: float) -> list[Probe]:
+    """Up to `limit` jobs whose poll is due, for the prober; each due again after `lease_s` until its probe is had."""
+    rows = db.run(conn, CLAIM_PROBES, {"limit": limit, "lease_s": lease_s})
+    return [Probe(row.id, row.handle, row.due_at, row.polls, float(row.waited_s)) for row in rows]
+
+
+def record_probes(conn: sa.Connection, outcomes: Collection[Probed]) -> int:
+    """Record a batch of probes' outcomes, for the jobs that are still as their probe claimed them; how many."""
+    if not outcomes:
+        return 0
+    params = (
+        [outcome.probe.id for outcome in outcomes],
+        [outcome.probe.claimed_due for outcome in outcomes],
+        [outcome.ready for outcome in outcomes],
+        [outcome.wait_s for outcome in outcomes],
+    )
+    return db.run(conn, RECORD_PROBES, params, prepare=db.REPLAN).rowcount
 
 
 def poll_now(conn: sa.Connection, pipeline_id: str) -> bool:

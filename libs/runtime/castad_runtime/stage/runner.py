@@ -155,6 +155,7 @@ class StageRunner:
         provider: str | None = None,
         metrics: metrics_.StageMetrics | None = None,
         clock: leases.Clock = leases.clock,
+        probed: bool = False,
     ) -> None:
         self.stage = stage
         self.engine = engine
@@ -163,6 +164,7 @@ class StageRunner:
         self.limits = limits
         self.worker_id = worker_id
         self.provider = provider  # claims go through this provider's quota (castad_runtime.stage.quota)
+        self.probed = probed  # a prober polls the jobs waiting at the provider (castad_runtime.stage.probes)
         self.source = topology.SOURCES[stage.value]
         self.tracer = telemetry.tracer(f"castad.{stage.value}")
         self.rng = rng or random.Random()
@@ -305,7 +307,7 @@ class StageRunner:
 
         That transaction began at `began` or after (see `claim_accepted` on a transaction that does not commit).
         """
-        job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider)
+        job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider, self.probed)
         if isinstance(job, repository.QuotaWait):
             assert self.provider is not None
             self.metrics.quota_wait(self.provider, job.reason)

@@ -35,6 +35,7 @@ from castad_runtime.stage import (
     handlers,
     http,
     machine,
+    probes,
     quota,
     remote,
     repository,
@@ -44,6 +45,7 @@ from castad_runtime.stage import (
 from castad_runtime.stage import retention as stage_retention
 
 OFFLINE_PROVIDERS = frozenset({"local", "instant"})  # every other provider is a network one, with a quota
+PROBE_LEASES = 4  # a batch of polls holds its jobs this many attempt leases (its polls wait for slow answers)
 
 # A network provider's settings are named after it (CASTAD_<STAGE>_<PROVIDER>_*): `<provider>_base_url`,
 # `_api_key`, `_api_key_file`, `_timeout_s` and `_max_answer_bytes`, of these types where they are alike;
@@ -86,6 +88,16 @@ class StageSettings(settings.StoreSettings):
         default=5.0, gt=0, description="work submitted to a network provider is first polled this long after"
     )
     poll_max_s: float = Field(default=30.0, gt=0, description="longest wait between polls (the wait grows 1.5x)")
+    probe_batch: int = Field(
+        default=100,
+        ge=0,
+        le=5000,
+        description="work waiting at a network provider is polled in batches of up to this many jobs: one"
+        " transaction claims them, one records what the polls found (0: each poll is a claim of its own)",
+    )
+    probe_threads: int = Field(
+        default=64, ge=1, le=256, description="polls of work waiting at a network provider under way at once"
+    )
     provider_give_up_s: float = Field(
         default=1800.0, gt=0, description="work a provider has not finished by then fails the attempt (retryable)"
     )
@@ -201,6 +213,20 @@ class LinkingStageSettings(StageSettings):
         " `python -m castad_api link-secrets` prints it",
     )
 
+    poll_max_called_back_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="longest wait between polls while the network provider calls back (a gateway URL is set): its"
+        " callback makes the poll due at once, and the polls are only a safety net",
+    )
+
+    def poll_schedule(self) -> remote.PollSchedule:
+        """The polls' schedule: with callbacks, the longest wait is `poll_max_called_back_s` (issue 37)."""
+        schedule = super().poll_schedule()
+        if self.gateway_url is None:
+            return schedule
+        return dataclasses.replace(schedule, max_s=max(schedule.max_s, self.poll_max_called_back_s))
+
     def link_valid_s(self) -> float:
         """How long a link this stage signs is valid: while its provider's work may take, and a margin."""
         return self.provider_give_up_s + links.MARGIN_S
@@ -243,7 +269,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     service = definition.stage.value
     process.start_observability(service, config.log_level)
     topo = topology.Topology(config.namespace)
-    engine = db.make_engine(config.database_url, pool_size=config.concurrency + config.consumer_threads + 2)
+    engine = db.make_engine(config.database_url, pool_size=config.concurrency + config.consumer_threads + 3)
     injector = faults.FaultInjector(config.faults(), random.Random())
     work = definition.make_work(config)
 
@@ -260,6 +286,17 @@ def run(definition: StageDefinition[S], config: S) -> None:
 
         outages.keep_trying(configure, f"{service}: setting the quota of {quota_limits.provider}")
     measured = instruments(service, config, topo)
+    prober = None
+    if isinstance(work, remote.RemoteWork) and config.probe_batch > 0:
+        prober = probes.Prober(
+            engine,
+            work.probe,
+            provider=quota_limits.provider if quota_limits else None,
+            batch=config.probe_batch,
+            threads=config.probe_threads,
+            lease_s=config.lease_s * PROBE_LEASES,
+            metrics=measured.stage,
+        )
     stage_runner = runner.StageRunner(
         definition.stage,
         engine,
@@ -269,6 +306,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
         process.worker_id(service),
         provider=quota_limits.provider if quota_limits else None,
         metrics=measured.stage,
+        probed=prober is not None,
     )
     jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s, config.stop_grace_s)
     stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs, injector, measured.consumer)
@@ -288,21 +326,26 @@ def run(definition: StageDefinition[S], config: S) -> None:
     pruner = retention.Pruner.of(
         stage_retention.steps(engine, artifacts.make_store(config), definition.stage, config), config
     )
-    probes = None
+    parts: list[process.Background] = [worker, jobs, pruner]
+    liveness = {
+        "consumer": health.threads_alive(worker.threads),
+        "scheduler": health.threads_alive(jobs.threads),
+        "retention": health.threads_alive(pruner.threads),
+    }
+    if prober is not None:
+        parts.append(prober)
+        liveness["prober"] = health.threads_alive(prober.threads)
+    health_server = None
     if config.health_port is not None:
-        probes = health.ProbeServer(
+        health_server = health.ProbeServer(
             config.health_port,
-            liveness={
-                "consumer": health.threads_alive(worker.threads),
-                "scheduler": health.threads_alive(jobs.threads),
-                "retention": health.threads_alive(pruner.threads),
-            },
+            liveness=liveness,
             readiness={"database": health.database(config.database_url), "rabbitmq": health.rabbitmq(config.amqp_url)},
             registry=measured.registry,
         )
-    # Parts stop in reverse order: retention, then the scheduler, so that a stopping service claims no new
-    # attempt while it finishes or hands back its running ones; events still arriving only become job rows.
-    process.run_until_signalled(service, [worker, jobs, pruner], on_stop=lambda: _stopped(engine), probes=probes)
+    # Parts stop in reverse order: the prober, retention, then the scheduler, so that a stopping service claims no
+    # new attempt while it finishes or hands back its running ones; events still arriving only become job rows.
+    process.run_until_signalled(service, parts, on_stop=lambda: _stopped(engine), probes=health_server)
 
 
 def _stopped(engine: sa.Engine) -> None:
