@@ -1,0 +1,251 @@
+"""Polls of 100,000 jobs waiting at a provider: how late each is polled, and what a poll costs.
+
+On a scratch stage database (the lyric service's migrations), `JOBS` jobs wait AWAITING their provider, their
+polls falling due evenly over `WINDOW_S` seconds (so `JOBS / WINDOW_S` polls a second are due). The provider is
+in this process and answers every poll "not yet" after `ANSWER_S` of waiting, as a network API would, without
+using the CPU: what is measured is the machinery around a poll, not an HTTP client.
+
+- `batched` (now): the stage's prober (castad_runtime.stage.probes) with the service's default batch and
+  threads: one transaction claims a batch of due polls, one records what they found.
+- `claimed` (before, the same code with `CASTAD_<STAGE>_PROBE_BATCH=0`): each poll a claim of its own by the
+  scheduler's slots (as many as the prober's threads), its attempt run and recorded as every attempt is;
+  `BEFORE_JOBS` jobs over the same window, as it cannot keep up with more.
+
+Lateness is from a poll's due time (the database's clock) to the moment it is asked; CPU is this process's
+(prober or runner, and the fake) and the PostgreSQL backends of the scratch database, per poll; commits per poll
+from pg_stat_database. Written to docs/reports/polls.md and polls.json (`make bench-polls`; `--render` writes the
+page again from the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from castad_contracts import events
+from castad_local import stack
+from castad_runtime import db, migrations
+from castad_runtime.stage import cancellation, machine, probes, remote, repository, runner, scheduler
+from castad_runtime.stage import service as stage_service
+
+from bench import commits, common, cpu, latency
+from bench import machine as bench_machine
+
+JOBS = 100_000
+BEFORE_JOBS = 3_000
+WINDOW_S = 100.0
+LEAD_S = 20.0  # from the start of a run (before the jobs are written) to the first poll due
+ANSWER_S = 0.02  # the provider's answer time
+LIMIT_S = 120.0  # a run gives up this long after its last poll was due
+ON_TIME_S = 2.0
+OUT = common.REPORTS / "polls.md"
+DATA = common.REPORTS / "polls.json"
+NEVER = remote.PollSchedule(first_s=3600.0, max_s=3600.0, give_up_s=7200.0)  # each job is polled once here
+
+
+class Waiting:
+    """A provider whose work is never done: each poll waits ANSWER_S, notes when it came, and says "not yet"."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation) -> Any:
+        raise AssertionError("nothing is submitted here")
+
+    def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending:
+        at = time.time()
+        with self._lock:
+            self.asked.setdefault(handle, at)
+        cancel.sleep(ANSWER_S)
+        return remote.Pending("RUNNING")
+
+
+def never_done(job: repository.Job, finished: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
+    raise AssertionError("the provider here never finishes")
+
+
+def fill(engine: sa.Engine, jobs: int, window_s: float) -> dict[str, float]:
+    """`jobs` jobs AWAITING, their polls due evenly over `window_s` from LEAD_S on; each handle's due time."""
+    with db.transaction(engine) as conn:
+        conn.execute(sa.text("TRUNCATE jobs, attempts"))
+        # Without the in-flight triggers (no cap here): 100,000 updates of one counter row in one transaction would
+        # take minutes, where a service inserts its jobs one transaction each.
+        conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+        start = conn.execute(sa.select(sa.func.extract("epoch", sa.func.clock_timestamp()))).scalar_one()
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, pipeline_id, status, attempts, max_attempts, due_at, input, handle,"
+                " submitted_at, lease_owner)"
+                " SELECT gen_random_uuid(), 'p-' || n, 'AWAITING', 1, 5,"
+                " to_timestamp(:start + :lead + (n - 1) * :step), '{}'::jsonb, 'w-' || n, now(), NULL"
+                " FROM generate_series(1, :jobs) AS n"
+            ),
+            {"start": float(start), "lead": LEAD_S, "step": window_s / jobs, "jobs": jobs},
+        )
+        conn.execute(
+            sa.text("INSERT INTO attempts (job_id, number, worker, outcome) SELECT id, 1, 'bench', 'running' FROM jobs")
+        )
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("VACUUM ANALYZE jobs, attempts"))
+    step = window_s / jobs
+    if time.time() > float(start) + LEAD_S:
+        raise RuntimeError(f"filling the jobs took more than {LEAD_S:g} s: the first polls would be late already")
+    return {f"w-{n}": float(start) + LEAD_S + (n - 1) * step for n in range(1, jobs + 1)}
+
+
+def one_run(engine: sa.Engine, name: str, variant: str, jobs: int, window_s: float) -> dict[str, Any]:
+    due = fill(engine, jobs, window_s)
+    api = Waiting()
+    work = remote.work(api, NEVER, lambda job: None, never_done)
+    defaults = stage_service.StageSettings.model_fields
+    batch, threads = defaults["probe_batch"].default, defaults["probe_threads"].default
+    policy = machine.RetryPolicy(5, 1.0, 60.0, jitter=0.0)
+    stage = runner.StageRunner(
+        events.Stage.LYRIC,
+        engine,
+        work,
+        events.LyricCompleted,
+        runner.Limits(policy),
+        "bench",
+        probed=variant == "batched",
+    )
+    if variant == "batched":
+        part: Any = probes.Prober(engine, work.probe, provider=None, batch=batch, threads=threads, lease_s=120.0)
+    else:
+        part = scheduler.JobScheduler(stage, threads, poll_s=0.5)
+    backends = cpu.postgres_backends(name)
+    pg_before, own_before = cpu.snapshot(backends), time.process_time()
+    commits_before = commits.read([name], settle=False)[name]
+    part.start()
+    deadline = time.monotonic() + LEAD_S + window_s + LIMIT_S
+    try:
+        while len(api.asked) < jobs and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        part.stop()
+    own, pg = time.process_time() - own_before, cpu.used(pg_before, cpu.snapshot(backends))
+    transactions = commits.read([name])[name] - commits_before
+    polls = len(api.asked)
+    late = sorted(max(0.0, at - due[handle]) for handle, at in api.asked.items())
+    return {
+        "variant": variant,
+        "jobs": jobs,
+        "polled": polls,
+        "batch": batch if variant == "batched" else 1,
+        "threads": threads,
+        "due_per_s": jobs / window_s,
+        "late_s": dict(latency.summary(late)) if late else {},
+        "on_time_share": sum(1 for s in late if s <= ON_TIME_S) / jobs,
+        "process_cpu_ms_per_poll": own * 1000 / max(polls, 1),
+        "postgres_cpu_ms_per_poll": pg * 1000 / max(polls, 1),
+        "commits_per_poll": transactions / max(polls, 1),
+    }
+
+
+def run(cleanup: common.Cleanup, jobs: int, before_jobs: int, window_s: float) -> dict[str, Any]:
+    name = f"castad_bench_{common.RUN_ID}_polls"
+    url = common.database_url(name)
+    lyric = next(database for database in stack.DATABASES if database.service == "lyric")
+    results = []
+    with cleanup.scope():
+        migrations.drop_database(url)
+        migrations.ensure_database(url)
+        cleanup.push("drop the polls database", lambda: migrations.drop_database(url))
+        migrations.upgrade(url, lyric.migrations_dir)
+        engine = db.make_engine(url, pool_size=40)
+        cleanup.push("dispose its engine", engine.dispose)
+        for variant, count in (("claimed", before_jobs), ("batched", jobs)):
+            results.append(one_run(engine, name, variant, count, window_s))
+            got = results[-1]
+            print(
+                f"{variant}: {got['polled']:,} of {count:,} polled, {got['on_time_share']:.1%} within {ON_TIME_S:g} s",
+                flush=True,
+            )
+    return {"runs": results, "window_s": window_s, "answer_s": ANSWER_S, "on_time_s": ON_TIME_S}
+
+
+def render(measured: dict[str, Any]) -> str:
+    facts = measured["facts"]
+    rows = []
+    for got in measured["runs"]:
+        late = got["late_s"]
+        label = "each poll a claim (before)" if got["variant"] == "claimed" else "batches of the prober (now)"
+        rows.append(
+            f"| {label} | {got['jobs']:,} | {got['due_per_s']:,.0f} | {got['polled']:,} | {got['on_time_share']:.1%}"
+            f" | {late.get('p50', 0):.2f} / {late.get('p99', 0):.2f} / {late.get('max', 0):.2f}"
+            f" | {got['process_cpu_ms_per_poll']:.2f} | {got['postgres_cpu_ms_per_poll']:.2f}"
+            f" | {got['commits_per_poll']:.3f} |"
+        )
+    now = next(got for got in measured["runs"] if got["variant"] == "batched")
+    before = next(got for got in measured["runs"] if got["variant"] == "claimed")
+    before_ms = before["process_cpu_ms_per_poll"] + before["postgres_cpu_ms_per_poll"]
+    return "\n".join(
+        [
+            "# Polls of work waiting at a provider",
+            "",
+            "Generated by `make bench-polls` (`python -m bench.polls`) from the measurements kept beside it in",
+            "polls.json; `python -m bench.polls --render` writes it again from them.",
+            "",
+            f"Jobs wait AWAITING their provider on a scratch stage database, their polls falling due evenly over"
+            f' {measured["window_s"]:g} s; the provider (in the benchmark\'s process) answers each poll "not yet"'
+            f" after {measured['answer_s'] * 1000:g} ms of waiting, as a network API would, without using the CPU.",
+            "What is measured is the machinery around a poll: the provider's HTTP request and its answer's parsing",
+            "come on top (the song service's whole cost of a poll, its HTTP requests included, is measured in the",
+            "[capacity model](capacity.md)).",
+            "",
+            f"Before, each poll was a claim of its own by a slot of the scheduler ({now['threads']} slots), its attempt"
+            " run and recorded as every attempt is. Now the prober (castad_runtime.stage.probes) claims up to"
+            f" {now['batch']} due polls in one transaction, asks them {now['threads']} at a time, and records what"
+            " the polls found since its last look in one transaction; a job the provider is done with is made ready,"
+            " and a claim of the runner completes it, as after a provider's callback.",
+            "",
+            f"Run {facts['date']} on {facts['cores']} cores, {facts['cpu']}; {facts['postgres']};",
+            f"load average at the start {facts['load']}.",
+            "",
+            f"| polls | jobs | due a second | polled | within {measured['on_time_s']:g} s of due |"
+            " late, s (p50 / p99 / max) | this process, CPU ms a poll | PostgreSQL, CPU ms a poll | commits a poll |",
+            "|---|---:|---:|---:|---:|---|---:|---:|---:|",
+            *rows,
+            "",
+            "The CPU of this process is the prober's or the runner's threads and the fake provider's; PostgreSQL's"
+            " is the backends serving the scratch database. The before run has fewer jobs: at"
+            f" {before_ms:.1f} ms of CPU a poll, two cores poll at most about {2000 / before_ms:,.0f} a second,"
+            " and what a poll costs does not depend on how many wait.",
+            "",
+            "Where a provider calls back (every network provider here does, when the stage has a gateway URL), the"
+            " callback makes the job ready at once and the polls are only a safety net, at most"
+            " CASTAD_<STAGE>_POLL_MAX_CALLED_BACK_S (300 s) apart: 100,000 jobs waiting then make about 333 polls a"
+            " second, a third of what this run asked.",
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--render", action="store_true", help="write the page again from polls.json, run nothing")
+    parser.add_argument("--jobs", type=int, default=JOBS)
+    parser.add_argument("--before-jobs", type=int, default=BEFORE_JOBS)
+    parser.add_argument("--window-s", type=float, default=WINDOW_S, help="the polls fall due over this long")
+    args = parser.parse_args(argv)
+    if args.render:
+        OUT.write_text(render(json.loads(DATA.read_text())))
+        return 0
+    load = bench_machine.load()
+    cleanup = common.Cleanup()
+    with common.interrupt_on_sigterm():
+        measured = run(cleanup, args.jobs, args.before_jobs, args.window_s)
+    measured["facts"] = bench_machine.brief_facts(load)
+    DATA.write_text(json.dumps(measured, indent=1) + "\n")
+    OUT.write_text(render(measured))
+    print(f"written to {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
