@@ -12,8 +12,9 @@ processes), then a model that multiplies them out:
 2. **Ceilings of the shared parts** measured here: PostgreSQL's commits a second at 32 writers (bench.notify,
    no wake-up) and one relay leader's drain of an outbox (bench.drain, one round).
 3. **Jobs waiting at a provider**: `--waiting` songs left at the music API's fake (which never finishes them),
-   each polled on the stage's schedule; over `--window-s`, the polls the fake answered and the CPU the song
-   service and its database's backends spent on them.
+   each polled on the stage's schedule by its prober (castad_runtime.stage.probes, in batches); over
+   `--window-s`, the polls the fake answered and the CPU the song service and its database's backends spent on
+   them, the HTTP requests included.
 
 The model (`model`) is arithmetic on those figures: every projected number is labelled so. Two cores cannot
 show what more hardware does; the report says which part is measured and which is projected.
@@ -226,6 +227,8 @@ def waiting(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.
         "commits_per_poll": transactions / polls,
         "poll_first_s": defaults["poll_first_s"].default,
         "poll_max_s": defaults["poll_max_s"].default,
+        "poll_max_called_back_s": stage_service.LinkingStageSettings.model_fields["poll_max_called_back_s"].default,
+        "probe_batch": defaults["probe_batch"].default,
     }
 
 
@@ -254,7 +257,9 @@ def model(measured: dict[str, Any], rate: float = TARGET_RATE, waiting_jobs: int
             "servers": math.ceil(commits_s / (ceiling["commits_per_s"] * DB_SHARE)),
             "outbox_leaders": math.ceil(run["events"][service]["events"] * rate / ceiling["relay_rows_per_s"]),
         }
-    polls_s = waiting_jobs / wait["poll_max_s"]  # a job waiting long is polled at the schedule's longest wait
+    # A job waiting long is polled at the schedule's longest wait: with callbacks (the stages' providers call back
+    # where the gateway's URL is set), the longer one of a safety net.
+    polls_s = waiting_jobs / wait.get("poll_max_called_back_s", wait["poll_max_s"])
     poll_cores = {name: ms * polls_s / 1000 for name, ms in wait["cpu_ms_per_poll"].items()}
     return {
         "rate": rate,
@@ -264,6 +269,7 @@ def model(measured: dict[str, Any], rate: float = TARGET_RATE, waiting_jobs: int
         "messages_per_s": sum(e["events"] for e in run["events"].values()) * rate,
         "deliveries_per_s": sum(e["deliveries"] for e in run["events"].values()) * rate,
         "polls_per_s": polls_s,
+        "polls_per_s_without_callbacks": waiting_jobs / wait["poll_max_s"],
         "poll_cores": poll_cores,
         "poll_commits_per_s": wait["commits_per_poll"] * polls_s,
         "total_cores": sum(p["cores"] for p in parts.values()) + sum(poll_cores.values()),
@@ -336,7 +342,15 @@ def render(measured: dict[str, Any]) -> str:
         f" {_n(wait['poll_max_s'], 0)} s). Over {_n(wait['window_s'], 0)} s the fake answered {wait['polls']}"
         f" polls ({_n(wait['polls_per_s'])}/s); each cost {_n(wait['cpu_ms_per_poll']['song'], 2)} ms of the song"
         f" service's CPU, {_n(wait['cpu_ms_per_poll']['postgres'], 2)} ms of PostgreSQL's and"
-        f" {_n(wait['commits_per_poll'], 2)} commits (a claim and a record, each its own transaction).",
+        f" {_n(wait['commits_per_poll'], 2)} commits"
+        + (
+            f" (the prober claims up to {wait['probe_batch']} due polls in one transaction and records them in one;"
+            " the HTTP requests are in the song service's CPU). At this rate a batch holds a poll or two, and the"
+            " service's CPU includes what it spends idle: the projection below from these figures is an upper"
+            " bound. [Polls of waiting work](polls.md) measures the batches at 1,000 polls a second."
+            if "probe_batch" in wait
+            else " (a claim and a record, each its own transaction)."
+        ),
         "",
         f"## Projected: {plan['rate']:,} pipelines a second and {plan['waiting_jobs']:,} jobs waiting",
         "",
@@ -350,8 +364,9 @@ def render(measured: dict[str, Any]) -> str:
             f" {NEXT[name]} |"
             for name, part in plan["parts"].items()
         ),
-        f"| polls of waiting jobs | {_n(sum(plan['poll_cores'].values()))} | | replicas of the stage | the stage's"
-        " database: every poll is a claim and a record |",
+        f"| polls of waiting jobs | {_n(sum(plan['poll_cores'].values()))} | | replicas of the stage (a prober"
+        " each) | the stage's database: "
+        + ("a batch of polls is two commits |" if "probe_batch" in wait else "every poll is a claim and a record |"),
         f"| **all** | **{_n(plan['total_cores'])}** | | | |",
         "",
         "Per database, at that rate (projected):",
@@ -370,12 +385,7 @@ def render(measured: dict[str, Any]) -> str:
         " one publisher with confirms here: a cluster spreads queues, not one queue, over its nodes, so each"
         " service's queue would be split (a queue per partition of pipelines) before a node's ceiling is reached.",
         "",
-        f"Jobs waiting (projected): {plan['waiting_jobs']:,} jobs at the longest poll wait of"
-        f" {_n(wait['poll_max_s'], 0)} s make {_n(plan['polls_per_s'], 0)} polls a second:"
-        f" {_n(plan['poll_cores'].get('song', 0))} cores of stage workers,"
-        f" {_n(plan['poll_cores'].get('postgres', 0))} of PostgreSQL and {_n(plan['poll_commits_per_s'], 0)} commits"
-        " a second. Callbacks cut this where the provider calls back (every network provider here does: the poll"
-        " is then only the safety net), and a longer longest wait divides it.",
+        *_waiting_projection(plan, wait),
         "",
         "## Where the ceilings are",
         "",
@@ -389,11 +399,43 @@ def render(measured: dict[str, Any]) -> str:
         " an outbox's drain is the ceiling of one database's event rate, so the outbox leaders column above is"
         " also the number of database partitions a service needs for its events alone.",
         "- **RabbitMQ**: per queue, one leader node; spread over nodes only by having more queues.",
-        "- **Waiting jobs**: each poll a claim, a transaction and an HTTP call; the stage's database's commits,"
-        " not the workers, are the ceiling (see the polls' commits above).",
+        "- **Waiting jobs**: "
+        + (
+            "polls in batches, two commits a batch, so the HTTP calls (the stage's CPU) are the cost, and the"
+            " provider's own rate limit is the ceiling long before the database's commits."
+            if "probe_batch" in wait
+            else "each poll a claim, a transaction and an HTTP call; the stage's database's commits, not the"
+            " workers, are the ceiling (see the polls' commits above)."
+        ),
         "",
     ]
     return "\n".join(lines)
+
+
+def _waiting_projection(plan: dict[str, Any], wait: dict[str, Any]) -> list[str]:
+    """What the waiting jobs need (projected), with callbacks and, where measured so, without."""
+    called_back = wait.get("poll_max_called_back_s")
+    longest = called_back if called_back is not None else wait["poll_max_s"]
+    lines = [
+        f"Jobs waiting (projected): {plan['waiting_jobs']:,} jobs at the longest poll wait of {_n(longest, 0)} s"
+        + (" (the providers call back: the polls are a safety net)" if called_back is not None else "")
+        + f" make {_n(plan['polls_per_s'], 0)} polls a second: {_n(plan['poll_cores'].get('song', 0))} cores of"
+        f" stage workers, {_n(plan['poll_cores'].get('postgres', 0))} of PostgreSQL and"
+        f" {_n(plan['poll_commits_per_s'], 0)} commits a second."
+    ]
+    if called_back is None:
+        lines[0] += (
+            " Callbacks cut this where the provider calls back (every network provider here does: the poll is then"
+            " only the safety net), and a longer longest wait divides it."
+        )
+    else:
+        without = plan["polls_per_s_without_callbacks"]
+        per_poll = sum(wait["cpu_ms_per_poll"].values())
+        lines[0] += (
+            f" Without callbacks, at the longest wait of {_n(wait['poll_max_s'], 0)} s, {_n(without, 0)} polls a"
+            f" second would need {_n(without * per_poll / 1000)} cores."
+        )
+    return lines
 
 
 SCALES = {

@@ -93,3 +93,19 @@ def test_the_page_is_written_again_from_the_kept_measurements(tmp_path: pathlib.
     assert "| api | 20.0 | 29 |" in page
     assert "33,333 polls a second" in page
     assert "**Measured**" in page and "**All projected.**" in page
+
+
+def test_with_callbacks_the_waiting_jobs_are_projected_at_the_safety_nets_longest_wait(tmp_path: pathlib.Path) -> None:
+    measured = _measured()
+    measured["waiting"].update(poll_max_called_back_s=300.0, probe_batch=200)
+    plan = capacity.model(measured, rate=5_000, waiting_jobs=1_000_000)
+    assert plan["polls_per_s"] == pytest.approx(1_000_000 / 300)
+    assert plan["polls_per_s_without_callbacks"] == pytest.approx(1_000_000 / 30)
+    assert plan["poll_commits_per_s"] == pytest.approx(2.0 * 1_000_000 / 300)
+
+    kept = tmp_path / "capacity.json"
+    kept.write_text(json.dumps(measured))
+    assert capacity.main(["--render", "--output", str(tmp_path / "capacity.md")]) == 0
+    page = (tmp_path / "capacity.md").read_text()
+    assert "3,333 polls a second" in page and "33,333 polls a second would need 100.0 cores" in page
+    assert "a batch of polls is two commits" in page
