@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -60,6 +60,9 @@ bench-quota: setup  ## claims a second of 32 claimers through a provider's quota
 
 bench-polls: setup  ## 100,000 jobs waiting at a provider polled as they fall due, each a claim of its own before and in batches now (about 5 minutes); writes docs/reports/polls.md
 	@$(BIN)/python -m bench.polls
+
+bench-retention: setup  ## inserts with random against time-ordered keys into 1.5 million rows, and retention's deletions a second before and now (about 4 minutes); writes docs/reports/retention.md
+	@$(BIN)/python -m bench.retention
 
 bench-capacity: setup  ## what a pipeline and a waiting job cost each part, the ceilings here, and what 5,000 pipelines/s would need (about 6 minutes); writes docs/reports/capacity.md
 	@$(BIN)/python -m bench.capacity

@@ -63,8 +63,8 @@ def outbox_ids(engine: sa.Engine) -> set[int]:
         return set(conn.execute(sa.select(tables.outbox.c.id)).scalars())
 
 
-def pruner(*steps: retention.Step, batch: int = 500) -> retention.Pruner:
-    return retention.Pruner(steps, interval_s=60, batch=batch, pause_s=0)
+def pruner(*steps: retention.Step, batch: int = 500, max_batch: int = retention.MAX_BATCH) -> retention.Pruner:
+    return retention.Pruner(steps, interval_s=60, batch=batch, pause_s=0, max_batch=max_batch)
 
 
 def test_published_outbox_rows_go_after_their_ttl_and_unpublished_or_parked_ones_never(engines):
@@ -255,7 +255,7 @@ def test_the_video_stage_deletes_the_photos_it_fetched_by_url_with_its_other_fil
 
 def test_a_run_over_many_rows_deletes_them_in_several_bounded_transactions(engines):
     engine = engines["lyric"]
-    published_outbox(engine, 25, OLD)
+    published_outbox(engine, 45, OLD)
     batches: list[int] = []
     commits: list[None] = []
     sa.event.listen(engine, "commit", lambda conn: commits.append(None))
@@ -265,9 +265,9 @@ def test_a_run_over_many_rows_deletes_them_in_several_bounded_transactions(engin
         batches.append(inner.remove(limit))
         return batches[-1]
 
-    assert pruner(retention.Step("outbox", remove), batch=10).run_once() == {"outbox": 25}
+    assert pruner(retention.Step("outbox", remove), batch=10, max_batch=20).run_once() == {"outbox": 45}
 
-    assert batches == [10, 10, 5]
+    assert batches == [10, 20, 15]  # the backlog doubled the batch, up to the most
     assert len(commits) == 3  # each batch committed on its own
     assert outbox_ids(engine) == set()
 

@@ -7,6 +7,7 @@ refuse combinations which would lose what a pipeline needs.
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import pydantic
 import pytest
@@ -55,9 +56,84 @@ def test_a_round_asks_for_batches_until_one_comes_back_short_scaled_by_the_rows_
     )
 
     assert pruner.run_once() == {"rows": 25, "pipelines": 7, "x": 0}
-    assert rows.limits == [10, 10, 10]
-    assert pipelines.limits == [2, 2, 2, 2]
+    assert rows.limits == [10, 20]  # the first came back full and quick: the backlog doubled the next
+    assert pipelines.limits == [2, 4, 8]
     assert nothing.limits == [10]
+
+
+class Clock:
+    """A monotonic clock that each batch moves on by the next of `durations`."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.now = 0.0
+        self.durations = durations
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:  # the read after a batch
+            self.now += self.durations.pop(0)
+        return self.now
+
+
+def test_a_backlog_doubles_the_batch_while_each_is_quick_up_to_the_most_and_a_slow_one_halves_it():
+    rows = Batches(10**6)
+    quick, slow = 0.01, 1.0
+    clock = Clock([quick, quick, quick, quick, slow, slow, slow, quick, quick, quick])
+    pruner = retention.Pruner(
+        [retention.Step("rows", rows)],
+        interval_s=60,
+        batch=10,
+        pause_s=0,
+        max_batch=80,
+        quick_s=0.25,
+        busy_share=1.0,
+        clock=clock,
+    )
+
+    def remove(limit: int) -> int:
+        done = rows(limit)
+        if len(rows.limits) == 10:
+            pruner.stop()
+        return done
+
+    pruner.steps = [retention.Step("rows", remove)]
+    pruner.run_once()
+
+    assert rows.limits == [10, 20, 40, 80, 80, 40, 20, 10, 20, 40]
+
+
+def test_batches_that_never_grow_when_the_most_is_the_batch():
+    rows = Batches(35)
+    pruner = retention.Pruner([retention.Step("rows", rows)], interval_s=60, batch=10, pause_s=0, max_batch=10)
+
+    assert pruner.run_once() == {"rows": 35}
+    assert rows.limits == [10, 10, 10, 10]
+
+
+def test_after_a_long_batch_the_pause_is_so_long_that_deleting_took_at_most_its_share_of_the_time():
+    rows = Batches(3 * 10)
+
+    def slow(limit: int) -> int:
+        time.sleep(0.02)
+        return rows(limit)
+
+    pruner = retention.Pruner(
+        [retention.Step("rows", slow)], interval_s=60, batch=10, pause_s=0, max_batch=10, busy_share=0.25
+    )
+    started = time.monotonic()
+    pruner.run_once()
+
+    # Four batches (the last one empty) and a pause of three times each of the three full ones.
+    assert time.monotonic() - started >= 4 * 0.02 + 3 * 3 * 0.02
+
+
+def test_the_settings_say_what_retention_does_with_a_backlog():
+    fields = settings.CommonSettings.model_fields
+    batch, pause = fields["retention_batch"].description or "", fields["retention_pause_s"].description or ""
+
+    assert f"{retention.QUICK_S:g} s" in batch and f"{retention.MAX_BATCH:,} rows" in batch
+    assert retention.BUSY_SHARE == 0.2 and "a fifth of the time" in pause
 
 
 def test_a_stopped_pruner_asks_for_no_further_batch():
@@ -71,7 +147,8 @@ def test_a_stopped_pruner_asks_for_no_further_batch():
         return done
 
     pruner.steps = [retention.Step("rows", remove)]
-    assert pruner.run_once() == {"rows": 30}
+    assert pruner.run_once() == {"rows": 10 + 20 + 40}
+    assert endless.limits == [10, 20, 40]
 
 
 def test_a_retry_is_refused_once_a_stage_ended_too_long_ago_for_a_run_to_finish_before_its_files_go():

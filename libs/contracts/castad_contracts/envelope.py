@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from castad_contracts import events
+from castad_contracts import events, ids
 
 CONTENT_TYPE = "application/cloudevents+json"
 
@@ -22,7 +22,8 @@ class Envelope(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     specversion: Literal["1.0"] = "1.0"
-    id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    # Time-ordered (version 7): it keys the outbox's and the inbox's indexes, which grow at the event rate.
+    id: uuid.UUID = Field(default_factory=ids.time_ordered)
     source: str = Field(description="the producing service, e.g. /castad/lyric")
     type: str = Field(description="event type, also the routing key")
     subject: events.PipelineId

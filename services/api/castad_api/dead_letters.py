@@ -39,7 +39,7 @@ from typing import Any
 import pydantic
 import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
-from castad_contracts import events, topology
+from castad_contracts import events, ids, topology
 from castad_runtime import amqp, backoff, consumer, db, encoder, outages, outbox, redact
 
 from castad_api import errors, projection, records, repository, retention
@@ -278,7 +278,7 @@ def _send_back(conn: sa.Connection, letter: records.DeadLetter, policy: retentio
     if refused:
         raise errors.Conflict(f"dead letter {letter.id} can no longer be replayed: {refused}", letter.status)
     env = _upcast(env)
-    outbox.append(conn, env, destination=letter.queue, delivery_id=uuid.uuid4())
+    outbox.append(conn, env, destination=letter.queue, delivery_id=ids.time_ordered())
     return f"sent back to {letter.queue} as {env.type} v{env.schemaversion}"
 
 
@@ -316,7 +316,7 @@ def _note(conn: sa.Connection, pipeline_id: str | None, event_type: str, **detai
         return
     if pipeline is not None:
         fact = event_type.replace(".", "_")  # dead_letter_replayed, ...: clear on the event stream
-        projection.record(conn, pipeline, uuid.uuid4(), event_type, None, fact, **details)
+        projection.record(conn, pipeline, ids.time_ordered(), event_type, None, fact, **details)
 
 
 class Recorder:

@@ -50,6 +50,8 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
             raise
         return _replayed(conn, made, key, digest)
     source = body.for_stages(named)
+    # Random, not time-ordered (castad_contracts.ids): every URL of the pipeline names it, and it must not be
+    # guessed nor tell when the pipeline was made.
     pipeline_id = uuid.uuid4()
     # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
     requested = events.PipelineRequested(

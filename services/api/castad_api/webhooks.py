@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from castad_contracts import api, events
+from castad_contracts import api, events, ids
 from castad_runtime import backoff, db, outages, outbound, redact
 from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
@@ -110,7 +110,8 @@ def enqueue(
         "links": {"self": f"/v1/pipelines/{pipeline_id}"},
     }
     payload = {"type": ended, "timestamp": dt.datetime.now(dt.UTC).isoformat(), "data": data}
-    row = (uuid.uuid4(), pipeline.id, url, webhook_slots.host(url), ended, Jsonb(payload))
+    # Time-ordered: one a pipeline, at the pipeline rate; the receiver checks the signature, not the id.
+    row = (ids.time_ordered(), pipeline.id, url, webhook_slots.host(url), ended, Jsonb(payload))
     db.run(conn, _ENQUEUE, row)  # in the projection's pipeline
 
 

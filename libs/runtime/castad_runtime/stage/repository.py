@@ -9,7 +9,7 @@ from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import codes
+from castad_contracts import codes, ids
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
@@ -212,7 +212,7 @@ def accept_trigger(
         conn,
         ACCEPT_TRIGGER,
         {
-            "id": uuid.uuid4(),
+            "id": ids.time_ordered(),  # a job a pipeline: its index grows at the pipeline rate
             "pipeline_id": pipeline_id,
             "max_attempts": max_attempts,
             "input": Jsonb(job_input),
@@ -272,7 +272,7 @@ def _add_without_input(
     return conn.execute(
         pg.insert(jobs)
         .values(
-            id=uuid.uuid4(),
+            id=ids.time_ordered(),
             pipeline_id=pipeline_id,
             max_attempts=max_attempts,
             due_at=sa.func.now(),
