@@ -144,6 +144,8 @@ def test_handing_back_a_parked_row_wakes_the_relay_though_no_row_is_inserted(ins
         env = outbox.add(conn, pipeline_requested(), events.PIPELINE_REQUESTED, "/t")
     with engine.begin() as conn:
         conn.execute(tables.outbox.update().values(parked_at=sa.func.now(), publish_attempts=10))
+    # The insert's own wake-up sent first: it would otherwise reach the listener during the hand-back.
+    assert wakeups.waker(engine.url.render_as_string(hide_password=False), db.OUTBOX_CHANNEL).settled()
     with listening(installation.database_urls["lyric"]) as listener:
         with db.transaction(engine) as conn:
             assert outbox.republish(conn, [env.id]) == 1

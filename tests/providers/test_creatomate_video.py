@@ -93,6 +93,7 @@ def settings_for(fake, **overrides) -> VideoSettings:
         "link_secret": stage_link_secret("video"),
         "poll_first_s": FIRST_S,
         "poll_max_s": MAX_S,
+        "poll_max_called_back_s": MAX_S,  # a gateway URL is set: the longest wait is the callbacks' safety net
         "provider_give_up_s": GIVE_UP_S,
         **overrides,
     }
