@@ -49,7 +49,8 @@ class DbosPeer:
         env = {
             **os.environ,
             "PYTHONPATH": str(common.REPO_ROOT),
-            "BENCH_DBOS_DATABASE_URL": common.dsn(self.url),
+            # DBOS parses a URL (not a libpq key=value string such as common.dsn makes), with its own driver.
+            "BENCH_DBOS_DATABASE_URL": self.url.replace("postgresql+psycopg://", "postgresql://", 1),
             "BENCH_DBOS_PORT": str(self.port),
             "BENCH_DBOS_ARTIFACTS": str(self.artifacts_dir),
             "OTEL_SDK_DISABLED": "true",
