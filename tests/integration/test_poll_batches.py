@@ -168,6 +168,29 @@ def test_every_poll_of_a_batch_takes_a_token_of_the_providers_quota(engine):
     assert len(api.polled) == 4 and quota_row(engine, name)["tokens"] < 1
 
 
+def test_while_work_is_due_for_the_runner_the_prober_leaves_it_half_the_tokens(engine):
+    name = fresh_provider(engine, max_rate_per_s=0.01, min_rate_per_s=0.01, burst=4.0)
+    api = Provider(*[remote.Pending("PENDING")] * 10)
+    stage = probed_runner(engine, api)
+    pipelines = submitted(stage, 10)
+    jobs = tables.jobs
+    with db.transaction(engine) as conn:  # other tests' jobs in this database out of the way: tokens are counted
+        conn.execute(
+            jobs.update()
+            .where(jobs.c.pipeline_id.not_in(pipelines), jobs.c.status.in_(list(machine.CLAIMABLE)))
+            .values(due_at=sa.func.now() + sa.text("interval '1 day'"), submitted_at=sa.func.now())
+        )
+    due_now(engine, pipelines[1:])
+    with db.transaction(engine) as conn:
+        assert repository.poll_now(conn, pipelines[0])  # done, the provider called back: the runner's to complete
+    api.polls = []  # the runner's poll finds it done
+    stage.provider = name
+
+    assert prober(stage, provider=name).turn() == 2  # half of the four tokens
+    eventually(lambda: turn(stage) and job_row(engine, pipelines[0]).status == Status.SUCCEEDED, timeout=5.0)
+    assert quota_row(engine, name)["tokens"] == pytest.approx(1.0, abs=0.1)
+
+
 def test_too_many_throttles_the_quota_and_a_failure_on_the_way_is_asked_again_later(engine):
     name = fresh_provider(engine)
     api = Provider(
@@ -237,6 +260,7 @@ def test_a_stopping_prober_cancels_its_polls_and_leaves_their_jobs_due(engine):
     assert time.monotonic() - began < 10
     row = job_row(engine, pipeline_id)
     assert row.status == Status.AWAITING and row.due_at <= db_now(engine)
+    assert row.polls == 0  # the provider never answered: the schedule's wait does not grow
 
 
 def not_due(engine: sa.Engine, pipeline_id: str) -> bool:

@@ -20,7 +20,8 @@ A claim of the runner then takes a ready job, polls it once more and does the re
 attempt), so the runner alone decides what an attempt comes to, and the prober only when. A probe's claim is the
 job's due_at pushed `lease_s` on: a process that dies mid-batch leaves its jobs due again then, and a callback or
 an operator's cancel meanwhile wins (an outcome is recorded only on a row still as its probe claimed it). A "too
-many" answer throttles the quota as the runner's would. Provider faults injected for tests
+many" answer throttles the quota as the runner's would, and while work is due for the runner's claims (a job ready
+to complete, one to start) the prober takes at most half the quota's tokens. Provider faults injected for tests
 (CASTAD_<STAGE>_FAULT_*) apply to the runner's calls, not to these polls.
 """
 
@@ -103,7 +104,10 @@ class Prober:
             limit, tokens = wanted, None
             if self.provider is not None:
                 tokens = quota.hold_tokens(conn, self.provider)
-                limit = min(limit, tokens.count)
+                # Work due for the runner (a job ready to complete, one to start) gets half the tokens at least:
+                # the prober looks far more often than a scheduler claims, and would otherwise take them all.
+                share = tokens.count // 2 if tokens.count and repository.claims_due(conn) else tokens.count
+                limit = min(limit, share)
             claimed = repository.claim_probes(conn, limit, self.lease_s) if limit > 0 else []
             if tokens is not None:
                 quota.spend_tokens(conn, tokens, len(claimed))
@@ -120,9 +124,9 @@ class Prober:
             self._asking.add(cancel)
         answer: remote.Later | None
         try:
-            answer = remote.Later(0.0) if self._stopping.is_set() else self.probe(job, cancel)
+            answer = remote.Later(0.0, asked=False) if self._stopping.is_set() else self.probe(job, cancel)
         except cancellation.Cancelled:
-            answer = remote.Later(0.0)  # the service stops: due again as soon as a process asks
+            answer = remote.Later(0.0, asked=False)  # the service stops: due again as soon as a process asks
         except Exception:
             log.exception("polling %s broke; a claim takes the job", job.handle)
             answer = None
@@ -138,9 +142,12 @@ class Prober:
         if not answered:
             return 0
         outcomes = [
-            repository.Probed(job, ready=answer is None, wait_s=0.0 if answer is None else answer.wait_s)
+            repository.Probed(job, ready=True)
+            if answer is None
+            else repository.Probed(job, ready=False, wait_s=answer.wait_s, asked=answer.asked)
             for job, answer in answered
         ]
+        went = any(answer is not None and answer.asked for _, answer in answered)
         throttled = [
             answer.throttled_s for _, answer in answered if answer is not None and answer.throttled_s is not None
         ]
@@ -149,7 +156,7 @@ class Prober:
                 repository.record_probes(conn, outcomes)
                 if self.provider is not None and throttled:
                     quota.throttled(conn, self.provider, max(throttled))
-                elif self.provider is not None:
+                elif self.provider is not None and went:
                     quota.relieved(conn, self.provider)
         except BaseException:
             with self._lock:  # recorded at the next look; the probes' claims hold them until then

@@ -142,10 +142,14 @@ GONE = frozenset(
 
 @dataclasses.dataclass(frozen=True)
 class Later:
-    """Not had yet: ask again in `wait_s`; `throttled_s`: the provider said "too many" (its Retry-After, or 0)."""
+    """Not had yet: ask again in `wait_s`; `throttled_s`: the provider said "too many" (its Retry-After, or 0).
+
+    `asked`: the provider answered (False: the poll never went, as when the service stops first).
+    """
 
     wait_s: float
     throttled_s: float | None = None
+    asked: bool = True
 
 
 def _later(error: errors.ProviderError, schedule: PollSchedule, polls: int) -> Later | None:

@@ -75,13 +75,14 @@ FROM due WHERE jobs.id = due.id
 RETURNING jobs.id, handle, due_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s
 """
 
-# A batch of probes' outcomes: work not had yet is due again after its wait (one more poll); work found done or
-# failed is ready for a claim (due at its submit, as a callback makes it). Only rows still as the probe claimed them.
+# A batch of probes' outcomes: work not had yet is due again after its wait (one more poll, if the provider was
+# asked); work found done or failed is ready for a claim (due at its submit, as a callback makes it). Only rows
+# still as the probe claimed them.
 RECORD_PROBES = """
-UPDATE jobs SET updated_at = now(),
-    polls = CASE WHEN probe.ready THEN jobs.polls ELSE jobs.polls + 1 END,
+UPDATE jobs SET updated_at = now(), polls = jobs.polls + probe.asked,
     due_at = CASE WHEN probe.ready THEN jobs.submitted_at ELSE now() + make_interval(secs => probe.wait_s) END
-FROM unnest(%s::uuid[], %s::timestamptz[], %s::bool[], %s::float8[]) AS probe(id, claimed_due, ready, wait_s)
+FROM unnest(%s::uuid[], %s::timestamptz[], %s::bool[], %s::float8[], %s::int[])
+    AS probe(id, claimed_due, ready, wait_s, asked)
 WHERE jobs.id = probe.id AND jobs.status = 'AWAITING' AND jobs.due_at = probe.claimed_due
 """
 
@@ -371,7 +372,7 @@ def claim_next(
         gate = quota.gate(conn, provider)
         if not gate.open:
             assert gate.closed_by is not None
-            return QuotaWait(gate.closed_by) if _any_due(conn, machine.CLAIMABLE) else None
+            return QuotaWait(gate.closed_by) if _any_due(conn, machine.CLAIMABLE, probed) else None
         if not gate.new_work:
             claimable = frozenset({machine.Status.AWAITING})
     if claimable == machine.CLAIMABLE:
@@ -404,9 +405,17 @@ def claim_pending(conn: sa.Connection, pipeline_id: str, worker: str, lease_s: f
     return job
 
 
-def _any_due(conn: sa.Connection, statuses: frozenset[machine.Status]) -> bool:
-    due = sa.select(jobs.c.id).where(jobs.c.status.in_(list(statuses)), jobs.c.due_at <= sa.func.now()).limit(1)
-    return conn.execute(sa.select(due.exists())).scalar_one()
+def _any_due(conn: sa.Connection, statuses: frozenset[machine.Status], probed: bool = False) -> bool:
+    """Whether a job of these statuses is due for a claim (`probed`: of those AWAITING, only the ready ones)."""
+    due = sa.select(jobs.c.id).where(jobs.c.status.in_(list(statuses)), jobs.c.due_at <= sa.func.now())
+    if probed:
+        due = due.where(sa.or_(jobs.c.status != machine.Status.AWAITING, jobs.c.due_at <= jobs.c.submitted_at))
+    return conn.execute(sa.select(due.limit(1).exists())).scalar_one()
+
+
+def claims_due(conn: sa.Connection) -> bool:
+    """Whether work is due for a claim of the runner while a prober polls (a prober leaves it quota tokens)."""
+    return _any_due(conn, machine.CLAIMABLE, probed=True)
 
 
 def renew_leases(conn: sa.Connection, claimed: Collection[Job], lease_s: float) -> set[uuid.UUID]:
@@ -511,11 +520,15 @@ class Probe:
 
 @dataclasses.dataclass(frozen=True)
 class Probed:
-    """A probe's outcome: `ready` for a claim (the work is done or failed), or due again in `wait_s`."""
+    """A probe's outcome: `ready` for a claim (the work is done or failed), or due again in `wait_s`.
+
+    `asked`: the provider said the work is not done yet (the schedule's wait grows); not when the poll never went.
+    """
 
     probe: Probe
     ready: bool
     wait_s: float = 0.0
+    asked: bool = True
 
 
 def claim_probes(conn: sa.Connection, limit: int, lease_s: float) -> list[Probe]:
@@ -533,6 +546,7 @@ def record_probes(conn: sa.Connection, outcomes: Collection[Probed]) -> int:
         [outcome.probe.claimed_due for outcome in outcomes],
         [outcome.ready for outcome in outcomes],
         [outcome.wait_s for outcome in outcomes],
+        [1 if outcome.asked and not outcome.ready else 0 for outcome in outcomes],
     )
     return db.run(conn, RECORD_PROBES, params, prepare=db.REPLAN).rowcount
 
