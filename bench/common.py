@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 import psycopg
+import sqlalchemy as sa
 from castad_local import REPO_ROOT as REPO_ROOT  # the harness writes its results into the repository
-from castad_runtime import db, settings
+from castad_local import stack
+from castad_runtime import db, migrations, settings
 
 log = logging.getLogger("bench")
 
@@ -86,3 +88,16 @@ def interrupt_on_sigterm() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def stage_database(cleanup: Cleanup, name: str, pool_size: int) -> sa.Engine:
+    """A scratch stage database `name` (the lyric service's migrations) and an engine on it, both gone at clean-up."""
+    url = database_url(name)
+    lyric = next(database for database in stack.DATABASES if database.service == "lyric")
+    migrations.drop_database(url)
+    migrations.ensure_database(url)
+    cleanup.push(f"drop {name}", lambda: migrations.drop_database(url))
+    migrations.upgrade(url, lyric.migrations_dir)
+    engine = db.make_engine(url, pool_size=pool_size)
+    cleanup.push(f"dispose the engine on {name}", engine.dispose)
+    return engine

@@ -27,8 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_local import stack
-from castad_runtime import db, migrations
+from castad_runtime import db
 from castad_runtime.stage import cancellation, machine, probes, remote, repository, runner, scheduler
 from castad_runtime.stage import service as stage_service
 
@@ -149,16 +148,9 @@ def one_run(engine: sa.Engine, name: str, variant: str, jobs: int, window_s: flo
 
 def run(cleanup: common.Cleanup, jobs: int, before_jobs: int, window_s: float) -> dict[str, Any]:
     name = f"castad_bench_{common.RUN_ID}_polls"
-    url = common.database_url(name)
-    lyric = next(database for database in stack.DATABASES if database.service == "lyric")
     results = []
     with cleanup.scope():
-        migrations.drop_database(url)
-        migrations.ensure_database(url)
-        cleanup.push("drop the polls database", lambda: migrations.drop_database(url))
-        migrations.upgrade(url, lyric.migrations_dir)
-        engine = db.make_engine(url, pool_size=40)
-        cleanup.push("dispose its engine", engine.dispose)
+        engine = common.stage_database(cleanup, name, pool_size=40)
         for variant, count in (("claimed", before_jobs), ("batched", jobs)):
             results.append(one_run(engine, name, variant, count, window_s))
             got = results[-1]

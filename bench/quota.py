@@ -24,8 +24,7 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
-from castad_local import stack
-from castad_runtime import db, migrations
+from castad_runtime import db
 from castad_runtime.stage import quota, repository
 
 from bench import common, latency, machine
@@ -178,16 +177,9 @@ def one_round(engine: sa.Engine, variant: str) -> dict[str, Any]:
 
 
 def run(cleanup: common.Cleanup) -> dict[str, list[dict[str, Any]]]:
-    url = common.database_url(f"castad_bench_{common.RUN_ID}_quota")
-    lyric = next(database for database in stack.DATABASES if database.service == "lyric")
     results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
     with cleanup.scope():
-        migrations.drop_database(url)
-        migrations.ensure_database(url)
-        cleanup.push("drop the quota database", lambda: migrations.drop_database(url))
-        migrations.upgrade(url, lyric.migrations_dir)
-        engine = db.make_engine(url, pool_size=CLAIMERS)
-        cleanup.push("dispose its engine", engine.dispose)
+        engine = common.stage_database(cleanup, f"castad_bench_{common.RUN_ID}_quota", pool_size=CLAIMERS)
         prepare(engine)
         for number in range(ROUNDS):
             order = VARIANTS if number % 2 == 0 else VARIANTS[::-1]

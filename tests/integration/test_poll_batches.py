@@ -121,15 +121,19 @@ def test_a_claim_takes_a_waiting_job_only_once_it_is_ready(engine):
     eventually(lambda: turn(stage) and job_row(engine, pipeline_id).status == Status.SUCCEEDED, timeout=5.0)
 
 
-def test_a_callback_during_a_batch_wins_over_what_the_batch_found(engine):
-    api = Provider(remote.Pending("PENDING"))
-    stage = probed_runner(engine, api)
+def claimed_by_a_batch(engine: sa.Engine) -> tuple[str, repository.Probe]:
+    """A job waiting at its provider, claimed by a batch of probes (with whatever else of other tests is due)."""
+    stage = probed_runner(engine, Provider(remote.Pending("PENDING")))
     (pipeline_id,) = submitted(stage, 1)
     due_now(engine, [pipeline_id])
-
     handle = job_row(engine, pipeline_id).handle
     with db.transaction(engine) as conn:
         (claimed,) = [job for job in repository.claim_probes(conn, 1000, 30.0) if job.handle == handle]
+    return pipeline_id, claimed
+
+
+def test_a_callback_during_a_batch_wins_over_what_the_batch_found(engine):
+    pipeline_id, claimed = claimed_by_a_batch(engine)
     with db.transaction(engine) as conn:
         assert repository.poll_now(conn, pipeline_id)
         assert repository.record_probes(conn, [repository.Probed(claimed, ready=False, wait_s=3600.0)]) == 0
@@ -139,13 +143,7 @@ def test_a_callback_during_a_batch_wins_over_what_the_batch_found(engine):
 
 
 def test_a_cancel_during_a_batch_wins(engine):
-    api = Provider(remote.Pending("PENDING"))
-    stage = probed_runner(engine, api)
-    (pipeline_id,) = submitted(stage, 1)
-    due_now(engine, [pipeline_id])
-    handle = job_row(engine, pipeline_id).handle
-    with db.transaction(engine) as conn:
-        (claimed,) = [job for job in repository.claim_probes(conn, 1000, 30.0) if job.handle == handle]
+    pipeline_id, claimed = claimed_by_a_batch(engine)
     with db.transaction(engine) as conn:
         conn.execute(
             tables.jobs.update().where(tables.jobs.c.pipeline_id == pipeline_id).values(status=Status.CANCELED)
