@@ -14,6 +14,7 @@ import itertools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,18 +45,23 @@ class Provider:
         self.polled: list[str] = []
         self.failed: dict[str, Exception] = {}
         self.notes: tuple[str, ...] = ()
+        self.meanwhile: Callable[[], object] | None = None  # what happens while a submit or a poll is out
         self._lock = threading.Lock()
 
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
         cancel.leaving()
+        if self.meanwhile is not None:
+            self.meanwhile()
         with self._lock:
             handle = f"task-{len(self.submitted) + 1}"
             self.submitted.append((handle, callback_url))
         return remote.Submitted(handle, self.notes)
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
+        if self.meanwhile is not None:
+            self.meanwhile()
         with self._lock:
             self.polled.append(handle)
             if handle in self.failed:  # work the provider failed stays failed
@@ -158,6 +164,68 @@ def test_a_callback_brings_the_poll_forward(engine):
     assert status_of(engine, pipeline_id) is Status.SUCCEEDED
     with db.transaction(engine) as conn:
         assert not repository.poll_now(conn, pipeline_id)  # a late callback changes nothing
+
+
+def call_back(engine: sa.Engine, pipeline_id: str) -> Callable[[], bool]:
+    """The provider's callback for the pipeline, as the stage's handler applies it (its own transaction)."""
+
+    def callback() -> bool:
+        with db.transaction(engine) as conn:
+            return repository.poll_now(conn, pipeline_id)
+
+    return callback
+
+
+def test_a_callback_that_comes_before_the_submit_is_answered_makes_the_first_poll_due_at_once(engine):
+    api = Provider()
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=3600.0, max_s=3600.0))
+    pipeline_id = add_job(stage)
+    api.meanwhile = call_back(engine, pipeline_id)  # a fast provider: done before its answer to the submit left
+
+    turn(stage)  # the submit
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.called_back_at) == (Status.AWAITING, None)
+    api.meanwhile = None
+    assert turn(stage) is not None  # not an hour later
+
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert api.polled == ["task-1"]
+
+
+def test_a_callback_during_a_poll_that_found_the_work_unfinished_makes_the_next_poll_due_at_once(engine):
+    api = Provider(remote.Pending("rendering"))
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=3600.0, max_s=3600.0))
+    pipeline_id = add_job(stage)
+    turn(stage)  # the submit
+    assert call_back(engine, pipeline_id)()  # a first callback: the provider's work moved on
+    api.meanwhile = call_back(engine, pipeline_id)  # and finished while the poll it caused was out
+
+    turn(stage)  # the poll: still rendering, by the provider's answer
+    assert job_row(engine, pipeline_id).status == Status.AWAITING
+    api.meanwhile = None
+    assert turn(stage) is not None
+
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
+    assert api.polled == ["task-1", "task-1"]
+
+
+def test_a_callback_to_a_held_job_is_forgotten_when_its_attempt_ends(engine):
+    def unavailable() -> None:
+        raise errors.ProviderError("provider_unavailable", "503 on submit")
+
+    api = Provider()
+    api.meanwhile = unavailable
+    stage = remote_runner(engine, api)
+    pipeline_id = add_job(stage)
+    claim = stage.claim_next()
+    assert claim is not None
+    assert not call_back(engine, pipeline_id)()  # held: kept for the poll its worker would schedule
+    assert job_row(engine, pipeline_id).called_back_at is not None
+
+    stage.execute(claim)  # the submit fails: the attempt ends, a retry will submit anew
+
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.called_back_at) == (Status.RETRY_WAIT, None)
 
 
 def test_of_callback_and_poll_racing_only_one_claim_completes_the_job(engine):

@@ -279,6 +279,18 @@ def drop_probe_indexes_v14() -> None:
     op.drop_index("jobs_claimable", "jobs")
 
 
+def add_called_back_v15() -> None:
+    """When the provider called back while a worker held the job, so that the poll it schedules is due at once.
+
+    Expand only: a service of the previous version neither sets nor reads it.
+    """
+    op.add_column("jobs", sa.Column("called_back_at", TZ))
+
+
+def drop_called_back_v15() -> None:
+    op.drop_column("jobs", "called_back_at")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

@@ -107,6 +107,9 @@ jobs = sa.Table(
     sa.Column("handle", sa.Text),
     sa.Column("submitted_at", TZ),
     sa.Column("polls", sa.Integer, nullable=False, server_default="0"),
+    # When the provider called back while a worker held the job (submitting or polling it): the poll that
+    # worker schedules is due at once instead (NULL: no callback since the job was last handed to a worker).
+    sa.Column("called_back_at", TZ),
     # The handle of the work the last attempt that failed with work at the provider had submitted: the next
     # attempt looks it up before submitting, and takes its result if it is there (castad_runtime.stage.remote).
     sa.Column("previous_handle", sa.Text),

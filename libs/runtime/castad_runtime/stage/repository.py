@@ -137,6 +137,7 @@ WITH moved AS (
     SET status = %(status)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
         counted_attempts = counted_attempts + %(counted)s,
         previous_handle = coalesce(handle, previous_handle), handle = NULL, submitted_at = NULL, polls = 0,
+        called_back_at = NULL,
         due_at = CASE WHEN %(retry_in_s)s::float8 IS NULL THEN due_at
                       ELSE now() + make_interval(secs => %(retry_in_s)s) END,
         finished_at = CASE WHEN %(terminal)s THEN now() ELSE finished_at END,
@@ -301,6 +302,7 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
             last_error_message=reason,
             previous_handle=sa.func.coalesce(jobs.c.handle, jobs.c.previous_handle),  # an operator's retry looks
             handle=None,
+            called_back_at=None,
             finished_at=sa.func.now(),
             updated_at=sa.func.now(),
         )
@@ -477,22 +479,25 @@ def finish_attempt(
 def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float, notes: tuple[str, ...] = ()) -> bool:
     """The attempt's work is at the provider under `handle` (just submitted, or still unfinished).
 
-    The job waits without a worker until a poll is due; the provider's `notes` on it go on the attempt. CAS on
-    version, like finish_attempt.
+    The job waits without a worker until a poll is due (in `poll_in_s`, or at once if the provider called back
+    meanwhile: `poll_now`); the provider's `notes` on it go on the attempt. CAS on version, like finish_attempt.
     """
     machine.check_transition(job.status, machine.Status.AWAITING)
+    submitted_at = jobs.c.submitted_at if job.polling else sa.func.now()
     values: dict[str, Any] = {
         "status": machine.Status.AWAITING,
         "lease_owner": None,
         "lease_expires_at": None,
         "handle": handle,
-        "due_at": db.seconds_from_now(poll_in_s),
+        # ready (READY: due by its submit) if called back while held, else due when the next poll is
+        "due_at": sa.case((jobs.c.called_back_at.is_not(None), submitted_at), else_=db.seconds_from_now(poll_in_s)),
+        "called_back_at": None,
         "updated_at": sa.func.now(),
     }
     if job.polling:
         values["polls"] = jobs.c.polls + 1
     else:
-        values.update(submitted_at=sa.func.now(), polls=0)
+        values.update(submitted_at=submitted_at, polls=0)
     updated = conn.execute(
         jobs.update()
         .where(jobs.c.id == job.id, jobs.c.version == job.version, jobs.c.status == machine.Status.RUNNING)
@@ -552,13 +557,22 @@ def record_probes(conn: sa.Connection, outcomes: Collection[Probed]) -> int:
 
 
 def poll_now(conn: sa.Connection, pipeline_id: str) -> bool:
-    """The provider says it is done (its callback): the job's poll is due at once. True if one was waiting."""
-    updated = conn.execute(
+    """The provider says it is done (its callback): the job's poll is due at once. True if one was waiting.
+
+    A job a worker holds (submitting its work, or polling it just before the provider finished) keeps the
+    callback in `called_back_at`: the poll `await_provider` schedules for it is then due at once.
+    """
+    awaiting = jobs.c.status == machine.Status.AWAITING
+    row = conn.execute(
         jobs.update()
-        .where(jobs.c.pipeline_id == pipeline_id, jobs.c.status == machine.Status.AWAITING)
-        .values(due_at=sa.func.least(jobs.c.due_at, jobs.c.submitted_at))  # ahead of polls merely due
-    )
-    return updated.rowcount == 1
+        .where(jobs.c.pipeline_id == pipeline_id, jobs.c.status.in_([machine.Status.AWAITING, machine.Status.RUNNING]))
+        .values(
+            due_at=sa.case((awaiting, sa.func.least(jobs.c.due_at, jobs.c.submitted_at)), else_=jobs.c.due_at),
+            called_back_at=sa.case((awaiting, jobs.c.called_back_at), else_=sa.func.now()),
+        )
+        .returning(jobs.c.status)
+    ).fetchone()
+    return row is not None and row.status == machine.Status.AWAITING
 
 
 def record_submission(conn: sa.Connection, job: Job, margin_s: float) -> float | None:
