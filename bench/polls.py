@@ -114,7 +114,9 @@ def one_run(engine: sa.Engine, name: str, variant: str, jobs: int, window_s: flo
         probed=variant == "batched",
     )
     if variant == "batched":
-        part: Any = probes.Prober(engine, work.probe, provider=None, batch=batch, threads=threads, lease_s=120.0)
+        part: Any = probes.Prober(
+            engine, work.probe, provider=None, batch=batch, threads=threads, lease_s=120.0, timeout_s=120.0
+        )
     else:
         part = scheduler.JobScheduler(stage, threads, poll_s=0.5)
     backends = cpu.postgres_backends(name)

@@ -17,7 +17,15 @@ from castad_runtime import db, metrics, tables
 from castad_runtime.stage import errors, machine, probes, remote, repository, runner
 
 from tests.integration.helpers import eventually
-from tests.integration.test_remote_jobs import FAST, Provider, fresh_provider, quota_row, remote_runner, turn
+from tests.integration.test_remote_jobs import (
+    FAST,
+    Provider,
+    fresh_provider,
+    quota_row,
+    remote_runner,
+    status_of,
+    turn,
+)
 from tests.integration.test_stage_runner import add_job, attempt_rows, emitted, job_row
 
 pytestmark = pytest.mark.integration
@@ -40,7 +48,7 @@ def probed_runner(
 
 def prober(stage: runner.StageRunner, provider: str | None = None, **kwargs: Any) -> probes.Prober:
     assert isinstance(stage.work, remote.RemoteWork)
-    values: dict[str, Any] = {"batch": 100, "threads": 4, "lease_s": 30.0, **kwargs}
+    values: dict[str, Any] = {"batch": 100, "threads": 4, "lease_s": 30.0, "timeout_s": 30.0, **kwargs}
     return probes.Prober(stage.engine, stage.work.probe, provider=provider, **values)
 
 
@@ -259,6 +267,38 @@ def test_a_stopping_prober_cancels_its_polls_and_leaves_their_jobs_due(engine):
     row = job_row(engine, pipeline_id)
     assert row.status == Status.AWAITING and row.due_at <= db_now(engine)
     assert row.polls == 0  # the provider never answered: the schedule's wait does not grow
+
+
+def test_a_poll_that_hangs_past_its_time_is_cancelled_and_its_job_made_ready_for_a_claim(engine):
+    class Hanging(Provider):
+        def poll(self, handle, cancel):
+            cancel.sleep(None)  # until cancelled
+            return super().poll(handle, cancel)
+
+    stage = probed_runner(engine, Hanging())
+    (pipeline_id,) = submitted(stage, 1)
+    due_now(engine, [pipeline_id])
+    ask = prober(stage, timeout_s=0.5)
+    ask.start()
+    try:
+        eventually(lambda: ready(job_row(engine, pipeline_id)), timeout=10.0, what="the hung poll cancelled")
+    finally:
+        ask.stop()
+    assert job_row(engine, pipeline_id).polls == 0
+
+
+def test_a_fault_raised_around_a_poll_makes_its_job_ready_for_a_claim(engine):
+    def faulty(job: repository.Probe, cancel: Any) -> remote.Later | None:
+        raise errors.ProviderError(codes.ErrorCode.INJECTED_FAULT, "fault injected")
+
+    stage = probed_runner(engine, Provider())  # done: its own answer to the claim's poll
+    (pipeline_id,) = submitted(stage, 1)
+    due_now(engine, [pipeline_id])
+    ask = probes.Prober(engine, faulty, provider=None, batch=10, threads=1, lease_s=30.0, timeout_s=30.0)
+
+    probe_until(ask, engine, [pipeline_id], ready)
+    turn(stage)  # the claim polls the provider itself
+    assert status_of(engine, pipeline_id) is Status.SUCCEEDED
 
 
 def not_due(engine: sa.Engine, pipeline_id: str) -> bool:

@@ -21,8 +21,10 @@ attempt), so the runner alone decides what an attempt comes to, and the prober o
 job's due_at pushed `lease_s` on: a process that dies mid-batch leaves its jobs due again then, and a callback or
 an operator's cancel meanwhile wins (an outcome is recorded only on a row still as its probe claimed it). A "too
 many" answer throttles the quota as the runner's would, and while work is due for the runner's claims (a job ready
-to complete, one to start) the prober takes at most half the quota's tokens. Provider faults injected for tests
-(CASTAD_<STAGE>_FAULT_*) apply to the runner's calls, not to these polls.
+to complete, one to start) the prober takes at most half the quota's tokens. A poll that takes longer than
+`timeout_s` is cancelled and its job made ready, so a provider that hangs ties up neither a thread nor the job (the
+runner's claim polls it under its attempt's time limit). Provider faults injected for tests (CASTAD_<STAGE>_FAULT_*)
+apply to these polls as to the runner's calls (the stage service wraps `probe` in its injector).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 
 import sqlalchemy as sa
 
 from castad_runtime import backoff, db, metrics, outages, redact
-from castad_runtime.stage import cancellation, quota, remote, repository
+from castad_runtime.stage import cancellation, errors, quota, remote, repository
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +52,19 @@ class Prober:
         batch: int,
         threads: int,
         lease_s: float,
+        timeout_s: float,
         pace_s: float = 0.05,
         idle_s: float = 0.25,
         metrics: metrics.StageMetrics | None = None,
     ) -> None:
-        if batch < 1 or threads < 1 or lease_s <= 0 or pace_s <= 0 or idle_s <= 0:
-            raise ValueError("batch and threads must be >= 1, lease_s, pace_s and idle_s > 0")
+        if batch < 1 or threads < 1 or min(lease_s, timeout_s, pace_s, idle_s) <= 0:
+            raise ValueError("batch and threads must be >= 1, lease_s, timeout_s, pace_s and idle_s > 0")
         self.engine = engine
         self.probe = probe
         self.provider = provider
         self.batch = batch
         self.lease_s = lease_s
+        self.timeout_s = min(timeout_s, lease_s)  # past its lease the probe's claim is void anyway
         self.pace_s = pace_s
         self.idle_s = idle_s
         self.metrics = metrics
@@ -67,7 +72,7 @@ class Prober:
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="probe")
         self._stopping = threading.Event()
         self._lock = threading.Condition()
-        self._asking: set[cancellation.Cancellation] = set()
+        self._asking: dict[cancellation.Cancellation, float] = {}  # polls under way: when each is up
         self._under_way = 0  # claimed, not yet recorded
         self._answered: list[tuple[repository.Probe, remote.Later | None]] = []
         self._thread = threading.Thread(target=self._loop, name="prober", daemon=True)
@@ -121,17 +126,24 @@ class Prober:
         """One poll; None makes the job ready for a claim, also when the poll itself broke (the claim sees why)."""
         cancel = cancellation.Cancellation()
         with self._lock:
-            self._asking.add(cancel)
+            self._asking[cancel] = time.monotonic() + self.timeout_s
         answer: remote.Later | None
         try:
             answer = remote.Later(0.0, asked=False) if self._stopping.is_set() else self.probe(job, cancel)
-        except cancellation.Cancelled:
-            answer = remote.Later(0.0, asked=False)  # the service stops: due again as soon as a process asks
+        except cancellation.Cancelled as cancelled:
+            if cancelled.reason is cancellation.Reason.TIMEOUT:
+                log.warning("polling %s took more than %g s; a claim takes the job", job.handle, self.timeout_s)
+                answer = None
+            else:
+                answer = remote.Later(0.0, asked=False)  # the service stops: due again as soon as a process asks
+        except errors.ProviderError as error:  # raised around the poll (injected faults): a claim polls again
+            log.warning("polling %s failed (%s); a claim takes the job", job.handle, error.code)
+            answer = None
         except Exception:
             log.exception("polling %s broke; a claim takes the job", job.handle)
             answer = None
         with self._lock:
-            self._asking.discard(cancel)
+            del self._asking[cancel]
             self._answered.append((job, answer))
             self._lock.notify_all()
 
@@ -171,10 +183,19 @@ class Prober:
                 self.metrics.provider_throttled(self.provider)
         return len(answered)
 
+    def _cancel_late(self) -> None:
+        """Cancel the polls under way longer than `timeout_s`."""
+        now = time.monotonic()
+        with self._lock:
+            late = [cancel for cancel, up_at in self._asking.items() if up_at <= now]
+        for cancel in late:
+            cancel.cancel(cancellation.Reason.TIMEOUT)
+
     def _loop(self) -> None:
         delays = backoff.Backoff(first_s=self.idle_s, max_s=5.0)
         while not self._stopping.is_set():
             try:
+                self._cancel_late()
                 self._record()
                 with self._lock:
                     free = min(self.batch, self.room - self._under_way)

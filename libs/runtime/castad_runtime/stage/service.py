@@ -288,13 +288,19 @@ def run(definition: StageDefinition[S], config: S) -> None:
     measured = instruments(service, config, topo)
     prober = None
     if isinstance(work, remote.RemoteWork) and config.probe_batch > 0:
+        probe = work.probe
+
+        def faulty_probe(job: repository.Probe, cancel: cancellation.Cancellation) -> remote.Later | None:
+            return injector.call(lambda: probe(job, cancel), cancel)
+
         prober = probes.Prober(
             engine,
-            work.probe,
+            faulty_probe,
             provider=quota_limits.provider if quota_limits else None,
             batch=config.probe_batch,
             threads=config.probe_threads,
             lease_s=config.lease_s * PROBE_LEASES,
+            timeout_s=config.attempt_timeout_s,
             metrics=measured.stage,
         )
     stage_runner = runner.StageRunner(
