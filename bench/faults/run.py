@@ -37,6 +37,7 @@ PROCESSES = deployment.PROCESSES
 QUIET_AFTER_FAULT_S = 4.0  # traffic alone between two faults
 DOWN_AFTER_KILL_S = 1.0
 LONG_SONG_S = 60.0  # a song this long keeps ffmpeg busy long enough to be caught mid-render
+FREEZE_TRIES = 20  # attempts seen before their submit, each stopped and let go again if it moved on meanwhile
 HANDOFF_P99_MS = 50.0  # the promise for pipelines no fault touches, while a row is parked
 NODE_LOSS = (
     "rabbitmq node killed",
@@ -341,18 +342,39 @@ class FaultRun:
         The attempt has not submitted its work to the music API yet. Another replica takes the attempt over and
         submits; the frozen one, woken, must send nothing (its fence).
         """
-        job_id, worker, attempt = self._song_attempt_before_its_submit()
-        name = self.stack.process_of(worker)
+        job_id, worker, attempt, name = self._stop_a_song_replica_before_its_submit()
         self.frozen_job = ("song", job_id, worker, attempt)
         self._record(
             "stage replica frozen",
             name,
-            lambda: self.stack.signal(name, signal.SIGSTOP),
+            lambda: None,  # stopped already, once its attempt was seen still before its submit
             plan.STAGE_FREEZE_S,
             lambda: self.stack.signal(name, signal.SIGCONT),
             detail=f"song job {job_id}, attempt {attempt}, before its submit",
             takeover_bound_s=plan.STAGE_FREEZE_S,  # another replica took the job over before the wake-up
         )
+
+    def _stop_a_song_replica_before_its_submit(self) -> tuple[str, str, int, str]:
+        """SIGSTOP the song replica of an attempt before its submit: the job, worker, attempt and process.
+
+        The attempt may end or submit between the look and the signal (an injected failure ends it as its latency
+        ends): then the replica goes on and another attempt is chosen.
+        """
+        with psycopg.connect(common.dsn(self.urls["song"]), autocommit=True) as conn:
+            for _ in range(FREEZE_TRIES):
+                job_id, worker, attempt = self._song_attempt_before_its_submit()
+                name = self.stack.process_of(worker)
+                self.stack.signal(name, signal.SIGSTOP)
+                still = conn.execute(
+                    "SELECT 1 FROM jobs j JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts"
+                    " WHERE j.id = %s AND j.status = 'RUNNING' AND j.attempts = %s AND j.lease_owner = %s"
+                    " AND j.handle IS NULL AND a.submitted_at IS NULL",
+                    (job_id, attempt, worker),
+                ).fetchone()
+                if still is not None:
+                    return job_id, worker, attempt, name
+                self.stack.signal(name, signal.SIGCONT)
+        raise RuntimeError(f"no song attempt stopped before its submit in {FREEZE_TRIES} tries")
 
     def _song_attempt_before_its_submit(self) -> tuple[str, str, int]:
         """A song job, the worker and the number of its attempt under way that has no handle yet.
