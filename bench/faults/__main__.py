@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     report.write(result, args.output)
     for finding in result.findings:
         print(f"finding: {finding}", file=sys.stderr)
+    if not result.handoff_target_met:
+        common.log.warning(
+            "target missed: stage handoff p99 %.1f ms, over %g ms", result.handoff_p99_ms, run.HANDOFF_P99_MS
+        )
     if result.findings:
         kept = f"; databases castad_faults_{common.RUN_ID}_* kept" if args.keep else ""
         common.log.error("%d findings; logs in %s; report %s%s", len(result.findings), workdir, args.output, kept)

@@ -179,7 +179,8 @@ def render(result: run.Result) -> str:
             f"| {hop} | {summary['n']} | {summary['p50']:.1f} | {summary['p90']:.1f} | {summary['p99']:.1f}"
             f" | {summary['max']:.1f} |"
         )
-    lines += ["", f"Target: stage handoff p99 under {run.HANDOFF_P99_MS:g} ms.", ""]
+    verdict = "met" if result.handoff_target_met else f"**missed** ({result.handoff_p99_ms:.1f} ms on this machine)"
+    lines += ["", f"Target: stage handoff p99 under {run.HANDOFF_P99_MS:g} ms: {verdict}.", ""]
     return "\n".join(lines)
 
 

@@ -38,7 +38,9 @@ QUIET_AFTER_FAULT_S = 4.0  # traffic alone between two faults
 DOWN_AFTER_KILL_S = 1.0
 LONG_SONG_S = 60.0  # a song this long keeps ffmpeg busy long enough to be caught mid-render
 FREEZE_TRIES = 20  # attempts seen before their submit, each stopped and let go again if it moved on meanwhile
-HANDOFF_P99_MS = 50.0  # the promise for pipelines no fault touches, while a row is parked
+# The target for pipelines no fault touches, while a row is parked: a speed target the report states as met or
+# missed, not a finding (the time it takes follows the machine's speed, which the promise does not).
+HANDOFF_P99_MS = 50.0
 NODE_LOSS = (
     "rabbitmq node killed",
     "rabbitmq node stopped",
@@ -88,6 +90,14 @@ class Result:
     @property
     def last_fault_end(self) -> float:
         return max(fault.ended for fault in self.faults)
+
+    @property
+    def handoff_p99_ms(self) -> float:
+        return self.handoffs_ms["stage handoff"]["p99"]
+
+    @property
+    def handoff_target_met(self) -> bool:
+        return self.handoff_p99_ms <= HANDOFF_P99_MS
 
 
 class FaultRun:
@@ -168,8 +178,6 @@ class FaultRun:
         findings += self._takeovers(snapshot)
         findings += self._every_submission_recorded(snapshot)
         handoffs = self._handoffs({a.pipeline_id for a in quiet})
-        if handoffs["stage handoff"]["p99"] > HANDOFF_P99_MS:
-            findings.append(f"handoff p99 {handoffs['stage handoff']['p99']:.1f} ms while a row was parked")
         return Result(
             plan=self.plan,
             started=started,
