@@ -366,23 +366,35 @@ class FaultRun:
         """SIGSTOP the song replica of an attempt before its submit: the job, worker, attempt and process.
 
         The attempt may end or submit between the look and the signal (an injected failure ends it as its latency
-        ends): then the replica goes on and another attempt is chosen.
+        ends), or the replica may stop inside a transaction on the job's row (recording that failure): then it
+        goes on and another attempt is chosen. Such a freeze is left out: a process stopped inside a transaction
+        holds its row locks until it wakes, so no other worker can take its job over meanwhile (PostgreSQL's
+        idle_in_transaction_session_timeout would end that transaction; Castad does not set it yet).
         """
         with psycopg.connect(common.dsn(self.urls["song"]), autocommit=True) as conn:
             for _ in range(FREEZE_TRIES):
                 job_id, worker, attempt = self._song_attempt_before_its_submit()
                 name = self.stack.process_of(worker)
                 self.stack.signal(name, signal.SIGSTOP)
-                still = conn.execute(
-                    "SELECT 1 FROM jobs j JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts"
-                    " WHERE j.id = %s AND j.status = 'RUNNING' AND j.attempts = %s AND j.lease_owner = %s"
-                    " AND j.handle IS NULL AND a.submitted_at IS NULL",
-                    (job_id, attempt, worker),
-                ).fetchone()
-                if still is not None:
+                if self._still_before_its_submit(conn, job_id, worker, attempt):
                     return job_id, worker, attempt, name
                 self.stack.signal(name, signal.SIGCONT)
         raise RuntimeError(f"no song attempt stopped before its submit in {FREEZE_TRIES} tries")
+
+    @staticmethod
+    def _still_before_its_submit(conn: psycopg.Connection[Any], job_id: str, worker: str, attempt: int) -> bool:
+        """Whether the attempt is still under way with nothing submitted, its job's row locked by no transaction."""
+        try:
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT 1 FROM jobs j JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts"
+                    " WHERE j.id = %s AND j.status = 'RUNNING' AND j.attempts = %s AND j.lease_owner = %s"
+                    " AND j.handle IS NULL AND a.submitted_at IS NULL FOR UPDATE OF j NOWAIT",
+                    (job_id, attempt, worker),
+                ).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            return False
+        return row is not None
 
     def _song_attempt_before_its_submit(self) -> tuple[str, str, int]:
         """A song job, the worker and the number of its attempt under way that has no handle yet.
