@@ -64,6 +64,45 @@ then allow 'host all postgres 127.0.0.1/32 trust' in pg_hba.conf and start it
   fi
 fi
 
+# 2b. The tests' own PostgreSQL server on 127.0.0.1:5433 (CASTAD_TEST_PG_URL names another), made from Debian's
+#     postgresql and run without fsync: the tests make and drop hundreds of databases, and a crash of this server
+#     loses nothing anyone needs. Durability itself is proven by the fault suite, on servers of its own.
+TEST_PG_PORT=5433 TEST_PG_CLUSTER=castad-tests
+TEST_PG_CONF="# castad: the tests' server (infra/local/setup.sh)
+listen_addresses = '127.0.0.1'
+port = $TEST_PG_PORT
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+max_connections = 400
+autovacuum = off"
+pg_programs() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+if [ -z "${CASTAD_TEST_PG_URL:-}" ] && ! port_open $PG_HOST $TEST_PG_PORT; then
+  say "starting the tests' PostgreSQL server on $PG_HOST:$TEST_PG_PORT (no fsync)"
+  [ -n "$(pg_programs)" ] || apt_install postgresql \
+    || die "The tests' PostgreSQL server needs Debian's postgresql: as root run apt-get install postgresql, then rerun;
+or set CASTAD_TEST_PG_URL to a server of yours (a superuser's URL without a database)."
+  if is_root; then
+    version=$(basename "$(dirname "$(pg_programs)")")
+    conf=/etc/postgresql/$version/$TEST_PG_CLUSTER
+    if [ ! -d "$conf" ]; then
+      pg_createcluster -q --start-conf=manual -p $TEST_PG_PORT "$version" $TEST_PG_CLUSTER >/dev/null
+      sed -i "1i host all postgres 127.0.0.1/32 trust # castad: local trust" "$conf/pg_hba.conf"
+      echo "$TEST_PG_CONF" > "$conf/conf.d/castad-tests.conf"
+    fi
+    pg_ctlcluster --skip-systemctl-redirect "$version" $TEST_PG_CLUSTER start
+  else
+    data=var/test-postgres
+    if [ ! -f $data/PG_VERSION ]; then
+      "$(pg_programs)/initdb" -D $data -U postgres --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+      sed -i "1i host all postgres 127.0.0.1/32 trust # castad: local trust" $data/pg_hba.conf
+      printf '%s\nunix_socket_directories = '"'%s'"'\n' "$TEST_PG_CONF" "$PWD/$data" >> $data/postgresql.conf
+    fi
+    "$(pg_programs)/pg_ctl" -D $data -l $data/server.log -w start >/dev/null
+  fi
+  wait_port $PG_HOST $TEST_PG_PORT || die "the tests' PostgreSQL server did not start; see its log"
+fi
+
 # 3. RabbitMQ on 127.0.0.1:5672 (guest/guest works from localhost).
 if ! port_open $PG_HOST $AMQP_PORT; then
   if is_root; then

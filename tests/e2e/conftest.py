@@ -29,7 +29,8 @@ from playwright.sync_api import Browser
 from sqlalchemy.pool import NullPool
 
 from tests.e2e import browser as browser_
-from tests.support import Installation
+from tests.support import briefs, waits
+from tests.support.installation import Installation
 
 STAGES = ("LYRIC", "SONG", "VIDEO")
 STAGE_SERVICES = ("lyric", "song", "video")
@@ -79,17 +80,6 @@ def outbox_facts(rows: list[Any]) -> list[tuple[str, str, int | None]]:
     return facts
 
 
-def sample_brief(customer: str = "바다책방", duration_s: int = 3) -> brief.Brief:
-    return brief.Brief(
-        customer_name=customer,
-        region="속초",
-        detail_region_info="동명항 옆 작은 서점, 바다가 보이는 창가 자리",
-        genre=brief.Style.ACOUSTIC.value,
-        orientation=brief.Orientation.VERTICAL,
-        duration_s=duration_s,
-    )
-
-
 class RunningCastad:
     def __init__(self, installation: Installation, env: Mapping[str, str], log_dir: pathlib.Path) -> None:
         self.installation = installation
@@ -109,7 +99,7 @@ class RunningCastad:
         self.services.stop_all()  # together, then waits for each
 
     def submit(self, body: brief.Brief | None = None, key: str | None = None) -> str:
-        return self.client.submit(body or sample_brief(), key).id
+        return self.client.submit(body or briefs.sample(), key).id
 
     def wait_terminal(self, pipeline_ids: list[str], timeout_s: float = 120.0) -> dict[str, api.PipelineView]:
         """Poll until every pipeline is SUCCEEDED, FAILED or CANCELED; fail the test on timeout."""
@@ -131,16 +121,14 @@ class RunningCastad:
         return views
 
     def wait_until(self, what: str, condition: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-        """Poll `condition` until it returns something truthy (and return it); fail on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.services.check_alive()
-            result = condition()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what}: not within {timeout_s} s; logs in {self.services.log_dir}")
-            time.sleep(0.1)
+        """Poll `condition` until it returns something truthy (and return it); fail on timeout or a dead service."""
+        return waits.until(
+            condition,
+            what=f"{what} (logs in {self.services.log_dir})",
+            timeout_s=timeout_s,
+            interval_s=0.1,
+            check=self.services.check_alive,
+        )
 
     def events(self, pipeline_id: str, last_event_id: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
         """(id, event name, data) of every event the gateway streams until it closes the stream.

@@ -14,7 +14,7 @@ import pytest
 from castad_api import keys, tables
 from castad_local import access, stack
 
-from tests.e2e.conftest import sample_brief
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 ALL = frozenset(keys.Scope)
@@ -32,7 +32,7 @@ def as_key(base_url: str, key: str | None) -> httpx.Client:
 
 def submit(http: httpx.Client, idempotency_key: str | None = None) -> httpx.Response:
     headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
-    return http.post("/v1/pipelines", content=sample_brief().model_dump_json(), headers=headers)
+    return http.post("/v1/pipelines", content=briefs.sample().model_dump_json(), headers=headers)
 
 
 def routes_of(pipeline_id: str) -> list[tuple[str, str]]:

@@ -15,8 +15,8 @@ import uuid
 import pytest
 from castad_local import stack
 
-from tests.e2e.conftest import sample_brief
-from tests.support import TEST_KEYS
+from tests.support import briefs
+from tests.support.installation import TEST_KEYS
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +64,7 @@ def test_cancel_retry_and_dead_letters_from_the_command_line(castad):
     one_line_error(cli(gateway, "status", "not-a-pipeline-id"), 2, "422")
     one_line_error(cli(gateway, "dead-letters", "show", "424242"), 4, "no dead letter")
 
-    hanging = running.submit(sample_brief("걸린 가게"))
+    hanging = running.submit(briefs.sample("걸린 가게"))
     canceled = cli(gateway, "cancel", hanging, "--reason", "changed my mind")
     assert canceled.returncode == 0 and f"pipeline {hanging}: CANCELING (cancel #1 requested)" in canceled.stdout
     assert running.wait_terminal([hanging])[hanging].status == "CANCELED"

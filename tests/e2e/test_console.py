@@ -24,8 +24,8 @@ from castad_local.fakes.chat import FakeChat, Reply
 from playwright.sync_api import expect
 
 from tests.e2e import browser as browser_
-from tests.e2e.conftest import sample_brief
 from tests.e2e.test_network_providers import with_chat
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 WAIT_MS = 30_000  # the longest a state may take to show on the page
@@ -111,14 +111,14 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
 
     chat.script(Reply("status", status=400), Reply("hang", seconds=120))
     shown = [running.client.upload_image(name, data).id for name, data in demo_photos.photos().items()][:2]
-    with_photos = api.PipelineRequest(**sample_brief("바다책방").model_dump(), photos=shown)
+    with_photos = api.PipelineRequest(**briefs.sample("바다책방").model_dump(), photos=shown)
     refused = running.client.submit(with_photos).id
     expect(row(console, refused)).to_have_attribute("data-status", "FAILED", timeout=WAIT_MS)
     hanging = running.submit(
         brief.Brief(customer_name="Cafe Blue", region="Busan", language=brief.Language.ENGLISH, duration_s=3)
     )
     expect(row(console, hanging)).to_have_attribute("data-status", "RUNNING", timeout=WAIT_MS)
-    succeeded = running.submit(sample_brief("파도책방"))
+    succeeded = running.submit(briefs.sample("파도책방"))
     expect(row(console, succeeded)).to_have_attribute("data-status", "SUCCEEDED", timeout=WAIT_MS)
     expect(count(console, "status-FAILED")).to_have_text(str(failed_before + 1), timeout=WAIT_MS)
     expect(row(console, refused)).to_contain_text("바다책방")
@@ -204,7 +204,7 @@ def test_the_stats_page_charts_the_window_and_dead_letters_are_replayed_and_disc
     castad, installation, broker, browser
 ):
     running = castad()
-    ids = [running.submit(sample_brief(name)) for name in ("바다책방", "파도책방", "물결책방")]
+    ids = [running.submit(briefs.sample(name)) for name in ("바다책방", "파도책방", "물결책방")]
     running.wait_terminal(ids)
     event = {
         "specversion": "1.0",
@@ -281,7 +281,7 @@ def test_a_key_sees_only_what_its_scopes_allow_and_a_revoked_key_goes_back_to_th
     castad, installation, dbs, browser
 ):
     running = castad({"CASTAD_LYRIC_FAULT_PERMANENT_RATE": "1"})
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "FAILED"
 
     # The page needs no key and is no part of the API's document; it comes with a strict policy.

@@ -6,7 +6,8 @@ import datetime as dt
 
 import pytest
 
-from tests.e2e.conftest import STAGE_SERVICES, STAGES, in_order, outbox_facts, sample_brief
+from tests.e2e.conftest import STAGE_SERVICES, STAGES, in_order, outbox_facts
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -43,13 +44,13 @@ def _stage_goes_on_without_the_relay(running, dbs, service: str, ids: list[str])
 @pytest.mark.timeout(180)
 def test_the_relay_killed_and_stopped_mid_run_loses_nothing(castad, dbs):
     running = castad({f"CASTAD_{stage}_FAULT_LATENCY_S": "0.7" for stage in STAGES})
-    ids = [running.submit(sample_brief(f"가게 {n}")) for n in range(8)]
+    ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(8)]
 
     # SIGKILL while lyrics are being written: whatever the relay had in flight is neither lost nor doubled.
     running.wait_until("a lyric attempt running", lambda: _running(dbs, "lyric", ids))
     running.services.kill("relay")
     # Requests accepted while the relay is down wait in the gateway's outbox.
-    late = [running.submit(sample_brief(f"늦은 가게 {n}")) for n in range(2)]
+    late = [running.submit(briefs.sample(f"늦은 가게 {n}")) for n in range(2)]
     _stage_goes_on_without_the_relay(running, dbs, "lyric", ids)
     assert dbs.unpublished().get("api", 0) >= len(late)
     for pid in late:
@@ -92,7 +93,7 @@ def test_the_relay_killed_and_stopped_mid_run_loses_nothing(castad, dbs):
 @pytest.mark.timeout(120)
 def test_a_stage_worker_killed_mid_call_is_recovered_after_its_lease(castad, dbs):
     running = castad({"CASTAD_SONG_FAULT_LATENCY_S": "60"})
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
 
     job = running.wait_until(
         "song attempt running",

@@ -8,7 +8,8 @@ import pika
 import pytest
 from castad_contracts import envelope as envelope_
 
-from tests.e2e.conftest import STAGE_SERVICES, sample_brief
+from tests.e2e.conftest import STAGE_SERVICES
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +43,7 @@ def _consumed(running, broker, queue: str, service: str) -> bool:
 @pytest.mark.timeout(120)
 def test_an_event_published_twice_has_one_effect(castad, dbs, broker):
     running = castad()
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
     running.wait_until("every outbox row published", lambda: dbs.unpublished() == {})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench.faults import plan, report, run
-from tests.support import require_servers
+from tests.support.servers import require_servers
 
 pytestmark = pytest.mark.e2e
 

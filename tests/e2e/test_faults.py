@@ -11,7 +11,8 @@ import uuid
 import pytest
 from castad_contracts import brief
 
-from tests.e2e.conftest import STAGE_SERVICES, in_order, outbox_facts, sample_brief
+from tests.e2e.conftest import STAGE_SERVICES, in_order, outbox_facts
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -123,7 +124,7 @@ def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_re
 @pytest.mark.timeout(120)
 def test_a_permanent_failure_ends_the_pipeline_at_that_stage_and_nothing_later_starts(castad, dbs):
     running = castad({"CASTAD_SONG_FAULT_FAILURE_RATE": "1", "CASTAD_SONG_FAULT_RETRYABLE": "false"})
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
 
     view = running.wait_terminal([pipeline_id])[pipeline_id]
 
@@ -200,7 +201,7 @@ def test_a_permanent_failure_ends_the_pipeline_at_that_stage_and_nothing_later_s
 @pytest.mark.timeout(120)
 def test_retryable_failures_end_the_pipeline_once_the_attempts_run_out(castad, dbs):
     running = castad({"CASTAD_VIDEO_FAULT_FAILURE_RATE": "1", "CASTAD_VIDEO_MAX_ATTEMPTS": "3"})
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
 
     view = running.wait_terminal([pipeline_id])[pipeline_id]
 

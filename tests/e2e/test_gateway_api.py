@@ -11,7 +11,7 @@ import pytest
 from castad_api import repository
 
 from tests.e2e.conftest import STAGE_SERVICES
-from tests.support import TEST_KEY_TENANT
+from tests.support.installation import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.e2e
 

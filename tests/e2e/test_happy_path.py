@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.e2e.conftest import RunningCastad, sample_brief
+from tests.e2e.conftest import RunningCastad
+from tests.support import briefs
 from tests.unit.test_video_provider import frame_at
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +65,7 @@ def submit_with_photos(running: RunningCastad, photo_host: str, folder: pathlib.
     assert uploaded.status_code == 201, uploaded.text
     picture(BLUE, (240, 320)).save(folder / "hall.png")
     body = {
-        **sample_brief(duration_s=6).model_dump(mode="json"),
+        **briefs.sample(duration_s=6).model_dump(mode="json"),
         "photos": [uploaded.json()["id"], f"{photo_host}/hall.png"],
     }
     accepted = running.http.post("/v1/pipelines", json=body, headers={"Idempotency-Key": str(uuid.uuid4())})

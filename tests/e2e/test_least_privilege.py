@@ -29,15 +29,15 @@ from castad_runtime import migrations
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
-from tests import support
-from tests.e2e.conftest import sample_brief
 from tests.e2e.test_operator import post
+from tests.support import briefs, servers
+from tests.support.installation import Installation
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def users(installation: support.Installation) -> Iterator[privileges.Users]:
+def users(installation: Installation) -> Iterator[privileges.Users]:
     made = privileges.Users.new(installation.namespace)
     try:
         privileges.grant(made, installation.database_urls, installation.amqp_url)
@@ -45,7 +45,7 @@ def users(installation: support.Installation) -> Iterator[privileges.Users]:
     finally:
         for url in installation.database_urls.values():
             migrations.drop_database(url)  # a role that owns a database cannot be dropped
-        privileges.drop_postgres(made, support.PG_URL)
+        privileges.drop_postgres(made, servers.PG_URL)
         privileges.drop_rabbitmq(made)
 
 
@@ -61,7 +61,7 @@ def test_each_service_as_its_own_user_runs_a_pipeline_a_retry_a_dead_letter_and_
     ports = {service: stack.free_port() for service in ("relay", "lyric")}
     env |= {f"CASTAD_{service.upper()}_HEALTH_PORT": str(port) for service, port in ports.items()}
     running = castad({**env, "CASTAD_LYRIC_FAULT_HANDLER_RATE": "1", "CASTAD_HANDLER_RETRIES": "1"})
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
 
     def listed() -> list[dict[str, Any]]:
         return running.http.get("/v1/dead-letters", params={"pipeline_id": pipeline_id}).json()["items"]
@@ -81,7 +81,7 @@ def test_each_service_as_its_own_user_runs_a_pipeline_a_retry_a_dead_letter_and_
         assert reads and set(reads.values()) == {1.0}, (url, reads)
 
     databases = {make_url(url).database: service for service, url in installation.database_urls.items()}
-    admin = sa.create_engine(support.database_url("postgres"))
+    admin = sa.create_engine(servers.database_url("postgres"))
     with admin.connect() as conn:
         sessions = conn.execute(
             sa.text("SELECT datname, usename FROM pg_stat_activity WHERE datname = ANY(:names)"),
@@ -139,10 +139,10 @@ def test_a_service_migrating_its_own_database_as_its_role_lets_in_the_relay_and_
     chart's hook Job) as that role.
     """
     made = privileges.Users.new(f"m{uuid.uuid4().hex[:10]}")
-    url = support.database_url(f"castad_{made.namespace}_lyric")
-    privileges.ensure_roles(made, support.PG_URL)
+    url = servers.database_url(f"castad_{made.namespace}_lyric")
+    privileges.ensure_roles(made, servers.PG_URL)
     try:
-        with psycopg.connect(_plain(support.database_url("postgres")), autocommit=True) as conn:
+        with psycopg.connect(_plain(servers.database_url("postgres")), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{make_url(url).database}" OWNER "{made.name("lyric")}"')
         env = {
             **os.environ,
@@ -162,7 +162,7 @@ def test_a_service_migrating_its_own_database_as_its_role_lets_in_the_relay_and_
             psycopg.connect(_plain(made.database_url("song", url)))
     finally:
         migrations.drop_database(url)
-        privileges.drop_postgres(made, support.PG_URL)
+        privileges.drop_postgres(made, servers.PG_URL)
 
 
 def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publishes_events_and_notices(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from castad_local.fakes.chat import DEFAULT_KEY, FakeChat, Reply
 
-from tests.e2e.conftest import sample_brief
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def lyric_attempts(dbs, pipeline_id: str) -> list:
 def test_lyrics_from_the_server_reach_the_video_and_a_rate_limit_waits_as_asked(castad, dbs, chat):
     running = castad(with_chat(chat))
     chat.script(Reply("status", status=429, retry_after="2"))
-    source = sample_brief("파도책방")
+    source = briefs.sample("파도책방")
 
     pipeline_id = running.submit(source)
     view = running.wait_terminal([pipeline_id])[pipeline_id]
@@ -57,7 +57,7 @@ def test_lyrics_from_the_server_reach_the_video_and_a_rate_limit_waits_as_asked(
 def test_a_refused_key_fails_the_pipeline_at_once_without_showing_the_key(castad, dbs, chat):
     running = castad(with_chat(chat, key="sk-not-the-right-one"))
 
-    pipeline_id = running.submit(sample_brief("열쇠없는가게"))
+    pipeline_id = running.submit(briefs.sample("열쇠없는가게"))
     view = running.wait_terminal([pipeline_id])[pipeline_id]
 
     assert (view.status, view.error_code) == ("FAILED", "provider_auth")

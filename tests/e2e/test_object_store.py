@@ -11,7 +11,7 @@ import hashlib
 import httpx
 import pytest
 
-from tests.e2e.conftest import sample_brief
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +22,7 @@ def test_a_pipeline_keeps_every_artifact_in_the_bucket_and_the_gateway_redirects
 ):
     running = castad(object_store.env(bucket))
 
-    pipeline_id = running.submit(sample_brief("버킷책방"))
+    pipeline_id = running.submit(briefs.sample("버킷책방"))
     view = running.wait_terminal([pipeline_id])[pipeline_id]
 
     assert view.status == "SUCCEEDED"

@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import STAGE_SERVICES, sample_brief
+from tests.e2e.conftest import STAGE_SERVICES
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +35,7 @@ def timeline_types(running, pipeline_id: str) -> list[str]:
 @pytest.mark.timeout(120)
 def test_a_cancel_stops_a_running_call_and_a_pending_job_and_nothing_later_starts(castad, dbs):
     running = castad({**HANG, "CASTAD_LYRIC_CONCURRENCY": "1"})
-    first, second = running.submit(sample_brief("첫 가게")), running.submit(sample_brief("둘째 가게"))
+    first, second = running.submit(briefs.sample("첫 가게")), running.submit(briefs.sample("둘째 가게"))
     running.wait_until("the first lyric call hanging", lambda: _attempts(dbs, "lyric", first))
     running.wait_until("the second lyric job pending", lambda: _job(dbs, "lyric", second))
     assert _job(dbs, "lyric", second)["status"] == "PENDING"
@@ -66,7 +67,7 @@ def test_a_cancel_stops_a_running_call_and_a_pending_job_and_nothing_later_start
 @pytest.mark.timeout(120)
 def test_a_cancel_during_a_retry_wait_ends_it_there_and_a_cancel_after_success_is_a_409(castad, dbs):
     running = castad({"CASTAD_SONG_FAULT_FAILURE_RATE": "1", "CASTAD_SONG_BACKOFF_BASE_S": "60"})
-    waiting = running.submit(sample_brief("기다리는 가게"))
+    waiting = running.submit(briefs.sample("기다리는 가게"))
     running.wait_until(
         "song waiting to retry", lambda: (_job(dbs, "song", waiting) or {}).get("status") == "RETRY_WAIT"
     )
@@ -81,7 +82,7 @@ def test_a_cancel_during_a_retry_wait_ends_it_there_and_a_cancel_after_success_i
 
     running.services.stop("song")
     running.services.start("song", {"CASTAD_SONG_FAULT_FAILURE_RATE": "0"})
-    done = running.submit(sample_brief("끝난 가게"))
+    done = running.submit(briefs.sample("끝난 가게"))
     assert running.wait_terminal([done])[done].status == "SUCCEEDED"
     late = post(running, f"/v1/pipelines/{done}/cancel")
     assert late.status_code == 409
@@ -95,7 +96,7 @@ def test_a_cancel_racing_the_last_stage_gives_one_outcome_each_time(castad, dbs)
     Each pipeline ends SUCCEEDED or CANCELED, never both, and every service's record agrees with the outcome.
     """
     running = castad()
-    ids = [running.submit(sample_brief(f"경주 {n}")) for n in range(20)]
+    ids = [running.submit(briefs.sample(f"경주 {n}")) for n in range(20)]
     answers = {}
     pending = set(ids)
     deadline = time.monotonic() + 120
@@ -125,7 +126,7 @@ def test_a_cancel_racing_the_last_stage_gives_one_outcome_each_time(castad, dbs)
 def test_a_retry_after_a_permanent_failure_resumes_at_that_stage_and_calls_no_earlier_provider(castad, dbs, failing):
     broken = {f"CASTAD_{failing.upper()}_FAULT_FAILURE_RATE": "1", f"CASTAD_{failing.upper()}_FAULT_RETRYABLE": "false"}
     running = castad(broken)
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "FAILED"
     early = post(running, f"/v1/pipelines/{pipeline_id}/cancel")
     assert (early.status_code, early.json()["status"]) == (409, "FAILED")
@@ -154,7 +155,7 @@ def test_a_retry_after_a_permanent_failure_resumes_at_that_stage_and_calls_no_ea
 @pytest.mark.timeout(120)
 def test_a_pipeline_past_its_deadline_is_canceled_with_deadline_exceeded(castad, dbs):
     running = castad({**HANG, "CASTAD_API_PIPELINE_DEADLINE_S": "3", "CASTAD_API_DEADLINE_POLL_S": "0.5"})
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
 
     view = running.wait_terminal([pipeline_id], timeout_s=30)[pipeline_id]
 
@@ -167,7 +168,7 @@ def test_a_pipeline_past_its_deadline_is_canceled_with_deadline_exceeded(castad,
 @pytest.mark.timeout(180)
 def test_a_poison_message_is_dead_lettered_listed_replayed_after_the_fix_and_the_pipeline_completes(castad, dbs):
     running = castad({"CASTAD_LYRIC_FAULT_HANDLER_RATE": "1", "CASTAD_HANDLER_RETRIES": "1"})
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
 
     def listed():
         page = running.http.get("/v1/dead-letters", params={"pipeline_id": pipeline_id}).json()

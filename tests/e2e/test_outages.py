@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from bench.faults import outage
-from tests.e2e.conftest import STAGE_SERVICES, sample_brief
+from tests.e2e.conftest import STAGE_SERVICES
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +29,7 @@ def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_com
     castad, dbs, broker, installation
 ):
     running = castad(SLOWER_LYRICS)
-    ids = [running.submit(sample_brief(f"가게 {n}")) for n in range(4)]
+    ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(4)]
     streamed: dict[str, list] = {pid: [] for pid in ids[:2]}
 
     def follow(pipeline_id: str) -> None:
@@ -45,7 +46,7 @@ def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_com
         time.sleep(0.5)
         refused = running.http.post(
             "/v1/pipelines",
-            content=sample_brief("늦은 가게").model_dump_json(),
+            content=briefs.sample("늦은 가게").model_dump_json(),
             headers={"Content-Type": "application/json", "Idempotency-Key": "during-the-outage"},
         )
         read = running.http.get(f"/v1/pipelines/{ids[0]}")
@@ -54,7 +55,7 @@ def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_com
     assert (refused.status_code, refused.headers.get("Retry-After")) == (503, "2")
     assert "unavailable" in refused.json()["detail"]
     assert read.status_code == 503
-    late = running.submit(sample_brief("늦은 가게"), key="during-the-outage")  # the client tries again
+    late = running.submit(briefs.sample("늦은 가게"), key="during-the-outage")  # the client tries again
     views = running.wait_terminal([*ids, late], timeout_s=120)
 
     assert {view.status for view in views.values()} == {"SUCCEEDED"}
@@ -70,10 +71,10 @@ def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_com
 @pytest.mark.parametrize("stage", STAGE_SERVICES)
 def test_a_stage_database_out_mid_run_costs_no_attempt(castad, dbs, broker, installation, stage):
     running = castad({f"CASTAD_{stage.upper()}_MAX_ATTEMPTS": "1"})
-    ids = [running.submit(sample_brief(f"가게 {n}")) for n in range(3)]
+    ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(3)]
 
     with outage.database_down(installation.database_urls[stage]):
-        more = [running.submit(sample_brief(f"또 다른 가게 {n}")) for n in range(3)]
+        more = [running.submit(briefs.sample(f"또 다른 가게 {n}")) for n in range(3)]
         time.sleep(OUTAGE_S)
 
     views = running.wait_terminal([*ids, *more], timeout_s=120)

@@ -17,8 +17,9 @@ import httpx
 import httpx_sse
 import pytest
 
-from tests.e2e.conftest import STAGE_SERVICES, sample_brief
+from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_cli import cli, one_line_error
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
@@ -55,7 +56,7 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
         followers[-1].start()
         assert opened.wait(10), f"the {name} stream did not open"
 
-    pipeline_id = running.submit(sample_brief("바다책방"))
+    pipeline_id = running.submit(briefs.sample("바다책방"))
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
 
     answer = running.http.get(f"/v1/pipelines/{pipeline_id}/timeline")

@@ -16,7 +16,7 @@ from castad_local import stack
 from castad_local.fakes import chat, creatomate, suno
 
 from tests.e2e.test_languages import BRIEFS
-from tests.support import link_secrets, signed_path
+from tests.support.links import link_secrets, signed_path
 
 pytestmark = pytest.mark.e2e
 FIRST_POLL_S = "60"

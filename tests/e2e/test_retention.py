@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from castad_api import tables as api_tables
 from castad_runtime import tables
 
-from tests.e2e.conftest import STAGE_SERVICES, sample_brief
+from tests.e2e.conftest import STAGE_SERVICES
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +56,7 @@ def kept(dbs, pipeline_id: str) -> dict[str, int]:
 @pytest.mark.timeout(180)
 def test_every_service_deletes_what_outlived_its_retention_and_nothing_recent(castad, dbs, installation):
     running = castad({"CASTAD_RETENTION_INTERVAL_S": "0.5"})
-    old, recent = running.submit(sample_brief("오래된 가게")), running.submit(sample_brief("새 가게"))
+    old, recent = running.submit(briefs.sample("오래된 가게")), running.submit(briefs.sample("새 가게"))
     views = running.wait_terminal([old, recent])
     assert {view.status for view in views.values()} == {"SUCCEEDED"}
     running.wait_until("every event published", lambda: not dbs.unpublished())

@@ -18,7 +18,8 @@ from castad_local.fakes import chat, creatomate, suno
 
 from tests.e2e.test_languages import BRIEFS
 from tests.e2e.test_tracing import Collector
-from tests.support import ObjectStore, link_secrets
+from tests.support.links import link_secrets
+from tests.support.object_store import ObjectStore
 
 pytestmark = pytest.mark.e2e
 WEBHOOK_SECRET = "whsec_Y2FzdGFkIGUyZSBzZWNyZXRzIGtleSAxMjM0NTY="

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import sample_brief
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +51,7 @@ def stop_mid_render(running, pipeline_id: str) -> float:
 @pytest.mark.timeout(240)
 def test_a_render_still_running_when_its_service_is_stopped_finishes_within_the_grace_period(castad, dbs):
     running = castad({**SLOW_RENDER, "CASTAD_VIDEO_STOP_GRACE_S": "60"})
-    pipeline_id = running.submit(sample_brief(duration_s=40))
+    pipeline_id = running.submit(briefs.sample(duration_s=40))
 
     stop_mid_render(running, pipeline_id)
 
@@ -65,7 +65,7 @@ def test_a_render_still_running_when_its_service_is_stopped_finishes_within_the_
 @pytest.mark.timeout(240)
 def test_a_render_outlasting_the_grace_period_is_handed_back_uncounted_and_done_after_the_restart(castad, dbs):
     running = castad({**SLOW_RENDER, "CASTAD_VIDEO_STOP_GRACE_S": "0.2"})
-    pipeline_id = running.submit(sample_brief(duration_s=40))
+    pipeline_id = running.submit(briefs.sample(duration_s=40))
 
     stopped_in = stop_mid_render(running, pipeline_id)
 

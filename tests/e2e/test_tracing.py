@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.e2e.conftest import sample_brief
+from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
@@ -138,7 +138,7 @@ def test_one_pipeline_is_one_trace_across_all_five_services(castad, dbs, collect
             "OTEL_SERVICE_NAME": "",
         }
     )
-    pipeline_id = running.submit(sample_brief())
+    pipeline_id = running.submit(briefs.sample())
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
 
     # The pipeline's trace: the one the gateway put into its pipeline.requested event.

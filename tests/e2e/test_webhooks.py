@@ -17,8 +17,8 @@ from castad_local import access
 from castad_local.fakes import server
 from standardwebhooks import Webhook
 
-from tests.e2e.conftest import sample_brief
-from tests.support import TEST_KEY_TENANT
+from tests.support import briefs
+from tests.support.installation import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ def test_the_end_of_a_pipeline_is_told_to_its_callback_url_signed_and_retried(ca
                 "CASTAD_API_WEBHOOK_POLL_S": "0.2",
             }
         )
-        body = {**sample_brief("알림책방").model_dump(mode="json"), "callback_url": f"{receiver.url}/hooks/castad?k=1"}
+        body = {**briefs.sample("알림책방").model_dump(mode="json"), "callback_url": f"{receiver.url}/hooks/castad?k=1"}
 
         accepted = running.http.post("/v1/pipelines", json=body, headers={"Idempotency-Key": "webhook-1"})
         pipeline_id = accepted.json()["id"]

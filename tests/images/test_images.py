@@ -24,8 +24,8 @@ import pytest
 from castad_cli import client as client_
 from castad_local import REPO_ROOT, stack
 
-from tests.e2e.conftest import sample_brief
-from tests.support import Installation
+from tests.support import briefs
+from tests.support.installation import Installation
 
 pytestmark = [pytest.mark.images, pytest.mark.integration]
 
@@ -134,7 +134,7 @@ def test_the_stack_runs_from_the_images_to_a_finished_video(images, containers, 
 
     gateway = client_.Client(f"http://127.0.0.1:{ports['api']}", api_key=installation.api_key)
     try:
-        accepted = gateway.submit(sample_brief(), f"images-{uuid.uuid4()}")
+        accepted = gateway.submit(briefs.sample(), f"images-{uuid.uuid4()}")
         deadline = time.monotonic() + 600
         view = gateway.status(accepted.id)
         while view.status not in ("SUCCEEDED", "FAILED", "CANCELED") and time.monotonic() < deadline:

@@ -24,18 +24,40 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from tests.integration import gateway as gateway_
 from tests.integration.helpers import Amqp, LoopThread
-from tests.support import Installation
+from tests.support.installation import Installation
+
+
+class Engines(Mapping[str, sa.Engine]):
+    """One engine per service database, each made (with its database) when a test first asks for it."""
+
+    def __init__(self, installation: Installation) -> None:
+        self.installation = installation
+        self.made: dict[str, sa.Engine] = {}
+
+    def __getitem__(self, service: str) -> sa.Engine:
+        if service not in self.made:
+            self.made[service] = db.make_engine(self.installation.database_urls[service])
+        return self.made[service]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.installation.database_urls)
+
+    def __len__(self) -> int:
+        return len(self.installation.database_urls)
+
+    def dispose(self) -> None:
+        for engine in self.made.values():
+            engine.dispose()
 
 
 @pytest.fixture
-def engines(installation: Installation) -> Iterator[dict[str, sa.Engine]]:
-    """One engine per service database, disposed after the test."""
-    made = {service: db.make_engine(url) for service, url in installation.database_urls.items()}
+def engines(installation: Installation) -> Iterator[Engines]:
+    """One engine per service database (made on first use), disposed after the test."""
+    made = Engines(installation)
     try:
         yield made
     finally:
-        for engine in made.values():
-            engine.dispose()
+        made.dispose()
 
 
 @pytest.fixture
@@ -159,9 +181,10 @@ def run_consumer(installation: Installation) -> Iterator[Consumers]:
 def api(installation: Installation) -> Iterator[Callable[..., gateway_.RunningApi]]:
     """`api(**settings)`: the gateway's HTTP API served from this process on the installation's database."""
     running: list[gateway_.RunningApi] = []
+    database_url = installation.database_urls["api"]  # made now, not inside what a test measures
 
     def start(**settings: Any) -> gateway_.RunningApi:
-        running.append(gateway_.RunningApi(installation.database_urls["api"], installation.artifacts_dir, **settings))
+        running.append(gateway_.RunningApi(database_url, installation.artifacts_dir, **settings))
         return running[-1]
 
     try:
@@ -172,6 +195,6 @@ def api(installation: Installation) -> Iterator[Callable[..., gateway_.RunningAp
 
 
 @pytest.fixture
-def gateway(engines: dict[str, sa.Engine]) -> gateway_.Projection:
+def gateway(engines: Mapping[str, sa.Engine]) -> gateway_.Projection:
     """Pipelines accepted by the installation's gateway, and stage events applied to its projection."""
     return gateway_.Projection(engines["api"])

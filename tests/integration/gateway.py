@@ -23,7 +23,8 @@ from castad_contracts import api, brief, envelope, events
 from castad_local import stack
 from castad_runtime import artifacts, db, groups
 
-from tests.integration.helpers import eventually, now
+from tests.integration.helpers import now
+from tests.support import briefs, waits
 
 LYRICS = events.Lyrics(
     title="바다", language=brief.Language.KOREAN, sections=(events.LyricSection(kind="verse", lines=("라",)),)
@@ -132,7 +133,12 @@ class Projection:
         artifact = events.Artifact(
             uri=f"file:///artifacts/{stage.value}", sha256="0" * 64, size=1, media_type=MEDIA[stage]
         )
-        fields: dict[str, Any] = {**common, "artifact": artifact, "completed_at": at, "brief": sample_brief()}
+        fields: dict[str, Any] = {
+            **common,
+            "artifact": artifact,
+            "completed_at": at,
+            "brief": briefs.sample("Cafe Blue", region="Busan"),
+        }
         if stage is events.Stage.LYRIC:
             return events.LyricCompleted(**fields, lyrics=LYRICS)
         if stage is events.Stage.SONG:
@@ -159,10 +165,6 @@ class Projection:
                 .where(timeline.c.pipeline_id == uuid.UUID(pipeline_id), timeline.c.event_type == event_type)
                 .values(occurred_at=at)
             )
-
-
-def sample_brief() -> brief.Brief:
-    return brief.Brief(customer_name="Cafe Blue", region="Busan")
 
 
 class RunningApi:
@@ -200,7 +202,7 @@ class RunningApi:
         self.thread = threading.Thread(target=self.server.run, name="test-api", daemon=True)
         self.thread.start()
         self.clients: list[httpx.Client] = []
-        eventually(lambda: self.server.started, what="the gateway's HTTP server started")
+        waits.until(lambda: self.server.started, what="the gateway's HTTP server started")
 
     def client(self, key: str | None) -> httpx.Client:
         """A client calling with `key` (None: with none)."""

@@ -11,7 +11,6 @@ import json
 import random
 import re
 import threading
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
@@ -23,23 +22,9 @@ from castad_contracts import brief, envelope, events, topology
 from castad_runtime import consumer, db, inbox, outbox, tables
 from castad_runtime.stage import cancellation, handlers, leases, machine, repository, runner
 
+from tests.support import briefs, waits
+
 T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
-    """Call `probe` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what or probe}")
-        time.sleep(interval)
-
-
-def sample_brief() -> brief.Brief:
-    return brief.Brief(customer_name="바다책방", region="속초", detail_region_info="동명항 옆 작은 서점")
 
 
 def now() -> dt.datetime:
@@ -48,7 +33,7 @@ def now() -> dt.datetime:
 
 def pipeline_requested(pipeline_id: str | None = None, **fields: Any) -> events.PipelineRequested:
     return events.PipelineRequested(
-        pipeline_id=pipeline_id or str(uuid.uuid4()), brief=sample_brief(), requested_at=now(), **fields
+        pipeline_id=pipeline_id or str(uuid.uuid4()), brief=briefs.sample(), requested_at=now(), **fields
     )
 
 
@@ -248,7 +233,7 @@ class Amqp:
             taken.extend(self.take_all(queue))
             return len(taken) >= n
 
-        eventually(enough, timeout=timeout, interval=0.05, what=f"{n} messages on {queue} (got {len(taken)})")
+        waits.until(enough, timeout_s=timeout, interval_s=0.05, what=f"{n} messages on {queue} (got {len(taken)})")
         return taken
 
     def depth(self, queue: str) -> int:

@@ -15,7 +15,7 @@ from castad_runtime import messaging
 from typer.testing import CliRunner
 
 from tests.integration.helpers import Amqp
-from tests.support import AMQP_URL
+from tests.support.servers import AMQP_URL
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from castad_local import privileges
 from bench import common
 from bench.faults import engines, rabbitmq
 from bench.faults import postgres as postgres_
-from tests.integration.helpers import eventually
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -151,7 +151,7 @@ def test_a_commit_survives_kill_9_of_the_primary_and_the_promoted_standby_takes_
         # Synchronous: the commit returned after the standby had its WAL on disk; not yet replayed, maybe.
         received = standby.execute("SELECT pg_last_wal_receive_lsn() >= %s::pg_lsn", before_commit).fetchone()
         assert received == (True,)
-        eventually(lambda: standby.execute("SELECT count(*) FROM facts").fetchone() == (1,), what="row replayed")
+        waits.until(lambda: standby.execute("SELECT count(*) FROM facts").fetchone() == (1,), what="row replayed")
 
     postgres.kill_primary()
     postgres.promote()
@@ -175,7 +175,7 @@ def test_a_commit_survives_kill_9_of_the_primary_and_the_promoted_standby_takes_
         assert replication == [(postgres.standby.name, "sync")]
         conn.execute("INSERT INTO facts VALUES (4, 'with the rebuilt standby')")
     with psycopg.connect(_direct(first_primary), autocommit=True) as standby:
-        eventually(lambda: standby.execute("SELECT count(*) FROM facts").fetchone() == (4,), what="rows replayed")
+        waits.until(lambda: standby.execute("SELECT count(*) FROM facts").fetchone() == (4,), what="rows replayed")
 
 
 def _direct(port: int) -> str:

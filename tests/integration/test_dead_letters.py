@@ -27,11 +27,11 @@ from tests.integration.helpers import (
     Counted,
     Delivered,
     count,
-    eventually,
     now,
     requested_envelope,
     stage_trigger_handler,
 )
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
         amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, body)
     amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, good.to_json(), message_id=str(good.id))
 
-    eventually(lambda: handler.finished == 1, what="the good message handled")
+    waits.until(lambda: handler.finished == 1, what="the good message handled")
     dead = [recorded(message) for message in amqp.take(topology.dead_letter_queue, len(bad))]
 
     reasons = {row["reason"]: row for row in dead}
@@ -81,7 +81,7 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     for queue in (topology.queue("lyric"), topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
     kinds = {metrics.UNDECODABLE: 4, metrics.UNKNOWN_TYPE: 1, metrics.INVALID_PAYLOAD: 1}
-    eventually(lambda: {kind: _dead_letters(registry, kind) for kind in kinds} == kinds, what=f"counted: {kinds}")
+    waits.until(lambda: {kind: _dead_letters(registry, kind) for kind in kinds} == kinds, what=f"counted: {kinds}")
     assert _handoffs(registry) == 1  # only the good one reached a handler
 
 
@@ -116,7 +116,7 @@ def test_a_message_its_handler_keeps_failing_on_is_dead_lettered_after_the_last_
     assert calls.count(doomed.subject) == 3 and calls.count(good.subject) == 1
     for queue in (topology.queue("lyric"), topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
-    eventually(lambda: _dead_letters(registry, metrics.HANDLER_FAILED) == 1, what="counted as handler_failed")
+    waits.until(lambda: _dead_letters(registry, metrics.HANDLER_FAILED) == 1, what="counted as handler_failed")
     assert _handoffs(registry) == 2  # the doomed one's retries waited in the delay queue: no handoff
 
 
@@ -229,7 +229,7 @@ def test_an_event_from_another_service_than_its_types_producer_is_dead_lettered_
         amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, env.to_json(), message_id=str(env.id))
 
     [dead] = amqp.take(topology.dead_letter_queue, 1)
-    eventually(lambda: handler.finished >= 1, what="the genuine one handled")
+    waits.until(lambda: handler.finished >= 1, what="the genuine one handled")
 
     row = recorded(dead)
     assert row["event_id"] == forged.id and row["queue"] == topology.queue("lyric")
@@ -237,7 +237,7 @@ def test_an_event_from_another_service_than_its_types_producer_is_dead_lettered_
     assert handler.finished == 1
     assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == forged.subject) == 0
     assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
-    eventually(lambda: _dead_letters(registry, metrics.WRONG_SOURCE) == 1, what="counted as wrong_source")
+    waits.until(lambda: _dead_letters(registry, metrics.WRONG_SOURCE) == 1, what="counted as wrong_source")
 
 
 def test_a_dead_letter_is_replayed_only_into_the_queue_it_died_in_whatever_it_claims(installation, engines, amqp):

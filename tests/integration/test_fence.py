@@ -13,6 +13,7 @@ heartbeat stood still with it, so nothing renewed the lease meanwhile.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -22,9 +23,9 @@ from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, errors, leases, machine, remote, repository
 
 from bench.faults import outage
-from tests.integration.helpers import eventually
 from tests.integration.test_remote_jobs import Provider, remote_runner, turn, turn_when_due
 from tests.integration.test_stage_runner import add_job, attempt_rows, job_row, status_of
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +109,7 @@ def started(stage: Any) -> tuple[Any, threading.Thread]:
 
 
 @pytest.fixture
-def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
     return engines["lyric"]
 
 
@@ -230,7 +231,7 @@ def test_a_cancel_committing_while_the_fence_records_stops_the_work_from_leaving
     with db.transaction(engine) as conn:
         other.apply_cancel(conn, request)
         held.wake()  # the worker's fence now waits on the job row this transaction holds
-        eventually(lambda: waiting_on_a_lock(engine), what="the fence waiting for the cancel to commit")
+        waits.until(lambda: waiting_on_a_lock(engine), what="the fence waiting for the cancel to commit")
     worker.join(10)
 
     assert not worker.is_alive()
@@ -315,5 +316,5 @@ def test_a_database_out_at_the_fence_hands_the_attempt_back_uncounted_and_nothin
     [attempt] = attempt_rows(engine, pipeline_id)
     assert (attempt.outcome, attempt.error_code, attempt.submitted_at) == ("interrupted", codes.ErrorCode.OUTAGE, None)
     assert job_row(engine, pipeline_id).counted_attempts == 0
-    eventually(lambda: turn(stage), timeout=10.0, what="the attempt after the outage's backoff")
+    waits.until(lambda: turn(stage), timeout_s=10.0, what="the attempt after the outage's backoff")
     assert [handle for handle, _ in api.submitted] == ["task-1"]

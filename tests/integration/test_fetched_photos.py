@@ -14,8 +14,9 @@ from castad_api import keys, tables
 from castad_contracts import envelope, events
 from castad_runtime import artifacts, db
 
-from tests.integration.gateway import make_key, sample_brief
+from tests.integration.gateway import make_key
 from tests.integration.helpers import now
+from tests.support import briefs
 from tests.unit.test_image_uploads import photo
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ def completed(gateway, pipeline_id: str, fetched: tuple[events.FetchedPhoto, ...
         attempt=1,
         artifact=video,
         completed_at=start + dt.timedelta(seconds=9),
-        brief=sample_brief(),
+        brief=briefs.sample(),
         width=144,
         height=256,
         fetched_photos=fetched,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -24,7 +24,7 @@ from castad_contracts import api, brief, envelope, events
 from castad_runtime import artifacts, db, retention
 
 from tests.integration.helpers import count, indexes_used, output, requested_envelope, statements_of
-from tests.support import Installation
+from tests.support.installation import Installation
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def config(installation: Installation) -> api_settings.ApiSettings:
 
 
 @pytest.fixture
-def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
     return engines["api"]
 
 

@@ -12,6 +12,7 @@ import datetime as dt
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from castad_contracts import api, brief
 from castad_runtime import artifacts, db, images, outages
 
 from tests.integration.helpers import indexes_used, statements_of
-from tests.support import Installation
+from tests.support.installation import Installation
 from tests.unit.test_image_uploads import photo
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ TENANT = "hana"
 
 
 @pytest.fixture
-def gw(installation: Installation, engines: dict[str, sa.Engine]) -> deps.Gateway:
+def gw(installation: Installation, engines: Mapping[str, sa.Engine]) -> deps.Gateway:
     """The gateway's parts an upload and retention use, with the default settings.
 
     An image no pipeline names is kept 7 days after its last upload.

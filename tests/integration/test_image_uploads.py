@@ -24,7 +24,7 @@ from PIL import Image
 from pydantic import SecretStr
 
 from tests.integration.gateway import make_key
-from tests.support import LINK_SECRET, stage_link_secret
+from tests.support.links import LINK_SECRET, stage_link_secret
 from tests.unit.test_image_uploads import DAMAGED_EXIF, exif_with_location, multi_picture_jpeg, photo, png_declaring
 
 pytestmark = pytest.mark.integration

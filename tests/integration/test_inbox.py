@@ -21,12 +21,12 @@ from castad_runtime import db, inbox, outbox, tables
 from tests.integration.helpers import (
     Counted,
     count,
-    eventually,
     lyric_started,
     now,
     requested_envelope,
     stage_trigger_handler,
 )
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ def test_two_concurrent_deliveries_of_one_event_take_effect_once(engines, first_
         assert inside.wait(timeout=10)
         second = pool.submit(handle, engine, env)
         try:
-            eventually(lambda: waiting_for_a_lock(engine), what="the second delivery blocked by the first")
+            waits.until(lambda: waiting_for_a_lock(engine), what="the second delivery blocked by the first")
         finally:
             proceed.set()
         assert second.result(timeout=10) is not first_commits
@@ -167,7 +167,7 @@ def test_a_redelivered_trigger_creates_one_job(installation, engines, amqp, run_
     env = requested_envelope()
 
     publish_twice(amqp, installation, env)
-    eventually(lambda: handler.finished == 2, what="both deliveries handled")
+    waits.until(lambda: handler.finished == 2, what="both deliveries handled")
 
     assert count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1
     assert count(engine, tables.inbox, tables.inbox.c.event_id == env.id) == 1
@@ -186,7 +186,7 @@ def test_a_handler_that_fails_before_commit_takes_effect_on_redelivery(installat
     env = requested_envelope()
 
     amqp.publish(installation.topology.exchange, env.type, env.to_json(), message_id=str(env.id))
-    eventually(lambda: handler.finished == 2, what="the delivery and its retry handled")
+    waits.until(lambda: handler.finished == 2, what="the delivery and its retry handled")
 
     assert count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1
     assert count(engine, tables.inbox, tables.inbox.c.event_id == env.id) == 1
@@ -212,7 +212,7 @@ def test_a_redelivered_stage_event_changes_the_gateways_projection_once(installa
     env = envelope.wrap(started, "lyric.started", "/castad/lyric")
 
     publish_twice(amqp, installation, env)
-    eventually(lambda: handler.finished == 2, what="both deliveries handled")
+    waits.until(lambda: handler.finished == 2, what="both deliveries handled")
 
     pipeline_id = accepted.pipeline_id
     timeline = api_tables.timeline

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 import sqlalchemy as sa
@@ -24,7 +24,6 @@ from prometheus_client import CollectorRegistry
 
 from tests.integration.helpers import (
     all_published,
-    eventually,
     hear_only_started,
     lyric_started,
     requested_envelope,
@@ -35,14 +34,15 @@ from tests.integration.helpers import (
 )
 from tests.integration.test_remote_jobs import Provider, fresh_provider, remote_runner, turn
 from tests.integration.test_stage_runner import Script, add_job
-from tests.support import Installation
+from tests.support import waits
+from tests.support.installation import Installation
 
 pytestmark = pytest.mark.integration
 STAGE = {"stage": "lyric"}
 
 
 @pytest.fixture
-def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
     return engines["lyric"]
 
 
@@ -67,7 +67,7 @@ def test_attempt_outcomes_are_counted_with_their_error_code_and_duration_once_re
     assert sample(registry, "castad_attempts_total", **failed) == 1
     assert sample(registry, "castad_attempt_duration_seconds_count", stage="lyric", outcome="failed_retryable") == 1
 
-    stage.execute(eventually(stage.claim_next, timeout=5, what="the retry due"))
+    stage.execute(waits.until(stage.claim_next, timeout_s=5, what="the retry due"))
     succeeded = {**STAGE, "outcome": "succeeded", "error_code": "none"}
     assert sample(registry, "castad_attempts_total", **succeeded) == 1
     assert sample(registry, "castad_attempt_duration_seconds_count", stage="lyric", outcome="succeeded") == 1
@@ -81,7 +81,7 @@ def test_a_lost_lease_and_a_cancel_end_their_attempts_in_the_counts(engine):
     add_job(dead)
     assert dead.claim_next() is not None  # its worker dies holding it
 
-    eventually(lambda: alive.recover_expired_leases() == 1, timeout=5, what="the lease recovered")
+    waits.until(lambda: alive.recover_expired_leases() == 1, timeout_s=5, what="the lease recovered")
     lost = {**STAGE, "outcome": "interrupted", "error_code": "lease_expired"}
     assert sample(registry, "castad_attempts_total", **lost) == 1
     # Its duration is not this process's to know.
@@ -191,7 +191,7 @@ def test_the_jobs_gauges_read_each_status_the_due_ones_and_the_expired_leases(en
     def jobs(status: str) -> float:
         return sample(registry, "castad_jobs", stage="lyric", status=status)
 
-    eventually(lambda: sample(registry, "castad_jobs_lease_expired", stage="lyric") == 1, timeout=5, what="expiry")
+    waits.until(lambda: sample(registry, "castad_jobs_lease_expired", stage="lyric") == 1, timeout_s=5, what="expiry")
     assert (jobs("PENDING"), jobs("RUNNING"), jobs("RETRY_WAIT"), jobs("AWAITING")) == (2, 1, 0, 0)
     assert sample(registry, "castad_jobs_due", stage="lyric") == 2
     assert sample(registry, "castad_scrape_success", part="jobs") == 1
@@ -264,8 +264,8 @@ def test_the_relay_counts_what_it_published_its_confirms_its_batches_and_what_wa
     start_relay(metrics=relay_metrics.RelayMetrics(registry), sources={"lyric": installation.database_urls["lyric"]})
 
     lyric = {"source": "lyric"}
-    eventually(lambda: sample(registry, "castad_relay_published_total", **lyric) == 5, what="5 rows published")
-    eventually(
+    waits.until(lambda: sample(registry, "castad_relay_published_total", **lyric) == 5, what="5 rows published")
+    waits.until(
         lambda: sample(registry, "castad_relay_publish_failures_total", **lyric, reason=relay_metrics.REFUSED) >= 1,
         what="the unroutable row refused",
     )

@@ -22,7 +22,7 @@ from castad_api import tables as api_tables
 from castad_local import stack
 from castad_runtime import migrations, tables
 
-from tests.support import database_url
+from tests.support.servers import database_url
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ from castad_contracts import envelope, events
 from castad_runtime import consumer, db, tables
 from castad_runtime.stage import cancellation, errors, handlers, repository, runner
 
-from tests.integration.helpers import eventually, output, pipeline_requested, stage_runner
+from tests.integration.helpers import output, pipeline_requested, stage_runner
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +80,7 @@ class Stage:
 
 
 @pytest.fixture
-def stage(engines: dict[str, sa.Engine]) -> Stage:
+def stage(engines: Mapping[str, sa.Engine]) -> Stage:
     return Stage(engines["lyric"])
 
 
@@ -272,7 +274,7 @@ def test_trigger_and_cancel_racing_leave_one_consistent_job(engines):
             thread.join(10)
 
     for pipeline_id in pipelines:
-        job = eventually(lambda pipeline_id=pipeline_id: stage.job(pipeline_id))
+        job = waits.until(lambda pipeline_id=pipeline_id: stage.job(pipeline_id))
         assert (job.status, job.input is not None) == ("CANCELED", True)
         assert [fact for fact, _ in stage.facts(pipeline_id)] == ["canceled"]
     assert stage.runner.claim_next() is None

@@ -20,12 +20,12 @@ from bench.faults import outage
 from tests.integration.helpers import (
     Counted,
     count,
-    eventually,
     pipeline_requested,
     requested_envelope,
     stage_trigger_handler,
 )
 from tests.integration.test_dead_letters import recorded
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +66,7 @@ def _end_session(database_url: str, pid: int) -> None:
     try:
         with looking.connect() as other:
             other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-            eventually(
+            waits.until(
                 lambda: not other.execute(sa.text("SELECT 1 FROM pg_stat_activity WHERE pid = :p"), {"p": pid}).all(),
                 what=f"session {pid} ended",
             )
@@ -129,11 +129,11 @@ def test_a_database_outage_uses_up_no_message_and_each_takes_effect_once_it_is_b
     with outage.database_down(installation.database_urls["lyric"]):
         for env in sent:
             publish(amqp, installation, env)
-        eventually(lambda: handler.finished >= 6, what="handlers failing on the outage, again and again")
+        waits.until(lambda: handler.finished >= 6, what="handlers failing on the outage, again and again")
         time.sleep(2)
         assert amqp.depth(installation.topology.dead_letter_queue) == 0
 
-    eventually(lambda: count(engine, tables.jobs) == len(sent), timeout=30, what="a job per message")
+    waits.until(lambda: count(engine, tables.jobs) == len(sent), timeout_s=30, what="a job per message")
     assert count(engine, tables.inbox) == len(sent)
     for queue in (installation.topology.queue("lyric"), installation.topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
@@ -155,9 +155,9 @@ def test_a_message_held_through_a_long_outage_is_handed_back_as_a_copy_and_takes
 
     with outage.database_down(installation.database_urls["lyric"]):
         publish(amqp, installation, sent)
-        eventually(lambda: "handed back through the delay queue" in caplog.text, what="the message handed back")
+        waits.until(lambda: "handed back through the delay queue" in caplog.text, what="the message handed back")
 
-    eventually(lambda: count(engine, tables.jobs) == 1, timeout=30, what="its job, once the database is back")
+    waits.until(lambda: count(engine, tables.jobs) == 1, timeout_s=30, what="its job, once the database is back")
     assert count(engine, tables.inbox) == 1
     for queue in (installation.topology.queue("lyric"), installation.topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
@@ -172,13 +172,13 @@ def test_a_worker_stopped_during_an_outage_leaves_its_message_in_the_queue(insta
 
     with outage.database_down(installation.database_urls["lyric"]):
         publish(amqp, installation, env)
-        eventually(lambda: handler.finished >= 2, what="the handler failing on the outage")
+        waits.until(lambda: handler.finished >= 2, what="the handler failing on the outage")
         run_consumer.stop()
         assert amqp.depth(queue) == 1
         assert amqp.depth(installation.topology.dead_letter_queue) == 0
 
     run_consumer("lyric", {events.PIPELINE_REQUESTED: stage_trigger_handler(engine)}, threads=1)
-    eventually(lambda: count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1, timeout=15)
+    waits.until(lambda: count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1, timeout_s=15)
     assert amqp.depth(installation.topology.dead_letter_queue) == 0
 
 
@@ -207,7 +207,7 @@ def test_an_event_newer_than_its_consumer_waits_for_the_consumers_upgrade(instal
         handler(env, payload)
 
     run_consumer("lyric", {events.PIPELINE_REQUESTED: upgraded}, threads=1, registry=upgraded_registry())
-    eventually(lambda: count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1, timeout=30)
+    waits.until(lambda: count(engine, tables.jobs, tables.jobs.c.pipeline_id == env.subject) == 1, timeout_s=30)
     assert [(type(p), getattr(p, "channel", None)) for p in seen] == [(RequestedNext, "kiosk")]
     assert amqp.depth(installation.topology.dead_letter_queue) == 0
 
@@ -225,7 +225,7 @@ def test_an_older_event_is_read_by_an_upgraded_consumer_as_the_newer_model(insta
     env = requested_envelope()
     publish(amqp, installation, env)
 
-    eventually(lambda: len(seen) == 1)
+    waits.until(lambda: len(seen) == 1)
     assert isinstance(seen[0], RequestedNext) and seen[0].channel == "web"
     assert seen[0].pipeline_id == env.subject
 

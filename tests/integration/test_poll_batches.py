@@ -8,6 +8,7 @@ batch wins; the provider's quota pays for every poll of a batch.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -16,7 +17,6 @@ from castad_contracts import codes
 from castad_runtime import db, metrics, tables
 from castad_runtime.stage import errors, machine, probes, remote, repository, runner
 
-from tests.integration.helpers import eventually
 from tests.integration.test_remote_jobs import (
     FAST,
     Provider,
@@ -27,6 +27,7 @@ from tests.integration.test_remote_jobs import (
     turn,
 )
 from tests.integration.test_stage_runner import add_job, attempt_rows, emitted, job_row
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ Status = machine.Status
 
 
 @pytest.fixture
-def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
     return engines["lyric"]
 
 
@@ -74,7 +75,7 @@ def due_now(engine: sa.Engine, pipelines: list[str]) -> None:
 
 def probe_until(ask: probes.Prober, engine: sa.Engine, pipelines: list[str], done: Any) -> None:
     """Turns of the prober until every job is as `done` says (other tests' leftovers may be in its batches)."""
-    eventually(lambda: ask.turn() >= 0 and all(done(job_row(engine, p)) for p in pipelines), timeout=10.0)
+    waits.until(lambda: ask.turn() >= 0 and all(done(job_row(engine, p)) for p in pipelines), timeout_s=10.0)
 
 
 def ready(row: Any) -> bool:
@@ -126,7 +127,7 @@ def test_a_claim_takes_a_waiting_job_only_once_it_is_ready(engine):
 
     with db.transaction(engine) as conn:
         assert repository.poll_now(conn, pipeline_id)  # a callback makes it ready
-    eventually(lambda: turn(stage) and job_row(engine, pipeline_id).status == Status.SUCCEEDED, timeout=5.0)
+    waits.until(lambda: turn(stage) and job_row(engine, pipeline_id).status == Status.SUCCEEDED, timeout_s=5.0)
 
 
 def claimed_by_a_batch(engine: sa.Engine) -> tuple[str, repository.Probe]:
@@ -193,7 +194,7 @@ def test_while_work_is_due_for_the_runner_the_prober_leaves_it_half_the_tokens(e
     stage.provider = name
 
     assert prober(stage, provider=name).turn() == 2  # half of the four tokens
-    eventually(lambda: turn(stage) and job_row(engine, pipelines[0]).status == Status.SUCCEEDED, timeout=5.0)
+    waits.until(lambda: turn(stage) and job_row(engine, pipelines[0]).status == Status.SUCCEEDED, timeout_s=5.0)
     assert quota_row(engine, name)["tokens"] == pytest.approx(1.0, abs=0.1)
 
 
@@ -209,7 +210,7 @@ def test_too_many_throttles_the_quota_and_a_failure_on_the_way_is_asked_again_la
     due_now(engine, [pipeline_id])
 
     ask = prober(stage, provider=name)
-    eventually(lambda: ask.turn() >= 0 and handle in api.polled, timeout=5.0)
+    waits.until(lambda: ask.turn() >= 0 and handle in api.polled, timeout_s=5.0)
     row = job_row(engine, pipeline_id)
     assert row.status == Status.AWAITING and not ready(row) and row.counted_attempts == 0
     assert (row.due_at - row.updated_at).total_seconds() >= 59
@@ -227,7 +228,7 @@ def test_work_the_provider_failed_is_made_ready_and_its_claim_fails_the_attempt(
     due_now(engine, [pipeline_id])
 
     probe_until(prober(stage), engine, [pipeline_id], ready)
-    eventually(lambda: turn(stage) and job_row(engine, pipeline_id).status != Status.AWAITING, timeout=5.0)
+    waits.until(lambda: turn(stage) and job_row(engine, pipeline_id).status != Status.AWAITING, timeout_s=5.0)
     (attempt, *_) = attempt_rows(engine, pipeline_id)
     assert attempt.outcome == "failed_retryable" and attempt.error_code == codes.ErrorCode.PROVIDER_JOB_FAILED
 
@@ -242,7 +243,7 @@ def test_work_waited_past_its_give_up_time_is_made_ready_without_asking(engine):
 
     probe_until(prober(stage), engine, [pipeline_id], ready)
     assert handle not in api.polled
-    eventually(lambda: turn(stage) and job_row(engine, pipeline_id).status != Status.AWAITING, timeout=5.0)
+    waits.until(lambda: turn(stage) and job_row(engine, pipeline_id).status != Status.AWAITING, timeout_s=5.0)
     (attempt, *_) = attempt_rows(engine, pipeline_id)
     assert attempt.error_code == codes.ErrorCode.PROVIDER_JOB_TIMEOUT
 
@@ -259,7 +260,7 @@ def test_a_stopping_prober_cancels_its_polls_and_leaves_their_jobs_due(engine):
     due_now(engine, [pipeline_id])
     ask = prober(stage)
     ask.start()
-    eventually(lambda: not_due(engine, pipeline_id), timeout=5.0, what="the batch's claim")
+    waits.until(lambda: not_due(engine, pipeline_id), timeout_s=5.0, what="the batch's claim")
     began = time.monotonic()
     ask.stop()
 
@@ -281,7 +282,7 @@ def test_a_poll_that_hangs_past_its_time_is_cancelled_and_its_job_made_ready_for
     ask = prober(stage, timeout_s=0.5)
     ask.start()
     try:
-        eventually(lambda: ready(job_row(engine, pipeline_id)), timeout=10.0, what="the hung poll cancelled")
+        waits.until(lambda: ready(job_row(engine, pipeline_id)), timeout_s=10.0, what="the hung poll cancelled")
     finally:
         ask.stop()
     assert job_row(engine, pipeline_id).polls == 0

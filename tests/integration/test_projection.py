@@ -11,7 +11,7 @@ from castad_api import tables
 from castad_contracts import events
 
 from tests.integration.gateway import Projection, ago
-from tests.integration.helpers import eventually
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def test_events_that_waited_for_the_same_pipeline_each_see_what_the_other_commit
             ).scalar_one()
         return waiting == 2
 
-    eventually(waiting_for_the_lock, what="both projections waiting for the pipeline")
+    waits.until(waiting_for_the_lock, what="both projections waiting for the pipeline")
     holder.commit()
     holder.close()
     for end in ends:

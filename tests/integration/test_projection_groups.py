@@ -23,7 +23,7 @@ from castad_runtime import groups
 from castad_runtime import tables as runtime_tables
 
 from tests.integration.gateway import Projection, ago
-from tests.integration.helpers import eventually
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -195,10 +195,10 @@ def test_the_projector_projects_the_events_that_came_while_it_was_busy_in_one_tr
     envs = [gateway.envelope(pipeline_id, stage, fact, 1, ago(seconds=10)) for stage, fact in facts]
     threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in envs]
     threads[0].start()
-    eventually(lambda: waiting_for_a_lock(gateway.engine), what="the first event waiting for the pipeline")
+    waits.until(lambda: waiting_for_a_lock(gateway.engine), what="the first event waiting for the pipeline")
     for thread in threads[1:]:
         thread.start()
-    eventually(lambda: len(projector._groups._waiting) == 3, what="the others waiting for the first")
+    waits.until(lambda: len(projector._groups._waiting) == 3, what="the others waiting for the first")
     holder.commit()
     holder.close()
     for thread in threads:
@@ -229,9 +229,9 @@ def test_while_one_pipeline_s_transaction_waits_another_pipeline_s_events_are_pr
     free = gateway.envelope(free_id, LYRIC, "started", 1, ago(seconds=10))
     threads = [threading.Thread(target=projector.apply, args=(env, env.payload())) for env in [*held, free]]
     threads[0].start()
-    eventually(lambda: waiting_for_a_lock(gateway.engine), what="the held pipeline's first event waiting")
+    waits.until(lambda: waiting_for_a_lock(gateway.engine), what="the held pipeline's first event waiting")
     threads[1].start()
-    eventually(lambda: len(projector._groups._waiting) == 1, what="its next event waiting for it")
+    waits.until(lambda: len(projector._groups._waiting) == 1, what="its next event waiting for it")
     threads[2].start()
     threads[2].join(10)
     with gateway.engine.connect() as conn:
@@ -268,12 +268,12 @@ def test_the_consumer_s_threads_outnumber_the_projection_s_connections_and_every
     try:
         for count, thread in enumerate(threads[:2], start=1):  # two groups of one under way, each waiting
             thread.start()
-            eventually(lambda count=count: waiting_for_a_lock(gateway.engine) == count, what=f"{count} waiting")
+            waits.until(lambda count=count: waiting_for_a_lock(gateway.engine) == count, what=f"{count} waiting")
         for thread in threads[2:]:
             thread.start()
-        eventually(lambda: len(projector._groups._waiting) == threads_count - 2, what="the others waiting")
+        waits.until(lambda: len(projector._groups._waiting) == threads_count - 2, what="the others waiting")
         first.rollback()  # the two go; the others make one group, which leaves each to its own thread
-        eventually(lambda: waiting_for_a_lock(gateway.engine) == every_connection, what="every connection waiting")
+        waits.until(lambda: waiting_for_a_lock(gateway.engine) == every_connection, what="every connection waiting")
         assert projecting.pool.checkedout() == every_connection  # the other threads wait for one
     finally:
         for holder in (first, rest):

@@ -19,7 +19,7 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name, xq_name
 from typer.testing import CliRunner
 
 from tests.integration.helpers import Amqp, requested_envelope
-from tests.support import AMQP_URL
+from tests.support.servers import AMQP_URL
 
 pytestmark = pytest.mark.integration
 

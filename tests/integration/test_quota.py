@@ -8,6 +8,7 @@ import random
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ TURNS = 150  # transactions per worker
 
 
 @pytest.fixture
-def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
     return engines["song"]
 
 

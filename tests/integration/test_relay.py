@@ -14,7 +14,7 @@ import random
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -32,7 +32,6 @@ from tests.integration.helpers import (
     LoopThread,
     OutboxRow,
     all_published,
-    eventually,
     hear_only_started,
     lyric_started,
     outbox_rows,
@@ -40,6 +39,7 @@ from tests.integration.helpers import (
     write_events,
     write_unroutable,
 )
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +127,7 @@ def started_with_a_leader(loops: list[LoopThread], relays: list[relay.SourceRela
     for loop, each in zip(loops, relays, strict=True):
         loop.submit(each.run_forever())
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    eventually(lambda: all_published(engine), what="a first row published")
+    waits.until(lambda: all_published(engine), what="a first row published")
     return next(i for i, each in enumerate(relays) if each.published)
 
 
@@ -150,7 +150,7 @@ def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engine
     started += write_events(engines["song"], [lyric_started(pipeline_id, 2, events.Stage.SONG)], SONG_STARTED)
 
     for service in ("api", "lyric", "song"):
-        eventually(lambda service=service: all_published(engines[service]), what=f"{service} outbox published")
+        waits.until(lambda service=service: all_published(engines[service]), what=f"{service} outbox published")
     [to_lyric] = amqp.take(topology.queue("lyric"), 1)
     to_api = amqp.take(topology.queue("api"), 2)
 
@@ -177,7 +177,7 @@ def test_order_per_pipeline_holds_across_many_batches(installation, engines, amq
     start_relay(batch_size=7, fallback_poll_s=30)
     write_events(engines["lyric"], payloads[30:], STARTED)
 
-    eventually(lambda: all_published(engines["lyric"]), timeout=15, what="60 rows published")
+    waits.until(lambda: all_published(engines["lyric"]), timeout_s=15, what="60 rows published")
     delivered = amqp.take_all(installation.topology.queue("api"))
 
     assert len(delivered) == 60
@@ -190,11 +190,11 @@ def test_a_notify_wakes_the_relay_long_before_its_fallback_poll(engines, start_r
     engine = engines["lyric"]
     start_relay(fallback_poll_s=30)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    eventually(lambda: all_published(engine), what="the first row published")  # the relay is past its first drain
+    waits.until(lambda: all_published(engine), what="the first row published")  # the relay is past its first drain
 
     for attempt in (1, 2, 3):
         write_events(engine, [lyric_started(str(uuid.uuid4()), attempt)], STARTED)
-        eventually(lambda: all_published(engine), timeout=5, what="a row published on NOTIFY, not on the 30 s poll")
+        waits.until(lambda: all_published(engine), timeout_s=5, what="a row published on NOTIFY, not on the 30 s poll")
 
 
 def outbox_row(engine: sa.Engine, event_id: uuid.UUID) -> sa.RowMapping:
@@ -226,13 +226,13 @@ def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_
     [after] = write_events(engine, [lyric_started(stuck, 3)], STARTED)
     start_relay(fallback_poll_s=30, retry_delay_s=0.2, max_publish_attempts=3)
 
-    eventually(lambda: outbox_row(engine, refused)["publish_attempts"] >= 1, what="a first refusal")
+    waits.until(lambda: outbox_row(engine, refused)["publish_attempts"] >= 1, what="a first refusal")
     for _ in range(10):  # while it backs off, and once it is parked
         [free] = write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda free=free: outbox_row(engine, free.id)["published_at"] is not None, timeout=5)
+        waits.until(lambda free=free: outbox_row(engine, free.id)["published_at"] is not None, timeout_s=5)
         assert publish_delay_s(engine, free.id) < 0.5
         time.sleep(0.1)
-    parked = eventually(lambda: outbox_row(engine, refused)["parked_at"], timeout=10, what="the row parked")
+    parked = waits.until(lambda: outbox_row(engine, refused)["parked_at"], timeout_s=10, what="the row parked")
 
     row = outbox_row(engine, refused)
     assert (row["publish_attempts"], row["last_error"]) == (3, "returned by the broker: NO_ROUTE")
@@ -247,7 +247,7 @@ def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_
     amqp.channel.queue_bind(f"{installation.namespace}.unheard", installation.topology.exchange, UNHEARD)
     with db.transaction(engine) as conn:
         assert outbox.republish(conn, [refused]) == 1
-    eventually(lambda: all_published(engine), what="the republished row and the one it held back")
+    waits.until(lambda: all_published(engine), what="the republished row and the one it held back")
 
     rows = {row.event_id: row for row in outbox_rows(engine)}
     assert rows[first.id].published_at <= rows[refused].published_at <= rows[after.id].published_at
@@ -277,9 +277,9 @@ def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_t
         batch_size=3, fallback_poll_s=30, retry_delay_s=0.05, publish_backoff_max_s=0.1, max_publish_attempts=1000
     )
 
-    eventually(
+    waits.until(
         lambda: sum(unpublished(engine)) <= 2 and outbox_row(engine, refused)["publish_attempts"] >= 5,
-        timeout=60,
+        timeout_s=60,
         what="the backlog published, the row refused again and again",
     )
     assert outbox_row(engine, held.id)["published_at"] is None
@@ -300,8 +300,8 @@ def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engi
     good = write_events(engine, [lyric_started(str(uuid.uuid4()), 1) for _ in range(5)], STARTED)
     start_relay(fallback_poll_s=30, retry_delay_s=5.0)
 
-    eventually(
-        lambda: all(outbox_row(engine, env.id)["published_at"] for env in good), timeout=10, what="the good rows"
+    waits.until(
+        lambda: all(outbox_row(engine, env.id)["published_at"] for env in good), timeout_s=10, what="the good rows"
     )
     assert len(amqp.take(installation.topology.queue("api"), 5)) == 5
 
@@ -317,7 +317,7 @@ def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines
     with running_proxy(address_of(installation.amqp_url)) as proxy:
         start_relay(amqp_url=through(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=30)
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda: all_published(engine), what="a first row over the proxy")
+        waits.until(lambda: all_published(engine), what="a first row over the proxy")
         amqp.take(api_queue, 1)
 
         proxy.hold()
@@ -327,7 +327,7 @@ def test_published_at_is_set_only_once_the_confirm_arrives(installation, engines
         assert outbox_rows(engine)[-1].published_at is None
 
         proxy.restore()
-        eventually(lambda: all_published(engine), what="the row marked after its confirm")
+        waits.until(lambda: all_published(engine), what="the row marked after its confirm")
         assert amqp.take_all(api_queue) == []
 
 
@@ -336,10 +336,10 @@ def test_a_confirmed_row_is_marked_once_its_batch_is_settled(engines, amqp, inst
     engine = engines["lyric"]
     start_relay(fallback_poll_s=30)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    eventually(lambda: all_published(engine), timeout=2, what="the row marked alone")
+    waits.until(lambda: all_published(engine), timeout_s=2, what="the row marked alone")
     amqp.take(installation.topology.queue("api"), 1)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-    eventually(lambda: all_published(engine), timeout=2, what="the next row marked alone")
+    waits.until(lambda: all_published(engine), timeout_s=2, what="the next row marked alone")
 
 
 def test_a_relay_stopped_while_it_marks_rows_marks_them_on_its_way_out(
@@ -375,7 +375,7 @@ def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start
     with running_proxy(address_of(installation.amqp_url)) as proxy:
         start_relay(amqp_url=through(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=2)
         write_events(engines["lyric"], [lyric_started(pipeline, 1) for pipeline in pipelines], STARTED)
-        eventually(lambda: all_published(engines["lyric"]), what="rows before the outage")
+        waits.until(lambda: all_published(engines["lyric"]), what="rows before the outage")
         amqp.take(api_queue, 3)
 
         proxy.cut()
@@ -383,14 +383,14 @@ def test_a_broker_outage_only_makes_rows_wait(installation, engines, amqp, start
         write_events(engines["lyric"], waiting[:12], STARTED)
         song_waiting = [lyric_started(p.pipeline_id, p.attempt, events.Stage.SONG) for p in waiting[12:]]
         write_events(engines["song"], song_waiting, SONG_STARTED)
-        eventually(lambda: proxy.refused >= 3, what="the relay trying to reconnect")
+        waits.until(lambda: proxy.refused >= 3, what="the relay trying to reconnect")
         assert unpublished(engines["lyric"]) == [False] * 3 + [True] * 12
         assert unpublished(engines["song"]) == [True] * 12
         assert amqp.depth(api_queue) == 0
 
         proxy.restore()
         for service in ("lyric", "song"):
-            eventually(lambda service=service: all_published(engines[service]), what=f"{service} rows after")
+            waits.until(lambda service=service: all_published(engines[service]), what=f"{service} rows after")
     delivered = amqp.take_all(api_queue)
 
     assert sorted(message.event_id for message in delivered) == sorted(
@@ -416,16 +416,16 @@ def test_a_broker_that_stops_answering_only_makes_rows_wait(installation, engine
     with running_proxy(address_of(installation.amqp_url)) as proxy:
         start_relay(amqp_url=through(installation.amqp_url, proxy.port), fallback_poll_s=30, confirm_timeout_s=1)
         write_events(engine, [lyric_started(pipelines[0], 1)], STARTED)
-        eventually(lambda: all_published(engine), what="a row before the partition")
+        waits.until(lambda: all_published(engine), what="a row before the partition")
         amqp.take(api_queue, 1)
 
         proxy.blackhole()
         write_events(engine, interleaved(pipelines, 4, seed=4), STARTED)
-        eventually(lambda: proxy.swallowed >= 2, what="the relay abandoning silent connections")
+        waits.until(lambda: proxy.swallowed >= 2, what="the relay abandoning silent connections")
         assert unpublished(engine) == [False] + [True] * 12
 
         proxy.restore()
-        eventually(lambda: all_published(engine), timeout=15, what="rows published after the partition")
+        waits.until(lambda: all_published(engine), timeout_s=15, what="rows published after the partition")
     delivered = amqp.take_all(api_queue)
 
     assert sorted(message.event_id for message in delivered) == sorted(row.event_id for row in outbox_rows(engine)[1:])
@@ -470,7 +470,7 @@ def test_a_publish_cancelled_under_the_relay_only_makes_its_row_wait(installatio
             relay.SourceRelay("lyric", config.sources["lyric"], cancelling, config, "unused.dead-letter").run_forever()
         )
         [row] = write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda: all_published(engine), what="the row published after all")
+        waits.until(lambda: all_published(engine), what="the row published after all")
         assert cancelling.cancelled == 1 and not task.done()
         assert [message.event_id for message in amqp.take_all(installation.topology.queue("api"))] == [row.id]
     finally:
@@ -490,24 +490,24 @@ def test_a_second_relay_on_the_same_source_stands_by_until_the_leader_goes(insta
     with replicas(config, installation.topology.exchange) as (loops, relays):
         tasks = [loop.submit(each.run_forever()) for loop, each in zip(loops, relays, strict=True)]
         write_events(engine, interleaved([str(uuid.uuid4()) for _ in range(3)], 10, seed=3), STARTED)
-        eventually(lambda: all_published(engine), what="30 rows published")
-        eventually(lambda: sorted(each.published for each in relays) == [0, 30], what="all 30 by one relay")
+        waits.until(lambda: all_published(engine), what="30 rows published")
+        waits.until(lambda: sorted(each.published for each in relays) == [0, 30], what="all 30 by one relay")
         assert len({message.event_id for message in amqp.take_all(api_queue)}) == 30
 
         leader = next(i for i, each in enumerate(relays) if each.published)
         term = lease_row(engine).term
         tasks[leader].cancel()
         stopped = time.monotonic()
-        eventually(lambda: relays[1 - leader].lease.held(), timeout=5, what="the standby leading")
+        waits.until(lambda: relays[1 - leader].lease.held(), timeout_s=5, what="the standby leading")
         assert time.monotonic() - stopped < config.lease_s  # the lease was given up, not left to run out
         assert lease_row(engine).term == term + 1
         write_events(engine, [lyric_started(str(uuid.uuid4()), n) for n in range(1, 6)], STARTED)
-        eventually(lambda: all_published(engine), what="rows published by the standby")
-        eventually(lambda: [relays[leader].published, relays[1 - leader].published] == [30, 5], what="counts")
+        waits.until(lambda: all_published(engine), what="rows published by the standby")
+        waits.until(lambda: [relays[leader].published, relays[1 - leader].published] == [30, 5], what="counts")
         assert len(amqp.take_all(api_queue)) == 5
 
 
-def leaders(engines: dict[str, sa.Engine]) -> Counter[str]:
+def leaders(engines: Mapping[str, sa.Engine]) -> Counter[str]:
     """How many of the source databases each relay leads (by their live lease rows)."""
     led: Counter[str] = Counter()
     for engine in engines.values():
@@ -527,7 +527,7 @@ class Writes:
         "video": (events.Stage.VIDEO, VIDEO_STARTED),
     }
 
-    def __init__(self, engines: dict[str, sa.Engine]) -> None:
+    def __init__(self, engines: Mapping[str, sa.Engine]) -> None:
         self.engines = engines
         self.pipelines = {service: str(uuid.uuid4()) for service in self.STAGES}  # one per stage's database
         self.written = dict.fromkeys(self.STAGES, 0)
@@ -548,7 +548,7 @@ class Writes:
 
     def check(self, amqp: Any, topology: Any) -> list[tuple[str, int | None]]:
         """Assert that every row reached its queue, each pipeline's in order; those that came twice."""
-        eventually(self.published, what="every row published")
+        waits.until(self.published, what="every row published")
         delivered = amqp.take_all(topology.queue("api")) + amqp.take_all(topology.queue("lyric"))
         first: dict[uuid.UUID, Delivered] = {}
         for message in delivered:
@@ -574,20 +574,20 @@ def test_two_relays_share_four_outboxes_take_over_a_frozen_ones_and_share_again(
     writes = Writes(engines)
     writes.round(5)
     first = start_relay(lease_s=lease_s, fallback_poll_s=0.5)
-    [alone] = eventually(lambda: list(leaders(engines).values()) == [4] and list(leaders(engines)), what="all 4")
+    [alone] = waits.until(lambda: list(leaders(engines).values()) == [4] and list(leaders(engines)), what="all 4")
 
     started = time.monotonic()
     second = start_relay(lease_s=lease_s, fallback_poll_s=0.5)
     writes.round(5)
-    spread = eventually(lambda: sorted(leaders(engines).values()) == [2, 2] and leaders(engines), timeout=20)
+    spread = waits.until(lambda: sorted(leaders(engines).values()) == [2, 2] and leaders(engines), timeout_s=20)
     spread_s = time.monotonic() - started
     assert spread_s < lease_s + within_s, spread_s  # it counts the new relay live within a renewal
     writes.round(5)
-    eventually(writes.published, what="the rows published before the freeze")
+    waits.until(writes.published, what="the rows published before the freeze")
 
     frozen_at = time.monotonic()
     first.freeze(10)
-    [survivor] = eventually(lambda: list(leaders(engines).values()) == [4] and list(leaders(engines)), timeout=10)
+    [survivor] = waits.until(lambda: list(leaders(engines).values()) == [4] and list(leaders(engines)), timeout_s=10)
     taken_over_s = time.monotonic() - frozen_at
     assert taken_over_s < lease_s + leadership.LOOK_S + 0.5, taken_over_s  # 0.5 s: this test's looks
     assert survivor != alone  # the first one froze: the second took its leases over
@@ -595,16 +595,16 @@ def test_two_relays_share_four_outboxes_take_over_a_frozen_ones_and_share_again(
 
     time.sleep(max(0.0, 10 - (time.monotonic() - frozen_at)))  # the frozen relay wakes
     woken_at = time.monotonic()
-    again = eventually(lambda: sorted(leaders(engines).values()) == [2, 2] and leaders(engines), timeout=20)
+    again = waits.until(lambda: sorted(leaders(engines).values()) == [2, 2] and leaders(engines), timeout_s=20)
     spread_again_s = time.monotonic() - woken_at
     assert set(again) == set(spread) == {alone, survivor}
     assert spread_again_s < lease_s + within_s, spread_again_s
     writes.round(5)
-    eventually(writes.published, what="the rows published before the stop")  # a stop mid-batch sends some twice
+    waits.until(writes.published, what="the rows published before the stop")  # a stop mid-batch sends some twice
 
     stopped_at = time.monotonic()
     second.stop()  # it gives its leases up and leaves the live relays: the first one's share is all four
-    eventually(lambda: leaders(engines) == {alone: 4}, timeout=10, what="the first relay leading all 4")
+    waits.until(lambda: leaders(engines) == {alone: 4}, timeout_s=10, what="the first relay leading all 4")
     alone_again_s = time.monotonic() - stopped_at
     assert alone_again_s < 2 * leadership.LOOK_S, alone_again_s
     writes.round(5)
@@ -633,18 +633,18 @@ def test_a_standby_relay_does_not_listen_until_it_leads(installation, engines, r
     with replicas(config, installation.topology.exchange) as (loops, relays):
         tasks = [loop.submit(each.run_forever()) for loop, each in zip(loops, relays, strict=True)]
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda: all_published(engine), what="a row published: the leader is past its LISTEN")
-        eventually(lambda: sum(each.lease.term is None for each in relays) == 1, what="the standby looking")
+        waits.until(lambda: all_published(engine), what="a row published: the leader is past its LISTEN")
+        waits.until(lambda: sum(each.lease.term is None for each in relays) == 1, what="the standby looking")
         assert sessions(engine, LISTENING) == 1
 
         leader = next(i for i, each in enumerate(relays) if each.published)
         tasks[leader].cancel()
-        eventually(lambda: relays[1 - leader].lease.held(), what="the standby taking the lease")
+        waits.until(lambda: relays[1 - leader].lease.held(), what="the standby taking the lease")
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda: relays[1 - leader].published == 1, what="the row published by the new leader")
-        eventually(lambda: sessions(engine, LISTENING) == 1, what="the new leader listening, the old one gone")
+        waits.until(lambda: relays[1 - leader].published == 1, what="the row published by the new leader")
+        waits.until(lambda: sessions(engine, LISTENING) == 1, what="the new leader listening, the old one gone")
         write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
-        eventually(lambda: relays[1 - leader].published == 2, timeout=5, what="a row published on NOTIFY")
+        waits.until(lambda: relays[1 - leader].published == 2, timeout_s=5, what="a row published on NOTIFY")
 
 
 def test_a_frozen_leader_is_replaced_within_its_lease_and_publishes_nothing_when_it_wakes(
@@ -667,14 +667,14 @@ def test_a_frozen_leader_is_replaced_within_its_lease_and_publishes_nothing_when
         frozen_at = time.monotonic()
         loops[leader].call(lambda: time.sleep(8))  # the leader's whole process stops for 8 s
         write_events(engine, [lyric_started(str(uuid.uuid4()), n) for n in range(1, 11)], STARTED)
-        eventually(lambda: relays[1 - leader].published == 10, timeout=8, what="the rows published by the standby")
+        waits.until(lambda: relays[1 - leader].published == 10, timeout_s=8, what="the rows published by the standby")
         taken_over_s = time.monotonic() - frozen_at
         assert taken_over_s < config.lease_s + 2 * leadership.LOOK_S, taken_over_s
         assert lease_row(engine).term == term + 1
 
         time.sleep(max(0.0, 8 - (time.monotonic() - frozen_at)) + 1)  # the old leader is awake again
         write_events(engine, [lyric_started(str(uuid.uuid4()), n) for n in range(1, 6)], STARTED)
-        eventually(lambda: all_published(engine), what="rows written after the wake-up published")
+        waits.until(lambda: all_published(engine), what="rows written after the wake-up published")
         assert relays[leader].published == 1 and not relays[leader].lease.held()
         delivered = [message.event_id for message in amqp.take_all(api_queue)]
         assert len(delivered) == len(set(delivered)) == 16
@@ -700,7 +700,7 @@ def test_a_leader_that_lost_its_connections_leads_on_under_its_term(installation
             ).scalar_one()
         assert ended == 1
         write_events(engine, [lyric_started(str(uuid.uuid4()), 2)], STARTED)
-        eventually(lambda: all_published(engine), what="the next row published")
+        waits.until(lambda: all_published(engine), what="the next row published")
         assert [relays[leader].published, relays[1 - leader].published] == [2, 0]
         assert tuple(lease_row(engine)) == (term, holder, True)
 
@@ -726,7 +726,7 @@ def test_an_unexpected_error_is_logged_with_its_traceback_and_the_relay_carries_
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
     start_relay(sources={"lyric": installation.database_urls["lyric"]}, fallback_poll_s=30)
 
-    eventually(lambda: all_published(engine), what="the row published after the error")
+    waits.until(lambda: all_published(engine), what="the row published after the error")
     [logged] = [record for record in caplog.records if record.name == relay.log.name and record.exc_info]
     assert logged.levelno == logging.ERROR
     assert logged.exc_info is not None and logged.exc_info[1] is failures[0]
@@ -745,11 +745,11 @@ def test_a_database_not_migrated_to_the_relays_version_is_named_as_such_not_as_a
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
     start_relay(sources=(installation.database_urls["lyric"],), fallback_poll_s=30)
 
-    eventually(
+    waits.until(
         lambda: any("migrate the service's database" in r.getMessage() for r in caplog.records if r.levelno >= 40),
         what="an error line saying what to do",
     )
     assert not all_published(engine)
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE outbox_leader_later RENAME TO outbox_leader"))
-    eventually(lambda: all_published(engine), what="the row published once the table is there")
+    waits.until(lambda: all_published(engine), what="the row published once the table is there")

@@ -15,7 +15,8 @@ from castad_contracts import envelope, events, topology
 from castad_relay import metrics as relay_metrics
 from castad_runtime import db, metrics, outbox, tables
 
-from tests.integration.helpers import eventually, lyric_started, requested_envelope, write_events
+from tests.integration.helpers import lyric_started, requested_envelope, write_events
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -74,8 +75,8 @@ def test_a_row_its_service_may_not_publish_is_parked_at_once_with_the_reason_and
     free = own_rows(engine, service, other)
     start_relay(metrics=relay_metrics.RelayMetrics(registry), fallback_poll_s=30, max_publish_attempts=10)
 
-    parked = eventually(lambda: row_of(engine, env.id)["parked_at"], what="the forged row parked")
-    eventually(lambda: all(row_of(engine, e)["published_at"] for e in free), what="another pipeline's rows published")
+    parked = waits.until(lambda: row_of(engine, env.id)["parked_at"], what="the forged row parked")
+    waits.until(lambda: all(row_of(engine, e)["published_at"] for e in free), what="another pipeline's rows published")
 
     row = row_of(engine, env.id)
     assert refusal in row["last_error"] and row["published_at"] is None and parked

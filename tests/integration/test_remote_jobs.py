@@ -14,7 +14,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -23,8 +23,9 @@ from castad_contracts import codes, events
 from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, errors, machine, quota, remote, repository, runner
 
-from tests.integration.helpers import eventually, output, stage_runner
+from tests.integration.helpers import output, stage_runner
 from tests.integration.test_stage_runner import add_job, attempt_rows, emitted, end_spans, job_row, race
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,7 @@ def turn(stage: runner.StageRunner) -> repository.Job | None:
 
 
 def turn_when_due(stage: runner.StageRunner, what: str = "a due poll") -> repository.Job:
-    return eventually(lambda: turn(stage), timeout=5.0, what=what)
+    return waits.until(lambda: turn(stage), timeout_s=5.0, what=what)
 
 
 def fresh_provider(engine: sa.Engine, **limits: Any) -> str:
@@ -108,7 +109,7 @@ def quota_row(engine: sa.Engine, name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
     return engines["lyric"]
 
 
@@ -290,7 +291,7 @@ def test_work_that_never_finishes_fails_its_attempt_after_the_give_up_time(engin
     pipeline_id = add_job(stage)
     turn(stage)
 
-    eventually(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.FAILED, timeout=5.0)
+    waits.until(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.FAILED, timeout_s=5.0)
     assert job_row(engine, pipeline_id).last_error_code == "provider_job_timeout"
 
 
@@ -299,7 +300,7 @@ def test_a_poll_whose_worker_died_is_due_again_with_its_handle_not_submitted_aga
     stage = remote_runner(engine, api)
     pipeline_id = add_job(stage)
     turn(stage)
-    dead = eventually(stage.claim_next, timeout=5.0, what="the poll")  # its worker dies holding it
+    dead = waits.until(stage.claim_next, timeout_s=5.0, what="the poll")  # its worker dies holding it
     end_spans([dead])
     with db.transaction(engine) as conn:
         conn.execute(
@@ -342,7 +343,7 @@ def test_a_quota_lets_only_its_burst_through_then_its_rate(engine):
 
     assert turn(stage) is not None and turn(stage) is not None
     assert stage.claim_next() is None  # the burst is spent: the job stays due, no attempt begun
-    eventually(lambda: turn(stage), timeout=2.0, what="a token after half a second")
+    waits.until(lambda: turn(stage), timeout_s=2.0, what="a token after half a second")
     assert quota_row(engine, name)["tokens"] < 1
 
 
@@ -374,8 +375,8 @@ def test_a_rate_limit_halves_the_rate_waits_its_retry_after_and_costs_no_attempt
     assert 0.5 < blocked_for <= 1.0
     assert stage.claim_next() is None  # nothing goes to the provider before its Retry-After
 
-    eventually(lambda: turn(stage), timeout=3.0, what="the submit after the Retry-After")
-    eventually(lambda: turn(stage), timeout=3.0, what="the poll")
+    waits.until(lambda: turn(stage), timeout_s=3.0, what="the submit after the Retry-After")
+    waits.until(lambda: turn(stage), timeout_s=3.0, what="the poll")
     assert status_of(engine, pipeline_id) is Status.SUCCEEDED
     assert quota_row(engine, name)["rate_per_s"] == pytest.approx(20.0 + 2 * (40.0 - 1.0) / quota.INCREASE_STEPS)
 
@@ -524,7 +525,7 @@ def test_work_given_up_on_but_finished_since_is_taken_by_the_next_attempt_and_no
     stage = remote_runner(engine, api, remote.PollSchedule(first_s=0.05, max_s=0.05, give_up_s=0.12))
     pipeline_id = add_job(stage)
     turn(stage)
-    eventually(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.RETRY_WAIT, timeout=5.0)
+    waits.until(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.RETRY_WAIT, timeout_s=5.0)
     assert (job_row(engine, pipeline_id).last_error_code, job_row(engine, pipeline_id).handle) == (
         "provider_job_timeout",
         None,

@@ -22,13 +22,13 @@ from castad_runtime.stage import retention as stage_retention
 
 from tests.integration.helpers import (
     count,
-    eventually,
     indexes_used,
     pipeline_requested,
     requested_envelope,
     statements_of,
     write_events,
 )
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -314,9 +314,9 @@ def test_the_pruner_thread_runs_its_steps_every_interval_until_stopped(engines):
     running = retention.Pruner([step], interval_s=0.2, batch=100, pause_s=0)
     running.start()
     try:
-        eventually(lambda: not outbox_ids(engine), what="the first round")
+        waits.until(lambda: not outbox_ids(engine), what="the first round")
         published_outbox(engine, 1, OLD)  # a later round takes rows that outlived their time since
-        eventually(lambda: not outbox_ids(engine), what="a later round")
+        waits.until(lambda: not outbox_ids(engine), what="a later round")
     finally:
         running.stop()
     assert not any(thread.is_alive() for thread in running.threads())

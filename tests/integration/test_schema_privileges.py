@@ -19,7 +19,7 @@ from castad_local import privileges, stack
 from castad_runtime import migrations
 from sqlalchemy.engine import make_url
 
-from tests import support
+from tests.support import servers
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def _plain(url: str) -> str:
 
 def _superuser(url: str) -> psycopg.Connection[tuple[object, ...]]:
     """A superuser's session on the database of `url`."""
-    return psycopg.connect(_plain(support.database_url(make_url(url).database or "")), autocommit=True)
+    return psycopg.connect(_plain(servers.database_url(make_url(url).database or "")), autocommit=True)
 
 
 def _as_before_15(url: str, schema_owner: str | None = None) -> None:
@@ -57,16 +57,16 @@ def _public_may_create(url: str) -> bool:
 @pytest.fixture
 def users() -> Iterator[privileges.Users]:
     made = privileges.Users.new(f"p{uuid.uuid4().hex[:10]}")
-    privileges.ensure_roles(made, support.PG_URL)
+    privileges.ensure_roles(made, servers.PG_URL)
     try:
         yield made
     finally:
-        migrations.drop_database(support.database_url(f"castad_{made.namespace}_lyric"))
-        privileges.drop_postgres(made, support.PG_URL)
+        migrations.drop_database(servers.database_url(f"castad_{made.namespace}_lyric"))
+        privileges.drop_postgres(made, servers.PG_URL)
 
 
 def test_set_up_takes_create_on_public_from_public_and_leaves_it_to_the_owner(users):
-    url = support.database_url(f"castad_{users.namespace}_lyric")
+    url = servers.database_url(f"castad_{users.namespace}_lyric")
     migrations.ensure_database(url)
     migrations.upgrade(url, LYRIC.migrations_dir)  # as set-up does: as the superuser, before the roles own anything
     _as_before_15(url)
@@ -85,8 +85,8 @@ def test_set_up_takes_create_on_public_from_public_and_leaves_it_to_the_owner(us
 def test_migrate_as_the_owner_of_the_schema_takes_create_from_public(users):
     """docs/deploy.md: before PostgreSQL 15, a superuser gives each database's public schema to its service's role."""
     owner = users.name("lyric")
-    url = support.database_url(f"castad_{users.namespace}_lyric")
-    with _superuser(support.PG_URL) as conn:
+    url = servers.database_url(f"castad_{users.namespace}_lyric")
+    with _superuser(servers.PG_URL) as conn:
         conn.execute(f'CREATE DATABASE "{make_url(url).database}" OWNER "{owner}"')
     _as_before_15(url, schema_owner=owner)
     as_owner = users.database_url("lyric", url)
@@ -99,8 +99,8 @@ def test_migrate_as_the_owner_of_the_schema_takes_create_from_public(users):
 
 def test_migrate_refuses_to_leave_public_able_to_create_and_names_the_fix(users):
     owner = users.name("lyric")
-    url = support.database_url(f"castad_{users.namespace}_lyric")
-    with _superuser(support.PG_URL) as conn:
+    url = servers.database_url(f"castad_{users.namespace}_lyric")
+    with _superuser(servers.PG_URL) as conn:
         conn.execute(f'CREATE DATABASE "{make_url(url).database}" OWNER "{owner}"')
     _as_before_15(url)  # the schema still the superuser's: the owner of the database cannot revoke
     as_owner = users.database_url("lyric", url)

@@ -11,7 +11,7 @@ import datetime as dt
 import errno
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -21,7 +21,8 @@ from castad_runtime import db, outages, tables
 from castad_runtime.stage import cancellation, errors, handlers, machine, repository, runner, scheduler
 
 from bench.faults import outage
-from tests.integration.helpers import eventually, output, pipeline_requested, stage_runner, succeed
+from tests.integration.helpers import output, pipeline_requested, stage_runner, succeed
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +94,7 @@ def end_spans(claims: Iterable[runner.Claim | None]) -> None:
 
 
 @pytest.fixture
-def engine(engines: dict[str, sa.Engine]) -> sa.Engine:
+def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
     return engines["lyric"]
 
 
@@ -193,7 +194,7 @@ def test_a_retryable_failure_waits_its_backoff_then_is_claimed_again(engine):
     assert dt.datetime.fromisoformat(retrying["next_attempt_at"]) == job.due_at
     assert stage.claim_next() is None, "claimed a second before it was due"
 
-    claim = eventually(stage.claim_next, timeout=5, interval=0.05, what="the retry claimed once due")
+    claim = waits.until(stage.claim_next, timeout_s=5, interval_s=0.05, what="the retry claimed once due")
     stage.execute(claim)
 
     first, second = attempt_rows(engine, pipeline_id)
@@ -215,7 +216,7 @@ def test_when_attempts_run_out_the_job_fails_with_a_stage_failed_event(engine, r
     pipeline_id = add_job(stage, max_attempts={events.Stage.LYRIC: 3})
     run_scheduler(stage)
 
-    eventually(lambda: status_of(engine, pipeline_id).terminal, what="the job ended")
+    waits.until(lambda: status_of(engine, pipeline_id).terminal, what="the job ended")
 
     job = job_row(engine, pipeline_id)
     assert (job.status, job.attempts, job.max_attempts) == ("FAILED", 3, 3)
@@ -243,7 +244,7 @@ def test_a_non_retryable_error_fails_the_job_at_once(engine, run_scheduler):
     pipeline_id = add_job(stage)
     run_scheduler(stage)
 
-    eventually(lambda: status_of(engine, pipeline_id).terminal, what="the job ended")
+    waits.until(lambda: status_of(engine, pipeline_id).terminal, what="the job ended")
 
     assert status_of(engine, pipeline_id) is Status.FAILED
     assert [(a.outcome, a.error_code) for a in attempt_rows(engine, pipeline_id)] == [("failed", "bad_brief")]
@@ -263,7 +264,7 @@ def test_an_expired_lease_is_recovered_by_another_runner_and_the_job_completes(e
     assert zombie is not None
     run_scheduler(stage_runner(engine, succeed, worker="worker-b"))
 
-    eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="B completed the job")
+    waits.until(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="B completed the job")
 
     lost, done = attempt_rows(engine, pipeline_id)
     assert (lost.worker, lost.outcome, lost.error_code) == ("worker-a", "interrupted", "lease_expired")
@@ -342,7 +343,7 @@ def test_hangs_never_push_concurrency_past_its_setting(engine, run_scheduler):
     pipelines = [add_job(stage) for _ in range(6)]
     run_scheduler(stage)
 
-    eventually(lambda: all(status_of(engine, p) is Status.SUCCEEDED for p in pipelines), timeout=20)
+    waits.until(lambda: all(status_of(engine, p) is Status.SUCCEEDED for p in pipelines), timeout_s=20)
 
     assert most[0] == 2
     assert running[0] == 0 and provider_threads() == []
@@ -368,7 +369,7 @@ def test_a_provider_that_ignores_its_cancellation_keeps_its_slot_until_it_return
     jobs = scheduler.JobScheduler(stage, concurrency=1, poll_s=0.05)
     jobs.start()
     try:
-        eventually(lambda: status_of(engine, second) is Status.SUCCEEDED, timeout=10)
+        waits.until(lambda: status_of(engine, second) is Status.SUCCEEDED, timeout_s=10)
     finally:
         jobs.stop()
 
@@ -428,7 +429,7 @@ def test_an_outage_inside_the_work_hands_the_attempt_back_and_costs_nothing(engi
     pipeline_id = add_job(stage)
     run_scheduler(stage)
 
-    eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the retry after the outage")
+    waits.until(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the retry after the outage")
 
     assert [(a.outcome, a.error_code) for a in attempt_rows(engine, pipeline_id)] == [
         ("interrupted", "outage"),
@@ -514,7 +515,7 @@ def test_a_worker_never_recovers_the_lease_of_an_attempt_it_is_still_running(eng
     thread = threading.Thread(target=own.execute, args=(claim,))
     thread.start()
     try:
-        eventually(lambda: own.active_jobs() == [claim.job.id])
+        waits.until(lambda: own.active_jobs() == [claim.job.id])
         with engine.begin() as conn:
             conn.execute(sa.update(tables.jobs).values(lease_expires_at=sa.func.now() - sa.text("interval '1 s'")))
 
@@ -570,7 +571,7 @@ def test_slow_but_alive_attempts_keep_renewing_their_leases_and_are_not_stolen(e
     for thread in threads:
         thread.start()
     try:
-        eventually(outlived_their_leases_thrice, timeout=10, what="1.8 s of attempts, each lease renewed 5 times")
+        waits.until(outlived_their_leases_thrice, timeout_s=10, what="1.8 s of attempts, each lease renewed 5 times")
         assert len(lease_threads() - others) == 1
     finally:
         finish.set()
@@ -592,7 +593,7 @@ def first_look_done(jobs: scheduler.JobScheduler) -> None:
 
     Until then a trigger reserves no slot (work that waited longer may be due).
     """
-    eventually(jobs.reserve, what="the scheduler's first look done")
+    waits.until(jobs.reserve, what="the scheduler's first look done")
     jobs.release()
 
 
@@ -613,7 +614,7 @@ def test_a_trigger_with_a_free_slot_starts_its_attempt_in_its_own_transaction(en
     jobs = run_scheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
     first_look_done(jobs)
     pipeline_id = trigger(stage, jobs)
-    eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")
+    waits.until(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")
     [attempt] = attempt_rows(engine, pipeline_id)
     with engine.connect() as conn:
         started = conn.execute(
@@ -631,14 +632,14 @@ def test_an_attempt_that_succeeds_costs_the_scheduler_no_look_for_more_work(engi
     claim_next = stage.claim_next
     stage.claim_next = lambda: looks.append(time.monotonic()) or claim_next()  # type: ignore[method-assign]
     jobs = run_scheduler(stage, concurrency=2, poll_s=60)  # the scheduler's own polls out of the way
-    eventually(lambda: looks, what="the scheduler's first look")
-    eventually(jobs.reserve, what="that look done")
+    waits.until(lambda: looks, what="the scheduler's first look")
+    waits.until(jobs.reserve, what="that look done")
     jobs.release()
     looks.clear()
     for _ in range(3):
         pipeline_id = trigger(stage, jobs)
-        eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")  # noqa: B023
-        eventually(jobs.reserve, what="its slot free")
+        waits.until(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")  # noqa: B023
+        waits.until(jobs.reserve, what="its slot free")
         jobs.release()
     time.sleep(0.2)  # a look after the last attempt would have come by now
     assert looks == []
@@ -659,13 +660,13 @@ def test_with_work_waiting_for_a_slot_each_next_job_is_claimed_by_the_transactio
     stage.claim_next = lambda: looks.append(time.monotonic()) or claim_next()  # type: ignore[method-assign]
     jobs = run_scheduler(stage, concurrency=1, poll_s=60)  # the scheduler's own polls out of the way
     for pipeline_id in pipeline_ids:
-        eventually(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")  # noqa: B023
+        waits.until(lambda: status_of(engine, pipeline_id) is Status.SUCCEEDED, what="the job done")  # noqa: B023
     attempts = [attempt for pipeline_id in pipeline_ids for attempt in attempt_rows(engine, pipeline_id)]
     assert len(attempts) == 4
     ended = sorted(attempts, key=lambda attempt: attempt.started_at)
     for earlier, later in zip(ended, ended[1:], strict=False):
         assert later.started_at == earlier.finished_at
-    eventually(jobs.reserve, what="the slot free again")
+    waits.until(jobs.reserve, what="the slot free again")
     jobs.release()
     assert len(looks) == 2  # the first look (which took the first job), and one that found the backlog gone
 
@@ -688,7 +689,7 @@ def test_a_next_job_claimed_just_as_the_service_stops_is_handed_back_uncounted_a
     jobs._backlogged = backlogged_then_stopping  # type: ignore[method-assign]
     jobs.start()
     try:
-        eventually(lambda: status_of(engine, second) is not Status.PENDING, what="the second job claimed")
+        waits.until(lambda: status_of(engine, second) is not Status.PENDING, what="the second job claimed")
     finally:
         jobs.stop()
     assert calls == [first]
@@ -714,7 +715,7 @@ def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(
         assert status_of(engine, first) is Status.RUNNING
         assert status_of(engine, second) is Status.PENDING  # no slot: left due
         release.set()
-        eventually(lambda: status_of(engine, second) is Status.SUCCEEDED, what="the second job claimed later")
+        waits.until(lambda: status_of(engine, second) is Status.SUCCEEDED, what="the second job claimed later")
     finally:
         release.set()  # before the scheduler is stopped, which waits for the running attempt
 
@@ -737,7 +738,7 @@ def test_a_trigger_before_the_schedulers_first_look_leaves_its_job_behind_work_t
     assert status_of(engine, arrived) is Status.PENDING
     jobs.start()
     try:
-        eventually(lambda: status_of(engine, arrived) is Status.SUCCEEDED, what="both jobs done")
+        waits.until(lambda: status_of(engine, arrived) is Status.SUCCEEDED, what="both jobs done")
     finally:
         jobs.stop()
     assert calls == [waiting, arrived]
@@ -756,7 +757,7 @@ def test_a_trigger_whose_transaction_fails_gives_its_slot_back(engine, run_sched
     assert jobs.reserve()  # the one slot is free again
     jobs.release()
     stage_handlers.on_trigger(env, request)  # delivered again: the job runs
-    eventually(lambda: status_of(engine, request.pipeline_id) is Status.SUCCEEDED, what="the job done")
+    waits.until(lambda: status_of(engine, request.pipeline_id) is Status.SUCCEEDED, what="the job done")
 
 
 def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_uncounted(engine, run_scheduler):
@@ -771,7 +772,7 @@ def test_a_job_claimed_by_its_trigger_while_the_service_stops_is_handed_back_unc
     assert claim is not None
     stopping = threading.Thread(target=jobs.stop)  # waits for the reserved slot: it counts as running
     stopping.start()
-    eventually(lambda: jobs._stopping.is_set(), what="the scheduler stopping")
+    waits.until(lambda: jobs._stopping.is_set(), what="the scheduler stopping")
     jobs.run_claimed(claim)
     stopping.join(5)
     assert not stopping.is_alive()
@@ -789,8 +790,8 @@ def test_a_trigger_delivered_twice_claims_once_and_gives_its_slot_back(engine, r
     env = envelope.wrap(request, events.PIPELINE_REQUESTED, "/castad/api")
     stage_handlers = handlers.StageHandlers(stage.engine, stage, jobs)
     stage_handlers.on_trigger(env, request)
-    eventually(lambda: status_of(engine, request.pipeline_id) is Status.SUCCEEDED, what="the job done")
+    waits.until(lambda: status_of(engine, request.pipeline_id) is Status.SUCCEEDED, what="the job done")
     stage_handlers.on_trigger(env, request)
     assert len(attempt_rows(engine, request.pipeline_id)) == 1
-    eventually(jobs.reserve, what="the slot free again")
+    waits.until(jobs.reserve, what="the slot free again")
     jobs.release()

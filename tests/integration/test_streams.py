@@ -23,7 +23,7 @@ from castad_api import keys, notifications, repository
 from castad_runtime import db
 
 from tests.integration.gateway import make_key
-from tests.integration.helpers import eventually
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 TENANT = (keys.Scope.SUBMIT, keys.Scope.READ)
@@ -116,7 +116,7 @@ def test_a_key_holds_at_most_its_cap_of_streams_and_then_gets_429_with_retry_aft
         with streams(running.client(other), [path]) as others:  # another key of the tenant has its own
             assert others[0].status == 200
     # Closed streams give their places back (once the gateway sees they were closed).
-    eventually(lambda: opening(running.client(key), path).status_code == 200, timeout=10, what="a place given back")
+    waits.until(lambda: opening(running.client(key), path).status_code == 200, timeout_s=10, what="a place given back")
 
 
 @pytest.mark.timeout(60)
@@ -128,7 +128,7 @@ def test_a_stream_resumed_from_far_back_replays_only_the_newest_entries(gateway,
     with streams(running.client(make_key(engine, "kim", *TENANT)), ["/v1/events"]) as [live]:
         for n in range(6):
             gateway.create(f"Cafe {n}", tenant="kim")
-        eventually(lambda: len(live.ids) == 6, what="the six requests on the stream")
+        waits.until(lambda: len(live.ids) == 6, what="the six requests on the stream")
     oldest = live.ids[0]
 
     resumed = Stream(http, "/v1/events", last_event_id=oldest)

@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from bench.faults import outage
 from tests.integration.gateway import ago, make_key
-from tests.integration.helpers import eventually
-from tests.support import TEST_KEY_TENANT
+from tests.support import waits
+from tests.support.installation import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.integration
 LYRIC, SONG, VIDEO = events.STAGE_ORDER
@@ -457,7 +457,7 @@ def test_the_stream_of_every_pipeline_follows_new_entries_through_an_outage_clos
     assert opened.wait(10)
 
     pipeline_id = gateway.create("바다책방")
-    eventually(lambda: len(received) >= 1, what="the new pipeline on the stream")
+    waits.until(lambda: len(received) >= 1, what="the new pipeline on the stream")
     with outage.database_down(installation.database_urls["api"]):
         time.sleep(1.5)  # reads fail meanwhile: the stream waits, keep-alives go on
     gateway.event(pipeline_id, LYRIC, "started", 1, ago(seconds=1), worker="lyric@a:1")

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from castad_local import REPO_ROOT, stack
 
-from tests.support import Installation
+from tests.support.installation import Installation
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ from castad_video.service import VideoSettings, make_creatomate_work
 from PIL import Image
 from pydantic import SecretStr
 
-from tests.support import signed_path, stage_link_secret
+from tests.support.links import signed_path, stage_link_secret
 
 GATEWAY = "http://gateway.test:8000"
 TEMPLATE = "tpl-castad-9x16"

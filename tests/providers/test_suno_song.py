@@ -27,7 +27,7 @@ from castad_song import suno
 from castad_song.service import SongSettings, make_suno_work
 from pydantic import SecretStr
 
-from tests.support import signed_path, stage_link_secret
+from tests.support.links import signed_path, stage_link_secret
 
 GATEWAY = "http://gateway.test:8000"
 GENRE = "lo-fi hip hop, 여름밤 빗소리 & soft synths"  # free text, sent as written

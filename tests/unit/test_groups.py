@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from castad_runtime import groups
 
+from tests.support import waits
+
 
 class Recorder:
     """handle_group and handle_one that record their calls; `gate` holds handle_one until set."""
@@ -60,15 +62,8 @@ def submit_all(commit: groups.GroupCommit[str, str], items: list[str], queued: b
         threads.append(threading.Thread(target=submit, args=(item,)))
         threads[-1].start()
         if queued:
-            wait_until(lambda: len(commit._waiting) >= number, what=f"{item} waiting")  # noqa: B023
+            waits.until(lambda: len(commit._waiting) >= number, timeout_s=5, interval_s=0.001, what=f"{item} waiting")  # noqa: B023
     return {"threads": threads, "outcomes": outcomes}
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 5
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
 
 
 def joined(started: dict[str, Any]) -> dict[str, Any]:
@@ -200,13 +195,13 @@ def test_with_two_groups_under_way_an_item_goes_at_once_while_another_is_handled
     gates = Gates()
     commit = groups.GroupCommit(gates.group, gates.one, max_groups=2)
     first = submit_all(commit, ["a"], queued=False)
-    wait_until(lambda: gates.started == [["a"]], what="a under way")
+    waits.until(lambda: gates.started == [["a"]], timeout_s=5, interval_s=0.001, what="a under way")
     second = submit_all(commit, ["b"], queued=False)
-    wait_until(lambda: gates.started == [["a"], ["b"]], what="b under way beside a")
+    waits.until(lambda: gates.started == [["a"], ["b"]], timeout_s=5, interval_s=0.001, what="b under way beside a")
     third = submit_all(commit, ["c", "d"])  # both slots taken: these wait, then go together
     gates.gate("b").set()
     assert joined(second) == {"b": "b done"}
-    wait_until(lambda: len(gates.started) == 3, what="c and d under way")
+    waits.until(lambda: len(gates.started) == 3, timeout_s=5, interval_s=0.001, what="c and d under way")
     assert gates.started[2] == ["c", "d"]
     for item in "acd":
         gates.gate(item).set()
@@ -218,12 +213,12 @@ def test_an_item_whose_key_a_group_under_way_has_waits_for_it_and_others_go_past
     gates = Gates()
     commit = groups.GroupCommit(gates.group, gates.one, max_groups=2, key=lambda item: item[0])
     first = submit_all(commit, ["p1"], queued=False)
-    wait_until(lambda: gates.started == [["p1"]], what="p1 under way")
+    waits.until(lambda: gates.started == [["p1"]], timeout_s=5, interval_s=0.001, what="p1 under way")
     later = submit_all(commit, ["p2", "p3"])  # a slot is free, but their key is under way
     time.sleep(0.05)
     assert gates.started == [["p1"]]
     other = submit_all(commit, ["q1"], queued=False)  # another key takes the free slot, past them
-    wait_until(lambda: gates.started == [["p1"], ["q1"]], what="q1 under way beside p1")
+    waits.until(lambda: gates.started == [["p1"], ["q1"]], timeout_s=5, interval_s=0.001, what="q1 under way beside p1")
     gates.gate("q1").set()
     assert joined(other) == {"q1": "q1 done"}
     assert gates.started == [["p1"], ["q1"]]  # still waiting for p1
@@ -238,13 +233,13 @@ def test_a_group_leaves_an_item_whose_key_is_under_way_waiting_in_its_place():
     gates = Gates()
     commit = groups.GroupCommit(gates.group, gates.one, max_groups=2, key=lambda item: item[0])
     first = submit_all(commit, ["p1"], queued=False)
-    wait_until(lambda: gates.started == [["p1"]], what="p1 under way")
+    waits.until(lambda: gates.started == [["p1"]], timeout_s=5, interval_s=0.001, what="p1 under way")
     blocker = submit_all(commit, ["r1"], queued=False)
-    wait_until(lambda: gates.started == [["p1"], ["r1"]], what="r1 under way")
+    waits.until(lambda: gates.started == [["p1"], ["r1"]], timeout_s=5, interval_s=0.001, what="r1 under way")
     waiting = submit_all(commit, ["p2", "q1", "q2"])  # both slots taken
     gates.gate("r1").set()  # a slot frees: q1 and q2 go together; p2 still waits for p1
     assert joined(blocker) == {"r1": "r1 done"}
-    wait_until(lambda: len(gates.started) == 3, what="the q group under way")
+    waits.until(lambda: len(gates.started) == 3, timeout_s=5, interval_s=0.001, what="the q group under way")
     assert gates.started[2] == ["q1", "q2"]
     for item in ("q1", "q2", "p1", "p2"):
         gates.gate(item).set()

@@ -19,6 +19,8 @@ from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
 from castad_song import espeak, g2p, provider, voice
 
+from tests.support import briefs
+
 RATE = 22050
 FRAME_S = 0.005
 Signal = npt.NDArray[np.float64]
@@ -29,10 +31,6 @@ LYRICS = {
     brief.Language.JAPANESE: ("たどり着いたよ群山", "韓屋、そして思い出", "ステイ・モムムへおいでよ"),
     brief.Language.CHINESE: ("一起去群山", "韩屋独栋民宿在等着你", "快来住在慕姆吧"),
 }
-
-
-def _brief(language: brief.Language) -> brief.Brief:
-    return brief.Brief(customer_name="Stay", region="Gunsan", language=language, genre="ballad", duration_s=12)
 
 
 def _lyrics(language: brief.Language) -> events.Lyrics:
@@ -55,7 +53,11 @@ def _singer() -> voice.Voice:
 @functools.cache
 def _sung(language: brief.Language) -> tuple[provider.Arrangement, Signal]:
     """The arrangement of a short song and its voice alone."""
-    arrangement = provider.arrange(_brief(language), _lyrics(language), "seed")
+    arrangement = provider.arrange(
+        briefs.sample("Stay", region="Gunsan", language=language, genre="ballad", duration_s=12),
+        _lyrics(language),
+        "seed",
+    )
     track = _singer().sing(arrangement.phrases, language, arrangement.duration_s, RATE)
     return arrangement, track
 
@@ -196,7 +198,11 @@ def test_a_phrase_that_crashes_the_library_alone_fails_the_song() -> None:
 def test_the_sung_song_is_at_streaming_loudness_and_never_clips(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "song.wav"
     provider.LocalSongProvider().compose(
-        _brief(brief.Language.KOREAN), _lyrics(brief.Language.KOREAN), out, "seed", cancel=cancellation.Cancellation()
+        briefs.sample("Stay", region="Gunsan", genre="ballad", duration_s=12),
+        _lyrics(brief.Language.KOREAN),
+        out,
+        "seed",
+        cancel=cancellation.Cancellation(),
     )
     with wave.open(str(out), "rb") as song:
         pcm = np.frombuffer(song.readframes(song.getnframes()), dtype="<i2")

@@ -11,14 +11,17 @@ pinyin (Debian's eSpeak has no Mandarin dictionary).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
+import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pypinyin
 from castad_contracts import brief
-from janome import tokenizer
 from pypinyin import style as pinyin_style
+
+if TYPE_CHECKING:
+    from janome import tokenizer
 
 _TOKEN = re.compile(r"[A-Za-z']+|[0-9]|\S")
 _VOWEL_GROUP = re.compile(r"[aeiouy]+")
@@ -77,15 +80,22 @@ def _english(word: str, at: int) -> Iterator[Syllable]:
         yield Syllable(word[start:end], at + start, word[start:end])
 
 
-@functools.cache
+_TOKENIZER_LOCK = threading.Lock()
+_TOKENIZER: list[tokenizer.Tokenizer] = []  # loaded once, by the first Japanese line
+
+
 def _tokenizer() -> tokenizer.Tokenizer:
-    """Janome's tokenizer with its bundled dictionary (a few seconds to load, once per process)."""
-    return tokenizer.Tokenizer()
+    """Return Janome's tokenizer with its bundled dictionary, loading it on the first call.
 
+    Loading takes seconds and holds hundreds of MB, so it waits for the first Japanese line: a song replica
+    that never sings Japanese never pays for it, and no replica's start (its readiness) waits for it.
+    """
+    with _TOKENIZER_LOCK:
+        if not _TOKENIZER:
+            from janome import tokenizer
 
-def warm_up() -> None:
-    """Load what splitting lyrics needs (Janome's dictionary), so the first song does not pay for it."""
-    _tokenizer()
+            _TOKENIZER.append(tokenizer.Tokenizer())
+        return _TOKENIZER[0]
 
 
 def _katakana(text: str) -> str:

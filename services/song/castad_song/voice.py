@@ -111,7 +111,6 @@ class Voice:
                 f"the {singer.name} voice cannot sing {', '.join(missing)}: install {espeak.PACKAGE}"
             )
         self.singer = singer
-        g2p.warm_up()
 
     def sing(
         self,

@@ -1,0 +1,9 @@
+"""What the tests share besides fixtures (those are in tests/conftest.py and each folder's conftest.py).
+
+- `servers`: where the tests' PostgreSQL and RabbitMQ are, and the failure when one is missing.
+- `installation`: an isolated Castad (databases made on first use, a broker namespace, a folder for files).
+- `object_store`: a real S3-compatible server for the session.
+- `links`: the tests' link secret and the signed links made with it.
+- `briefs`: the one brief factory.
+- `waits`: the one way to wait for something to become true.
+"""
