@@ -6,7 +6,7 @@ PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay ser
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas
+.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -75,6 +75,9 @@ faults: setup  ## the full fault run (two replicas of every service on a 3-node 
 
 images: setup  ## build every service's image with podman and run the stack from them to a finished video (root)
 	@$(BIN)/pytest -m images tests/images
+
+screenshots: setup  ## the console's tests, writing their pictures into docs/console (a test run writes them into var/console)
+	@CASTAD_SCREENSHOTS_DIR=$(CURDIR)/docs/console $(BIN)/pytest tests/e2e/test_console.py
 
 schemas: setup  ## JSON Schema of every event into var/schemas
 	@$(BIN)/castad-admin schemas var/schemas

@@ -31,8 +31,14 @@ def gateway(installation, tmp_path):
     """The gateway alone (pipelines it accepts wait for stages that are not running)."""
     port = stack.free_port()
     base_url = f"http://127.0.0.1:{port}"
-    # The stream of every pipeline closes after a second, so that each generated request to it gets its answer.
-    env = {**installation.env(), "CASTAD_API_PORT": str(port), "CASTAD_API_FIREHOSE_MAX_S": "1"}
+    # The streams close after 0.2 s (no stage runs, so no pipeline ends), so that each request for one gets its
+    # whole answer soon: a pipeline's, whose id schemathesis took from an earlier answer, or every pipeline's.
+    env = {
+        **installation.env(),
+        "CASTAD_API_PORT": str(port),
+        "CASTAD_API_FIREHOSE_MAX_S": "0.2",
+        "CASTAD_API_STREAM_MAX_S": "0.2",
+    }
     services = stack.Stack(env, tmp_path / "logs")
     services.start("api")
     try:

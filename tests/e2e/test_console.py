@@ -3,8 +3,8 @@
 The browser is Debian's chromium, driven by playwright. The board follows pipelines live without a reload, a
 pipeline's page shows its photos, stages, attempts, timeline and previews and retries and cancels through its
 buttons, the stats page charts the window, the dead-letter page replays and discards, a key sees only what its
-scopes allow. Each test fails on any console error or uncaught exception of the page, and writes the screenshots of
-docs/console.
+scopes allow. Each test fails on any console error or uncaught exception of the page, and writes its screenshots
+(into var/console; `make screenshots` refreshes those of docs/console).
 """
 
 from __future__ import annotations

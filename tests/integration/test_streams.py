@@ -1,7 +1,8 @@
 """Event streams and the keys that hold them, on the gateway's HTTP API.
 
 A revoked key's open streams end within seconds, a key holds at most its cap of streams at once (429 with
-Retry-After beyond it), a stream resumed from far back replays only the newest entries, and the gateway's one
+Retry-After beyond it), a stream resumed from far back replays only the newest entries, a pipeline's stream closes
+after its lifetime and the command line's client follows it across the reconnections, and the gateway's one
 listener wakes the streams of the pipeline a notification names (its sweep, those of a pipeline whose notification
 was lost), and every stream when it loses or regains its database.
 """
@@ -20,9 +21,11 @@ import httpx_sse
 import pytest
 import sqlalchemy as sa
 from castad_api import keys, notifications, repository
+from castad_cli import client as client_
+from castad_contracts import events
 from castad_runtime import db
 
-from tests.integration.gateway import make_key
+from tests.integration.gateway import ago, make_key
 from tests.support import waits
 
 pytestmark = pytest.mark.integration
@@ -134,6 +137,42 @@ def test_a_stream_resumed_from_far_back_replays_only_the_newest_entries(gateway,
     resumed = Stream(http, "/v1/events", last_event_id=oldest)
     assert resumed.ended(10)  # after its lifetime
     assert resumed.ids == live.ids[-3:]
+
+
+@pytest.mark.timeout(60)
+def test_a_pipelines_stream_closes_after_its_lifetime_and_the_cli_follows_it_to_the_end_across_reconnections(
+    gateway, engines, api
+):
+    running = api(stream_max_s=0.5, sse_ping_s=0.2)
+    key = make_key(engines["api"], "lee", *TENANT)
+    pipeline_id = gateway.create(tenant="lee")
+    path = f"/v1/pipelines/{pipeline_id}/events"
+
+    alone = Stream(running.client(key), path)
+    assert alone.ended(5) and alone.ids == ["1"]  # the request, then closed by its lifetime, the pipeline going on
+
+    client = client_.Client(running.base_url, api_key=key)
+    followed: list[tuple[str, str]] = []
+
+    def follow() -> None:
+        followed.extend((event_id, data["pipeline_status"]) for event_id, data in client.events(pipeline_id))
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    start = ago(seconds=10)
+    for stage in events.Stage:  # each applied after a stream or two closed and were opened again
+        time.sleep(0.7)
+        gateway.run(pipeline_id, stage, start, seconds=1)
+    follower.join(10)
+    client.close()
+
+    assert not follower.is_alive()  # it ended with the pipeline
+    ids = [event_id for event_id, _ in followed]
+    assert ids == [str(n) for n in range(1, len(ids) + 1)] and len(ids) == 7  # each entry once, in order
+    assert [status for _, status in followed][-1] == "SUCCEEDED"
+    resumed = client_.Client(running.base_url, api_key=key)
+    assert list(resumed.events(pipeline_id, last_event_id=ids[-1])) == []  # after its end: nothing, and it returns
+    resumed.close()
 
 
 @pytest.mark.timeout(60)

@@ -116,7 +116,22 @@ class Client:
             raise _unreachable(self.base_url, error) from None
 
     def events(self, pipeline_id: str, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(event id, data) of each progress event until the stream closes at a terminal state."""
+        """(event id, data) of each progress event, until the stream closes after the pipeline ended.
+
+        The gateway closes a stream that has lasted CASTAD_API_STREAM_MAX_S, or when it stops: the stream is opened
+        again after the last event seen (Last-Event-ID), so that nothing is missed or seen twice. A stream that
+        closes with nothing new while the pipeline has ended (it was followed from after its last event) ends it.
+        """
+        while True:
+            received = ended = False
+            for event_id, data in self._stream(pipeline_id, last_event_id):
+                received, last_event_id = True, event_id or last_event_id
+                ended = data.get("pipeline_status") in api.ENDED
+                yield event_id, data
+            if ended or (not received and self.status(pipeline_id).status in api.ENDED):
+                return
+
+    def _stream(self, pipeline_id: str, last_event_id: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         try:
             with httpx_sse.connect_sse(

@@ -91,6 +91,10 @@ class StageView(BaseModel):
     )
 
 
+# A pipeline's statuses once it ended (PipelineView.status); only an operator's retry moves it on again.
+ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELED"})
+
+
 class PipelineView(BaseModel):
     id: str
     status: str

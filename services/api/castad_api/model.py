@@ -20,7 +20,7 @@ import enum
 import re
 from typing import Any
 
-from castad_contracts import codes, events
+from castad_contracts import api, codes, events
 
 
 class PipelineStatus(enum.StrEnum):
@@ -33,7 +33,7 @@ class PipelineStatus(enum.StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in (PipelineStatus.SUCCEEDED, PipelineStatus.FAILED, PipelineStatus.CANCELED)
+        return self.value in api.ENDED
 
 
 class StageStatus(enum.StrEnum):

@@ -377,8 +377,9 @@ async def pipeline_events(
 ) -> EventSourceResponse:
     """Server-Sent Events: step, status, progress, attempt.
 
-    Artifacts on the final event. Resumable. Ends when the pipeline ended and every entry was sent, or within
-    seconds of its key's revocation; a key holds at most CASTAD_API_SSE_STREAMS_PER_KEY streams at once.
+    Artifacts on the final event. Resumable. Ends when the pipeline ended and every entry was sent, after
+    CASTAD_API_STREAM_MAX_S (reconnect with Last-Event-ID), or within seconds of its key's revocation; a key holds
+    at most CASTAD_API_SSE_STREAMS_PER_KEY streams at once.
     """
     after = streams.resumes_after(last_event_id) or 0
     await run_in_threadpool(_load, gw, pipeline_id, who)
@@ -386,7 +387,8 @@ async def pipeline_events(
         after = await run_in_threadpool(_resumable, gw.engine, pipeline_id, after)
     read = functools.partial(_progress, gw.engine, pipeline_id, gw.viewer(who))
     lease = streams.admit(gw, who)
-    return EventSourceResponse(streams.follow(gw, lease, str(pipeline_id), read, after), ping=gw.config.sse_ping_s)
+    following = streams.follow(gw, lease, str(pipeline_id), read, after, gw.config.stream_max_s)
+    return EventSourceResponse(following, ping=gw.config.sse_ping_s)
 
 
 def _resumable(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> int:

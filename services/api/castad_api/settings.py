@@ -235,6 +235,13 @@ class ApiSettings(settings.StoreSettings):
         description="the stream of every pipeline (/v1/events) closes after this long; a client reconnects with"
         " Last-Event-ID and loses nothing, and long streams spread over the replicas",
     )
+    stream_max_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="a pipeline's stream (/v1/pipelines/{id}/events) closes after this long even if the pipeline"
+        " goes on; a client reconnects with Last-Event-ID and loses nothing, and long streams spread over the"
+        " replicas",
+    )
     docs: bool = Field(
         default=False,
         description="serve Swagger UI at /docs and ReDoc at /redoc, whose pages load their scripts from a public CDN"
