@@ -36,6 +36,7 @@ STAGE_TABLES = (
     tables.quotas,
     tables.quota_shards,
     tables.in_flight_counts,
+    tables.injected_faults,
 )
 SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
     "api": (

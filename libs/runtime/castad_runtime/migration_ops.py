@@ -291,6 +291,29 @@ def drop_called_back_v15() -> None:
     op.drop_column("jobs", "called_back_at")
 
 
+def add_injected_faults_v16() -> None:
+    """The faults a stage injects while it runs, when its fault switch is on (tests and demos).
+
+    Expand only: a service of the previous version never reads it.
+    """
+    op.create_table(
+        "injected_faults",
+        sa.Column("one", sa.Boolean, primary_key=True, server_default=sa.true()),
+        sa.Column("failure_rate", sa.Float, nullable=False, server_default="0"),
+        sa.Column("retryable", sa.Boolean, nullable=False, server_default=sa.true()),
+        sa.Column("latency_s", sa.Float, nullable=False, server_default="0"),
+        sa.Column("hang_rate", sa.Float, nullable=False, server_default="0"),
+        sa.Column("permanent_rate", sa.Float, nullable=False, server_default="0"),
+        sa.Column("handler_rate", sa.Float, nullable=False, server_default="0"),
+        sa.Column("set_at", TZ, nullable=False, server_default=sa.func.now()),
+        sa.CheckConstraint("one", name="injected_faults_one_row"),
+    )
+
+
+def drop_injected_faults_v16() -> None:
+    op.drop_table("injected_faults")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

@@ -190,3 +190,19 @@ attempts = sa.Table(
     sa.Column("notes", sa.Text),  # the provider's advisory warnings on the submitted work, one per line
     sa.UniqueConstraint("job_id", "number", name="attempts_job_number"),
 )
+
+# Faults injected into a stage's provider calls while it runs, for tests and demos (castad_runtime.stage.faults):
+# read only by a service whose CASTAD_<STAGE>_FAULT_SWITCH is on. At most one row; none: the configured faults.
+injected_faults = sa.Table(
+    "injected_faults",
+    metadata,
+    sa.Column("one", sa.Boolean, primary_key=True, server_default=sa.true()),
+    sa.Column("failure_rate", sa.Float, nullable=False, server_default="0"),
+    sa.Column("retryable", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("latency_s", sa.Float, nullable=False, server_default="0"),
+    sa.Column("hang_rate", sa.Float, nullable=False, server_default="0"),
+    sa.Column("permanent_rate", sa.Float, nullable=False, server_default="0"),
+    sa.Column("handler_rate", sa.Float, nullable=False, server_default="0"),
+    sa.Column("set_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.CheckConstraint("one", name="injected_faults_one_row"),
+)

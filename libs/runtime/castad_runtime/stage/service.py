@@ -132,6 +132,12 @@ class StageSettings(settings.StoreSettings):
     fault_handler_rate: float = Field(
         default=0.0, ge=0, le=1, description="share of trigger handlings that fail as a handler bug would"
     )
+    fault_switch: bool = Field(
+        default=False,
+        description="read the faults to inject from the stage's own table injected_faults at every provider call"
+        " and trigger, so that tests and demos change them while it runs (the CASTAD_<STAGE>_FAULT_* settings"
+        " while the table is empty); off in production",
+    )
 
     @model_validator(mode="after")
     def _network_provider_usable(self) -> Self:
@@ -270,7 +276,9 @@ def run(definition: StageDefinition[S], config: S) -> None:
     process.start_observability(service, config.log_level)
     topo = topology.Topology(config.namespace)
     engine = db.make_engine(config.database_url, pool_size=config.concurrency + config.consumer_threads + 3)
-    injector = faults.FaultInjector(config.faults(), random.Random())
+    injector = faults.FaultInjector(
+        faults.Switch(engine, config.faults()) if config.fault_switch else config.faults(), random.Random()
+    )
     work = definition.make_work(config)
 
     def faulty_work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
