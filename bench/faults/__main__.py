@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write(result, args.output)
     for finding in result.findings:
         print(f"finding: {finding}", file=sys.stderr)
-    if not result.handoff_target_met:
+    if result.handoff_target_met is False:
         common.log.warning(
             "target missed: stage handoff p99 %.1f ms, over %g ms", result.handoff_p99_ms, run.HANDOFF_P99_MS
         )

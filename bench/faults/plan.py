@@ -1,11 +1,12 @@
 """What a fault run does: how much traffic, how long each fault lasts, how the services are set.
 
-`FULL` is `make faults`; `SHORT` is the version `make test` runs (every fault kind once,
-outages shortened). Every service runs in `REPLICAS` processes on a three-node RabbitMQ
-cluster and a PostgreSQL primary with a synchronous standby. The lyric and video stages run
-their local providers (real lyrics and MP4, at a small size), the song stage a music API (the
-fake sunoapi.org server, submit then poll), each behind the fault injector, with settings that
-make retries and leases quick, so that a run takes minutes, not hours.
+`FULL` is `make faults`; `SHORT` is the version `make test` runs: every fault kind once and every
+invariant, outages shortened, the kills and the database outages of every service at once, and no
+quiet phase (the handoffs it measures belong to `make faults`). Every service runs in `REPLICAS`
+processes on a three-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby. The
+lyric and video stages run their local providers (real lyrics and MP4, at a small size), the song
+stage a music API (the fake sunoapi.org server, submit then poll), each behind the fault injector,
+with settings that make retries and leases quick, so that a run takes minutes, not hours.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ class Plan:
     broker_stall_s: float  # broker connections open but silent this long
     partition_s: float  # a network partition from the broker (0: none; heals only at heartbeat timeouts)
     settle_s: float  # the promise: every pipeline terminal within this after the last fault ended
-    quiet_pipelines: int  # submitted while a row is parked and nothing else is injected: handoffs measured
+    quiet_pipelines: int  # submitted while a row is parked and nothing else is injected: handoffs measured (0: none)
+    quiet_s: float  # traffic alone once the part a fault hit works again, before the next fault
+    together: bool  # a replica of every service killed, and every service's database out, at once
     duplicates: int  # real messages republished as duplicates
     operator_interval_s: float  # an operator cancels a recent pipeline or retries an ended one this often
     node_down_s: float  # a RabbitMQ node killed, or stopped, stays down this long
@@ -34,16 +37,18 @@ class Plan:
 SHORT = Plan(
     name="short",
     pipelines=100,
-    rate_per_s=1.0,
-    outage_s=10.0,
+    rate_per_s=0.6,
+    outage_s=6.0,
     broker_cut_s=6.0,
     broker_stall_s=4.0,
     partition_s=0.0,
     settle_s=120.0,
-    quiet_pipelines=20,
+    quiet_pipelines=0,
+    quiet_s=1.0,
+    together=True,
     duplicates=20,
     operator_interval_s=3.0,
-    node_down_s=10.0,
+    node_down_s=6.0,
     relay_freeze_s=12.0,  # twice the relay's lease: a takeover, then the frozen one's waking
     failover_after_s=3.0,
 )
@@ -58,6 +63,8 @@ FULL = Plan(
     partition_s=20.0,
     settle_s=300.0,
     quiet_pipelines=100,
+    quiet_s=4.0,
+    together=False,
     duplicates=100,
     operator_interval_s=6.0,
     node_down_s=30.0,

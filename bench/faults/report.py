@@ -163,10 +163,11 @@ def render(result: run.Result) -> str:
         f" for {result.provider_tasks} songs; the song stage recorded {result.recorded_submissions} submissions"
         " before sending them.",
     ]
+    lines += ["", "## Handoffs while a row is parked", ""]
+    if not result.quiet:
+        lines += [f"Not measured: the {result.plan.name} plan has no quiet phase (`make faults` measures them).", ""]
+        return "\n".join(lines)
     lines += [
-        "",
-        "## Handoffs while a row is parked",
-        "",
         f"{len(result.quiet)} pipelines run one at a time after the unroutable row was parked, no other fault"
         " injected (provider faults still on). Handoff = start of the handler (its inbox row) minus the COMMIT"
         " of the outbox row (a deferred trigger added by the harness); events cross the harness's TCP proxy.",
@@ -194,8 +195,8 @@ def _node_losses(result: run.Result) -> list[str]:
         " (a row of the frozen leader's outbox published), by another stage replica (the frozen attempt's job"
         " attempted again), by every service again (a node lost, a failover). Longest pause = the longest"
         " stretch without any work (a row published, an event handled, an attempt started) from the fault until"
-        " work resumed after it. Dropped = events inboxes saw again and dropped, from the fault until four"
-        " seconds after work resumed. Music API = the song jobs attempted in that window.",
+        " work resumed after it. Dropped = events inboxes saw again and dropped, from the fault until"
+        f" {result.plan.quiet_s:g} s after work resumed. Music API = the song jobs attempted in that window.",
         "",
         "| fault | target | lasted | taken over (bound) | longest pause | dropped by inboxes | music API | detail |",
         "|---|---|---|---|---|---|---|---|",

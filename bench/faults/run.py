@@ -16,6 +16,8 @@ PostgreSQL primary and the promotion of its standby.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import functools
 import logging
 import pathlib
 import signal
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
+from castad_local import stack as stack_
 from castad_local.fakes import suno
 
 from bench import common, latency
@@ -34,8 +37,9 @@ from bench.faults import checker, counters, deployment, engines, injections, out
 log = logging.getLogger("bench.faults")
 SERVICES = deployment.SERVICES
 PROCESSES = deployment.PROCESSES
-QUIET_AFTER_FAULT_S = 4.0  # traffic alone between two faults
 DOWN_AFTER_KILL_S = 1.0
+WORKS_AGAIN_S = 60.0  # the longest wait for the part a fault hit to work again before the next fault goes on
+CUT_OFF_S = 10.0  # the least a node stays cut off: over two heartbeats, so the services find it rather than the heal
 LONG_SONG_S = 60.0  # a song this long keeps ffmpeg busy long enough to be caught mid-render
 FREEZE_TRIES = 20  # attempts seen before their submit, each stopped and let go again if it moved on meanwhile
 # The target for pipelines no fault touches, while a row is parked: a speed target the report states as met or
@@ -49,6 +53,11 @@ NODE_LOSS = (
     "stage replica frozen",
 )
 FAILOVER = "postgresql failover"
+# Work done in one service's database since a moment: a row of its outbox published, an event of its inbox handled.
+WORKED = (
+    "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at > %(since)s),"
+    " EXISTS (SELECT 1 FROM inbox WHERE received_at > %(since)s)"
+)
 
 
 @dataclasses.dataclass
@@ -92,12 +101,15 @@ class Result:
         return max(fault.ended for fault in self.faults)
 
     @property
-    def handoff_p99_ms(self) -> float:
-        return self.handoffs_ms["stage handoff"]["p99"]
+    def handoff_p99_ms(self) -> float | None:
+        """None: not measured (a plan without a quiet phase)."""
+        summary = self.handoffs_ms.get("stage handoff")
+        return None if summary is None else summary["p99"]
 
     @property
-    def handoff_target_met(self) -> bool:
-        return self.handoff_p99_ms <= HANDOFF_P99_MS
+    def handoff_target_met(self) -> bool | None:
+        p99 = self.handoff_p99_ms
+        return None if p99 is None else p99 <= HANDOFF_P99_MS
 
 
 class FaultRun:
@@ -129,17 +141,15 @@ class FaultRun:
         self.cleanup.push("stop traffic", submitter.stop)
         operator = traffic.Operator(submitter, self.plan.operator_interval_s).start()
         self.cleanup.push("stop the operator", operator.stop)
-        time.sleep(2 * QUIET_AFTER_FAULT_S)
+        self._until_a_pipeline_succeeded()
 
-        for service in PROCESSES:
-            self._kill_and_restart(deployment.Deployment.names(service)[0])
+        self._kill_and_restart([deployment.Deployment.names(service)[0] for service in PROCESSES])
         self._stop_video_mid_render()
         poison = injections.poison_for(self.topology)
         injections.publish_poison(poison, self.deployment.amqp_url)
         duplicates = tap.republish()
         log.info("faults: %d poison messages and %d duplicates sent", len(poison), duplicates)
-        for service in SERVICES:
-            self._database_outage(service)
+        self._database_outages(list(SERVICES))
         self._broker("connections cut", "cut", self.plan.broker_cut_s)
         self._broker("connections stalled", "hold", self.plan.broker_stall_s)
         if self.plan.partition_s:
@@ -159,7 +169,7 @@ class FaultRun:
         self._wait_terminal({a.pipeline_id for a in accepted}, self.faults[-1].ended + self.plan.settle_s)
         probe = injections.add_unroutable_row(self.urls["api"])
         self._wait_parked(probe)
-        quiet = self._quiet_phase()
+        quiet = self._quiet_phase() if self.plan.quiet_pipelines else []
         tap.close()
 
         snapshot = checker.collect(self.urls, self.topology.dead_letter_queue, self.deployment.amqp_url)
@@ -177,7 +187,7 @@ class FaultRun:
         self._recovery(snapshot)
         findings += self._takeovers(snapshot)
         findings += self._every_submission_recorded(snapshot)
-        handoffs = self._handoffs({a.pipeline_id for a in quiet})
+        handoffs = self._handoffs({a.pipeline_id for a in quiet}) if quiet else {}
         return Result(
             plan=self.plan,
             started=started,
@@ -210,23 +220,82 @@ class FaultRun:
         detail: str = "",
         takeover_bound_s: float | None = None,
     ) -> Fault:
-        fault = Fault(kind, target, time.time(), detail=detail, takeover_bound_s=takeover_bound_s)
-        log.info("faults: %s of %s", kind, target)
-        inject()
+        return self._together([(kind, target, inject, heal)], last_s, detail=detail, takeover_bound_s=takeover_bound_s)[
+            0
+        ]
+
+    def _together(
+        self,
+        each: list[tuple[str, str, Callable[[], object], Callable[[], object]]],
+        last_s: float,
+        *,
+        detail: str = "",
+        takeover_bound_s: float | None = None,
+    ) -> list[Fault]:
+        """Inject each (kind, target, inject, heal) at once, heal each after `last_s`, then wait for the parts."""
+        faults = []
+        for kind, target, inject, _ in each:
+            faults.append(Fault(kind, target, time.time(), detail=detail, takeover_bound_s=takeover_bound_s))
+            log.info("faults: %s of %s", kind, target)
+            inject()
         time.sleep(last_s)
-        heal()
-        fault.ended = time.time()
-        self.faults.append(fault)
-        time.sleep(QUIET_AFTER_FAULT_S)
-        return fault
+        for fault, (_, _, _, heal) in zip(faults, each, strict=True):
+            heal()
+            fault.ended = time.time()
+        self.faults += faults
+        self._after(faults)
+        return faults
+
+    def _after(self, faults: list[Fault]) -> None:
+        """Wait until every part the faults hit works again (at most WORKS_AGAIN_S), then `quiet_s` of traffic."""
+        deadline = time.monotonic() + WORKS_AGAIN_S
+        for fault in faults:
+            while not self._works_since(fault.target, fault.ended) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        time.sleep(self.plan.quiet_s)
+
+    def _works_since(self, target: str, since: float) -> bool:
+        """Whether the part a fault hit did work after `since`, as `_recovery` measures it (read live)."""
+        service = stack_.service_of(target)
+        worked = {url_service: self._worked(url, since) for url_service, url in self.urls.items()}
+        published = any(published for published, _ in worked.values())
+        if service == "relay":
+            return published
+        if service in worked:
+            return worked[service][1]
+        return published and any(handled for _, handled in worked.values())
+
+    @staticmethod
+    def _worked(url: str, since: float) -> tuple[bool, bool]:
+        """(an outbox row published, an event handled or an attempt started) in this database after `since`."""
+        at = dt.datetime.fromtimestamp(since, dt.UTC)
+        with psycopg.connect(common.dsn(url), connect_timeout=5) as conn:
+            row = conn.execute(WORKED, {"since": at}).fetchone()
+        assert row is not None
+        return bool(row[0]), bool(row[1])
+
+    def _until_a_pipeline_succeeded(self) -> None:
+        """Before the first fault: the deployment did a whole pipeline (every part works)."""
+        deadline = time.monotonic() + 120
+        with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
+            while not conn.execute("SELECT 1 FROM pipelines WHERE status = 'SUCCEEDED' LIMIT 1").fetchone():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no pipeline succeeded within 120 s of the start")
+                time.sleep(0.2)
 
     def _restart(self, name: str) -> None:
         self.deployment.start_process(name)
         self.counters.restarted(name)
         self.deployment.wait_ready(name)
 
-    def _kill_and_restart(self, name: str) -> None:
-        self._record("kill -9", name, lambda: self.stack.kill(name), DOWN_AFTER_KILL_S, lambda: self._restart(name))
+    def _kill_and_restart(self, names: list[str]) -> None:
+        """kill -9 of each process, together or one after another as the plan says; each started again."""
+        kills = [
+            ("kill -9", name, functools.partial(self.stack.kill, name), functools.partial(self._restart, name))
+            for name in names
+        ]
+        for group in [kills] if self.plan.together else [[kill] for kill in kills]:
+            self._together(group, DOWN_AFTER_KILL_S)
 
     def _stop_video_mid_render(self) -> None:
         """SIGTERM to a video replica's process group while its ffmpeg renders a long song.
@@ -259,13 +328,21 @@ class FaultRun:
         self._restart(name)
         fault.ended = time.time()
         self.faults.append(fault)
-        time.sleep(QUIET_AFTER_FAULT_S)
+        self._after([fault])
 
-    def _database_outage(self, service: str) -> None:
-        url = self.urls[service]
-        self._record(
-            "database outage", service, lambda: outage.block(url), self.plan.outage_s, lambda: outage.unblock(url)
-        )
+    def _database_outages(self, services: list[str]) -> None:
+        """Each service's database out for `outage_s`, together or one after another as the plan says."""
+        outages = [
+            (
+                "database outage",
+                service,
+                functools.partial(outage.block, self.urls[service]),
+                functools.partial(outage.unblock, self.urls[service]),
+            )
+            for service in services
+        ]
+        for group in [outages] if self.plan.together else [[each] for each in outages]:
+            self._together(group, self.plan.outage_s)
 
     def _broker(self, kind: str, how: str, last_s: float) -> None:
         proxies = self.deployment.proxies
@@ -321,7 +398,7 @@ class FaultRun:
             "rabbitmq node cut off",
             node,
             cut.blackhole,
-            self.plan.node_down_s,
+            max(self.plan.node_down_s, CUT_OFF_S),
             cut.restore,
             detail="its proxy drops every byte",
             takeover_bound_s=plan.NODE_CUT_OFF_TAKEOVER_S,
@@ -429,7 +506,7 @@ class FaultRun:
         fault.takeover_bound_s = plan.FAILOVER_TAKEOVER_S
         postgres.rebuild_standby()
         self.faults.append(fault)
-        time.sleep(QUIET_AFTER_FAULT_S)
+        self._after([fault])
 
     # -- waiting and measuring ------------------------------------------------------------------
 
@@ -584,7 +661,7 @@ class FaultRun:
             else:  # every service consumes again, the relay publishes again
                 firsts = [checker.first_after(times, since) for times in (*work.handled.values(), work.published)]
                 fault.takeover_s = None if None in firsts else max(t for t in firsts if t is not None)
-            window_end = fault.ended + (fault.recovered_s or 0.0) + QUIET_AFTER_FAULT_S
+            window_end = fault.ended + (fault.recovered_s or 0.0) + self.plan.quiet_s
             fault.paused_s = checker.longest_pause(work.all, fault.started, window_end)
             fault.duplicates = self.counters.between(counters.DUPLICATES, fault.started, window_end)
             fault.submissions = checker.submissions(snapshot, "song", fault.started, window_end)

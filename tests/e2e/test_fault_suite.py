@@ -2,7 +2,8 @@
 
 The fault harness's SHORT plan (`make faults` runs the full one and writes docs/reports/faults.md). Every service
 in replicas on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; at least 100
-pipelines; every fault kind once, outages of 10 s.
+pipelines; every fault kind once, outages of 6 s, the kills and the database outages of every service at once, and
+every invariant the full run checks (the handoffs of its quiet phase are measured by `make faults` alone).
 """
 
 from __future__ import annotations
