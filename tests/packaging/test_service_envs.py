@@ -1,15 +1,16 @@
 """Each service imports and starts from its own locked dependencies alone.
 
-For every deployable package, `uv sync --package` builds a virtual environment from uv.lock
-holding that package (installed as a wheel, as an image would hold it) and only what it
-depends on. A dependency a service imports but does not declare fails here; one that
-another service needs but this one should not ship (numpy in the gateway) fails the
-distribution check.
+For every deployable package, a virtual environment synced from uv.lock holds what
+`uv sync --package` would put there: that package (installed as a wheel, as an image would
+hold it) and only what it depends on. A dependency a service imports but does not declare
+fails here; one that another service needs but this one should not ship (numpy in the
+gateway) fails the distribution check. The workspace wheels are built once per session.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import pathlib
@@ -64,18 +65,45 @@ def uv() -> pathlib.Path:
     return REPO_ROOT / "var" / "tools" / f"uv-{version.removeprefix('==')}" / "bin" / "uv"
 
 
-def environment(package: Package) -> pathlib.Path:
-    """The package's own environment, synced from the lock (workspace packages rebuilt every time)."""
-    target = ENVS / package.name
-    command = [str(uv()), "sync", "--frozen", "--no-dev", "--no-editable", "--package", package.name]
-    command += ["--python", sys.executable, "--quiet"]
-    for name in WORKSPACE:
-        command += ["--reinstall-package", name]
-    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(target), "UV_PYTHON_DOWNLOADS": "never"}
+def run_uv(*args: str, project_environment: pathlib.Path | None = None) -> str:
+    """Run the pinned uv in the repository, outside the test's own virtual environment."""
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     env.pop("VIRTUAL_ENV", None)
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if project_environment:
+        env["UV_PROJECT_ENVIRONMENT"] = str(project_environment)
+    result = subprocess.run([str(uv()), *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    return target / "bin" / "python"
+    return result.stdout
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    """Build every workspace package's wheel once per test session, by distribution name."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by this run's workers alone; a lone session's parent outlives it
+    built = root / "wheels"
+    with (root / "wheels.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            # Renamed only once complete, so a failed build is retried rather than half-used.
+            building = root / "wheels.partial"
+            run_uv("build", "--all-packages", "--wheel", "--clear", "--python", sys.executable, "-o", str(building))
+            building.rename(built)
+    return {wheel.name.split("-")[0].replace("_", "-"): wheel for wheel in built.glob("*.whl")}
+
+
+def environment(package: Package, wheels: dict[str, pathlib.Path]) -> pathlib.Path:
+    """Sync the package's own environment from the lock, its workspace members from the session's wheels."""
+    target = ENVS / package.name
+    locked = ["--frozen", "--no-dev", "--no-editable", "--package", package.name]
+    run_uv("sync", *locked, "--no-install-workspace", "--python", sys.executable, "--quiet", project_environment=target)
+    # The lock, not `package.castad`, decides which members to install, so an undeclared one stays missing.
+    exported = tomllib.loads(run_uv("export", *locked, "--format", "pylock.toml", "--quiet"))
+    members = [str(wheels[entry["name"]]) for entry in exported["packages"] if "directory" in entry]
+    python = target / "bin" / "python"
+    run_uv("pip", "install", "--no-deps", "--python", str(python), "--quiet", *members)
+    return python
 
 
 def distributions(python: pathlib.Path) -> set[str]:
@@ -98,8 +126,8 @@ for module in pkgutil.walk_packages(package.__path__, sys.argv[1] + "."):
 """
 
 
-def check_installed(package: Package) -> pathlib.Path:
-    python = environment(package)
+def check_installed(package: Package, wheels: dict[str, pathlib.Path]) -> pathlib.Path:
+    python = environment(package, wheels)
     installed = distributions(python)
     assert {name for name in installed if name in WORKSPACE} == package.castad
     assert installed & package.absent == set()
@@ -113,8 +141,10 @@ def check_installed(package: Package) -> pathlib.Path:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("package", SERVICES, ids=lambda p: p.name)
-def test_a_service_starts_from_its_own_environment(package: Package, installation: Installation, tmp_path):
-    python = check_installed(package)
+def test_a_service_starts_from_its_own_environment(
+    package: Package, wheels: dict[str, pathlib.Path], installation: Installation, tmp_path
+):
+    python = check_installed(package, wheels)
     service = package.name.removeprefix("castad-")
     port = stack.free_port()
     # The gateway serves its probes on its API port unless told otherwise: one port, probed.
@@ -157,8 +187,8 @@ def test_a_service_starts_from_its_own_environment(package: Package, installatio
 
 
 @pytest.mark.timeout(600)
-def test_the_client_cli_runs_with_the_contracts_alone():
-    python = check_installed(CLIENT)
+def test_the_client_cli_runs_with_the_contracts_alone(wheels: dict[str, pathlib.Path]):
+    python = check_installed(CLIENT, wheels)
     castad = python.parent / "castad"
     shown = subprocess.run([castad, "--help"], capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "submit" in shown.stdout
