@@ -4,9 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay services/lyric services/song services/video infra/local
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
+# pytest-xdist workers of make test: one runs the end-to-end tests in turn, the others the rest beside it.
+TEST_WORKERS ?= 4
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
+.PHONY: setup demo up test check lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -17,8 +19,11 @@ demo: setup  ## start every service, run the demo brief to a finished MP4, stop
 up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0.0.1:8000)
 	@PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/honcho -f infra/local/Procfile -e var/local/castad.env -d . start
 
-test: setup lint docs  ## unit, integration and end-to-end tests
-	@$(BIN)/pytest
+test: setup lint docs  ## unit, integration and end-to-end tests: the end-to-end ones one after another on one worker, the rest beside them
+	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+
+check: lint  ## the fast loop: lint, then the tests that need no server (unit, providers, charts), in parallel
+	@$(BIN)/pytest -n 3 -q tests/unit tests/providers tests/deploy
 
 lint:  ## ruff, mypy, deptry (each package declares exactly what it imports), and uv.lock matches every pyproject.toml
 	@$(UV) lock --check --offline --quiet || (echo "uv.lock is stale: run make lock" && exit 1)

@@ -1,4 +1,8 @@
-"""A running Castad per test: api, relay, lyric, song and video as separate processes.
+"""A running Castad: api, relay, lyric, song and video as separate processes.
+
+One is shared by every test of the session that needs no settings of its own (`shared`): each such test has a
+tenant of its own and sets the faults it needs while the services run. A test that needs other settings, or stops,
+kills or cuts off what others would share, starts its own (`castad`).
 
 Settings are the documented ones, tuned for speed: tiny videos, short backoff and
 leases, so a pipeline takes a second or two and a lost lease is found in a few.
@@ -9,9 +13,11 @@ Besides the gateway, tests look at what each service recorded in its own databas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -20,11 +26,14 @@ import httpx_sse
 import pika
 import pytest
 import sqlalchemy as sa
+from castad_api import keys
 from castad_api import tables as api_tables
 from castad_cli import client as client_
 from castad_contracts import api, brief
+from castad_local import access
 from castad_local import stack as stack_
-from castad_runtime import tables
+from castad_runtime import db, tables
+from castad_runtime.stage import faults
 from playwright.sync_api import Browser
 from sqlalchemy.pool import NullPool
 
@@ -55,7 +64,6 @@ FAST = {
         )
     },
 }
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELED")
 
 
 def in_order(seen: list[Any], full: list[Any]) -> bool:
@@ -81,25 +89,46 @@ def outbox_facts(rows: list[Any]) -> list[tuple[str, str, int | None]]:
 
 
 class RunningCastad:
-    def __init__(self, installation: Installation, env: Mapping[str, str], log_dir: pathlib.Path) -> None:
-        self.installation = installation
-        self.port = int(env.get("CASTAD_API_PORT") or stack_.free_port())  # given: a provider calls it back
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.services = stack_.Stack({**installation.env(), **FAST, **env, "CASTAD_API_PORT": str(self.port)}, log_dir)
-        self.client = client_.Client(self.base_url, api_key=installation.api_key)
-        self.http = httpx.Client(base_url=self.base_url, timeout=10, headers=installation.auth)
+    """A Castad's services, each its own process, and clients of its gateway calling with one key."""
 
-    def start(self) -> None:
-        self.services.start_all()
-        self.services.wait_ready(self.base_url)
+    def __init__(self, installation: Installation, services: stack_.Stack, base_url: str, api_key: str) -> None:
+        self.installation = installation
+        self.services = services
+        self.base_url = base_url
+        self.client = client_.Client(base_url, api_key=api_key)
+        self.http = httpx.Client(base_url=base_url, timeout=10, headers={"Authorization": f"Bearer {api_key}"})
+
+    @classmethod
+    def start(cls, installation: Installation, env: Mapping[str, str], log_dir: pathlib.Path) -> RunningCastad:
+        """Start every service with FAST and `env`; the clients call with the installation's admin key."""
+        port = int(env.get("CASTAD_API_PORT") or stack_.free_port())  # given: a provider calls it back
+        services = stack_.Stack({**installation.env(), **FAST, **env, "CASTAD_API_PORT": str(port)}, log_dir)
+        running = cls(installation, services, f"http://127.0.0.1:{port}", installation.api_key)
+        services.start_all()
+        try:
+            services.wait_ready(running.base_url)
+        except BaseException:
+            running.close()
+            raise
+        return running
 
     def close(self) -> None:
+        """Close the clients and stop every service."""
         self.client.close()
         self.http.close()
         self.services.stop_all()  # together, then waits for each
 
     def submit(self, body: brief.Brief | None = None, key: str | None = None) -> str:
         return self.client.submit(body or briefs.sample(), key).id
+
+    def faults(self, stage: str, **fields: Any) -> None:
+        """Inject these faults into `stage` from now on (`faults("song")`: none): its fault switch must be on."""
+        engine = db.make_engine(self.installation.database_urls[stage])
+        try:
+            with db.transaction(engine) as conn:
+                faults.inject(conn, faults.Faults(**fields))
+        finally:
+            engine.dispose()
 
     def wait_terminal(self, pipeline_ids: list[str], timeout_s: float = 120.0) -> dict[str, api.PipelineView]:
         """Poll until every pipeline is SUCCEEDED, FAILED or CANCELED; fail the test on timeout."""
@@ -110,7 +139,7 @@ class RunningCastad:
             self.services.check_alive()
             for pipeline_id in list(pending):
                 view = self.client.status(pipeline_id)
-                if view.status in TERMINAL:
+                if view.status in api.ENDED:
                     views[pipeline_id] = view
                     pending.remove(pipeline_id)
             if pending and time.monotonic() > deadline:
@@ -155,18 +184,112 @@ class RunningCastad:
 
 @pytest.fixture
 def castad(installation: Installation, tmp_path: pathlib.Path) -> Iterator[Callable[..., RunningCastad]]:
-    """Start a Castad with extra settings: `castad({"CASTAD_SONG_FAULT_FAILURE_RATE": "0.3"})`."""
+    """Start a Castad of the test's own with extra settings: `castad({"CASTAD_API_MAX_BODY_BYTES": "2048"})`.
+
+    For a test that needs settings of its own, or breaks what others would share; any other takes `shared`.
+    """
     started: list[RunningCastad] = []
 
     def start(env: Mapping[str, str] | None = None) -> RunningCastad:
-        running = RunningCastad(installation, env or {}, tmp_path / "logs")
-        started.append(running)
-        running.start()
-        return running
+        started.append(RunningCastad.start(installation, env or {}, tmp_path / "logs"))
+        return started[-1]
 
     yield start
     for running in started:
         running.close()
+
+
+# The session's shared Castad: the fast settings, every stage's fault switch on (a test sets the faults it needs
+# while the services run), a handler that keeps failing dead-lettered after one retry, and photos on this machine's
+# plain-http hosts allowed.
+SHARED = {
+    **{f"CASTAD_{stage}_FAULT_SWITCH": "true" for stage in STAGES},
+    "CASTAD_HANDLER_RETRIES": "1",
+    "CASTAD_API_PHOTO_ALLOW_PRIVATE": "true",
+    "CASTAD_VIDEO_ALLOW_PRIVATE": "true",
+}
+USER_SCOPES = frozenset({keys.Scope.SUBMIT, keys.Scope.READ, keys.Scope.OPERATE})
+
+
+class SharedCastad(RunningCastad):
+    """The session's shared Castad as one test sees it: a tenant of its own, the faults it sets.
+
+    Its clients call with a key of that tenant (submit, read, operate), so that listings and counts show the test's
+    own pipelines; `admin` is the same Castad calling with the installation's admin key (dead letters, every
+    tenant). `dbs` and `broker` look at the shared installation: filter by the test's pipelines. After the test,
+    `finish` takes its faults away, starts again a service it stopped, and cancels every pipeline that has not ended
+    (of any tenant it made).
+    """
+
+    def __init__(self, shared: RunningCastad, dbs: Databases, broker: Broker) -> None:
+        self.tenant = f"t{uuid.uuid4().hex[:10]}"
+        self.api_key = access.create_key(self.tenant, USER_SCOPES, f"{self.tenant}: a test", shared.installation.env())
+        super().__init__(shared.installation, shared.services, shared.base_url, self.api_key)
+        self.admin = RunningCastad(shared.installation, shared.services, shared.base_url, shared.installation.api_key)
+        self.dbs = dbs
+        self.broker = broker
+
+    def finish(self) -> None:
+        for stage in STAGE_SERVICES:
+            self.faults(stage)
+        missing = [name for name in self.services.commands if name not in self.services.processes]
+        for name in missing:
+            self.services.start(name)
+        if missing:
+            self.services.wait_ready(self.base_url)
+        going_on = [  # of any tenant (the admin key sees all): a test may make tenants of its own
+            item["id"]
+            for status in ("PENDING", "RUNNING", "CANCELING")
+            for item in self.admin.http.get("/v1/pipelines", params={"status": status, "limit": 100}).json()["items"]
+        ]
+        for pipeline_id in going_on:
+            self.admin.http.post(f"/v1/pipelines/{pipeline_id}/cancel", json={"reason": "the test ended"})
+        self.admin.wait_terminal(going_on, timeout_s=60)
+        for each in (self.admin.client, self.admin.http, self.client, self.http):
+            each.close()
+
+
+@contextlib.contextmanager
+def castad_of(templates: dict[str, str], base: pathlib.Path, env: Mapping[str, str]) -> Iterator[RunningCastad]:
+    """A Castad with settings `env` on an installation of its own, for many tests (a session's, a module's)."""
+    installation = Installation(f"s{uuid.uuid4().hex[:10]}", templates, base / "artifacts")
+    try:
+        running = RunningCastad.start(installation, env, base / "logs")
+        try:
+            yield running
+        finally:
+            running.close()
+    finally:
+        installation.close()
+
+
+def view_of(running: RunningCastad) -> Iterator[SharedCastad]:
+    """The body of a fixture that gives a test its view of a Castad many tests share (see SharedCastad)."""
+    dbs = Databases(running.installation.database_urls)
+    broker = Broker(running.installation)
+    view = SharedCastad(running, dbs, broker)
+    try:
+        yield view
+    finally:
+        try:
+            view.finish()
+        finally:
+            dbs.close()
+            broker.close()
+
+
+@pytest.fixture(scope="session")
+def shared_castad(
+    migrated_templates: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningCastad]:
+    with castad_of(migrated_templates, tmp_path_factory.mktemp("shared"), SHARED) as running:
+        yield running
+
+
+@pytest.fixture
+def shared(shared_castad: RunningCastad) -> Iterator[SharedCastad]:
+    """The session's shared Castad, for a test that needs no settings of its own (faults it sets while it runs)."""
+    yield from view_of(shared_castad)
 
 
 class Databases:
@@ -215,14 +338,12 @@ class Databases:
         query = sa.select(self.inbox).where(self.inbox.c.pipeline_id == pipeline_id)
         return self.rows(service, query)
 
-    def unpublished(self) -> dict[str, int]:
-        """Outbox rows not yet confirmed by the broker, per database (only the non-zero ones)."""
-        counts = {
-            service: self.scalar(
-                service, sa.select(sa.func.count()).select_from(self.outbox).where(self.outbox.c.published_at.is_(None))
-            )
-            for service in self.engines
-        }
+    def unpublished(self, pipeline_ids: list[str] | None = None) -> dict[str, int]:
+        """Outbox rows (of these pipelines) not yet confirmed by the broker, per database (only the non-zero ones)."""
+        query = sa.select(sa.func.count()).select_from(self.outbox).where(self.outbox.c.published_at.is_(None))
+        if pipeline_ids is not None:
+            query = query.where(self.outbox.c.pipeline_id.in_(pipeline_ids))
+        counts = {service: self.scalar(service, query) for service in self.engines}
         return {service: count for service, count in counts.items() if count}
 
     def timeline_of(self, pipeline_id: str) -> list[sa.RowMapping]:

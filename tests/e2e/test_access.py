@@ -7,6 +7,7 @@ gateway processes.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import httpx
@@ -48,18 +49,27 @@ def routes_of(pipeline_id: str) -> list[tuple[str, str]]:
     ]
 
 
+def created(http: httpx.Client) -> float:
+    """The gateway's count of pipelines created, from its /metrics."""
+    found = re.search(r"^castad_pipelines_created_total (\S+)$", http.get("/metrics").text, re.M)
+    assert found is not None
+    return float(found.group(1))
+
+
 @pytest.mark.timeout(180)
-def test_keys_tenants_and_scopes_decide_who_sees_and_does_what(castad, installation):
-    running = castad()
-    alice, bob = key_for(installation, "alice"), key_for(installation, "bob")
-    reader = key_for(installation, "alice", frozenset({keys.Scope.READ}))
-    submitter = key_for(installation, "alice", frozenset({keys.Scope.SUBMIT}))
+def test_keys_tenants_and_scopes_decide_who_sees_and_does_what(shared):
+    running, installation = shared, shared.installation
+    alice_tenant, bob_tenant = f"alice-{shared.tenant}", f"bob-{shared.tenant}"
+    alice, bob = key_for(installation, alice_tenant), key_for(installation, bob_tenant)
+    reader = key_for(installation, alice_tenant, frozenset({keys.Scope.READ}))
+    submitter = key_for(installation, alice_tenant, frozenset({keys.Scope.SUBMIT}))
 
     with as_key(running.base_url, alice) as a, as_key(running.base_url, bob) as b:
+        before = created(a)
         accepted = submit(a)
         assert accepted.status_code == 202
         pipeline_id = accepted.json()["id"]
-        running.wait_terminal([pipeline_id])
+        running.admin.wait_terminal([pipeline_id])
 
         # No key, or a wrong one: 401 everywhere but the probes.
         with as_key(running.base_url, None) as anonymous, as_key(running.base_url, "cad_not-a-key") as wrong:
@@ -73,8 +83,8 @@ def test_keys_tenants_and_scopes_decide_who_sees_and_does_what(castad, installat
             assert anonymous.get("/healthz").status_code == 200 and anonymous.get("/readyz").status_code == 200
             # /metrics too, and it names no pipeline and no tenant.
             page = anonymous.get("/metrics")
-            assert page.status_code == 200 and "castad_pipelines_created_total 1.0" in page.text
-            assert pipeline_id not in page.text and "alice" not in page.text
+            assert page.status_code == 200 and created(anonymous) == before + 1
+            assert pipeline_id not in page.text and alice_tenant not in page.text
 
         # Another tenant: the pipeline does not exist, on every route that names it, and is not listed.
         for method, path in routes_of(pipeline_id):
@@ -93,21 +103,21 @@ def test_keys_tenants_and_scopes_decide_who_sees_and_does_what(castad, installat
             assert s.get(f"/v1/pipelines/{pipeline_id}").status_code == 403
             assert s.get("/v1/dead-letters").status_code == 403
         assert a.get("/v1/dead-letters").status_code == 403
-        assert running.http.get(f"/v1/pipelines/{pipeline_id}").status_code == 200  # the tests' admin key
-        assert running.http.get("/v1/dead-letters").status_code == 200
+        assert running.admin.http.get(f"/v1/pipelines/{pipeline_id}").status_code == 200  # the tests' admin key
+        assert running.admin.http.get("/v1/dead-letters").status_code == 200
 
         # An Idempotency-Key is the tenant's own.
-        shared = f"same-{uuid.uuid4()}"
-        first, second, again = submit(a, shared), submit(b, shared), submit(a, shared)
+        same = f"same-{uuid.uuid4()}"
+        first, second, again = submit(a, same), submit(b, same), submit(a, same)
         assert {first.status_code, second.status_code, again.status_code} == {202}
         assert first.json()["id"] != second.json()["id"] and again.json()["id"] == first.json()["id"]
 
 
 @pytest.mark.timeout(120)
-def test_a_key_is_rotated_without_downtime(castad, installation, dbs):
-    running = castad()
-    old = key_for(installation, "carol")
-    new = key_for(installation, "carol")  # both valid at once while clients move over
+def test_a_key_is_rotated_without_downtime(shared):
+    running, installation, dbs = shared, shared.installation, shared.dbs
+    old = key_for(installation, shared.tenant)
+    new = key_for(installation, shared.tenant)  # both valid at once while clients move over
     with as_key(running.base_url, old) as before, as_key(running.base_url, new) as after:
         pipeline_id = submit(before).json()["id"]
         assert after.get(f"/v1/pipelines/{pipeline_id}").status_code == 200  # same tenant, same pipelines

@@ -54,9 +54,9 @@ def test_every_error_is_one_line_and_its_own_exit_status():
 
 
 @pytest.mark.timeout(180)
-def test_cancel_retry_and_dead_letters_from_the_command_line(castad):
-    running = castad({"CASTAD_LYRIC_FAULT_HANG_RATE": "1"})
-    gateway = running.base_url
+def test_cancel_retry_and_dead_letters_from_the_command_line(shared):
+    running, gateway = shared, shared.base_url
+    running.faults("lyric", hang_rate=1)
 
     one_line_error(cli(gateway, "status", str(uuid.uuid4())), 4, "404: no pipeline")
     one_line_error(cli(gateway, "status", str(uuid.uuid4()), key=""), 7, "401: an API key is needed")
@@ -69,8 +69,7 @@ def test_cancel_retry_and_dead_letters_from_the_command_line(castad):
     assert canceled.returncode == 0 and f"pipeline {hanging}: CANCELING (cancel #1 requested)" in canceled.stdout
     assert running.wait_terminal([hanging])[hanging].status == "CANCELED"
 
-    running.services.stop("lyric")
-    running.services.start("lyric", {"CASTAD_LYRIC_FAULT_HANG_RATE": "0"})
+    running.faults("lyric")  # the cause is fixed
     retried = cli(gateway, "retry", hanging, "--max-attempts", "lyric=3", "--watch")
     assert retried.returncode == 0, retried.stdout + retried.stderr
     assert f"pipeline {hanging}: RUNNING again from lyric (retry #2)" in retried.stdout

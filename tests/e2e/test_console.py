@@ -277,10 +277,9 @@ def test_the_stats_page_charts_the_window_and_dead_letters_are_replayed_and_disc
 
 
 @pytest.mark.timeout(120)
-def test_a_key_sees_only_what_its_scopes_allow_and_a_revoked_key_goes_back_to_the_login(
-    castad, installation, dbs, browser
-):
-    running = castad({"CASTAD_LYRIC_FAULT_PERMANENT_RATE": "1"})
+def test_a_key_sees_only_what_its_scopes_allow_and_a_revoked_key_goes_back_to_the_login(shared, browser):
+    running, installation, dbs = shared, shared.installation, shared.dbs
+    running.faults("lyric", permanent_rate=1)
     pipeline_id = running.submit(briefs.sample())
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "FAILED"
 
@@ -296,9 +295,9 @@ def test_a_key_sees_only_what_its_scopes_allow_and_a_revoked_key_goes_back_to_th
     assert module.status_code == 200 and "javascript" in module.headers["content-type"]
     assert not [path for path in paths if path.startswith("/ui")]
 
-    reader = access.create_key("tests", frozenset({keys.Scope.READ}), "console reader", installation.env())
+    reader = access.create_key(shared.tenant, frozenset({keys.Scope.READ}), "console reader", installation.env())
     me = httpx.get(f"{running.base_url}/v1/me", headers={"Authorization": f"Bearer {reader}"}).json()
-    assert (me["tenant"], me["name"], me["scopes"]) == ("tests", "console reader", ["read"])
+    assert (me["tenant"], me["name"], me["scopes"]) == (shared.tenant, "console reader", ["read"])
     console = browser_.console_page(browser, running.base_url)
     page = console.page
     console.open()

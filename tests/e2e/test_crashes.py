@@ -6,14 +6,18 @@ import datetime as dt
 
 import pytest
 
-from tests.e2e.conftest import STAGE_SERVICES, STAGES, in_order, outbox_facts
+from tests.e2e.conftest import STAGE_SERVICES, in_order, outbox_facts
 from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
 
 def _stage_event_ids(dbs, pipeline_ids: list[str]) -> set:
-    return {r["event_id"] for s in STAGE_SERVICES for r in dbs.outbox_of(s) if r["pipeline_id"] in pipeline_ids}
+    return {r["event_id"] for s in STAGE_SERVICES for pid in pipeline_ids for r in dbs.outbox_of(s, pid)}
+
+
+def _inbox(dbs, service: str, pipeline_ids: list[str]) -> list:
+    return [row for pid in pipeline_ids for row in dbs.inbox_of(service, pid)]
 
 
 def _running(dbs, service: str, ids: list[str]) -> bool:
@@ -30,7 +34,8 @@ def _stage_goes_on_without_the_relay(running, dbs, service: str, ids: list[str])
     )
     waiting = {
         row["pipeline_id"]
-        for row in dbs.outbox_of(service)
+        for pid in unfinished
+        for row in dbs.outbox_of(service, pid)
         if row["routing_key"] == f"{service}.completed" and row["published_at"] is None
     }
     assert set(unfinished) <= waiting
@@ -42,8 +47,10 @@ def _stage_goes_on_without_the_relay(running, dbs, service: str, ids: list[str])
 
 
 @pytest.mark.timeout(180)
-def test_the_relay_killed_and_stopped_mid_run_loses_nothing(castad, dbs):
-    running = castad({f"CASTAD_{stage}_FAULT_LATENCY_S": "0.7" for stage in STAGES})
+def test_the_relay_killed_and_stopped_mid_run_loses_nothing(shared):
+    running, dbs = shared, shared.dbs
+    for service in STAGE_SERVICES:
+        running.faults(service, latency_s=0.7)
     ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(8)]
 
     # SIGKILL while lyrics are being written: whatever the relay had in flight is neither lost nor doubled.
@@ -52,7 +59,7 @@ def test_the_relay_killed_and_stopped_mid_run_loses_nothing(castad, dbs):
     # Requests accepted while the relay is down wait in the gateway's outbox.
     late = [running.submit(briefs.sample(f"늦은 가게 {n}")) for n in range(2)]
     _stage_goes_on_without_the_relay(running, dbs, "lyric", ids)
-    assert dbs.unpublished().get("api", 0) >= len(late)
+    assert dbs.unpublished(late).get("api", 0) >= len(late)
     for pid in late:
         assert running.client.status(pid).status == "PENDING"
         assert dbs.jobs_of("lyric", [pid]) == []
@@ -68,21 +75,23 @@ def test_the_relay_killed_and_stopped_mid_run_loses_nothing(castad, dbs):
     views = running.wait_terminal(ids, timeout_s=120)
 
     assert {pid: view.status for pid, view in views.items()} == dict.fromkeys(ids, "SUCCEEDED")
-    running.wait_until("every outbox row published", lambda: dbs.unpublished() == {})
+    running.wait_until("every outbox row published", lambda: dbs.unpublished(ids) == {})
     for service in STAGE_SERVICES:
         jobs = dbs.jobs_of(service, ids)
         assert sorted(job["pipeline_id"] for job in jobs) == sorted(ids), service
         assert {job["status"] for job in jobs} == {"SUCCEEDED"}
-        completed = [r["pipeline_id"] for r in dbs.outbox_of(service) if r["routing_key"] == f"{service}.completed"]
+        rows = [r for pid in ids for r in dbs.outbox_of(service, pid)]
+        completed = [r["pipeline_id"] for r in rows if r["routing_key"] == f"{service}.completed"]
         assert sorted(completed) == sorted(ids), service
         # Each stage saw each trigger once, however often the relay re-published it.
-        assert sorted(r["pipeline_id"] for r in dbs.rows(service, dbs.inbox.select())) == sorted(ids)
-    requested = [r["pipeline_id"] for r in dbs.outbox_of("api") if r["routing_key"] == "pipeline.requested"]
+        assert sorted(r["pipeline_id"] for r in _inbox(dbs, service, ids)) == sorted(ids)
+    rows = [r for pid in ids for r in dbs.outbox_of("api", pid)]
+    requested = [r["pipeline_id"] for r in rows if r["routing_key"] == "pipeline.requested"]
     assert sorted(requested) == sorted(ids)
     # The gateway projected every fact every stage recorded, and each timeline ends with the video.
     running.wait_until(
         "every stage event projected",
-        lambda: {r["event_id"] for r in dbs.rows("api", dbs.inbox.select())} == _stage_event_ids(dbs, ids),
+        lambda: {r["event_id"] for r in _inbox(dbs, "api", ids)} == _stage_event_ids(dbs, ids),
     )
     for pid in ids:
         timeline = dbs.timeline_of(pid)
@@ -91,8 +100,9 @@ def test_the_relay_killed_and_stopped_mid_run_loses_nothing(castad, dbs):
 
 
 @pytest.mark.timeout(120)
-def test_a_stage_worker_killed_mid_call_is_recovered_after_its_lease(castad, dbs):
-    running = castad({"CASTAD_SONG_FAULT_LATENCY_S": "60"})
+def test_a_stage_worker_killed_mid_call_is_recovered_after_its_lease(shared):
+    running, dbs = shared, shared.dbs
+    running.faults("song", latency_s=60)
     pipeline_id = running.submit(briefs.sample())
 
     job = running.wait_until(
@@ -103,7 +113,8 @@ def test_a_stage_worker_killed_mid_call_is_recovered_after_its_lease(castad, dbs
     assert lost["outcome"] == "running" and lost["worker"] == job["lease_owner"]
     running.services.kill("song")  # SIGKILL, 60 s before its provider call would return
     assert dbs.jobs_of("song", [pipeline_id])[0]["status"] == "RUNNING"  # nobody said anything: it died
-    running.services.start("song", {"CASTAD_SONG_FAULT_LATENCY_S": "0"})
+    running.faults("song")
+    running.services.start("song")
 
     view = running.wait_terminal([pipeline_id], timeout_s=60)[pipeline_id]
 

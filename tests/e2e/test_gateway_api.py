@@ -11,7 +11,6 @@ import pytest
 from castad_api import repository
 
 from tests.e2e.conftest import STAGE_SERVICES
-from tests.support.installation import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.e2e
 
@@ -35,9 +34,10 @@ def _field_errors(response: httpx.Response) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(castad, dbs):
-    running = castad()
+def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(shared):
+    running, dbs = shared, shared.dbs
     key = f"e2e-{uuid.uuid4()}"
+    tenants_pipelines = dbs.pipelines.select().where(dbs.pipelines.c.tenant == shared.tenant)
 
     responses = asyncio.run(_submit_concurrently(running, key, GOOD, 20))
 
@@ -49,11 +49,11 @@ def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(cast
     base = f"/v1/pipelines/{pipeline_id}"
     links = {"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel", "retry": f"{base}/retry"}
     assert bodies[0]["links"] == links
-    kept = repository.tenant_key(TEST_KEY_TENANT, key)
+    kept = repository.tenant_key(shared.tenant, key)
     rows = dbs.rows("api", dbs.pipelines.select().where(dbs.pipelines.c.idempotency_key == kept))
     assert [str(row["id"]) for row in rows] == [pipeline_id]
-    assert len(dbs.rows("api", dbs.pipelines.select())) == 1
-    assert [r["routing_key"] for r in dbs.outbox_of("api")] == ["pipeline.requested"]
+    assert len(dbs.rows("api", tenants_pipelines)) == 1
+    assert [r["routing_key"] for r in dbs.outbox_of("api", pipeline_id)] == ["pipeline.requested"]
 
     # The same key later: the same pipeline, not a new one. A different body: a clear 409.
     again = running.http.post("/v1/pipelines", json=GOOD, headers={"Idempotency-Key": key})
@@ -61,12 +61,12 @@ def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(cast
     other = running.http.post("/v1/pipelines", json=GOOD | {"region": "Seoul"}, headers={"Idempotency-Key": key})
     assert other.status_code == 409
     assert "Idempotency-Key" in other.json()["detail"] and key in other.json()["detail"]
-    assert len(dbs.rows("api", dbs.pipelines.select())) == 1
+    assert len(dbs.rows("api", tenants_pipelines)) == 1
 
     # And it runs once: one job per stage.
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
     for service in STAGE_SERVICES:
-        assert [job["pipeline_id"] for job in dbs.jobs_of(service)] == [pipeline_id]
+        assert [job["pipeline_id"] for job in dbs.jobs_of(service, [pipeline_id])] == [pipeline_id]
 
     # Its event stream resumes after the id it is given, with only the later events.
     events = running.events(pipeline_id)

@@ -26,8 +26,6 @@ from tests.unit.test_video_provider import frame_at
 
 pytestmark = pytest.mark.e2e
 RED, BLUE = (220, 40, 40), (40, 60, 220)
-# A local set-up's photo host is on this machine over plain http: both the gateway and the video stage allow it.
-PHOTO_HOST_ALLOWED = {"CASTAD_API_PHOTO_ALLOW_PRIVATE": "true", "CASTAD_VIDEO_ALLOW_PRIVATE": "true"}
 
 
 @pytest.fixture
@@ -73,8 +71,8 @@ def submit_with_photos(running: RunningCastad, photo_host: str, folder: pathlib.
     return str(accepted.json()["id"])
 
 
-def test_a_brief_becomes_lyrics_a_song_and_a_video_and_one_with_photos_shows_them(castad, photo_host, tmp_path):
-    running = castad(PHOTO_HOST_ALLOWED)
+def test_a_brief_becomes_lyrics_a_song_and_a_video_and_one_with_photos_shows_them(shared, photo_host, tmp_path):
+    running = shared  # whose settings allow the photo host
     pipeline_id = running.submit()
     with_photos = submit_with_photos(running, photo_host, tmp_path)
 

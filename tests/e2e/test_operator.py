@@ -66,7 +66,8 @@ def test_a_cancel_stops_a_running_call_and_a_pending_job_and_nothing_later_start
 
 @pytest.mark.timeout(120)
 def test_a_cancel_during_a_retry_wait_ends_it_there_and_a_cancel_after_success_is_a_409(castad, dbs):
-    running = castad({"CASTAD_SONG_FAULT_FAILURE_RATE": "1", "CASTAD_SONG_BACKOFF_BASE_S": "60"})
+    running = castad({"CASTAD_SONG_FAULT_SWITCH": "true", "CASTAD_SONG_BACKOFF_BASE_S": "60"})
+    running.faults("song", failure_rate=1)
     waiting = running.submit(briefs.sample("기다리는 가게"))
     running.wait_until(
         "song waiting to retry", lambda: (_job(dbs, "song", waiting) or {}).get("status") == "RETRY_WAIT"
@@ -80,8 +81,7 @@ def test_a_cancel_during_a_retry_wait_ends_it_there_and_a_cancel_after_success_i
     assert view.stages[0].artifact is not None  # a stage that completed keeps its artifact
     assert stage_facts(dbs, "song", waiting) == ["started", "retrying", "canceled"]
 
-    running.services.stop("song")
-    running.services.start("song", {"CASTAD_SONG_FAULT_FAILURE_RATE": "0"})
+    running.faults("song")
     done = running.submit(briefs.sample("끝난 가게"))
     assert running.wait_terminal([done])[done].status == "SUCCEEDED"
     late = post(running, f"/v1/pipelines/{done}/cancel")
@@ -90,12 +90,12 @@ def test_a_cancel_during_a_retry_wait_ends_it_there_and_a_cancel_after_success_i
 
 
 @pytest.mark.timeout(240)
-def test_a_cancel_racing_the_last_stage_gives_one_outcome_each_time(castad, dbs):
+def test_a_cancel_racing_the_last_stage_gives_one_outcome_each_time(shared):
     """Cancels sent as the video renders.
 
     Each pipeline ends SUCCEEDED or CANCELED, never both, and every service's record agrees with the outcome.
     """
-    running = castad()
+    running, dbs = shared, shared.dbs
     ids = [running.submit(briefs.sample(f"경주 {n}")) for n in range(20)]
     answers = {}
     pending = set(ids)
@@ -123,16 +123,15 @@ def test_a_cancel_racing_the_last_stage_gives_one_outcome_each_time(castad, dbs)
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("failing", STAGE_SERVICES)
-def test_a_retry_after_a_permanent_failure_resumes_at_that_stage_and_calls_no_earlier_provider(castad, dbs, failing):
-    broken = {f"CASTAD_{failing.upper()}_FAULT_FAILURE_RATE": "1", f"CASTAD_{failing.upper()}_FAULT_RETRYABLE": "false"}
-    running = castad(broken)
+def test_a_retry_after_a_permanent_failure_resumes_at_that_stage_and_calls_no_earlier_provider(shared, failing):
+    running, dbs = shared, shared.dbs
+    running.faults(failing, failure_rate=1, retryable=False)
     pipeline_id = running.submit(briefs.sample())
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "FAILED"
     early = post(running, f"/v1/pipelines/{pipeline_id}/cancel")
     assert (early.status_code, early.json()["status"]) == (409, "FAILED")
 
-    running.services.stop(failing)  # the cause is fixed
-    running.services.start(failing, {f"CASTAD_{failing.upper()}_FAULT_FAILURE_RATE": "0"})
+    running.faults(failing)  # the cause is fixed
     answer = post(running, f"/v1/pipelines/{pipeline_id}/retry", {"max_attempts": {failing: 4}})
     view = running.wait_terminal([pipeline_id])[pipeline_id]
 
@@ -166,40 +165,40 @@ def test_a_pipeline_past_its_deadline_is_canceled_with_deadline_exceeded(castad,
 
 
 @pytest.mark.timeout(180)
-def test_a_poison_message_is_dead_lettered_listed_replayed_after_the_fix_and_the_pipeline_completes(castad, dbs):
-    running = castad({"CASTAD_LYRIC_FAULT_HANDLER_RATE": "1", "CASTAD_HANDLER_RETRIES": "1"})
+def test_a_poison_message_is_dead_lettered_listed_replayed_after_the_fix_and_the_pipeline_completes(shared):
+    running, dbs, admin = shared, shared.dbs, shared.admin  # dead letters are an operator's (the admin key's)
+    running.faults("lyric", handler_rate=1)  # its handler keeps failing: dead-lettered after one retry
     pipeline_id = running.submit(briefs.sample())
 
     def listed():
-        page = running.http.get("/v1/dead-letters", params={"pipeline_id": pipeline_id}).json()
+        page = admin.http.get("/v1/dead-letters", params={"pipeline_id": pipeline_id}).json()
         return page["items"]
 
     [letter] = running.wait_until("the request dead-lettered and recorded", listed)
     assert (letter["kind"], letter["status"], letter["service"]) == ("message", "dead", "lyric")
     assert letter["event_type"] == "pipeline.requested" and letter["queue"].endswith(".lyric")
     assert "handler failed 2 times" in letter["reason"] and "InjectedHandlerFault" in letter["reason"]
-    detail = running.http.get(f"/v1/dead-letters/{letter['id']}").json()
+    detail = admin.http.get(f"/v1/dead-letters/{letter['id']}").json()
     assert detail["body_encoding"] == "utf-8" and pipeline_id in detail["body"]
     assert running.client.status(pipeline_id).status == "PENDING"
 
-    running.services.stop("lyric")  # the fix
-    running.services.start("lyric", {"CASTAD_LYRIC_FAULT_HANDLER_RATE": "0"})
-    replayed = [post(running, f"/v1/dead-letters/{letter['id']}/replay") for _ in range(2)]
+    running.faults("lyric")  # the fix
+    replayed = [post(admin, f"/v1/dead-letters/{letter['id']}/replay") for _ in range(2)]
     view = running.wait_terminal([pipeline_id])[pipeline_id]
 
     assert [r.status_code for r in replayed] == [202, 202]
     assert "sent back to" in replayed[0].json()["detail"]
     assert view.status == "SUCCEEDED"
     assert len(dbs.jobs_of("lyric", [pipeline_id])) == 1  # two replays, one effect
-    detail = running.http.get(f"/v1/dead-letters/{letter['id']}").json()
+    detail = admin.http.get(f"/v1/dead-letters/{letter['id']}").json()
     assert (detail["status"], detail["replays"]) == ("replayed", 2)
     assert [(a["action"], a["actor"]) for a in detail["actions"]] == [("replay", "e2e"), ("replay", "e2e")]
     assert "dead_letter_replayed" in timeline_types(running, pipeline_id)
-    discarded = post(running, f"/v1/dead-letters/{letter['id']}/discard", {"reason": "done with it"})
+    discarded = post(admin, f"/v1/dead-letters/{letter['id']}/discard", {"reason": "done with it"})
     assert (discarded.status_code, discarded.json()["status"]) == (200, "discarded")
-    refused = post(running, f"/v1/dead-letters/{letter['id']}/replay")
+    refused = post(admin, f"/v1/dead-letters/{letter['id']}/replay")
     assert (refused.status_code, refused.json()["status"]) == (409, "discarded")
-    assert running.http.get("/v1/dead-letters/999999").status_code == 404
+    assert admin.http.get("/v1/dead-letters/999999").status_code == 404
 
 
 def _job(dbs, service: str, pipeline_id: str):

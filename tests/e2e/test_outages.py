@@ -10,25 +10,38 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from bench.faults import outage
-from tests.e2e.conftest import STAGE_SERVICES
+from tests.e2e.conftest import SHARED, STAGE_SERVICES, STAGES, RunningCastad, SharedCastad, castad_of, view_of
 from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
 OUTAGE_S = 6  # longer than max_retries (2) of failing handler tries would last
-SLOWER_LYRICS = {"CASTAD_LYRIC_FAULT_LATENCY_S": "0.5"}  # pipelines still running when the outage starts
+# One attempt per stage: an outage that cost an attempt would fail its pipeline.
+ONE_ATTEMPT = {f"CASTAD_{stage}_MAX_ATTEMPTS": "1" for stage in STAGES}
+
+
+@pytest.fixture(scope="module")
+def outages_castad(migrated_templates, tmp_path_factory) -> Iterator[RunningCastad]:
+    """One Castad for the module's outages: each test's outage is over, and the services back, when it ends."""
+    with castad_of(migrated_templates, tmp_path_factory.mktemp("outages"), {**SHARED, **ONE_ATTEMPT}) as running:
+        yield running
+
+
+@pytest.fixture
+def stack(outages_castad: RunningCastad) -> Iterator[SharedCastad]:
+    yield from view_of(outages_castad)
 
 
 @pytest.mark.timeout(180)
-def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_completes(
-    castad, dbs, broker, installation
-):
-    running = castad(SLOWER_LYRICS)
+def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_completes(stack):
+    running, dbs, broker, installation = stack, stack.dbs, stack.broker, stack.installation
+    running.faults("lyric", latency_s=0.5)  # pipelines still running when the outage starts
     ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(4)]
     streamed: dict[str, list] = {pid: [] for pid in ids[:2]}
 
@@ -69,17 +82,19 @@ def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_com
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("stage", STAGE_SERVICES)
-def test_a_stage_database_out_mid_run_costs_no_attempt(castad, dbs, broker, installation, stage):
-    running = castad({f"CASTAD_{stage.upper()}_MAX_ATTEMPTS": "1"})
+def test_a_stage_database_out_mid_run_costs_no_attempt(stack, stage):
+    running, dbs, broker, installation = stack, stack.dbs, stack.broker, stack.installation
     ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(3)]
 
     with outage.database_down(installation.database_urls[stage]):
         more = [running.submit(briefs.sample(f"또 다른 가게 {n}")) for n in range(3)]
         time.sleep(OUTAGE_S)
 
-    views = running.wait_terminal([*ids, *more], timeout_s=120)
+    views = running.admin.wait_terminal([*ids, *more], timeout_s=120)
 
-    assert {view.status for view in views.values()} == {"SUCCEEDED"}
+    assert {view.status for view in views.values()} == {"SUCCEEDED"}, [
+        (view.current_stage, view.error_code, view.error_message) for view in views.values() if view.error_code
+    ]
     assert broker.ready(installation.topology.dead_letter_queue) == 0
     assert dbs.rows("api", dbs.dead_letters.select()) == []  # none recorded by the gateway either
     with httpx.Client(base_url=running.base_url) as http:

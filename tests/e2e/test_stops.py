@@ -17,8 +17,9 @@ from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
-# Big enough frames and a long song that ffmpeg encodes for seconds, not milliseconds.
-SLOW_RENDER = {"CASTAD_VIDEO_MAX_ATTEMPTS": "1", "CASTAD_VIDEO_SHORT_SIDE": "720", "CASTAD_VIDEO_FPS": "24"}
+# Frames and a song big enough that ffmpeg encodes for a second or two (caught mid-render: the test fails if not),
+# small enough not to spend more.
+SLOW_RENDER = {"CASTAD_VIDEO_MAX_ATTEMPTS": "1", "CASTAD_VIDEO_SHORT_SIDE": "360", "CASTAD_VIDEO_FPS": "12"}
 
 
 def ffmpeg_of(pipeline_id: str) -> list[int]:
@@ -51,7 +52,7 @@ def stop_mid_render(running, pipeline_id: str) -> float:
 @pytest.mark.timeout(240)
 def test_a_render_still_running_when_its_service_is_stopped_finishes_within_the_grace_period(castad, dbs):
     running = castad({**SLOW_RENDER, "CASTAD_VIDEO_STOP_GRACE_S": "60"})
-    pipeline_id = running.submit(briefs.sample(duration_s=40))
+    pipeline_id = running.submit(briefs.sample(duration_s=30))
 
     stop_mid_render(running, pipeline_id)
 
@@ -65,7 +66,7 @@ def test_a_render_still_running_when_its_service_is_stopped_finishes_within_the_
 @pytest.mark.timeout(240)
 def test_a_render_outlasting_the_grace_period_is_handed_back_uncounted_and_done_after_the_restart(castad, dbs):
     running = castad({**SLOW_RENDER, "CASTAD_VIDEO_STOP_GRACE_S": "0.2"})
-    pipeline_id = running.submit(briefs.sample(duration_s=40))
+    pipeline_id = running.submit(briefs.sample(duration_s=30))
 
     stopped_in = stop_mid_render(running, pipeline_id)
 
