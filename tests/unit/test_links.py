@@ -25,10 +25,10 @@ from tests.unit.test_console_files import gateway
 
 ROOT = SecretStr("castad-unit-link-root-0123456789abcdef")
 SONG, VIDEO = events.Stage.SONG, events.Stage.VIDEO
-PIPELINE = str(uuid.uuid4())
+PIPELINE = "c1d40bf4-431f-4e01-989f-ccea20659509"  # fixed: it names parametrized tests, the same in every xdist worker
 CALLBACK = f"/v1/provider-callbacks/song/{PIPELINE}"
 SONG_FILE = f"/v1/links/pipelines/{PIPELINE}/artifacts/song"
-PHOTO = f"/v1/links/pipelines/{PIPELINE}/photos/{uuid.uuid4()}"
+PHOTO = f"/v1/links/pipelines/{PIPELINE}/photos/0b7e6c52-5f0e-4c83-a4a9-3d2f1f0e8f11"
 HOUR = 3600.0
 
 
