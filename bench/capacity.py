@@ -234,7 +234,7 @@ def waiting(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.
 
 # -- the model -------------------------------------------------------------------------------------------
 
-SERVICES = ("api", "lyric", "song", "video", "relay")
+SERVICES = (*topology.WITH_DATABASE, topology.RELAY)
 
 
 def model(measured: dict[str, Any], rate: float = TARGET_RATE, waiting_jobs: int = TARGET_WAITING) -> dict[str, Any]:

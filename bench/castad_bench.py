@@ -49,7 +49,7 @@ from castad_runtime import db, messaging, migrations
 
 from bench import commits, common, cpu, latency
 
-SERVICES = ("api", "lyric", "song", "video")
+SERVICES = topology.WITH_DATABASE
 STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
 TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
 # The chain of a pipeline: (event type, producing database, consuming database), each stage's trigger as the

@@ -36,13 +36,14 @@ from typing import Any
 
 import pika
 import psycopg
+from castad_contracts import topology
 from castad_local import stack as stack_
 
 from bench import castad_bench, common, machine, report
 from bench.faults import checker
 
 OUT = common.REPORTS / "replicas.md"
-REPLICATED = ("relay", "lyric", "song", "video")  # the gateway stays one process: the client talks to it alone
+REPLICATED = topology.WORKERS  # the gateway stays one process: the client talks to it alone
 REPLICAS = 2
 STAGES = castad_bench.STAGES
 ONE, TWO = "one of each", "two of each"

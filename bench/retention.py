@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from castad_contracts import ids
+from castad_contracts import ids, topology
 from castad_runtime import db, migrations, retention, settings, tables
 
 from bench import capacity, common, machine
@@ -51,7 +51,7 @@ SERVICE_WRITERS = 2  # the service's own inserts beside retention
 KEYS: dict[str, Callable[[], uuid.UUID]] = {"uuid4": uuid.uuid4, "uuid7": ids.time_ordered}
 KEY_LABELS = {"uuid4": "random, version 4 (before)", "uuid7": "time-ordered, version 7 (now)"}
 PRUNERS = {"fixed": "batches of `batch` rows (before)", "growing": "batches that grow while a backlog lasts (now)"}
-STAGES = ("lyric", "song", "video")
+STAGES = topology.STAGES
 OUT = common.REPORTS / "retention.md"
 
 # A version 7 UUID made by the database, for the rows already there: the time's milliseconds in the first 48 bits

@@ -30,8 +30,8 @@ from castad_runtime import messaging, migrations
 from bench import common
 from bench.faults import injections, plan, postgres, proxy, rabbitmq
 
-SERVICES = ("api", "lyric", "song", "video")  # those with a database
-PROCESSES = ("lyric", "song", "video", "api", "relay")
+SERVICES = topology.WITH_DATABASE
+PROCESSES = (*topology.STAGES, topology.GATEWAY, topology.RELAY)  # in the order their replicas are killed
 
 
 class Deployment:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from castad_contracts import topology
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -72,7 +74,7 @@ FULL = Plan(
     failover_after_s=5.0,
 )
 
-STAGES = ("lyric", "song", "video")
+STAGES = topology.STAGES
 HOLD_EVENTS_S = 15.0
 PIPELINE_DEADLINE_S = 900.0  # a safety net: no pipeline of a run should need it
 VIDEO_STOP_GRACE_S = 0.5

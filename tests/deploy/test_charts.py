@@ -15,6 +15,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from castad_contracts import topology
 from castad_local import REPO_ROOT, charts
 
 from tests.deploy.rendering import KUBERNETES_VERSIONS, by_kind, env_of, render
@@ -54,7 +55,7 @@ def value_sets(service: str) -> dict[str, dict[str, Any]]:
     if service != "relay":
         production |= STAGE_PRODUCTION
         minimal |= STAGE_MINIMAL
-    if service in ("lyric", "song", "video"):
+    if service in topology.STAGES:
         upper = service.upper()
         production["settings"] |= {f"CASTAD_{upper}_CONCURRENCY": 8, f"CASTAD_{upper}_STOP_GRACE_S": 45.0}
         production["terminationGracePeriodSeconds"] = 90
@@ -159,7 +160,7 @@ def test_the_gateway_serves_its_probes_and_metrics_apart_from_the_api_which_alon
 def test_only_the_stages_may_write_artifacts_the_gateway_only_the_images_tenants_upload(chart_dir, store):
     artifacts = {"store": store, "claimName": "castad-artifacts", "mountPath": "/var/lib/castad/artifacts"}
     values = {"artifacts": artifacts, "settings": {"CASTAD_ARTIFACTS_S3_BUCKET": "media"}}
-    for service in ("api", "lyric", "song", "video"):
+    for service in topology.WITH_DATABASE:
         (deployment,) = by_kind(render(chart_dir, service, values), "Deployment")
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         mount, *more = [mount for mount in container["volumeMounts"] if mount["name"] == "artifacts"]
@@ -250,7 +251,7 @@ def test_a_termination_grace_shorter_than_the_drain_is_refused(chart_dir):
     assert by_kind(render(chart_dir, "video", values | {"terminationGracePeriodSeconds": 80}), "Deployment")
 
 
-@pytest.mark.parametrize("service", ("api", "lyric", "song", "video"))
+@pytest.mark.parametrize("service", topology.WITH_DATABASE)
 def test_migrations_run_as_a_hook_before_new_pods_with_the_database_secret(chart_dir, service):
     for upgrade in (False, True):
         (job,) = by_kind(render(chart_dir, service, {}, upgrade=upgrade), "Job")
@@ -277,7 +278,7 @@ def test_the_relay_reads_every_source_from_its_secret_and_joins_them(chart_dir):
         assert env[f"CASTAD_RELAY_SOURCE_{name}"]["secretKeyRef"]["name"] == f"castad-relay-{name.lower()}-database"
 
 
-@pytest.mark.parametrize("service", ("api", "relay", "lyric", "song", "video"))
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_each_service_has_a_broker_user_of_its_own(chart_dir, service):
     (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
     env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])

@@ -23,12 +23,13 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
+from castad_contracts import topology
 from castad_local import charts
 
 from tests.deploy.rendering import KUBERNETES_VERSIONS, by_kind, render
 
 SERVICES = tuple(charts.SETTINGS)
-STAGES = ("lyric", "song", "video")
+STAGES = topology.STAGES
 NAMESPACE = "media"  # the release's (rendering.render)
 
 # Where cloud providers answer with a node's (or a pod's) credentials: AWS, GCP, Azure, OpenStack, Oracle,

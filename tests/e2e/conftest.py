@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from castad_api import keys
 from castad_api import tables as api_tables
 from castad_cli import client as client_
-from castad_contracts import api, brief
+from castad_contracts import api, brief, topology
 from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import db, tables
@@ -41,8 +41,8 @@ from tests.e2e import browser as browser_
 from tests.support import briefs, waits
 from tests.support.installation import Installation
 
-STAGES = ("LYRIC", "SONG", "VIDEO")
-STAGE_SERVICES = ("lyric", "song", "video")
+STAGE_SERVICES = topology.STAGES
+STAGES = tuple(stage.upper() for stage in STAGE_SERVICES)  # as CASTAD_<STAGE>_* names them
 FAST = {
     "CASTAD_LOG_LEVEL": "INFO",
     "CASTAD_VIDEO_SHORT_SIDE": "144",

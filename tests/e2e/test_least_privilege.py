@@ -29,6 +29,7 @@ from castad_runtime import migrations
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
+from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_operator import post
 from tests.support import briefs, servers
 from tests.support.installation import Installation
@@ -207,7 +208,7 @@ def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publis
     refused("lyric", lambda channel: channel.exchange_delete(topo.exchange))  # the gateway's, which declares it
     refused("lyric", lambda channel: channel.basic_get(topo.dead_letter_queue))
     # A stage's dead letter is its own queue's, by the broker's word: it cannot publish one naming another queue.
-    for service in ("lyric", "song", "video"):
+    for service in STAGE_SERVICES:
         refused(service, lambda channel: channel.basic_publish(topo.dead_letter_exchange, "", b"{}"))
         refused(service, lambda channel: channel.basic_publish("", topo.dead_letter_queue, b"{}"))
     refused("relay", lambda channel: channel.basic_get(topo.queue("lyric")))

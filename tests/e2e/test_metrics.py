@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from castad_contracts import topology
 from castad_local import stack
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.e2e
-WORKERS = ("relay", "lyric", "song", "video")
+WORKERS = topology.WORKERS
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -64,7 +65,7 @@ def test_a_pipeline_moves_the_metrics_of_every_service(castad):
     assert value(relay, "castad_relay_published_total", source="api") == 1
     assert value(relay, "castad_relay_published_total", source="video") == 2
     assert value(relay, "castad_relay_confirm_seconds_count") >= 7
-    for source in ("api", "lyric", "song", "video"):
+    for source in topology.WITH_DATABASE:
         assert value(relay, "castad_scrape_success", part=f"outbox_{source}") == 1
         assert value(relay, "castad_outbox_backlog", source=source) == 0
 

@@ -15,6 +15,7 @@ from castad_contracts import codes
 from castad_local import stack
 from castad_local.fakes import chat, creatomate, suno
 
+from tests.e2e.conftest import STAGE_SERVICES, STAGES
 from tests.e2e.test_languages import BRIEFS
 from tests.support.links import link_secrets, signed_path
 
@@ -54,7 +55,7 @@ def network(castad, providers):
             **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
             **{f"CASTAD_{stage}_POLL_FIRST_S": FIRST_POLL_S for stage in ("SONG", "VIDEO")},
             # The fakes listen on 127.0.0.1, over http.
-            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in ("LYRIC", "SONG", "VIDEO")},
+            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in STAGES},
         }
     )
     return running, providers
@@ -77,7 +78,7 @@ def test_briefs_in_four_languages_go_through_the_three_network_providers_by_thei
         assert view.status == "SUCCEEDED", (language, view)
         song, video = view.stages[1].artifact, view.stages[2].artifact
         assert song.media_type == "audio/mpeg" and video.media_type == "video/mp4"
-        for stage in ("lyric", "song", "video"):
+        for stage in STAGE_SERVICES:
             assert job_attempts(dbs, stage, pipeline_id) == ["succeeded"]
             completed = [r for r in dbs.outbox_of(stage, pipeline_id) if r["routing_key"] == f"{stage}.completed"]
             assert len(completed) == 1

@@ -16,6 +16,7 @@ import pytest
 from castad_local import stack
 from castad_local.fakes import chat, creatomate, suno
 
+from tests.e2e.conftest import STAGES
 from tests.e2e.test_languages import BRIEFS
 from tests.e2e.test_tracing import Collector
 from tests.support.links import link_secrets
@@ -92,7 +93,7 @@ def test_no_span_or_log_line_of_a_whole_run_holds_a_secret(
             "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
             **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
             **{f"CASTAD_{stage}_POLL_FIRST_S": "30" for stage in ("SONG", "VIDEO")},  # callbacks move them on
-            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in ("LYRIC", "SONG", "VIDEO")},
+            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in STAGES},
             "CASTAD_LOG_LEVEL": "DEBUG",  # the most a log says
             "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from castad_contracts import topology
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -23,7 +24,7 @@ from tests.support import briefs
 pytestmark = pytest.mark.e2e
 
 SERVICES = ("castad-api", "castad-relay", "castad-lyric", "castad-song", "castad-video")
-STAGES = ("lyric", "song", "video")
+STAGES = topology.STAGES
 
 
 def _routing_key(span: dict) -> object:
@@ -226,7 +227,7 @@ def test_one_pipeline_is_one_trace_across_all_five_services(castad, dbs, collect
         assert (f"castad-{stage}", f"{stage} attempt") in names
 
     # The services' JSON logs about this pipeline carry the same trace id.
-    for stage in ("lyric", "song", "video"):
+    for stage in STAGES:
         lines = [line for line in _log_lines(running.services.log_dir / f"{stage}.log")]
         mine = [line for line in lines if line.get("pipeline_id") == pipeline_id]
         assert mine, f"no {stage} log line about {pipeline_id}"

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from castad_cli import client as client_
+from castad_contracts import topology
 from castad_local import REPO_ROOT, stack
 
 from tests.support import briefs
@@ -29,7 +30,7 @@ from tests.support.installation import Installation
 
 pytestmark = [pytest.mark.images, pytest.mark.integration]
 
-SERVICES = ("api", "relay", "lyric", "song", "video")
+SERVICES = topology.SERVICES
 ARTIFACTS = "/var/lib/castad/artifacts"
 PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(REPO_ROOT / "infra" / "images" / "containers.conf")}
 
@@ -112,7 +113,7 @@ def test_the_stack_runs_from_the_images_to_a_finished_video(images, containers, 
         "CASTAD_API_PORT": str(ports["api"]),
         **{f"CASTAD_{service.upper()}_HEALTH_PORT": str(ports[service]) for service in SERVICES if service != "api"},
     }
-    for service in ("api", "lyric", "song", "video"):
+    for service in topology.WITH_DATABASE:
         run_container(f"{containers[service]}-migrate", service, "migrate", env, artifacts, detach=False)
         podman("rm", f"{containers[service]}-migrate")
     for service in SERVICES:

@@ -8,6 +8,7 @@ import pathlib
 from typing import Any
 
 import pytest
+from castad_contracts import topology
 
 from bench import capacity
 
@@ -48,7 +49,7 @@ def _measured() -> dict[str, Any]:
             "commits": {"api": 5.0, "lyric": 3.0, "song": 3.0, "video": 3.0},
             "rows": {"api": 20.0, "lyric": 10.0, "song": 10.0, "video": 10.0},
             "wal_bytes": {"api": 10_000.0, "lyric": 5_000.0, "song": 5_000.0, "video": 5_000.0, "no relation": 900.0},
-            "events": {svc: {"events": 2.0, "deliveries": 3.0} for svc in ("api", "lyric", "song", "video")},
+            "events": {svc: {"events": 2.0, "deliveries": 3.0} for svc in topology.WITH_DATABASE},
         },
         "ceilings": {
             "commits_per_s": 10_000.0,

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import pytest
+from castad_contracts import topology
 
 from bench import report
 
@@ -55,7 +56,7 @@ def _notify(**extra: Any) -> dict[str, Any]:
 
 def results() -> dict[str, Any]:
     """Return one whole run's measurements, shaped as bench.run keeps them (JSON: every key a string)."""
-    stages = ("lyric", "song", "video")
+    stages = topology.STAGES
     inside = {
         step: _q(value, value * 2)
         for step, value in (

@@ -13,6 +13,7 @@ import typing
 from typing import Any
 
 from castad_api import settings as api_settings
+from castad_contracts import topology
 from castad_lyric import service as lyric
 from castad_relay import settings as relay_settings
 from castad_runtime import settings
@@ -333,7 +334,7 @@ def values_schema(service: str) -> dict[str, Any]:
     ]
     if service == "relay":
         source = _object(
-            {"name": {"enum": ["api", "lyric", "song", "video"]}, "existingSecret": NAME, "key": NAME},
+            {"name": {"enum": list(topology.WITH_DATABASE)}, "existingSecret": NAME, "key": NAME},
             ("name", "existingSecret", "key"),
         )
         properties["sources"] = {"type": "array", "minItems": 1, "items": source}

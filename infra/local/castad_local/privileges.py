@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 from castad_local import REPO_ROOT
 
 RELAY = topology.RELAY
-DATABASE_SERVICES = ("api", "lyric", "song", "video")  # each with a database of its own
+DATABASE_SERVICES = topology.WITH_DATABASE
 USERS = (*DATABASE_SERVICES, RELAY)
 CREDENTIALS_FILE = REPO_ROOT / "var" / "local" / "credentials.json"
 ENV_FILE = REPO_ROOT / "var" / "local" / "castad.env"  # `make up` gives it to honcho

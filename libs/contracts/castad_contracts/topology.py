@@ -62,6 +62,11 @@ SUBSCRIPTIONS: dict[str, Subscription] = {
 GATEWAY = "api"  # the only service whose outbox may address one queue (a replayed dead letter)
 RELAY = "relay"  # the broker user that publishes and consumes nothing
 SHARED_OWNER = GATEWAY  # declares the events exchange and the dead letters' exchange and queue
+# Castad's services by name, in the saga's order: what tests, benchmarks and tooling iterate over.
+STAGES = tuple(stage.value for stage in events.Stage)
+WITH_DATABASE = (GATEWAY, *STAGES)  # each with a database (and an outbox) of its own
+SERVICES = (GATEWAY, RELAY, *STAGES)
+WORKERS = (RELAY, *STAGES)  # serving no API: their probes and metrics on a port of their own
 
 # The service that produces each event type: the only one whose outbox the relay publishes it from.
 PRODUCERS: dict[str, str] = {
