@@ -20,7 +20,7 @@ up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0
 	@PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/honcho -f infra/local/Procfile -e var/local/castad.env -d . start
 
 test: setup lint docs  ## unit, integration and end-to-end tests: the end-to-end ones one after another on one worker, the rest beside them
-	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
 
 check: lint  ## the fast loop: lint, then the tests that need no server (unit, providers, charts), in parallel
 	@$(BIN)/pytest -n 3 -q tests/unit tests/providers tests/deploy

@@ -8,7 +8,7 @@ RabbitMQ namespace. Nothing is shared with the local stack or with another test,
 A missing server is a failure, never a skip: `make test` starts or installs the servers before pytest runs, so a
 missing one means the set-up is broken.
 
-Under pytest-xdist (`make test`: `-n 4 --dist loadgroup`) the end-to-end tests run one after another on one worker,
+Under pytest-xdist (`make test`: `-n 4 --dist loadscope`) the end-to-end tests run one after another on one worker,
 handed out first, and the fault suite last of them, while the other workers run the rest beside them.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import pathlib
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from castad_api import keys
@@ -28,16 +29,22 @@ from tests.support import installation as installation_
 from tests.support import object_store as object_store_
 from tests.support import servers
 
-END_TO_END = "e2e"  # the xdist group of the tests that run one after another
 LAST = "tests/e2e/test_fault_suite.py"  # it measures how soon work is taken over: with the least beside it
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the end-to-end tests in one xdist group, first in line, the fault suite last of them."""
-    for item in items:
-        if item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group(END_TO_END))
-    items.sort(key=lambda item: (not item.get_closest_marker("e2e"), item.nodeid.startswith(LAST)))
+    """Put the fault suite last."""
+    items.sort(key=lambda item: item.nodeid.startswith(LAST))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadscope`, the end-to-end tests one after another on one worker (tests/support/scheduling.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from tests.support import scheduling  # imports xdist, which only a distributed run needs
+
+    return scheduling.EndToEndInTurn(config, log)
 
 
 @pytest.fixture(scope="session")

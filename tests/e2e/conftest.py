@@ -121,6 +121,14 @@ class RunningCastad:
     def submit(self, body: brief.Brief | None = None, key: str | None = None) -> str:
         return self.client.submit(body or briefs.sample(), key).id
 
+    def metrics_urls(self) -> dict[str, str]:
+        """Service -> its /metrics: the gateway's on its API port, a worker's on its CASTAD_<SERVICE>_HEALTH_PORT."""
+        urls = {topology.GATEWAY: f"{self.base_url}/metrics"}
+        for worker in topology.WORKERS:
+            if port := self.services.env.get(f"CASTAD_{worker.upper()}_HEALTH_PORT"):
+                urls[worker] = f"http://127.0.0.1:{port}/metrics"
+        return urls
+
     def faults(self, stage: str, **fields: Any) -> None:
         """Inject these faults into `stage` from now on (`faults("song")`: none): its fault switch must be on."""
         engine = db.make_engine(self.installation.database_urls[stage])
@@ -201,7 +209,7 @@ def castad(installation: Installation, tmp_path: pathlib.Path) -> Iterator[Calla
 
 # The session's shared Castad: the fast settings, every stage's fault switch on (a test sets the faults it needs
 # while the services run), a handler that keeps failing dead-lettered after one retry, and photos on this machine's
-# plain-http hosts allowed.
+# plain-http hosts allowed; and every worker's probes and metrics on a port of its own (`metrics_urls`).
 SHARED = {
     **{f"CASTAD_{stage}_FAULT_SWITCH": "true" for stage in STAGES},
     "CASTAD_HANDLER_RETRIES": "1",
@@ -282,7 +290,8 @@ def view_of(running: RunningCastad) -> Iterator[SharedCastad]:
 def shared_castad(
     migrated_templates: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningCastad]:
-    with castad_of(migrated_templates, tmp_path_factory.mktemp("shared"), SHARED) as running:
+    probes = {f"CASTAD_{worker.upper()}_HEALTH_PORT": str(stack_.free_port()) for worker in topology.WORKERS}
+    with castad_of(migrated_templates, tmp_path_factory.mktemp("shared"), {**SHARED, **probes}) as running:
         yield running
 
 
