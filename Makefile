@@ -8,7 +8,7 @@ PYTHON_DIRS := libs services infra/local infra/docs tests bench
 TEST_WORKERS ?= 4
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test check lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
+.PHONY: setup demo up test pytest check lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -19,7 +19,10 @@ demo: setup  ## start every service, run the demo brief to a finished MP4, stop
 up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0.0.1:8000)
 	@PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/honcho -f infra/local/Procfile -e var/local/castad.env -d . start
 
-test: setup lint docs  ## unit, integration and end-to-end tests: the end-to-end ones one after another on one worker, the rest beside them
+test: setup  ## lint, the docs and every test: the three at once
+	@$(MAKE) --no-print-directory -j3 --output-sync=line lint docs pytest
+
+pytest:  ## unit, integration and end-to-end tests: the end-to-end ones one after another on one worker, the rest beside them
 	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
 
 check: lint  ## the fast loop: lint, then the tests that need no server (unit, providers, charts), in parallel

@@ -18,7 +18,7 @@ import json
 import pathlib
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -99,24 +99,37 @@ class RunningCastad:
         self.http = httpx.Client(base_url=base_url, timeout=10, headers={"Authorization": f"Bearer {api_key}"})
 
     @classmethod
-    def start(cls, installation: Installation, env: Mapping[str, str], log_dir: pathlib.Path) -> RunningCastad:
-        """Start every service with FAST and `env`; the clients call with the installation's admin key."""
+    def start(
+        cls,
+        installation: Installation,
+        env: Mapping[str, str],
+        log_dir: pathlib.Path,
+        only: Sequence[str] = topology.SERVICES,
+    ) -> RunningCastad:
+        """Start the services (`only` these) with FAST and `env`; the clients call with the installation's admin key."""
         port = int(env.get("CASTAD_API_PORT") or stack_.free_port())  # given: a provider calls it back
         services = stack_.Stack({**installation.env(), **FAST, **env, "CASTAD_API_PORT": str(port)}, log_dir)
         running = cls(installation, services, f"http://127.0.0.1:{port}", installation.api_key)
-        services.start_all()
+        for name in only:
+            services.start(name)
         try:
             services.wait_ready(running.base_url)
         except BaseException:
-            running.close()
+            running.discard()
             raise
         return running
 
     def close(self) -> None:
-        """Close the clients and stop every service."""
+        """Close the clients and stop every service, each as SIGTERM stops it (a test that reads what they flush)."""
         self.client.close()
         self.http.close()
         self.services.stop_all()  # together, then waits for each
+
+    def discard(self) -> None:
+        """Close the clients and kill every service: after a test, whose stop nobody looks at (test_stops does)."""
+        self.client.close()
+        self.http.close()
+        self.services.kill_all()
 
     def submit(self, body: brief.Brief | None = None, key: str | None = None) -> str:
         return self.client.submit(body or briefs.sample(), key).id
@@ -195,16 +208,17 @@ def castad(installation: Installation, tmp_path: pathlib.Path) -> Iterator[Calla
     """Start a Castad of the test's own with extra settings: `castad({"CASTAD_API_MAX_BODY_BYTES": "2048"})`.
 
     For a test that needs settings of its own, or breaks what others would share; any other takes `shared`.
+    `only=("api",)`: the gateway alone, for a test of nothing else.
     """
     started: list[RunningCastad] = []
 
-    def start(env: Mapping[str, str] | None = None) -> RunningCastad:
-        started.append(RunningCastad.start(installation, env or {}, tmp_path / "logs"))
+    def start(env: Mapping[str, str] | None = None, only: Sequence[str] = topology.SERVICES) -> RunningCastad:
+        started.append(RunningCastad.start(installation, env or {}, tmp_path / "logs", only))
         return started[-1]
 
     yield start
     for running in started:
-        running.close()
+        running.discard()
 
 
 # The session's shared Castad: the fast settings, every stage's fault switch on (a test sets the faults it needs
@@ -258,15 +272,17 @@ class SharedCastad(RunningCastad):
 
 
 @contextlib.contextmanager
-def castad_of(templates: dict[str, str], base: pathlib.Path, env: Mapping[str, str]) -> Iterator[RunningCastad]:
+def castad_of(
+    templates: dict[str, str], base: pathlib.Path, env: Mapping[str, str], only: Sequence[str] = topology.SERVICES
+) -> Iterator[RunningCastad]:
     """A Castad with settings `env` on an installation of its own, for many tests (a session's, a module's)."""
     installation = Installation(f"s{uuid.uuid4().hex[:10]}", templates, base / "artifacts")
     try:
-        running = RunningCastad.start(installation, env, base / "logs")
+        running = RunningCastad.start(installation, env, base / "logs", only)
         try:
             yield running
         finally:
-            running.close()
+            running.discard()
     finally:
         installation.close()
 

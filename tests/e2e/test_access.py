@@ -131,7 +131,7 @@ def test_a_key_is_rotated_without_downtime(shared):
 
 @pytest.mark.timeout(120)
 def test_one_creation_limit_holds_across_two_gateway_processes(castad, installation):
-    running = castad({"CASTAD_API_CREATIONS_PER_MINUTE": "4"})
+    running = castad({"CASTAD_API_CREATIONS_PER_MINUTE": "4"}, only=("api",))  # two gateways, nothing else
     second_port = stack.free_port()
     running.services.commands["api-2"] = running.services.commands["api"]
     running.services.start("api-2", {"CASTAD_API_PORT": str(second_port)})

@@ -12,10 +12,12 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from castad_local import stack
+
+from tests.e2e.conftest import RunningCastad, castad_of
 
 pytestmark = pytest.mark.e2e
 SCHEMATHESIS = str(pathlib.Path(sys.executable).with_name("schemathesis"))
@@ -26,37 +28,25 @@ PROBES = {"/healthz", "/readyz", "/metrics"}  # unauthenticated: they name no pi
 CONSOLE = ("/ui/", "/ui/js/main.js", "/ui/console.css")
 
 
-@pytest.fixture
-def gateway(installation, tmp_path):
-    """The gateway alone (pipelines it accepts wait for stages that are not running)."""
-    port = stack.free_port()
-    base_url = f"http://127.0.0.1:{port}"
+@pytest.fixture(scope="module")
+def gateway(migrated_templates, tmp_path_factory) -> Iterator[RunningCastad]:
+    """The gateway alone, for the module (pipelines it accepts wait for stages that are not running)."""
     # The streams close after 0.2 s (no stage runs, so no pipeline ends), so that each request for one gets its
     # whole answer soon: a pipeline's, whose id schemathesis took from an earlier answer, or every pipeline's.
-    env = {
-        **installation.env(),
-        "CASTAD_API_PORT": str(port),
-        "CASTAD_API_FIREHOSE_MAX_S": "0.2",
-        "CASTAD_API_STREAM_MAX_S": "0.2",
-    }
-    services = stack.Stack(env, tmp_path / "logs")
-    services.start("api")
-    try:
-        services.wait_ready(base_url)
-        yield base_url
-    finally:
-        services.stop_all()
+    env = {"CASTAD_API_FIREHOSE_MAX_S": "0.2", "CASTAD_API_STREAM_MAX_S": "0.2"}
+    with castad_of(migrated_templates, tmp_path_factory.mktemp("fuzz"), env, only=("api",)) as running:
+        yield running
 
 
 @pytest.mark.timeout(600)
-def test_a_thousand_generated_requests_get_no_5xx_and_answers_that_fit_the_document(gateway, installation):
+def test_a_thousand_generated_requests_get_no_5xx_and_answers_that_fit_the_document(gateway):
     run = subprocess.run(
         [
             SCHEMATHESIS,
             "run",
-            f"{gateway}/openapi.json",
+            f"{gateway.base_url}/openapi.json",
             "--header",
-            f"Authorization: Bearer {installation.api_key}",
+            f"Authorization: Bearer {gateway.installation.api_key}",
             "--checks",
             CHECKS,
             "--max-examples",
@@ -74,11 +64,11 @@ def test_a_thousand_generated_requests_get_no_5xx_and_answers_that_fit_the_docum
     assert run.returncode == 0, summary
     generated = re.search(r"(\d+) generated", run.stdout)
     assert generated is not None and int(generated.group(1)) >= 1000, summary
-    assert installation.api_key not in run.stdout  # the key is filtered from what it prints
+    assert gateway.installation.api_key not in run.stdout  # the key is filtered from what it prints
 
 
 def test_without_a_key_every_route_but_the_probes_metrics_and_the_console_answers_401(gateway):
-    document = httpx.get(f"{gateway}/openapi.json").json()
+    document = httpx.get(f"{gateway.base_url}/openapi.json").json()
     values = {
         "pipeline_id": str(uuid.uuid4()),
         "letter_id": "1",
@@ -88,7 +78,7 @@ def test_without_a_key_every_route_but_the_probes_metrics_and_the_console_answer
     }
     signed = {"expires": "4102444800", "signature": "0" * 64}  # well formed, not signed by anyone
     tried = 0
-    with httpx.Client(base_url=gateway, timeout=10) as anonymous:
+    with httpx.Client(base_url=gateway.base_url, timeout=10) as anonymous:
         for path, operations in document["paths"].items():
             for method in operations:
                 url = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)

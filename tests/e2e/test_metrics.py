@@ -38,9 +38,9 @@ def test_a_pipeline_moves_the_metrics_of_every_service(shared):
     running.wait_until("every worker serves /metrics", lambda: all(_serves(url) for url in urls.values()))
     before = {service: scrape(url) for service, url in urls.items()}
 
-    def moved(service: str, name: str, **labels: str) -> float:
-        """How much a figure moved since `before` (the shared stack's earlier tests moved it too)."""
-        return value(after[service], name, **labels) - value(before[service], name, **labels)
+    def moved(of: str, name: str, **labels: str) -> float:
+        """How much a figure of service `of` moved since `before` (the shared stack's earlier tests moved it too)."""
+        return value(after[of], name, **labels) - value(before[of], name, **labels)
 
     pipeline_id = running.submit()
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"

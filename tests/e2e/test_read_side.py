@@ -12,6 +12,7 @@ import json
 import re
 import threading
 import uuid
+from collections.abc import Callable
 
 import httpx
 import httpx_sse
@@ -26,8 +27,8 @@ JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
 FIREHOSE_S = 20  # each stream of every pipeline closes by itself after this
 
 
-def follow(running, received: list, opened: threading.Event, **params: str) -> None:
-    """Every entry /v1/events sends until the gateway closes it after FIREHOSE_S."""
+def follow(running, received: list, opened: threading.Event, last: Callable[[dict], bool], **params: str) -> None:
+    """Every entry /v1/events sends, up to the `last` one (or until the gateway closes it after FIREHOSE_S)."""
     with httpx_sse.connect_sse(
         running.http, "GET", "/v1/events", params=params, timeout=httpx.Timeout(10.0, read=15.0)
     ) as source:
@@ -36,6 +37,8 @@ def follow(running, received: list, opened: threading.Event, **params: str) -> N
         for sse in source.iter_sse():
             if sse.data:
                 received.append((sse.id, sse.event, json.loads(sse.data)))
+                if last(received[-1][2]):
+                    return
 
 
 def trace_id_of(traceparent: str) -> str:
@@ -49,11 +52,17 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     monkeypatch.setenv("COLUMNS", "200")  # the command's tables as a wide terminal shows them, one line per row
     running = castad({"CASTAD_API_TRACE_URL": JAEGER, "CASTAD_API_FIREHOSE_MAX_S": str(FIREHOSE_S)})
     streams = {"every": [], "video": []}
+    pipeline_id = ""  # known once submitted, which the streams are opened before
+    ends = {
+        "every": lambda entry: entry["pipeline_id"] == pipeline_id and entry["pipeline_status"] == "SUCCEEDED",
+        "video": lambda entry: entry["pipeline_id"] == pipeline_id and entry["status"] == "completed",
+    }
     followers = []
     for name, params in (("every", {}), ("video", {"stage": "video"})):
         opened = threading.Event()
-        followers.append(threading.Thread(target=follow, args=(running, streams[name], opened), kwargs=params))
-        followers[-1].start()
+        follower = threading.Thread(target=follow, args=(running, streams[name], opened, ends[name]), kwargs=params)
+        followers.append(follower)
+        follower.start()
         assert opened.wait(10), f"the {name} stream did not open"
 
     pipeline_id = running.submit(briefs.sample("바다책방"))
