@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-import pyloudnorm
-from scipy import ndimage
 
 Signal = npt.NDArray[np.float64]
 
@@ -41,6 +39,8 @@ def master(samples: Signal, sample_rate: int) -> Signal:
         song[:fade_in] *= np.linspace(0.0, 1.0, fade_in)
     if fade_out:
         song[-fade_out:] *= np.linspace(1.0, 0.0, fade_out)
+    import pyloudnorm  # here, not at the top: it loads scipy.signal, 1.8 s of every start of the song service
+
     meter = pyloudnorm.Meter(sample_rate)
     if song.size < meter.block_size * sample_rate or not np.any(song):
         peak = float(np.max(np.abs(song), initial=0.0))  # too short to measure loudness
@@ -60,6 +60,8 @@ def limit(samples: Signal, sample_rate: int) -> Signal:
     window = max(int(LIMITER_S * sample_rate), 1)
     # The minimum over twice the window, then averaged over the window: the gain stays below what
     # each peak needs and still moves smoothly.
+    from scipy import ndimage  # here: scipy loads only once a song is mastered, not when the service starts
+
     gain = ndimage.minimum_filter1d(needed, size=2 * window + 1)
     gain = ndimage.uniform_filter1d(gain, size=window)
     return np.clip(samples * gain, -PEAK, PEAK)

@@ -19,7 +19,6 @@ import numpy as np
 import numpy.typing as npt
 import pyworld
 from castad_contracts import brief
-from scipy import signal
 
 from castad_song import espeak, g2p
 
@@ -145,6 +144,8 @@ class Voice:
             track /= level  # unit RMS while singing; the mix sets the level
             _breathe(track, starts, rate)
         if sample_rate != rate:
+            from scipy import signal  # here: scipy loads once a song is sung, not when the service starts
+
             track = signal.resample_poly(track, sample_rate, rate)
         return np.asarray(track[: int(round(duration_s * sample_rate))], dtype=np.float64)
 
@@ -308,6 +309,8 @@ def pitch_contour(times: Signal, notes: Sequence[SungNote], seed: int = 0) -> Si
 
 def _breathe(track: Signal, phrases: Sequence[tuple[float, float]], rate: int) -> None:
     """A breath before each phrase that follows a rest long enough for one."""
+    from scipy import signal  # here: scipy loads once a song is sung, not when the service starts
+
     band = signal.butter(2, (700.0, 4500.0), btype="bandpass", fs=rate, output="sos")
     rng = np.random.default_rng(7)
     previous_end = 0.0
