@@ -15,6 +15,7 @@ Everything lives in databases, a namespace and a directory of its own, removed a
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import pathlib
 import shutil
@@ -104,9 +105,10 @@ class Deployment:
 
     def start(self) -> None:
         self.cleanup.push("destroy rabbitmq", self.rabbitmq.destroy)
-        self.rabbitmq.start()
         self.cleanup.push("destroy postgresql", self.postgres.destroy)
-        self.postgres.start()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # each waits mostly on its own servers
+            for started in [pool.submit(self.rabbitmq.start), pool.submit(self.postgres.start)]:
+                started.result()
         self.music.start()
         self.cleanup.push("stop the music api", self.music.stop)
         if not self.keep:

@@ -39,7 +39,7 @@ class Plan:
 SHORT = Plan(
     name="short",
     pipelines=100,
-    rate_per_s=0.75,
+    rate_per_s=0.85,
     outage_s=6.0,
     broker_cut_s=6.0,
     broker_stall_s=4.0,

@@ -283,15 +283,21 @@ class FaultRun:
                     raise RuntimeError("no pipeline succeeded within 120 s of the start")
                 time.sleep(0.2)
 
-    def _restart(self, name: str) -> None:
+    def _start_again(self, name: str) -> None:
         self.deployment.start_process(name)
         self.counters.restarted(name)
+
+    def _restart(self, name: str) -> None:
+        self._start_again(name)
         self.deployment.wait_ready(name)
 
     def _kill_and_restart(self, names: list[str]) -> None:
-        """kill -9 of each process, together or one after another as the plan says; each started again."""
+        """kill -9 of each process, together or one after another as the plan says; each started again.
+
+        Started, not waited for: the processes start side by side, and `_after` waits until each works again.
+        """
         kills = [
-            ("kill -9", name, functools.partial(self.stack.kill, name), functools.partial(self._restart, name))
+            ("kill -9", name, functools.partial(self.stack.kill, name), functools.partial(self._start_again, name))
             for name in names
         ]
         for group in [kills] if self.plan.together else [[kill] for kill in kills]:
