@@ -4,8 +4,10 @@ One is shared by every test of the session that needs no settings of its own (`s
 tenant of its own and sets the faults it needs while the services run. A test that needs other settings, or stops,
 kills or cuts off what others would share, starts its own (`castad`).
 
-Settings are the documented ones, tuned for speed: tiny videos, short backoff and
-leases, so a pipeline takes a second or two and a lost lease is found in a few.
+Settings are the documented ones, tuned for speed: tiny videos, songs without a voice, short backoff and
+leases, so a pipeline takes a second or two and a lost lease is found in a few. (A voice costs a second of CPU a
+song and two more to load; test_languages sings every language through the whole pipeline, and the unit tests
+check what the voice sings.)
 
 Besides the gateway, tests look at what each service recorded in its own database
 (`dbs`) and at the broker (`broker`), never at a service's memory.
@@ -47,6 +49,7 @@ FAST = {
     "CASTAD_LOG_LEVEL": "INFO",
     "CASTAD_VIDEO_SHORT_SIDE": "144",
     "CASTAD_VIDEO_FPS": "4",
+    "CASTAD_SONG_VOICE": "off",
     "CASTAD_RELAY_FALLBACK_POLL_S": "1",
     "CASTAD_RELAY_RETRY_DELAY_S": "0.2",
     "CASTAD_API_SSE_POLL_S": "0.5",

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from castad_contracts import brief
 
-from tests.e2e.conftest import STAGE_SERVICES, in_order, outbox_facts
+from tests.e2e.conftest import FAST, STAGE_SERVICES, in_order, outbox_facts
 from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
@@ -204,31 +204,31 @@ def test_a_permanent_failure_ends_the_pipeline_at_that_stage_and_nothing_later_s
 
 
 @pytest.mark.timeout(120)
-def test_retryable_failures_end_the_pipeline_once_the_attempts_run_out(castad, dbs):
-    running = castad({"CASTAD_VIDEO_FAULT_FAILURE_RATE": "1", "CASTAD_VIDEO_MAX_ATTEMPTS": "3"})
+def test_retryable_failures_end_the_pipeline_once_the_attempts_run_out(shared):
+    running, dbs = shared, shared.dbs
+    attempts_allowed = int(FAST["CASTAD_VIDEO_MAX_ATTEMPTS"])
+    running.faults("video", failure_rate=1.0)
     pipeline_id = running.submit(briefs.sample())
 
     view = running.wait_terminal([pipeline_id])[pipeline_id]
 
     assert view.status == "FAILED" and view.error_code == "injected_fault"
     video = next(s for s in view.stages if s.stage.value == "video")
-    assert (video.status, video.attempts, video.max_attempts) == ("FAILED", 3, 3)
+    assert (video.status, video.attempts, video.max_attempts) == ("FAILED", attempts_allowed, attempts_allowed)
     (job,) = dbs.jobs_of("video", [pipeline_id])
-    assert (job["status"], job["attempts"], job["max_attempts"]) == ("FAILED", 3, 3)
+    assert (job["status"], job["attempts"], job["max_attempts"]) == ("FAILED", attempts_allowed, attempts_allowed)
     attempts = dbs.attempts_of("video", job["id"])
-    assert [(a["number"], a["error_code"]) for a in attempts] == [(n, "injected_fault") for n in (1, 2, 3)]
+    numbers = range(1, attempts_allowed + 1)
+    assert [(a["number"], a["error_code"]) for a in attempts] == [(n, "injected_fault") for n in numbers]
     assert all(a["outcome"].startswith("failed") and a["finished_at"] for a in attempts)
     expected = [
-        ("video", "started", 1),
-        ("video", "retrying", 1),
-        ("video", "started", 2),
-        ("video", "retrying", 2),
-        ("video", "started", 3),
-        ("video", "failed", 3),
+        *(fact for n in numbers[:-1] for fact in (("video", "started", n), ("video", "retrying", n))),
+        ("video", "started", attempts_allowed),
+        ("video", "failed", attempts_allowed),
     ]
     assert outbox_facts(dbs.outbox_of("video", pipeline_id)) == expected
     events = running.events(pipeline_id)
     steps = [(e["step"], e["status"], e["attempt"]) for _, _, e in events if e["step"] == "video"]
-    assert in_order(steps, expected) and steps[-1] == ("video", "failed", 3)
+    assert in_order(steps, expected) and steps[-1] == ("video", "failed", attempts_allowed)
     assert events[-1][2]["error"]["code"] == "injected_fault"
     assert events[-1][2]["pipeline_status"] == "FAILED"

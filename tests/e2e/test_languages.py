@@ -1,7 +1,8 @@
 """The seeds' request fields in each of the four languages, with free-text genres, end to end.
 
-Every service its own process, each brief to a finished video whose captions are drawn in a font that has the
-language's glyphs (a frame of each is kept in the test's folder to look at).
+Every service its own process, each brief sung in its language (the one end-to-end test with a voice) to a
+finished video whose captions are drawn in a font that has the language's glyphs (a frame of each is kept in the
+test's folder to look at).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ BRIEFS = {
 
 @pytest.mark.timeout(180)
 def test_each_language_gives_a_finished_video_with_its_captions_drawn(castad, tmp_path):
-    running = castad({"CASTAD_VIDEO_SHORT_SIDE": "360"})
+    running = castad({"CASTAD_VIDEO_SHORT_SIDE": "360", "CASTAD_SONG_VOICE": "female"})  # sung, in each language
     ids = {language: running.submit(source) for language, source in BRIEFS.items()}
 
     views = running.wait_terminal(list(ids.values()), timeout_s=150)

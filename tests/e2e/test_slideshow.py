@@ -37,7 +37,7 @@ def three_photos(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def test_the_video_shows_each_uploaded_photo_in_turn_cut_on_the_songs_bars_under_the_captions(castad, dbs, tmp_path):
-    running = castad({"CASTAD_VIDEO_FPS": str(FPS), "CASTAD_SONG_VOICE": "off"})  # the bars need no singer
+    running = castad({"CASTAD_VIDEO_FPS": str(FPS)})
     photos = three_photos(tmp_path)
     ids = []
     for path in photos:
