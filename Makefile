@@ -20,7 +20,7 @@ up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0
 	@PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/honcho -f infra/local/Procfile -e var/local/castad.env -d . start
 
 test: setup  ## lint, the docs and every test: the three at once
-	@$(MAKE) --no-print-directory -j3 --output-sync=line lint docs pytest
+	@$(MAKE) --no-print-directory -j3 lint docs pytest
 
 pytest:  ## unit, integration and end-to-end tests: the end-to-end ones one after another on one worker, the rest beside them
 	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import math
 import pathlib
 import random
 import re
@@ -79,9 +80,12 @@ _FC_LANG = {
 }
 FONT_PACKAGES = "Debian's fonts-nanum (Korean) and fonts-noto-cjk (Japanese, Chinese)"
 STDERR_TAIL_LINES = 12
-# ffmpeg's threaded pipeline was seen to stop for good, every thread waiting on another, in about one encode
-# of a few thousand (tests' 3 s videos): an encode is given ENCODE_S_PER_S of wall time a second of video (at
-# least ENCODE_MIN_S; a 30 s video took 21-73 s on two busy cores), then killed and run once more.
+# The length is cut where each stream is read or made (the song's `-t` as an input option, the video's frame
+# count), never by an output `-t`: ffmpeg 9's threaded pipeline then holds both streams in one sync queue, and
+# on busy cores it stopped for good, every thread waiting on another, within a few encodes of 3 s videos (none in
+# 800 encodes without it). Should it stop for any other reason, an encode is given ENCODE_S_PER_S of wall time a
+# second of video (at least ENCODE_MIN_S; a 30 s video took 21-73 s on two busy cores), then killed and run once
+# more.
 ENCODE_S_PER_S = 10.0
 ENCODE_MIN_S = 120.0
 ENCODE_TRIES = 2
@@ -702,12 +706,13 @@ class LocalVideoProvider:
         command = [
             self._ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
             *inputs,
-            "-i", str(song_path),
+            "-t", f"{duration:.3f}", "-i", str(song_path),
             "-filter_complex", graph,
             "-map", "[video]", "-map", f"{len(backgrounds) + 1}:a:0", "-r", str(self._fps),
+            "-frames:v", str(math.ceil(round(duration * self._fps, 6))),
             "-c:v", "libx264", "-preset", "veryfast",
             "-c:a", "aac", "-b:a", "128k",
-            "-t", f"{duration:.3f}", "-movflags", "+faststart", "-f", "mp4", str(out_path),
+            "-movflags", "+faststart", "-f", "mp4", str(out_path),
         ]  # fmt: skip
         check_render(self._run_encoder(command, duration, cancel))
 
