@@ -37,7 +37,25 @@ from tests.support.installation import Installation
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def installation(
+    migrated_templates: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installation]:
+    """One installation for the module (the `castad` of its first test runs on it too).
+
+    Its roles and users take seconds to make and to drop, and the tests only read through them (the pipeline's
+    test too: what it writes, it writes as the services always do).
+    """
+    made = Installation(
+        f"t{uuid.uuid4().hex[:10]}", migrated_templates, tmp_path_factory.mktemp("privileges") / "artifacts"
+    )
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture(scope="module")
 def users(installation: Installation) -> Iterator[privileges.Users]:
     made = privileges.Users.new(installation.namespace)
     try:
