@@ -8,6 +8,10 @@ its callbacks. `make bench-providers` runs the same with 200 pipelines.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
 import httpx
 import pytest
 import sqlalchemy as sa
@@ -15,15 +19,30 @@ from castad_contracts import codes
 from castad_local import stack
 from castad_local.fakes import chat, creatomate, suno
 
-from tests.e2e.conftest import STAGE_SERVICES, STAGES
+from tests.e2e.conftest import STAGE_SERVICES, STAGES, RunningCastad
 from tests.e2e.test_languages import BRIEFS
+from tests.support.installation import Installation
 from tests.support.links import link_secrets, signed_path
 
 pytestmark = pytest.mark.e2e
 FIRST_POLL_S = "60"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def installation(
+    migrated_templates: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installation]:
+    """One installation, one stack and one set of fakes for the module: each test looks at its own pipelines."""
+    made = Installation(
+        f"t{uuid.uuid4().hex[:10]}", migrated_templates, tmp_path_factory.mktemp("remote") / "artifacts"
+    )
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture(scope="module")
 def providers():
     with (
         chat.FakeChat() as lyrics,
@@ -33,32 +52,37 @@ def providers():
         yield lyrics, music, render
 
 
-@pytest.fixture
-def network(castad, providers):
+@pytest.fixture(scope="module")
+def network(installation, providers, tmp_path_factory):
     lyrics, music, render = providers
     port = stack.free_port()
     gateway = f"http://127.0.0.1:{port}"
-    running = castad(
-        {
-            "CASTAD_API_PORT": str(port),
-            **link_secrets(),
-            "CASTAD_LYRIC_PROVIDER": "openai",
-            "CASTAD_LYRIC_OPENAI_BASE_URL": f"{lyrics.url}/v1",
-            "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
-            "CASTAD_SONG_PROVIDER": "suno",
-            "CASTAD_SONG_SUNO_BASE_URL": music.url,
-            "CASTAD_SONG_SUNO_API_KEY": suno.DEFAULT_KEY,
-            "CASTAD_VIDEO_PROVIDER": "creatomate",
-            "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
-            "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
-            "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
-            **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
-            **{f"CASTAD_{stage}_POLL_FIRST_S": FIRST_POLL_S for stage in ("SONG", "VIDEO")},
-            # The fakes listen on 127.0.0.1, over http.
-            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in STAGES},
-        }
-    )
-    return running, providers
+    env = {
+        "CASTAD_API_PORT": str(port),
+        **link_secrets(),
+        "CASTAD_LYRIC_PROVIDER": "openai",
+        "CASTAD_LYRIC_OPENAI_BASE_URL": f"{lyrics.url}/v1",
+        "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
+        "CASTAD_SONG_PROVIDER": "suno",
+        "CASTAD_SONG_SUNO_BASE_URL": music.url,
+        "CASTAD_SONG_SUNO_API_KEY": suno.DEFAULT_KEY,
+        "CASTAD_VIDEO_PROVIDER": "creatomate",
+        "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
+        "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
+        "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
+        **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
+        **{f"CASTAD_{stage}_POLL_FIRST_S": FIRST_POLL_S for stage in ("SONG", "VIDEO")},
+        # The fakes listen on 127.0.0.1, over http.
+        **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in STAGES},
+    }
+    running = RunningCastad.start(installation, env, tmp_path_factory.mktemp("remote-logs"))
+    yield running, providers
+    running.discard()
+
+
+def of(pipeline_ids: Iterable[str], items: list[dict[str, Any]], text: Callable[[dict[str, Any]], str]):
+    """The items (requests, callbacks) whose `text` names one of these pipelines."""
+    return [item for item in items if any(pipeline_id in text(item) for pipeline_id in pipeline_ids)]
 
 
 def job_attempts(dbs, stage: str, pipeline_id: str) -> list[str]:
@@ -82,15 +106,19 @@ def test_briefs_in_four_languages_go_through_the_three_network_providers_by_thei
             assert job_attempts(dbs, stage, pipeline_id) == ["succeeded"]
             completed = [r for r in dbs.outbox_of(stage, pipeline_id) if r["routing_key"] == f"{stage}.completed"]
             assert len(completed) == 1
-    submitted = [r["body"] for r in music.received if r["path"] == "/api/v1/generate"]
+    submits = [r for r in music.received if r["path"] == "/api/v1/generate"]
+    submitted = [r["body"] for r in of(ids.values(), submits, lambda r: r["body"]["callBackUrl"])]
     assert sorted(body["style"] for body in submitted) == sorted(str(b.genre) for b in BRIEFS.values())
     callbacks = [signed_path(body["callBackUrl"], running.base_url) for body in submitted]
     assert sorted(callbacks) == sorted(f"/v1/provider-callbacks/song/{p}" for p in ids.values())
-    renders = [r["body"] for r in render.received if r["path"] == "/v2/renders"]
+    render_requests = [r for r in render.received if r["path"] == "/v2/renders"]
+    renders = [r["body"] for r in of(ids.values(), render_requests, lambda r: r["body"]["metadata"])]
     assert sorted(body["metadata"] for body in renders) == sorted(f"castad-{p}-0-1" for p in ids.values())
     songs = [signed_path(body["modifications"]["Music.source"], running.base_url) for body in renders]
     assert sorted(songs) == sorted(f"/v1/links/pipelines/{p}/artifacts/song" for p in ids.values())
-    assert {sent["status"] for sent in music.callbacks + render.callbacks} == {204}
+    assert {sent["status"] for sent in of(ids.values(), music.callbacks + render.callbacks, lambda c: c["url"])} == {
+        204
+    }
     for song in {body["modifications"]["Music.source"] for body in renders}:  # what the render API fetches
         fetched = httpx.get(song)
         assert fetched.status_code == 200 and fetched.headers["content-type"] == "audio/mpeg"
@@ -113,7 +141,7 @@ def test_a_rate_limit_costs_no_attempt_and_a_failed_song_is_made_again(network, 
     throttled = dbs.scalar("song", sa.text("SELECT throttled FROM quotas WHERE provider = 'suno'"))
     assert throttled == 1
     submits = [r for r in music.received if r["path"] == "/api/v1/generate"]
-    assert len(submits) == 3
+    assert len(of([pipeline_id], submits, lambda r: r["body"]["callBackUrl"])) == 3
     [first, second, third] = dbs.attempts_of("song", job["id"])
     assert (first["error_code"], second["error_code"]) == (codes.ErrorCode.PROVIDER_RATE_LIMITED, "provider_job_failed")
     # Each submit is on its attempt's row (the refused one too: it left). The rate limit cost no attempt, so
