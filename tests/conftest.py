@@ -74,11 +74,8 @@ def migrated_templates() -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def installation(migrated_templates: dict[str, str], tmp_path: pathlib.Path) -> Iterator[installation_.Installation]:
-    made = installation_.Installation(f"t{uuid.uuid4().hex[:10]}", migrated_templates, tmp_path / "artifacts")
-    try:
+    with installation_.made(migrated_templates, tmp_path) as made:
         yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,7 @@ from sqlalchemy.pool import NullPool
 
 from tests.e2e import browser as browser_
 from tests.support import briefs, waits
+from tests.support import installation as installation_
 from tests.support.installation import Installation
 
 STAGE_SERVICES = topology.STAGES
@@ -279,15 +280,12 @@ def castad_of(
     templates: dict[str, str], base: pathlib.Path, env: Mapping[str, str], only: Sequence[str] = topology.SERVICES
 ) -> Iterator[RunningCastad]:
     """A Castad with settings `env` on an installation of its own, for many tests (a session's, a module's)."""
-    installation = Installation(f"s{uuid.uuid4().hex[:10]}", templates, base / "artifacts")
-    try:
+    with installation_.made(templates, base, prefix="s") as installation:
         running = RunningCastad.start(installation, env, base / "logs", only)
         try:
             yield running
         finally:
             running.discard()
-    finally:
-        installation.close()
 
 
 def view_of(running: RunningCastad) -> Iterator[SharedCastad]:

@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_operator import post
 from tests.support import briefs, servers
+from tests.support import installation as installation_
 from tests.support.installation import Installation
 
 pytestmark = pytest.mark.e2e
@@ -46,13 +47,8 @@ def installation(
     Its roles and users take seconds to make and to drop, and the tests only read through them (the pipeline's
     test too: what it writes, it writes as the services always do).
     """
-    made = Installation(
-        f"t{uuid.uuid4().hex[:10]}", migrated_templates, tmp_path_factory.mktemp("privileges") / "artifacts"
-    )
-    try:
+    with installation_.made(migrated_templates, tmp_path_factory.mktemp("privileges")) as made:
         yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ its callbacks. `make bench-providers` runs the same with 200 pipelines.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -17,64 +16,36 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import codes
 from castad_local import stack
-from castad_local.fakes import chat, creatomate, suno
+from castad_local.fakes import suno
 
-from tests.e2e.conftest import STAGE_SERVICES, STAGES, RunningCastad
+from tests.e2e.conftest import STAGE_SERVICES, RunningCastad
 from tests.e2e.test_languages import BRIEFS
+from tests.support import installation as installation_
+from tests.support import network as network_
 from tests.support.installation import Installation
-from tests.support.links import link_secrets, signed_path
+from tests.support.links import signed_path
 
 pytestmark = pytest.mark.e2e
-FIRST_POLL_S = "60"
+FIRST_POLL_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def installation(
-    migrated_templates: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Installation]:
+def installation(migrated_templates, tmp_path_factory) -> Iterator[Installation]:
     """One installation, one stack and one set of fakes for the module: each test looks at its own pipelines."""
-    made = Installation(
-        f"t{uuid.uuid4().hex[:10]}", migrated_templates, tmp_path_factory.mktemp("remote") / "artifacts"
-    )
-    try:
+    with installation_.made(migrated_templates, tmp_path_factory.mktemp("remote")) as made:
         yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture(scope="module")
-def providers():
-    with (
-        chat.FakeChat() as lyrics,
-        suno.FakeSuno(song_s=2.0, audio_s=3.0) as music,
-        creatomate.FakeCreatomate(render_s=1.0) as render,
-    ):
-        yield lyrics, music, render
+def providers() -> Iterator[network_.Fakes]:
+    with network_.fakes(song_s=2.0, audio_s=3.0, render_s=1.0) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def network(installation, providers, tmp_path_factory):
-    lyrics, music, render = providers
     port = stack.free_port()
-    gateway = f"http://127.0.0.1:{port}"
-    env = {
-        "CASTAD_API_PORT": str(port),
-        **link_secrets(),
-        "CASTAD_LYRIC_PROVIDER": "openai",
-        "CASTAD_LYRIC_OPENAI_BASE_URL": f"{lyrics.url}/v1",
-        "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
-        "CASTAD_SONG_PROVIDER": "suno",
-        "CASTAD_SONG_SUNO_BASE_URL": music.url,
-        "CASTAD_SONG_SUNO_API_KEY": suno.DEFAULT_KEY,
-        "CASTAD_VIDEO_PROVIDER": "creatomate",
-        "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
-        "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
-        "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
-        **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
-        **{f"CASTAD_{stage}_POLL_FIRST_S": FIRST_POLL_S for stage in ("SONG", "VIDEO")},
-        # The fakes listen on 127.0.0.1, over http.
-        **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in STAGES},
-    }
+    env = {"CASTAD_API_PORT": str(port), **network_.env(providers, f"http://127.0.0.1:{port}", FIRST_POLL_S)}
     running = RunningCastad.start(installation, env, tmp_path_factory.mktemp("remote-logs"))
     yield running, providers
     running.discard()

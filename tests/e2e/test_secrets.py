@@ -16,9 +16,9 @@ import pytest
 from castad_local import stack
 from castad_local.fakes import chat, creatomate, suno
 
-from tests.e2e.conftest import STAGES
 from tests.e2e.test_languages import BRIEFS
 from tests.e2e.test_tracing import Collector
+from tests.support import network
 from tests.support.links import link_secrets
 from tests.support.object_store import ObjectStore
 
@@ -39,13 +39,9 @@ def otlp() -> Iterator[Collector]:
 
 
 @pytest.fixture
-def providers() -> Iterator[tuple[chat.FakeChat, suno.FakeSuno, creatomate.FakeCreatomate]]:
-    with (
-        chat.FakeChat() as lyrics,
-        suno.FakeSuno(song_s=1.0, audio_s=2.0) as music,
-        creatomate.FakeCreatomate(render_s=0.5) as render,
-    ):
-        yield lyrics, music, render
+def providers() -> Iterator[network.Fakes]:
+    with network.fakes(song_s=1.0, audio_s=2.0, render_s=0.5) as running:
+        yield running
 
 
 def signatures(url: str) -> set[str]:
@@ -78,22 +74,9 @@ def test_no_span_or_log_line_of_a_whole_run_holds_a_secret(
     running = castad(
         {
             "CASTAD_API_PORT": str(port),
-            **link_secrets(),
+            **network.env(providers, gateway, first_poll_s=30),  # callbacks move them on
             **bucket_env,
             "CASTAD_API_WEBHOOK_SECRET": WEBHOOK_SECRET,
-            "CASTAD_LYRIC_PROVIDER": "openai",
-            "CASTAD_LYRIC_OPENAI_BASE_URL": f"{lyrics.url}/v1",
-            "CASTAD_LYRIC_OPENAI_API_KEY": chat.DEFAULT_KEY,
-            "CASTAD_SONG_PROVIDER": "suno",
-            "CASTAD_SONG_SUNO_BASE_URL": music.url,
-            "CASTAD_SONG_SUNO_API_KEY": suno.DEFAULT_KEY,
-            "CASTAD_VIDEO_PROVIDER": "creatomate",
-            "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
-            "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
-            "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
-            **{f"CASTAD_{stage}_GATEWAY_URL": gateway for stage in ("SONG", "VIDEO")},
-            **{f"CASTAD_{stage}_POLL_FIRST_S": "30" for stage in ("SONG", "VIDEO")},  # callbacks move them on
-            **{f"CASTAD_{stage}_ALLOW_PRIVATE": "true" for stage in STAGES},
             "CASTAD_LOG_LEVEL": "DEBUG",  # the most a log says
             "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",

@@ -7,7 +7,9 @@ database and no broker; `close` removes only what was made.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
+import uuid
 from collections.abc import Iterator, Mapping
 
 from castad_contracts import topology
@@ -109,3 +111,13 @@ class Installation:
                 messaging.delete_topology(self._amqp_url, self.topology)
         finally:
             self.database_urls.drop()
+
+
+@contextlib.contextmanager
+def made(templates: Mapping[str, str], base: pathlib.Path, prefix: str = "t") -> Iterator[Installation]:
+    """A new installation with its files under `base`, removed at the end (for a test, a module or the session)."""
+    installation = Installation(f"{prefix}{uuid.uuid4().hex[:10]}", templates, base / "artifacts")
+    try:
+        yield installation
+    finally:
+        installation.close()
