@@ -2,7 +2,8 @@
 
 A fault run, then docs/reports/faults.md; exit status 1 on any finding.
 
-`--short` runs the plan `make test` runs (every fault kind once, 10 s outages). Logs of the
+`--short` runs the plan `make test` runs (every fault kind once, 6 s outages, the kills and the database outages
+of every service at once). Logs of the
 services stay in var/faults/<run id>/logs when the run found anything or failed.
 """
 

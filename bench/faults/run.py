@@ -1,5 +1,7 @@
 """A fault run: the services under steady traffic, faults injected one after another, then the checker.
 
+(The short plan kills a replica of every service at once, and takes every service's database out at once.)
+
 The services run in replicas on clustered engines.
 
 What runs where: `deployment.Deployment`. Faults, in order: kill -9 of a replica of each service,
@@ -267,10 +269,13 @@ class FaultRun:
 
     @staticmethod
     def _worked(url: str, since: float) -> tuple[bool, bool]:
-        """(an outbox row published, an event handled or an attempt started) in this database after `since`."""
+        """(an outbox row published, an event received) in this database after `since`; neither while it is out."""
         at = dt.datetime.fromtimestamp(since, dt.UTC)
-        with psycopg.connect(common.dsn(url), connect_timeout=5) as conn:
-            row = conn.execute(WORKED, {"since": at}).fetchone()
+        try:
+            with psycopg.connect(common.dsn(url), connect_timeout=5) as conn:
+                row = conn.execute(WORKED, {"since": at}).fetchone()
+        except psycopg.OperationalError:  # a standby being promoted, say: asked again at the next look
+            return False, False
         assert row is not None
         return bool(row[0]), bool(row[1])
 
@@ -302,6 +307,9 @@ class FaultRun:
         ]
         for group in [kills] if self.plan.together else [[kill] for kill in kills]:
             self._together(group, DOWN_AFTER_KILL_S)
+            for _, name, _, _ in group:  # each process started again, not only its service working on
+                self.deployment.wait_ready(name)
+            self.stack.check_alive()
 
     def _stop_video_mid_render(self) -> None:
         """SIGTERM to a video replica's process group while its ffmpeg renders a long song.

@@ -21,7 +21,7 @@ from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 
-OUTAGE_S = 6  # longer than max_retries (2) of failing handler tries would last
+OUTAGE_S = 6  # longer than CASTAD_HANDLER_RETRIES (1) of failing handler tries would last
 # One attempt per stage: an outage that cost an attempt would fail its pipeline.
 ONE_ATTEMPT = {f"CASTAD_{stage}_MAX_ATTEMPTS": "1" for stage in STAGES}
 

@@ -24,7 +24,7 @@ from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
-FIREHOSE_S = 20  # each stream of every pipeline closes by itself after this
+FIREHOSE_S = 20  # the gateway closes each stream of every pipeline after this (tests/integration/test_streams.py)
 
 
 def follow(running, received: list, opened: threading.Event, last: Callable[[dict], bool], **params: str) -> None:

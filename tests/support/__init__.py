@@ -6,4 +6,6 @@
 - `links`: the tests' link secret and the signed links made with it.
 - `briefs`: the one brief factory.
 - `waits`: the one way to wait for something to become true.
+- `network`: the three network providers' local fakes and the settings that send the stages to them.
+- `scheduling`: how `make test` hands the tests to its pytest-xdist workers.
 """

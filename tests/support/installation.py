@@ -15,7 +15,6 @@ from collections.abc import Iterator, Mapping
 from castad_contracts import topology
 from castad_local import stack
 from castad_runtime import messaging, migrations, wakeups
-from sqlalchemy.engine import make_url
 
 from tests.support import servers
 
@@ -44,10 +43,6 @@ class Databases(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._urls)
-
-    def name(self, service: str) -> str:
-        """The database's name, without making it."""
-        return make_url(self._urls[service]).database or ""
 
     def drop(self) -> None:
         if self.made:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-import math
 import pathlib
 import random
 import re
@@ -709,7 +708,7 @@ class LocalVideoProvider:
             "-t", f"{duration:.3f}", "-i", str(song_path),
             "-filter_complex", graph,
             "-map", "[video]", "-map", f"{len(backgrounds) + 1}:a:0", "-r", str(self._fps),
-            "-frames:v", str(math.ceil(round(duration * self._fps, 6))),
+            "-frames:v", str(slideshow.first_frame(duration, self._fps)),
             "-c:v", "libx264", "-preset", "veryfast",
             "-c:a", "aac", "-b:a", "128k",
             "-movflags", "+faststart", "-f", "mp4", str(out_path),
