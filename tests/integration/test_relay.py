@@ -128,6 +128,8 @@ def started_with_a_leader(loops: list[LoopThread], relays: list[relay.SourceRela
         loop.submit(each.run_forever())
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
     waits.until(lambda: all_published(engine), what="a first row published")
+    # The relay counts a row once its mark is committed: a moment after the row shows published.
+    waits.until(lambda: any(each.published for each in relays), what="the relay that published it counting it")
     return next(i for i, each in enumerate(relays) if each.published)
 
 

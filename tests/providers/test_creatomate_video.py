@@ -367,7 +367,7 @@ def test_the_adapter_reports_the_render_at_work_and_then_its_url_and_size(fake, 
     key = http.Credential(SecretStr(DEFAULT_KEY))
     client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
     api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3", lambda song: ())
-    fake.plan(Plan(seconds=0.6))
+    fake.plan(Plan(seconds=1.5))  # each state half a second: a poll on busy cores may take a fifth of one
     handle = api.submit(job, None, cancellation.Cancellation()).handle
     states = []
     while isinstance(state := api.poll(handle, cancellation.Cancellation()), remote.Pending):
