@@ -22,29 +22,15 @@ SOURCE = brief.Brief(
 )
 
 
-CLIENTS: list[http.HttpProvider] = []
-
-
 @pytest.fixture(scope="module")
 def fake():
     with FakeChat() as server:
         yield server
 
 
-@pytest.fixture(autouse=True)
-def _close_clients():
-    yield
-    for thread in threading.enumerate():  # calls a cancel abandoned end by their own timeout
-        if thread.name == "provider-call":
-            thread.join(10)
-    while CLIENTS:
-        CLIENTS.pop().close()
-
-
 def client_for(url: str, headers=dict, timeout_s: float = 5.0, max_bytes: int = 100_000) -> http.HttpProvider:
-    client = http.HttpProvider("the fake", url, timeout_s, max_bytes, headers=headers, allow_private=True)
-    CLIENTS.append(client)
-    return client
+    """A client of the fake, closed after the test (tests/providers/conftest.py)."""
+    return http.HttpProvider("the fake", url, timeout_s, max_bytes, headers=headers, allow_private=True)
 
 
 def provider_for(fake, key: str = DEFAULT_KEY, timeout_s: float = 5.0, max_bytes: int = 100_000, **credential):

@@ -59,28 +59,6 @@ def fake():
         yield server
 
 
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path, monkeypatch) -> pathlib.Path:
-    """A temporary CASTAD_ARTIFACTS_DIR; every HTTP client the test made is closed after it."""
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("CASTAD_ARTIFACTS_DIR", str(root))
-    monkeypatch.setenv("CASTAD_ARTIFACTS_STORE", "volume")
-    clients: list[http.HttpProvider] = []
-
-    class Tracked(http.HttpProvider):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            clients.append(self)
-
-    monkeypatch.setattr(http, "HttpProvider", Tracked)
-    yield root
-    for thread in threading.enumerate():  # calls a cancel abandoned end by their own timeout
-        if thread.name == "provider-call":
-            thread.join(10)
-    for client in clients:
-        client.close()
-
-
 def settings_for(fake, **overrides) -> VideoSettings:
     values = {
         "provider": "creatomate",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -53,28 +52,6 @@ class Api:
 
 def bodies(fake: Any, path: str) -> Callable[[], list[dict[str, Any]]]:
     return lambda: [r["body"] for r in fake.received if (r["method"], r["path"]) == ("POST", path)]
-
-
-@pytest.fixture(autouse=True)
-def artifacts_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[pathlib.Path]:
-    """A temporary CASTAD_ARTIFACTS_DIR; every HTTP client the test made is closed after it."""
-    root = tmp_path / "artifacts"
-    monkeypatch.setenv("CASTAD_ARTIFACTS_DIR", str(root))
-    monkeypatch.setenv("CASTAD_ARTIFACTS_STORE", "volume")
-    clients: list[http.HttpProvider] = []
-
-    class Tracked(http.HttpProvider):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            clients.append(self)
-
-    monkeypatch.setattr(http, "HttpProvider", Tracked)
-    yield root
-    for thread in threading.enumerate():
-        if thread.name == "provider-call":
-            thread.join(10)
-    for client in clients:
-        client.close()
 
 
 def submitting(work: runner.Work, job: repository.Job) -> Callable[[cancellation.Cancellation], str]:

@@ -234,7 +234,14 @@ class FakeServer(abc.ABC):
                 path, _, query = self.path.partition("?")
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 request = Request(self.command, path, query, headers, self.rfile.read(length))
-                response = fake.handle(request)
+                with fake._answering:
+                    fake._in_flight += 1
+                try:
+                    response = fake.handle(request)
+                finally:
+                    with fake._answering:
+                        fake._in_flight -= 1
+                        fake._answering.notify_all()
                 try:
                     self.send_response(response.status)
                     for name, value in response.headers.items():
@@ -252,6 +259,8 @@ class FakeServer(abc.ABC):
 
         self._host = host
         self._server = _Server((host, port), Handler)
+        self._answering = threading.Condition()
+        self._in_flight = 0
         self._thread: threading.Thread | None = None
 
     @property
@@ -261,6 +270,12 @@ class FakeServer(abc.ABC):
     @abc.abstractmethod
     def handle(self, request: Request) -> Response:
         """The answer to one request (each fake's behaviour)."""
+
+    def idle(self, within_s: float = 10.0) -> bool:
+        """Whether every request received has been handled (within `within_s`): a hung answer a caller gave up on
+        still goes on, and what it does (a task made, a plan taken) must not fall into what comes next."""
+        with self._answering:
+            return self._answering.wait_for(lambda: self._in_flight == 0, within_s)
 
     def start(self) -> FakeServer:
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-server", daemon=True)
