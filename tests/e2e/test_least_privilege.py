@@ -2,10 +2,11 @@
 
 The roles and users are made for the test's own namespace by the code set-up uses
 (`castad_local.privileges`). With them, a pipeline and an operator's dead-letter replay still
-work (a handler's delayed retry, a dead letter, a replay through the relay); and each role and
-user is refused what is not its own: another service's database, the relay anything but the
-outbox, another service's queue, the events exchange for anyone but the relay, the dead-letter
-exchange for anyone but the relay and the gateway.
+work (a handler's delayed retry, a dead letter, a replay through the relay, the relay binding a
+queue to what it takes); and each role and user is refused what is not its own: another service's
+database, the relay anything but the outbox and binding queues to events, another service's
+queue, the events exchange for anyone but the relay, the dead-letter exchange for anyone but the
+relay and the gateway.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def test_each_service_as_its_own_user_runs_a_pipeline_a_retry_a_dead_letter_and_
     ports = {service: stack.free_port() for service in ("relay", "lyric")}
     env |= {f"CASTAD_{service.upper()}_HEALTH_PORT": str(port) for service, port in ports.items()}
     running = castad({**env, "CASTAD_LYRIC_FAULT_HANDLER_RATE": "1", "CASTAD_HANDLER_RETRIES": "1"})
+    # The song stage's queue unbound from lyric.completed, as if its service had not started yet: the pipeline
+    # gets past the lyrics only because the relay, as its own user, binds it again before it publishes them.
+    topo = installation.topology
+    admin = pika.BlockingConnection(pika.URLParameters(installation.amqp_url))
+    admin.channel().queue_unbind(topo.queue("song"), topo.exchange, "lyric.completed")
+    admin.close()
     pipeline_id = running.submit(briefs.sample())
 
     def listed() -> list[dict[str, Any]]:
@@ -225,6 +232,11 @@ def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publis
     for service in STAGE_SERVICES:
         refused(service, lambda channel: channel.basic_publish(topo.dead_letter_exchange, "", b"{}"))
         refused(service, lambda channel: channel.basic_publish("", topo.dead_letter_queue, b"{}"))
+    # The relay binds a consumer's queue to the events it takes, and does nothing else with it.
+    session("relay", lambda channel: channel.queue_bind(song, topo.exchange, "lyric.completed"))
+    refused("relay", lambda channel: channel.queue_bind(song, topo.dead_letter_exchange, ""))
+    refused("relay", lambda channel: channel.queue_purge(song))
+    refused("relay", lambda channel: channel.queue_delete(song))
     refused("relay", lambda channel: channel.basic_get(topo.queue("lyric")))
     refused("relay", lambda channel: channel.queue_declare(f"{topo.namespace}.mine"))
     refused("relay", lambda channel: channel.basic_publish("", song, b"{}"))

@@ -254,11 +254,11 @@ def test_the_gateways_dead_letters_gauge_counts_them_by_status(engines):
 
 
 def test_the_relay_counts_what_it_published_its_confirms_its_batches_and_what_was_refused(
-    installation, engines, amqp, start_relay
+    installation, engines, amqp, start_relay, monkeypatch
 ):
     engine = engines["lyric"]
     registry = metrics.registry()
-    hear_only_started(amqp, installation.topology)
+    hear_only_started(amqp, installation.topology, monkeypatch)
     write_events(engine, [lyric_started(str(uuid.uuid4()), 1) for _ in range(5)], "lyric.started")
     write_unroutable(engine, str(uuid.uuid4()))
     start_relay(metrics=relay_metrics.RelayMetrics(registry), sources={"lyric": installation.database_urls["lyric"]})

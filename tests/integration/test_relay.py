@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import random
 import time
@@ -21,9 +22,10 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_relay import leadership, publisher, relay, statements
+from castad_relay import leadership, publisher, relay, routes, statements
+from castad_relay import metrics as relay_metrics
 from castad_relay import settings as relay_settings
-from castad_runtime import db, outbox, tables
+from castad_runtime import db, metrics, outbox, tables
 
 from bench.faults.proxy import address_of, running_proxy, through
 from tests.integration.helpers import (
@@ -35,11 +37,12 @@ from tests.integration.helpers import (
     hear_only_started,
     lyric_started,
     outbox_rows,
+    output,
     pipeline_requested,
     write_events,
     write_unroutable,
 )
-from tests.support import waits
+from tests.support import briefs, waits
 
 pytestmark = pytest.mark.integration
 
@@ -168,6 +171,60 @@ def test_committed_rows_reach_the_bound_queues_as_envelopes(installation, engine
     assert amqp.take_all(topology.queue("api")) == [] and amqp.take_all(topology.queue("lyric")) == []
 
 
+def lyric_completed(pipeline_id: str) -> events.LyricCompleted:
+    """lyric.completed, which the gateway's queue and the song stage's take."""
+    made = output()
+    return events.LyricCompleted(
+        pipeline_id=pipeline_id,
+        stage=events.Stage.LYRIC,
+        job_id=str(uuid.uuid4()),
+        attempt=1,
+        artifact=made.artifact,
+        completed_at=dt.datetime.now(dt.UTC),
+        brief=briefs.sample(),
+        **made.details,
+    )
+
+
+def test_an_event_waits_uncharged_for_a_queue_that_must_take_it_until_it_exists_then_reaches_each(
+    installation, engines, amqp, start_relay, caplog
+):
+    """The song stage's queue is not there yet (its service never started, set-up did not declare it).
+
+    lyric.completed, which the gateway's queue would take at once, waits for it: not published to the gateway's
+    queue alone, not charged a try, said once in the log, counted. Other events go out meanwhile. Once the queue
+    exists, bare, as a service of an earlier release or set-up may leave it, the relay binds it and the event
+    reaches both queues.
+    """
+    topo = installation.topology
+    engine = engines["lyric"]
+    amqp.channel.queue_delete(topo.queue("song"))
+    registry = metrics.registry()
+    [done] = write_events(engine, [lyric_completed(str(uuid.uuid4()))], "lyric.completed")
+    [other] = write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+    start_relay(metrics=relay_metrics.RelayMetrics(registry), sources={"lyric": installation.database_urls["lyric"]})
+
+    waits.until(lambda: outbox_row(engine, other.id)["published_at"], what="another pipeline's row published")
+    waiting = {"source": "lyric", "reason": relay_metrics.QUEUE_MISSING}
+    waits.until(
+        lambda: (registry.get_sample_value("castad_relay_publish_failures_total", waiting) or 0) >= 3,
+        what="the row waiting, tried again and again",
+    )
+    row = outbox_row(engine, done.id)
+    assert (row["published_at"], row["publish_attempts"], row["retry_at"], row["parked_at"]) == (None, 0, None, None)
+    assert [message.event_id for message in amqp.take_all(topo.queue("api"))] == [other.id]
+    said = [record.getMessage() for record in caplog.records if record.name == routes.log.name]
+    assert said == [
+        f"events of type lyric.completed wait until queue {topo.queue('song')} exists: start the song service, or"
+        " declare the topology (castad-admin topology)"
+    ]
+
+    amqp.channel.queue_declare(topo.queue("song"), durable=True, arguments=topo.queue_arguments())
+    waits.until(lambda: outbox_row(engine, done.id)["published_at"], what="the row published once the queue exists")
+    assert [message.event_id for message in amqp.take(topo.queue("song"), 1)] == [done.id]
+    assert [message.event_id for message in amqp.take(topo.queue("api"), 1)] == [done.id]
+
+
 def test_order_per_pipeline_holds_across_many_batches(installation, engines, amqp, start_relay):
     """60 rows of 4 interleaved pipelines, in batches of 7, half written before the relay starts.
 
@@ -210,7 +267,7 @@ def publish_delay_s(engine: sa.Engine, event_id: uuid.UUID) -> float:
 
 
 def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_its_pipeline(
-    installation, engines, amqp, start_relay
+    installation, engines, amqp, start_relay, monkeypatch
 ):
     """A refused row backs off, then parks, holding back only the later rows of its pipeline.
 
@@ -221,7 +278,7 @@ def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_
     """
     engine = engines["lyric"]
     api_queue = installation.topology.queue("api")
-    hear_only_started(amqp, installation.topology)
+    hear_only_started(amqp, installation.topology, monkeypatch)
     stuck = str(uuid.uuid4())
     [first] = write_events(engine, [lyric_started(stuck, 1)], STARTED)
     refused = write_unroutable(engine, stuck)
@@ -259,7 +316,7 @@ def test_a_refused_row_backs_off_then_parks_holding_back_only_the_later_rows_of_
 
 
 def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_the_rest_of_its_pipeline(
-    installation, engines, amqp, start_relay
+    installation, engines, amqp, start_relay, monkeypatch
 ):
     """A backlog drained in batches of 3.
 
@@ -268,7 +325,7 @@ def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_t
     again: that row is never published.
     """
     engine = engines["lyric"]
-    hear_only_started(amqp, installation.topology)
+    hear_only_started(amqp, installation.topology, monkeypatch)
     stuck = str(uuid.uuid4())
     others = [str(uuid.uuid4()) for _ in range(50)]
     [first] = write_events(engine, [lyric_started(stuck, 1)], STARTED)
@@ -290,13 +347,13 @@ def test_a_refused_row_that_comes_due_while_a_backlog_drains_still_goes_before_t
     assert sequences(delivered)[stuck] == [1]
 
 
-def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engines, amqp, start_relay):
+def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engines, amqp, start_relay, monkeypatch):
     """250 rows of 250 pipelines, all unroutable, ahead of good ones (a batch is 200 rows).
 
     The good rows go out as soon as the refused ones are backing off.
     """
     engine = engines["lyric"]
-    hear_only_started(amqp, installation.topology)
+    hear_only_started(amqp, installation.topology, monkeypatch)
     for _ in range(250):
         write_unroutable(engine, str(uuid.uuid4()))
     good = write_events(engine, [lyric_started(str(uuid.uuid4()), 1) for _ in range(5)], STARTED)

@@ -139,6 +139,31 @@ def test_each_stage_consumes_what_the_previous_one_completes():
     assert set(subscriptions["api"].routing_keys) == {"lyric.*", "song.*", "video.*"}
 
 
+@pytest.mark.parametrize(
+    ("pattern", "key", "routed"),
+    [
+        ("lyric.*", "lyric.completed", True),
+        ("lyric.*", "song.completed", False),
+        ("lyric.*", "lyric", False),
+        ("lyric.completed", "lyric.completed", True),
+        ("provider.*.called_back", "provider.song.called_back", True),
+        ("#", "lyric.completed", True),
+        ("lyric.#", "lyric", True),
+        ("#.called_back", "provider.song.called_back", True),
+        ("*.completed", "provider.song.called_back", False),
+    ],
+)
+def test_a_binding_routes_a_key_as_a_topic_exchange_does(pattern, key, routed):
+    assert topology.routes(pattern, key) is routed
+
+
+def test_the_queues_that_take_an_event_are_its_subscribers_with_the_bindings_that_route_it():
+    assert topology.subscribers("lyric.completed") == {"api": ("lyric.*",), "song": ("lyric.completed",)}
+    assert topology.subscribers("song.started") == {"api": ("song.*",)}
+    assert set(topology.subscribers("pipeline.cancel_requested")) == set(topology.STAGES)
+    assert topology.subscribers("nobody.hears") == {}
+
+
 def test_a_namespace_prefixes_every_name():
     topo = topology.Topology("t1")
     assert topo.exchange == "t1.events"
@@ -165,9 +190,13 @@ def test_a_broker_user_is_allowed_its_own_names_only():
     api_own = {"t1.api", "t1.api.DQ", "t1.api.requeue"}
     assert allowed("api", "configure") == allowed("api", "read") == api_own | {"t1.events", "t1.dead-letter"}
     assert allowed("api", "write") == api_own | {"t1.dead-letter"}
+    # The relay binds the consumers' queues to the events exchange (write on each queue, read on the exchange);
+    # not "amq.default": it cannot publish into a queue by name, nor read any.
+    queues = {f"t1.{service}" for service in topo.services}
     requeues = {f"t1.{service}.requeue" for service in topo.services}
-    assert allowed("relay", "write") == {"t1.events", "t1.dead-letter"} | requeues
-    assert allowed("relay", "configure") == allowed("relay", "read") == set()
+    assert allowed("relay", "write") == {"t1.events", "t1.dead-letter"} | queues | requeues
+    assert allowed("relay", "read") == {"t1.events"}
+    assert allowed("relay", "configure") == set()
     with pytest.raises(ValueError, match="no broker user"):
         topo.permissions("postgres")
 

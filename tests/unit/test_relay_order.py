@@ -206,3 +206,44 @@ def test_once_the_relay_may_not_publish_no_further_row_is_sent():
     assert channel.sent() == [1, 2]
     assert results == [PUBLISHED, PUBLISHED, None]
     assert relay.publishable(rows("a", "a", "a"), results) == [1, 2]
+
+
+class MissingQueue:
+    """Routes that find the queue of one routing key missing, and count their looks."""
+
+    def __init__(self, routing_key: str, queue: str) -> None:
+        self.routing_key, self.queue = routing_key, queue
+        self.looks: list[str] = []
+
+    async def missing(self, connection: object, routing_key: str) -> str | None:
+        self.looks.append(routing_key)
+        return self.queue if routing_key == self.routing_key else None
+
+
+def test_a_row_a_missing_queue_must_take_waits_unsent_and_holds_back_only_its_pipeline():
+    channel = FakeChannel()
+    channel.connection = object()
+    batch = rows("a", "b", "a")
+    batch[0]["routing_key"] = "lyric.completed"
+    routes = MissingQueue("lyric.completed", "castad.song")
+    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, routes=routes)  # type: ignore[arg-type]
+    publisher._channel = channel
+
+    results = asyncio.run(publisher.publish(batch))
+
+    assert results == [publisher_.Unrouted("castad.song"), PUBLISHED, HELD_BACK]
+    assert channel.sent() == [2]
+    assert relay.publishable(batch, results) == [2]
+
+
+def test_a_replay_goes_to_its_one_queue_without_a_look_at_the_others():
+    channel = FakeChannel()
+    channel.connection = object()
+    [replay] = rows("a")
+    replay |= {"routing_key": "lyric.completed", "destination": "castad.api"}
+    routes = MissingQueue("lyric.completed", "castad.song")
+    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, routes=routes)  # type: ignore[arg-type]
+    publisher._channel = channel
+
+    assert asyncio.run(publisher.publish([replay])) == [PUBLISHED]
+    assert routes.looks == []

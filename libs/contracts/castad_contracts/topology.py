@@ -4,6 +4,11 @@ Each consuming service owns its queue and the routing keys it binds; the relay
 publishes every event to the exchange with its type as routing key. A namespace
 prefixes every name so that tests and several installations can share a broker.
 
+An event reaches only the queues bound to its type when it is published: so before it publishes
+a type, the relay binds it to every queue that takes it (`subscribers`), and holds the event
+while one of those queues does not exist yet. A service that starts after its producers, or a
+chart installed later, misses nothing.
+
 Nothing is published through the default exchange, which reaches every queue by name: a
 service's own re-deliveries (a delayed retry, a replayed dead letter) go through its requeue
 exchange, bound to its own queues only. A consumer files a dead letter by rejecting it on its
@@ -57,6 +62,28 @@ SUBSCRIPTIONS: dict[str, Subscription] = {
         for stage, trigger in events.TRIGGERS.items()
     },
 }
+
+
+def routes(pattern: str, routing_key: str) -> bool:
+    """Whether a topic exchange routes `routing_key` along a binding of `pattern` (`*` one word, `#` any words)."""
+
+    def match(words: list[str], keys: list[str]) -> bool:
+        if not words:
+            return not keys
+        if words[0] == "#":
+            return any(match(words[1:], keys[skip:]) for skip in range(len(keys) + 1))
+        return bool(keys) and words[0] in ("*", keys[0]) and match(words[1:], keys[1:])
+
+    return match(pattern.split("."), routing_key.split("."))
+
+
+def subscribers(routing_key: str) -> dict[str, tuple[str, ...]]:
+    """Each service whose queue takes events of `routing_key`, with those of its bindings that route them."""
+    found = {
+        service: tuple(key for key in subscription.routing_keys if routes(key, routing_key))
+        for service, subscription in SUBSCRIPTIONS.items()
+    }
+    return {service: keys for service, keys in found.items() if keys}
 
 
 GATEWAY = "api"  # the only service whose outbox may address one queue (a replayed dead letter)
@@ -145,16 +172,20 @@ class Topology:
 
         A consuming service (its queues, its requeue exchange, binding to the events exchange; the gateway also
         owns the shared exchanges and the dead-letter queue, and may publish dead letters) or the relay (publishing
-        only: events, replays, notices of parked rows). A stage may not publish into the dead-letter exchange: it
-        files a dead letter by rejecting it on its own queue.
+        events, replays and notices of parked rows, and binding the consumers' queues to the events they take). A
+        stage may not publish into the dead-letter exchange: it files a dead letter by rejecting it on its own queue.
 
         A queue is declared with its dead-letter exchange as an argument, which RabbitMQ lets only a
         user who may publish there declare anew (declaring it again as it is needs no such right): so a
         stage's queues are first declared by set-up (`castad-admin topology`), as an administrator."""
         ns = re.escape(self.namespace)
         if user == RELAY:
+            # Writing a consumer's queue lets it bind that queue to the events exchange it reads (`queue.bind`), which
+            # it does before it publishes what the queue must take; publishing into a queue needs the default
+            # exchange, which it may not write.
             consumers = "|".join(map(re.escape, self.services))
-            return Permissions(configure="^$", write=rf"^{ns}\.(events|dead-letter|({consumers})\.requeue)$", read="^$")
+            write = rf"^{ns}\.(events|dead-letter|({consumers})(\.requeue)?)$"
+            return Permissions(configure="^$", write=write, read=rf"^{ns}\.events$")
         if user not in SUBSCRIPTIONS:
             raise ValueError(f"no broker user {user!r}: one of {', '.join((*SUBSCRIPTIONS, RELAY))}")
         own = rf"{ns}\.{re.escape(user)}(\.DQ|\.requeue)?"

@@ -12,6 +12,8 @@ never gets a pipeline's row before an earlier one. Each row comes back as one of
   not exist or may not be written); the closing may be its fault or another row's, so the relay
   tries it again alone before blaming it;
 - HELD_BACK: not sent, because an earlier row of its pipeline was not published;
+- Unrouted: not sent, because a queue that must take it does not exist yet (`routes`): it waits,
+  uncharged, until the queue's service or set-up declares it;
 - None: lost to trouble with the broker, which is nobody's fault: a lost or stalled connection,
   a channel closed for the broker's own reasons, or a nack (a quorum queue without a majority
   of its nodes, a node shutting down). It waits, uncharged, and the relay pauses before trying
@@ -40,6 +42,7 @@ from pamqp import commands as spec
 from prometheus_client import Histogram
 
 from castad_relay import connection
+from castad_relay import routes as routes_
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +59,20 @@ class Refused:
     final: bool = False  # never to be sent, whatever the broker says: parked at once
 
 
-RowResult = Sent | Refused | None
+@dataclasses.dataclass(frozen=True)
+class Unrouted:
+    queue: str  # the queue it waits for
+
+
+RowResult = Sent | Refused | Unrouted | None
 
 # Channel closes that may be the row's own doing: a failed precondition (over the broker's size limit),
 # and, for a row sent to a replay's destination, a missing or forbidden exchange. Any other close, and any
 # of these on the events exchange itself, is the broker's or the set-up's trouble, not the row's.
 ROWS_OWN_CLOSES = (aiormq.exceptions.ChannelPreconditionFailed,)
 DESTINATIONS_OWN_CLOSES = (aiormq.exceptions.ChannelNotFoundEntity, aiormq.exceptions.ChannelAccessRefused)
+# What trouble with the broker raises on the way (a connection lost, stalled or refused): nobody's fault.
+BROKER_TROUBLE = (TimeoutError, aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
 
 
 class Nacked(Exception):
@@ -99,8 +109,10 @@ class Publisher:
         confirm_timeout_s: float,
         max_message_bytes: int,
         confirms: Histogram | None = None,
+        routes: routes_.Routes | None = None,
     ) -> None:
         self.amqp_url = amqp_url
+        self.routes = routes  # None: published without binding the queues that take each type first
         self.confirms = confirms  # seconds from a row's publish to its confirm
         self.exchange = exchange
         self.confirm_timeout_s = confirm_timeout_s
@@ -115,6 +127,8 @@ class Publisher:
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
                 await self.close()
+                if self.routes is not None:
+                    self.routes.forget()
                 self._connection = await connection.connect(self.amqp_url, timeout_s=self.confirm_timeout_s)
                 # A node that answers the connection but not the channel (a partition) must not hold the relay.
                 async with asyncio.timeout(self.confirm_timeout_s):
@@ -153,7 +167,7 @@ class Publisher:
                 if refused is not None:
                     results[index] = Refused(refused, final=True)
                 else:
-                    results[index] = await self._publish_one(channel, rows[index], trouble)
+                    results[index] = await self._routed_and_sent(channel, rows[index], trouble)
                 if results[index] is not Sent.PUBLISHED:
                     for later in indexes[position + 1 :]:
                         results[later] = Sent.HELD_BACK
@@ -180,16 +194,27 @@ class Publisher:
                 mandatory=True,
                 timeout=self.confirm_timeout_s,
             )
-        except (
-            TimeoutError,
-            aiormq.exceptions.AMQPError,
-            aiormq.exceptions.ChannelInvalidStateError,
-            OSError,
-        ) as error:
+        except BROKER_TROUBLE as error:
             log.warning("could not tell the dead-letter queue about a parked row: %s", redact.describe(error))
             await self.close()
             return False
         return isinstance(answer, spec.Basic.Ack)
+
+    async def _routed_and_sent(
+        self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
+    ) -> RowResult:
+        """The row published once every queue that must take it is bound to its type (`routes`).
+
+        A replay goes to its one queue, which the broker checks itself (`DESTINATIONS_OWN_CLOSES`)."""
+        if self.routes is not None and not row.get("destination"):
+            try:
+                queue = await self.routes.missing(channel.connection, row["routing_key"])
+            except BROKER_TROUBLE as error:
+                trouble.append(error)
+                return None
+            if queue is not None:
+                return Unrouted(queue)
+        return await self._publish_one(channel, row, trouble)
 
     async def _publish_one(
         self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
@@ -248,12 +273,7 @@ class Publisher:
                     return Sent.SUSPECT
                 trouble.append(error)
                 return None
-            except (
-                TimeoutError,
-                aiormq.exceptions.AMQPError,
-                aiormq.exceptions.ChannelInvalidStateError,
-                OSError,
-            ) as error:
+            except BROKER_TROUBLE as error:
                 trouble.append(error)
                 return None
             except asyncio.CancelledError as error:

@@ -24,6 +24,7 @@ from castad_runtime import metrics as runtime_metrics
 from castad_relay import leadership, ownership, statements
 from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
+from castad_relay import routes as routes_
 from castad_relay import settings as settings_
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,8 @@ class SourceRelay:
                 continue
             await self._settle(conn, rows, results)
             await self._mark(conn)
-            if any(result is None for result in results):  # broker trouble, not a refused row
+            if any(result is None or isinstance(result, publisher_.Unrouted) for result in results):
+                # Broker trouble, or a queue that does not exist yet: not the row's fault, it waits uncharged.
                 await asyncio.sleep(self.config.retry_delay_s)
             elif not suspects and len(fetched) < self.config.batch_size and publisher_.Sent.SUSPECT not in results:
                 # That was all: rows committed since then have their NOTIFY waiting for the listener.
@@ -326,6 +328,8 @@ def _failure(result: publisher_.RowResult) -> str | None:
         return metrics_.FORBIDDEN if result.final else metrics_.REFUSED
     if result is publisher_.Sent.SUSPECT:
         return metrics_.CHANNEL_CLOSED
+    if isinstance(result, publisher_.Unrouted):
+        return metrics_.QUEUE_MISSING
     if result is None:
         return metrics_.BROKER_UNAVAILABLE
     return None
@@ -336,10 +340,15 @@ async def run(
 ) -> None:
     topo = topology.Topology(config.namespace)
     metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
+    # The queues are declared by set-up and by their services; the relay binds them to what they take (`routes`).
     publisher = publisher_.Publisher(
-        config.amqp_url, topo.exchange, config.confirm_timeout_s, config.max_message_bytes, metrics.confirms
+        config.amqp_url,
+        topo.exchange,
+        config.confirm_timeout_s,
+        config.max_message_bytes,
+        metrics.confirms,
+        routes_.Routes(topo),
     )
-    # The relay's broker user may only publish: the queues are declared by set-up and by their services.
     # One holder name for all its leases: the other relays count it once among the live ones.
     holder = leadership.Lease.holder_name(process.worker_id("relay"))
     spread = leadership.Spread(len(config.sources), config.lease_s)
