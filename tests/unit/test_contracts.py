@@ -414,10 +414,39 @@ def test_an_event_names_its_photos_by_reference_and_never_carries_their_bytes():
         pipeline_id=PIPELINE, brief=BRIEF.model_copy(update={"photos": (PHOTO,)}), requested_at=NOW
     )
     sent = envelope.wrap(requested, events.PIPELINE_REQUESTED, "/castad/api")
-    assert sent.schemaversion == 4
+    assert sent.schemaversion == 3  # the first with uploaded photos: a reader of that release reads it
     assert sent.data["brief"]["photos"] == [
         {"id": PHOTO.id, "owner": "b" * 32, "sha256": "a" * 64, "media_type": "image/jpeg", "size": 51_234}
     ]
+
+
+@pytest.mark.parametrize(
+    ("brief_fields", "version"),
+    [
+        ({}, 1),  # a genre from version 1's list, in Korean: what every release reads
+        ({"genre": "lo-fi hip hop, soft synths"}, 2),  # free-text genre
+        ({"language": brief.Language.JAPANESE}, 2),
+        ({"photos": (PHOTO,)}, 3),  # uploaded photos
+        ({"photos": (brief.PhotoLink(url="https://example.com/a.jpg"),)}, 4),  # a photo named by URL
+    ],
+)
+def test_an_event_is_written_as_the_oldest_version_that_carries_it_whole(brief_fields, version):
+    source = BRIEF.model_copy(update={"genre": "k-pop", "language": brief.Language.KOREAN, **brief_fields})
+    requested = events.PipelineRequested(pipeline_id=PIPELINE, brief=source, requested_at=NOW)
+
+    sent = envelope.wrap(requested, events.PIPELINE_REQUESTED, "/castad/api")
+
+    assert sent.schemaversion == version
+    assert sent.payload() == requested  # read back whole, by this release
+    if version > 1:  # and by a release that knew only the version before, not at all
+        with pytest.raises(events.NewerSchemaVersion):
+            sent.payload(events.REGISTRY.until(events.PIPELINE_REQUESTED, version - 1))
+
+
+def test_the_current_model_of_a_type_names_its_type():
+    assert events.REGISTRY.type_of(events.LyricCompleted) == "lyric.completed"
+    with pytest.raises(events.UnknownEventType):
+        events.REGISTRY.type_of(events.PipelineRequestedV1)
 
 
 # The last version of each event carrying a brief whose photos were uploads only.

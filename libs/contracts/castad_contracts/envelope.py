@@ -56,11 +56,15 @@ def wrap(
     traceparent: str | None = None,
     tracestate: str | None = None,
 ) -> Envelope:
-    """Put a payload in a new envelope with the current schema version of its type."""
-    version = events.REGISTRY.current_version(event_type)
-    expected = events.REGISTRY.model(event_type, version)
+    """Put a payload of the current model of its type in a new envelope, as the oldest version that carries it whole.
+
+    So that a consumer of an earlier release, during a rolling upgrade, reads every event it can represent
+    (`events.Registry.oldest_carrying`), and holds only one that needs a version it does not know yet."""
+    current = events.REGISTRY.current_version(event_type)
+    expected = events.REGISTRY.model(event_type, current)
     if not isinstance(payload, expected):
-        raise TypeError(f"{event_type} v{version} carries {expected.__name__}, not {type(payload).__name__}")
+        raise TypeError(f"{event_type} v{current} carries {expected.__name__}, not {type(payload).__name__}")
+    version, data = events.REGISTRY.oldest_carrying(event_type, payload)
     return Envelope(
         source=source,
         type=event_type,
@@ -68,5 +72,5 @@ def wrap(
         schemaversion=version,
         traceparent=traceparent,
         tracestate=tracestate,
-        data=payload.model_dump(mode="json"),
+        data=data,
     )

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from castad_contracts import brief as brief_
 
@@ -446,6 +446,14 @@ class Registry:
         other._models, other._upcasts, other._current = dict(self._models), dict(self._upcasts), dict(self._current)
         return other
 
+    def until(self, event_type: str, version: int) -> Registry:
+        """This registry as a release that knew `event_type` up to `version` only (and every other type as this)."""
+        other = self.copy()
+        for newer in range(version + 1, self.current_version(event_type) + 1):
+            del other._models[(event_type, newer)], other._upcasts[(event_type, newer)]
+        other._current[event_type] = version
+        return other
+
     def current_version(self, event_type: str) -> int:
         try:
             return self._current[event_type]
@@ -471,6 +479,30 @@ class Registry:
             upgraded = self._upcasts[(event_type, step)](payload.model_dump(mode="json"))
             payload = self._models[(event_type, step)].model_validate(upgraded)
         return payload
+
+    def oldest_carrying(self, event_type: str, payload: Payload) -> tuple[int, dict[str, Any]]:
+        """The oldest version of `event_type` that carries `payload` whole, and the payload's data in it.
+
+        What a producer writes, and a stage stores as a job's input: a reader of an earlier release reads every
+        event it can represent (a brief without photos, say, as a release before photos read it), and only one
+        that needs a newer version waits for a reader of a newer release. Whole: read back through the upcasts, it
+        is `payload` again."""
+        current = self.current_version(event_type)
+        data = payload.model_dump(mode="json")
+        for version in range(1, current):
+            try:
+                if self.read(event_type, version, data) == payload:
+                    return version, data
+            except ValidationError:
+                continue  # a field this version has not, or a value it does not allow
+        return current, data
+
+    def type_of(self, model: type[Payload]) -> str:
+        """The event type whose current version `model` is."""
+        for event_type, version in self._current.items():
+            if self._models[(event_type, version)] is model:
+                return event_type
+        raise UnknownEventType(f"{model.__name__} is the current model of no event type")
 
     def items(self) -> list[tuple[tuple[str, int], type[Payload]]]:
         return sorted(self._models.items())

@@ -277,21 +277,20 @@ def _send_back(conn: sa.Connection, letter: records.DeadLetter, policy: retentio
     refused = policy.replay_refusal(min(env.time, letter.received_at), repository.now(conn))
     if refused:
         raise errors.Conflict(f"dead letter {letter.id} can no longer be replayed: {refused}", letter.status)
-    env = _upcast(env)
+    env = _in_oldest_version(env)
     outbox.append(conn, env, destination=letter.queue, delivery_id=ids.time_ordered())
     return f"sent back to {letter.queue} as {env.type} v{env.schemaversion}"
 
 
-def _upcast(env: envelope_.Envelope) -> envelope_.Envelope:
-    """The same event as the newest version of its type this gateway knows, when it knows a newer one."""
+def _in_oldest_version(env: envelope_.Envelope) -> envelope_.Envelope:
+    """The same event as the oldest version of its type that carries it whole, read as this gateway knows it.
+
+    Which a consumer of any release since reads (as a producer writes it: `envelope.wrap`)."""
     try:
-        current = events.REGISTRY.current_version(env.type)
-        if env.schemaversion >= current:
-            return env
-        payload = env.payload()
+        version, data = events.REGISTRY.oldest_carrying(env.type, env.payload())
     except (events.SchemaError, pydantic.ValidationError):
-        return env  # the consumer it goes back to decides
-    return env.model_copy(update={"schemaversion": current, "data": payload.model_dump(mode="json")})
+        return env  # a version newer than the gateway knows, or not valid: the consumer it goes back to decides
+    return env.model_copy(update={"schemaversion": version, "data": data})
 
 
 def _republish(conn: sa.Connection, letter: records.DeadLetter) -> str:
