@@ -34,7 +34,7 @@ def now() -> dt.datetime:
 
 def pipeline_requested(pipeline_id: str | None = None, **fields: Any) -> events.PipelineRequested:
     return events.PipelineRequested(
-        pipeline_id=pipeline_id or str(uuid.uuid4()), brief=briefs.sample(), requested_at=now(), **fields
+        **{"pipeline_id": pipeline_id or str(uuid.uuid4()), "brief": briefs.sample(), "requested_at": now(), **fields}
     )
 
 
@@ -115,11 +115,21 @@ def stage_runner(
     attempt_timeout_s: float = 10.0,
     cancel_grace_s: float = 5.0,
     clock: leases.Clock = leases.clock,
+    registry: events.Registry = events.REGISTRY,
 ) -> runner.StageRunner:
+    """The lyric stage's runner; `registry`: the event versions its release knows."""
     policy = machine.RetryPolicy(max_attempts, backoff_s, max(backoff_s, 60.0), jitter=0.0)
     limits = runner.Limits(policy, lease_s, attempt_timeout_s, cancel_grace_s)
     return runner.StageRunner(
-        events.Stage.LYRIC, engine, work, events.LyricCompleted, limits, worker, rng=random.Random(0), clock=clock
+        events.Stage.LYRIC,
+        engine,
+        work,
+        events.LyricCompleted,
+        limits,
+        worker,
+        rng=random.Random(0),
+        clock=clock,
+        registry=registry,
     )
 
 

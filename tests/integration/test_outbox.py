@@ -64,7 +64,8 @@ def notifications_before_probe(listener: psycopg.Connection, engine: sa.Engine) 
 
 def create_job(conn: sa.Connection, pipeline_id: str) -> None:
     trigger = pipeline_requested(pipeline_id)
-    repository.accept_trigger(conn, pipeline_id, trigger.model_dump(mode="json"), 3, None, None)
+    version, data = events.REGISTRY.oldest_carrying(events.PIPELINE_REQUESTED, trigger)
+    repository.accept_trigger(conn, pipeline_id, data, version, 3, None, None)
 
 
 def test_outbox_row_commits_with_the_state_change_it_announces(engines):

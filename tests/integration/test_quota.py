@@ -42,7 +42,7 @@ def add_jobs(engine: sa.Engine, count: int) -> list[str]:
     pipelines = [f"p-{uuid.uuid4().hex[:12]}" for _ in range(count)]
     with db.transaction(engine) as conn:
         for pipeline_id in pipelines:
-            repository.accept_trigger(conn, pipeline_id, {"brief": {}}, 1000, None, None)
+            repository.accept_trigger(conn, pipeline_id, {"brief": {}}, 1, 1000, None, None)
     return pipelines
 
 

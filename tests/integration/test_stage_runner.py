@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_contracts import envelope, events
+from castad_contracts import brief, envelope, events
 from castad_runtime import db, outages, tables
 from castad_runtime.stage import cancellation, errors, handlers, machine, repository, runner, scheduler
 
 from bench.faults import outage
 from tests.integration.helpers import output, pipeline_requested, stage_runner, succeed
-from tests.support import waits
+from tests.support import briefs, waits
 
 pytestmark = pytest.mark.integration
 
@@ -795,3 +795,48 @@ def test_a_trigger_delivered_twice_claims_once_and_gives_its_slot_back(engine, r
     assert len(attempt_rows(engine, request.pipeline_id)) == 1
     waits.until(jobs.reserve, what="the slot free again")
     jobs.release()
+
+
+def test_a_replica_of_an_earlier_release_runs_the_jobs_it_reads_and_leaves_the_others_untouched_for_a_newer_one(
+    engine, caplog
+):
+    """Mid-rollout, two replicas of the lyric stage: this release's, and one that knows pipeline.requested up to
+    version 3 (photos uploaded, none named by URL).
+
+    A brief every release knows is stored as version 1, and the earlier replica takes and finishes it. A brief
+    naming a photo by URL needs version 4: the earlier replica never claims it (no attempt, nothing counted, said
+    once in its log, counted among the jobs due for a newer release) and this release's replica then does.
+    """
+    earlier = stage_runner(
+        engine, succeed, worker="lyric@earlier", registry=events.REGISTRY.until(events.PIPELINE_REQUESTED, 3)
+    )
+    current = stage_runner(engine, succeed, worker="lyric@current")
+    plain = add_job(current)
+    linked = add_job(current, brief=briefs.sample(photos=(brief.PhotoLink(url="https://example.com/a.jpg"),)))
+    assert (job_row(engine, plain).input_version, job_row(engine, linked).input_version) == (1, 4)
+
+    claim = earlier.claim_next()
+    assert claim is not None and claim.job.pipeline_id == plain
+    earlier.execute(claim)
+    assert earlier.claim_next() is None
+    assert earlier.claim_next() is None
+
+    assert job_row(engine, plain).status == "SUCCEEDED"
+    [(_, completed)] = [entry for entry in emitted(engine, plain) if entry[0] == "lyric.completed"]
+    assert completed["brief"] == briefs.sample().model_dump(mode="json")
+    left = job_row(engine, linked)
+    assert (left.status, left.attempts, left.counted_attempts, left.version) == ("PENDING", 0, 0, 0)
+    assert attempt_rows(engine, linked) == []
+    with engine.connect() as conn:
+        assert repository.counts(conn, earlier.reads).for_newer == 1
+        assert repository.counts(conn, current.reads).for_newer == 0
+    said = [record.getMessage() for record in caplog.records if "newer release" in record.getMessage()]
+    assert said == [
+        "lyric: 1 due jobs hold a pipeline.requested newer than version 3, the newest this release reads: left,"
+        " untouched, for a replica of a newer release"
+    ]
+
+    claim = current.claim_next()
+    assert claim is not None and claim.job.pipeline_id == linked
+    current.execute(claim)
+    assert job_row(engine, linked).status == "SUCCEEDED"

@@ -314,6 +314,19 @@ def drop_injected_faults_v16() -> None:
     op.drop_table("injected_faults")
 
 
+def add_input_version_v17() -> None:
+    """The version of its trigger a job's input is stored as (`jobs.input_version`).
+
+    Expand only: a replica of the previous release neither writes nor reads it (it reads the input as its newest
+    version, as before); NULL, in rows it writes, is read so by this release too.
+    """
+    op.add_column("jobs", sa.Column("input_version", sa.Integer))
+
+
+def drop_input_version_v17() -> None:
+    op.drop_column("jobs", "input_version")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

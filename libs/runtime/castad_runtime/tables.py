@@ -93,6 +93,9 @@ jobs = sa.Table(
     sa.Column("lease_expires_at", TZ),
     # The trigger's payload; NULL while it has not come (a CANCELED or WAITING job).
     sa.Column("input", pg.JSONB(none_as_null=True)),
+    # The version of the trigger's type `input` is stored as: the oldest that carries it whole. NULL: stored by a
+    # release before versions were kept, as the newest version that release knew.
+    sa.Column("input_version", sa.Integer),
     sa.Column("result", pg.JSONB),
     sa.Column("last_error_code", sa.Text),
     sa.Column("last_error_message", sa.Text),

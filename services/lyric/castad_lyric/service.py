@@ -60,7 +60,7 @@ def make_work(config: LyricSettings) -> runner.Work:
     store = artifacts.make_store(config)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
-        request = events.PipelineRequested.model_validate(job.input)
+        request = job.trigger(events.PipelineRequested)
         lyrics = writer.write(request.brief, seed=job.pipeline_id, cancel=cancel)
         cancel.check()
         with store.scratch(job.pipeline_id, events.Stage.LYRIC, job.attempts, ".txt") as scratch:

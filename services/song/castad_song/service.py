@@ -54,7 +54,7 @@ def make_suno_work(config: SongSettings) -> runner.Work:
     store = artifacts.make_store(config)
 
     def fetch(job: repository.Job, song: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
-        done = events.LyricCompleted.model_validate(job.input)
+        done = job.trigger(events.LyricCompleted)
         artifact = remote.keep_result(
             store,
             job,
@@ -85,7 +85,7 @@ def make_work(config: SongSettings) -> runner.Work:
     store = artifacts.make_store(config)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
-        done = events.LyricCompleted.model_validate(job.input)
+        done = job.trigger(events.LyricCompleted)
         with store.scratch(job.pipeline_id, events.Stage.SONG, job.attempts, ".wav") as scratch:
             song = composer.compose(done.brief, done.lyrics, scratch, seed=job.pipeline_id, cancel=cancel)
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.SONG, "audio/wav")

@@ -185,7 +185,7 @@ class SunoApi:
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
-        done = events.LyricCompleted.model_validate(job.input)
+        done = job.trigger(events.LyricCompleted)
         body = request_body(done, self._model, callback_url)
         # The API takes no idempotency key, nor tells tasks by a tag of ours (docs/providers.md): past the fence,
         # a request is a new task.

@@ -158,7 +158,7 @@ class CreatomateApi:
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
-        done = events.SongCompleted.model_validate(job.input)
+        done = job.trigger(events.SongCompleted)
         body: dict[str, Any] = {
             "template_id": self._template_id,
             "modifications": modifications(done, self._song_url(done), self._photo_urls(done)),

@@ -145,7 +145,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
     store = artifacts.make_store(config)
 
     def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
-        done = events.SongCompleted.model_validate(job.input)
+        done = job.trigger(events.SongCompleted)
         artifact = remote.keep_result(
             store,
             job,
@@ -205,7 +205,7 @@ def make_work(config: VideoSettings) -> runner.Work:
         return paths, fetched
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
-        done = events.SongCompleted.model_validate(job.input)
+        done = job.trigger(events.SongCompleted)
         with contextlib.ExitStack() as files:
             try:
                 song_path = files.enter_context(store.local_copy(done.artifact, job.pipeline_id, events.Stage.SONG))

@@ -6,10 +6,10 @@ import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Collection
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from castad_contracts import codes, ids
+from castad_contracts import codes, events, ids
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
@@ -18,20 +18,23 @@ from castad_runtime.stage import machine, quota
 
 jobs = tables.jobs
 attempts = tables.attempts
+P = TypeVar("P", bound=events.Payload)
 
 # The hot path's statements as plain SQL (castad_runtime.db.run). The status lists are literal, as in the
 # partial indexes' predicates (jobs_due, jobs_leased), so that the planner matches them.
 JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
     tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s,
-    reopened, previous_handle"""
+    reopened, previous_handle, input_version"""
 
 # A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
 # PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
 ACCEPT_TRIGGER = """
-INSERT INTO jobs (id, pipeline_id, status, max_attempts, due_at, input, traceparent, tracestate)
-VALUES (%(id)s, %(pipeline_id)s, 'PENDING', %(max_attempts)s, now(), %(input)s, %(traceparent)s, %(tracestate)s)
+INSERT INTO jobs (id, pipeline_id, status, max_attempts, due_at, input, input_version, traceparent, tracestate)
+VALUES (%(id)s, %(pipeline_id)s, 'PENDING', %(max_attempts)s, now(), %(input)s, %(input_version)s, %(traceparent)s,
+        %(tracestate)s)
 ON CONFLICT (pipeline_id) DO UPDATE
-SET input = EXCLUDED.input, traceparent = EXCLUDED.traceparent, tracestate = EXCLUDED.tracestate,
+SET input = EXCLUDED.input, input_version = EXCLUDED.input_version, traceparent = EXCLUDED.traceparent,
+    tracestate = EXCLUDED.tracestate,
     status = CASE WHEN jobs.status = 'WAITING' THEN 'PENDING' ELSE jobs.status END,
     due_at = now(), version = jobs.version + 1, updated_at = now()
 WHERE jobs.input IS NULL
@@ -39,14 +42,17 @@ RETURNING status
 """
 
 # Compare-and-set the most overdue claimable job to RUNNING under a lease (a job AWAITING its provider goes
-# on with the attempt that submitted its work; any other starts a new one).
+# on with the attempt that submitted its work; any other starts a new one). Only a job whose input this release
+# reads (`reads`: the newest version of the stage's trigger it knows; NULL, stored before versions were kept, as
+# the release that stored it read it): one stored by a newer release waits, untouched, for a replica of it.
 _CLAIM = """
 UPDATE jobs
 SET status = 'RUNNING', version = version + 1,
     attempts = CASE WHEN status = 'AWAITING' THEN attempts ELSE attempts + 1 END,
     lease_owner = %(worker)s, lease_expires_at = now() + make_interval(secs => %(lease_s)s), updated_at = now()
 WHERE id = (
-    SELECT id FROM jobs WHERE {claimable} AND due_at <= now() ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED
+    SELECT id FROM jobs WHERE {claimable} AND due_at <= now() AND coalesce(input_version, 0) <= %(reads)s
+    ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED
 ) AND status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')
 RETURNING {columns}
 """
@@ -101,6 +107,8 @@ SET status = 'RUNNING', version = version + 1, attempts = attempts + 1,
 WHERE pipeline_id = %(pipeline_id)s AND status = 'PENDING' AND due_at <= now()
 RETURNING {JOB_COLUMNS}
 """
+
+READS_ANY = 2**31 - 1
 
 OPEN_ATTEMPT = "INSERT INTO attempts (job_id, number, worker, outcome) VALUES (%s, %s, %s, 'running')"
 
@@ -174,6 +182,17 @@ class Job:
     waited_s: float = 0.0  # since the submit, by the database's clock at the claim
     reopened: int = 0  # operator retries that reopened the job (its runs, less the first)
     previous_handle: str | None = None  # the work an earlier attempt left at the provider, looked up first
+    input_version: int | None = None  # the version of the stage's trigger `input` is stored as (None: the newest)
+
+    def trigger(self, model: type[P], registry: events.Registry = events.REGISTRY) -> P:
+        """The job's input as `model`, the release's model of the stage's trigger.
+
+        Read from the version it was stored as, through the same upcasts as an event of that version."""
+        event_type = registry.type_of(model)
+        version = self.input_version or registry.current_version(event_type)
+        payload = registry.read(event_type, version, self.input)
+        assert isinstance(payload, model)
+        return payload
 
     @property
     def polling(self) -> bool:
@@ -201,11 +220,12 @@ def accept_trigger(
     conn: sa.Connection,
     pipeline_id: str,
     job_input: dict[str, Any],
+    input_version: int,
     max_attempts: int,
     traceparent: str | None,
     tracestate: str | None,
 ) -> bool:
-    """Record the stage's trigger.
+    """Record the stage's trigger, `job_input` as version `input_version` of its type.
 
     A PENDING job, due now. A job reopened by a retry before its trigger came (WAITING) becomes PENDING; a job
     canceled before its trigger came keeps it for a later retry. True if a job is now due.
@@ -218,6 +238,7 @@ def accept_trigger(
             "pipeline_id": pipeline_id,
             "max_attempts": max_attempts,
             "input": Jsonb(job_input),
+            "input_version": input_version,
             "traceparent": traceparent,
             "tracestate": tracestate,
         },
@@ -358,9 +379,17 @@ class QuotaWait:
 
 
 def claim_next(
-    conn: sa.Connection, worker: str, lease_s: float, provider: str | None = None, probed: bool = False
+    conn: sa.Connection,
+    worker: str,
+    lease_s: float,
+    provider: str | None = None,
+    probed: bool = False,
+    reads: int | None = None,
 ) -> Job | QuotaWait | None:
-    """Claim the most overdue claimable job under a lease and open its attempt.
+    """Claim the most overdue claimable job whose input this release reads under a lease, and open its attempt.
+
+    `reads`: the newest version of the stage's trigger this release knows (None: any); a job stored as a newer
+    one is left for a replica of a newer release.
 
     The job is compare-and-set to RUNNING. A job AWAITING its provider goes on with the attempt that submitted its
     work; `probed`: the service's prober polls such jobs, and a claim takes one only once it is ready.
@@ -381,7 +410,8 @@ def claim_next(
         statement = CLAIM_PROBED if probed else CLAIM
     else:
         statement = CLAIM_POLL_PROBED if probed else CLAIM_POLL
-    row = db.run(conn, statement, {"worker": worker, "lease_s": lease_s}).fetchone()
+    reads_up_to = READS_ANY if reads is None else reads
+    row = db.run(conn, statement, {"worker": worker, "lease_s": lease_s, "reads": reads_up_to}).fetchone()
     if row is None:
         if gate is not None and not gate.new_work and _any_due(conn, machine.NEW_ATTEMPT):
             return QuotaWait(quota.IN_FLIGHT_CAP)
@@ -641,12 +671,13 @@ class Counts:
     by_status: dict[machine.Status, int]
     due: int
     lease_expired: int
+    for_newer: int = 0  # of those due, the ones whose input only a newer release reads (`claim_next`'s `reads`)
 
 
 COUNTED = (machine.Status.PENDING, machine.Status.RETRY_WAIT, machine.Status.AWAITING, machine.Status.RUNNING)
 
 
-def counts(conn: sa.Connection) -> Counts:
+def counts(conn: sa.Connection, reads: int = READS_ANY) -> Counts:
     """One statement, each part on a partial index (jobs_due, jobs_leased): what a scrape reads."""
     # The status lists are literal SQL, as in the indexes' predicates, so that the planner matches them.
     claimable = sa.literal_column("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')", sa.Boolean)
@@ -656,6 +687,9 @@ def counts(conn: sa.Connection) -> Counts:
             sa.func.count().label("jobs"),
             sa.func.count().filter(jobs.c.due_at <= sa.func.now()).label("due"),
             sa.literal(0).label("lease_expired"),
+            sa.func.count()
+            .filter(jobs.c.due_at <= sa.func.now(), sa.func.coalesce(jobs.c.input_version, 0) > reads)
+            .label("for_newer"),
         )
         .where(claimable)
         .group_by(jobs.c.status)
@@ -665,10 +699,16 @@ def counts(conn: sa.Connection) -> Counts:
         sa.func.count(),
         sa.literal(0),
         sa.func.count().filter(jobs.c.lease_expires_at < sa.func.now()),
+        sa.literal(0),
     ).where(sa.literal_column("status = 'RUNNING'", sa.Boolean))
     rows = conn.execute(sa.union_all(waiting, running)).all()
     by_status = dict.fromkeys(COUNTED, 0) | {machine.Status(row[0]): row[1] for row in rows}
-    return Counts(by_status, due=sum(row[2] for row in rows), lease_expired=sum(row[3] for row in rows))
+    return Counts(
+        by_status,
+        due=sum(row[2] for row in rows),
+        lease_expired=sum(row[3] for row in rows),
+        for_newer=sum(row[4] for row in rows),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

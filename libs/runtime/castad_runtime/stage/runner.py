@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 ERROR_MESSAGE_MAX = 2000
 SUPERVISE_STEP_S = 0.25  # how often a supervisor looks at its attempt's cancellation and clock
 STUCK_LOG_EVERY_S = 60.0  # while a provider ignores its cancellation, say so this often
+NEWER_RELEASE_LOOK_S = 60.0  # while nothing can be claimed, look this often for jobs only a newer release reads
 FREE_RATE_LIMITS = 20  # attempts a provider may turn away with "too many" before they count
 # Error codes the runner gives itself: always label values of its metrics, never crowded out by a provider's.
 OWN_CODES = frozenset(
@@ -156,6 +157,7 @@ class StageRunner:
         metrics: metrics_.StageMetrics | None = None,
         clock: leases.Clock = leases.clock,
         probed: bool = False,
+        registry: events.Registry = events.REGISTRY,
     ) -> None:
         self.stage = stage
         self.engine = engine
@@ -166,6 +168,10 @@ class StageRunner:
         self.provider = provider  # claims go through this provider's quota (castad_runtime.stage.quota)
         self.probed = probed  # a prober polls the jobs waiting at the provider (castad_runtime.stage.probes)
         self.source = topology.SOURCES[stage.value]
+        self.registry = registry  # the event versions this release knows
+        self.trigger_type = events.TRIGGERS[stage]
+        # The newest version of its trigger this release reads: a job stored as a newer one is left to a newer release.
+        self.reads = registry.current_version(self.trigger_type)
         self.tracer = telemetry.tracer(f"castad.{stage.value}")
         self.rng = rng or random.Random()
         self.metrics = metrics or metrics_.StageMetrics(metrics_.registry(), stage.value, OWN_CODES)
@@ -182,14 +188,18 @@ class StageRunner:
         self._lock = threading.Lock()
         self._interrupted = threading.Event()  # the service is stopping: running attempts were cancelled
         self._give_up = threading.Event()  # stop trying to record outcomes through an outage
+        self._next_look_for_newer = 0.0
 
     def accept(self, conn: sa.Connection, trigger: events.Payload) -> bool:
         """In the handler's transaction: record this pipeline's trigger. True if a job is now due."""
         overrides = getattr(trigger, "max_attempts", None) or {}
         max_attempts = overrides.get(self.stage, self.limits.policy.max_attempts)
         traceparent, tracestate = telemetry.current_trace_headers()
+        # Stored as the oldest version that carries it whole, as an event is written: a replica of an earlier
+        # release, mid-rollout, takes every job it can read.
+        version, data = self.registry.oldest_carrying(self.trigger_type, trigger)
         return repository.accept_trigger(
-            conn, trigger.pipeline_id, trigger.model_dump(mode="json"), max_attempts, traceparent, tracestate
+            conn, trigger.pipeline_id, data, version, max_attempts, traceparent, tracestate
         )
 
     def apply_cancel(self, conn: sa.Connection, request: events.PipelineCancelRequested) -> uuid.UUID | None:
@@ -307,14 +317,34 @@ class StageRunner:
 
         That transaction began at `began` or after (see `claim_accepted` on a transaction that does not commit).
         """
-        job = repository.claim_next(conn, self.worker_id, self.limits.lease_s, self.provider, self.probed)
+        job = repository.claim_next(
+            conn, self.worker_id, self.limits.lease_s, self.provider, self.probed, reads=self.reads
+        )
         if isinstance(job, repository.QuotaWait):
             assert self.provider is not None
             self.metrics.quota_wait(self.provider, job.reason)
             return None
         if job is None:
+            self._say_what_waits_for_a_newer_release(conn)
             return None
         return self._claimed(conn, job, began)
+
+    def _say_what_waits_for_a_newer_release(self, conn: sa.Connection) -> None:
+        """Once a minute at most, when nothing could be claimed: the jobs due that only a newer release reads."""
+        now = self._leases.clock()
+        if now < self._next_look_for_newer:
+            return
+        self._next_look_for_newer = now + NEWER_RELEASE_LOOK_S
+        left = repository.counts(conn, self.reads).for_newer
+        if left:
+            log.warning(
+                "%s: %d due jobs hold a %s newer than version %d, the newest this release reads: left, untouched,"
+                " for a replica of a newer release",
+                self.stage.value,
+                left,
+                self.trigger_type,
+                self.reads,
+            )
 
     def claim_accepted(self, conn: sa.Connection, pipeline_id: str, began: float) -> Claim | None:
         """Claim the job `accept` made due, at once, in the trigger's transaction.
@@ -587,7 +617,8 @@ class StageRunner:
         result = {"artifact": output.artifact.model_dump(mode="json")}
         if not repository.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
             return False
-        trigger = job.input
+        trigger = job.trigger(self.registry.model(self.trigger_type, self.reads), self.registry)
+        assert isinstance(trigger, events.PipelineRequested | events.StageCompleted)  # what triggers a stage
         self._emit(
             conn,
             job,
@@ -595,8 +626,8 @@ class StageRunner:
             self.completed_model,
             artifact=output.artifact,
             completed_at=_now(),
-            brief=trigger["brief"],
-            max_attempts=trigger.get("max_attempts"),
+            brief=trigger.brief.model_dump(mode="json"),  # as this release's model of it
+            max_attempts=trigger.max_attempts,
             **output.details,
         )
         log.info("%s succeeded on attempt %d", self.stage.value, job.attempts)
