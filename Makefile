@@ -8,7 +8,7 @@ PYTHON_DIRS := libs services infra/local infra/docs tests bench
 TEST_WORKERS ?= 4
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test pytest check lint docs bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
+.PHONY: setup demo up test pytest check lint docs release bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -89,6 +89,13 @@ screenshots: setup  ## the console's tests, writing their pictures into docs/con
 
 schemas: setup  ## JSON Schema of every event into var/schemas
 	@$(BIN)/castad-admin schemas var/schemas
+
+release:  ## VERSION=x.y.z: that release in every package, chart and the CHANGELOG, the lock file, a commit and tag vx.y.z
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z (now: $$($(BIN)/bump-my-version show current_version))"; exit 1; }
+	@$(BIN)/bump-my-version bump --new-version $(VERSION)
+	@$(UV) lock --quiet
+	@git commit --quiet -am "Release $(VERSION): every package, chart and the CHANGELOG" && git tag -a v$(VERSION) -m "Castad $(VERSION)"
+	@echo "release $(VERSION) committed and tagged v$(VERSION): push the tag with the commit"
 
 lock: setup  ## re-resolve every package's dependencies into uv.lock (then `make setup` syncs .venv)
 	@$(UV) lock

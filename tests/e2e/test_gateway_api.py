@@ -9,6 +9,7 @@ import uuid
 import httpx
 import pytest
 from castad_api import repository
+from castad_runtime import release
 
 from tests.e2e.conftest import STAGE_SERVICES
 
@@ -180,7 +181,7 @@ def test_bad_requests_get_a_4xx_naming_the_problem_and_never_a_5xx(castad, dbs):
     # None of it was accepted, and the gateway is healthy and ready.
     assert dbs.rows("api", dbs.pipelines.select()) == []
     assert dbs.outbox_of("api") == []
-    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/healthz").json() == {"status": "ok", "release": release.of("api")}
     ready = http.get("/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"status": "ready", "checks": {"database": "ok", "rabbitmq": "ok"}}

@@ -28,10 +28,11 @@ def test_probes_answer_with_every_check_and_turn_unready_on_stop(port):
         port,
         liveness={"worker": lambda: health.OK},
         readiness={"database": lambda: state["database"], "rabbitmq": lambda: health.OK},
+        release="1.2.3",
     )
     probes.start()
     try:
-        assert _get(port, "/healthz").json() == {"status": "ok", "checks": {"worker": "ok"}}
+        assert _get(port, "/healthz").json() == {"status": "ok", "release": "1.2.3", "checks": {"worker": "ok"}}
         ready = _get(port, "/readyz")
         assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "rabbitmq": "ok"}
 

@@ -15,7 +15,7 @@ from castad_cli import client as client_
 from castad_cli import main as cli_main
 from castad_cli import progress
 from castad_contracts import api, brief, codes, schemas, topology
-from castad_runtime import messaging, redact, settings
+from castad_runtime import messaging, redact, release, settings
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
@@ -188,6 +188,19 @@ AdminAmqpUrl = Annotated[
     ),
 ]
 Namespace = Annotated[str, typer.Option(help="CASTAD_NAMESPACE of the installation")]
+
+
+@app.command("version")
+def version() -> None:
+    """The release installed here, and each Castad package's; exit 1 if they are not all of one release."""
+    installed = release.installed()
+    releases = sorted(set(installed.values()))
+    console.print(f"Castad {' + '.join(releases) or release.UNKNOWN}")
+    for name, number in installed.items():
+        console.print(f"  {name} {number}")
+    if len(releases) > 1:
+        console.print("[red]packages of different releases are installed: sync them (make setup)", soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command("topology")

@@ -200,7 +200,8 @@ def run_checks(checks: Mapping[str, Check]) -> tuple[bool, dict[str, str]]:
 class ProbeServer:
     """Serve `/healthz`, `/readyz` and, with a registry, `/metrics` over HTTP on a thread of its own.
 
-    `/healthz` is liveness, `/readyz` readiness. A thread per request: a slow scrape holds up no probe.
+    `/healthz` is liveness (and names the `release` that runs, when given), `/readyz` readiness. A thread per
+    request: a slow scrape holds up no probe.
     """
 
     def __init__(
@@ -209,8 +210,10 @@ class ProbeServer:
         liveness: Mapping[str, Check],
         readiness: Mapping[str, Check],
         registry: CollectorRegistry | None = None,
+        release: str | None = None,
     ) -> None:
         self.port = port
+        self.release = release
         self.liveness = liveness
         self.readiness = readiness
         self.registry = registry
@@ -249,7 +252,8 @@ class ProbeServer:
     def answer(self, path: str) -> tuple[int, dict[str, object]]:
         if path == "/healthz":
             alive, checks = run_checks(self.liveness)
-            return (200 if alive else 503), {"status": "ok" if alive else "failing", "checks": checks}
+            named = {"release": self.release} if self.release is not None else {}
+            return (200 if alive else 503), {"status": "ok" if alive else "failing", **named, "checks": checks}
         if path == "/readyz":
             if self.stopping.is_set():
                 return 503, {"status": "stopping", "checks": {}}

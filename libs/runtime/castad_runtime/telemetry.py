@@ -22,7 +22,6 @@ carry credentials.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 from collections.abc import Iterator, Sequence
 
@@ -34,7 +33,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status
 from opentelemetry.util import types
 
-from castad_runtime import redact
+from castad_runtime import redact, release
 
 # Header names (regular expressions, any case) whose captured values the HTTP instrumentations replace.
 SANITIZED_HEADERS = "authorization,proxy-authorization,cookie,set-cookie,x-api-key,.*token.*,.*secret.*,.*signature.*"
@@ -50,7 +49,7 @@ def setup(service: str) -> None:
     # HTTP spans in OpenTelemetry's stable conventions (http.request.method, http.response.status_code, ...).
     os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
     os.environ.setdefault("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS", SANITIZED_HEADERS)
-    resource = {"service.name": name, "service.namespace": "castad", "service.version": _version(service)}
+    resource = {"service.name": name, "service.namespace": "castad", "service.version": release.of(service)}
     wanted = _otlp_wanted()
     # None: the standard choice (OTEL_TRACES_SAMPLER, by default parent-based, always on).
     sampler = None if wanted else sampling.ALWAYS_OFF
@@ -129,13 +128,6 @@ def _masked_attributes(attributes: types.Attributes) -> types.Attributes:
         else:
             masked[key] = value
     return masked
-
-
-def _version(service: str) -> str:
-    try:
-        return importlib.metadata.version(f"castad-{service}")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _otlp_wanted() -> bool:

@@ -15,9 +15,10 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from castad_contracts import topology
 from castad_runtime import health as castad_health
 from castad_runtime import metrics as castad_metrics
-from castad_runtime import outages
+from castad_runtime import outages, release
 from fastapi import APIRouter, FastAPI, HTTPException, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -45,8 +46,8 @@ health = APIRouter()
 
 @health.get("/healthz")
 def healthz() -> dict[str, str]:
-    """The process is alive."""
-    return {"status": "ok"}
+    """The process is alive, and the release it runs."""
+    return {"status": "ok", "release": release.of(topology.GATEWAY)}
 
 
 @health.get(
@@ -89,7 +90,13 @@ def probe_server(gw: Gateway, liveness: Mapping[str, castad_health.Check]) -> ca
     """The probes and metrics on CASTAD_API_HEALTH_PORT (None when unset: they are on the API port)."""
     if gw.config.health_port is None:
         return None
-    return castad_health.ProbeServer(gw.config.health_port, liveness, gw.readiness, registry=gw.metrics.registry)
+    return castad_health.ProbeServer(
+        gw.config.health_port,
+        liveness,
+        gw.readiness,
+        registry=gw.metrics.registry,
+        release=release.of(topology.GATEWAY),
+    )
 
 
 def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from castad_runtime import cli, db, health, process, telemetry
+from castad_runtime import cli, db, health, process, release, telemetry
 
 from castad_relay import metrics, relay
 from castad_relay import settings as settings_
@@ -31,6 +31,7 @@ async def _main(config: settings_.RelaySettings) -> None:
             liveness={"event loop": health.loop_responsive(loop)},
             readiness={**databases, "rabbitmq": health.rabbitmq(config.amqp_url)},
             registry=measured.registry,
+            release=release.of("relay"),
         )
         probes.start()
 

@@ -23,6 +23,7 @@ from castad_runtime import (
     metrics,
     outages,
     process,
+    release,
     retention,
     scrape,
     settings,
@@ -356,6 +357,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
             liveness=liveness,
             readiness={"database": health.database(config.database_url), "rabbitmq": health.rabbitmq(config.amqp_url)},
             registry=measured.registry,
+            release=release.of(service),
         )
     # Parts stop in reverse order: the prober, retention, then the scheduler, so that a stopping service claims no
     # new attempt while it finishes or hands back its running ones; events still arriving only become job rows.
