@@ -169,18 +169,40 @@ def revisions(service: str) -> list[str]:
     return [script.revision for script in reversed(list(ScriptDirectory(str(MIGRATIONS[service])).walk_revisions()))]
 
 
+# Contractions made before this check saw triggers and functions, each in the release it shipped in, whose replicas
+# of the release before relied on what it dropped; none may be added: contract in a release of its own, once no
+# supported release uses what goes (CHANGELOG.md says which).
+_WAKE_AFTER_COMMIT = (
+    "the outbox's NOTIFY trigger dropped for a wake-up after the commit: rows of a replica of the release before "
+    "wake no relay and wait for its fallback poll (seconds)"
+)
+CONTRACTED_BEFORE_THE_CHECK: dict[tuple[str, str], str] = {
+    ("api", "0014"): _WAKE_AFTER_COMMIT + ", and the timeline's for the event streams' sweep",
+    ("lyric", "0011"): _WAKE_AFTER_COMMIT,
+    ("song", "0011"): _WAKE_AFTER_COMMIT,
+    ("video", "0011"): _WAKE_AFTER_COMMIT,
+}
+
+
 def test_every_migration_only_expands_so_the_version_still_running_keeps_working(scratch_engine):
     """Every migration only expands the schema, so the version still running keeps working.
 
     Expand/contract: during a rolling upgrade the old pods run against the new schema, so a migration may add
-    tables, nullable (or defaulted) columns and indexes, and relax a NOT NULL; it may not drop or rename a table or
-    a column, change a type, or tighten a NULL.
+    tables, nullable (or defaulted) columns, indexes, triggers and functions, and relax a NOT NULL; it may not drop
+    or rename a table, a column, a trigger or a function, change a type or what a trigger fires on, or tighten a
+    NULL.
     """
     url = scratch_engine.url.render_as_string(hide_password=False)
     for service in MIGRATIONS:
         previous: dict[str, dict[str, tuple[Any, ...]]] = {}
+        previous_code: set[tuple[str, ...]] = set()
         for revision in revisions(service):
             migrations.upgrade(url, MIGRATIONS[service], revision)
+            code = routines(scratch_engine)
+            gone = previous_code - code
+            if (service, revision) not in CONTRACTED_BEFORE_THE_CHECK:
+                assert not gone, f"{service} {revision} drops, renames or changes {sorted(gone)}"
+            previous_code = code
             current = columns(scratch_engine)
             for table, before in previous.items():
                 after = current.get(table)
@@ -204,6 +226,20 @@ def columns(engine: sa.Engine) -> dict[str, dict[str, tuple[Any, ...]]]:
     for table, column, data_type, nullable, default in catalog_columns(engine):
         result.setdefault(table, {})[column] = (data_type, nullable == "YES", default)
     return result
+
+
+def routines(engine: sa.Engine) -> set[tuple[str, ...]]:
+    """The triggers (table, name, when and on what it fires, its function) and the functions (name, arguments) of
+    the schema: what a release's code may rely on without naming it in a query."""
+    triggers = """
+        SELECT 'trigger', tgrelid::regclass::text, tgname,
+               regexp_replace(pg_get_triggerdef(oid), ' EXECUTE FUNCTION .*$', ''), tgfoid::regproc::text
+        FROM pg_trigger WHERE NOT tgisinternal AND tgrelid::regclass::text <> 'alembic_version'"""
+    functions = """
+        SELECT 'function', proname, pg_get_function_identity_arguments(oid), '', ''
+        FROM pg_proc WHERE pronamespace = 'public'::regnamespace"""
+    with engine.connect() as conn:
+        return {tuple(row) for query in (triggers, functions) for row in conn.execute(sa.text(query))}
 
 
 def catalog_columns(engine: sa.Engine) -> list[tuple[Any, ...]]:
