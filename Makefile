@@ -8,7 +8,7 @@ PYTHON_DIRS := libs services infra/local infra/docs tests bench
 TEST_WORKERS ?= 4
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test pytest check lint docs release bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults images lock schemas screenshots
+.PHONY: setup demo up test pytest check lint docs release bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults upgrade-test images lock schemas screenshots
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -77,6 +77,9 @@ bench-capacity: setup  ## what a pipeline and a waiting job cost each part, the 
 
 bench-replicas: setup  ## two replicas of every stage and of the relay beside one of each: nothing lost, order kept, throughput (about 3 minutes); writes docs/reports/replicas.md
 	@$(BIN)/python -m bench.replicas
+
+upgrade-test: setup  ## a rolling upgrade from FROM (a tag or commit; default: the newest release tag) to this tree, under traffic; docs/reports/upgrade.md
+	@$(BIN)/python -m bench.upgrade $(if $(FROM),--from $(FROM))
 
 faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
 	@$(BIN)/python -m bench.faults

@@ -53,8 +53,11 @@ class Accepted:
 class Submitter:
     """Submits briefs at `rate_per_s` on a thread of its own until stopped, to the gateways at `base_urls`."""
 
-    def __init__(self, base_urls: Sequence[str], rate_per_s: float, prefix: str, api_key: str) -> None:
+    def __init__(
+        self, base_urls: Sequence[str], rate_per_s: float, prefix: str, api_key: str, photos: Sequence[str] = ()
+    ) -> None:
         self.base_urls = list(base_urls)
+        self.photos = list(photos)  # uploaded images every other brief names
         self.auth = {"Authorization": f"Bearer {api_key}"}
         self.rate_per_s = rate_per_s
         self.prefix = prefix
@@ -78,7 +81,9 @@ class Submitter:
         with self._lock:
             number = self._next
             self._next += 1
-        body = make_brief(number, duration_s)
+        body = make_brief(number, duration_s).model_dump(mode="json")
+        if self.photos and number % 2:
+            body["photos"] = self.photos
         key = f"{self.prefix}-{number}"
         first = time.time()
         tries = 0
@@ -89,13 +94,10 @@ class Submitter:
                     raise RuntimeError(f"brief {key} not accepted within {GIVE_UP_S} s")
                 if self._stop.is_set() and tries > 1:
                     raise Stopped(f"brief {key} given up: the traffic stops")
-                gateway = self.base_urls[(number + tries - 1) % len(self.base_urls)]
+                gateways = self.targets()
+                gateway = gateways[(number + tries - 1) % len(gateways)]
                 try:
-                    response = http.post(
-                        f"{gateway}/v1/pipelines",
-                        content=body.model_dump_json(),
-                        headers={"Content-Type": "application/json", "Idempotency-Key": key},
-                    )
+                    response = http.post(f"{gateway}/v1/pipelines", json=body, headers={"Idempotency-Key": key})
                 except httpx.HTTPError:
                     self._refused("connection")
                 else:
@@ -108,6 +110,10 @@ class Submitter:
                         raise RuntimeError(f"brief {key} refused: {response.status_code} {response.text}")
                     self._refused(str(response.status_code))
                 time.sleep(min(0.2 * tries, 2.0))
+
+    def targets(self) -> list[str]:
+        """The gateways to send to now (a rolling upgrade changes them)."""
+        return self.base_urls
 
     def _refused(self, what: str) -> None:
         with self._lock:
@@ -159,7 +165,8 @@ class Operator:
         turn = 0
         while not self._stop.wait(self.interval_s):
             turn += 1
-            gateway = self.submitter.base_urls[turn % len(self.submitter.base_urls)]
+            gateways = self.submitter.targets()
+            gateway = gateways[turn % len(gateways)]
             # The gateway down or its database out: the next turn tries again.
             with (
                 httpx.Client(base_url=gateway, timeout=5, headers=headers) as http,
