@@ -124,14 +124,17 @@ class Rollout:
     def start(self, service: str, release: releases.Release) -> str:
         self.numbers[service] += 1
         name = stack_.replica(service, self.numbers[service])
+        port = stack_.free_port()
         extra = {"PYTHON": str(release.python)}
         if service == topology.GATEWAY:
-            self.api_ports[name] = stack_.free_port()
-            extra["CASTAD_API_PORT"] = str(self.api_ports[name])
+            self.api_ports[name] = port
+            extra["CASTAD_API_PORT"] = str(port)
+        else:
+            extra[f"CASTAD_{service.upper()}_HEALTH_PORT"] = str(port)
         self.stack.start(name, extra)
         self.release_of[name] = release
-        if service == topology.GATEWAY:
-            self.stack.wait_ready(f"http://127.0.0.1:{self.api_ports[name]}", timeout_s=120)
+        # Ready (its /readyz, as the chart's readiness probe asks) before anything else moves.
+        self.stack.wait_ready(f"http://127.0.0.1:{port}", timeout_s=120)
         return name
 
     def stop(self, name: str) -> None:

@@ -11,6 +11,7 @@ import datetime as dt
 import errno
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -840,3 +841,21 @@ def test_a_replica_of_an_earlier_release_runs_the_jobs_it_reads_and_leaves_the_o
     assert claim is not None and claim.job.pipeline_id == linked
     current.execute(claim)
     assert job_row(engine, linked).status == "SUCCEEDED"
+
+
+def test_a_job_an_earlier_release_stored_is_read_and_run_by_this_one(engine):
+    """The other way round: mid-rollout, a replica of the release before accepted the trigger (a brief with an
+    uploaded photo, stored as version 3), and this release's replica takes and finishes the job."""
+    earlier = stage_runner(engine, succeed, registry=events.REGISTRY.until(events.PIPELINE_REQUESTED, 3))
+    current = stage_runner(engine, succeed, worker="lyric@current")
+    photo = brief.Photo(id=str(uuid.uuid4()), owner="b" * 32, sha256="a" * 64, media_type="image/jpeg", size=1_000)
+    pipeline_id = add_job(earlier, brief=briefs.sample(photos=(photo,)))
+    assert job_row(engine, pipeline_id).input_version == 3
+
+    claim = current.claim_next()
+    assert claim is not None and claim.job.trigger(events.PipelineRequested).brief.photos == (photo,)
+    current.execute(claim)
+
+    assert job_row(engine, pipeline_id).status == "SUCCEEDED"
+    [(_, completed)] = [entry for entry in emitted(engine, pipeline_id) if entry[0] == "lyric.completed"]
+    assert completed["brief"]["photos"] == [photo.model_dump(mode="json")]
