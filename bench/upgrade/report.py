@@ -62,7 +62,7 @@ def render(result: run.Result) -> str:
             lines.append(f"| {what} | {times} | {', '.join(by)} |")
         lines += [
             "",
-            "An attempt handed back is a stopping replica's, uncounted (its stop grace ran out): the work goes on"
-            " on another replica.",
+            "An attempt handed back is a stopping replica's whose stop grace ran out: uncounted, it goes on on another"
+            " replica. A relay hands an outbox's lease over as relays come and go, so that each leads its share.",
         ]
     return "\n".join(lines) + "\n"

@@ -35,12 +35,13 @@ from bench.faults import checker, injections, plan, traffic
 from bench.upgrade import releases
 
 GROUPS: tuple[tuple[str, ...], ...] = ((topology.RELAY,), (topology.GATEWAY,), topology.STAGES)  # CHANGELOG's order
-# What each process's log says when it held work for another release, or handed it back.
+# What each process's log says when it held work for another release, or handed work over to another replica.
 HELD = {
-    "event held (a version newer than it reads)": re.compile(r"newer than \d+, the newest known here.*held"),
-    "event held for its queue": re.compile(r"wait until queue .* exists"),
+    "event held: a version newer than it reads": re.compile(r"newer than \d+, the newest known here.*held"),
+    "event held until its queue exists": re.compile(r"wait until queue .* exists"),
     "job left for a newer release": re.compile(r"left, untouched, for a replica of a newer release"),
-    "attempt handed back": re.compile(r"handed back"),
+    "attempt handed back by a stopping replica": re.compile(r"handed back \(worker_stopped\)"),
+    "outbox lease handed to another relay": re.compile(r"lease of term \d+ handed back"),
 }
 
 
