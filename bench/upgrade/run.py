@@ -20,7 +20,7 @@ import pathlib
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import httpx
 from castad_api import keys
@@ -53,7 +53,7 @@ class Settings:
     settle_s: float  # for every pipeline to end once the traffic stopped
 
 
-SHORT = Settings(replicas=1, phase_s=6.0, rate_per_s=1.0, settle_s=120.0)
+SHORT = Settings(replicas=1, phase_s=4.0, rate_per_s=1.0, settle_s=120.0)
 FULL = Settings(replicas=2, phase_s=45.0, rate_per_s=2.0, settle_s=300.0)
 
 
@@ -122,7 +122,14 @@ class Rollout:
         cleanup.push("stop services", self.stack.stop_all)
         return access.create_key("upgrade", frozenset(keys.Scope), "the upgrade test", self.env())
 
-    def start(self, service: str, release: releases.Release) -> str:
+    def start(self, services: Iterable[str], release: releases.Release) -> None:
+        """A replica of each of these services on `release`, started at once; back once each is ready (its
+        /readyz, as the charts' readiness probe asks)."""
+        ports = [self._start(service, release) for service in services]
+        for port in ports:
+            self.stack.wait_ready(f"http://127.0.0.1:{port}", timeout_s=120)
+
+    def _start(self, service: str, release: releases.Release) -> int:
         self.numbers[service] += 1
         name = stack_.replica(service, self.numbers[service])
         port = stack_.free_port()
@@ -134,9 +141,7 @@ class Rollout:
             extra[f"CASTAD_{service.upper()}_HEALTH_PORT"] = str(port)
         self.stack.start(name, extra)
         self.release_of[name] = release
-        # Ready (its /readyz, as the chart's readiness probe asks) before anything else moves.
-        self.stack.wait_ready(f"http://127.0.0.1:{port}", timeout_s=120)
-        return name
+        return port
 
     def stop(self, name: str) -> None:
         self.stack.stop(name, timeout_s=60)
@@ -152,8 +157,7 @@ class Rollout:
         replica beside the old ones, then one old replica fewer."""
         group = ", ".join(services)
         for step in range(1, self.settings.replicas + 1):
-            for service in services:
-                self.start(service, self.new)
+            self.start(services, self.new)
             yield f"{group}: {step} new beside {self.settings.replicas - step + 1} old"
             for service in services:
                 self.stop(next(n for n in self.stack.processes if stack_.service_of(n) == service and self.is_old(n)))
@@ -184,9 +188,7 @@ def run(old_ref: str, settings: Settings, workdir: pathlib.Path) -> Result:
         api_key = rollout.install(cleanup)
         tap = injections.Tap(rollout.topology, f"{rollout.namespace}.tap", keep=0, amqp_url=common.AMQP_URL)
         cleanup.push("close the tap", tap.close)
-        for service in (topology.RELAY, *topology.STAGES, topology.GATEWAY):
-            for _ in range(settings.replicas):
-                rollout.start(service, old)
+        rollout.start([topology.RELAY, *topology.STAGES, topology.GATEWAY] * settings.replicas, old)
         photos = upload_photos(rollout.gateways[0], api_key)
         submitter = SteadyTraffic(rollout, settings.rate_per_s, api_key, photos)
         operator = traffic.Operator(submitter, interval_s=max(2.0, settings.phase_s / 3))
