@@ -86,15 +86,6 @@ def wal_by_database(start: str, end: str, oids: dict[int, str]) -> dict[str, int
     return totals
 
 
-def _routed(routing_key: str, pattern: str) -> bool:
-    """Whether a topic pattern (`*` one word, `#` any number) routes a routing key."""
-    words, parts = routing_key.split("."), pattern.split(".")
-    if "#" in parts:
-        head = parts[: parts.index("#")]
-        return len(words) >= len(head) and all(p in ("*", w) for p, w in zip(head, words, strict=False))
-    return len(words) == len(parts) and all(p in ("*", w) for p, w in zip(parts, words, strict=True))
-
-
 def _events(bench: castad_bench.CastadBench, ids: list[str]) -> dict[str, dict[str, float]]:
     """Per outbox: events published per pipeline, and the deliveries the topology routes them to."""
     routes = topology.Topology(bench.namespace)
@@ -106,7 +97,7 @@ def _events(bench: castad_bench.CastadBench, ids: list[str]) -> dict[str, dict[s
             ).fetchall()
         published = sum(count for _, count in keys)
         delivered = sum(
-            count * sum(any(_routed(key, p) for p in routes.bindings(s)) for s in routes.services)
+            count * sum(any(topology.topic_matches(p, key) for p in routes.bindings(s)) for s in routes.services)
             for key, count in keys
         )
         found[service] = {"events": published / len(ids), "deliveries": delivered / len(ids)}

@@ -17,7 +17,9 @@ def test_a_stage_that_starts_after_its_producer_finished_gets_the_event_that_wai
     running, dbs = shared, shared.dbs
     topo = running.installation.topology
     running.services.stop("song")
+    running.services.stop("relay")
     shared.broker.channel.queue_delete(topo.queue("song"))  # as if neither set-up nor the service had declared it
+    running.services.start("relay")  # a relay that never saw the song stage's queue
 
     pipeline_id = running.submit(briefs.sample())
 

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_relay import leadership, publisher, relay, routes, statements
+from castad_relay import bindings, leadership, publisher, relay, statements
 from castad_relay import metrics as relay_metrics
 from castad_relay import settings as relay_settings
 from castad_runtime import db, metrics, outbox, tables
@@ -211,9 +211,10 @@ def test_an_event_waits_uncharged_for_a_queue_that_must_take_it_until_it_exists_
         what="the row waiting, tried again and again",
     )
     row = outbox_row(engine, done.id)
-    assert (row["published_at"], row["publish_attempts"], row["retry_at"], row["parked_at"]) == (None, 0, None, None)
+    assert (row["published_at"], row["publish_attempts"], row["parked_at"]) == (None, 0, None)
+    assert row["last_error"] == f"waits for queue {topo.queue('song')}, which must take it and does not exist yet"
     assert [message.event_id for message in amqp.take_all(topo.queue("api"))] == [other.id]
-    said = [record.getMessage() for record in caplog.records if record.name == routes.log.name]
+    said = [record.getMessage() for record in caplog.records if record.name == bindings.log.name]
     assert said == [
         f"events of type lyric.completed wait until queue {topo.queue('song')} exists: start the song service, or"
         " declare the topology (castad-admin topology)"

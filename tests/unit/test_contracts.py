@@ -154,7 +154,7 @@ def test_each_stage_consumes_what_the_previous_one_completes():
     ],
 )
 def test_a_binding_routes_a_key_as_a_topic_exchange_does(pattern, key, routed):
-    assert topology.routes(pattern, key) is routed
+    assert topology.topic_matches(pattern, key) is routed
 
 
 def test_the_queues_that_take_an_event_are_its_subscribers_with_the_bindings_that_route_it():

@@ -209,7 +209,7 @@ def test_once_the_relay_may_not_publish_no_further_row_is_sent():
 
 
 class MissingQueue:
-    """Routes that find the queue of one routing key missing, and count their looks."""
+    """Bindings that find the queue of one routing key missing, and count their looks."""
 
     def __init__(self, routing_key: str, queue: str) -> None:
         self.routing_key, self.queue = routing_key, queue
@@ -225,13 +225,13 @@ def test_a_row_a_missing_queue_must_take_waits_unsent_and_holds_back_only_its_pi
     channel.connection = object()
     batch = rows("a", "b", "a")
     batch[0]["routing_key"] = "lyric.completed"
-    routes = MissingQueue("lyric.completed", "castad.song")
-    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, routes=routes)  # type: ignore[arg-type]
+    bindings = MissingQueue("lyric.completed", "castad.song")
+    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, bindings=bindings)  # type: ignore[arg-type]
     publisher._channel = channel
 
     results = asyncio.run(publisher.publish(batch))
 
-    assert results == [publisher_.Unrouted("castad.song"), PUBLISHED, HELD_BACK]
+    assert results == [publisher_.QueueMissing("castad.song"), PUBLISHED, HELD_BACK]
     assert channel.sent() == [2]
     assert relay.publishable(batch, results) == [2]
 
@@ -241,9 +241,9 @@ def test_a_replay_goes_to_its_one_queue_without_a_look_at_the_others():
     channel.connection = object()
     [replay] = rows("a")
     replay |= {"routing_key": "lyric.completed", "destination": "castad.api"}
-    routes = MissingQueue("lyric.completed", "castad.song")
-    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, routes=routes)  # type: ignore[arg-type]
+    bindings = MissingQueue("lyric.completed", "castad.song")
+    publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, bindings=bindings)  # type: ignore[arg-type]
     publisher._channel = channel
 
     assert asyncio.run(publisher.publish([replay])) == [PUBLISHED]
-    assert routes.looks == []
+    assert bindings.looks == []

@@ -64,7 +64,7 @@ SUBSCRIPTIONS: dict[str, Subscription] = {
 }
 
 
-def routes(pattern: str, routing_key: str) -> bool:
+def topic_matches(pattern: str, routing_key: str) -> bool:
     """Whether a topic exchange routes `routing_key` along a binding of `pattern` (`*` one word, `#` any words)."""
 
     def match(words: list[str], keys: list[str]) -> bool:
@@ -80,7 +80,7 @@ def routes(pattern: str, routing_key: str) -> bool:
 def subscribers(routing_key: str) -> dict[str, tuple[str, ...]]:
     """Each service whose queue takes events of `routing_key`, with those of its bindings that route them."""
     found = {
-        service: tuple(key for key in subscription.routing_keys if routes(key, routing_key))
+        service: tuple(key for key in subscription.routing_keys if topic_matches(key, routing_key))
         for service, subscription in SUBSCRIPTIONS.items()
     }
     return {service: keys for service, keys in found.items() if keys}
@@ -181,8 +181,10 @@ class Topology:
         ns = re.escape(self.namespace)
         if user == RELAY:
             # Writing a consumer's queue lets it bind that queue to the events exchange it reads (`queue.bind`), which
-            # it does before it publishes what the queue must take; publishing into a queue needs the default
-            # exchange, which it may not write.
+            # it does before it publishes what the queue must take (and unbind it, and bind the events exchange to
+            # the exchanges it writes: nothing it could not do by publishing, or by not publishing). Publishing into
+            # a queue by name needs the default exchange, which it may not write; reading, purging or deleting a
+            # queue needs rights it has not.
             consumers = "|".join(map(re.escape, self.services))
             write = rf"^{ns}\.(events|dead-letter|({consumers})(\.requeue)?)$"
             return Permissions(configure="^$", write=write, read=rf"^{ns}\.events$")

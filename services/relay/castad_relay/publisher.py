@@ -12,8 +12,8 @@ never gets a pipeline's row before an earlier one. Each row comes back as one of
   not exist or may not be written); the closing may be its fault or another row's, so the relay
   tries it again alone before blaming it;
 - HELD_BACK: not sent, because an earlier row of its pipeline was not published;
-- Unrouted: not sent, because a queue that must take it does not exist yet (`routes`): it waits,
-  uncharged, until the queue's service or set-up declares it;
+- QueueMissing: not sent, because a queue that must take it does not exist yet (`bindings`): it
+  waits, uncharged, until the queue's service or set-up declares it;
 - None: lost to trouble with the broker, which is nobody's fault: a lost or stalled connection,
   a channel closed for the broker's own reasons, or a nack (a quorum queue without a majority
   of its nodes, a node shutting down). It waits, uncharged, and the relay pauses before trying
@@ -41,8 +41,8 @@ from opentelemetry import trace
 from pamqp import commands as spec
 from prometheus_client import Histogram
 
+from castad_relay import bindings as bindings_
 from castad_relay import connection
-from castad_relay import routes as routes_
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,11 @@ class Refused:
 
 
 @dataclasses.dataclass(frozen=True)
-class Unrouted:
+class QueueMissing:
     queue: str  # the queue it waits for
 
 
-RowResult = Sent | Refused | Unrouted | None
+RowResult = Sent | Refused | QueueMissing | None
 
 # Channel closes that may be the row's own doing: a failed precondition (over the broker's size limit),
 # and, for a row sent to a replay's destination, a missing or forbidden exchange. Any other close, and any
@@ -109,10 +109,10 @@ class Publisher:
         confirm_timeout_s: float,
         max_message_bytes: int,
         confirms: Histogram | None = None,
-        routes: routes_.Routes | None = None,
+        bindings: bindings_.Bindings | None = None,
     ) -> None:
         self.amqp_url = amqp_url
-        self.routes = routes  # None: published without binding the queues that take each type first
+        self.bindings = bindings  # None: published without binding the queues that take each type first
         self.confirms = confirms  # seconds from a row's publish to its confirm
         self.exchange = exchange
         self.confirm_timeout_s = confirm_timeout_s
@@ -127,8 +127,8 @@ class Publisher:
         async with self._lock:
             if self._channel is None or self._channel.is_closed:
                 await self.close()
-                if self.routes is not None:
-                    self.routes.forget()
+                if self.bindings is not None:
+                    self.bindings.forget()
                 self._connection = await connection.connect(self.amqp_url, timeout_s=self.confirm_timeout_s)
                 # A node that answers the connection but not the channel (a partition) must not hold the relay.
                 async with asyncio.timeout(self.confirm_timeout_s):
@@ -203,17 +203,17 @@ class Publisher:
     async def _routed_and_sent(
         self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
     ) -> RowResult:
-        """The row published once every queue that must take it is bound to its type (`routes`).
+        """The row published once every queue that must take it is bound to its type (`bindings`).
 
         A replay goes to its one queue, which the broker checks itself (`DESTINATIONS_OWN_CLOSES`)."""
-        if self.routes is not None and not row.get("destination"):
+        if self.bindings is not None and not row.get("destination"):
             try:
-                queue = await self.routes.missing(channel.connection, row["routing_key"])
+                queue = await self.bindings.missing(channel.connection, row["routing_key"])
             except BROKER_TROUBLE as error:
                 trouble.append(error)
                 return None
             if queue is not None:
-                return Unrouted(queue)
+                return QueueMissing(queue)
         return await self._publish_one(channel, row, trouble)
 
     async def _publish_one(

@@ -21,14 +21,15 @@ from castad_contracts import topology
 from castad_runtime import backoff, db, process, redact
 from castad_runtime import metrics as runtime_metrics
 
+from castad_relay import bindings as bindings_
 from castad_relay import leadership, ownership, statements
 from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
-from castad_relay import routes as routes_
 from castad_relay import settings as settings_
 
 log = logging.getLogger(__name__)
 PUBLISHED = publisher_.Sent.PUBLISHED
+QueueMissing = publisher_.QueueMissing
 
 
 def publishable(rows: Sequence[dict[str, Any]], results: Sequence[publisher_.RowResult]) -> list[int]:
@@ -206,8 +207,7 @@ class SourceRelay:
                 continue
             await self._settle(conn, rows, results)
             await self._mark(conn)
-            if any(result is None or isinstance(result, publisher_.Unrouted) for result in results):
-                # Broker trouble, or a queue that does not exist yet: not the row's fault, it waits uncharged.
+            if any(result is None for result in results):  # broker trouble, not a refused row
                 await asyncio.sleep(self.config.retry_delay_s)
             elif not suspects and len(fetched) < self.config.batch_size and publisher_.Sent.SUSPECT not in results:
                 # That was all: rows committed since then have their NOTIFY waiting for the listener.
@@ -231,6 +231,11 @@ class SourceRelay:
             reason = _failure(result)
             if reason is not None:
                 self.metrics.failures.labels(self.source, reason).inc()
+        waiting = {
+            row["id"]: result for row, result in zip(rows, results, strict=True) if isinstance(result, QueueMissing)
+        }
+        if waiting:
+            await self._wait_for_queues(conn, waiting)
         for row, result in zip(rows, results, strict=True):
             if result is publisher_.Sent.SUSPECT:
                 self._suspects.add(row["id"])
@@ -239,6 +244,15 @@ class SourceRelay:
             self.publisher.closes.pop(row["id"], None)
             if isinstance(result, publisher_.Refused):
                 await self._refused(conn, row, result.reason, result.final)
+
+    async def _wait_for_queues(self, conn: psycopg.AsyncConnection[Any], waiting: dict[int, QueueMissing]) -> None:
+        """Rows a missing queue must take: due again after `retry_delay_s`, uncharged (the other rows go on)."""
+        self._backing_off = True
+        for queue in {result.queue for result in waiting.values()}:
+            ids = [row_id for row_id, result in waiting.items() if result.queue == queue]
+            reason = f"waits for queue {queue}, which must take it and does not exist yet"
+            params = {"ids": ids, "reason": reason, "delay_s": self.config.retry_delay_s, "term": self.lease.term}
+            await conn.execute(statements.WAIT_FOR_QUEUE, params)
 
     async def _refused(
         self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str, final: bool = False
@@ -328,7 +342,7 @@ def _failure(result: publisher_.RowResult) -> str | None:
         return metrics_.FORBIDDEN if result.final else metrics_.REFUSED
     if result is publisher_.Sent.SUSPECT:
         return metrics_.CHANNEL_CLOSED
-    if isinstance(result, publisher_.Unrouted):
+    if isinstance(result, QueueMissing):
         return metrics_.QUEUE_MISSING
     if result is None:
         return metrics_.BROKER_UNAVAILABLE
@@ -340,14 +354,14 @@ async def run(
 ) -> None:
     topo = topology.Topology(config.namespace)
     metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
-    # The queues are declared by set-up and by their services; the relay binds them to what they take (`routes`).
+    # The queues are declared by set-up and by their services; the relay binds them to what they take (`bindings`).
     publisher = publisher_.Publisher(
         config.amqp_url,
         topo.exchange,
         config.confirm_timeout_s,
         config.max_message_bytes,
         metrics.confirms,
-        routes_.Routes(topo),
+        bindings_.Bindings(topo, retry_s=config.retry_delay_s),
     )
     # One holder name for all its leases: the other relays count it once among the live ones.
     holder = leadership.Lease.holder_name(process.worker_id("relay"))
