@@ -567,3 +567,27 @@ def test_an_error_code_is_found_by_its_value_and_an_unknown_one_is_none():
     assert codes.ErrorCode.known("render_failed") is codes.ErrorCode.RENDER_FAILED
     assert codes.ErrorCode.known("a_newer_stages_code") is None
     assert json.dumps({"code": codes.ErrorCode.OUTAGE}) == '{"code": "outage"}'
+
+
+def test_a_field_a_later_version_added_is_left_out_of_an_older_one_when_it_holds_nothing():
+    """song.completed version 5 added the bars: a song without them is carried whole by version 1 still."""
+    lyrics = events.Lyrics(
+        title="t", language=brief.Language.KOREAN, sections=(events.LyricSection(kind="verse", lines=("a",)),)
+    )
+    artifact = events.Artifact(uri="file:///song.mp3", sha256="0" * 64, size=1, media_type="audio/mpeg")
+    song = events.SongCompleted(
+        pipeline_id=PIPELINE,
+        stage=events.Stage.SONG,
+        job_id=PIPELINE,
+        attempt=1,
+        artifact=artifact,
+        completed_at=NOW,
+        brief=BRIEF.model_copy(update={"genre": "k-pop", "language": brief.Language.KOREAN}),
+        lyrics=lyrics,
+        timed_lines=(),
+        song_duration_s=3.0,
+    )
+
+    assert envelope.wrap(song, "song.completed", "/castad/song").schemaversion == 1
+    with_bars = envelope.wrap(song.model_copy(update={"bars_s": (0.0, 2.0)}), "song.completed", "/castad/song")
+    assert with_bars.schemaversion == 5 and with_bars.data["bars_s"] == [0.0, 2.0]

@@ -490,11 +490,12 @@ class Registry:
         current = self.current_version(event_type)
         data = payload.model_dump(mode="json")
         for version in range(1, current):
+            older = _projected(self.model(event_type, version), data)  # without what that version has not
             try:
-                if self.read(event_type, version, data) == payload:
-                    return version, data
+                if self.read(event_type, version, older) == payload:
+                    return version, older
             except ValidationError:
-                continue  # a field this version has not, or a value it does not allow
+                continue  # a value this version does not allow
         return current, data
 
     def type_of(self, model: type[Payload]) -> str:
@@ -510,6 +511,21 @@ class Registry:
     @property
     def event_types(self) -> tuple[str, ...]:
         return tuple(sorted(self._current))
+
+
+def _projected(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without the fields `model` has not, its nested models' included: whether they held anything that
+    version cannot carry, the round trip through the upcasts tells (`Registry.oldest_carrying`)."""
+    kept = {}
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        if field is None:
+            continue
+        nested = field.annotation
+        if isinstance(value, dict) and isinstance(nested, type) and issubclass(nested, BaseModel):
+            value = _projected(nested, value)
+        kept[name] = value
+    return kept
 
 
 REGISTRY = Registry()
