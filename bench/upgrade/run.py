@@ -14,11 +14,13 @@ row).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import pathlib
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -91,7 +93,8 @@ class Rollout:
         self.artifacts_dir = workdir / "artifacts"
         self.stack = stack_.Stack(self.env(), workdir / "logs")
         self.release_of: dict[str, releases.Release] = {}  # process -> its release
-        self.api_ports: dict[str, int] = {}
+        self.api_ports: dict[str, int] = {}  # the gateways that take traffic: ready, not stopping
+        self._gateways_lock = threading.Lock()  # the traffic's threads read them while a roll changes them
         self.numbers: collections.Counter[str] = collections.Counter()
 
     def env(self) -> dict[str, str]:
@@ -107,7 +110,8 @@ class Rollout:
 
     @property
     def gateways(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}" for port in self.api_ports.values()]
+        with self._gateways_lock:
+            return [f"http://127.0.0.1:{port}" for port in self.api_ports.values()]
 
     def install(self, cleanup: common.Cleanup) -> str:
         """Databases at this release's schema, the topology, the music API; an admin key."""
@@ -125,27 +129,30 @@ class Rollout:
     def start(self, services: Iterable[str], release: releases.Release) -> None:
         """A replica of each of these services on `release`, started at once; back once each is ready (its
         /readyz, as the charts' readiness probe asks)."""
-        ports = [self._start(service, release) for service in services]
-        for port in ports:
+        started = [self._start(service, release) for service in services]
+        for name, port in started:
             self.stack.wait_ready(f"http://127.0.0.1:{port}", timeout_s=120)
+            if stack_.service_of(name) == topology.GATEWAY:  # in the load balancer once ready
+                with self._gateways_lock:
+                    self.api_ports[name] = port
 
-    def _start(self, service: str, release: releases.Release) -> int:
+    def _start(self, service: str, release: releases.Release) -> tuple[str, int]:
         self.numbers[service] += 1
         name = stack_.replica(service, self.numbers[service])
         port = stack_.free_port()
         extra = {"PYTHON": str(release.python)}
         if service == topology.GATEWAY:
-            self.api_ports[name] = port
             extra["CASTAD_API_PORT"] = str(port)
         else:
             extra[f"CASTAD_{service.upper()}_HEALTH_PORT"] = str(port)
         self.stack.start(name, extra)
         self.release_of[name] = release
-        return port
+        return name, port
 
     def stop(self, name: str) -> None:
+        with self._gateways_lock:  # out of the load balancer first
+            self.api_ports.pop(name, None)
         self.stack.stop(name, timeout_s=60)
-        self.api_ports.pop(name, None)
 
     def running(self) -> dict[str, str]:
         return {name: self.release_of[name].name for name in self.stack.processes}
@@ -192,11 +199,10 @@ def run(old_ref: str, settings: Settings, workdir: pathlib.Path) -> Result:
         photos = upload_photos(rollout.gateways[0], api_key)
         submitter = SteadyTraffic(rollout, settings.rate_per_s, api_key, photos)
         operator = traffic.Operator(submitter, interval_s=max(2.0, settings.phase_s / 3))
-        phases = [Phase(f"every service on {old.name}", rollout.running())]
+        phases = [Phase(f"every service on {old.name}", rollout.running(), time.time())]
         submitter.start()
         operator.start()
         cleanup.push("stop the traffic", lambda: (operator.stop(), submitter.stop()))
-        phases[-1].started = time.time()
         time.sleep(settings.phase_s)
         for group in GROUPS:
             for name in rollout.roll(group):
@@ -250,9 +256,11 @@ def wait_ended(gateway: str, api_key: str, pipeline_ids: list[str], within_s: fl
         while True:
             for pipeline_id in pipeline_ids:
                 if outcomes.get(pipeline_id) not in checker.TERMINAL:
-                    outcomes[pipeline_id] = http.get(f"/v1/pipelines/{pipeline_id}").json()["status"]
-            if all(status in checker.TERMINAL for status in outcomes.values()) or time.monotonic() > deadline:
-                return outcomes
+                    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):  # asked again next round
+                        outcomes[pipeline_id] = http.get(f"/v1/pipelines/{pipeline_id}").json()["status"]
+            ended = len(outcomes) == len(pipeline_ids) and all(s in checker.TERMINAL for s in outcomes.values())
+            if ended or time.monotonic() > deadline:
+                return {pipeline_id: outcomes.get(pipeline_id, "unknown") for pipeline_id in pipeline_ids}
             time.sleep(1.0)
 
 

@@ -17,10 +17,12 @@ import pytest
 import yaml
 from castad_contracts import topology
 from castad_local import REPO_ROOT, charts
+from castad_runtime import release
 
 from tests.deploy.rendering import KUBERNETES_VERSIONS, by_kind, env_of, render
 
 SERVICES = tuple(charts.SETTINGS)
+RELEASE = release.of("api")  # what every chart's appVersion names (tests/unit/test_release.py)
 
 # Value sets besides the defaults: a production-like one and a pared-down one.
 PRODUCTION: dict[str, Any] = {
@@ -97,11 +99,11 @@ def test_the_deployment_is_locked_down_probed_and_labelled(chart_dir, service):
     (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
     labels = deployment["metadata"]["labels"]
     assert labels["app.kubernetes.io/name"] == f"castad-{service}"
-    assert labels["app.kubernetes.io/part-of"] == "castad" and labels["app.kubernetes.io/version"] == "0.2.0"
+    assert labels["app.kubernetes.io/part-of"] == "castad" and labels["app.kubernetes.io/version"] == RELEASE
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
-    assert container["image"] == f"localhost/castad/{service}:0.2.0"
+    assert container["image"] == f"localhost/castad/{service}:{RELEASE}"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from castad_contracts import topology
+from castad_runtime import release
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -176,7 +177,9 @@ def test_one_pipeline_is_one_trace_across_all_five_services(castad, dbs, collect
     assert orphans == []
     for span in spans:
         assert span["resource"]["service.name"] == span["service"]
-        assert span["resource"]["service.namespace"] == "castad" and span["resource"]["service.version"] == "0.2.0"
+        assert span["resource"]["service.namespace"] == "castad" and span["resource"]["service.version"] == release.of(
+            "api"
+        )
 
     # The saga, parent to child: from the gateway's handling of video.completed up to the POST.
     by_id = {s["span_id"]: s for s in spans}

@@ -229,14 +229,14 @@ def columns(engine: sa.Engine) -> dict[str, dict[str, tuple[Any, ...]]]:
 
 
 def routines(engine: sa.Engine) -> set[tuple[str, ...]]:
-    """The triggers (table, name, when and on what it fires, its function) and the functions (name, arguments) of
-    the schema: what a release's code may rely on without naming it in a query."""
+    """The triggers (table, name, when and on what it fires, its function) and the functions (name, arguments,
+    result, body) of the schema: what a release's code may rely on without naming it in a query."""
     triggers = """
         SELECT 'trigger', tgrelid::regclass::text, tgname,
                regexp_replace(pg_get_triggerdef(oid), ' EXECUTE FUNCTION .*$', ''), tgfoid::regproc::text
         FROM pg_trigger WHERE NOT tgisinternal AND tgrelid::regclass::text <> 'alembic_version'"""
     functions = """
-        SELECT 'function', proname, pg_get_function_identity_arguments(oid), '', ''
+        SELECT 'function', proname, pg_get_function_identity_arguments(oid), pg_get_function_result(oid), md5(prosrc)
         FROM pg_proc WHERE pronamespace = 'public'::regnamespace"""
     with engine.connect() as conn:
         return {tuple(row) for query in (triggers, functions) for row in conn.execute(sa.text(query))}
