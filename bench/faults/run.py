@@ -670,7 +670,14 @@ class FaultRun:
                 fault.takeover_s = checker.first_after(work.published_from["api"], since)
             elif fault.kind == "stage replica frozen":
                 stage, job_id, _, _ = self.frozen_job
-                fault.takeover_s = checker.first_after(work.attempts_of(stage, job_id), since)
+                job = next((j for j in snapshot.jobs[stage].values() if str(j["id"]) == job_id), None)
+                if job is not None and job["status"] == "CANCELED" and job["finished_at"].timestamp() <= fault.ended:
+                    # The operator (the traffic's, at random) canceled it while the replica was frozen: its work
+                    # ended there, and no other replica had any to take over.
+                    fault.takeover_s = max(0.0, job["finished_at"].timestamp() - since)
+                    fault.detail += "; canceled by the operator meanwhile"
+                else:
+                    fault.takeover_s = checker.first_after(work.attempts_of(stage, job_id), since)
                 findings += self._frozen_sent_nothing(snapshot, fault)
             else:  # every service consumes again, the relay publishes again
                 firsts = [checker.first_after(times, since) for times in (*work.handled.values(), work.published)]

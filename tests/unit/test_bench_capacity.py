@@ -13,22 +13,6 @@ from castad_contracts import topology
 from bench import capacity
 
 
-@pytest.mark.parametrize(
-    ("key", "pattern", "routed"),
-    [
-        ("lyric.completed", "lyric.*", True),
-        ("lyric.completed", "lyric.completed", True),
-        ("provider.lyric.called_back", "lyric.*", False),
-        ("lyric.completed", "song.*", False),
-        ("lyric.completed", "#", True),
-        ("provider.song.called_back", "provider.#", True),
-        ("lyric", "lyric.*", False),
-    ],
-)
-def test_topic_patterns_route_as_the_broker_does(key: str, pattern: str, routed: bool) -> None:
-    assert capacity._routed(key, pattern) is routed
-
-
 def _measured() -> dict[str, Any]:
     return {
         "facts": {"date": "2026-11-28 05:00 UTC", "cores": 2, "cpu": "test", "postgres": "15", "load": "0 / 0 / 0"},

@@ -151,6 +151,8 @@ def test_each_stage_consumes_what_the_previous_one_completes():
         ("lyric.#", "lyric", True),
         ("#.called_back", "provider.song.called_back", True),
         ("*.completed", "provider.song.called_back", False),
+        ("lyric.*", "provider.lyric.called_back", False),
+        ("provider.#", "provider.song.called_back", True),
     ],
 )
 def test_a_binding_routes_a_key_as_a_topic_exchange_does(pattern, key, routed):

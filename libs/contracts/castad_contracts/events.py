@@ -514,8 +514,10 @@ class Registry:
 
 
 def _projected(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """`data` without the fields `model` has not, its nested models' included: whether they held anything that
-    version cannot carry, the round trip through the upcasts tells (`Registry.oldest_carrying`)."""
+    """`data` without the fields `model` has not, its nested models' included.
+
+    Whether they held anything that version cannot carry, the round trip through the upcasts tells
+    (`Registry.oldest_carrying`)."""
     kept = {}
     for name, value in data.items():
         field = model.model_fields.get(name)
