@@ -78,8 +78,8 @@ bench-capacity: setup  ## what a pipeline and a waiting job cost each part, the 
 bench-replicas: setup  ## two replicas of every stage and of the relay beside one of each: nothing lost, order kept, throughput (about 3 minutes); writes docs/reports/replicas.md
 	@$(BIN)/python -m bench.replicas
 
-upgrade-test: setup  ## a rolling upgrade from FROM (a tag or commit; default: the newest release tag) to this tree, under traffic; docs/reports/upgrade.md
-	@$(BIN)/python -m bench.upgrade $(if $(FROM),--from $(FROM))
+upgrade-test: setup  ## a rolling upgrade from FROM (a tag or commit; default: the newest release tag) to this tree, under traffic; docs/reports/upgrade.md (SHORT=1: the short version, as a test)
+	@$(if $(SHORT),$(BIN)/pytest -m upgrade tests/upgrade,$(BIN)/python -m bench.upgrade $(if $(FROM),--from $(FROM)))
 
 faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
 	@$(BIN)/python -m bench.faults

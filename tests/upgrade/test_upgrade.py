@@ -1,5 +1,8 @@
-"""A rolling upgrade from the release before to this tree, in short (`make upgrade-test` runs the full one and
-writes docs/reports/upgrade.md).
+"""A rolling upgrade from the release before to this tree, in short: `make upgrade-test SHORT=1` (`make upgrade-test`
+runs the full one and writes docs/reports/upgrade.md).
+
+Not in `make test` yet: it starts thirteen service processes, about 70 s alone and twice that beside the other
+tests, which would take `make test` past fifteen minutes on a 2-core machine.
 
 The earlier release installed from git beside this one, the schema migrated to this one's, every service rolled in
 CHANGELOG.md's order with a new replica beside the old one before the old one stops, under steady traffic with
@@ -14,7 +17,7 @@ from bench import common
 from bench.upgrade import releases, report, run
 from tests.support import servers
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.upgrade]
 
 
 @pytest.mark.timeout(900)
