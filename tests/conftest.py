@@ -30,12 +30,11 @@ from tests.support import object_store as object_store_
 from tests.support import servers
 
 LAST = "tests/e2e/test_fault_suite.py"  # it measures how soon work is taken over: with the least beside it
-FIRST = "tests/upgrade/"  # a whole rolling upgrade beside the other tests: done long before the fault suite starts
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the rolling upgrade first (a worker beside the end-to-end one takes it at once) and the fault suite last."""
-    items.sort(key=lambda item: (not item.nodeid.startswith(FIRST), item.nodeid.startswith(LAST)))
+    """Put the fault suite last."""
+    items.sort(key=lambda item: item.nodeid.startswith(LAST))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
