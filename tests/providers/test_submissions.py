@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,6 +26,7 @@ from castad_local.fakes import chat as fake_chat
 from castad_local.fakes import creatomate as fake_creatomate
 from castad_local.fakes import suno as fake_suno
 from castad_lyric import chat
+from castad_runtime import links
 from castad_runtime.stage import cancellation, fence, http, repository, runner
 from pydantic import SecretStr
 
@@ -107,7 +110,12 @@ def test_a_worker_whose_lease_ran_out_before_its_submit_sends_nothing_to_the_api
     assert api.sent() == []
 
 
-def test_one_attempt_submitted_twice_is_two_jobs_at_the_api_for_it_takes_no_key(api: Api) -> None:
+def test_one_attempt_submitted_twice_is_two_jobs_at_the_api_for_it_takes_no_key(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the links it signs expire counted from the clock: both submits sign at one second, or the bodies differ
+    at = time.time()
+    monkeypatch.setattr(links, "time", types.SimpleNamespace(time=lambda: at))
     first = api.submit(cancellation.Cancellation())
     second = api.submit(cancellation.Cancellation())  # claimed again after its answer was lost
 
