@@ -39,7 +39,7 @@ pytestmark = pytest.mark.integration
 def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_one_is_handled(
     installation, engines, amqp, run_consumer
 ):
-    """Six bad messages on the lyric queue, then a good one.
+    """Seven bad messages on the lyric queue, then a good one.
 
     Each bad one lands in <ns>.dead-letter with its body and an x-castad-reason naming what is wrong; none blocks,
     crashes or is retried, and the good pipeline.requested still creates its job.
@@ -51,6 +51,7 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     run_consumer("lyric", {events.PIPELINE_REQUESTED: handler}, threads=1, metrics=measured)
     unknown = requested_envelope().model_copy(update={"type": "pipeline.exploded"})
     unreadable = requested_envelope().model_copy(update={"data": {"pipeline_id": "p-1", "brief": {}}})
+    routed_as_another = requested_envelope().model_copy(update={"type": "video.completed", "source": "/castad/video"})
     bad = {
         b"\x00\xffnot json at all{": "not JSON",
         b"[1, 2, 3]": "not a JSON object",
@@ -60,11 +61,16 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
         json.dumps({"actor_name": "x", "queue_name": "q", "args": 5, "message_id": "m"}).encode(): (
             "invalid Dramatiq message"
         ),
+        routed_as_another.to_json(): "a video.completed delivered under routing key 'pipeline.requested'",
     }
     good = requested_envelope()
 
     for body in bad:
-        amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, body)
+        if body == unknown.to_json():  # no queue takes an unknown type but as a replay, sent to the queue alone
+            queue = topology.queue("lyric")
+            amqp.publish(contracts_topology.Topology.requeue_exchange(queue), queue, body)
+        else:
+            amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, body)
     amqp.publish(topology.exchange, events.PIPELINE_REQUESTED, good.to_json(), message_id=str(good.id))
 
     waits.until(lambda: handler.finished == 1, what="the good message handled")
@@ -80,7 +86,7 @@ def test_unreadable_and_unhandled_messages_are_dead_lettered_and_the_next_good_o
     assert count(engines["lyric"], tables.jobs, tables.jobs.c.pipeline_id == good.subject) == 1
     for queue in (topology.queue("lyric"), topology.dead_letter_queue):
         assert amqp.depth(queue) == 0, queue
-    kinds = {metrics.UNDECODABLE: 4, metrics.UNKNOWN_TYPE: 1, metrics.INVALID_PAYLOAD: 1}
+    kinds = {metrics.UNDECODABLE: 5, metrics.UNKNOWN_TYPE: 1, metrics.INVALID_PAYLOAD: 1}
     waits.until(lambda: {kind: _dead_letters(registry, kind) for kind in kinds} == kinds, what=f"counted: {kinds}")
     assert _handoffs(registry) == 1  # only the good one reached a handler
 

@@ -8,15 +8,19 @@ in the dead-letter queue), it is counted, and it holds back only the later rows 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import envelope, events, topology
 from castad_relay import metrics as relay_metrics
 from castad_runtime import db, metrics, outbox, tables
+from psycopg import sql
+from sqlalchemy.engine import make_url
 
 from tests.integration.helpers import lyric_started, requested_envelope, write_events
-from tests.support import waits
+from tests.support import servers, waits
 
 pytestmark = pytest.mark.integration
 
@@ -122,3 +126,61 @@ def test_the_gateways_replay_keeps_its_producers_source_and_goes_to_its_queue_al
 
     assert replayed.document["source"] == "/castad/lyric" and replayed.event_id == completed.id
     assert amqp.take_all(topo.queue("api")) == []
+
+
+@pytest.fixture
+def lyric_owner(installation, engines) -> Iterator[str]:
+    """The lyric database as its service's role holds it (owner of the database and of its public schema): its URL."""
+    role = f"owner_{uuid.uuid4().hex[:10]}"
+    url = make_url(installation.database_urls["lyric"])
+    database = url.database
+    with psycopg.connect(**db.connect_kwargs(servers.PG_URL), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), role))
+        conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(database), sql.Identifier(role)))
+    with db.transaction(engines["lyric"]) as conn:
+        conn.execute(sa.text(f'ALTER SCHEMA public OWNER TO "{role}"'))
+    try:
+        yield url.set(username=role, password=role).render_as_string(hide_password=False)
+    finally:
+        engines.dispose()
+        with psycopg.connect(**db.connect_kwargs(servers.database_url(database)), autocommit=True) as conn:
+            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(role)))
+        with psycopg.connect(**db.connect_kwargs(servers.PG_URL), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# What the owner of a stage's database may do in it, with no right beyond its own: an operator `->>` of its own
+# that names the stage's own type and source whatever the envelope holds, first on the database's search path.
+# Every new session there, the relay's included, resolves `->>` to it.
+OWN_OPERATOR = """
+CREATE SCHEMA mine;
+CREATE FUNCTION mine.field(envelope jsonb, key text) RETURNS text LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog
+AS $$ SELECT CASE key WHEN 'type' THEN 'lyric.started' WHEN 'source' THEN '/castad/lyric' ELSE envelope ->> key END $$;
+CREATE OPERATOR mine.->> (LEFTARG = jsonb, RIGHTARG = text, FUNCTION = mine.field);
+ALTER DATABASE {database} SET search_path = mine, pg_catalog, public;
+"""
+
+
+def test_a_stage_that_defines_its_own_operators_and_search_path_still_gets_only_its_own_events_published(
+    installation, engines, amqp, start_relay, lyric_owner
+):
+    """The relay judges the bytes it publishes, read as stored: nothing the stage's database computes decides."""
+    topo = installation.topology
+    with psycopg.connect(**db.connect_kwargs(lyric_owner), autocommit=True) as conn:
+        conn.execute(OWN_OPERATOR.format(database=sql.Identifier(db.database_name(lyric_owner)).as_string(conn)))
+    with psycopg.connect(**db.connect_kwargs(lyric_owner), autocommit=True) as conn:  # a session begun since
+        [seen] = conn.execute("SELECT '{\"type\": \"song.started\"}'::jsonb ->> 'type'").fetchone() or ("",)
+    assert seen == "lyric.started"  # the owner's sessions see what it chose
+    forged = started(events.Stage.SONG, str(uuid.uuid4()))  # another stage's event, under the stage's own key
+    forge(engines["lyric"], forged, routing_key=events.stage_event(events.Stage.LYRIC, "started"))
+    start_relay(fallback_poll_s=30, max_publish_attempts=10)
+
+    waits.until(lambda: row_of(engines["lyric"], forged.id)["parked_at"], what="the forged row parked")
+
+    assert (
+        "routing key lyric.started is not its event's type 'song.started'"
+        in row_of(engines["lyric"], forged.id)["last_error"]
+    )
+    delivered = [message for queue in topo.services for message in amqp.take_all(topo.queue(queue))]
+    assert forged.id not in {uuid.UUID(message.document["id"]) for message in delivered}

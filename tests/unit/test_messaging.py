@@ -50,6 +50,32 @@ def test_anything_else_goes_to_the_dead_letter_actor_with_its_reason(raw, reason
     assert why.startswith(reason)
 
 
+@pytest.mark.parametrize("routing_key", ["lyric.started", "t.song", None])
+def test_an_envelope_delivered_under_its_own_type_or_to_this_queue_alone_goes_to_the_event_actor(routing_key):
+    """Its type from the events exchange, or this queue's name: a replay the gateway sent back to it alone.
+
+    (None: decoded outside a consumer, which knows no routing key.)"""
+    encoder.delivering(routing_key)
+    try:
+        assert ENCODER.decode(published())["actor_name"] == "song.on_event"
+    finally:
+        encoder.delivering(None)
+
+
+def test_an_envelope_delivered_under_another_types_routing_key_is_a_dead_letter():
+    """A body that says video.completed, routed as lyric.started: whatever it says of itself, it came another way."""
+    raw = published(type="video.completed", source="/castad/video")
+    encoder.delivering("lyric.started")
+    try:
+        message = ENCODER.decode(raw)
+    finally:
+        encoder.delivering(None)
+
+    assert message["actor_name"] == encoder.DEAD_LETTER_ACTOR
+    kept, why = message["args"]
+    assert base64.b64decode(kept) == raw and why == "a video.completed delivered under routing key 'lyric.started'"
+
+
 def own_message(**changes: object) -> dict[str, Any]:
     """A retry as Dramatiq enqueues it for the event actor (as JSON has it: lists, not tuples)."""
     message = dramatiq.Message(

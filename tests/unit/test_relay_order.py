@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 from typing import Any
 
 import aiormq
@@ -29,7 +28,8 @@ def rows(*pipelines: str) -> list[dict[str, Any]]:
             "event_id": index,
             "pipeline_id": pipeline,
             "routing_key": "stage.lyric.started",
-            "content": "{}",
+            "event_type": "stage.lyric.started",
+            "envelope": {},
             "traceparent": None,
             "tracestate": None,
             "created_at": CREATED,
@@ -172,7 +172,7 @@ def test_only_a_failure_that_may_have_broken_the_channel_closes_it(answer: objec
 def test_a_row_over_the_size_limit_is_refused_without_being_sent():
     channel = FakeChannel()
     batch = rows("a", "b")
-    batch[0]["content"] = json.dumps({"data": "x" * 5000})
+    batch[0]["envelope"] = {"data": "x" * 5000}
 
     results, _ = publish(batch, channel, max_message_bytes=4096)
 
@@ -224,7 +224,7 @@ def test_a_row_a_missing_queue_must_take_waits_unsent_and_holds_back_only_its_pi
     channel = FakeChannel()
     channel.connection = object()
     batch = rows("a", "b", "a")
-    batch[0]["routing_key"] = "lyric.completed"
+    batch[0]["routing_key"] = batch[0]["event_type"] = "lyric.completed"
     bindings = MissingQueue("lyric.completed", "castad.song")
     publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, bindings=bindings)  # type: ignore[arg-type]
     publisher._channel = channel
@@ -240,7 +240,7 @@ def test_a_replay_goes_to_its_one_queue_without_a_look_at_the_others():
     channel = FakeChannel()
     channel.connection = object()
     [replay] = rows("a")
-    replay |= {"routing_key": "lyric.completed", "destination": "castad.api"}
+    replay |= {"routing_key": "lyric.completed", "event_type": "lyric.completed", "destination": "castad.api"}
     bindings = MissingQueue("lyric.completed", "castad.song")
     publisher = publisher_.Publisher("amqp://never-connected", "castad", 1, 1 << 20, bindings=bindings)  # type: ignore[arg-type]
     publisher._channel = channel

@@ -5,12 +5,18 @@ The relay publishes CloudEvents envelopes (not Dramatiq messages) to the topic e
 its event actor (`<service>.on_event`), and anything it cannot read into a message for the
 dead-letter actor, with the reason. Messages Dramatiq enqueued itself (delayed retries)
 keep their JSON form and are checked against the queue's own actors and arguments.
+
+An envelope must have come the way its type routes it: under its own type (from the events exchange) or under
+this queue's name (a replay the gateway sent back to it alone). The consumer hands the encoder each delivery's
+routing key with its body (`delivering`, `messaging.ServiceBroker`); a body of another type than its key is a
+dead letter, whatever it says of itself.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import uuid
 from typing import Any
@@ -23,6 +29,12 @@ from dramatiq.encoder import Encoder, MessageData
 from castad_runtime import redact
 
 DEAD_LETTER_ACTOR = "castad.dead_letter"
+_delivery = threading.local()  # the routing key of the delivery being decoded by this thread's consumer
+
+
+def delivering(routing_key: str | None) -> None:
+    """Said by the consumer's thread before it decodes a delivery's body: the routing key it came under."""
+    _delivery.routing_key = routing_key
 
 
 class EnvelopeEncoder(Encoder):
@@ -83,6 +95,9 @@ class EnvelopeEncoder(Encoder):
             env = envelope_.Envelope.model_validate(document)
         except pydantic.ValidationError as error:
             return self._dead(data, f"invalid envelope: {redact.validation_summary(error)}")
+        routing_key = getattr(_delivery, "routing_key", None)
+        if routing_key is not None and routing_key not in (env.type, self.queue_name):
+            return self._dead(data, f"a {env.type} delivered under routing key {routing_key!r}")
         return self._message(self.actor_name, [document], str(env.id))
 
     def _dead(self, data: bytes, reason: str, queue_name: str | None = None) -> MessageData:

@@ -24,12 +24,12 @@ import dramatiq
 import pika
 import pika.exceptions
 from castad_contracts import topology
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
 from dramatiq.common import dq_name
 from dramatiq.common import xq_name as xq_name  # re-exported: set-up moves what Dramatiq once declared
 from dramatiq.middleware import CurrentMessage
 
-from castad_runtime import amqp, outages
+from castad_runtime import amqp, encoder, outages
 
 log = logging.getLogger(__name__)
 DECLARE_TIMEOUT_S = 10.0
@@ -51,6 +51,7 @@ class ServiceBroker(RabbitmqBroker):
     - Dramatiq publishes its delayed messages (a handler's retry, a held event) to `<queue>.DQ`
       through the default exchange, which would need a permission to write into every queue.
       This broker's channel sends them through `Topology.requeue_exchange(queue)` instead.
+    - Its consumer tells the encoder the routing key of each delivery it decodes (`encoder.delivering`).
     """
 
     def __init__(self, *, amqp_url: str, topo: topology.Topology, requeue_exchange: str) -> None:
@@ -75,12 +76,31 @@ class ServiceBroker(RabbitmqBroker):
         """No `.XQ`: see the class docstring."""
 
     @property
+    def consumer_class(self) -> type[_RabbitmqConsumer]:
+        return _RoutedConsumer
+
+    @property
     def channel(self) -> Any:
         return _RequeueChannel(RabbitmqBroker.channel.fget(self), self.requeue_exchange)  # type: ignore[attr-defined]
 
     @channel.deleter
     def channel(self) -> None:
         RabbitmqBroker.channel.fdel(self)  # type: ignore[attr-defined]
+
+
+class _RoutedConsumer(_RabbitmqConsumer):
+    """Dramatiq's consumer, which decodes each delivery's body as soon as it is taken: the encoder learns its routing
+    key first."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)  # type: ignore[no-untyped-call]  # Dramatiq's consumer is untyped
+        self.iterator = _routed(self.iterator)
+
+
+def _routed(deliveries: Iterator[tuple[Any, Any, Any]]) -> Iterator[tuple[Any, Any, Any]]:
+    for method, properties, body in deliveries:
+        encoder.delivering(method.routing_key if method is not None else None)
+        yield method, properties, body
 
 
 class _RequeueChannel:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import psycopg
-from castad_runtime import db, metrics, scrape
+from castad_runtime import metrics, scrape
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -104,9 +104,8 @@ class Outbox:
     def read(self) -> list[Metric]:
         timeout_ms = int(scrape.TIMEOUT_S * 1000)
         parameters = {
-            **db.connect_kwargs(self.url),
+            **statements.session_kwargs(self.url, f"-c statement_timeout={timeout_ms}"),
             "connect_timeout": int(scrape.TIMEOUT_S),
-            "options": f"-c statement_timeout={timeout_ms}",
         }
         with psycopg.connect(**parameters) as conn:
             row = conn.execute(statements.BACKLOG).fetchone()

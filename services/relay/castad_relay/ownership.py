@@ -26,9 +26,12 @@ from castad_contracts import topology
 def refusal(service: str, row: Mapping[str, Any], topo: topology.Topology) -> str | None:
     """Why `service`'s outbox may not publish `row`; None if it may.
 
-    `row` is an outbox row with its envelope's `event_type` and `event_source`.
+    `row` is an outbox row taken apart (`publisher.taken_apart`): its envelope's `event_type` and `event_source`
+    are those it publishes.
     """
     event_type, source, destination = row["event_type"], row["event_source"], row["destination"]
+    if event_type is None or source is None:
+        return "its envelope is no JSON object with a type and a source"
     if event_type != row["routing_key"]:
         return f"routing key {row['routing_key']} is not its event's type {event_type!r}"
     producer = topology.PRODUCERS.get(event_type)

@@ -88,15 +88,35 @@ def stopping() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def envelope_body(content: str, traceparent: str | None, tracestate: str | None) -> bytes:
-    """A message body: an outbox row's envelope with the given trace context.
+TRACE_FIELDS = ("traceparent", "tracestate")
 
-    `content` is the envelope without one, as JSON text (PostgreSQL's, which writes an object as `{...}`); the
-    trace fields are spliced in rather than the whole envelope parsed and encoded again.
+
+def taken_apart(row: dict[str, Any]) -> dict[str, Any]:
+    """An outbox row as the relay judges and publishes it.
+
+    Its envelope (as stored, parsed here) without the trace context that the relay's publish span replaces, that
+    context apart, and the envelope's `event_type` and `event_source` (None where it names none) for `ownership`:
+    what is judged is what is sent.
     """
-    trace_fields = json.dumps({"traceparent": traceparent, "tracestate": tracestate})
-    separator = ", " if content != "{}" else ""
-    return f"{content[:-1]}{separator}{trace_fields[1:]}".encode()
+    stored = row["envelope"]
+    fields = stored if isinstance(stored, dict) else {}
+    for name in TRACE_FIELDS:
+        row[name] = _text(fields.get(name))
+    if isinstance(stored, dict):
+        row["envelope"] = {name: value for name, value in stored.items() if name not in TRACE_FIELDS}
+    row["event_type"], row["event_source"] = _text(fields.get("type")), _text(fields.get("source"))
+    return row
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def envelope_body(envelope: Any, traceparent: str | None, tracestate: str | None) -> bytes:
+    """A message body: an outbox row's envelope (`taken_apart`) with the given trace context."""
+    if isinstance(envelope, dict):
+        envelope = {**envelope, "traceparent": traceparent, "tracestate": tracestate}
+    return json.dumps(envelope, ensure_ascii=False).encode()
 
 
 class Publisher:
@@ -223,7 +243,7 @@ class Publisher:
         # A replayed dead letter goes back to its queue only, through that queue's requeue exchange.
         destination = row.get("destination")
         exchange = topology.Topology.requeue_exchange(destination) if destination else self.exchange
-        routing_key = destination or row["routing_key"]
+        routing_key = destination or row["event_type"]  # the type judged (`ownership`): the row's key is the same
         with self._tracer.start_span(  # not made current: nothing else here would be its child
             f"publish {exchange}",  # OpenTelemetry messaging: "{operation} {destination}"
             context=parent,
@@ -240,7 +260,7 @@ class Publisher:
         ) as span:
             # The consumer continues the trace from this publish span.
             traceparent, tracestate = telemetry.current_trace_headers(span)
-            body = envelope_body(row["content"], traceparent, tracestate)
+            body = envelope_body(row["envelope"], traceparent, tracestate)
             if len(body) > self.max_message_bytes:
                 return Refused(f"message of {len(body)} bytes is over the {self.max_message_bytes} byte limit")
             headers: dict[str, Any] = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
@@ -248,7 +268,7 @@ class Publisher:
                 content_type=envelope_.CONTENT_TYPE,
                 delivery_mode=2,  # persistent
                 message_id=str(row["event_id"]),
-                message_type=row["routing_key"],
+                message_type=row["event_type"],
                 timestamp=row["created_at"],
                 headers=headers,
             )

@@ -146,7 +146,7 @@ class SourceRelay:
             renewing.result()  # the renewal's error, if one it does not handle ended it
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
+        return await psycopg.AsyncConnection.connect(**statements.session_kwargs(self.url), autocommit=True)
 
     async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """End the lease at once, so that another relay takes over without waiting for it to run out.
@@ -311,7 +311,7 @@ class SourceRelay:
             "x-castad-source": self.name,
             "x-castad-parked-event": str(row["event_id"]),
         }
-        body = publisher_.envelope_body(row["content"], row["traceparent"], row["tracestate"])
+        body = publisher_.envelope_body(row["envelope"], row["traceparent"], row["tracestate"])
         message_id = f"parked:{row['event_id']}:{uuid.uuid4()}"
         return await self.publisher.publish_dead_letter(self.dead_letter_exchange, body, headers, message_id)
 
@@ -319,7 +319,7 @@ class SourceRelay:
         """The next rows to publish."""
         cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
         await cursor.execute(statements.PENDING, {"limit": self.config.batch_size})
-        return await cursor.fetchall()
+        return [publisher_.taken_apart(row) for row in await cursor.fetchall()]
 
     async def _until_next_retry(self, conn: psycopg.AsyncConnection[Any]) -> float:
         """How long to wait for a NOTIFY before draining anyway.

@@ -2,12 +2,34 @@
 
 A row the broker refused is "held" while it backs off (`retry_at` ahead) or once it is
 parked; a held row holds back the later rows of its own pipeline, and nothing else.
+
+The service's role owns the database the relay reads: it may define operators, functions and a search path of its
+own there. So every session of the relay resolves names in PostgreSQL's own catalog only (`PINNED`, given at
+connection, which no setting of the database or role overrides), every table is named with its schema, and what
+the relay judges and publishes is a row's columns as stored, its envelope parsed by the relay (`PENDING`).
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from castad_runtime import db
+
+# The options of every session of the relay (`session_kwargs`).
+PINNED = "-c search_path=pg_catalog"
+
+
+def session_kwargs(url: str, *options: str) -> dict[str, Any]:
+    """The keyword arguments of `psycopg.connect` for a session of the relay on `url`: names resolved by `PINNED`."""
+    kwargs = db.connect_kwargs(url)
+    kwargs["options"] = " ".join(filter(None, (kwargs.get("options"), PINNED, *options)))
+    return kwargs
+
 
 # The lease of the relay that leads (castad_relay.leadership): taken once it ran out (a new term), or renewed
 # by its holder under its own term; its term, or no row if another relay holds it.
 TAKE_LEASE = """
-INSERT INTO outbox_leader AS lease (id, term, holder, expires_at, renewed_at)
+INSERT INTO public.outbox_leader AS lease (id, term, holder, expires_at, renewed_at)
 VALUES (true, 1, %(holder)s, now() + make_interval(secs => %(lease_s)s), now())
 ON CONFLICT (id) DO UPDATE
 SET term = CASE WHEN lease.holder = EXCLUDED.holder AND lease.term = %(term)s THEN lease.term ELSE lease.term + 1 END,
@@ -21,41 +43,37 @@ RETURNING term
 # live here besides this one (castad_relay.leadership.Spread).
 LOOK = """
 SELECT lease.holder, lease.term, lease.expires_at < now(), extract(epoch FROM now() - lease.expires_at)::float8,
-       (SELECT count(*) FROM outbox_relay WHERE expires_at >= now() AND holder <> %(holder)s)
-FROM (SELECT) AS one LEFT JOIN outbox_leader AS lease ON true
+       (SELECT count(*) FROM public.outbox_relay WHERE expires_at >= now() AND holder <> %(holder)s)
+FROM (SELECT) AS one LEFT JOIN public.outbox_leader AS lease ON true
 """
 
 # This relay is live: its row among the relays of this database, ending like a lease (written every third
 # of it). Rows of relays gone for an hour are cleared on the way.
 HEARTBEAT = """
-WITH gone AS (DELETE FROM outbox_relay WHERE expires_at < now() - interval '1 hour')
-INSERT INTO outbox_relay AS relay (holder, expires_at) VALUES (%(holder)s, now() + make_interval(secs => %(lease_s)s))
+WITH gone AS (DELETE FROM public.outbox_relay WHERE expires_at < now() - interval '1 hour')
+INSERT INTO public.outbox_relay AS relay (holder, expires_at)
+VALUES (%(holder)s, now() + make_interval(secs => %(lease_s)s))
 ON CONFLICT (holder) DO UPDATE SET expires_at = EXCLUDED.expires_at
 """
 
 # A stopping relay leaves the roll at once, so the others count it out without waiting.
-LEAVE = "DELETE FROM outbox_relay WHERE holder = %(holder)s"
+LEAVE = "DELETE FROM public.outbox_relay WHERE holder = %(holder)s"
 
 # A stopping leader, or one handing the lease over to another relay, ends its lease at once.
-RELEASE_LEASE = "UPDATE outbox_leader SET expires_at = now() WHERE holder = %(holder)s AND term = %(term)s"
+RELEASE_LEASE = "UPDATE public.outbox_leader SET expires_at = now() WHERE holder = %(holder)s AND term = %(term)s"
 
 # The oldest publishable rows: not published, not parked, not backing off, and with no held
 # row earlier in their pipeline (partial indexes outbox_unpublished and outbox_held). Always from
 # the oldest: a row that came due, was republished or committed late goes before the later rows
 # of its pipeline.
-# The envelope's type and source come apart, for the relay's look at what the row may publish (`ownership`).
-# The envelope comes as JSON text without its trace context, which the relay's publish span
-# replaces (`publisher.envelope_body`): PostgreSQL writes the text, the relay neither parses nor
-# encodes it again.
+# The envelope as stored: the relay takes it apart itself (`publisher.taken_apart`) and judges the very fields it
+# publishes (`ownership`), never a value the database computed.
 PENDING = """
-SELECT id, event_id, pipeline_id, routing_key, created_at, publish_attempts, destination,
-       envelope ->> 'type' AS event_type, envelope ->> 'source' AS event_source,
-       (envelope - 'traceparent' - 'tracestate')::text AS content,
-       envelope ->> 'traceparent' AS traceparent, envelope ->> 'tracestate' AS tracestate
-FROM outbox AS o
+SELECT id, event_id, pipeline_id, routing_key, created_at, publish_attempts, destination, envelope
+FROM public.outbox AS o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now())
   AND NOT EXISTS (
-    SELECT 1 FROM outbox AS held
+    SELECT 1 FROM public.outbox AS held
     WHERE held.pipeline_id = o.pipeline_id AND held.id < o.id AND held.published_at IS NULL
       AND (held.parked_at IS NOT NULL OR held.retry_at IS NOT NULL)
       AND (held.parked_at IS NOT NULL OR held.retry_at > now())
@@ -65,7 +83,7 @@ LIMIT %(limit)s
 """
 
 # A row another leader marked already (a relay that lost its lease marks what it had confirmed) keeps its time.
-MARK_PUBLISHED = "UPDATE outbox SET published_at = now() WHERE id = ANY(%(marked)s) AND published_at IS NULL"
+MARK_PUBLISHED = "UPDATE public.outbox SET published_at = now() WHERE id = ANY(%(marked)s) AND published_at IS NULL"
 
 # For the relay's own session: its commits do not wait for their WAL flush. A mark lost to a crash of the
 # database only sends its rows again, which every consumer's inbox takes as duplicates; nothing else the
@@ -77,26 +95,26 @@ DURABLY = "SET LOCAL synchronous_commit TO on"
 # `DURABLY`: a park that a crash undid would tell the operators a second time. Only under the leader's term:
 # a relay that lost the lease (and whose rows another one now publishes) changes none.
 REFUSED = """
-UPDATE outbox
+UPDATE public.outbox
 SET publish_attempts = publish_attempts + 1,
     last_error = %(reason)s,
     retry_at = now() + make_interval(secs => %(delay_s)s),
     parked_at = CASE WHEN %(park)s THEN now() END
-WHERE id = %(id)s AND published_at IS NULL AND EXISTS (SELECT 1 FROM outbox_leader WHERE term = %(term)s)
+WHERE id = %(id)s AND published_at IS NULL AND EXISTS (SELECT 1 FROM public.outbox_leader WHERE term = %(term)s)
 """
 
 # Rows held for a queue that must take them and does not exist yet: due again a moment later, with the reason,
 # no try charged; like a backing-off row, each holds back only the later rows of its pipeline. Under the leader's
 # term only.
 WAIT_FOR_QUEUE = """
-UPDATE outbox SET last_error = %(reason)s, retry_at = now() + make_interval(secs => %(delay_s)s)
-WHERE id = ANY(%(ids)s) AND published_at IS NULL AND EXISTS (SELECT 1 FROM outbox_leader WHERE term = %(term)s)
+UPDATE public.outbox SET last_error = %(reason)s, retry_at = now() + make_interval(secs => %(delay_s)s)
+WHERE id = ANY(%(ids)s) AND published_at IS NULL AND EXISTS (SELECT 1 FROM public.outbox_leader WHERE term = %(term)s)
 """
 
 # Seconds until the earliest backing-off row is due (NULL if none backs off).
 NEXT_RETRY_IN = """
 SELECT extract(epoch FROM min(retry_at) - now())
-FROM outbox
+FROM public.outbox
 WHERE published_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL
 """
 
@@ -105,8 +123,8 @@ WHERE published_at IS NULL AND parked_at IS NULL AND retry_at IS NOT NULL
 # outbox_held: each part one indexed look).
 BACKLOG = """
 SELECT
-  (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL) AS backlog,
-  coalesce((SELECT extract(epoch FROM now() - created_at) FROM outbox
+  (SELECT count(*) FROM public.outbox WHERE published_at IS NULL AND parked_at IS NULL) AS backlog,
+  coalesce((SELECT extract(epoch FROM now() - created_at) FROM public.outbox
             WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT 1), 0) AS oldest_s,
-  (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NOT NULL) AS parked
+  (SELECT count(*) FROM public.outbox WHERE published_at IS NULL AND parked_at IS NOT NULL) AS parked
 """
