@@ -22,7 +22,7 @@ up: setup  ## run every service in the foreground until Ctrl-C (gateway on 127.0
 test: setup  ## lint, the docs and every test: the three at once
 	@$(MAKE) --no-print-directory -j3 lint docs pytest
 
-pytest:  ## unit, integration and end-to-end tests: the end-to-end ones one after another on one worker, the rest beside them
+pytest:  ## unit, integration and end-to-end tests: the end-to-end ones in turn on two workers, the rest beside them
 	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
 
 check: lint  ## the fast loop: lint, then the tests that need no server (unit, providers, charts), in parallel

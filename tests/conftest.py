@@ -8,8 +8,9 @@ RabbitMQ namespace. Nothing is shared with the local stack or with another test,
 A missing server is a failure, never a skip: `make test` starts or installs the servers before pytest runs, so a
 missing one means the set-up is broken.
 
-Under pytest-xdist (`make test`: `-n 4 --dist loadscope`) the end-to-end tests run one after another on one worker,
-handed out first, and the fault suite last of them, while the other workers run the rest beside them.
+Under pytest-xdist (`make test`: `-n 4 --dist loadscope`) the end-to-end tests run in two units, each one test after
+another on one worker, handed out first, the fault suite last of them, while the other workers run the rest beside
+them (tests/support/scheduling.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under `--dist loadscope`, the end-to-end tests one after another on one worker (tests/support/scheduling.py)."""
+    """Under `--dist loadscope`: the end-to-end tests in two units, each on a worker (tests/support/scheduling.py)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from tests.support import scheduling  # imports xdist, which only a distributed run needs
