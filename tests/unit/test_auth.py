@@ -33,6 +33,23 @@ def test_an_address_may_fail_its_burst_then_earns_a_try_back_at_its_rate():
     assert limit.wait_s("10.0.0.1") is None
 
 
+def test_an_ipv6_host_fails_from_its_whole_64_and_a_mapped_ipv4_address_is_that_address():
+    """One host holds a /64 and may take a new address of it for every try: the /64 is the client."""
+    limit = auth.FailureLimit(burst=1, per_s=0.01, clock=Clock())
+
+    limit.failed("2001:db8:0:7::1")
+    assert limit.wait_s("2001:db8:0:7:abcd::99") is not None
+    assert limit.wait_s("2001:db8:0:8::1") is None  # the next /64: another client
+    limit.failed("::ffff:10.0.0.9")
+    assert limit.wait_s("10.0.0.9") is not None
+    assert [auth.client_of(a) for a in ("2001:db8:0:7::1", "::ffff:10.0.0.9", "10.0.0.9", "testclient")] == [
+        "2001:db8:0:7::/64",
+        "10.0.0.9",
+        "10.0.0.9",
+        "testclient",
+    ]
+
+
 def test_a_bucket_never_holds_more_than_its_burst():
     clock = Clock()
     limit = auth.FailureLimit(burst=1, per_s=1.0, clock=clock)

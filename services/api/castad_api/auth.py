@@ -1,16 +1,18 @@
 """Who calls, decided cheaply for those who fail.
 
-The public port answers anyone, so a bogus key must not cost a database query each time, and a client address that
-keeps failing is slowed.
+The public port answers anyone, so a bogus key must not cost a database query each time, and a client that keeps
+failing is slowed.
 
 - A key not of the form keys.py makes (`cad_` and 40 URL-safe characters) is refused without a look-up.
 - A well-formed key found unknown or revoked is remembered for UNKNOWN_TTL_S, so that sending it again
   costs no query (a key is random: nobody sends one before it is made, and a revoked key stays revoked).
-- Every failure takes a token from its client address's bucket (CASTAD_API_AUTH_FAILURE_BURST at once,
-  then CASTAD_API_AUTH_FAILURES_PER_S a second); an address whose bucket is empty gets 429 with Retry-After
-  before anything is looked at, whatever key it sends. Behind a proxy, the client address is the one its
-  X-Forwarded-For names only for proxies in CASTAD_API_FORWARDED_ALLOW_IPS; otherwise every client behind
-  it shares the proxy's bucket.
+- Every failure takes a token from its client's bucket (CASTAD_API_AUTH_FAILURE_BURST at once, then
+  CASTAD_API_AUTH_FAILURES_PER_S a second); once it is empty, the client's failures are answered 429 with
+  Retry-After instead of 401. A client is its address, or for IPv6 its /64 (one host holds a whole /64).
+- Only failures are throttled, never a key: a request with a valid key is served whatever other requests from
+  its address did, for behind a load balancer, a NAT or a proxy not trusted for X-Forwarded-For
+  (CASTAD_API_FORWARDED_ALLOW_IPS) one bad client shares its address with every tenant. So a well-formed key
+  not known to be bad is always looked up (one indexed query, as for every valid request).
 
 Each counted in castad_api_auth_failures_total by reason. All of it is held in process: each replica of
 the gateway keeps its own buckets and memory, so across N replicas a client meets N times the limit.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import ipaddress
 import math
 import threading
 import time
@@ -38,7 +41,7 @@ class Failure(enum.StrEnum):
     MISSING = "missing"  # no Authorization: Bearer header
     MALFORMED = "malformed"  # not a key this gateway could have made
     UNKNOWN = "unknown"  # unknown or revoked
-    THROTTLED = "throttled"  # not looked at: the address failed too often
+    THROTTLED = "throttled"  # a failure of a client that failed too often: 429
 
 
 class Refused(Exception):
@@ -59,8 +62,22 @@ class _Bucket:
     at: float
 
 
+def client_of(address: str) -> str:
+    """Whose bucket an address's failures take from: the address, or for IPv6 its /64 (an IPv4 one mapped: the
+    IPv4 address)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address  # not an address (a test client's name, a Unix socket): itself
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class FailureLimit:
-    """A token bucket per client address, taken from by failures only: `burst` at once, `per_s` a second."""
+    """A token bucket per client (`client_of`), taken from by failures only: `burst` at once, `per_s` a second."""
 
     def __init__(self, burst: int, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.burst = burst
@@ -77,21 +94,22 @@ class FailureLimit:
         return bucket
 
     def wait_s(self, address: str) -> float | None:
-        """How long `address` must wait before it may try again; None: it may try now."""
+        """How long `address` must wait before it may fail again unslowed; None: it may now."""
         with self._lock:
             now = self.clock()
-            bucket = self._refilled(address, now)
+            bucket = self._refilled(client_of(address), now)
             if bucket is None or bucket.tokens >= 1:
                 return None
             return (1 - bucket.tokens) / self.per_s
 
     def failed(self, address: str) -> None:
+        client = client_of(address)
         with self._lock:
             now = self.clock()
-            bucket = self._refilled(address, now) or _Bucket(float(self.burst), now)
+            bucket = self._refilled(client, now) or _Bucket(float(self.burst), now)
             bucket.tokens = max(bucket.tokens - 1, 0.0)
-            self._buckets[address] = bucket
-            self._buckets.move_to_end(address)
+            self._buckets[client] = bucket
+            self._buckets.move_to_end(client)
             while len(self._buckets) > MAX_REMEMBERED:
                 self._buckets.popitem(last=False)
 
@@ -132,10 +150,6 @@ class Authenticator:
         self.on_failure = on_failure
 
     def authenticate(self, engine: sa.Engine, token: str | None, address: str) -> keys.Principal:
-        wait_s = self.limit.wait_s(address)
-        if wait_s is not None:
-            self.on_failure(Failure.THROTTLED)
-            raise Refused(Failure.THROTTLED, wait_s)
         if token is None:
             raise self._failed(Failure.MISSING, address)
         if not keys.well_formed(token):
@@ -151,6 +165,11 @@ class Authenticator:
         return principal
 
     def _failed(self, failure: Failure, address: str) -> Refused:
+        """A failure, counted; answered 429 once its client used up its bucket."""
+        wait_s = self.limit.wait_s(address)
+        if wait_s is not None:
+            self.on_failure(Failure.THROTTLED)
+            return Refused(Failure.THROTTLED, wait_s)
         self.limit.failed(address)
         self.on_failure(failure)
         return Refused(failure)

@@ -71,7 +71,8 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": api.Problem, "description": "the API key lacks the scope"},
     429: {
         "model": api.Problem,
-        "description": "too many failed authentications from this client address: none is looked at before Retry-After",
+        "description": "an authentication failed, one too many from this client address (IPv6: its /64): try again"
+        " after Retry-After; a valid key is never refused for it",
     },
 }
 UNREADABLE: dict[int | str, dict[str, Any]] = {400: {"model": api.Problem, "description": "a body that is not JSON"}}
@@ -104,7 +105,7 @@ def _refusal(refused: auth.Refused) -> HTTPException:
     if refused.failure is auth.Failure.THROTTLED:
         return HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
-            "too many failed authentications from this address: try again later",
+            "authentication failed, and too many have from this address: try again later",
             {"Retry-After": refused.retry_after()},
         )
     if refused.failure is auth.Failure.MISSING:

@@ -117,8 +117,9 @@ class ApiSettings(settings.StoreSettings):
     auth_failure_burst: int = Field(
         default=30,
         ge=1,
-        description="failed authentications a client address may make at once; then CASTAD_API_AUTH_FAILURES_PER_S"
-        " more a second. Beyond that, its requests get 429 with Retry-After before any key is looked at",
+        description="failed authentications a client address (IPv6: its /64) may make at once; then"
+        " CASTAD_API_AUTH_FAILURES_PER_S more a second. Beyond that, its failures get 429 with Retry-After instead"
+        " of 401; a valid key is never refused for them",
     )
     auth_failures_per_s: float = Field(
         default=0.5, gt=0, description="how fast a client address earns back a failed authentication"
