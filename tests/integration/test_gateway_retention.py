@@ -337,6 +337,43 @@ def test_a_completed_event_naming_another_pipelines_or_stages_file_gets_a_404_no
     assert wrong_stage.status_code == 404 and "a song" not in wrong_stage.text
 
 
+def test_a_file_changed_on_the_volume_or_swapped_for_a_link_is_not_served_and_the_operators_are_told(
+    engine, http, installation, tmp_path
+):
+    """Every stage mounts the volume: the gateway serves a file only with the bytes and size its event recorded."""
+    store = artifacts.VolumeStore(installation.artifacts_dir)
+    kept: list[events.Artifact] = []
+
+    def lyrics(pipeline_id: str) -> events.Artifact:
+        with store.scratch(pipeline_id, events.Stage.LYRIC, 1, ".txt") as scratch:
+            scratch.write_text("the finished lyrics")
+            kept.append(store.keep(scratch, pipeline_id, events.Stage.LYRIC, "text/plain"))
+        return kept[-1]
+
+    pipeline_id = ended_pipeline(engine, dt.timedelta(0), lyrics)
+    path = store.path(kept[0])
+    url = f"/v1/pipelines/{pipeline_id}/artifacts/lyric"
+    assert (http.get(url).status_code, http.get(url).text) == (200, "the finished lyrics")
+
+    path.write_text("the forged  lyrics")  # the same size, one word changed: as a stage with the volume could
+    changed = http.get(url)
+    elsewhere = tmp_path / "same-bytes.txt"
+    elsewhere.write_text("the finished lyrics")
+    path.unlink()
+    path.symlink_to(elsewhere)  # a link to a file with the very bytes on record: still not the file itself
+    linked = http.get(url)
+    path.unlink()
+    path.write_text("the finished lyrics")
+    restored = http.get(url)
+
+    assert changed.status_code == 500 and "lyrics" not in changed.text
+    assert "not the one on record" in changed.json()["detail"]
+    assert linked.status_code == 404 and "lyrics" not in linked.text  # a link out of the pipeline's place
+    assert (restored.status_code, restored.text) == (200, "the finished lyrics")
+    failures = [line for line in http.get("/metrics").text.splitlines() if line.startswith("castad_api_integrity")]
+    assert "castad_api_integrity_failures_total 1.0" in failures
+
+
 def test_every_retention_query_of_the_gateway_finds_its_rows_through_an_index(engine, config):
     """The plans of the statements the gateway's retention runs use the indexes made for them.
 

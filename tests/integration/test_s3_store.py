@@ -69,6 +69,18 @@ def test_the_gateway_link_is_a_presigned_url_that_serves_the_bytes(store):
 
     assert "X-Amz-Signature" in url
     assert (answer.status_code, answer.content, answer.headers["content-type"]) == (200, b"video bytes", "audio/wav")
+    assert answer.headers["content-disposition"].startswith("attachment; filename=")
+
+
+def test_a_file_its_event_calls_a_page_is_presigned_as_an_attachment_of_no_type_a_browser_runs(store):
+    """The media type in an event is the stage's word: text/html or SVG from it would run in the bucket's origin."""
+    for named in ("text/html", "image/svg+xml"):
+        artifact = kept(store, b"<script>alert(1)</script>").model_copy(update={"media_type": named})
+
+        answer = httpx.get(store.serve(artifact, PIPELINE, events.Stage.SONG))
+
+        assert answer.headers["content-type"] == "application/octet-stream"
+        assert answer.headers["content-disposition"].startswith("attachment")
 
 
 def test_an_artifact_of_another_store_or_a_missing_object_is_missing_not_an_outage(store):

@@ -6,6 +6,8 @@ Which destinations it refuses, how it follows redirects, and what it takes of an
 from __future__ import annotations
 
 import ipaddress
+import socket
+import threading
 import time
 
 import httpx
@@ -150,3 +152,34 @@ def test_a_provider_apis_own_words_are_its_errors_detail_not_its_message():
 
     assert (error.code, error.message) == ("provider_auth", "the LLM answered 401")
     assert "db-7.svc" in (error.detail or "") and "sk-proj-abcd1234" not in (error.detail or "")
+
+
+def test_a_server_that_drips_its_answers_headers_is_left_at_the_deadline_of_the_whole_exchange():
+    """Each byte comes well within the client's timeout, so only a deadline for the whole exchange ends it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 200:  # 0.1 s a byte: 20 s of headers
+                if stop.wait(0.1):
+                    return
+                conn.sendall(bytes([byte]))
+
+    threading.Thread(target=drip, daemon=True).start()
+    client = outbound.Client(allow_private=True, timeout_s=1.0)
+    started = time.monotonic()
+    try:
+        with (
+            pytest.raises(httpx.TimeoutException),
+            client.stream("GET", f"http://127.0.0.1:{server.getsockname()[1]}/", deadline=started + 1.0),
+        ):
+            pass
+    finally:
+        stop.set()
+        client.close()
+        server.close()
+
+    assert time.monotonic() - started < 5  # at its deadline, not after the server's 20 s

@@ -27,9 +27,9 @@ from castad_video import service as video_service
 from castad_local import REPO_ROOT, quorum
 
 PROCFILE = REPO_ROOT / "infra" / "local" / "Procfile"
-# Where `make up` serves each worker's /healthz, /readyz and /metrics (the gateway: on its own port, 8000);
-# infra/observability/prometheus.yml scrapes them there.
-PROBE_PORTS = {"relay": 8001, "lyric": 8002, "song": 8003, "video": 8004}
+# Where `make up` serves each service's /healthz, /readyz and /metrics, apart from the gateway's public port 8000
+# as in the charts; infra/observability/prometheus.yml scrapes them there.
+PROBE_PORTS = {"relay": 8001, "lyric": 8002, "song": 8003, "video": 8004, "api": 8005}
 EPHEMERAL_PORTS = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -74,7 +74,7 @@ def prepare(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def probe_env() -> dict[str, str]:
-    """The variables that give each worker of the local stack its PROBE_PORTS port."""
+    """The variables that give each service of the local stack its PROBE_PORTS port."""
     return {f"CASTAD_{service.upper()}_HEALTH_PORT": str(port) for service, port in PROBE_PORTS.items()}
 
 

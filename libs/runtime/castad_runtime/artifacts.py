@@ -50,6 +50,21 @@ from castad_contracts import brief, events
 from castad_runtime import outages, redact, settings
 
 DIGEST_NAME_CHARS = 16  # hex characters of the sha256 in a final name: 64 bits
+# Media types a file is served as (the type its event names comes from a stage): none a browser runs as a page.
+SERVED_IMAGES = frozenset({"image/jpeg", "image/png", "image/webp", "image/gif"})
+OTHERWISE_SERVED_AS = "application/octet-stream"
+
+
+def served_media_type(media_type: str) -> str:
+    """The media type a file named as `media_type` is served as.
+
+    Its own if audio, video, plain text or an image that holds no script (not SVG); otherwise
+    application/octet-stream.
+    """
+    kind = media_type.split(";", 1)[0].strip().lower()
+    if kind.startswith(("audio/", "video/")) or kind in SERVED_IMAGES or kind == "text/plain":
+        return kind
+    return OTHERWISE_SERVED_AS
 
 
 class ArtifactStore(Protocol):
@@ -420,12 +435,7 @@ class S3Store:
 
     def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
         """A presigned URL of the artifact, valid `presign_s` seconds."""
-        key = self._key(artifact, pipeline_id, stage)
-        params = {"Bucket": self.bucket, "Key": key, "ResponseContentType": artifact.media_type}
-        url: str = self._call(
-            "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
-        )
-        return url
+        return self._presigned(self._key(artifact, pipeline_id, stage), artifact.media_type)
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int:
         """Delete every object of the stage for the pipeline, and its scratch files here; how many objects."""
@@ -465,10 +475,15 @@ class S3Store:
 
     def serve_image(self, photo: brief.Photo) -> str:
         """A presigned URL of a tenant's image, valid `presign_s` seconds."""
+        return self._presigned(self.prefix + _photo_name(photo), photo.media_type)
+
+    def _presigned(self, key: str, media_type: str) -> str:
+        """A presigned URL of the object `key`, valid `presign_s` seconds: an attachment of an allowed media type."""
         params = {
             "Bucket": self.bucket,
-            "Key": self.prefix + _photo_name(photo),
-            "ResponseContentType": photo.media_type,
+            "Key": key,
+            "ResponseContentType": served_media_type(media_type),
+            "ResponseContentDisposition": f'attachment; filename="{key.rsplit("/", 1)[-1]}"',
         }
         url: str = self._call(
             "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s

@@ -89,8 +89,10 @@ class ServiceBroker(RabbitmqBroker):
 
 
 class _RoutedConsumer(_RabbitmqConsumer):
-    """Dramatiq's consumer, which decodes each delivery's body as soon as it is taken: the encoder learns its routing
-    key first."""
+    """Dramatiq's consumer, telling the encoder each delivery's routing key.
+
+    Dramatiq decodes a delivery's body as soon as it is taken: the encoder learns its routing key just before.
+    """
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)  # type: ignore[no-untyped-call]  # Dramatiq's consumer is untyped

@@ -12,7 +12,10 @@ reached through `Client`, which:
 - follows a GET's redirects by hand when the caller allows some, each checked the same way,
   never from https down to http and without the caller's headers on another origin;
 - asks for and accepts the identity encoding only (no compressed answer that grows past its cap
-  in one chunk), and reads an answer up to a size cap within a deadline for the whole of it.
+  in one chunk), and reads an answer up to a size cap within a deadline for the whole of it;
+- ends the whole exchange at the caller's deadline (`Client.stream`'s `deadline`): connecting, the TLS
+  handshake, sending and the answer's headers too, for each read of the connection waits only as long as the
+  deadline leaves (a server that drips its headers a byte at a time holds no thread past it).
 
 The check happens where the connection is made: httpx's own transport, whose connection pool
 gets a network backend that resolves, checks and connects (httpcore's `NetworkBackend`; the
@@ -34,6 +37,7 @@ Failures besides httpx's own (a timeout, a refused connection):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ipaddress
 import socket
 import time
@@ -139,6 +143,46 @@ def addresses(host: str, port: int, allow_private: bool) -> list[IPAddress]:
     return resolved
 
 
+# The deadline of the exchange under way in this thread (`Client.stream`), which every read and write of its
+# connection keeps to (`_DeadlineStream`).
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("outbound_deadline", default=None)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every wait ends by the deadline of the exchange under way, if it has one."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    @staticmethod
+    def _left(timeout: float | None, late: type[httpcore.TimeoutException]) -> float | None:
+        deadline = _deadline.get()
+        if deadline is None:
+            return timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise late("the exchange took longer than its deadline")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        left = self._left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
 class _CheckedBackend(httpcore.NetworkBackend):
     """httpcore's sockets, made only to addresses `addresses` checked, in the order the resolver gave."""
 
@@ -157,7 +201,9 @@ class _CheckedBackend(httpcore.NetworkBackend):
         failed: Exception | None = None
         for address in addresses(host, port, self._allow_private):
             try:
-                return self._sockets.connect_tcp(str(address), port, timeout, local_address, socket_options)
+                left = _DeadlineStream._left(timeout, httpcore.ConnectTimeout)
+                stream = self._sockets.connect_tcp(str(address), port, left, local_address, socket_options)
+                return _DeadlineStream(stream)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
                 failed = error
         assert failed is not None
@@ -226,13 +272,26 @@ class Client:
         *,
         max_redirects: int = 0,
         headers: Mapping[str, str] | None = None,
+        deadline: float | None = None,
         **kwargs: Any,
     ) -> Iterator[httpx.Response]:
         """Send a request and yield its answer, body unread; a GET follows up to `max_redirects` redirects.
 
         A redirect past the last one allowed is TooManyRedirects; with none allowed, for another
         method or without a location, the 3xx answer itself is yielded. Every hop is checked as the
-        first one was."""
+        first one was. The whole exchange, until the block ends, keeps to `deadline` (monotonic; None: each wait
+        only to the client's timeout): past it, a wait of the connection ends in httpx's timeout."""
+        token = _deadline.set(deadline)
+        try:
+            with self._exchange(method, url, max_redirects, headers, **kwargs) as response:
+                yield response
+        finally:
+            _deadline.reset(token)
+
+    @contextlib.contextmanager
+    def _exchange(
+        self, method: str, url: str, max_redirects: int, headers: Mapping[str, str] | None, **kwargs: Any
+    ) -> Iterator[httpx.Response]:
         request = self._client.build_request(method, url, headers=headers, **kwargs)
         response = self._send(request)
         try:

@@ -21,7 +21,6 @@ the gateway keeps its own buckets and memory, so across N replicas a client meet
 from __future__ import annotations
 
 import collections
-import dataclasses
 import enum
 import ipaddress
 import math
@@ -31,10 +30,10 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from castad_api import keys
+from castad_api import buckets, keys
 
 UNKNOWN_TTL_S = 60.0
-MAX_REMEMBERED = 10_000  # addresses with a bucket, unknown keys: the oldest are forgotten beyond it
+MAX_REMEMBERED = buckets.MAX_REMEMBERED  # unknown keys: the oldest are forgotten beyond it
 
 
 class Failure(enum.StrEnum):
@@ -56,15 +55,11 @@ class Refused(Exception):
         return str(max(1, math.ceil(self.retry_after_s or 0)))
 
 
-@dataclasses.dataclass
-class _Bucket:
-    tokens: float
-    at: float
-
-
 def client_of(address: str) -> str:
-    """Whose bucket an address's failures take from: the address, or for IPv6 its /64 (an IPv4 one mapped: the
-    IPv4 address)."""
+    """Whose bucket an address's failures take from.
+
+    The address, or for IPv6 its /64 (for an IPv4 address mapped into IPv6: the IPv4 address).
+    """
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -80,38 +75,14 @@ class FailureLimit:
     """A token bucket per client (`client_of`), taken from by failures only: `burst` at once, `per_s` a second."""
 
     def __init__(self, burst: int, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst = burst
-        self.per_s = per_s
-        self.clock = clock
-        self._buckets: collections.OrderedDict[str, _Bucket] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def _refilled(self, address: str, now: float) -> _Bucket | None:
-        bucket = self._buckets.get(address)
-        if bucket is not None:
-            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.at) * self.per_s)
-            bucket.at = now
-        return bucket
+        self._buckets = buckets.Buckets(burst, per_s, clock)
 
     def wait_s(self, address: str) -> float | None:
         """How long `address` must wait before it may fail again unslowed; None: it may now."""
-        with self._lock:
-            now = self.clock()
-            bucket = self._refilled(client_of(address), now)
-            if bucket is None or bucket.tokens >= 1:
-                return None
-            return (1 - bucket.tokens) / self.per_s
+        return self._buckets.wait_s(client_of(address))
 
     def failed(self, address: str) -> None:
-        client = client_of(address)
-        with self._lock:
-            now = self.clock()
-            bucket = self._refilled(client, now) or _Bucket(float(self.burst), now)
-            bucket.tokens = max(bucket.tokens - 1, 0.0)
-            self._buckets[client] = bucket
-            self._buckets.move_to_end(client)
-            while len(self._buckets) > MAX_REMEMBERED:
-                self._buckets.popitem(last=False)
+        self._buckets.take(client_of(address))
 
 
 class UnknownKeys:

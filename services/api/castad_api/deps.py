@@ -10,17 +10,22 @@ tenant's); another tenant's pipeline is a 404, as if it did not exist.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import pathlib
 from typing import Annotated, Any
 
 import sqlalchemy as sa
 from castad_contracts import api
 from castad_runtime import artifacts, health
 from fastapi import Depends, Header, HTTPException, Request, status
+from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from castad_api import auth, decoding, disclosure, keyring, keys, notifications, stream_keys
+from castad_api import auth, buckets, decoding, disclosure, keyring, keys, notifications, served, stream_keys
 from castad_api import metrics as metrics_
 from castad_api import settings as settings_
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -36,10 +41,13 @@ class Gateway:
     stream_keys: stream_keys.StreamKeys = dataclasses.field(init=False)
     keyring: keyring.Keyring = dataclasses.field(init=False)
     readiness: dict[str, health.Check] = dataclasses.field(init=False)
+    seals: served.Seals = dataclasses.field(default_factory=served.Seals)
+    callbacks: buckets.Buckets = dataclasses.field(init=False)  # providers' callbacks, per pipeline and stage
 
     def __post_init__(self) -> None:
         limit = auth.FailureLimit(self.config.auth_failure_burst, self.config.auth_failures_per_s)
         self.auth = auth.Authenticator(limit, lambda failure: self.metrics.auth_failures.labels(failure.value).inc())
+        self.callbacks = buckets.Buckets(self.config.callback_burst, self.config.callbacks_per_s)
         config = self.config
         self.keyring = keyring.Keyring(self.engine)
         self.stream_keys = stream_keys.StreamKeys(self.engine, config.sse_streams_per_key, config.sse_key_check_s)
@@ -49,6 +57,20 @@ class Gateway:
             "database": health.cached(health.pooled_database(self.engine)),
             "rabbitmq": health.cached(self.broker_check),
         }
+
+    def file(self, where: pathlib.Path | str, recorded: served.Recorded, media_type: str, name: str) -> Response:
+        """A stored file as its record describes it (`served.file`), or 500 with the reason and none of its bytes."""
+        try:
+            return served.file(where, recorded, media_type, name, self.seals, self._corrupt)
+        except served.Corrupt:
+            raise HTTPException(
+                status.HTTP_500_INTERNAL_SERVER_ERROR,
+                "the stored file is not the one on record, so it is not served; the operators were told",
+            ) from None
+
+    def _corrupt(self, corrupt: served.Corrupt) -> None:
+        log.error("integrity: %s", corrupt)
+        self.metrics.integrity_failures.inc()
 
     def viewer(self, who: keys.Principal) -> disclosure.Viewer:
         """What `who` is shown of the gateway's internals (all of it for an admin key)."""

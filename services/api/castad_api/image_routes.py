@@ -219,7 +219,7 @@ def _content(gw: deps.Gateway, row: records.Image) -> Response:
         where = gw.store.serve_image(repository.photo(row))
     except artifacts.ArtifactMissing:
         raise errors.NotFound(f"image {row.id} is not in this store") from None
-    return served.file(where, row.media_type, str(row.id))
+    return gw.file(where, served.Recorded(row.sha256, row.size), row.media_type, str(row.id))
 
 
 def _image(row: records.Image) -> api.Image:

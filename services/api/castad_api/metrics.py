@@ -59,13 +59,19 @@ class GatewayMetrics:
         )
         self.auth_failures = Counter(
             "castad_api_auth_failures_total",
-            "Requests refused for their API key: missing, malformed, unknown (or revoked), or throttled (not looked"
-            " at: their client address failed too often)",
+            "Requests refused for their API key: missing, malformed, unknown (or revoked), or throttled (a failure"
+            " of a client address that failed too often: 429)",
             ["reason"],
             registry=self.registry,
         )
         for reason in AUTH_FAILURES:
             self.auth_failures.labels(reason)
+        self.integrity_failures = Counter(
+            "castad_api_integrity_failures_total",
+            "Stored files not served because they are not what their record says (other bytes, another size, a"
+            " link), or that changed while they were sent",
+            registry=self.registry,
+        )
 
     def answered(self, method: str, route: str, status: int, duration_s: float) -> None:
         method = method if method in METHODS else "other"

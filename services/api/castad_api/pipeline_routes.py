@@ -227,15 +227,29 @@ LINK_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": api.Problem}, 404
     "/provider-callbacks/{stage}/{pipeline_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     tags=["providers"],
-    responses=LINK_ERRORS,
+    responses={
+        **LINK_ERRORS,
+        429: {"model": api.Problem, "description": "more callbacks of the stage of the pipeline than it takes"},
+    },
     dependencies=SIGNED_LINK,
 )
 def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDep) -> Response:
     """Where a stage's network provider (a music or render API) calls back when its work moves on.
 
     The stage polls the provider at once instead of at its next scheduled poll. A link the stage signed (no API
-    key: providers cannot send one). The body is not read; the poll alone decides what became of the work.
+    key: providers cannot send one). The body is not read; the poll alone decides what became of the work. A link
+    stays valid while the work may take, so one sent again and again is taken at most
+    CASTAD_API_CALLBACK_BURST times at once and CASTAD_API_CALLBACKS_PER_S after, per pipeline and stage (429 with
+    Retry-After beyond: the stage's scheduled polls go on regardless).
     """
+    wait_s = gw.callbacks.wait_s((pipeline_id, stage))
+    if wait_s is not None:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"more callbacks of the {stage.value} stage of this pipeline than it takes: try again later",
+            {"Retry-After": str(max(1, math.ceil(wait_s)))},
+        )
+    gw.callbacks.take((pipeline_id, stage))
     with db.transaction(gw.engine) as conn:
         operations.called_back(conn, pipeline_id, stage)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -506,7 +520,7 @@ def _serve(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{kept} is not in this store") from None
     except artifacts.ArtifactMissing:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{kept} is not in this store") from None
-    return served.file(where, artifact.media_type, name)
+    return gw.file(where, served.Recorded(artifact.sha256, artifact.size), artifact.media_type, name)
 
 
 @router.get(

@@ -1,19 +1,146 @@
-"""A file of the artifact store as an answer: the file itself, or a redirect to the object store's presigned URL."""
+"""A file of the artifact store as an answer: its bytes as their record describes them, or a redirect.
+
+Every stage mounts the volume the gateway serves from, so a compromised one could change another pipeline's (another
+tenant's) file, or put a link at its name. The gateway serves a local file only as its record describes it:
+- opened without following a link at its name, a regular file of the recorded size, whose sha256 is the recorded
+  one, checked before the first byte is sent (`Seals` remembers a file checked and unchanged since, by its inode,
+  size and change times, so that a file served again is not read twice);
+- and checked again as it is sent, the last chunk held back until the whole digest is known: a file changed in
+  place while it is sent ends the answer before its end, never as a complete 200.
+
+A mismatch is `Corrupt`: the caller gets 500 with a clear reason and none of the bytes, the operators a log line
+and castad_api_integrity_failures_total. Either way a file is an attachment of an allowed media type
+(`artifacts.served_media_type`: never one a browser runs as a page); with an object store, the answer is a redirect
+to a presigned URL that says so (`artifacts.S3Store.serve`), and the object store's bytes are not checked here.
+"""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import hashlib
+import logging
+import os
 import pathlib
+import stat
+import threading
+from collections.abc import Callable, Iterator
 
+from castad_runtime import artifacts
 from fastapi import status
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+
+log = logging.getLogger(__name__)
+CHUNK_BYTES = 256 * 1024
+SEALS_KEPT = 10_000
 
 
-def file(where: pathlib.Path | str, media_type: str, name: str) -> Response:
-    """Answer with a stored file, or with a 307 to its presigned URL.
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """What a stored file must be: as the event that announced it (or the upload's record) says."""
+
+    sha256: str
+    size: int
+
+
+class Corrupt(Exception):
+    """A stored file that is not what its record says (other bytes, another size, a link, no regular file)."""
+
+
+class Seals:
+    """Files whose bytes were checked, each by its identity then: a file unchanged since is not read again."""
+
+    def __init__(self, kept: int = SEALS_KEPT) -> None:
+        self.kept = kept
+        self._seen: collections.OrderedDict[tuple[object, ...], None] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, identity: tuple[object, ...]) -> bool:
+        with self._lock:
+            return identity in self._seen
+
+    def add(self, identity: tuple[object, ...]) -> None:
+        with self._lock:
+            self._seen[identity] = None
+            self._seen.move_to_end(identity)
+            while len(self._seen) > self.kept:
+                self._seen.popitem(last=False)
+
+
+def file(
+    where: pathlib.Path | str,
+    recorded: Recorded,
+    media_type: str,
+    name: str,
+    seals: Seals,
+    on_corrupt: Callable[[Corrupt], None],
+) -> Response:
+    """Answer with a stored file as `recorded`, or with a 307 to its presigned URL.
 
     `where` is a local path, offered as `name` and its suffix, or a presigned URL, as the store's `serve` or
-    `serve_image` gave it.
+    `serve_image` gave it. Raises Corrupt (after `on_corrupt`) for a local file that is not as recorded.
     """
     if isinstance(where, str):
         return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
-    return FileResponse(where, media_type=media_type, filename=f"{name}{where.suffix}")
+    try:
+        fd = _opened(where, recorded, seals)
+    except Corrupt as corrupt:
+        on_corrupt(corrupt)
+        raise
+    headers = {
+        "Content-Length": str(recorded.size),
+        "Content-Disposition": f'attachment; filename="{name}{where.suffix}"',
+        "ETag": f'"{recorded.sha256}"',
+    }
+    body = _sent(fd, where, recorded, on_corrupt)
+    return StreamingResponse(body, media_type=artifacts.served_media_type(media_type), headers=headers)
+
+
+def _opened(path: pathlib.Path, recorded: Recorded, seals: Seals) -> int:
+    """The file at `path` opened, as recorded; raises Corrupt."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link at its name: ELOOP
+    except OSError as error:
+        raise Corrupt(f"{path} cannot be opened as a file: {error.strerror}") from None
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_size != recorded.size:
+            raise Corrupt(f"{path} holds {found.st_size} bytes, not the {recorded.size} on record")
+        identity = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns, recorded.sha256)
+        if identity not in seals:
+            digest = hashlib.sha256()
+            for chunk in _chunks(fd):
+                digest.update(chunk)
+            if digest.hexdigest() != recorded.sha256:
+                raise Corrupt(f"{path} does not have the bytes on record (sha256 {recorded.sha256})")
+            seals.add(identity)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _chunks(fd: int) -> Iterator[bytes]:
+    offset = 0
+    while chunk := os.pread(fd, CHUNK_BYTES, offset):
+        offset += len(chunk)
+        yield chunk
+
+
+def _sent(fd: int, path: pathlib.Path, recorded: Recorded, on_corrupt: Callable[[Corrupt], None]) -> Iterator[bytes]:
+    """The file's chunks, each sent once the next is read, the last once the whole digest is the recorded one."""
+    try:
+        digest, size, held = hashlib.sha256(), 0, b""
+        for chunk in _chunks(fd):
+            digest.update(chunk)
+            size += len(chunk)
+            if held:
+                yield held
+            held = chunk
+        if digest.hexdigest() != recorded.sha256 or size != recorded.size:
+            corrupt = Corrupt(f"{path} changed while it was sent: the answer ends unfinished")
+            on_corrupt(corrupt)
+            raise corrupt
+        yield held
+    finally:
+        os.close(fd)

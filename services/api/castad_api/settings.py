@@ -168,6 +168,15 @@ class ApiSettings(settings.StoreSettings):
         " for itself (CASTAD_SONG_LINK_SECRET, CASTAD_VIDEO_LINK_SECRET: `python -m castad_api link-secrets`);"
         " unset: every link is refused",
     )
+    callback_burst: int = Field(
+        default=10,
+        ge=1,
+        description="callbacks a provider may send about one stage of one pipeline at once; then"
+        " CASTAD_API_CALLBACKS_PER_S more a second, per gateway process (beyond: 429 with Retry-After)",
+    )
+    callbacks_per_s: float = Field(
+        default=0.5, gt=0, description="how fast the callbacks of a stage of a pipeline are taken again"
+    )
     link_max_s: float = Field(
         default=21_600.0,
         ge=60,

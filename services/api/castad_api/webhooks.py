@@ -190,12 +190,13 @@ class Sender:
             "webhook-timestamp": str(timestamp),
             "webhook-signature": signatures(secrets, message_id, timestamp, body),
         }
+        deadline = time.monotonic() + self._timeout_s  # for the whole exchange, the answer's headers too
         try:
-            with self._client.stream("POST", url, content=body, headers=headers) as response:
+            with self._client.stream("POST", url, content=body, headers=headers, deadline=deadline) as response:
                 status = response.status_code
                 # The answer's status is what counts: a body too large or encoded is not read on.
                 with contextlib.suppress(outbound.TooLarge, outbound.EncodingRefused):
-                    outbound.read(response, ANSWER_MAX_BYTES, time.monotonic() + self._timeout_s)
+                    outbound.read(response, ANSWER_MAX_BYTES, deadline)
         except outbound.Refused as error:  # a destination no try can send to
             log.warning("notice %s not sent: %s", message_id, error)
             return Outcome(error=REFUSED, blocked=True)

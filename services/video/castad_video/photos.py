@@ -135,7 +135,7 @@ def _fetched(
             allow_private=limits.allow_private, timeout_s=limits.timeout_s, keepalive=False, transport=transport
         )
         try:
-            with client.stream("GET", url, max_redirects=MAX_REDIRECTS) as response:
+            with client.stream("GET", url, max_redirects=MAX_REDIRECTS, deadline=deadline) as response:
                 if response.status_code >= 300:
                     raise _answered(named, response)
                 return outbound.read(response, limits.max_bytes, deadline)

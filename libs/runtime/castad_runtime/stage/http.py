@@ -286,7 +286,7 @@ class HttpProvider:
 
     def _exchange(self, method: str, path: str, headers: Mapping[str, str], **kwargs: Any) -> Answer:
         deadline = time.monotonic() + self.timeout_s  # for the whole answer, not only for each read
-        with self._client.stream(method, path, headers=headers, **kwargs) as response:
+        with self._client.stream(method, path, headers=headers, deadline=deadline, **kwargs) as response:
             body = outbound.read(response, self.max_body_bytes, deadline)
             return Answer(response.status_code, response.headers, body)
 
@@ -346,7 +346,7 @@ def download(
         deadline = time.monotonic() + timeout_s
         client = outbound.Client(allow_private=allow_private, timeout_s=timeout_s, keepalive=False, transport=transport)
         try:
-            with client.stream("GET", url, max_redirects=MAX_REDIRECTS) as response:
+            with client.stream("GET", url, max_redirects=MAX_REDIRECTS, deadline=deadline) as response:
                 if response.status_code >= 300:
                     raise _host_error(response, deadline)
                 declared = response.headers.get("content-type", "").split(";")[0].strip().lower()
