@@ -226,6 +226,11 @@ def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publis
         refused(service, lambda channel: channel.basic_publish(topo.exchange, "pipeline.requested", b"{}"))
         refused(service, lambda channel: channel.basic_publish("", song, b"{}"))
         refused(service, lambda channel: channel.basic_publish(topo.requeue_exchange(song), song, b"{}"))
+    # A consumer binds its own queue with its own subscription's keys alone: it reads no other event.
+    lyric = topo.queue("lyric")
+    session("lyric", lambda channel: channel.queue_bind(lyric, topo.exchange, topo.bindings("lyric")[0]))
+    for key in ("#", "song.completed", "lyric.*"):
+        refused("lyric", lambda channel, key=key: channel.queue_bind(lyric, topo.exchange, key))
     refused("lyric", lambda channel: channel.exchange_delete(topo.exchange))  # the gateway's, which declares it
     refused("lyric", lambda channel: channel.basic_get(topo.dead_letter_queue))
     # A stage's dead letter is its own queue's, by the broker's word: it cannot publish one naming another queue.

@@ -188,10 +188,17 @@ def drop_postgres(users: Users, admin_url: str) -> None:
 
 
 def grant_rabbitmq(users: Users, amqp_url: str) -> None:
-    """Each broker user with its password and `Topology.permissions` on the URL's vhost."""
+    """Each broker user with its password and its permissions on the URL's vhost.
+
+    `Topology.permissions`, and `Topology.topic_permissions` on the events exchange.
+    """
     vhost = _vhost(amqp_url)
     existing = {row["user"] for row in _rabbitmqctl("list_users", "--formatter", "json")}
     granted = {row["user"]: row for row in _rabbitmqctl("list_permissions", "-p", vhost, "--formatter", "json")}
+    topics = {
+        (row["user"], row["exchange"]): (row["write"], row["read"])
+        for row in _rabbitmqctl("list_topic_permissions", "-p", vhost, "--formatter", "json")
+    }
     topo = topology.Topology(users.namespace)
     for service in USERS:
         name, password = users.name(service), users.passwords[service]
@@ -202,6 +209,9 @@ def grant_rabbitmq(users: Users, amqp_url: str) -> None:
         wanted = dataclasses.astuple(topo.permissions(service))
         if tuple(granted.get(name, {}).get(key) for key in ("configure", "write", "read")) != wanted:
             _rabbitmqctl("set_permissions", "-p", vhost, name, *wanted)
+        topic = topo.topic_permissions(service)
+        if topics.get((name, topic.exchange)) != (topic.write, topic.read):
+            _rabbitmqctl("set_topic_permissions", "-p", vhost, name, topic.exchange, topic.write, topic.read)
 
 
 def drop_rabbitmq(users: Users) -> None:
@@ -266,9 +276,12 @@ def instructions(namespace: str = topology.DEFAULT_NAMESPACE, vhost: str = "/") 
     ]
     for service in USERS:
         permissions = dataclasses.astuple(topo.permissions(service))
+        topic = topo.topic_permissions(service)
         lines += [
             f"rabbitmqctl add_user {users.name(service)} '<{service} password>'",
             f"rabbitmqctl set_permissions -p {vhost} {users.name(service)} " + " ".join(f"'{p}'" for p in permissions),
+            f"rabbitmqctl set_topic_permissions -p {vhost} {users.name(service)} {topic.exchange}"
+            f" '{topic.write}' '{topic.read}'",
         ]
     return "\n".join(lines)
 

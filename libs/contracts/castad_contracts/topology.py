@@ -120,6 +120,15 @@ class Permissions:
 
 
 @dataclasses.dataclass(frozen=True)
+class TopicPermissions:
+    """A RabbitMQ user's routing keys on one topic exchange: those it may publish with, and those it may bind with."""
+
+    exchange: str
+    write: str
+    read: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Topology:
     namespace: str = DEFAULT_NAMESPACE
 
@@ -196,6 +205,17 @@ class Topology:
             write = rf"^({own}|{ns}\.dead-letter)$"  # publishing to its requeue and the dead-letter exchange
             return Permissions(configure=f"^({own}|{shared})$", write=write, read=f"^({own}|{shared})$")
         return Permissions(configure=f"^{own}$", write=f"^{own}$", read=rf"^({own}|{ns}\.events)$")
+
+    def topic_permissions(self, user: str) -> TopicPermissions:
+        """The routing keys a broker user may use on the events exchange.
+
+        The relay publishes every event type and binds each consumer's queue to what it takes; a consuming service
+        publishes none and binds its queue with its own subscription's keys alone (no `#`: it reads only the events
+        it consumes)."""
+        if user == RELAY:
+            return TopicPermissions(self.exchange, ".*", ".*")
+        keys = "|".join(map(re.escape, self.bindings(user)))
+        return TopicPermissions(self.exchange, "^$", f"^({keys})$")
 
     def bindings(self, service: str) -> tuple[str, ...]:
         return SUBSCRIPTIONS[service].routing_keys
