@@ -243,9 +243,11 @@ def test_each_service_reaches_only_what_it_must(chart_dir, service):
             return allowed(found, pod, "egress", other, port, protocol)  # noqa: B023
 
         assert reaches(DNS, 53, "UDP") and not reaches(DNS, 443)
-        assert reaches(POSTGRES, 5432) and reaches("192.0.2.5", 5432)  # in the cluster, or a managed database
+        assert reaches(POSTGRES, 5432) and reaches(PRIVATE, 5432)  # in the cluster, or a managed database
         assert reaches(RABBITMQ, 5672) and not reaches(RABBITMQ, 15672)  # not its management API
         assert reaches(JAEGER, 4318)
+        # Never to the internet on those ports, where a compromised service could send what it read.
+        assert not any(reaches(INTERNET, port) for port in (5432, 5672, 4318)), (label, service)
         gateway = Pod({"app.kubernetes.io/name": "castad-api"})
         assert not reaches(gateway, 8000), "no service calls the gateway: providers do, from outside"
         assert not reaches(INTERNET, 80) and not reaches(PRIVATE, 443)
