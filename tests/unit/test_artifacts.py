@@ -149,6 +149,21 @@ def test_a_file_is_served_and_read_only_from_its_own_pipelines_and_stages_place(
             pass
 
 
+def test_a_file_another_stage_changed_on_the_volume_is_not_read_as_the_artifact(tmp_path: pathlib.Path) -> None:
+    """Every stage mounts the volume: the video stage reads the song only with the bytes its event recorded."""
+    store = artifacts.VolumeStore(tmp_path)
+    with store.scratch(OWN, events.Stage.SONG, 1, ".wav") as scratch:
+        scratch.write_bytes(b"the song")
+        song = store.keep(scratch, OWN, events.Stage.SONG, "audio/wav")
+    store.path(song).write_bytes(b"the gong")  # as another stage with the volume could
+
+    with (
+        pytest.raises(artifacts.ArtifactMissing, match="no longer has the bytes"),
+        store.local_copy(song, OWN, events.Stage.SONG),
+    ):
+        pass
+
+
 def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp_path: pathlib.Path) -> None:
     client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
     store = artifacts.S3Store(client, "media", "castad/", tmp_path, presign_s=60)

@@ -9,8 +9,9 @@ event always describe what is at its URI. A pipeline may therefore hold more tha
 stage; only the one named in the stage's completed event is its artifact.
 
 A stage that needs an earlier stage's artifact (the video needs the song) reads it through
-`local_copy`; the gateway serves one through `serve`: a local file, or a presigned URL to
-redirect to. Both take the pipeline and stage the artifact is asked for, and refuse a file that is
+`local_copy`, its bytes checked against its event (every stage mounts the volume, so another could
+have changed it); the gateway serves one through `serve`: a local file (whose bytes the gateway
+checks as it sends it), or a presigned URL to redirect to. Both take the pipeline and stage the artifact is asked for, and refuse a file that is
 not in their place, `<pipeline id>/<stage>-…` (ArtifactMisplaced): an event names its artifact by
 URI, and whoever could write an event could otherwise name any file of the store. Retention
 deletes every file of a stage of a pipeline through `delete`, the artifact and whatever a late
@@ -313,7 +314,11 @@ class VolumeStore:
 
     @contextlib.contextmanager
     def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
-        yield self.placed(artifact, pipeline_id, stage)
+        """The artifact's file, its bytes checked: every stage mounts the volume, so another could have changed it."""
+        path = self.placed(artifact, pipeline_id, stage)
+        if not path.is_file() or _sha256(path) != artifact.sha256:
+            raise ArtifactMissing(f"{artifact.uri} no longer has the bytes its event describes")
+        yield path
 
     def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path:
         path = self.placed(artifact, pipeline_id, stage)
