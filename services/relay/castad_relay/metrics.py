@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import psycopg
-from castad_runtime import metrics, scrape
+from castad_runtime import db, metrics, scrape
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -104,10 +104,12 @@ class Outbox:
     def read(self) -> list[Metric]:
         timeout_ms = int(scrape.TIMEOUT_S * 1000)
         parameters = {
-            **statements.session_kwargs(self.url, f"-c statement_timeout={timeout_ms}"),
+            **db.connect_kwargs(self.url),
             "connect_timeout": int(scrape.TIMEOUT_S),
+            "options": f"-c statement_timeout={timeout_ms}",
         }
         with psycopg.connect(**parameters) as conn:
+            conn.execute(statements.PINNED)
             row = conn.execute(statements.BACKLOG).fetchone()
         assert row is not None
         backlog, oldest, parked = self._families()

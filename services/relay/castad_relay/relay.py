@@ -146,7 +146,9 @@ class SourceRelay:
             renewing.result()  # the renewal's error, if one it does not handle ended it
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(**statements.session_kwargs(self.url), autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
+        await conn.execute(statements.PINNED)
+        return conn
 
     async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """End the lease at once, so that another relay takes over without waiting for it to run out.

@@ -4,27 +4,15 @@ A row the broker refused is "held" while it backs off (`retry_at` ahead) or once
 parked; a held row holds back the later rows of its own pipeline, and nothing else.
 
 The service's role owns the database the relay reads: it may define operators, functions and a search path of its
-own there. So every session of the relay resolves names in PostgreSQL's own catalog only (`PINNED`, given at
-connection, which no setting of the database or role overrides), every table is named with its schema, and what
-the relay judges and publishes is a row's columns as stored, its envelope parsed by the relay (`PENDING`).
+own there, and the database's settings apply to every session. So every session of the relay first resolves names
+in PostgreSQL's own catalog only (`PINNED`, which overrides any setting of the database or role), every table is
+named with its schema, and what the relay judges and publishes is a row's columns as stored, its envelope parsed
+by the relay (`PENDING`).
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-from castad_runtime import db
-
-# The options of every session of the relay (`session_kwargs`).
-PINNED = "-c search_path=pg_catalog"
-
-
-def session_kwargs(url: str, *options: str) -> dict[str, Any]:
-    """The keyword arguments of `psycopg.connect` for a session of the relay on `url`: names resolved by `PINNED`."""
-    kwargs = db.connect_kwargs(url)
-    kwargs["options"] = " ".join(filter(None, (kwargs.get("options"), PINNED, *options)))
-    return kwargs
-
+# Run first in every session of the relay: names resolve in PostgreSQL's own catalog only. A statement, not a
+# startup parameter, so that a pooler in session mode passes it on as well (PgBouncer drops or refuses `options`).
+PINNED = "SET search_path TO pg_catalog"
 
 # The lease of the relay that leads (castad_relay.leadership): taken once it ran out (a new term), or renewed
 # by its holder under its own term; its term, or no row if another relay holds it.
