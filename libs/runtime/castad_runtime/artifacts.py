@@ -8,16 +8,15 @@ replaces a file with the same bytes or writes a different one, so the sha256 and
 event always describe what is at its URI. A pipeline may therefore hold more than one file of a
 stage; only the one named in the stage's completed event is its artifact.
 
-A stage that needs an earlier stage's artifact (the video needs the song) reads it through
-`local_copy`, its bytes checked against its event (every stage mounts the volume, so another could
-have changed it); the gateway serves one through `serve`: a local file (whose bytes the gateway
-checks as it sends it), or a presigned URL to redirect to. Both take the pipeline and stage the artifact is asked for, and refuse a file that is
-not in their place, `<pipeline id>/<stage>-…` (ArtifactMisplaced): an event names its artifact by
-URI, and whoever could write an event could otherwise name any file of the store. Retention
-deletes every file of a stage of a pipeline through `delete`, the artifact and whatever a late
-attempt left beside it. An object store that cannot be reached, or a volume that refuses an
-uploaded image (full, read-only), raises outages.StoreUnavailable, the machinery's failure, never
-the work's.
+A stage that needs an earlier stage's artifact (the video needs the song) reads it through `local_copy`, its
+bytes checked against its event (every stage mounts the volume, so another could have changed it); the gateway
+serves one through `serve`: a local file (whose bytes the gateway checks as it sends it), or a presigned URL
+to redirect to. Both take the pipeline and stage the artifact is asked for, and refuse a file that is not in
+their place, `<pipeline id>/<stage>-…` (ArtifactMisplaced): an event names its artifact by URI, and whoever
+could write an event could otherwise name any file of the store. Retention deletes every file of a stage of a
+pipeline through `delete`, the artifact and whatever a late attempt left beside it. An object store that
+cannot be reached, or a volume that refuses an uploaded image (full, read-only), raises
+outages.StoreUnavailable, the machinery's failure, never the work's.
 
 A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
 `images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
