@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import pathlib
 
 import pytest
 from castad_api import served
@@ -83,3 +85,20 @@ def test_a_presigned_url_is_answered_by_a_temporary_redirect_with_nothing_read_h
     remote = served.file(url, recorded(), "video/mp4", "pipeline-video", served.Seals(), [].append)
 
     assert (remote.status_code, remote.headers["location"]) == (307, url)
+
+
+def test_an_answer_dropped_before_its_first_byte_leaves_no_file_open(tmp_path):
+    """A client may go before the body is sent: the file the check opened is closed all the same."""
+    path = tmp_path / "song-abc.mp3"
+    path.write_bytes(BYTES)
+
+    def open_files() -> int:
+        return len(list(pathlib.Path("/proc/self/fd").iterdir()))
+
+    before = open_files()
+    response = served.file(path, recorded(), "audio/mpeg", "p-song", served.Seals(), [].append)
+    assert open_files() == before + 1
+    del response
+    gc.collect()
+
+    assert open_files() == before

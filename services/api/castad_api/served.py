@@ -25,6 +25,7 @@ import pathlib
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from castad_runtime import artifacts
 from fastapi import status
@@ -83,7 +84,7 @@ def file(
     if isinstance(where, str):
         return RedirectResponse(where, status_code=status.HTTP_307_TEMPORARY_REDIRECT)
     try:
-        fd = _opened(where, recorded, seals)
+        opened = os.fdopen(_opened(where, recorded, seals), "rb", buffering=0)
     except Corrupt as corrupt:
         on_corrupt(corrupt)
         raise
@@ -92,7 +93,7 @@ def file(
         "Content-Disposition": f'attachment; filename="{name}{where.suffix}"',
         "ETag": f'"{recorded.sha256}"',
     }
-    body = _sent(fd, where, recorded, on_corrupt)
+    body = _Sending(opened, where, recorded, on_corrupt)
     return StreamingResponse(body, media_type=artifacts.served_media_type(media_type), headers=headers)
 
 
@@ -127,20 +128,32 @@ def _chunks(fd: int) -> Iterator[bytes]:
         yield chunk
 
 
-def _sent(fd: int, path: pathlib.Path, recorded: Recorded, on_corrupt: Callable[[Corrupt], None]) -> Iterator[bytes]:
-    """The file's chunks, each sent once the next is read, the last once the whole digest is the recorded one."""
-    try:
-        digest, size, held = hashlib.sha256(), 0, b""
-        for chunk in _chunks(fd):
-            digest.update(chunk)
-            size += len(chunk)
-            if held:
-                yield held
-            held = chunk
-        if digest.hexdigest() != recorded.sha256 or size != recorded.size:
-            corrupt = Corrupt(f"{path} changed while it was sent: the answer ends unfinished")
-            on_corrupt(corrupt)
-            raise corrupt
-        yield held
-    finally:
-        os.close(fd)
+class _Sending:
+    """The file's chunks, each sent once the next is read, the last once the whole digest is the recorded one.
+
+    The file is closed once sent, and when the answer is dropped unsent (a client gone before its first byte, whose
+    body is never iterated).
+    """
+
+    def __init__(
+        self, opened: BinaryIO, path: pathlib.Path, recorded: Recorded, on_corrupt: Callable[[Corrupt], None]
+    ) -> None:
+        self.opened, self.path, self.recorded, self.on_corrupt = opened, path, recorded, on_corrupt
+
+    def __iter__(self) -> Iterator[bytes]:
+        with self.opened:
+            digest, size, held = hashlib.sha256(), 0, b""
+            for chunk in _chunks(self.opened.fileno()):
+                digest.update(chunk)
+                size += len(chunk)
+                if held:
+                    yield held
+                held = chunk
+            if digest.hexdigest() != self.recorded.sha256 or size != self.recorded.size:
+                corrupt = Corrupt(f"{self.path} changed while it was sent: the answer ends unfinished")
+                self.on_corrupt(corrupt)
+                raise corrupt
+            yield held
+
+    def __del__(self) -> None:
+        self.opened.close()
