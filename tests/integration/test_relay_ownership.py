@@ -149,15 +149,18 @@ def lyric_owner(installation, engines) -> Iterator[str]:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
-# What the owner of a stage's database may do in it, with no right beyond its own: an operator `->>` of its own
-# that names the stage's own type and source whatever the envelope holds, first on the database's search path.
-# Every new session there, the relay's included, resolves `->>` to it.
+# What the owner of a stage's database may do in it, with no right beyond its own, first on the database's search
+# path, which every new session there takes (the relay's too, unless it sets its own): an operator `->>` that names
+# the stage's own type and source whatever the envelope holds, and an `=` on text that is never true, so that no
+# row of a pipeline would be held back behind an earlier one that is held (the relay's own order).
 OWN_OPERATOR = """
 CREATE SCHEMA mine;
 CREATE FUNCTION mine.field(envelope jsonb, key text) RETURNS text LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog
 AS $$ SELECT CASE key WHEN 'type' THEN 'lyric.started' WHEN 'source' THEN '/castad/lyric' ELSE envelope ->> key END $$;
 CREATE OPERATOR mine.->> (LEFTARG = jsonb, RIGHTARG = text, FUNCTION = mine.field);
+CREATE FUNCTION mine.never(a text, b text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT false $$;
+CREATE OPERATOR mine.= (LEFTARG = text, RIGHTARG = text, FUNCTION = mine.never);
 ALTER DATABASE {database} SET search_path = mine, pg_catalog, public;
 """
 
@@ -172,11 +175,16 @@ def test_a_stage_that_defines_its_own_operators_and_search_path_still_gets_only_
     with psycopg.connect(**db.connect_kwargs(lyric_owner), autocommit=True) as conn:  # a session begun since
         [seen] = conn.execute("SELECT '{\"type\": \"song.started\"}'::jsonb ->> 'type'").fetchone() or ("",)
     assert seen == "lyric.started"  # the owner's sessions see what it chose
-    forged = started(events.Stage.SONG, str(uuid.uuid4()))  # another stage's event, under the stage's own key
+    victim = str(uuid.uuid4())
+    forged = started(events.Stage.SONG, victim)  # another stage's event, under the stage's own key
     forge(engines["lyric"], forged, routing_key=events.stage_event(events.Stage.LYRIC, "started"))
+    later = own_rows(engines["lyric"], "lyric", victim)
     start_relay(fallback_poll_s=30, max_publish_attempts=10)
 
     waits.until(lambda: row_of(engines["lyric"], forged.id)["parked_at"], what="the forged row parked")
+    free = own_rows(engines["lyric"], "lyric", str(uuid.uuid4()))  # a drain after the park, as in the run
+    waits.until(lambda: all(row_of(engines["lyric"], e)["published_at"] for e in free), what="the free row published")
+    assert all(row_of(engines["lyric"], e)["published_at"] is None for e in later)  # still behind the parked one
 
     assert (
         "routing key lyric.started is not its event's type 'song.started'"

@@ -59,9 +59,9 @@ def test_a_bucket_never_holds_more_than_its_burst():
     assert limit.wait_s("a") == 1.0
 
 
-def test_an_unknown_key_is_remembered_for_its_time_only():
+def test_a_key_digest_is_remembered_for_its_time_only():
     clock = Clock()
-    unknown = auth.UnknownKeys(ttl_s=60, clock=clock)
+    unknown = auth.Remembered(ttl_s=60, clock=clock)
     unknown.add("digest")
     assert "digest" in unknown and "other" not in unknown
     clock.now += 61

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import os
 import pathlib
 
 import pytest
 from castad_api import served
+from castad_runtime import artifacts
 
 BYTES = b"a finished song, as its event recorded it"
 
@@ -39,7 +41,7 @@ def test_a_file_as_recorded_is_sent_whole_as_an_attachment_and_checked_once_whil
     assert len(seals._seen) == 1
 
 
-@pytest.mark.parametrize("change", ["other-bytes", "other-size", "a-link", "a-directory"])
+@pytest.mark.parametrize("change", ["other-bytes", "other-size", "a-link", "a-directory", "a-named-pipe"])
 def test_a_file_not_as_recorded_is_refused_before_a_byte_is_sent(tmp_path, change):
     path = tmp_path / "song-abc.mp3"
     genuine = tmp_path / "genuine.mp3"
@@ -50,8 +52,10 @@ def test_a_file_not_as_recorded_is_refused_before_a_byte_is_sent(tmp_path, chang
         path.write_bytes(BYTES + b"!")
     elif change == "a-link":
         path.symlink_to(genuine)  # its bytes are the recorded ones, but it is not the file itself
-    else:
+    elif change == "a-directory":
         path.mkdir()
+    else:
+        os.mkfifo(path)  # opened without waiting for a writer: it would hold the gateway's thread
     told: list[served.Corrupt] = []
 
     with pytest.raises(served.Corrupt):
@@ -60,14 +64,28 @@ def test_a_file_not_as_recorded_is_refused_before_a_byte_is_sent(tmp_path, chang
     assert len(told) == 1
 
 
-def test_a_file_changed_in_place_while_it_is_sent_ends_the_answer_before_its_last_chunk(tmp_path, monkeypatch):
+def test_a_file_gone_since_its_record_was_read_is_missing_not_corrupt(tmp_path):
+    told: list[served.Corrupt] = []
+
+    with pytest.raises(artifacts.ArtifactMissing):
+        served.file(tmp_path / "gone.mp3", recorded(), "audio/mpeg", "p-song", served.Seals(), told.append)
+
+    assert told == []
+
+
+@pytest.mark.parametrize("change", ["rewritten", "grown"])
+def test_a_file_changed_in_place_while_it_is_sent_ends_the_answer_before_its_last_chunk(tmp_path, monkeypatch, change):
     monkeypatch.setattr(served, "CHUNK_BYTES", 8)
     path = tmp_path / "song-abc.mp3"
     path.write_bytes(BYTES)
     told: list[served.Corrupt] = []
     response = served.file(path, recorded(), "audio/mpeg", "p-song", served.Seals(), told.append)
 
-    path.write_bytes(BYTES.replace(b"recorded", b"REWRITES"))  # checked, then changed before it is sent
+    if change == "rewritten":  # checked, then changed before it is sent
+        path.write_bytes(BYTES.replace(b"recorded", b"REWRITES"))
+    else:  # the recorded bytes, and more after them
+        with path.open("ab") as more:
+            more.write(b" and a forged coda")
     sent: list[bytes] = []
 
     async def read() -> None:

@@ -39,6 +39,7 @@ import hashlib
 import os
 import pathlib
 import re
+import stat
 import tempfile
 import urllib.parse
 import uuid
@@ -53,6 +54,14 @@ DIGEST_NAME_CHARS = 16  # hex characters of the sha256 in a final name: 64 bits
 # Media types a file is served as (the type its event names comes from a stage): none a browser runs as a page.
 SERVED_IMAGES = frozenset({"image/jpeg", "image/png", "image/webp", "image/gif"})
 OTHERWISE_SERVED_AS = "application/octet-stream"
+
+
+def attachment(filename: str) -> str:
+    """A Content-Disposition offering a file as an attachment named `filename`.
+
+    Only letters, digits, `.`, `-` and `_` are kept (a suffix comes from a stage): nothing to quote or inject.
+    """
+    return f'attachment; filename="{re.sub(r"[^A-Za-z0-9._-]", "_", filename)}"'
 
 
 def served_media_type(media_type: str) -> str:
@@ -313,11 +322,22 @@ class VolumeStore:
 
     @contextlib.contextmanager
     def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
-        """The artifact's file, its bytes checked: every stage mounts the volume, so another could have changed it."""
+        """A private copy of the artifact's file (off the volume), its bytes checked as they are copied.
+
+        Every stage mounts the volume, so another could change the file, also after a check: the copy is what the
+        event describes, whatever happens to the file since. Removed when the block ends.
+        """
         path = self.placed(artifact, pipeline_id, stage)
-        if not path.is_file() or _sha256(path) != artifact.sha256:
-            raise ArtifactMissing(f"{artifact.uri} no longer has the bytes its event describes")
-        yield path
+        descriptor, name = tempfile.mkstemp(prefix="castad-", suffix=path.suffix)
+        copy = pathlib.Path(name)
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                digest = _copied(path, out)
+            if digest != artifact.sha256:
+                raise ArtifactMissing(f"{artifact.uri} no longer has the bytes its event describes")
+            yield copy
+        finally:
+            copy.unlink(missing_ok=True)
 
     def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path:
         path = self.placed(artifact, pipeline_id, stage)
@@ -487,7 +507,7 @@ class S3Store:
             "Bucket": self.bucket,
             "Key": key,
             "ResponseContentType": served_media_type(media_type),
-            "ResponseContentDisposition": f'attachment; filename="{key.rsplit("/", 1)[-1]}"',
+            "ResponseContentDisposition": attachment(key.rsplit("/", 1)[-1]),
         }
         url: str = self._call(
             "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
@@ -588,4 +608,23 @@ def _sha256(path: pathlib.Path) -> str:
     with path.open("rb") as file:
         for chunk in iter(lambda: file.read(1 << 20), b""):
             digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copied(path: pathlib.Path, out: Any) -> str:
+    """Copy the file at `path` (not through a link at its name) to `out`; the sha256 of what was copied.
+
+    ArtifactMissing if there is no regular file there.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise ArtifactMissing(f"no file at {path}: {error.strerror}") from None
+    digest = hashlib.sha256()
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise ArtifactMissing(f"{path} is no regular file")
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+            out.write(chunk)
     return digest.hexdigest()

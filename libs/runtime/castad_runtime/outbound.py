@@ -14,8 +14,9 @@ reached through `Client`, which:
 - asks for and accepts the identity encoding only (no compressed answer that grows past its cap
   in one chunk), and reads an answer up to a size cap within a deadline for the whole of it;
 - ends the whole exchange at the caller's deadline (`Client.stream`'s `deadline`): connecting, the TLS
-  handshake, sending and the answer's headers too, for each read of the connection waits only as long as the
-  deadline leaves (a server that drips its headers a byte at a time holds no thread past it).
+  handshake, sending and the answer's headers too, for each wait of the connection lasts only as long as the
+  deadline leaves (a server that drips its headers a byte at a time holds no thread past it). The name's
+  lookup before it is bounded by the system's resolver (its timeout and attempts), not by the deadline.
 
 The check happens where the connection is made: httpx's own transport, whose connection pool
 gets a network backend that resolves, checks and connects (httpcore's `NetworkBackend`; the

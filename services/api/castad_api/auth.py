@@ -9,10 +9,12 @@ failing is slowed.
 - Every failure takes a token from its client's bucket (CASTAD_API_AUTH_FAILURE_BURST at once, then
   CASTAD_API_AUTH_FAILURES_PER_S a second); once it is empty, the client's failures are answered 429 with
   Retry-After instead of 401. A client is its address, or for IPv6 its /64 (one host holds a whole /64).
-- Only failures are throttled, never a key: a request with a valid key is served whatever other requests from
-  its address did, for behind a load balancer, a NAT or a proxy not trusted for X-Forwarded-For
-  (CASTAD_API_FORWARDED_ALLOW_IPS) one bad client shares its address with every tenant. So a well-formed key
-  not known to be bad is always looked up (one indexed query, as for every valid request).
+- Only failures are throttled, not keys: behind a load balancer, a NAT or a proxy not trusted for
+  X-Forwarded-For (CASTAD_API_FORWARDED_ALLOW_IPS) one bad client shares its address with every tenant. A key
+  found valid in the last VALID_TTL_S is looked up and served whatever its address did. A throttled client's
+  other keys are looked up within a budget of their own (THROTTLED_LOOKUPS at once, then at the failures' rate),
+  so that made-up keys cost a bounded number of queries; past it they get 429 unlooked-at, a valid key first
+  used from that address among them (the one way a valid key meets the throttle).
 
 Each counted in castad_api_auth_failures_total by reason. All of it is held in process: each replica of
 the gateway keeps its own buckets and memory, so across N replicas a client meets N times the limit.
@@ -23,7 +25,6 @@ from __future__ import annotations
 import collections
 import enum
 import ipaddress
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ import sqlalchemy as sa
 from castad_api import buckets, keys
 
 UNKNOWN_TTL_S = 60.0
+VALID_TTL_S = 3600.0  # a key found valid is looked up again each time, and never throttled within this
+THROTTLED_LOOKUPS = 5  # keys not known valid that a throttled client may have looked up at once
 MAX_REMEMBERED = buckets.MAX_REMEMBERED  # unknown keys: the oldest are forgotten beyond it
 
 
@@ -52,7 +55,7 @@ class Refused(Exception):
         self.retry_after_s = retry_after_s
 
     def retry_after(self) -> str:
-        return str(max(1, math.ceil(self.retry_after_s or 0)))
+        return buckets.retry_after(self.retry_after_s or 0)
 
 
 def client_of(address: str) -> str:
@@ -75,20 +78,22 @@ class FailureLimit:
     """A token bucket per client (`client_of`), taken from by failures only: `burst` at once, `per_s` a second."""
 
     def __init__(self, burst: int, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_s = per_s
         self._buckets = buckets.Buckets(burst, per_s, clock)
 
     def wait_s(self, address: str) -> float | None:
         """How long `address` must wait before it may fail again unslowed; None: it may now."""
         return self._buckets.wait_s(client_of(address))
 
-    def failed(self, address: str) -> None:
-        self._buckets.take(client_of(address))
+    def failed(self, address: str) -> float | None:
+        """Count a failure of `address`: None if its bucket took it, else how long until it may fail unslowed."""
+        return self._buckets.take(client_of(address))
 
 
-class UnknownKeys:
-    """Digests of keys found unknown or revoked, remembered for `ttl_s`."""
+class Remembered:
+    """Digests of keys, each remembered for `ttl_s` (those found unknown or revoked; those found valid)."""
 
-    def __init__(self, ttl_s: float = UNKNOWN_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
         self._until: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -117,7 +122,10 @@ class Authenticator:
 
     def __init__(self, limit: FailureLimit, on_failure: Callable[[Failure], None]) -> None:
         self.limit = limit
-        self.unknown = UnknownKeys()
+        self.unknown = Remembered(UNKNOWN_TTL_S)
+        self.valid = Remembered(VALID_TTL_S)
+        # What a throttled client's new keys may cost: a look-up each, THROTTLED_LOOKUPS at once, then one a while.
+        self.lookups = buckets.Buckets(THROTTLED_LOOKUPS, limit.per_s)
         self.on_failure = on_failure
 
     def authenticate(self, engine: sa.Engine, token: str | None, address: str) -> keys.Principal:
@@ -128,19 +136,30 @@ class Authenticator:
         digest = keys.digest(token)
         if digest in self.unknown:
             raise self._failed(Failure.UNKNOWN, address)
+        if digest not in self.valid and (wait_s := self._throttled_lookup(address)) is not None:
+            self.on_failure(Failure.THROTTLED)
+            raise Refused(Failure.THROTTLED, wait_s)
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:  # no BEGIN, no ROLLBACK
             principal = keys.authenticate(conn, token)
         if principal is None:
             self.unknown.add(digest)
             raise self._failed(Failure.UNKNOWN, address)
+        self.valid.add(digest)
         return principal
+
+    def _throttled_lookup(self, address: str) -> float | None:
+        """None if a key not known valid may be looked up for `address`; else how long until one may.
+
+        A client that has not used up its failures may; a throttled one within its budget of look-ups."""
+        if self.limit.wait_s(address) is None:
+            return None
+        return self.lookups.take(client_of(address))
 
     def _failed(self, failure: Failure, address: str) -> Refused:
         """A failure, counted; answered 429 once its client used up its bucket."""
-        wait_s = self.limit.wait_s(address)
+        wait_s = self.limit.failed(address)
         if wait_s is not None:
             self.on_failure(Failure.THROTTLED)
             return Refused(Failure.THROTTLED, wait_s)
-        self.limit.failed(address)
         self.on_failure(failure)
         return Refused(failure)

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
 
 MAX_REMEMBERED = 10_000
+
+
+def retry_after(wait_s: float) -> str:
+    """A Retry-After header's value for a wait: whole seconds, at least one."""
+    return str(max(1, math.ceil(wait_s)))
 
 
 @dataclasses.dataclass
@@ -46,13 +52,16 @@ class Buckets:
                 return None
             return (1 - bucket.tokens) / self.per_s
 
-    def take(self, key: Hashable) -> None:
-        """Take a token of `key`'s (none left: it stays empty)."""
+    def take(self, key: Hashable) -> float | None:
+        """Take a token of `key`'s if it has one (None); else how long until it has one, nothing taken."""
         with self._lock:
             now = self.clock()
             bucket = self._refilled(key, now) or _Bucket(float(self.burst), now)
-            bucket.tokens = max(bucket.tokens - 1, 0.0)
             self._buckets[key] = bucket
             self._buckets.move_to_end(key)
             while len(self._buckets) > MAX_REMEMBERED:
                 self._buckets.popitem(last=False)
+            if bucket.tokens < 1:
+                return (1 - bucket.tokens) / self.per_s
+            bucket.tokens -= 1
+            return None

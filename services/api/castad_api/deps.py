@@ -59,7 +59,10 @@ class Gateway:
         }
 
     def file(self, where: pathlib.Path | str, recorded: served.Recorded, media_type: str, name: str) -> Response:
-        """A stored file as its record describes it (`served.file`), or 500 with the reason and none of its bytes."""
+        """A stored file as its record describes it (`served.file`).
+
+        500 with the reason and none of its bytes if it is not; 404 if it is gone.
+        """
         try:
             return served.file(where, recorded, media_type, name, self.seals, self._corrupt)
         except served.Corrupt:
@@ -67,6 +70,8 @@ class Gateway:
                 status.HTTP_500_INTERNAL_SERVER_ERROR,
                 "the stored file is not the one on record, so it is not served; the operators were told",
             ) from None
+        except artifacts.ArtifactMissing:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, "the file is not in this store") from None
 
     def _corrupt(self, corrupt: served.Corrupt) -> None:
         log.error("integrity: %s", corrupt)

@@ -69,7 +69,7 @@ class GatewayMetrics:
         self.integrity_failures = Counter(
             "castad_api_integrity_failures_total",
             "Stored files not served because they are not what their record says (other bytes, another size, a"
-            " link), or that changed while they were sent",
+            " link or no regular file at the name), or that changed while they were sent",
             registry=self.registry,
         )
 

@@ -9,7 +9,6 @@ import datetime as dt
 import functools
 import json
 import logging
-import math
 import uuid
 from typing import Annotated, Any
 
@@ -23,6 +22,7 @@ from fastapi.responses import FileResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from castad_api import (
+    buckets,
     deps,
     disclosure,
     errors,
@@ -64,7 +64,7 @@ def _too_many(gw: Gateway, wait_s: float) -> HTTPException:
     return HTTPException(
         status.HTTP_429_TOO_MANY_REQUESTS,
         f"this key may create {gw.config.creations_per_minute} pipelines a minute",
-        {"Retry-After": str(math.ceil(wait_s))},
+        {"Retry-After": buckets.retry_after(wait_s)},
     )
 
 
@@ -242,14 +242,13 @@ def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDe
     CASTAD_API_CALLBACK_BURST times at once and CASTAD_API_CALLBACKS_PER_S after, per pipeline and stage (429 with
     Retry-After beyond: the stage's scheduled polls go on regardless).
     """
-    wait_s = gw.callbacks.wait_s((pipeline_id, stage))
+    wait_s = gw.callbacks.take((pipeline_id, stage))
     if wait_s is not None:
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
             f"more callbacks of the {stage.value} stage of this pipeline than it takes: try again later",
-            {"Retry-After": str(max(1, math.ceil(wait_s)))},
+            {"Retry-After": buckets.retry_after(wait_s)},
         )
-    gw.callbacks.take((pipeline_id, stage))
     with db.transaction(gw.engine) as conn:
         operations.called_back(conn, pipeline_id, stage)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
