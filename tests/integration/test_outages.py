@@ -62,7 +62,8 @@ def publish(amqp, installation, env: envelope.Envelope) -> None:
 
 def _end_session(database_url: str, pid: int) -> None:
     """End the session `pid` of the database from another connection; returns once it is gone."""
-    looking = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
+    # In autocommit: a transaction reads pg_stat_activity once, and would see the session there for ever.
+    looking = sa.create_engine(database_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
     try:
         with looking.connect() as other:
             other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
