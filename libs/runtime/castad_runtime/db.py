@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import select
@@ -91,17 +92,42 @@ def database_name(url: str) -> str:
 _PSYCOPG = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialects are untyped
 
 
-def make_engine(url: str, pool_size: int = 5) -> sa.Engine:
+@dataclasses.dataclass(frozen=True)
+class SessionLimits:
+    """What PostgreSQL ends in a service's sessions (the settings IdleInTransactionS and LockWaitS).
+
+    Set by a statement when a session begins, not as a startup parameter: a pooler passes it on (PgBouncer drops
+    or refuses `options`), and in transaction pooling every session of the pool is the same service's.
+    """
+
+    idle_in_transaction_s: float
+    lock_wait_s: float
+
+    def statement(self) -> str:
+        idle_ms, lock_ms = round(self.idle_in_transaction_s * 1000), round(self.lock_wait_s * 1000)
+        return f"SET idle_in_transaction_session_timeout = {idle_ms}; SET lock_timeout = {lock_ms}"
+
+
+def make_engine(url: str, pool_size: int = 5, limits: SessionLimits | None = None) -> sa.Engine:
     """A pool of connections to `url`, each looked at before use (`_known_broken`) without a round trip.
 
-    A pre-ping `SELECT 1` would cost one per transaction, and a commit in PostgreSQL's statistics.
+    A pre-ping `SELECT 1` would cost one per transaction, and a commit in PostgreSQL's statistics. With `limits`,
+    each new session is limited so as they say.
     """
     engine = sa.create_engine(
         url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=600, connect_args=connect_args(url)
     )
     sa.event.listen(engine, "checkout", _known_broken)
     sa.event.listen(engine, "before_cursor_execute", _not_pipelined)
+    if limits is not None:
+        sa.event.listen(engine, "connect", lambda connection, _: _limit(connection, limits))
     return engine
+
+
+def _limit(connection: psycopg.Connection[Any], limits: SessionLimits) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(limits.statement())
+    connection.commit()
 
 
 def _not_pipelined(conn: sa.Connection, cursor: Any, statement: str, *args: Any) -> None:

@@ -39,6 +39,29 @@ HealthPort = Annotated[
 ]
 
 
+# What PostgreSQL ends in every session of a service (db.SessionLimits): a process frozen inside a transaction (a
+# paused VM, SIGSTOP, a long pause) holds its row locks only this long, and nothing waits for a lock for ever.
+IdleInTransactionS = Annotated[
+    float,
+    Field(
+        gt=0,
+        le=3600,
+        description="a session of the service idle inside a transaction for longer is ended by PostgreSQL"
+        " (idle_in_transaction_session_timeout): a process frozen mid-transaction lets go of its row locks then, and"
+        " what it held is taken over as after an outage",
+    ),
+]
+LockWaitS = Annotated[
+    float,
+    Field(
+        gt=0,
+        le=600,
+        description="a statement waiting longer for a lock gives up (lock_timeout): an outage, tried again, no"
+        " attempt counted",
+    ),
+]
+
+
 # The relay's PostgreSQL role, which a service's `migrate` lets into its database (migrations.restrict_access).
 OutboxRelayRole = Annotated[
     str | None,

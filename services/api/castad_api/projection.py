@@ -66,9 +66,9 @@ class Projector:
         return apply_all(self.engine, group, self.measured)
 
 
-def make_engine(database_url: str) -> sa.Engine:
+def make_engine(database_url: str, limits: db.SessionLimits | None = None) -> sa.Engine:
     """The projection's own pool: POOL_SIZE connections, as many again while more are asked for."""
-    return db.make_engine(database_url, pool_size=POOL_SIZE)
+    return db.make_engine(database_url, POOL_SIZE, limits)
 
 
 def _pipeline_of(event: Event) -> str:

@@ -7,7 +7,7 @@ import binascii
 import string
 from typing import Self
 
-from castad_runtime import settings
+from castad_runtime import db, settings
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -17,12 +17,18 @@ from castad_api import retention, upload_limits, webhook_secrets
 class ApiSettings(settings.StoreSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_API_", extra="ignore", frozen=True)
 
+    def session_limits(self) -> db.SessionLimits:
+        return db.SessionLimits(self.db_idle_in_transaction_s, self.db_lock_wait_s)
+
     database_url: str = Field(
         default=settings.database_url_default("api"),
         pattern=settings.POSTGRES_URL,
         description="the gateway's own database",
     )
     outbox_relay_role: settings.OutboxRelayRole = None
+    # Longer than a stage's: an upload is kept in the artifact store inside its transaction (an object store's put).
+    db_idle_in_transaction_s: settings.IdleInTransactionS = 30.0
+    db_lock_wait_s: settings.LockWaitS = 5.0
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
     health_port: int | None = Field(

@@ -68,6 +68,7 @@ class SourceRelay:
         self.metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
         self.publisher = publisher
         self.config = config
+        self.sessions = db.SessionLimits(config.db_idle_in_transaction_s, config.db_lock_wait_s)
         self.published = 0
         self.parked = 0
         self._suspects: set[int] = set()  # rows in flight when their channel closed: tried alone next
@@ -148,6 +149,7 @@ class SourceRelay:
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         conn = await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
         await conn.execute(statements.PINNED)
+        await conn.execute(self.sessions.statement())
         return conn
 
     async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:

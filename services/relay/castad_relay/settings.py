@@ -25,6 +25,9 @@ class RelaySettings(settings.CommonSettings):
         " URL is taken as the service its database's name ends with (castad_lyric, castad_t1_lyric: lyric)",
     )
     batch_size: int = Field(default=200, ge=1, le=5000, description="rows published per confirm round")
+    # In each source database: a relay frozen inside its refusal transaction holds the next leader this long at most.
+    db_idle_in_transaction_s: settings.IdleInTransactionS = 10.0
+    db_lock_wait_s: settings.LockWaitS = 5.0
     fallback_poll_s: float = Field(
         default=2.0, gt=0, le=60, description="drain even without a NOTIFY this often (a missed wake-up)"
     )

@@ -75,6 +75,8 @@ class StageSettings(settings.StoreSettings):
     concurrency: int = Field(default=2, ge=1, le=64, description="attempts running at once in this process")
     consumer_threads: int = Field(default=2, ge=1, le=64, description="Dramatiq threads handling events")
     poll_s: float = Field(default=0.5, gt=0, le=60, description="how often due retries and lost leases are checked")
+    db_idle_in_transaction_s: settings.IdleInTransactionS = 10.0
+    db_lock_wait_s: settings.LockWaitS = 5.0
     health_port: settings.HealthPort = None
     stop_grace_s: float = Field(
         default=20.0,
@@ -276,7 +278,8 @@ def run(definition: StageDefinition[S], config: S) -> None:
     service = definition.stage.value
     process.start_observability(service, config.log_level)
     topo = topology.Topology(config.namespace)
-    engine = db.make_engine(config.database_url, pool_size=config.concurrency + config.consumer_threads + 3)
+    sessions = db.SessionLimits(config.db_idle_in_transaction_s, config.db_lock_wait_s)
+    engine = db.make_engine(config.database_url, config.concurrency + config.consumer_threads + 3, sessions)
     injector = faults.FaultInjector(
         faults.Switch(engine, config.faults()) if config.fault_switch else config.faults(), random.Random()
     )
