@@ -150,7 +150,8 @@ def settings_table() -> str:
             shared = name == "database_url" or (
                 name in stage_fields and field.description == stage_fields[name].description
             )
-            if variable in seen or (cls is not stage_service.StageSettings and prefix != "" and shared):
+            a_stage = issubclass(cls, stage_service.StageSettings) and cls is not stage_service.StageSettings
+            if variable in seen or (a_stage and shared):
                 continue
             seen.add(variable)
             default = field.default
