@@ -35,6 +35,8 @@ export function render(root, { arg: id, may }) {
   const live = h("span", { class: "live", "data-testid": "live", "data-state": "connecting" }, t("live.connecting"));
   const head = h("section", { class: "pipeline-head" });
   const actions = h("div", { class: "actions" });
+  const cancelButton = h("button", { type: "button", class: "danger", "data-testid": "cancel", onclick: () => cancel() }, t("action.cancel"));
+  const retryButton = h("button", { type: "button", class: "primary", "data-testid": "retry", onclick: () => retry() }, t("action.retry"));
   const result = h("p", { class: "notice", role: "status", "data-testid": "action-result" });
   const stages = h("section", { class: "stages", "data-testid": "stages" });
   const photos = h("ul", { class: "photos", "data-testid": "photos" });
@@ -103,14 +105,13 @@ export function render(root, { arg: id, may }) {
         (view.error_code || view.error_message) && field(t("pipeline.error"), errorText(view.error_code, view.error_message)),
       ),
     );
+    // The same buttons from one live refresh to the next, put back only when they change: a button replaced under
+    // the pointer as an event arrives would take the operator's click with it.
     const buttons = [];
-    if (may("operate") && CANCELABLE.includes(view.status)) {
-      buttons.push(h("button", { type: "button", class: "danger", "data-testid": "cancel", onclick: cancel }, t("action.cancel")));
-    }
-    if (may("operate") && RETRYABLE.includes(view.status)) {
-      buttons.push(h("button", { type: "button", class: "primary", "data-testid": "retry", onclick: retry }, t("action.retry")));
-    }
-    fill(actions, buttons);
+    if (may("operate") && CANCELABLE.includes(view.status)) buttons.push(cancelButton);
+    if (may("operate") && RETRYABLE.includes(view.status)) buttons.push(retryButton);
+    const shown = [...actions.children];
+    if (buttons.length !== shown.length || buttons.some((button, i) => button !== shown[i])) fill(actions, buttons);
   }
 
   /** The brief's photos as thumbnails: an upload fetched with the session's key (the gateway serves a tenant's
