@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import os
 import pathlib
@@ -619,6 +620,8 @@ def _copied(path: pathlib.Path, out: Any) -> str:
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
+        if error.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):  # the machine's trouble, not the file's
+            raise
         raise ArtifactMissing(f"no file at {path}: {error.strerror}") from None
     digest = hashlib.sha256()
     with os.fdopen(descriptor, "rb") as file:

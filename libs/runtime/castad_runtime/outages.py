@@ -31,7 +31,8 @@ LOG_EVERY = 10  # while an outage lasts, log one failed try in this many
 # (58), the server shutting down or starting (57P01-57P03), and conflicts a retry of the
 # transaction resolves (serialization failure, deadlock, lock timeout, read-only during a failover).
 _OUTAGE_CLASSES = frozenset({"08", "53", "58"})
-_OUTAGE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "40001", "40P01", "55P03", "25006"})
+# A session ended for idling in a transaction or for idling (25P03, 57P05) is one a process lost while it stood still.
+_OUTAGE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "57P05", "25P03", "40001", "40P01", "55P03", "25006"})
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 # A process short of memory, processes or files: the machine's state, not the work's.
 _RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EAGAIN, errno.EMFILE, errno.ENFILE})

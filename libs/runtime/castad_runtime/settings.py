@@ -44,7 +44,7 @@ HealthPort = Annotated[
 IdleInTransactionS = Annotated[
     float,
     Field(
-        gt=0,
+        ge=0.001,
         le=3600,
         description="a session of the service idle inside a transaction for longer is ended by PostgreSQL"
         " (idle_in_transaction_session_timeout): a process frozen mid-transaction lets go of its row locks then, and"
@@ -54,7 +54,7 @@ IdleInTransactionS = Annotated[
 LockWaitS = Annotated[
     float,
     Field(
-        gt=0,
+        ge=0.001,
         le=600,
         description="a statement waiting longer for a lock gives up (lock_timeout): an outage, tried again, no"
         " attempt counted",

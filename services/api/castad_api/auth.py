@@ -13,8 +13,9 @@ failing is slowed.
   X-Forwarded-For (CASTAD_API_FORWARDED_ALLOW_IPS) one bad client shares its address with every tenant. A key
   found valid in the last VALID_TTL_S is looked up and served whatever its address did. A throttled client's
   other keys are looked up within a budget of their own (THROTTLED_LOOKUPS at once, then at the failures' rate),
-  so that made-up keys cost a bounded number of queries; past it they get 429 unlooked-at, a valid key first
-  used from that address among them (the one way a valid key meets the throttle).
+  so that made-up keys cost a bounded number of queries; past it they get 429 unlooked-at, a valid key this
+  process has not seen in that time among them (the one way a valid key meets the throttle: the memory is per
+  process and starts empty, so right after a restart or a rollout every key is one it has not seen).
 
 Each counted in castad_api_auth_failures_total by reason. All of it is held in process: each replica of
 the gateway keeps its own buckets and memory, so across N replicas a client meets N times the limit.
@@ -79,6 +80,7 @@ class FailureLimit:
 
     def __init__(self, burst: int, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.per_s = per_s
+        self.clock = clock
         self._buckets = buckets.Buckets(burst, per_s, clock)
 
     def wait_s(self, address: str) -> float | None:
@@ -125,7 +127,7 @@ class Authenticator:
         self.unknown = Remembered(UNKNOWN_TTL_S)
         self.valid = Remembered(VALID_TTL_S)
         # What a throttled client's new keys may cost: a look-up each, THROTTLED_LOOKUPS at once, then one a while.
-        self.lookups = buckets.Buckets(THROTTLED_LOOKUPS, limit.per_s)
+        self.lookups = buckets.Buckets(THROTTLED_LOOKUPS, limit.per_s, limit.clock)
         self.on_failure = on_failure
 
     def authenticate(self, engine: sa.Engine, token: str | None, address: str) -> keys.Principal:

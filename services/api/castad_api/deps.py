@@ -98,8 +98,9 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": api.Problem, "description": "the API key lacks the scope"},
     429: {
         "model": api.Problem,
-        "description": "an authentication failed, one too many from this client address (IPv6: its /64): try again"
-        " after Retry-After; a valid key is never refused for it",
+        "description": "an authentication failed, one too many from this client address (IPv6: its /64), or a key"
+        " this gateway process has not seen valid lately came from such an address past its look-ups: try again"
+        " after Retry-After",
     },
 }
 UNREADABLE: dict[int | str, dict[str, Any]] = {400: {"model": api.Problem, "description": "a body that is not JSON"}}

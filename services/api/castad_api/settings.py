@@ -26,9 +26,10 @@ class ApiSettings(settings.StoreSettings):
         description="the gateway's own database",
     )
     outbox_relay_role: settings.OutboxRelayRole = None
-    # Longer than a stage's: an upload is kept in the artifact store inside its transaction (an object store's put).
-    db_idle_in_transaction_s: settings.IdleInTransactionS = 30.0
-    db_lock_wait_s: settings.LockWaitS = 5.0
+    # Longer than a stage's: an upload is kept in the artifact store, and image retention deletes files, inside their
+    # transactions (an object store's put or delete, with its retries), and another upload of the tenant waits.
+    db_idle_in_transaction_s: settings.IdleInTransactionS = 120.0
+    db_lock_wait_s: settings.LockWaitS = 120.0
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
     health_port: int | None = Field(
@@ -125,7 +126,8 @@ class ApiSettings(settings.StoreSettings):
         ge=1,
         description="failed authentications a client address (IPv6: its /64) may make at once; then"
         " CASTAD_API_AUTH_FAILURES_PER_S more a second. Beyond that, its failures get 429 with Retry-After instead"
-        " of 401; a valid key is never refused for them",
+        " of 401; a key the process found valid in the last hour is still served, a key it has not is looked up"
+        " within a small budget of its own",
     )
     auth_failures_per_s: float = Field(
         default=0.5, gt=0, description="how fast a client address earns back a failed authentication"
