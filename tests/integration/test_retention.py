@@ -82,6 +82,25 @@ def test_published_outbox_rows_go_after_their_ttl_and_unpublished_or_parked_ones
     assert not set(old) & outbox_ids(engine)
 
 
+def test_a_row_parked_past_its_ttl_goes_with_the_rows_of_its_pipeline_held_behind_it_and_nothing_else(engines):
+    engine = engines["lyric"]
+    pipeline_id, other = str(uuid.uuid4()), str(uuid.uuid4())
+    requested = [pipeline_requested(pipeline_id) for _ in range(3)] + [pipeline_requested(other) for _ in range(2)]
+    written = [env.id for env in write_events(engine, requested, events.PIPELINE_REQUESTED)]
+    t = tables.outbox
+    with db.transaction(engine) as conn:
+        ids = {event_id: row_id for row_id, event_id in conn.execute(sa.select(t.c.id, t.c.event_id))}
+        # The pipeline's second row parked long ago, the third held behind it; the other pipeline's first row parked
+        # lately, its second held behind it.
+        conn.execute(t.update().where(t.c.event_id == written[0]).values(published_at=ago(conn, OLD)))
+        conn.execute(t.update().where(t.c.event_id == written[1]).values(parked_at=ago(conn, OLD)))
+        conn.execute(t.update().where(t.c.event_id == written[3]).values(parked_at=ago(conn, NEW)))
+    step = retention.statement_step("parked", engine, lambda conn, limit: outbox.forget_parked(conn, TTL_S, limit))
+
+    assert pruner(step).run_once() == {"parked": 2}
+    assert outbox_ids(engine) == {ids[written[0]], ids[written[3]], ids[written[4]]}
+
+
 def test_handled_event_ids_go_after_their_ttl_and_newer_ones_stay(engines):
     engine = engines["song"]
     envelopes = [requested_envelope() for _ in range(5)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 
@@ -11,6 +12,7 @@ from castad_contracts import events
 
 from castad_runtime import db, tables, telemetry, wakeups
 
+log = logging.getLogger(__name__)
 APPEND = """
 INSERT INTO outbox (event_id, pipeline_id, routing_key, envelope, destination) VALUES (%s, %s, %s, %s::jsonb, %s)
 """
@@ -54,6 +56,34 @@ def republish(conn: sa.Connection, event_ids: Sequence[uuid.UUID]) -> int:
     if result.rowcount:
         wakeups.after_commit(conn, db.OUTBOX_CHANNEL)
     return result.rowcount
+
+
+# Parked rows older than the retention (oldest first, locked, others' skipped), each deleted with the rows of its
+# pipeline held behind it: nothing publishes a pipeline's later events after its earlier one is gone.
+FORGET_PARKED = """
+WITH doomed AS (
+    SELECT id, pipeline_id FROM outbox
+    WHERE published_at IS NULL AND parked_at < now() - make_interval(secs => %(older_than_s)s)
+    ORDER BY parked_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox AS o USING doomed
+WHERE o.pipeline_id = doomed.pipeline_id AND o.id >= doomed.id AND o.published_at IS NULL
+"""
+
+
+def forget_parked(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` rows parked more than `older_than_s` ago, each with the rows held behind it.
+
+    How many rows in all; logged, for each is an event never published.
+    """
+    deleted = db.run(conn, FORGET_PARKED, {"older_than_s": older_than_s, "limit": limit}).rowcount
+    if deleted:
+        log.warning(
+            "retention: deleted %d outbox rows parked over %.0f s ago, with those held behind them",
+            deleted,
+            older_than_s,
+        )
+    return deleted
 
 
 def forget_published(conn: sa.Connection, older_than_s: float, limit: int) -> int:

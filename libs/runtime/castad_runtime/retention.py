@@ -87,12 +87,17 @@ def statement_step(
 
 
 def shared_steps(engine: sa.Engine, config: settings.CommonSettings) -> list[Step]:
-    """What every service with an outbox and an inbox deletes: published outbox rows, handled event ids."""
+    """What every service with an outbox and an inbox deletes: published and long-parked outbox rows, handled ids."""
     return [
         statement_step(
             "published outbox rows",
             engine,
             lambda conn, limit: outbox.forget_published(conn, config.retention_outbox_s, limit),
+        ),
+        statement_step(
+            "parked outbox rows and those held behind them",
+            engine,
+            lambda conn, limit: outbox.forget_parked(conn, config.retention_parked_s, limit),
         ),
         statement_step(
             "handled event ids", engine, lambda conn, limit: inbox.forget(conn, config.retention_inbox_s, limit)

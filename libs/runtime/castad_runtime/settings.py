@@ -232,6 +232,16 @@ class CommonSettings(BaseSettings):
             " or parked, are kept)",
         ),
     ] = 7 * DAY_S
+    retention_parked_s: Annotated[
+        float,
+        Field(
+            validation_alias=_common("retention_parked_s"),
+            ge=3600,
+            description="an outbox row parked this long ago is deleted, with the later rows of its pipeline held"
+            " behind it (its pipeline ended by its deadline long before; the gateway's dead letter of it, which an"
+            " operator replays, stays for its own retention): each deletion is logged with its count",
+        ),
+    ] = 90 * DAY_S
     retention_inbox_s: Annotated[
         float,
         Field(
