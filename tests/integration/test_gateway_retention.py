@@ -191,19 +191,23 @@ def add_dead_letter(engine: sa.Engine, queue: str, received_ago: dt.timedelta, s
     return letter_id
 
 
-def test_dead_letters_replayed_or_discarded_go_after_their_ttl_and_those_still_dead_stay(engine, config, installation):
+def test_dead_letters_dealt_with_go_after_their_ttl_and_those_still_dead_after_a_longer_one(
+    engine, config, installation
+):
     queue = installation.topology.queue("lyric")
     replayed, discarded = (
         add_dead_letter(engine, queue, 31 * DAY, "replayed"),
         add_dead_letter(engine, queue, 31 * DAY, "discarded"),
     )
-    dead, recent = add_dead_letter(engine, queue, 400 * DAY), add_dead_letter(engine, queue, 29 * DAY, "discarded")
+    dead, recent = add_dead_letter(engine, queue, 89 * DAY), add_dead_letter(engine, queue, 29 * DAY, "discarded")
+    forgotten = add_dead_letter(engine, queue, 91 * DAY)  # still dead after CASTAD_API_RETENTION_DEAD_LETTERS_LEFT_S
 
-    assert run(engine, config)["dead letters"] == 2
+    removed = run(engine, config)
 
+    assert (removed["dead letters"], removed["dead letters nobody dealt with"]) == (2, 1)
     assert left(engine, tables.dead_letters, "id") == {dead, recent}
     assert left(engine, tables.dead_letter_actions, "dead_letter_id") == {recent}
-    assert {replayed, discarded}.isdisjoint(left(engine, tables.dead_letters, "id"))
+    assert {replayed, discarded, forgotten}.isdisjoint(left(engine, tables.dead_letters, "id"))
 
 
 def test_creation_counts_go_once_their_minute_is_over(engine, config):

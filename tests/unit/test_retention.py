@@ -23,6 +23,7 @@ POLICY = api_retention.Policy(
     timeline_s=30 * 86_400,
     pipelines_s=90 * 86_400,
     dead_letters_s=30 * 86_400,
+    dead_letters_left_s=90 * 86_400,
     deadline_s=2 * 3600,
     images_s=7 * 86_400,
 )

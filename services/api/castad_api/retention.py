@@ -61,6 +61,7 @@ class Policy:
     timeline_s: float
     pipelines_s: float
     dead_letters_s: float
+    dead_letters_left_s: float  # a dead letter nobody dealt with, after it came
     deadline_s: float  # a pipeline's run after its request or retry
     images_s: float  # an uploaded image no pipeline names, after its last upload
 
@@ -132,6 +133,12 @@ def steps(
             lambda conn, limit: forget_dead_letters(conn, policy.dead_letters_s, limit),
             rows_each=LETTER_ROWS,
         ),
+        step(
+            "dead letters nobody dealt with",
+            engine,
+            lambda conn, limit: forget_dead_letters_left(conn, policy.dead_letters_left_s, limit),
+            rows_each=LETTER_ROWS,
+        ),
         step("creation counts", engine, lambda conn, limit: keys.forget_windows(conn, KEY_WINDOW_KEPT_S, limit)),
         step(
             "upload buckets",
@@ -182,15 +189,29 @@ def forget_pipelines(conn: sa.Connection, older_than_s: float, limit: int) -> in
 def forget_dead_letters(conn: sa.Connection, older_than_s: float, limit: int) -> int:
     """Delete up to `limit` dead letters dealt with more than `older_than_s` ago; how many.
 
-    Dead letters replayed or discarded go with their actions. One still dead is kept whatever its age.
+    Dead letters replayed or discarded go with their actions; one still dead goes by `forget_dead_letters_left`.
     """
-    letters, actions = tables.dead_letters, tables.dead_letter_actions
+    letters = tables.dead_letters
     settled = sa.select(letters.c.id).where(sa.text(tables.SETTLED_LETTER))
-    doomed = list(conn.execute(db.expired(settled, letters.c.updated_at, older_than_s, limit)).scalars())
-    if doomed:
-        conn.execute(actions.delete().where(actions.c.dead_letter_id.in_(doomed)))
-        conn.execute(letters.delete().where(letters.c.id.in_(doomed)))
-    return len(doomed)
+    return _forget_letters(
+        conn, list(conn.execute(db.expired(settled, letters.c.updated_at, older_than_s, limit)).scalars())
+    )
+
+
+def forget_dead_letters_left(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` dead letters still dead that came more than `older_than_s` ago, with their actions."""
+    letters = tables.dead_letters
+    left = sa.select(letters.c.id).where(letters.c.status == "dead")
+    return _forget_letters(
+        conn, list(conn.execute(db.expired(left, letters.c.received_at, older_than_s, limit)).scalars())
+    )
+
+
+def _forget_letters(conn: sa.Connection, ids: list[int]) -> int:
+    if ids:
+        conn.execute(tables.dead_letter_actions.delete().where(tables.dead_letter_actions.c.dead_letter_id.in_(ids)))
+        conn.execute(tables.dead_letters.delete().where(tables.dead_letters.c.id.in_(ids)))
+    return len(ids)
 
 
 def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_s: float, limit: int) -> int:

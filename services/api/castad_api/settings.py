@@ -226,7 +226,13 @@ class ApiSettings(settings.StoreSettings):
         default=30 * settings.DAY_S,
         ge=3600,
         description="a dead letter replayed or discarded is deleted this long after the last action on it (one still"
-        " dead is kept)",
+        " dead: see CASTAD_API_RETENTION_DEAD_LETTERS_LEFT_S)",
+    )
+    retention_dead_letters_left_s: float = Field(
+        default=90 * settings.DAY_S,
+        ge=3600,
+        description="a dead letter nobody replayed or discarded is deleted, with its actions, this long after it came"
+        " (castad_dead_letters counts those still dead, and an alert names them long before)",
     )
     retention_images_s: float = Field(
         default=7 * settings.DAY_S,
@@ -273,6 +279,7 @@ class ApiSettings(settings.StoreSettings):
             timeline_s=self.retention_timeline_s,
             pipelines_s=self.retention_pipelines_s,
             dead_letters_s=self.retention_dead_letters_s,
+            dead_letters_left_s=self.retention_dead_letters_left_s,
             deadline_s=self.pipeline_deadline_s,
             images_s=self.retention_images_s,
         )
