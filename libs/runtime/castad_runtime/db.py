@@ -20,7 +20,7 @@ import datetime as dt
 import logging
 import select
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
@@ -92,6 +92,16 @@ def database_name(url: str) -> str:
 _PSYCOPG = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialects are untyped
 
 
+class _Limited(Protocol):
+    """Settings with a service's session limits (settings.IdleInTransactionS, settings.LockWaitS)."""
+
+    @property
+    def db_idle_in_transaction_s(self) -> float: ...
+
+    @property
+    def db_lock_wait_s(self) -> float: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class SessionLimits:
     """What PostgreSQL ends in a service's sessions (the settings IdleInTransactionS and LockWaitS).
@@ -102,6 +112,11 @@ class SessionLimits:
 
     idle_in_transaction_s: float
     lock_wait_s: float
+
+    @classmethod
+    def of(cls, config: _Limited) -> SessionLimits:
+        """A service's limits, as its settings give them."""
+        return cls(config.db_idle_in_transaction_s, config.db_lock_wait_s)
 
     def statement(self) -> str:
         idle_ms, lock_ms = round(self.idle_in_transaction_s * 1000), round(self.lock_wait_s * 1000)

@@ -41,8 +41,9 @@ MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 
 def build(config: settings_.ApiSettings) -> FastAPI:
-    engine = db.make_engine(config.database_url, 8, config.session_limits())  # HTTP requests, background loops
-    projecting = projection.make_engine(config.database_url, config.session_limits())
+    sessions = db.SessionLimits.of(config)
+    engine = db.make_engine(config.database_url, 8, sessions)  # HTTP requests and the background loops
+    projecting = projection.make_engine(config.database_url, sessions)
     topo = topology.Topology(config.namespace)
     gateway = deps.Gateway(
         config=config,

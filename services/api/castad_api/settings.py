@@ -7,7 +7,7 @@ import binascii
 import string
 from typing import Self
 
-from castad_runtime import db, settings
+from castad_runtime import settings
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -16,9 +16,6 @@ from castad_api import retention, upload_limits, webhook_secrets
 
 class ApiSettings(settings.StoreSettings):
     model_config = SettingsConfigDict(env_prefix="CASTAD_API_", extra="ignore", frozen=True)
-
-    def session_limits(self) -> db.SessionLimits:
-        return db.SessionLimits(self.db_idle_in_transaction_s, self.db_lock_wait_s)
 
     database_url: str = Field(
         default=settings.database_url_default("api"),

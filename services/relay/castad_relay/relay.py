@@ -68,7 +68,7 @@ class SourceRelay:
         self.metrics = metrics or metrics_.RelayMetrics(runtime_metrics.registry())
         self.publisher = publisher
         self.config = config
-        self.sessions = db.SessionLimits(config.db_idle_in_transaction_s, config.db_lock_wait_s)
+        self.sessions = db.SessionLimits.of(config)
         self.published = 0
         self.parked = 0
         self._suspects: set[int] = set()  # rows in flight when their channel closed: tried alone next

@@ -278,7 +278,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     service = definition.stage.value
     process.start_observability(service, config.log_level)
     topo = topology.Topology(config.namespace)
-    sessions = db.SessionLimits(config.db_idle_in_transaction_s, config.db_lock_wait_s)
+    sessions = db.SessionLimits.of(config)
     engine = db.make_engine(config.database_url, config.concurrency + config.consumer_threads + 3, sessions)
     injector = faults.FaultInjector(
         faults.Switch(engine, config.faults()) if config.fault_switch else config.faults(), random.Random()
