@@ -48,6 +48,7 @@ MINIMAL: dict[str, Any] = {
 STAGE_PRODUCTION = {
     "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8},
     "migrations": {"enabled": True},
+    "topology": {"enabled": True, "existingSecret": "castad-rabbitmq-admin"},
 }
 STAGE_MINIMAL = {"migrations": {"enabled": False}}
 
@@ -265,6 +266,29 @@ def test_migrations_run_as_a_hook_before_new_pods_with_the_database_secret(chart
         secret = env_of(container)[f"CASTAD_{service.upper()}_DATABASE_URL"]["secretKeyRef"]
         assert secret == {"name": f"castad-{service}-database", "key": "url"}
         assert job["metadata"]["name"].endswith(f"-migrate-{2 if upgrade else 1}")
+
+
+@pytest.mark.parametrize("service", topology.WITH_DATABASE)
+def test_with_an_administrators_secret_a_hook_declares_the_topology_before_the_migrations(chart_dir, service):
+    (only,) = by_kind(render(chart_dir, service, {}), "Job")  # off by default: `castad-admin topology` declares it
+    assert only["metadata"]["name"].endswith("-migrate-1")
+
+    values = {"topology": {"enabled": True, "existingSecret": "castad-rabbitmq-admin"}}
+    for upgrade in (False, True):
+        jobs = {
+            job["spec"]["template"]["spec"]["containers"][0]["args"][0]: job
+            for job in by_kind(render(chart_dir, service, values, upgrade=upgrade), "Job")
+        }
+        hooks = {args: job["metadata"]["annotations"] for args, job in jobs.items()}
+        assert hooks["declare"]["helm.sh/hook"] == hooks["migrate"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+        assert int(hooks["declare"]["helm.sh/hook-weight"]) < int(hooks["migrate"]["helm.sh/hook-weight"])
+        (container,) = jobs["declare"]["spec"]["template"]["spec"]["containers"]
+        secret = env_of(container)["CASTAD_TOPOLOGY_AMQP_URL"]["secretKeyRef"]
+        assert secret == {"name": "castad-rabbitmq-admin", "key": "url"}
+        assert jobs["declare"]["metadata"]["name"].endswith(f"-topology-{2 if upgrade else 1}")
+
+    with pytest.raises(Exception, match="topology.existingSecret"):
+        render(chart_dir, service, {"topology": {"enabled": True}})
 
 
 def test_the_relay_reads_every_source_from_its_secret_and_joins_them(chart_dir):

@@ -368,6 +368,19 @@ def values_schema(service: str) -> dict[str, Any]:
             },
             ("enabled",),
         )
+        properties["topology"] = _object(
+            {
+                "enabled": BOOLEAN,
+                "existingSecret": {
+                    "type": "string",
+                    "description": "a Secret holding the AMQP URL of a broker user that may configure the vhost",
+                },
+                "key": NAME,
+                "backoffLimit": {"type": "integer", "minimum": 0},
+                "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+            },
+            ("enabled",),
+        )
         properties["autoscaling"] = _object(
             {
                 "enabled": BOOLEAN,

@@ -1,13 +1,15 @@
-"""The command line every service shares: `python -m castad_<service> run|migrate`."""
+"""The command line every service shares: `python -m castad_<service> run|migrate|declare`."""
 
 from __future__ import annotations
 
 import pathlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
+import pika.exceptions
 import pydantic
 import typer
+from castad_contracts import topology
 from pydantic_settings import BaseSettings
 
 from castad_runtime import messaging, redact, settings
@@ -54,6 +56,30 @@ def service_app(
         except messaging.TopologyMismatch as error:  # an operator's step is missing: one line, no traceback
             typer.echo(f"{name}: cannot start: {error}", err=True)
             raise typer.Exit(3) from None
+
+    @app.command("declare")
+    def declare_command(
+        amqp_url: Annotated[
+            str,
+            typer.Option(
+                envvar="CASTAD_TOPOLOGY_AMQP_URL",
+                show_default=False,
+                help="a broker user that may configure the vhost (its own user cannot declare its queues anew)",
+            ),
+        ],
+    ) -> None:
+        """Declare the service's queues and bindings, and the exchanges every service shares (a chart's hook)."""
+        config: Any = load_settings(settings_factory)
+        redact.known(amqp_url)
+        try:
+            messaging.declare_as_administrator(amqp_url, topology.Topology(config.namespace), name)
+        except messaging.TopologyMismatch as error:
+            typer.echo(f"{name}: cannot declare: {error}", err=True)
+            raise typer.Exit(3) from None
+        except (pika.exceptions.AMQPError, OSError) as error:
+            typer.echo(f"{name}: cannot declare: broker: {redact.mask(str(error) or type(error).__name__)}", err=True)
+            raise typer.Exit(3) from None
+        typer.echo(f"{name}: queues and bindings declared in {config.namespace}")
 
     if migrations_dir is not None:
 

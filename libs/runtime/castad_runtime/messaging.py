@@ -4,8 +4,9 @@ Each consuming service has one queue and one actor on it, `<service>.on_event`
 (see `consumer.EventConsumer`); `encoder.EnvelopeEncoder` turns the envelopes the relay
 publishes into messages for that actor.
 
-Set-up declares the whole topology with an administrator's user (`declare_topology`); each
-service declares its own part at start with its own, least-privileged user (`declare_own`).
+Set-up declares the whole topology with an administrator's user (`declare_topology`), or each chart's hook Job
+declares its service's part and the shared exchanges with one (`declare_as_administrator`); each service declares
+its own part at start with its own, least-privileged user (`declare_own`).
 Every queue is a quorum queue (`topology.Topology.queue_arguments`); a queue an earlier version
 declared as a classic one cannot change its type in place, so a start that finds one refuses with
 `TopologyMismatch` until an operator moved it over (`castad-admin move-to-quorum`, docs/deploy.md).
@@ -144,6 +145,15 @@ def declare_own(amqp_url: str, topo: topology.Topology, service: str) -> None:
     shares). The events exchange must exist first.
     """
     _declare(amqp_url, topo, (service,), shared=service == topology.SHARED_OWNER)
+
+
+def declare_as_administrator(amqp_url: str, topo: topology.Topology, service: str) -> None:
+    """Declare what `service` owns and what every service shares, with a user that may configure the vhost.
+
+    What a chart's hook Job does before the service's new pods start, so that no event waits on the order in which
+    services are installed: a service's own user can declare its queues anew only once they exist.
+    """
+    _declare(amqp_url, topo, (service,) if service in topo.services else (), shared=True)
 
 
 def _declare(amqp_url: str, topo: topology.Topology, services: tuple[str, ...], shared: bool) -> None:

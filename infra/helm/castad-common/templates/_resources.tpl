@@ -135,6 +135,68 @@ spec:
 {{- end -}}
 
 {{/*
+The service's queues and bindings, and the exchanges every service shares, declared by Helm before an install or
+upgrade starts any new pod (topology.enabled), with a broker user that may configure the vhost: so that an event
+never waits on the order in which charts are installed, and a release that binds a new event type has its binding
+before its first pod. Before the migrations (their weight is -5); safe twice, every declare is idempotent.
+*/}}
+{{- define "castad.topologyJob" -}}
+{{- if .Values.topology.enabled -}}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ printf "%s-topology-%d" (include "castad.fullname" .) .Release.Revision | trunc 63 | trimSuffix "-" }}
+  labels:
+    {{- include "castad.labels" . | nindent 4 }}
+  annotations:
+    helm.sh/hook: pre-install,pre-upgrade
+    helm.sh/hook-weight: "-10"
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+spec:
+  backoffLimit: {{ .Values.topology.backoffLimit }}
+  activeDeadlineSeconds: {{ .Values.topology.activeDeadlineSeconds }}
+  ttlSecondsAfterFinished: 86400
+  template:
+    metadata:
+      labels:
+        {{- include "castad.selectorLabels" . | nindent 8 }}
+        app.kubernetes.io/component: topology
+    spec:
+      restartPolicy: Never
+      automountServiceAccountToken: false
+      {{- with .Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml .Values.podSecurityContext | nindent 8 }}
+      containers:
+        - name: declare
+          image: {{ include "castad.image" . | quote }}
+          imagePullPolicy: {{ .Values.image.pullPolicy }}
+          args: ["declare"]
+          env:
+            {{- include "castad.env" . | nindent 12 }}
+            - name: CASTAD_TOPOLOGY_AMQP_URL
+              valueFrom:
+                secretKeyRef:
+                  name: {{ required "topology.existingSecret: a Secret holding the URL of a broker user that may configure the vhost" .Values.topology.existingSecret | quote }}
+                  key: {{ .Values.topology.key | quote }}
+          resources:
+            {{- toYaml .Values.migrations.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml .Values.securityContext | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: 64Mi
+{{- end -}}
+{{- end -}}
+
+{{/*
 A PodMonitor for the Prometheus Operator (metrics.podMonitor.enabled): the pods' /metrics on their port,
 the job named after the service (castad-api, ...) as infra/observability/alerts.yml expects. A PodMonitor,
 not a ServiceMonitor: only the gateway has a Service.
