@@ -140,8 +140,10 @@ def test_no_role_reaches_another_services_database_and_the_relay_only_reads_and_
         with psycopg.connect(_plain(users.database_url("relay", url)), autocommit=True) as conn:
             conn.execute("SELECT id, envelope FROM outbox LIMIT 1")
             conn.execute("UPDATE outbox SET published_at = now(), parked_at = NULL WHERE false")
+            conn.execute("SELECT reads FROM replicas LIMIT 1")  # what the service's replicas read
             for statement in (
                 "SELECT 1 FROM inbox LIMIT 1",
+                "UPDATE replicas SET reads = '{}' WHERE false",
                 "UPDATE outbox SET envelope = '{}' WHERE false",
                 "DELETE FROM outbox WHERE false",
                 "INSERT INTO outbox (event_id) VALUES (gen_random_uuid())",

@@ -86,6 +86,11 @@ def subscribers(routing_key: str) -> dict[str, tuple[str, ...]]:
     return {service: keys for service, keys in found.items() if keys}
 
 
+def routed(service: str, registry: events.Registry = events.REGISTRY) -> frozenset[str]:
+    """Every event type the contracts know that `service`'s queue takes: what its consumer must handle."""
+    return frozenset(event_type for event_type in registry.types() if service in subscribers(event_type))
+
+
 GATEWAY = "api"  # the only service whose outbox may address one queue (a replayed dead letter)
 RELAY = "relay"  # the broker user that publishes and consumes nothing
 SHARED_OWNER = GATEWAY  # declares the events exchange and the dead letters' exchange and queue

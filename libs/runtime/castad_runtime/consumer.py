@@ -114,6 +114,10 @@ class EventConsumer:
             actor_name=encoder.DEAD_LETTER_ACTOR, queue_name=self.queue_name, broker=broker, max_retries=max_retries
         )(self.dead_letter)
 
+    def reads(self) -> dict[str, int]:
+        """Each event type this consumer handles, and the newest version of it it reads (see `announcement`)."""
+        return {event_type: self.registry.current_version(event_type) for event_type in sorted(self.handlers)}
+
     def on_event(self, document: dict[str, Any]) -> None:
         try:
             self._dispatch(envelope_.Envelope.model_validate(document), document)

@@ -327,6 +327,25 @@ def drop_input_version_v17() -> None:
     op.drop_column("jobs", "input_version")
 
 
+def add_replicas_v18() -> None:
+    """The service's live replicas, their release and what each reads (`replicas`).
+
+    Expand only: a replica of the previous release keeps no row, and a relay that finds none publishes as before.
+    """
+    op.create_table(
+        "replicas",
+        sa.Column("replica", sa.Text, primary_key=True),
+        sa.Column("release", sa.Text, nullable=False),
+        sa.Column("reads", pg.JSONB, nullable=False),
+        sa.Column("started_at", TZ, nullable=False, server_default=sa.func.now()),
+        sa.Column("seen_at", TZ, nullable=False, server_default=sa.func.now()),
+    )
+
+
+def drop_replicas_v18() -> None:
+    op.drop_table("replicas")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

@@ -70,8 +70,8 @@ def restrict_access(database_url: str, relay_role: str) -> None:
     """Close the database to everyone but its owner and `relay_role`.
 
     `relay_role` may read the outbox, mark its rows, hold the lease of its leadership (`outbox_leader`) and keep
-    its own row among the live relays (`outbox_relay`), nothing else. Run by the owner (the service's `migrate`)
-    or a superuser.
+    its own row among the live relays (`outbox_relay`), and read what the service's replicas read (`replicas`),
+    nothing else. Run by the owner (the service's `migrate`) or a superuser.
 
     No role but the owner may create objects in the public schema either: PostgreSQL before 15 lets
     PUBLIC do it (and a cluster upgraded from one keeps the grant), so the relay's role could. Only the
@@ -89,6 +89,7 @@ def restrict_access(database_url: str, relay_role: str) -> None:
             conn.exec_driver_sql(f"GRANT SELECT, UPDATE ({', '.join(RELAY_COLUMNS)}) ON outbox TO {relay}")
             conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE ON outbox_leader TO {relay}")
             conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay TO {relay}")
+            conn.exec_driver_sql(f"GRANT SELECT ON replicas TO {relay}")
         with engine.connect() as conn:
             if conn.scalar(sa.text("SELECT has_schema_privilege('public', 'public', 'CREATE')")):
                 who = quote(conn.scalar(sa.text("SELECT current_user")))

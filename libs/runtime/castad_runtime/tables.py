@@ -67,6 +67,19 @@ outbox_relay = sa.Table(
     sa.Column("expires_at", TZ, nullable=False),
 )
 
+# The service's live replicas, each with its release and what it reads (castad_runtime.announcement): one row per
+# replica, renewed while it runs, removed when it stops. The relays read it before they publish an event to the
+# service, so that an event waits in its outbox until a replica that reads it runs.
+replicas = sa.Table(
+    "replicas",
+    metadata,
+    sa.Column("replica", sa.Text, primary_key=True),
+    sa.Column("release", sa.Text, nullable=False),
+    sa.Column("reads", pg.JSONB, nullable=False),  # event type -> the newest version of it the replica reads
+    sa.Column("started_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("seen_at", TZ, nullable=False, server_default=sa.func.now()),
+)
+
 inbox = sa.Table(
     "inbox",
     metadata,

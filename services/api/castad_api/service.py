@@ -10,13 +10,25 @@ import asyncio
 import contextlib
 import pathlib
 import signal
-import typing
 from collections.abc import AsyncIterator
 
 import typer
 import uvicorn
-from castad_contracts import events, topology
-from castad_runtime import artifacts, cli, consumer, db, health, links, messaging, process, telemetry, wakeups
+from castad_contracts import topology
+from castad_runtime import (
+    announcement,
+    artifacts,
+    cli,
+    consumer,
+    db,
+    health,
+    links,
+    messaging,
+    process,
+    release,
+    telemetry,
+    wakeups,
+)
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry import trace
@@ -55,12 +67,8 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     messaging.declare_own_when_reachable(config.amqp_url, topo, "api")
     broker = messaging.make_broker(config.amqp_url, topo, "api")
     projector = projection.Projector(projecting, gateway.metrics)
-    handlers: dict[str, consumer.Handler] = {
-        events.stage_event(stage, fact): projector.apply
-        for stage in events.Stage
-        for fact in typing.get_args(events.StageFact)
-    }
-    consumer.EventConsumer(
+    handlers: dict[str, consumer.Handler] = {event_type: projector.apply for event_type in topology.routed("api")}
+    event_consumer = consumer.EventConsumer(
         broker,
         "api",
         topo,
@@ -69,6 +77,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         hold_s=config.hold_events_s,
         metrics=gateway.metrics.consumer,
     )
+    announcer = announcement.Announcer(engine, process.worker_id("api"), release.of("api"), event_consumer.reads())
     worker = process.ConsumerWorker(broker, config.consumer_threads)
     recorder = dead_letters.Recorder(config.amqp_url, topo.dead_letter_queue, engine, config.dead_letter_body_max_bytes)
     sweeper = deadlines.DeadlineSweeper(engine, config.deadline_poll_s)
@@ -82,12 +91,13 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         liveness = {
             "event loop": health.loop_responsive(asyncio.get_running_loop()),
             "consumer": health.threads_alive(worker.threads),
+            "announcement": health.threads_alive(announcer.threads),
         }
         probes = app_.probe_server(gateway, liveness)
         if probes is not None:
             probes.start()
         gateway.notifications.start()
-        for part in (worker, recorder, sweeper, deliverer, pruner):
+        for part in (announcer, worker, recorder, sweeper, deliverer, pruner):
             part.start()
         process.start_up_done()
         try:
@@ -95,7 +105,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         finally:
             if probes is not None:
                 probes.stopping.set()
-            for part in (pruner, deliverer, sweeper, recorder, worker):
+            for part in (pruner, deliverer, sweeper, recorder, worker, announcer):
                 part.stop()
             await gateway.notifications.stop()
             if probes is not None:

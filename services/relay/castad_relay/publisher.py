@@ -14,6 +14,8 @@ never gets a pipeline's row before an earlier one. Each row comes back as one of
 - HELD_BACK: not sent, because an earlier row of its pipeline was not published;
 - QueueMissing: not sent, because a queue that must take it does not exist yet (`bindings`): it
   waits, uncharged, until the queue's service or set-up declares it;
+- readers.Unread: not sent, because no replica of a service that takes it reads its version yet
+  (`readers`): it waits, uncharged, until one runs;
 - None: lost to trouble with the broker, which is nobody's fault: a lost or stalled connection,
   a channel closed for the broker's own reasons, or a nack (a quorum queue without a majority
   of its nodes, a node shutting down). It waits, uncharged, and the relay pauses before trying
@@ -42,7 +44,7 @@ from pamqp import commands as spec
 from prometheus_client import Histogram
 
 from castad_relay import bindings as bindings_
-from castad_relay import connection
+from castad_relay import connection, readers
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,12 @@ class Refused:
 class QueueMissing:
     queue: str  # the queue it waits for
 
+    def reason(self) -> str:
+        return f"waits for queue {self.queue}, which must take it and does not exist yet"
 
-RowResult = Sent | Refused | QueueMissing | None
+
+RowResult = Sent | Refused | QueueMissing | readers.Unread | None
+Waiting = (QueueMissing, readers.Unread)  # held, uncharged, until what it waits for is there
 
 # Channel closes that may be the row's own doing: a failed precondition (over the broker's size limit),
 # and, for a row sent to a replay's destination, a missing or forbidden exchange. Any other close, and any
@@ -96,7 +102,7 @@ def taken_apart(row: dict[str, Any]) -> dict[str, Any]:
 
     Its envelope (as stored, parsed here) without the trace context that the relay's publish span replaces, that
     context apart, and the envelope's `event_type` and `event_source` (None where it names none) for `ownership`:
-    what is judged is what is sent.
+    what is judged is what is sent; and its `schema_version`, for `readers`.
     """
     stored = row["envelope"]
     fields = stored if isinstance(stored, dict) else {}
@@ -105,6 +111,8 @@ def taken_apart(row: dict[str, Any]) -> dict[str, Any]:
     if isinstance(stored, dict):
         row["envelope"] = {name: value for name, value in stored.items() if name not in TRACE_FIELDS}
     row["event_type"], row["event_source"] = _text(fields.get("type")), _text(fields.get("source"))
+    version = fields.get("schemaversion", 1)
+    row["schema_version"] = version if isinstance(version, int) and not isinstance(version, bool) else 1
     return row
 
 
@@ -130,9 +138,11 @@ class Publisher:
         max_message_bytes: int,
         confirms: Histogram | None = None,
         bindings: bindings_.Bindings | None = None,
+        readers_: readers.Readers | None = None,
     ) -> None:
         self.amqp_url = amqp_url
         self.bindings = bindings  # None: published without binding the queues that take each type first
+        self.readers = readers_  # None: published without asking whether a consumer reads the event's version
         self.confirms = confirms  # seconds from a row's publish to its confirm
         self.exchange = exchange
         self.confirm_timeout_s = confirm_timeout_s
@@ -223,9 +233,11 @@ class Publisher:
     async def _routed_and_sent(
         self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
     ) -> RowResult:
-        """The row published once every queue that must take it is bound to its type (`bindings`).
+        """The row published once its queues are bound and read it.
 
-        A replay goes to its one queue, which the broker checks itself (`DESTINATIONS_OWN_CLOSES`)."""
+        Every queue that must take it is bound to its type (`bindings`), and a replica of each service taking it reads
+        its version (`readers`). A replay goes to its one queue, which the broker checks itself
+        (`DESTINATIONS_OWN_CLOSES`)."""
         if self.bindings is not None and not row.get("destination"):
             try:
                 queue = await self.bindings.missing(channel.connection, row["routing_key"])
@@ -234,6 +246,10 @@ class Publisher:
                 return None
             if queue is not None:
                 return QueueMissing(queue)
+        if self.readers is not None and not row.get("destination") and row["event_type"] is not None:
+            unread = await self.readers.unread(row["event_type"], row.get("schema_version", 1))
+            if unread is not None:
+                return unread
         return await self._publish_one(channel, row, trouble)
 
     async def _publish_one(

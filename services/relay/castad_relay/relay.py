@@ -22,7 +22,7 @@ from castad_runtime import backoff, db, process, redact
 from castad_runtime import metrics as runtime_metrics
 
 from castad_relay import bindings as bindings_
-from castad_relay import leadership, ownership, statements
+from castad_relay import leadership, ownership, readers, statements
 from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
 from castad_relay import settings as settings_
@@ -236,10 +236,12 @@ class SourceRelay:
             if reason is not None:
                 self.metrics.failures.labels(self.source, reason).inc()
         waiting = {
-            row["id"]: result for row, result in zip(rows, results, strict=True) if isinstance(result, QueueMissing)
+            row["id"]: result.reason()
+            for row, result in zip(rows, results, strict=True)
+            if isinstance(result, publisher_.Waiting)
         }
         if waiting:
-            await self._wait_for_queues(conn, waiting)
+            await self._hold_waiting(conn, waiting)
         for row, result in zip(rows, results, strict=True):
             if result is publisher_.Sent.SUSPECT:
                 self._suspects.add(row["id"])
@@ -249,14 +251,15 @@ class SourceRelay:
             if isinstance(result, publisher_.Refused):
                 await self._refused(conn, row, result.reason, result.final)
 
-    async def _wait_for_queues(self, conn: psycopg.AsyncConnection[Any], waiting: dict[int, QueueMissing]) -> None:
-        """Rows a missing queue must take: due again after `retry_delay_s`, uncharged (the other rows go on)."""
+    async def _hold_waiting(self, conn: psycopg.AsyncConnection[Any], waiting: dict[int, str]) -> None:
+        """Rows waiting for a queue or a reader (row id -> why): due again after `retry_delay_s`, uncharged.
+
+        The other rows go on."""
         self._backing_off = True
-        for queue in {result.queue for result in waiting.values()}:
-            ids = [row_id for row_id, result in waiting.items() if result.queue == queue]
-            reason = f"waits for queue {queue}, which must take it and does not exist yet"
+        for reason in set(waiting.values()):
+            ids = [row_id for row_id, why in waiting.items() if why == reason]
             params = {"ids": ids, "reason": reason, "delay_s": self.config.retry_delay_s, "term": self.lease.term}
-            await conn.execute(statements.WAIT_FOR_QUEUE, params)
+            await conn.execute(statements.WAIT, params)
 
     async def _refused(
         self, conn: psycopg.AsyncConnection[Any], row: dict[str, Any], reason: str, final: bool = False
@@ -348,6 +351,8 @@ def _failure(result: publisher_.RowResult) -> str | None:
         return metrics_.CHANNEL_CLOSED
     if isinstance(result, QueueMissing):
         return metrics_.QUEUE_MISSING
+    if isinstance(result, readers.Unread):
+        return metrics_.UNREAD
     if result is None:
         return metrics_.BROKER_UNAVAILABLE
     return None
@@ -366,6 +371,8 @@ async def run(
         config.max_message_bytes,
         metrics.confirms,
         bindings_.Bindings(topo, retry_s=config.retry_delay_s),
+        # What the consumers read is in their own databases: the sources of this relay.
+        readers.Readers(config.sources, db.SessionLimits.of(config)),
     )
     # One holder name for all its leases: the other relays count it once among the live ones.
     holder = leadership.Lease.holder_name(process.worker_id("relay"))

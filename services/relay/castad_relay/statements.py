@@ -91,10 +91,10 @@ SET publish_attempts = publish_attempts + 1,
 WHERE id = %(id)s AND published_at IS NULL AND EXISTS (SELECT 1 FROM public.outbox_leader WHERE term = %(term)s)
 """
 
-# Rows held for a queue that must take them and does not exist yet: due again a moment later, with the reason,
-# no try charged; like a backing-off row, each holds back only the later rows of its pipeline. Under the leader's
-# term only.
-WAIT_FOR_QUEUE = """
+# Rows held for a queue that must take them and does not exist yet, or for a replica that reads them: due again a
+# moment later, with the reason, no try charged; like a backing-off row, each holds back only the later rows of its
+# pipeline. Under the leader's term only.
+WAIT = """
 UPDATE public.outbox SET last_error = %(reason)s, retry_at = now() + make_interval(secs => %(delay_s)s)
 WHERE id = ANY(%(ids)s) AND published_at IS NULL AND EXISTS (SELECT 1 FROM public.outbox_leader WHERE term = %(term)s)
 """

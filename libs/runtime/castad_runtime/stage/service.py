@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field, SecretStr, model_validator
 
 from castad_runtime import (
+    announcement,
     artifacts,
     consumer,
     db,
@@ -331,7 +332,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
 
     messaging.declare_own_when_reachable(config.amqp_url, topo, service)
     broker = messaging.make_broker(config.amqp_url, topo, service)
-    consumer.EventConsumer(
+    event_consumer = consumer.EventConsumer(
         broker,
         service,
         topo,
@@ -340,12 +341,14 @@ def run(definition: StageDefinition[S], config: S) -> None:
         hold_s=config.hold_events_s,
         metrics=measured.consumer,
     )
+    announcer = announcement.Announcer(engine, process.worker_id(service), release.of(service), event_consumer.reads())
     worker = process.ConsumerWorker(broker, config.consumer_threads)
     pruner = retention.Pruner.of(
         stage_retention.steps(engine, artifacts.make_store(config), definition.stage, config), config
     )
-    parts: list[process.Background] = [worker, jobs, pruner]
+    parts: list[process.Background] = [announcer, worker, jobs, pruner]
     liveness = {
+        "announcement": health.threads_alive(announcer.threads),
         "consumer": health.threads_alive(worker.threads),
         "scheduler": health.threads_alive(jobs.threads),
         "retention": health.threads_alive(pruner.threads),
@@ -363,7 +366,8 @@ def run(definition: StageDefinition[S], config: S) -> None:
             release=release.of(service),
         )
     # Parts stop in reverse order: the prober, retention, then the scheduler, so that a stopping service claims no
-    # new attempt while it finishes or hands back its running ones; events still arriving only become job rows.
+    # new attempt while it finishes or hands back its running ones; events still arriving only become job rows. Its
+    # word on what it reads goes last, when it no longer consumes.
     process.run_until_signalled(service, parts, on_stop=lambda: _stopped(engine), probes=health_server)
 
 

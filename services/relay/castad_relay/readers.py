@@ -1,0 +1,124 @@
+"""An event goes out only once a replica of each service that takes it reads its version.
+
+Each consuming replica says in its service's database which version of each event type it reads
+(castad_runtime.announcement). Before the relay publishes an event, it looks at the word of every service whose
+queue takes the event's type (`topology.subscribers`): the replicas live now or, when none is, the one seen last
+(a service that is down keeps its queue, and its next start is most likely that replica's release). If none of
+them reads the event's type at its version, the event waits in its outbox, uncharged, with the reason in its row,
+and the relay looks again a retry delay later: a producer upgraded before its consumers writes an event only the new
+release reads (a brief with a new field), and it goes out once a replica of that release runs. Where the relay
+cannot tell (no word at all: a release before these words, or a database it does not relay, not migrated or not
+reachable), it publishes as before, and a consumer that cannot read an event holds it for a while.
+
+What each database says is looked at once every `fresh_s` at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from castad_contracts import topology
+from castad_runtime import announcement, db, redact
+
+from castad_relay import statements
+
+log = logging.getLogger(__name__)
+
+FRESH_S = 5.0
+LOOK_TIMEOUT_S = 5.0
+
+# What a service's replicas read, newest word first, and whether each replica is live.
+LOOK = """
+SELECT reads, seen_at >= now() - make_interval(secs => %(live_s)s) AS live
+FROM public.replicas ORDER BY seen_at DESC
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Unread:
+    """No replica of `service` reads this event's type at its version (yet)."""
+
+    service: str
+    event_type: str
+    version: int
+    newest: int  # the newest version of the type a replica of the service reads (0: none reads the type)
+
+    def reason(self) -> str:
+        reads = f"they read up to version {self.newest}" if self.newest else "they do not take it"
+        return (
+            f"waits for a replica of {self.service} that reads {self.event_type} version {self.version} ({reads});"
+            f" it goes out once one runs"
+        )
+
+
+class Readers:
+    def __init__(self, databases: Mapping[str, str], sessions: db.SessionLimits, fresh_s: float | None = None) -> None:
+        self.databases = dict(databases)  # service -> the URL of its database, where its replicas say what they read
+        self.sessions = sessions
+        self.fresh_s = FRESH_S if fresh_s is None else fresh_s
+        self._looked: dict[str, tuple[float, list[dict[str, Any]] | None]] = {}  # service -> when, what (None: no word)
+        self._said: dict[str, str] = {}  # service -> why its word could not be read, said once until it can
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def unread(self, event_type: str, version: int) -> Unread | None:
+        """The first service taking `event_type` none of whose replicas reads `version`; None if each has one."""
+        for service in topology.subscribers(event_type):
+            word = await self._word(service)
+            if not word:
+                continue  # no word: published as before
+            considered = [replica for replica in word if replica["live"]] or word[:1]
+            newest = max(_reads(replica, event_type) for replica in considered)
+            if newest < version:
+                return Unread(service, event_type, version, newest)
+        return None
+
+    async def _word(self, service: str) -> list[dict[str, Any]] | None:
+        url = self.databases.get(service)
+        if url is None:
+            return None
+        looked = self._looked.get(service)
+        if looked is not None and time.monotonic() - looked[0] < self.fresh_s:
+            return looked[1]
+        async with self._locks.setdefault(service, asyncio.Lock()):  # the rows of many pipelines ask at once
+            looked = self._looked.get(service)
+            if looked is not None and time.monotonic() - looked[0] < self.fresh_s:
+                return looked[1]
+            word = await self._look(service, url)
+            self._looked[service] = (time.monotonic(), word)
+            return word
+
+    async def _look(self, service: str, url: str) -> list[dict[str, Any]] | None:
+        try:
+            async with asyncio.timeout(LOOK_TIMEOUT_S):
+                conn = await psycopg.AsyncConnection.connect(**db.connect_kwargs(url), autocommit=True)
+                async with conn:
+                    await conn.execute(statements.PINNED)
+                    await conn.execute(self.sessions.statement())
+                    cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
+                    await cursor.execute(LOOK, {"live_s": announcement.LIVE_S})
+                    word = await cursor.fetchall()
+        except (psycopg.Error, OSError, TimeoutError) as error:
+            why = redact.describe(error)
+            if self._said.get(service) is None:
+                log.warning(
+                    "cannot read what the replicas of %s read (%s): its events go out unchecked until it can",
+                    service,
+                    why,
+                )
+            self._said[service] = why
+            return None
+        if self._said.pop(service, None) is not None:
+            log.info("reads what the replicas of %s read again", service)
+        return word
+
+
+def _reads(replica: Mapping[str, Any], event_type: str) -> int:
+    reads = replica["reads"]
+    version = reads.get(event_type) if isinstance(reads, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else 0

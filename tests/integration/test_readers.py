@@ -1,0 +1,102 @@
+"""Replicas say what they read, and the relay publishes an event only to services that have a replica reading it.
+
+Against real PostgreSQL and RabbitMQ: a replica's row in its service's `replicas` (castad_runtime.announcement),
+and the relay (castad_relay.readers) holding a brief that only a newer release reads while every lyric replica
+runs the release before, uncharged and saying why, then publishing it once a replica that reads it runs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from castad_contracts import brief, events
+from castad_relay import metrics as relay_metrics
+from castad_relay import readers
+from castad_runtime import announcement, db, metrics, tables
+
+from tests.integration.helpers import pipeline_requested, write_events
+from tests.support import briefs, waits
+
+pytestmark = pytest.mark.integration
+
+REQUESTED = events.PIPELINE_REQUESTED
+
+
+@pytest.fixture
+def lyric(engines) -> Iterator[sa.Engine]:
+    """The lyric stage's database, its replicas' rows removed after the test (other tests' relays read them)."""
+    engine = engines["lyric"]
+    try:
+        yield engine
+    finally:
+        with db.transaction(engine) as conn:
+            conn.execute(tables.replicas.delete())
+
+
+def rows(engine: sa.Engine) -> dict[str, sa.RowMapping]:
+    with engine.connect() as conn:
+        return {row["replica"]: row for row in conn.execute(sa.select(tables.replicas)).mappings()}
+
+
+def say(engine: sa.Engine, replica: str, reads: dict[str, int]) -> None:
+    announcement.Announcer(engine, replica, "0.0.1", reads).renew()
+
+
+def test_a_replica_keeps_its_row_while_it_runs_and_removes_it_when_it_stops(lyric):
+    with db.transaction(lyric) as conn:  # a replica killed long ago
+        conn.execute(tables.replicas.insert().values(replica="lyric@gone:1", release="0.0.1", reads={}))
+        conn.execute(sa.text("UPDATE replicas SET seen_at = now() - interval '8 days'"))
+    announcer = announcement.Announcer(lyric, "lyric@here:7", "1.2.3", {REQUESTED: 4}, renew_s=0.05)
+
+    announcer.start()
+    waits.until(lambda: "lyric@here:7" in rows(lyric), what="the replica's row")
+    first = rows(lyric)["lyric@here:7"]
+    waits.until(lambda: rows(lyric)["lyric@here:7"]["seen_at"] > first["seen_at"], what="the row renewed")
+
+    assert (first["release"], first["reads"]) == ("1.2.3", {REQUESTED: 4})
+    assert set(rows(lyric)) == {"lyric@here:7"}  # the long-gone replica's row deleted on the way
+    announcer.stop()
+    assert rows(lyric) == {}
+    assert not any(thread.is_alive() for thread in announcer.threads())
+
+
+def test_a_brief_only_the_new_release_reads_waits_uncharged_until_a_lyric_replica_of_that_release_runs(
+    installation, engines, lyric, amqp, start_relay, monkeypatch
+):
+    monkeypatch.setattr(readers, "FRESH_S", 0.2)
+    say(lyric, "lyric@old:1", {REQUESTED: 3})  # the release before: briefs without photo links
+    api = engines["api"]
+    linked = briefs.sample(photos=(brief.PhotoLink(url="https://photos.example.com/terrace.jpg"),))
+    [new] = write_events(api, [pipeline_requested(brief=linked)], REQUESTED)
+    [old] = write_events(api, [pipeline_requested()], REQUESTED)
+    assert (new.schemaversion, old.schemaversion) == (4, 1)
+    registry = metrics.registry()
+    urls = installation.database_urls
+    start_relay(metrics=relay_metrics.RelayMetrics(registry), sources={"api": urls["api"], "lyric": urls["lyric"]})
+
+    queue = installation.topology.queue("lyric")
+    assert [message.event_id for message in amqp.take(queue, 1)] == [old.id]
+    unread = {"source": "api", "reason": relay_metrics.UNREAD}
+    waits.until(
+        lambda: (registry.get_sample_value("castad_relay_publish_failures_total", unread) or 0) >= 2,
+        what="the brief held, looked at again and again",
+    )
+    held = outbox_row(api, new.id)
+    assert (held["published_at"], held["publish_attempts"], held["parked_at"]) == (None, 0, None)
+    assert held["last_error"] == (
+        "waits for a replica of lyric that reads pipeline.requested version 4 (they read up to version 3); it goes"
+        " out once one runs"
+    )
+
+    say(lyric, "lyric@new:1", {REQUESTED: 4})  # a replica of the new release starts beside the old one
+
+    assert [message.event_id for message in amqp.take(queue, 1)] == [new.id]
+    waits.until(lambda: outbox_row(api, new.id)["published_at"], what="the row marked published")
+
+
+def outbox_row(engine: sa.Engine, event_id: uuid.UUID) -> sa.RowMapping:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(tables.outbox).where(tables.outbox.c.event_id == event_id)).mappings().one()
