@@ -64,7 +64,7 @@ def test_a_replica_keeps_its_row_while_it_runs_and_removes_it_when_it_stops(lyri
 
 
 def test_a_brief_only_the_new_release_reads_waits_uncharged_until_a_lyric_replica_of_that_release_runs(
-    installation, engines, lyric, amqp, start_relay, monkeypatch
+    installation, engines, lyric, amqp, start_relay, monkeypatch, caplog
 ):
     monkeypatch.setattr(readers, "FRESH_S", 0.2)
     say(lyric, "lyric@old:1", {REQUESTED: 3})  # the release before: briefs without photo links
@@ -95,6 +95,12 @@ def test_a_brief_only_the_new_release_reads_waits_uncharged_until_a_lyric_replic
 
     assert [message.event_id for message in amqp.take(queue, 1)] == [new.id]
     waits.until(lambda: outbox_row(api, new.id)["published_at"], what="the row marked published")
+    said = [record.getMessage() for record in caplog.records if record.name == readers.log.name]
+    assert said == [
+        "events of type pipeline.requested version 4 wait for a replica of lyric that reads them (its replicas read"
+        " up to version 3)",
+        "a replica of lyric reads pipeline.requested version 4: the events that waited for it go out",
+    ]
 
 
 def outbox_row(engine: sa.Engine, event_id: uuid.UUID) -> sa.RowMapping:

@@ -64,6 +64,7 @@ class Readers:
         self.fresh_s = FRESH_S if fresh_s is None else fresh_s
         self._looked: dict[str, tuple[float, list[dict[str, Any]] | None]] = {}  # service -> when, what (None: no word)
         self._said: dict[str, str] = {}  # service -> why its word could not be read, said once until it can
+        self._waiting: set[tuple[str, str, int]] = set()  # (service, type, version) found unread, said once
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def unread(self, event_type: str, version: int) -> Unread | None:
@@ -74,8 +75,21 @@ class Readers:
                 continue  # no word: published as before
             considered = [replica for replica in word if replica["live"]] or word[:1]
             newest = max(_reads(replica, event_type) for replica in considered)
+            waiting = (service, event_type, version)
             if newest < version:
+                if waiting not in self._waiting:
+                    self._waiting.add(waiting)
+                    log.warning(
+                        "events of type %s version %d wait for a replica of %s that reads them (its replicas read %s)",
+                        event_type,
+                        version,
+                        service,
+                        f"up to version {newest}" if newest else "none of that type",
+                    )
                 return Unread(service, event_type, version, newest)
+            if waiting in self._waiting:
+                self._waiting.discard(waiting)
+                log.info("a replica of %s reads %s version %d: the events that waited for it go out", *waiting)
         return None
 
     async def _word(self, service: str) -> list[dict[str, Any]] | None:
