@@ -7,6 +7,7 @@ runs the release before, uncharged and saying why, then publishing it once a rep
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 
@@ -67,6 +68,7 @@ def test_a_brief_only_the_new_release_reads_waits_uncharged_until_a_lyric_replic
     installation, engines, lyric, amqp, start_relay, monkeypatch, caplog
 ):
     monkeypatch.setattr(readers, "FRESH_S", 0.2)
+    caplog.set_level(logging.INFO, logger=readers.log.name)
     say(lyric, "lyric@old:1", {REQUESTED: 3})  # the release before: briefs without photo links
     api = engines["api"]
     linked = briefs.sample(photos=(brief.PhotoLink(url="https://photos.example.com/terrace.jpg"),))
