@@ -70,7 +70,6 @@ def service_app(
     ) -> None:
         """Declare the service's queues and bindings, and the exchanges every service shares (a chart's hook)."""
         config: Any = load_settings(settings_factory)
-        redact.known(amqp_url)
         try:
             messaging.declare_as_administrator(amqp_url, topology.Topology(config.namespace), name)
         except messaging.TopologyMismatch as error:
