@@ -6,8 +6,8 @@ from xdist.scheduler import LoadScopeScheduling
 
 END_TO_END = "tests/e2e/"
 # End-to-end modules whose every test starts a stack of its own and asserts no timing: one worker runs them in
-# turn beside the others (about 270 s on the 2-core host, the short rolling upgrade included). The fault suite,
-# which measures how soon work is taken over, comes last in the other unit; in clean runs this one and the rest were over by then, though nothing waits
+# turn beside the others (about 170 s on the 2-core host). The fault suite, which measures how soon work is taken
+# over, comes last in the other unit; in clean runs this one and the rest were over by then, though nothing waits
 # for them: on a slower host the fault suite may start beside their last tests.
 BESIDE = tuple(
     f"{END_TO_END}test_{name}.py"
@@ -22,7 +22,7 @@ BESIDE = tuple(
         "retention",
         "slideshow",
     )
-) + ("tests/upgrade/",)  # the short rolling upgrade: thirteen processes of two releases, judged by invariants only
+)
 
 
 class EndToEndInTurn(LoadScopeScheduling):

@@ -1,9 +1,8 @@
 """A rolling upgrade from the release before to this tree, in short: `make upgrade-test SHORT=1` (`make upgrade-test`
 runs the full one and writes docs/reports/upgrade.md).
 
-Part of `make test`, on the worker that runs the end-to-end modules with stacks of their own (tests/support/
-scheduling.py): it starts thirteen service processes, about 75 s alone (100 s the first time, which installs the
-earlier release under var/upgrade), and needs the clone's history back to that release.
+Not in `make test` yet: it starts thirteen service processes, about 70 s alone and twice that beside the other
+tests, which would take `make test` past fifteen minutes on a 2-core machine.
 
 The earlier release installed from git beside this one, the schema migrated to this one's, every service rolled in
 CHANGELOG.md's order with a new replica beside the old one before the old one stops, under steady traffic with
