@@ -45,7 +45,7 @@ class Deployment:
         self.rabbitmq = rabbitmq.RabbitCluster(workdir)
         self.postgres = postgres.PostgresPair(workdir)
         self.proxies = [proxy.TcpProxy(proxy.address_of(url)) for url in self.rabbitmq.urls()]
-        self.music = suno.FakeSuno(song_s=plan.SONG_S, audio_s=2.0)
+        self.music = suno.FakeSuno(song_s=plan.SONG_S, audio_s=2.0, listed_after_s=plan.SONG_LISTED_AFTER_S)
         self.artifacts_dir = workdir / "artifacts"
         self.urls = {svc: self.postgres.url(f"castad_faults_{svc}") for svc in SERVICES}
         self.api_ports = [stack_.free_port() for _ in range(plan.REPLICAS)]

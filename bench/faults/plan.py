@@ -89,6 +89,9 @@ STAGE_FREEZE_S = 14.0  # a stage replica stopped mid-attempt this long (over fou
 # mid-attempt is then caught before its submit, which the fence must keep from leaving once it wakes.
 SONG_CALL_LATENCY_S = 0.5
 SONG_S = 2.0  # the music API's time to finish a song
+# The music API says "not found" for a task this young (as its users report for fresh tasks): no song job may pay
+# for a second song over it (the report's submissions a job).
+SONG_LISTED_AFTER_S = 1.0
 # Takeover bounds: from the fault to work done again by another replica, node or host.
 RELAY_TAKEOVER_S = 10.0
 NODE_TAKEOVER_S = 10.0

@@ -544,3 +544,65 @@ def test_work_given_up_on_but_finished_since_is_taken_by_the_next_attempt_and_no
     assert [handle for handle, _ in api.submitted] == ["task-1"]  # looked up, not submitted again
     assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["failed_retryable", "succeeded"]
     assert [a.submitted_at is not None for a in attempt_rows(engine, pipeline_id)] == [True, False]
+
+
+def test_work_an_earlier_attempt_left_still_at_work_is_waited_on_and_not_paid_for_again(engine):
+    """A cancel, then an operator's retry, while the provider still makes the song: the retry waits on that work."""
+    api = Provider(*[remote.Pending("PENDING")] * 3)
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=0.05, max_s=0.05, give_up_s=60.0))
+    pipeline_id = add_job(stage)
+    turn(stage)
+    with db.transaction(engine) as conn:
+        stage.apply_cancel(conn, events.PipelineCancelRequested(pipeline_id=pipeline_id, operation=1, reason="oops"))
+    retry = events.PipelineRetryRequested(pipeline_id=pipeline_id, operation=2, stage=events.Stage.LYRIC)
+    with db.transaction(engine) as conn:
+        assert stage.apply_retry(conn, retry)
+
+    turn_when_due(stage, "the retry's attempt")  # looks task-1 up: still at work
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle) == (Status.AWAITING, "task-1")
+    assert row.submitted_at == row.previous_submitted_at  # its give-up time counts from task-1's submit
+    waits.until(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.SUCCEEDED, timeout_s=5.0)
+
+    assert [handle for handle, _ in api.submitted] == ["task-1"]  # paid once
+    assert [a.submitted_at is not None for a in attempt_rows(engine, pipeline_id)] == [True, False]
+    assert [a.outcome for a in attempt_rows(engine, pipeline_id)] == ["canceled", "succeeded"]
+
+
+def test_work_an_earlier_attempt_left_unfinished_past_its_give_up_time_is_submitted_anew(engine):
+    api = Provider(*[remote.Pending("PENDING")] * 100)
+    stage = remote_runner(engine, api, remote.PollSchedule(first_s=0.05, max_s=0.05, give_up_s=0.3))
+    pipeline_id = add_job(stage)
+    turn(stage)
+    waits.until(lambda: turn(stage) and status_of(engine, pipeline_id) is Status.RETRY_WAIT, timeout_s=5.0)
+    api.polls[:] = [remote.Pending("PENDING")]  # the look-up finds task-1 still unfinished, past its give-up time
+
+    turn_when_due(stage, "the second attempt")
+
+    assert [handle for handle, _ in api.submitted] == ["task-1", "task-2"]
+    assert job_row(engine, pipeline_id).handle == "task-2"
+
+
+@pytest.mark.parametrize("then", ["found", "still not found"])
+def test_not_found_just_after_the_submit_is_asked_again_and_only_later_is_lost(engine, monkeypatch, then):
+    """Suno's users report "not found" for a task polled right after its submit: it is not listed yet."""
+    lost = errors.ProviderError(codes.ErrorCode.PROVIDER_JOB_LOST, "no such task")
+    api = Provider(lost)  # and it says so again for as long as it is told to (`failed`)
+    stage = remote_runner(engine, api, max_attempts=1)
+    pipeline_id = add_job(stage)
+    turn(stage)
+
+    turn_when_due(stage)  # not found, 0.05 s after the submit
+    row = job_row(engine, pipeline_id)
+    assert (row.status, row.handle, row.counted_attempts) == (Status.AWAITING, "task-1", 0)
+    if then == "found":
+        api.failed.clear()  # the provider lists the task now
+    else:
+        monkeypatch.setattr(remote, "NOT_FOUND_GRACE_S", 0.0)  # the window has passed
+    waits.until(lambda: turn(stage) and status_of(engine, pipeline_id).terminal, timeout_s=5.0)
+
+    row = job_row(engine, pipeline_id)
+    if then == "found":
+        assert (row.status, len(api.submitted)) == (Status.SUCCEEDED, 1)
+    else:
+        assert (row.status, row.last_error_code) == (Status.FAILED, codes.ErrorCode.PROVIDER_JOB_LOST)

@@ -428,9 +428,26 @@ def test_a_wrong_key_fails_for_good_and_the_key_never_shows(fake):
     assert "sk-wrong" not in error.message
 
 
-def test_a_task_the_api_does_not_know_is_lost_and_a_new_attempt_submits_anew(fake):
-    error = failure(work_for(fake), job_for(handle=uuid.uuid4().hex))
+def test_a_task_the_api_does_not_know_long_after_its_submit_is_lost_and_a_new_attempt_submits_anew(fake):
+    old = dataclasses.replace(job_for(handle=uuid.uuid4().hex), waited_s=remote.NOT_FOUND_GRACE_S + 1)
+    error = failure(work_for(fake), old)
     assert (error.code, error.retryable) == ("provider_job_lost", True)
+
+
+def test_a_fresh_task_the_api_does_not_list_yet_is_asked_again_and_paid_once():
+    """sunoapi.org's users report "not found" for a task polled right after its creation."""
+    with FakeSuno(song_s=0.4, audio_s=AUDIO_S, listed_after_s=0.5) as late:
+        work = work_for(late)
+        job = submitted(work)
+        asked = work(job, cancellation.Cancellation())  # at once: not listed yet
+        assert isinstance(asked, runner.Awaiting) and asked.handle == job.handle
+
+        output = poll_until_done(work, dataclasses.replace(job, polls=1))
+
+        assert output.artifact.media_type == "audio/mpeg"
+        assert late.tasks_made == 1
+        answers = [r for r in late.received if r["path"] == "/api/v1/generate/record-info"]
+        assert len(answers) >= 2
 
 
 # --- the provider's work fails, or never ends -------------------------------------------------------------------

@@ -346,6 +346,20 @@ def drop_replicas_v18() -> None:
     op.drop_table("replicas")
 
 
+def add_previous_submitted_at_v19() -> None:
+    """When the work an earlier attempt left at the provider was submitted (`jobs.previous_submitted_at`).
+
+    A new attempt waits on that work while it is still at work, up to the give-up time counted from then. Expand
+    only: a replica of the previous release neither writes nor reads it; NULL (its rows) counts from the new
+    attempt's claim.
+    """
+    op.add_column("jobs", sa.Column("previous_submitted_at", TZ))
+
+
+def drop_previous_submitted_at_v19() -> None:
+    op.drop_column("jobs", "previous_submitted_at")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

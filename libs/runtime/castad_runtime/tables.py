@@ -127,8 +127,10 @@ jobs = sa.Table(
     # worker schedules is due at once instead (NULL: no callback since the job was last handed to a worker).
     sa.Column("called_back_at", TZ),
     # The handle of the work the last attempt that failed with work at the provider had submitted: the next
-    # attempt looks it up before submitting, and takes its result if it is there (castad_runtime.stage.remote).
+    # attempt looks it up before submitting, and takes its result if it is there (castad_runtime.stage.remote),
+    # or waits on it while it is still at work: since `previous_submitted_at` at most the give-up time.
     sa.Column("previous_handle", sa.Text),
+    sa.Column("previous_submitted_at", TZ),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),

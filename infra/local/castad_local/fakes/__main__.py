@@ -28,9 +28,10 @@ def run_suno(
     api_key: Annotated[str, typer.Option(help="the key it accepts")] = suno.DEFAULT_KEY,
     song_s: Annotated[float, typer.Option(help="seconds a task takes to finish")] = 30.0,
     audio_s: Annotated[float, typer.Option(help="seconds of the MP3 each track serves")] = 6.0,
+    listed_after_s: Annotated[float, typer.Option(help="seconds a task is 'not found' after its submit")] = 0.0,
 ) -> None:
     """A fake sunoapi.org Suno API server (base URL http://127.0.0.1:PORT)."""
-    fake = suno.FakeSuno(port=port, api_key=api_key, song_s=song_s, audio_s=audio_s)
+    fake = suno.FakeSuno(port=port, api_key=api_key, song_s=song_s, audio_s=audio_s, listed_after_s=listed_after_s)
     typer.echo(f"fake Suno API on {fake.url}", err=True)
     fake.serve_forever()
 

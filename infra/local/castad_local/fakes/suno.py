@@ -11,7 +11,8 @@ background thread (not to a host under `.invalid`, which never resolves). Errors
 HTTP 200 with the error in the body's `code`, or (scripted, as the API's overview says it may) the
 same code as the HTTP status too. A task whose callback could not be delivered ends as
 CALLBACK_EXCEPTION with its tracks made. Like the API, it takes no idempotency key and lists no
-tasks: every valid generate is a new task.
+tasks: every valid generate is a new task. With `listed_after_s`, record-info says "not found" for a task that
+young, as the API's users report it does for fresh tasks.
 
 Tests script it: `POST /_fake/script` queues replies for the next API requests (see `Reply`:
 an HTTP status with or without Retry-After, an error `code` in the body, a hang, a malformed or
@@ -190,10 +191,12 @@ class FakeSuno(server.FakeServer):
         api_key: str = DEFAULT_KEY,
         song_s: float = 30.0,
         audio_s: float = 6.0,
+        listed_after_s: float = 0.0,
     ) -> None:
         self.api_key = api_key
         self.song_s = song_s
         self.audio_s = audio_s
+        self.listed_after_s = listed_after_s  # record-info says "not found" for a task younger than this
         self._script = server.Script(Reply, KINDS)
         self._plans: collections.deque[Plan] = collections.deque()
         self._tasks: dict[str, Task] = {}
@@ -282,7 +285,7 @@ class FakeSuno(server.FakeServer):
             return server.Response.of_json(200, envelope(400, "taskId is required"))
         with self._lock:
             task = self._tasks.get(task_id)
-        if task is None:
+        if task is None or time.monotonic() - task.submitted < self.listed_after_s:
             return server.Response.of_json(200, envelope(404, "task not found"))
         return server.Response.of_json(200, envelope(200, "success", self.details(task, task.status())))
 

@@ -17,9 +17,13 @@ failing all along) fails the attempt (`provider_job_timeout`, retryable): a job 
 finishes does not wait for ever; finished work is always fetched first.
 
 A new attempt after one that left work at the provider (its handle is the job's `previous_handle`)
-first looks that work up: finished, its result is taken and nothing is paid for again; failed, lost
-or still unfinished after its give-up time, new work is submitted. A look-up that fails on the way
+first looks that work up: finished, its result is taken and nothing is paid for again; still at work,
+the attempt waits on it (polls it as its own) until the give-up time counted from that work's submit;
+failed, lost, or unfinished past that time, new work is submitted. A look-up that fails on the way
 fails the attempt as a poll's request would (retryable), rather than paying for work that may exist.
+
+A provider may not know a job for a moment after it took it (an early "not found", as Suno's users report for
+fresh tasks): within `NOT_FOUND_GRACE_S` of its submit, "not found" means "ask again later", not "lost".
 """
 
 from __future__ import annotations
@@ -129,6 +133,9 @@ def _extension(media_type: str) -> str:
 # request, and a key refused or unreadable for a moment (a rotation), which must not lose the work.
 WAIT_ON = errors.CALL_FAILURES | {codes.ErrorCode.PROVIDER_AUTH, codes.ErrorCode.PROVIDER_KEY_UNREADABLE}
 
+# How long after its submit a provider's "not found" for the work is taken as "not listed yet" (ask again later).
+NOT_FOUND_GRACE_S = 120.0
+
 # What a look-up of an earlier attempt's work may find that lets new work be submitted: nothing to take there.
 GONE = frozenset(
     {
@@ -152,13 +159,20 @@ class Later:
     asked: bool = True
 
 
-def _later(error: errors.ProviderError, schedule: PollSchedule, polls: int) -> Later | None:
+def _later(error: errors.ProviderError, schedule: PollSchedule, polls: int, waited_s: float) -> Later | None:
     """A poll's request failed on the way: when to ask again; None if the failure is the work's own."""
+    if _not_listed_yet(error, waited_s):
+        return Later(schedule.after(polls))
     if error.code not in WAIT_ON or (error.code in errors.CALL_FAILURES and not error.retryable):
         return None
     asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
     throttled_s = asked if error.code == codes.ErrorCode.PROVIDER_RATE_LIMITED else None
     return Later(max(asked, schedule.after(polls)), throttled_s)
+
+
+def _not_listed_yet(error: errors.ProviderError, waited_s: float | None) -> bool:
+    """The provider said it does not know work submitted so lately that it may only not list it yet."""
+    return error.code == codes.ErrorCode.PROVIDER_JOB_LOST and waited_s is not None and waited_s < NOT_FOUND_GRACE_S
 
 
 Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
@@ -182,9 +196,14 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
 
     def run(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
         if job.handle is None:
-            if job.previous_handle is not None and (earlier := look_up(job.previous_handle, cancel)) is not None:
-                log.info("the work %s an earlier attempt left is done: taken, not submitted again", job.previous_handle)
-                return fetch(job, earlier, cancel)
+            if job.previous_handle is not None:
+                earlier = look_up(job.previous_handle, job.previous_waited_s, cancel)
+                if isinstance(earlier, Finished):
+                    log.info("the work %s an earlier attempt left is done: taken, not paid again", job.previous_handle)
+                    return fetch(job, earlier, cancel)
+                if earlier is not None:
+                    log.info("the work %s an earlier attempt left is still at work: waited on", job.previous_handle)
+                    return runner.Awaiting(job.previous_handle, earlier.wait_s)
             submitted = api.submit(job, callback_url(job), cancel)
             return runner.Awaiting(submitted.handle, schedule.first_s, notes=submitted.notes)
         try:
@@ -194,22 +213,33 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
             give_up(job)
             return runner.Awaiting(job.handle, schedule.after(job.polls))
         except errors.ProviderError as error:
-            if (later := _later(error, schedule, job.polls)) is None:
+            if (later := _later(error, schedule, job.polls, job.waited_s)) is None:
                 raise
             give_up(job)
             _asking_later(job.handle, error)
             return runner.Awaiting(job.handle, later.wait_s, later.throttled_s)
 
-    def look_up(handle: str, cancel: cancellation.Cancellation) -> Finished | None:
-        """The earlier attempt's work if it is finished; None if it failed, is lost or is still at work."""
+    def look_up(handle: str, waited_s: float | None, cancel: cancellation.Cancellation) -> Finished | Later | None:
+        """The earlier attempt's work: finished, still at work within its give-up time (when to poll it), or None.
+
+        None: it failed, is lost, or is unfinished past the give-up time counted from its submit (`waited_s`; None
+        when not known, as for a job an earlier release failed: the give-up time then counts from this claim).
+        """
         try:
             state = api.poll(handle, cancel)
         except errors.ProviderError as error:
+            if _not_listed_yet(error, waited_s):
+                return Later(schedule.first_s)
             if error.code in GONE:
                 log.info("the work %s an earlier attempt left is gone (%s): submitting anew", handle, error.code)
                 return None
             raise
-        return state if isinstance(state, Finished) else None
+        if isinstance(state, Finished):
+            return state
+        if waited_s is not None and waited_s > schedule.give_up_s:
+            log.info("the work %s an earlier attempt left was not had within its give-up time: submitting anew", handle)
+            return None
+        return Later(schedule.first_s)
 
     def give_up(job: repository.Job) -> None:
         """Work still not had after give_up_s (by the database's clock) fails the attempt."""
@@ -241,7 +271,7 @@ def probe(api: RemoteApi, schedule: PollSchedule) -> Probe:
         try:
             state = api.poll(job.handle, cancel)
         except errors.ProviderError as error:
-            if (later := _later(error, schedule, job.polls)) is not None:
+            if (later := _later(error, schedule, job.polls, job.waited_s)) is not None:
                 _asking_later(job.handle, error)
             return later
         return None if isinstance(state, Finished) else Later(schedule.after(job.polls))

@@ -24,7 +24,7 @@ P = TypeVar("P", bound=events.Payload)
 # partial indexes' predicates (jobs_due, jobs_leased), so that the planner matches them.
 JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
     tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s,
-    reopened, previous_handle, input_version"""
+    reopened, previous_handle, extract(epoch FROM now() - previous_submitted_at) AS previous_waited_s, input_version"""
 
 # A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
 # PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
@@ -144,7 +144,9 @@ WITH moved AS (
     UPDATE jobs
     SET status = %(status)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
         counted_attempts = counted_attempts + %(counted)s,
-        previous_handle = coalesce(handle, previous_handle), handle = NULL, submitted_at = NULL, polls = 0,
+        previous_handle = coalesce(handle, previous_handle),
+        previous_submitted_at = CASE WHEN handle IS NULL THEN previous_submitted_at ELSE submitted_at END,
+        handle = NULL, submitted_at = NULL, polls = 0,
         called_back_at = NULL,
         due_at = CASE WHEN %(retry_in_s)s::float8 IS NULL THEN due_at
                       ELSE now() + make_interval(secs => %(retry_in_s)s) END,
@@ -182,6 +184,7 @@ class Job:
     waited_s: float = 0.0  # since the submit, by the database's clock at the claim
     reopened: int = 0  # operator retries that reopened the job (its runs, less the first)
     previous_handle: str | None = None  # the work an earlier attempt left at the provider, looked up first
+    previous_waited_s: float | None = None  # since that work was submitted (None: not known, or no such work)
     input_version: int | None = None  # the version of the stage's trigger `input` is stored as (None: the newest)
 
     def trigger(self, model: type[P], registry: events.Registry = events.REGISTRY) -> P:
@@ -213,6 +216,8 @@ def _job(row: Any) -> Job:
     values = row._asdict()
     values["status"] = machine.Status(values["status"])
     values["waited_s"] = float(values["waited_s"])
+    if values["previous_waited_s"] is not None:
+        values["previous_waited_s"] = float(values["previous_waited_s"])
     return Job(**values)
 
 
@@ -322,6 +327,9 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
             last_error_code=codes.ErrorCode.CANCELED,
             last_error_message=reason,
             previous_handle=sa.func.coalesce(jobs.c.handle, jobs.c.previous_handle),  # an operator's retry looks
+            previous_submitted_at=sa.case(
+                (jobs.c.handle.is_(None), jobs.c.previous_submitted_at), else_=jobs.c.submitted_at
+            ),
             handle=None,
             called_back_at=None,
             finished_at=sa.func.now(),
@@ -507,13 +515,18 @@ def finish_attempt(
 
 
 def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float, notes: tuple[str, ...] = ()) -> bool:
-    """The attempt's work is at the provider under `handle` (just submitted, or still unfinished).
+    """The attempt's work is at the provider under `handle` (just submitted, still unfinished, or an earlier one's).
 
     The job waits without a worker until a poll is due (in `poll_in_s`, or at once if the provider called back
     meanwhile: `poll_now`); the provider's `notes` on it go on the attempt. CAS on version, like finish_attempt.
     """
     machine.check_transition(job.status, machine.Status.AWAITING)
-    submitted_at = jobs.c.submitted_at if job.polling else sa.func.now()
+    if job.polling:
+        submitted_at: Any = jobs.c.submitted_at
+    elif handle == job.previous_handle:  # an earlier attempt's work, still at work: waited on since its submit
+        submitted_at = sa.func.coalesce(jobs.c.previous_submitted_at, sa.func.now())
+    else:
+        submitted_at = sa.func.now()
     values: dict[str, Any] = {
         "status": machine.Status.AWAITING,
         "lease_owner": None,
