@@ -7,6 +7,7 @@ failures.
 from __future__ import annotations
 
 import hashlib
+import urllib.parse
 
 import httpx
 import pytest
@@ -70,6 +71,18 @@ def test_the_gateway_link_is_a_presigned_url_that_serves_the_bytes(store):
     assert "X-Amz-Signature" in url
     assert (answer.status_code, answer.content, answer.headers["content-type"]) == (200, b"video bytes", "audio/wav")
     assert answer.headers["content-disposition"].startswith("attachment; filename=")
+
+
+def test_a_presigned_url_is_valid_as_long_as_asked_within_the_week_sigv4_allows(store):
+    artifact = kept(store, b"song bytes")
+
+    def expires(url: str) -> str:
+        return urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["X-Amz-Expires"][0]
+
+    assert expires(store.serve(artifact, PIPELINE, events.Stage.SONG)) == str(store.presign_s)
+    assert expires(store.serve(artifact, PIPELINE, events.Stage.SONG, valid_s=5400.5)) == "5401"
+    assert expires(store.serve(artifact, PIPELINE, events.Stage.SONG, valid_s=30 * 86400)) == "604800"
+    assert httpx.get(store.serve(artifact, PIPELINE, events.Stage.SONG, valid_s=5400)).content == b"song bytes"
 
 
 def test_a_file_its_event_calls_a_page_is_presigned_as_an_attachment_of_no_type_a_browser_runs(store):

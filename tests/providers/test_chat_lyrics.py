@@ -13,7 +13,7 @@ import time
 import pytest
 from castad_contracts import brief
 from castad_local.fakes.chat import DEFAULT_KEY, FakeChat, Reply
-from castad_lyric import chat
+from castad_lyric import chat, provider
 from castad_runtime.stage import cancellation, errors, http
 from pydantic import SecretStr
 
@@ -161,3 +161,29 @@ def test_credits_that_ran_out_are_not_a_rate_limit(fake):
     error = http.classify("the server", 429, {}, body.encode())
     assert (error.code, error.retryable) == ("provider_credits_exhausted", False)
     assert "exceeded your current quota" in (error.detail or "") and error.message == "the server answered 429"
+
+
+def test_an_answer_cut_off_for_length_is_asked_again_with_twice_the_room_never_the_same_request(fake):
+    before = len(fake.received)
+    error = failure(fake, Reply("length"))
+    assert (error.code, error.retryable) == ("provider_truncated", True)
+
+    lyrics = provider_for(fake).write(SOURCE, "p-1", cancellation.Cancellation(), attempt=2)
+
+    cut, whole = fake.received[before:]
+    kinds = provider.structure(SOURCE.duration_s)
+    asked = chat.room(len(kinds), provider.lines_per_section(SOURCE.duration_s, len(kinds)))
+    assert (cut["max_completion_tokens"], whole["max_completion_tokens"]) == (asked, 2 * asked)
+    assert {k: v for k, v in cut.items() if k != "max_completion_tokens"} == {
+        k: v for k, v in whole.items() if k != "max_completion_tokens"
+    }
+    assert SOURCE.customer_name in "\n".join(lyrics.lines())
+
+
+def test_the_server_stops_an_answer_at_the_room_the_request_gives_it(fake, monkeypatch):
+    monkeypatch.setattr(chat, "MAX_ROOM", 50)  # less than any lyrics take
+
+    error = failure(fake)
+
+    assert (error.code, error.retryable) == ("provider_truncated", True)
+    assert fake.received[-1]["max_completion_tokens"] == 50

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from typing import Any
 
 import pytest
 from castad_contracts import brief, codes, events
@@ -25,7 +26,7 @@ from castad_local.fakes import creatomate as fake_creatomate
 from castad_local.fakes import media
 from castad_local.fakes.creatomate import DEFAULT_KEY, FakeCreatomate, Plan
 from castad_local.fakes.server import Reply
-from castad_runtime import artifacts
+from castad_runtime import artifacts, links
 from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
 from castad_video import creatomate, service
 from castad_video.service import VideoSettings, make_creatomate_work
@@ -305,28 +306,79 @@ def test_a_photo_the_render_api_cannot_be_given_fails_the_stage_for_good(fake, a
         assert renders_sent(fake, before) == []  # nothing was submitted
 
 
-def test_with_a_bucket_the_render_api_fetches_an_upload_at_its_presigned_url(fake, artifacts_dir):
+def test_with_a_bucket_the_render_api_fetches_the_song_and_uploads_at_urls_valid_past_its_give_up_time(
+    fake, artifacts_dir
+):
+    """A render may wait in the provider's queue up to the give-up time: its links must outlive that."""
+
     class Bucket:
-        def serve_image(self, photo: brief.Photo) -> str:
+        valid: list[float | None] = []
+
+        def serve(self, artifact: Any, pipeline_id: str, stage: Any, valid_s: float | None = None) -> str:
+            self.valid.append(valid_s)
+            return "https://bucket.test/media/song.wav?X-Amz-Signature=abc"
+
+        def serve_image(self, photo: brief.Photo, valid_s: float | None = None) -> str:
+            self.valid.append(valid_s)
             return f"https://bucket.test/images/{photo.sha256}.png?X-Amz-Signature=abc"
 
     hall = uploaded(artifacts_dir, "red")
     done = song_completed(artifacts_dir, photos=(hall,))
+    config = settings_for(fake)
 
-    urls = service.photo_urls(settings_for(fake), Bucket(), done)  # type: ignore[arg-type]
+    song = service.song_url(config, Bucket(), done)  # type: ignore[arg-type]
+    urls = service.photo_urls(config, Bucket(), done)  # type: ignore[arg-type]
 
+    assert song == "https://bucket.test/media/song.wav?X-Amz-Signature=abc"
     assert urls == [f"https://bucket.test/images/{hall.sha256}.png?X-Amz-Signature=abc"]
+    assert Bucket.valid == [config.provider_give_up_s + links.MARGIN_S] * 2
 
 
 @pytest.mark.parametrize(
     ("missing", "named"),
     [("Music", "Music"), ("Caption-2", "Caption-2"), ("Title", "Title")],
 )
-def test_a_template_lacking_an_element_the_video_needs_fails_the_stage_for_good(artifacts_dir, missing, named):
+def test_a_template_lacking_an_element_the_video_needs_fails_the_stage_for_good_before_paying(
+    artifacts_dir, missing, named
+):
     with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=fake_creatomate.ELEMENTS - {missing}) as odd:
         error = failure(work_for(odd), job_for(song_completed(artifacts_dir)))
+        assert renders_sent(odd, 0) == []  # found in the template itself: no render paid for
     assert (error.code, error.retryable) == ("template_mismatch", False)
-    assert named in error.message and named in (error.detail or "")
+    assert named in error.message
+
+
+def test_the_templates_elements_are_read_once_then_again_after_a_while_so_an_edit_is_seen(artifacts_dir, monkeypatch):
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}) as editable:
+        work = work_for(editable)
+        for _ in range(3):
+            assert isinstance(
+                work(job_for(song_completed(artifacts_dir)), cancellation.Cancellation()), runner.Awaiting
+            )
+        assert editable.template_reads == 1
+
+        editable.elements = fake_creatomate.ELEMENTS - {"Business"}  # someone edits the template
+        monkeypatch.setattr(creatomate, "TEMPLATE_RECHECK_S", 0.0)
+        error = failure(work, job_for(song_completed(artifacts_dir)))
+
+    assert (error.code, error.retryable) == ("template_mismatch", False) and "Business" in error.message
+    assert len(renders_sent(editable, 0)) == 3
+
+
+def test_errors_in_the_render_answer_fail_the_stage_for_good(fake, job, monkeypatch):
+    """Creatomate's answer may carry `errors` with the render it queued: the video would not be what was asked."""
+    said = "Source error: the modification 'Music.source' could not be loaded."
+    monkeypatch.setattr(FakeCreatomate, "warnings", lambda self, modifications: [])
+    original = FakeCreatomate.render
+
+    def with_errors(self, render, status=None):
+        return {**original(self, render, status), "errors": [{"message": said}]}
+
+    monkeypatch.setattr(FakeCreatomate, "render", with_errors)
+    error = failure(work_for(fake), job)
+
+    assert (error.code, error.retryable) == ("template_mismatch", False)
+    assert said in (error.detail or "")
 
 
 def test_captions_the_template_has_no_element_for_past_the_songs_lines_are_only_warned_of(artifacts_dir, caplog):
@@ -454,20 +506,26 @@ def test_a_wrong_key_fails_for_good_and_the_key_never_shows(fake, job):
     assert "ck-wrong" not in error.message
 
 
-def test_a_template_the_api_does_not_have_is_rejected_for_good(fake, job):
+def test_a_template_the_api_does_not_have_fails_for_good_before_any_render(fake, job):
+    before = len(fake.received)
     error = failure(work_for(fake, creatomate_template_id="no-such-template"), job)
-    assert (error.code, error.retryable) == ("provider_rejected", False)
-    assert "400" in error.message
+    assert (error.code, error.retryable) == ("template_mismatch", False)
+    assert "no-such-template" in error.message
+    assert renders_sent(fake, before) == []
 
 
 def test_the_apis_hint_is_the_errors_detail_for_operators_not_its_public_message(fake, job):
-    error = failure(work_for(fake, creatomate_template_id="no-such-template"), job)
-    assert "Template 'no-such-template' was not found." in (error.detail or "")
+    fake.script(Reply("status", status=400))
+    error = failure(work_for(fake), job)
+    assert "Bad Request" in (error.detail or "")
     assert error.message == "the render API answered 400"
 
 
-def test_a_render_the_api_does_not_know_is_lost_and_a_new_attempt_submits_anew(fake, job):
-    gone = dataclasses.replace(job, handle=str(uuid.uuid4()), submitted_at=dt.datetime.now(dt.UTC))
+def test_a_render_the_api_does_not_know_long_after_its_submit_is_lost_and_a_new_attempt_submits_anew(fake, job):
+    submitted_at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=remote.NOT_FOUND_GRACE_S + 1)
+    gone = dataclasses.replace(
+        job, handle=str(uuid.uuid4()), submitted_at=submitted_at, waited_s=remote.NOT_FOUND_GRACE_S + 1
+    )
     error = failure(work_for(fake), gone)
     assert (error.code, error.retryable) == ("provider_job_lost", True)
 

@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import math
 import os
 import pathlib
 import re
@@ -55,6 +56,7 @@ DIGEST_NAME_CHARS = 16  # hex characters of the sha256 in a final name: 64 bits
 # Media types a file is served as (the type its event names comes from a stage): none a browser runs as a page.
 SERVED_IMAGES = frozenset({"image/jpeg", "image/png", "image/webp", "image/gif"})
 OTHERWISE_SERVED_AS = "application/octet-stream"
+MAX_PRESIGN_S = 604_800  # a presigned URL (SigV4) is valid a week at most
 
 
 def attachment(filename: str) -> str:
@@ -90,7 +92,9 @@ class ArtifactStore(Protocol):
         self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage
     ) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
-    def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path | str: ...
+    def serve(
+        self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage, valid_s: float | None = None
+    ) -> pathlib.Path | str: ...
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
 
@@ -98,7 +102,7 @@ class ArtifactStore(Protocol):
 
     def image_copy(self, photo: brief.Photo) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
-    def serve_image(self, photo: brief.Photo) -> pathlib.Path | str: ...
+    def serve_image(self, photo: brief.Photo, valid_s: float | None = None) -> pathlib.Path | str: ...
 
     def keep_fetched(
         self, data: bytes, pipeline_id: str, stage: events.Stage, url: str, media_type: str
@@ -340,7 +344,9 @@ class VolumeStore:
         finally:
             copy.unlink(missing_ok=True)
 
-    def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> pathlib.Path:
+    def serve(
+        self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage, valid_s: float | None = None
+    ) -> pathlib.Path:
         path = self.placed(artifact, pipeline_id, stage)
         if not path.is_file():
             raise ArtifactMissing(f"no file at {artifact.uri}")
@@ -370,7 +376,7 @@ class VolumeStore:
             raise ArtifactMissing(f"no image {photo.id} with its bytes in {self.root}")
         yield path
 
-    def serve_image(self, photo: brief.Photo) -> pathlib.Path:
+    def serve_image(self, photo: brief.Photo, valid_s: float | None = None) -> pathlib.Path:
         """The file of a tenant's image; ArtifactMissing if it is not in this store."""
         path = self.root / _photo_name(photo)
         if not path.is_file():
@@ -458,9 +464,11 @@ class S3Store:
         finally:
             path.unlink(missing_ok=True)
 
-    def serve(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str:
-        """A presigned URL of the artifact, valid `presign_s` seconds."""
-        return self._presigned(self._key(artifact, pipeline_id, stage), artifact.media_type)
+    def serve(
+        self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage, valid_s: float | None = None
+    ) -> str:
+        """A presigned URL of the artifact, valid `valid_s` seconds (default `presign_s`)."""
+        return self._presigned(self._key(artifact, pipeline_id, stage), artifact.media_type, valid_s)
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int:
         """Delete every object of the stage for the pipeline, and its scratch files here; how many objects."""
@@ -498,12 +506,14 @@ class S3Store:
         with self._download(artifact, self.prefix + _photo_name(photo)) as path:
             yield path
 
-    def serve_image(self, photo: brief.Photo) -> str:
-        """A presigned URL of a tenant's image, valid `presign_s` seconds."""
-        return self._presigned(self.prefix + _photo_name(photo), photo.media_type)
+    def serve_image(self, photo: brief.Photo, valid_s: float | None = None) -> str:
+        """A presigned URL of a tenant's image, valid `valid_s` seconds (default `presign_s`)."""
+        return self._presigned(self.prefix + _photo_name(photo), photo.media_type, valid_s)
 
-    def _presigned(self, key: str, media_type: str) -> str:
-        """A presigned URL of the object `key`, valid `presign_s` seconds: an attachment of an allowed media type."""
+    def _presigned(self, key: str, media_type: str, valid_s: float | None) -> str:
+        """A presigned URL of the object `key`: an attachment of an allowed media type.
+
+        Valid `valid_s` seconds (`presign_s` by default), at most the week SigV4 allows."""
         params = {
             "Bucket": self.bucket,
             "Key": key,
@@ -511,7 +521,11 @@ class S3Store:
             "ResponseContentDisposition": attachment(key.rsplit("/", 1)[-1]),
         }
         url: str = self._call(
-            "presign", self._client.generate_presigned_url, "get_object", Params=params, ExpiresIn=self.presign_s
+            "presign",
+            self._client.generate_presigned_url,
+            "get_object",
+            Params=params,
+            ExpiresIn=min(math.ceil(valid_s or self.presign_s), MAX_PRESIGN_S),
         )
         return url
 

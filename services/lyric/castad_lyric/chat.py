@@ -6,6 +6,11 @@ as data. The answer is validated into the lyrics model; what the model refuses t
 (`refusal`, or `finish_reason: content_filter`) fails for good, as do 400, 401, 403 and
 404; a rate limit, a server error, a timeout or an answer that does not fit is retried
 (after the server's `Retry-After` when it sends one). See castad_runtime.stage.http.
+
+Each request says how many tokens the answer may take (`max_completion_tokens`): room for the lyrics asked for
+(`room`), so a server's own small default does not cut them off. An answer cut off all the same
+(`finish_reason: length`) is retried with twice the room, never as the same request, which would be cut off
+again and paid again.
 """
 
 from __future__ import annotations
@@ -76,15 +81,29 @@ class _Written(BaseModel):
     sections: list[_Section] = Field(min_length=1, max_length=12)
 
 
-def request_body(source: brief.Brief, seed: str, model: str) -> dict[str, Any]:
+MAX_CHARS_PER_LINE = 40
+ROOM_PER_CHAR = 2  # tokens per character asked for: Hangul takes one or two in the tokenizers of the GPT models
+ROOM_FOR_JSON = 256  # the title and the JSON around the lines
+MAX_ROOM = 16_384
+
+
+def room(sections: int, lines_per_section: int, attempt: int = 1) -> int:
+    """The tokens an answer may take: the lyrics asked for, twice that for each attempt after the first."""
+    asked = sections * lines_per_section * MAX_CHARS_PER_LINE * ROOM_PER_CHAR + ROOM_FOR_JSON
+    return min(MAX_ROOM, asked * 2 ** min(max(attempt, 1) - 1, 8))
+
+
+def request_body(source: brief.Brief, seed: str, model: str, attempt: int = 1) -> dict[str, Any]:
+    """The request of a pipeline's `attempt`: the same for the same pipeline, but for its room (`room`)."""
     kinds = provider.structure(source.duration_s)
+    lines = provider.lines_per_section(source.duration_s, len(kinds))
     wanted = {
         **source.model_dump(mode="json", include={"customer_name", "region", "detail_region_info", "language"}),
         "genre": str(source.genre),
         "duration_s": source.duration_s,
         "sections": list(kinds),
-        "lines_per_section": provider.lines_per_section(source.duration_s, len(kinds)),
-        "max_chars_per_line": 40,
+        "lines_per_section": lines,
+        "max_chars_per_line": MAX_CHARS_PER_LINE,
     }
     return {
         "model": model,
@@ -93,6 +112,7 @@ def request_body(source: brief.Brief, seed: str, model: str) -> dict[str, Any]:
             {"role": "user", "content": json.dumps(wanted, ensure_ascii=False)},
         ],
         "response_format": RESPONSE_FORMAT,
+        "max_completion_tokens": room(len(kinds), lines, attempt),
         # The same pipeline asks the same way on every attempt (servers that support it repeat themselves).
         "seed": int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "big"),
     }
@@ -118,7 +138,10 @@ def lyrics_of(answer: Any, language: brief.Language) -> events.Lyrics:
             codes.ErrorCode.CONTENT_FILTERED, "the server's content filter stopped the lyrics", retryable=False
         )
     if finish == "length":
-        raise errors.ProviderError(codes.ErrorCode.PROVIDER_TRUNCATED, "the lyrics were cut off at the token limit")
+        raise errors.ProviderError(
+            codes.ErrorCode.PROVIDER_TRUNCATED,
+            "the lyrics were cut off at the token limit (the next attempt gives them twice the room)",
+        )
     if not isinstance(content, str):
         raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, "the answer's message has no content")
     try:
@@ -138,7 +161,10 @@ class ChatLyricProvider:
         self._client = client
         self._model = model
 
-    def write(self, source: brief.Brief, seed: str, cancel: cancellation.Cancellation) -> events.Lyrics:
+    def write(
+        self, source: brief.Brief, seed: str, cancel: cancellation.Cancellation, attempt: int = 1
+    ) -> events.Lyrics:
         # The API takes no idempotency key (docs/providers.md): past the fence, a request is a new completion.
-        answer = self._client.submit("chat/completions", cancel, json=request_body(source, seed, self._model))
+        body = request_body(source, seed, self._model, attempt)
+        answer = self._client.submit("chat/completions", cancel, json=body)
         return lyrics_of(answer, source.language)

@@ -9,7 +9,9 @@ from castad_runtime.stage import cancellation
 class InstantLyricProvider:
     """Lyrics of a single verse line naming the business and its region, without any work."""
 
-    def write(self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation | None = None) -> events.Lyrics:
+    def write(
+        self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation | None = None, attempt: int = 1
+    ) -> events.Lyrics:
         line = f"{brief.customer_name}, {brief.region}"
         return events.Lyrics(
             title=brief.customer_name,

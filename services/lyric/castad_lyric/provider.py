@@ -22,7 +22,11 @@ MAX_KEYWORDS = 10
 
 
 class LyricProvider(Protocol):
-    def write(self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation) -> events.Lyrics: ...
+    def write(
+        self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation, attempt: int = 1
+    ) -> events.Lyrics:
+        """The lyrics of `brief`, the same for the same `seed` (a pipeline); `attempt`: the job's counted attempt."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -757,7 +761,9 @@ def _bridge(writer: _Writer, book: Phrasebook, count: int) -> tuple[str, ...]:
 class LocalLyricProvider:
     """Writes lyrics offline from phrase templates, deterministically for a seed."""
 
-    def write(self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation | None = None) -> events.Lyrics:
+    def write(
+        self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation | None = None, attempt: int = 1
+    ) -> events.Lyrics:
         book = _PHRASEBOOKS[brief.language]
         vocabulary = Vocabulary(
             name=brief.customer_name,

@@ -20,17 +20,23 @@ image element's source is set by a modification as the audio's is: creatomate.co
 automation"): each a URL the render API fetches, which `photo_urls` gives (a presigned URL of
 the bucket or a signed link of the gateway for an upload; a photo named by an https URL, that
 URL). A brief without photos sends no `Photo-n`: the template's pictures show. A modification
-that matches no element of the template renders the template's placeholder instead: the answer's
-`warnings` (and `errors`) are logged and kept on the attempt (`attempts.notes`), and a warning that
-names an element the video needs (any but a blanked caption or a photo past `Photo-1`) fails the
-stage for good (`template_mismatch`): the template must be fixed. A template with fewer image
-elements than photos shows the first ones (the API warns of the others, logged and kept).
+that matches no element of the template renders the template's placeholder instead, so before it
+pays for a render the adapter reads the template's own elements (`GET /v1/templates/{id}`, its
+RenderScript `source`, compositions' elements included; read again every `TEMPLATE_RECHECK_S`, so an
+edited template is seen) and fails the stage for good (`template_mismatch`), nothing submitted, when
+one the video needs is not there (any but a blanked caption or a photo past `Photo-1`): the template
+must be fixed. The render answer's `warnings` and `errors` are logged and kept on the attempt
+(`attempts.notes`); any `errors`, or a warning naming an element the video needs, fails the stage for
+good too. A template with fewer image elements than photos shows the first ones (the API warns of the
+others, logged and kept).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,6 +52,7 @@ CANCELED = frozenset({"cancelled", "canceled"})
 MAX_CAPTIONS = 60
 MAX_PHOTOS = brief.MAX_PHOTOS
 QUOTED = re.compile(r"""['"`]([^'"`]{1,100})['"`]""")
+TEMPLATE_RECHECK_S = 300.0  # how long the template's elements, once read, are taken as they were
 
 
 def modifications(done: events.SongCompleted, song_url: str, photo_urls: Sequence[str] = ()) -> dict[str, Any]:
@@ -86,15 +93,49 @@ def notes(render: dict[str, Any]) -> list[str]:
     return said
 
 
+def element_names(source: Any) -> frozenset[str]:
+    """Every element's name in a template's RenderScript source, the elements of its compositions included."""
+    names: set[str] = set()
+    pending = [source]
+    while pending:
+        item = pending.pop()
+        if not isinstance(item, dict):
+            continue
+        if isinstance(item.get("name"), str):
+            names.add(item["name"])
+        children = item.get("elements")
+        pending.extend(children if isinstance(children, list) else [])
+    return frozenset(names)
+
+
+def check_template(elements: frozenset[str], done: events.SongCompleted) -> None:
+    """Fail for good, before anything is paid for, if the template lacks an element the video needs."""
+    missing = sorted(needed(done) - elements)
+    if missing:
+        raise errors.ProviderError(
+            codes.ErrorCode.TEMPLATE_MISMATCH,
+            f"the video template has no element {', '.join(missing[:5])} (named in docs/providers.md)",
+            retryable=False,
+            detail=f"the template's elements: {', '.join(sorted(elements))}"[:1000],
+        )
+
+
 def check_notes(render: dict[str, Any], done: events.SongCompleted) -> tuple[str, ...]:
     """Log what the API said of the render's modifications and give it back for the attempt.
 
-    Fail if it names an element the video needs.
+    Fail if it found errors, or names an element the video needs.
     """
     said = notes(render)
     if not said:
         return ()
     log.warning("the render API's notes on render %s: %s", render.get("id"), " | ".join(said))
+    if isinstance(render.get("errors"), list) and render["errors"]:
+        raise errors.ProviderError(
+            codes.ErrorCode.TEMPLATE_MISMATCH,
+            "the render API found errors in what the stage sent the template",
+            retryable=False,
+            detail="; ".join(said)[:1000],
+        )
     must = needed(done)
     missing = sorted({name.split(".")[0] for text in said for name in QUOTED.findall(text)} & must)
     if missing:
@@ -154,11 +195,42 @@ class CreatomateApi:
         self._template_id = template_id
         self._song_url = song_url
         self._photo_urls = photo_urls
+        self._elements: tuple[float, frozenset[str] | None] | None = None  # when read, and what (None: no source)
+        self._lock = threading.Lock()
+
+    def template_elements(self, cancel: cancellation.Cancellation) -> frozenset[str] | None:
+        """The names of the template's elements, read at most every TEMPLATE_RECHECK_S; None if it shows none.
+
+        Raises ProviderError when the template cannot be read (a 404: it does not exist, for good)."""
+        with self._lock:
+            if self._elements is not None and time.monotonic() - self._elements[0] < TEMPLATE_RECHECK_S:
+                return self._elements[1]
+        path = f"v1/templates/{urllib.parse.quote(self._template_id, safe='')}"
+        try:
+            template = self._client.json("GET", path, cancel)
+        except errors.ProviderError as error:
+            if error.status == 404:
+                raise errors.ProviderError(
+                    codes.ErrorCode.TEMPLATE_MISMATCH,
+                    f"the render API has no template {self._template_id}",
+                    retryable=False,
+                ) from None
+            raise
+        source = template.get("source") if isinstance(template, dict) else None
+        elements = element_names(source) if isinstance(source, dict) else None
+        if elements is None:  # nothing to check against: the answer's warnings still are
+            log.warning("the render API shows no elements of template %s: rendering unchecked", self._template_id)
+        with self._lock:
+            self._elements = (time.monotonic(), elements)
+        return elements
 
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
         done = job.trigger(events.SongCompleted)
+        elements = self.template_elements(cancel)
+        if elements is not None:
+            check_template(elements, done)
         body: dict[str, Any] = {
             "template_id": self._template_id,
             "modifications": modifications(done, self._song_url(done), self._photo_urls(done)),

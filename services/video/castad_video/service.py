@@ -96,9 +96,11 @@ class VideoSettings(stage_service.LinkingStageSettings):
 
 
 def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> str:
-    """Where the render API fetches the song: a presigned URL of the bucket, or a signed link of the gateway."""
+    """Where the render API fetches the song: a presigned URL of the bucket, or a signed link of the gateway.
+
+    Either valid while a render may wait in the provider's queue and run (its give-up time), and a margin."""
     try:
-        served = store.serve(done.artifact, done.pipeline_id, events.Stage.SONG)
+        served = store.serve(done.artifact, done.pipeline_id, events.Stage.SONG, config.link_valid_s())
     except artifacts.ArtifactMissing as error:
         raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREACHABLE, str(error)) from None
     if isinstance(served, str):
@@ -125,7 +127,7 @@ def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: even
             urls.append(photo.url)
             continue
         try:
-            served = store.serve_image(photo)
+            served = store.serve_image(photo, config.link_valid_s())
         except artifacts.ArtifactMissing as error:
             raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
         if isinstance(served, str):

@@ -3,7 +3,9 @@
 `POST /v1/chat/completions` checks what the real API checks (a bearer key, a model,
 messages, a strict `json_schema` response format) and answers as it does: a
 `chat.completion` whose message content is JSON lyrics, written by the local lyric
-provider from the brief the lyric stage sends as the user message. Errors have the API's
+provider from the brief the lyric stage sends as the user message, cut off with
+`finish_reason: length` where it would take more than the request's `max_completion_tokens`
+(counted here as one token per character). Errors have the API's
 shape (`{"error": {"message", "type", "code"}}`). Like the API, it takes no idempotency key:
 every request is a new completion, whatever its headers.
 
@@ -109,6 +111,9 @@ class FakeChat(server.FakeServer):
         except (ValueError, KeyError, TypeError, StopIteration):
             return server.Response.of_json(400, api_error("Invalid request body.", "invalid_request_error"))
         reply = self._script.next(body)
+        room = body.get("max_completion_tokens")
+        if reply.kind == "ok" and isinstance(room, int) and len(lyrics_content(user, str(body.get("seed", "")))) > room:
+            reply = Reply("length")  # the answer stops at the room the request gave it (a token per character here)
         return self._answer(reply, model, lambda: lyrics_content(user, str(body.get("seed", ""))))
 
     def _answer(self, reply: Reply, model: str, content: Callable[[], str]) -> server.Response:

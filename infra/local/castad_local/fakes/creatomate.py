@@ -4,8 +4,9 @@
 `modifications`, an optional `webhook_url` and `metadata`) and answers 202 with one render
 object, whose `warnings` name each modification that matches no element of the template (the
 template's elements: `elements`; such a render still renders, with the template's own content
-there); `GET /v2/renders/<id>` reports it. A render moves by the time since it was submitted
-(`render_s`): planned, waiting, rendering, then succeeded, its `url` a 2 s 360x640 MP4 under
+there); `GET /v2/renders/<id>` reports it. `GET /v1/templates/<id>` gives the template with its
+RenderScript `source`, whose `elements` (and a composition's) are named. A render moves by the
+time since it was submitted (`render_s`): planned, waiting, rendering, then succeeded, its `url` a 2 s 360x640 MP4 under
 `/_fake/renders/`. When it succeeds or fails the render is posted to its `webhook_url` from one
 background thread. A render may also end `cancelled` (canceled at the provider, no file). Errors
 are the API's: a 4xx with `{"hint": ...}`. Like the API, it takes no
@@ -38,6 +39,7 @@ WIDTH, HEIGHT, FRAME_RATE, DURATION_S = 360, 640, 30, 2.0
 FAILURE = "The render failed: the template could not be rendered with these modifications."
 
 RENDER_PATH = re.compile(r"/v2/renders/([0-9a-f-]{36})")
+TEMPLATE_PATH = re.compile(r"/v1/templates/([^/]+)")
 OUTPUT_PATH = re.compile(r"/_fake/renders/([0-9a-f-]{36})\.mp4")
 SCALARS = (str, int, float, bool, type(None))
 # The elements of the template Castad's docs describe (docs/providers.md): what modifications may name.
@@ -138,6 +140,8 @@ class FakeCreatomate(server.FakeServer):
     ) -> None:
         self.api_key = api_key
         self.elements = frozenset(elements)
+        self.updated_at = "2026-11-01T00:00:00.000Z"  # the template's version, as the API dates it
+        self.template_reads = 0
         self.render_s = render_s
         self.templates = None if templates is None else frozenset(templates)
         self._script = server.Script(server.Reply)
@@ -177,6 +181,9 @@ class FakeCreatomate(server.FakeServer):
             return self._scripted(request, lambda: self._submit(request))
         if request.method == "GET" and (match := RENDER_PATH.fullmatch(request.path)):
             return self._scripted(request, lambda: self._get(match.group(1)))
+        if request.method == "GET" and (found := TEMPLATE_PATH.fullmatch(request.path)):
+            self.template_reads += 1  # neither scripted nor listed: a script is for the render requests
+            return self._template(found.group(1))
         return hint(404, f"Not found: {request.method} {request.path}")
 
     def _scripted(self, request: server.Request, normal: Callable[[], server.Response]) -> server.Response:
@@ -209,6 +216,26 @@ class FakeCreatomate(server.FakeServer):
         if render is None:
             return hint(404, "Render not found.")
         return server.Response.of_json(200, self.render(render))
+
+    def _template(self, template_id: str) -> server.Response:
+        """The template as the API's GET /v1/templates/{id} gives it: its RenderScript `source`, with its elements.
+
+        The captions sit in a composition, as a template's designer may group them."""
+        if self.templates is not None and template_id not in self.templates:
+            return hint(404, "Template not found.")
+
+        def element(name: str) -> dict[str, Any]:
+            kind = "audio" if name == "Music" else "image" if name.startswith("Photo-") else "text"
+            return {"name": name, "type": kind}
+
+        captions = sorted(name for name in self.elements if name.startswith("Caption-"))
+        elements = [element(name) for name in sorted(self.elements - set(captions))]
+        if captions:
+            elements.append({"name": "Captions", "type": "composition", "elements": [element(n) for n in captions]})
+        source = {"output_format": "mp4", "width": WIDTH, "height": HEIGHT, "elements": elements}
+        return server.Response.of_json(
+            200, {"id": template_id, "name": TEMPLATE_NAME, "tags": [], "updated_at": self.updated_at, "source": source}
+        )
 
     def render(self, render: Render, status: str | None = None) -> dict[str, Any]:
         """The render object at a status (its status now when None)."""
