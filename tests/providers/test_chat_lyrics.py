@@ -9,12 +9,14 @@ import datetime as dt
 import json
 import threading
 import time
+import uuid
 
 import pytest
-from castad_contracts import brief
+from castad_contracts import brief, events
 from castad_local.fakes.chat import DEFAULT_KEY, FakeChat, Reply
 from castad_lyric import chat, provider
-from castad_runtime.stage import cancellation, errors, http
+from castad_lyric import service as lyric_service
+from castad_runtime.stage import cancellation, errors, http, machine, repository
 from pydantic import SecretStr
 
 SOURCE = brief.Brief(
@@ -180,10 +182,45 @@ def test_an_answer_cut_off_for_length_is_asked_again_with_twice_the_room_never_t
     assert SOURCE.customer_name in "\n".join(lyrics.lines())
 
 
-def test_the_server_stops_an_answer_at_the_room_the_request_gives_it(fake, monkeypatch):
+def test_an_answer_cut_off_with_the_most_room_castad_gives_fails_for_good(fake, monkeypatch):
+    """The fake stops an answer at the room the request gives it; with no more room to give, a retry would pay again."""
     monkeypatch.setattr(chat, "MAX_ROOM", 50)  # less than any lyrics take
 
     error = failure(fake)
 
-    assert (error.code, error.retryable) == ("provider_truncated", True)
+    assert (error.code, error.retryable) == ("provider_truncated", False)
+    assert "50 tokens" in error.message
     assert fake.received[-1]["max_completion_tokens"] == 50
+
+
+def test_the_lyric_stage_asks_each_attempt_of_a_job_with_more_room_operator_retries_included(tmp_path, monkeypatch):
+    """The room grows with `jobs.attempts`, which an operator's retry does not reset (`counted_attempts` it does)."""
+    rooms: list[int] = []
+
+    class Recording:
+        def write(self, source, seed, cancel, attempt=1):
+            rooms.append(attempt)
+            return events.Lyrics(
+                title="t", language=source.language, sections=(events.LyricSection(kind="verse", lines=("a",)),)
+            )
+
+    monkeypatch.setattr(lyric_service, "make_writer", lambda config: Recording())
+    work = lyric_service.make_work(lyric_service.LyricSettings(artifacts_dir=tmp_path))
+    pipeline_id = str(uuid.uuid4())
+    request = events.PipelineRequested(pipeline_id=pipeline_id, brief=SOURCE, requested_at=dt.datetime.now(dt.UTC))
+    for attempts, counted in ((1, 0), (2, 1), (3, 0)):  # the third after an operator's retry
+        job = repository.Job(
+            id=uuid.uuid4(),
+            pipeline_id=pipeline_id,
+            status=machine.Status.RUNNING,
+            version=1,
+            attempts=attempts,
+            counted_attempts=counted,
+            max_attempts=5,
+            input=request.model_dump(mode="json"),
+            traceparent=None,
+            tracestate=None,
+        )
+        work(job, cancellation.Cancellation())
+
+    assert rooms == [1, 2, 3]

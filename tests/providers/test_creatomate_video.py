@@ -365,6 +365,24 @@ def test_the_templates_elements_are_read_once_then_again_after_a_while_so_an_edi
     assert len(renders_sent(editable, 0)) == 3
 
 
+def test_a_template_fixed_since_it_was_read_is_read_again_before_failing_and_one_unreadable_is_taken_as_last_read(
+    artifacts_dir, monkeypatch
+):
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=fake_creatomate.ELEMENTS - {"Title"}) as fixed:
+        work = work_for(fixed)
+        assert failure(work, job_for(song_completed(artifacts_dir))).code == "template_mismatch"
+        fixed.elements = fake_creatomate.ELEMENTS  # the operator fixes it, and retries at once
+
+        waiting = work(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
+        fixed.template_outages = 1  # the next read fails on the way: the last one stands
+        monkeypatch.setattr(creatomate, "TEMPLATE_RECHECK_S", 0.0)
+        again = work(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
+
+    assert isinstance(waiting, runner.Awaiting) and isinstance(again, runner.Awaiting)
+    assert len(renders_sent(fixed, 0)) == 2
+    assert fixed.template_reads == 4  # once, again before failing; again before failing, found fixed; the outage
+
+
 def test_errors_in_the_render_answer_fail_the_stage_for_good(fake, job, monkeypatch):
     """Creatomate's answer may carry `errors` with the render it queued: the video would not be what was asked."""
     said = "Source error: the modification 'Music.source' could not be loaded."
@@ -605,3 +623,15 @@ def test_a_song_gone_from_the_store_fails_the_stage_as_unreachable_before_anythi
 
     assert (error.code, error.retryable) == ("song_unreachable", False)
     assert len([r for r in fake.received if r["path"] == "/v2/renders"]) == submitted_before
+
+
+def test_readiness_says_whether_the_template_takes_what_every_video_fills(artifacts_dir):
+    with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=fake_creatomate.ELEMENTS - {"Region"}) as odd:
+        assert work_for(odd).readiness["template"]() == f"template {TEMPLATE} has no element Region"
+        assert work_for(odd, creatomate_template_id="gone").readiness["template"]() == (
+            "template gone: the render API has no template gone"
+        )
+        odd.elements = fake_creatomate.ELEMENTS - {"Photo-3", "Caption-40"}  # fewer photos and captions: fine
+        assert work_for(odd).readiness["template"]() == "ok"
+        odd.template_outages = 1  # the render API out: not this replica's trouble
+        assert work_for(odd).readiness["template"]() == "ok"

@@ -270,7 +270,7 @@ def instructions(namespace: str = topology.DEFAULT_NAMESPACE, vhost: str = "/") 
     lines += [
         f"-- then each service's `migrate`, run as its own role with CASTAD_OUTBOX_RELAY_ROLE={relay}, closes its",
         f"-- database to every other role, takes CREATE on schema public from PUBLIC, and lets {relay} read its",
-        "-- outbox and mark the rows.",
+        "-- outbox, mark the rows and read what the service's replicas read (table replicas).",
         "",
         "# RabbitMQ (rabbitmqctl on a broker node):",
     ]

@@ -454,10 +454,6 @@ class Registry:
         other._current[event_type] = version
         return other
 
-    def types(self) -> tuple[str, ...]:
-        """Every event type registered, by name."""
-        return tuple(sorted(self._current))
-
     def current_version(self, event_type: str) -> int:
         try:
             return self._current[event_type]

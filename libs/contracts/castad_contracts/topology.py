@@ -88,7 +88,7 @@ def subscribers(routing_key: str) -> dict[str, tuple[str, ...]]:
 
 def routed(service: str, registry: events.Registry = events.REGISTRY) -> frozenset[str]:
     """Every event type the contracts know that `service`'s queue takes: what its consumer must handle."""
-    return frozenset(event_type for event_type in registry.types() if service in subscribers(event_type))
+    return frozenset(event_type for event_type in registry.event_types if service in subscribers(event_type))
 
 
 GATEWAY = "api"  # the only service whose outbox may address one queue (a replayed dead letter)

@@ -8,8 +8,9 @@ release, and for each event type it handles the newest version its contracts rea
 before they publish (castad_relay.readers) and hold an event in its outbox, visibly and uncharged, until a replica
 that reads it runs; so no release has to be rolled out consumers first.
 
-A replica removes its row when it stops; a row not renewed for `LIVE_S` is a replica gone (killed, frozen or cut
-off), and one not renewed for `FORGOTTEN_S` is deleted by the next replica that renews its own.
+A replica's row stops being live when it stops (it stays, so that while no replica runs the one seen last still
+says what the service reads); a row not renewed for `LIVE_S` is a replica gone (killed, frozen or cut off), and
+one not renewed for `FORGOTTEN_S` is deleted by the next replica that renews its own.
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ _RENEW = sa.text(
     """
 )
 _FORGET = sa.text("DELETE FROM replicas WHERE seen_at < now() - make_interval(secs => :forgotten_s)")
-_WITHDRAW = sa.text("DELETE FROM replicas WHERE replica = :replica")
+# A stopped replica's row stays, no longer live: while none is, the one seen last still says what the service reads.
+_WITHDRAW = sa.text(
+    "UPDATE replicas SET seen_at = least(seen_at, now() - make_interval(secs => :live_s)) WHERE replica = :replica"
+)
 
 
 class Announcer:
-    """Keeps this replica's row in `replicas` while it runs (a thread), and removes it when it stops."""
+    """Keeps this replica's row in `replicas` while it runs (a thread), and marks it no longer live when it stops."""
 
     def __init__(
         self, engine: sa.Engine, replica: str, release: str, reads: Mapping[str, int], renew_s: float = RENEW_S
@@ -58,13 +62,13 @@ class Announcer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop renewing and remove the row (a database out now leaves it to end within `LIVE_S`)."""
+        """Stop renewing and make the row no longer live (a database out now leaves it to end within `LIVE_S`)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
         try:
             with db.transaction(self.engine) as conn:
-                conn.execute(_WITHDRAW, {"replica": self.replica})
+                conn.execute(_WITHDRAW, {"replica": self.replica, "live_s": LIVE_S})
         except sa.exc.SQLAlchemyError as error:
             log.warning("replica %s: its row stays until it ends (%s)", self.replica, redact.describe(error))
 

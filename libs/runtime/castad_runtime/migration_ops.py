@@ -350,8 +350,9 @@ def add_previous_submitted_at_v19() -> None:
     """When the work an earlier attempt left at the provider was submitted (`jobs.previous_submitted_at`).
 
     A new attempt waits on that work while it is still at work, up to the give-up time counted from then. Expand
-    only: a replica of the previous release neither writes nor reads it; NULL (its rows) counts from the new
-    attempt's claim.
+    only: a replica of the previous release neither writes nor reads it. Where it ends an attempt, the column keeps
+    an earlier work's time (or NULL, counted from the next claim): the next attempt then judges that work by an
+    earlier submit, and may submit anew as the previous release did.
     """
     op.add_column("jobs", sa.Column("previous_submitted_at", TZ))
 

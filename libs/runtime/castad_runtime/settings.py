@@ -70,7 +70,8 @@ OutboxRelayRole = Annotated[
         pattern=r"^[a-z_][a-z0-9_-]*$",
         max_length=63,
         description="`migrate` closes the database to every role but its owner and this one (the relay's), which"
-        " may read the outbox and mark its rows, nothing else; unset: `migrate` changes no privilege",
+        " may read the outbox and mark its rows, and read what the service's replicas read, nothing else; unset:"
+        " `migrate` changes no privilege",
     ),
 ]
 

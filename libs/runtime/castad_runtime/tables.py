@@ -67,9 +67,9 @@ outbox_relay = sa.Table(
     sa.Column("expires_at", TZ, nullable=False),
 )
 
-# The service's live replicas, each with its release and what it reads (castad_runtime.announcement): one row per
-# replica, renewed while it runs, removed when it stops. The relays read it before they publish an event to the
-# service, so that an event waits in its outbox until a replica that reads it runs.
+# The service's replicas, each with its release and what it reads (castad_runtime.announcement): one row per
+# replica, renewed while it runs, no longer live once it stops. The relays read it before they publish an event to
+# the service, so that an event waits in its outbox until a replica that reads it runs.
 replicas = sa.Table(
     "replicas",
     metadata,

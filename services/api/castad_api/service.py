@@ -97,7 +97,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         if probes is not None:
             probes.start()
         gateway.notifications.start()
-        for part in (announcer, worker, recorder, sweeper, deliverer, pruner):
+        for part in (worker, announcer, recorder, sweeper, deliverer, pruner):
             part.start()
         process.start_up_done()
         try:
@@ -105,7 +105,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         finally:
             if probes is not None:
                 probes.stopping.set()
-            for part in (pruner, deliverer, sweeper, recorder, worker, announcer):
+            for part in (pruner, deliverer, sweeper, recorder, announcer, worker):
                 part.stop()
             await gateway.notifications.stop()
             if probes is not None:

@@ -9,8 +9,9 @@ as data. The answer is validated into the lyrics model; what the model refuses t
 
 Each request says how many tokens the answer may take (`max_completion_tokens`): room for the lyrics asked for
 (`room`), so a server's own small default does not cut them off. An answer cut off all the same
-(`finish_reason: length`) is retried with twice the room, never as the same request, which would be cut off
-again and paid again.
+(`finish_reason: length`) is retried with twice the room (the room grows with the job's attempts, operator
+retries included), never as the same request, which would be cut off again and paid again; cut off with the most
+room (`MAX_ROOM`), it fails for good.
 """
 
 from __future__ import annotations
@@ -167,4 +168,13 @@ class ChatLyricProvider:
         # The API takes no idempotency key (docs/providers.md): past the fence, a request is a new completion.
         body = request_body(source, seed, self._model, attempt)
         answer = self._client.submit("chat/completions", cancel, json=body)
-        return lyrics_of(answer, source.language)
+        try:
+            return lyrics_of(answer, source.language)
+        except errors.ProviderError as error:
+            if error.code != codes.ErrorCode.PROVIDER_TRUNCATED or body["max_completion_tokens"] < MAX_ROOM:
+                raise
+            raise errors.ProviderError(
+                codes.ErrorCode.PROVIDER_TRUNCATED,
+                f"the lyrics were cut off even with the most room Castad gives them ({MAX_ROOM} tokens)",
+                retryable=False,
+            ) from None

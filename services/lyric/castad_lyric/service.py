@@ -61,7 +61,7 @@ def make_work(config: LyricSettings) -> runner.Work:
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         request = job.trigger(events.PipelineRequested)
-        lyrics = writer.write(request.brief, seed=job.pipeline_id, cancel=cancel, attempt=job.counted_attempts + 1)
+        lyrics = writer.write(request.brief, seed=job.pipeline_id, cancel=cancel, attempt=job.attempts)
         cancel.check()
         with store.scratch(job.pipeline_id, events.Stage.LYRIC, job.attempts, ".txt") as scratch:
             scratch.write_text(render_text(lyrics), encoding="utf-8")

@@ -1,7 +1,8 @@
-"""The relay's connection to RabbitMQ.
+"""The relay's connections: to RabbitMQ, and to a service's database.
 
-The first node of the broker setting that answers, with heartbeats and TCP keepalives as every connection of Castad
-has them (castad_runtime.amqp).
+To RabbitMQ: the first node of the broker setting that answers, with heartbeats and TCP keepalives as every
+connection of Castad has them (castad_runtime.amqp). To a database: a session that resolves names in PostgreSQL's
+own catalog only and carries the relay's session limits (castad_relay.statements).
 """
 
 from __future__ import annotations
@@ -11,8 +12,19 @@ import urllib.parse
 from typing import Any
 
 import aiormq
+import psycopg
 from aiormq.connection import TCPTransportFactory, TLSTransportFactory
-from castad_runtime import amqp
+from castad_runtime import amqp, db
+
+from castad_relay import statements
+
+
+async def database(url: str, sessions: db.SessionLimits) -> psycopg.AsyncConnection[Any]:
+    """An autocommit session of the database at `url`, names pinned to pg_catalog, the session limits set."""
+    conn = await psycopg.AsyncConnection.connect(**db.connect_kwargs(url), autocommit=True)
+    await conn.execute(statements.PINNED)
+    await conn.execute(sessions.statement())
+    return conn
 
 
 async def connect(setting: str, *, timeout_s: float = amqp.CONNECT_TIMEOUT_S) -> aiormq.abc.AbstractConnection:

@@ -197,7 +197,7 @@ class Publisher:
                 if refused is not None:
                     results[index] = Refused(refused, final=True)
                 else:
-                    results[index] = await self._routed_and_sent(channel, rows[index], trouble)
+                    results[index] = await self._routed_and_sent(channel, rows[index], trouble, may_publish)
                 if results[index] is not Sent.PUBLISHED:
                     for later in indexes[position + 1 :]:
                         results[later] = Sent.HELD_BACK
@@ -231,7 +231,11 @@ class Publisher:
         return isinstance(answer, spec.Basic.Ack)
 
     async def _routed_and_sent(
-        self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        row: dict[str, Any],
+        trouble: list[BaseException],
+        may_publish: Callable[[], bool],
     ) -> RowResult:
         """The row published once its queues are bound and read it.
 
@@ -250,6 +254,8 @@ class Publisher:
             unread = await self.readers.unread(row["event_type"], row.get("schema_version", 1))
             if unread is not None:
                 return unread
+        if not may_publish():  # the looks above may have taken a while: the lease is asked again
+            return None
         return await self._publish_one(channel, row, trouble)
 
     async def _publish_one(

@@ -10,7 +10,9 @@ release reads (a brief with a new field), and it goes out once a replica of that
 cannot tell (no word at all: a release before these words, or a database it does not relay, not migrated or not
 reachable), it publishes as before, and a consumer that cannot read an event holds it for a while.
 
-What each database says is looked at once every `fresh_s` at most.
+What each database says is looked at once every `fresh_s` at most (a database that could not be read, once every
+`FAILED_RECHECK_S`: a look waits for it up to `LOOK_TIMEOUT_S`, on the way of every event it would take), and a
+row held for a reader is looked at again `UNREAD_RECHECK_S` later.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ import psycopg
 from castad_contracts import topology
 from castad_runtime import announcement, db, redact
 
-from castad_relay import statements
+from castad_relay import connection
 
 log = logging.getLogger(__name__)
 
 FRESH_S = 5.0
+FAILED_RECHECK_S = 60.0
 LOOK_TIMEOUT_S = 5.0
+UNREAD_RECHECK_S = 10.0
 
 # What a service's replicas read, newest word first, and whether each replica is live.
 LOOK = """
@@ -62,14 +66,19 @@ class Readers:
         self.databases = dict(databases)  # service -> the URL of its database, where its replicas say what they read
         self.sessions = sessions
         self.fresh_s = FRESH_S if fresh_s is None else fresh_s
-        self._looked: dict[str, tuple[float, list[dict[str, Any]] | None]] = {}  # service -> when, what (None: no word)
+        # service -> until when its word stands, and what it is (None: no word)
+        self._looked: dict[str, tuple[float, list[dict[str, Any]] | None]] = {}
+        self._subscribers: dict[str, tuple[str, ...]] = {}  # event type -> the services taking it
         self._said: dict[str, str] = {}  # service -> why its word could not be read, said once until it can
         self._waiting: set[tuple[str, str, int]] = set()  # (service, type, version) found unread, said once
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def unread(self, event_type: str, version: int) -> Unread | None:
         """The first service taking `event_type` none of whose replicas reads `version`; None if each has one."""
-        for service in topology.subscribers(event_type):
+        services = self._subscribers.get(event_type)
+        if services is None:
+            services = self._subscribers[event_type] = tuple(topology.subscribers(event_type))
+        for service in services:
             word = await self._word(service)
             if not word:
                 continue  # no word: published as before
@@ -97,23 +106,21 @@ class Readers:
         if url is None:
             return None
         looked = self._looked.get(service)
-        if looked is not None and time.monotonic() - looked[0] < self.fresh_s:
+        if looked is not None and time.monotonic() < looked[0]:
             return looked[1]
         async with self._locks.setdefault(service, asyncio.Lock()):  # the rows of many pipelines ask at once
             looked = self._looked.get(service)
-            if looked is not None and time.monotonic() - looked[0] < self.fresh_s:
+            if looked is not None and time.monotonic() < looked[0]:
                 return looked[1]
             word = await self._look(service, url)
-            self._looked[service] = (time.monotonic(), word)
+            stands_s = self.fresh_s if word is not None else max(self.fresh_s, FAILED_RECHECK_S)
+            self._looked[service] = (time.monotonic() + stands_s, word)
             return word
 
     async def _look(self, service: str, url: str) -> list[dict[str, Any]] | None:
         try:
             async with asyncio.timeout(LOOK_TIMEOUT_S):
-                conn = await psycopg.AsyncConnection.connect(**db.connect_kwargs(url), autocommit=True)
-                async with conn:
-                    await conn.execute(statements.PINNED)
-                    await conn.execute(self.sessions.statement())
+                async with await connection.database(url, self.sessions) as conn:
                     cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
                     await cursor.execute(LOOK, {"live_s": announcement.LIVE_S})
                     word = await cursor.fetchall()

@@ -22,7 +22,7 @@ from castad_runtime import backoff, db, process, redact
 from castad_runtime import metrics as runtime_metrics
 
 from castad_relay import bindings as bindings_
-from castad_relay import leadership, ownership, readers, statements
+from castad_relay import connection, leadership, ownership, readers, statements
 from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
 from castad_relay import settings as settings_
@@ -147,10 +147,7 @@ class SourceRelay:
             renewing.result()  # the renewal's error, if one it does not handle ended it
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
-        await conn.execute(statements.PINNED)
-        await conn.execute(self.sessions.statement())
-        return conn
+        return await connection.database(self.url, self.sessions)
 
     async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """End the lease at once, so that another relay takes over without waiting for it to run out.
@@ -236,7 +233,7 @@ class SourceRelay:
             if reason is not None:
                 self.metrics.failures.labels(self.source, reason).inc()
         waiting = {
-            row["id"]: result.reason()
+            row["id"]: (result.reason(), self._waits_for(result))
             for row, result in zip(rows, results, strict=True)
             if isinstance(result, publisher_.Waiting)
         }
@@ -251,14 +248,18 @@ class SourceRelay:
             if isinstance(result, publisher_.Refused):
                 await self._refused(conn, row, result.reason, result.final)
 
-    async def _hold_waiting(self, conn: psycopg.AsyncConnection[Any], waiting: dict[int, str]) -> None:
-        """Rows waiting for a queue or a reader (row id -> why): due again after `retry_delay_s`, uncharged.
+    def _waits_for(self, result: publisher_.QueueMissing | readers.Unread) -> float:
+        """How long a row held for a queue (a moment) or for a reader (a look at the readers' word) waits."""
+        if isinstance(result, readers.Unread):
+            return max(self.config.retry_delay_s, readers.UNREAD_RECHECK_S)
+        return self.config.retry_delay_s
 
-        The other rows go on."""
+    async def _hold_waiting(self, conn: psycopg.AsyncConnection[Any], waiting: dict[int, tuple[str, float]]) -> None:
+        """Rows waiting for a queue or a reader (row id -> why, and for how long), uncharged; the others go on."""
         self._backing_off = True
-        for reason in set(waiting.values()):
-            ids = [row_id for row_id, why in waiting.items() if why == reason]
-            params = {"ids": ids, "reason": reason, "delay_s": self.config.retry_delay_s, "term": self.lease.term}
+        for reason, delay_s in set(waiting.values()):
+            ids = [row_id for row_id, held in waiting.items() if held == (reason, delay_s)]
+            params = {"ids": ids, "reason": reason, "delay_s": delay_s, "term": self.lease.term}
             await conn.execute(statements.WAIT, params)
 
     async def _refused(

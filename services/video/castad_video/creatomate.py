@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from castad_contracts import brief, codes, events
-from castad_runtime import redact
+from castad_runtime import health, redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ MAX_CAPTIONS = 60
 MAX_PHOTOS = brief.MAX_PHOTOS
 QUOTED = re.compile(r"""['"`]([^'"`]{1,100})['"`]""")
 TEMPLATE_RECHECK_S = 300.0  # how long the template's elements, once read, are taken as they were
+ALWAYS_NEEDED = frozenset({"Title", "Business", "Region", "Music", "Caption-1"})  # what every video fills
 
 
 def modifications(done: events.SongCompleted, song_url: str, photo_urls: Sequence[str] = ()) -> dict[str, Any]:
@@ -198,13 +199,16 @@ class CreatomateApi:
         self._elements: tuple[float, frozenset[str] | None] | None = None  # when read, and what (None: no source)
         self._lock = threading.Lock()
 
-    def template_elements(self, cancel: cancellation.Cancellation) -> frozenset[str] | None:
-        """The names of the template's elements, read at most every TEMPLATE_RECHECK_S; None if it shows none.
+    def template_elements(self, cancel: cancellation.Cancellation, fresh: bool = False) -> frozenset[str] | None:
+        """The names of the template's elements; None if it shows none (then nothing is checked).
 
-        Raises ProviderError when the template cannot be read (a 404: it does not exist, for good)."""
+        Read at most every TEMPLATE_RECHECK_S (`fresh`: read now). A template the API does not have fails for
+        good; one that cannot be read on the way is taken as last read, or, never read yet, raises the call's
+        ProviderError (retryable: a free read must not cost a render that may be fine)."""
         with self._lock:
-            if self._elements is not None and time.monotonic() - self._elements[0] < TEMPLATE_RECHECK_S:
-                return self._elements[1]
+            last = self._elements
+        if not fresh and last is not None and time.monotonic() - last[0] < TEMPLATE_RECHECK_S:
+            return last[1]
         path = f"v1/templates/{urllib.parse.quote(self._template_id, safe='')}"
         try:
             template = self._client.json("GET", path, cancel)
@@ -215,20 +219,36 @@ class CreatomateApi:
                     f"the render API has no template {self._template_id}",
                     retryable=False,
                 ) from None
-            raise
+            if last is None:
+                raise
+            log.warning("template %s could not be read (%s): taken as last read", self._template_id, error.code)
+            return last[1]
         source = template.get("source") if isinstance(template, dict) else None
         elements = element_names(source) if isinstance(source, dict) else None
-        if elements is None:  # nothing to check against: the answer's warnings still are
+        if elements is None and (last is None or last[1] is not None):  # said once, until it shows elements again
             log.warning("the render API shows no elements of template %s: rendering unchecked", self._template_id)
         with self._lock:
             self._elements = (time.monotonic(), elements)
         return elements
+
+    def template_fits(self) -> str:
+        """Readiness: "ok" unless the template lacks an element every video needs (its title, names, song, a caption).
+
+        A template that cannot be read now is not this replica's trouble: "ok", and the renders find out."""
+        try:
+            elements = self.template_elements(cancellation.Cancellation())
+        except errors.ProviderError as error:
+            return f"template {self._template_id}: {error.message}" if not error.retryable else health.OK
+        missing = sorted(ALWAYS_NEEDED - elements) if elements is not None else []
+        return f"template {self._template_id} has no element {', '.join(missing)}" if missing else health.OK
 
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
         done = job.trigger(events.SongCompleted)
         elements = self.template_elements(cancel)
+        if elements is not None and needed(done) - elements:  # read again before failing: it may have been fixed
+            elements = self.template_elements(cancel, fresh=True)
         if elements is not None:
             check_template(elements, done)
         body: dict[str, Any] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pathlib
 from typing import Literal, Self
 
@@ -169,7 +170,8 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         lambda done: song_url(config, store, done),
         lambda done: photo_urls(config, store, done),
     )
-    return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
+    work = remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
+    return dataclasses.replace(work, readiness={"template": api.template_fits})
 
 
 def make_work(config: VideoSettings) -> runner.Work:

@@ -142,6 +142,7 @@ class FakeCreatomate(server.FakeServer):
         self.elements = frozenset(elements)
         self.updated_at = "2026-11-01T00:00:00.000Z"  # the template's version, as the API dates it
         self.template_reads = 0
+        self.template_outages = 0  # how many template reads from now answer 503
         self.render_s = render_s
         self.templates = None if templates is None else frozenset(templates)
         self._script = server.Script(server.Reply)
@@ -183,6 +184,9 @@ class FakeCreatomate(server.FakeServer):
             return self._scripted(request, lambda: self._get(match.group(1)))
         if request.method == "GET" and (found := TEMPLATE_PATH.fullmatch(request.path)):
             self.template_reads += 1  # neither scripted nor listed: a script is for the render requests
+            if self.template_outages > 0:
+                self.template_outages -= 1
+                return hint(503, server.phrase(503))
             return self._template(found.group(1))
         return hint(404, f"Not found: {request.method} {request.path}")
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import mimetypes
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from castad_contracts import codes, events
@@ -182,10 +182,13 @@ Probe = Callable[[repository.Probe, cancellation.Cancellation], Later | None]
 
 @dataclasses.dataclass(frozen=True)
 class RemoteWork:
-    """A stage's work at a submit-then-poll provider (`run`), and its polls in batches (`probe`)."""
+    """A stage's work at a submit-then-poll provider (`run`), its polls in batches (`probe`), its readiness checks.
+
+    `readiness`: what the stage's readiness checks of the provider, a check's name -> the check."""
 
     run: runner.Work
     probe: Probe
+    readiness: Mapping[str, Callable[[], str]] = dataclasses.field(default_factory=dict)
 
     def __call__(self, job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
         return self.run(job, cancel)

@@ -610,7 +610,8 @@ class StageRunner:
         if not repository.await_provider(conn, job, awaiting.handle, awaiting.poll_in_s, awaiting.notes):
             return False
         if not job.polling:
-            log.info("%s attempt %d: submitted as %s", self.stage.value, job.attempts, awaiting.handle)
+            done = "waits on an earlier attempt's" if awaiting.handle == job.previous_handle else "submitted as"
+            log.info("%s attempt %d: %s %s", self.stage.value, job.attempts, done, awaiting.handle)
         return True
 
     def _write_success(self, conn: sa.Connection, job: repository.Job, output: Output) -> bool:

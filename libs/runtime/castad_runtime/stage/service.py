@@ -346,7 +346,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     pruner = retention.Pruner.of(
         stage_retention.steps(engine, artifacts.make_store(config), definition.stage, config), config
     )
-    parts: list[process.Background] = [announcer, worker, jobs, pruner]
+    parts: list[process.Background] = [worker, announcer, jobs, pruner]
     liveness = {
         "announcement": health.threads_alive(announcer.threads),
         "consumer": health.threads_alive(worker.threads),
@@ -361,13 +361,17 @@ def run(definition: StageDefinition[S], config: S) -> None:
         health_server = health.ProbeServer(
             config.health_port,
             liveness=liveness,
-            readiness={"database": health.database(config.database_url), "rabbitmq": health.rabbitmq(config.amqp_url)},
+            readiness={
+                "database": health.database(config.database_url),
+                "rabbitmq": health.rabbitmq(config.amqp_url),
+                **(work.readiness if isinstance(work, remote.RemoteWork) else {}),
+            },
             registry=measured.registry,
             release=release.of(service),
         )
     # Parts stop in reverse order: the prober, retention, then the scheduler, so that a stopping service claims no
     # new attempt while it finishes or hands back its running ones; events still arriving only become job rows. Its
-    # word on what it reads goes last, when it no longer consumes.
+    # word on what it reads is given once it consumes.
     process.run_until_signalled(service, parts, on_stop=lambda: _stopped(engine), probes=health_server)
 
 
