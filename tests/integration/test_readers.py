@@ -70,6 +70,7 @@ def test_a_brief_only_the_new_release_reads_waits_uncharged_until_a_lyric_replic
     installation, engines, lyric, amqp, start_relay, monkeypatch, caplog
 ):
     monkeypatch.setattr(readers, "FRESH_S", 0.2)
+    monkeypatch.setattr(readers, "UNREAD_RECHECK_S", 0.2)
     caplog.set_level(logging.INFO, logger=readers.log.name)
     say(lyric, "lyric@old:1", {REQUESTED: 3})  # the release before: briefs without photo links
     api = engines["api"]

@@ -165,14 +165,13 @@ def test_credits_that_ran_out_are_not_a_rate_limit(fake):
     assert "exceeded your current quota" in (error.detail or "") and error.message == "the server answered 429"
 
 
-def test_an_answer_cut_off_for_length_is_asked_again_with_twice_the_room_never_the_same_request(fake):
-    before = len(fake.received)
-    error = failure(fake, Reply("length"))
+def test_an_answer_cut_off_for_length_is_asked_again_with_twice_the_room_never_the_same_request():
+    with FakeChat() as own:  # a server of its own: the module's may still be answering an earlier test's hang
+        error = failure(own, Reply("length"))
+        lyrics = provider_for(own).write(SOURCE, "p-1", cancellation.Cancellation(), attempt=2)
+        cut, whole = own.received
+
     assert (error.code, error.retryable) == ("provider_truncated", True)
-
-    lyrics = provider_for(fake).write(SOURCE, "p-1", cancellation.Cancellation(), attempt=2)
-
-    cut, whole = fake.received[before:]
     kinds = provider.structure(SOURCE.duration_s)
     asked = chat.room(len(kinds), provider.lines_per_section(SOURCE.duration_s, len(kinds)))
     assert (cut["max_completion_tokens"], whole["max_completion_tokens"]) == (asked, 2 * asked)
@@ -182,15 +181,17 @@ def test_an_answer_cut_off_for_length_is_asked_again_with_twice_the_room_never_t
     assert SOURCE.customer_name in "\n".join(lyrics.lines())
 
 
-def test_an_answer_cut_off_with_the_most_room_castad_gives_fails_for_good(fake, monkeypatch):
+def test_an_answer_cut_off_with_the_most_room_castad_gives_fails_for_good(monkeypatch):
     """The fake stops an answer at the room the request gives it; with no more room to give, a retry would pay again."""
     monkeypatch.setattr(chat, "MAX_ROOM", 50)  # less than any lyrics take
 
-    error = failure(fake)
+    with FakeChat() as own:
+        error = failure(own)
+        [asked] = own.received
 
     assert (error.code, error.retryable) == ("provider_truncated", False)
     assert "50 tokens" in error.message
-    assert fake.received[-1]["max_completion_tokens"] == 50
+    assert asked["max_completion_tokens"] == 50
 
 
 def test_the_lyric_stage_asks_each_attempt_of_a_job_with_more_room_operator_retries_included(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import pydantic
 import pytest
 from castad_api import retention as api_retention
 from castad_api import settings as api_settings
+from castad_runtime import metrics as runtime_metrics
 from castad_runtime import retention, settings
 
 HOUR = dt.timedelta(hours=1)
@@ -214,3 +215,21 @@ def test_retention_settings_that_would_lose_what_is_needed_are_refused_in_every_
 def test_gateway_settings_that_would_lose_what_a_pipeline_needs_are_refused(values, named):
     with pytest.raises(pydantic.ValidationError, match=named):
         api_settings.ApiSettings(**values)
+
+
+def test_what_each_step_deletes_is_counted_batch_by_batch_for_the_metrics():
+    registry = runtime_metrics.registry()
+    pruner = retention.Pruner(
+        [retention.Step("outbox rows", Batches(25)), retention.Step("files", Batches(0))],
+        interval_s=60,
+        batch=10,
+        pause_s=0,
+        measured=runtime_metrics.RetentionMetrics(registry, "lyric"),
+    )
+
+    pruner.run_once()
+
+    def deleted(what: str) -> float | None:
+        return registry.get_sample_value("castad_retention_deleted_total", {"service": "lyric", "what": what})
+
+    assert (deleted("outbox rows"), deleted("files")) == (25.0, None)

@@ -126,6 +126,22 @@ class ConsumerMetrics:
         self.duplicates.labels(self.service, event_type).inc()
 
 
+class RetentionMetrics:
+    """What a service's retention deleted (castad_runtime.retention), by what: a table's rows, a stage's files."""
+
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+        self.service = service
+        self.deleted = Counter(
+            "castad_retention_deleted_total",
+            "What retention deleted, by what (its steps: rows of a table, files), counted batch by batch",
+            ["service", "what"],
+            registry=registry,
+        )
+
+    def removed(self, what: str, count: int) -> None:
+        self.deleted.labels(self.service, what).inc(count)
+
+
 class StageMetrics:
     """What a stage's runner counts.
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import sqlalchemy as sa
 
-from castad_runtime import backoff, db, inbox, outages, outbox, redact, settings
+from castad_runtime import backoff, db, inbox, metrics, outages, outbox, redact, settings
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 10_000  # rows of one batch at most, however long a backlog
@@ -120,6 +120,7 @@ class Pruner:
         busy_share: float = BUSY_SHARE,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        measured: metrics.RetentionMetrics | None = None,
     ) -> None:
         if interval_s <= 0 or batch < 1 or pause_s < 0 or quick_s <= 0 or not 0 < busy_share <= 1:
             raise ValueError("interval_s and quick_s must be > 0, batch >= 1, pause_s >= 0, 0 < busy_share <= 1")
@@ -131,17 +132,21 @@ class Pruner:
         self.quick_s = quick_s
         self.busy_share = busy_share
         self._clock = clock
+        self.measured = measured
         self._rng = rng or random.Random()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
 
     @classmethod
-    def of(cls, steps: Sequence[Step], config: settings.CommonSettings) -> Pruner:
+    def of(
+        cls, steps: Sequence[Step], config: settings.CommonSettings, measured: metrics.RetentionMetrics | None = None
+    ) -> Pruner:
         return cls(
             steps,
             interval_s=config.retention_interval_s,
             batch=config.retention_batch,
             pause_s=config.retention_pause_s,
+            measured=measured,
         )
 
     def start(self) -> None:
@@ -174,6 +179,8 @@ class Pruner:
                 done = step.remove(limit)
                 took_s = self._clock() - started
                 removed[step.what] += done
+                if self.measured is not None and done:
+                    self.measured.removed(step.what, done)
                 if done < limit:
                     break
                 limit = min(most, limit * 2) if took_s < self.quick_s else max(least, limit // 2)

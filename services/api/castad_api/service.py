@@ -29,6 +29,7 @@ from castad_runtime import (
     telemetry,
     wakeups,
 )
+from castad_runtime import metrics as runtime_metrics
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry import trace
@@ -83,7 +84,9 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     sweeper = deadlines.DeadlineSweeper(engine, config.deadline_poll_s)
     deliverer = webhooks.Deliverer(engine, config)
     pruner = runtime_retention.Pruner.of(
-        retention.steps(engine, config, config.retention_policy(), gateway.store, config.upload_limits()), config
+        retention.steps(engine, config, config.retention_policy(), gateway.store, config.upload_limits()),
+        config,
+        runtime_metrics.RetentionMetrics(gateway.metrics.registry, "api"),
     )
 
     @contextlib.asynccontextmanager

@@ -5,7 +5,7 @@ Each consuming replica says in its service's database which version of each even
 queue takes the event's type (`topology.subscribers`): the replicas live now or, when none is, the one seen last
 (a service that is down keeps its queue, and its next start is most likely that replica's release). If none of
 them reads the event's type at its version, the event waits in its outbox, uncharged, with the reason in its row,
-and the relay looks again a retry delay later: a producer upgraded before its consumers writes an event only the new
+and the relay looks again a while later: a producer upgraded before its consumers writes an event only the new
 release reads (a brief with a new field), and it goes out once a replica of that release runs. Where the relay
 cannot tell (no word at all: a release before these words, or a database it does not relay, not migrated or not
 reachable), it publishes as before, and a consumer that cannot read an event holds it for a while.

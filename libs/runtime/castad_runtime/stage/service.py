@@ -344,7 +344,9 @@ def run(definition: StageDefinition[S], config: S) -> None:
     announcer = announcement.Announcer(engine, process.worker_id(service), release.of(service), event_consumer.reads())
     worker = process.ConsumerWorker(broker, config.consumer_threads)
     pruner = retention.Pruner.of(
-        stage_retention.steps(engine, artifacts.make_store(config), definition.stage, config), config
+        stage_retention.steps(engine, artifacts.make_store(config), definition.stage, config),
+        config,
+        metrics.RetentionMetrics(measured.registry, service),
     )
     parts: list[process.Background] = [worker, announcer, jobs, pruner]
     liveness = {
