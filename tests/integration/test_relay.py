@@ -360,8 +360,10 @@ def test_more_refused_rows_than_a_batch_do_not_stop_the_relay(installation, engi
     good = write_events(engine, [lyric_started(str(uuid.uuid4()), 1) for _ in range(5)], STARTED)
     start_relay(fallback_poll_s=30, retry_delay_s=5.0)
 
+    # Refusing 250 rows one by one takes a few seconds on a loaded 2-core host; stuck behind them until they parked
+    # (ten tries each, backing off from 5 s), the good rows would wait minutes.
     waits.until(
-        lambda: all(outbox_row(engine, env.id)["published_at"] for env in good), timeout_s=10, what="the good rows"
+        lambda: all(outbox_row(engine, env.id)["published_at"] for env in good), timeout_s=30, what="the good rows"
     )
     assert len(amqp.take(installation.topology.queue("api"), 5)) == 5
 
