@@ -10,7 +10,7 @@ release reads (a brief with a new field), and it goes out once a replica of that
 cannot tell (no word at all: a release before these words, or a database it does not relay, not migrated or not
 reachable), it publishes as before, and a consumer that cannot read an event holds it for a while.
 
-What each database says is looked at once every `fresh_s` at most (a database that could not be read, once every
+What each database says is looked at once every `FRESH_S` at most (a database that could not be read, once every
 `FAILED_RECHECK_S`: a look waits for it up to `LOOK_TIMEOUT_S`, on the way of every event it would take), and a
 row held for a reader is looked at again `UNREAD_RECHECK_S` later.
 """
@@ -62,10 +62,9 @@ class Unread:
 
 
 class Readers:
-    def __init__(self, databases: Mapping[str, str], sessions: db.SessionLimits, fresh_s: float | None = None) -> None:
+    def __init__(self, databases: Mapping[str, str], sessions: db.SessionLimits) -> None:
         self.databases = dict(databases)  # service -> the URL of its database, where its replicas say what they read
         self.sessions = sessions
-        self.fresh_s = FRESH_S if fresh_s is None else fresh_s
         # service -> until when its word stands, and what it is (None: no word)
         self._looked: dict[str, tuple[float, list[dict[str, Any]] | None]] = {}
         self._subscribers: dict[str, tuple[str, ...]] = {}  # event type -> the services taking it
@@ -113,7 +112,7 @@ class Readers:
             if looked is not None and time.monotonic() < looked[0]:
                 return looked[1]
             word = await self._look(service, url)
-            stands_s = self.fresh_s if word is not None else max(self.fresh_s, FAILED_RECHECK_S)
+            stands_s = FRESH_S if word is not None else FAILED_RECHECK_S
             self._looked[service] = (time.monotonic() + stands_s, word)
             return word
 
