@@ -185,7 +185,7 @@ class FaultRun:
             routed=tuple(tap.routed),
         )
         findings = checker.Checker(snapshot, expect).run()
-        findings += self._stopped_render(snapshot)
+        findings += self._stopped_render(snapshot, operator.actions)
         self._recovery(snapshot)
         findings += self._takeovers(snapshot)
         findings += self._every_submission_recorded(snapshot)
@@ -588,8 +588,11 @@ class FaultRun:
         result["stage handoff"] = latency.summary(latency.ms(stage_hops))
         return result
 
-    def _stopped_render(self, snapshot: checker.Snapshot) -> list[str]:
-        """What became of the render a SIGTERM interrupted: finished within the grace period, or handed back."""
+    def _stopped_render(self, snapshot: checker.Snapshot, actions: list[traffic.Action]) -> list[str]:
+        """What became of the render a SIGTERM interrupted: finished within the grace period, or handed back.
+
+        Or canceled: the operator (the traffic's, at random) may cancel that very pipeline meanwhile.
+        """
         pipeline_id, survivors = self.sigterm
         fault = next(f for f in self.faults if f.kind == "SIGTERM mid-render")
         job = snapshot.jobs["video"].get(pipeline_id)
@@ -604,7 +607,10 @@ class FaultRun:
             else f"{attempt['outcome']} ({attempt['error_code']})"
         )
         findings = [f"ffmpeg {survivors} outlived the stopped video service"] if survivors else []
-        if attempt["outcome"] not in ("succeeded", "interrupted"):
+        canceled = any(a.kind == "cancel" and a.pipeline_id == pipeline_id and a.answer == 202 for a in actions)
+        if attempt["outcome"] == "canceled" and canceled:  # a later retry may have reopened the job since
+            fault.detail += "; canceled by the operator meanwhile"
+        elif attempt["outcome"] not in ("succeeded", "interrupted"):
             findings.append(f"the render stopped by SIGTERM ended {attempt['outcome']} {attempt['error_code']}")
         return findings
 
