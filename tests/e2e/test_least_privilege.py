@@ -62,7 +62,7 @@ def users(installation: Installation) -> Iterator[privileges.Users]:
         for url in installation.database_urls.values():
             migrations.drop_database(url)  # a role that owns a database cannot be dropped
         privileges.drop_postgres(made, servers.PG_URL)
-        privileges.drop_rabbitmq(made)
+        privileges.drop_rabbitmq(made, installation.amqp_url)
 
 
 def _plain(url: str) -> str:
@@ -247,3 +247,18 @@ def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publis
     refused("relay", lambda channel: channel.basic_get(topo.queue("lyric")))
     refused("relay", lambda channel: channel.queue_declare(f"{topo.namespace}.mine"))
     refused("relay", lambda channel: channel.basic_publish("", song, b"{}"))
+
+
+def test_set_up_limits_the_length_of_each_services_queue_and_of_the_dead_letter_queue_not_of_the_delay_queues(
+    installation, users
+):
+    listed = subprocess.run(
+        ["rabbitmqctl", "--quiet", "list_queues", "name", "policy", "--formatter", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    topo = installation.topology
+    policy = {row["name"]: row["policy"] for row in json.loads(listed.stdout) if row["name"].startswith(topo.namespace)}
+    limited = {name for name, applied in policy.items() if applied == topo.limits_policy().name}
+    assert limited == {*(topo.queue(service) for service in topo.services), topo.dead_letter_queue}

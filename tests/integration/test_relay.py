@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import random
 import time
@@ -18,11 +19,12 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import pika.exceptions
 import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_relay import bindings, leadership, publisher, relay, statements
+from castad_relay import bindings, leadership, publisher, pushback, relay, statements
 from castad_relay import metrics as relay_metrics
 from castad_relay import settings as relay_settings
 from castad_runtime import db, metrics, outbox, tables
@@ -224,6 +226,69 @@ def test_an_event_waits_uncharged_for_a_queue_that_must_take_it_until_it_exists_
     waits.until(lambda: outbox_row(engine, done.id)["published_at"], what="the row published once the queue exists")
     assert [message.event_id for message in amqp.take(topo.queue("song"), 1)] == [done.id]
     assert [message.event_id for message in amqp.take(topo.queue("api"), 1)] == [done.id]
+
+
+def test_a_full_queue_holds_its_events_in_the_outbox_one_probing_until_it_has_room(
+    installation, engines, amqp, start_relay, caplog
+):
+    """The song stage's queue is at its length limit and refuses what comes (reject-publish): the broker nacks.
+
+    lyric.completed waits in the outbox, uncharged, never parked, said once in the log and counted, while other events
+    go out; only one row probes the queue now and then, so the gateway's queue, which took each refused publish too,
+    gets few copies. Once the song stage takes what its queue holds, every row reaches it, once.
+    """
+    topo = installation.topology
+    engine = engines["lyric"]
+    full = topo.queue("song")
+    amqp.channel.queue_delete(full)
+    amqp.channel.queue_declare(full, durable=True, arguments={**topo.queue_arguments(), "x-max-length": 2})
+    fillers = 0
+    with contextlib.suppress(pika.exceptions.NackError):  # full before the relay starts: a quorum queue refuses
+        while fillers < 10:  # once it is over its limit, so it may take one more, and publishes in flight race it
+            amqp.channel.basic_publish("", full, b"{}")
+            fillers += 1
+    try:
+        registry = metrics.registry()
+        done = write_events(engine, [lyric_completed(str(uuid.uuid4())) for _ in range(6)], "lyric.completed")
+        [other] = write_events(engine, [lyric_started(str(uuid.uuid4()), 1)], STARTED)
+        start_relay(
+            metrics=relay_metrics.RelayMetrics(registry), sources={"lyric": installation.database_urls["lyric"]}
+        )
+
+        def failures(reason: str) -> float:
+            labels = {"source": "lyric", "reason": reason}
+            return registry.get_sample_value("castad_relay_publish_failures_total", labels) or 0
+
+        waits.until(lambda: outbox_row(engine, other.id)["published_at"], what="another type's row published")
+        waits.until(
+            lambda: failures(relay_metrics.PUSHED_BACK) >= 12,
+            what="the rows for the full queue held, one probing again and again",
+            timeout_s=30,
+        )
+        rows = [outbox_row(engine, envelope.id) for envelope in done]
+        waiting = [row for row in rows if row["published_at"] is None]
+        assert len(waiting) == 6
+        assert {(row["publish_attempts"], row["parked_at"]) for row in waiting} == {(0, None)}
+        assert {row["last_error"] for row in waiting} == {pushback.PushedBack("lyric.completed", 0).reason()}
+        said = [record.getMessage() for record in caplog.records if record.name == pushback.log.name]
+        assert len(said) == 1 and said[0].startswith("the broker refuses publishes to lyric.completed")
+        nacked = failures(relay_metrics.NACKED)
+        to_api = [message.event_id for message in amqp.take_all(topo.queue("api"))]
+        nacked_after, held = failures(relay_metrics.NACKED), failures(relay_metrics.PUSHED_BACK)
+        assert set(to_api) == {other.id, *(envelope.id for envelope in done)}
+        # Each refused publish left a copy in the gateway's queue; most holds sent nothing (sending every waiting
+        # row again, as each hold would, copies one each time).
+        assert nacked <= len(to_api) - 1 <= nacked_after < held
+
+        # Room again, as the song stage takes what its queue holds.
+        taken = [message.body for message in amqp.take(full, fillers + 6, timeout=60)]
+        assert taken[:fillers] == [b"{}"] * fillers
+        assert sorted(json.loads(body)["id"] for body in taken[fillers:]) == sorted(str(e.id) for e in done)
+        waits.until(lambda: all_published(engine), what="every row published")
+        assert {outbox_row(engine, envelope.id)["publish_attempts"] for envelope in done} == {0}
+    finally:
+        amqp.channel.queue_delete(full)
+        amqp.channel.queue_declare(full, durable=True, arguments=topo.queue_arguments())
 
 
 def test_order_per_pipeline_holds_across_many_batches(installation, engines, amqp, start_relay):

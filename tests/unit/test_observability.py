@@ -123,9 +123,17 @@ def test_the_rules_cover_relay_lag_backlog_stuck_jobs_failures_dead_letters_and_
         "castad_jobs_lease_expired",
         "castad_attempts_total",
         "castad_consumer_dead_letters_total",
+        "castad_queue_messages",
+        "castad_relay_publish_failures_total",
         "up",
     ):
         assert metric in used, metric
+
+
+def test_the_queue_alert_fires_at_four_fifths_of_the_queues_limit():
+    [filling] = [rule for rule in rules() if rule["alert"] == "CastadQueueFilling"]
+    assert filling["expr"].endswith(f"> {topology.QUEUE_MAX_MESSAGES * 4 // 5}")
+    assert topology.Topology().limits_policy().definition["max-length"] == topology.QUEUE_MAX_MESSAGES
 
 
 @pytest.mark.parametrize("source", ["rules", "dashboard"])

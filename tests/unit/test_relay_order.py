@@ -13,7 +13,7 @@ from typing import Any
 import aiormq
 import pytest
 from castad_relay import publisher as publisher_
-from castad_relay import relay
+from castad_relay import pushback, relay
 from pamqp import commands as spec
 from pamqp import header
 
@@ -43,6 +43,11 @@ def unroutable() -> aiormq.exceptions.PublishError:
     returned = spec.Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="castad", routing_key="nowhere")
     message = aiormq.abc.DeliveredMessage(returned, header.ContentHeader(), b"", channel=None)  # type: ignore[arg-type]
     return aiormq.exceptions.PublishError(message, returned)
+
+
+def nacked() -> aiormq.exceptions.DeliveryError:
+    """What aiormq raises when the broker nacks a publish."""
+    return aiormq.exceptions.DeliveryError(None, spec.Basic.Nack())
 
 
 class FakeChannel:
@@ -131,13 +136,12 @@ def test_different_pipelines_are_sent_without_waiting_for_each_other():
 @pytest.mark.parametrize(
     ("answer", "result"),
     [
-        (spec.Basic.Nack(), None),  # the broker's trouble (a quorum queue without its majority), not the row's
         (unroutable(), publisher_.Refused("returned by the broker: NO_ROUTE")),
         (TimeoutError(), None),
         (channel_closed(), SUSPECT),
         (broker_closed(), None),
     ],
-    ids=["nacked", "unroutable", "timed-out", "channel-closed", "closed-by-the-broker-itself"],
+    ids=["unroutable", "timed-out", "channel-closed", "closed-by-the-broker-itself"],
 )
 def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(answer: object, result: object):
     channel = FakeChannel({1: answer})
@@ -149,9 +153,26 @@ def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(ans
     assert relay.publishable(batch, results) == [2, 4]
 
 
+@pytest.mark.parametrize("nack", [nacked(), spec.Basic.Nack()], ids=["raised", "returned"])
+def test_a_nacked_row_holds_its_pipeline_and_every_row_for_its_destination(nack: object):
+    """A nack is its destination's (a queue full, or without a majority), not the row's: it pushes back."""
+    channel = FakeChannel({1: nack})
+    batch = rows("a", "b", "a", "b", "a")
+    batch[1]["event_type"] = batch[1]["routing_key"] = "stage.song.started"  # another destination
+    results, _ = publish(batch, channel)
+
+    assert sorted(channel.sent()) == [1, 2]  # pipeline b's first row went out beside it, its second waits
+    refused, held = results[0], results[3]
+    assert isinstance(refused, pushback.PushedBack) and refused.sent
+    assert isinstance(held, pushback.PushedBack) and not held.sent
+    assert [results[1], results[2], results[4]] == [PUBLISHED, HELD_BACK, HELD_BACK]
+    assert relay.publishable(batch, results) == [2]
+
+
 @pytest.mark.parametrize(
     ("answer", "closes"),
     [
+        (nacked(), False),
         (spec.Basic.Nack(), False),
         (unroutable(), False),
         (TimeoutError(), True),
@@ -159,7 +180,7 @@ def test_no_later_row_of_a_pipeline_is_sent_after_one_that_was_not_confirmed(ans
         (channel_closed(), True),
         (broker_closed(), True),
     ],
-    ids=["nacked", "unroutable", "timed-out", "connection-lost", "channel-closed", "closed-by-the-broker-itself"],
+    ids=["nacked", "nack-returned", "unroutable", "timed-out", "connection-lost", "channel-closed", "closed-by-broker"],
 )
 def test_only_a_failure_that_may_have_broken_the_channel_closes_it(answer: object, closes: bool):
     channel = FakeChannel({2: answer})

@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import secrets
+import shlex
 import shutil
 import subprocess
 import urllib.parse
@@ -212,13 +213,16 @@ def grant_rabbitmq(users: Users, amqp_url: str) -> None:
         topic = topo.topic_permissions(service)
         if topics.get((name, topic.exchange)) != (topic.write, topic.read):
             _rabbitmqctl("set_topic_permissions", "-p", vhost, name, topic.exchange, topic.write, topic.read)
+    _rabbitmqctl(*topo.limits_policy().command(vhost))
 
 
-def drop_rabbitmq(users: Users) -> None:
+def drop_rabbitmq(users: Users, amqp_url: str) -> None:
+    """Delete the broker users, and the queue limits of their namespace."""
     existing = {row["user"] for row in _rabbitmqctl("list_users", "--formatter", "json")}
     for service in USERS:
         if users.name(service) in existing:
             _rabbitmqctl("delete_user", users.name(service))
+    _rabbitmqctl("clear_policy", "-p", _vhost(amqp_url), topology.Topology(users.namespace).limits_policy().name)
 
 
 def _vhost(amqp_url: str) -> str:
@@ -283,6 +287,8 @@ def instructions(namespace: str = topology.DEFAULT_NAMESPACE, vhost: str = "/") 
             f"rabbitmqctl set_topic_permissions -p {vhost} {users.name(service)} {topic.exchange}"
             f" '{topic.write}' '{topic.read}'",
         ]
+    lines.append("# The length limit of the queues (docs/deploy.md, RabbitMQ):")
+    lines.append("rabbitmqctl " + " ".join(shlex.quote(part) for part in topo.limits_policy().command(vhost)))
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ at least once, instead of coming back for ever.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import typing
 
@@ -43,6 +44,11 @@ QUEUE_TYPE = "quorum"
 # A stop or a crash returns every message its consumer held, so the limit is well above what deploys and
 # crashes of healthy consumers give one message.
 DELIVERY_LIMIT = 20
+# Messages a service's queue, or the dead-letter queue, holds at most (a policy, `limits_policy`). A full queue
+# refuses more (reject-publish): the broker nacks a publish routed to it, and the relay holds that routing key's
+# rows in their outboxes, on disk, until the queue has room. Without a limit a stalled consumer grows its queue
+# until the broker's memory or disk alarm blocks every publisher of the cluster.
+QUEUE_MAX_MESSAGES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +140,33 @@ class TopicPermissions:
 
 
 @dataclasses.dataclass(frozen=True)
+class Policy:
+    """A RabbitMQ policy: a definition applied to the queues whose names match a pattern.
+
+    Set with `rabbitmqctl set_policy` (set-up does), or the management API, or a RabbitMQ operator's Policy
+    resource; a queue takes the one matching policy of the highest priority.
+    """
+
+    name: str
+    pattern: str
+    definition: dict[str, str | int]
+    apply_to: str = "queues"
+
+    def command(self, vhost: str) -> list[str]:
+        """The `rabbitmqctl` arguments that set it on `vhost`."""
+        return [
+            "set_policy",
+            "-p",
+            vhost,
+            "--apply-to",
+            self.apply_to,
+            self.name,
+            self.pattern,
+            json.dumps(self.definition, sort_keys=True),
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
 class Topology:
     namespace: str = DEFAULT_NAMESPACE
 
@@ -161,10 +194,23 @@ class Topology:
             "x-delivery-limit": DELIVERY_LIMIT,
             "x-dead-letter-exchange": self.dead_letter_exchange,
             # Dead-lettered once the dead-letter queue confirmed it, which needs publishes refused (not dropped)
-            # when a queue is full; no queue has a length limit, so none is refused for that.
+            # when a queue is full (its length limit is a policy, `limits_policy`).
             "x-dead-letter-strategy": "at-least-once",
             "x-overflow": "reject-publish",
         }
+
+    def limits_policy(self, max_messages: int = QUEUE_MAX_MESSAGES) -> Policy:
+        """The length limit of every service's queue and of the dead-letter queue (not of the delay queues).
+
+        Over it a queue refuses a publish (reject-publish) rather than drop its oldest message: the relay's publish
+        is nacked and waits, and a message dead-lettered into a full dead-letter queue stays in its own queue until
+        there is room (`x-dead-letter-strategy` at-least-once)."""
+        names = "|".join(re.escape(self.queue(service)) for service in self.services)
+        return Policy(
+            name=f"{self.namespace}-queue-limits",
+            pattern=f"^({names}|{re.escape(self.dead_letter_queue)})$",
+            definition={"max-length": max_messages, "overflow": "reject-publish"},
+        )
 
     @staticmethod
     def dead_letter_queue_arguments(broker_major: int) -> dict[str, str | int]:

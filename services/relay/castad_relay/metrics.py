@@ -22,6 +22,8 @@ CHANNEL_CLOSED = "channel_closed"  # its channel closed while it was in flight (
 BROKER_UNAVAILABLE = "broker_unavailable"  # lost to trouble with the broker connection (waits, uncharged)
 QUEUE_MISSING = "queue_missing"  # a queue that must take it does not exist yet (waits, uncharged)
 UNREAD = "unread"  # no replica of a service that takes it reads its version yet (waits, uncharged)
+NACKED = "nacked"  # the broker refused it: a queue that takes it is full, or without a majority (waits, uncharged)
+PUSHED_BACK = "pushed_back"  # held unsent while a queue that takes it refuses publishes (waits, uncharged)
 
 CONFIRM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)

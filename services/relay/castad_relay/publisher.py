@@ -16,10 +16,12 @@ never gets a pipeline's row before an earlier one. Each row comes back as one of
   waits, uncharged, until the queue's service or set-up declares it;
 - readers.Unread: not sent, because no replica of a service that takes it reads its version yet
   (`readers`): it waits, uncharged, until one runs;
+- pushback.PushedBack: nacked by the broker (a queue that takes it is full, or without a majority
+  of its nodes), or not sent because its destination refuses publishes now (`pushback`): it
+  waits, uncharged, while one row probes the destination now and then;
 - None: lost to trouble with the broker, which is nobody's fault: a lost or stalled connection,
-  a channel closed for the broker's own reasons, or a nack (a quorum queue without a majority
-  of its nodes, a node shutting down). It waits, uncharged, and the relay pauses before trying
-  again.
+  or a channel closed for the broker's own reasons. It waits, uncharged, and the relay pauses
+  before trying again.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from pamqp import commands as spec
 from prometheus_client import Histogram
 
 from castad_relay import bindings as bindings_
-from castad_relay import connection, readers
+from castad_relay import connection, pushback, readers
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,8 @@ class QueueMissing:
         return f"waits for queue {self.queue}, which must take it and does not exist yet"
 
 
-RowResult = Sent | Refused | QueueMissing | readers.Unread | None
-Waiting = (QueueMissing, readers.Unread)  # held, uncharged, until what it waits for is there
+RowResult = Sent | Refused | QueueMissing | readers.Unread | pushback.PushedBack | None
+Waiting = (QueueMissing, readers.Unread, pushback.PushedBack)  # held, uncharged, until what it waits for is there
 
 # Channel closes that may be the row's own doing: a failed precondition (over the broker's size limit),
 # and, for a row sent to a replay's destination, a missing or forbidden exchange. Any other close, and any
@@ -79,10 +81,6 @@ ROWS_OWN_CLOSES = (aiormq.exceptions.ChannelPreconditionFailed,)
 DESTINATIONS_OWN_CLOSES = (aiormq.exceptions.ChannelNotFoundEntity, aiormq.exceptions.ChannelAccessRefused)
 # What trouble with the broker raises on the way (a connection lost, stalled or refused): nobody's fault.
 BROKER_TROUBLE = (TimeoutError, aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError, OSError)
-
-
-class Nacked(Exception):
-    """The broker took a publish but could not keep it (it nacked it): broker trouble."""
 
 
 def stopping() -> bool:
@@ -139,10 +137,12 @@ class Publisher:
         confirms: Histogram | None = None,
         bindings: bindings_.Bindings | None = None,
         readers_: readers.Readers | None = None,
+        push_back: pushback.PushBack | None = None,
     ) -> None:
         self.amqp_url = amqp_url
         self.bindings = bindings  # None: published without binding the queues that take each type first
         self.readers = readers_  # None: published without asking whether a consumer reads the event's version
+        self.push_back = push_back or pushback.PushBack(first_s=1.0)  # the destinations that refuse publishes now
         self.confirms = confirms  # seconds from a row's publish to its confirm
         self.exchange = exchange
         self.confirm_timeout_s = confirm_timeout_s
@@ -208,8 +208,8 @@ class Publisher:
             log.warning(
                 "%d of %d publishes lost to broker trouble: %s", len(trouble), len(rows), redact.describe(trouble[0])
             )
-        if any(not isinstance(error, Nacked) for error in trouble) or any(r is Sent.SUSPECT for r in results):
-            await self.close()  # the channel may be broken; a nack leaves it as it was
+        if trouble or any(r is Sent.SUSPECT for r in results):
+            await self.close()  # the channel may be broken; a nack (pushed back) leaves it as it was
         return results
 
     async def publish_dead_letter(self, exchange: str, body: bytes, headers: dict[str, Any], message_id: str) -> bool:
@@ -256,7 +256,16 @@ class Publisher:
                 return unread
         if not may_publish():  # the looks above may have taken a while: the lease is asked again
             return None
-        return await self._publish_one(channel, row, trouble)
+        destination = row.get("destination") or row["event_type"]
+        held = self.push_back.hold(destination)
+        if held is not None:
+            return held
+        result = await self._publish_one(channel, row, trouble)
+        if result is Sent.PUBLISHED:
+            self.push_back.taken(destination)
+        elif not isinstance(result, pushback.PushedBack):
+            self.push_back.lost(destination)
+        return result
 
     async def _publish_one(
         self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
@@ -307,6 +316,8 @@ class Publisher:
             except aiormq.exceptions.PublishError as error:
                 text = error.frame.reply_text if isinstance(error.frame, spec.Basic.Return) else "returned"
                 return Refused(f"returned by the broker: {text}")
+            except aiormq.exceptions.DeliveryError:  # a nack (aiormq raises it rather than return the Basic.Nack)
+                return self.push_back.refused(routing_key)
             except aiormq.exceptions.ChannelClosed as error:
                 with trace.use_span(span):  # the log line carries the pipeline's trace id
                     log.warning("channel closed while publishing %s: %s", row["event_id"], redact.describe(error))
@@ -326,7 +337,6 @@ class Publisher:
                 return None
             if self.confirms is not None:
                 self.confirms.observe(time.perf_counter() - sent_at)
-            if isinstance(answer, spec.Basic.Nack):
-                trouble.append(Nacked(f"event {row['event_id']} nacked by the broker"))
-                return None
+            if isinstance(answer, spec.Basic.Nack):  # what a nack is, should aiormq return it
+                return self.push_back.refused(routing_key)
             return Sent.PUBLISHED

@@ -22,7 +22,7 @@ from castad_runtime import backoff, db, process, redact
 from castad_runtime import metrics as runtime_metrics
 
 from castad_relay import bindings as bindings_
-from castad_relay import connection, leadership, ownership, readers, statements
+from castad_relay import connection, leadership, ownership, pushback, readers, statements
 from castad_relay import metrics as metrics_
 from castad_relay import publisher as publisher_
 from castad_relay import settings as settings_
@@ -248,10 +248,15 @@ class SourceRelay:
             if isinstance(result, publisher_.Refused):
                 await self._refused(conn, row, result.reason, result.final)
 
-    def _waits_for(self, result: publisher_.QueueMissing | readers.Unread) -> float:
-        """How long a row held for a queue (a moment) or for a reader (a look at the readers' word) waits."""
+    def _waits_for(self, result: publisher_.QueueMissing | readers.Unread | pushback.PushedBack) -> float:
+        """How long a held row waits.
+
+        For a queue: a moment; for a reader: until the readers' word is looked at again; for a destination that
+        refuses publishes: until its next probe."""
         if isinstance(result, readers.Unread):
             return max(self.config.retry_delay_s, readers.UNREAD_RECHECK_S)
+        if isinstance(result, pushback.PushedBack):
+            return result.wait_s
         return self.config.retry_delay_s
 
     async def _hold_waiting(self, conn: psycopg.AsyncConnection[Any], waiting: dict[int, tuple[str, float]]) -> None:
@@ -354,6 +359,8 @@ def _failure(result: publisher_.RowResult) -> str | None:
         return metrics_.QUEUE_MISSING
     if isinstance(result, readers.Unread):
         return metrics_.UNREAD
+    if isinstance(result, pushback.PushedBack):
+        return metrics_.NACKED if result.sent else metrics_.PUSHED_BACK
     if result is None:
         return metrics_.BROKER_UNAVAILABLE
     return None
@@ -374,6 +381,7 @@ async def run(
         bindings_.Bindings(topo, retry_s=config.retry_delay_s),
         # What the consumers read is in their own databases: the sources of this relay.
         readers.Readers(config.sources, db.SessionLimits.of(config)),
+        pushback.PushBack(first_s=config.retry_delay_s),
     )
     # One holder name for all its leases: the other relays count it once among the live ones.
     holder = leadership.Lease.holder_name(process.worker_id("relay"))
