@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 import dramatiq
+import pika.exceptions
 import pytest
 from castad_contracts import envelope, events
-from castad_runtime import encoder
+from castad_runtime import encoder, messaging
 
 ENCODER = encoder.EnvelopeEncoder("t.song", "song.on_event")
 PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
@@ -136,3 +137,30 @@ def test_an_unknown_event_type_is_still_a_valid_envelope_for_the_consumer_to_ref
     assert message["actor_name"] == "song.on_event"
     with pytest.raises(events.UnknownEventType):
         envelope.Envelope.model_validate(message["args"][0]).payload()
+
+
+class RefusingChannel:
+    """A confirm-mode pika channel whose queue `full` refuses every publish (nacked), as one at its length limit."""
+
+    def __init__(self, full: str) -> None:
+        self.full = full
+        self.published: list[tuple[str, str]] = []
+
+    def basic_publish(self, exchange: str, routing_key: str, body: bytes, **_: object) -> None:
+        if routing_key == self.full:
+            raise pika.exceptions.NackError([])
+        self.published.append((exchange, routing_key))
+
+
+def test_a_message_its_full_queue_refuses_goes_to_its_delay_queue_instead(monkeypatch):
+    """Dramatiq moving a due message from the delay queue to a full queue: nothing dropped, no delivery counted."""
+    monkeypatch.setattr(messaging, "FULL_QUEUE_PAUSE_S", 0.0)
+    channel = messaging._RequeueChannel(RefusingChannel("castad.song"), "castad.song.requeue")
+
+    channel.basic_publish("", "castad.song", b"{}")
+
+    assert channel._channel.published == [("castad.song.requeue", "castad.song.DQ")]
+    with pytest.raises(pika.exceptions.NackError):  # the delay queue itself refusing it, or another exchange: raised
+        messaging._RequeueChannel(RefusingChannel("castad.song.DQ"), "castad.song.requeue").basic_publish(
+            "", "castad.song.DQ", b"{}"
+        )

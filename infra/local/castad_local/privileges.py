@@ -222,7 +222,9 @@ def drop_rabbitmq(users: Users, amqp_url: str) -> None:
     for service in USERS:
         if users.name(service) in existing:
             _rabbitmqctl("delete_user", users.name(service))
-    _rabbitmqctl("clear_policy", "-p", _vhost(amqp_url), topology.Topology(users.namespace).limits_policy().name)
+    vhost, policy = _vhost(amqp_url), topology.Topology(users.namespace).limits_policy().name
+    if any(row["name"] == policy for row in _rabbitmqctl("list_policies", "-p", vhost, "--formatter", "json")):
+        _rabbitmqctl("clear_policy", "-p", vhost, policy)
 
 
 def _vhost(amqp_url: str) -> str:

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,15 +107,31 @@ def _routed(deliveries: Iterator[tuple[Any, Any, Any]]) -> Iterator[tuple[Any, A
         yield method, properties, body
 
 
+FULL_QUEUE_PAUSE_S = 1.0  # before a message its full queue refused goes to the delay queue instead
+
+
 class _RequeueChannel:
-    """A pika channel whose publishes to the default exchange go to one requeue exchange."""
+    """A pika channel whose publishes to the default exchange go to one requeue exchange.
+
+    A message its own queue refuses (nacked: the queue is at its length limit, `Topology.limits_policy`; or without
+    a majority) goes to the queue's delay queue instead, a moment later: that one has no limit, and its consumer
+    handles a message that is due as it would from the queue. Without that, Dramatiq would drop its connection, give
+    back every delayed message it holds and count a return against each, until the delivery limit dead-letters them.
+    """
 
     def __init__(self, channel: Any, requeue_exchange: str) -> None:
         self._channel = channel
         self._requeue_exchange = requeue_exchange
 
     def basic_publish(self, exchange: str, routing_key: str, body: bytes, **options: Any) -> None:
-        self._channel.basic_publish(exchange or self._requeue_exchange, routing_key, body, **options)
+        try:
+            self._channel.basic_publish(exchange or self._requeue_exchange, routing_key, body, **options)
+        except pika.exceptions.NackError:
+            if exchange or routing_key.endswith(".DQ"):  # not to its own queue: as before
+                raise
+            log.warning("queue %s refuses a message (full): it goes to its delay queue instead", routing_key)
+            time.sleep(FULL_QUEUE_PAUSE_S)
+            self._channel.basic_publish(self._requeue_exchange, dq_name(routing_key), body, **options)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._channel, name)

@@ -224,6 +224,9 @@ class Publisher:
                 mandatory=True,
                 timeout=self.confirm_timeout_s,
             )
+        except aiormq.exceptions.DeliveryError:  # nacked: the dead-letter queue is full; the channel is as it was
+            log.warning("could not tell the dead-letter queue about a parked row: it refuses more (full)")
+            return False
         except BROKER_TROUBLE as error:
             log.warning("could not tell the dead-letter queue about a parked row: %s", redact.describe(error))
             await self.close()
@@ -260,7 +263,11 @@ class Publisher:
         held = self.push_back.hold(destination)
         if held is not None:
             return held
-        result = await self._publish_one(channel, row, trouble)
+        try:
+            result = await self._publish_one(channel, row, destination, trouble)
+        except BaseException:
+            self.push_back.lost(destination)  # a probe that raised must not hold its destination for ever
+            raise
         if result is Sent.PUBLISHED:
             self.push_back.taken(destination)
         elif not isinstance(result, pushback.PushedBack):
@@ -268,13 +275,13 @@ class Publisher:
         return result
 
     async def _publish_one(
-        self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], trouble: list[BaseException]
+        self, channel: aiormq.abc.AbstractChannel, row: dict[str, Any], routing_key: str, trouble: list[BaseException]
     ) -> RowResult:
+        """Publish a row with `routing_key`: a replayed dead letter's queue, or its type (judged by `ownership`)."""
         parent = telemetry.context_from(row["traceparent"], row["tracestate"])
         # A replayed dead letter goes back to its queue only, through that queue's requeue exchange.
         destination = row.get("destination")
         exchange = topology.Topology.requeue_exchange(destination) if destination else self.exchange
-        routing_key = destination or row["event_type"]  # the type judged (`ownership`): the row's key is the same
         with self._tracer.start_span(  # not made current: nothing else here would be its child
             f"publish {exchange}",  # OpenTelemetry messaging: "{operation} {destination}"
             context=parent,

@@ -66,8 +66,8 @@ class PushBack:
         if refusals is None:
             return None
         now = self._clock()
-        if refusals.probing or now < refusals.until:
-            return PushedBack(destination, max(refusals.until - now, self.first_s))
+        if refusals.probing or now < refusals.until:  # rounded: the rows held in one round are held together
+            return PushedBack(destination, round(max(refusals.until - now, self.first_s), 1))
         refusals.probing = True
         return None
 
@@ -76,7 +76,7 @@ class PushBack:
         now = self._clock()
         refusals = self._refusing.get(destination)
         if refusals is not None and not refusals.probing and now < refusals.until:
-            return PushedBack(destination, refusals.until - now, sent=True)  # one sent beside it was refused first
+            return PushedBack(destination, round(refusals.until - now, 1), sent=True)  # one beside it was refused first
         count = refusals.count + 1 if refusals is not None else 1
         wait_s = backoff.exponential_s(count - 1, self.first_s, self.max_s, jitter=0.2, rng=self._rng)
         self._refusing[destination] = _Refusals(count, now + wait_s)
@@ -100,7 +100,3 @@ class PushBack:
         refusals = self._refusing.get(destination)
         if refusals is not None:
             refusals.probing = False
-
-    @property
-    def refusing(self) -> tuple[str, ...]:
-        return tuple(self._refusing)
