@@ -18,6 +18,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 from castad_api import decoding, keys, tables
+from castad_contracts import brief, events
 from castad_runtime import artifacts, images, links
 from castad_runtime import tables as runtime_tables
 from PIL import Image
@@ -282,6 +283,36 @@ def test_a_link_the_video_stage_signed_opens_one_photo_of_its_pipelines_brief_an
     assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", stage_link_secret("song")).status_code == 401
     artifact = links.Purpose.ARTIFACT
     assert fetched(f"/v1/links/pipelines/{pipeline}/photos/{named['id']}", purpose=artifact).status_code == 401
+
+
+def test_each_upload_a_brief_names_is_sealed_for_its_pipeline_in_the_event_and_only_there(engines, api):
+    """pipeline.requested carries each upload with the gateway's seal for that pipeline, under the video stage's key.
+
+    The pipeline as its tenant reads it shows the brief as sent; without a link secret nothing is sealed.
+    """
+    sealing = api(link_secret=SecretStr(LINK_SECRET)).client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
+    image = upload(sealing, photo("JPEG", (64, 32))).json()
+    pipeline = submit(sealing, photos=[image["id"], "https://example.com/a.jpg"]).json()["id"]
+    plain = api().client(make_key(engines["api"], "mina", *SUBMIT_AND_READ))
+    unsealed = submit(plain, photos=[upload(plain, photo("PNG"), "image/png").json()["id"]]).json()["id"]
+
+    with engines["api"].connect() as conn:
+        told = dict(
+            conn.execute(
+                sa.select(runtime_tables.outbox.c.pipeline_id, runtime_tables.outbox.c.envelope).where(
+                    runtime_tables.outbox.c.routing_key == "pipeline.requested"
+                )
+            ).all()
+        )
+    requested = events.PipelineRequested.model_validate(told[pipeline]["data"])
+    [upload_, link] = requested.brief.photos
+    assert isinstance(upload_, brief.Photo) and isinstance(link, brief.PhotoLink)
+    assert upload_.seal == links.photo_seal(stage_link_secret("video"), pipeline, upload_)
+    assert told[pipeline]["schemaversion"] == events.REGISTRY.current_version(events.PIPELINE_REQUESTED)
+    assert "seal" not in told[unsealed]["data"]["brief"]["photos"][0]  # read by a release before seals too
+    assert told[unsealed]["schemaversion"] < told[pipeline]["schemaversion"]
+    shown = sealing.get(f"/v1/pipelines/{pipeline}").json()["brief"]["photos"]
+    assert shown[0] == upload_.model_copy(update={"seal": None}).model_dump(mode="json")  # as the tenant sent it
 
 
 def test_a_tenant_uploading_faster_than_it_may_is_refused_with_429_before_its_upload_is_decoded(

@@ -109,7 +109,7 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(
         pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
     )
-    with pytest.raises(TypeError, match="lyric.completed v4 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v5 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -385,7 +385,7 @@ def brief_carrying(event_type: str, version: int, brief_data: dict[str, object])
 
 
 # The newest version of each event carrying a brief.
-NEWEST = {events.PIPELINE_REQUESTED: 4, "lyric.completed": 4, "song.completed": 5, "video.completed": 5}
+NEWEST = {events.PIPELINE_REQUESTED: 5, "lyric.completed": 5, "song.completed": 6, "video.completed": 6}
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,
@@ -477,6 +477,28 @@ def test_a_photo_named_by_url_needs_the_newest_version_and_older_ones_read_as_th
     assert events.REGISTRY.read(event_type, version + 1, with_link).brief.photos == (PHOTO, brief.PhotoLink(**link))
     with pytest.raises(pydantic.ValidationError, match="photos"):
         events.REGISTRY.read(event_type, version, with_link)
+
+
+# The last version of each event carrying a brief whose uploads the gateway did not seal.
+BEFORE_SEALS = {events.PIPELINE_REQUESTED: 4, "lyric.completed": 4, "song.completed": 5, "video.completed": 5}
+
+
+@pytest.mark.parametrize(("event_type", "version"), BEFORE_SEALS.items())
+def test_a_sealed_photo_needs_the_newest_version_and_an_unsealed_one_is_written_as_before(event_type, version):
+    sealed = PHOTO.model_copy(update={"seal": "d" * 64})
+    data = brief_carrying(
+        event_type, version, {**BRIEF.model_dump(mode="json"), "photos": [PHOTO.model_dump(mode="json")]}
+    )
+    current = events.REGISTRY.read(event_type, version, data)
+    assert current.brief.photos == (PHOTO,) and current.brief.photos[0].seal is None  # read as unsealed
+
+    assert events.REGISTRY.oldest_carrying(event_type, current)[0] <= version  # a release before seals reads it
+    with_seal = current.model_copy(update={"brief": current.brief.model_copy(update={"photos": (sealed,)})})
+    newest, written = events.REGISTRY.oldest_carrying(event_type, with_seal)
+    assert newest == NEWEST[event_type] == version + 1
+    assert written["brief"]["photos"][0]["seal"] == "d" * 64
+    with pytest.raises(pydantic.ValidationError, match="seal"):
+        events.REGISTRY.read(event_type, version, written)
 
 
 LINKED = brief.PhotoLink(url="https://example.com/hall.jpg")

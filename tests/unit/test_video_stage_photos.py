@@ -15,9 +15,10 @@ from http import server
 import numpy as np
 import pytest
 from castad_contracts import brief, events
-from castad_runtime import artifacts
+from castad_runtime import artifacts, links
 from castad_runtime.stage import cancellation, errors, machine, repository
 from castad_video import service
+from pydantic import SecretStr
 
 from tests.unit.test_video_provider import BRIEF, LYRICS, TIMED, as_shown, frame_at, two_photos, write_tone
 
@@ -119,3 +120,67 @@ def test_a_photo_that_is_not_in_the_store_fails_the_video_for_good(stage, tmp_pa
     with pytest.raises(errors.PermanentProviderError) as raised:
         work(job(song_completed(store, tmp_path, [someone_elses])), cancellation.Cancellation())
     assert raised.value.code == "photo_unreachable"
+
+
+ROOT = SecretStr("the gateway's root link secret, for the seal tests")
+
+
+def sealed_stage(tmp_path: pathlib.Path, **fields: object) -> tuple[artifacts.VolumeStore, service.VideoSettings]:
+    """A video stage holding its key, derived from the gateway's root, as `python -m castad_api link-secrets` says."""
+    config = service.VideoSettings(
+        CASTAD_ARTIFACTS_DIR=tmp_path / "artifacts",
+        short_side=240,
+        fps=6,
+        link_secret=links.stage_secret(ROOT, events.Stage.VIDEO),
+        **fields,
+    )
+    return artifacts.VolumeStore(config.artifacts_dir), config
+
+
+def test_a_photo_the_gateway_sealed_for_the_pipeline_is_shown(tmp_path: pathlib.Path):
+    store, config = sealed_stage(tmp_path)
+    [path, _] = two_photos(tmp_path)
+    [photo] = links.sealed(ROOT, PIPELINE, (uploaded(store, path),))
+
+    output = service.make_work(config)(job(song_completed(store, tmp_path, [photo])), cancellation.Cancellation())
+
+    assert output.artifact.media_type == "video/mp4"
+
+
+@pytest.mark.parametrize("forged", ["unsealed", "sealed-for-another-pipeline", "another-tenants-under-its-seal"])
+def test_a_photo_the_gateway_did_not_name_for_the_pipeline_fails_the_video_for_good_before_any_use(
+    tmp_path: pathlib.Path, forged: str
+):
+    """What a lyric or song stage could slip into the brief it passes on: refused, whatever the render path."""
+    store, config = sealed_stage(tmp_path)
+    [path, other] = two_photos(tmp_path)
+    own = uploaded(store, path)
+    theirs = uploaded(store, other, tenant="mina")
+    photo = {
+        "unsealed": own,
+        "sealed-for-another-pipeline": links.sealed(ROOT, str(uuid.uuid4()), (own,))[0],
+        "another-tenants-under-its-seal": theirs.model_copy(
+            update={"seal": links.sealed(ROOT, PIPELINE, (own,))[0].seal}
+        ),
+    }[forged]
+    done = song_completed(store, tmp_path, [photo])
+
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        service.make_work(config)(job(done), cancellation.Cancellation())
+    assert raised.value.code == "photo_not_sealed"
+    assert not list((store.root / PIPELINE).glob("video-*"))  # nothing rendered
+    with pytest.raises(errors.PermanentProviderError) as raised:  # a render API is not given it either
+        service.photo_urls(config, store, events.SongCompleted.model_validate(done))
+    assert raised.value.code == "photo_not_sealed"
+
+
+def test_during_a_rollout_an_unsealed_photo_may_be_let_through_but_never_a_broken_seal(tmp_path: pathlib.Path):
+    store, config = sealed_stage(tmp_path, accept_unsealed_photos=True)
+    [path, _] = two_photos(tmp_path)
+    own = uploaded(store, path)
+    done = events.SongCompleted.model_validate(song_completed(store, tmp_path, [own]))
+    assert service.checked_photos(config, done) == (own,)
+
+    broken = done.brief.model_copy(update={"photos": (own.model_copy(update={"seal": "0" * 64}),)})
+    with pytest.raises(errors.PermanentProviderError, match="a seal that does not hold"):
+        service.checked_photos(config, done.model_copy(update={"brief": broken}))

@@ -44,13 +44,13 @@ def setup() -> None:
     for line in stack.prepare():
         console.print(f"[green]✓[/] {line}")
     try:
-        env_file = privileges.grant_local(stack.probe_env())
+        env_file = privileges.grant_local({**stack.probe_env(), **stack.link_env()})
     except privileges.PrivilegeError as error:
         console.print(f"[red]{error}", soft_wrap=True)
         raise typer.Exit(1) from None
     console.print(
-        f"[green]✓[/] a PostgreSQL role and a RabbitMQ user per service, none a superuser (their URLs, and the"
-        f" ports of the workers' probes and metrics, in {env_file})",
+        f"[green]✓[/] a PostgreSQL role and a RabbitMQ user per service, none a superuser (their URLs, the"
+        f" ports of the workers' probes and metrics, and the link keys that seal uploaded photos, in {env_file})",
         soft_wrap=True,
     )
     _, new = access.ensure_local_key()
@@ -67,7 +67,7 @@ def demo(
     finished video, stop the services."""
     setup()
     logs = REPO_ROOT / "var" / "log" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    services = stack.Stack({"CASTAD_API_PORT": str(port), **privileges.local_env()}, logs)
+    services = stack.Stack({"CASTAD_API_PORT": str(port), **privileges.local_env(), **stack.link_env()}, logs)
     base_url = f"http://127.0.0.1:{port}"
     console.print(f"starting api, relay, lyric, song and video (logs in {logs})", soft_wrap=True)
     services.start_all()

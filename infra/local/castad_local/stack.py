@@ -7,6 +7,7 @@ import dataclasses
 import os
 import pathlib
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -20,9 +21,10 @@ from castad_api import service as api_service
 from castad_api import settings as api_settings
 from castad_contracts import topology
 from castad_lyric import service as lyric_service
-from castad_runtime import messaging, migrations, settings
+from castad_runtime import links, messaging, migrations, settings
 from castad_song import service as song_service
 from castad_video import service as video_service
+from pydantic import SecretStr
 
 from castad_local import REPO_ROOT, quorum
 
@@ -76,6 +78,23 @@ def prepare(env: Mapping[str, str] | None = None) -> list[str]:
 def probe_env() -> dict[str, str]:
     """The variables that give each service of the local stack its PROBE_PORTS port."""
     return {f"CASTAD_{service.upper()}_HEALTH_PORT": str(port) for service, port in PROBE_PORTS.items()}
+
+
+LINK_SECRET_FILE = REPO_ROOT / "var" / "local" / "link-secret"
+
+
+def link_env() -> dict[str, str]:
+    """The gateway's link secret, made once for the local installation, and each signing stage's key from it.
+
+    With them the gateway seals the uploaded photos a brief names and the video stage checks the seals, as a
+    deployment does (docs/security.md)."""
+    if not LINK_SECRET_FILE.exists():
+        LINK_SECRET_FILE.parent.mkdir(parents=True, exist_ok=True)
+        LINK_SECRET_FILE.touch(mode=0o600)
+        LINK_SECRET_FILE.write_text(secrets.token_hex(32))
+    root = SecretStr(LINK_SECRET_FILE.read_text().strip())
+    keys = {f"CASTAD_{stage.value.upper()}_LINK_SECRET": links.stage_secret(root, stage) for stage in links.SIGNERS}
+    return {"CASTAD_API_LINK_SECRET": root.get_secret_value(), **{k: v.get_secret_value() for k, v in keys.items()}}
 
 
 def free_port() -> int:

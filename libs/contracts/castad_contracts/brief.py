@@ -123,8 +123,11 @@ WebUrl = Annotated[
 ]
 
 
-class Photo(BaseModel):
-    """A photo of the business, as events name it: a reference to a file of the artifact store, never its bytes."""
+class PhotoV1(BaseModel):
+    """A photo of the business, as events name it: a reference to a file of the artifact store, never its bytes.
+
+    As events named it before the gateway sealed it (pipeline.requested and lyric.completed up to v4, song.completed
+    up to v5, video.completed up to v5)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -136,6 +139,21 @@ class Photo(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the stored file, metadata stripped")
     media_type: ImageMediaType
     size: int = Field(ge=1, description="size in bytes")
+
+
+class Photo(PhotoV1):
+    """An uploaded photo as the gateway names it for one pipeline: sealed, so that no stage can name another's."""
+
+    seal: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        # Left out when there is none (a gateway that seals nothing): the event then reads as one of a release
+        # before seals.
+        exclude_if=lambda seal: seal is None,
+        description="the gateway's HMAC-SHA256 of this photo for this pipeline, under a key the video stage holds"
+        " and the lyric and song stages do not (castad_runtime.links.photo_seal); a video stage that checks seals"
+        " uses no photo whose seal does not hold",
+    )
 
 
 class PhotoLink(BaseModel):
@@ -191,7 +209,7 @@ class BriefV3(BriefV2):
     Versions 3 of pipeline.requested, lyric.completed and video.completed, version 4 of song.completed.
     """
 
-    photos: tuple[Photo, ...] = Field(
+    photos: tuple[PhotoV1, ...] = Field(
         default=(),
         max_length=MAX_PHOTOS,
         # Left out when there are none: a brief without photos reads as it did before there were any, to the
@@ -202,15 +220,30 @@ class BriefV3(BriefV2):
     )
 
 
-class Brief(BriefV3):
-    """What the business wants a video about, and the photos of it to show: uploaded, or named by URL."""
+class BriefV4(BriefV3):
+    """What the business wants a video about, and the photos of it to show: uploaded, or named by URL.
 
-    photos: tuple[Photo | PhotoLink, ...] = Field(  # type: ignore[assignment]
+    Versions 4 of pipeline.requested and lyric.completed, 5 of song.completed, 4 and 5 of video.completed.
+    """
+
+    photos: tuple[PhotoV1 | PhotoLink, ...] = Field(  # type: ignore[assignment]
         default=(),
         max_length=MAX_PHOTOS,
         exclude_if=lambda photos: not photos,
         description=f"Up to {MAX_PHOTOS} photos of the business, in the order to show them: each an upload's"
         " reference or a URL.",
+    )
+
+
+class Brief(BriefV4):
+    """What the business wants a video about, and the photos of it to show: uploads, sealed, or named by URL."""
+
+    photos: tuple[Photo | PhotoLink, ...] = Field(
+        default=(),
+        max_length=MAX_PHOTOS,
+        exclude_if=lambda photos: not photos,
+        description=f"Up to {MAX_PHOTOS} photos of the business, in the order to show them: each an upload's"
+        " reference, sealed by the gateway, or a URL.",
     )
 
 

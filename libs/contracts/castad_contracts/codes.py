@@ -71,6 +71,7 @@ class ErrorCode(enum.StrEnum):
     PHOTO_REFUSED = "photo_refused", "a photo's URL is not allowed: an https URL of a public address is needed"
     PHOTO_TOO_LARGE = "photo_too_large", "a photo to put in the video is larger than accepted, in bytes or in pixels"
     PHOTO_TIMEOUT = "photo_timeout", "a photo to put in the video did not arrive in time"
+    PHOTO_NOT_SEALED = "photo_not_sealed", "an uploaded photo the brief names was not named by the gateway for it"
     RENDER_FAILED = "render_failed", "the video could not be rendered"
     RENDER_INTERRUPTED = "render_interrupted", "the video's rendering was interrupted; it is tried again"
     TEMPLATE_MISMATCH = "template_mismatch", "the video template does not take what the stage sends it"

@@ -197,6 +197,7 @@ class SongCompleted(SongCompletedV4):
 class VideoCompletedV4(StageCompleted):
     """The video is made, and its frame size (versions 1 to 4)."""
 
+    brief: brief_.BriefV4  # type: ignore[assignment]
     width: int
     height: int
 
@@ -216,7 +217,7 @@ class FetchedPhoto(BaseModel):
     height: int | None = Field(default=None, ge=1, description="in pixels, upright; null when not said")
 
 
-class VideoCompleted(VideoCompletedV4):
+class VideoCompletedV5(VideoCompletedV4):
     """The video is made (version 5: with the photos named by URL that the stage fetched and kept)."""
 
     fetched_photos: tuple[FetchedPhoto, ...] = Field(
@@ -224,6 +225,12 @@ class VideoCompleted(VideoCompletedV4):
         description="each photo of the brief named by URL, in the brief's order, as kept for this video; empty"
         " when the brief names none or the renderer fetches them itself (a render API; an earlier version's event)",
     )
+
+
+class VideoCompleted(VideoCompletedV5):
+    """The video is made (version 6: the brief's uploaded photos sealed by the gateway)."""
+
+    brief: brief_.Brief
 
 
 OPERATION = (
@@ -241,6 +248,24 @@ class StageCanceled(Payload):
     operation: int = Field(ge=1, description="the cancel request this answers")
     reason: str
     canceled_at: dt.datetime
+
+
+# Before the gateway sealed uploaded photos (pipeline.requested and lyric.completed up to v4, song.completed up to v5,
+# video.completed up to v5) a brief named them unsealed; the versions after read each such photo as one without a
+# seal, which the video stage uses only where it does not check seals (castad_video.seals).
+BriefV4 = brief_.BriefV4
+
+
+class PipelineRequestedV4(PipelineRequested):
+    brief: BriefV4  # type: ignore[assignment]
+
+
+class LyricCompletedV4(LyricCompleted):
+    brief: BriefV4  # type: ignore[assignment]
+
+
+class SongCompletedV5(SongCompleted):
+    brief: BriefV4  # type: ignore[assignment]
 
 
 # Before photos by URL (pipeline.requested, lyric.completed and video.completed up to v3, song.completed up to v4)
@@ -387,9 +412,9 @@ _COMPLETED_V2: dict[Stage, type[Payload]] = {
     Stage.SONG: SongCompletedV2,
     Stage.VIDEO: VideoCompletedV2,
 }
-_COMPLETED: dict[Stage, type[Payload]] = {
-    Stage.LYRIC: LyricCompleted,
-    Stage.SONG: SongCompleted,
+_COMPLETED_V4: dict[Stage, type[Payload]] = {
+    Stage.LYRIC: LyricCompletedV4,
+    Stage.SONG: SongCompletedV5,
     Stage.VIDEO: VideoCompletedV4,
 }
 _COMPLETED_V1: dict[Stage, type[Payload]] = {
@@ -534,7 +559,8 @@ REGISTRY = Registry()
 REGISTRY.register(PIPELINE_REQUESTED, 1, PipelineRequestedV1)
 REGISTRY.register(PIPELINE_REQUESTED, 2, PipelineRequestedV2, _same)
 REGISTRY.register(PIPELINE_REQUESTED, 3, PipelineRequestedV3, _same)
-REGISTRY.register(PIPELINE_REQUESTED, 4, PipelineRequested, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 4, PipelineRequestedV4, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 5, PipelineRequested, _same)
 # Version 1 of the operator requests had no order; read as the first request of their pipeline.
 REGISTRY.register(PIPELINE_CANCEL_REQUESTED, 1, PipelineCancelRequestedV1)
 REGISTRY.register(
@@ -568,6 +594,17 @@ for _stage, _version in ((Stage.LYRIC, 3), (Stage.SONG, 4), (Stage.VIDEO, 3)):
 # Then a brief may name photos by URL (lyric and video v4, song v5), and song.completed tells the song's bars; an
 # older event names uploads only and tells no bars.
 for _stage, _version in ((Stage.LYRIC, 4), (Stage.SONG, 5), (Stage.VIDEO, 4)):
-    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED_V4[_stage], _same)
 # Then video.completed (v5) tells the photos named by URL that the stage fetched and kept; an older one tells none.
-REGISTRY.register(stage_event(Stage.VIDEO, "completed"), 5, VideoCompleted, lambda data: {**data, "fetched_photos": []})
+REGISTRY.register(
+    stage_event(Stage.VIDEO, "completed"), 5, VideoCompletedV5, lambda data: {**data, "fetched_photos": []}
+)
+# Then the brief's uploaded photos carry the gateway's seal (pipeline.requested v5 above, lyric v5, song v6, video v6);
+# an older event's carry none.
+_COMPLETED: dict[Stage, type[Payload]] = {
+    Stage.LYRIC: LyricCompleted,
+    Stage.SONG: SongCompleted,
+    Stage.VIDEO: VideoCompleted,
+}
+for _stage, _version in ((Stage.LYRIC, 5), (Stage.SONG, 6), (Stage.VIDEO, 6)):
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)

@@ -21,6 +21,11 @@ no key. Who signs what, which the gateway checks:
 The gateway refuses a link for another path, altered, expired, or whose expiry is further off
 than it allows (CASTAD_API_LINK_MAX_S): a stage signs for its provider's give-up time and
 MARGIN_S, no longer.
+
+The same keys seal the uploaded photos a brief names (`photo_seal`): the gateway seals each for
+its pipeline with the video stage's key, and the video stage uses no upload whose seal does not
+hold, so the lyric and song stages, which pass the brief on and hold no such key, cannot slip
+another pipeline's (another tenant's) photo into a video.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import re
 import time
 import urllib.parse
 
-from castad_contracts import events
+from castad_contracts import brief, events
 from pydantic import SecretStr
 
 MARGIN_S = 3600.0  # a link outlives its provider's give-up time by this much (a late callback is harmless)
@@ -50,6 +55,7 @@ class Purpose(enum.StrEnum):
     CALLBACK = "callback"
     ARTIFACT = "artifact"
     PHOTO = "photo"
+    SEAL = "seal"  # not a link: an uploaded photo of a brief, sealed for its pipeline (`photo_seal`)
 
 
 def hkdf(key: bytes, *, salt: bytes, info: bytes, length: int = 32) -> bytes:
@@ -79,6 +85,35 @@ def sign(base_url: str, path: str, secret: SecretStr, purpose: Purpose, valid_s:
     expires = int(time.time() + valid_s)
     query = urllib.parse.urlencode({"expires": expires, "signature": signature(secret, purpose, path, expires)})
     return f"{base_url.rstrip('/')}{path}?{query}"
+
+
+def photo_seal(secret: SecretStr, pipeline_id: str, photo: brief.PhotoV1) -> str:
+    """The seal of an uploaded photo for one pipeline, under the video stage's key (`secret`).
+
+    The gateway seals each upload a brief names when it accepts the pipeline (with the video stage's key, derived
+    from its root), and the video stage checks it before it uses the photo. The lyric and song stages, which pass
+    the brief on, hold no such key: they cannot name another pipeline's (another tenant's) photo, nor change one.
+    """
+    named = "\n".join((pipeline_id, photo.id, photo.owner, photo.sha256, photo.media_type, str(photo.size)))
+    return signature(secret, Purpose.SEAL, named, 0)
+
+
+def sealed(
+    root: SecretStr, pipeline_id: str, photos: tuple[brief.Photo | brief.PhotoLink, ...]
+) -> tuple[brief.Photo | brief.PhotoLink, ...]:
+    """The brief's photos with each upload sealed for the pipeline, as the gateway names them (its root secret)."""
+    secret = stage_secret(root, events.Stage.VIDEO)
+    return tuple(
+        photo.model_copy(update={"seal": photo_seal(secret, pipeline_id, photo)})
+        if isinstance(photo, brief.Photo)
+        else photo
+        for photo in photos
+    )
+
+
+def seal_holds(secret: SecretStr, pipeline_id: str, photo: brief.Photo) -> bool:
+    """Whether an upload a brief names carries the gateway's seal for this pipeline (`secret`: the video's key)."""
+    return photo.seal is not None and hmac.compare_digest(photo_seal(secret, pipeline_id, photo), photo.seal)
 
 
 def signer(path: str) -> tuple[events.Stage, Purpose] | None:

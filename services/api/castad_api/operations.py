@@ -20,7 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 from castad_contracts import api, brief, codes, events, topology
 from castad_contracts import envelope as envelope_
-from castad_runtime import artifacts, db, outbound, outbox, telemetry
+from castad_runtime import artifacts, db, links, outbound, outbox, telemetry
+from pydantic import SecretStr
 
 from castad_api import errors, model, projection, records, repository, retention
 
@@ -34,11 +35,19 @@ class Accepted:
     created: bool  # False: the Idempotency-Key had been used for this body before
 
 
-def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str, deadline_s: float) -> Accepted:
+def create(
+    conn: sa.Connection,
+    body: api.PipelineRequest,
+    tenant: str,
+    key: str,
+    deadline_s: float,
+    link_secret: SecretStr | None = None,
+) -> Accepted:
     """Accept a brief and publish pipeline.requested.
 
     The same key and body again: the same pipeline. The same key with another body is a Conflict. The callback URL
-    stays with the gateway.
+    stays with the gateway. With the gateway's link secret, each uploaded photo the event names is sealed for the
+    pipeline (`links.sealed`), which the video stage checks.
     """
     digest = request_hash(body)
     try:
@@ -54,9 +63,10 @@ def create(conn: sa.Connection, body: api.PipelineRequest, tenant: str, key: str
     # guessed nor tell when the pipeline was made.
     pipeline_id = uuid.uuid4()
     # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
-    requested = events.PipelineRequested(
-        pipeline_id=str(pipeline_id), brief=source, requested_at=dt.datetime.now(dt.UTC)
-    )
+    told = source  # as the stages get it; the pipeline keeps it unsealed, as its tenant sent it
+    if link_secret is not None and source.photos:
+        told = source.model_copy(update={"photos": links.sealed(link_secret, str(pipeline_id), source.photos)})
+    requested = events.PipelineRequested(pipeline_id=str(pipeline_id), brief=told, requested_at=dt.datetime.now(dt.UTC))
     env = envelope_.wrap(requested, events.PIPELINE_REQUESTED, SOURCE, *telemetry.current_trace_headers())
     created = repository.create_pipeline(
         conn,

@@ -114,7 +114,9 @@ def create_pipeline(
         raise _too_many(gw, who.minute.retry_after_s())
     try:
         with db.transaction(gw.engine) as conn:
-            accepted = operations.create(conn, body, who.tenant, key, gw.config.pipeline_deadline_s)
+            accepted = operations.create(
+                conn, body, who.tenant, key, gw.config.pipeline_deadline_s, gw.config.link_secret
+            )
             # Counted last: every creation of the key waits for the lock of its counter, held until the commit.
             # This count decides: creations of other requests or replicas may have come since the key was read.
             wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)

@@ -169,9 +169,10 @@ class ApiSettings(settings.StoreSettings):
         default=None,
         min_length=32,
         description="the root of the keys that sign the gateway's links network providers use without an API key"
-        " (the song a render API fetches, their callbacks): each signing stage holds only the key derived from it"
-        " for itself (CASTAD_SONG_LINK_SECRET, CASTAD_VIDEO_LINK_SECRET: `python -m castad_api link-secrets`);"
-        " unset: every link is refused",
+        " (the song a render API fetches, their callbacks) and seal the uploaded photos a brief names for its"
+        " pipeline: each signing stage holds only the key derived from it for itself (CASTAD_SONG_LINK_SECRET,"
+        " CASTAD_VIDEO_LINK_SECRET: `python -m castad_api link-secrets`); unset: every link is refused and no photo"
+        " sealed",
     )
     callback_burst: int = Field(
         default=10,

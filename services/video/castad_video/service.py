@@ -73,6 +73,12 @@ class VideoSettings(stage_service.LinkingStageSettings):
     photo_timeout_s: float = Field(
         default=30.0, gt=0, le=600, description="longest wait for the whole of a photo named by URL"
     )
+    accept_unsealed_photos: bool = Field(
+        default=False,
+        description="with CASTAD_VIDEO_LINK_SECRET, use an uploaded photo that carries no seal of the gateway (one"
+        " of a pipeline a gateway of a release before seals accepted): on only while such pipelines may still"
+        " reach the stage during a rollout; a seal that does not hold is refused either way",
+    )
 
     def photo_limits(self) -> photos.Limits:
         return photos.Limits(
@@ -94,6 +100,30 @@ class VideoSettings(stage_service.LinkingStageSettings):
                 " artifacts are in a bucket (CASTAD_ARTIFACTS_STORE=s3)"
             )
         return self
+
+
+def checked_photos(config: VideoSettings, done: events.SongCompleted) -> tuple[brief.Photo | brief.PhotoLink, ...]:
+    """The brief's photos, each upload's seal checked: the gateway's, for this pipeline.
+
+    The lyric and song stages pass the brief on and could name another pipeline's (another tenant's) upload in it;
+    with the video stage's key (CASTAD_VIDEO_LINK_SECRET) no upload is used whose seal does not hold (for good,
+    `photo_not_sealed`). Without the key nothing can be checked, as before seals.
+    """
+    secret = config.link_secret
+    if secret is None:
+        return done.brief.photos
+    for index, photo in enumerate(done.brief.photos):
+        if not isinstance(photo, brief.Photo):
+            continue
+        if photo.seal is None and config.accept_unsealed_photos:
+            continue
+        if not links.seal_holds(secret, done.pipeline_id, photo):
+            said = "carries no seal" if photo.seal is None else "carries a seal that does not hold"
+            raise errors.PermanentProviderError(
+                codes.ErrorCode.PHOTO_NOT_SEALED,
+                f"photo {index + 1} (image {photo.id}) {said}: the gateway did not name it for this pipeline",
+            )
+    return done.brief.photos
 
 
 def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> str:
@@ -119,7 +149,7 @@ def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: even
     lets a brief name, it is not sent).
     """
     urls = []
-    for photo in done.brief.photos:
+    for photo in checked_photos(config, done):
         if isinstance(photo, brief.PhotoLink):
             if not photo.url.lower().startswith("https://"):
                 raise errors.PermanentProviderError(
@@ -199,7 +229,7 @@ def make_work(config: VideoSettings) -> runner.Work:
         also returned as the completed event tells them.
         """
         paths, fetched = [], []
-        for index, photo in enumerate(done.brief.photos):
+        for index, photo in enumerate(checked_photos(config, done)):
             if isinstance(photo, brief.PhotoLink):
                 linked = files.enter_context(photos.linked_copy(store, job.pipeline_id, index, photo, limits, cancel))
                 paths.append(linked.path)
