@@ -33,7 +33,7 @@ from castad_video.service import VideoSettings, make_creatomate_work
 from PIL import Image
 from pydantic import SecretStr
 
-from tests.support.links import signed_path, stage_link_secret
+from tests.support.links import LINK_SECRET, signed_path, stage_link_secret
 
 GATEWAY = "http://gateway.test:8000"
 TEMPLATE = "tpl-castad-9x16"
@@ -115,7 +115,8 @@ def song_completed(
             media_type="audio/mpeg",
         ),
         completed_at=dt.datetime.now(dt.UTC),
-        brief=SOURCE.model_copy(update={"photos": photos}),
+        # Sealed for the pipeline as the gateway seals them (the stage's key is derived from the tests' root).
+        brief=SOURCE.model_copy(update={"photos": links.sealed(SecretStr(LINK_SECRET), pipeline_id, photos)}),
         lyrics=LYRICS,
         timed_lines=timed,
         song_duration_s=9.0,
@@ -244,7 +245,7 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
     key = http.Credential(SecretStr(DEFAULT_KEY))
     client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
     api = creatomate.CreatomateApi(
-        client, TEMPLATE, lambda song: f"https://cdn.test/{song.pipeline_id}.mp3", lambda song: ()
+        client, TEMPLATE, lambda song: f"https://cdn.test/{song.pipeline_id}.mp3", lambda song, begun: ()
     )
     before = len(fake.received)
 
@@ -414,7 +415,7 @@ def test_captions_the_template_has_no_element_for_past_the_songs_lines_are_only_
 def test_the_adapter_reports_the_render_at_work_and_then_its_url_and_size(fake, job):
     key = http.Credential(SecretStr(DEFAULT_KEY))
     client = http.HttpProvider("the render API", fake.url, 2.0, 100_000, headers=key.bearer, allow_private=True)
-    api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3", lambda song: ())
+    api = creatomate.CreatomateApi(client, TEMPLATE, lambda song: "https://cdn.test/song.mp3", lambda song, begun: ())
     fake.plan(Plan(seconds=1.5))  # each state half a second: a poll on busy cores may take a fifth of one
     handle = api.submit(job, None, cancellation.Cancellation()).handle
     states = []

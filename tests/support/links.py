@@ -12,14 +12,7 @@ LINK_SECRET = "castad-tests-link-secret-0123456789abcdef"  # CASTAD_API_LINK_SEC
 
 def link_secrets() -> dict[str, str]:
     """The gateway's root link secret and each signing stage's key derived from it, as their variables."""
-    root = SecretStr(LINK_SECRET)
-    return {
-        "CASTAD_API_LINK_SECRET": LINK_SECRET,
-        **{
-            f"CASTAD_{s.value.upper()}_LINK_SECRET": links.stage_secret(root, s).get_secret_value()
-            for s in links.SIGNERS
-        },
-    }
+    return {"CASTAD_API_LINK_SECRET": LINK_SECRET, **links.stage_keys(SecretStr(LINK_SECRET))}
 
 
 def stage_link_secret(stage: str) -> SecretStr:

@@ -499,6 +499,9 @@ def test_a_sealed_photo_needs_the_newest_version_and_an_unsealed_one_is_written_
     assert written["brief"]["photos"][0]["seal"] == "d" * 64
     with pytest.raises(pydantic.ValidationError, match="seal"):
         events.REGISTRY.read(event_type, version, written)
+    link = brief.PhotoLink(url="https://example.com/hall.jpg", seal="e" * 64)  # a photo named by URL: sealed too
+    with_link = current.model_copy(update={"brief": current.brief.model_copy(update={"photos": (link,)})})
+    assert events.REGISTRY.oldest_carrying(event_type, with_link)[0] == NEWEST[event_type]
 
 
 LINKED = brief.PhotoLink(url="https://example.com/hall.jpg")

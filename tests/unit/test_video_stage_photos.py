@@ -6,6 +6,7 @@ the stage for good.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import pathlib
 import threading
@@ -39,6 +40,26 @@ def song_completed(
         artifact=song,
         completed_at="2026-11-27T12:00:00Z",
         brief=BRIEF.model_copy(update={"photos": tuple(photos)}),
+        lyrics=LYRICS,
+        timed_lines=TIMED,
+        song_duration_s=4.0,
+    )
+    return done.model_dump(mode="json")
+
+
+def song_completed_data() -> dict:
+    """A song.completed as JSON, its song file not in any store (for checks made before the song is read)."""
+    artifact = events.Artifact(
+        uri=f"file:///srv/castad/{PIPELINE}/song-0123456789abcdef.wav", sha256="e" * 64, size=1, media_type="audio/wav"
+    )
+    done = events.SongCompleted(
+        pipeline_id=PIPELINE,
+        stage=events.Stage.SONG,
+        job_id="song-job",
+        attempt=1,
+        artifact=artifact,
+        completed_at="2026-11-27T12:00:00Z",
+        brief=BRIEF,
         lyrics=LYRICS,
         timed_lines=TIMED,
         song_duration_s=4.0,
@@ -174,13 +195,36 @@ def test_a_photo_the_gateway_did_not_name_for_the_pipeline_fails_the_video_for_g
     assert raised.value.code == "photo_not_sealed"
 
 
-def test_during_a_rollout_an_unsealed_photo_may_be_let_through_but_never_a_broken_seal(tmp_path: pathlib.Path):
-    store, config = sealed_stage(tmp_path, accept_unsealed_photos=True)
+def test_an_unsealed_photo_is_used_only_in_a_job_begun_before_the_cut_off_and_a_broken_seal_never(
+    tmp_path: pathlib.Path,
+):
+    """A rollout: jobs of pipelines a gateway of the release before accepted, and their retries, carry no seals."""
+    cutoff = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    store, config = sealed_stage(tmp_path, accept_unsealed_photos_before=cutoff)
     [path, _] = two_photos(tmp_path)
-    own = uploaded(store, path)
-    done = events.SongCompleted.model_validate(song_completed(store, tmp_path, [own]))
-    assert service.checked_photos(config, done) == (own,)
+    own, link = uploaded(store, path), brief.PhotoLink(url="https://photos.example.com/hall.jpg")
+    done = events.SongCompleted.model_validate(song_completed(store, tmp_path, [own, link]))
 
+    assert service.checked_photos(config, done, begun=cutoff - dt.timedelta(seconds=1)) == (own, link)
+    for begun in (cutoff, None):  # begun since, or not known: refused
+        with pytest.raises(errors.PermanentProviderError, match="photo 1 .* carries no seal"):
+            service.checked_photos(config, done, begun=begun)
     broken = done.brief.model_copy(update={"photos": (own.model_copy(update={"seal": "0" * 64}),)})
     with pytest.raises(errors.PermanentProviderError, match="a seal that does not hold"):
-        service.checked_photos(config, done.model_copy(update={"brief": broken}))
+        service.checked_photos(config, done.model_copy(update={"brief": broken}), begun=cutoff - dt.timedelta(days=1))
+
+
+def test_a_photo_named_by_url_is_sealed_too_so_no_stage_can_name_a_url_of_the_store_instead():
+    config = service.VideoSettings(link_secret=links.stage_secret(ROOT, events.Stage.VIDEO))
+    link = brief.PhotoLink(url="https://bucket.example.com/images/theirs.jpg?X-Amz-Signature=abc")
+    [sealed] = links.sealed(ROOT, PIPELINE, (brief.PhotoLink(url="https://photos.example.com/hall.jpg"),))
+    done = events.SongCompleted.model_validate(
+        {
+            **song_completed_data(),
+            "brief": {**BRIEF.model_dump(mode="json"), "photos": [sealed.model_dump(mode="json")]},
+        }
+    )
+    assert service.checked_photos(config, done) == (sealed,)
+    swapped = done.brief.model_copy(update={"photos": (link.model_copy(update={"seal": sealed.seal}),)})
+    with pytest.raises(errors.PermanentProviderError, match=r"photo 1 \(https://bucket.example.com/images/theirs"):
+        service.checked_photos(config, done.model_copy(update={"brief": swapped}))

@@ -81,20 +81,21 @@ def probe_env() -> dict[str, str]:
 
 
 LINK_SECRET_FILE = REPO_ROOT / "var" / "local" / "link-secret"
+LINK_SECRET_CHARS = 64
 
 
 def link_env() -> dict[str, str]:
     """The gateway's link secret, made once for the local installation, and each signing stage's key from it.
 
-    With them the gateway seals the uploaded photos a brief names and the video stage checks the seals, as a
-    deployment does (docs/security.md)."""
-    if not LINK_SECRET_FILE.exists():
+    With them the gateway seals the photos a brief names and the video stage checks the seals (docs/security.md).
+    Locally every process gets all of them: they all run as one user, so no key would be out of another's reach;
+    a deployment gives each its own (`python -m castad_api link-secrets`)."""
+    if not LINK_SECRET_FILE.exists() or len(LINK_SECRET_FILE.read_text().strip()) < LINK_SECRET_CHARS:
         LINK_SECRET_FILE.parent.mkdir(parents=True, exist_ok=True)
         LINK_SECRET_FILE.touch(mode=0o600)
-        LINK_SECRET_FILE.write_text(secrets.token_hex(32))
-    root = SecretStr(LINK_SECRET_FILE.read_text().strip())
-    keys = {f"CASTAD_{stage.value.upper()}_LINK_SECRET": links.stage_secret(root, stage) for stage in links.SIGNERS}
-    return {"CASTAD_API_LINK_SECRET": root.get_secret_value(), **{k: v.get_secret_value() for k, v in keys.items()}}
+        LINK_SECRET_FILE.write_text(secrets.token_hex(LINK_SECRET_CHARS // 2))
+    root = LINK_SECRET_FILE.read_text().strip()
+    return {"CASTAD_API_LINK_SECRET": root, **links.stage_keys(SecretStr(root))}
 
 
 def free_port() -> int:

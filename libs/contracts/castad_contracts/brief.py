@@ -141,31 +141,40 @@ class PhotoV1(BaseModel):
     size: int = Field(ge=1, description="size in bytes")
 
 
+SEAL = Field(
+    default=None,
+    pattern=r"^[0-9a-f]{64}$",
+    # Left out when there is none (a gateway that seals nothing): the event then reads as one of a release before
+    # seals.
+    exclude_if=lambda seal: seal is None,
+    description="the gateway's HMAC-SHA256 of this photo for this pipeline, under a key the video stage holds and"
+    " the lyric and song stages do not (castad_runtime.links.photo_seal); a video stage that checks seals uses no"
+    " photo whose seal does not hold",
+)
+
+
 class Photo(PhotoV1):
     """An uploaded photo as the gateway names it for one pipeline: sealed, so that no stage can name another's."""
 
-    seal: str | None = Field(
-        default=None,
-        pattern=r"^[0-9a-f]{64}$",
-        # Left out when there is none (a gateway that seals nothing): the event then reads as one of a release
-        # before seals.
-        exclude_if=lambda seal: seal is None,
-        description="the gateway's HMAC-SHA256 of this photo for this pipeline, under a key the video stage holds"
-        " and the lyric and song stages do not (castad_runtime.links.photo_seal); a video stage that checks seals"
-        " uses no photo whose seal does not hold",
-    )
+    seal: str | None = SEAL
 
 
-class PhotoLink(BaseModel):
+class PhotoLinkV1(BaseModel):
     """A photo named by its URL in the brief.
 
     The video stage fetches it (through its guarded outbound client, checked and cleaned as an upload is) when it
-    renders.
+    renders. As events named it before the gateway sealed it (see PhotoV1).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: WebUrl = Field(description="where the photo is; https unless the gateway allows otherwise")
+
+
+class PhotoLink(PhotoLinkV1):
+    """A photo named by its URL, as the gateway names it for one pipeline: sealed, so that no stage can change it."""
+
+    seal: str | None = SEAL
 
 
 class BriefV2(BaseModel):
@@ -226,7 +235,7 @@ class BriefV4(BriefV3):
     Versions 4 of pipeline.requested and lyric.completed, 5 of song.completed, 4 and 5 of video.completed.
     """
 
-    photos: tuple[PhotoV1 | PhotoLink, ...] = Field(  # type: ignore[assignment]
+    photos: tuple[PhotoV1 | PhotoLinkV1, ...] = Field(  # type: ignore[assignment]
         default=(),
         max_length=MAX_PHOTOS,
         exclude_if=lambda photos: not photos,

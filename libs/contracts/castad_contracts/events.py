@@ -250,9 +250,10 @@ class StageCanceled(Payload):
     canceled_at: dt.datetime
 
 
-# Before the gateway sealed uploaded photos (pipeline.requested and lyric.completed up to v4, song.completed up to v5,
+# Before the gateway sealed the photos (pipeline.requested and lyric.completed up to v4, song.completed up to v5,
 # video.completed up to v5) a brief named them unsealed; the versions after read each such photo as one without a
-# seal, which the video stage uses only where it does not check seals (castad_video.seals).
+# seal, which a video stage that checks seals uses only for a job begun before its cut-off
+# (castad_video.service.checked_photos).
 BriefV4 = brief_.BriefV4
 
 

@@ -22,10 +22,10 @@ The gateway refuses a link for another path, altered, expired, or whose expiry i
 than it allows (CASTAD_API_LINK_MAX_S): a stage signs for its provider's give-up time and
 MARGIN_S, no longer.
 
-The same keys seal the uploaded photos a brief names (`photo_seal`): the gateway seals each for
-its pipeline with the video stage's key, and the video stage uses no upload whose seal does not
-hold, so the lyric and song stages, which pass the brief on and hold no such key, cannot slip
-another pipeline's (another tenant's) photo into a video.
+The same keys seal the photos a brief names (`photo_seal`): the gateway seals each for its
+pipeline with the video stage's key, and the video stage uses no photo whose seal does not hold,
+so the lyric and song stages, which pass the brief on and hold no such key, cannot slip another
+pipeline's (another tenant's) photo into a video, by reference or by a URL of the store.
 """
 
 from __future__ import annotations
@@ -87,33 +87,40 @@ def sign(base_url: str, path: str, secret: SecretStr, purpose: Purpose, valid_s:
     return f"{base_url.rstrip('/')}{path}?{query}"
 
 
-def photo_seal(secret: SecretStr, pipeline_id: str, photo: brief.PhotoV1) -> str:
-    """The seal of an uploaded photo for one pipeline, under the video stage's key (`secret`).
+def photo_seal(secret: SecretStr, pipeline_id: str, photo: brief.PhotoV1 | brief.PhotoLinkV1) -> str:
+    """The seal of a photo a brief names, for one pipeline, under the video stage's key (`secret`).
 
-    The gateway seals each upload a brief names when it accepts the pipeline (with the video stage's key, derived
-    from its root), and the video stage checks it before it uses the photo. The lyric and song stages, which pass
-    the brief on, hold no such key: they cannot name another pipeline's (another tenant's) photo, nor change one.
+    The gateway seals each photo a brief names when it accepts the pipeline (with the video stage's key, derived from
+    its root), an upload by all that names its file, a photo named by URL by its URL, and the video stage checks it
+    before it uses the photo. The lyric and song stages, which pass the brief on, hold no such key: they cannot name
+    another pipeline's (another tenant's) photo, by reference or by a URL of the store, nor change one.
     """
-    named = "\n".join((pipeline_id, photo.id, photo.owner, photo.sha256, photo.media_type, str(photo.size)))
-    return signature(secret, Purpose.SEAL, named, 0)
+    named: tuple[str, ...]
+    if isinstance(photo, brief.PhotoV1):
+        named = ("upload", photo.id, photo.owner, photo.sha256, photo.media_type, str(photo.size))
+    else:
+        named = ("url", photo.url)
+    return signature(secret, Purpose.SEAL, "\n".join((pipeline_id, *named)), 0)
 
 
 def sealed(
     root: SecretStr, pipeline_id: str, photos: tuple[brief.Photo | brief.PhotoLink, ...]
 ) -> tuple[brief.Photo | brief.PhotoLink, ...]:
-    """The brief's photos with each upload sealed for the pipeline, as the gateway names them (its root secret)."""
+    """The brief's photos each sealed for the pipeline, as the gateway names them (its root secret)."""
     secret = stage_secret(root, events.Stage.VIDEO)
-    return tuple(
-        photo.model_copy(update={"seal": photo_seal(secret, pipeline_id, photo)})
-        if isinstance(photo, brief.Photo)
-        else photo
-        for photo in photos
-    )
+    return tuple(photo.model_copy(update={"seal": photo_seal(secret, pipeline_id, photo)}) for photo in photos)
 
 
-def seal_holds(secret: SecretStr, pipeline_id: str, photo: brief.Photo) -> bool:
-    """Whether an upload a brief names carries the gateway's seal for this pipeline (`secret`: the video's key)."""
+def seal_holds(secret: SecretStr, pipeline_id: str, photo: brief.Photo | brief.PhotoLink) -> bool:
+    """Whether a photo a brief names carries the gateway's seal for this pipeline (`secret`: the video's key)."""
     return photo.seal is not None and hmac.compare_digest(photo_seal(secret, pipeline_id, photo), photo.seal)
+
+
+def stage_keys(root: SecretStr) -> dict[str, str]:
+    """Each signing stage's key, derived from the gateway's root, as the variable that sets it."""
+    return {
+        f"CASTAD_{stage.value.upper()}_LINK_SECRET": stage_secret(root, stage).get_secret_value() for stage in SIGNERS
+    }
 
 
 def signer(path: str) -> tuple[events.Stage, Purpose] | None:

@@ -168,6 +168,5 @@ def link_secrets() -> None:
     if config.link_secret is None:
         typer.echo("CASTAD_API_LINK_SECRET is not set", err=True)
         raise typer.Exit(2)
-    for stage in links.SIGNERS:
-        key = links.stage_secret(config.link_secret, stage).get_secret_value()
-        typer.echo(f"CASTAD_{stage.value.upper()}_LINK_SECRET={key}")
+    for name, key in links.stage_keys(config.link_secret).items():
+        typer.echo(f"{name}={key}")

@@ -33,6 +33,7 @@ others, logged and kept).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 import threading
@@ -182,7 +183,7 @@ class CreatomateApi:
     """A `remote.RemoteApi` for the video stage.
 
     `song_url` and `photo_urls` say where the render API fetches the song and the brief's photos (in the brief's
-    order).
+    order; `photo_urls` is also given when the stage began the job, for the photos' seals).
     """
 
     def __init__(
@@ -190,7 +191,7 @@ class CreatomateApi:
         client: http.HttpProvider,
         template_id: str,
         song_url: Callable[[events.SongCompleted], str],
-        photo_urls: Callable[[events.SongCompleted], Sequence[str]],
+        photo_urls: Callable[[events.SongCompleted, dt.datetime | None], Sequence[str]],
     ) -> None:
         self._client = client
         self._template_id = template_id
@@ -253,7 +254,7 @@ class CreatomateApi:
             check_template(elements, done)
         body: dict[str, Any] = {
             "template_id": self._template_id,
-            "modifications": modifications(done, self._song_url(done), self._photo_urls(done)),
+            "modifications": modifications(done, self._song_url(done), self._photo_urls(done, job.created_at)),
             # The API takes no idempotency key; the attempt's key tags the render (it comes back in the render
             # object and the webhook), so that renders one attempt made twice can be told (docs/providers.md).
             "metadata": job.submission_key,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
+import logging
 import pathlib
 from typing import Literal, Self
 
@@ -17,6 +19,7 @@ from pydantic_settings import SettingsConfigDict
 from castad_video import creatomate, instant, photos, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
+log = logging.getLogger(__name__)
 
 
 class VideoSettings(stage_service.LinkingStageSettings):
@@ -73,11 +76,20 @@ class VideoSettings(stage_service.LinkingStageSettings):
     photo_timeout_s: float = Field(
         default=30.0, gt=0, le=600, description="longest wait for the whole of a photo named by URL"
     )
-    accept_unsealed_photos: bool = Field(
-        default=False,
-        description="with CASTAD_VIDEO_LINK_SECRET, use an uploaded photo that carries no seal of the gateway (one"
-        " of a pipeline a gateway of a release before seals accepted): on only while such pipelines may still"
-        " reach the stage during a rollout; a seal that does not hold is refused either way",
+    link_secret: SecretStr | None = Field(
+        default=None,
+        min_length=32,
+        description="this stage's key for the gateway's links that its render API uses without an API key"
+        " (callbacks, the song and the photos it fetches), derived from the gateway's CASTAD_API_LINK_SECRET:"
+        " `python -m castad_api link-secrets` prints it; with it the stage also checks the gateway's seal of each"
+        " photo a brief names, and uses none whose seal does not hold (unset: photos are not checked)",
+    )
+    accept_unsealed_photos_before: dt.datetime | None = Field(
+        default=None,
+        description="with CASTAD_VIDEO_LINK_SECRET, use photos that carry no seal of the gateway in the jobs this stage"
+        " began before this time (ISO 8601): those of pipelines a gateway of a release before seals accepted, and"
+        " their retries. Set it to when the gateway was upgraded; unset: none is used. A seal that does not hold is"
+        " refused either way",
     )
 
     def photo_limits(self) -> photos.Limits:
@@ -102,26 +114,29 @@ class VideoSettings(stage_service.LinkingStageSettings):
         return self
 
 
-def checked_photos(config: VideoSettings, done: events.SongCompleted) -> tuple[brief.Photo | brief.PhotoLink, ...]:
-    """The brief's photos, each upload's seal checked: the gateway's, for this pipeline.
+def checked_photos(
+    config: VideoSettings, done: events.SongCompleted, begun: dt.datetime | None = None
+) -> tuple[brief.Photo | brief.PhotoLink, ...]:
+    """The brief's photos, each one's seal checked: the gateway's, for this pipeline.
 
-    The lyric and song stages pass the brief on and could name another pipeline's (another tenant's) upload in it;
-    with the video stage's key (CASTAD_VIDEO_LINK_SECRET) no upload is used whose seal does not hold (for good,
-    `photo_not_sealed`). Without the key nothing can be checked, as before seals.
+    The lyric and song stages pass the brief on and could name another pipeline's (another tenant's) upload in it,
+    or a URL of the store where one is; with the video stage's key (CASTAD_VIDEO_LINK_SECRET) no photo is used whose
+    seal does not hold (for good, `photo_not_sealed`), but an unsealed one in a job `begun` before the cut-off
+    (CASTAD_VIDEO_ACCEPT_UNSEALED_PHOTOS_BEFORE). Without the key nothing can be checked, as before seals.
     """
     secret = config.link_secret
     if secret is None:
         return done.brief.photos
+    cutoff = config.accept_unsealed_photos_before
     for index, photo in enumerate(done.brief.photos):
-        if not isinstance(photo, brief.Photo):
-            continue
-        if photo.seal is None and config.accept_unsealed_photos:
+        if photo.seal is None and cutoff is not None and begun is not None and begun < cutoff:
             continue
         if not links.seal_holds(secret, done.pipeline_id, photo):
             said = "carries no seal" if photo.seal is None else "carries a seal that does not hold"
+            named = f"image {photo.id}" if isinstance(photo, brief.Photo) else photo.url
             raise errors.PermanentProviderError(
                 codes.ErrorCode.PHOTO_NOT_SEALED,
-                f"photo {index + 1} (image {photo.id}) {said}: the gateway did not name it for this pipeline",
+                f"photo {index + 1} ({named}) {said}: the gateway did not name it for this pipeline",
             )
     return done.brief.photos
 
@@ -141,7 +156,9 @@ def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events
     return links.sign(config.gateway_url, path, config.link_secret, links.Purpose.ARTIFACT, config.link_valid_s())
 
 
-def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> list[str]:
+def photo_urls(
+    config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted, begun: dt.datetime | None = None
+) -> list[str]:
     """Where the render API fetches each of the brief's photos.
 
     An upload at a presigned URL of the bucket or a signed link of the gateway that opens that one image; a photo
@@ -149,7 +166,7 @@ def photo_urls(config: VideoSettings, store: artifacts.ArtifactStore, done: even
     lets a brief name, it is not sent).
     """
     urls = []
-    for photo in checked_photos(config, done):
+    for photo in checked_photos(config, done, begun):
         if isinstance(photo, brief.PhotoLink):
             if not photo.url.lower().startswith("https://"):
                 raise errors.PermanentProviderError(
@@ -198,13 +215,18 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         client,
         config.creatomate_template_id,
         lambda done: song_url(config, store, done),
-        lambda done: photo_urls(config, store, done),
+        lambda done, begun: photo_urls(config, store, done, begun),
     )
     work = remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
     return dataclasses.replace(work, readiness={"template": api.template_fits})
 
 
 def make_work(config: VideoSettings) -> runner.Work:
+    if config.link_secret is None:
+        log.warning(
+            "CASTAD_VIDEO_LINK_SECRET is not set: the gateway's seals of the photos briefs name are not checked, so a"
+            " lyric or song stage could put another pipeline's photo in a video (docs/security.md)"
+        )
     if config.provider == "creatomate":
         return make_creatomate_work(config)
     renderer: provider.VideoProvider
@@ -229,7 +251,7 @@ def make_work(config: VideoSettings) -> runner.Work:
         also returned as the completed event tells them.
         """
         paths, fetched = [], []
-        for index, photo in enumerate(checked_photos(config, done)):
+        for index, photo in enumerate(checked_photos(config, done, job.created_at)):
             if isinstance(photo, brief.PhotoLink):
                 linked = files.enter_context(photos.linked_copy(store, job.pipeline_id, index, photo, limits, cancel))
                 paths.append(linked.path)

@@ -24,7 +24,8 @@ P = TypeVar("P", bound=events.Payload)
 # partial indexes' predicates (jobs_due, jobs_leased), so that the planner matches them.
 JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
     tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s,
-    reopened, previous_handle, extract(epoch FROM now() - previous_submitted_at) AS previous_waited_s, input_version"""
+    reopened, previous_handle, extract(epoch FROM now() - previous_submitted_at) AS previous_waited_s, input_version,
+    created_at"""
 
 # A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
 # PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
@@ -186,6 +187,7 @@ class Job:
     previous_handle: str | None = None  # the work an earlier attempt left at the provider, looked up first
     previous_waited_s: float | None = None  # since that work was submitted (None: not known, or no such work)
     input_version: int | None = None  # the version of the stage's trigger `input` is stored as (None: the newest)
+    created_at: dt.datetime | None = None  # when the stage first heard of the job (None: not said)
 
     def trigger(self, model: type[P], registry: events.Registry = events.REGISTRY) -> P:
         """The job's input as `model`, the release's model of the stage's trigger.

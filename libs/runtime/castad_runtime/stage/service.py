@@ -220,8 +220,7 @@ class LinkingStageSettings(StageSettings):
         min_length=32,
         description="this stage's key for the gateway's links that its network provider uses without an API key"
         " (callbacks; the song a render API fetches), derived from the gateway's CASTAD_API_LINK_SECRET:"
-        " `python -m castad_api link-secrets` prints it; the video stage's also checks the gateway's seal of each"
-        " uploaded photo (unset: not checked)",
+        " `python -m castad_api link-secrets` prints it",
     )
 
     poll_max_called_back_s: float = Field(
