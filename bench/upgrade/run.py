@@ -41,7 +41,9 @@ GROUPS: tuple[tuple[str, ...], ...] = ((topology.RELAY,), (topology.GATEWAY,), t
 HELD = {
     "event held: a version newer than it reads": re.compile(r"newer than \d+, the newest known here.*held"),
     "event held until its queue exists": re.compile(r"wait until queue .* exists"),
-    "event held until a replica reads its version": re.compile(r"wait for a replica of \w+ that reads them"),
+    "event held until a replica reads its version": re.compile(
+        r"waits (for a replica of \w+ that reads|until no replica of \w+ that does not take)"
+    ),
     "job left for a newer release": re.compile(r"left, untouched, for a replica of a newer release"),
     "attempt handed back by a stopping replica": re.compile(r"handed back \(worker_stopped\)"),
     "outbox lease handed to another relay": re.compile(r"lease of term \d+ handed back"),

@@ -102,8 +102,8 @@ def test_a_brief_only_the_new_release_reads_waits_uncharged_until_a_lyric_replic
     waits.until(lambda: outbox_row(api, new.id)["published_at"], what="the row marked published")
     said = [record.getMessage() for record in caplog.records if record.name == readers.log.name]
     assert said == [
-        "events of type pipeline.requested version 4 wait for a replica of lyric that reads them (its replicas read"
-        " up to version 3)",
+        "events of type pipeline.requested version 4: waits for a replica of lyric that reads pipeline.requested"
+        " version 4 (they read up to version 3); it goes out once one runs",
         "a replica of lyric reads pipeline.requested version 4: the events that waited for it go out",
     ]
 
@@ -111,3 +111,33 @@ def test_a_brief_only_the_new_release_reads_waits_uncharged_until_a_lyric_replic
 def outbox_row(engine: sa.Engine, event_id: uuid.UUID) -> sa.RowMapping:
     with engine.connect() as conn:
         return conn.execute(sa.select(tables.outbox).where(tables.outbox.c.event_id == event_id)).mappings().one()
+
+
+def test_an_event_a_live_replica_has_no_handler_for_waits_until_that_replica_is_gone(
+    installation, engines, lyric, amqp, start_relay, monkeypatch
+):
+    """A type the lyric stage newly takes: its old replica would dead-letter it, so it waits while that one runs."""
+    monkeypatch.setattr(readers, "FRESH_S", 0.2)
+    monkeypatch.setattr(readers, "UNREAD_RECHECK_S", 0.2)
+    say(lyric, "lyric@old:1", {"pipeline.cancel_requested": 2})  # takes no pipeline.requested
+    say(lyric, "lyric@new:1", {REQUESTED: events.REGISTRY.current_version(REQUESTED)})
+    api = engines["api"]
+    [held] = write_events(api, [pipeline_requested()], REQUESTED)
+    registry = metrics.registry()
+    urls = installation.database_urls
+    start_relay(metrics=relay_metrics.RelayMetrics(registry), sources={"api": urls["api"], "lyric": urls["lyric"]})
+
+    unread = {"source": "api", "reason": relay_metrics.UNREAD}
+    waits.until(
+        lambda: (registry.get_sample_value("castad_relay_publish_failures_total", unread) or 0) >= 2,
+        what="the event held while the old replica runs",
+    )
+    assert outbox_row(api, held.id)["last_error"] == (
+        "waits until no replica of lyric that does not take pipeline.requested runs (it would dead-letter it); it goes"
+        " out once they are replaced"
+    )
+
+    with db.transaction(lyric) as conn:  # the old replica stopped, as its rollout replaced it
+        gone = sa.func.now() - sa.text("interval '1 hour'")
+        conn.execute(tables.replicas.update().where(tables.replicas.c.replica == "lyric@old:1").values(seen_at=gone))
+    assert [message.event_id for message in amqp.take(installation.topology.queue("lyric"), 1)] == [held.id]

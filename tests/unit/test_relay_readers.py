@@ -49,6 +49,20 @@ def test_an_event_waits_while_every_live_replica_reads_an_older_version_only():
     )
 
 
+def test_an_event_of_a_type_a_live_replica_does_not_take_waits_until_no_such_replica_runs():
+    """A type the service newly takes: a replica of the release before has no handler and would dead-letter it."""
+    newly = [replica(LIVE, requested=4), replica(LIVE, other=1)]
+
+    unread = judged({"lyric": newly}, REQUESTED, 4)
+
+    assert unread == readers.Unread("lyric", REQUESTED, 4, 4, untaken=True)
+    assert unread.reason() == (
+        "waits until no replica of lyric that does not take pipeline.requested runs (it would dead-letter it); it"
+        " goes out once they are replaced"
+    )
+    assert judged({"lyric": [replica(LIVE, requested=4), replica(GONE, other=1)]}, REQUESTED, 4) is None
+
+
 def test_with_no_live_replica_the_one_seen_last_decides():
     assert judged({"lyric": [replica(GONE, requested=4), replica(GONE, requested=3)]}, REQUESTED, 4) is None
     assert judged({"lyric": [replica(GONE, requested=3), replica(GONE, requested=4)]}, REQUESTED, 4) is not None

@@ -4,8 +4,10 @@ Each consuming replica says in its service's database which version of each even
 (castad_runtime.announcement). Before the relay publishes an event, it looks at the word of every service whose
 queue takes the event's type (`topology.subscribers`): the replicas live now or, when none is, the one seen last
 (a service that is down keeps its queue, and its next start is most likely that replica's release). If none of
-them reads the event's type at its version, the event waits in its outbox, uncharged, with the reason in its row,
-and the relay looks again a while later: a producer upgraded before its consumers writes an event only the new
+them reads the event's type at its version, or one of them does not take its type at all (a type the service
+newly takes, which a replica of the release before would dead-letter as one it has no handler for: it waits until
+no such replica is live), the event waits in its outbox, uncharged, with the reason in its row, and the relay
+looks again a while later: a producer upgraded before its consumers writes an event only the new
 release reads (a brief with a new field), and it goes out once a replica of that release runs. Where the relay
 cannot tell (no word at all: a release before these words, or a database it does not relay, not migrated or not
 reachable), it publishes as before, and a consumer that cannot read an event holds it for a while.
@@ -52,8 +54,14 @@ class Unread:
     event_type: str
     version: int
     newest: int  # the newest version of the type a replica of the service reads (0: none reads the type)
+    untaken: bool = False  # a live replica does not take the type at all (it would dead-letter it)
 
     def reason(self) -> str:
+        if self.untaken and self.newest >= self.version:
+            return (
+                f"waits until no replica of {self.service} that does not take {self.event_type} runs (it would"
+                f" dead-letter it); it goes out once they are replaced"
+            )
         reads = f"they read up to version {self.newest}" if self.newest else "they do not take it"
         return (
             f"waits for a replica of {self.service} that reads {self.event_type} version {self.version} ({reads});"
@@ -82,19 +90,15 @@ class Readers:
             if not word:
                 continue  # no word: published as before
             considered = [replica for replica in word if replica["live"]] or word[:1]
-            newest = max(_reads(replica, event_type) for replica in considered)
+            reads = [_reads(replica, event_type) for replica in considered]
+            newest, untaken = max(reads), min(reads) == 0
             waiting = (service, event_type, version)
-            if newest < version:
+            if newest < version or untaken:
+                unread = Unread(service, event_type, version, newest, untaken)
                 if waiting not in self._waiting:
                     self._waiting.add(waiting)
-                    log.warning(
-                        "events of type %s version %d wait for a replica of %s that reads them (its replicas read %s)",
-                        event_type,
-                        version,
-                        service,
-                        f"up to version {newest}" if newest else "none of that type",
-                    )
-                return Unread(service, event_type, version, newest)
+                    log.warning("events of type %s version %d: %s", event_type, version, unread.reason())
+                return unread
             if waiting in self._waiting:
                 self._waiting.discard(waiting)
                 log.info("a replica of %s reads %s version %d: the events that waited for it go out", *waiting)
