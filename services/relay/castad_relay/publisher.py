@@ -224,8 +224,8 @@ class Publisher:
                 mandatory=True,
                 timeout=self.confirm_timeout_s,
             )
-        except aiormq.exceptions.DeliveryError:  # nacked: the dead-letter queue is full; the channel is as it was
-            log.warning("could not tell the dead-letter queue about a parked row: it refuses more (full)")
+        except aiormq.exceptions.DeliveryError as error:  # nacked (full) or returned: the channel is as it was
+            log.warning("the dead-letter queue did not take the notice of a parked row: %s", redact.describe(error))
             return False
         except BROKER_TROUBLE as error:
             log.warning("could not tell the dead-letter queue about a parked row: %s", redact.describe(error))
