@@ -233,3 +233,31 @@ def test_what_each_step_deletes_is_counted_batch_by_batch_for_the_metrics():
         return registry.get_sample_value("castad_retention_deleted_total", {"service": "lyric", "what": what})
 
     assert (deleted("outbox rows"), deleted("files")) == (25.0, None)
+
+
+def test_a_finished_round_is_told_for_the_alert_and_one_that_fails_is_not():
+    registry = runtime_metrics.registry()
+    measured = runtime_metrics.RetentionMetrics(registry, "song")
+
+    def finished() -> float | None:
+        return registry.get_sample_value("castad_retention_last_round_timestamp_seconds", {"service": "song"})
+
+    started = finished()
+    assert started is not None and abs(started - time.time()) < 60  # its start, before any round
+    failing = retention.Pruner(
+        [retention.Step("files", Failing())], interval_s=60, batch=10, pause_s=0, measured=measured
+    )
+    with pytest.raises(OSError):
+        failing.run_once()
+    assert finished() == started
+    retention.Pruner(
+        [retention.Step("outbox rows", Batches(3))], interval_s=60, batch=10, pause_s=0, measured=measured
+    ).run_once()
+    assert finished() > started
+
+
+class Failing:
+    """A step's deletion that fails every time (its store out)."""
+
+    def __call__(self, limit: int) -> int:
+        raise OSError("the artifact store did not answer")

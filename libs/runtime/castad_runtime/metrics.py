@@ -20,7 +20,7 @@ import re
 import threading
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import exposition as exposition_
 
 ERROR_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -137,9 +137,19 @@ class RetentionMetrics:
             ["service", "what"],
             registry=registry,
         )
+        self.finished = Gauge(
+            "castad_retention_last_round_timestamp_seconds",
+            "When this process's retention last finished a round of every step (its start, before the first)",
+            ["service"],
+            registry=registry,
+        )
+        self.finished.labels(service).set_to_current_time()
 
     def removed(self, what: str, count: int) -> None:
         self.deleted.labels(self.service, what).inc(count)
+
+    def round_finished(self) -> None:
+        self.finished.labels(self.service).set_to_current_time()
 
 
 class StageMetrics:

@@ -187,6 +187,8 @@ class Pruner:
                 self._stop.wait(max(self.pause_s, took_s * (1 - self.busy_share) / self.busy_share))
             if removed[step.what]:
                 log.info("retention deleted %d %s", removed[step.what], step.what)
+        if self.measured is not None and not self._stop.is_set():
+            self.measured.round_finished()
         return removed
 
     def _next_s(self) -> float:

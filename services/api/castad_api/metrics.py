@@ -31,6 +31,7 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or metrics.registry()
         self.consumer = metrics.ConsumerMetrics(self.registry, "api")
+        self.retention = metrics.RetentionMetrics(self.registry, "api")
         self.requests = Counter(
             "castad_http_requests_total",
             "HTTP requests answered, by method, route template and status class (2xx, 4xx, ...)",

@@ -29,7 +29,6 @@ from castad_runtime import (
     telemetry,
     wakeups,
 )
-from castad_runtime import metrics as runtime_metrics
 from castad_runtime import retention as runtime_retention
 from fastapi import FastAPI
 from opentelemetry import trace
@@ -86,7 +85,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     pruner = runtime_retention.Pruner.of(
         retention.steps(engine, config, config.retention_policy(), gateway.store, config.upload_limits()),
         config,
-        runtime_metrics.RetentionMetrics(gateway.metrics.registry, "api"),
+        gateway.metrics.retention,
     )
 
     @contextlib.asynccontextmanager

@@ -346,7 +346,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     pruner = retention.Pruner.of(
         stage_retention.steps(engine, artifacts.make_store(config), definition.stage, config),
         config,
-        metrics.RetentionMetrics(measured.registry, service),
+        measured.retention,
     )
     parts: list[process.Background] = [worker, announcer, jobs, pruner]
     liveness = {
@@ -390,6 +390,7 @@ class Instruments:
     registry: CollectorRegistry
     consumer: metrics.ConsumerMetrics
     stage: metrics.StageMetrics
+    retention: metrics.RetentionMetrics
 
 
 def instruments(service: str, config: StageSettings, topo: topology.Topology) -> Instruments:
@@ -402,5 +403,8 @@ def instruments(service: str, config: StageSettings, topo: topology.Topology) ->
     jobs = gauges.Jobs(scrape.engine(config.database_url), service)
     scrape.register(registry, [jobs, scrape.QueueDepth.of_service(config.amqp_url, topo.queue(service))])
     return Instruments(
-        registry, metrics.ConsumerMetrics(registry, service), metrics.StageMetrics(registry, service, runner.OWN_CODES)
+        registry,
+        metrics.ConsumerMetrics(registry, service),
+        metrics.StageMetrics(registry, service, runner.OWN_CODES),
+        metrics.RetentionMetrics(registry, service),
     )
