@@ -26,12 +26,23 @@ from tests.unit.test_video_provider import BRIEF, LYRICS, TIMED, as_shown, frame
 PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
 
 
+# A song that is in no store: for checks made before the song is read.
+NOT_STORED = events.Artifact(
+    uri=f"file:///srv/castad/{PIPELINE}/song-0123456789abcdef.wav", sha256="e" * 64, size=1, media_type="audio/wav"
+)
+
+
 def song_completed(
     store: artifacts.VolumeStore, tmp_path: pathlib.Path, photos: list[brief.Photo | brief.PhotoLink]
 ) -> dict:
     with store.scratch(PIPELINE, events.Stage.SONG, 1, ".wav") as scratch:
         write_tone(scratch, 4.0)
         song = store.keep(scratch, PIPELINE, events.Stage.SONG, "audio/wav")
+    return song_completed_with(song, photos)
+
+
+def song_completed_with(song: events.Artifact, photos: list[brief.Photo | brief.PhotoLink]) -> dict:
+    """A song.completed as JSON, of `song`, whose brief names `photos`."""
     done = events.SongCompleted(
         pipeline_id=PIPELINE,
         stage=events.Stage.SONG,
@@ -40,26 +51,6 @@ def song_completed(
         artifact=song,
         completed_at="2026-11-27T12:00:00Z",
         brief=BRIEF.model_copy(update={"photos": tuple(photos)}),
-        lyrics=LYRICS,
-        timed_lines=TIMED,
-        song_duration_s=4.0,
-    )
-    return done.model_dump(mode="json")
-
-
-def song_completed_data() -> dict:
-    """A song.completed as JSON, its song file not in any store (for checks made before the song is read)."""
-    artifact = events.Artifact(
-        uri=f"file:///srv/castad/{PIPELINE}/song-0123456789abcdef.wav", sha256="e" * 64, size=1, media_type="audio/wav"
-    )
-    done = events.SongCompleted(
-        pipeline_id=PIPELINE,
-        stage=events.Stage.SONG,
-        job_id="song-job",
-        attempt=1,
-        artifact=artifact,
-        completed_at="2026-11-27T12:00:00Z",
-        brief=BRIEF,
         lyrics=LYRICS,
         timed_lines=TIMED,
         song_duration_s=4.0,
@@ -218,12 +209,7 @@ def test_a_photo_named_by_url_is_sealed_too_so_no_stage_can_name_a_url_of_the_st
     config = service.VideoSettings(link_secret=links.stage_secret(ROOT, events.Stage.VIDEO))
     link = brief.PhotoLink(url="https://bucket.example.com/images/theirs.jpg?X-Amz-Signature=abc")
     [sealed] = links.sealed(ROOT, PIPELINE, (brief.PhotoLink(url="https://photos.example.com/hall.jpg"),))
-    done = events.SongCompleted.model_validate(
-        {
-            **song_completed_data(),
-            "brief": {**BRIEF.model_dump(mode="json"), "photos": [sealed.model_dump(mode="json")]},
-        }
-    )
+    done = events.SongCompleted.model_validate(song_completed_with(NOT_STORED, [sealed]))
     assert service.checked_photos(config, done) == (sealed,)
     swapped = done.brief.model_copy(update={"photos": (link.model_copy(update={"seal": sealed.seal}),)})
     with pytest.raises(errors.PermanentProviderError, match=r"photo 1 \(https://bucket.example.com/images/theirs"):
