@@ -95,10 +95,17 @@ def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_re
     assert sum(failures.values()) > 0, failures
     running.wait_until("every outbox row published", lambda: dbs.unpublished(ids) == {})
 
-    # Each pipeline's directory shows the three files its completed events name, and nothing else.
+    # Each stage's place of each pipeline shows the file its completed event names, and nothing else.
     for pid in ids:
-        names = {p.name for p in (running.installation.artifacts_dir / pid).iterdir() if not p.name.startswith(".")}
+        names = {
+            p.name
+            for stage in STAGE_SERVICES
+            for p in (running.installation.artifacts_dir / stage / pid).iterdir()
+            if not p.name.startswith(".")
+        }
         assert names == published[pid] and len(names) == len(STAGE_SERVICES), (pid, names)
+    # Nothing outside the stages' places and the tenants' images: what lets each stage be given its own to write.
+    assert {path.name for path in running.installation.artifacts_dir.iterdir()} <= {*STAGE_SERVICES, "images"}
 
     # Listing: newest first, cursor pagination covers every pipeline once.
     seen: list[str] = []

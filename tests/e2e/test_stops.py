@@ -76,7 +76,7 @@ def test_a_render_outlasting_the_grace_period_is_handed_back_uncounted_and_done_
     assert (job["status"], job["attempts"], job["counted_attempts"]) == ("RETRY_WAIT", 1, 0)
     (attempt,) = dbs.attempts_of("video", job["id"])
     assert (attempt["outcome"], attempt["error_code"]) == ("interrupted", "worker_stopped")
-    assert not list((running.installation.artifacts_dir / pipeline_id).glob(".video.*"))  # no scratch left
+    assert not list((running.installation.artifacts_dir / "video" / pipeline_id).glob(".video.*"))  # no scratch left
 
     running.services.start("video", {"CASTAD_VIDEO_SHORT_SIDE": "144", "CASTAD_VIDEO_FPS": "4"})
     view = running.wait_terminal([pipeline_id])[pipeline_id]

@@ -39,7 +39,7 @@ def test_an_artifact_is_uploaded_under_its_content_and_described_exactly(store, 
     artifact = kept(store, b"RIFF song bytes")
 
     digest = hashlib.sha256(b"RIFF song bytes").hexdigest()
-    assert artifact.uri == f"s3://{store.bucket}/media/{PIPELINE}/song-{digest[:16]}.wav"
+    assert artifact.uri == f"s3://{store.bucket}/media/song/{PIPELINE}/song-{digest[:16]}.wav"
     assert (artifact.sha256, artifact.size, artifact.media_type) == (digest, 15, "audio/wav")
     head = object_store.client().head_object(Bucket=store.bucket, Key=artifact.uri.split("/", 3)[3])
     assert (head["ContentType"], head["Metadata"]["sha256"]) == ("audio/wav", digest)
@@ -98,7 +98,7 @@ def test_a_file_its_event_calls_a_page_is_presigned_as_an_attachment_of_no_type_
 
 def test_an_artifact_of_another_store_or_a_missing_object_is_missing_not_an_outage(store):
     local = events.Artifact(uri="file:///tmp/song.wav", sha256="0" * 64, size=1, media_type="audio/wav")
-    absent = local.model_copy(update={"uri": f"s3://{store.bucket}/media/{PIPELINE}/song-0.wav"})
+    absent = local.model_copy(update={"uri": f"s3://{store.bucket}/media/song/{PIPELINE}/song-0.wav"})
 
     with pytest.raises(artifacts.ArtifactMissing):
         store.serve(local, PIPELINE, events.Stage.SONG)
@@ -164,7 +164,7 @@ def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_and_deleted_with
     kept = store.keep_fetched(b"\x89PNG hall", PIPELINE, events.Stage.VIDEO, url, "image/png")
 
     key = kept.uri.split("/", 3)[3]
-    assert key.startswith(f"media/{PIPELINE}/video-") and key.endswith(f"-{kept.sha256[:16]}.png")
+    assert key.startswith(f"media/video/{PIPELINE}/video-") and key.endswith(f"-{kept.sha256[:16]}.png")
     with store.fetched_copy(PIPELINE, events.Stage.VIDEO, url) as found:
         assert found is not None and found.path.read_bytes() == b"\x89PNG hall" and found.artifact == kept
     assert not found.path.exists()
@@ -185,3 +185,44 @@ def test_a_deleted_image_is_gone_from_its_owners_place_alone_and_deleting_it_aga
 
     listed = object_store.client().list_objects_v2(Bucket=store.bucket, Prefix="media/images/")
     assert [found["Key"] for found in listed.get("Contents", [])] == [minas.uri.split("/", 3)[3]]
+
+
+def test_an_object_of_the_layout_before_is_read_where_named_then_in_its_stages_place_once_moved(store, object_store):
+    """Releases up to 0.2 kept a stage's objects in the pipeline's folder; `relayout` moves them to the stage's place.
+
+    An event written before names the old key: it is read there, and at the stage's place once moved.
+    """
+    client = object_store.client()
+    digest = hashlib.sha256(b"an older song").hexdigest()
+    old_key = f"media/{PIPELINE}/song-{digest[:16]}.wav"
+    client.put_object(
+        Bucket=store.bucket, Key=old_key, Body=b"an older song", ContentType="audio/wav", Metadata={"sha256": digest}
+    )
+    client.put_object(Bucket=store.bucket, Key=f"media/{PIPELINE}/.song.attempt1.wav", Body=b"no final file")
+    image = store.keep_image(b"\x89PNG photo", "hana", "image/png")
+    placed = kept(store, b"a newer song")
+    older = events.Artifact(uri=f"s3://{store.bucket}/{old_key}", sha256=digest, size=13, media_type="audio/wav")
+    with store.local_copy(older, PIPELINE, events.Stage.SONG) as copy:
+        assert copy.read_bytes() == b"an older song"
+
+    assert store.relayout() == 1
+    assert store.relayout() == 0
+
+    moved = f"media/song/{PIPELINE}/song-{digest[:16]}.wav"
+    head = client.head_object(Bucket=store.bucket, Key=moved)
+    assert (head["ContentType"], head["Metadata"]["sha256"]) == ("audio/wav", digest)
+    with store.local_copy(older, PIPELINE, events.Stage.SONG) as copy:
+        assert copy.read_bytes() == b"an older song"
+    assert httpx.get(store.serve(older, PIPELINE, events.Stage.SONG)).content == b"an older song"
+    with pytest.raises(artifacts.ArtifactMisplaced):
+        store.serve(older, PIPELINE, events.Stage.VIDEO)
+    keys = {found["Key"] for found in client.list_objects_v2(Bucket=store.bucket, Prefix="media/")["Contents"]}
+    assert keys == {
+        moved,
+        placed.uri.split("/", 3)[3],
+        image.uri.split("/", 3)[3],
+        f"media/{PIPELINE}/.song.attempt1.wav",
+    }
+
+    client.copy_object(Bucket=store.bucket, Key=old_key, CopySource={"Bucket": store.bucket, "Key": moved})
+    assert store.delete(PIPELINE, events.Stage.SONG) == 3  # its place's two and the layout before's one

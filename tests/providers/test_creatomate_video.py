@@ -100,7 +100,7 @@ def song_completed(
 ) -> events.SongCompleted:
     """A song.completed whose song is in the artifact store, as the song stage left it."""
     pipeline_id = str(uuid.uuid4())
-    song = artifacts_dir / pipeline_id / "song-0123456789abcdef.mp3"
+    song = artifacts_dir / "song" / pipeline_id / "song-0123456789abcdef.mp3"
     song.parent.mkdir(parents=True)
     song.write_bytes(b"ID3 a song")
     return events.SongCompleted(
@@ -453,7 +453,7 @@ def test_a_finished_render_is_kept_as_the_mp4_the_api_served_with_its_size(fake,
     assert artifact.size == len(served)
     assert artifact.sha256 == hashlib.sha256(served).hexdigest()
     kept = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(artifact.uri).path))
-    assert kept.is_relative_to(artifacts_dir / job.pipeline_id) and kept.read_bytes() == served
+    assert kept.is_relative_to(artifacts_dir / "video" / job.pipeline_id) and kept.read_bytes() == served
     assert kept.suffix == ".mp4"
     assert output.details == {"width": fake_creatomate.WIDTH, "height": fake_creatomate.HEIGHT}
 
@@ -587,7 +587,7 @@ def test_output_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothin
     job = submitted(work, job, plan, fake=fake)
     error = failure_once_ended(work, job)
     assert (error.code, error.retryable) == ("provider_artifact_invalid", True)
-    assert [path.name for path in (artifacts_dir / job.pipeline_id).iterdir()] == ["song-0123456789abcdef.mp3"]
+    assert not any(path.is_file() for path in (artifacts_dir / "video" / job.pipeline_id).glob("**/*"))
 
 
 def test_a_video_a_cdn_serves_as_octet_stream_is_kept_as_the_mp4_its_bytes_are(fake, job):

@@ -270,7 +270,7 @@ def test_a_finished_song_is_kept_as_the_mp3_the_api_served_with_its_lines_spread
     assert artifact.size == len(served)
     assert artifact.sha256 == hashlib.sha256(served).hexdigest()
     kept = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(artifact.uri).path))
-    assert kept.is_relative_to(artifacts_dir / job.pipeline_id) and kept.read_bytes() == served
+    assert kept.is_relative_to(artifacts_dir / "song" / job.pipeline_id) and kept.read_bytes() == served
     assert output.details["song_duration_s"] == AUDIO_S
     assert output.details["lyrics"] == LYRICS
     timed = output.details["timed_lines"]
@@ -503,7 +503,7 @@ def test_audio_of_the_wrong_type_or_too_large_is_an_invalid_artifact_and_nothing
     job = submitted(work, plan, fake=fake)
     error = failure_once_ended(work, job)
     assert (error.code, error.retryable) == ("provider_artifact_invalid", True)
-    assert not any(path.is_file() for path in (artifacts_dir / job.pipeline_id).glob("**/*"))
+    assert not any(path.is_file() for path in artifacts_dir.glob("**/*"))
 
 
 def test_a_song_a_cdn_serves_as_octet_stream_is_kept_as_the_mp3_its_bytes_are(fake):

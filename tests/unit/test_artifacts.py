@@ -24,8 +24,13 @@ def kept(store: artifacts.VolumeStore, attempt: int, content: bytes) -> events.A
         return store.keep(scratch, PIPELINE, STAGE, "video/mp4")
 
 
+def place(root: pathlib.Path, pipeline_id: str = PIPELINE, stage: events.Stage = STAGE) -> pathlib.Path:
+    """The folder of a stage's files of a pipeline: in the stage's own place."""
+    return root / stage.value / pipeline_id
+
+
 def visible_names(store: artifacts.VolumeStore) -> list[str]:
-    return sorted(path.name for path in (store.root / PIPELINE).iterdir() if not path.name.startswith("."))
+    return sorted(path.name for path in place(store.root).iterdir() if not path.name.startswith("."))
 
 
 def test_a_final_name_is_the_stage_and_the_first_16_hex_of_the_sha256(tmp_path: pathlib.Path) -> None:
@@ -34,7 +39,7 @@ def test_a_final_name_is_the_stage_and_the_first_16_hex_of_the_sha256(tmp_path: 
     artifact = kept(store, 1, b"frames")
 
     digest = hashlib.sha256(b"frames").hexdigest()
-    assert store.path(artifact) == tmp_path.resolve() / PIPELINE / f"video-{digest[:16]}.mp4"
+    assert store.path(artifact) == place(tmp_path.resolve()) / f"video-{digest[:16]}.mp4"
     assert (artifact.sha256, artifact.size, artifact.media_type) == (digest, len(b"frames"), "video/mp4")
 
 
@@ -62,7 +67,7 @@ def test_keeps_of_the_same_bytes_share_one_file(tmp_path: pathlib.Path) -> None:
     assert second == first
     assert store.path(first).read_bytes() == b"same bytes"
     assert visible_names(store) == [store.path(first).name]
-    assert list((tmp_path / PIPELINE).glob(".*")) == []
+    assert list(place(tmp_path).glob(".*")) == []
 
 
 def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: pathlib.Path) -> None:
@@ -74,17 +79,16 @@ def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: 
     except RuntimeError:
         pass
     # A worker killed mid-write leaves its file; the next attempt of the stage clears it.
-    left = tmp_path / PIPELINE / ".video.attempt2.mp4"
+    left = place(tmp_path) / ".video.attempt2.mp4"
     left.write_bytes(b"from a killed worker")
-    other_stage = tmp_path / PIPELINE / ".song.attempt1.wav"
+    other_stage = place(tmp_path, stage=events.Stage.SONG) / ".song.attempt1.wav"
+    other_stage.parent.mkdir(parents=True)
     other_stage.write_bytes(b"still being written")
 
     artifact = kept(store, 3, b"the real video")
 
-    assert sorted(path.name for path in (tmp_path / PIPELINE).iterdir()) == [
-        ".song.attempt1.wav",
-        store.path(artifact).name,
-    ]
+    assert [path.name for path in place(tmp_path).iterdir()] == [store.path(artifact).name]
+    assert other_stage.read_bytes() == b"still being written"  # in the song stage's place, not the video's
 
 
 def test_deleting_a_stages_files_keeps_the_others_and_the_folder_goes_with_the_last_one(tmp_path: pathlib.Path) -> None:
@@ -94,12 +98,16 @@ def test_deleting_a_stages_files_keeps_the_others_and_the_folder_goes_with_the_l
         with store.scratch(pipeline_id, stage, 1, ".bin") as scratch:
             scratch.write_bytes(content)
             store.keep(scratch, pipeline_id, stage, "application/octet-stream")
-    (tmp_path / pipeline_id / ".song.attempt3.wav").write_bytes(b"left by a killed worker")
+    (place(tmp_path, pipeline_id, events.Stage.SONG) / ".song.attempt3.wav").write_bytes(b"left by a killed worker")
+    # A file of the layout before (up to 0.2), in the pipeline's folder, goes with the stage's other files.
+    (tmp_path / pipeline_id).mkdir()
+    (tmp_path / pipeline_id / f"song-{_digest(b'older song')}.bin").write_bytes(b"older song")
 
-    assert store.delete(pipeline_id, events.Stage.SONG) == 2
-    assert [path.name for path in (tmp_path / pipeline_id).iterdir()] == [f"video-{_digest(b'video')}.bin"]
+    assert store.delete(pipeline_id, events.Stage.SONG) == 3
+    assert not place(tmp_path, pipeline_id, events.Stage.SONG).exists() and not (tmp_path / pipeline_id).exists()
+    assert [path.name for path in place(tmp_path, pipeline_id).iterdir()] == [f"video-{_digest(b'video')}.bin"]
     assert store.delete(pipeline_id, STAGE) == 1
-    assert not (tmp_path / pipeline_id).exists()
+    assert not place(tmp_path, pipeline_id).exists() and (tmp_path / STAGE.value).is_dir()
     assert store.delete(pipeline_id, STAGE) == 0  # twice is harmless
 
 
@@ -126,14 +134,15 @@ def test_a_file_is_served_and_read_only_from_its_own_pipelines_and_stages_place(
     """An event names its artifact by URI.
 
     Whoever wrote the event could name any file of the store. A file is served (and read by a later stage) only
-    from `<pipeline id>/<stage>-…`, the place of the pipeline and stage asked for.
+    from `<stage>/<pipeline id>/<stage>-…`, the place of the pipeline and stage asked for.
     """
     store = artifacts.VolumeStore(tmp_path)
     with store.scratch(OWN, events.Stage.SONG, 1, ".wav") as scratch:
         scratch.write_bytes(b"the song")
         song = store.keep(scratch, OWN, events.Stage.SONG, "audio/wav")
-    (tmp_path / OWN / ".song.attempt1.wav").write_bytes(b"a scratch file, no final one")
-    scratch_file = song.model_copy(update={"uri": (tmp_path / OWN / ".song.attempt1.wav").as_uri()})
+    scratch_path = place(tmp_path, OWN, events.Stage.SONG) / ".song.attempt1.wav"
+    scratch_path.write_bytes(b"a scratch file, no final one")
+    scratch_file = song.model_copy(update={"uri": scratch_path.as_uri()})
 
     assert store.serve(song, OWN, events.Stage.SONG).read_bytes() == b"the song"
     with store.local_copy(song, OWN, events.Stage.SONG) as copy:
@@ -168,14 +177,15 @@ def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp
     client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
     store = artifacts.S3Store(client, "media", "castad/", tmp_path, presign_s=60)
     song = events.Artifact(
-        uri=f"s3://media/castad/{OWN}/song-0123456789abcdef.wav", sha256="0" * 64, size=1, media_type="audio/wav"
+        uri=f"s3://media/castad/song/{OWN}/song-0123456789abcdef.wav", sha256="0" * 64, size=1, media_type="audio/wav"
     )
 
-    assert f"castad/{OWN}/song-0123456789abcdef.wav?" in store.serve(song, OWN, events.Stage.SONG)
+    assert f"castad/song/{OWN}/song-0123456789abcdef.wav?" in store.serve(song, OWN, events.Stage.SONG)
     for pipeline_id, stage, uri in (
         (OTHER, events.Stage.SONG, song.uri),
         (OWN, events.Stage.VIDEO, song.uri),
-        (OWN, events.Stage.SONG, f"s3://media/castad/{OWN}/song-x/../../{OTHER}/song-0.wav"),
+        (OWN, events.Stage.SONG, f"s3://media/castad/song/{OWN}/song-x/../../../song/{OTHER}/song-0.wav"),
+        (OWN, events.Stage.SONG, f"s3://media/castad/video/{OWN}/song-0123456789abcdef.wav"),
     ):
         with pytest.raises(artifacts.ArtifactMisplaced, match="not a file of"):
             store.serve(song.model_copy(update={"uri": uri}), pipeline_id, stage)
@@ -270,7 +280,7 @@ def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_chang
     kept = store.keep_fetched(b"\x89PNG hall", pipeline, events.Stage.VIDEO, url, "image/png")
 
     path = store.path(kept)
-    assert path.parent == tmp_path / pipeline and path.name.startswith("video-") and path.suffix == ".png"
+    assert path.parent == place(tmp_path, pipeline) and path.name.startswith("video-") and path.suffix == ".png"
     assert path.stem.endswith(kept.sha256[:16]) and kept.size == 9
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as found:
         assert found == artifacts.Fetched(path, kept)
@@ -279,5 +289,57 @@ def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_chang
     path.write_bytes(b"other bytes")
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as changed:
         assert changed is None
-    (tmp_path / pipeline / ".upload-0123").write_bytes(b"half")  # a write its process did not live to finish
-    assert store.delete(pipeline, events.Stage.VIDEO) == 1 and not (tmp_path / pipeline).exists()
+    (place(tmp_path, pipeline) / ".upload-0123").write_bytes(b"half")  # a write its process did not live to finish
+    assert store.delete(pipeline, events.Stage.VIDEO) == 1 and not place(tmp_path, pipeline).exists()
+
+
+def test_a_file_of_the_layout_before_is_read_where_its_event_names_it_then_in_its_stages_place_once_moved(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Releases up to 0.2 kept each stage's files in the pipeline's folder: an event written then names that path."""
+    store = artifacts.VolumeStore(tmp_path)
+    older = tmp_path / OWN / f"song-{_digest(b'an older song')}.wav"
+    older.parent.mkdir()
+    older.write_bytes(b"an older song")
+    (tmp_path / OWN / ".song.attempt2.wav").write_bytes(b"left by a killed worker of that release")
+    song = events.Artifact(
+        uri=older.as_uri(), sha256=hashlib.sha256(b"an older song").hexdigest(), size=13, media_type="audio/wav"
+    )
+    image = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
+    newer = kept(store, 1, b"frames")
+    assert store.serve(song, OWN, events.Stage.SONG) == older.resolve()
+
+    assert store.relayout() == 1
+    assert store.relayout() == 0  # once is enough; again is harmless
+
+    moved = place(tmp_path.resolve(), OWN, events.Stage.SONG) / older.name
+    assert not (tmp_path / OWN).exists() and moved.read_bytes() == b"an older song"
+    assert store.serve(song, OWN, events.Stage.SONG) == moved
+    with store.local_copy(song, OWN, events.Stage.SONG) as copy:
+        assert copy.read_bytes() == b"an older song"
+    for pipeline_id, stage in ((OTHER, events.Stage.SONG), (OWN, events.Stage.VIDEO)):
+        with pytest.raises(artifacts.ArtifactMisplaced):
+            store.serve(song, pipeline_id, stage)
+    assert store.path(image).read_bytes() == b"\xff\xd8 photo" and store.path(newer).read_bytes() == b"frames"
+
+
+@pytest.mark.parametrize("stage", list(events.Stage))
+def test_a_stage_writes_and_deletes_only_in_its_own_place(tmp_path: pathlib.Path, stage: events.Stage) -> None:
+    """What lets a deployment give each stage its own place alone to write (its own volume path or bucket prefix)."""
+    root = tmp_path / "artifacts"
+    others = {other: root / other.value / OWN / f"{other.value}-0123456789abcdef.bin" for other in events.Stage}
+    for path in others.values():
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"another stage's")
+    before = {path for path in root.rglob("*")}
+    store = artifacts.VolumeStore(root)
+
+    with store.scratch(OWN, stage, 1, ".bin") as scratch:
+        scratch.write_bytes(b"made")
+        store.keep(scratch, OWN, stage, "application/octet-stream")
+    store.keep_fetched(b"\x89PNG hall", OWN, stage, "https://example.com/hall.png", "image/png")
+    written = {path for path in root.rglob("*")} - before
+    store.delete(OWN, stage)
+
+    assert written and all(path.is_relative_to(root / stage.value) for path in written)
+    assert [other for other, path in others.items() if not path.exists()] == [stage]

@@ -109,7 +109,7 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(
         pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
     )
-    with pytest.raises(TypeError, match="lyric.completed v5 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v6 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -385,7 +385,7 @@ def brief_carrying(event_type: str, version: int, brief_data: dict[str, object])
 
 
 # The newest version of each event carrying a brief.
-NEWEST = {events.PIPELINE_REQUESTED: 5, "lyric.completed": 5, "song.completed": 6, "video.completed": 6}
+NEWEST = {events.PIPELINE_REQUESTED: 5, "lyric.completed": 6, "song.completed": 7, "video.completed": 7}
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,
@@ -495,13 +495,58 @@ def test_a_sealed_photo_needs_the_newest_version_and_an_unsealed_one_is_written_
     assert events.REGISTRY.oldest_carrying(event_type, current)[0] <= version  # a release before seals reads it
     with_seal = current.model_copy(update={"brief": current.brief.model_copy(update={"photos": (sealed,)})})
     newest, written = events.REGISTRY.oldest_carrying(event_type, with_seal)
-    assert newest == NEWEST[event_type] == version + 1
+    assert newest == version + 1  # the one after; a completed event's versions since change no brief
     assert written["brief"]["photos"][0]["seal"] == "d" * 64
     with pytest.raises(pydantic.ValidationError, match="seal"):
         events.REGISTRY.read(event_type, version, written)
     link = brief.PhotoLink(url="https://example.com/hall.jpg", seal="e" * 64)  # a photo named by URL: sealed too
     with_link = current.model_copy(update={"brief": current.brief.model_copy(update={"photos": (link,)})})
-    assert events.REGISTRY.oldest_carrying(event_type, with_link)[0] == NEWEST[event_type]
+    assert events.REGISTRY.oldest_carrying(event_type, with_link)[0] == version + 1
+
+
+# The last version of each completed event whose stage kept its files in the pipeline's folder (the layout before).
+BEFORE_STAGE_PLACES = {"lyric.completed": 5, "song.completed": 6, "video.completed": 6}
+
+
+@pytest.mark.parametrize(("event_type", "version"), BEFORE_STAGE_PLACES.items())
+def test_a_file_in_its_stages_own_place_needs_the_new_version_and_one_in_the_pipelines_folder_is_written_as_before(
+    event_type, version
+):
+    """The shape is the same: a release before would read the new place's URI, and refuse its file as another's."""
+    stage = events.Stage(event_type.split(".")[0])
+    before = events.Artifact(
+        uri=f"file:///srv/castad/{PIPELINE}/{stage}-0123456789abcdef.bin", sha256="0" * 64, size=3, media_type="x/y"
+    )
+    placed = before.model_copy(update={"uri": f"file:///srv/castad/{stage}/{PIPELINE}/{stage}-0123456789abcdef.bin"})
+    data = brief_carrying(event_type, version, BRIEF.model_dump(mode="json", exclude={"photos"}))
+    current = events.REGISTRY.read(event_type, version, {**data, "artifact": before.model_dump(mode="json")})
+
+    assert events.REGISTRY.current_version(event_type) == NEWEST[event_type] == version + 1
+    assert events.REGISTRY.oldest_carrying(event_type, current)[0] <= version
+    assert events.REGISTRY.oldest_carrying(event_type, current.model_copy(update={"artifact": placed})) == (
+        version + 1,
+        current.model_copy(update={"artifact": placed}).model_dump(mode="json"),
+    )
+    assert events.in_stage_place(placed.uri, PIPELINE, stage) and not events.in_stage_place(before.uri, PIPELINE, stage)
+    other = next(s for s in events.Stage if s != stage)
+    assert not events.in_stage_place(placed.uri, PIPELINE, other)  # another stage's place
+    assert not events.in_stage_place(f"file:///srv/castad/{stage}/{PIPELINE}/{stage}-x/y.bin", PIPELINE, stage)
+    # An s3:// URI too, with its prefix.
+    assert events.in_stage_place(f"s3://media/castad/{stage}/{PIPELINE}/{stage}-0.bin", PIPELINE, stage)
+
+
+def test_a_video_event_whose_fetched_photo_is_in_the_stages_own_place_needs_version_7():
+    placed = FETCHED.model_copy(
+        update={"file": FETCHED.file.model_copy(update={"uri": FETCHED.file.uri.replace("/castad/", "/castad/video/")})}
+    )
+    data = brief_carrying("video.completed", 6, BRIEF.model_dump(mode="json", exclude={"photos"}))
+    current = events.REGISTRY.read("video.completed", 6, {**data, "fetched_photos": [FETCHED.model_dump(mode="json")]})
+
+    assert events.REGISTRY.oldest_carrying("video.completed", current)[0] == 5  # the first with fetched photos
+    assert (
+        events.REGISTRY.oldest_carrying("video.completed", current.model_copy(update={"fetched_photos": (placed,)}))[0]
+        == 7
+    )
 
 
 LINKED = brief.PhotoLink(url="https://example.com/hall.jpg")

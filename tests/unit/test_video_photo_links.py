@@ -127,7 +127,7 @@ def test_a_linked_photo_is_fetched_cleaned_and_kept_as_the_pipelines_file_and_a_
     with Image.open(io.BytesIO(kept)) as read:
         assert read.size == (64, 32) and not read.getexif()  # its location and camera stripped
     [file] = kept_files(store)
-    assert file.relative_to(store.root).as_posix().startswith(f"{PIPELINE}/video-")
+    assert file.relative_to(store.root).as_posix().startswith(f"video/{PIPELINE}/video-")
     told = first.photo  # as the completed event tells it: by reference, in the video stage's place
     assert (told.photo, told.url, told.width, told.height) == (1, host.url("/moved.jpg"), 64, 32)
     assert told.file == events.Artifact(

@@ -28,7 +28,7 @@ PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
 
 # A song that is in no store: for checks made before the song is read.
 NOT_STORED = events.Artifact(
-    uri=f"file:///srv/castad/{PIPELINE}/song-0123456789abcdef.wav", sha256="e" * 64, size=1, media_type="audio/wav"
+    uri=f"file:///srv/castad/song/{PIPELINE}/song-0123456789abcdef.wav", sha256="e" * 64, size=1, media_type="audio/wav"
 )
 
 
@@ -119,7 +119,7 @@ def test_the_local_video_shows_the_photos_the_brief_names_in_turn(stage, tmp_pat
         frame = np.asarray(frame_at(video, time_s, tmp_path / f"at-{time_s}.png"), dtype=np.float64)
         distances = [float(np.mean(np.abs(frame[rows] - as_shown(path, size, 0.5)[rows]))) for path in paths]
         assert distances[shown] < 12 < distances[1 - shown], (time_s, distances)
-    fetched = sorted(path.suffix for path in (store.root / PIPELINE).glob("video-*"))
+    fetched = sorted(path.suffix for path in (store.root / "video" / PIPELINE).glob("video-*"))
     assert fetched == ([".mp4", ".png"] if second == "by-url" else [".mp4"])  # the fetched photo kept as its file
 
 
@@ -180,7 +180,7 @@ def test_a_photo_the_gateway_did_not_name_for_the_pipeline_fails_the_video_for_g
     with pytest.raises(errors.PermanentProviderError) as raised:
         service.make_work(config)(job(done), cancellation.Cancellation())
     assert raised.value.code == "photo_not_sealed"
-    assert not list((store.root / PIPELINE).glob("video-*"))  # nothing rendered
+    assert not list((store.root / "video" / PIPELINE).glob("video-*"))  # nothing rendered
     with pytest.raises(errors.PermanentProviderError) as raised:  # a render API is not given it either
         service.photo_urls(config, store, events.SongCompleted.model_validate(done))
     assert raised.value.code == "photo_not_sealed"

@@ -46,6 +46,23 @@ class Payload(BaseModel):
     pipeline_id: PipelineId
 
 
+def artifact_place(pipeline_id: str, stage: Stage) -> str:
+    """How the name of every file a stage keeps for a pipeline starts, under the store's root or prefix.
+
+    Each stage keeps its files in a place of its own, `<stage>/`, that a deployment lets that stage alone write
+    (lyric.completed from v6, song.completed and video.completed from v7). Up to the versions before, a stage kept
+    them in the pipeline's folder, `<pipeline id>/<stage>-…`, where any stage that could write one could write all.
+    """
+    return f"{stage.value}/{pipeline_id}/{stage.value}-"
+
+
+def in_stage_place(uri: str, pipeline_id: str, stage: Stage) -> bool:
+    """Whether the file at `uri` is one the stage keeps for the pipeline in its own place (`artifact_place`)."""
+    path = uri.split("?", 1)[0].split("#", 1)[0]
+    place = f"/{artifact_place(pipeline_id, stage)}"
+    return place in path and "/" not in path.rsplit(place, 1)[1]
+
+
 class Artifact(BaseModel):
     """A file a stage produced, referenced by location and content hash."""
 
@@ -425,6 +442,16 @@ _COMPLETED_V1: dict[Stage, type[Payload]] = {
 }
 
 Upcast = Callable[[dict[str, Any]], dict[str, Any]]
+Needed = Callable[[Any], bool]
+
+
+def _kept_in_stage_place(payload: Any) -> bool:
+    """Whether a completed event names a file its stage kept in its own place.
+
+    The layout from lyric v6, song and video v7, whose files a release before would refuse as another's.
+    """
+    files = (payload.artifact, *(fetched.file for fetched in getattr(payload, "fetched_photos", ())))
+    return any(in_stage_place(file.uri, payload.pipeline_id, payload.stage) for file in files)
 
 
 class SchemaError(LookupError):
@@ -453,10 +480,23 @@ class Registry:
     def __init__(self) -> None:
         self._models: dict[tuple[str, int], type[Payload]] = {}
         self._upcasts: dict[tuple[str, int], Upcast] = {}
+        self._needed: dict[tuple[str, int], Needed] = {}
         self._current: dict[str, int] = {}
 
-    def register(self, event_type: str, version: int, model: type[Payload], upcast: Upcast | None = None) -> None:
-        """Add `version` of an event type; from version 2 on, `upcast` turns version-1 data into this version's."""
+    def register(
+        self,
+        event_type: str,
+        version: int,
+        model: type[Payload],
+        upcast: Upcast | None = None,
+        needed: Needed | None = None,
+    ) -> None:
+        """Add `version` of an event type; from version 2 on, `upcast` turns version-1 data into this version's.
+
+        `needed`, for a version that changes what a value means rather than the shape: which payloads need this
+        version though an older one could hold their data (a file in a new place), so that no producer writes them
+        as that older version to a release that would misread them.
+        """
         if version != self._current.get(event_type, 0) + 1:
             raise ValueError(f"{event_type}: version {version} does not follow {self._current.get(event_type, 0)}")
         if (version > 1) != (upcast is not None):
@@ -464,12 +504,15 @@ class Registry:
         self._models[(event_type, version)] = model
         if upcast is not None:
             self._upcasts[(event_type, version)] = upcast
+        if needed is not None:
+            self._needed[(event_type, version)] = needed
         self._current[event_type] = version
 
     def copy(self) -> Registry:
         """An independent registry with the same entries (to add versions to, e.g. in a test)."""
         other = Registry()
         other._models, other._upcasts, other._current = dict(self._models), dict(self._upcasts), dict(self._current)
+        other._needed = dict(self._needed)
         return other
 
     def until(self, event_type: str, version: int) -> Registry:
@@ -477,6 +520,7 @@ class Registry:
         other = self.copy()
         for newer in range(version + 1, self.current_version(event_type) + 1):
             del other._models[(event_type, newer)], other._upcasts[(event_type, newer)]
+            other._needed.pop((event_type, newer), None)
         other._current[event_type] = version
         return other
 
@@ -512,10 +556,13 @@ class Registry:
         What a producer writes, and a stage stores as a job's input: a reader of an earlier release reads every
         event it can represent (a brief without photos, say, as a release before photos read it), and only one
         that needs a newer version waits for a reader of a newer release. Whole: read back through the upcasts, it
-        is `payload` again."""
+        is `payload` again; and never older than a version the payload is `needed` by (see `register`)."""
         current = self.current_version(event_type)
         data = payload.model_dump(mode="json")
-        for version in range(1, current):
+        needing = [
+            version for (kind, version), needed in self._needed.items() if kind == event_type and needed(payload)
+        ]
+        for version in range(max(needing, default=1), current):
             older = _projected(self.model(event_type, version), data)  # without what that version has not
             try:
                 if self.read(event_type, version, older) == payload:
@@ -609,3 +656,9 @@ _COMPLETED: dict[Stage, type[Payload]] = {
 }
 for _stage, _version in ((Stage.LYRIC, 5), (Stage.SONG, 6), (Stage.VIDEO, 6)):
     REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)
+# Then each stage keeps its files in its own place (lyric v6, song v7, video v7; `artifact_place`): the same shape,
+# but a release before refuses such a file as another's, so an event naming one is written as this version at least.
+for _stage, _version in ((Stage.LYRIC, 6), (Stage.SONG, 7), (Stage.VIDEO, 7)):
+    REGISTRY.register(
+        stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same, needed=_kept_in_stage_place
+    )

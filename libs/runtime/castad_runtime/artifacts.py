@@ -1,6 +1,8 @@
 """Artifacts: content-addressed files in a shared volume or an S3-compatible bucket.
 
-Both stores name an artifact by its bytes, `<pipeline id>/<stage>-<sha256 prefix><suffix>`.
+Both stores name an artifact by its bytes, `<stage>/<pipeline id>/<stage>-<sha256 prefix><suffix>`: each stage
+writes in a place of its own, `<stage>/`, which a deployment gives that stage alone to write (its own volume path,
+or bucket prefix and credentials) and the stages that read its files to read (the video stage reads `song/`).
 An attempt writes its own scratch file (`scratch`, always on local disk), then `keep` moves or
 uploads it under the name derived from its bytes. A timed-out attempt may still finish after a
 newer one has published its artifact; with content-addressed names its late `keep` either
@@ -9,23 +11,28 @@ event always describe what is at its URI. A pipeline may therefore hold more tha
 stage; only the one named in the stage's completed event is its artifact.
 
 A stage that needs an earlier stage's artifact (the video needs the song) reads it through `local_copy`, its
-bytes checked against its event (every stage mounts the volume, so another could have changed it); the gateway
+bytes checked against its event (a deployment may share one place among stages, and it could change); the gateway
 serves one through `serve`: a local file (whose bytes the gateway checks as it sends it), or a presigned URL
 to redirect to. Both take the pipeline and stage the artifact is asked for, and refuse a file that is not in
-their place, `<pipeline id>/<stage>-…` (ArtifactMisplaced): an event names its artifact by URI, and whoever
-could write an event could otherwise name any file of the store. Retention deletes every file of a stage of a
-pipeline through `delete`, the artifact and whatever a late attempt left beside it. An object store that
-cannot be reached, or a volume that refuses an uploaded image (full, read-only), raises
-outages.StoreUnavailable, the machinery's failure, never the work's.
+their place, `<stage>/<pipeline id>/<stage>-…` (ArtifactMisplaced): an event names its artifact by URI, and whoever
+could write an event could otherwise name any file of the store.
+
+Retention deletes every file of a stage of a pipeline through `delete`, the artifact and whatever a late attempt
+left beside it. An object store that cannot be reached, or a volume that refuses an uploaded image (full,
+read-only), raises outages.StoreUnavailable, the machinery's failure, never the work's.
 
 A tenant's uploaded images are files of their own, named by their bytes under their owner's place,
 `images/<owner>/<sha256><suffix>` (`<owner>`: a digest of the tenant's name, which is free text):
 `keep_image` stores one, and the same bytes uploaded again by the same tenant are the same file;
 `delete_image` deletes one (the gateway's retention, once no image record needs it).
 
+Releases up to 0.2 kept every stage's files in the pipeline's folder, `<pipeline id>/<stage>-…`: the layout before.
+Such a file is still read where an event names it, or in its stage's place once `relayout` has moved it there (with
+the same name), and `delete` deletes it with the stage's other files.
+
 A file a stage fetched from a URL for its work (a photo a brief names by URL) is a file of the stage of
 the pipeline, deleted with its other files: `keep_fetched` stores it whole or not at all as
-`<pipeline id>/<stage>-<digest of the URL>-<sha256 prefix><suffix>`, named by its bytes as every file is,
+`<stage>/<pipeline id>/<stage>-<digest of the URL>-<sha256 prefix><suffix>`, named by its bytes as every file is,
 and `fetched_copy` finds it again by its URL alone (its bytes checked against its name), so that a later
 attempt of the stage reuses what an earlier one fetched rather than fetching it again; both describe it as
 an event names it, so the gateway serves it (`serve`, in the stage's place) as any other file of the stage.
@@ -98,6 +105,8 @@ class ArtifactStore(Protocol):
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int: ...
 
+    def relayout(self) -> int: ...
+
     def keep_image(self, data: bytes, tenant: str, media_type: str) -> events.Artifact: ...
 
     def image_copy(self, photo: brief.Photo) -> contextlib.AbstractContextManager[pathlib.Path]: ...
@@ -125,6 +134,10 @@ class Fetched:
 
 class ArtifactMissing(LookupError):
     """The artifact is not in this store (another store's, removed, or its bytes changed)."""
+
+
+class AccessDenied(outages.StoreUnavailable):
+    """The store refused these credentials (an outage of the machinery, as any other refusal of the store)."""
 
 
 class ArtifactMisplaced(ArtifactMissing):
@@ -177,22 +190,54 @@ def _scratch(directory: pathlib.Path, stage: events.Stage, attempt: int, suffix:
 
 def _place(pipeline_id: str, stage: events.Stage) -> str:
     """How the name of every final file of a pipeline's stage starts (under the root or the prefix)."""
+    return events.artifact_place(pipeline_id, stage)
+
+
+def _place_before(pipeline_id: str, stage: events.Stage) -> str:
+    """How the name of such a file started in the layout before (up to 0.2): in the pipeline's folder."""
     return f"{pipeline_id}/{stage.value}-"
+
+
+def _folder(pipeline_id: str, stage: events.Stage) -> str:
+    """The folder of the stage's files of a pipeline (under the root or the prefix)."""
+    return f"{stage.value}/{pipeline_id}"
 
 
 def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str) -> str:
     return f"{_place(pipeline_id, stage)}{digest[:DIGEST_NAME_CHARS]}{suffix}"
 
 
-def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> None:
-    """Raise ArtifactMisplaced unless `name` is a final file of the stage of the pipeline.
+def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str | None:
+    """Where else a final file of the stage of the pipeline named `name` may be; ArtifactMisplaced if it is none.
 
-    `name` is relative to the root or the prefix; a final file is `<pipeline id>/<stage>-<rest>`, `rest` naming no
-    folder.
+    `name` is relative to the root or the prefix; a final file is `<stage>/<pipeline id>/<stage>-<rest>`, or in the
+    layout before `<pipeline id>/<stage>-<rest>`, `rest` naming no folder. A file of the layout before may have been
+    moved to the stage's place since (`relayout`): its name there is returned; None for a file in its place.
     """
-    place = _place(pipeline_id, stage)
-    if not name.startswith(place) or "/" in name[len(place) :]:
-        raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
+    for place in (_place(pipeline_id, stage), _place_before(pipeline_id, stage)):
+        if name.startswith(place) and "/" not in name[len(place) :]:
+            return None if place == _place(pipeline_id, stage) else _moved(name)
+    raise ArtifactMisplaced(f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}")
+
+
+def _moved(name: str) -> str:
+    """The name in its stage's place of a file named `name` in the layout before (`<pipeline id>/<stage>-<rest>`)."""
+    pipeline_id, file = name.split("/")
+    return f"{file.split('-', 1)[0]}/{pipeline_id}/{file}"
+
+
+def _before(name: str) -> bool:
+    """Whether `name` is a final file of a stage in the layout before (a scratch or partial file is not)."""
+    folder, _, file = name.partition("/")
+    return _is_pipeline_id(folder) and "/" not in file and file.startswith(tuple(f"{s.value}-" for s in events.Stage))
+
+
+def _is_pipeline_id(name: str) -> bool:
+    try:
+        _checked(name)
+    except ValueError:
+        return False
+    return True
 
 
 def image_owner(tenant: str) -> str:
@@ -288,7 +333,7 @@ def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> 
 
 
 class VolumeStore:
-    """Files under `root`, a directory every stage and the gateway mount."""
+    """Files under `root`, a directory of which each stage mounts its own place to write and what it reads."""
 
     def __init__(self, root: pathlib.Path) -> None:
         self.root = root.resolve()
@@ -296,7 +341,7 @@ class VolumeStore:
     def scratch(
         self, pipeline_id: str, stage: events.Stage, attempt: int, suffix: str
     ) -> contextlib.AbstractContextManager[pathlib.Path]:
-        return _scratch(self.root / pipeline_id, stage, attempt, suffix)
+        return _scratch(self.root / _folder(pipeline_id, stage), stage, attempt, suffix)
 
     def keep(self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str) -> events.Artifact:
         """Move an attempt's file to its content-addressed final name and describe it."""
@@ -322,8 +367,8 @@ class VolumeStore:
         Raises ArtifactMissing if it is not under this store, ArtifactMisplaced if it is not in that stage's place.
         """
         path = self.path(artifact)
-        _placed(path.relative_to(self.root).as_posix(), artifact, pipeline_id, stage)
-        return path
+        moved = _placed(path.relative_to(self.root).as_posix(), artifact, pipeline_id, stage)
+        return self.root / moved if moved is not None and not os.path.lexists(path) else path
 
     @contextlib.contextmanager
     def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
@@ -353,8 +398,33 @@ class VolumeStore:
         return path
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int:
-        """Delete every file of the stage for the pipeline; how many there were."""
-        return _delete_local(self.root / _checked(pipeline_id), stage, final=True)
+        """Delete every file of the stage for the pipeline, in its place and in the layout before; how many."""
+        folders = (_folder(_checked(pipeline_id), stage), pipeline_id)
+        return sum(_delete_local(self.root / folder, stage, final=True) for folder in folders)
+
+    def relayout(self) -> int:
+        """Move every stage's file kept in the layout before to the stage's place; how many were moved.
+
+        What else an attempt of that release left in a pipeline's folder (scratch and partial files) is deleted,
+        and the folder with it. Run once every replica runs this release (none writes the layout before), with the
+        whole volume writable.
+        """
+        moved = 0
+        for folder in sorted(self.root.iterdir()):
+            if not _is_pipeline_id(folder.name) or not folder.is_dir() or folder.is_symlink():
+                continue
+            for path in sorted(folder.iterdir()):
+                name = f"{folder.name}/{path.name}"
+                if _before(name) and path.is_file() and not path.is_symlink():
+                    target = self.root / _moved(name)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(path, target)
+                    moved += 1
+                elif path.name.startswith(".") and path.is_file():
+                    path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # refused while something else is still there
+        return moved
 
     def keep_image(self, data: bytes, tenant: str, media_type: str) -> events.Artifact:
         """Write a tenant's image under the name its bytes give it (whole or not at all) and describe it.
@@ -436,7 +506,7 @@ class S3Store:
     def scratch(
         self, pipeline_id: str, stage: events.Stage, attempt: int, suffix: str
     ) -> contextlib.AbstractContextManager[pathlib.Path]:
-        return _scratch(self.scratch_root / pipeline_id, stage, attempt, suffix)
+        return _scratch(self.scratch_root / _folder(pipeline_id, stage), stage, attempt, suffix)
 
     def keep(self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str) -> events.Artifact:
         """Upload an attempt's file under its content-addressed key and describe it."""
@@ -471,21 +541,54 @@ class S3Store:
         return self._presigned(self._key(artifact, pipeline_id, stage), artifact.media_type, valid_s)
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int:
-        """Delete every object of the stage for the pipeline, and its scratch files here; how many objects."""
-        prefix = f"{self.prefix}{_checked(pipeline_id)}/{stage.value}-"
+        """Delete every object of the stage for the pipeline, and its scratch files here; how many objects.
+
+        Objects in the layout before too, unless these credentials may not list them: credentials narrowed to the
+        stage's own place are given once `relayout` has moved every such object (docs/deploy.md).
+        """
+        deleted = self._delete_listed(self.prefix + _place(_checked(pipeline_id), stage))
+        with contextlib.suppress(AccessDenied):
+            deleted += self._delete_listed(self.prefix + _place_before(pipeline_id, stage))
+        _delete_local(self.scratch_root / _folder(pipeline_id, stage), stage, final=False)
+        return deleted
+
+    def _delete_listed(self, prefix: str) -> int:
+        """Delete every object whose key starts with `prefix`; how many."""
         deleted = 0
         while True:  # what is deleted leaves the listing, so each round lists from the start
             listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=prefix)
             keys = [{"Key": found["Key"]} for found in listed.get("Contents", [])]
             if not keys:
-                break
+                return deleted
             answer = self._call("delete", self._client.delete_objects, Bucket=self.bucket, Delete={"Objects": keys})
             if answer.get("Errors"):
                 error = answer["Errors"][0]
                 raise outages.StoreUnavailable(f"delete in s3://{self.bucket}: {error.get('Code')} {error.get('Key')}")
             deleted += len(keys)
-        _delete_local(self.scratch_root / pipeline_id, stage, final=False)
-        return deleted
+
+    def relayout(self) -> int:
+        """Move (copy, then delete) every stage's object kept in the layout before to the stage's place; how many.
+
+        Run once every replica runs this release, with credentials that may write the whole prefix.
+        """
+        moved = 0
+        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+        for page in self._call("list", list, pages):
+            for found in page.get("Contents", []):
+                name = found["Key"][len(self.prefix) :]
+                if _before(name):
+                    source = {"Bucket": self.bucket, "Key": found["Key"]}
+                    self._call(
+                        "copy",
+                        self._client.copy_object,
+                        Bucket=self.bucket,
+                        Key=self.prefix + _moved(name),
+                        CopySource=source,
+                        MetadataDirective="COPY",
+                    )
+                    self._call("delete", self._client.delete_object, Bucket=self.bucket, Key=found["Key"])
+                    moved += 1
+        return moved
 
     def keep_image(self, data: bytes, tenant: str, media_type: str) -> events.Artifact:
         """Upload a tenant's image under the key its bytes give it and describe it."""
@@ -599,8 +702,22 @@ class S3Store:
         parsed = urllib.parse.urlparse(artifact.uri)
         if parsed.scheme != "s3" or parsed.netloc != self.bucket or not parsed.path.startswith(f"/{self.prefix}"):
             raise ArtifactMissing(f"not an artifact of s3://{self.bucket}/{self.prefix}: {artifact.uri}")
-        _placed(parsed.path[1 + len(self.prefix) :], artifact, pipeline_id, stage)
-        return parsed.path[1:]
+        key = parsed.path[1:]
+        moved = _placed(key[len(self.prefix) :], artifact, pipeline_id, stage)
+        if moved is not None and not self._exists(key):
+            return self.prefix + moved
+        return key
+
+    def _exists(self, key: str) -> bool:
+        """Whether these credentials find the object `key`.
+
+        Refused counts as not found: credentials narrowed to their places after `relayout` may not even look.
+        """
+        try:
+            self._call("look up", self._client.head_object, Bucket=self.bucket, Key=key)
+        except (ArtifactMissing, AccessDenied):
+            return False
+        return True
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the client; a missing object is ArtifactMissing, any other failure of the store an outage."""
@@ -613,6 +730,8 @@ class S3Store:
             code = error.response.get("Error", {}).get("Code", "")
             if code in ("404", "NoSuchKey"):
                 raise ArtifactMissing(f"{what}: no such object") from None
+            if code in ("403", "AccessDenied"):
+                raise AccessDenied(f"{what} in s3://{self.bucket}: {redact.describe(error)}") from None
             raise outages.StoreUnavailable(f"{what} in s3://{self.bucket}: {redact.describe(error)}") from None
         except (BotoCoreError, Boto3Error) as error:  # boto3's transfers wrap ClientError in Boto3Error
             raise outages.StoreUnavailable(f"{what} in s3://{self.bucket}: {redact.describe(error)}") from None

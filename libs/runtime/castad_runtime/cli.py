@@ -97,4 +97,23 @@ def service_app(
                 typer.echo(f"{name}: database open to its owner and {config.outbox_relay_role} only")
             typer.echo(f"{name}: database migrated")
 
+    if issubclass(settings_factory, settings.StoreSettings):
+
+        @app.command("relayout")
+        def relayout_command() -> None:
+            """Move the artifacts a release up to 0.2 kept in each pipeline's folder to their stages' places.
+
+            Once, after every replica of every service runs this release, with the whole volume (or bucket prefix)
+            writable; again is harmless. Until then a stage given only its own place cannot read such files.
+            """
+            from castad_runtime import artifacts, outages
+
+            store = artifacts.make_store(load_settings(settings_factory))
+            try:
+                moved = store.relayout()
+            except (outages.StoreUnavailable, OSError) as error:
+                typer.echo(f"{name}: cannot move the artifacts: {redact.describe(error)}", err=True)
+                raise typer.Exit(3) from None
+            typer.echo(f"{name}: {moved} artifacts moved to their stages' places")
+
     return app
