@@ -359,6 +359,20 @@ def values_schema(service: str) -> dict[str, Any]:
             },
             ("store", "claimName", "mountPath"),
         )
+        if service != "api":
+            properties["artifacts"]["properties"] |= {
+                "reads": {
+                    "type": "array",
+                    "uniqueItems": True,
+                    "items": {"enum": [*(s for s in topology.STAGES if s != service), "images"]},
+                    "description": "volume: the places of the volume this stage reads, mounted read-only",
+                },
+                "wholeVolume": {
+                    "type": "boolean",
+                    "description": "volume: mount the whole volume read-write, as releases up to 0.2 did; for a"
+                    " volume that still holds their files, until `relayout` has moved them (CHANGELOG)",
+                },
+            }
         properties["migrations"] = _object(
             {
                 "enabled": BOOLEAN,

@@ -3,7 +3,9 @@ The service's Deployment. Workers answer their probes and /metrics on containerP
 (CASTAD_<SERVICE>_HEALTH_PORT), the gateway on probesPort (CASTAD_API_HEALTH_PORT; unset: on its HTTP
 port); metrics.scrape annotates the pods so that a Prometheus that finds pods by annotations scrapes them
 there. The gateway mounts the artifacts read-only (it serves them, the stages write them) but for `images/`, where
-it keeps the images tenants upload (with a bucket it uploads them from memory and writes nothing here).
+it keeps the images tenants upload (with a bucket it uploads them from memory and writes nothing here). A stage
+mounts its own place, `<stage>/`, read-write, and the places in `artifacts.reads` read-only (the video stage the
+song's and the images); `artifacts.wholeVolume` mounts the whole volume read-write instead, as up to 0.2.
 */}}
 {{- define "castad.deployment" -}}
 {{- if and .Values.probesPort (eq (int .Values.probesPort) (int .Values.containerPort)) -}}
@@ -107,15 +109,30 @@ spec:
             - name: tmp
               mountPath: /tmp
             {{- if .Values.artifacts }}
+            {{- if or (eq .Values.component "api") (eq .Values.artifacts.store "s3") .Values.artifacts.wholeVolume }}
             - name: artifacts
               mountPath: {{ .Values.artifacts.mountPath }}
               {{- if eq .Values.component "api" }}
               readOnly: true
               {{- end }}
-            {{- if and (eq .Values.component "api") (ne .Values.artifacts.store "s3") }}
+            {{- end }}
+            {{- if ne .Values.artifacts.store "s3" }}
+            {{- if eq .Values.component "api" }}
             - name: artifacts
               mountPath: {{ .Values.artifacts.mountPath }}/images
               subPath: images
+            {{- else if not .Values.artifacts.wholeVolume }}
+            # The stage writes its own place alone, and reads only the places it must.
+            - name: artifacts
+              mountPath: {{ .Values.artifacts.mountPath }}/{{ .Values.component }}
+              subPath: {{ .Values.component }}
+            {{- range .Values.artifacts.reads }}
+            - name: artifacts
+              mountPath: {{ $.Values.artifacts.mountPath }}/{{ . }}
+              subPath: {{ . }}
+              readOnly: true
+            {{- end }}
+            {{- end }}
             {{- end }}
             {{- end }}
       volumes:
