@@ -159,19 +159,46 @@ def test_the_gateway_serves_its_probes_and_metrics_apart_from_the_api_which_alon
         render(chart_dir, "api", {"probesPort": 8000})
 
 
+def artifact_mounts(chart_dir: Any, service: str, values: dict) -> list[tuple[str, str | None, bool]]:
+    """Each mount of the artifacts volume in a service's pod: where, which place of it, read-only or not."""
+    (deployment,) = by_kind(render(chart_dir, service, values), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return [
+        (mount["mountPath"].removeprefix(ROOT), mount.get("subPath"), mount.get("readOnly", False))
+        for mount in container["volumeMounts"]
+        if mount["name"] == "artifacts"
+    ]
+
+
+ROOT = "/var/lib/castad/artifacts"
+# What each stage writes on the volume (its own place) and reads (read-only): what a compromised stage can reach.
+PLACES = {
+    "api": [("", None, True), ("/images", "images", False)],
+    "lyric": [("/lyric", "lyric", False)],
+    "song": [("/song", "song", False)],
+    "video": [("/video", "video", False), ("/song", "song", True), ("/images", "images", True)],
+}
+
+
 @pytest.mark.parametrize("store", ("volume", "s3"))
-def test_only_the_stages_may_write_artifacts_the_gateway_only_the_images_tenants_upload(chart_dir, store):
-    artifacts = {"store": store, "claimName": "castad-artifacts", "mountPath": "/var/lib/castad/artifacts"}
+def test_each_stage_writes_its_own_place_alone_and_the_gateway_only_the_images_tenants_upload(chart_dir, store):
+    artifacts = {"store": store, "claimName": "castad-artifacts", "mountPath": ROOT}
     values = {"artifacts": artifacts, "settings": {"CASTAD_ARTIFACTS_S3_BUCKET": "media"}}
     for service in topology.WITH_DATABASE:
-        (deployment,) = by_kind(render(chart_dir, service, values), "Deployment")
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        mount, *more = [mount for mount in container["volumeMounts"] if mount["name"] == "artifacts"]
-        assert mount.get("readOnly", False) is (service == "api"), (service, mount)
-        if service == "api" and store == "volume":  # with a bucket, uploads go from memory to the bucket
-            assert more == [{"name": "artifacts", "mountPath": "/var/lib/castad/artifacts/images", "subPath": "images"}]
-        else:
-            assert more == [], (service, more)
+        mounts = artifact_mounts(chart_dir, service, values)
+        if store == "volume":
+            assert mounts == PLACES[service], service
+        else:  # scratch space; uploads and artifacts go to the bucket
+            assert mounts == [("", None, service == "api")], service
+
+
+@pytest.mark.parametrize("service", topology.STAGES)
+def test_a_stage_mounts_the_whole_volume_only_when_asked_for_files_of_a_release_before(chart_dir, service):
+    artifacts = {"store": "volume", "claimName": "castad-artifacts", "mountPath": ROOT, "wholeVolume": True}
+
+    assert artifact_mounts(chart_dir, service, {"artifacts": artifacts}) == [("", None, False)]
+    with pytest.raises(helm.HelmValuesError, match="reads"):
+        render(chart_dir, service, {"artifacts": {**artifacts, "wholeVolume": False, "reads": [service]}})
 
 
 @pytest.mark.parametrize("service", ("api", "video"))
