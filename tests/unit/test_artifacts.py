@@ -343,3 +343,20 @@ def test_a_stage_writes_and_deletes_only_in_its_own_place(tmp_path: pathlib.Path
 
     assert written and all(path.is_relative_to(root / stage.value) for path in written)
     assert [other for other, path in others.items() if not path.exists()] == [stage]
+
+
+def test_a_file_of_the_layout_before_is_not_found_through_a_link_out_of_its_stages_place(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Its moved name is judged where it leads, as any other name: a link to another pipeline's place is refused."""
+    store = artifacts.VolumeStore(tmp_path)
+    others = place(tmp_path, OTHER, events.Stage.SONG)
+    others.mkdir(parents=True)
+    (others / "song-0123456789abcdef.wav").write_bytes(b"another tenant's song")
+    place(tmp_path, OWN, events.Stage.SONG).symlink_to(others)  # as a stage that may write its place could
+    named = events.Artifact(
+        uri=(tmp_path / OWN / "song-0123456789abcdef.wav").as_uri(), sha256="0" * 64, size=21, media_type="audio/wav"
+    )
+
+    with pytest.raises(artifacts.ArtifactMisplaced):
+        store.serve(named, OWN, events.Stage.SONG)

@@ -313,6 +313,18 @@ def _write_whole(final: pathlib.Path, data: bytes) -> None:
         written.unlink(missing_ok=True)
 
 
+# What an attempt of a release up to 0.2 left in a pipeline's folder beside its final files: scratch and partial files.
+_LEFT_BEFORE = (*(f".{stage.value}.attempt" for stage in events.Stage), ".upload-")
+
+
+def _listed(folder: pathlib.Path) -> list[pathlib.Path]:
+    """What is in `folder`; nothing if it is gone (retention deleted it meanwhile)."""
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+
+
 def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> int:
     """Delete a stage's files in a pipeline's folder; how many final files were deleted.
 
@@ -368,14 +380,23 @@ class VolumeStore:
         """
         path = self.path(artifact)
         moved = _placed(path.relative_to(self.root).as_posix(), artifact, pipeline_id, stage)
-        return self.root / moved if moved is not None and not os.path.lexists(path) else path
+        if moved is None or os.path.lexists(path):
+            return path
+        there = (self.root / moved).resolve()  # a link at the moved name is judged where it leads, as any name
+        if not there.is_relative_to(self.root) or _placed(
+            there.relative_to(self.root).as_posix(), artifact, pipeline_id, stage
+        ):
+            raise ArtifactMisplaced(
+                f"{artifact.uri} is not a file of the {stage.value} stage of pipeline {pipeline_id}"
+            )
+        return there
 
     @contextlib.contextmanager
     def local_copy(self, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> Iterator[pathlib.Path]:
         """A private copy of the artifact's file (off the volume), its bytes checked as they are copied.
 
-        Every stage mounts the volume, so another could change the file, also after a check: the copy is what the
-        event describes, whatever happens to the file since. Removed when the block ends.
+        A deployment may give every stage the whole volume, so another could change the file, also after a check:
+        the copy is what the event describes, whatever happens to the file since. Removed when the block ends.
         """
         path = self.placed(artifact, pipeline_id, stage)
         descriptor, name = tempfile.mkstemp(prefix="castad-", suffix=path.suffix)
@@ -399,28 +420,30 @@ class VolumeStore:
 
     def delete(self, pipeline_id: str, stage: events.Stage) -> int:
         """Delete every file of the stage for the pipeline, in its place and in the layout before; how many."""
-        folders = (_folder(_checked(pipeline_id), stage), pipeline_id)
+        # The layout before first: a file `relayout` moves meanwhile is then in the place, deleted next.
+        folders = (_checked(pipeline_id), _folder(pipeline_id, stage))
         return sum(_delete_local(self.root / folder, stage, final=True) for folder in folders)
 
     def relayout(self) -> int:
         """Move every stage's file kept in the layout before to the stage's place; how many were moved.
 
-        What else an attempt of that release left in a pipeline's folder (scratch and partial files) is deleted,
-        and the folder with it. Run once every replica runs this release (none writes the layout before), with the
-        whole volume writable.
+        What an attempt of that release left in a pipeline's folder (scratch and partial files) is deleted, and
+        the folder with it once empty. Run once every replica runs this release (none writes the layout before),
+        with the whole volume writable.
         """
         moved = 0
         for folder in sorted(self.root.iterdir()):
             if not _is_pipeline_id(folder.name) or not folder.is_dir() or folder.is_symlink():
                 continue
-            for path in sorted(folder.iterdir()):
+            for path in sorted(_listed(folder)):
                 name = f"{folder.name}/{path.name}"
                 if _before(name) and path.is_file() and not path.is_symlink():
                     target = self.root / _moved(name)
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(path, target)
-                    moved += 1
-                elif path.name.startswith(".") and path.is_file():
+                    with contextlib.suppress(FileNotFoundError):  # retention deleted it meanwhile
+                        os.replace(path, target)
+                        moved += 1
+                elif path.name.startswith(_LEFT_BEFORE) and path.is_file():
                     path.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 folder.rmdir()  # refused while something else is still there
@@ -546,9 +569,11 @@ class S3Store:
         Objects in the layout before too, unless these credentials may not list them: credentials narrowed to the
         stage's own place are given once `relayout` has moved every such object (docs/deploy.md).
         """
-        deleted = self._delete_listed(self.prefix + _place(_checked(pipeline_id), stage))
+        deleted = 0
+        # The layout before first: an object `relayout` copies meanwhile is then in the place, deleted next.
         with contextlib.suppress(AccessDenied):
-            deleted += self._delete_listed(self.prefix + _place_before(pipeline_id, stage))
+            deleted += self._delete_listed(self.prefix + _place_before(_checked(pipeline_id), stage))
+        deleted += self._delete_listed(self.prefix + _place(pipeline_id, stage))
         _delete_local(self.scratch_root / _folder(pipeline_id, stage), stage, final=False)
         return deleted
 
@@ -576,7 +601,9 @@ class S3Store:
         for page in self._call("list", list, pages):
             for found in page.get("Contents", []):
                 name = found["Key"][len(self.prefix) :]
-                if _before(name):
+                if not _before(name):
+                    continue
+                with contextlib.suppress(ArtifactMissing):  # retention deleted it meanwhile
                     source = {"Bucket": self.bucket, "Key": found["Key"]}
                     self._call(
                         "copy",
