@@ -2,9 +2,9 @@
 
 The installation is migrated to this release's schema first (the charts' hook Jobs run before any pod rolls), then
 every service runs the earlier release. The services roll one group at a time in the order CHANGELOG.md gives
-(relays, the gateway, the stages), each as a Deployment with `maxUnavailable: 0` rolls: a replica of the new
-release starts and turns ready, then one of the old release stops (SIGTERM, its stop grace). Each phase of the
-rollout (every release mix it passes through) runs for a while under steady traffic: briefs, half of them with
+(relays, the gateway, then video, song and lyric), each as a Deployment with `maxUnavailable: 0` rolls: a replica
+of the new release starts and turns ready, then one of the old release stops (SIGTERM, its stop grace). Each phase
+of the rollout (every release mix it passes through) runs for a while under steady traffic: briefs, half of them with
 uploaded photos, an operator cancelling and retrying, stage providers that fail a third of their calls. After the
 last phase the traffic stops, every pipeline must end, and the fault checker's invariants judge the run (every
 pipeline terminal, none lost, no effect twice, the order of each producer's events kept, no dead letter, no parked
@@ -36,7 +36,13 @@ from bench import common
 from bench.faults import checker, injections, plan, traffic
 from bench.upgrade import releases
 
-GROUPS: tuple[tuple[str, ...], ...] = ((topology.RELAY,), (topology.GATEWAY,), topology.STAGES)  # CHANGELOG's order
+# CHANGELOG's order: the relays, the gateway, then the stages one at a time from the last of the pipeline to the first
+# (a stage reads the files of the one before it, which a new release keeps where a release up to 0.2 cannot read).
+GROUPS: tuple[tuple[str, ...], ...] = (
+    (topology.RELAY,),
+    (topology.GATEWAY,),
+    *((stage,) for stage in reversed(topology.STAGES)),
+)
 # What each process's log says when it held work for another release, or handed work over to another replica.
 HELD = {
     "event held: a version newer than it reads": re.compile(r"newer than \d+, the newest known here.*held"),
