@@ -5,6 +5,8 @@ Several nodes or hosts, timeouts, and what a URL sets itself winning.
 
 from __future__ import annotations
 
+import os
+
 from castad_runtime import amqp, db
 
 NODES = "amqp://u:p@n1:5672/%2F,amqp://u:p@n2:5672/%2F, amqp://u:p@n3:5672/%2F"
@@ -72,3 +74,11 @@ def test_the_maintenance_url_changes_the_database_alone():
     kwargs = db.connect_kwargs(db.maintenance_url(url))
     assert (kwargs["dbname"], kwargs["password"]) == ("postgres", "s@cret")
     assert kwargs["target_session_attrs"] == "read-write"
+
+
+def test_every_session_names_its_process_to_postgresql_unless_the_url_names_it():
+    """What lets an operator (and the fault harness) tell which process holds a session idle in a transaction."""
+    named = db.connect_args("postgresql+psycopg://u@h1:5432/castad_api")["application_name"]
+
+    assert named.startswith(f"castad:{os.getpid()}@") and len(named) <= 63
+    assert "application_name" not in db.connect_args("postgresql+psycopg://u@h1/castad_api?application_name=mine")

@@ -18,7 +18,9 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import os
 import select
+import socket
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol
 
@@ -44,13 +46,25 @@ _AFTER_COMMIT = "castad_after_commit"
 _USED = "castad_used"  # a pooled connection's record: it was handed out before
 
 
+def application_name() -> str:
+    """How this process's sessions name themselves to PostgreSQL: `castad:<pid>@<host>`, at most 63 characters.
+
+    An operator finds in pg_stat_activity which process holds a session (one idle in a transaction, say); the pid
+    comes first, so that a long host name is what PostgreSQL cuts.
+    """
+    return f"castad:{os.getpid()}@{socket.gethostname()}"[:63]
+
+
 def connect_args(url: str) -> dict[str, Any]:
     """What SQLAlchemy's engine for `url` must add to the URL's own parameters.
 
-    `TIMEOUTS`, and `target_session_attrs=read-write` where the URL names several hosts (unless it says otherwise).
+    `TIMEOUTS`, `application_name`, and `target_session_attrs=read-write` where the URL names several hosts (unless
+    it says otherwise).
     """
     parsed = sa.engine.make_url(url)
     added: dict[str, Any] = {key: value for key, value in TIMEOUTS.items() if key not in parsed.query}
+    if "application_name" not in parsed.query:
+        added["application_name"] = application_name()
     hosts = parsed.query.get("host", ())
     named = [host for entry in ((hosts,) if isinstance(hosts, str) else hosts) for host in entry.split(",")]
     if len(named) > 1 and "target_session_attrs" not in parsed.query:  # ?host=a&host=b, or libpq's ?host=a,b
