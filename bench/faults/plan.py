@@ -92,11 +92,19 @@ SONG_S = 2.0  # the music API's time to finish a song
 # The music API says "not found" for a task this young (as its users report for fresh tasks): no song job may pay
 # for a second song over it (the report's submissions a job).
 SONG_LISTED_AFTER_S = 1.0
+# PostgreSQL ends a session of any service left idle inside a transaction this long, and a statement of it that
+# waits this long for a lock (every service's CASTAD_<SERVICE>_DB_IDLE_IN_TRANSACTION_S and _DB_LOCK_WAIT_S; the
+# gateway's defaults are 120 s, for an upload to a slow bucket): a process frozen inside a transaction holds its
+# row locks no longer than both (a statement it had sent may still be waiting for a lock when it froze).
+IDLE_IN_TRANSACTION_S = 10.0
+LOCK_WAIT_S = 5.0
+FROZEN_IN_TRANSACTION_S = IDLE_IN_TRANSACTION_S + LOCK_WAIT_S + 4.0  # how long such a process stays frozen
 # Takeover bounds: from the fault to work done again by another replica, node or host.
 RELAY_TAKEOVER_S = 10.0
 NODE_TAKEOVER_S = 10.0
 NODE_CUT_OFF_TAKEOVER_S = 30.0  # found only by heartbeats (5 s) and keepalives, then a consumer's restart
 FAILOVER_TAKEOVER_S = 15.0  # from the promotion
+IN_TRANSACTION_RELEASE_S = IDLE_IN_TRANSACTION_S + LOCK_WAIT_S + 2.0  # from the freeze to the session's end
 
 
 def service_settings(music_api_url: str, music_api_key: str) -> dict[str, str]:
@@ -127,6 +135,8 @@ def service_settings(music_api_url: str, music_api_key: str) -> dict[str, str]:
         "CASTAD_RELAY_CONFIRM_TIMEOUT_S": "5",
         "CASTAD_RELAY_MAX_PUBLISH_ATTEMPTS": str(RELAY_MAX_PUBLISH_ATTEMPTS),
         "CASTAD_RELAY_LEASE_S": str(RELAY_LEASE_S),
+        **{f"CASTAD_{svc.upper()}_DB_IDLE_IN_TRANSACTION_S": str(IDLE_IN_TRANSACTION_S) for svc in topology.SERVICES},
+        **{f"CASTAD_{svc.upper()}_DB_LOCK_WAIT_S": str(LOCK_WAIT_S) for svc in topology.SERVICES},
         **{f"CASTAD_{stage.upper()}_{name}": value for stage in STAGES for name, value in stage_settings.items()},
         "CASTAD_SONG_PROVIDER": "suno",
         "CASTAD_SONG_FAULT_LATENCY_S": str(SONG_CALL_LATENCY_S),

@@ -33,7 +33,12 @@ def test_every_accepted_pipeline_ends_in_one_known_outcome_whatever_fails(tmp_pa
         "connections stalled",
         *run.NODE_LOSS,
         run.FAILOVER,
+        run.FROZEN_IN_TRANSACTION,
     }
+    frozen = [fault for fault in result.faults if fault.kind == run.FROZEN_IN_TRANSACTION]
+    assert {fault.target.rsplit("-", 1)[0] for fault in frozen} == set(run.FROZEN_IN_TRANSACTION_SERVICES)
+    # PostgreSQL ended each frozen session, letting go of its row locks, within its timeout (the takeover bound).
+    assert all(fault.takeover_s is not None for fault in frozen), frozen
     killed = {fault.target.rsplit("-", 1)[0] for fault in result.faults if fault.kind == "kill -9"}
     assert killed == set(run.PROCESSES)
     assert {fault.target for fault in result.faults if fault.kind == "database outage"} == set(run.SERVICES)
