@@ -60,9 +60,9 @@ NODE_LOSS = (
 )
 FAILOVER = "postgresql failover"
 FROZEN_IN_TRANSACTION = "frozen inside a transaction"
-# A song replica. Not yet a gateway replica: one was found idle in a transaction after the projection's insert and
-# not ended within 19 s though its timeout was 10 s, not explained yet. Nor a relay: its sessions commit each
-# statement on its own but for a refusal's, so only a refused row gives it a transaction to be frozen in.
+# A song replica. Not yet a gateway replica: its projection's transactions send pipelined batches, after which
+# PostgreSQL does not end the session for its idle timeout (docs/operating/failures.md). Nor a relay: its sessions
+# commit each statement on its own but for a refusal's, so only a refused row gives it a transaction to freeze in.
 FROZEN_IN_TRANSACTION_SERVICES = ("song",)
 IN_TRANSACTION_TRIES = 600  # stops of a process, each let go again at once if no session of its held row locks
 # Sessions of Castad's processes that hold row locks (an id of their transaction: they wrote or locked a row) and
