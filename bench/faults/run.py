@@ -65,11 +65,13 @@ FROZEN_IN_TRANSACTION = "frozen inside a transaction"
 # commit each statement on its own but for a refusal's, so only a refused row gives it a transaction to freeze in.
 FROZEN_IN_TRANSACTION_SERVICES = ("song",)
 IN_TRANSACTION_TRIES = 600  # stops of a process, each let go again at once if no session of its held row locks
-# Sessions of Castad's processes that hold row locks (an id of their transaction: they wrote or locked a row) and
-# wait for their next statement; application_name is `castad:<pid>@<host>` (castad_runtime.db.application_name).
+# Sessions of Castad's processes that hold row locks on the jobs (an id of their transaction, their last statement
+# an UPDATE of jobs: a claim, a lease renewed, an outcome) and wait for their next statement; application_name is
+# `castad:<pid>@<host>` (castad_runtime.db.application_name). Not a transaction of the inbox, which pipelines its
+# statements and so escapes the idle timeout: the gap docs/operating/failures.md states.
 HOLDING_LOCKS = (
     "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'idle in transaction'"
-    " AND backend_xid IS NOT NULL AND application_name LIKE 'castad:%'"
+    " AND backend_xid IS NOT NULL AND application_name LIKE 'castad:%' AND query ILIKE 'UPDATE jobs%'"
 )
 # Work done in one service's database since a moment: a row of its outbox published, an event of its inbox handled.
 WORKED = (
