@@ -194,7 +194,8 @@ def _node_losses(result: run.Result) -> list[str]:
         "Taken over = from the fault (the promotion, for PostgreSQL) to work done elsewhere: by another relay"
         " (a row of the frozen leader's outbox published), by another stage replica (the frozen attempt's job"
         " attempted again), by every service again (a node lost, a failover); for a process frozen inside a"
-        " transaction, until PostgreSQL ended its session and so let go of its row locks. Longest pause = the longest"
+        " transaction, until its session was ended (by PostgreSQL or the service's own look), letting go of its"
+        " row locks. Longest pause = the longest"
         " stretch without any work (a row published, an event handled, an attempt started) from the fault until"
         " work resumed after it. Dropped = events inboxes saw again and dropped, from the fault until"
         f" {result.plan.quiet_s:g} s after work resumed. Music API = the song jobs attempted in that window.",

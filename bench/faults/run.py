@@ -10,8 +10,8 @@ each service's database, the broker's network cut, stalled and partitioned, then
 node: kill -9 of the RabbitMQ node that leads the queues, a graceful stop of another, the network
 to one cut off without a word, a freeze (SIGSTOP) of the relay that leads the gateway's outbox, a
 freeze of a song replica mid-attempt (before its submit) for longer than its lease, a freeze of a song replica
-inside a transaction holding row locks for longer than PostgreSQL lets such a session wait, kill -9 of the
-PostgreSQL primary and the promotion of its standby.
+and of a gateway replica each inside a transaction holding row locks for longer than such a session may wait,
+kill -9 of the PostgreSQL primary and the promotion of its standby.
 
 `python -m bench.faults [--short]` runs FULL (or SHORT) and writes docs/reports/faults.md.
 """
@@ -60,18 +60,15 @@ NODE_LOSS = (
 )
 FAILOVER = "postgresql failover"
 FROZEN_IN_TRANSACTION = "frozen inside a transaction"
-# A song replica. Not yet a gateway replica: its projection's transactions send pipelined batches, after which
-# PostgreSQL does not end the session for its idle timeout (docs/operating/failures.md). Nor a relay: its sessions
-# commit each statement on its own but for a refusal's, so only a refused row gives it a transaction to freeze in.
-FROZEN_IN_TRANSACTION_SERVICES = ("song",)
+# Not a relay: its sessions commit each statement on its own but for a refusal's, so only a refused row gives it a
+# transaction to be frozen in.
+FROZEN_IN_TRANSACTION_SERVICES = ("song", "api")
 IN_TRANSACTION_TRIES = 600  # stops of a process, each let go again at once if no session of its held row locks
-# Sessions of Castad's processes that hold row locks on the jobs (an id of their transaction, their last statement
-# an UPDATE of jobs: a claim, a lease renewed, an outcome) and wait for their next statement; application_name is
-# `castad:<pid>@<host>` (castad_runtime.db.application_name). Not a transaction of the inbox, which pipelines its
-# statements and so escapes the idle timeout: the gap docs/operating/failures.md states.
+# Sessions of Castad's processes that hold row locks (an id of their transaction: they wrote or locked a row) and
+# wait for their next statement; application_name is `castad:<pid>@<host>` (castad_runtime.db.application_name).
 HOLDING_LOCKS = (
     "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'idle in transaction'"
-    " AND backend_xid IS NOT NULL AND application_name LIKE 'castad:%' AND query ILIKE 'UPDATE jobs%'"
+    " AND backend_xid IS NOT NULL AND application_name LIKE 'castad:%'"
 )
 # Work done in one service's database since a moment: a row of its outbox published, an event of its inbox handled.
 WORKED = (
@@ -541,7 +538,7 @@ class FaultRun:
     def _freeze_inside_a_transaction(self, name: str) -> Fault:
         """Stop `name` inside a transaction holding row locks for FROZEN_IN_TRANSACTION_S, then let it go on.
 
-        Its `takeover_s`: from the stop until PostgreSQL ended that session.
+        Its `takeover_s`: from the stop until that session was ended.
         """
         fault, url, backend = self._stop_inside_a_transaction(name)
         states: list[str] = []  # what the session did meanwhile, each change once
@@ -556,7 +553,7 @@ class FaultRun:
         self.stack.signal(name, signal.SIGCONT)
         fault.ended = time.time()
         ended = "more than the freeze" if fault.takeover_s is None else f"{fault.takeover_s:.1f} s"
-        fault.detail += f"; the session was {', then '.join(states)}; PostgreSQL ended it after {ended}"
+        fault.detail += f"; the session was {', then '.join(states)}; it was ended after {ended}"
         return fault
 
     def _stop_inside_a_transaction(self, name: str) -> tuple[Fault, str, int]:
@@ -757,7 +754,7 @@ class FaultRun:
                 continue
             since = fault.ended if fault.kind == FAILOVER else fault.started
             if fault.kind == FROZEN_IN_TRANSACTION:
-                pass  # measured as it happened: until PostgreSQL ended the frozen session
+                pass  # measured as it happened: until the frozen session was ended
             elif fault.kind == "relay leader frozen":
                 fault.takeover_s = checker.first_after(work.published_from["api"], since)
             elif fault.kind == "stage replica frozen":

@@ -67,6 +67,62 @@ def test_a_session_frozen_inside_a_transaction_on_shared_rows_holds_the_stages_c
     holder.close()
 
 
+def frozen_after_a_pipelined_batch(engine: sa.Engine) -> sa.Connection:
+    """As `frozen`, the counts locked in a pipelined batch that read a result midway, as the inbox's do.
+
+    PostgreSQL's own idle_in_transaction_session_timeout then leaves the session alone (PostgreSQL 15, psycopg 3.2).
+    """
+    conn = engine.connect()
+    conn.begin()
+    with db.pipelined(conn):
+        db.run(conn, "SELECT 1 FROM in_flight_counts FOR UPDATE")
+        db.run(conn, "SELECT 1").fetchone()
+        db.run(conn, "SELECT 2")
+    return conn
+
+
+def test_a_session_frozen_after_a_pipelined_batch_is_ended_by_the_services_own_look_within_its_limit(limited):
+    stage = make_runner(limited["idle"], succeed)
+    add_job(stage)
+    holder = frozen_after_a_pipelined_batch(limited["idle"])
+    time.sleep(2.5)  # twice its limit: PostgreSQL alone has not ended it
+    with limited["idle"].connect() as look:
+        pid = holder.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
+        state = look.execute(sa.text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar()
+    assert state == "idle in transaction"
+    stuck = db.StuckSessions(limited["idle"], 1.0)
+    claimed: list[object] = []
+    claiming = threading.Thread(target=lambda: claimed.append(stage.claim_next()), daemon=True)
+
+    started = time.monotonic()
+    stuck.start()
+    claiming.start()
+    claiming.join(timeout=15)
+    stuck.stop()
+
+    assert not claiming.is_alive(), "the claim still waits on the frozen session's locks"
+    assert claimed and claimed[0] is not None and time.monotonic() - started < 5  # a quarter of the limit, a look
+    with pytest.raises(sa.exc.DBAPIError) as ended:
+        holder.execute(sa.text("SELECT 1"))
+    assert outages.is_outage(ended.value)
+    holder.close()
+
+
+def test_the_look_ends_no_session_at_work(limited):
+    """A statement at work (a long query inside a transaction) is no session stuck on its client."""
+    busy = limited["idle"].connect()
+    busy.begin()
+    at_work = threading.Thread(target=lambda: busy.execute(sa.text("SELECT pg_sleep(2.5)")), daemon=True)
+    at_work.start()
+    time.sleep(2.0)
+
+    assert db.StuckSessions(limited["idle"], 1.0).sweep() == 0
+
+    at_work.join(5)
+    busy.rollback()
+    busy.close()
+
+
 def test_a_wait_for_a_lock_ends_at_its_timeout_as_an_outage(limited):
     holder = frozen(limited["lock"])
     try:

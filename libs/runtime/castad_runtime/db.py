@@ -21,6 +21,7 @@ import logging
 import os
 import select
 import socket
+import threading
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol
 
@@ -135,6 +136,66 @@ class SessionLimits:
     def statement(self) -> str:
         idle_ms, lock_ms = round(self.idle_in_transaction_s * 1000), round(self.lock_wait_s * 1000)
         return f"SET idle_in_transaction_session_timeout = {idle_ms}; SET lock_timeout = {lock_ms}"
+
+
+# Sessions of this role in this database inside a transaction and waiting on their client longer than `idle_s`:
+# idle in it, or active and waiting for the rest of a pipelined batch. PostgreSQL's idle_in_transaction_session_timeout
+# misses both once a session sent a pipelined batch (found with PostgreSQL 15 and psycopg 3.2: a batch that read a
+# result midway leaves it unarmed for the rest of the transaction), and a pooler keeps it from reaching others.
+_STUCK = """
+SELECT pid, application_name, extract(epoch FROM now() - state_change)::float8, pg_terminate_backend(pid)
+FROM pg_stat_activity
+WHERE datname = current_database() AND usename = current_user AND pid <> pg_backend_pid()
+  AND xact_start IS NOT NULL AND state_change < now() - make_interval(secs => :idle_s)
+  AND (state LIKE 'idle in transaction%' OR (state = 'active' AND wait_event = 'ClientRead'))
+"""
+
+
+class StuckSessions:
+    """A thread that ends the service's own sessions stuck inside a transaction past its limit (`_STUCK`).
+
+    What a process frozen there held (row locks on shared rows) is then free within its limit and a quarter of it,
+    as PostgreSQL's own timeout would free it: every replica's thread looks every quarter of the limit, and one
+    of them ends it. It reaches only the sessions of the service's role in the service's database.
+    """
+
+    def __init__(self, engine: sa.Engine, idle_s: float) -> None:
+        self._engine, self.idle_s = engine, idle_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="stuck-sessions", daemon=True)
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [self._thread]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.idle_s / 4):
+            try:
+                self.sweep()
+            except (sa.exc.DBAPIError, OSError) as error:  # the database out: its next look
+                log.debug("stuck sessions: not looked at: %s", error)
+
+    def sweep(self) -> int:
+        """End every such session now; how many."""
+        with self._engine.begin() as conn:
+            ended = conn.execute(sa.text(_STUCK), {"idle_s": self.idle_s}).all()
+        for pid, application, seconds, done in ended:
+            log.warning(
+                "session %s of %s %s: inside a transaction without a word for %.1f s, over its %g s",
+                pid,
+                application or "an unnamed process",
+                "ended" if done else "not ended",
+                seconds,
+                self.idle_s,
+            )
+        return len(ended)
 
 
 def make_engine(url: str, pool_size: int = 5, limits: SessionLimits | None = None) -> sa.Engine:

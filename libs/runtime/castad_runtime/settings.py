@@ -47,8 +47,9 @@ IdleInTransactionS = Annotated[
         ge=0.001,
         le=3600,
         description="a session of the service idle inside a transaction for longer is ended by PostgreSQL"
-        " (idle_in_transaction_session_timeout): a process frozen mid-transaction lets go of its row locks then, and"
-        " what it held is taken over as after an outage",
+        " (idle_in_transaction_session_timeout), or (gateway, stages) by the service's own look every quarter of"
+        " it where PostgreSQL misses one (after a pipelined batch): a process frozen mid-transaction lets go of its"
+        " row locks then, and what it held is taken over as after an outage",
     ),
 ]
 LockWaitS = Annotated[

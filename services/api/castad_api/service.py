@@ -87,6 +87,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         config,
         gateway.metrics.retention,
     )
+    stuck = db.StuckSessions(engine, config.db_idle_in_transaction_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -99,7 +100,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         if probes is not None:
             probes.start()
         gateway.notifications.start()
-        for part in (worker, announcer, recorder, sweeper, deliverer, pruner):
+        for part in (worker, announcer, recorder, sweeper, deliverer, pruner, stuck):
             part.start()
         process.start_up_done()
         try:
@@ -107,7 +108,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         finally:
             if probes is not None:
                 probes.stopping.set()
-            for part in (pruner, deliverer, sweeper, recorder, announcer, worker):
+            for part in (stuck, pruner, deliverer, sweeper, recorder, announcer, worker):
                 part.stop()
             await gateway.notifications.stop()
             if probes is not None:

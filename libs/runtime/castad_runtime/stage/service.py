@@ -348,7 +348,8 @@ def run(definition: StageDefinition[S], config: S) -> None:
         config,
         measured.retention,
     )
-    parts: list[process.Background] = [worker, announcer, jobs, pruner]
+    stuck = db.StuckSessions(engine, config.db_idle_in_transaction_s)
+    parts: list[process.Background] = [worker, announcer, jobs, pruner, stuck]
     liveness = {
         "announcement": health.threads_alive(announcer.threads),
         "consumer": health.threads_alive(worker.threads),
