@@ -138,15 +138,15 @@ class SessionLimits:
         return f"SET idle_in_transaction_session_timeout = {idle_ms}; SET lock_timeout = {lock_ms}"
 
 
-# Sessions of this role in this database inside a transaction and waiting on their client longer than `idle_s`:
-# idle in it, or active and waiting for the rest of a pipelined batch. PostgreSQL's idle_in_transaction_session_timeout
+# Sessions of this role in this database inside a transaction that wrote or locked rows (it has an id), and waiting
+# on their client longer than `idle_s`: idle in it, or active and waiting for the rest of a pipelined batch. PostgreSQL's idle_in_transaction_session_timeout
 # misses both once a session sent a pipelined batch (found with PostgreSQL 15 and psycopg 3.2: a batch that read a
 # result midway leaves it unarmed for the rest of the transaction), and a pooler keeps it from reaching others.
 _STUCK = """
 SELECT pid, application_name, extract(epoch FROM now() - state_change)::float8, pg_terminate_backend(pid)
 FROM pg_stat_activity
 WHERE datname = current_database() AND usename = current_user AND pid <> pg_backend_pid()
-  AND xact_start IS NOT NULL AND state_change < now() - make_interval(secs => :idle_s)
+  AND backend_xid IS NOT NULL AND state_change < now() - make_interval(secs => :idle_s)
   AND (state LIKE 'idle in transaction%' OR (state = 'active' AND wait_event = 'ClientRead'))
 """
 
