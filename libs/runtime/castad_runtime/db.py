@@ -30,6 +30,8 @@ import sqlalchemy as sa
 from psycopg import pq, rows
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
+from castad_runtime import outages
+
 log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "castad_outbox"
@@ -139,9 +141,10 @@ class SessionLimits:
 
 
 # Sessions of this role in this database inside a transaction that wrote or locked rows (it has an id), and waiting
-# on their client longer than `idle_s`: idle in it, or active and waiting for the rest of a pipelined batch. PostgreSQL's idle_in_transaction_session_timeout
-# misses both once a session sent a pipelined batch (found with PostgreSQL 15 and psycopg 3.2: a batch that read a
-# result midway leaves it unarmed for the rest of the transaction), and a pooler keeps it from reaching others.
+# on their client longer than `idle_s`: idle in it, or active and waiting for the rest of a pipelined batch.
+# PostgreSQL's idle_in_transaction_session_timeout misses both once a session sent a pipelined batch (found with
+# PostgreSQL 15 and psycopg 3.2: a batch that read a result midway leaves it unarmed for the rest of the
+# transaction), and a pooler keeps it from reaching others.
 _STUCK = """
 SELECT pid, application_name, extract(epoch FROM now() - state_change)::float8, pg_terminate_backend(pid)
 FROM pg_stat_activity
@@ -164,10 +167,6 @@ class StuckSessions:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stuck-sessions", daemon=True)
 
-    @property
-    def threads(self) -> list[threading.Thread]:
-        return [self._thread]
-
     def start(self) -> None:
         self._thread.start()
 
@@ -179,12 +178,13 @@ class StuckSessions:
         while not self._stop.wait(self.idle_s / 4):
             try:
                 self.sweep()
-            except (sa.exc.DBAPIError, OSError) as error:  # the database out: its next look
-                log.debug("stuck sessions: not looked at: %s", error)
+            except Exception as error:  # the thread goes on: its next look
+                if not outages.is_outage(error):
+                    log.exception("looking for stuck sessions failed; looking again")
 
     def sweep(self) -> int:
         """End every such session now; how many."""
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             ended = conn.execute(sa.text(_STUCK), {"idle_s": self.idle_s}).all()
         for pid, application, seconds, done in ended:
             log.warning(
