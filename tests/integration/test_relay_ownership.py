@@ -192,3 +192,31 @@ def test_a_stage_that_defines_its_own_operators_and_search_path_still_gets_only_
     )
     delivered = [message for queue in topo.services for message in amqp.take_all(topo.queue(queue))]
     assert forged.id not in {uuid.UUID(message.document["id"]) for message in delivered}
+
+
+def test_a_park_that_did_not_commit_tells_the_operators_again_under_the_same_id(installation, engines, amqp, start_relay):
+    """The notice of a park is named by the version of the row it parks.
+
+    A park whose transaction does not commit (here it waits on a lock past its limit, as a relay's session ended
+    inside that transaction would end) leaves the row as it was: told again, the notice has the same id, which the
+    gateway records once. Republished and parked again, the row is a version of its own, with a notice of its own.
+    """
+    topo = installation.topology
+    engine = engines["api"]
+    env = started(events.Stage.LYRIC, str(uuid.uuid4())).model_copy(update={"type": "pipeline.exploded"})
+    forge(engine, env)
+    with engine.connect() as holder:  # its transaction holds the row's lock until it closes
+        holder.execute(sa.select(tables.outbox.c.id).where(tables.outbox.c.event_id == env.id).with_for_update())
+        start_relay(fallback_poll_s=30, db_lock_wait_s=0.2)
+        told = amqp.take(topo.dead_letter_queue, 2, timeout=20)  # each park waited on the lock, and gave up
+        assert row_of(engine, env.id)["parked_at"] is None
+    waits.until(lambda: row_of(engine, env.id)["parked_at"], what="the row parked once the lock was let go")
+
+    told += amqp.take_all(topo.dead_letter_queue)
+    assert {notice.properties.message_id for notice in told} == {told[0].properties.message_id}
+    with db.transaction(engine) as conn:
+        assert outbox.republish(conn, [env.id]) == 1
+    waits.until(lambda: row_of(engine, env.id)["parked_at"], what="the republished row parked again")
+    [again] = amqp.take(topo.dead_letter_queue, 1)
+    assert again.headers["x-castad-parked-event"] == str(env.id)
+    assert again.properties.message_id != told[0].properties.message_id

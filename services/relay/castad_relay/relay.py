@@ -11,7 +11,6 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -325,7 +324,10 @@ class SourceRelay:
             "x-castad-parked-event": str(row["event_id"]),
         }
         body = publisher_.envelope_body(row["envelope"], row["traceparent"], row["tracestate"])
-        message_id = f"parked:{row['event_id']}:{uuid.uuid4()}"
+        # One id per version of the row: told again after a park that did not commit (a session ended inside the
+        # refusal's transaction, a lost commit), the gateway records the notice once; a row republished and parked
+        # again is a version of its own, and a notice of its own.
+        message_id = f"parked:{row['event_id']}:{row['version']}"
         return await self.publisher.publish_dead_letter(self.dead_letter_exchange, body, headers, message_id)
 
     async def _pending(self, conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:

@@ -55,9 +55,11 @@ RELEASE_LEASE = "UPDATE public.outbox_leader SET expires_at = now() WHERE holder
 # the oldest: a row that came due, was republished or committed late goes before the later rows
 # of its pipeline.
 # The envelope as stored: the relay takes it apart itself (`publisher.taken_apart`) and judges the very fields it
-# publishes (`ownership`), never a value the database computed.
+# publishes (`ownership`), never a value the database computed. `version`: the transaction that last wrote the row
+# (its xmin), which names a park's notice (`relay._tell_operators`).
 PENDING = """
-SELECT id, event_id, pipeline_id, routing_key, created_at, publish_attempts, destination, envelope
+SELECT id, event_id, pipeline_id, routing_key, created_at, publish_attempts, destination, envelope,
+  o.xmin::text AS version
 FROM public.outbox AS o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND (o.retry_at IS NULL OR o.retry_at <= now())
   AND NOT EXISTS (
