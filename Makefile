@@ -81,7 +81,7 @@ bench-replicas: setup  ## two replicas of every stage and of the relay beside on
 upgrade-test: setup  ## a rolling upgrade from FROM (a tag or commit; default: the newest release tag) to this tree, under traffic; docs/reports/upgrade.md (SHORT=1: the short version, as a test)
 	@$(if $(SHORT),$(BIN)/pytest -m upgrade tests/upgrade,$(BIN)/python -m bench.upgrade $(if $(FROM),--from $(FROM)))
 
-faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
+faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with two synchronous standbys; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
 	@$(BIN)/python -m bench.faults
 
 images: setup  ## build every service's image with podman and run the stack from them to a finished video (root)

@@ -228,7 +228,7 @@ def check(bench: castad_bench.CastadBench, routed: tuple[str, ...], started: flo
     expect = checker.Expectations(
         accepted=frozenset(snapshot.pipelines),
         poison=(),
-        unroutable_event_id="",
+        unroutable_event_ids=frozenset(),
         last_fault_end=started,
         settle_s=float("inf"),
         artifacts_dir=bench.artifacts_dir,

@@ -4,8 +4,9 @@
   through a TCP proxy of the harness (`proxy.TcpProxy`), so that the network to the broker can be
   cut, stalled or partitioned while the nodes keep running; the harness's own tools go to the
   nodes directly.
-- PostgreSQL: a primary and a synchronous standby (`postgres.PostgresPair`), every service's
-  database on it, reached by multi-host URLs that follow a promotion.
+- PostgreSQL: a primary and two standbys, a commit waiting for any one of them (`postgres.PostgresCluster`),
+  the standbys' clocks `plan.STANDBY_CLOCK_AHEAD_S` ahead; every service's database on it, reached by
+  multi-host URLs that follow a promotion.
 - A music API for the song stage: the fake sunoapi.org server, in this process.
 - `plan.REPLICAS` processes of every service (`lyric-1`, `lyric-2`, ...), each gateway on a port
   of its own, each worker with its probes and metrics on a port of its own.
@@ -43,7 +44,9 @@ class Deployment:
         self.namespace = f"faults-{common.RUN_ID}"
         self.topology = topology.Topology(self.namespace)
         self.rabbitmq = rabbitmq.RabbitCluster(workdir)
-        self.postgres = postgres.PostgresPair(workdir)
+        self.postgres = postgres.PostgresCluster(
+            workdir, standbys=plan.POSTGRES_STANDBYS, clock_ahead_s=plan.STANDBY_CLOCK_AHEAD_S
+        )
         self.proxies = [proxy.TcpProxy(proxy.address_of(url)) for url in self.rabbitmq.urls()]
         self.music = suno.FakeSuno(song_s=plan.SONG_S, audio_s=2.0, listed_after_s=plan.SONG_LISTED_AFTER_S)
         self.artifacts_dir = workdir / "artifacts"

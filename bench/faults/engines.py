@@ -1,7 +1,7 @@
 """What the clustered engines of a fault run share: the programs they need, errors, processes, waiting.
 
-`rabbitmq.RabbitCluster` (three RabbitMQ nodes) and `postgres.PostgresPair` (a PostgreSQL primary and
-its synchronous standby) run from Debian's packages beside the system's RabbitMQ and PostgreSQL, which
+`rabbitmq.RabbitCluster` (three RabbitMQ nodes) and `postgres.PostgresCluster` (a PostgreSQL primary and
+its synchronous standbys) run from Debian's packages beside the system's RabbitMQ and PostgreSQL, which
 they leave alone: their own ports (below the ephemeral range), node names, epmd, data directories and
 Erlang cookie. Every wait is bounded and a failure is a `ClusterError` that quotes the end of the
 engine's log.
@@ -37,6 +37,8 @@ def _newest_postgres() -> pathlib.Path:
 
 
 POSTGRES_BIN = _newest_postgres()
+# Debian's libfaketime: a server started with it preloaded runs its clock ahead (postgres.PostgresCluster).
+FAKETIME = next(iter(sorted(pathlib.Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), pathlib.Path("libfaketime"))
 EPMD = pathlib.Path("/usr/bin/epmd")
 RUNUSER = pathlib.Path("/usr/sbin/runuser")
 PROGRAMS = (
@@ -49,7 +51,9 @@ PROGRAMS = (
     POSTGRES_BIN / "pg_basebackup",
     RUNUSER,
 )
-HOW = "run `make setup` as root (it installs Debian's rabbitmq-server and postgresql where they are missing)"
+HOW = (
+    "run `make setup` as root (it installs Debian's rabbitmq-server, postgresql and libfaketime where they are missing)"
+)
 LOCALHOST = "127.0.0.1"
 START_TIMEOUT_S = 90.0  # a node's boot: the first alone, then two joining it at once, about 19 s on two cores
 STOP_TIMEOUT_S = 30.0
@@ -65,6 +69,8 @@ class ClusterError(Exception):
 def missing() -> list[str]:
     """What this machine lacks to run the engines (nothing when `make setup` ran as root)."""
     absent = [str(program) for program in PROGRAMS if not os.access(program, os.X_OK)]
+    if not FAKETIME.is_file():
+        absent.append("Debian's libfaketime")
     try:
         pwd.getpwnam("postgres")
     except KeyError:

@@ -133,10 +133,10 @@ class Tap:
             channel.queue_delete(self.queue)
 
 
-def add_unroutable_row(api_database_url: str) -> str:
-    """Add an outbox row the relay parks at once to the gateway's database; its event id.
+def add_unroutable_row(api_database_url: str, due_in_s: float = 0.0) -> str:
+    """Add an outbox row the relay parks at once (once it is due, `due_in_s` from now) to the gateway's database.
 
-    Its event type is one no service produces, so no queue is bound to it either.
+    Its event id. Its event type is one no service produces, so no queue is bound to it either.
     """
     event_id, pipeline_id = str(uuid.uuid4()), str(uuid.uuid4())
     document = {
@@ -152,8 +152,9 @@ def add_unroutable_row(api_database_url: str) -> str:
     }
     with psycopg.connect(common.dsn(api_database_url), autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO outbox (event_id, pipeline_id, routing_key, envelope) VALUES (%s, %s, %s, %s)",
-            (event_id, pipeline_id, PROBE_TYPE, json.dumps(document)),
+            "INSERT INTO outbox (event_id, pipeline_id, routing_key, envelope, retry_at)"
+            " VALUES (%s, %s, %s, %s, CASE WHEN %s > 0 THEN now() + make_interval(secs => %s) END)",
+            (event_id, pipeline_id, PROBE_TYPE, json.dumps(document), due_in_s, due_in_s),
         )
         conn.execute("SELECT pg_notify('castad_outbox', '')")
     return event_id

@@ -3,7 +3,7 @@
 `FULL` is `make faults`; `SHORT` is the version `make test` runs: every fault kind once and every
 invariant, outages shortened, the kills and the database outages of every service at once, and no
 quiet phase (the handoffs it measures belong to `make faults`). Every service runs in `REPLICAS`
-processes on a three-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby. The
+processes on a three-node RabbitMQ cluster and a PostgreSQL primary with two synchronous standbys. The
 lyric and video stages run their local providers (real lyrics and MP4, at a small size), the song
 stage a music API (the fake sunoapi.org server, submit then poll), each behind the fault injector,
 with settings that make retries and leases quick, so that a run takes minutes, not hours.
@@ -94,7 +94,7 @@ SONG_S = 2.0  # the music API's time to finish a song
 SONG_LISTED_AFTER_S = 1.0
 # PostgreSQL ends a session of any service left idle inside a transaction this long, and a statement of it that
 # waits this long for a lock (every service's CASTAD_<SERVICE>_DB_IDLE_IN_TRANSACTION_S and _DB_LOCK_WAIT_S; the
-# gateway's defaults are 120 s, for an upload to a slow bucket): a process frozen inside a transaction holds its
+# defaults are 10 s and 5 s too): a process frozen inside a transaction holds its
 # row locks no longer than both (a statement it had sent may still be waiting for a lock when it froze).
 IDLE_IN_TRANSACTION_S = 10.0
 LOCK_WAIT_S = 5.0
@@ -104,6 +104,12 @@ RELAY_TAKEOVER_S = 10.0
 NODE_TAKEOVER_S = 10.0
 NODE_CUT_OFF_TAKEOVER_S = 30.0  # found only by heartbeats (5 s) and keepalives, then a consumer's restart
 FAILOVER_TAKEOVER_S = 15.0  # from the promotion
+# PostgreSQL's standbys: a commit waits for any one of them, so the loss of one stops no commit. This long, at
+# most, for a commit of the harness's own once one was lost (the other acknowledges it at once).
+POSTGRES_STANDBYS = 2
+STANDBY_LOSS_COMMIT_S = 2.0
+# Every standby's clock runs this far ahead of the machine's: the promoted one is a primary whose clock jumped ahead.
+STANDBY_CLOCK_AHEAD_S = 5.0
 IN_TRANSACTION_RELEASE_S = IDLE_IN_TRANSACTION_S + LOCK_WAIT_S + 2.0  # from the freeze to the session's end
 
 

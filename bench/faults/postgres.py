@@ -1,9 +1,10 @@
-"""A PostgreSQL primary and its synchronous standby on this machine, from Debian's postgresql.
+"""A PostgreSQL primary and its synchronous standbys on this machine, from Debian's postgresql.
 
-Start them, kill the primary, promote the standby, make the old primary a standby again.
+Start them, kill the primary, promote the standby that has the most of its WAL, follow it with the others, make the
+old primary a standby again; kill a standby and start it again.
 
-`PostgresPair`: `start()`, `url(database)`, `kill_primary()`, `stop_primary()`, `promote()`,
-`rebuild_standby()`, `destroy()` (see `engines` for what the engines share).
+`PostgresCluster`: `start()`, `url(database)`, `kill_primary()`, `stop_primary()`, `promote()`,
+`rebuild_standby()`, `kill_standby()`, `start_standby()`, `destroy()` (see `engines` for what the engines share).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class PostgresNode:
 
 
 SHARED_SETTINGS = """
-# bench/faults/cluster.py: one of a primary and its synchronous standby (the same file on both)
+# bench/faults/postgres.py: one of a primary and its synchronous standbys (the same file on each)
 listen_addresses = '127.0.0.1'
 unix_socket_directories = ''  # TCP only
 max_connections = 300  # about ten service processes, each pooling 10 to 25 connections
@@ -55,7 +56,7 @@ hot_standby = on
 # (PostgreSQL 15: with the default 5 s, every failover after a kill -9 took 5 s).
 wal_retrieve_retry_interval = 500ms
 log_line_prefix = '%m [%p] %q%a '
-include = 'node.conf'  # what differs between the two: the port
+include = 'node.conf'  # what differs between them: the port
 """
 HBA = """\
 host all postgres 127.0.0.1/32 trust
@@ -64,8 +65,15 @@ host all all 127.0.0.1/32 scram-sha-256
 """
 
 
-class PostgresPair:
-    """A PostgreSQL primary and a synchronous hot standby on 127.0.0.1, swapped by a failover.
+class PostgresCluster:
+    """A PostgreSQL primary and `standbys` hot standbys on 127.0.0.1, a commit waiting for any one of them.
+
+    `synchronous_standby_names = 'ANY 1 (...)'` names every standby: a commit returns once one of them has it, so the
+    loss of a standby stops no commit, and the standby with the most WAL has every commit that returned. With one
+    standby, that one. A failover promotes that standby, and the others follow it.
+
+    Every server started as a standby (a rebuilt one too) runs its clock `clock_ahead_s` ahead of the machine's
+    (Debian's libfaketime): the one promoted is a primary whose clock is ahead of the one before.
 
     The primary is the newest Debian installed: 15 on bookworm.
 
@@ -73,20 +81,37 @@ class PostgresPair:
     the server runs as the postgres OS user, who must reach them, and a caller's work directory
     may sit below directories closed to other users (pytest's are 0700); opening those up would
     open everything else below them too. /var/tmp is reachable by everyone and on disk. The
-    servers' logs are copied into `workdir`/postgres when the pair is destroyed.
+    servers' logs are copied into `workdir`/postgres when the cluster is destroyed.
     """
 
-    def __init__(self, workdir: pathlib.Path, *, timeout_s: float = engines.START_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        workdir: pathlib.Path,
+        *,
+        standbys: int = 1,
+        clock_ahead_s: float = 0.0,
+        timeout_s: float = engines.START_TIMEOUT_S,
+    ) -> None:
         self.logs = workdir / "postgres"
         self.root = pathlib.Path("/var/tmp") / f"castad-pg-{secrets.token_hex(6)}"
         self.timeout_s = timeout_s
-        ports = engines.distinct_free_ports(2)
-        self.nodes = tuple(PostgresNode(f"pg{i}", ports[i - 1], self.root / f"pg{i}") for i in (1, 2))
-        self.primary, self.standby = self.nodes
+        self.clock_ahead_s = clock_ahead_s
+        ports = engines.distinct_free_ports(standbys + 1)
+        self.nodes = tuple(PostgresNode(f"pg{i + 1}", port, self.root / f"pg{i + 1}") for i, port in enumerate(ports))
+        self.primary = self.nodes[0]
         self._postmasters: set[int] = set()  # every one started, for the shared memory a killed one leaves
 
-    def start(self) -> PostgresPair:
-        """Make the primary, clone the standby from it, wait until the standby streams as `sync`."""
+    @property
+    def standbys(self) -> list[PostgresNode]:
+        return [node for node in self.nodes if node != self.primary]
+
+    @property
+    def standby(self) -> PostgresNode:
+        """The first standby."""
+        return self.standbys[0]
+
+    def start(self) -> PostgresCluster:
+        """Make the primary, clone each standby from it, wait until they stream as synchronous ones."""
         engines.require_programs()
         started = time.monotonic()
         self.root.mkdir(mode=0o700)
@@ -101,12 +126,18 @@ class PostgresPair:
         _write_as_postgres(self.primary.data / "pg_hba.conf", HBA)
         self._write_node_conf(self.primary)
         self._pg_ctl(self.primary, "start")
-        self._clone_standby()
-        log.info("postgresql: primary and synchronous standby up in %.1f s", time.monotonic() - started)
+        for standby in self.standbys:
+            self._clone(standby)
+        self._synchronous()
+        log.info(
+            "postgresql: a primary and %d synchronous standbys up in %.1f s",
+            len(self.standbys),
+            time.monotonic() - started,
+        )
         return self
 
     def url(self, database: str) -> str:
-        """A SQLAlchemy URL naming both servers; libpq picks whichever takes writes."""
+        """A SQLAlchemy URL naming every server; libpq picks whichever takes writes."""
         hosts = "&".join(f"host={engines.LOCALHOST}:{node.port}" for node in self.nodes)
         return f"postgresql+psycopg://postgres@/{database}?{hosts}&target_session_attrs=read-write"
 
@@ -117,57 +148,62 @@ class PostgresPair:
         return self.standby.port
 
     def kill_primary(self) -> None:
-        """kill -9 of the primary's postmaster and every process it started, as a lost machine ends them.
-
-        Each of PostgreSQL's processes leads a process group of its own, so killing the postmaster's
-        group would leave its backends to finish what they were doing; they are found and killed
-        with it instead (the postmaster stopped first, so that it starts no new one meanwhile).
-        """
-        pid = self._postmaster(self.primary)
-        if pid is None:
-            raise engines.ClusterError(f"the primary {self.primary.name} is not running")
-        os.kill(pid, signal.SIGSTOP)
-        doomed = [pid, *engines.children(pid)]
-        for each in doomed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(each, signal.SIGKILL)
-        engines.wait_until(
-            f"{self.primary.name}'s processes gone", lambda: not any(map(engines.alive, doomed)), engines.STOP_TIMEOUT_S
-        )
+        """kill -9 of the primary, as a lost machine ends it (`_kill`)."""
+        self._kill(self.primary)
 
     def stop_primary(self) -> None:
-        """Stop the primary gracefully: it ships every WAL record to the standby before it exits."""
+        """Stop the primary gracefully: it ships every WAL record to the standbys before it exits."""
         self._pg_ctl(self.primary, "stop", "-m", "fast")
 
-    def promote(self) -> None:
-        """Make the standby the primary.
+    def kill_standby(self, node: PostgresNode) -> None:
+        """kill -9 of a standby: commits go on, acknowledged by another (`_kill`)."""
+        if node == self.primary:
+            raise engines.ClusterError(f"{node.name} is the primary, not a standby")
+        self._kill(node)
 
-        It commits without waiting for a standby until one is rebuilt (as Patroni's non-strict synchronous mode
-        does).
+    def start_standby(self, node: PostgresNode) -> None:
+        """Start a standby that was killed again; it catches up from the primary's WAL kept for it."""
+        self._start(node)
+        self._wait_streaming(node)
+
+    def promote(self) -> None:
+        """Make the standby with the most of the dead primary's WAL the primary; the other standbys follow it.
+
+        It commits without waiting for a standby until the old primary is rebuilt (as Patroni's non-strict
+        synchronous mode does).
         """
         if self._postmaster(self.primary) is not None:
             raise engines.ClusterError(f"{self.primary.name} still runs: promoting would make two primaries")
-        if self._postmaster(self.standby) is None:
-            raise engines.ClusterError(f"the standby {self.standby.name} is not running: there is nothing to promote")
-        with self._connect(self.standby) as conn:  # ALTER SYSTEM writes a file: a standby may run it
+        received = {node: self._received(node) for node in self.standbys if self._postmaster(node) is not None}
+        if not received:
+            raise engines.ClusterError("no standby runs: there is nothing to promote")
+        chosen = max(received, key=lambda node: received[node])
+        with self._connect(chosen) as conn:  # ALTER SYSTEM writes a file: a standby may run it
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
             conn.execute("SELECT pg_reload_conf()")
         started = time.monotonic()
-        self._pg_ctl(self.standby, "promote")
-        self.primary, self.standby = self.standby, self.primary
-        log.info("postgresql: %s promoted in %.1f s", self.primary.name, time.monotonic() - started)
+        self._pg_ctl(chosen, "promote")
+        self.primary = chosen
+        for node in received:
+            if node != chosen:
+                self._follow(node)
+        log.info("postgresql: %s promoted in %.1f s", chosen.name, time.monotonic() - started)
 
     def rebuild_standby(self) -> None:
-        """Make the old primary (down) a synchronous standby of the new one, from a fresh base backup."""
-        if self._postmaster(self.standby) is not None:
-            raise engines.ClusterError(f"{self.standby.name} still runs: stop or kill it before it is rebuilt")
+        """Make every server that is down (the old primary) a standby of the primary again, from a fresh base backup.
+
+        Commits wait for a standby again once all of them stream.
+        """
         started = time.monotonic()
-        shutil.rmtree(self.standby.data, ignore_errors=True)
-        self._clone_standby()
-        log.info("postgresql: %s rebuilt as a standby in %.1f s", self.standby.name, time.monotonic() - started)
+        for node in self.standbys:
+            if self._postmaster(node) is None:
+                shutil.rmtree(node.data, ignore_errors=True)
+                self._clone(node)
+        self._synchronous()
+        log.info("postgresql: standbys rebuilt in %.1f s", time.monotonic() - started)
 
     def destroy(self) -> None:
-        """Stop both servers at once, keep their logs in `workdir`/postgres, remove the rest."""
+        """Stop every server at once, keep their logs in `workdir`/postgres, remove the rest."""
         for node in self.nodes:
             if self._postmaster(node) is not None:
                 with contextlib.suppress(engines.ClusterError):
@@ -181,38 +217,108 @@ class PostgresPair:
 
     # -- internals
 
-    def _clone_standby(self) -> None:
-        """Base-backup the primary into the standby's directory, start it, make it the synchronous one."""
-        primary, standby = self.primary, self.standby
-        source = f"host={engines.LOCALHOST} port={primary.port} user=postgres application_name={standby.name}"
+    def _kill(self, node: PostgresNode) -> None:
+        """kill -9 of a server's postmaster and every process it started, as a lost machine ends them.
+
+        Each of PostgreSQL's processes leads a process group of its own, so killing the postmaster's
+        group would leave its backends to finish what they were doing; they are found and killed
+        with it instead (the postmaster stopped first, so that it starts no new one meanwhile).
+        """
+        pid = self._postmaster(node)
+        if pid is None:
+            raise engines.ClusterError(f"{node.name} is not running")
+        os.kill(pid, signal.SIGSTOP)
+        doomed = [pid, *engines.children(pid)]
+        for each in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(each, signal.SIGKILL)
+        engines.wait_until(
+            f"{node.name}'s processes gone", lambda: not any(map(engines.alive, doomed)), engines.STOP_TIMEOUT_S
+        )
+
+    def _clone(self, standby: PostgresNode) -> None:
+        """Base-backup the primary into the standby's directory, start it, wait until it streams."""
+        source = f"host={engines.LOCALHOST} port={self.primary.port} user=postgres application_name={standby.name}"
         self._as_postgres(
             [engines.POSTGRES_BIN / "pg_basebackup", "-D", standby.data, "-d", source, "-R", "-X", "stream"]
             + ["--checkpoint=fast", "--no-sync"],  # only processes die here, never the machine's page cache
             f"pg_basebackup of {standby.name}",
         )
         self._write_node_conf(standby)  # the copy has the primary's port
-        self._pg_ctl(standby, "start")
-        with self._connect(primary) as conn:
+        self._start(standby)
+        self._wait_streaming(standby)
+
+    def _follow(self, standby: PostgresNode) -> None:
+        """Point a running standby at the new primary; it follows the new timeline (its WAL is not ahead of it)."""
+        source = f"host={engines.LOCALHOST} port={self.primary.port} user=postgres application_name={standby.name}"
+        with self._connect(standby) as conn:
+            conn.execute(sql.SQL("ALTER SYSTEM SET primary_conninfo = {}").format(sql.Literal(source)))
+            conn.execute("SELECT pg_reload_conf()")
+        self._wait_streaming(standby)
+
+    def _synchronous(self) -> None:
+        """Make every standby a synchronous one (ANY 1 of them: a quorum), and wait until each streams as one."""
+        names = ", ".join(f'"{node.name}"' for node in self.standbys)
+        quorum = len(self.standbys) > 1
+        with self._connect(self.primary) as conn:
             conn.execute(
-                sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(sql.Literal(f'"{standby.name}"'))
+                sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
+                    sql.Literal(f"ANY 1 ({names})" if quorum else names)
+                )
             )
             conn.execute("SELECT pg_reload_conf()")
+            wanted = sorted((node.name, "quorum" if quorum else "sync") for node in self.standbys)
 
             def synchronous() -> bool:
-                row = conn.execute(
-                    "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = %s", (standby.name,)
-                ).fetchone()
-                return row == ("streaming", "sync")
+                return sorted(conn.execute("SELECT application_name, sync_state FROM pg_stat_replication")) == wanted
 
-            engines.wait_until(f"{standby.name} streaming as sync", synchronous, self.timeout_s, standby.log)
+            engines.wait_until("every standby streaming as a synchronous one", synchronous, self.timeout_s)
+
+    def _wait_streaming(self, standby: PostgresNode) -> None:
+        with self._connect(self.primary) as conn:
+
+            def streaming() -> bool:
+                row = conn.execute(
+                    "SELECT state FROM pg_stat_replication WHERE application_name = %s", (standby.name,)
+                ).fetchone()
+                return row == ("streaming",)
+
+            engines.wait_until(f"{standby.name} streaming", streaming, self.timeout_s, standby.log)
+
+    def _received(self, standby: PostgresNode) -> int:
+        """How far into the WAL the standby has it (received, or replayed from its archive): bytes."""
+        with self._connect(standby) as conn:
+            row = conn.execute(
+                "SELECT greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) - '0/0'::pg_lsn"
+            ).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
 
     def _write_node_conf(self, node: PostgresNode) -> None:
         _write_as_postgres(node.data / "node.conf", f"port = {node.port}\n")
 
-    def _pg_ctl(self, node: PostgresNode, action: str, *options: str) -> None:
+    def _start(self, node: PostgresNode) -> None:
+        """Start a server; a standby's clock `clock_ahead_s` ahead of the machine's.
+
+        The lock file a killed server left is removed first: its pid may still be there, a zombie (this machine's
+        init reaps no orphans), which the server would take for a server still running.
+        """
+        if self._postmaster(node) is None:
+            (node.data / "postmaster.pid").unlink(missing_ok=True)
+        ahead = node != self.primary and self.clock_ahead_s
+        self._pg_ctl(node, "start", clock_ahead_s=self.clock_ahead_s if ahead else 0.0)
+
+    def _pg_ctl(self, node: PostgresNode, action: str, *options: str, clock_ahead_s: float = 0.0) -> None:
         command = [engines.POSTGRES_BIN / "pg_ctl", "-D", node.data, "-w", "-t", str(int(self.timeout_s)), *options]
         if action == "start":
             command += ["-l", node.log]
+        if clock_ahead_s:  # the server's wall clock only: its timeouts and waits keep the machine's monotonic one
+            command = [
+                "env",
+                f"LD_PRELOAD={engines.FAKETIME}",
+                f"FAKETIME=+{clock_ahead_s:g}s",
+                "FAKETIME_DONT_FAKE_MONOTONIC=1",
+                *command,
+            ]
         self._as_postgres([*command, action], f"pg_ctl {action} of {node.name}", node.log)
         if action == "start" and (pid := self._postmaster(node)) is not None:
             self._postmasters.add(pid)

@@ -68,8 +68,9 @@ def render(result: run.Result) -> str:
         f"| services | api, relay, lyric, song, video: {plan.REPLICAS} processes of each; local providers for lyrics"
         " (real lyrics) and video (144p MP4), the fake sunoapi.org music API for songs (submit, then poll) |",
         "| engines | a 3-node RabbitMQ cluster (Debian's rabbitmq-server, quorum queues), each node reached"
-        " through a TCP proxy of the harness; a PostgreSQL primary with a synchronous standby (Debian's"
-        " postgresql), every service's database on it |",
+        f" through a TCP proxy of the harness; a PostgreSQL primary with {plan.POSTGRES_STANDBYS} standbys, a commit"
+        f" waiting for any one (Debian's postgresql; the standbys' clocks {plan.STANDBY_CLOCK_AHEAD_S:g} s ahead),"
+        " every service's database on it |",
         "| injected by settings | every stage: 30% of provider calls fail retryably, 1% fail for good, 2% hang until"
         f" the attempt timeout cancels them (4 s, video {plan.VIDEO_ATTEMPT_TIMEOUT_S:g} s); 12 attempts at most |",
         f"| leases | stage attempts {plan.LEASE_S:g} s, the relay's {plan.RELAY_LEASE_S:g} s |",
@@ -141,8 +142,9 @@ def render(result: run.Result) -> str:
         f" {plan.HOLD_EVENTS_S:g} s, then dead-lettered);"
         f" {result.duplicates} real events published a second time (the inboxes dropped {result.dropped:.0f} events"
         " as seen before over the whole run, these copies among them);"
-        f" one outbox row of type `{injections.PROBE_TYPE}`, which no service produces (parked at once: the"
-        " relay publishes from an outbox only its service's own types). An operator acted at random every"
+        f" {len(result.probes)} outbox rows of type `{injections.PROBE_TYPE}`, which no service produces (parked"
+        " at once: the relay publishes from an outbox only its service's own types; one of them is the row a relay"
+        " was frozen parking). An operator acted at random every"
         f" {chosen.operator_interval_s:g} s, cancelling a recent pipeline or retrying an ended one"
         f" ({operator or 'no action'}; 409: it had ended, or was not retryable any more).",
         "",
@@ -193,9 +195,11 @@ def _node_losses(result: run.Result) -> list[str]:
         "",
         "Taken over = from the fault (the promotion, for PostgreSQL) to work done elsewhere: by another relay"
         " (a row of the frozen leader's outbox published), by another stage replica (the frozen attempt's job"
-        " attempted again), by every service again (a node lost, a failover); for a process frozen inside a"
+        " attempted again), by every service again (a node lost, a failover, measured on the promoted primary's"
+        f" clock, {plan.STANDBY_CLOCK_AHEAD_S:g} s ahead); for a process frozen inside a"
         " transaction, until its session was ended (by PostgreSQL or the service's own look), letting go of its"
-        " row locks. Longest pause = the longest"
+        " row locks; for a lost PostgreSQL standby, a commit of the harness's own right after. Longest pause = the"
+        " longest"
         " stretch without any work (a row published, an event handled, an attempt started) from the fault until"
         " work resumed after it. Dropped = events inboxes saw again and dropped, from the fault until"
         f" {result.plan.quiet_s:g} s after work resumed. Music API = the song jobs attempted in that window.",

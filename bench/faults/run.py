@@ -9,9 +9,11 @@ SIGTERM to the video stage mid-render, poison messages and copies of real events
 each service's database, the broker's network cut, stalled and partitioned, then the loss of a
 node: kill -9 of the RabbitMQ node that leads the queues, a graceful stop of another, the network
 to one cut off without a word, a freeze (SIGSTOP) of the relay that leads the gateway's outbox, a
-freeze of a song replica mid-attempt (before its submit) for longer than its lease, a freeze of a song replica
-and of a gateway replica each inside a transaction holding row locks for longer than such a session may wait,
-kill -9 of the PostgreSQL primary and the promotion of its standby.
+freeze of a song replica mid-attempt (before its submit) for longer than its lease, a freeze of a song replica,
+of a gateway replica and of a relay each inside a transaction holding row locks for longer than such a session may
+wait (the relay inside its park of a row it may not publish),
+kill -9 of a PostgreSQL standby (commits go on), kill -9 of the PostgreSQL primary and the promotion of a standby
+whose clock is ahead.
 
 `python -m bench.faults [--short]` runs FULL (or SHORT) and writes docs/reports/faults.md.
 """
@@ -59,10 +61,17 @@ NODE_LOSS = (
     "stage replica frozen",
 )
 FAILOVER = "postgresql failover"
+STANDBY_LOSS = "postgresql standby lost"
 FROZEN_IN_TRANSACTION = "frozen inside a transaction"
-# Not a relay: its sessions commit each statement on its own but for a refusal's, so only a refused row gives it a
-# transaction to be frozen in.
+# Stopped at a moment one of their sessions holds row locks. The relay is stopped otherwise: its sessions commit each
+# statement on its own but for a refusal's, so it is stopped inside the refusal of a row the harness adds.
 FROZEN_IN_TRANSACTION_SERVICES = ("song", "api")
+REFUSAL_DUE_S = 1.0  # the row the relay is stopped on is due this long after it is added, once its lock is held
+# The relay's session waits on that lock: whose it is (the row's lock held by the harness's own session).
+WAITING_ON_THE_ROW = (
+    "SELECT pid, application_name FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    " AND application_name LIKE 'castad:%%' AND %(holder)s = ANY(pg_blocking_pids(pid))"
+)
 IN_TRANSACTION_TRIES = 600  # stops of a process, each let go again at once if no session of its held row locks
 # Sessions of Castad's processes that hold row locks (an id of their transaction: they wrote or locked a row) and
 # wait for their next statement; application_name is `castad:<pid>@<host>` (castad_runtime.db.application_name).
@@ -111,6 +120,7 @@ class Result:
     provider_tasks: int  # songs the music API was asked for, by its own count
     recorded_submissions: int  # submissions the song stage recorded before they left
     poison: list[injections.Poison]
+    probes: list[str]  # outbox rows added for the relay to park
     actions: list[traffic.Action]
 
     @property
@@ -142,6 +152,8 @@ class FaultRun:
         self.sigterm: tuple[str, list[int]] = ("", [])  # the pipeline whose render was stopped, surviving ffmpegs
         self.frozen_job = ("", "", "", 0)  # stage, job, worker and attempt a frozen replica held
         self.provider_tasks = self.recorded_submissions = 0  # the music API's count, the song stage's
+        self.probes: list[str] = []  # outbox rows added for the relay to park (each parked once, told once)
+        self.frozen_refusal = ""  # the one of them a relay was stopped parking
 
     def run(self) -> Result:
         started = time.time()
@@ -177,6 +189,7 @@ class FaultRun:
         self._freeze_the_relay_leader()
         self._freeze_a_stage_replica_mid_attempt()
         self._freeze_inside_transactions()
+        self._lose_a_postgresql_standby()
         self._fail_over_postgresql()
         while len(submitter.accepted) < self.plan.pipelines:
             time.sleep(1)
@@ -185,8 +198,9 @@ class FaultRun:
 
         accepted = list(submitter.accepted)
         self._wait_terminal({a.pipeline_id for a in accepted}, self.faults[-1].ended + self.plan.settle_s)
-        probe = injections.add_unroutable_row(self.urls["api"])
-        self._wait_parked(probe)
+        self.probes.append(injections.add_unroutable_row(self.urls["api"]))
+        for probe in self.probes:
+            self._wait_parked(probe)
         quiet = self._quiet_phase() if self.plan.quiet_pipelines else []
         tap.close()
 
@@ -194,7 +208,7 @@ class FaultRun:
         expect = checker.Expectations(
             accepted=frozenset(a.pipeline_id for a in accepted + quiet),
             poison=tuple(poison),
-            unroutable_event_id=probe,
+            unroutable_event_ids=frozenset(self.probes),
             last_fault_end=self.faults[-1].ended,
             settle_s=self.plan.settle_s,
             artifacts_dir=self.deployment.artifacts_dir,
@@ -222,6 +236,7 @@ class FaultRun:
             provider_tasks=self.provider_tasks,
             recorded_submissions=self.recorded_submissions,
             poison=poison,
+            probes=list(self.probes),
             actions=list(operator.actions),
         )
 
@@ -520,27 +535,33 @@ class FaultRun:
         raise RuntimeError("no song attempt about to submit within 120 s")
 
     def _freeze_inside_transactions(self) -> None:
-        """A replica of each of FROZEN_IN_TRANSACTION_SERVICES stopped (SIGSTOP) inside a transaction holding rows.
+        """A replica of each of FROZEN_IN_TRANSACTION_SERVICES, and a relay, stopped inside a transaction holding rows.
 
         Each stays stopped longer than PostgreSQL lets a session wait idle inside a transaction: PostgreSQL ends its
         session, which lets go of its row locks, and the work that waited on them goes on; the process, woken, finds
         that connection gone and goes on as after an outage. The plan's `together` freezes them side by side, each
         found and let go on its own (each one's moment depends on the others' work going on).
         """
-        targets = [deployment.Deployment.names(service)[0] for service in FROZEN_IN_TRANSACTION_SERVICES]
-        batches = [targets] if self.plan.together else [[target] for target in targets]
+        stops: list[Callable[[], tuple[Fault, str, int]]] = [
+            functools.partial(self._stop_inside_a_transaction, deployment.Deployment.names(service)[0])
+            for service in FROZEN_IN_TRANSACTION_SERVICES
+        ]
+        stops.append(self._stop_a_relay_inside_a_refusal)
+        batches = [stops] if self.plan.together else [[stop] for stop in stops]
         for batch in batches:
             with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
                 frozen = list(pool.map(self._freeze_inside_a_transaction, batch))
             self.faults += frozen
             self._after(frozen)
 
-    def _freeze_inside_a_transaction(self, name: str) -> Fault:
-        """Stop `name` inside a transaction holding row locks for FROZEN_IN_TRANSACTION_S, then let it go on.
+    def _freeze_inside_a_transaction(self, stop: Callable[[], tuple[Fault, str, int]]) -> Fault:
+        """Stop a process inside a transaction holding row locks for FROZEN_IN_TRANSACTION_S, then let it go on.
 
-        Its `takeover_s`: from the stop until that session was ended.
+        `stop` stops it: the fault, and the database URL and backend pid of that session. Its `takeover_s`: from the
+        stop until that session was ended.
         """
-        fault, url, backend = self._stop_inside_a_transaction(name)
+        fault, url, backend = stop()
+        name = fault.target
         states: list[str] = []  # what the session did meanwhile, each change once
         with psycopg.connect(common.dsn(url), autocommit=True) as conn:
             while time.time() < fault.started + plan.FROZEN_IN_TRANSACTION_S:
@@ -585,10 +606,74 @@ class FaultRun:
                 time.sleep(0.02 + (tries % 7) * 0.03)  # another moment of its work each time
         raise RuntimeError(f"{name} held no row locks at any of {IN_TRANSACTION_TRIES} stops")
 
+    def _stop_a_relay_inside_a_refusal(self) -> tuple[Fault, str, int]:
+        """Stop the relay that refuses a row of the gateway's outbox inside its refusal's transaction.
+
+        The harness adds a row no service may publish (due a moment later) and locks it. The relay leading that
+        outbox tells the operators, then waits on the lock to park it: it is stopped (SIGSTOP) there, and the lock let
+        go. Its statement then parks the row, and its session holds that row's lock idle in the transaction: the
+        relay that takes the outbox over must not park the row twice, nor tell the operators twice.
+        """
+        url = self.urls["api"]
+        probe = injections.add_unroutable_row(url, due_in_s=REFUSAL_DUE_S)
+        self.probes.append(probe)
+        self.frozen_refusal = probe
+        with psycopg.connect(common.dsn(url), autocommit=True) as watcher, psycopg.connect(common.dsn(url)) as holder:
+            holder.execute("SELECT 1 FROM outbox WHERE event_id = %s FOR UPDATE", (probe,))
+            holder_pid = holder.info.backend_pid
+            deadline = time.monotonic() + WORKS_AGAIN_S
+            while time.monotonic() < deadline:
+                for backend, application in watcher.execute(WAITING_ON_THE_ROW, {"holder": holder_pid}).fetchall():
+                    group = _process_group(application)
+                    name = next((n for n, process in self.stack.processes.items() if process.pid == group), "")
+                    if stack_.service_of(name) != "relay":
+                        continue
+                    self.stack.signal(name, signal.SIGSTOP)
+                    started = time.time()
+                    holder.rollback()  # the lock let go: the stopped relay's statement parks the row
+                    detail = f"its session {backend} waited to park the row {probe} the harness had locked"
+                    log.info("faults: %s of %s: %s", FROZEN_IN_TRANSACTION, name, detail)
+                    fault = Fault(FROZEN_IN_TRANSACTION, name, started, detail=detail)
+                    fault.takeover_bound_s = plan.IN_TRANSACTION_RELEASE_S
+                    return fault, url, backend
+                time.sleep(0.02)
+        raise RuntimeError(f"no relay waited to park the row {probe} within {WORKS_AGAIN_S:g} s")
+
+    def _lose_a_postgresql_standby(self) -> None:
+        """kill -9 of a PostgreSQL standby, started again after `node_down_s`.
+
+        Commits go on, acknowledged by the other standby: the harness commits a row of its own right after the kill,
+        and its `takeover_s` is how long that commit took (a commit that waited for the lost standby would return
+        only once it is back).
+        """
+        postgres = self.deployment.postgres
+        node = postgres.standbys[-1]
+        fault = Fault(STANDBY_LOSS, f"standby {node.name} on port {node.port}", time.time())
+        fault.takeover_bound_s = plan.STANDBY_LOSS_COMMIT_S
+        log.info("faults: %s of %s", fault.kind, fault.target)
+        postgres.kill_standby(node)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            committed = pool.submit(self._commit, fault.started)
+            time.sleep(self.plan.node_down_s)
+            postgres.start_standby(node)
+            fault.takeover_s = committed.result()
+        fault.ended = time.time()
+        fault.detail = f"started again after {self.plan.node_down_s:g} s; a commit took {fault.takeover_s:.2f} s"
+        self.faults.append(fault)
+        self._after([fault])
+
+    def _commit(self, since: float) -> float:
+        """Commit a row of the harness's own on the primary: seconds from `since` until it returned."""
+        with psycopg.connect(common.dsn(self.deployment.postgres.url("postgres")), autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS harness_commits (at timestamptz NOT NULL)")
+            conn.execute("INSERT INTO harness_commits VALUES (now())")
+        return time.time() - since
+
     def _fail_over_postgresql(self) -> None:
         """kill -9 of the PostgreSQL primary.
 
-        The standby promoted `failover_after_s` later, the old primary made a synchronous standby again.
+        The standby with the most of its WAL is promoted `failover_after_s` later (its clock ahead of the old
+        primary's), the other follows it, and the old primary is made a synchronous standby again.
         """
         postgres = self.deployment.postgres
         fault = Fault(FAILOVER, f"primary on port {postgres.primary_port()}", time.time())
@@ -597,7 +682,10 @@ class FaultRun:
         time.sleep(self.plan.failover_after_s)
         postgres.promote()
         fault.ended = time.time()  # the promotion: what a takeover is measured from
-        fault.detail = f"standby on port {postgres.primary_port()} promoted {self.plan.failover_after_s:g} s later"
+        fault.detail = (
+            f"standby on port {postgres.primary_port()} promoted {self.plan.failover_after_s:g} s later,"
+            f" its clock {plan.STANDBY_CLOCK_AHEAD_S:g} s ahead"
+        )
         fault.takeover_bound_s = plan.FAILOVER_TAKEOVER_S
         postgres.rebuild_standby()
         self.faults.append(fault)
@@ -711,6 +799,13 @@ class FaultRun:
                 ]
                 fault.recovered_s = None if None in sides else max(s for s in sides if s is not None)
 
+    def _parked_after(self, snapshot: checker.Snapshot, fault: Fault) -> str:
+        """When the row a relay was stopped parking was parked after all (by the relay that took its outbox over)."""
+        row = next((r for r in snapshot.outbox["api"] if str(r["event_id"]) == self.frozen_refusal), None)
+        if row is None or row["parked_at"] is None:
+            return "; the row was never parked"
+        return f"; the row was parked {row['parked_at'].timestamp() - fault.started:.1f} s after the stop"
+
     def _every_submission_recorded(self, snapshot: checker.Snapshot) -> list[str]:
         """The songs the music API was asked for equal the submissions the song stage recorded before.
 
@@ -750,11 +845,15 @@ class FaultRun:
         work = checker.Work.of(snapshot)
         findings = []
         for fault in self.faults:
-            if fault.kind not in (*NODE_LOSS, FAILOVER, FROZEN_IN_TRANSACTION):
+            if fault.kind not in (*NODE_LOSS, FAILOVER, FROZEN_IN_TRANSACTION, STANDBY_LOSS):
                 continue
-            since = fault.ended if fault.kind == FAILOVER else fault.started
-            if fault.kind == FROZEN_IN_TRANSACTION:
-                pass  # measured as it happened: until the frozen session was ended
+            # Work after a failover is stamped by the promoted primary's clock, ahead of the harness's.
+            since = fault.ended + plan.STANDBY_CLOCK_AHEAD_S if fault.kind == FAILOVER else fault.started
+            if fault.kind == STANDBY_LOSS:
+                pass  # measured as it happened: the harness's commit
+            elif fault.kind == FROZEN_IN_TRANSACTION:  # measured as it happened: until the frozen session was ended
+                if stack_.service_of(fault.target) == "relay":
+                    fault.detail += self._parked_after(snapshot, fault)
             elif fault.kind == "relay leader frozen":
                 fault.takeover_s = checker.first_after(work.published_from["api"], since)
             elif fault.kind == "stage replica frozen":

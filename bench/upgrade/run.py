@@ -230,7 +230,7 @@ def run(old_ref: str, settings: Settings, workdir: pathlib.Path) -> Result:
         expect = checker.Expectations(
             accepted=frozenset(accepted),
             poison=(),
-            unroutable_event_id=None,
+            unroutable_event_ids=frozenset(),
             last_fault_end=ended_at,
             settle_s=settings.settle_s,
             artifacts_dir=rollout.artifacts_dir,

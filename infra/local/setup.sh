@@ -118,10 +118,11 @@ fi
 
 # 3b. The programs of the clustered engines the fault harness and its tests start beside the servers above
 #     (bench/faults/engines.py): Debian's rabbitmq-server and postgresql, even where the servers above are
-#     someone else's.
-if is_root && { [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1; }; then
-  say "installing Debian's rabbitmq-server and postgresql for the clustered engines of the fault tests"
-  apt_install rabbitmq-server postgresql || die "could not install rabbitmq-server and postgresql"
+#     someone else's, and libfaketime, which runs a standby's clock ahead.
+if is_root && { [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1 \
+    || ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; }; then
+  say "installing Debian's rabbitmq-server, postgresql and libfaketime for the clustered engines of the fault tests"
+  apt_install rabbitmq-server postgresql libfaketime || die "could not install rabbitmq-server, postgresql and libfaketime"
 fi
 
 # 4. Caption fonts for every language a brief may have: Korean and English (fonts-nanum),

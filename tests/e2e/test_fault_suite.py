@@ -1,7 +1,7 @@
 """The promise under every kind of fault, in short.
 
 The fault harness's SHORT plan (`make faults` runs the full one and writes docs/reports/faults.md). Every service
-in replicas on a 3-node RabbitMQ cluster and a PostgreSQL primary with a synchronous standby; at least 100
+in replicas on a 3-node RabbitMQ cluster and a PostgreSQL primary with two synchronous standbys; at least 100
 pipelines; every fault kind once, outages of 6 s, the kills and the database outages of every service at once, and
 every invariant the full run checks (the handoffs of its quiet phase are measured by `make faults` alone).
 """
@@ -34,9 +34,10 @@ def test_every_accepted_pipeline_ends_in_one_known_outcome_whatever_fails(tmp_pa
         *run.NODE_LOSS,
         run.FAILOVER,
         run.FROZEN_IN_TRANSACTION,
+        run.STANDBY_LOSS,
     }
     frozen = [fault for fault in result.faults if fault.kind == run.FROZEN_IN_TRANSACTION]
-    assert {fault.target.rsplit("-", 1)[0] for fault in frozen} == set(run.FROZEN_IN_TRANSACTION_SERVICES)
+    assert {fault.target.rsplit("-", 1)[0] for fault in frozen} == {*run.FROZEN_IN_TRANSACTION_SERVICES, "relay"}
     # PostgreSQL ended each frozen session, letting go of its row locks, within its timeout (the takeover bound).
     assert all(fault.takeover_s is not None for fault in frozen), frozen
     killed = {fault.target.rsplit("-", 1)[0] for fault in result.faults if fault.kind == "kill -9"}

@@ -2,17 +2,20 @@
 
 RabbitMQ: a quorum queue keeps every message it confirmed through kill -9 of the node that leads
 it, and a consumer on another node gets them; a node that was killed or stopped comes back into
-the cluster. PostgreSQL: a commit on the primary is on its synchronous standby when it returns;
-after kill -9 of the primary and a promotion, a client with the multi-host URL reaches the new
-primary, finds the row and writes; the old primary, rebuilt, is the new one's synchronous standby.
+the cluster. PostgreSQL, a primary and two standbys whose clocks run ahead: a commit on the primary is on a
+standby when it returns, and goes on while a standby is lost; after kill -9 of the primary and a promotion, a client
+with the multi-host URL reaches the new primary (its clock ahead), finds the row and writes; the other standby
+follows it, and the old primary, rebuilt, is a synchronous standby again.
 
-One cluster and one pair per module, started from Debian's packages beside the system's servers.
+One RabbitMQ cluster and one PostgreSQL cluster per module, started from Debian's packages beside the system's
+servers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 
 import pika
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 QUEUE = "cluster-test"
 MESSAGES = [f"confirmed {i}".encode() for i in range(20)]
+CLOCK_AHEAD_S = 5.0
 
 
 def _engines_present() -> None:
@@ -50,13 +54,13 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rabbitmq.Rabbit
 
 
 @pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[postgres_.PostgresPair]:
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[postgres_.PostgresCluster]:
     _engines_present()
-    pair = postgres_.PostgresPair(tmp_path_factory.mktemp("cluster"))
+    cluster = postgres_.PostgresCluster(tmp_path_factory.mktemp("cluster"), standbys=2, clock_ahead_s=CLOCK_AHEAD_S)
     try:
-        yield pair.start()
+        yield cluster.start()
     finally:
-        pair.destroy()
+        cluster.destroy()
 
 
 @contextlib.contextmanager
@@ -124,8 +128,27 @@ def test_the_services_broker_users_log_in_on_every_node_with_their_permissions(r
         assert refused.value.reply_code == 403
 
 
+def test_a_commit_goes_on_while_a_standby_is_lost_and_the_standby_catches_up_once_back(
+    postgres: postgres_.PostgresCluster,
+) -> None:
+    info = common.dsn(postgres.url("postgres"))
+    lost, other = postgres.standbys
+    with psycopg.connect(info, autocommit=True) as conn:
+        conn.execute("CREATE TABLE commits (id int PRIMARY KEY)")
+        postgres.kill_standby(lost)
+        with conn.transaction():
+            conn.execute("SET LOCAL statement_timeout = '5s'")  # a commit waiting for the lost one fails the test
+            conn.execute("INSERT INTO commits VALUES (1)")
+        assert conn.execute("SELECT application_name FROM pg_stat_replication").fetchall() == [(other.name,)]
+
+        postgres.start_standby(lost)
+
+        with psycopg.connect(_direct(lost.port), autocommit=True) as standby:
+            waits.until(lambda: standby.execute("SELECT count(*) FROM commits").fetchone() == (1,), what="caught up")
+
+
 def test_a_commit_survives_kill_9_of_the_primary_and_the_promoted_standby_takes_writes(
-    postgres: postgres_.PostgresPair,
+    postgres: postgres_.PostgresCluster,
 ) -> None:
     url = postgres.url("postgres")
     info = common.dsn(url)
@@ -134,30 +157,35 @@ def test_a_commit_survives_kill_9_of_the_primary_and_the_promoted_standby_takes_
         for key, value in psycopg.conninfo.conninfo_to_dict(info).items()
         if key in ("host", "port", "user", "dbname", "target_session_attrs")
     } == {
-        "host": "127.0.0.1,127.0.0.1",
+        "host": "127.0.0.1,127.0.0.1,127.0.0.1",
         "port": ",".join(str(node.port) for node in postgres.nodes),
         "user": "postgres",
         "dbname": "postgres",
         "target_session_attrs": "read-write",
     }
-    first_primary, first_standby = postgres.primary_port(), postgres.standby_port()
+    first_primary, standbys = postgres.primary_port(), [node.port for node in postgres.standbys]
     with psycopg.connect(info, autocommit=True) as conn:
         assert conn.info.port == first_primary
+        assert conn.execute("SELECT sync_state FROM pg_stat_replication").fetchall() == [("quorum",), ("quorum",)]
         conn.execute("CREATE TABLE facts (id int PRIMARY KEY, said text NOT NULL)")
         with conn.transaction():
             conn.execute("INSERT INTO facts VALUES (1, 'before the failover')")
             before_commit = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
-    with psycopg.connect(_direct(first_standby), autocommit=True) as standby:
-        # Synchronous: the commit returned after the standby had its WAL on disk; not yet replayed, maybe.
-        received = standby.execute("SELECT pg_last_wal_receive_lsn() >= %s::pg_lsn", before_commit).fetchone()
-        assert received == (True,)
-        waits.until(lambda: standby.execute("SELECT count(*) FROM facts").fetchone() == (1,), what="row replayed")
+        primary_clock = _clock_ahead_s(conn)
+    assert abs(primary_clock) < 1
+    # Synchronous: the commit returned after a standby had its WAL on disk; not yet replayed, maybe.
+    received = []
+    for port in standbys:
+        with psycopg.connect(_direct(port), autocommit=True) as standby:
+            received += standby.execute("SELECT pg_last_wal_receive_lsn() >= %s::pg_lsn", before_commit).fetchone()
+    assert True in received
 
     postgres.kill_primary()
     postgres.promote()
 
     with psycopg.connect(info, autocommit=True) as conn:
-        assert conn.info.port == first_standby
+        assert conn.info.port in standbys
+        assert abs(_clock_ahead_s(conn) - CLOCK_AHEAD_S) < 1  # the promoted standby's clock is ahead
         assert conn.execute("SELECT said FROM facts").fetchall() == [("before the failover",)]
         conn.execute("INSERT INTO facts VALUES (2, 'after the failover')")
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)  # as the services take the URL
@@ -166,16 +194,27 @@ def test_a_commit_survives_kill_9_of_the_primary_and_the_promoted_standby_takes_
             conn.execute(sa.text("INSERT INTO facts VALUES (3, 'through SQLAlchemy')"))
     finally:
         engine.dispose()
+    [follower] = [port for port in standbys if port != postgres.primary_port()]
+    with psycopg.connect(_direct(follower), autocommit=True) as standby:  # the other standby follows the new primary
+        waits.until(lambda: standby.execute("SELECT count(*) FROM facts").fetchone() == (3,), what="rows followed")
 
     postgres.rebuild_standby()
 
-    assert postgres.standby_port() == first_primary
+    assert first_primary in {node.port for node in postgres.standbys}
     with psycopg.connect(info, autocommit=True) as conn:
         replication = conn.execute("SELECT application_name, sync_state FROM pg_stat_replication").fetchall()
-        assert replication == [(postgres.standby.name, "sync")]
+        assert sorted(replication) == sorted((node.name, "quorum") for node in postgres.standbys)
         conn.execute("INSERT INTO facts VALUES (4, 'with the rebuilt standby')")
     with psycopg.connect(_direct(first_primary), autocommit=True) as standby:
         waits.until(lambda: standby.execute("SELECT count(*) FROM facts").fetchone() == (4,), what="rows replayed")
+
+
+def _clock_ahead_s(conn: psycopg.Connection[tuple[object, ...]]) -> float:
+    """How far a server's clock is ahead of this machine's."""
+    before = time.time()
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None
+    return float(row[0]) - (before + time.time()) / 2
 
 
 def _direct(port: int) -> str:

@@ -194,7 +194,9 @@ def test_a_stage_that_defines_its_own_operators_and_search_path_still_gets_only_
     assert forged.id not in {uuid.UUID(message.document["id"]) for message in delivered}
 
 
-def test_a_park_that_did_not_commit_tells_the_operators_again_under_the_same_id(installation, engines, amqp, start_relay):
+def test_a_park_that_did_not_commit_tells_the_operators_again_under_the_same_id(
+    installation, engines, amqp, start_relay
+):
     """The notice of a park is named by the version of the row it parks.
 
     A park whose transaction does not commit (here it waits on a lock past its limit, as a relay's session ended
