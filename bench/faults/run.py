@@ -800,11 +800,12 @@ class FaultRun:
                 fault.recovered_s = None if None in sides else max(s for s in sides if s is not None)
 
     def _parked_after(self, snapshot: checker.Snapshot, fault: Fault) -> str:
-        """When the row a relay was stopped parking was parked after all (by the relay that took its outbox over)."""
+        """When the park of the row a relay was stopped parking began, the one that held (its transaction's start)."""
         row = next((r for r in snapshot.outbox["api"] if str(r["event_id"]) == self.frozen_refusal), None)
         if row is None or row["parked_at"] is None:
             return "; the row was never parked"
-        return f"; the row was parked {row['parked_at'].timestamp() - fault.started:.1f} s after the stop"
+        began = row["parked_at"].timestamp() - fault.started
+        return f"; the park that held began {began:.1f} s after the stop"
 
     def _every_submission_recorded(self, snapshot: checker.Snapshot) -> list[str]:
         """The songs the music API was asked for equal the submissions the song stage recorded before.
