@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import hashlib
 import math
 import os
@@ -52,12 +53,12 @@ import stat
 import tempfile
 import urllib.parse
 import uuid
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 from castad_contracts import brief, events
 
-from castad_runtime import outages, redact, settings
+from castad_runtime import db, outages, redact, settings
 
 DIGEST_NAME_CHARS = 16  # hex characters of the sha256 in a final name: 64 bits
 # Media types a file is served as (the type its event names comes from a stage): none a browser runs as a page.
@@ -344,6 +345,40 @@ def _delete_local(directory: pathlib.Path, stage: events.Stage, final: bool) -> 
     return deleted
 
 
+# What each store does with its volume or bucket: never inside a database transaction (db.outside).
+_STORE_WORK = (
+    "keep",
+    "local_copy",
+    "serve",
+    "delete",
+    "relayout",
+    "keep_image",
+    "image_copy",
+    "serve_image",
+    "keep_fetched",
+    "fetched_copy",
+    "delete_image",
+)
+_Store = TypeVar("_Store")
+
+
+def _outside_transactions(cls: type[_Store]) -> type[_Store]:
+    """The store's work (`_STORE_WORK`) refused inside a database transaction of this thread (db.TransactionOpen)."""
+    for name in _STORE_WORK:
+        setattr(cls, name, _refused_in_transactions(f"{cls.__name__}.{name}", getattr(cls, name)))
+    return cls
+
+
+def _refused_in_transactions(what: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        db.outside(what)
+        return method(*args, **kwargs)
+
+    return checked
+
+
+@_outside_transactions
 class VolumeStore:
     """Files under `root`, a directory of which each stage mounts its own place to write and what it reads."""
 
@@ -516,6 +551,7 @@ class VolumeStore:
             raise outages.StoreUnavailable(f"delete an image in {self.root}: {redact.describe(error)}") from None
 
 
+@_outside_transactions
 class S3Store:
     """Objects `<prefix><pipeline id>/<stage>-<sha256 prefix><suffix>` in a bucket; scratch files on local disk."""
 

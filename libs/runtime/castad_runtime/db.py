@@ -22,6 +22,7 @@ import os
 import select
 import socket
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol
 
@@ -209,9 +210,39 @@ def make_engine(url: str, pool_size: int = 5, limits: SessionLimits | None = Non
     )
     sa.event.listen(engine, "checkout", _known_broken)
     sa.event.listen(engine, "before_cursor_execute", _not_pipelined)
+    sa.event.listen(engine, "begin", _began)
     if limits is not None:
         sa.event.listen(engine, "connect", lambda connection, _: _limit(connection, limits))
     return engine
+
+
+class TransactionOpen(RuntimeError):
+    """Work that leaves Castad (a store, a provider, a webhook) was asked for inside a database transaction.
+
+    A programming error: a slow or stuck call there holds the transaction's row locks for as long as it lasts, and
+    a session idle in a transaction past its limit is ended (`SessionLimits`). Keep the call, then record it.
+    """
+
+
+_opened = threading.local()  # this thread's connections that began a transaction (`_began`)
+
+
+def _began(conn: sa.Connection) -> None:
+    """Note a connection of this thread beginning a transaction (SQLAlchemy's autobegin too), for `outside`."""
+    if not hasattr(_opened, "connections"):
+        _opened.connections = weakref.WeakSet()
+    _opened.connections.add(conn)
+
+
+def outside(what: str) -> None:
+    """Raise TransactionOpen if this thread holds a transaction of an engine made by `make_engine` open.
+
+    Called before work that leaves Castad (`artifacts`' stores, `outbound.Client`): none of it may wait inside a
+    transaction.
+    """
+    for conn in list(getattr(_opened, "connections", ())):
+        if not conn.closed and conn.in_transaction():
+            raise TransactionOpen(f"{what} inside a database transaction")
 
 
 def _limit(connection: psycopg.Connection[Any], limits: SessionLimits) -> None:

@@ -48,6 +48,8 @@ from typing import IO, Any
 import httpcore
 import httpx
 
+from castad_runtime import db
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _ANY_ORIGIN = frozenset({"user-agent", "accept-encoding"})  # the headers a redirect to another origin keeps
@@ -314,6 +316,7 @@ class Client:
             response.close()
 
     def _send(self, request: httpx.Request) -> httpx.Response:
+        db.outside(f"a call to {request.url.host}")
         check_url(request.url, self.allow_private)
         return self._client.send(request, stream=True)
 
