@@ -7,10 +7,10 @@ An upload is the image's bytes as the body (Content-Type image/jpeg, image/png o
 multipart form with the image as its `file` field. It is kept only once it decoded whole and was
 made safe (castad_runtime.images): nothing of a refused upload is stored. A tenant uploads at a rate and holds images
 up to limits of its own (upload_limits.py): past its rate it gets 429 with Retry-After before its body is
-read, past what it may hold a 409. The image is kept in the artifact store and recorded in one transaction
-that holds the lock of the tenant's record of these bytes, if it has one, so that retention cannot delete
-that file meanwhile (retention.py); a failure after the file is kept leaves a file no record names, which
-the same upload made again finds in its place (names are the bytes' own).
+read, past what it may hold a 409. The image is recorded, then kept in the artifact store outside any
+transaction, then recorded kept (`keep`): a slow store holds no row lock. Its record's last upload, moved to now
+first, keeps retention from choosing it meanwhile (retention.py); a failure after the file is kept leaves a file
+no found record names, which the same upload made again finds in its place (names are the bytes' own).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import time
 import uuid
 
 from castad_contracts import api
-from castad_runtime import artifacts, db, images
+from castad_runtime import artifacts, db, images, outages
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
@@ -32,6 +33,7 @@ from castad_api.deps import GatewayDep, Reader, Submitter
 UPLOAD_PATH = "/v1/images"
 MULTIPART_OVERHEAD_BYTES = 16_384  # a form's boundaries and part headers, beyond the image's own bytes
 FILE_FIELD = "file"
+DELETION_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # an upload waits this for retention's deletion of its image
 router = APIRouter(prefix="/v1", tags=["images"], responses={**deps.AUTH_ERRORS})
 _ACCEPTED = ", ".join(images.MEDIA_TYPES)
 _BODY = {
@@ -151,14 +153,38 @@ def _counted(gw: deps.Gateway, tenant: str) -> None:
 
 
 def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
-    """Keep a cleaned upload for the tenant, if it has room for it (errors.Full if not), and describe it."""
+    """Keep a cleaned upload for the tenant, if it has room for it (errors.Full if not), and describe it.
+
+    Recorded first (`repository.begin_image`), its file then kept outside any transaction, then recorded kept. An
+    image of the same bytes that retention is deleting is waited for a moment (its row goes once its file is gone),
+    then the upload is refused with 503 and Retry-After. A file the store refuses deletes the record again.
+    """
     digest = hashlib.sha256(cleaned.data).hexdigest()
-    with db.transaction(gw.engine) as conn:
-        upload_limits.check_room(conn, tenant, digest, len(cleaned.data), gw.config.upload_limits())
-        repository.lock_image(conn, tenant, digest)  # its file is not deleted while it is kept again
-        kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
-        row = repository.add_image(conn, tenant, kept, cleaned.width, cleaned.height)
-    return _image(row)
+    size = len(cleaned.data)
+    for pause_s in (*DELETION_PAUSES_S, None):
+        with db.transaction(gw.engine) as conn:
+            upload_limits.check_room(conn, tenant, digest, size, gw.config.upload_limits())
+            begun = repository.begin_image(
+                conn, tenant, digest, cleaned.media_type, size, cleaned.width, cleaned.height
+            )
+        if begun is not None:
+            try:
+                kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
+            except outages.StoreUnavailable:
+                with db.transaction(gw.engine) as conn:
+                    repository.forget_image_begun(conn, begun.id)
+                raise
+            with db.transaction(gw.engine) as conn:
+                row = repository.image_kept(conn, begun.id, kept)
+            if row is not None:
+                return _image(row)
+        if pause_s is not None:  # retention is deleting the image of these bytes, or deleted it meanwhile
+            time.sleep(pause_s)
+    raise HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        "an image of these bytes is being deleted by retention; try again shortly",
+        {"Retry-After": "1"},
+    )
 
 
 @router.get("/images/{image_id}", response_model=api.Image, responses={404: {"model": api.Problem}})

@@ -732,36 +732,56 @@ def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) 
 IMAGE_COLUMNS = _columns(images, records.Image)
 
 
-def add_image(conn: sa.Connection, tenant: str, kept: events.Artifact, width: int, height: int) -> records.Image:
-    """Record a tenant's image kept in the artifact store, uploaded now.
+# An image is found once its file is kept, and until retention chose to delete it.
+_FOUND = sa.and_(images.c.keeping_since.is_(None), images.c.deleting_since.is_(None))
 
-    The one it has already if it uploaded these bytes before, its last upload moved to now.
+
+def begin_image(
+    conn: sa.Connection, tenant: str, sha256: str, media_type: str, size: int, width: int, height: int
+) -> records.Image | None:
+    """Record a tenant's upload of these bytes, before its file is kept (`image_kept`).
+
+    A new image is not found until then. The one the tenant has already if it uploaded these bytes before, its last
+    upload moved to now, which keeps retention from choosing it meanwhile. None if retention is deleting that one:
+    its row goes once its file is gone.
     """
     row = conn.execute(
         pg.insert(images)
         .values(
             id=uuid.uuid4(),
             tenant=tenant,
-            sha256=kept.sha256,
-            media_type=kept.media_type,
-            size=kept.size,
+            sha256=sha256,
+            media_type=media_type,
+            size=size,
             width=width,
             height=height,
-            uri=kept.uri,
+            uri="",  # the store's, once kept
+            keeping_since=sa.func.now(),
         )
-        .on_conflict_do_update(constraint="images_tenant_sha256", set_={"uploaded_at": sa.func.now()})
+        .on_conflict_do_update(
+            constraint="images_tenant_sha256",
+            set_={"uploaded_at": sa.func.now()},
+            where=images.c.deleting_since.is_(None),
+        )
         .returning(*IMAGE_COLUMNS)
-    ).one()
-    return _typed(records.Image, row)
+    ).one_or_none()
+    return None if row is None else _typed(records.Image, row)
 
 
-def lock_image(conn: sa.Connection, tenant: str, sha256: str) -> None:
-    """Lock the tenant's image with these bytes, if it has one, until the transaction ends.
+def image_kept(conn: sa.Connection, image_id: uuid.UUID, kept: events.Artifact) -> records.Image | None:
+    """Record that an image's file is kept (found from now on); None if its row is gone meanwhile."""
+    row = conn.execute(
+        images.update()
+        .where(images.c.id == image_id)
+        .values(uri=kept.uri, keeping_since=None)
+        .returning(*IMAGE_COLUMNS)
+    ).one_or_none()
+    return None if row is None else _typed(records.Image, row)
 
-    Retention, which skips locked images, cannot delete it (and its file) meanwhile; a deletion under way is waited
-    for.
-    """
-    conn.execute(sa.select(images.c.id).where(images.c.tenant == tenant, images.c.sha256 == sha256).with_for_update())
+
+def forget_image_begun(conn: sa.Connection, image_id: uuid.UUID) -> None:
+    """Delete an image whose file could not be kept, unless another upload of it kept it meanwhile."""
+    conn.execute(images.delete().where(images.c.id == image_id, images.c.keeping_since.is_not(None)))
 
 
 def photo(image: records.Image) -> brief.Photo:
@@ -776,8 +796,8 @@ def photo(image: records.Image) -> brief.Photo:
 
 
 def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> records.Image | None:
-    """The image, unless it is not `tenant`'s (None: anyone's)."""
-    query = sa.select(*IMAGE_COLUMNS).where(images.c.id == image_id)
+    """The image, unless it is not `tenant`'s (None: anyone's), or not found (its file not kept, or being deleted)."""
+    query = sa.select(*IMAGE_COLUMNS).where(images.c.id == image_id, _FOUND)
     if tenant is not None:
         query = query.where(images.c.tenant == tenant)
     row = conn.execute(query).fetchone()
@@ -792,16 +812,16 @@ def get_images(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> list[re
 
 
 def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, records.Image]:
-    """Those of the images that are `tenant`'s, by id, each locked (FOR KEY SHARE) until the transaction ends.
+    """Those of the images that are `tenant`'s and found, by id, each locked (FOR KEY SHARE) until the transaction ends.
 
-    The lock is what keeps retention from deleting an image a pipeline is being created with: retention skips
-    locked images, and checks again, once it holds the lock, that no pipeline names one. An image retention is
-    deleting is waited for, then not found."""
+    The lock is what keeps retention from choosing an image a pipeline is being created with: retention skips
+    locked images, and checks again, once it holds the lock, that no pipeline names one. An image retention chose to
+    delete is not found."""
     if not image_ids:
         return {}
     query = (
         sa.select(*IMAGE_COLUMNS)
-        .where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant)
+        .where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant, _FOUND)
         .with_for_update(read=True, key_share=True)
     )
     return {row.id: _typed(records.Image, row) for row in conn.execute(query)}

@@ -14,12 +14,13 @@ The gateway's retention (steps run by castad_runtime.retention's Pruner) deletes
   again a period later (then, at most that long after the last pipeline naming it was deleted, it goes).
 A pipeline that has not ended is never touched.
 
-An image is deleted with its row locked, and only if no pipeline names it by a check made once the lock is
-held (a statement of its own, whose snapshot sees every pipeline committed before): a pipeline created at the
-same moment locks the images it names (repository.tenant_images), so either retention skips it, or the creation
-waits for the deletion and then finds no such image (422). The file goes before the row, under that lock: an
-upload of the same bytes again waits for it (repository.lock_image), then keeps the file anew under a new record.
-The same bytes uploaded twice by a tenant are one record (images_tenant_sha256), so a file is one record's alone.
+An image is chosen for deletion with its row locked, and only if no pipeline names it by a check made once the
+lock is held (a statement of its own, whose snapshot sees every pipeline committed before): a pipeline created at
+the same moment locks the images it names (repository.tenant_images), so either retention skips it, or the creation
+waits for the choice to commit and then finds no such image (422). The choice (`images.deleting_since`) commits
+before the file goes, outside any transaction; the row goes after it. An upload of the same bytes meanwhile finds
+the image chosen, waits for its row to go, then records and keeps the file anew under a new record. The same bytes
+uploaded twice by a tenant are one record (images_tenant_sha256), so a file is one record's alone.
 
 It refuses (409) what retention would make go wrong:
 - a retry, once a stage of the pipeline ended so long ago that its stage may delete its job or files
@@ -217,35 +218,37 @@ def _forget_letters(conn: sa.Connection, ids: list[int]) -> int:
 def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_s: float, limit: int) -> int:
     """Deal with up to `limit` images last uploaded, or last found named, more than `older_than_s` ago.
 
-    Delete those no pipeline names, each file first, then the records of those whose file is gone; find the others
-    named again, which moves them as far off as an upload would (each is looked at once a period, not on every
-    round). How many it dealt with. A store that fails stops the batch: the images deleted before are recorded
-    deleted, then its error is raised (the round stops, the next one goes on).
+    Choose those no pipeline names, in a transaction (each is found no more from its commit on), then delete each
+    one's file outside any transaction, then the records of those whose file is gone; find the others named again,
+    which moves them as far off as an upload would (each is looked at once a period, not on every round). How many it
+    dealt with. A store that fails stops the batch: the images deleted before are recorded deleted, then its error is
+    raised (the round stops, the next one chooses the rest again).
     """
     i = tables.images
-    failure: outages.StoreUnavailable | None = None
-    gone: list[uuid.UUID] = []
     with runtime_retention.transaction(engine) as conn:
         locked = list(conn.execute(db.expired(sa.select(i.c.id), i.c.uploaded_at, older_than_s, limit)).scalars())
         if not locked:
             return 0
         # Named or not, asked now that they are locked: this statement's snapshot sees every pipeline committed
         # before the locks were taken.
-        rows = repository.get_images(conn, locked)
         kept = named_among(conn, locked)
         if kept:
             conn.execute(i.update().where(i.c.id.in_(kept)).values(uploaded_at=sa.func.now()))
-        for row in rows:
-            if row.id in kept:
-                continue
-            try:
-                store.delete_image(repository.photo(row))
-            except outages.StoreUnavailable as error:
-                failure = error
-                break
-            gone.append(row.id)
-        if gone:
-            conn.execute(i.delete().where(i.c.id.in_(gone)))
+        doomed = [row for row in repository.get_images(conn, locked) if row.id not in kept]
+        if doomed:
+            conn.execute(i.update().where(i.c.id.in_([row.id for row in doomed])).values(deleting_since=sa.func.now()))
+    failure: outages.StoreUnavailable | None = None
+    gone: list[uuid.UUID] = []
+    for row in doomed:
+        try:
+            store.delete_image(repository.photo(row))
+        except outages.StoreUnavailable as error:
+            failure = error
+            break
+        gone.append(row.id)
+    if gone:
+        with runtime_retention.transaction(engine) as conn:
+            conn.execute(i.delete().where(i.c.id.in_(gone), i.c.deleting_since.is_not(None)))
     if failure is not None:
         raise failure
     return len(kept) + len(gone)

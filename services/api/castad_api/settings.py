@@ -23,10 +23,8 @@ class ApiSettings(settings.StoreSettings):
         description="the gateway's own database",
     )
     outbox_relay_role: settings.OutboxRelayRole = None
-    # Longer than a stage's: an upload is kept in the artifact store, and image retention deletes files, inside their
-    # transactions (an object store's put or delete, with its retries), and another upload of the tenant waits.
-    db_idle_in_transaction_s: settings.IdleInTransactionS = 120.0
-    db_lock_wait_s: settings.LockWaitS = 120.0
+    db_idle_in_transaction_s: settings.IdleInTransactionS = 10.0
+    db_lock_wait_s: settings.LockWaitS = 5.0
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
     health_port: int | None = Field(

@@ -273,6 +273,9 @@ images = sa.Table(
     sa.Column("uri", sa.Text, nullable=False),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("uploaded_at", TZ, nullable=False, server_default=sa.func.now()),
+    # Set while an upload keeps its file (found once kept), and once retention chose to delete it (found no more).
+    sa.Column("keeping_since", TZ),
+    sa.Column("deleting_since", TZ),
     sa.UniqueConstraint("tenant", "sha256", name="images_tenant_sha256"),
     sa.Index("images_uploaded", "uploaded_at"),
 )
