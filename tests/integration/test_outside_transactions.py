@@ -1,9 +1,9 @@
 """Nothing waits on the world inside a database transaction (db.outside).
 
-A store's put or delete, and every call that leaves Castad, is refused while the thread holds a transaction of a
-service's engine open (an explicit one, or one SQLAlchemy began on its own), so that a slow bucket or provider never
-holds row locks; the same work right after the transaction ends goes on. Any service code that does otherwise fails
-its tests here and wherever it runs under them.
+A store's put or delete, and every call that leaves Castad (the client's own, or one run on a thread of its own by
+an attempt's `Cancellation`), is refused while the thread holds a transaction of a service's engine open (an
+explicit one, or one SQLAlchemy began on its own), so that a slow bucket or provider never holds row locks; the same
+work right after the transaction ends goes on. Service code that did otherwise would fail every test that runs it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import events
 from castad_runtime import artifacts, db, outbound
+from castad_runtime.stage import cancellation
 
 pytestmark = pytest.mark.integration
 PIPELINE = "0b4f3b8e-3f0e-4c57-9d1a-6f3f1f0b9a11"
@@ -42,12 +43,18 @@ def test_a_store_write_and_a_call_out_are_refused_inside_a_transaction_and_go_on
             client.stream("GET", "https://provider.example/v1/songs"),
         ):
             pass
+        with pytest.raises(db.TransactionOpen, match="a call out inside"):
+            cancellation.Cancellation().call(lambda: "made on a thread of its own, which holds no transaction")
     with engine.connect() as conn:  # a transaction SQLAlchemy began by itself, for a read
         conn.execute(sa.text("SELECT 1"))
         with pytest.raises(db.TransactionOpen, match="VolumeStore.delete inside"):
             store.delete(PIPELINE, events.Stage.LYRIC)
 
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:  # each statement commits alone
+        conn.execute(sa.text("SELECT 1"))
+        assert store.delete(PIPELINE, events.Stage.LYRIC) == 0
     kept = store.keep_image(b"an image", "hana", "image/png")
+    assert cancellation.Cancellation().call(lambda: "called") == "called"
     with client.stream("GET", "https://provider.example/v1/songs") as answer:
         assert answer.status_code == 204
     assert kept.size == len(b"an image") and store.delete(PIPELINE, events.Stage.LYRIC) == 0

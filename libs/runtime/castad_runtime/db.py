@@ -237,11 +237,13 @@ def _began(conn: sa.Connection) -> None:
 def outside(what: str) -> None:
     """Raise TransactionOpen if this thread holds a transaction of an engine made by `make_engine` open.
 
-    Called before work that leaves Castad (`artifacts`' stores, `outbound.Client`): none of it may wait inside a
-    transaction.
+    Called before work that leaves Castad (`artifacts`' stores, `outbound.Client`, and `Cancellation.call`, which
+    runs a call out on a thread of its own): none of it may wait inside a transaction. A connection in autocommit
+    holds none.
     """
     for conn in list(getattr(_opened, "connections", ())):
-        if not conn.closed and conn.in_transaction():
+        autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+        if not conn.closed and conn.in_transaction() and not autocommit:
             raise TransactionOpen(f"{what} inside a database transaction")
 
 

@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from castad_runtime import db
+
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -98,8 +100,11 @@ class Cancellation:
 
         The call runs on a thread of its own so that a cancellation ends the attempt at once:
         Cancelled is raised as soon as the attempt is cancelled, and the abandoned call ends by
-        its own timeout, its result dropped. Whatever the call raises is raised here.
+        its own timeout, its result dropped. Whatever the call raises is raised here. Refused
+        inside a database transaction of the calling thread (db.TransactionOpen): the call's own
+        thread holds none, so it is checked here.
         """
+        db.outside("a call out")
         finished = threading.Event()
         result: dict[str, Any] = {}
 
