@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import math
 import time
 import uuid
 
 from castad_contracts import api
-from castad_runtime import artifacts, db, images, outages
+from castad_runtime import artifacts, db, images
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
@@ -30,6 +31,7 @@ from fastapi.responses import FileResponse, Response
 from castad_api import decoding, deps, errors, pipeline_routes, records, repository, served, upload_limits
 from castad_api.deps import GatewayDep, Reader, Submitter
 
+log = logging.getLogger(__name__)
 UPLOAD_PATH = "/v1/images"
 MULTIPART_OVERHEAD_BYTES = 16_384  # a form's boundaries and part headers, beyond the image's own bytes
 FILE_FIELD = "file"
@@ -74,7 +76,8 @@ _BODY = {
         },
         503: {
             "model": api.Problem,
-            "description": "as many uploads as may wait for their decode are waiting (see Retry-After)",
+            "description": "as many uploads as may wait for their decode are waiting, the store is out, or an image of"
+            " these bytes is being deleted by retention (see Retry-After)",
         },
     },
 )
@@ -170,9 +173,8 @@ def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
         if begun is not None:
             try:
                 kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
-            except outages.StoreUnavailable:
-                with db.transaction(gw.engine) as conn:
-                    repository.forget_image_begun(conn, begun.id)
+            except BaseException:
+                _forget_begun(gw, begun.id)
                 raise
             with db.transaction(gw.engine) as conn:
                 row = repository.image_kept(conn, begun.id, kept)
@@ -185,6 +187,15 @@ def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
         "an image of these bytes is being deleted by retention; try again shortly",
         {"Retry-After": "1"},
     )
+
+
+def _forget_begun(gw: deps.Gateway, image_id: uuid.UUID) -> None:
+    """Delete the record of an upload whose file was not kept; if the database is out too, retention will."""
+    try:
+        with db.transaction(gw.engine) as conn:
+            repository.forget_image_begun(conn, image_id)
+    except Exception:
+        log.warning("the record of upload %s, whose file was not kept, is left to retention", image_id, exc_info=True)
 
 
 @router.get("/images/{image_id}", response_model=api.Image, responses={404: {"model": api.Problem}})

@@ -769,10 +769,10 @@ def begin_image(
 
 
 def image_kept(conn: sa.Connection, image_id: uuid.UUID, kept: events.Artifact) -> records.Image | None:
-    """Record that an image's file is kept (found from now on); None if its row is gone meanwhile."""
+    """Record that an image's file is kept (found from now on); None if retention chose it, or deleted it, meanwhile."""
     row = conn.execute(
         images.update()
-        .where(images.c.id == image_id)
+        .where(images.c.id == image_id, images.c.deleting_since.is_(None))
         .values(uri=kept.uri, keeping_since=None)
         .returning(*IMAGE_COLUMNS)
     ).one_or_none()

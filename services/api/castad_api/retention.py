@@ -19,7 +19,8 @@ lock is held (a statement of its own, whose snapshot sees every pipeline committ
 the same moment locks the images it names (repository.tenant_images), so either retention skips it, or the creation
 waits for the choice to commit and then finds no such image (422). The choice (`images.deleting_since`) commits
 before the file goes, outside any transaction; the row goes after it. An upload of the same bytes meanwhile finds
-the image chosen, waits for its row to go, then records and keeps the file anew under a new record. The same bytes
+the image chosen and waits a few seconds for its row to go (then answers 503 with Retry-After), then records and
+keeps the file anew under a new record. The same bytes
 uploaded twice by a tenant are one record (images_tenant_sha256), so a file is one record's alone.
 
 It refuses (409) what retention would make go wrong:
@@ -40,7 +41,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 import sqlalchemy as sa
-from castad_runtime import artifacts, db, outages, settings
+from castad_runtime import artifacts, db, settings
 from castad_runtime import retention as runtime_retention
 from sqlalchemy.dialects import postgresql as pg
 
@@ -50,7 +51,8 @@ MARGIN_S = 3600.0
 PIPELINE_ROWS = 14  # a pipeline, its stages and their attempts, its notices and their tries, about
 LETTER_ROWS = 3  # a dead letter and its actions, about
 KEY_WINDOW_KEPT_S = 120.0  # a key's creation count is read only during its own minute
-IMAGE_FILES = 10  # an image costs a deletion in the store, under its row's lock: far fewer of them per batch
+IMAGE_FILES = 10  # an image costs a deletion in the store: far fewer of them per batch
+IMAGES_AT_ONCE = 10  # the rows of images whose files are gone are deleted this many at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,10 +221,10 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
     """Deal with up to `limit` images last uploaded, or last found named, more than `older_than_s` ago.
 
     Choose those no pipeline names, in a transaction (each is found no more from its commit on), then delete each
-    one's file outside any transaction, then the records of those whose file is gone; find the others named again,
-    which moves them as far off as an upload would (each is looked at once a period, not on every round). How many it
-    dealt with. A store that fails stops the batch: the images deleted before are recorded deleted, then its error is
-    raised (the round stops, the next one chooses the rest again).
+    one's file outside any transaction, and the records of those whose file is gone, IMAGES_AT_ONCE at a time; find
+    the others named again, which moves them as far off as an upload would (each is looked at once a period, not on
+    every round). How many it dealt with. A store that fails stops the batch: the images deleted before are recorded
+    deleted, the others are found again (the next round chooses them again), then its error is raised.
     """
     i = tables.images
     with runtime_retention.transaction(engine) as conn:
@@ -237,21 +239,27 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
         doomed = [row for row in repository.get_images(conn, locked) if row.id not in kept]
         if doomed:
             conn.execute(i.update().where(i.c.id.in_([row.id for row in doomed])).values(deleting_since=sa.func.now()))
-    failure: outages.StoreUnavailable | None = None
     gone: list[uuid.UUID] = []
-    for row in doomed:
-        try:
+    try:
+        for row in doomed:
             store.delete_image(repository.photo(row))
-        except outages.StoreUnavailable as error:
-            failure = error
-            break
-        gone.append(row.id)
-    if gone:
+            gone.append(row.id)
+            if len(gone) % IMAGES_AT_ONCE == 0 or len(gone) == len(doomed):
+                _forget_deleted(engine, gone[-IMAGES_AT_ONCE:])
+    except BaseException:
+        left = [row.id for row in doomed if row.id not in set(gone)]
         with runtime_retention.transaction(engine) as conn:
-            conn.execute(i.delete().where(i.c.id.in_(gone), i.c.deleting_since.is_not(None)))
-    if failure is not None:
-        raise failure
+            conn.execute(i.update().where(i.c.id.in_(left)).values(deleting_since=None))
+        _forget_deleted(engine, gone)
+        raise
     return len(kept) + len(gone)
+
+
+def _forget_deleted(engine: sa.Engine, image_ids: list[uuid.UUID]) -> None:
+    """Delete the records of images whose files are gone."""
+    i = tables.images
+    with runtime_retention.transaction(engine) as conn:
+        conn.execute(i.delete().where(i.c.id.in_(image_ids), i.c.deleting_since.is_not(None)))
 
 
 def named_among(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:

@@ -7,9 +7,9 @@
 
 Neither the store's put nor its delete holds a transaction open any more: a slow bucket holds no row lock. Expand
 only: nullable columns without a default, added without rewriting the table. A gateway of the previous release
-writes neither (its images are kept, not being deleted) and reads neither: until every gateway runs this release,
-its upload of the same bytes as an image retention is deleting may be recorded while the file goes (the same bytes
-uploaded again keep it anew).
+writes neither (its images are kept, not being deleted) and reads neither, so it would record an upload of, or
+create a pipeline naming, an image a new replica's retention is deleting: the CHANGELOG says how to keep that
+retention still during the rollout.
 
 Revision ID: 0019
 """
