@@ -236,9 +236,13 @@ class PostgresCluster:
             f"{node.name}'s processes gone", lambda: not any(map(engines.alive, doomed)), engines.STOP_TIMEOUT_S
         )
 
+    def _source(self, standby: PostgresNode) -> str:
+        """How a standby connects to the primary to stream from it (its name is its application_name)."""
+        return f"host={engines.LOCALHOST} port={self.primary.port} user=postgres application_name={standby.name}"
+
     def _clone(self, standby: PostgresNode) -> None:
         """Base-backup the primary into the standby's directory, start it, wait until it streams."""
-        source = f"host={engines.LOCALHOST} port={self.primary.port} user=postgres application_name={standby.name}"
+        source = self._source(standby)
         self._as_postgres(
             [engines.POSTGRES_BIN / "pg_basebackup", "-D", standby.data, "-d", source, "-R", "-X", "stream"]
             + ["--checkpoint=fast", "--no-sync"],  # only processes die here, never the machine's page cache
@@ -250,9 +254,8 @@ class PostgresCluster:
 
     def _follow(self, standby: PostgresNode) -> None:
         """Point a running standby at the new primary; it follows the new timeline (its WAL is not ahead of it)."""
-        source = f"host={engines.LOCALHOST} port={self.primary.port} user=postgres application_name={standby.name}"
         with self._connect(standby) as conn:
-            conn.execute(sql.SQL("ALTER SYSTEM SET primary_conninfo = {}").format(sql.Literal(source)))
+            conn.execute(sql.SQL("ALTER SYSTEM SET primary_conninfo = {}").format(sql.Literal(self._source(standby))))
             conn.execute("SELECT pg_reload_conf()")
         self._wait_streaming(standby)
 

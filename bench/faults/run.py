@@ -125,7 +125,8 @@ class Result:
 
     @property
     def last_fault_end(self) -> float:
-        return max(fault.ended for fault in self.faults)
+        """When the last fault (the failover) ended, on the databases' clock: what the pipelines' ends compare to."""
+        return _on_the_databases_clock(max(fault.ended for fault in self.faults))
 
     @property
     def handoff_p99_ms(self) -> float | None:
@@ -209,7 +210,8 @@ class FaultRun:
             accepted=frozenset(a.pipeline_id for a in accepted + quiet),
             poison=tuple(poison),
             unroutable_event_ids=frozenset(self.probes),
-            last_fault_end=self.faults[-1].ended,
+            # The last fault is the failover: the pipelines' ends after it are stamped by the promoted primary.
+            last_fault_end=_on_the_databases_clock(self.faults[-1].ended),
             settle_s=self.plan.settle_s,
             artifacts_dir=self.deployment.artifacts_dir,
             routed=tuple(tap.routed),
@@ -647,18 +649,21 @@ class FaultRun:
         only once it is back).
         """
         postgres = self.deployment.postgres
-        node = postgres.standbys[-1]
+        node = postgres.standbys[0]  # the first named: the one commits would wait for, were the standbys in priority
         fault = Fault(STANDBY_LOSS, f"standby {node.name} on port {node.port}", time.time())
         fault.takeover_bound_s = plan.STANDBY_LOSS_COMMIT_S
         log.info("faults: %s of %s", fault.kind, fault.target)
         postgres.kill_standby(node)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            committed = pool.submit(self._commit, fault.started)
+            committed = pool.submit(self._commit, time.time())
             time.sleep(self.plan.node_down_s)
             postgres.start_standby(node)
             fault.takeover_s = committed.result()
         fault.ended = time.time()
-        fault.detail = f"started again after {self.plan.node_down_s:g} s; a commit took {fault.takeover_s:.2f} s"
+        fault.detail = (
+            f"started again after {self.plan.node_down_s:g} s; a commit right after its loss took"
+            f" {fault.takeover_s:.2f} s"
+        )
         self.faults.append(fault)
         self._after([fault])
 
@@ -788,14 +793,15 @@ class FaultRun:
         work = checker.Work.of(snapshot)
         for fault in self.faults:
             service = fault.target.rsplit("-", 1)[0] if fault.target[-1:].isdigit() else fault.target
+            ended = _on_the_databases_clock(fault.ended) if fault.kind == FAILOVER else fault.ended
             if service == "relay":
-                fault.recovered_s = checker.first_after(work.published, fault.ended)
+                fault.recovered_s = checker.first_after(work.published, ended)
             elif service in work.handled:
-                fault.recovered_s = checker.first_after(work.handled[service], fault.ended)
+                fault.recovered_s = checker.first_after(work.handled[service], ended)
             else:  # the broker, a node of it, the database server: everything
                 sides = [
-                    checker.first_after(work.published, fault.ended),
-                    checker.first_after(work.consumed, fault.ended),
+                    checker.first_after(work.published, ended),
+                    checker.first_after(work.consumed, ended),
                 ]
                 fault.recovered_s = None if None in sides else max(s for s in sides if s is not None)
 
@@ -848,8 +854,7 @@ class FaultRun:
         for fault in self.faults:
             if fault.kind not in (*NODE_LOSS, FAILOVER, FROZEN_IN_TRANSACTION, STANDBY_LOSS):
                 continue
-            # Work after a failover is stamped by the promoted primary's clock, ahead of the harness's.
-            since = fault.ended + plan.STANDBY_CLOCK_AHEAD_S if fault.kind == FAILOVER else fault.started
+            since = _on_the_databases_clock(fault.ended) if fault.kind == FAILOVER else fault.started
             if fault.kind == STANDBY_LOSS:
                 pass  # measured as it happened: the harness's commit
             elif fault.kind == FROZEN_IN_TRANSACTION:  # measured as it happened: until the frozen session was ended
@@ -880,6 +885,11 @@ class FaultRun:
                 taken = "never" if fault.takeover_s is None else f"after {fault.takeover_s:.1f} s"
                 findings.append(f"{fault.kind} ({fault.target}): work went on {taken}, over the {bound:g} s bound")
         return findings
+
+
+def _on_the_databases_clock(moment: float) -> float:
+    """A moment after the failover as the databases stamp it: the promoted primary's clock is ahead of this one's."""
+    return moment + plan.STANDBY_CLOCK_AHEAD_S
 
 
 def _session_state(conn: psycopg.Connection[Any], backend: int) -> str | None:
