@@ -812,7 +812,7 @@ def get_images(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> list[re
 
 
 def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, records.Image]:
-    """Those of the images that are `tenant`'s and found, by id, each locked (FOR KEY SHARE) until the transaction ends.
+    """The found images among these that are `tenant`'s, by id, each locked (FOR KEY SHARE) until it commits.
 
     The lock is what keeps retention from choosing an image a pipeline is being created with: retention skips
     locked images, and checks again, once it holds the lock, that no pipeline names one. An image retention chose to
