@@ -159,8 +159,9 @@ def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
     """Keep a cleaned upload for the tenant, if it has room for it (errors.Full if not), and describe it.
 
     Recorded first (`repository.begin_image`), its file then kept outside any transaction, then recorded kept. An
-    image of the same bytes that retention is deleting is waited for a moment (its row goes once its file is gone),
-    then the upload is refused with 503 and Retry-After. A file the store refuses deletes the record again.
+    image of the same bytes that retention is deleting is waited for a few seconds (its row goes once its file is
+    gone), then the upload is refused with 503 and Retry-After. An upload whose file was not kept (the store refused
+    it, say) takes its record back.
     """
     digest = hashlib.sha256(cleaned.data).hexdigest()
     size = len(cleaned.data)

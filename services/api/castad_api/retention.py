@@ -20,8 +20,8 @@ the same moment locks the images it names (repository.tenant_images), so either 
 waits for the choice to commit and then finds no such image (422). The choice (`images.deleting_since`) commits
 before the file goes, outside any transaction; the row goes after it. An upload of the same bytes meanwhile finds
 the image chosen and waits a few seconds for its row to go (then answers 503 with Retry-After), then records and
-keeps the file anew under a new record. The same bytes
-uploaded twice by a tenant are one record (images_tenant_sha256), so a file is one record's alone.
+keeps the file anew under a new record. The same bytes uploaded twice by a tenant are one record
+(images_tenant_sha256), so a file is one record's alone.
 
 It refuses (409) what retention would make go wrong:
 - a retry, once a stage of the pipeline ended so long ago that its stage may delete its job or files
