@@ -135,3 +135,17 @@ def test_a_wait_for_a_lock_ends_at_its_timeout_as_an_outage(limited):
         holder.close()
 
     assert waited.value.orig.sqlstate == "55P03" and outages.is_outage(waited.value)
+
+
+def test_a_statement_past_the_services_limit_is_ended_as_its_own_failure(installation):
+    """A bound for a statement gone wrong: ended, and not an outage (waiting it out would not make it quicker)."""
+    limits = db.SessionLimits(idle_in_transaction_s=60.0, lock_wait_s=60.0, statement_s=0.3)
+    engine = db.make_engine(installation.database_urls["lyric"], 1, limits)
+    try:
+        with pytest.raises(sa.exc.DBAPIError) as ended, engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_sleep(5)"))
+        assert "statement timeout" in str(ended.value) and not outages.is_outage(ended.value)
+        with engine.connect() as conn:  # the session goes on
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()

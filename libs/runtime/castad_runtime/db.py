@@ -111,7 +111,7 @@ _PSYCOPG = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # SQLAlch
 
 
 class _Limited(Protocol):
-    """Settings with a service's session limits (settings.IdleInTransactionS, settings.LockWaitS)."""
+    """Settings with a service's session limits (settings.IdleInTransactionS, LockWaitS, StatementS)."""
 
     @property
     def db_idle_in_transaction_s(self) -> float: ...
@@ -119,10 +119,13 @@ class _Limited(Protocol):
     @property
     def db_lock_wait_s(self) -> float: ...
 
+    @property
+    def db_statement_s(self) -> float: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class SessionLimits:
-    """What PostgreSQL ends in a service's sessions (the settings IdleInTransactionS and LockWaitS).
+    """What PostgreSQL ends in a service's sessions (the settings IdleInTransactionS, LockWaitS, StatementS).
 
     Set by a statement when a session begins, not as a startup parameter: a pooler passes it on (PgBouncer drops
     or refuses `options`), and in transaction pooling every session of the pool is the same service's.
@@ -130,15 +133,20 @@ class SessionLimits:
 
     idle_in_transaction_s: float
     lock_wait_s: float
+    statement_s: float = 60.0
 
     @classmethod
     def of(cls, config: _Limited) -> SessionLimits:
         """A service's limits, as its settings give them."""
-        return cls(config.db_idle_in_transaction_s, config.db_lock_wait_s)
+        return cls(config.db_idle_in_transaction_s, config.db_lock_wait_s, config.db_statement_s)
 
     def statement(self) -> str:
         idle_ms, lock_ms = round(self.idle_in_transaction_s * 1000), round(self.lock_wait_s * 1000)
-        return f"SET idle_in_transaction_session_timeout = {idle_ms}; SET lock_timeout = {lock_ms}"
+        statement_ms = round(self.statement_s * 1000)
+        return (
+            f"SET idle_in_transaction_session_timeout = {idle_ms}; SET lock_timeout = {lock_ms};"
+            f" SET statement_timeout = {statement_ms}"
+        )
 
 
 # Sessions of this role in this database inside a transaction that wrote or locked rows (it has an id), and waiting

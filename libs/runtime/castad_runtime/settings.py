@@ -61,6 +61,16 @@ LockWaitS = Annotated[
         " attempt counted",
     ),
 ]
+StatementS = Annotated[
+    float,
+    Field(
+        ge=0.001,
+        le=3600,
+        description="a statement of the service running longer is ended by PostgreSQL (statement_timeout): a"
+        " bound for a statement gone wrong, far above what any takes here (milliseconds), so it fails as its own"
+        " error would, never waited out as an outage; retention's and the metrics' reads set shorter ones",
+    ),
+]
 
 
 # The relay's PostgreSQL role, which a service's `migrate` lets into its database (migrations.restrict_access).

@@ -25,6 +25,7 @@ class ApiSettings(settings.StoreSettings):
     outbox_relay_role: settings.OutboxRelayRole = None
     db_idle_in_transaction_s: settings.IdleInTransactionS = 10.0
     db_lock_wait_s: settings.LockWaitS = 5.0
+    db_statement_s: settings.StatementS = 60.0
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds")
     port: int = Field(default=8000, ge=1, le=65535, description="port the HTTP server binds")
     health_port: int | None = Field(

@@ -28,6 +28,7 @@ class RelaySettings(settings.CommonSettings):
     # In each source database: a relay frozen inside its refusal transaction holds the next leader this long at most.
     db_idle_in_transaction_s: settings.IdleInTransactionS = 10.0
     db_lock_wait_s: settings.LockWaitS = 5.0
+    db_statement_s: settings.StatementS = 60.0
     fallback_poll_s: float = Field(
         default=2.0, gt=0, le=60, description="drain even without a NOTIFY this often (a missed wake-up)"
     )

@@ -78,6 +78,7 @@ class StageSettings(settings.StoreSettings):
     poll_s: float = Field(default=0.5, gt=0, le=60, description="how often due retries and lost leases are checked")
     db_idle_in_transaction_s: settings.IdleInTransactionS = 10.0
     db_lock_wait_s: settings.LockWaitS = 5.0
+    db_statement_s: settings.StatementS = 60.0
     health_port: settings.HealthPort = None
     stop_grace_s: float = Field(
         default=20.0,
