@@ -87,8 +87,9 @@ def render(result: run.Result) -> str:
             " (an injected permanent provider failure), or CANCELED by the operator; none was lost, no stage took"
             " effect twice, started before its predecessor completed or after its cancel, no provider was called"
             " again for a stage that had succeeded, every artifact an event names is on disk with its sha256,"
-            " every outbox row was published but the injected unroutable one (parked, with its reason), and the"
-            " dead letters the gateway recorded are exactly the poison injected and that row, each with its reason."
+            " every outbox row was published but the injected unroutable ones (each parked, with its reason), and"
+            " the dead letters the gateway recorded are exactly the poison injected and one notice of each of those"
+            " rows, each with its reason."
         ]
     total = len(result.snapshot.pipelines)
     lines += [
