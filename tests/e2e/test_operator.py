@@ -35,8 +35,11 @@ def timeline_types(running, pipeline_id: str) -> list[str]:
 @pytest.mark.timeout(120)
 def test_a_cancel_stops_a_running_call_and_a_pending_job_and_nothing_later_starts(castad, dbs):
     running = castad({**HANG, "CASTAD_LYRIC_CONCURRENCY": "1"})
-    first, second = running.submit(briefs.sample("첫 가게")), running.submit(briefs.sample("둘째 가게"))
-    running.wait_until("the first lyric call hanging", lambda: _attempts(dbs, "lyric", first))
+    submitted = [running.submit(briefs.sample("첫 가게")), running.submit(briefs.sample("둘째 가게"))]
+    # The lyric stage takes one job at a time: whichever of the two its consumer made first, not always the first.
+    running.wait_until("a lyric call hanging", lambda: any(_attempts(dbs, "lyric", p) for p in submitted))
+    first = next(p for p in submitted if _attempts(dbs, "lyric", p))
+    second = next(p for p in submitted if p != first)
     running.wait_until("the second lyric job pending", lambda: _job(dbs, "lyric", second))
     assert _job(dbs, "lyric", second)["status"] == "PENDING"
 
