@@ -6,10 +6,8 @@ the song stage. That happens whenever a service starts after its producers witho
 whole topology first (a service run on its own, a chart installed or a pod ready later).
 
 So before an event of a type goes out, the relay binds that type's patterns to each queue that takes it
-(`topology.subscribers`, from the contracts it ships with), which is idempotent: once on each connection, before
-the first event of the type goes out; then again every `recheck_s` (a queue deleted and declared again meanwhile),
-beside the publishes, not before them: on a clustered broker a binding is a write to the cluster's metadata, tens
-of milliseconds that would otherwise be paid by every event of a type quieter than `recheck_s`. A queue that does not
+(`topology.subscribers`, from the contracts it ships with), which is idempotent: once, then again every
+`recheck_s` and after each new connection (a queue deleted and declared again meanwhile). A queue that does not
 exist yet cannot be bound: the relay then holds the events that queue must take, uncharged, and looks again
 `retry_s` later, until the queue's service or set-up declares it. A relay whose broker user may not bind (users set
 up by an earlier release) publishes unchecked, as before, says so once, and tries again on its next connection.
@@ -41,7 +39,6 @@ class Bindings:
         self._missing: dict[str, tuple[str, float]] = {}  # routing key -> the queue found missing, and when
         self._said_missing: set[str] = set()  # queues found missing, said once until they exist
         self._lock = asyncio.Lock()
-        self._rechecks: set[asyncio.Task[None]] = set()  # looks again beside the publishes (`_recheck`)
 
     def forget(self) -> None:
         """Bind again before the next publish of each type (a new connection: the broker may have lost queues)."""
@@ -55,33 +52,12 @@ class Bindings:
         Raises ConnectionError, TimeoutError or an AMQP error on trouble with the broker (not the row's)."""
         if self._looked_lately(routing_key):
             return self._found_missing(routing_key)
-        if routing_key in self._bound_at:  # bound on this connection: looked at again beside the publish
-            self._bound_at[routing_key] = time.monotonic()
-            task = asyncio.get_running_loop().create_task(self._recheck(connection, routing_key))
-            self._rechecks.add(task)
-            task.add_done_callback(self._rechecks.discard)
-            return None
-        return await self._look(connection, routing_key)
-
-    async def _recheck(self, connection: aiormq.abc.AbstractConnection, routing_key: str) -> None:
-        """Bind `routing_key`'s queues again; trouble with the broker is the next publish's to find."""
-        try:
-            await self._look(connection, routing_key, again=True)
-        except (ConnectionError, TimeoutError, aiormq.exceptions.AMQPError) as error:
-            log.debug("binding %s again: %s; looked at again on the next publish", routing_key, error)
-            self._bound_at.pop(routing_key, None)
-
-    async def _look(
-        self, connection: aiormq.abc.AbstractConnection, routing_key: str, *, again: bool = False
-    ) -> str | None:
-        """Bind each queue that takes `routing_key` (`again`: even if looked at lately): the first missing, or None."""
         async with self._lock:  # the rows of many pipelines ask at once: one binds, the others find it looked at
-            if self._looked_lately(routing_key) and not again:
+            if self._looked_lately(routing_key):
                 return self._found_missing(routing_key)
             for service, patterns in topology.subscribers(routing_key).items():
                 queue = self.topology.queue(service)
                 if not await self._bind(connection, queue, patterns):
-                    self._bound_at.pop(routing_key, None)  # its events wait from now on
                     self._missing[routing_key] = (queue, time.monotonic())
                     if queue not in self._said_missing:
                         self._said_missing.add(queue)
