@@ -863,12 +863,19 @@ class FaultRun:
             elif fault.kind == "relay leader frozen":
                 fault.takeover_s = checker.first_after(work.published_from["api"], since)
             elif fault.kind == "stage replica frozen":
-                stage, job_id, _, _ = self.frozen_job
-                job = next((j for j in snapshot.jobs[stage].values() if str(j["id"]) == job_id), None)
-                if job is not None and job["status"] == "CANCELED" and job["finished_at"].timestamp() <= fault.ended:
+                stage, job_id, _, number = self.frozen_job
+                frozen = next(
+                    (a for a in snapshot.attempts[stage].get(uuid.UUID(job_id), []) if a["number"] == number), None
+                )
+                if (
+                    frozen is not None
+                    and frozen["outcome"] == "canceled"
+                    and frozen["finished_at"].timestamp() <= fault.ended
+                ):
                     # The operator (the traffic's, at random) canceled it while the replica was frozen: its work
-                    # ended there, and no other replica had any to take over.
-                    fault.takeover_s = max(0.0, job["finished_at"].timestamp() - since)
+                    # ended there, and no other replica had any to take over (a retry of the operator's may reopen
+                    # the job later, which is no takeover).
+                    fault.takeover_s = max(0.0, frozen["finished_at"].timestamp() - since)
                     fault.detail += "; canceled by the operator meanwhile"
                 else:
                     fault.takeover_s = checker.first_after(work.attempts_of(stage, job_id), since)
