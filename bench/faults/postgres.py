@@ -105,11 +105,6 @@ class PostgresCluster:
     def standbys(self) -> list[PostgresNode]:
         return [node for node in self.nodes if node != self.primary]
 
-    @property
-    def standby(self) -> PostgresNode:
-        """The first standby."""
-        return self.standbys[0]
-
     def start(self) -> PostgresCluster:
         """Make the primary, clone each standby from it, wait until they stream as synchronous ones."""
         engines.require_programs()
@@ -143,9 +138,6 @@ class PostgresCluster:
 
     def primary_port(self) -> int:
         return self.primary.port
-
-    def standby_port(self) -> int:
-        return self.standby.port
 
     def kill_primary(self) -> None:
         """kill -9 of the primary, as a lost machine ends it (`_kill`)."""

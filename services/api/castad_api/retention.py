@@ -239,18 +239,20 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
         doomed = [row for row in repository.get_images(conn, locked) if row.id not in kept]
         if doomed:
             conn.execute(i.update().where(i.c.id.in_([row.id for row in doomed])).values(deleting_since=sa.func.now()))
-    gone: list[uuid.UUID] = []
+    gone: list[uuid.UUID] = []  # files deleted; the last of them, from `recorded` on, with their rows still there
+    recorded = 0
     try:
         for row in doomed:
             store.delete_image(repository.photo(row))
             gone.append(row.id)
-            if len(gone) % IMAGES_AT_ONCE == 0 or len(gone) == len(doomed):
-                _forget_deleted(engine, gone[-IMAGES_AT_ONCE:])
+            if len(gone) - recorded == IMAGES_AT_ONCE or len(gone) == len(doomed):
+                _forget_deleted(engine, gone[recorded:])
+                recorded = len(gone)
     except BaseException:
-        left = [row.id for row in doomed if row.id not in set(gone)]
         with runtime_retention.transaction(engine) as conn:
+            left = [row.id for row in doomed[len(gone) :]]
             conn.execute(i.update().where(i.c.id.in_(left)).values(deleting_since=None))
-        _forget_deleted(engine, gone)
+        _forget_deleted(engine, gone[recorded:])
         raise
     return len(kept) + len(gone)
 
