@@ -31,7 +31,7 @@ import pathlib
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
@@ -73,11 +73,14 @@ WAITING_ON_THE_ROW = (
     " AND application_name LIKE 'castad:%%' AND %(holder)s = ANY(pg_blocking_pids(pid))"
 )
 IN_TRANSACTION_TRIES = 600  # stops of a process, each let go again at once if no session of its held row locks
-# Sessions of Castad's processes that hold row locks (an id of their transaction: they wrote or locked a row) and
-# wait for their next statement; application_name is `castad:<pid>@<host>` (castad_runtime.db.application_name).
-HOLDING_LOCKS = (
-    "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'idle in transaction'"
-    " AND backend_xid IS NOT NULL AND application_name LIKE 'castad:%'"
+# Sessions of Castad's processes inside a transaction that holds row locks (an id of their transaction: they wrote or
+# locked a row); application_name is `castad:<pid>@<host>` (castad_runtime.db.application_name). A process is
+# stopped only once one of its sessions is seen so (most of its transactions last milliseconds: stopped at random
+# moments, a gateway replica took 300-600 stops to be caught inside one), and kept stopped if the session then waits
+# for its next statement.
+WRITING = (
+    "SELECT pid, application_name, state FROM pg_stat_activity"
+    " WHERE backend_xid IS NOT NULL AND application_name LIKE 'castad:%'"
 )
 # Work done in one service's database since a moment: a row of its outbox published, an event of its inbox handled.
 WORKED = (
@@ -592,21 +595,35 @@ class FaultRun:
             conns = {
                 db: opened.enter_context(psycopg.connect(common.dsn(url), autocommit=True)) for db, url in urls.items()
             }
-            for tries in range(1, IN_TRANSACTION_TRIES + 1):
+            deadline = time.monotonic() + WORKS_AGAIN_S
+            tries = 0
+            while tries < IN_TRANSACTION_TRIES and time.monotonic() < deadline:
+                if not self._writing(conns, group):
+                    time.sleep(0.002)
+                    continue
+                tries += 1
                 self.stack.signal(name, signal.SIGSTOP)
                 started = time.time()
                 time.sleep(0.05)  # a statement it had sent ends; its session then waits for the next
-                for database, conn in conns.items():
-                    for backend, application in conn.execute(HOLDING_LOCKS).fetchall():
-                        if _process_group(application) == group:
-                            detail = f"its session {backend} in the {database} database held row locks ({tries} tries)"
-                            log.info("faults: %s of %s: %s", FROZEN_IN_TRANSACTION, name, detail)
-                            fault = Fault(FROZEN_IN_TRANSACTION, name, started, detail=detail)
-                            fault.takeover_bound_s = plan.IN_TRANSACTION_RELEASE_S
-                            return fault, urls[database], backend
+                for database, backend, state in self._writing(conns, group):
+                    if state == "idle in transaction":
+                        detail = f"its session {backend} in the {database} database held row locks ({tries} tries)"
+                        log.info("faults: %s of %s: %s", FROZEN_IN_TRANSACTION, name, detail)
+                        fault = Fault(FROZEN_IN_TRANSACTION, name, started, detail=detail)
+                        fault.takeover_bound_s = plan.IN_TRANSACTION_RELEASE_S
+                        return fault, urls[database], backend
                 self.stack.signal(name, signal.SIGCONT)
-                time.sleep(0.02 + (tries % 7) * 0.03)  # another moment of its work each time
-        raise RuntimeError(f"{name} held no row locks at any of {IN_TRANSACTION_TRIES} stops")
+        raise RuntimeError(f"{name} held no row locks at any of {tries} stops in {WORKS_AGAIN_S:g} s")
+
+    @staticmethod
+    def _writing(conns: Mapping[str, psycopg.Connection[Any]], group: int) -> list[tuple[str, int, str]]:
+        """Sessions (database, backend pid, state) of the process group `group` in transactions holding row locks."""
+        return [
+            (database, backend, state)
+            for database, conn in conns.items()
+            for backend, application, state in conn.execute(WRITING).fetchall()
+            if _process_group(application) == group
+        ]
 
     def _stop_a_relay_inside_a_refusal(self) -> tuple[Fault, str, int]:
         """Stop the relay that refuses a row of the gateway's outbox inside its refusal's transaction.
