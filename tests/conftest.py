@@ -10,7 +10,7 @@ missing one means the set-up is broken.
 
 Under pytest-xdist (`make test`: `-n 4 --dist loadscope`) the end-to-end tests run in two units, each one test after
 another on one worker, handed out first, the fault suite last of them, while the other workers run the rest beside
-them (tests/support/scheduling.py).
+them (tests/support/scheduling.py); the rolling upgrade is handed out last, to run beside the fault suite.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from tests.support import installation as installation_
 from tests.support import object_store as object_store_
 from tests.support import servers
 
-LAST = "tests/e2e/test_fault_suite.py"  # it measures how soon work is taken over: with the least beside it
+# Last: the fault suite measures how soon work is taken over, so it comes once the other end-to-end tests are over;
+# the rolling upgrade, the last unit handed out, runs beside it on the core the fault suite leaves mostly idle.
+LAST = ("tests/upgrade/", "tests/e2e/test_fault_suite.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the fault suite last."""
+    """Put the rolling upgrade and the fault suite last."""
     items.sort(key=lambda item: item.nodeid.startswith(LAST))
 
 

@@ -1,8 +1,8 @@
-"""A rolling upgrade from the release before to this tree, in short: `make upgrade-test SHORT=1` (`make upgrade-test`
-runs the full one and writes docs/reports/upgrade.md).
+"""A rolling upgrade from the release before to this tree, in short: `make test` runs it, `make upgrade-test SHORT=1`
+alone (`make upgrade-test` runs the full one and writes docs/reports/upgrade.md).
 
-Not in `make test` yet: it starts thirteen service processes, about 70 s alone and twice that beside the other
-tests, which would take `make test` past fifteen minutes on a 2-core machine.
+It starts thirteen service processes and takes about 110 s, most of it waiting on its pipelines: `make test` hands
+it out last, so that it runs beside the fault suite, which leaves a core mostly idle (tests/conftest.py).
 
 The earlier release installed from git beside this one, the schema migrated to this one's, every service rolled in
 CHANGELOG.md's order with a new replica beside the old one before the old one stops, under steady traffic with
