@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import pathlib
 import re
 import uuid
 
@@ -163,6 +164,12 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
     )
     media_ready(console, "song")
     media_ready(console, "video")
+    # The song's caption files, saved through the page with its key.
+    with page.expect_download() as saving:
+        page.locator('[data-download="captions.vtt"]').click()
+    assert saving.value.suggested_filename == f"{refused}-song.vtt"
+    assert pathlib.Path(saving.value.path()).read_text(encoding="utf-8").startswith("WEBVTT")
+    expect(page.locator('[data-download="captions.srt"]')).to_have_count(1)
     trace_url = running.http.get(f"/v1/pipelines/{refused}/timeline").json()["trace_url"]
     expect(page.get_by_test_id("trace")).to_have_attribute("href", trace_url)
     assert page.evaluate("() => window.notReloaded") is True

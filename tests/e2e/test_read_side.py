@@ -2,7 +2,7 @@
 
 A pipeline run by the real stages read back as its timeline (each attempt with the worker that ran it and its
 duration, the trace it belongs to), followed on the stream of every pipeline, counted by /v1/stats, and shown by
-`castad timeline` and `castad stats`.
+`castad timeline` and `castad stats`, its song's caption file saved by `castad download --captions`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def trace_id_of(traceparent: str) -> str:
 
 @pytest.mark.timeout(180)
 def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_numbers_and_the_cli(
-    castad, dbs, monkeypatch
+    castad, dbs, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("COLUMNS", "200")  # the command's tables as a wide terminal shows them, one line per row
     running = castad({"CASTAD_API_TRACE_URL": JAEGER, "CASTAD_API_FIREHOSE_MAX_S": str(FIREHOSE_S)})
@@ -125,3 +125,8 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     assert counted.returncode == 0 and "in flight: 0" in counted.stdout and "video" in counted.stdout, counted.stderr
     one_line_error(cli(gateway, "stats", "--window", "1w"), 2, "422: query.window: must be a number of seconds")
     one_line_error(cli(gateway, "timeline", str(uuid.uuid4())), 4, "404: no pipeline")
+    # The song's sung lines as a caption file, saved by the command line.
+    saved = cli(gateway, "download", pipeline_id, "--captions", "vtt", "--output", str(tmp_path / "song.vtt"))
+    assert saved.returncode == 0 and "song.vtt" in saved.stdout, saved.stderr
+    written = (tmp_path / "song.vtt").read_text()
+    assert written.startswith("WEBVTT\n\n1\n00:00:") and written.count(" --> ") >= 4, written

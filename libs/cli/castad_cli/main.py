@@ -209,18 +209,32 @@ def download(
     ctx: typer.Context,
     pipeline_id: str,
     stage: Annotated[events.Stage, typer.Option(help="whose file")] = events.Stage.VIDEO,
+    captions: Annotated[
+        api.CaptionFormat | None,
+        typer.Option(help="the song's sung lines as a caption file instead (srt: SubRip, vtt: WebVTT)"),
+    ] = None,
     output: Annotated[
         pathlib.Path | None, typer.Option(help="default: <pipeline id>-<stage> in this directory")
     ] = None,
 ) -> None:
-    """Save a stage's file (the finished video by default) through the gateway."""
+    """Save a stage's file (the finished video by default), or the song's caption file, through the gateway."""
     with connected(ctx) as client:
-        artifact = next(s.artifact for s in client.status(pipeline_id).stages if s.stage is stage)
-        if artifact is None:
-            errors.print(f"castad: {stage.value} of {pipeline_id} has no file yet")
+        made = next(
+            s for s in client.status(pipeline_id).stages if s.stage is (events.Stage.SONG if captions else stage)
+        )
+        if made.artifact is None:
+            errors.print(f"castad: {made.stage.value} of {pipeline_id} has no file yet")
             raise typer.Exit(4)
-        dest = output or pathlib.Path(f"{pipeline_id}-{stage.value}{SUFFIXES.get(artifact.media_type, '')}")
-        size = client.download(artifact.download, dest)
+        if captions is None:
+            path, suffix = made.artifact.download, SUFFIXES.get(made.artifact.media_type, "")
+        else:
+            found = next((link for link in made.captions if link.format is captions), None)
+            if found is None:
+                errors.print(f"castad: the song of {pipeline_id} has no caption files (made by an earlier release)")
+                raise typer.Exit(4)
+            path, suffix = found.download, f".{captions.value}"
+        dest = output or pathlib.Path(f"{pipeline_id}-{made.stage.value}{suffix}")
+        size = client.download(path, dest)
     console.print(f"{dest} ({size:,} B)", soft_wrap=True)
 
 

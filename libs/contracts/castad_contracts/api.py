@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import re
 from typing import Annotated, Any
 
@@ -73,6 +74,32 @@ class FetchedPhotoLink(BaseModel):
         )
 
 
+class CaptionFormat(enum.StrEnum):
+    """A caption file of the sung lines."""
+
+    SRT = "srt"  # SubRip: a cue per line
+    VTT = "vtt"  # WebVTT: a cue per line, each syllable after the first timed within it (karaoke)
+
+
+CAPTION_MEDIA_TYPES = {CaptionFormat.SRT: "application/x-subrip", CaptionFormat.VTT: "text/vtt"}
+
+
+class CaptionLink(BaseModel):
+    """The song's sung lines as a caption file, which the gateway makes from the song stage's own timings."""
+
+    format: CaptionFormat
+    media_type: str
+    download: str = Field(description="the gateway's path that serves the file (an API key with `read`)")
+
+    @classmethod
+    def of(cls, pipeline_id: str, form: CaptionFormat) -> CaptionLink:
+        return cls(
+            format=form,
+            media_type=CAPTION_MEDIA_TYPES[form],
+            download=f"/v1/pipelines/{pipeline_id}/artifacts/{events.Stage.SONG.value}/captions.{form.value}",
+        )
+
+
 class StageView(BaseModel):
     stage: events.Stage
     status: str
@@ -88,6 +115,10 @@ class StageView(BaseModel):
         default_factory=list,
         description="with its artifact, the photos the brief names by URL as the stage fetched and kept them (the"
         " video stage, rendering locally), in the brief's order",
+    )
+    captions: list[CaptionLink] = Field(
+        default_factory=list,
+        description="with its artifact, the sung lines as caption files timed as they are sung (the song stage)",
     )
 
 

@@ -23,6 +23,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from castad_api import (
     buckets,
+    captions,
     deps,
     disclosure,
     errors,
@@ -264,10 +265,11 @@ def _view(
     stages = []
     for stage in events.STAGE_ORDER:
         s = by_stage.get(stage.value)
-        artifact, fetched = None, []
+        artifact, fetched, captions_ = None, [], []
         if s is not None and s.artifact:
             artifact = api.ArtifactLink.of(pid, stage, s.artifact)
             fetched = [api.FetchedPhotoLink.of(pid, photo) for photo in s.fetched_photos or ()]
+            captions_ = [api.CaptionLink.of(pid, form) for form in api.CaptionFormat] if s.captioned else []
         stages.append(
             api.StageView(
                 stage=stage,
@@ -281,6 +283,7 @@ def _view(
                 finished_at=s.finished_at if s else None,
                 artifact=artifact,
                 fetched_photos=fetched,
+                captions=captions_,
             )
         )
     return api.PipelineView(
@@ -488,6 +491,40 @@ def download_fetched_photo(
     upload: GET /v1/images/{id}/content), 410 once retention deleted the stage's files.
     """
     return _serve(gw, pipeline_id, events.Stage.VIDEO, who.tenant_filter(), photo)
+
+
+@router.get(
+    "/pipelines/{pipeline_id}/artifacts/song/captions.{form}",
+    response_class=Response,
+    responses={
+        200: {"content": {media_type: {} for media_type in api.CAPTION_MEDIA_TYPES.values()}, "description": "a file"},
+        404: {"model": api.Problem},
+        **DELETED,
+    },
+)
+def download_captions(pipeline_id: uuid.UUID, form: api.CaptionFormat, gw: GatewayDep, who: Reader) -> Response:
+    """The song's sung lines as a caption file, timed as the song stage sang them: SubRip (srt) or WebVTT (vtt).
+
+    WebVTT times each syllable within its line (karaoke). 404 before the song is made (or for a song recorded by a
+    gateway of a release that kept no lines), 410 once retention deleted the song.
+    """
+    with gw.engine.connect() as conn:
+        if repository.get_pipeline(conn, pipeline_id, who.tenant_filter()) is None:
+            raise errors.NotFound(f"no pipeline {pipeline_id}")
+        made, now = repository.get_stage(conn, pipeline_id, events.Stage.SONG), repository.now(conn)
+        lines = repository.sung_lines(conn, pipeline_id) if made is not None and made.artifact else None
+    if made is None or lines is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "the song has no sung lines kept: it is not made yet")
+    if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
+        raise HTTPException(status.HTTP_410_GONE, "the song was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)")
+    return Response(
+        captions.render(lines, form),
+        media_type=f"{api.CAPTION_MEDIA_TYPES[form]}; charset=utf-8",
+        headers={
+            "Content-Disposition": artifacts.attachment(f"{pipeline_id}-song.{form.value}"),
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
 
 
 def _serve(

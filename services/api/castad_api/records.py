@@ -61,6 +61,7 @@ class Stage:
     finished_at: dt.datetime | None
     artifact: dict[str, Any] | None
     fetched_photos: list[dict[str, Any]] | None  # events.FetchedPhoto of each photo named by URL it fetched
+    captioned: bool  # its sung lines are kept (the song stage's, once made): its caption files are served
 
 
 @dataclasses.dataclass(frozen=True)

@@ -128,7 +128,10 @@ def tenant_key(tenant: str, key: str) -> str:
 
 
 PIPELINE_COLUMNS = _columns(pipelines, records.Pipeline)
-STAGE_COLUMNS = _columns(stages, records.Stage)
+STAGE_COLUMNS = [
+    *(stages.c[name] for name in _fields(records.Stage) if name != "captioned"),
+    stages.c.sung_lines.is_not(None).label("captioned"),  # the lines themselves are read for the captions alone
+]
 
 
 def _one(pipeline_id: uuid.UUID, tenant: str | None) -> sa.Select[Any]:
@@ -160,6 +163,16 @@ def get_stage(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) 
         sa.select(*STAGE_COLUMNS).where(stages.c.pipeline_id == pipeline_id, stages.c.stage == stage.value)
     ).first()
     return None if row is None else _stage(row)
+
+
+def sung_lines(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[events.TimedLine] | None:
+    """The song's sung lines, as its stage told them; None before it was made (or if its gateway kept none)."""
+    found = conn.execute(
+        sa.select(stages.c.sung_lines).where(
+            stages.c.pipeline_id == pipeline_id, stages.c.stage == events.Stage.SONG.value
+        )
+    ).scalar()
+    return None if found is None else [events.TimedLine.model_validate(line) for line in found]
 
 
 def stage_applied(conn: sa.Connection, pipeline_id: uuid.UUID, stage: events.Stage) -> model.Applied | None:
@@ -696,7 +709,7 @@ def stage_row(pos: model.Position, values: dict[str, Any]) -> dict[str, Any]:
     row = {"rank": pos[0], "attempt": pos[1], "step": pos[2], **values}
     if "started_at" in values:
         row["first_started_at"] = values["started_at"]
-    for column in ("artifact", "fetched_photos"):  # JSONB: given as psycopg's wrapper (a list is an array else)
+    for column in ("artifact", "fetched_photos", "sung_lines"):  # JSONB: as psycopg's wrapper (a list: an array)
         if row.get(column) is not None:
             row[column] = Jsonb(row[column])
     return row

@@ -86,6 +86,8 @@ stages = sa.Table(
     sa.Column("artifact", pg.JSONB),
     # The photos named by URL that the stage fetched and kept (events.FetchedPhoto, as JSON), with its artifact.
     sa.Column("fetched_photos", pg.JSONB),
+    # The song stage's sung lines (events.TimedLine, as JSON), with its artifact: its caption files (captions.py).
+    sa.Column("sung_lines", pg.JSONB),
     sa.Index("pipeline_stages_finished", "finished_at", postgresql_where=sa.text("finished_at IS NOT NULL")),
 )
 

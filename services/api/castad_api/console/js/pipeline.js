@@ -10,7 +10,7 @@ import { t, tOr } from "./i18n.js";
 import { badge, isEnded, progressBar } from "./model.js";
 import { follow } from "./sse.js";
 
-const EXTENSIONS = { "audio/wav": ".wav", "video/mp4": ".mp4", "text/plain": ".txt" };
+const EXTENSIONS = { "audio/wav": ".wav", "video/mp4": ".mp4", "text/plain": ".txt", "application/x-subrip": ".srt", "text/vtt": ".vtt" };
 const CANCELABLE = ["PENDING", "RUNNING"];
 const RETRYABLE = ["FAILED", "CANCELED"];
 
@@ -184,10 +184,20 @@ export function render(root, { arg: id, may }) {
           h("code", {}, s.artifact.download),
         ),
       );
+    const captions = view.stages
+      .flatMap((s) => s.captions || [])
+      .map((c) =>
+        h(
+          "li",
+          {},
+          h("button", { type: "button", class: "link", "data-download": `captions.${c.format}`, onclick: () => save("song", c) }, t("pipeline.captions", { format: c.format.toUpperCase() })),
+          h("code", {}, c.download),
+        ),
+      );
     const trace = timeline.trace_url
       ? h("li", {}, h("a", { href: timeline.trace_url, target: "_blank", rel: "noopener noreferrer", "data-testid": "trace" }, t("pipeline.trace")), h("code", {}, timeline.trace_id))
       : timeline.trace_id && h("li", {}, t("pipeline.trace_id"), " ", h("code", {}, timeline.trace_id));
-    fill(links, files, trace);
+    fill(links, files, captions, trace);
   }
 
   function drawAttempts() {

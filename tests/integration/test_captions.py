@@ -1,0 +1,89 @@
+"""The song's caption files on the gateway: its sung lines kept from song.completed, listed with the song stage's
+files once it is made, and served as SubRip and WebVTT to the pipeline's tenant alone, until retention deletes the
+song."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from castad_api import keys, tables
+from castad_contracts import envelope, events
+from castad_runtime import db
+
+from tests.integration.gateway import LYRICS, make_key
+from tests.integration.helpers import now
+from tests.support import briefs
+from tests.unit.test_captions import BREAD, KOREAN
+
+pytestmark = pytest.mark.integration
+SONG = events.Stage.SONG
+
+
+def sung(pipeline_id: str, at: dt.datetime) -> envelope.Envelope:
+    payload = events.SongCompleted(
+        pipeline_id=pipeline_id,
+        stage=SONG,
+        job_id="job-song",
+        attempt=1,
+        artifact=events.Artifact(uri=f"file:///song/{pipeline_id}", sha256="0" * 64, size=1, media_type="audio/wav"),
+        completed_at=at,
+        brief=briefs.sample(),
+        lyrics=LYRICS,
+        timed_lines=(BREAD, KOREAN),
+        song_duration_s=3663.0,
+    )
+    return envelope.wrap(payload, "song.completed", "/castad/song")
+
+
+@pytest.mark.parametrize("projected", ["alone", "together"])
+def test_the_songs_lines_are_served_as_subrip_and_webvtt_to_its_tenant_once_it_is_made(
+    engines, api, gateway, projected
+):
+    running = api()
+    hana = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ))
+    mina = running.client(make_key(engines["api"], "mina", keys.Scope.READ))
+    pipeline_id = hana.post(
+        "/v1/pipelines", json={"customer_name": "Cafe Blue", "region": "Busan"}, headers={"Idempotency-Key": "one"}
+    ).json()["id"]
+    start = now() - dt.timedelta(minutes=5)
+    gateway.run(pipeline_id, events.Stage.LYRIC, start, 1)
+    gateway.event(pipeline_id, SONG, "started", 1, start + dt.timedelta(seconds=2))
+    srt, vtt = (f"/v1/pipelines/{pipeline_id}/artifacts/song/captions.{form}" for form in ("srt", "vtt"))
+    before = hana.get(srt)
+    assert before.status_code == 404 and "not made yet" in before.json()["detail"]
+    assert all(stage["captions"] == [] for stage in hana.get(f"/v1/pipelines/{pipeline_id}").json()["stages"])
+
+    if projected == "together":  # with another event in one transaction, as the consumer groups them
+        with gateway.together():
+            gateway.deliver(sung(pipeline_id, start + dt.timedelta(seconds=9)))
+    else:
+        gateway.deliver(sung(pipeline_id, start + dt.timedelta(seconds=9)))
+
+    stages = {stage["stage"]: stage for stage in hana.get(f"/v1/pipelines/{pipeline_id}").json()["stages"]}
+    assert stages["song"]["captions"] == [
+        {"format": "srt", "media_type": "application/x-subrip", "download": srt},
+        {"format": "vtt", "media_type": "text/vtt", "download": vtt},
+    ]
+    assert stages["lyric"]["captions"] == [] and stages["video"]["captions"] == []
+    subrip, webvtt = hana.get(srt), hana.get(vtt)
+    assert subrip.status_code == 200 and subrip.headers["content-type"] == "application/x-subrip; charset=utf-8"
+    assert subrip.text.startswith("1\n00:00:01,000 --> 00:00:03,500\nFresh bread & <coffee>\n\n2\n01:01:01,250")
+    assert f'filename="{pipeline_id}-song.srt"' in subrip.headers["content-disposition"]
+    assert webvtt.status_code == 200 and webvtt.headers["content-type"] == "text/vtt; charset=utf-8"
+    assert webvtt.text.endswith("01:01:01.250 --> 01:01:03.000\n군<01:01:01.600>산 <01:01:02.000>한 시간\n\n")
+    assert webvtt.headers["x-content-type-options"] == "nosniff"
+    # Another tenant's key: not found, as the pipeline itself is not; a format the gateway does not make: 422.
+    assert mina.get(vtt).status_code == 404
+    assert hana.get(vtt.replace(".vtt", ".ass")).status_code == 422
+    # Once retention deleted the song, its captions are gone with it.
+    with db.transaction(engines["api"]) as conn:
+        conn.execute(
+            tables.stages.update()
+            .where(tables.stages.c.pipeline_id == uuid.UUID(pipeline_id), tables.stages.c.stage == SONG.value)
+            .values(finished_at=sa.func.now() - dt.timedelta(days=3650))
+        )
+    gone = hana.get(srt)
+    assert gone.status_code == 410 and "deleted by retention" in gone.json()["detail"]
