@@ -170,6 +170,11 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
     assert saving.value.suggested_filename == f"{refused}-song.vtt"
     assert pathlib.Path(saving.value.path()).read_text(encoding="utf-8").startswith("WEBVTT")
     expect(page.locator('[data-download="captions.srt"]')).to_have_count(1)
+    # The video's poster: on its player, fetched with the key, and saved through the page.
+    expect(page.get_by_test_id("video")).to_have_attribute("poster", re.compile(r"^blob:"))
+    with page.expect_download() as saving:
+        page.locator('[data-download="poster"]').click()
+    assert saving.value.suggested_filename == f"{refused}-poster.jpg"
     trace_url = running.http.get(f"/v1/pipelines/{refused}/timeline").json()["trace_url"]
     expect(page.get_by_test_id("trace")).to_have_attribute("href", trace_url)
     assert page.evaluate("() => window.notReloaded") is True

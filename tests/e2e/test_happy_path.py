@@ -2,7 +2,7 @@
 
 Lyrics, a song and a video, all downloadable; and one with photos, one uploaded to the gateway and one named by URL
 that the video stage fetches from a local photo host, both shown in its video, the one fetched by URL listed and
-downloadable with the pipeline's files.
+downloadable with the pipeline's files, and the video's poster showing the first.
 """
 
 from __future__ import annotations
@@ -98,6 +98,13 @@ def test_a_brief_becomes_lyrics_a_song_and_a_video_and_one_with_photos_shows_the
     shown = [redness(frame_at(video, at, tmp_path / f"at-{at}.png")) for at in (0.5, 1.5, 2.5, 3.5, 4.5, 5.5)]
     assert max(shown) > 40 and min(shown) < -40, shown  # the red upload and the blue photo fetched by URL
     assert shown.index(max(shown)) < shown.index(min(shown)), shown  # in the brief's order
+    # Its poster: a still of the title card over the first photo, the red one, at the video's size.
+    poster = photos.stages[2].poster
+    assert poster is not None and poster.media_type == "image/jpeg"
+    still = running.http.get(poster.download)
+    assert still.status_code == 200 and hashlib.sha256(still.content).hexdigest() == poster.sha256
+    with Image.open(io.BytesIO(still.content)) as opened:
+        assert opened.size == (144, 256) and redness(opened.convert("RGB")) > 40
     # The photo fetched by URL is a file of the pipeline's video stage: listed with it and downloadable there.
     [fetched] = photos.stages[2].fetched_photos
     assert (fetched.photo, fetched.url, fetched.media_type) == (1, f"{photo_host}/hall.png", "image/png")

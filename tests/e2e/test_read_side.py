@@ -130,3 +130,5 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     assert saved.returncode == 0 and "song.vtt" in saved.stdout, saved.stderr
     written = (tmp_path / "song.vtt").read_text()
     assert written.startswith("WEBVTT\n\n1\n00:00:") and written.count(" --> ") >= 4, written
+    saved = cli(gateway, "download", pipeline_id, "--poster", "--output", str(tmp_path / "poster.jpg"))
+    assert saved.returncode == 0 and (tmp_path / "poster.jpg").read_bytes()[:3] == b"\xff\xd8\xff", saved.stderr

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import codes
 from castad_local import stack
-from castad_local.fakes import suno
+from castad_local.fakes import media, suno
 
 from tests.e2e.conftest import STAGE_SERVICES, RunningCastad
 from tests.e2e.test_languages import BRIEFS
@@ -73,6 +73,8 @@ def test_briefs_in_four_languages_go_through_the_three_network_providers_by_thei
         assert view.status == "SUCCEEDED", (language, view)
         song, video = view.stages[1].artifact, view.stages[2].artifact
         assert song.media_type == "audio/mpeg" and video.media_type == "video/mp4"
+        poster = view.stages[2].poster  # the render's snapshot (the template sets snapshot_time)
+        assert poster is not None and running.http.get(poster.download).content == media.jpeg()
         for stage in STAGE_SERVICES:
             assert job_attempts(dbs, stage, pipeline_id) == ["succeeded"]
             completed = [r for r in dbs.outbox_of(stage, pipeline_id) if r["routing_key"] == f"{stage}.completed"]

@@ -425,7 +425,8 @@ def test_the_adapter_reports_the_render_at_work_and_then_its_url_and_size(fake, 
         time.sleep(0.02)
     assert states == ["planned", "waiting", "rendering"]
     assert state.url == f"{fake.url}/_fake/renders/{handle}.mp4"
-    assert state.details == {"width": 360, "height": 640, "duration": 2.0}
+    snapshot = f"{fake.url}/_fake/renders/{handle}.jpg"  # the template sets snapshot_time
+    assert state.details == {"width": 360, "height": 640, "duration": 2.0, "snapshot_url": snapshot}
 
 
 def test_submit_awaits_the_first_poll_and_polls_wait_longer_while_the_render_is_at_work(fake, job):
@@ -455,7 +456,10 @@ def test_a_finished_render_is_kept_as_the_mp4_the_api_served_with_its_size(fake,
     kept = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(artifact.uri).path))
     assert kept.is_relative_to(artifacts_dir / "video" / job.pipeline_id) and kept.read_bytes() == served
     assert kept.suffix == ".mp4"
+    poster = output.details.pop("poster")  # the render's snapshot, kept as the video's poster
     assert output.details == {"width": fake_creatomate.WIDTH, "height": fake_creatomate.HEIGHT}
+    assert (poster.media_type, poster.sha256) == ("image/jpeg", hashlib.sha256(media.jpeg()).hexdigest())
+    assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(poster.uri).path)).suffix == ".jpg"
 
 
 # --- failures on the way ----------------------------------------------------------------------------------------

@@ -91,6 +91,25 @@ def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: 
     assert other_stage.read_bytes() == b"still being written"  # in the song stage's place, not the video's
 
 
+def test_an_attempts_second_scratch_file_leaves_its_first_and_clears_what_an_earlier_one_left(tmp_path: pathlib.Path):
+    """A video and its poster: the poster's scratch file is made while the video's is still to be kept."""
+    store = artifacts.VolumeStore(tmp_path)
+    with store.scratch(PIPELINE, STAGE, 4, ".mp4") as video:
+        video.write_bytes(b"the video")
+        (place(tmp_path) / ".video.attempt3.jpg").write_bytes(b"a killed worker's poster")
+        (place(tmp_path) / ".video.attempt4.jpg").write_bytes(b"a killed worker's poster, this attempt's number")
+        with store.scratch(PIPELINE, STAGE, 4, ".jpg") as poster:
+            assert video.read_bytes() == b"the video" and not poster.exists()
+            assert sorted(path.name for path in place(tmp_path).glob(".*")) == [".video.attempt4.mp4"]
+            poster.write_bytes(b"the poster")
+            kept_poster = store.keep(poster, PIPELINE, STAGE, "image/jpeg")
+        kept_video = store.keep(video, PIPELINE, STAGE, "video/mp4")
+
+    assert sorted(path.name for path in place(tmp_path).iterdir()) == sorted(
+        store.path(artifact).name for artifact in (kept_video, kept_poster)
+    )
+
+
 def test_deleting_a_stages_files_keeps_the_others_and_the_folder_goes_with_the_last_one(tmp_path: pathlib.Path) -> None:
     store = artifacts.VolumeStore(tmp_path)
     pipeline_id = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"

@@ -19,6 +19,7 @@ from castad_contracts import brief, events
 from castad_runtime import artifacts, links
 from castad_runtime.stage import cancellation, errors, machine, repository
 from castad_video import service
+from PIL import Image
 from pydantic import SecretStr
 
 from tests.unit.test_video_provider import BRIEF, LYRICS, TIMED, as_shown, frame_at, two_photos, write_tone
@@ -120,7 +121,15 @@ def test_the_local_video_shows_the_photos_the_brief_names_in_turn(stage, tmp_pat
         distances = [float(np.mean(np.abs(frame[rows] - as_shown(path, size, 0.5)[rows]))) for path in paths]
         assert distances[shown] < 12 < distances[1 - shown], (time_s, distances)
     fetched = sorted(path.suffix for path in (store.root / "video" / PIPELINE).glob("video-*"))
-    assert fetched == ([".mp4", ".png"] if second == "by-url" else [".mp4"])  # the fetched photo kept as its file
+    # The fetched photo kept as a file of the stage, and the video's poster beside it.
+    assert fetched == ([".jpg", ".mp4", ".png"] if second == "by-url" else [".jpg", ".mp4"])
+    poster = output.details["poster"]
+    assert poster.media_type == "image/jpeg" and store.path(poster).suffix == ".jpg"
+    with Image.open(store.path(poster)) as still:
+        assert still.size == size
+        shown = np.asarray(still.convert("RGB"), dtype=np.float64)
+    distances = [float(np.mean(np.abs(shown[rows] - as_shown(path, size, 0.0)[rows]))) for path in paths]
+    assert distances[0] < distances[1], distances  # the title card, over the first photo
 
 
 def test_a_photo_that_is_not_in_the_store_fails_the_video_for_good(stage, tmp_path: pathlib.Path) -> None:

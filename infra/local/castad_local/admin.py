@@ -102,6 +102,11 @@ def demo(
             path = saved / f"{stage.stage.value}{cli_main.SUFFIXES.get(stage.artifact.media_type, '')}"
             size = client.download(stage.artifact.download, path)
             console.print(f"{stage.stage.value:>6}: {path} ({size:,} B)", soft_wrap=True)
+            extras = [(f"song.{c.format.value}", c.download) for c in stage.captions]
+            extras += [("poster.jpg", stage.poster.download)] if stage.poster else []
+            for name, download in extras:
+                size = client.download(download, saved / name)
+                console.print(f"{'':>6}  {saved / name} ({size:,} B)", soft_wrap=True)
         console.print(f"[bold green]Finished video:[/] {path}", soft_wrap=True)
     finally:
         services.stop_all()

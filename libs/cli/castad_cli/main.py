@@ -213,19 +213,24 @@ def download(
         api.CaptionFormat | None,
         typer.Option(help="the song's sung lines as a caption file instead (srt: SubRip, vtt: WebVTT)"),
     ] = None,
+    poster: Annotated[bool, typer.Option("--poster", help="the video's poster (a JPEG still) instead")] = False,
     output: Annotated[
         pathlib.Path | None, typer.Option(help="default: <pipeline id>-<stage> in this directory")
     ] = None,
 ) -> None:
-    """Save a stage's file (the finished video by default), or the song's caption file, through the gateway."""
+    """Save a stage's file (the finished video by default), the song's caption file or the video's poster."""
+    whose = events.Stage.SONG if captions else events.Stage.VIDEO if poster else stage
     with connected(ctx) as client:
-        made = next(
-            s for s in client.status(pipeline_id).stages if s.stage is (events.Stage.SONG if captions else stage)
-        )
+        made = next(s for s in client.status(pipeline_id).stages if s.stage is whose)
         if made.artifact is None:
             errors.print(f"castad: {made.stage.value} of {pipeline_id} has no file yet")
             raise typer.Exit(4)
-        if captions is None:
+        if poster:
+            if made.poster is None:
+                errors.print(f"castad: the video of {pipeline_id} has no poster (its renderer made none)")
+                raise typer.Exit(4)
+            path, suffix = made.poster.download, "-poster.jpg"
+        elif captions is None:
             path, suffix = made.artifact.download, SUFFIXES.get(made.artifact.media_type, "")
         else:
             found = next((link for link in made.captions if link.format is captions), None)

@@ -35,12 +35,13 @@ class ArtifactLink(BaseModel):
     download: str = Field(description="the gateway's path that serves the file (an API key with `read`)")
 
     @classmethod
-    def of(cls, pipeline_id: str, stage: events.Stage, artifact: dict[str, Any]) -> ArtifactLink:
+    def of(cls, pipeline_id: str, stage: events.Stage, artifact: dict[str, Any], file: str = "") -> ArtifactLink:
+        """The link of the stage's artifact, or of its other `file` (`poster`)."""
         return cls(
             sha256=artifact["sha256"],
             size=artifact["size"],
             media_type=artifact["media_type"],
-            download=f"/v1/pipelines/{pipeline_id}/artifacts/{stage.value}",
+            download=f"/v1/pipelines/{pipeline_id}/artifacts/{stage.value}" + (f"/{file}" if file else ""),
         )
 
 
@@ -115,6 +116,11 @@ class StageView(BaseModel):
         default_factory=list,
         description="with its artifact, the photos the brief names by URL as the stage fetched and kept them (the"
         " video stage, rendering locally), in the brief's order",
+    )
+    poster: ArtifactLink | None = Field(
+        default=None,
+        description="with its artifact, a still of the video (JPEG) showing the business's name over the first photo"
+        " (the video stage; null when its renderer made none)",
     )
     captions: list[CaptionLink] = Field(
         default_factory=list,

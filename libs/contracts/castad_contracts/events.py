@@ -244,10 +244,21 @@ class VideoCompletedV5(VideoCompletedV4):
     )
 
 
-class VideoCompleted(VideoCompletedV5):
-    """The video is made (version 6: the brief's uploaded photos sealed by the gateway)."""
+class VideoCompletedV7(VideoCompletedV5):
+    """The video is made (versions 6 and 7: the brief's uploaded photos sealed by the gateway)."""
 
     brief: brief_.Brief
+
+
+class VideoCompleted(VideoCompletedV7):
+    """The video is made (version 8: with its poster)."""
+
+    poster: Artifact | None = Field(
+        default=None,
+        description="a still of the video (JPEG, its frame size) at a moment that shows the business's name over"
+        " the first photo, in the video stage's place; null when the renderer made none (a render API; an earlier"
+        " version's event)",
+    )
 
 
 OPERATION = (
@@ -451,6 +462,7 @@ def _kept_in_stage_place(payload: Any) -> bool:
     The layout from lyric v6, song and video v7, whose files a release before would refuse as another's.
     """
     files = (payload.artifact, *(fetched.file for fetched in getattr(payload, "fetched_photos", ())))
+    files += (payload.poster,) if getattr(payload, "poster", None) else ()
     return any(in_stage_place(file.uri, payload.pipeline_id, payload.stage) for file in files)
 
 
@@ -652,7 +664,7 @@ REGISTRY.register(
 _COMPLETED: dict[Stage, type[Payload]] = {
     Stage.LYRIC: LyricCompleted,
     Stage.SONG: SongCompleted,
-    Stage.VIDEO: VideoCompleted,
+    Stage.VIDEO: VideoCompletedV7,
 }
 for _stage, _version in ((Stage.LYRIC, 5), (Stage.SONG, 6), (Stage.VIDEO, 6)):
     REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)
@@ -662,3 +674,5 @@ for _stage, _version in ((Stage.LYRIC, 6), (Stage.SONG, 7), (Stage.VIDEO, 7)):
     REGISTRY.register(
         stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same, needed=_kept_in_stage_place
     )
+# Then video.completed (v8) names the video's poster; an older one names none.
+REGISTRY.register(stage_event(Stage.VIDEO, "completed"), 8, VideoCompleted, lambda data: {**data, "poster": None})

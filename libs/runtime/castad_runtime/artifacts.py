@@ -177,12 +177,14 @@ def make_store(config: settings.StoreSettings) -> ArtifactStore:
 def _scratch(directory: pathlib.Path, stage: events.Stage, attempt: int, suffix: str) -> Iterator[pathlib.Path]:
     """A file for an attempt to write, removed when the block ends unless it was kept.
 
-    Scratch files of earlier attempts of the stage (left by a worker that was killed, or by an
-    attempt abandoned while it was still writing) are removed first."""
+    Scratch files of other attempts of the stage (left by a worker that was killed, or by an attempt abandoned while
+    it was still writing), and one left under this name, are removed first; the attempt's other scratch files (its
+    video beside its poster) stay."""
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob(f".{stage.value}.attempt*"):
-        stale.unlink(missing_ok=True)
     path = directory / f".{stage.value}.attempt{attempt}{suffix}"
+    for stale in directory.glob(f".{stage.value}.attempt*"):
+        if stale == path or not stale.name.startswith(f".{stage.value}.attempt{attempt}."):
+            stale.unlink(missing_ok=True)
     try:
         yield path
     finally:

@@ -265,9 +265,10 @@ def _view(
     stages = []
     for stage in events.STAGE_ORDER:
         s = by_stage.get(stage.value)
-        artifact, fetched, captions_ = None, [], []
+        artifact, fetched, captions_, poster = None, [], [], None
         if s is not None and s.artifact:
             artifact = api.ArtifactLink.of(pid, stage, s.artifact)
+            poster = api.ArtifactLink.of(pid, stage, s.poster, "poster") if s.poster else None
             fetched = [api.FetchedPhotoLink.of(pid, photo) for photo in s.fetched_photos or ()]
             captions_ = [api.CaptionLink.of(pid, form) for form in api.CaptionFormat] if s.captioned else []
         stages.append(
@@ -283,6 +284,7 @@ def _view(
                 finished_at=s.finished_at if s else None,
                 artifact=artifact,
                 fetched_photos=fetched,
+                poster=poster,
                 captions=captions_,
             )
         )
@@ -475,6 +477,20 @@ def linked_artifact(pipeline_id: uuid.UUID, stage: events.Stage, gw: GatewayDep)
 
 
 @router.get(
+    "/pipelines/{pipeline_id}/artifacts/video/poster",
+    response_class=FileResponse,
+    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
+)
+def download_poster(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
+    """The video's poster: a still (JPEG) of the moment it shows the business's name over the first photo.
+
+    With an object store, a redirect to a presigned URL of it; 404 when the renderer made none, 410 once retention
+    deleted the stage's files.
+    """
+    return _serve(gw, pipeline_id, events.Stage.VIDEO, who.tenant_filter(), poster=True)
+
+
+@router.get(
     "/pipelines/{pipeline_id}/artifacts/video/photos/{photo}",
     response_class=FileResponse,
     responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
@@ -528,9 +544,14 @@ def download_captions(pipeline_id: uuid.UUID, form: api.CaptionFormat, gw: Gatew
 
 
 def _serve(
-    gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str | None, photo: int | None = None
+    gw: Gateway,
+    pipeline_id: uuid.UUID,
+    stage: events.Stage,
+    tenant: str | None,
+    photo: int | None = None,
+    poster: bool = False,
 ) -> Response:
-    """A file of the stage of the pipeline: its artifact, or the `photo`th photo of the brief it fetched and kept.
+    """A file of the stage of the pipeline: its artifact, its `poster`, or the `photo`th photo it fetched and kept.
 
     Only a file in that stage's place of that pipeline is served, whatever its event named.
     """
@@ -540,7 +561,12 @@ def _serve(
         made, now = repository.get_stage(conn, pipeline_id, stage), repository.now(conn)
     if made is None or made.artifact is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
-    if photo is None:
+    if poster:
+        if made.poster is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage made no poster")
+        artifact, name = events.Artifact.model_validate(made.poster), f"{pipeline_id}-poster"
+        file = kept = f"the {stage.value} stage's poster"
+    elif photo is None:
         artifact, name = events.Artifact.model_validate(made.artifact), f"{pipeline_id}-{stage.value}"
         file, kept = f"the {stage.value} file", f"{stage.value} artifact"
     else:

@@ -61,6 +61,7 @@ class Stage:
     finished_at: dt.datetime | None
     artifact: dict[str, Any] | None
     fetched_photos: list[dict[str, Any]] | None  # events.FetchedPhoto of each photo named by URL it fetched
+    poster: dict[str, Any] | None  # events.Artifact: the video stage's still of its video
     captioned: bool  # its sung lines are kept (the song stage's, once made): its caption files are served
 
 

@@ -88,6 +88,8 @@ stages = sa.Table(
     sa.Column("fetched_photos", pg.JSONB),
     # The song stage's sung lines (events.TimedLine, as JSON), with its artifact: its caption files (captions.py).
     sa.Column("sung_lines", pg.JSONB),
+    # The video stage's poster (events.Artifact, as JSON), a file of the stage as its artifact is.
+    sa.Column("poster", pg.JSONB),
     sa.Index("pipeline_stages_finished", "finished_at", postgresql_where=sa.text("finished_at IS NOT NULL")),
 )
 

@@ -175,7 +175,11 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
         raise errors.ProviderError(
             codes.ErrorCode.PROVIDER_MALFORMED, f"the render is {str(status)[:40]!r} without a URL"
         )
-    details = {k: render[k] for k in ("width", "height", "duration") if isinstance(render.get(k), int | float)}
+    details: dict[str, Any] = {
+        k: render[k] for k in ("width", "height", "duration") if isinstance(render.get(k), int | float)
+    }
+    if isinstance(render.get("snapshot_url"), str):  # the template sets snapshot_time: the video's poster
+        details["snapshot_url"] = render["snapshot_url"]
     return remote.Finished(url, details)
 
 

@@ -46,7 +46,7 @@ class InstantVideoProvider:
         provider.song_duration(song_path)
         width, height = provider.frame_size(brief.orientation, SHORT_SIDE)
         out_path.write_bytes(self._clips[brief.orientation])
-        return provider.Video(width=width, height=height, duration_s=CLIP_S)
+        return provider.Video(width=width, height=height, duration_s=CLIP_S, poster_s=CLIP_S / 2)
 
     def _encode(self, orientation: brief.Orientation) -> bytes:
         width, height = provider.frame_size(orientation, SHORT_SIDE)

@@ -117,6 +117,7 @@ class Video:
     width: int
     height: int
     duration_s: float
+    poster_s: float = 0.0  # when the video shows what its poster should: the business's name over the first photo
 
 
 class FontNotFound(LookupError):
@@ -503,6 +504,39 @@ def shots(lyrics: events.Lyrics, timed_lines: Sequence[events.TimedLine], durati
     ]
 
 
+def poster_moment(plan: Sequence[Shot]) -> float:
+    """The middle of the title card (the business's name, its region and the song's title over the first photo).
+
+    The start of the video if the singing begins at once, with no title card shown.
+    """
+    if not plan or plan[0].text is not None:
+        return 0.0
+    return plan[0].duration_s / 2
+
+
+def still(
+    video: pathlib.Path,
+    at_s: float,
+    out_path: pathlib.Path,
+    cancel: cancellation.Cancellation,
+    ffmpeg: str | None = None,
+) -> None:
+    """The frame of `video` shown at `at_s`, as a JPEG of the video's size (its poster)."""
+    command = [
+        ffmpeg or imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
+        "-ss", f"{at_s:.3f}", "-i", str(video), "-frames:v", "1", "-q:v", "3", "-f", "image2", str(out_path),
+    ]  # fmt: skip
+    try:
+        done = cancel.run(command, timeout_s=ENCODE_MIN_S)
+    except subprocess.TimeoutExpired:
+        raise errors.RetryableProviderError(
+            codes.ErrorCode.RENDER_INTERRUPTED, f"ffmpeg took a still of the video for more than {ENCODE_MIN_S:g} s"
+        ) from None
+    check_render(done)
+    if not out_path.exists() or out_path.stat().st_size == 0:
+        raise errors.PermanentProviderError(codes.ErrorCode.RENDER_FAILED, f"no frame of the video at {at_s:.3f} s")
+
+
 def song_duration(song_path: pathlib.Path, ffmpeg: str | None = None) -> float:
     """Seconds of the song: a WAV's from its header, any other audio's (a music API's MP3) as ffmpeg reads it."""
     if not song_path.is_file():
@@ -626,7 +660,7 @@ class LocalVideoProvider:
                 renderer.background().save(still, compress_level=1)
                 backgrounds = [Backdrop(still, None, slideshow.first_frame(duration, self._fps))]
             self._encode(listing, backgrounds, song_path, out_path, size, duration, cancel)
-        return Video(width=size[0], height=size[1], duration_s=duration)
+        return Video(width=size[0], height=size[1], duration_s=duration, poster_s=poster_moment(plan))
 
     @staticmethod
     def _write_layers(

@@ -207,9 +207,22 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
             timeout_s=config.creatomate_timeout_s * 4,
             allow_private=config.allow_private,
         )
+        poster = None
+        if snapshot := video.details.get("snapshot_url"):  # a still of the render, if its template takes one
+            poster = remote.keep_result(
+                store,
+                job,
+                events.Stage.VIDEO,
+                remote.Finished(snapshot),
+                cancel,
+                media_types=("image/jpeg", "image/png"),
+                max_bytes=config.download_max_bytes,
+                timeout_s=config.creatomate_timeout_s,
+                allow_private=config.allow_private,
+            )
         width, height = provider.frame_size(done.brief.orientation, config.short_side)
         size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}
-        return runner.Output(artifact, size)
+        return runner.Output(artifact, {**size, "poster": poster})
 
     api = creatomate.CreatomateApi(
         client,
@@ -283,11 +296,15 @@ def make_work(config: VideoSettings) -> runner.Work:
                 photos=paths,
                 bars_s=done.bars_s,
             )
+            still = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".jpg"))
+            provider.still(scratch, video.poster_s, still, cancel, config.ffmpeg)
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
+            poster = store.keep(still, job.pipeline_id, events.Stage.VIDEO, "image/jpeg")
         details = {
             "width": video.width,
             "height": video.height,
             "fetched_photos": tuple(fetched),
+            "poster": poster,
         }
         return runner.Output(artifact, details)
 

@@ -40,7 +40,8 @@ FAILURE = "The render failed: the template could not be rendered with these modi
 
 RENDER_PATH = re.compile(r"/v2/renders/([0-9a-f-]{36})")
 TEMPLATE_PATH = re.compile(r"/v1/templates/([^/]+)")
-OUTPUT_PATH = re.compile(r"/_fake/renders/([0-9a-f-]{36})\.mp4")
+OUTPUT_PATH = re.compile(r"/_fake/renders/([0-9a-f-]{36})\.(mp4|jpg)")
+SNAPSHOT_TIME = 1.0  # the template's snapshot_time: each render has a snapshot (a JPEG of that moment) besides
 SCALARS = (str, int, float, bool, type(None))
 # The elements of the template Castad's docs describe (docs/providers.md): what modifications may name.
 ELEMENTS = frozenset(
@@ -236,7 +237,13 @@ class FakeCreatomate(server.FakeServer):
         elements = [element(name) for name in sorted(self.elements - set(captions))]
         if captions:
             elements.append({"name": "Captions", "type": "composition", "elements": [element(n) for n in captions]})
-        source = {"output_format": "mp4", "width": WIDTH, "height": HEIGHT, "elements": elements}
+        source = {
+            "output_format": "mp4",
+            "width": WIDTH,
+            "height": HEIGHT,
+            "snapshot_time": SNAPSHOT_TIME,
+            "elements": elements,
+        }
         return server.Response.of_json(
             200, {"id": template_id, "name": TEMPLATE_NAME, "tags": [], "updated_at": self.updated_at, "source": source}
         )
@@ -261,6 +268,7 @@ class FakeCreatomate(server.FakeServer):
         }
         if status == "succeeded":
             shown |= {"width": WIDTH, "height": HEIGHT, "frame_rate": FRAME_RATE, "duration": DURATION_S}
+            shown["snapshot_url"] = f"{self.url}/_fake/renders/{render.id}.jpg"
             shown["file_size"] = _output_size(render.plan)
         if status == "failed":
             shown["error_message"] = FAILURE
@@ -286,6 +294,8 @@ class FakeCreatomate(server.FakeServer):
             with self._lock:
                 render = self._renders.get(match.group(1))
             if render is not None and render.status() == "succeeded":
+                if match.group(2) == "jpg":
+                    return server.Response(200, media.jpeg(), {"content-type": "image/jpeg"})
                 return self._output(render.plan)
         return server.Response(404, b"not found", {"content-type": "text/plain"})
 

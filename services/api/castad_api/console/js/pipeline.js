@@ -10,7 +10,7 @@ import { t, tOr } from "./i18n.js";
 import { badge, isEnded, progressBar } from "./model.js";
 import { follow } from "./sse.js";
 
-const EXTENSIONS = { "audio/wav": ".wav", "video/mp4": ".mp4", "text/plain": ".txt", "application/x-subrip": ".srt", "text/vtt": ".vtt" };
+const EXTENSIONS = { "audio/wav": ".wav", "video/mp4": ".mp4", "text/plain": ".txt", "image/jpeg": ".jpg", "application/x-subrip": ".srt", "text/vtt": ".vtt" };
 const CANCELABLE = ["PENDING", "RUNNING"];
 const RETRYABLE = ["FAILED", "CANCELED"];
 
@@ -66,7 +66,7 @@ export function render(root, { arg: id, may }) {
     }
   }
 
-  async function preview(stage, artifact) {
+  async function preview(stage, artifact, poster) {
     if (previewed.get(stage) === artifact.sha256) return;
     previewed.set(stage, artifact.sha256);
     const box = previews[stage];
@@ -76,7 +76,10 @@ export function render(root, { arg: id, may }) {
       let shown;
       if (stage === "lyric") shown = h("pre", { class: "lyrics", "data-testid": "lyrics" }, await blob.text());
       else if (stage === "song") shown = h("audio", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "song" });
-      else shown = h("video", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "video" });
+      else {
+        const still = poster ? { poster: objectUrl(await download(poster.download)) } : {};
+        shown = h("video", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "video", ...still });
+      }
       fill(box, h("h3", {}, t(`stage.${stage}`)), shown);
     } catch (error) {
       previewed.delete(stage);
@@ -169,7 +172,7 @@ export function render(root, { arg: id, may }) {
       ),
     );
     for (const s of view.stages) {
-      if (s.artifact) preview(s.stage, s.artifact);
+      if (s.artifact) preview(s.stage, s.artifact, s.poster);
     }
   }
 
@@ -182,6 +185,16 @@ export function render(root, { arg: id, may }) {
           {},
           h("button", { type: "button", class: "link", "data-download": s.stage, onclick: () => save(s.stage, s.artifact) }, t("pipeline.download", { stage: t(`stage.${s.stage}`) })),
           h("code", {}, s.artifact.download),
+        ),
+      );
+    const posters = view.stages
+      .filter((s) => s.poster)
+      .map((s) =>
+        h(
+          "li",
+          {},
+          h("button", { type: "button", class: "link", "data-download": "poster", onclick: () => save("poster", s.poster) }, t("pipeline.poster")),
+          h("code", {}, s.poster.download),
         ),
       );
     const captions = view.stages
@@ -197,7 +210,7 @@ export function render(root, { arg: id, may }) {
     const trace = timeline.trace_url
       ? h("li", {}, h("a", { href: timeline.trace_url, target: "_blank", rel: "noopener noreferrer", "data-testid": "trace" }, t("pipeline.trace")), h("code", {}, timeline.trace_id))
       : timeline.trace_id && h("li", {}, t("pipeline.trace_id"), " ", h("code", {}, timeline.trace_id));
-    fill(links, files, captions, trace);
+    fill(links, files, posters, captions, trace);
   }
 
   function drawAttempts() {

@@ -1,22 +1,26 @@
-"""The song's caption files on the gateway: its sung lines kept from song.completed, listed with the song stage's
-files once it is made, and served as SubRip and WebVTT to the pipeline's tenant alone, until retention deletes the
-song."""
+"""The song's caption files and the video's poster on the gateway.
+
+The sung lines kept from song.completed, listed with the song stage's files once it is made and served as SubRip and
+WebVTT; the poster video.completed names, listed with the video and served as the video is; each to the pipeline's
+tenant alone, until retention deletes its stage's files."""
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import uuid
 
 import pytest
 import sqlalchemy as sa
 from castad_api import keys, tables
 from castad_contracts import envelope, events
-from castad_runtime import db
+from castad_runtime import artifacts, db
 
 from tests.integration.gateway import LYRICS, make_key
 from tests.integration.helpers import now
 from tests.support import briefs
 from tests.unit.test_captions import BREAD, KOREAN
+from tests.unit.test_image_uploads import photo
 
 pytestmark = pytest.mark.integration
 SONG = events.Stage.SONG
@@ -87,3 +91,48 @@ def test_the_songs_lines_are_served_as_subrip_and_webvtt_to_its_tenant_once_it_i
         )
     gone = hana.get(srt)
     assert gone.status_code == 410 and "deleted by retention" in gone.json()["detail"]
+
+
+def test_the_videos_poster_is_listed_with_it_and_served_to_its_tenant_alone(engines, api, gateway, installation):
+    running = api()
+    hana = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ))
+    mina = running.client(make_key(engines["api"], "mina", keys.Scope.READ))
+    with_poster, without = (gateway.create(tenant="hana") for _ in range(2))
+    store = artifacts.VolumeStore(installation.artifacts_dir)
+    still = photo("JPEG", (72, 128))
+    with store.scratch(with_poster, events.Stage.VIDEO, 1, ".jpg") as scratch:
+        scratch.write_bytes(still)
+        poster = store.keep(scratch, with_poster, events.Stage.VIDEO, "image/jpeg")
+    start = now() - dt.timedelta(minutes=5)
+    for pipeline_id in (with_poster, without):
+        gateway.run(pipeline_id, events.Stage.LYRIC, start, 1)
+        gateway.run(pipeline_id, SONG, start + dt.timedelta(seconds=2), 1)
+        gateway.event(pipeline_id, events.Stage.VIDEO, "started", 1, start + dt.timedelta(seconds=4))
+    gateway.deliver(videoed(gateway, with_poster, start + dt.timedelta(seconds=9), poster))
+    gateway.deliver(videoed(gateway, without, start + dt.timedelta(seconds=9), None))
+
+    link = f"/v1/pipelines/{with_poster}/artifacts/video/poster"
+    stages = {stage["stage"]: stage for stage in hana.get(f"/v1/pipelines/{with_poster}").json()["stages"]}
+    assert stages["video"]["poster"] == {
+        "sha256": poster.sha256,
+        "size": len(still),
+        "media_type": "image/jpeg",
+        "download": link,
+    }
+    assert stages["song"]["poster"] is None and stages["lyric"]["poster"] is None
+    served = hana.get(link)
+    assert served.status_code == 200 and served.headers["content-type"] == "image/jpeg"
+    assert hashlib.sha256(served.content).hexdigest() == poster.sha256
+    assert f'filename="{with_poster}-poster.jpg"' in served.headers["content-disposition"]
+    assert mina.get(link).status_code == 404
+    none = hana.get(f"/v1/pipelines/{without}/artifacts/video/poster")
+    assert none.status_code == 404 and "made no poster" in none.json()["detail"]
+    assert hana.get(f"/v1/pipelines/{without}").json()["stages"][2]["poster"] is None
+
+
+def videoed(gateway, pipeline_id: str, at: dt.datetime, poster: events.Artifact | None) -> envelope.Envelope:
+    """video.completed of the pipeline, naming `poster`, written as the video stage writes it."""
+    common = {"pipeline_id": pipeline_id, "stage": events.Stage.VIDEO, "job_id": "job-video", "attempt": 1}
+    made = gateway.envelope(pipeline_id, events.Stage.VIDEO, "completed", 1, at).payload()
+    payload = events.VideoCompleted(**{**made.model_dump(), **common, "completed_at": at, "poster": poster})
+    return envelope.wrap(payload, "video.completed", "/castad/video")
