@@ -42,7 +42,7 @@ import httpx_sse
 import pika
 import psycopg
 from castad_api import keys
-from castad_contracts import brief, events, topology
+from castad_contracts import api, brief, events, topology
 from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import db, messaging, migrations
@@ -51,7 +51,6 @@ from bench import commits, common, cpu, latency
 
 SERVICES = topology.WITH_DATABASE
 STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
-TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
 # The chain of a pipeline: (event type, producing database, consuming database), each stage's trigger as the
 # contracts say it, then the last stage's result back to the gateway.
 _LAST = events.stage_event(events.STAGE_ORDER[-1], "completed")
@@ -236,7 +235,7 @@ class CastadBench:
                 if not sse.data:
                     continue
                 status = json.loads(sse.data).get("pipeline_status")
-                if status in TERMINAL:
+                if status in api.ENDED:
                     record.streamed = time.time()
                     return str(status)
         raise RuntimeError(f"event stream of {record.pipeline_id} closed before a terminal event")

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
-from castad_contracts import codes, events, topology
+from castad_contracts import api, codes, events, topology
 from psycopg.rows import dict_row
 
 from bench import common
@@ -40,7 +40,7 @@ from bench.faults import injections
 STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
 # Each stage's trigger, and the service whose outbox writes it: the saga's order as the contracts say it.
 PREDECESSOR = {stage.value: (topology.PRODUCERS[trigger], trigger) for stage, trigger in events.TRIGGERS.items()}
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELED"})
+TERMINAL = api.ENDED  # of a pipeline, and of a stage's job
 Row = dict[str, Any]
 
 

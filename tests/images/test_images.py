@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from castad_cli import client as client_
-from castad_contracts import topology
+from castad_contracts import api, topology
 from castad_local import REPO_ROOT, stack
 
 from tests.support import briefs
@@ -138,7 +138,7 @@ def test_the_stack_runs_from_the_images_to_a_finished_video(images, containers, 
         accepted = gateway.submit(briefs.sample(), f"images-{uuid.uuid4()}")
         deadline = time.monotonic() + 600
         view = gateway.status(accepted.id)
-        while view.status not in ("SUCCEEDED", "FAILED", "CANCELED") and time.monotonic() < deadline:
+        while view.status not in api.ENDED and time.monotonic() < deadline:
             time.sleep(1)
             view = gateway.status(accepted.id)
         assert view.status == "SUCCEEDED", (
