@@ -599,21 +599,27 @@ class FaultRun:
             tries = 0
             while tries < IN_TRANSACTION_TRIES and time.monotonic() < deadline:
                 if not self._writing(conns, group):
-                    time.sleep(0.002)
+                    time.sleep(0.005)
                     continue
                 tries += 1
                 self.stack.signal(name, signal.SIGSTOP)
-                started = time.time()
-                time.sleep(0.05)  # a statement it had sent ends; its session then waits for the next
-                for database, backend, state in self._writing(conns, group):
-                    if state == "idle in transaction":
-                        detail = f"its session {backend} in the {database} database held row locks ({tries} tries)"
-                        log.info("faults: %s of %s: %s", FROZEN_IN_TRANSACTION, name, detail)
-                        fault = Fault(FROZEN_IN_TRANSACTION, name, started, detail=detail)
-                        fault.takeover_bound_s = plan.IN_TRANSACTION_RELEASE_S
-                        return fault, urls[database], backend
-                self.stack.signal(name, signal.SIGCONT)
-        raise RuntimeError(f"{name} held no row locks at any of {tries} stops in {WORKS_AGAIN_S:g} s")
+                started, held = time.time(), None
+                try:
+                    time.sleep(0.05)  # a statement it had sent ends; its session then waits for the next
+                    held = next((s for s in self._writing(conns, group) if s[2] == "idle in transaction"), None)
+                finally:
+                    if held is None:
+                        self.stack.signal(name, signal.SIGCONT)
+                if held is not None:
+                    database, backend, _ = held
+                    detail = f"its session {backend} in the {database} database held row locks ({tries} tries)"
+                    log.info("faults: %s of %s: %s", FROZEN_IN_TRANSACTION, name, detail)
+                    fault = Fault(FROZEN_IN_TRANSACTION, name, started, detail=detail)
+                    fault.takeover_bound_s = plan.IN_TRANSACTION_RELEASE_S
+                    return fault, urls[database], backend
+        raise RuntimeError(
+            f"{name} held no row locks at any of {tries} stops (at most {IN_TRANSACTION_TRIES}, or {WORKS_AGAIN_S:g} s)"
+        )
 
     @staticmethod
     def _writing(conns: Mapping[str, psycopg.Connection[Any]], group: int) -> list[tuple[str, int, str]]:

@@ -51,6 +51,8 @@ def test_every_error_is_one_line_and_its_own_exit_status():
     one_line_error(cli(down, "timeline", str(uuid.uuid4())), 3, "cannot reach the gateway")
     one_line_error(cli(down, "stats", "--window", "15m"), 3, "cannot reach the gateway")
     one_line_error(cli(down, "retry", str(uuid.uuid4()), "--max-attempts", "lyrics=2"), 2, "STAGE=N")
+    both = cli(down, "download", str(uuid.uuid4()), "--captions", "vtt", "--poster")
+    one_line_error(both, 2, "give one of them")
 
 
 @pytest.mark.timeout(180)

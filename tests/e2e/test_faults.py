@@ -9,7 +9,7 @@ import urllib.parse
 import uuid
 
 import pytest
-from castad_contracts import brief
+from castad_contracts import brief, envelope
 
 from tests.e2e.conftest import FAST, STAGE_SERVICES, in_order, outbox_facts
 from tests.support import briefs
@@ -90,12 +90,17 @@ def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_re
         rows = [r for pid in ids for r in dbs.outbox_of(service, pid)]
         completed = [r for r in rows if r["routing_key"] == f"{service}.completed"]
         assert sorted(r["pipeline_id"] for r in completed) == sorted(ids)
+        for row in completed:  # the video's poster, a file of its stage beside it
+            poster = getattr(envelope.Envelope.model_validate(row["envelope"]).payload(), "poster", None)
+            if service == "video":
+                assert poster is not None and _sha256(path := _file(poster.uri)) == poster.sha256
+                published[row["pipeline_id"]].add(path.name)
         retrying = [r for r in rows if r["routing_key"] == f"{service}.retrying"]
         assert len(retrying) == failures[service]
     assert sum(failures.values()) > 0, failures
     running.wait_until("every outbox row published", lambda: dbs.unpublished(ids) == {})
 
-    # Each stage's place of each pipeline shows the file its completed event names, and nothing else.
+    # Each stage's place of each pipeline shows the files its completed event names, and nothing else.
     for pid in ids:
         names = {
             p.name
@@ -103,7 +108,7 @@ def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_re
             for p in (running.installation.artifacts_dir / stage / pid).iterdir()
             if not p.name.startswith(".")
         }
-        assert names == published[pid] and len(names) == len(STAGE_SERVICES), (pid, names)
+        assert names == published[pid] and len(names) == len(STAGE_SERVICES) + 1, (pid, names)  # and the poster
     # Nothing outside the stages' places and the tenants' images: what lets each stage be given its own to write.
     assert {path.name for path in running.installation.artifacts_dir.iterdir()} <= {*STAGE_SERVICES, "images"}
 

@@ -57,7 +57,7 @@ def test_the_songs_lines_are_served_as_subrip_and_webvtt_to_its_tenant_once_it_i
     gateway.event(pipeline_id, SONG, "started", 1, start + dt.timedelta(seconds=2))
     srt, vtt = (f"/v1/pipelines/{pipeline_id}/artifacts/song/captions.{form}" for form in ("srt", "vtt"))
     before = hana.get(srt)
-    assert before.status_code == 404 and "not made yet" in before.json()["detail"]
+    assert before.status_code == 404 and "song has no artifact yet" in before.json()["detail"]
     assert all(stage["captions"] == [] for stage in hana.get(f"/v1/pipelines/{pipeline_id}").json()["stages"])
 
     if projected == "together":  # with another event in one transaction, as the consumer groups them
@@ -128,6 +128,15 @@ def test_the_videos_poster_is_listed_with_it_and_served_to_its_tenant_alone(engi
     none = hana.get(f"/v1/pipelines/{without}/artifacts/video/poster")
     assert none.status_code == 404 and "made no poster" in none.json()["detail"]
     assert hana.get(f"/v1/pipelines/{without}").json()["stages"][2]["poster"] is None
+    # Once retention deleted the video stage's files, its poster is gone with them.
+    with db.transaction(engines["api"]) as conn:
+        conn.execute(
+            tables.stages.update()
+            .where(tables.stages.c.pipeline_id == uuid.UUID(with_poster), tables.stages.c.stage == "video")
+            .values(finished_at=sa.func.now() - dt.timedelta(days=3650))
+        )
+    gone = hana.get(link)
+    assert gone.status_code == 410 and "poster was deleted by retention" in gone.json()["detail"]
 
 
 def videoed(gateway, pipeline_id: str, at: dt.datetime, poster: events.Artifact | None) -> envelope.Envelope:

@@ -462,6 +462,17 @@ def test_a_finished_render_is_kept_as_the_mp4_the_api_served_with_its_size(fake,
     assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(poster.uri).path)).suffix == ".jpg"
 
 
+@pytest.mark.parametrize("snapshot", ["none", "gone"])
+def test_a_render_without_a_snapshot_or_whose_snapshot_is_gone_is_kept_without_a_poster(fake, job, snapshot):
+    """A template without snapshot_time gives none; a snapshot that cannot be fetched costs the video nothing."""
+    work = work_for(fake)
+    job = submitted(work, job, Plan(seconds=0.3, snapshot=snapshot), fake=fake)
+
+    output = poll_until_done(work, job)
+
+    assert output.artifact.media_type == "video/mp4" and output.details["poster"] is None
+
+
 # --- failures on the way ----------------------------------------------------------------------------------------
 
 

@@ -219,6 +219,9 @@ def download(
     ] = None,
 ) -> None:
     """Save a stage's file (the finished video by default), the song's caption file or the video's poster."""
+    if captions and poster or (captions or poster) and stage is not events.Stage.VIDEO:
+        errors.print("castad: --captions, --poster and --stage each name a file: give one of them")
+        raise typer.Exit(2)
     whose = events.Stage.SONG if captions else events.Stage.VIDEO if poster else stage
     with connected(ctx) as client:
         made = next(s for s in client.status(pipeline_id).stages if s.stage is whose)

@@ -8,6 +8,7 @@ on the characters before it (empty), needs none. Lines are written as sung, in a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from castad_contracts import api, events
@@ -21,7 +22,7 @@ def render(lines: Sequence[events.TimedLine], form: api.CaptionFormat) -> str:
 def srt(lines: Sequence[events.TimedLine]) -> str:
     """SubRip: a numbered cue per sung line, its times as HH:MM:SS,mmm."""
     return "".join(
-        f"{number}\n{_time(start, ',')} --> {_time(end, ',')}\n{_one_line(line.text).replace('-->', '->')}\n\n"
+        f"{number}\n{_time(start, ',')} --> {_time(end, ',')}\n{_ARROW.sub('->', _one_line(line.text))}\n\n"
         for number, (line, start, end) in enumerate(_cues(lines), 1)
     )
 
@@ -36,8 +37,8 @@ def webvtt(lines: Sequence[events.TimedLine]) -> str:
 
 
 def _cues(lines: Iterable[events.TimedLine]) -> Iterator[tuple[events.TimedLine, int, int]]:
-    """Each line with words that is sung for a while, with its start and end in milliseconds."""
-    for line in lines:
+    """Each line with words that is sung for a while, with its start and end in milliseconds, in sung order."""
+    for line in sorted(lines, key=lambda line: line.start_s):
         start, end = _ms(line.start_s), _ms(line.end_s)
         if line.text.strip() and end > start:
             yield line, start, end
@@ -58,6 +59,7 @@ def _karaoke(line: events.TimedLine, start: int, end: int) -> Iterator[str]:
     yield _escaped(text[at:])
 
 
+_ARROW = re.compile(r"-{2,}>")  # a SubRip cue's text may not hold its timing's arrow: it would read as a new cue
 # A blank line ends a cue in both formats: a line's text stays on one line, each break a space (offsets kept).
 _ONE_LINE = str.maketrans(dict.fromkeys("\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029", " "))
 

@@ -524,15 +524,12 @@ def download_captions(pipeline_id: uuid.UUID, form: api.CaptionFormat, gw: Gatew
     WebVTT times each syllable within its line (karaoke). 404 before the song is made (or for a song recorded by a
     gateway of a release that kept no lines), 410 once retention deleted the song.
     """
+    made, now = _made(gw, pipeline_id, events.Stage.SONG, who.tenant_filter())
     with gw.engine.connect() as conn:
-        if repository.get_pipeline(conn, pipeline_id, who.tenant_filter()) is None:
-            raise errors.NotFound(f"no pipeline {pipeline_id}")
-        made, now = repository.get_stage(conn, pipeline_id, events.Stage.SONG), repository.now(conn)
-        lines = repository.sung_lines(conn, pipeline_id) if made is not None and made.artifact else None
-    if made is None or lines is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, "the song has no sung lines kept: it is not made yet")
-    if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
-        raise HTTPException(status.HTTP_410_GONE, "the song was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)")
+        lines = repository.sung_lines(conn, pipeline_id) if made.captioned else None
+    if lines is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "the song has no sung lines kept (made by an earlier release)")
+    _not_deleted(gw, made, now, "the song")
     return Response(
         captions.render(lines, form),
         media_type=f"{api.CAPTION_MEDIA_TYPES[form]}; charset=utf-8",
@@ -541,6 +538,28 @@ def download_captions(pipeline_id: uuid.UUID, form: api.CaptionFormat, gw: Gatew
             "X-Content-Type-Options": "nosniff",
         },
     )
+
+
+def _made(
+    gw: Gateway, pipeline_id: uuid.UUID, stage: events.Stage, tenant: str | None
+) -> tuple[records.Stage, dt.datetime]:
+    """The stage of the tenant's pipeline once it made its artifact, and the database's time now.
+
+    404: no such pipeline, or nothing made yet.
+    """
+    with gw.engine.connect() as conn:
+        if repository.get_pipeline(conn, pipeline_id, tenant) is None:
+            raise errors.NotFound(f"no pipeline {pipeline_id}")
+        made, now = repository.get_stage(conn, pipeline_id, stage), repository.now(conn)
+    if made is None or made.artifact is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
+    return made, now
+
+
+def _not_deleted(gw: Gateway, made: records.Stage, now: dt.datetime, file: str) -> None:
+    """410 once retention deleted the stage's files (CASTAD_RETENTION_ARTIFACTS_S after it ended)."""
+    if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
+        raise HTTPException(status.HTTP_410_GONE, f"{file} was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)")
 
 
 def _serve(
@@ -555,12 +574,7 @@ def _serve(
 
     Only a file in that stage's place of that pipeline is served, whatever its event named.
     """
-    with gw.engine.connect() as conn:
-        if repository.get_pipeline(conn, pipeline_id, tenant) is None:
-            raise errors.NotFound(f"no pipeline {pipeline_id}")
-        made, now = repository.get_stage(conn, pipeline_id, stage), repository.now(conn)
-    if made is None or made.artifact is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{stage.value} has no artifact yet")
+    made, now = _made(gw, pipeline_id, stage, tenant)
     if poster:
         if made.poster is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage made no poster")
@@ -575,8 +589,7 @@ def _serve(
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage fetched no photos[{photo}]")
         artifact, name = events.FetchedPhoto.model_validate(told).file, f"{pipeline_id}-photo-{photo}"
         file = kept = f"the {stage.value} stage's photos[{photo}]"
-    if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
-        raise HTTPException(status.HTTP_410_GONE, f"{file} was deleted by retention (CASTAD_RETENTION_ARTIFACTS_S)")
+    _not_deleted(gw, made, now, file)
     try:
         where = gw.store.serve(artifact, str(pipeline_id), stage)
     except artifacts.ArtifactMisplaced as error:  # its event named another pipeline's or stage's file

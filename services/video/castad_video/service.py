@@ -209,17 +209,20 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         )
         poster = None
         if snapshot := video.details.get("snapshot_url"):  # a still of the render, if its template takes one
-            poster = remote.keep_result(
-                store,
-                job,
-                events.Stage.VIDEO,
-                remote.Finished(snapshot),
-                cancel,
-                media_types=("image/jpeg", "image/png"),
-                max_bytes=config.download_max_bytes,
-                timeout_s=config.creatomate_timeout_s,
-                allow_private=config.allow_private,
-            )
+            try:
+                poster = remote.keep_result(
+                    store,
+                    job,
+                    events.Stage.VIDEO,
+                    remote.Finished(snapshot),
+                    cancel,
+                    media_types=("image/jpeg",),
+                    max_bytes=config.photo_max_bytes,
+                    timeout_s=config.creatomate_timeout_s,
+                    allow_private=config.allow_private,
+                )
+            except errors.ProviderError as error:  # the video is made and kept: it goes on without a poster
+                log.warning("pipeline %s: the render's snapshot is not kept as its poster: %s", job.pipeline_id, error)
         width, height = provider.frame_size(done.brief.orientation, config.short_side)
         size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}
         return runner.Output(artifact, {**size, "poster": poster})

@@ -55,19 +55,23 @@ ELEMENTS = frozenset(
 class Plan:
     """How one render goes. `outcome`: ok, fail, never (planned for ever), cancelled (canceled at
     the provider); `output`: ok, wrong_type (an HTML page), oversized (`size` bytes), octet_stream
-    (the MP4 as `application/octet-stream`, as a CDN may serve it); `seconds`: how long it takes (the
-    fake's `render_s` when None)."""
+    (the MP4 as `application/octet-stream`, as a CDN may serve it); `snapshot`: ok (a JPEG), none (no
+    `snapshot_url`, as for a template without `snapshot_time`), gone (its URL answers 404); `seconds`: how long
+    it takes (the fake's `render_s` when None)."""
 
     outcome: str = "ok"
     output: str = "ok"
     seconds: float | None = None
     size: int = 0
+    snapshot: str = "ok"
 
     def __post_init__(self) -> None:
         if self.outcome not in {"ok", "fail", "never", "cancelled"}:
             raise ValueError(f"unknown outcome {self.outcome!r}")
         if self.output not in {"ok", "wrong_type", "oversized", "octet_stream"}:
             raise ValueError(f"unknown output {self.output!r}")
+        if self.snapshot not in {"ok", "none", "gone"}:
+            raise ValueError(f"unknown snapshot {self.snapshot!r}")
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
@@ -268,7 +272,8 @@ class FakeCreatomate(server.FakeServer):
         }
         if status == "succeeded":
             shown |= {"width": WIDTH, "height": HEIGHT, "frame_rate": FRAME_RATE, "duration": DURATION_S}
-            shown["snapshot_url"] = f"{self.url}/_fake/renders/{render.id}.jpg"
+            if render.plan.snapshot != "none":
+                shown["snapshot_url"] = f"{self.url}/_fake/renders/{render.id}.jpg"
             shown["file_size"] = _output_size(render.plan)
         if status == "failed":
             shown["error_message"] = FAILURE
@@ -294,8 +299,10 @@ class FakeCreatomate(server.FakeServer):
             with self._lock:
                 render = self._renders.get(match.group(1))
             if render is not None and render.status() == "succeeded":
-                if match.group(2) == "jpg":
+                if match.group(2) == "jpg" and render.plan.snapshot == "ok":
                     return server.Response(200, media.jpeg(), {"content-type": "image/jpeg"})
+                if match.group(2) == "jpg":
+                    return server.Response(404, b"not found", {"content-type": "text/plain"})
                 return self._output(render.plan)
         return server.Response(404, b"not found", {"content-type": "text/plain"})
 

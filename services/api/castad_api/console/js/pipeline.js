@@ -77,8 +77,8 @@ export function render(root, { arg: id, may }) {
       if (stage === "lyric") shown = h("pre", { class: "lyrics", "data-testid": "lyrics" }, await blob.text());
       else if (stage === "song") shown = h("audio", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "song" });
       else {
-        const still = poster ? { poster: objectUrl(await download(poster.download)) } : {};
-        shown = h("video", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "video", ...still });
+        shown = h("video", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "video" });
+        if (poster) download(poster.download).then((still) => shown.setAttribute("poster", objectUrl(still)), () => {}); // the video plays without it
       }
       fill(box, h("h3", {}, t(`stage.${stage}`)), shown);
     } catch (error) {
