@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import pypinyin
 from castad_contracts import brief
 from pypinyin import style as pinyin_style
 
-if TYPE_CHECKING:
-    from janome import tokenizer
+from castad_song import reading
 
 _TOKEN = re.compile(r"[A-Za-z']+|[0-9]|\S")
 _VOWEL_GROUP = re.compile(r"[aeiouy]+")
@@ -80,22 +77,8 @@ def _english(word: str, at: int) -> Iterator[Syllable]:
         yield Syllable(word[start:end], at + start, word[start:end])
 
 
-_TOKENIZER_LOCK = threading.Lock()
-_TOKENIZER: list[tokenizer.Tokenizer] = []  # loaded once, by the first Japanese line
-
-
-def _tokenizer() -> tokenizer.Tokenizer:
-    """Return Janome's tokenizer with its bundled dictionary, loading it on the first call.
-
-    Loading takes seconds and holds hundreds of MB, so it waits for the first Japanese line: a song replica
-    that never sings Japanese never pays for it, and no replica's start (its readiness) waits for it.
-    """
-    with _TOKENIZER_LOCK:
-        if not _TOKENIZER:
-            from janome import tokenizer
-
-            _TOKENIZER.append(tokenizer.Tokenizer())
-        return _TOKENIZER[0]
+# Japanese readings come from Janome in a process of its own, which holds its dictionary only while it is used.
+_READER = reading.Reader()
 
 
 def _katakana(text: str) -> str:
@@ -115,14 +98,10 @@ def _morae(kana: str) -> list[str]:
 def _japanese(line: str) -> list[Syllable]:
     found: list[Syllable] = []
     at = 0
-    for token in _tokenizer().tokenize(line):
-        if isinstance(token, str):  # only with wakati=True
-            continue
-        surface = str(token.surface)
+    for surface, phonetic in _READER.read(line):
         start = line.find(surface, at)
         at = start + len(surface) if start >= 0 else at
         start = max(start, 0)
-        phonetic = str(token.phonetic)
         kana = _katakana(phonetic if phonetic != "*" else surface)
         if not all(_KANA.match(char) for char in kana):
             found.extend(_syllables(surface, start, brief.Language.JAPANESE))
