@@ -166,6 +166,16 @@ class Projection:
                 .values(occurred_at=at)
             )
 
+    def ended_long_ago(self, pipeline_id: str, stage: events.Stage) -> None:
+        """As if the stage ended ten years ago: retention has deleted its files."""
+        stages = repository.stages
+        with db.transaction(self.engine) as conn:
+            conn.execute(
+                stages.update()
+                .where(stages.c.pipeline_id == uuid.UUID(pipeline_id), stages.c.stage == stage.value)
+                .values(finished_at=sa.func.now() - dt.timedelta(days=3650))
+            )
+
 
 class RunningApi:
     """The gateway's HTTP API (no consumer) on the installation's database, served by uvicorn on a thread."""

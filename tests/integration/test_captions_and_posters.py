@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import uuid
 
 import pytest
-import sqlalchemy as sa
-from castad_api import keys, tables
+from castad_api import keys
 from castad_contracts import envelope, events
-from castad_runtime import artifacts, db
+from castad_runtime import artifacts
 
 from tests.integration.gateway import LYRICS, make_key
 from tests.integration.helpers import now
@@ -83,12 +81,7 @@ def test_the_songs_lines_are_served_as_subrip_and_webvtt_to_its_tenant_once_it_i
     assert mina.get(vtt).status_code == 404
     assert hana.get(vtt.replace(".vtt", ".ass")).status_code == 422
     # Once retention deleted the song, its captions are gone with it.
-    with db.transaction(engines["api"]) as conn:
-        conn.execute(
-            tables.stages.update()
-            .where(tables.stages.c.pipeline_id == uuid.UUID(pipeline_id), tables.stages.c.stage == SONG.value)
-            .values(finished_at=sa.func.now() - dt.timedelta(days=3650))
-        )
+    gateway.ended_long_ago(pipeline_id, SONG)
     gone = hana.get(srt)
     assert gone.status_code == 410 and "deleted by retention" in gone.json()["detail"]
 
@@ -129,12 +122,7 @@ def test_the_videos_poster_is_listed_with_it_and_served_to_its_tenant_alone(engi
     assert none.status_code == 404 and "made no poster" in none.json()["detail"]
     assert hana.get(f"/v1/pipelines/{without}").json()["stages"][2]["poster"] is None
     # Once retention deleted the video stage's files, its poster is gone with them.
-    with db.transaction(engines["api"]) as conn:
-        conn.execute(
-            tables.stages.update()
-            .where(tables.stages.c.pipeline_id == uuid.UUID(with_poster), tables.stages.c.stage == "video")
-            .values(finished_at=sa.func.now() - dt.timedelta(days=3650))
-        )
+    gateway.ended_long_ago(with_poster, events.Stage.VIDEO)
     gone = hana.get(link)
     assert gone.status_code == 410 and "poster was deleted by retention" in gone.json()["detail"]
 

@@ -9,7 +9,6 @@ import hashlib
 import uuid
 
 import pytest
-import sqlalchemy as sa
 from castad_api import keys, tables
 from castad_contracts import envelope, events
 from castad_runtime import artifacts, db
@@ -103,12 +102,7 @@ def test_a_photo_the_video_stage_fetched_is_listed_with_the_pipelines_files_and_
     assert "fetched no photos[0]" in hana.get(download.removesuffix("1") + "0").json()["detail"]
     assert hana.get(download.removesuffix("1") + "20").status_code == 422
     # Once retention deleted the stage's files, its photos are gone with its artifact.
-    with db.transaction(engines["api"]) as conn:
-        conn.execute(
-            tables.stages.update()
-            .where(tables.stages.c.pipeline_id == uuid.UUID(pipeline_id), tables.stages.c.stage == "video")
-            .values(finished_at=sa.func.now() - dt.timedelta(days=3650))
-        )
+    gateway.ended_long_ago(pipeline_id, VIDEO)
     gone = hana.get(download)
     assert gone.status_code == 410 and "photos[1] was deleted by retention" in gone.json()["detail"]
 
