@@ -7,15 +7,17 @@ runs the release before, uncharged and saying why, then publishing it once a rep
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import brief, events
+from castad_relay import connection, readers, statements
 from castad_relay import metrics as relay_metrics
-from castad_relay import readers
 from castad_runtime import announcement, db, metrics, tables
 
 from tests.integration.helpers import pipeline_requested, write_events
@@ -141,3 +143,25 @@ def test_an_event_a_live_replica_has_no_handler_for_waits_until_that_replica_is_
         gone = sa.func.now() - sa.text("interval '1 hour'")
         conn.execute(tables.replicas.update().where(tables.replicas.c.replica == "lyric@old:1").values(seen_at=gone))
     assert [message.event_id for message in amqp.take(installation.topology.queue("lyric"), 1)] == [held.id]
+
+
+def test_a_look_cut_short_while_its_session_is_set_up_closes_that_session(installation, monkeypatch):
+    """The look's timeout may fall between connecting and the session's settings: the session is closed at once."""
+    opened: list[psycopg.AsyncConnection] = []
+    connect = psycopg.AsyncConnection.connect
+
+    async def keeping(*args, **kwargs):
+        opened.append(await connect(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", keeping)
+    monkeypatch.setattr(statements, "PINNED", "SELECT pg_sleep(30)")  # the first setting, held up
+    limits = db.SessionLimits(idle_in_transaction_s=5, lock_wait_s=5)
+
+    async def look() -> None:
+        async with asyncio.timeout(0.5):
+            await connection.database(installation.database_urls["lyric"], limits)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(look())
+    assert [conn.closed for conn in opened] == [True]

@@ -20,10 +20,17 @@ from castad_relay import statements
 
 
 async def database(url: str, sessions: db.SessionLimits) -> psycopg.AsyncConnection[Any]:
-    """An autocommit session of the database at `url`, names pinned to pg_catalog, the session limits set."""
+    """An autocommit session of the database at `url`, names pinned to pg_catalog, the session limits set.
+
+    A caller's timeout or stop may cancel it between connecting and returning: the session is closed then, not
+    left to the garbage collector."""
     conn = await psycopg.AsyncConnection.connect(**db.connect_kwargs(url), autocommit=True)
-    await conn.execute(statements.PINNED)
-    await conn.execute(sessions.statement())
+    try:
+        await conn.execute(statements.PINNED)
+        await conn.execute(sessions.statement())
+    except BaseException:
+        await conn.close()
+        raise
     return conn
 
 
