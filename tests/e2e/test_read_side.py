@@ -2,7 +2,8 @@
 
 A pipeline run by the real stages read back as its timeline (each attempt with the worker that ran it and its
 duration, the trace it belongs to), followed on the stream of every pipeline, counted by /v1/stats, and shown by
-`castad timeline` and `castad stats`, its song's caption file saved by `castad download --captions`.
+`castad timeline` and `castad stats`, its song's caption file saved by `castad download --captions`, each of the
+three formats it asked for and their posters by `castad download --format`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from collections.abc import Callable
 import httpx
 import httpx_sse
 import pytest
+from castad_contracts import brief
+from PIL import Image
 
 from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_cli import cli, one_line_error
 from tests.support import briefs
+from tests.unit.test_video_provider import probe
 
 pytestmark = pytest.mark.e2e
 JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
@@ -65,7 +69,7 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
         follower.start()
         assert opened.wait(10), f"the {name} stream did not open"
 
-    pipeline_id = running.submit(briefs.sample("바다책방"))
+    pipeline_id = running.submit(briefs.sample("바다책방", formats=tuple(brief.Format)))
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
 
     answer = running.http.get(f"/v1/pipelines/{pipeline_id}/timeline")
@@ -132,3 +136,16 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     assert written.startswith("WEBVTT\n\n1\n00:00:") and written.count(" --> ") >= 4, written
     saved = cli(gateway, "download", pipeline_id, "--poster", "--output", str(tmp_path / "poster.jpg"))
     assert saved.returncode == 0 and (tmp_path / "poster.jpg").read_bytes()[:3] == b"\xff\xd8\xff", saved.stderr
+    # Each format from the one song, laid out for its own frame (the harness's short side is 144), with its poster.
+    for shape, size in (("9:16", (144, 256)), ("1:1", (144, 144)), ("16:9", (256, 144))):
+        video, still = tmp_path / f"{shape.replace(':', 'x')}.mp4", tmp_path / f"{shape.replace(':', 'x')}.jpg"
+        saved = cli(gateway, "download", pipeline_id, "--format", shape, "--output", str(video))
+        assert saved.returncode == 0, saved.stderr
+        found = probe(video)
+        assert ((found.width, found.height), found.audio_codec) == (size, "aac") and found.duration_s > 2.5
+        saved = cli(gateway, "download", pipeline_id, "--format", shape, "--poster", "--output", str(still))
+        assert saved.returncode == 0, saved.stderr
+        with Image.open(still) as poster:
+            assert (poster.format, poster.size) == ("JPEG", size)
+    unknown = cli(gateway, "download", pipeline_id, "--format", "4:5")
+    assert unknown.returncode == 2 and "'4:5' is not one of" in unknown.stderr, unknown.stderr

@@ -63,7 +63,7 @@ def test_the_video_shows_each_uploaded_photo_in_turn_cut_on_the_songs_bars_under
     duration = job["input"]["song_duration_s"]
     video = tmp_path / "video.mp4"
     video.write_bytes(running.http.get(f"/v1/pipelines/{pipeline_id}/artifacts/video").content)
-    size = provider.frame_size(brief.Orientation.VERTICAL, 144)
+    size = provider.frame_size(brief.Format.VERTICAL, 144)
     frames = decoded(video, size)
 
     assert bars == pytest.approx([0.0, 2.5, 5.0])

@@ -11,7 +11,7 @@ import hashlib
 
 import pytest
 from castad_api import keys
-from castad_contracts import envelope, events
+from castad_contracts import brief, envelope, events
 from castad_runtime import artifacts
 
 from tests.integration.gateway import LYRICS, make_key
@@ -133,3 +133,108 @@ def videoed(gateway, pipeline_id: str, at: dt.datetime, poster: events.Artifact 
     made = gateway.envelope(pipeline_id, events.Stage.VIDEO, "completed", 1, at).payload()
     payload = events.VideoCompleted(**{**made.model_dump(), **common, "completed_at": at, "poster": poster})
     return envelope.wrap(payload, "video.completed", "/castad/video")
+
+
+def kept(store: artifacts.VolumeStore, pipeline_id: str, data: bytes, suffix: str, media_type: str) -> events.Artifact:
+    with store.scratch(pipeline_id, events.Stage.VIDEO, 1, suffix) as scratch:
+        scratch.write_bytes(data)
+        return store.keep(scratch, pipeline_id, events.Stage.VIDEO, media_type)
+
+
+def test_each_format_of_the_video_is_listed_with_its_poster_and_served_to_its_tenant_alone(
+    engines, api, gateway, installation
+):
+    running = api()
+    hana = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ))
+    mina = running.client(make_key(engines["api"], "mina", keys.Scope.READ))
+    body = {"customer_name": "Cafe Blue", "region": "Busan", "formats": ["1:1", "16:9"]}
+    accepted = hana.post("/v1/pipelines", json=body, headers={"Idempotency-Key": "formats"})
+    pipeline_id = accepted.json()["id"]
+    asked = hana.get(f"/v1/pipelines/{pipeline_id}").json()["brief"]
+    assert (asked["formats"], asked["orientation"]) == (["1:1", "16:9"], "vertical")
+    store = artifacts.VolumeStore(installation.artifacts_dir)
+    square, wide = (kept(store, pipeline_id, f"{name} video".encode(), ".mp4", "video/mp4") for name in ("sq", "wd"))
+    square_still = kept(store, pipeline_id, photo("JPEG", (72, 72)), ".jpg", "image/jpeg")
+    start = now() - dt.timedelta(minutes=5)
+    gateway.run(pipeline_id, events.Stage.LYRIC, start, 1)
+    gateway.run(pipeline_id, SONG, start + dt.timedelta(seconds=2), 1)
+    gateway.event(pipeline_id, events.Stage.VIDEO, "started", 1, start + dt.timedelta(seconds=4))
+    made = videoed(gateway, pipeline_id, start + dt.timedelta(seconds=9), square_still).payload()
+    wide_render = events.Render(format=brief.Format.WIDE, artifact=wide, width=128, height=72)  # made without a poster
+    payload = made.model_copy(
+        update={
+            "brief": made.brief.model_copy(update={"formats": (brief.Format.SQUARE, brief.Format.WIDE)}),
+            "artifact": square,
+            "width": 72,
+            "height": 72,
+            "more_formats": (wide_render,),
+        }
+    )
+    gateway.deliver(envelope.wrap(payload, "video.completed", "/castad/video"))
+
+    base = f"/v1/pipelines/{pipeline_id}/artifacts/video/formats"
+    video = hana.get(f"/v1/pipelines/{pipeline_id}").json()["stages"][2]
+    assert video["formats"] == [
+        {
+            "format": "1:1",
+            "width": 72,
+            "height": 72,
+            "video": {
+                "sha256": square.sha256,
+                "size": square.size,
+                "media_type": "video/mp4",
+                "download": f"{base}/1x1",
+            },
+            "poster": {
+                "sha256": square_still.sha256,
+                "size": square_still.size,
+                "media_type": "image/jpeg",
+                "download": f"{base}/1x1/poster",
+            },
+        },
+        {
+            "format": "16:9",
+            "width": 128,
+            "height": 72,
+            "video": {"sha256": wide.sha256, "size": wide.size, "media_type": "video/mp4", "download": f"{base}/16x9"},
+            "poster": None,
+        },
+    ]
+    assert video["artifact"]["sha256"] == square.sha256  # the first format is the stage's own file
+    for path, artifact, name in (
+        (f"{base}/1x1", square, "1x1.mp4"),
+        (f"{base}/16x9", wide, "16x9.mp4"),
+        (f"{base}/1x1/poster", square_still, "1x1-poster.jpg"),
+    ):
+        served = hana.get(path)
+        assert served.status_code == 200 and served.headers["content-type"] == artifact.media_type
+        assert hashlib.sha256(served.content).hexdigest() == artifact.sha256
+        assert f'filename="{pipeline_id}-{name}"' in served.headers["content-disposition"]
+        assert mina.get(path).status_code == 404  # another tenant's key: as if there were no pipeline
+    for path, said in ((f"{base}/9x16", "made no 9:16 video"), (f"{base}/16x9/poster", "made no 16:9 poster")):
+        missing = hana.get(path)
+        assert missing.status_code == 404 and said in missing.json()["detail"], missing.json()
+    assert hana.get(f"{base}/4x5").status_code == 422
+    # Once retention deleted the video stage's files, every format is gone with them.
+    gateway.ended_long_ago(pipeline_id, events.Stage.VIDEO)
+    gone = hana.get(f"{base}/16x9")
+    assert gone.status_code == 410 and "16:9 video was deleted by retention" in gone.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            {"formats": ["16:9"], "orientation": "vertical"},
+            "formats begin with 16:9, which is horizontal, not vertical",
+        ),
+        ({"formats": ["1:1", "1:1"]}, "names the same format more than once"),
+        ({"formats": ["4:5"]}, "Input should be '9:16', '1:1' or '16:9'"),
+    ],
+)
+def test_formats_that_cannot_be_made_as_given_are_refused_with_the_reason(engines, api, body, said):
+    hana = api().client(make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ))
+
+    refused = hana.post("/v1/pipelines", json={"customer_name": "Cafe Blue", "region": "Busan", **body})
+
+    assert refused.status_code == 422 and said in refused.text, refused.text

@@ -109,7 +109,7 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(
         pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
     )
-    with pytest.raises(TypeError, match="lyric.completed v6 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v7 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -385,7 +385,7 @@ def brief_carrying(event_type: str, version: int, brief_data: dict[str, object])
 
 
 # The newest version of each event carrying a brief.
-NEWEST = {events.PIPELINE_REQUESTED: 5, "lyric.completed": 6, "song.completed": 7, "video.completed": 8}
+NEWEST = {events.PIPELINE_REQUESTED: 6, "lyric.completed": 7, "song.completed": 8, "video.completed": 9}
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,
@@ -561,6 +561,87 @@ def test_a_video_event_naming_its_poster_needs_version_8_and_one_without_is_writ
     assert (written_as, written["poster"]) == (8, poster.model_dump(mode="json"))
     with pytest.raises(events.NewerSchemaVersion):  # a release before posters holds it for a replica that reads it
         events.REGISTRY.until("video.completed", 7).read("video.completed", 8, written)
+
+
+# The last version of each event carrying a brief that named no formats.
+BEFORE_FORMATS = {events.PIPELINE_REQUESTED: 5, "lyric.completed": 6, "song.completed": 7, "video.completed": 8}
+
+
+@pytest.mark.parametrize(("event_type", "version"), BEFORE_FORMATS.items())
+def test_a_brief_asking_for_several_formats_needs_the_new_version_and_one_format_is_written_as_before(
+    event_type, version
+):
+    data = brief_carrying(event_type, version, {**BRIEF.model_dump(mode="json"), "orientation": "horizontal"})
+    current = events.REGISTRY.read(event_type, version, data)
+    assert current.brief.frames == (brief.Format.WIDE,)  # an older brief asks for its orientation's format
+
+    assert events.REGISTRY.oldest_carrying(event_type, current)[0] <= version
+    several = current.brief.model_validate({**data["brief"], "formats": ["1:1", "9:16"]})
+    asking = current.model_copy(update={"brief": several})
+    written_as, written = events.REGISTRY.oldest_carrying(event_type, asking)
+    assert written_as == version + 1 and written["brief"]["formats"] == ["1:1", "9:16"]
+    with pytest.raises(events.NewerSchemaVersion):  # a release before formats holds it for a replica that reads it
+        events.REGISTRY.until(event_type, version).read(event_type, version + 1, written)
+    with pytest.raises(pydantic.ValidationError, match="formats"):  # its model would refuse it, were it read so
+        events.REGISTRY.read(event_type, version, written)
+
+
+@pytest.mark.parametrize(
+    ("formats", "orientation", "frames"),
+    [
+        ((), "vertical", ("9:16",)),
+        ((), "horizontal", ("16:9",)),
+        (("16:9",), "vertical", ("16:9",)),  # the one format says the orientation
+        (("1:1",), "horizontal", ("1:1",)),
+        (("16:9", "1:1", "9:16"), "vertical", ("16:9", "1:1", "9:16")),
+    ],
+)
+def test_a_briefs_formats_are_its_orientations_unless_it_names_them_and_one_it_names_first_sets_the_orientation(
+    formats, orientation, frames
+):
+    asked = brief.Brief.model_validate(
+        {**BRIEF.model_dump(mode="json"), "orientation": orientation, "formats": formats}
+    )
+
+    assert asked.frames == frames
+    if frames[0] in brief.FORMAT_ORIENTATION:
+        assert asked.orientation == brief.FORMAT_ORIENTATION[brief.Format(frames[0])]
+    # A brief whose orientation says its one format names none: it reads as a brief from before formats.
+    assert ("formats" in asked.model_dump(mode="json")) == (len(frames) > 1 or frames == ("1:1",))
+    assert brief.Brief.model_validate(asked.model_dump(mode="json")) == asked
+
+
+def test_a_brief_naming_a_format_twice_or_an_unknown_one_is_refused():
+    with pytest.raises(pydantic.ValidationError, match="names the same format more than once"):
+        brief.Brief.model_validate({**BRIEF.model_dump(mode="json"), "formats": ["1:1", "1:1"]})
+    with pytest.raises(pydantic.ValidationError, match="formats"):
+        brief.Brief.model_validate({**BRIEF.model_dump(mode="json"), "formats": ["4:5"]})
+
+
+def test_a_video_event_in_several_formats_names_each_ones_video_and_poster_the_first_its_own():
+    data = brief_carrying("video.completed", 8, BRIEF.model_dump(mode="json"))
+    placed = f"file:///srv/castad/video/{PIPELINE}/video-0123456789abcdef.mp4"
+    current = events.REGISTRY.read("video.completed", 8, {**data, "artifact": {**data["artifact"], "uri": placed}})
+    square = events.Render(
+        format=brief.Format.SQUARE,
+        artifact=current.artifact.model_copy(update={"uri": placed.replace("0123", "4567"), "sha256": "e" * 64}),
+        width=144,
+        height=144,
+    )
+    both = current.model_copy(
+        update={
+            "brief": current.brief.model_copy(update={"formats": tuple(brief.Format)[:2]}),
+            "more_formats": (square,),
+        }
+    )
+
+    assert [render.format for render in current.renders()] == ["9:16"]
+    assert [(render.format, render.artifact, render.width) for render in both.renders()] == [
+        ("9:16", current.artifact, 144),
+        ("1:1", square.artifact, 144),
+    ]
+    written_as, written = events.REGISTRY.oldest_carrying("video.completed", both)
+    assert written_as == 9 and events.REGISTRY.read("video.completed", 9, written) == both
 
 
 LINKED = brief.PhotoLink(url="https://example.com/hall.jpg")

@@ -223,14 +223,19 @@ def test_an_animated_image_is_refused():
         clean(out.getvalue())
 
 
-def test_a_request_without_photos_hashes_as_before_there_were_any_so_its_idempotency_key_still_matches():
+def test_a_request_without_photos_or_formats_hashes_as_before_there_were_any_so_its_idempotency_key_still_matches():
     fields = {"customer_name": "머뭄", "region": "군산"}
-    before = api.PipelineRequest(**fields).model_dump(mode="json", exclude={"callback_url", "photos"})
-    digest = hashlib.sha256(json.dumps(before, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    # The request as a release before photos and formats hashed it: every field of the brief, its defaults said.
+    before = {**fields, "detail_region_info": "", "language": "Korean", "genre": "pop, ambient", "duration_s": 30}
+    digest = hashlib.sha256(
+        json.dumps({**before, "orientation": "vertical"}, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
 
     assert operations.request_hash(api.PipelineRequest(**fields)) == digest
+    assert operations.request_hash(api.PipelineRequest(**fields, orientation="vertical")) == digest
     with_photo = api.PipelineRequest(**fields, photos=["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"])
     assert operations.request_hash(with_photo) != digest
+    assert operations.request_hash(api.PipelineRequest(**fields, formats=["9:16", "1:1"])) != digest
 
 
 def test_a_gateway_process_decodes_one_upload_at_a_time_and_those_waiting_hold_no_worker_thread():

@@ -96,21 +96,22 @@ def local() -> provider.LocalVideoProvider:
 @pytest.fixture(scope="module")
 def rendered(
     local: provider.LocalVideoProvider, song: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[brief.Orientation, tuple[provider.Video, pathlib.Path]]:
+) -> dict[brief.Format, tuple[provider.Video, pathlib.Path]]:
+    """The brief's video in every format, each rendered from the one song."""
     out_dir = tmp_path_factory.mktemp("video")
     videos = {}
-    for orientation in brief.Orientation:
-        out = out_dir / f"{orientation}.mp4"
-        source = BRIEF.model_copy(update={"orientation": orientation})
-        video = local.render(source, LYRICS, TIMED, song, out, seed="pipeline-1", cancel=cancellation.Cancellation())
-        videos[orientation] = (video, out)
+    for shape in brief.Format:
+        out = out_dir / f"{shape.slug}.mp4"
+        cancel = cancellation.Cancellation()
+        video = local.render(BRIEF, LYRICS, TIMED, song, out, seed="pipeline-1", cancel=cancel, shape=shape)
+        videos[shape] = (video, out)
     return videos
 
 
 def test_a_horizontal_video_is_16_by_9_h264_with_aac_audio(
-    rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]],
+    rendered: dict[brief.Format, tuple[provider.Video, pathlib.Path]],
 ) -> None:
-    video, path = rendered[brief.Orientation.HORIZONTAL]
+    video, path = rendered[brief.Format.WIDE]
 
     found = probe(path)
 
@@ -120,8 +121,8 @@ def test_a_horizontal_video_is_16_by_9_h264_with_aac_audio(
     assert found.width % 2 == 0 and found.height % 2 == 0
 
 
-def test_a_vertical_video_is_9_by_16(rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]]) -> None:
-    video, path = rendered[brief.Orientation.VERTICAL]
+def test_a_vertical_video_is_9_by_16(rendered: dict[brief.Format, tuple[provider.Video, pathlib.Path]]) -> None:
+    video, path = rendered[brief.Format.VERTICAL]
 
     found = probe(path)
 
@@ -131,20 +132,34 @@ def test_a_vertical_video_is_9_by_16(rendered: dict[brief.Orientation, tuple[pro
     assert found.width <= SHORT_SIDE and found.width % 2 == 0 and found.height % 2 == 0
 
 
-@pytest.mark.parametrize("orientation", list(brief.Orientation))
-def test_the_video_lasts_as_long_as_the_song(
-    rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]], orientation: brief.Orientation
+def test_a_square_video_is_1_by_1_with_the_business_name_and_captions_inside_its_frame(
+    rendered: dict[brief.Format, tuple[provider.Video, pathlib.Path]], tmp_path: pathlib.Path
 ) -> None:
-    video, path = rendered[orientation]
+    video, path = rendered[brief.Format.SQUARE]
+
+    found = probe(path)
+    title = np.asarray(frame_at(path, 0.2, tmp_path / "title.png").convert("L"), dtype=np.float64)
+
+    assert (found.width, found.height) == (video.width, video.height) == (SHORT_SIDE // 18 * 18,) * 2
+    # The title card is drawn for the square frame: its text stands in the middle, clear of the edges.
+    rows = np.flatnonzero((np.abs(title - np.median(title)) > 60).mean(axis=1) > 0.02)
+    assert rows.size and rows[0] > 0.1 * found.height and rows[-1] < 0.9 * found.height
+
+
+@pytest.mark.parametrize("shape", list(brief.Format))
+def test_the_video_lasts_as_long_as_the_song(
+    rendered: dict[brief.Format, tuple[provider.Video, pathlib.Path]], shape: brief.Format
+) -> None:
+    video, path = rendered[shape]
 
     assert abs(probe(path).duration_s - SONG_S) < 0.25
     assert video.duration_s == pytest.approx(SONG_S)
 
 
 def test_a_frame_shows_the_caption_sung_at_that_time(
-    rendered: dict[brief.Orientation, tuple[provider.Video, pathlib.Path]], tmp_path: pathlib.Path
+    rendered: dict[brief.Format, tuple[provider.Video, pathlib.Path]], tmp_path: pathlib.Path
 ) -> None:
-    _, path = rendered[brief.Orientation.VERTICAL]
+    _, path = rendered[brief.Format.VERTICAL]
 
     title = np.asarray(frame_at(path, 0.2, tmp_path / "title.png"), dtype=np.float64)
     verse = np.asarray(frame_at(path, 1.5, tmp_path / "verse.png"), dtype=np.float64)
@@ -172,7 +187,7 @@ CAPTIONS = {
 @pytest.mark.parametrize("language", list(brief.Language))
 def test_the_caption_renderer_draws_every_languages_glyphs_not_missing_glyph_boxes(language) -> None:
     font = provider.find_font(language)
-    renderer = provider.FrameRenderer(BRIEF, provider.frame_size(BRIEF.orientation, 360), font, "s")
+    renderer = provider.FrameRenderer(BRIEF, provider.frame_size(BRIEF.frames[0], 360), font, "s")
 
     background = renderer.background().convert("RGBA")
     empty, drawn, missing = (
@@ -221,18 +236,19 @@ def test_no_font_tells_how_to_install_one(tmp_path: pathlib.Path, monkeypatch: p
 
 
 @pytest.mark.parametrize(
-    ("orientation", "short_side", "expected"),
+    ("shape", "short_side", "expected"),
     [
-        (brief.Orientation.VERTICAL, 720, (720, 1280)),
-        (brief.Orientation.HORIZONTAL, 720, (1280, 720)),
-        (brief.Orientation.VERTICAL, 240, (234, 416)),
-        (brief.Orientation.HORIZONTAL, 1080, (1920, 1080)),
+        (brief.Format.VERTICAL, 720, (720, 1280)),
+        (brief.Format.WIDE, 720, (1280, 720)),
+        (brief.Format.SQUARE, 720, (720, 720)),
+        (brief.Format.VERTICAL, 240, (234, 416)),
+        (brief.Format.WIDE, 1080, (1920, 1080)),
     ],
 )
 def test_frame_sizes_have_an_exact_aspect_and_even_sides(
-    orientation: brief.Orientation, short_side: int, expected: tuple[int, int]
+    shape: brief.Format, short_side: int, expected: tuple[int, int]
 ) -> None:
-    assert provider.frame_size(orientation, short_side) == expected
+    assert provider.frame_size(shape, short_side) == expected
 
 
 def test_shots_start_with_the_title_card_and_last_as_long_as_the_song() -> None:
@@ -425,7 +441,7 @@ def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_su
     renderer = provider.LocalVideoProvider(short_side=side, fps=fps)
     out = tmp_path / "karaoke.mp4"
     renderer.render(BRIEF, LYRICS, SUNG, song, out, seed="s", cancel=cancellation.Cancellation())
-    width, height = provider.frame_size(BRIEF.orientation, side)
+    width, height = provider.frame_size(BRIEF.frames[0], side)
     raw = subprocess.run(
         [FFMPEG, "-v", "error", "-i", str(out), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
         capture_output=True,
@@ -631,7 +647,7 @@ def test_a_large_photo_is_held_only_as_large_as_it_takes_to_fill_the_frame(tmp_p
 
 
 def test_the_title_card_shows_the_business_and_its_region_in_the_middle() -> None:
-    size = provider.frame_size(BRIEF.orientation, 360)
+    size = provider.frame_size(BRIEF.frames[0], 360)
     font = provider.find_font(brief.Language.KOREAN)
 
     def middle(source: brief.Brief) -> Image.Image:

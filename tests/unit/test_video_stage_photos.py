@@ -132,6 +132,40 @@ def test_the_local_video_shows_the_photos_the_brief_names_in_turn(stage, tmp_pat
     assert distances[0] < distances[1], distances  # the title card, over the first photo
 
 
+def test_each_format_the_brief_asks_for_is_a_video_of_its_own_frame_with_its_poster_the_first_the_stages_own(
+    stage, tmp_path: pathlib.Path
+):
+    store, work = stage
+    photos = [uploaded(store, two_photos(tmp_path)[0])]
+    asked = song_completed(store, tmp_path, photos)
+    asked["brief"]["formats"] = ["1:1", "16:9", "9:16"]
+
+    output = work(job(asked), cancellation.Cancellation())
+
+    first = events.Render(
+        format=brief.Format.SQUARE,
+        artifact=output.artifact,
+        width=output.details["width"],
+        height=output.details["height"],
+        poster=output.details["poster"],
+    )
+    renders = [first, *output.details["more_formats"]]
+    assert [(render.format, render.width, render.height) for render in renders] == [
+        ("1:1", 234, 234),
+        ("16:9", 416, 234),
+        ("9:16", 234, 416),
+    ]
+    for render in renders:
+        frame = frame_at(store.path(render.artifact), 1.0, tmp_path / f"{render.format.slug}.png")
+        assert frame.size == (render.width, render.height)
+        assert render.poster is not None
+        with Image.open(store.path(render.poster)) as still:
+            assert still.size == (render.width, render.height)
+    kept = sorted(path.suffix for path in (store.root / "video" / PIPELINE).glob("video-*"))
+    assert kept == [".jpg"] * 3 + [".mp4"] * 3
+    assert not list((store.root / "video" / PIPELINE).glob(".video.attempt*"))  # no scratch file left
+
+
 def test_a_photo_that_is_not_in_the_store_fails_the_video_for_good(stage, tmp_path: pathlib.Path) -> None:
     store, work = stage
     [path, _] = two_photos(tmp_path)

@@ -74,7 +74,15 @@ def submit(
     detail_region_info: Annotated[str, typer.Option(help="what the place offers")] = "",
     language: brief.Language = brief.Language.KOREAN,
     genre: Annotated[str, typer.Option(help="style tags, free text (e.g. 'acoustic folk')")] = brief.DEFAULT_GENRE,
-    orientation: brief.Orientation = brief.Orientation.VERTICAL,
+    orientation: Annotated[
+        brief.Orientation | None, typer.Option(help="vertical (9:16) or horizontal (16:9); default: vertical")
+    ] = None,
+    format_: Annotated[
+        list[brief.Format] | None,
+        typer.Option(
+            "--format", help="a format to make, each from the one song (repeatable; the first is the video's own)"
+        ),
+    ] = None,
     duration_s: int = brief.DEFAULT_DURATION_S,
     photo: Annotated[
         list[str] | None,
@@ -93,8 +101,9 @@ def submit(
         "detail_region_info": detail_region_info,
         "language": language,
         "genre": genre,
-        "orientation": orientation,
         "duration_s": duration_s,
+        **({"orientation": orientation} if orientation else {}),
+        **({"formats": format_} if format_ else {}),
     }
     named = photo or []
     files = _photo_files(named)
@@ -214,13 +223,17 @@ def download(
         typer.Option(help="the song's sung lines as a caption file instead (srt: SubRip, vtt: WebVTT)"),
     ] = None,
     poster: Annotated[bool, typer.Option("--poster", help="the video's poster (a JPEG still) instead")] = False,
+    format_: Annotated[
+        brief.Format | None,
+        typer.Option("--format", help="the video (or with --poster its poster) in this format of the brief's"),
+    ] = None,
     output: Annotated[
         pathlib.Path | None, typer.Option(help="default: <pipeline id>-<stage> in this directory")
     ] = None,
 ) -> None:
     """Save a stage's file (the finished video by default), the song's caption file or the video's poster."""
-    if captions and poster or (captions or poster) and stage is not events.Stage.VIDEO:
-        errors.print("castad: --captions, --poster and --stage each name a file: give one of them")
+    if captions and (poster or format_) or (captions or poster or format_) and stage is not events.Stage.VIDEO:
+        errors.print("castad: --captions, --poster or --format, and --stage each name a file: give one of them")
         raise typer.Exit(2)
     whose = events.Stage.SONG if captions else events.Stage.VIDEO if poster else stage
     with connected(ctx) as client:
@@ -228,7 +241,9 @@ def download(
         if made.artifact is None:
             errors.print(f"castad: {made.stage.value} of {pipeline_id} has no file yet")
             raise typer.Exit(4)
-        if poster:
+        if format_ is not None:
+            path, suffix = _format_file(made, pipeline_id, format_, poster)
+        elif poster:
             if made.poster is None:
                 errors.print(f"castad: the video of {pipeline_id} has no poster (its renderer made none)")
                 raise typer.Exit(4)
@@ -244,6 +259,21 @@ def download(
         dest = output or pathlib.Path(f"{pipeline_id}-{made.stage.value}{suffix}")
         size = client.download(path, dest)
     console.print(f"{dest} ({size:,} B)", soft_wrap=True)
+
+
+def _format_file(made: api.StageView, pipeline_id: str, shape: brief.Format, poster: bool) -> tuple[str, str]:
+    """The gateway's path of the video (or its poster) in `shape`, and the saved file's suffix; exit 4 if none."""
+    found = next((link for link in made.formats if link.format is shape), None)
+    if found is None:
+        asked = ", ".join(link.format for link in made.formats) or "one format, listed by a release before formats"
+        errors.print(f"castad: the video of {pipeline_id} has no {shape} format (made: {asked})")
+        raise typer.Exit(4)
+    if not poster:
+        return found.video.download, f"-{shape.slug}.mp4"
+    if found.poster is None:
+        errors.print(f"castad: the {shape} video of {pipeline_id} has no poster (its renderer made none)")
+        raise typer.Exit(4)
+    return found.poster.download, f"-{shape.slug}-poster.jpg"
 
 
 @app.command()

@@ -7,7 +7,7 @@ import enum
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
 from castad_contracts import brief, events
 
@@ -36,7 +36,7 @@ class ArtifactLink(BaseModel):
 
     @classmethod
     def of(cls, pipeline_id: str, stage: events.Stage, artifact: dict[str, Any], file: str = "") -> ArtifactLink:
-        """The link of the stage's artifact, or of its other `file` (`poster`)."""
+        """The link of the stage's artifact, or of its other `file` (`poster`, `formats/1x1`)."""
         return cls(
             sha256=artifact["sha256"],
             size=artifact["size"],
@@ -72,6 +72,36 @@ class FetchedPhotoLink(BaseModel):
             width=told.width,
             height=told.height,
             download=f"/v1/pipelines/{pipeline_id}/artifacts/{events.Stage.VIDEO.value}/photos/{told.photo}",
+        )
+
+
+# The formats as path segments of the gateway's links (brief.Format.slug): 9x16, 1x1, 16x9.
+FORMAT_SLUG_PATTERN = "^(" + "|".join(shape.slug for shape in brief.Format) + ")$"
+FORMAT_OF_SLUG = {shape.slug: shape for shape in brief.Format}
+
+
+class FormatLink(BaseModel):
+    """A format of the video the brief asked for, as the video stage made it: its file, frame size and poster."""
+
+    format: brief.Format
+    width: int = Field(ge=1, description="in pixels")
+    height: int = Field(ge=1, description="in pixels")
+    video: ArtifactLink
+    poster: ArtifactLink | None = Field(description="a still of this format's video (JPEG); null when none was made")
+
+    @classmethod
+    def of(cls, pipeline_id: str, render: dict[str, Any]) -> FormatLink:
+        told = events.Render.model_validate(render)
+        path = f"formats/{told.format.slug}"
+        poster = told.poster and ArtifactLink.of(
+            pipeline_id, events.Stage.VIDEO, told.poster.model_dump(mode="json"), f"{path}/poster"
+        )
+        return cls(
+            format=told.format,
+            width=told.width,
+            height=told.height,
+            video=ArtifactLink.of(pipeline_id, events.Stage.VIDEO, told.artifact.model_dump(mode="json"), path),
+            poster=poster,
         )
 
 
@@ -125,6 +155,11 @@ class StageView(BaseModel):
     captions: list[CaptionLink] = Field(
         default_factory=list,
         description="with its artifact, the sung lines as caption files timed as they are sung (the song stage)",
+    )
+    formats: list[FormatLink] = Field(
+        default_factory=list,
+        description="with its artifact, the video in each format the brief asked for, the first the artifact itself"
+        " (the video stage; empty for a video recorded by a gateway of a release before formats)",
     )
 
 
@@ -215,10 +250,31 @@ class PipelineRequest(brief.BriefV2):
         description="Where to POST a signed notice (Standard Webhooks) when the pipeline ends.",
         examples=["https://example.com/hooks/castad"],
     )
+    orientation: brief.Orientation | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="vertical (9:16, for shorts) or horizontal (16:9); default: the first format's, else vertical.",
+    )
+    formats: brief.Formats = Field(
+        default=(),
+        max_length=len(brief.Format),
+        description="The formats to make of the video, each from the one song and laid out for its frame: 9:16,"
+        " 1:1, 16:9 (default: the orientation's). The first is the video's own file.",
+        examples=[["9:16", "1:1", "16:9"]],
+    )
+
+    @field_validator("formats")
+    @classmethod
+    def _agree_with_orientation(cls, formats: tuple[brief.Format, ...], info: ValidationInfo) -> Any:
+        """An orientation given with formats must be the first format's (1:1 has none)."""
+        orientation = info.data.get("orientation")
+        said = brief.FORMAT_ORIENTATION.get(formats[0]) if formats else None
+        if None not in (orientation, said) and said != orientation:
+            raise ValueError(f"begin with {formats[0]}, which is {said}, but orientation is {orientation}: give one")
+        return formats
 
     def for_stages(self, photos: tuple[brief.Photo | brief.PhotoLink, ...]) -> brief.Brief:
         """The brief as the stages get it: the photos named by reference, without the callback URL."""
-        fields = self.model_dump(exclude={"callback_url", "photos"})
+        fields = self.model_dump(exclude={"callback_url", "photos"}, exclude_none=True)
         return brief.Brief.model_validate({**fields, "photos": photos})
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import re
 import urllib.parse
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 
 class Language(enum.StrEnum):
@@ -20,6 +20,30 @@ class Language(enum.StrEnum):
 class Orientation(enum.StrEnum):
     VERTICAL = "vertical"
     HORIZONTAL = "horizontal"
+
+
+class Format(enum.StrEnum):
+    """A video's shape, width to height: where a business posts it."""
+
+    VERTICAL = "9:16"  # a reel, a short, a story
+    SQUARE = "1:1"  # a feed post
+    WIDE = "16:9"  # a video on its page or a screen
+
+    @property
+    def slug(self) -> str:
+        """The format as a path segment of the gateway's links: 9x16, 1x1, 16x9."""
+        return self.value.replace(":", "x")
+
+
+# The format each orientation stands for; a brief's formats say it when they begin with one of these.
+ORIENTATION_FORMAT = {Orientation.VERTICAL: Format.VERTICAL, Orientation.HORIZONTAL: Format.WIDE}
+FORMAT_ORIENTATION = {shape: orientation for orientation, shape in ORIENTATION_FORMAT.items()}
+
+
+def distinct_formats(formats: tuple[Format, ...]) -> tuple[Format, ...]:
+    if len(set(formats)) != len(formats):
+        raise ValueError("names the same format more than once")
+    return formats
 
 
 class Style(enum.StrEnum):
@@ -244,8 +268,12 @@ class BriefV4(BriefV3):
     )
 
 
-class Brief(BriefV4):
-    """What the business wants a video about, and the photos of it to show: uploads, sealed, or named by URL."""
+class BriefV5(BriefV4):
+    """What the business wants a video about, and the photos of it to show: uploads, sealed, or named by URL.
+
+    Version 5 of pipeline.requested, 5 and 6 of lyric.completed, 6 and 7 of song.completed, 6 to 8 of
+    video.completed.
+    """
 
     photos: tuple[Photo | PhotoLink, ...] = Field(
         default=(),
@@ -254,6 +282,40 @@ class Brief(BriefV4):
         description=f"Up to {MAX_PHOTOS} photos of the business, in the order to show them: each an upload's"
         " reference, sealed by the gateway, or a URL.",
     )
+
+
+Formats = Annotated[tuple[Format, ...], AfterValidator(distinct_formats)]
+
+
+class Brief(BriefV5):
+    """What the business wants a video about, the photos of it to show, and the formats to make of it."""
+
+    formats: Formats = Field(
+        default=(),
+        max_length=len(Format),
+        # Left out when the orientation says it all: such a brief reads as before there were formats, to a release
+        # before too (see BriefV3.photos).
+        exclude_if=lambda formats: not formats,
+        description="The video's formats, each rendered from the one song: 9:16, 1:1, 16:9. The first is the"
+        " video's own file and frame size (empty: the orientation's, 9:16 or 16:9).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _orientation_of_first(cls, data: Any) -> Any:
+        """Formats beginning with 9:16 or 16:9 set the orientation; that one alone is said by the orientation."""
+        if not isinstance(data, dict) or not data.get("formats"):
+            return data
+        first = data["formats"][0]
+        orientation = FORMAT_ORIENTATION.get(Format(first)) if first in set(Format) else None
+        if orientation is None:
+            return data
+        return {**data, "orientation": orientation, "formats": data["formats"] if len(data["formats"]) > 1 else ()}
+
+    @property
+    def frames(self) -> tuple[Format, ...]:
+        """Every format to make, the video's own first."""
+        return self.formats or (ORIENTATION_FORMAT[self.orientation],)
 
 
 # What version 1 of the events carrying a brief allowed (see castad_contracts.events).

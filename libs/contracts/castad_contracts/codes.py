@@ -75,6 +75,7 @@ class ErrorCode(enum.StrEnum):
     RENDER_FAILED = "render_failed", "the video could not be rendered"
     RENDER_INTERRUPTED = "render_interrupted", "the video's rendering was interrupted; it is tried again"
     TEMPLATE_MISMATCH = "template_mismatch", "the video template does not take what the stage sends it"
+    FORMAT_UNSUPPORTED = "format_unsupported", "the video's renderer cannot make a format the brief asks for"
     # Tests and demonstrations (CASTAD_<STAGE>_FAULT_*).
     INJECTED_FAULT = "injected_fault", "a fault injected on purpose"
 

@@ -247,18 +247,53 @@ class VideoCompletedV5(VideoCompletedV4):
 class VideoCompletedV7(VideoCompletedV5):
     """The video is made (versions 6 and 7: the brief's uploaded photos sealed by the gateway)."""
 
-    brief: brief_.Brief
+    brief: brief_.BriefV5
 
 
-class VideoCompleted(VideoCompletedV7):
+POSTER = (
+    "a still of the video (JPEG, its frame size) at a moment that shows the business's name over the first photo,"
+    " in the video stage's place; null when the renderer made none (a render API; an earlier version's event)"
+)
+
+
+class VideoCompletedV8(VideoCompletedV7):
     """The video is made (version 8: with its poster)."""
 
-    poster: Artifact | None = Field(
-        default=None,
-        description="a still of the video (JPEG, its frame size) at a moment that shows the business's name over"
-        " the first photo, in the video stage's place; null when the renderer made none (a render API; an earlier"
-        " version's event)",
+    poster: Artifact | None = Field(default=None, description=POSTER)
+
+
+class Render(BaseModel):
+    """A format of the video, rendered from the same song: its file, frame size and poster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: brief_.Format
+    artifact: Artifact = Field(description="the MP4, in the video stage's place of the pipeline")
+    width: int = Field(ge=1)
+    height: int = Field(ge=1)
+    poster: Artifact | None = Field(default=None, description=POSTER)
+
+
+class VideoCompleted(VideoCompletedV8):
+    """The video is made (version 9: in each format the brief asks for)."""
+
+    brief: brief_.Brief
+    more_formats: tuple[Render, ...] = Field(
+        default=(),
+        description="the brief's formats after its first, in its order, each made; the first is this event's"
+        " artifact, width, height and poster (empty: one format, or an earlier version's event)",
     )
+
+    def renders(self) -> tuple[Render, ...]:
+        """Every format made, the first (the event's own artifact) first."""
+        first = Render(
+            format=self.brief.frames[0],
+            artifact=self.artifact,
+            width=self.width,
+            height=self.height,
+            poster=self.poster,
+        )
+        return (first, *self.more_formats)
 
 
 OPERATION = (
@@ -276,6 +311,24 @@ class StageCanceled(Payload):
     operation: int = Field(ge=1, description="the cancel request this answers")
     reason: str
     canceled_at: dt.datetime
+
+
+# Before a brief named formats (pipeline.requested up to v5, lyric.completed up to v6, song.completed up to v7,
+# video.completed up to v8) each pipeline made one video, in the orientation's format; the versions after read each
+# such brief as asking for that one.
+BriefV5 = brief_.BriefV5
+
+
+class PipelineRequestedV5(PipelineRequested):
+    brief: BriefV5  # type: ignore[assignment]
+
+
+class LyricCompletedV6(LyricCompleted):
+    brief: BriefV5  # type: ignore[assignment]
+
+
+class SongCompletedV7(SongCompleted):
+    brief: BriefV5  # type: ignore[assignment]
 
 
 # Before the gateway sealed the photos (pipeline.requested and lyric.completed up to v4, song.completed up to v5,
@@ -620,7 +673,7 @@ REGISTRY.register(PIPELINE_REQUESTED, 1, PipelineRequestedV1)
 REGISTRY.register(PIPELINE_REQUESTED, 2, PipelineRequestedV2, _same)
 REGISTRY.register(PIPELINE_REQUESTED, 3, PipelineRequestedV3, _same)
 REGISTRY.register(PIPELINE_REQUESTED, 4, PipelineRequestedV4, _same)
-REGISTRY.register(PIPELINE_REQUESTED, 5, PipelineRequested, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 5, PipelineRequestedV5, _same)
 # Version 1 of the operator requests had no order; read as the first request of their pipeline.
 REGISTRY.register(PIPELINE_CANCEL_REQUESTED, 1, PipelineCancelRequestedV1)
 REGISTRY.register(
@@ -661,18 +714,28 @@ REGISTRY.register(
 )
 # Then the brief's uploaded photos carry the gateway's seal (pipeline.requested v5 above, lyric v5, song v6, video v6);
 # an older event's carry none.
-_COMPLETED: dict[Stage, type[Payload]] = {
-    Stage.LYRIC: LyricCompleted,
-    Stage.SONG: SongCompleted,
+_COMPLETED_V5: dict[Stage, type[Payload]] = {
+    Stage.LYRIC: LyricCompletedV6,
+    Stage.SONG: SongCompletedV7,
     Stage.VIDEO: VideoCompletedV7,
 }
 for _stage, _version in ((Stage.LYRIC, 5), (Stage.SONG, 6), (Stage.VIDEO, 6)):
-    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED_V5[_stage], _same)
 # Then each stage keeps its files in its own place (lyric v6, song v7, video v7; `artifact_place`): the same shape,
 # but a release before refuses such a file as another's, so an event naming one is written as this version at least.
 for _stage, _version in ((Stage.LYRIC, 6), (Stage.SONG, 7), (Stage.VIDEO, 7)):
     REGISTRY.register(
-        stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same, needed=_kept_in_stage_place
+        stage_event(_stage, "completed"), _version, _COMPLETED_V5[_stage], _same, needed=_kept_in_stage_place
     )
 # Then video.completed (v8) names the video's poster; an older one names none.
-REGISTRY.register(stage_event(Stage.VIDEO, "completed"), 8, VideoCompleted, lambda data: {**data, "poster": None})
+REGISTRY.register(stage_event(Stage.VIDEO, "completed"), 8, VideoCompletedV8, lambda data: {**data, "poster": None})
+# Then a brief may ask for several formats (pipeline.requested v6, lyric v7, song v8), and video.completed (v9) names
+# each one's video and poster; an older event's brief asks for its orientation's format alone.
+REGISTRY.register(PIPELINE_REQUESTED, 6, PipelineRequested, _same)
+_COMPLETED: dict[Stage, type[Payload]] = {
+    Stage.LYRIC: LyricCompleted,
+    Stage.SONG: SongCompleted,
+    Stage.VIDEO: VideoCompleted,
+}
+for _stage, _version in ((Stage.LYRIC, 7), (Stage.SONG, 8), (Stage.VIDEO, 9)):
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)

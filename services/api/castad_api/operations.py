@@ -136,10 +136,14 @@ def check_photo_urls(body: api.PipelineRequest, allow_private: bool) -> None:
 
 
 def request_hash(body: api.PipelineRequest) -> str:
-    """The request's digest; without a callback_url or photos, of the rest alone (as before there were any)."""
+    """The request's digest; without a callback_url, photos or formats, of the rest alone (as before there were any).
+
+    The orientation as the brief has it, whether the request said it or not (before formats it always had one)."""
     unset = {"callback_url"} if body.callback_url is None else set()
     unset |= {"photos"} if not body.photos else set()
+    unset |= {"formats"} if not body.formats else set()
     fields = body.model_dump(mode="json", exclude=unset or None)
+    fields["orientation"] = body.for_stages(()).orientation.value
     canonical = json.dumps(fields, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

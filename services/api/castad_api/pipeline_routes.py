@@ -265,12 +265,13 @@ def _view(
     stages = []
     for stage in events.STAGE_ORDER:
         s = by_stage.get(stage.value)
-        artifact, fetched, captions_, poster = None, [], [], None
+        artifact, fetched, captions_, poster, formats = None, [], [], None, []
         if s is not None and s.artifact:
             artifact = api.ArtifactLink.of(pid, stage, s.artifact)
             poster = api.ArtifactLink.of(pid, stage, s.poster, "poster") if s.poster else None
             fetched = [api.FetchedPhotoLink.of(pid, photo) for photo in s.fetched_photos or ()]
             captions_ = [api.CaptionLink.of(pid, form) for form in api.CaptionFormat] if s.captioned else []
+            formats = [api.FormatLink.of(pid, render) for render in s.formats or ()]
         stages.append(
             api.StageView(
                 stage=stage,
@@ -286,6 +287,7 @@ def _view(
                 fetched_photos=fetched,
                 poster=poster,
                 captions=captions_,
+                formats=formats,
             )
         )
     return api.PipelineView(
@@ -490,6 +492,38 @@ def download_poster(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Resp
     return _serve(gw, pipeline_id, events.Stage.VIDEO, who.tenant_filter(), poster=True)
 
 
+FormatSlug = Annotated[str, Path(pattern=api.FORMAT_SLUG_PATTERN, description="9x16, 1x1 or 16x9")]
+
+
+@router.get(
+    "/pipelines/{pipeline_id}/artifacts/video/formats/{form}",
+    response_class=FileResponse,
+    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
+)
+def download_format(pipeline_id: uuid.UUID, form: FormatSlug, gw: GatewayDep, who: Reader) -> Response:
+    """The video in one of the formats its brief asked for (9x16 is 9:16).
+
+    With an object store, a redirect to a presigned URL of it; 404 for a format the brief did not ask for, 410 once
+    retention deleted the stage's files.
+    """
+    return _serve(gw, pipeline_id, events.Stage.VIDEO, who.tenant_filter(), shape=api.FORMAT_OF_SLUG[form])
+
+
+@router.get(
+    "/pipelines/{pipeline_id}/artifacts/video/formats/{form}/poster",
+    response_class=FileResponse,
+    responses={307: {"description": "a presigned URL of the object store"}, 404: {"model": api.Problem}, **DELETED},
+)
+def download_format_poster(pipeline_id: uuid.UUID, form: FormatSlug, gw: GatewayDep, who: Reader) -> Response:
+    """The poster of the video in one of its formats: a still (JPEG) of that format's frame.
+
+    With an object store, a redirect to a presigned URL of it; 404 for a format the brief did not ask for or one
+    made without a poster, 410 once retention deleted the stage's files.
+    """
+    shape = api.FORMAT_OF_SLUG[form]
+    return _serve(gw, pipeline_id, events.Stage.VIDEO, who.tenant_filter(), shape=shape, poster=True)
+
+
 @router.get(
     "/pipelines/{pipeline_id}/artifacts/video/photos/{photo}",
     response_class=FileResponse,
@@ -569,13 +603,25 @@ def _serve(
     tenant: str | None,
     photo: int | None = None,
     poster: bool = False,
+    shape: brief.Format | None = None,
 ) -> Response:
-    """A file of the stage of the pipeline: its artifact, its `poster`, or the `photo`th photo it fetched and kept.
+    """A file of the stage of the pipeline: its artifact or `poster` (a format's: `shape`), or a `photo` it fetched.
 
     Only a file in that stage's place of that pipeline is served, whatever its event named.
     """
     made, now = _made(gw, pipeline_id, stage, tenant)
-    if poster:
+    if shape is not None:
+        told = {render["format"]: render for render in made.formats or ()}.get(shape.value)
+        if told is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage made no {shape} video")
+        render = events.Render.model_validate(told)
+        what = "poster" if poster else "video"
+        chosen = render.poster if poster else render.artifact
+        if chosen is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage made no {shape} poster")
+        artifact, name = chosen, f"{pipeline_id}-{shape.slug}" + ("-poster" if poster else "")
+        file = kept = f"the {stage.value} stage's {shape} {what}"
+    elif poster:
         if made.poster is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage made no poster")
         artifact, name = events.Artifact.model_validate(made.poster), f"{pipeline_id}-poster"

@@ -252,6 +252,7 @@ def _stage_values(fact: str, payload: events.Payload) -> dict[str, Any]:
         if isinstance(payload, events.VideoCompleted):  # the photos it fetched are files of the stage too
             values["fetched_photos"] = [photo.model_dump(mode="json") for photo in payload.fetched_photos]
             values["poster"] = payload.poster and payload.poster.model_dump(mode="json")
+            values["formats"] = [render.model_dump(mode="json") for render in payload.renders()]
         if isinstance(payload, events.SongCompleted):  # served as caption files (captions.py)
             values["sung_lines"] = [line.model_dump(mode="json") for line in payload.timed_lines]
     elif isinstance(payload, events.StageCanceled):

@@ -62,6 +62,7 @@ class Stage:
     artifact: dict[str, Any] | None
     fetched_photos: list[dict[str, Any]] | None  # events.FetchedPhoto of each photo named by URL it fetched
     poster: dict[str, Any] | None  # events.Artifact: the video stage's still of its video
+    formats: list[dict[str, Any]] | None  # events.Render of each format the video stage made, its artifact's first
     captioned: bool  # its sung lines are kept (the song stage's, once made): its caption files are served
 
 

@@ -709,7 +709,7 @@ def stage_row(pos: model.Position, values: dict[str, Any]) -> dict[str, Any]:
     row = {"rank": pos[0], "attempt": pos[1], "step": pos[2], **values}
     if "started_at" in values:
         row["first_started_at"] = values["started_at"]
-    for column in ("artifact", "fetched_photos", "sung_lines", "poster"):  # JSONB: as psycopg's wrapper
+    for column in ("artifact", "fetched_photos", "sung_lines", "poster", "formats"):  # JSONB: as psycopg's wrapper
         if row.get(column) is not None:
             row[column] = Jsonb(row[column])
     return row

@@ -90,6 +90,8 @@ stages = sa.Table(
     sa.Column("sung_lines", pg.JSONB),
     # The video stage's poster (events.Artifact, as JSON), a file of the stage as its artifact is.
     sa.Column("poster", pg.JSONB),
+    # The video stage's formats (events.Render, as JSON; the first its artifact), files of the stage as that one is.
+    sa.Column("formats", pg.JSONB),
     sa.Index("pipeline_stages_finished", "finished_at", postgresql_where=sa.text("finished_at IS NOT NULL")),
 )
 

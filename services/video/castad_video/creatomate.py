@@ -251,6 +251,13 @@ class CreatomateApi:
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
         done = job.trigger(events.SongCompleted)
+        if done.brief.formats:  # the template has one size of its own: nothing is paid for a part of what is asked
+            raise errors.ProviderError(
+                codes.ErrorCode.FORMAT_UNSUPPORTED,
+                f"the render API's template makes one format; the brief asks for {', '.join(done.brief.formats)}"
+                " (render them locally: CASTAD_VIDEO_PROVIDER=local)",
+                retryable=False,
+            )
         elements = self.template_elements(cancel)
         if elements is not None and needed(done) - elements:  # read again before failing: it may have been fixed
             elements = self.template_elements(cancel, fresh=True)

@@ -18,9 +18,9 @@ CLIP_S = 1.0
 
 
 class InstantVideoProvider:
-    """A one-second black clip with silent audio, encoded once per orientation at start-up.
+    """A one-second black clip with silent audio, encoded once per format at start-up.
 
-    H.264 video and AAC audio, in the brief's orientation.
+    H.264 video and AAC audio, in the format asked for.
 
     A job reads the song's length (so a missing or broken song still fails as it would
     with the local provider) and writes the prepared bytes.
@@ -28,7 +28,7 @@ class InstantVideoProvider:
 
     def __init__(self, ffmpeg: str | None = None) -> None:
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
-        self._clips = {orientation: self._encode(orientation) for orientation in brief.Orientation}
+        self._clips = {shape: self._encode(shape) for shape in brief.Format}
 
     def render(
         self,
@@ -42,14 +42,16 @@ class InstantVideoProvider:
         cancel: cancellation.Cancellation,
         photos: Sequence[pathlib.Path] = (),  # the prepared clip shows none
         bars_s: Sequence[float] = (),
+        shape: brief.Format | None = None,
     ) -> provider.Video:
         provider.song_duration(song_path)
-        width, height = provider.frame_size(brief.orientation, SHORT_SIDE)
-        out_path.write_bytes(self._clips[brief.orientation])
+        shape = shape or brief.frames[0]
+        width, height = provider.frame_size(shape, SHORT_SIDE)
+        out_path.write_bytes(self._clips[shape])
         return provider.Video(width=width, height=height, duration_s=CLIP_S, poster_s=CLIP_S / 2)
 
-    def _encode(self, orientation: brief.Orientation) -> bytes:
-        width, height = provider.frame_size(orientation, SHORT_SIDE)
+    def _encode(self, shape: brief.Format) -> bytes:
+        width, height = provider.frame_size(shape, SHORT_SIDE)
         with tempfile.TemporaryDirectory(prefix="castad-instant-") as workdir:
             out = pathlib.Path(workdir) / "clip.mp4"
             command = [

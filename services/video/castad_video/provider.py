@@ -109,7 +109,10 @@ class VideoProvider(Protocol):
         cancel: cancellation.Cancellation,
         photos: Sequence[pathlib.Path] = (),
         bars_s: Sequence[float] = (),
-    ) -> Video: ...
+        shape: brief.Format | None = None,
+    ) -> Video:
+        """The video in `shape` (default: the brief's first format), laid out for that frame."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +173,11 @@ def find_font(language: brief.Language, explicit: pathlib.Path | None = None) ->
     raise FontNotFound(f"no font that can draw {language} was found; install {FONT_PACKAGES} or set {FONT_ENV}")
 
 
-def frame_size(orientation: brief.Orientation, short_side: int) -> tuple[int, int]:
-    """(width, height) with an exact 9:16 or 16:9 aspect and even sides, short side rounded down to 18k."""
+def frame_size(shape: brief.Format, short_side: int) -> tuple[int, int]:
+    """(width, height) with an exact 9:16, 1:1 or 16:9 aspect and even sides, short side rounded down to 18k."""
     unit = max(short_side // 18, 1)
     short, long = 18 * unit, 32 * unit
-    return (short, long) if orientation == brief.Orientation.VERTICAL else (long, short)
+    return {brief.Format.VERTICAL: (short, long), brief.Format.SQUARE: (short, short)}.get(shape, (long, short))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -636,14 +639,16 @@ class LocalVideoProvider:
         cancel: cancellation.Cancellation,
         photos: Sequence[pathlib.Path] = (),
         bars_s: Sequence[float] = (),
+        shape: brief.Format | None = None,
     ) -> Video:
-        """The video of the song with the lyrics as captions, over the photos or a gradient.
+        """The video of the song with the lyrics as captions, over the photos or a gradient, in `shape`.
 
         Over `photos` in turn (a slideshow cut on the bars of `bars_s`, else on sung lines) or, without any, over a
-        gradient of the style's colours.
+        gradient of the style's colours. Every layer is drawn for the frame of `shape` (default: the brief's first
+        format), each photo framed for it: no format is cropped from another.
         """
         duration = song_duration(song_path, self._ffmpeg)
-        size = frame_size(brief.orientation, self._short_side)
+        size = frame_size(shape or brief.frames[0], self._short_side)
         renderer = FrameRenderer(brief, size, self.fonts[lyrics.language], seed, photos=bool(photos))
         plan = shots(lyrics, timed_lines, duration)
         moments = bars_s or [line.start_s for line in timed_lines]

@@ -223,7 +223,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
                 )
             except errors.ProviderError as error:  # the video is made and kept: it goes on without a poster
                 log.warning("pipeline %s: the render's snapshot is not kept as its poster: %s", job.pipeline_id, error)
-        width, height = provider.frame_size(done.brief.orientation, config.short_side)
+        width, height = provider.frame_size(done.brief.frames[0], config.short_side)
         size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}
         return runner.Output(artifact, {**size, "poster": poster})
 
@@ -276,6 +276,39 @@ def make_work(config: VideoSettings) -> runner.Work:
                 paths.append(files.enter_context(store.image_copy(photo)))
         return paths, fetched
 
+    def rendered(
+        job: repository.Job,
+        done: events.SongCompleted,
+        shape: brief.Format,
+        song_path: pathlib.Path,
+        paths: list[pathlib.Path],
+        cancel: cancellation.Cancellation,
+    ) -> events.Render:
+        """The video in one format, and its poster, kept."""
+        with contextlib.ExitStack() as files:
+            scratch = files.enter_context(
+                store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, f".{shape.slug}.mp4")
+            )
+            video = renderer.render(
+                done.brief,
+                done.lyrics,
+                done.timed_lines,
+                song_path,
+                scratch,
+                seed=job.pipeline_id,
+                cancel=cancel,
+                photos=paths,
+                bars_s=done.bars_s,
+                shape=shape,
+            )
+            still = files.enter_context(
+                store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, f".{shape.slug}.jpg")
+            )
+            provider.still(scratch, video.poster_s, still, cancel, config.ffmpeg)
+            artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
+            poster = store.keep(still, job.pipeline_id, events.Stage.VIDEO, "image/jpeg")
+        return events.Render(format=shape, artifact=artifact, width=video.width, height=video.height, poster=poster)
+
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
         done = job.trigger(events.SongCompleted)
         with contextlib.ExitStack() as files:
@@ -287,29 +320,15 @@ def make_work(config: VideoSettings) -> runner.Work:
                 paths, fetched = photo_copies(files, job, done, cancel)
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
-            scratch = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".mp4"))
-            video = renderer.render(
-                done.brief,
-                done.lyrics,
-                done.timed_lines,
-                song_path,
-                scratch,
-                seed=job.pipeline_id,
-                cancel=cancel,
-                photos=paths,
-                bars_s=done.bars_s,
-            )
-            still = files.enter_context(store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, ".jpg"))
-            provider.still(scratch, video.poster_s, still, cancel, config.ffmpeg)
-            artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
-            poster = store.keep(still, job.pipeline_id, events.Stage.VIDEO, "image/jpeg")
+            first, *more = (rendered(job, done, shape, song_path, paths, cancel) for shape in done.brief.frames)
         details = {
-            "width": video.width,
-            "height": video.height,
+            "width": first.width,
+            "height": first.height,
             "fetched_photos": tuple(fetched),
-            "poster": poster,
+            "poster": first.poster,
+            "more_formats": tuple(more),
         }
-        return runner.Output(artifact, details)
+        return runner.Output(first.artifact, details)
 
     return work
 
