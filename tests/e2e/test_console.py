@@ -77,13 +77,14 @@ def confirm(console: browser_.Console, reason: str | None = None) -> None:
     expect(dialog).to_have_count(0)
 
 
-def media_ready(console: browser_.Console, testid: str) -> None:
+def media_ready(console: browser_.Console, selector: str) -> None:
     """The <audio> or <video> element loaded its file (from the blob the page downloaded with its key)."""
-    element = console.page.get_by_test_id(testid)
+    element = console.page.locator(selector)
     expect(element).to_have_attribute("src", re.compile("^blob:"), timeout=WAIT_MS)
     console.page.wait_for_function(
-        f"() => {{ const m = document.querySelector('[data-testid={testid}]');"
+        "(selector) => { const m = document.querySelector(selector);"
         " return m && m.readyState >= 1 && m.duration > 0; }",
+        arg=selector,
         timeout=WAIT_MS,
     )
 
@@ -112,7 +113,7 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
 
     chat.script(Reply("status", status=400), Reply("hang", seconds=120))
     shown = [running.client.upload_image(name, data).id for name, data in demo_photos.photos().items()][:2]
-    with_photos = api.PipelineRequest(**briefs.sample("바다책방").model_dump(), photos=shown)
+    with_photos = api.PipelineRequest(**briefs.sample("바다책방").model_dump(), photos=shown, formats=["9:16", "1:1"])
     refused = running.client.submit(with_photos).id
     expect(row(console, refused)).to_have_attribute("data-status", "FAILED", timeout=WAIT_MS)
     hanging = running.submit(
@@ -162,19 +163,26 @@ def test_an_operator_watches_the_board_live_then_retries_a_failed_pipeline_and_c
         f".every((img) => img.complete && img.src.startsWith('blob:') && img.naturalWidth === {demo_photos.SIZE[0]})",
         timeout=WAIT_MS,
     )
-    media_ready(console, "song")
-    media_ready(console, "video")
+    media_ready(console, "[data-testid=song]")
+    for shape in ("9:16", "1:1"):  # a player for each format the brief asked for
+        media_ready(console, f'[data-testid=video][data-format="{shape}"]')
     # The song's caption files, saved through the page with its key.
     with page.expect_download() as saving:
         page.locator('[data-download="captions.vtt"]').click()
     assert saving.value.suggested_filename == f"{refused}-song.vtt"
     assert pathlib.Path(saving.value.path()).read_text(encoding="utf-8").startswith("WEBVTT")
     expect(page.locator('[data-download="captions.srt"]')).to_have_count(1)
-    # The video's poster: on its player, fetched with the key, and saved through the page.
-    expect(page.get_by_test_id("video")).to_have_attribute("poster", re.compile(r"^blob:"))
+    # Each format's poster: on its player, fetched with the key; the video's own and each format's saved.
+    for shape in ("9:16", "1:1"):
+        player = page.locator(f'[data-testid=video][data-format="{shape}"]')
+        expect(player).to_have_attribute("poster", re.compile(r"^blob:"))
     with page.expect_download() as saving:
         page.locator('[data-download="poster"]').click()
     assert saving.value.suggested_filename == f"{refused}-poster.jpg"
+    with page.expect_download() as saving:
+        page.locator('[data-download="format.1:1"]').click()
+    assert saving.value.suggested_filename == f"{refused}-video-1x1.mp4"
+    expect(page.locator('[data-download="format.1:1.poster"]')).to_have_count(1)
     trace_url = running.http.get(f"/v1/pipelines/{refused}/timeline").json()["trace_url"]
     expect(page.get_by_test_id("trace")).to_have_attribute("href", trace_url)
     assert page.evaluate("() => window.notReloaded") is True

@@ -66,20 +66,26 @@ export function render(root, { arg: id, may }) {
     }
   }
 
-  async function preview(stage, artifact, poster) {
+  /** A player of a video, its poster shown before it plays once fetched (the video plays without it). */
+  function player(blob, poster, shape) {
+    const shown = h("video", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "video", "data-format": shape || "" });
+    if (poster) download(poster.download).then((still) => shown.setAttribute("poster", objectUrl(still)), () => {});
+    return shape ? h("figure", { class: "format" }, shown, h("figcaption", {}, shape)) : shown;
+  }
+
+  async function preview(stage, artifact, poster, formats = []) {
     if (previewed.get(stage) === artifact.sha256) return;
     previewed.set(stage, artifact.sha256);
     const box = previews[stage];
     fill(box, h("h3", {}, t(`stage.${stage}`)), h("p", { class: "loading" }, t("pipeline.loading")));
     try {
-      const blob = await download(artifact.download);
       let shown;
-      if (stage === "lyric") shown = h("pre", { class: "lyrics", "data-testid": "lyrics" }, await blob.text());
-      else if (stage === "song") shown = h("audio", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "song" });
-      else {
-        shown = h("video", { controls: true, preload: "metadata", src: objectUrl(blob), "data-testid": "video" });
-        if (poster) download(poster.download).then((still) => shown.setAttribute("poster", objectUrl(still)), () => {}); // the video plays without it
-      }
+      if (stage === "lyric") shown = h("pre", { class: "lyrics", "data-testid": "lyrics" }, await (await download(artifact.download)).text());
+      else if (stage === "song") shown = h("audio", { controls: true, preload: "metadata", src: objectUrl(await download(artifact.download)), "data-testid": "song" });
+      else if (formats.length > 1) {
+        const videos = await Promise.all(formats.map((f) => download(f.video.download)));
+        shown = h("div", { class: "formats" }, formats.map((f, i) => player(videos[i], f.poster, f.format)));
+      } else shown = player(await download(artifact.download), poster);
       fill(box, h("h3", {}, t(`stage.${stage}`)), shown);
     } catch (error) {
       previewed.delete(stage);
@@ -98,7 +104,7 @@ export function render(root, { arg: id, may }) {
         "dl",
         { class: "facts" },
         field(t("pipeline.id"), h("code", {}, view.id)),
-        field(t("pipeline.brief"), `${brief.language} · ${brief.genre} · ${brief.orientation} · ${brief.duration_s} s`),
+        field(t("pipeline.brief"), `${brief.language} · ${brief.genre} · ${(brief.formats || []).join(", ") || brief.orientation} · ${brief.duration_s} s`),
         field(t("pipeline.created"), format.dateTime(view.created_at)),
         field(t("pipeline.updated"), format.dateTime(view.updated_at)),
         view.finished_at && field(t("pipeline.finished"), format.dateTime(view.finished_at)),
@@ -172,7 +178,7 @@ export function render(root, { arg: id, may }) {
       ),
     );
     for (const s of view.stages) {
-      if (s.artifact) preview(s.stage, s.artifact, s.poster);
+      if (s.artifact) preview(s.stage, s.artifact, s.poster, s.formats || []);
     }
   }
 
@@ -197,6 +203,24 @@ export function render(root, { arg: id, may }) {
           h("code", {}, s.poster.download),
         ),
       );
+    // With more than one format, each format's video and poster, the first (the stage's own file) included.
+    const formats = view.stages
+      .flatMap((s) => ((s.formats || []).length > 1 ? s.formats : []))
+      .flatMap((f) => [
+        h(
+          "li",
+          {},
+          h("button", { type: "button", class: "link", "data-download": `format.${f.format}`, onclick: () => save(`video-${f.format.replace(":", "x")}`, f.video) }, t("pipeline.format", { format: f.format })),
+          h("code", {}, f.video.download),
+        ),
+        f.poster &&
+          h(
+            "li",
+            {},
+            h("button", { type: "button", class: "link", "data-download": `format.${f.format}.poster`, onclick: () => save(`poster-${f.format.replace(":", "x")}`, f.poster) }, t("pipeline.format_poster", { format: f.format })),
+            h("code", {}, f.poster.download),
+          ),
+      ]);
     const captions = view.stages
       .flatMap((s) => s.captions || [])
       .map((c) =>
@@ -210,7 +234,7 @@ export function render(root, { arg: id, may }) {
     const trace = timeline.trace_url
       ? h("li", {}, h("a", { href: timeline.trace_url, target: "_blank", rel: "noopener noreferrer", "data-testid": "trace" }, t("pipeline.trace")), h("code", {}, timeline.trace_id))
       : timeline.trace_id && h("li", {}, t("pipeline.trace_id"), " ", h("code", {}, timeline.trace_id));
-    fill(links, files, posters, captions, trace);
+    fill(links, files, posters, formats, captions, trace);
   }
 
   function drawAttempts() {
