@@ -174,6 +174,23 @@ def test_a_fetched_file_is_the_pipelines_found_again_by_its_url_and_deleted_with
     assert store.delete(PIPELINE, events.Stage.VIDEO) == 1
 
 
+def test_a_part_an_attempt_made_is_found_again_by_its_key_unless_replaced_and_deleted_with_its_stage(
+    store, object_store, tmp_path
+):
+    assert store.made(PIPELINE, events.Stage.VIDEO, "1x1 video", "video/mp4") is None
+    with store.scratch(PIPELINE, events.Stage.VIDEO, 1, ".1x1.mp4") as scratch:
+        scratch.write_bytes(b"a square video")
+        kept = store.keep_made(scratch, PIPELINE, events.Stage.VIDEO, "1x1 video", "video/mp4")
+
+    key = kept.uri.split("/", 3)[3]
+    assert key.startswith(f"media/video/{PIPELINE}/video-") and key.endswith(f"-{kept.sha256[:16]}.mp4")
+    assert store.made(PIPELINE, events.Stage.VIDEO, "1x1 video", "video/mp4") == kept
+    assert store.made(PIPELINE, events.Stage.VIDEO, "16x9 video", "video/mp4") is None
+    object_store.client().put_object(Bucket=store.bucket, Key=key, Body=b"other bytes")  # not as a stage keeps one
+    assert store.made(PIPELINE, events.Stage.VIDEO, "1x1 video", "video/mp4") is None
+    assert store.delete(PIPELINE, events.Stage.VIDEO) == 1
+
+
 def test_a_deleted_image_is_gone_from_its_owners_place_alone_and_deleting_it_again_is_harmless(store, object_store):
     hanas, minas = (store.keep_image(b"\x89PNG photo", tenant, "image/png") for tenant in ("hana", "mina"))
     photo = brief.Photo(

@@ -312,6 +312,27 @@ def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_chang
     assert store.delete(pipeline, events.Stage.VIDEO) == 1 and not place(tmp_path, pipeline).exists()
 
 
+def test_a_part_an_attempt_made_is_found_again_by_its_key_unless_its_bytes_changed_and_deleted_with_the_stage(
+    tmp_path: pathlib.Path,
+) -> None:
+    store = artifacts.VolumeStore(tmp_path)
+    pipeline = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
+    assert store.made(pipeline, events.Stage.VIDEO, "1x1 video", "video/mp4") is None
+    with store.scratch(pipeline, events.Stage.VIDEO, 1, ".1x1.mp4") as scratch:
+        scratch.write_bytes(b"a square video")
+        kept = store.keep_made(scratch, pipeline, events.Stage.VIDEO, "1x1 video", "video/mp4")
+
+    path = store.path(kept)
+    assert path.parent == place(tmp_path, pipeline) and path.name.startswith("video-") and path.suffix == ".mp4"
+    assert path.stem.endswith(kept.sha256[:16]) and (kept.size, kept.media_type) == (14, "video/mp4")
+    assert store.made(pipeline, events.Stage.VIDEO, "1x1 video", "video/mp4") == kept
+    assert store.made(pipeline, events.Stage.VIDEO, "16x9 video", "video/mp4") is None  # another part's key
+    assert store.made(pipeline, events.Stage.SONG, "1x1 video", "video/mp4") is None  # another stage's
+    path.write_bytes(b"other bytes")
+    assert store.made(pipeline, events.Stage.VIDEO, "1x1 video", "video/mp4") is None
+    assert store.delete(pipeline, events.Stage.VIDEO) == 1 and not place(tmp_path, pipeline).exists()
+
+
 def test_a_file_of_the_layout_before_is_read_where_its_event_names_it_then_in_its_stages_place_once_moved(
     tmp_path: pathlib.Path,
 ) -> None:

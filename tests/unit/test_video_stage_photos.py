@@ -6,6 +6,7 @@ the stage for good.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import pathlib
@@ -18,7 +19,7 @@ import pytest
 from castad_contracts import brief, events
 from castad_runtime import artifacts, links
 from castad_runtime.stage import cancellation, errors, machine, repository
-from castad_video import service
+from castad_video import provider, service
 from PIL import Image
 from pydantic import SecretStr
 
@@ -164,6 +165,33 @@ def test_each_format_the_brief_asks_for_is_a_video_of_its_own_frame_with_its_pos
     kept = sorted(path.suffix for path in (store.root / "video" / PIPELINE).glob("video-*"))
     assert kept == [".jpg"] * 3 + [".mp4"] * 3
     assert not list((store.root / "video" / PIPELINE).glob(".video.attempt*"))  # no scratch file left
+
+
+def test_an_attempt_after_one_that_made_some_formats_makes_only_the_others(stage, tmp_path: pathlib.Path, monkeypatch):
+    store, work = stage
+    asked = song_completed(store, tmp_path, [])
+    asked["brief"]["formats"] = ["1:1", "16:9", "9:16"]
+    first = work(job(asked), cancellation.Cancellation())
+    first_renders = {render.format: render for render in first.details["more_formats"]}
+    # The attempt was lost after it kept the 16:9 video and before its poster, say: that format is not whole.
+    store.path(first_renders[brief.Format.WIDE].poster).unlink()
+    shapes = []
+    render = provider.LocalVideoProvider.render
+
+    def counted(self, *args, **kwargs):
+        shapes.append(kwargs["shape"])
+        return render(self, *args, **kwargs)
+
+    monkeypatch.setattr(provider.LocalVideoProvider, "render", counted)
+
+    second = work(dataclasses.replace(job(asked), attempts=2), cancellation.Cancellation())
+
+    assert shapes == [brief.Format.WIDE]
+    assert (second.artifact, second.details["poster"]) == (first.artifact, first.details["poster"])
+    again = {render.format: render for render in second.details["more_formats"]}
+    assert again[brief.Format.VERTICAL] == first_renders[brief.Format.VERTICAL]
+    made = again[brief.Format.WIDE]
+    assert made.poster is not None and store.path(made.poster).is_file() and (made.width, made.height) == (416, 234)
 
 
 def test_a_photo_that_is_not_in_the_store_fails_the_video_for_good(stage, tmp_path: pathlib.Path) -> None:

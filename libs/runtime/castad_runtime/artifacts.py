@@ -36,6 +36,10 @@ the pipeline, deleted with its other files: `keep_fetched` stores it whole or no
 and `fetched_copy` finds it again by its URL alone (its bytes checked against its name), so that a later
 attempt of the stage reuses what an earlier one fetched rather than fetching it again; both describe it as
 an event names it, so the gateway serves it (`serve`, in the stage's place) as any other file of the stage.
+
+A part of a stage's work that an attempt made (one format of a video) is kept the same way under a key of the
+stage's own (`keep_made`, from the attempt's scratch file), and `made` finds it again by that key, its bytes checked
+against its name, so that a later attempt makes only what is missing.
 """
 
 from __future__ import annotations
@@ -123,6 +127,12 @@ class ArtifactStore(Protocol):
     ) -> contextlib.AbstractContextManager[Fetched | None]: ...
 
     def delete_image(self, photo: brief.Photo) -> None: ...
+
+    def keep_made(
+        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, key: str, media_type: str
+    ) -> events.Artifact: ...
+
+    def made(self, pipeline_id: str, stage: events.Stage, key: str, media_type: str) -> events.Artifact | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,6 +297,13 @@ def _intact(path: pathlib.Path, name: str, uri: str) -> Fetched | None:
     return Fetched(path, events.Artifact(uri=uri, sha256=digest, size=path.stat().st_size, media_type=media_type))
 
 
+def _named_by(name: str, digest: str) -> bool:
+    """Whether a kept file's `name`, ending `-<sha256 prefix><suffix>`, names the bytes whose sha256 is `digest`."""
+    stem = pathlib.PurePosixPath(name).stem
+    tail = stem.rsplit("-", 1)[-1]
+    return len(tail) == DIGEST_NAME_CHARS and digest.startswith(tail)
+
+
 def _checked(pipeline_id: str) -> str:
     """A pipeline id, checked before it names a folder or a key prefix to delete."""
     try:
@@ -360,6 +377,8 @@ _STORE_WORK = (
     "keep_fetched",
     "fetched_copy",
     "delete_image",
+    "keep_made",
+    "made",
 )
 _Store = TypeVar("_Store")
 
@@ -538,6 +557,24 @@ class VolumeStore:
             _intact(path, path.name, path.as_uri()) for path in sorted(self.root.glob(f"{place}*")) if path.is_file()
         )
         yield next((fetched for fetched in found if fetched is not None), None)
+
+    def keep_made(
+        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, key: str, media_type: str
+    ) -> events.Artifact:
+        """Move an attempt's file made as the part `key` of the stage's work to its name, and describe it."""
+        digest, size = _sha256(scratch), scratch.stat().st_size
+        final = self.root / f"{_fetched_place(pipeline_id, stage, key)}{digest[:DIGEST_NAME_CHARS]}{scratch.suffix}"
+        os.replace(scratch, final)
+        return events.Artifact(uri=final.as_uri(), sha256=digest, size=size, media_type=media_type)
+
+    def made(self, pipeline_id: str, stage: events.Stage, key: str, media_type: str) -> events.Artifact | None:
+        """The file an attempt of the stage kept as the part `key` of its work, if one has the bytes its name gives."""
+        for path in sorted(self.root.glob(f"{_fetched_place(pipeline_id, stage, key)}*")):
+            if path.is_file() and _named_by(path.name, digest := _sha256(path)):
+                return events.Artifact(
+                    uri=path.as_uri(), sha256=digest, size=path.stat().st_size, media_type=media_type
+                )
+        return None
 
     def delete_image(self, photo: brief.Photo) -> None:
         """Delete the file of a tenant's image (one already gone is fine).
@@ -753,6 +790,37 @@ class S3Store:
             path.unlink(missing_ok=True)
             raise
         return path
+
+    def keep_made(
+        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, key: str, media_type: str
+    ) -> events.Artifact:
+        """Upload an attempt's file made as the part `key` of the stage's work under its name, and describe it."""
+        digest, size = _sha256(scratch), scratch.stat().st_size
+        name = f"{_fetched_place(pipeline_id, stage, key)}{digest[:DIGEST_NAME_CHARS]}{scratch.suffix}"
+        extra = {"ContentType": media_type, "Metadata": {"sha256": digest}}
+        self._call("upload", self._client.upload_file, str(scratch), self.bucket, self.prefix + name, ExtraArgs=extra)
+        scratch.unlink(missing_ok=True)
+        return events.Artifact(
+            uri=f"s3://{self.bucket}/{self.prefix}{name}", sha256=digest, size=size, media_type=media_type
+        )
+
+    def made(self, pipeline_id: str, stage: events.Stage, key: str, media_type: str) -> events.Artifact | None:
+        """The object an attempt of the stage kept as the part `key` of its work, if one is whole.
+
+        Whole: the sha256 it was uploaded with (its metadata) is the one its name gives, and so is its size's; the
+        object is not downloaded."""
+        place = self.prefix + _fetched_place(pipeline_id, stage, key)
+        listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=place)
+        for found in sorted(listed.get("Contents", []), key=lambda item: item["Key"]):
+            try:
+                head = self._call("look up", self._client.head_object, Bucket=self.bucket, Key=found["Key"])
+            except ArtifactMissing:
+                continue
+            digest = head.get("Metadata", {}).get("sha256", "")
+            if re.fullmatch(r"[0-9a-f]{64}", digest) and _named_by(found["Key"], digest):
+                uri = f"s3://{self.bucket}/{found['Key']}"
+                return events.Artifact(uri=uri, sha256=digest, size=int(head["ContentLength"]), media_type=media_type)
+        return None
 
     def delete_image(self, photo: brief.Photo) -> None:
         """Delete the object of a tenant's image (S3 answers alike whether it was there or not)."""

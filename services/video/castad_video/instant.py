@@ -30,6 +30,9 @@ class InstantVideoProvider:
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
         self._clips = {shape: self._encode(shape) for shape in brief.Format}
 
+    def frame(self, shape: brief.Format) -> tuple[int, int]:
+        return provider.frame_size(shape, SHORT_SIDE)
+
     def render(
         self,
         brief: brief.Brief,
@@ -46,7 +49,7 @@ class InstantVideoProvider:
     ) -> provider.Video:
         provider.song_duration(song_path)
         shape = shape or brief.frames[0]
-        width, height = provider.frame_size(shape, SHORT_SIDE)
+        width, height = self.frame(shape)
         out_path.write_bytes(self._clips[shape])
         return provider.Video(width=width, height=height, duration_s=CLIP_S, poster_s=CLIP_S / 2)
 

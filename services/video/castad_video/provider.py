@@ -97,6 +97,10 @@ Rgb = tuple[int, int, int]
 
 
 class VideoProvider(Protocol):
+    def frame(self, shape: brief.Format) -> tuple[int, int]:
+        """The (width, height) of its videos in `shape`."""
+        ...
+
     def render(
         self,
         brief: brief.Brief,
@@ -627,6 +631,9 @@ class LocalVideoProvider:
         self.fonts = {language: find_font(language, font_path) for language in brief.Language}
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
 
+    def frame(self, shape: brief.Format) -> tuple[int, int]:
+        return frame_size(shape, self._short_side)
+
     def render(
         self,
         brief: brief.Brief,
@@ -648,7 +655,7 @@ class LocalVideoProvider:
         format), each photo framed for it: no format is cropped from another.
         """
         duration = song_duration(song_path, self._ffmpeg)
-        size = frame_size(shape or brief.frames[0], self._short_side)
+        size = self.frame(shape or brief.frames[0])
         renderer = FrameRenderer(brief, size, self.fonts[lyrics.language], seed, photos=bool(photos))
         plan = shots(lyrics, timed_lines, duration)
         moments = bars_s or [line.start_s for line in timed_lines]

@@ -284,7 +284,19 @@ def make_work(config: VideoSettings) -> runner.Work:
         paths: list[pathlib.Path],
         cancel: cancellation.Cancellation,
     ) -> events.Render:
-        """The video in one format, and its poster, kept."""
+        """The video in one format and its poster, kept; as an earlier attempt kept them if it did.
+
+        Each is kept under its frame size (a changed CASTAD_VIDEO_SHORT_SIDE makes it anew), so that an attempt
+        after one that made some formats only makes the others."""
+        width, height = renderer.frame(shape)
+        video_key, poster_key = f"{width}x{height} video", f"{width}x{height} poster"
+        earlier = store.made(job.pipeline_id, events.Stage.VIDEO, video_key, "video/mp4")
+        earlier_poster = earlier and store.made(job.pipeline_id, events.Stage.VIDEO, poster_key, "image/jpeg")
+        if earlier is not None and earlier_poster is not None:
+            log.info(
+                "pipeline %s: the %s video an earlier attempt made is taken, not made again", job.pipeline_id, shape
+            )
+            return events.Render(format=shape, artifact=earlier, width=width, height=height, poster=earlier_poster)
         with contextlib.ExitStack() as files:
             scratch = files.enter_context(
                 store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, f".{shape.slug}.mp4")
@@ -305,8 +317,8 @@ def make_work(config: VideoSettings) -> runner.Work:
                 store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, f".{shape.slug}.jpg")
             )
             provider.still(scratch, video.poster_s, still, cancel, config.ffmpeg)
-            artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4")
-            poster = store.keep(still, job.pipeline_id, events.Stage.VIDEO, "image/jpeg")
+            artifact = store.keep_made(scratch, job.pipeline_id, events.Stage.VIDEO, video_key, "video/mp4")
+            poster = store.keep_made(still, job.pipeline_id, events.Stage.VIDEO, poster_key, "image/jpeg")
         return events.Render(format=shape, artifact=artifact, width=video.width, height=video.height, poster=poster)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
