@@ -226,7 +226,7 @@ def test_each_format_of_the_video_is_listed_with_its_poster_and_served_to_its_te
     [
         (
             {"formats": ["16:9"], "orientation": "vertical"},
-            "formats begin with 16:9, which is horizontal, not vertical",
+            "begin with 16:9, which is horizontal, but orientation is vertical",
         ),
         ({"formats": ["1:1", "1:1"]}, "names the same format more than once"),
         ({"formats": ["4:5"]}, "Input should be '9:16', '1:1' or '16:9'"),

@@ -13,6 +13,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import io
+import json
 import pathlib
 import threading
 import time
@@ -457,7 +458,7 @@ def test_a_finished_render_is_kept_as_the_mp4_the_api_served_with_its_size(fake,
     assert kept.is_relative_to(artifacts_dir / "video" / job.pipeline_id) and kept.read_bytes() == served
     assert kept.suffix == ".mp4"
     poster = output.details.pop("poster")  # the render's snapshot, kept as the video's poster
-    assert output.details == {"width": fake_creatomate.WIDTH, "height": fake_creatomate.HEIGHT}
+    assert output.details == {"width": fake_creatomate.WIDTH, "height": fake_creatomate.HEIGHT, "more_formats": ()}
     assert (poster.media_type, poster.sha256) == ("image/jpeg", hashlib.sha256(media.jpeg()).hexdigest())
     assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(poster.uri).path)).suffix == ".jpg"
 
@@ -651,3 +652,108 @@ def test_readiness_says_whether_the_template_takes_what_every_video_fills(artifa
         assert work_for(odd).readiness["template"]() == "ok"
         odd.template_outages = 1  # the render API out: not this replica's trouble
         assert work_for(odd).readiness["template"]() == "ok"
+
+
+# --- several formats --------------------------------------------------------------------------------------------
+
+SQUARE, WIDE = "tpl-castad-1x1", "tpl-castad-16x9"
+
+
+@pytest.fixture(scope="module")
+def formats_fake():
+    """The render API with a template of each format's frame: the stage's own (9:16), a square and a wide one."""
+    sizes = {SQUARE: (360, 360), WIDE: (640, 360)}
+    with FakeCreatomate(render_s=0.3, templates={TEMPLATE, SQUARE, WIDE}, sizes=sizes) as server:
+        yield server
+
+
+def three_formats(artifacts_dir: pathlib.Path) -> repository.Job:
+    done = song_completed(artifacts_dir)
+    return job_for(done.model_copy(update={"brief": done.brief.model_copy(update={"formats": tuple(brief.Format)})}))
+
+
+def formats_work(fake, templates: dict[str, str] | None = None) -> runner.Work:
+    return work_for(fake, creatomate_format_templates=templates or {"1:1": SQUARE, "16:9": WIDE})
+
+
+def test_each_format_is_a_render_of_its_own_template_and_kept_with_its_snapshot_the_first_the_stages_own(
+    formats_fake, artifacts_dir
+):
+    work, before = formats_work(formats_fake), len(formats_fake.received)
+    job = submitted(work, three_formats(artifacts_dir))
+
+    sent = renders_sent(formats_fake, before)
+    assert [body["body"]["template_id"] for body in sent] == [TEMPLATE, SQUARE, WIDE]  # the brief's order
+    assert len({json_of(body["body"]["modifications"]) for body in sent}) == 1  # the same words, song and captions
+    assert creatomate.format_renders(job.handle) is not None and len(creatomate.format_renders(job.handle)) == 3
+    output = poll_until_done(work, job)
+
+    first = events.Render(
+        format=brief.Format.VERTICAL,
+        artifact=output.artifact,
+        width=output.details["width"],
+        height=output.details["height"],
+        poster=output.details["poster"],
+    )
+    renders = [first, *output.details["more_formats"]]
+    assert [(render.format, render.width, render.height) for render in renders] == [
+        ("9:16", 360, 640),
+        ("1:1", 360, 360),
+        ("16:9", 640, 360),
+    ]
+    assert all(render.artifact.media_type == "video/mp4" and render.poster is not None for render in renders)
+
+
+def json_of(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def test_when_only_some_renders_succeed_the_attempt_fails_and_the_next_renders_only_the_failed_format(
+    formats_fake, artifacts_dir
+):
+    work, before = formats_work(formats_fake), len(formats_fake.received)
+    job = submitted(work, three_formats(artifacts_dir), Plan(), Plan(outcome="fail"), Plan(), fake=formats_fake)
+    first_renders = dict(creatomate.format_renders(job.handle) or [])
+
+    error = failure_once_ended(work, job)
+
+    assert (error.code, error.retryable) == ("provider_job_failed", True)
+    assert error.message == "the render API failed the video (1:1)"
+    # The next attempt looks the earlier renders up: the 9:16 and 16:9 ones are kept, only the 1:1 one is asked again.
+    again = dataclasses.replace(job, handle=None, previous_handle=job.handle, previous_waited_s=1.0, attempts=2)
+    retried = submitted(work, again)
+    renders = dict(creatomate.format_renders(retried.handle) or [])
+    assert [body["body"]["template_id"] for body in renders_sent(formats_fake, before)] == [
+        TEMPLATE,
+        SQUARE,
+        WIDE,
+        SQUARE,
+    ]
+    assert renders[brief.Format.VERTICAL] == first_renders[brief.Format.VERTICAL]
+    assert renders[brief.Format.WIDE] == first_renders[brief.Format.WIDE]
+    assert renders[brief.Format.SQUARE] != first_renders[brief.Format.SQUARE]
+    output = poll_until_done(work, retried)
+    assert [render.format for render in output.details["more_formats"]] == ["1:1", "16:9"]
+
+
+@pytest.mark.parametrize(
+    ("templates", "code", "said"),
+    [
+        (
+            {"16:9": WIDE},
+            "format_unsupported",
+            "no template of the render API makes 1:1 videos (CASTAD_VIDEO_CREATOMATE_FO",
+        ),
+        ({"1:1": WIDE, "16:9": WIDE}, "template_mismatch", f"the 1:1 template {WIDE} has a 640x360 frame"),
+    ],
+    ids=["no-template-for-a-format", "a-template-of-another-shape"],
+)
+def test_a_format_without_a_template_of_its_shape_fails_the_stage_for_good_before_any_render(
+    formats_fake, artifacts_dir, templates, code, said
+):
+    before = len(formats_fake.received)
+
+    error = failure(formats_work(formats_fake, templates), three_formats(artifacts_dir))
+
+    assert (error.code, error.retryable) == (code, False) and error.message.startswith(said)
+    assert renders_sent(formats_fake, before) == []  # nothing paid for a part of what is asked

@@ -60,14 +60,26 @@ def from_structure(service: str) -> dict[str, str]:
 def variables(service: str) -> dict[str, dict[str, Any]]:
     """Every variable the service reads -> the JSON Schema of its value (with default and description)."""
     cls = SETTINGS[service]
-    properties = cls.model_json_schema()["properties"]
+    whole = cls.model_json_schema()
+    properties, defined = whole["properties"], whole.get("$defs", {})
     result = {}
     for name, field in cls.model_fields.items():
         alias = field.validation_alias
         key = str(alias.choices[0]) if alias is not None and hasattr(alias, "choices") else name
-        schema = {k: v for k, v in properties[key].items() if k not in ("title", "format")}
+        schema = {k: v for k, v in _inlined(properties[key], defined).items() if k not in ("title", "format")}
         result[settings.env_var(cls, name)] = schema
     return result
+
+
+def _inlined(schema: Any, defined: dict[str, Any]) -> Any:
+    """`schema` with each reference to one of its `$defs` replaced by what it refers to (a value's own file)."""
+    if isinstance(schema, list):
+        return [_inlined(item, defined) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if isinstance(ref := schema.get("$ref"), str) and ref.startswith("#/$defs/"):
+        return _inlined(defined[ref.removeprefix("#/$defs/")], defined)
+    return {key: _inlined(value, defined) for key, value in schema.items()}
 
 
 def secret_settings(service: str) -> list[str]:

@@ -29,17 +29,21 @@ must be fixed. The render answer's `warnings` and `errors` are logged and kept o
 (`attempts.notes`); any `errors`, or a warning naming an element the video needs, fails the stage for
 good too. A template with fewer image elements than photos shows the first ones (the API warns of the
 others, logged and kept).
+
+A brief naming formats is a render per format, each of a template of that format's frame size
+(`CreatomateApi`; docs/providers.md, "Formats").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from castad_contracts import brief, codes, events
@@ -183,11 +187,53 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
     return remote.Finished(url, details)
 
 
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """What a template's RenderScript source says of it: its elements' names and its frame size (None: not said)."""
+
+    elements: frozenset[str] | None
+    size: tuple[int, int] | None = None
+
+
+def shape_of(size: tuple[int, int]) -> brief.Format | None:
+    """The format a frame of `size` has (within 1%), if any."""
+    width, height = size
+    return next(
+        (shape for shape in brief.Format if abs(width * _HIGH[shape] / (height * _WIDE[shape]) - 1) < 0.01), None
+    )
+
+
+_WIDE = {shape: int(shape.value.split(":")[0]) for shape in brief.Format}
+_HIGH = {shape: int(shape.value.split(":")[1]) for shape in brief.Format}
+FORMAT_PART = re.compile(r"(9:16|1:1|16:9)=([^;=]+)")
+
+
+def format_handle(renders: Sequence[tuple[brief.Format, str]]) -> str:
+    """The handle of a brief's renders, one per format: `1:1=<render id>;16:9=<render id>`."""
+    return ";".join(f"{shape}={render_id}" for shape, render_id in renders)
+
+
+def format_renders(handle: str) -> list[tuple[brief.Format, str]] | None:
+    """The renders of a handle `format_handle` made; None for the handle of one render (a brief without formats)."""
+    if "=" not in handle:
+        return None
+    parts = handle.split(";")
+    found = [FORMAT_PART.fullmatch(part) for part in parts]
+    if not all(found):
+        raise errors.ProviderError(codes.ErrorCode.PROVIDER_MALFORMED, f"not a handle of renders: {handle[:100]}")
+    return [(brief.Format(match.group(1)), match.group(2)) for match in found if match]
+
+
 class CreatomateApi:
     """A `remote.RemoteApi` for the video stage.
 
     `song_url` and `photo_urls` say where the render API fetches the song and the brief's photos (in the brief's
-    order; `photo_urls` is also given when the stage began the job, for the photos' seals).
+    order; `photo_urls` is also given when the stage began the job, for the photos' seals). A brief without formats
+    is one render of `template_id`, whatever its size (its handle the render's id). A brief naming formats is a
+    render per format, each of the template `format_templates` names for it, or of `template_id` if that one has the
+    format's shape; each template's size must have its format's shape. Its handle names every render
+    (`format_handle`); it is done once every render is, failed once one failed, and an attempt after it renders
+    again only the formats whose render failed or is gone.
     """
 
     def __init__(
@@ -196,92 +242,191 @@ class CreatomateApi:
         template_id: str,
         song_url: Callable[[events.SongCompleted], str],
         photo_urls: Callable[[events.SongCompleted, dt.datetime | None], Sequence[str]],
+        format_templates: Mapping[brief.Format, str] | None = None,
     ) -> None:
         self._client = client
         self._template_id = template_id
+        self._format_templates = dict(format_templates or {})
         self._song_url = song_url
         self._photo_urls = photo_urls
-        self._elements: tuple[float, frozenset[str] | None] | None = None  # when read, and what (None: no source)
+        self._templates: dict[str, tuple[float, Template]] = {}  # when each was read, and what it says
         self._lock = threading.Lock()
 
-    def template_elements(self, cancel: cancellation.Cancellation, fresh: bool = False) -> frozenset[str] | None:
-        """The names of the template's elements; None if it shows none (then nothing is checked).
+    def template(
+        self, cancel: cancellation.Cancellation, fresh: bool = False, template_id: str | None = None
+    ) -> Template:
+        """What a template (the stage's own by default) says of itself.
 
         Read at most every TEMPLATE_RECHECK_S (`fresh`: read now). A template the API does not have fails for
         good; one that cannot be read on the way is taken as last read, or, never read yet, raises the call's
         ProviderError (retryable: a free read must not cost a render that may be fine)."""
+        template_id = template_id or self._template_id
         with self._lock:
-            last = self._elements
+            last = self._templates.get(template_id)
         if not fresh and last is not None and time.monotonic() - last[0] < TEMPLATE_RECHECK_S:
             return last[1]
-        path = f"v1/templates/{urllib.parse.quote(self._template_id, safe='')}"
+        path = f"v1/templates/{urllib.parse.quote(template_id, safe='')}"
         try:
-            template = self._client.json("GET", path, cancel)
+            answer = self._client.json("GET", path, cancel)
         except errors.ProviderError as error:
             if error.status == 404:
                 raise errors.ProviderError(
-                    codes.ErrorCode.TEMPLATE_MISMATCH,
-                    f"the render API has no template {self._template_id}",
-                    retryable=False,
+                    codes.ErrorCode.TEMPLATE_MISMATCH, f"the render API has no template {template_id}", retryable=False
                 ) from None
             if last is None:
                 raise
-            log.warning("template %s could not be read (%s): taken as last read", self._template_id, error.code)
+            log.warning("template %s could not be read (%s): taken as last read", template_id, error.code)
             return last[1]
-        source = template.get("source") if isinstance(template, dict) else None
-        elements = element_names(source) if isinstance(source, dict) else None
-        if elements is None and (last is None or last[1] is not None):  # said once, until it shows elements again
-            log.warning("the render API shows no elements of template %s: rendering unchecked", self._template_id)
+        source = answer.get("source") if isinstance(answer, dict) else None
+        read = Template(element_names(source), _size(source)) if isinstance(source, dict) else Template(None)
+        if read.elements is None and (last is None or last[1].elements is not None):  # said once, until it shows some
+            log.warning("the render API shows no elements of template %s: rendering unchecked", template_id)
         with self._lock:
-            self._elements = (time.monotonic(), elements)
-        return elements
+            self._templates[template_id] = (time.monotonic(), read)
+        return read
+
+    def template_elements(
+        self, cancel: cancellation.Cancellation, fresh: bool = False, template_id: str | None = None
+    ) -> frozenset[str] | None:
+        """The names of a template's elements; None if it shows none (then nothing is checked)."""
+        return self.template(cancel, fresh, template_id).elements
 
     def template_fits(self) -> str:
         """Readiness: "ok" unless the template lacks an element every video needs (its title, names, song, a caption).
 
         A template that cannot be read now is not this replica's trouble: "ok", and the renders find out."""
-        try:
-            elements = self.template_elements(cancellation.Cancellation())
-        except errors.ProviderError as error:
-            return f"template {self._template_id}: {error.message}" if not error.retryable else health.OK
-        missing = sorted(ALWAYS_NEEDED - elements) if elements is not None else []
-        return f"template {self._template_id} has no element {', '.join(missing)}" if missing else health.OK
+        said = []
+        for template_id in dict.fromkeys((self._template_id, *self._format_templates.values())):
+            try:
+                elements = self.template_elements(cancellation.Cancellation(), template_id=template_id)
+            except errors.ProviderError as error:
+                said += [f"template {template_id}: {error.message}"] if not error.retryable else []
+                continue
+            missing = sorted(ALWAYS_NEEDED - elements) if elements is not None else []
+            said += [f"template {template_id} has no element {', '.join(missing)}"] if missing else []
+        return "; ".join(said) or health.OK
 
     def submit(
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
         done = job.trigger(events.SongCompleted)
-        if done.brief.formats:  # the template has one size of its own: nothing is paid for a part of what is asked
+        if not done.brief.formats:  # one render of the stage's template, as before there were formats
+            render = self._render(job, done, self._template_id, callback_url, cancel)
+            return remote.Submitted(str(render["id"]), check_notes(render, done))
+        templates = {shape: self._template_for(shape, done, cancel) for shape in done.brief.frames}  # all, or none paid
+        earlier = dict(format_renders(job.previous_handle) or []) if job.previous_handle else {}
+        values = modifications(done, self._song_url(done), self._photo_urls(done, job.created_at))  # every format's
+        renders: list[tuple[brief.Format, str]] = []
+        notes: list[str] = []
+        for shape, template_id in templates.items():
+            if (kept := earlier.get(shape)) is not None and self._still_good(kept, cancel):
+                log.info(
+                    "pipeline %s: the %s render %s an earlier attempt asked for is kept", job.pipeline_id, shape, kept
+                )
+                renders.append((shape, kept))
+                continue
+            render = self._render(job, done, template_id, callback_url, cancel, values)
+            notes += check_notes(render, done)
+            renders.append((shape, str(render["id"])))
+        return remote.Submitted(format_handle(renders), tuple(notes))
+
+    def _template_for(self, shape: brief.Format, done: events.SongCompleted, cancel: cancellation.Cancellation) -> str:
+        """The template of a format, checked: it has the format's shape and every element the video needs."""
+        template_id = self._format_templates.get(shape, self._template_id)
+        read = self.template(cancel, template_id=template_id)
+        if read.size is None or shape_of(read.size) != shape:
+            read = self.template(cancel, fresh=True, template_id=template_id)  # it may have been edited since
+        if read.size is None or shape_of(read.size) != shape:
+            if shape not in self._format_templates:
+                raise errors.ProviderError(
+                    codes.ErrorCode.FORMAT_UNSUPPORTED,
+                    f"no template of the render API makes {shape} videos (CASTAD_VIDEO_CREATOMATE_FORMAT_TEMPLATES)",
+                    retryable=False,
+                )
+            size = "no size" if read.size is None else f"a {read.size[0]}x{read.size[1]} frame"
             raise errors.ProviderError(
-                codes.ErrorCode.FORMAT_UNSUPPORTED,
-                f"the render API's template makes one format; the brief asks for {', '.join(done.brief.formats)}"
-                " (render them locally: CASTAD_VIDEO_PROVIDER=local)",
-                retryable=False,
+                codes.ErrorCode.TEMPLATE_MISMATCH, f"the {shape} template {template_id} has {size}", retryable=False
             )
-        elements = self.template_elements(cancel)
-        if elements is not None and needed(done) - elements:  # read again before failing: it may have been fixed
-            elements = self.template_elements(cancel, fresh=True)
-        if elements is not None:
-            check_template(elements, done)
+        if read.elements is not None:
+            check_template(read.elements, done)
+        return template_id
+
+    def _still_good(self, render_id: str, cancel: cancellation.Cancellation) -> bool:
+        """Whether a render an earlier attempt asked for is done or still at work (not failed, canceled or gone)."""
+        try:
+            finished(render_of(self._get(render_id, cancel)))
+        except errors.ProviderError as error:
+            if error.code in remote.GONE or error.code == codes.ErrorCode.PROVIDER_JOB_CANCELED:
+                return False
+            raise
+        return True
+
+    def _render(
+        self,
+        job: repository.Job,
+        done: events.SongCompleted,
+        template_id: str,
+        callback_url: str | None,
+        cancel: cancellation.Cancellation,
+        values: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The render object of a render asked for: the template filled with the pipeline's `values` (or made now)."""
+        if template_id == self._template_id and not done.brief.formats:
+            elements = self.template_elements(cancel)
+            if elements is not None and needed(done) - elements:  # read again before failing: it may have been fixed
+                elements = self.template_elements(cancel, fresh=True)
+            if elements is not None:
+                check_template(elements, done)
         body: dict[str, Any] = {
-            "template_id": self._template_id,
-            "modifications": modifications(done, self._song_url(done), self._photo_urls(done, job.created_at)),
+            "template_id": template_id,
+            "modifications": values
+            or modifications(done, self._song_url(done), self._photo_urls(done, job.created_at)),
             # The API takes no idempotency key; the attempt's key tags the render (it comes back in the render
             # object and the webhook), so that renders one attempt made twice can be told (docs/providers.md).
             "metadata": job.submission_key,
         }
         if callback_url:
             body["webhook_url"] = callback_url
-        render = render_of(self._client.submit("v2/renders", cancel, json=body))
-        return remote.Submitted(str(render["id"]), check_notes(render, done))
+        return render_of(self._client.submit("v2/renders", cancel, json=body))
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
+        renders = format_renders(handle)
+        if renders is None:
+            return finished(render_of(self._get(handle, cancel)))
+        states = []
+        for shape, render_id in renders:
+            try:
+                states.append((shape, finished(render_of(self._get(render_id, cancel)))))
+            except errors.ProviderError as error:  # said of the format whose render it is
+                raise errors.ProviderError(
+                    error.code,
+                    f"{error.message} ({shape})",
+                    retryable=error.retryable,
+                    retry_after_s=error.retry_after_s,
+                    status=error.status,
+                    detail=error.detail,
+                ) from None
+        pending = next((state for _, state in states if isinstance(state, remote.Pending)), None)
+        if pending is not None:
+            return pending
+        done = [(shape, state) for shape, state in states if isinstance(state, remote.Finished)]
+        every = [{"format": shape.value, "url": state.url, **state.details} for shape, state in done]
+        return remote.Finished(done[0][1].url, {**done[0][1].details, "renders": every})
+
+    def _get(self, render_id: str, cancel: cancellation.Cancellation) -> Any:
         try:
-            answer = self._client.json("GET", f"v2/renders/{urllib.parse.quote(handle, safe='')}", cancel)
+            return self._client.json("GET", f"v2/renders/{urllib.parse.quote(render_id, safe='')}", cancel)
         except errors.ProviderError as error:
             if error.status == 404:  # the render is gone: a new attempt renders anew
                 raise errors.ProviderError(
-                    codes.ErrorCode.PROVIDER_JOB_LOST, f"the render API no longer knows {handle}"
+                    codes.ErrorCode.PROVIDER_JOB_LOST, f"the render API no longer knows {render_id}"
                 ) from None
             raise
-        return finished(render_of(answer))
+
+
+def _size(source: dict[str, Any]) -> tuple[int, int] | None:
+    """A RenderScript source's frame size, if it says one."""
+    width, height = source.get("width"), source.get("height")
+    if isinstance(width, int | float) and isinstance(height, int | float) and width > 0 and height > 0:
+        return int(width), int(height)
+    return None

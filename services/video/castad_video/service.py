@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 import logging
 import pathlib
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from castad_contracts import brief, codes, events
 from castad_runtime import artifacts, cli, links, settings
@@ -46,6 +46,12 @@ class VideoSettings(stage_service.LinkingStageSettings):
     creatomate_api_key_file: stage_service.ProviderKeyFile = None
     creatomate_template_id: str | None = Field(
         default=None, min_length=1, description="the template rendered (its elements: see docs/providers.md)"
+    )
+    creatomate_format_templates: dict[brief.Format, Annotated[str, Field(min_length=1)]] = Field(
+        default={},
+        description='the template of each format a brief may ask for, as JSON ({"1:1": "<template id>", ...}), each of'
+        " that format's frame size; a format without one is rendered from CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID if"
+        " that template has its shape, else the brief fails for good (format_unsupported)",
     )
     creatomate_timeout_s: stage_service.ProviderTimeout = 30.0
     creatomate_max_answer_bytes: stage_service.ProviderMaxAnswer = 1_000_000
@@ -194,8 +200,10 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
     client = config.provider_client("the render API")
     store = artifacts.make_store(config)
 
-    def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
-        done = job.trigger(events.SongCompleted)
+    def kept(
+        job: repository.Job, shape: brief.Format, video: remote.Finished, cancel: cancellation.Cancellation
+    ) -> events.Render:
+        """A render's MP4 kept, with its snapshot as its poster if the template takes one."""
         artifact = remote.keep_result(
             store,
             job,
@@ -223,15 +231,25 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
                 )
             except errors.ProviderError as error:  # the video is made and kept: it goes on without a poster
                 log.warning("pipeline %s: the render's snapshot is not kept as its poster: %s", job.pipeline_id, error)
-        width, height = provider.frame_size(done.brief.frames[0], config.short_side)
-        size = {"width": int(video.details.get("width", width)), "height": int(video.details.get("height", height))}
-        return runner.Output(artifact, {**size, "poster": poster})
+        width, height = provider.frame_size(shape, config.short_side)
+        width, height = int(video.details.get("width", width)), int(video.details.get("height", height))
+        return events.Render(format=shape, artifact=artifact, width=width, height=height, poster=poster)
+
+    def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
+        done = job.trigger(events.SongCompleted)
+        told = video.details.get("renders") or [{"format": done.brief.frames[0], "url": video.url, **video.details}]
+        first, *more = (
+            kept(job, brief.Format(render["format"]), remote.Finished(render["url"], render), cancel) for render in told
+        )
+        details = {"width": first.width, "height": first.height, "poster": first.poster, "more_formats": tuple(more)}
+        return runner.Output(first.artifact, details)
 
     api = creatomate.CreatomateApi(
         client,
         config.creatomate_template_id,
         lambda done: song_url(config, store, done),
         lambda done, begun: photo_urls(config, store, done, begun),
+        config.creatomate_format_templates,
     )
     work = remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
     return dataclasses.replace(work, readiness={"template": api.template_fits})

@@ -5,7 +5,8 @@
 object, whose `warnings` name each modification that matches no element of the template (the
 template's elements: `elements`; such a render still renders, with the template's own content
 there); `GET /v2/renders/<id>` reports it. `GET /v1/templates/<id>` gives the template with its
-RenderScript `source`, whose `elements` (and a composition's) are named. A render moves by the
+RenderScript `source`, whose `elements` (and a composition's) are named, and its frame size (`sizes`, by template
+id; 360x640 for any other), which a render of it has too. A render moves by the
 time since it was submitted (`render_s`): planned, waiting, rendering, then succeeded, its `url` a 2 s 360x640 MP4 under
 `/_fake/renders/`. When it succeeds or fails the render is posted to its `webhook_url` from one
 background thread. A render may also end `cancelled` (canceled at the provider, no file). Errors
@@ -142,8 +143,10 @@ class FakeCreatomate(server.FakeServer):
         render_s: float = 5.0,
         templates: set[str] | frozenset[str] | None = None,
         elements: set[str] | frozenset[str] = ELEMENTS,
+        sizes: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.api_key = api_key
+        self.sizes = dict(sizes or {})
         self.elements = frozenset(elements)
         self.updated_at = "2026-11-01T00:00:00.000Z"  # the template's version, as the API dates it
         self.template_reads = 0
@@ -241,10 +244,11 @@ class FakeCreatomate(server.FakeServer):
         elements = [element(name) for name in sorted(self.elements - set(captions))]
         if captions:
             elements.append({"name": "Captions", "type": "composition", "elements": [element(n) for n in captions]})
+        width, height = self.sizes.get(template_id, (WIDTH, HEIGHT))
         source = {
             "output_format": "mp4",
-            "width": WIDTH,
-            "height": HEIGHT,
+            "width": width,
+            "height": height,
             "snapshot_time": SNAPSHOT_TIME,
             "elements": elements,
         }
@@ -271,7 +275,8 @@ class FakeCreatomate(server.FakeServer):
             "warnings": self.warnings(body.get("modifications", {})),
         }
         if status == "succeeded":
-            shown |= {"width": WIDTH, "height": HEIGHT, "frame_rate": FRAME_RATE, "duration": DURATION_S}
+            width, height = self.sizes.get(body["template_id"], (WIDTH, HEIGHT))
+            shown |= {"width": width, "height": height, "frame_rate": FRAME_RATE, "duration": DURATION_S}
             if render.plan.snapshot != "none":
                 shown["snapshot_url"] = f"{self.url}/_fake/renders/{render.id}.jpg"
             shown["file_size"] = _output_size(render.plan)
