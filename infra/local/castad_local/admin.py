@@ -16,6 +16,7 @@ from castad_cli import main as cli_main
 from castad_cli import progress
 from castad_contracts import api, brief, codes, schemas, topology
 from castad_runtime import messaging, redact, release, settings
+from PIL import Image
 from pydantic_settings import BaseSettings
 from rich.console import Console
 
@@ -32,7 +33,7 @@ DEMO_BRIEF = brief.Brief(
     detail_region_info="바다가 보이는 조용한 한옥 스테이, 근대 골목 산책",
     language=brief.Language.KOREAN,
     genre="k-pop, bright synth",
-    orientation=brief.Orientation.VERTICAL,
+    formats=tuple(brief.Format),  # a reel, a feed post and a video for its page, from the one song
     duration_s=20,
 )
 
@@ -104,13 +105,33 @@ def demo(
             console.print(f"{stage.stage.value:>6}: {path} ({size:,} B)", soft_wrap=True)
             extras = [(f"song.{c.format.value}", c.download) for c in stage.captions]
             extras += [("poster.jpg", stage.poster.download)] if stage.poster else []
+            for made in stage.formats:
+                extras += [(f"video-{made.format.slug}.mp4", made.video.download)]
+                extras += [(f"poster-{made.format.slug}.jpg", made.poster.download)] if made.poster else []
             for name, download in extras:
                 size = client.download(download, saved / name)
                 console.print(f"{'':>6}  {saved / name} ({size:,} B)", soft_wrap=True)
+        posters = [saved / f"poster-{shape.slug}.jpg" for shape in DEMO_BRIEF.frames]
+        side_by_side(posters, saved / "formats.jpg")
+        console.print(f"{'':>6}  {saved / 'formats.jpg'} (the posters of its formats side by side)", soft_wrap=True)
         console.print(f"[bold green]Finished video:[/] {path}", soft_wrap=True)
     finally:
         services.stop_all()
         console.print("services stopped")
+
+
+def side_by_side(pictures: list[pathlib.Path], out: pathlib.Path, height: int = 480, gap: int = 16) -> None:
+    """The pictures in a row, each scaled to `height`, on a dark ground: a JPEG at `out`."""
+    shown = []
+    for path in pictures:
+        with Image.open(path) as picture:
+            shown.append(picture.convert("RGB").resize((round(picture.width * height / picture.height), height)))
+    row = Image.new("RGB", (sum(p.width for p in shown) + gap * (len(shown) + 1), height + 2 * gap), (24, 24, 32))
+    x = gap
+    for picture in shown:
+        row.paste(picture, (x, gap))
+        x += picture.width + gap
+    row.save(out, "JPEG", quality=85)
 
 
 @app.command("schemas")
