@@ -122,10 +122,10 @@ def demo(
 
 def side_by_side(pictures: list[pathlib.Path], out: pathlib.Path, height: int = 480, gap: int = 16) -> None:
     """The pictures in a row, each scaled to `height`, on a dark ground: a JPEG at `out`."""
-    shown = []
+    shown: list[Image.Image] = []
     for path in pictures:
-        with Image.open(path) as picture:
-            shown.append(picture.convert("RGB").resize((round(picture.width * height / picture.height), height)))
+        with Image.open(path) as opened:
+            shown.append(opened.convert("RGB").resize((round(opened.width * height / opened.height), height)))
     row = Image.new("RGB", (sum(p.width for p in shown) + gap * (len(shown) + 1), height + 2 * gap), (24, 24, 32))
     x = gap
     for picture in shown:
