@@ -10,9 +10,10 @@ import datetime as dt
 import hashlib
 
 import pytest
+import sqlalchemy as sa
 from castad_api import keys
 from castad_contracts import brief, envelope, events
-from castad_runtime import artifacts
+from castad_runtime import artifacts, db
 
 from tests.integration.gateway import LYRICS, make_key
 from tests.integration.helpers import now
@@ -219,6 +220,18 @@ def test_each_format_of_the_video_is_listed_with_its_poster_and_served_to_its_te
     gateway.ended_long_ago(pipeline_id, events.Stage.VIDEO)
     gone = hana.get(f"{base}/16x9")
     assert gone.status_code == 410 and "16:9 video was deleted by retention" in gone.json()["detail"]
+    # A gateway of the release before recorded the video made again, leaving the formats of the one before: none
+    # is listed or served as this video's.
+    with db.transaction(engines["api"]) as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE pipeline_stages SET artifact = jsonb_set(artifact, '{sha256}', to_jsonb(CAST(:other AS text)))"
+                " WHERE pipeline_id = :pipeline AND stage = 'video'"
+            ),
+            {"other": "f" * 64, "pipeline": pipeline_id},
+        )
+    assert hana.get(f"/v1/pipelines/{pipeline_id}").json()["stages"][2]["formats"] == []
+    assert "made no 16:9 video" in hana.get(f"{base}/16x9").json()["detail"]
 
 
 @pytest.mark.parametrize(

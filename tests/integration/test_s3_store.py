@@ -180,7 +180,7 @@ def test_a_part_an_attempt_made_is_found_again_by_its_key_unless_replaced_and_de
     assert store.made(PIPELINE, events.Stage.VIDEO, "1x1 video", "video/mp4") is None
     with store.scratch(PIPELINE, events.Stage.VIDEO, 1, ".1x1.mp4") as scratch:
         scratch.write_bytes(b"a square video")
-        kept = store.keep_made(scratch, PIPELINE, events.Stage.VIDEO, "1x1 video", "video/mp4")
+        kept = store.keep(scratch, PIPELINE, events.Stage.VIDEO, "video/mp4", made_as="1x1 video")
 
     key = kept.uri.split("/", 3)[3]
     assert key.startswith(f"media/video/{PIPELINE}/video-") and key.endswith(f"-{kept.sha256[:16]}.mp4")

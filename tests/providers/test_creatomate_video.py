@@ -757,3 +757,48 @@ def test_a_format_without_a_template_of_its_shape_fails_the_stage_for_good_befor
 
     assert (error.code, error.retryable) == (code, False) and error.message.startswith(said)
     assert renders_sent(formats_fake, before) == []  # nothing paid for a part of what is asked
+
+
+def test_a_request_that_fails_after_others_were_asked_for_keeps_those_in_the_handle_so_none_is_paid_twice(
+    formats_fake, artifacts_dir
+):
+    work, before = formats_work(formats_fake), len(formats_fake.received)
+    formats_fake.script(Reply("ok"), Reply("status", status=503))  # the 9:16 render asked for, then the 1:1 refused
+
+    job = submitted(work, three_formats(artifacts_dir))
+
+    renders = creatomate.format_renders(job.handle) or []
+    assert [(shape, render_id == creatomate.UNSENT) for shape, render_id in renders] == [
+        ("9:16", False),
+        ("1:1", True),
+        ("16:9", True),
+    ]
+    error = failure(work, job)  # its first poll: the formats not asked for are lost, the attempt fails retryably
+    assert (error.code, error.retryable) == ("provider_job_failed", True) and "1:1" in error.message
+    again = dataclasses.replace(job, handle=None, previous_handle=job.handle, previous_waited_s=1.0, attempts=2)
+    retried = submitted(work, again)
+    assert dict(creatomate.format_renders(retried.handle) or [])[brief.Format.VERTICAL] == renders[0][1]
+    assert [body["body"]["template_id"] for body in renders_sent(formats_fake, before)] == [
+        TEMPLATE,
+        SQUARE,  # refused
+        SQUARE,
+        WIDE,
+    ]
+    assert len(poll_until_done(work, retried).details["more_formats"]) == 2
+
+
+def test_a_render_still_at_work_past_the_give_up_time_is_asked_for_again_the_others_kept(formats_fake, artifacts_dir):
+    work = formats_work(formats_fake)
+    job = submitted(work, three_formats(artifacts_dir), Plan(), Plan(outcome="never"), Plan(), fake=formats_fake)
+    first = dict(creatomate.format_renders(job.handle) or [])
+    time.sleep(0.5)  # the 9:16 and 16:9 renders done (render_s 0.3), the 1:1 one never
+    late = dataclasses.replace(
+        job, handle=None, previous_handle=job.handle, previous_waited_s=GIVE_UP_S + 1, attempts=2
+    )
+
+    retried = submitted(work, late)
+
+    renders = dict(creatomate.format_renders(retried.handle) or [])
+    assert renders[brief.Format.VERTICAL] == first[brief.Format.VERTICAL]
+    assert renders[brief.Format.WIDE] == first[brief.Format.WIDE]
+    assert renders[brief.Format.SQUARE] != first[brief.Format.SQUARE]

@@ -320,7 +320,7 @@ def test_a_part_an_attempt_made_is_found_again_by_its_key_unless_its_bytes_chang
     assert store.made(pipeline, events.Stage.VIDEO, "1x1 video", "video/mp4") is None
     with store.scratch(pipeline, events.Stage.VIDEO, 1, ".1x1.mp4") as scratch:
         scratch.write_bytes(b"a square video")
-        kept = store.keep_made(scratch, pipeline, events.Stage.VIDEO, "1x1 video", "video/mp4")
+        kept = store.keep(scratch, pipeline, events.Stage.VIDEO, "video/mp4", made_as="1x1 video")
 
     path = store.path(kept)
     assert path.parent == place(tmp_path, pipeline) and path.name.startswith("video-") and path.suffix == ".mp4"

@@ -9,7 +9,7 @@ import uuid
 
 import pydantic
 import pytest
-from castad_contracts import brief, codes, envelope, events, schemas, topology
+from castad_contracts import api, brief, codes, envelope, events, schemas, topology
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 PIPELINE = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
@@ -611,6 +611,23 @@ def test_a_briefs_formats_are_its_orientations_unless_it_names_them_and_one_it_n
     assert brief.Brief.model_validate(asked.model_dump(mode="json")) == asked
 
 
+def test_a_request_without_formats_is_sent_as_a_gateway_of_a_release_before_formats_takes_it():
+    """A request of the release before: the brief's fields then, its photos and callback URL; nothing else."""
+    before = set(brief.BriefV2.model_fields) | {"photos", "callback_url"}
+    asked = api.PipelineRequest(customer_name="Cafe Blue", region="Busan", photos=["https://example.com/a.jpg"])
+
+    sent = json.loads(asked.model_dump_json(exclude_none=True))
+
+    assert set(sent) <= before and "orientation" not in sent and "formats" not in sent
+    assert "formats" in json.loads(asked.model_copy(update={"formats": tuple(brief.Format)}).model_dump_json())
+
+
+@pytest.mark.parametrize("formats", [{"a": 1}, [["9:16"]], [{"shape": "1:1"}], "9:16", [7]])
+def test_formats_that_are_not_a_list_of_names_are_refused_as_the_briefs_field_not_as_a_crash(formats):
+    with pytest.raises(pydantic.ValidationError, match="formats"):
+        brief.Brief.model_validate({**BRIEF.model_dump(mode="json"), "formats": formats})
+
+
 def test_a_brief_naming_a_format_twice_or_an_unknown_one_is_refused():
     with pytest.raises(pydantic.ValidationError, match="names the same format more than once"):
         brief.Brief.model_validate({**BRIEF.model_dump(mode="json"), "formats": ["1:1", "1:1"]})
@@ -642,6 +659,10 @@ def test_a_video_event_in_several_formats_names_each_ones_video_and_poster_the_f
     ]
     written_as, written = events.REGISTRY.oldest_carrying("video.completed", both)
     assert written_as == 9 and events.REGISTRY.read("video.completed", 9, written) == both
+    # A producer that names other formats than the brief's after its first, or none of them, is refused.
+    for told in ([], [square.model_dump(mode="json")] * 2):
+        with pytest.raises(pydantic.ValidationError, match="not the brief's after its first"):
+            events.VideoCompleted.model_validate({**written, "more_formats": told})
 
 
 LINKED = brief.PhotoLink(url="https://example.com/hall.jpg")

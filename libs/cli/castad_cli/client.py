@@ -35,10 +35,13 @@ class Client:
     def submit(
         self, body: brief.Brief | api.PipelineRequest, idempotency_key: str | None = None
     ) -> api.PipelineAccepted:
-        """Submit a brief (a PipelineRequest names photos by uploaded image id or URL)."""
+        """Submit a brief (a PipelineRequest names photos by uploaded image id or URL).
+
+        What it does not say is left out (a null, formats not asked for), so that a gateway of a release before
+        that knew no such field takes it."""
         headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         return api.PipelineAccepted.model_validate(
-            self._call("POST", "/v1/pipelines", content=body.model_dump_json(), headers=headers)
+            self._call("POST", "/v1/pipelines", content=body.model_dump_json(exclude_none=True), headers=headers)
         )
 
     def upload_image(self, name: str, data: bytes) -> api.Image:

@@ -257,6 +257,7 @@ class PipelineRequest(brief.BriefV2):
     formats: brief.Formats = Field(
         default=(),
         max_length=len(brief.Format),
+        exclude_if=lambda formats: not formats,  # a request without them as a gateway of a release before reads it
         description="The formats to make of the video, each from the one song and laid out for its frame: 9:16,"
         " 1:1, 16:9 (default: the orientation's). The first is the video's own file.",
         examples=[["9:16", "1:1", "16:9"]],

@@ -34,6 +34,12 @@ class Format(enum.StrEnum):
         """The format as a path segment of the gateway's links: 9x16, 1x1, 16x9."""
         return self.value.replace(":", "x")
 
+    @property
+    def ratio(self) -> tuple[int, int]:
+        """Width to height: (9, 16), (1, 1), (16, 9)."""
+        wide, high = self.value.split(":")
+        return int(wide), int(high)
+
 
 # The format each orientation stands for; a brief's formats say it when they begin with one of these.
 ORIENTATION_FORMAT = {Orientation.VERTICAL: Format.VERTICAL, Orientation.HORIZONTAL: Format.WIDE}
@@ -304,13 +310,13 @@ class Brief(BriefV5):
     @classmethod
     def _orientation_of_first(cls, data: Any) -> Any:
         """Formats beginning with 9:16 or 16:9 set the orientation; that one alone is said by the orientation."""
-        if not isinstance(data, dict) or not data.get("formats"):
-            return data
-        first = data["formats"][0]
-        orientation = FORMAT_ORIENTATION.get(Format(first)) if first in set(Format) else None
+        formats = data.get("formats") if isinstance(data, dict) else None
+        if not isinstance(formats, list | tuple) or not formats or not isinstance(formats[0], str):
+            return data  # none, or not formats at all: the field's own validation says so
+        orientation = FORMAT_ORIENTATION.get(Format(formats[0])) if formats[0] in set(Format) else None
         if orientation is None:
             return data
-        return {**data, "orientation": orientation, "formats": data["formats"] if len(data["formats"]) > 1 else ()}
+        return {**data, "orientation": orientation, "formats": formats if len(formats) > 1 else ()}
 
     @property
     def frames(self) -> tuple[Format, ...]:

@@ -13,9 +13,9 @@ import datetime as dt
 import enum
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from castad_contracts import brief as brief_
 
@@ -283,6 +283,15 @@ class VideoCompleted(VideoCompletedV8):
         description="the brief's formats after its first, in its order, each made; the first is this event's"
         " artifact, width, height and poster (empty: one format, or an earlier version's event)",
     )
+
+    @model_validator(mode="after")
+    def _every_format_after_the_first(self) -> Self:
+        """Its more formats are the brief's after the first, in the brief's order: each file is told as its own."""
+        named = tuple(render.format for render in self.more_formats)
+        if named != self.brief.frames[1:]:
+            asked = ", ".join(self.brief.frames[1:]) or "none"
+            raise ValueError(f"more_formats name {', '.join(named) or 'none'}, not the brief's after its first ({asked})")
+        return self
 
     def renders(self) -> tuple[Render, ...]:
         """Every format made, the first (the event's own artifact) first."""

@@ -38,7 +38,7 @@ attempt of the stage reuses what an earlier one fetched rather than fetching it 
 an event names it, so the gateway serves it (`serve`, in the stage's place) as any other file of the stage.
 
 A part of a stage's work that an attempt made (one format of a video) is kept the same way under a key of the
-stage's own (`keep_made`, from the attempt's scratch file), and `made` finds it again by that key, its bytes checked
+stage's own (`keep(..., made_as=key)`), and `made` finds it again by that key, its bytes checked
 against its name, so that a later attempt makes only what is missing.
 """
 
@@ -97,7 +97,7 @@ class ArtifactStore(Protocol):
     ) -> contextlib.AbstractContextManager[pathlib.Path]: ...
 
     def keep(
-        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str
+        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str, made_as: str | None = None
     ) -> events.Artifact: ...
 
     def local_copy(
@@ -127,10 +127,6 @@ class ArtifactStore(Protocol):
     ) -> contextlib.AbstractContextManager[Fetched | None]: ...
 
     def delete_image(self, photo: brief.Photo) -> None: ...
-
-    def keep_made(
-        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, key: str, media_type: str
-    ) -> events.Artifact: ...
 
     def made(self, pipeline_id: str, stage: events.Stage, key: str, media_type: str) -> events.Artifact | None: ...
 
@@ -216,8 +212,10 @@ def _folder(pipeline_id: str, stage: events.Stage) -> str:
     return f"{stage.value}/{pipeline_id}"
 
 
-def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str) -> str:
-    return f"{_place(pipeline_id, stage)}{digest[:DIGEST_NAME_CHARS]}{suffix}"
+def _name(pipeline_id: str, stage: events.Stage, digest: str, suffix: str, made_as: str | None = None) -> str:
+    """A final file's name: by its bytes, after the digest of the part of the stage's work it is (`made_as`) if any."""
+    place = _place(pipeline_id, stage) if made_as is None else _fetched_place(pipeline_id, stage, made_as)
+    return f"{place}{digest[:DIGEST_NAME_CHARS]}{suffix}"
 
 
 def _placed(name: str, artifact: events.Artifact, pipeline_id: str, stage: events.Stage) -> str | None:
@@ -289,9 +287,8 @@ def _intact(path: pathlib.Path, name: str, uri: str) -> Fetched | None:
 
     The name ends `-<sha256 prefix><suffix>`.
     """
-    digest = _sha256(path)
-    stem, suffix = pathlib.PurePosixPath(name).stem, pathlib.PurePosixPath(name).suffix
-    if not digest.startswith(stem.rsplit("-", 1)[-1]):
+    digest, suffix = _sha256(path), pathlib.PurePosixPath(name).suffix
+    if not _named_by(name, digest):
         return None
     media_type = "image/jpeg" if suffix == ".jpg" else f"image/{suffix.removeprefix('.')}"
     return Fetched(path, events.Artifact(uri=uri, sha256=digest, size=path.stat().st_size, media_type=media_type))
@@ -377,7 +374,6 @@ _STORE_WORK = (
     "keep_fetched",
     "fetched_copy",
     "delete_image",
-    "keep_made",
     "made",
 )
 _Store = TypeVar("_Store")
@@ -411,11 +407,15 @@ class VolumeStore:
     ) -> contextlib.AbstractContextManager[pathlib.Path]:
         return _scratch(self.root / _folder(pipeline_id, stage), stage, attempt, suffix)
 
-    def keep(self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str) -> events.Artifact:
-        """Move an attempt's file to its content-addressed final name and describe it."""
+    def keep(
+        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str, made_as: str | None = None
+    ) -> events.Artifact:
+        """Move an attempt's file to its content-addressed final name and describe it.
+
+        `made_as`: the part of the stage's work it is, which `made` finds it by."""
         digest = _sha256(scratch)
         size = scratch.stat().st_size
-        final = self.root / _name(pipeline_id, stage, digest, scratch.suffix)
+        final = self.root / _name(pipeline_id, stage, digest, scratch.suffix, made_as)
         os.replace(scratch, final)
         return events.Artifact(uri=final.as_uri(), sha256=digest, size=size, media_type=media_type)
 
@@ -558,15 +558,6 @@ class VolumeStore:
         )
         yield next((fetched for fetched in found if fetched is not None), None)
 
-    def keep_made(
-        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, key: str, media_type: str
-    ) -> events.Artifact:
-        """Move an attempt's file made as the part `key` of the stage's work to its name, and describe it."""
-        digest, size = _sha256(scratch), scratch.stat().st_size
-        final = self.root / f"{_fetched_place(pipeline_id, stage, key)}{digest[:DIGEST_NAME_CHARS]}{scratch.suffix}"
-        os.replace(scratch, final)
-        return events.Artifact(uri=final.as_uri(), sha256=digest, size=size, media_type=media_type)
-
     def made(self, pipeline_id: str, stage: events.Stage, key: str, media_type: str) -> events.Artifact | None:
         """The file an attempt of the stage kept as the part `key` of its work, if one has the bytes its name gives."""
         for path in sorted(self.root.glob(f"{_fetched_place(pipeline_id, stage, key)}*")):
@@ -606,11 +597,13 @@ class S3Store:
     ) -> contextlib.AbstractContextManager[pathlib.Path]:
         return _scratch(self.scratch_root / _folder(pipeline_id, stage), stage, attempt, suffix)
 
-    def keep(self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str) -> events.Artifact:
-        """Upload an attempt's file under its content-addressed key and describe it."""
+    def keep(
+        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, media_type: str, made_as: str | None = None
+    ) -> events.Artifact:
+        """Upload an attempt's file under its content-addressed key and describe it (`made_as`: see VolumeStore)."""
         digest = _sha256(scratch)
         size = scratch.stat().st_size
-        key = self.prefix + _name(pipeline_id, stage, digest, scratch.suffix)
+        key = self.prefix + _name(pipeline_id, stage, digest, scratch.suffix, made_as)
         extra = {"ContentType": media_type, "Metadata": {"sha256": digest}}
         self._call("upload", self._client.upload_file, str(scratch), self.bucket, key, ExtraArgs=extra)
         scratch.unlink(missing_ok=True)
@@ -791,24 +784,11 @@ class S3Store:
             raise
         return path
 
-    def keep_made(
-        self, scratch: pathlib.Path, pipeline_id: str, stage: events.Stage, key: str, media_type: str
-    ) -> events.Artifact:
-        """Upload an attempt's file made as the part `key` of the stage's work under its name, and describe it."""
-        digest, size = _sha256(scratch), scratch.stat().st_size
-        name = f"{_fetched_place(pipeline_id, stage, key)}{digest[:DIGEST_NAME_CHARS]}{scratch.suffix}"
-        extra = {"ContentType": media_type, "Metadata": {"sha256": digest}}
-        self._call("upload", self._client.upload_file, str(scratch), self.bucket, self.prefix + name, ExtraArgs=extra)
-        scratch.unlink(missing_ok=True)
-        return events.Artifact(
-            uri=f"s3://{self.bucket}/{self.prefix}{name}", sha256=digest, size=size, media_type=media_type
-        )
-
     def made(self, pipeline_id: str, stage: events.Stage, key: str, media_type: str) -> events.Artifact | None:
         """The object an attempt of the stage kept as the part `key` of its work, if one is whole.
 
-        Whole: the sha256 it was uploaded with (its metadata) is the one its name gives, and so is its size's; the
-        object is not downloaded."""
+        Whole as far as can be told without downloading it: it was uploaded as a stage keeps one (with the sha256 of
+        its bytes in its metadata), and that sha256 is the one its name gives."""
         place = self.prefix + _fetched_place(pipeline_id, stage, key)
         listed = self._call("list", self._client.list_objects_v2, Bucket=self.bucket, Prefix=place)
         for found in sorted(listed.get("Contents", []), key=lambda item: item["Key"]):

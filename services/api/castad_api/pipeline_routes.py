@@ -271,7 +271,7 @@ def _view(
             poster = api.ArtifactLink.of(pid, stage, s.poster, "poster") if s.poster else None
             fetched = [api.FetchedPhotoLink.of(pid, photo) for photo in s.fetched_photos or ()]
             captions_ = [api.CaptionLink.of(pid, form) for form in api.CaptionFormat] if s.captioned else []
-            formats = [api.FormatLink.of(pid, render) for render in s.formats or ()]
+            formats = [api.FormatLink.of(pid, render) for render in _formats(s)]
         stages.append(
             api.StageView(
                 stage=stage,
@@ -590,6 +590,17 @@ def _made(
     return made, now
 
 
+def _formats(made: records.Stage) -> list[dict[str, Any]]:
+    """The formats of the stage's artifact: none recorded with an earlier one.
+
+    A gateway of the release before records a video made again (an operator's retry) without its formats, leaving
+    those of the video before in place."""
+    formats = made.formats or []
+    if not formats or made.artifact is None or formats[0]["artifact"]["sha256"] != made.artifact["sha256"]:
+        return []
+    return formats
+
+
 def _not_deleted(gw: Gateway, made: records.Stage, now: dt.datetime, file: str) -> None:
     """410 once retention deleted the stage's files (CASTAD_RETENTION_ARTIFACTS_S after it ended)."""
     if made.finished_at is not None and gw.config.retention_policy().artifacts_gone(made.finished_at, now):
@@ -611,7 +622,7 @@ def _serve(
     """
     made, now = _made(gw, pipeline_id, stage, tenant)
     if shape is not None:
-        told = {render["format"]: render for render in made.formats or ()}.get(shape.value)
+        told = {render["format"]: render for render in _formats(made)}.get(shape.value)
         if told is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"the {stage.value} stage made no {shape} video")
         render = events.Render.model_validate(told)

@@ -199,13 +199,12 @@ def shape_of(size: tuple[int, int]) -> brief.Format | None:
     """The format a frame of `size` has (within 1%), if any."""
     width, height = size
     return next(
-        (shape for shape in brief.Format if abs(width * _HIGH[shape] / (height * _WIDE[shape]) - 1) < 0.01), None
+        (shape for shape in brief.Format if abs(width * shape.ratio[1] / (height * shape.ratio[0]) - 1) < 0.01), None
     )
 
 
-_WIDE = {shape: int(shape.value.split(":")[0]) for shape in brief.Format}
-_HIGH = {shape: int(shape.value.split(":")[1]) for shape in brief.Format}
-FORMAT_PART = re.compile(r"(9:16|1:1|16:9)=([^;=]+)")
+FORMAT_PART = re.compile("(" + "|".join(re.escape(shape.value) for shape in brief.Format) + ")=([^;=]+)")
+UNSENT = "unsent"  # in a handle, a format whose render was not asked for: its request failed after others were
 
 
 def format_handle(renders: Sequence[tuple[brief.Format, str]]) -> str:
@@ -229,11 +228,13 @@ class CreatomateApi:
 
     `song_url` and `photo_urls` say where the render API fetches the song and the brief's photos (in the brief's
     order; `photo_urls` is also given when the stage began the job, for the photos' seals). A brief without formats
-    is one render of `template_id`, whatever its size (its handle the render's id). A brief naming formats is a
-    render per format, each of the template `format_templates` names for it, or of `template_id` if that one has the
-    format's shape; each template's size must have its format's shape. Its handle names every render
-    (`format_handle`); it is done once every render is, failed once one failed, and an attempt after it renders
-    again only the formats whose render failed or is gone.
+    is one render of the template `format_templates` names for its format, else of `template_id`, whatever its
+    size (its handle the render's id). A brief naming formats is a render per format, each of the template
+    `format_templates` names for it, or of `template_id` if that one has the format's shape; each template's size
+    must have its format's shape. Its handle names every render (`format_handle`); it is done once every render is,
+    failed once one failed, and an attempt after it renders again only the formats whose render failed, is gone, or
+    is still at work past `give_up_s` since it was asked for. Every render already asked for is in the handle, even
+    when a request for another then failed: none is paid for twice.
     """
 
     def __init__(
@@ -243,8 +244,10 @@ class CreatomateApi:
         song_url: Callable[[events.SongCompleted], str],
         photo_urls: Callable[[events.SongCompleted, dt.datetime | None], Sequence[str]],
         format_templates: Mapping[brief.Format, str] | None = None,
+        give_up_s: float | None = None,
     ) -> None:
         self._client = client
+        self._give_up_s = give_up_s
         self._template_id = template_id
         self._format_templates = dict(format_templates or {})
         self._song_url = song_url
@@ -310,25 +313,61 @@ class CreatomateApi:
         self, job: repository.Job, callback_url: str | None, cancel: cancellation.Cancellation
     ) -> remote.Submitted:
         done = job.trigger(events.SongCompleted)
-        if not done.brief.formats:  # one render of the stage's template, as before there were formats
-            render = self._render(job, done, self._template_id, callback_url, cancel)
+        if not done.brief.formats:  # one render, as before there were formats
+            template_id = self._format_templates.get(done.brief.frames[0], self._template_id)
+            render = self._render(job, done, template_id, callback_url, cancel)
             return remote.Submitted(str(render["id"]), check_notes(render, done))
         templates = {shape: self._template_for(shape, done, cancel) for shape in done.brief.frames}  # all, or none paid
-        earlier = dict(format_renders(job.previous_handle) or []) if job.previous_handle else {}
+        kept = self._kept(job, cancel)  # every look-up made before anything is paid for
         values = modifications(done, self._song_url(done), self._photo_urls(done, job.created_at))  # every format's
         renders: list[tuple[brief.Format, str]] = []
         notes: list[str] = []
+        asked = False  # whether this submit paid for a render
         for shape, template_id in templates.items():
-            if (kept := earlier.get(shape)) is not None and self._still_good(kept, cancel):
+            if shape in kept:
                 log.info(
-                    "pipeline %s: the %s render %s an earlier attempt asked for is kept", job.pipeline_id, shape, kept
+                    "pipeline %s: the %s render %s an earlier attempt asked for is kept",
+                    job.pipeline_id,
+                    shape,
+                    kept[shape],
                 )
-                renders.append((shape, kept))
+                renders.append((shape, kept[shape]))
                 continue
-            render = self._render(job, done, template_id, callback_url, cancel, values)
+            try:
+                render = self._render(job, done, template_id, callback_url, cancel, values)
+            except errors.ProviderError as error:
+                if not asked:
+                    raise  # nothing asked for yet: the earlier attempt's handle still names what was kept
+                log.warning(
+                    "pipeline %s: the %s render was not asked for (%s): the next attempt asks for it",
+                    job.pipeline_id,
+                    shape,
+                    error.code,
+                )
+                missing = [(left, UNSENT) for left in list(templates)[len(renders) :]]
+                return remote.Submitted(format_handle([*renders, *missing]), tuple(notes))
+            asked = True
             notes += check_notes(render, done)
             renders.append((shape, str(render["id"])))
         return remote.Submitted(format_handle(renders), tuple(notes))
+
+    def _kept(self, job: repository.Job, cancel: cancellation.Cancellation) -> dict[brief.Format, str]:
+        """The renders an earlier attempt asked for that are done, or still at work within the give-up time."""
+        earlier = format_renders(job.previous_handle) if job.previous_handle else None
+        within = self._give_up_s is None or job.previous_waited_s is None or job.previous_waited_s < self._give_up_s
+        kept = {}
+        for shape, render_id in earlier or []:
+            if render_id == UNSENT:
+                continue
+            try:
+                state = finished(render_of(self._get(render_id, cancel)))
+            except errors.ProviderError as error:
+                if error.code in remote.GONE:
+                    continue
+                raise
+            if isinstance(state, remote.Finished) or within:
+                kept[shape] = render_id
+        return kept
 
     def _template_for(self, shape: brief.Format, done: events.SongCompleted, cancel: cancellation.Cancellation) -> str:
         """The template of a format, checked: it has the format's shape and every element the video needs."""
@@ -351,16 +390,6 @@ class CreatomateApi:
             check_template(read.elements, done)
         return template_id
 
-    def _still_good(self, render_id: str, cancel: cancellation.Cancellation) -> bool:
-        """Whether a render an earlier attempt asked for is done or still at work (not failed, canceled or gone)."""
-        try:
-            finished(render_of(self._get(render_id, cancel)))
-        except errors.ProviderError as error:
-            if error.code in remote.GONE or error.code == codes.ErrorCode.PROVIDER_JOB_CANCELED:
-                return False
-            raise
-        return True
-
     def _render(
         self,
         job: repository.Job,
@@ -371,10 +400,10 @@ class CreatomateApi:
         values: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The render object of a render asked for: the template filled with the pipeline's `values` (or made now)."""
-        if template_id == self._template_id and not done.brief.formats:
-            elements = self.template_elements(cancel)
+        if not done.brief.formats:  # (each format's template is checked before any is asked for: _template_for)
+            elements = self.template_elements(cancel, template_id=template_id)
             if elements is not None and needed(done) - elements:  # read again before failing: it may have been fixed
-                elements = self.template_elements(cancel, fresh=True)
+                elements = self.template_elements(cancel, fresh=True, template_id=template_id)
             if elements is not None:
                 check_template(elements, done)
         body: dict[str, Any] = {
@@ -395,6 +424,10 @@ class CreatomateApi:
             return finished(render_of(self._get(handle, cancel)))
         states = []
         for shape, render_id in renders:
+            if render_id == UNSENT:  # failed at once (a lost render would be waited on a while as not listed yet)
+                raise errors.ProviderError(
+                    codes.ErrorCode.PROVIDER_JOB_FAILED, f"the {shape} render was not asked for: its request failed"
+                )
             try:
                 states.append((shape, finished(render_of(self._get(render_id, cancel)))))
             except errors.ProviderError as error:  # said of the format whose render it is

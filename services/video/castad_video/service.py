@@ -56,7 +56,8 @@ class VideoSettings(stage_service.LinkingStageSettings):
     creatomate_timeout_s: stage_service.ProviderTimeout = 30.0
     creatomate_max_answer_bytes: stage_service.ProviderMaxAnswer = 1_000_000
     # Creatomate takes 30 requests per 10 s (docs/providers.md): a burst of 5 and 2 a second stay under it
-    # (25 in any 10 s) from the first call, with room for the look-up a resubmission makes first.
+    # (25 in any 10 s) from the first call, with room for the look-up a resubmission makes first. A claim of a brief
+    # in several formats makes a request per format (docs/providers.md, "Formats").
     quota_rate_per_s: float = Field(
         default=2.0, gt=0, description="calls per second to the render API, across every worker of the service"
     )
@@ -250,6 +251,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         lambda done: song_url(config, store, done),
         lambda done, begun: photo_urls(config, store, done, begun),
         config.creatomate_format_templates,
+        config.provider_give_up_s,
     )
     work = remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
     return dataclasses.replace(work, readiness={"template": api.template_fits})
@@ -304,10 +306,11 @@ def make_work(config: VideoSettings) -> runner.Work:
     ) -> events.Render:
         """The video in one format and its poster, kept; as an earlier attempt kept them if it did.
 
-        Each is kept under its frame size (a changed CASTAD_VIDEO_SHORT_SIDE makes it anew), so that an attempt
-        after one that made some formats only makes the others."""
+        Each is kept as what made it: the renderer, its frame rate and the frame size (another setting makes it
+        anew), so that an attempt after one that made some formats only makes the others."""
         width, height = renderer.frame(shape)
-        video_key, poster_key = f"{width}x{height} video", f"{width}x{height} poster"
+        made = f"{config.provider} {config.fps} fps {width}x{height}"
+        video_key, poster_key = f"{made} video", f"{made} poster"
         earlier = store.made(job.pipeline_id, events.Stage.VIDEO, video_key, "video/mp4")
         earlier_poster = earlier and store.made(job.pipeline_id, events.Stage.VIDEO, poster_key, "image/jpeg")
         if earlier is not None and earlier_poster is not None:
@@ -335,8 +338,8 @@ def make_work(config: VideoSettings) -> runner.Work:
                 store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, f".{shape.slug}.jpg")
             )
             provider.still(scratch, video.poster_s, still, cancel, config.ffmpeg)
-            artifact = store.keep_made(scratch, job.pipeline_id, events.Stage.VIDEO, video_key, "video/mp4")
-            poster = store.keep_made(still, job.pipeline_id, events.Stage.VIDEO, poster_key, "image/jpeg")
+            artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4", made_as=video_key)
+            poster = store.keep(still, job.pipeline_id, events.Stage.VIDEO, "image/jpeg", made_as=poster_key)
         return events.Render(format=shape, artifact=artifact, width=video.width, height=video.height, poster=poster)
 
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
