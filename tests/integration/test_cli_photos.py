@@ -92,3 +92,25 @@ def test_photos_with_the_gateway_down_are_exit_3_after_the_files_were_found(tmp_
     down = "http://127.0.0.1:9"  # the discard port: nothing listens there
     one_line_error(cli(down, *BRIEF, "--photo", str(good)), 3, "cannot reach the gateway")
     one_line_error(cli(down, *BRIEF, "--photo", str(tmp_path / "gone.jpg")), 2, "No such file or directory")
+
+
+def test_submit_asks_for_the_formats_given_in_order_and_refuses_an_orientation_that_disagrees(engines, api, cli):
+    running = api()
+    key = make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ)
+    one_line_error(
+        cli(running.base_url, *BRIEF, "--format", "16:9", "--orientation", "vertical", key=key),
+        2,
+        "formats: Value error, begin with 16:9, which is horizontal, but orientation is vertical",
+    )
+    one_line_error(cli(running.base_url, *BRIEF, "--format", "1:1", "--format", "1:1", key=key), 2, "more than once")
+    assert count(engines["api"], tables.pipelines) == 0
+
+    done = cli(running.base_url, *BRIEF, "--format", "1:1", "--format", "9:16", key=key)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = running.client(key).get(f"/v1/pipelines/{done.stdout.split()[1]}").json()["brief"]
+    assert (shown["formats"], shown["orientation"]) == (["1:1", "9:16"], "vertical")
+    wide = cli(running.base_url, *BRIEF, "--orientation", "horizontal", key=key)  # as before formats
+    assert running.client(key).get(f"/v1/pipelines/{wide.stdout.split()[1]}").json()["brief"]["orientation"] == (
+        "horizontal"
+    )
