@@ -1,7 +1,8 @@
-"""`castad submit --photo` against the gateway's HTTP API.
+"""`castad submit --photo` (and `--format`) against the gateway's HTTP API.
 
 Each file uploaded, then the brief submitted naming the uploads and the URLs in the order given; a file that cannot
-be read or an image the gateway refuses is one line and exit 2, and nothing is submitted.
+be read or an image the gateway refuses is one line and exit 2, and nothing is submitted. The formats asked for, in
+order; an orientation that disagrees with them is one line and exit 2.
 """
 
 from __future__ import annotations
