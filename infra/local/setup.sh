@@ -2,7 +2,8 @@
 # Make this machine ready to run Castad: Python environment from the lock file,
 # PostgreSQL and RabbitMQ reachable, a Hangul font for video captions, eSpeak NG for the
 # singing voice, Debian's chromium
-# for the console's browser test, then every service database created and migrated and
+# for the console's browser test and tesseract-ocr for the video's legibility test, then every service database
+# created and migrated and
 # the RabbitMQ topology declared.
 # Idempotent: a second run only checks. Installs Debian packages only as root.
 set -euo pipefail
@@ -161,5 +162,16 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 
-# 7. Databases, migrations, exchange, queues and bindings.
+# 7. Debian's tesseract-ocr, with which the video's tests read the business's name back from its frames. Only the
+#    tests need it: without root, say what to run and go on.
+if ! command -v tesseract >/dev/null; then
+  if is_root; then
+    say "installing Debian's tesseract-ocr for the video's legibility test"
+    apt_install tesseract-ocr || die "could not install tesseract-ocr"
+  else
+    say "Debian's tesseract-ocr is missing (the video's legibility test needs it). As root run: apt-get install tesseract-ocr"
+  fi
+fi
+
+# 8. Databases, migrations, exchange, queues and bindings.
 .venv/bin/castad-admin setup

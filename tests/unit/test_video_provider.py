@@ -6,6 +6,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -687,3 +688,38 @@ def test_an_encode_that_stalls_is_killed_and_run_once_more_and_a_second_stall_is
     with pytest.raises(errors.RetryableProviderError) as raised:
         renderer._run_encoder(["ffmpeg"], 3.0, cancel)  # noqa: SLF001
     assert raised.value.code == codes.ErrorCode.RENDER_INTERRUPTED and "120 s, 2 times" in raised.value.message
+
+
+def read_back(frame: Image.Image, folder: pathlib.Path) -> list[str]:
+    """The lines Debian's tesseract reads in the frame's white text (the business's name: the style's text colour).
+
+    The text is taken apart from what is behind it (white only, black on white), as a reader's eye does."""
+    tesseract = shutil.which("tesseract")
+    if tesseract is None:
+        pytest.fail("Debian's tesseract-ocr is missing: run `make setup` as root (or apt-get install tesseract-ocr)")
+    pixels = np.asarray(frame.convert("RGB"), dtype=np.int16)
+    ink = pixels.min(axis=2) > 215
+    page = folder / "page.png"
+    Image.fromarray(np.where(ink, 0, 255).astype(np.uint8)).save(page)
+    read = subprocess.run([tesseract, str(page), "-", "-l", "eng", "--psm", "11"], capture_output=True, text=True)
+    assert read.returncode == 0, read.stderr
+    return [line.strip() for line in read.stdout.splitlines() if line.strip()]
+
+
+def test_the_business_name_is_legible_in_every_formats_first_seconds_over_a_photo(
+    local: provider.LocalVideoProvider, song: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Read back from the frames by OCR: drawn for each frame, over the photo, not cut by its edges.
+
+    A Latin name: tesseract misreads Hangul this small (a 240-pixel short side) one syllable in three."""
+    named = BRIEF.model_copy(update={"customer_name": "Cafe Blue", "language": brief.Language.ENGLISH})
+    photos = two_photos(tmp_path)
+    for shape in brief.Format:
+        out = tmp_path / f"{shape.slug}.mp4"
+        local.render(
+            named, LYRICS, TIMED, song, out, seed="s", cancel=cancellation.Cancellation(), photos=photos, shape=shape
+        )
+
+        lines = read_back(frame_at(out, 0.3, tmp_path / f"{shape.slug}.png"), tmp_path)
+
+        assert "Cafe Blue" in lines, (shape, lines)
