@@ -289,8 +289,8 @@ class VideoCompleted(VideoCompletedV8):
         """Its more formats are the brief's after the first, in the brief's order: each file is told as its own."""
         named = tuple(render.format for render in self.more_formats)
         if named != self.brief.frames[1:]:
-            asked = ", ".join(self.brief.frames[1:]) or "none"
-            raise ValueError(f"more_formats name {', '.join(named) or 'none'}, not the brief's after its first ({asked})")
+            asked, told = ", ".join(self.brief.frames[1:]) or "none", ", ".join(named) or "none"
+            raise ValueError(f"more_formats name {told}, not the brief's after its first ({asked})")
         return self
 
     def renders(self) -> tuple[Render, ...]:
