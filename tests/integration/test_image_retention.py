@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_api import deps, errors, image_routes, notifications, operations, repository, tables, upload_limits
+from castad_api import brands, deps, errors, image_routes, notifications, operations, repository, tables, upload_limits
 from castad_api import retention as api_retention
 from castad_api import settings as api_settings
 from castad_contracts import api, brief
@@ -207,3 +207,31 @@ def test_a_tenants_upload_bucket_is_forgotten_once_full_again(gw):
     with db.transaction(gw.engine) as conn:
         assert upload_limits.forget_buckets(conn, limits.full_after_s(), 10) == 1
         assert set(conn.execute(sa.select(b.c.tenant)).scalars()) == {"fresh"}
+
+
+def test_a_brand_kits_logo_stays_while_the_kit_shows_it_and_then_while_a_pipeline_made_with_it_does(gw, installation):
+    logo = upload(gw, 21, 8 * DAY)
+    with db.transaction(gw.engine) as conn:
+        brands.save(conn, TENANT, api.BrandKitRequest(logo=str(logo), colors=["#0b3d91"]), None)
+
+    with statements_of(gw.engine) as statements:
+        assert prune(gw) == 1  # found named by the kit
+
+    assert kept(gw) == {logo: True}
+    assert "brand_kits_logo" in indexes_used(gw.engine, statements)
+    with db.transaction(gw.engine) as conn:
+        pipeline_id = create(conn)  # its brief's brand shows the logo
+        assert brands.delete(conn, TENANT)
+        conn.execute(tables.images.update().values(uploaded_at=repository.now(conn) - 8 * DAY))
+    with statements_of(gw.engine) as statements:
+        assert prune(gw) == 1  # found named by the pipeline
+
+    assert kept(gw) == {logo: True}
+    assert "pipelines_brand_logo" in indexes_used(gw.engine, statements)
+    p, i = tables.pipelines, tables.images
+    with db.transaction(gw.engine) as conn:
+        ended = repository.now(conn) - 91 * DAY
+        conn.execute(p.update().where(p.c.id == pipeline_id).values(status="CANCELED", finished_at=ended))
+        assert api_retention.forget_pipelines(conn, gw.config.retention_pipelines_s, 10) == 1
+        conn.execute(i.update().where(i.c.id == logo).values(uploaded_at=repository.now(conn) - 8 * DAY))
+    assert prune(gw) == 1 and kept(gw) == {}

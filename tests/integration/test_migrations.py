@@ -60,6 +60,7 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.key_windows,
         api_tables.images,
         api_tables.upload_buckets,
+        api_tables.brand_kits,
     ),
     "lyric": STAGE_TABLES,
     "song": STAGE_TABLES,

@@ -586,6 +586,32 @@ def test_a_brief_asking_for_several_formats_needs_the_new_version_and_one_format
         events.REGISTRY.read(event_type, version, written)
 
 
+@pytest.mark.parametrize(("event_type", "version"), BEFORE_FORMATS.items())
+def test_a_brief_with_a_brand_needs_the_new_version_and_reads_back_whole(event_type, version):
+    data = brief_carrying(event_type, version, BRIEF.model_dump(mode="json"))
+    current = events.REGISTRY.read(event_type, version, data)
+    assert current.brief.brand is None  # an older brief has none
+    logo = PHOTO.model_copy(update={"seal": "d" * 64})
+    brand = brief.Brand(logo=logo, colors=("#0B3D91", "#ffc20e"), font=brief.FontFamily.NOTO_SANS_CJK)
+    branded = current.model_copy(update={"brief": current.brief.model_copy(update={"brand": brand})})
+
+    written_as, written = events.REGISTRY.oldest_carrying(event_type, branded)
+
+    assert written_as == version + 1 and written["brief"]["brand"]["colors"] == ["#0b3d91", "#ffc20e"]
+    assert events.REGISTRY.read(event_type, written_as, written).brief.brand == brand
+
+
+@pytest.mark.parametrize(
+    "brand",
+    [{"colors": []}, {"colors": ["#fff"]}, {"colors": ["#000000"] * 3}, {"colors": ["#000000"], "font": "Comic Sans"},
+     {"colors": ["#000000"], "caption_style": {"position": "left"}}, {"colors": ["#000000"], "motto": "x"}],
+    ids=["no-colour", "short-hex", "three-colours", "unknown-font", "unknown-position", "unknown-field"],
+)  # fmt: skip
+def test_a_brand_that_is_not_one_is_refused(brand):
+    with pytest.raises(pydantic.ValidationError, match="brand"):
+        brief.Brief.model_validate({**BRIEF.model_dump(mode="json"), "brand": brand})
+
+
 @pytest.mark.parametrize(
     ("formats", "orientation", "frames"),
     [

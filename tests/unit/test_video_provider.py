@@ -723,3 +723,31 @@ def test_the_business_name_is_legible_in_every_formats_first_seconds_over_a_phot
         lines = read_back(frame_at(out, 0.3, tmp_path / f"{shape.slug}.png"), tmp_path)
 
         assert "Cafe Blue" in lines, (shape, lines)
+
+
+def test_a_brands_font_draws_the_captions_where_it_draws_the_language_and_the_languages_own_elsewhere(
+    local: provider.LocalVideoProvider,
+) -> None:
+    branded = BRIEF.model_copy(update={"brand": brief.Brand(colors=("#102030",), font=brief.FontFamily.NANUM_MYEONGJO)})
+    serif = branded.model_copy(update={"brand": brief.Brand(colors=("#102030",), font=brief.FontFamily.NOTO_SERIF_CJK)})
+
+    assert local.font_for(branded, brief.Language.KOREAN).path.name == "NanumMyeongjoBold.ttf"
+    assert local.font_for(branded, brief.Language.JAPANESE) == local.fonts[brief.Language.JAPANESE]  # no kana
+    assert local.font_for(serif, brief.Language.JAPANESE) == provider.Font(provider.FAMILY_FILES[serif.brand.font], 0)
+    assert local.font_for(BRIEF, brief.Language.KOREAN) == local.fonts[brief.Language.KOREAN]  # no brand
+
+
+def test_a_brands_caption_style_puts_the_sung_line_lower_and_larger(local: provider.LocalVideoProvider) -> None:
+    font = local.fonts[brief.Language.KOREAN]
+    size = provider.frame_size(brief.Format.VERTICAL, 360)
+    styled = {"position": "bottom", "size": "large"}
+    drawn = {}
+    for name, brand in (("plain", None), ("styled", {"colors": ["#102030"], "caption_style": styled})):
+        source = BRIEF.model_validate({**BRIEF.model_dump(mode="json"), "brand": brand})
+        renderer = provider.FrameRenderer(source, size, font, "s")
+        layer = np.asarray(renderer.caption("바다 책방에서 만나요"))[..., 3] > 0  # its drawn pixels
+        header = np.asarray(renderer.caption(""))[..., 3] > 0
+        drawn[name] = np.argwhere(layer & ~header)
+    plain, styled_rows = drawn["plain"][:, 0], drawn["styled"][:, 0]
+    assert styled_rows.mean() > plain.mean() + 0.15 * size[1]  # lower in the frame
+    assert np.ptp(styled_rows) > np.ptp(plain)  # and taller letters

@@ -20,7 +20,7 @@ from castad_contracts import brief, events
 from castad_runtime import artifacts, links
 from castad_runtime.stage import cancellation, errors, machine, repository
 from castad_video import provider, service
-from PIL import Image
+from PIL import Image, ImageDraw
 from pydantic import SecretStr
 
 from tests.unit.test_video_provider import BRIEF, LYRICS, TIMED, as_shown, frame_at, two_photos, write_tone
@@ -285,3 +285,50 @@ def test_a_photo_named_by_url_is_sealed_too_so_no_stage_can_name_a_url_of_the_st
     swapped = done.brief.model_copy(update={"photos": (link.model_copy(update={"seal": sealed.seal}),)})
     with pytest.raises(errors.PermanentProviderError, match=r"photo 1 \(https://bucket.example.com/images/theirs"):
         service.checked_photos(config, done.model_copy(update={"brief": swapped}))
+
+
+def a_logo(path: pathlib.Path) -> pathlib.Path:
+    """A logo as a business uploads one: a magenta disc on a transparent ground."""
+    logo = Image.new("RGBA", (120, 120), (0, 0, 0, 0))
+    ImageDraw.Draw(logo).ellipse((10, 10, 110, 110), fill=(230, 0, 200, 255))
+    logo.save(path)
+    return path
+
+
+def test_the_brands_logo_and_colours_are_in_every_formats_frames_as_its_pipeline_began_with_them(
+    tmp_path: pathlib.Path,
+):
+    store, config = sealed_stage(tmp_path)
+    logo = links.sealed(ROOT, PIPELINE, (uploaded(store, a_logo(tmp_path / "logo.png")),))[0]
+    asked = song_completed(store, tmp_path, [])
+    asked["brief"]["formats"] = ["9:16", "16:9"]
+    asked["brief"]["brand"] = {
+        "logo": logo.model_dump(mode="json"),
+        "colors": ["#1e90ff", "#ffd700"],
+        "font": "Noto Serif CJK",
+        "caption_style": {"position": "bottom", "size": "large"},
+    }
+
+    output = service.make_work(config)(job(asked), cancellation.Cancellation())
+
+    for render in (output.artifact, output.details["more_formats"][0].artifact):
+        frame = np.asarray(frame_at(store.path(render), 1.5, tmp_path / "frame.png"), dtype=np.int16)
+        height, width = frame.shape[:2]
+        corner = frame[height * 3 // 4 :, width * 3 // 4 :].reshape(-1, 3)
+        magenta = np.abs(corner - np.array([230, 0, 200])).max(axis=1) < 40
+        assert magenta.mean() > 0.05, magenta.mean()  # the logo, in the lower right corner
+        top = frame[: height // 10].reshape(-1, 3).mean(axis=0)  # the gradient begins with the brand's main colour
+        assert np.abs(top - np.array([30, 144, 255])).max() < 40, top
+
+
+def test_a_logo_the_gateway_did_not_seal_for_the_pipeline_fails_the_video_for_good(tmp_path: pathlib.Path):
+    store, config = sealed_stage(tmp_path)
+    logo = links.sealed(ROOT, str(uuid.uuid4()), (uploaded(store, a_logo(tmp_path / "logo.png")),))[0]
+    asked = song_completed(store, tmp_path, [])
+    asked["brief"]["brand"] = {"logo": logo.model_dump(mode="json"), "colors": ["#1e90ff"]}
+
+    with pytest.raises(errors.PermanentProviderError) as raised:
+        service.make_work(config)(job(asked), cancellation.Cancellation())
+
+    assert raised.value.code == "photo_not_sealed" and raised.value.message.startswith("the brand's logo (image ")
+    assert not list((store.root / "video" / PIPELINE).glob("video-*"))  # nothing rendered

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
@@ -263,6 +263,12 @@ class PipelineRequest(brief.BriefV2):
         examples=[["9:16", "1:1", "16:9"]],
     )
 
+    brand: Literal["tenant", "none"] = Field(
+        default="tenant",
+        exclude_if=lambda brand: brand == "tenant",  # as formats
+        description="tenant: the tenant's brand kit (PUT /v1/brand) as it is now, if it has one; none: no kit.",
+    )
+
     @field_validator("formats")
     @classmethod
     def _agree_with_orientation(cls, formats: tuple[brief.Format, ...], info: ValidationInfo) -> Any:
@@ -273,10 +279,37 @@ class PipelineRequest(brief.BriefV2):
             raise ValueError(f"begin with {formats[0]}, which is {said}, but orientation is {orientation}: give one")
         return formats
 
-    def for_stages(self, photos: tuple[brief.Photo | brief.PhotoLink, ...]) -> brief.Brief:
-        """The brief as the stages get it: the photos named by reference, without the callback URL."""
-        fields = self.model_dump(exclude={"callback_url", "photos"}, exclude_none=True)
-        return brief.Brief.model_validate({**fields, "photos": photos})
+    def for_stages(
+        self, photos: tuple[brief.Photo | brief.PhotoLink, ...], brand: brief.Brand | None = None
+    ) -> brief.Brief:
+        """The brief as the stages get it: the photos named by reference, its `brand`, without the callback URL."""
+        fields = self.model_dump(exclude={"callback_url", "photos", "brand"}, exclude_none=True)
+        return brief.Brief.model_validate({**fields, "photos": photos, "brand": brand})
+
+
+class BrandKitRequest(BaseModel):
+    """A tenant's brand kit as a key with `submit` sets it: every brief of the tenant uses it from then on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    logo: brief.ImageId | None = Field(
+        default=None, description="an image the tenant uploaded (POST /v1/images), shown in a corner of every frame"
+    )
+    colors: list[brief.HexColour] = Field(
+        min_length=1,
+        max_length=brief.MAX_BRAND_COLOURS,
+        description="#rrggbb: the main colour, then the accent",
+        examples=[["#0b3d91", "#ffc20e"]],
+    )
+    font: brief.FontFamily | None = Field(default=None, description="the family of the title and captions")
+    caption_style: brief.CaptionStyle = Field(default_factory=brief.CaptionStyle)
+
+
+class BrandKit(BrandKitRequest):
+    """A tenant's brand kit, as set last."""
+
+    logo_download: str | None = Field(description="the gateway's path of the logo's file (GET /v1/images/{id}/content)")
+    updated_at: dt.datetime
 
 
 class Image(BaseModel):

@@ -291,10 +291,61 @@ class BriefV5(BriefV4):
 
 
 Formats = Annotated[tuple[Format, ...], AfterValidator(distinct_formats)]
+HexColour = Annotated[str, StringConstraints(pattern=r"^#[0-9a-fA-F]{6}$", to_lower=True)]
+MAX_BRAND_COLOURS = 2
+
+
+class FontFamily(enum.StrEnum):
+    """A family of the fonts the video stage has (Debian's fonts-nanum and fonts-noto-cjk)."""
+
+    NANUM_GOTHIC = "Nanum Gothic"  # Korean and English
+    NANUM_MYEONGJO = "Nanum Myeongjo"  # Korean and English, with serifs
+    NANUM_SQUARE_ROUND = "Nanum Square Round"  # Korean and English, rounded
+    NOTO_SANS_CJK = "Noto Sans CJK"  # every language
+    NOTO_SERIF_CJK = "Noto Serif CJK"  # every language, with serifs
+
+
+class CaptionPosition(enum.StrEnum):
+    MIDDLE = "middle"  # under the business's name, a little below the middle
+    BOTTOM = "bottom"  # in the lower part of the frame
+
+
+class CaptionSize(enum.StrEnum):
+    SMALL = "small"
+    MEDIUM = "medium"
+    LARGE = "large"
+
+
+class CaptionStyle(BaseModel):
+    """Where the sung lines stand in the frame and how large."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    position: CaptionPosition = Field(default=CaptionPosition.MIDDLE, description="middle or bottom")
+    size: CaptionSize = Field(default=CaptionSize.MEDIUM, description="small, medium or large")
+
+
+class Brand(BaseModel):
+    """A business's brand as a pipeline uses it: its logo, colours, font and caption style (its tenant's kit).
+
+    The logo is an upload of the tenant's, named as a photo is and sealed for the pipeline by the gateway alike."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    logo: Photo | None = Field(default=None, description="the logo shown in a corner of every frame")
+    colors: tuple[HexColour, ...] = Field(
+        min_length=1,
+        max_length=MAX_BRAND_COLOURS,
+        description="#rrggbb: the main colour (the background, the rules), then the accent (the region, what is sung)",
+    )
+    font: FontFamily | None = Field(
+        default=None, description="the family of the title and captions (where it draws the brief's language)"
+    )
+    caption_style: CaptionStyle = Field(default_factory=CaptionStyle)
 
 
 class Brief(BriefV5):
-    """What the business wants a video about, the photos of it to show, and the formats to make of it."""
+    """What the business wants a video about, the photos of it to show, the formats to make of it, and its brand."""
 
     formats: Formats = Field(
         default=(),
@@ -304,6 +355,12 @@ class Brief(BriefV5):
         exclude_if=lambda formats: not formats,
         description="The video's formats, each rendered from the one song: 9:16, 1:1, 16:9. The first is the"
         " video's own file and frame size (empty: the orientation's, 9:16 or 16:9).",
+    )
+    brand: Brand | None = Field(
+        default=None,
+        exclude_if=lambda brand: brand is None,  # as formats: a brief without one reads as before there were any
+        description="The business's brand kit as the pipeline began with it (its tenant's, unless it asked for"
+        " none); a kit changed since does not change the pipeline.",
     )
 
     @model_validator(mode="before")

@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from castad_api import (
+    brand_routes,
     console_routes,
     dead_letter_routes,
     errors,
@@ -121,6 +122,7 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     app.include_router(stats_routes.router)
     app.include_router(dead_letter_routes.router)
     app.include_router(key_routes.router)
+    app.include_router(brand_routes.router)
     if gw.config.health_port is None:
         app.include_router(health)
     console_routes.mount(app, gw.config)

@@ -23,7 +23,7 @@ from castad_contracts import envelope as envelope_
 from castad_runtime import artifacts, db, links, outbound, outbox, telemetry
 from pydantic import SecretStr
 
-from castad_api import errors, model, projection, records, repository, retention
+from castad_api import brands, errors, model, projection, records, repository, retention
 
 SOURCE = topology.SOURCES[topology.GATEWAY]
 
@@ -58,14 +58,13 @@ def create(
         if made is None:
             raise
         return _replayed(conn, made, key, digest)
-    source = body.for_stages(named)
+    source = body.for_stages(named, brands.for_pipeline(conn, tenant) if body.brand == "tenant" else None)
     # Random, not time-ordered (castad_contracts.ids): every URL of the pipeline names it, and it must not be
     # guessed nor tell when the pipeline was made.
     pipeline_id = uuid.uuid4()
     # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
-    told = source  # as the stages get it; the pipeline keeps it unsealed, as its tenant sent it
-    if link_secret is not None and source.photos:
-        told = source.model_copy(update={"photos": links.sealed(link_secret, str(pipeline_id), source.photos)})
+    # As the stages get it; the pipeline keeps it unsealed, as its tenant sent it.
+    told = source if link_secret is None else _sealed(source, link_secret, str(pipeline_id))
     requested = events.PipelineRequested(pipeline_id=str(pipeline_id), brief=told, requested_at=dt.datetime.now(dt.UTC))
     env = envelope_.wrap(requested, events.PIPELINE_REQUESTED, SOURCE, *telemetry.current_trace_headers())
     created = repository.create_pipeline(
@@ -84,6 +83,17 @@ def create(
         projection.record_request(conn, created.pipeline_id, env)
         return Accepted(created.pipeline_id, model.PipelineStatus.PENDING, True)
     return _replayed(conn, created, key, digest)
+
+
+def _sealed(source: brief.Brief, link_secret: SecretStr, pipeline_id: str) -> brief.Brief:
+    """The brief with each upload it names, a photo or its brand's logo, sealed for the pipeline."""
+    update: dict[str, object] = {}
+    if source.photos:
+        update["photos"] = links.sealed(link_secret, pipeline_id, source.photos)
+    if source.brand is not None and source.brand.logo is not None:
+        [logo] = links.sealed(link_secret, pipeline_id, (source.brand.logo,))
+        update["brand"] = source.brand.model_copy(update={"logo": logo})
+    return source.model_copy(update=update) if update else source
 
 
 def _replayed(conn: sa.Connection, made: repository.Created, key: str, digest: str) -> Accepted:

@@ -166,6 +166,18 @@ class Image:
 
 
 @dataclasses.dataclass(frozen=True)
+class BrandKit:
+    """A tenant's brand kit as last set."""
+
+    tenant: str
+    logo: uuid.UUID | None  # an image of the tenant's
+    colors: list[str]
+    font: str | None
+    caption_style: dict[str, Any]
+    updated_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
 class Locked:
     """A pipeline's row as its projection locks it: what recomputing its status, and telling of its end, read."""
 

@@ -10,8 +10,9 @@ The gateway's retention (steps run by castad_runtime.retention's Pruner) deletes
   last action on them (one still dead is kept);
 - the creation counts of API keys, once their minute is over, and the upload buckets of tenants, once full again;
 - an uploaded image no pipeline names, CASTAD_API_RETENTION_IMAGES_S after its last upload: its file, then its
-  record (`forget_images`). One a pipeline names is kept while that pipeline is: found named, it is looked at
-  again a period later (then, at most that long after the last pipeline naming it was deleted, it goes).
+  record (`forget_images`). One a pipeline names (a photo, its brand's logo) is kept while that pipeline is, and
+  a brand kit's logo while the kit shows it: found named, it is looked at again a period later (then, at most that
+  long after the last pipeline or kit naming it was deleted, it goes).
 A pipeline that has not ended is never touched.
 
 An image is chosen for deletion with its row locked, and only if no pipeline names it by a check made once the
@@ -265,14 +266,21 @@ def _forget_deleted(engine: sa.Engine, image_ids: list[uuid.UUID]) -> None:
 
 
 def named_among(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-    """Those of the images a pipeline's brief names.
+    """Those of the images a pipeline's brief names, as a photo or as its brand's logo, or a brand kit shows.
 
     One look-up of the index pipelines_photos an image, OR-ed: a check correlated with each image is planned as a
-    scan of every pipeline.
+    scan of every pipeline. The logos by the indexes pipelines_brand_logo and brand_kits_logo.
     """
     p = tables.pipelines
     has_photos = p.c.brief.has_key(sa.literal_column(f"'{tables.PHOTOS}'"))  # a constant: the index's predicate
     each = [tables.PHOTOS_OF.op("@>")(sa.literal([{"id": str(i)}], pg.JSONB)) for i in image_ids]
     found = conn.execute(sa.select(tables.PHOTOS_OF).where(has_photos, sa.or_(*each))).scalars()
     wanted = {str(i) for i in image_ids}
-    return {uuid.UUID(photo["id"]) for photos in found for photo in photos if photo.get("id") in wanted}
+    named = {uuid.UUID(photo["id"]) for photos in found for photo in photos if photo.get("id") in wanted}
+    has_brand = p.c.brief.has_key(sa.literal_column("'brand'"))
+    named |= {
+        uuid.UUID(logo)
+        for logo in conn.execute(sa.select(tables.LOGO_OF).where(has_brand, tables.LOGO_OF.in_(wanted))).scalars()
+    }
+    kits = tables.brand_kits
+    return named | set(conn.execute(sa.select(kits.c.logo).where(kits.c.logo.in_(list(image_ids)))).scalars())

@@ -263,6 +263,25 @@ sa.Index(
     postgresql_where=sa.text(f"brief ? '{PHOTOS}'"),
 )
 
+# Pipelines whose brief's brand shows a logo, found by the logo's image id: retention keeps it as it keeps photos.
+LOGO_OF = pipelines.c.brief.op("#>>")(sa.literal_column("'{brand,logo,id}'"))  # `brief #>> '{brand,logo,id}'`
+sa.Index("pipelines_brand_logo", LOGO_OF.label("logo"), postgresql_where=sa.text("brief ? 'brand'"))
+
+# Each tenant's brand kit (brand_routes.py): every brief of the tenant uses it as it is when the pipeline is made.
+# Its logo is an image of the tenant's, which retention keeps while the kit shows it.
+brand_kits = sa.Table(
+    "brand_kits",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("logo", pg.UUID(as_uuid=True)),
+    sa.Column("colors", pg.JSONB, nullable=False),
+    sa.Column("font", sa.Text),
+    sa.Column("caption_style", pg.JSONB, nullable=False),
+    sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.Column("updated_by", pg.UUID(as_uuid=True)),  # the API key that set it
+    sa.Index("brand_kits_logo", "logo", postgresql_where=sa.text("logo IS NOT NULL")),
+)
+
 # Images a tenant uploaded (image_routes.py), each kept once in the artifact store under its owner's place, named
 # by its bytes (`uri`): the same bytes uploaded again by the same tenant are the same image, and its file is that
 # row's alone. `uploaded_at` is its last upload: retention deletes it some time after, once no pipeline names it.

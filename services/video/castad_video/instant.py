@@ -46,6 +46,7 @@ class InstantVideoProvider:
         photos: Sequence[pathlib.Path] = (),  # the prepared clip shows none
         bars_s: Sequence[float] = (),
         shape: brief.Format | None = None,
+        logo: pathlib.Path | None = None,  # nor a brand
     ) -> provider.Video:
         provider.song_duration(song_path)
         shape = shape or brief.frames[0]

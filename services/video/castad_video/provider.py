@@ -56,6 +56,17 @@ _NOTO_CJK_FACE = {
     brief.Language.CHINESE: 2,
     brief.Language.ENGLISH: 1,
 }
+_NANUM_DIR = pathlib.Path("/usr/share/fonts/truetype/nanum")
+_NOTO_DIR = pathlib.Path("/usr/share/fonts/opentype/noto")
+# The file of each family a brand may name (brief.FontFamily), bold as the captions are: for the Noto collections,
+# the face of each language's region (_NOTO_CJK_FACE).
+FAMILY_FILES = {
+    brief.FontFamily.NANUM_GOTHIC: _NANUM_DIR / "NanumGothicBold.ttf",
+    brief.FontFamily.NANUM_MYEONGJO: _NANUM_DIR / "NanumMyeongjoBold.ttf",
+    brief.FontFamily.NANUM_SQUARE_ROUND: _NANUM_DIR / "NanumSquareRoundB.ttf",
+    brief.FontFamily.NOTO_SANS_CJK: _NOTO_DIR / "NotoSansCJK-Bold.ttc",
+    brief.FontFamily.NOTO_SERIF_CJK: _NOTO_DIR / "NotoSerifCJK-Bold.ttc",
+}
 KNOWN_FONTS: dict[brief.Language, tuple[Font, ...]] = {
     language: (
         *(Font(path) for path in _NANUM if language in (brief.Language.KOREAN, brief.Language.ENGLISH)),
@@ -114,8 +125,10 @@ class VideoProvider(Protocol):
         photos: Sequence[pathlib.Path] = (),
         bars_s: Sequence[float] = (),
         shape: brief.Format | None = None,
+        logo: pathlib.Path | None = None,
     ) -> Video:
-        """The video in `shape` (default: the brief's first format), laid out for that frame."""
+        """The video in `shape` (default: the brief's first format), laid out for that frame, with the brief's brand
+        (its `logo`'s file)."""
         ...
 
 
@@ -177,6 +190,13 @@ def find_font(language: brief.Language, explicit: pathlib.Path | None = None) ->
     raise FontNotFound(f"no font that can draw {language} was found; install {FONT_PACKAGES} or set {FONT_ENV}")
 
 
+def family_font(family: brief.FontFamily, language: brief.Language) -> Font | None:
+    """The font of a brand's family for a language, if it is installed and draws the language."""
+    path = FAMILY_FILES[family]
+    font = Font(path, _NOTO_CJK_FACE[language] if path.suffix == ".ttc" else 0)
+    return font if path.is_file() and draws(font, language) else None
+
+
 def frame_size(shape: brief.Format, short_side: int) -> tuple[int, int]:
     """(width, height) with an exact 9:16, 1:1 or 16:9 aspect and even sides, short side rounded down to 18k."""
     unit = max(short_side // 18, 1)
@@ -191,6 +211,30 @@ class Palette:
     accent: Rgb
     text: Rgb = (255, 255, 255)
     outline: Rgb = (18, 18, 28)
+
+
+def rgb(colour: str) -> Rgb:
+    """#rrggbb as (r, g, b)."""
+    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+
+
+def _shade(colour: Rgb, towards: Rgb, share: float) -> Rgb:
+    red, green, blue = (round(a + (b - a) * share) for a, b in zip(colour, towards, strict=True))
+    return red, green, blue
+
+
+def brand_palette(brand: brief.Brand) -> Palette:
+    """A brand's colours as a palette: its main colour fading to a darker one, its accent (or a lighter main)."""
+    main = rgb(brand.colors[0])
+    accent = rgb(brand.colors[1]) if len(brand.colors) > 1 else _shade(main, (255, 255, 255), 0.55)
+    return Palette(main, _shade(main, (0, 0, 0), 0.45), accent)
+
+
+# A caption's font size (of the frame's short side) and its centre's height (of the frame's), by the brand's style.
+CAPTION_SCALE = {brief.CaptionSize.SMALL: 0.07, brief.CaptionSize.MEDIUM: 0.085, brief.CaptionSize.LARGE: 0.105}
+CAPTION_CENTRE = {brief.CaptionPosition.MIDDLE: 0.56, brief.CaptionPosition.BOTTOM: 0.8}
+LOGO_SIDE = 0.16  # of the frame's short side: the box a logo fits in, in the frame's lower right corner
+LOGO_MARGIN = 0.04
 
 
 PALETTES: dict[brief.Style, Palette] = {
@@ -244,14 +288,25 @@ class FrameRenderer:
     Over photos the layers shade the frame's top and bottom (the scrim), so the text reads on any photo.
     """
 
-    def __init__(self, brief: brief.Brief, size: tuple[int, int], font: Font, seed: str, photos: bool = False) -> None:
+    def __init__(
+        self,
+        brief: brief.Brief,
+        size: tuple[int, int],
+        font: Font,
+        seed: str,
+        photos: bool = False,
+        logo: Image.Image | None = None,
+    ) -> None:
         self._brief = brief
         self._size = size
         self._face = font
         self._seed = seed
-        self._palette = PALETTES[brief.style]
+        self._palette = PALETTES[brief.style] if brief.brand is None else brand_palette(brief.brand)
+        self._style = brief.brand.caption_style if brief.brand is not None else None
         self._fonts: dict[int, ImageFont.FreeTypeFont] = {}
         self._clear = scrim(size) if photos else Image.new("RGBA", size, (0, 0, 0, 0))
+        if logo is not None:  # on every layer: the title card and each caption
+            self._clear = self._with_logo(self._clear, logo)
         self._headed: Image.Image | None = None
 
     @property
@@ -300,8 +355,23 @@ class FrameRenderer:
             self._headed = self._clear.copy()
             self._header(self._headed)
         image = self._headed.copy()
-        self._centered(image, text, colour, 0.085, highlight, sung)
+        scale, centre = 0.085, 0.56
+        if self._style is not None:
+            scale, centre = CAPTION_SCALE[self._style.size], CAPTION_CENTRE[self._style.position]
+        self._centered(image, text, colour, scale, highlight, sung, centre)
         return image
+
+    def _with_logo(self, layer: Image.Image, logo: Image.Image) -> Image.Image:
+        """The layer with the logo in its lower right corner, fitted in a box of LOGO_SIDE of the short side."""
+        short = min(self._size)
+        box = max(round(LOGO_SIDE * short), 1)
+        fitted = logo.convert("RGBA")
+        fitted.thumbnail((box, box), Image.Resampling.LANCZOS)
+        margin = round(LOGO_MARGIN * short)
+        at = (self._size[0] - margin - fitted.width, self._size[1] - margin - fitted.height)
+        shown = layer.copy()
+        shown.alpha_composite(fitted, at)
+        return shown
 
     def _font(self, size: int) -> ImageFont.FreeTypeFont:
         if size not in self._fonts:
@@ -333,10 +403,11 @@ class FrameRenderer:
         scale: float,
         highlight: Rgb | None = None,
         sung: int | None = None,
+        height_share: float = 0.56,
     ) -> None:
         width, height = self._size
         caption = self._caption(text, round(scale * min(self._size)), 0.86 * width, MAX_CAPTION_LINES)
-        centre = (width / 2, 0.56 * height)
+        centre = (width / 2, height_share * height)
         draw = ImageDraw.Draw(image)
         _drop_shadow(image, caption, centre, caption.box(draw, centre))
         if sung is None or highlight is None:
@@ -629,10 +700,26 @@ class LocalVideoProvider:
         self._fps = fps
         # A service that cannot draw every language's captions does not start (FontNotFound).
         self.fonts = {language: find_font(language, font_path) for language in brief.Language}
+        self._family_fonts: dict[tuple[brief.FontFamily, brief.Language], Font | None] = {}
         self._ffmpeg = ffmpeg or imageio_ffmpeg.get_ffmpeg_exe()
 
     def frame(self, shape: brief.Format) -> tuple[int, int]:
         return frame_size(shape, self._short_side)
+
+    def font_for(self, source: brief.Brief, language: brief.Language) -> Font:
+        """The brand's font for the language if it draws it, else the language's own."""
+        family = source.brand.font if source.brand is not None else None
+        if family is not None and (key := (family, language)) not in self._family_fonts:
+            self._family_fonts[key] = family_font(family, language)
+        chosen = self._family_fonts.get((family, language)) if family is not None else None
+        if family is not None and chosen is None:
+            log.info(
+                "the brand's font %s does not draw %s: the captions use %s",
+                family,
+                language,
+                self.fonts[language].path.name,
+            )
+        return chosen or self.fonts[language]
 
     def render(
         self,
@@ -647,6 +734,7 @@ class LocalVideoProvider:
         photos: Sequence[pathlib.Path] = (),
         bars_s: Sequence[float] = (),
         shape: brief.Format | None = None,
+        logo: pathlib.Path | None = None,
     ) -> Video:
         """The video of the song with the lyrics as captions, over the photos or a gradient, in `shape`.
 
@@ -656,7 +744,9 @@ class LocalVideoProvider:
         """
         duration = song_duration(song_path, self._ffmpeg)
         size = self.frame(shape or brief.frames[0])
-        renderer = FrameRenderer(brief, size, self.fonts[lyrics.language], seed, photos=bool(photos))
+        font = self.font_for(brief, lyrics.language)
+        shown = None if logo is None else _read_logo(logo, max(round(LOGO_SIDE * min(size)), 1))
+        renderer = FrameRenderer(brief, size, font, seed, photos=bool(photos), logo=shown)
         plan = shots(lyrics, timed_lines, duration)
         moments = bars_s or [line.start_s for line in timed_lines]
         counts = slideshow.frame_counts(slideshow.photo_cuts(duration, len(photos), moments), duration, self._fps)
@@ -802,6 +892,20 @@ def _read_photo(path: pathlib.Path, canvas: tuple[int, int]) -> Image.Image:
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise errors.PermanentProviderError(
             codes.ErrorCode.PHOTO_UNREADABLE, f"{path.name} does not decode: {error}"
+        ) from None
+
+
+def _read_logo(path: pathlib.Path, box: int) -> Image.Image:
+    """The brand's logo, its transparency kept, fitted in a `box` pixels square."""
+    try:
+        with Image.open(path) as opened:
+            opened.draft("RGBA", (box, box))
+            logo = opened.convert("RGBA")
+        logo.thumbnail((box, box), Image.Resampling.LANCZOS)
+        return logo
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise errors.PermanentProviderError(
+            codes.ErrorCode.PHOTO_UNREADABLE, f"the brand's logo does not decode: {error}"
         ) from None
 
 

@@ -131,21 +131,37 @@ def checked_photos(
     seal does not hold (for good, `photo_not_sealed`), but an unsealed one in a job `begun` before the cut-off
     (CASTAD_VIDEO_ACCEPT_UNSEALED_PHOTOS_BEFORE). Without the key nothing can be checked, as before seals.
     """
-    secret = config.link_secret
-    if secret is None:
-        return done.brief.photos
-    cutoff = config.accept_unsealed_photos_before
     for index, photo in enumerate(done.brief.photos):
-        if photo.seal is None and cutoff is not None and begun is not None and begun < cutoff:
-            continue
-        if not links.seal_holds(secret, done.pipeline_id, photo):
-            said = "carries no seal" if photo.seal is None else "carries a seal that does not hold"
-            named = f"image {photo.id}" if isinstance(photo, brief.Photo) else photo.url
-            raise errors.PermanentProviderError(
-                codes.ErrorCode.PHOTO_NOT_SEALED,
-                f"photo {index + 1} ({named}) {said}: the gateway did not name it for this pipeline",
-            )
+        _check_seal(config, done, photo, f"photo {index + 1}", begun)
     return done.brief.photos
+
+
+def checked_logo(
+    config: VideoSettings, done: events.SongCompleted, begun: dt.datetime | None = None
+) -> brief.Photo | None:
+    """The brief's brand's logo, if it has one, its seal checked as a photo's is (`checked_photos`)."""
+    logo = done.brief.brand.logo if done.brief.brand is not None else None
+    if logo is not None:
+        _check_seal(config, done, logo, "the brand's logo", begun)
+    return logo
+
+
+def _check_seal(
+    config: VideoSettings,
+    done: events.SongCompleted,
+    photo: brief.Photo | brief.PhotoLink,
+    what: str,
+    begun: dt.datetime | None,
+) -> None:
+    secret, cutoff = config.link_secret, config.accept_unsealed_photos_before
+    if secret is None or photo.seal is None and cutoff is not None and begun is not None and begun < cutoff:
+        return
+    if not links.seal_holds(secret, done.pipeline_id, photo):
+        said = "carries no seal" if photo.seal is None else "carries a seal that does not hold"
+        named = f"image {photo.id}" if isinstance(photo, brief.Photo) else photo.url
+        raise errors.PermanentProviderError(
+            codes.ErrorCode.PHOTO_NOT_SEALED, f"{what} ({named}) {said}: the gateway did not name it for this pipeline"
+        )
 
 
 def song_url(config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted) -> str:
@@ -302,6 +318,7 @@ def make_work(config: VideoSettings) -> runner.Work:
         shape: brief.Format,
         song_path: pathlib.Path,
         paths: list[pathlib.Path],
+        logo: pathlib.Path | None,
         cancel: cancellation.Cancellation,
     ) -> events.Render:
         """The video in one format and its poster, kept; as an earlier attempt kept them if it did.
@@ -333,6 +350,7 @@ def make_work(config: VideoSettings) -> runner.Work:
                 photos=paths,
                 bars_s=done.bars_s,
                 shape=shape,
+                logo=logo,
             )
             still = files.enter_context(
                 store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, f".{shape.slug}.jpg")
@@ -349,11 +367,15 @@ def make_work(config: VideoSettings) -> runner.Work:
                 song_path = files.enter_context(store.local_copy(done.artifact, job.pipeline_id, events.Stage.SONG))
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError(codes.ErrorCode.SONG_UNREACHABLE, str(error)) from None
+            logo = checked_logo(config, done, job.created_at)
             try:
                 paths, fetched = photo_copies(files, job, done, cancel)
+                logo_path = None if logo is None else files.enter_context(store.image_copy(logo))
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
-            first, *more = (rendered(job, done, shape, song_path, paths, cancel) for shape in done.brief.frames)
+            first, *more = (
+                rendered(job, done, shape, song_path, paths, logo_path, cancel) for shape in done.brief.frames
+            )
         details = {
             "width": first.width,
             "height": first.height,

@@ -1,0 +1,87 @@
+"""Each tenant's brand kit: set and read through /v1/brand (brand_routes.py), and the brand a pipeline begins with.
+
+A kit's logo is an image the tenant uploaded (POST /v1/images, through the same guards as a photo). Setting the kit
+locks that image as creating a pipeline locks the photos it names (repository.tenant_images), so that retention,
+which keeps an image while a kit or a pipeline shows it, cannot choose it meanwhile. A pipeline records the brand it
+began with in its brief: a kit changed since does not change it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+from castad_contracts import api, brief
+from sqlalchemy.dialects import postgresql as pg
+
+from castad_api import errors, records, repository, tables
+
+kits = tables.brand_kits
+COLUMNS = [kits.c[name] for name in ("tenant", "logo", "colors", "font", "caption_style", "updated_at")]
+
+
+def kit(conn: sa.Connection, tenant: str) -> records.BrandKit | None:
+    """The tenant's kit, if it set one."""
+    row = conn.execute(sa.select(*COLUMNS).where(kits.c.tenant == tenant)).fetchone()
+    return None if row is None else records.BrandKit(**row._mapping)
+
+
+def save(conn: sa.Connection, tenant: str, asked: api.BrandKitRequest, key_id: uuid.UUID | None) -> records.BrandKit:
+    """Set the tenant's kit to `asked`; InvalidField if its logo is not an image the tenant uploaded."""
+    _logo(conn, asked.logo, tenant)
+    values = {
+        "logo": None if asked.logo is None else uuid.UUID(asked.logo),
+        "colors": list(asked.colors),
+        "font": asked.font,
+        "caption_style": asked.caption_style.model_dump(mode="json"),
+        "updated_by": key_id,
+    }
+    saved = conn.execute(
+        pg.insert(kits)
+        .values(tenant=tenant, **values)
+        .on_conflict_do_update(index_elements=[kits.c.tenant], set_={**values, "updated_at": sa.func.now()})
+        .returning(*COLUMNS)
+    ).one()
+    return records.BrandKit(**saved._mapping)
+
+
+def delete(conn: sa.Connection, tenant: str) -> bool:
+    """Remove the tenant's kit; whether it had one."""
+    return bool(conn.execute(kits.delete().where(kits.c.tenant == tenant)).rowcount)
+
+
+def for_pipeline(conn: sa.Connection, tenant: str) -> brief.Brand | None:
+    """The tenant's kit as a pipeline made now begins with it: its logo named as a photo is, and locked as one is.
+
+    A logo no longer found (a kit set by a gateway of a release that did not keep it from retention) is left out."""
+    found = kit(conn, tenant)
+    if found is None:
+        return None
+    logo = None
+    if found.logo is not None:
+        image = repository.tenant_images(conn, [found.logo], tenant).get(found.logo)
+        logo = None if image is None else repository.photo(image)
+    return brief.Brand(
+        logo=logo,
+        colors=tuple(found.colors),
+        font=found.font,
+        caption_style=brief.CaptionStyle.model_validate(found.caption_style),
+    )
+
+
+def view(found: records.BrandKit) -> api.BrandKit:
+    logo = None if found.logo is None else str(found.logo)
+    return api.BrandKit(
+        logo=logo,
+        logo_download=None if logo is None else f"/v1/images/{logo}/content",
+        colors=found.colors,
+        font=found.font,
+        caption_style=brief.CaptionStyle.model_validate(found.caption_style),
+        updated_at=found.updated_at,
+    )
+
+
+def _logo(conn: sa.Connection, logo: str | None, tenant: str) -> None:
+    """Lock the logo's image (InvalidField unless it is one the tenant uploaded, in the words a photo's gets)."""
+    if logo is not None and not repository.tenant_images(conn, [uuid.UUID(logo)], tenant):
+        raise errors.InvalidField(("body", "logo"), f"no image {logo} was uploaded by this tenant", logo)
