@@ -1,4 +1,4 @@
-"""`castad submit --photo` (and `--format`) against the gateway's HTTP API.
+"""`castad submit --photo` (and `--format`), and `castad brand`, against the gateway's HTTP API.
 
 Each file uploaded, then the brief submitted naming the uploads and the URLs in the order given; a file that cannot
 be read or an image the gateway refuses is one line and exit 2, and nothing is submitted. The formats asked for, in
@@ -115,3 +115,36 @@ def test_submit_asks_for_the_formats_given_in_order_and_refuses_an_orientation_t
     assert running.client(key).get(f"/v1/pipelines/{wide.stdout.split()[1]}").json()["brief"]["orientation"] == (
         "horizontal"
     )
+
+
+def test_brand_sets_the_kit_uploading_its_logo_shows_it_and_clears_it_each_error_one_line(engines, api, tmp_path, cli):
+    running = api()
+    key = make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ)
+    logo = tmp_path / "logo.png"
+    logo.write_bytes(photo("PNG", (40, 40)))
+    one_line_error(cli(running.base_url, "brand", "show", key=key), 4, "404: this tenant has set no brand kit")
+    one_line_error(cli(running.base_url, "brand", "set", "--color", "#fff", key=key), 2, "colors.0: String should")
+    one_line_error(
+        cli(running.base_url, "brand", "set", "--color", "#000000", "--logo", str(tmp_path / "gone.png"), key=key),
+        2,
+        "no such image file",
+    )
+    assert count(engines["api"], tables.images) == 0  # nothing uploaded for a kit refused
+
+    done = cli(
+        running.base_url, "brand", "set", "--color", "#0B3D91", "--color", "#ffc20e", "--logo", str(logo),
+        "--font", "Noto Sans CJK", "--caption-position", "bottom", key=key,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
+    assert said[0].startswith(f"logo {logo}: ") and "colours: #0b3d91, #ffc20e" in said
+    kit = running.client(key).get("/v1/brand").json()
+    assert (kit["font"], kit["caption_style"]["position"], kit["logo"]) == (
+        "Noto Sans CJK",
+        "bottom",
+        said[0].split()[2],
+    )
+    assert cli(running.base_url, "brand", "show", key=key).stdout.splitlines() == said[1:]
+    assert cli(running.base_url, "brand", "clear", key=key).stdout.strip() == "brand kit removed"
+    one_line_error(cli(running.base_url, "brand", "clear", key=key), 4, "404: this tenant has set no brand kit")

@@ -83,6 +83,15 @@ class Client:
             self._call("POST", f"/v1/pipelines/{pipeline_id}/retry", json=body.model_dump(mode="json"))
         )
 
+    def brand(self) -> api.BrandKit:
+        return api.BrandKit.model_validate(self._call("GET", "/v1/brand"))
+
+    def set_brand(self, kit: api.BrandKitRequest) -> api.BrandKit:
+        return api.BrandKit.model_validate(self._call("PUT", "/v1/brand", json=kit.model_dump(mode="json")))
+
+    def clear_brand(self) -> None:
+        self._call("DELETE", "/v1/brand")
+
     def dead_letters(self, **filters: Any) -> api.DeadLetterPage:
         params = {key: value for key, value in filters.items() if value is not None}
         return api.DeadLetterPage.model_validate(self._call("GET", "/v1/dead-letters", params=params))
@@ -162,6 +171,8 @@ def _unreachable(base_url: str, error: httpx.TransportError) -> GatewayError:
 
 
 def _ok(response: httpx.Response) -> Any:
+    if response.status_code == 204:
+        return None
     if response.is_success:
         return response.json()
     try:

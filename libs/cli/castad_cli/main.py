@@ -26,12 +26,13 @@ import typer
 from castad_contracts import api, brief, events
 from rich.table import Table
 
+from castad_cli import brand, dead_letters, progress, reports
 from castad_cli import client as client_
-from castad_cli import dead_letters, progress, reports
 from castad_cli.terminal import Options, connected, console, errors
 
 app = typer.Typer(help="Talk to a Castad gateway.", no_args_is_help=True, add_completion=False)
 app.add_typer(dead_letters.app, name="dead-letters")
+app.add_typer(brand.app, name="brand")
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 EXIT_BY_STATUS = {None: 3, 400: 2, 401: 7, 403: 7, 404: 4, 409: 5, 413: 2, 415: 2, 422: 2, 429: 8, 503: 6}
 DEFAULT_KEY_FILE = pathlib.Path("~/.config/castad/api-key")
