@@ -9,6 +9,7 @@ three formats it asked for and their posters by `castad download --format`.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import re
 import threading
@@ -17,14 +18,15 @@ from collections.abc import Callable
 
 import httpx
 import httpx_sse
+import numpy as np
 import pytest
-from castad_contracts import brief
-from PIL import Image
+from castad_contracts import api, brief
+from PIL import Image, ImageDraw
 
 from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_cli import cli, one_line_error
 from tests.support import briefs
-from tests.unit.test_video_provider import probe
+from tests.unit.test_video_provider import probe, two_photos
 
 pytestmark = pytest.mark.e2e
 JAEGER = "http://127.0.0.1:16686/trace/{trace_id}"
@@ -43,6 +45,18 @@ def follow(running, received: list, opened: threading.Event, last: Callable[[dic
                 received.append((sse.id, sse.event, json.loads(sse.data)))
                 if last(received[-1][2]):
                     return
+
+
+MAGENTA = np.array([230, 0, 200])
+
+
+def magenta_disc() -> bytes:
+    """A logo as a business uploads one: a magenta disc on a transparent ground (PNG)."""
+    logo = Image.new("RGBA", (120, 120), (0, 0, 0, 0))
+    ImageDraw.Draw(logo).ellipse((10, 10, 110, 110), fill=(*MAGENTA.tolist(), 255))
+    out = io.BytesIO()
+    logo.save(out, "PNG")
+    return out.getvalue()
 
 
 def trace_id_of(traceparent: str) -> str:
@@ -69,7 +83,12 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
         follower.start()
         assert opened.wait(10), f"the {name} stream did not open"
 
-    pipeline_id = running.submit(briefs.sample("바다책방", formats=tuple(brief.Format)))
+    # The tenant's brand kit, with a logo of its own: the pipeline's every format shows it.
+    logo = running.client.upload_image("logo.png", magenta_disc())
+    running.client.set_brand(api.BrandKitRequest(logo=logo.id, colors=["#1e90ff", "#ffd700"]))
+    shown = [running.client.upload_image(path.name, path.read_bytes()).id for path in two_photos(tmp_path)]
+    asked = briefs.sample("바다책방", formats=tuple(brief.Format)).model_dump(mode="json")
+    pipeline_id = running.client.submit(api.PipelineRequest(**asked, photos=shown)).id
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
 
     answer = running.http.get(f"/v1/pipelines/{pipeline_id}/timeline")
@@ -147,5 +166,8 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
         assert saved.returncode == 0, saved.stderr
         with Image.open(still) as poster:
             assert (poster.format, poster.size) == ("JPEG", size)
+            pixels = np.asarray(poster.convert("RGB"), dtype=np.int16)
+        corner = pixels[size[1] * 3 // 4 :, size[0] * 3 // 4 :].reshape(-1, 3)  # where the logo stands, over a photo
+        assert (np.abs(corner - MAGENTA).max(axis=1) < 60).mean() > 0.05, shape
     unknown = cli(gateway, "download", pipeline_id, "--format", "4:5")
     assert unknown.returncode == 2 and "'4:5' is not one of" in unknown.stderr, unknown.stderr
