@@ -127,3 +127,24 @@ def test_a_logo_must_be_the_tenants_own_upload_and_a_reader_cannot_set_a_kit(eng
     assert hana.get("/v1/brand").status_code == 404  # nothing was set
     assert mina.put("/v1/brand", json={"colors": ["#000000"], "logo": minas}).status_code == 200
     assert hana.get("/v1/brand").status_code == 404  # another tenant's kit is not hana's
+
+
+def test_a_link_the_video_stage_signed_opens_the_logo_of_its_pipelines_brand_and_not_the_kits_next_one(engines, api):
+    """How a render API fetches the logo: the one the pipeline began with, not one its kit shows since."""
+    running = api(link_secret=SecretStr(LINK_SECRET))
+    hana = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ))
+    first, second = (
+        logo_of(hana),
+        hana.post("/v1/images", content=photo("JPEG", (32, 32)), headers={"Content-Type": "image/jpeg"}).json()["id"],
+    )
+    assert hana.put("/v1/brand", json={"colors": ["#000000"], "logo": first}).status_code == 200
+    pipeline = submit(hana, "branded")
+    assert hana.put("/v1/brand", json={"colors": ["#000000"], "logo": second}).status_code == 200
+    anonymous = running.client(None)
+
+    def fetched(image: str):
+        path = f"/v1/links/pipelines/{pipeline}/photos/{image}"
+        return anonymous.get(links.sign(running.base_url, path, stage_link_secret("video"), links.Purpose.PHOTO, 600))
+
+    assert fetched(first).status_code == 200 and fetched(first).headers["content-type"] == "image/png"
+    assert fetched(second).status_code == 404

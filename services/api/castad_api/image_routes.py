@@ -238,13 +238,15 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
     dependencies=pipeline_routes.SIGNED_LINK,
 )
 def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) -> Response:
-    """An uploaded photo of a pipeline's brief by a link the video stage signed for its render API.
+    """A photo of a pipeline's brief, or its brand's logo, by a link the video stage signed for its render API.
 
     The image only if that pipeline's brief names it and it is the pipeline's tenant's.
     """
     with gw.engine.connect() as conn:
         pipeline = repository.get_pipeline(conn, pipeline_id)
-        named = pipeline is not None and any(p.get("id") == str(image_id) for p in pipeline.brief.get("photos", ()))
+        logo = ((pipeline.brief.get("brand") or {}).get("logo") or {}) if pipeline is not None else {}
+        shown = [*pipeline.brief.get("photos", ()), logo] if pipeline is not None else []
+        named = any(p.get("id") == str(image_id) for p in shown)
         row = repository.get_image(conn, image_id, pipeline.tenant) if pipeline is not None and named else None
     if row is None:
         raise errors.NotFound(f"no image {image_id} in the brief of pipeline {pipeline_id}")
