@@ -802,3 +802,59 @@ def test_a_render_still_at_work_past_the_give_up_time_is_asked_for_again_the_oth
     assert renders[brief.Format.VERTICAL] == first[brief.Format.VERTICAL]
     assert renders[brief.Format.WIDE] == first[brief.Format.WIDE]
     assert renders[brief.Format.SQUARE] != first[brief.Format.SQUARE]
+
+
+def branded(artifacts_dir: pathlib.Path, language: brief.Language, font: brief.FontFamily, logo: bool = True):
+    """A job whose brief carries a brand kit (its logo an upload of the tenant's, sealed for the pipeline)."""
+    done = song_completed(artifacts_dir)
+    mark = links.sealed(SecretStr(LINK_SECRET), done.pipeline_id, (uploaded(artifacts_dir, "magenta"),))[0]
+    brand = brief.Brand(logo=mark if logo else None, colors=("#0b3d91", "#ffc20e"), font=font)
+    lyrics = done.lyrics.model_copy(update={"language": language})
+    return job_for(done.model_copy(update={"brief": done.brief.model_copy(update={"brand": brand}), "lyrics": lyrics}))
+
+
+@pytest.mark.parametrize(
+    ("language", "font", "family"),
+    [
+        (brief.Language.KOREAN, brief.FontFamily.NANUM_MYEONGJO, "Nanum Myeongjo"),
+        (brief.Language.JAPANESE, brief.FontFamily.NOTO_SERIF_CJK, "Noto Serif JP"),
+        (brief.Language.JAPANESE, brief.FontFamily.NANUM_GOTHIC, None),  # draws no kana: the template's own font
+        (brief.Language.KOREAN, brief.FontFamily.NANUM_SQUARE_ROUND, None),  # not a family the render API has
+    ],
+)
+def test_a_brand_colours_the_names_sets_the_font_of_every_text_and_shows_the_logo_by_a_link(
+    fake, artifacts_dir, language, font, family
+):
+    job = branded(artifacts_dir, language, font)
+    fake.plan(Plan(outcome="never"))
+    before = len(fake.received)
+
+    waiting = work_for(fake)(job, cancellation.Cancellation())
+
+    (request,) = renders_sent(fake, before)
+    sent = request["body"]["modifications"]
+    assert (sent["Title.fill_color"], sent["Business.fill_color"], sent["Region.fill_color"]) == (
+        "#0b3d91",
+        "#0b3d91",
+        "#ffc20e",
+    )
+    fonts = {name: value for name, value in sent.items() if name.endswith(".font_family")}
+    texts = ["Title", "Business", "Region", *(f"Caption-{n}" for n in range(1, len(TIMED) + 1))]
+    assert fonts == ({f"{name}.font_family": family for name in texts} if family else {})
+    logo = job.trigger(events.SongCompleted).brief.brand.logo
+    assert signed_path(sent["Logo.source"], GATEWAY) == f"/v1/links/pipelines/{job.pipeline_id}/photos/{logo.id}"
+    assert isinstance(waiting, runner.Awaiting) and waiting.notes == ()  # every modification names an element
+
+
+def test_a_brand_with_a_logo_needs_a_logo_element_in_the_template_before_anything_is_paid_for(artifacts_dir):
+    elements = fake_creatomate.ELEMENTS - {"Logo"}
+    with FakeCreatomate(render_s=0.2, templates={TEMPLATE}, elements=elements) as server:
+        error = failure(work_for(server), branded(artifacts_dir, brief.Language.KOREAN, brief.FontFamily.NANUM_GOTHIC))
+        without = branded(artifacts_dir, brief.Language.KOREAN, brief.FontFamily.NANUM_GOTHIC, logo=False)
+        assert isinstance(work_for(server)(without, cancellation.Cancellation()), runner.Awaiting)
+
+        assert (error.code, error.message) == (
+            "template_mismatch",
+            "the video template has no element Logo (named in docs/providers.md)",
+        )
+        assert len(renders_sent(server, 0)) == 1  # the brand without a logo only

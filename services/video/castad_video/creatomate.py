@@ -61,7 +61,50 @@ TEMPLATE_RECHECK_S = 300.0  # how long the template's elements, once read, are t
 ALWAYS_NEEDED = frozenset({"Title", "Business", "Region", "Music", "Caption-1"})  # what every video fills
 
 
-def modifications(done: events.SongCompleted, song_url: str, photo_urls: Sequence[str] = ()) -> dict[str, Any]:
+_LANGUAGE_REGION = {
+    brief.Language.KOREAN: "KR",
+    brief.Language.ENGLISH: "KR",
+    brief.Language.JAPANESE: "JP",
+    brief.Language.CHINESE: "SC",
+}
+
+
+def font_family(family: brief.FontFamily, language: brief.Language) -> str | None:
+    """The render API's name of a brand's font for a language (a Google Fonts family), if it draws the language.
+
+    The Nanum families draw Korean and English; Nanum Square Round is not one the render API has."""
+    if family is brief.FontFamily.NOTO_SANS_CJK:
+        return f"Noto Sans {_LANGUAGE_REGION[language]}"
+    if family is brief.FontFamily.NOTO_SERIF_CJK:
+        return f"Noto Serif {_LANGUAGE_REGION[language]}"
+    nanum = family in (brief.FontFamily.NANUM_GOTHIC, brief.FontFamily.NANUM_MYEONGJO)
+    return family.value if nanum and language in (brief.Language.KOREAN, brief.Language.ENGLISH) else None
+
+
+def brand_modifications(done: events.SongCompleted, logo_url: str | None) -> dict[str, Any]:
+    """The brief's brand on the template: its colours on the names and title, its font on every text, its logo."""
+    brand = done.brief.brand
+    if brand is None:
+        return {}
+    main, accent = brand.colors[0], brand.colors[-1]
+    values: dict[str, Any] = {"Title.fill_color": main, "Business.fill_color": main, "Region.fill_color": accent}
+    family = font_family(brand.font, done.lyrics.language) if brand.font is not None else None
+    if family is not None:
+        texts = [
+            "Title",
+            "Business",
+            "Region",
+            *(f"Caption-{n}" for n in range(1, min(len(done.timed_lines), MAX_CAPTIONS) + 1)),
+        ]
+        values |= {f"{name}.font_family": family for name in texts}
+    if logo_url is not None:
+        values["Logo.source"] = logo_url
+    return values
+
+
+def modifications(
+    done: events.SongCompleted, song_url: str, photo_urls: Sequence[str] = (), logo_url: str | None = None
+) -> dict[str, Any]:
     """The template's elements by name and what each shows (the module's docstring says which)."""
     values: dict[str, Any] = {
         "Title": done.lyrics.title,
@@ -78,13 +121,14 @@ def modifications(done: events.SongCompleted, song_url: str, photo_urls: Sequenc
     if photo_urls:  # every image element shows one of the brief's photos, none the template's own
         for n in range(1, MAX_PHOTOS + 1):
             values[f"Photo-{n}.source"] = photo_urls[(n - 1) % len(photo_urls)]
-    return values
+    return values | brand_modifications(done, logo_url)
 
 
 def needed(done: events.SongCompleted) -> frozenset[str]:
     """The template's elements the video cannot do without: all it is sent but the blanked captions."""
     lines = min(len(done.timed_lines), MAX_CAPTIONS)
     photo = {"Photo-1"} if done.brief.photos else set()  # without one, the brief's photos would not show at all
+    photo |= {"Logo"} if done.brief.brand is not None and done.brief.brand.logo is not None else set()
     return frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, lines + 1)} | photo)
 
 
@@ -245,8 +289,10 @@ class CreatomateApi:
         photo_urls: Callable[[events.SongCompleted, dt.datetime | None], Sequence[str]],
         format_templates: Mapping[brief.Format, str] | None = None,
         give_up_s: float | None = None,
+        logo_url: Callable[[events.SongCompleted, dt.datetime | None], str | None] | None = None,
     ) -> None:
         self._client = client
+        self._logo_url = logo_url
         self._give_up_s = give_up_s
         self._template_id = template_id
         self._format_templates = dict(format_templates or {})
@@ -319,7 +365,7 @@ class CreatomateApi:
             return remote.Submitted(str(render["id"]), check_notes(render, done))
         templates = {shape: self._template_for(shape, done, cancel) for shape in done.brief.frames}  # all, or none paid
         kept = self._kept(job, cancel)  # every look-up made before anything is paid for
-        values = modifications(done, self._song_url(done), self._photo_urls(done, job.created_at))  # every format's
+        values = self._values(job, done)  # every format's
         renders: list[tuple[brief.Format, str]] = []
         notes: list[str] = []
         asked = False  # whether this submit paid for a render
@@ -408,8 +454,7 @@ class CreatomateApi:
                 check_template(elements, done)
         body: dict[str, Any] = {
             "template_id": template_id,
-            "modifications": values
-            or modifications(done, self._song_url(done), self._photo_urls(done, job.created_at)),
+            "modifications": values or self._values(job, done),
             # The API takes no idempotency key; the attempt's key tags the render (it comes back in the render
             # object and the webhook), so that renders one attempt made twice can be told (docs/providers.md).
             "metadata": job.submission_key,
@@ -417,6 +462,12 @@ class CreatomateApi:
         if callback_url:
             body["webhook_url"] = callback_url
         return render_of(self._client.submit("v2/renders", cancel, json=body))
+
+    def _values(self, job: repository.Job, done: events.SongCompleted) -> dict[str, Any]:
+        """The modifications of the job's renders: where the song, photos and logo are, and the brief's words."""
+        begun = job.created_at
+        logo = self._logo_url(done, begun) if self._logo_url is not None else None
+        return modifications(done, self._song_url(done), self._photo_urls(done, begun), logo)
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         renders = format_renders(handle)

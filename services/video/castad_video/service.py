@@ -197,19 +197,31 @@ def photo_urls(
                 )
             urls.append(photo.url)
             continue
-        try:
-            served = store.serve_image(photo, config.link_valid_s())
-        except artifacts.ArtifactMissing as error:
-            raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
-        if isinstance(served, str):
-            urls.append(served)
-            continue
-        assert config.gateway_url is not None and config.link_secret is not None
-        path = f"/v1/links/pipelines/{done.pipeline_id}/photos/{photo.id}"
-        urls.append(
-            links.sign(config.gateway_url, path, config.link_secret, links.Purpose.PHOTO, config.link_valid_s())
-        )
+        urls.append(_upload_url(config, store, done, photo))
     return urls
+
+
+def _upload_url(
+    config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted, upload: brief.Photo
+) -> str:
+    """A presigned URL of the bucket for an upload, or a signed link of the gateway that opens that one image."""
+    try:
+        served = store.serve_image(upload, config.link_valid_s())
+    except artifacts.ArtifactMissing as error:
+        raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
+    if isinstance(served, str):
+        return served
+    assert config.gateway_url is not None and config.link_secret is not None
+    path = f"/v1/links/pipelines/{done.pipeline_id}/photos/{upload.id}"
+    return links.sign(config.gateway_url, path, config.link_secret, links.Purpose.PHOTO, config.link_valid_s())
+
+
+def logo_url(
+    config: VideoSettings, store: artifacts.ArtifactStore, done: events.SongCompleted, begun: dt.datetime | None = None
+) -> str | None:
+    """Where the render API fetches the brand's logo, as an upload among the photos (`photo_urls`); None: no logo."""
+    logo = checked_logo(config, done, begun)
+    return None if logo is None else _upload_url(config, store, done, logo)
 
 
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
@@ -268,6 +280,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         lambda done, begun: photo_urls(config, store, done, begun),
         config.creatomate_format_templates,
         config.provider_give_up_s,
+        lambda done, begun: logo_url(config, store, done, begun),
     )
     work = remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.VIDEO), fetch)
     return dataclasses.replace(work, readiness={"template": api.template_fits})

@@ -46,7 +46,7 @@ SNAPSHOT_TIME = 1.0  # the template's snapshot_time: each render has a snapshot 
 SCALARS = (str, int, float, bool, type(None))
 # The elements of the template Castad's docs describe (docs/providers.md): what modifications may name.
 ELEMENTS = frozenset(
-    {"Title", "Business", "Region", "Music"}
+    {"Title", "Business", "Region", "Music", "Logo"}
     | {f"Caption-{n}" for n in range(1, 61)}
     | {f"Photo-{n}" for n in range(1, 21)}
 )
@@ -237,7 +237,7 @@ class FakeCreatomate(server.FakeServer):
             return hint(404, "Template not found.")
 
         def element(name: str) -> dict[str, Any]:
-            kind = "audio" if name == "Music" else "image" if name.startswith("Photo-") else "text"
+            kind = "audio" if name == "Music" else "image" if name.startswith(("Photo-", "Logo")) else "text"
             return {"name": name, "type": kind}
 
         captions = sorted(name for name in self.elements if name.startswith("Caption-"))
