@@ -127,8 +127,9 @@ class VideoProvider(Protocol):
         shape: brief.Format | None = None,
         logo: pathlib.Path | None = None,
     ) -> Video:
-        """The video in `shape` (default: the brief's first format), laid out for that frame, with the brief's brand
-        (its `logo`'s file)."""
+        """The video in `shape` (default: the brief's first format), laid out for that frame, in the brief's brand.
+
+        `logo`: the file of the brand's logo."""
         ...
 
 
