@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Response, status
 from castad_api import brands, deps
 from castad_api.deps import GatewayDep, Reader, Submitter
 
-router = APIRouter(prefix="/v1", tags=["brand"], responses=deps.AUTH_ERRORS)
+router = APIRouter(prefix="/v1", tags=["brand"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 
 
 @router.get("/brand", response_model=api.BrandKit, responses={404: {"model": api.Problem}})
@@ -22,7 +22,7 @@ def get_brand(gw: GatewayDep, who: Reader) -> api.BrandKit:
     return brands.view(found)
 
 
-@router.put("/brand", response_model=api.BrandKit, responses={422: {"model": api.Problem}})
+@router.put("/brand", response_model=api.BrandKit, dependencies=[deps.SUBMIT_ONLY])
 def put_brand(body: api.BrandKitRequest, gw: GatewayDep, who: Submitter) -> api.BrandKit:
     """Set the tenant's brand kit: every pipeline made from now on uses it unless its brief asks for none.
 
