@@ -345,3 +345,64 @@ def test_a_key_sees_only_what_its_scopes_allow_and_a_revoked_key_goes_back_to_th
     expect(page.get_by_test_id("login-error")).to_contain_text("log in again")
     assert page.evaluate("() => sessionStorage.getItem('castad.key')") is None
     assert console.errors == []
+
+
+@pytest.mark.timeout(90)
+def test_the_brand_page_sets_the_kit_with_a_new_logo_changes_it_and_removes_it_a_reader_only_sees_it(
+    shared, browser, tmp_path
+):
+    running, installation = shared, shared.installation
+    marketer = access.create_key(
+        shared.tenant, frozenset({keys.Scope.SUBMIT, keys.Scope.READ}), "marketer", installation.env()
+    )
+    reader = access.create_key(shared.tenant, frozenset({keys.Scope.READ}), "brand reader", installation.env())
+    logo = tmp_path / "logo.jpg"
+    logo.write_bytes(demo_photos.photos()["sea-at-dusk.jpg"])
+    console = browser_.console_page(browser, running.base_url)
+    page = console.page
+    console.allow("status of 404")  # GET /v1/brand before a kit is set, and after it is removed
+    console.open()
+    console.log_in(marketer)
+    page.get_by_test_id("nav-brand").click()
+    expect(page.get_by_test_id("no-brand")).to_be_visible(timeout=WAIT_MS)
+
+    page.get_by_test_id("brand-main").fill("#1e90ff")
+    page.get_by_test_id("brand-accent").fill("#ffd700")
+    page.get_by_test_id("brand-font-choice").select_option("Noto Serif CJK")
+    page.get_by_test_id("brand-position").select_option("bottom")
+    page.get_by_test_id("brand-logo-file").set_input_files(str(logo))
+    page.get_by_test_id("brand-save").click()
+
+    expect(page.get_by_test_id("brand-result")).to_contain_text("Saved", timeout=WAIT_MS)
+    expect(page.locator("[data-testid=brand-colors] .swatch")).to_have_count(2)
+    expect(page.get_by_test_id("brand-font")).to_have_text("Noto Serif CJK")
+    page.wait_for_function(
+        "() => { const img = document.querySelector('[data-testid=brand-logo]'); return img && img.naturalWidth > 0; }",
+        timeout=WAIT_MS,
+    )
+    headers = {"Authorization": f"Bearer {marketer}"}
+    kit = httpx.get(f"{running.base_url}/v1/brand", headers=headers).json()
+    assert (kit["colors"], kit["font"], kit["caption_style"]) == (
+        ["#1e90ff", "#ffd700"],
+        "Noto Serif CJK",
+        {"position": "bottom", "size": "medium"},
+    )
+    assert kit["logo"] is not None
+    console.screenshot("brand")
+
+    # Changed without a new logo: the one it had is kept; then removed.
+    page.get_by_test_id("brand-size").select_option("large")
+    page.get_by_test_id("brand-save").click()
+    expect(page.get_by_test_id("brand-captions")).to_have_text("bottom · large", timeout=WAIT_MS)
+    assert httpx.get(f"{running.base_url}/v1/brand", headers=headers).json()["logo"] == kit["logo"]
+    reading = browser_.console_page(browser, running.base_url)
+    reading.open()
+    reading.log_in(reader)
+    reading.page.get_by_test_id("nav-brand").click()
+    expect(reading.page.get_by_test_id("brand-font")).to_have_text("Noto Serif CJK", timeout=WAIT_MS)
+    expect(reading.page.get_by_test_id("brand-save")).to_have_count(0)  # a reader edits nothing
+    page.get_by_test_id("brand-remove").click()
+    expect(page.get_by_test_id("no-brand")).to_be_visible(timeout=WAIT_MS)
+    assert httpx.get(f"{running.base_url}/v1/brand", headers=headers).status_code == 404
+    texts_complete(console)
+    assert console.errors == [] and reading.errors == []

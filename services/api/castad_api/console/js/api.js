@@ -81,14 +81,16 @@ async function reason(response) {
   return `${response.status} ${response.statusText}`;
 }
 
-async function send(path, { method = "GET", params, body } = {}) {
+/** A request of the gateway with the session's key: `body` sent as JSON, or `file` (a File or Blob) as it is. */
+async function send(path, { method = "GET", params, body, file } = {}) {
   const headers = { ...authorization(), Accept: "application/json" };
   if (method !== "GET") headers["X-Castad-Actor"] = session.actor();
   if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (file !== undefined) headers["Content-Type"] = file.type || "application/octet-stream";
   const response = await reach(url(path, params), {
     method,
     headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
+    body: file ?? (body === undefined ? undefined : JSON.stringify(body)),
     cache: "no-store",
   });
   if (response.status === 401) {
@@ -99,10 +101,10 @@ async function send(path, { method = "GET", params, body } = {}) {
   return response;
 }
 
-/** A JSON answer of the gateway. */
+/** A JSON answer of the gateway (null for one without a body: 204). */
 export async function call(path, options) {
   const response = await send(path, options);
-  return response.json();
+  return response.status === 204 ? null : response.json();
 }
 
 /** A file of the gateway (an artifact), as a Blob: the key goes in the header, never in the URL. With an

@@ -4,6 +4,7 @@
 
 import * as api from "./api.js";
 import * as board from "./board.js";
+import * as brand from "./brand.js";
 import * as deadLetters from "./dead_letters.js";
 import { fill, h } from "./dom.js";
 import { LANGUAGES, language, setLanguage, t } from "./i18n.js";
@@ -14,6 +15,7 @@ import * as stats from "./stats.js";
 const ROUTES = [
   { pattern: /^board$/, render: board.render, title: "nav.board" },
   { pattern: /^pipelines\/([0-9a-f-]{36})$/, render: pipeline.render, title: "nav.pipeline" },
+  { pattern: /^brand$/, render: brand.render, title: "nav.brand", scope: "read" },
   { pattern: /^stats$/, render: stats.render, title: "nav.stats", scope: "admin" },
   { pattern: /^dead-letters$/, render: deadLetters.list, title: "nav.dead_letters", scope: "admin" },
   { pattern: /^dead-letters\/([0-9]+)$/, render: deadLetters.detail, title: "nav.dead_letters", scope: "admin" },
@@ -56,6 +58,7 @@ function drawHeader(path) {
         "nav",
         {},
         link("#/board", "nav.board", "nav-board"),
+        may("read") && link("#/brand", "nav.brand", "nav-brand"),
         may("admin") && link("#/stats", "nav.stats", "nav-stats"),
         may("admin") && link("#/dead-letters", "nav.dead_letters", "nav-dead-letters"),
       )
