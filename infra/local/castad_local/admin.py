@@ -79,6 +79,13 @@ def demo(
         uploaded = [client.upload_image(name, data) for name, data in demo_photos.photos().items()]
         for name, image in zip(demo_photos.PHOTOS, uploaded, strict=True):
             console.print(f"uploaded {name}: image {image.id} ({image.width}x{image.height})")
+        logo = client.upload_image("logo.png", demo_photos.logo())
+        kit = api.BrandKitRequest(logo=logo.id, colors=list(demo_photos.BRAND_COLORS), font="Nanum Square Round")
+        client.set_brand(kit)
+        console.print(
+            f"set the local tenant's brand kit: logo {logo.id}, colours {', '.join(kit.colors)}, font {kit.font}"
+            " (castad brand clear removes it)"
+        )
         request = api.PipelineRequest(**DEMO_BRIEF.model_dump(), photos=[image.id for image in uploaded])
         accepted = client.submit(request, f"demo-{uuid.uuid4()}")
         console.print(f"submitted {DEMO_BRIEF.customer_name} ({DEMO_BRIEF.region}): pipeline {accepted.id}")

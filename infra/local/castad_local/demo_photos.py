@@ -128,3 +128,22 @@ def jpeg(picture: Image.Image) -> bytes:
 def photos() -> dict[str, bytes]:
     """Each of the demo's photos by file name, as JPEG bytes."""
     return {name: jpeg(draw()) for name, draw in PHOTOS.items()}
+
+
+# The guesthouse's brand: a deep sea blue and a warm sunset gold.
+BRAND_COLORS = ("#1b3a6b", "#f4a340")
+
+
+def logo() -> bytes:
+    """The guesthouse's logo as PNG bytes: a gold sun over two blue waves, on a transparent ground."""
+    size = 240
+    picture = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(picture)
+    draw.ellipse((20, 20, size - 20, size - 20), fill=(255, 255, 255, 235))
+    draw.ellipse((70, 50, 170, 150), fill=(244, 163, 64, 255))
+    for top in (132, 164):
+        for x in range(30, size - 30, 45):
+            draw.arc((x, top, x + 45, top + 30), 180, 360, fill=(27, 58, 107, 255), width=12)
+    out = io.BytesIO()
+    picture.save(out, "PNG")
+    return out.getvalue()
