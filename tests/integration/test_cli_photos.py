@@ -146,5 +146,9 @@ def test_brand_sets_the_kit_uploading_its_logo_shows_it_and_clears_it_each_error
         said[0].split()[2],
     )
     assert cli(running.base_url, "brand", "show", key=key).stdout.splitlines() == said[1:]
+    plain = cli(running.base_url, *BRIEF, "--no-brand", key=key)  # a brief may ask for no kit
+    assert "brand" not in running.client(key).get(f"/v1/pipelines/{plain.stdout.split()[1]}").json()["brief"]
+    branded = cli(running.base_url, *BRIEF, key=key)
+    assert running.client(key).get(f"/v1/pipelines/{branded.stdout.split()[1]}").json()["brief"]["brand"]["logo"]
     assert cli(running.base_url, "brand", "clear", key=key).stdout.strip() == "brand kit removed"
     one_line_error(cli(running.base_url, "brand", "clear", key=key), 4, "404: this tenant has set no brand kit")

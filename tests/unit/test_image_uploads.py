@@ -236,6 +236,8 @@ def test_a_request_without_photos_or_formats_hashes_as_before_there_were_any_so_
     with_photo = api.PipelineRequest(**fields, photos=["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"])
     assert operations.request_hash(with_photo) != digest
     assert operations.request_hash(api.PipelineRequest(**fields, formats=["9:16", "1:1"])) != digest
+    assert operations.request_hash(api.PipelineRequest(**fields, brand="tenant")) == digest  # the default, said
+    assert operations.request_hash(api.PipelineRequest(**fields, brand="none")) != digest
 
 
 def test_a_gateway_process_decodes_one_upload_at_a_time_and_those_waiting_hold_no_worker_thread():

@@ -733,7 +733,9 @@ def test_a_brands_font_draws_the_captions_where_it_draws_the_language_and_the_la
 
     assert local.font_for(branded, brief.Language.KOREAN).path.name == "NanumMyeongjoBold.ttf"
     assert local.font_for(branded, brief.Language.JAPANESE) == local.fonts[brief.Language.JAPANESE]  # no kana
-    assert local.font_for(serif, brief.Language.JAPANESE) == provider.Font(provider.FAMILY_FILES[serif.brand.font], 0)
+    assert local.font_for(serif, brief.Language.JAPANESE) == provider.Font(
+        provider.FAMILY_FILES[serif.brand.font][0], 0
+    )
     assert local.font_for(BRIEF, brief.Language.KOREAN) == local.fonts[brief.Language.KOREAN]  # no brand
 
 
@@ -751,3 +753,22 @@ def test_a_brands_caption_style_puts_the_sung_line_lower_and_larger(local: provi
     plain, styled_rows = drawn["plain"][:, 0], drawn["styled"][:, 0]
     assert styled_rows.mean() > plain.mean() + 0.15 * size[1]  # lower in the frame
     assert np.ptp(styled_rows) > np.ptp(plain)  # and taller letters
+
+
+@pytest.mark.parametrize("shape", list(brief.Format))
+def test_a_low_caption_keeps_clear_of_the_logo_in_every_format(local: provider.LocalVideoProvider, shape) -> None:
+    size = provider.frame_size(shape, 360)
+    logo = Image.new("RGBA", (64, 64), (230, 0, 200, 255))
+    styled = {"colors": ["#102030"], "caption_style": {"position": "bottom", "size": "large"}}
+    source = BRIEF.model_validate({**BRIEF.model_dump(mode="json"), "brand": styled})
+    renderer = provider.FrameRenderer(source, size, local.fonts[brief.Language.KOREAN], "s", logo=logo)
+
+    layer = np.asarray(renderer.caption("속초 바닷가 작은 책방에서 파도 소리 들으며 만나요"))
+    header = np.asarray(renderer.caption(""))
+
+    caption = (layer[..., 3] > 0) & (np.abs(layer.astype(int) - header.astype(int)).max(axis=2) > 0)
+    magenta = (np.abs(header[..., :3].astype(int) - [230, 0, 200]).max(axis=2) < 10) & (header[..., 3] > 0)
+    rows, cols = np.nonzero(magenta)
+    assert rows.size, "the logo is drawn"
+    box = caption[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    assert caption.any() and not box.any()  # nothing of the caption over the logo

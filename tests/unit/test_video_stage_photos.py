@@ -321,14 +321,21 @@ def test_the_brands_logo_and_colours_are_in_every_formats_frames_as_its_pipeline
         assert np.abs(top - np.array([30, 144, 255])).max() < 40, top
 
 
-def test_a_logo_the_gateway_did_not_seal_for_the_pipeline_fails_the_video_for_good(tmp_path: pathlib.Path):
-    store, config = sealed_stage(tmp_path)
-    logo = links.sealed(ROOT, str(uuid.uuid4()), (uploaded(store, a_logo(tmp_path / "logo.png")),))[0]
+@pytest.mark.parametrize("forged", ["sealed-for-another-pipeline", "unsealed-in-a-job-before-the-cut-off"])
+def test_a_logo_the_gateway_did_not_seal_for_the_pipeline_fails_the_video_for_good(tmp_path: pathlib.Path, forged):
+    """No cut-off for a logo: every gateway that names one seals it, so an unsealed logo is a forged one."""
+    cutoff = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # every job of the test begun before it
+    store, config = sealed_stage(tmp_path, accept_unsealed_photos_before=cutoff)
+    own = uploaded(store, a_logo(tmp_path / "logo.png"))
+    logo = links.sealed(ROOT, str(uuid.uuid4()), (own,))[0] if forged.startswith("sealed") else own
     asked = song_completed(store, tmp_path, [])
     asked["brief"]["brand"] = {"logo": logo.model_dump(mode="json"), "colors": ["#1e90ff"]}
 
+    begun = dataclasses.replace(job(asked), created_at=dt.datetime.now(dt.UTC))
+
     with pytest.raises(errors.PermanentProviderError) as raised:
-        service.make_work(config)(job(asked), cancellation.Cancellation())
+        service.make_work(config)(begun, cancellation.Cancellation())
 
     assert raised.value.code == "photo_not_sealed" and raised.value.message.startswith("the brand's logo (image ")
+    assert raised.value.message.endswith("the gateway did not name it for this pipeline")
     assert not list((store.root / "video" / PIPELINE).glob("video-*"))  # nothing rendered

@@ -76,7 +76,7 @@ def _kit(fields: dict[str, object], logo: str | None) -> api.BrandKitRequest:
         return api.BrandKitRequest.model_validate({**fields, "logo": logo})
     except pydantic.ValidationError as error:
         for problem in error.errors():
-            errors.print(f"castad: {'.'.join(map(str, problem['loc']))}: {problem['msg']}")
+            errors.print(f"castad: {'.'.join(map(str, problem['loc']))}: {problem['msg']}", markup=False)
         raise typer.Exit(2) from None
 
 
@@ -84,6 +84,6 @@ def _print(kit: api.BrandKit) -> None:
     style = kit.caption_style
     console.print(f"colours: {', '.join(kit.colors)}")
     console.print(f"logo: {kit.logo or 'none'}" + (f" ({kit.logo_download})" if kit.logo_download else ""))
-    console.print(f"font: {kit.font or 'the languages own'}")
+    console.print(f"font: {kit.font or OWN_FONT}")
     console.print(f"captions: {style.position}, {style.size}")
     console.print(f"set: {kit.updated_at:%Y-%m-%d %H:%M:%S %Z}")

@@ -92,6 +92,9 @@ def submit(
             " an https URL the video stage fetches, or the id of an image uploaded before"
         ),
     ] = None,
+    branded: Annotated[
+        bool, typer.Option("--brand/--no-brand", help="the tenant's brand kit (castad brand), or none")
+    ] = True,
     idempotency_key: Annotated[str | None, typer.Option(help="default: a new random key")] = None,
     watch_: Annotated[bool, typer.Option("--watch/--no-watch", help="follow progress until done")] = True,
 ) -> None:
@@ -105,6 +108,7 @@ def submit(
         "duration_s": duration_s,
         **({"orientation": orientation} if orientation else {}),
         **({"formats": format_} if format_ else {}),
+        **({} if branded else {"brand": "none"}),
     }
     named = photo or []
     files = _photo_files(named)

@@ -308,6 +308,8 @@ class BrandKitRequest(BaseModel):
 class BrandKit(BrandKitRequest):
     """A tenant's brand kit, as set last."""
 
+    model_config = ConfigDict(extra="ignore")  # an answer: what a newer gateway adds is read past
+
     logo_download: str | None = Field(description="the gateway's path of the logo's file (GET /v1/images/{id}/content)")
     updated_at: dt.datetime
 

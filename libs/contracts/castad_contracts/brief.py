@@ -336,7 +336,9 @@ class Brand(BaseModel):
     colors: tuple[HexColour, ...] = Field(
         min_length=1,
         max_length=MAX_BRAND_COLOURS,
-        description="#rrggbb: the main colour (the background, the rules), then the accent (the region, what is sung)",
+        description="#rrggbb: the main colour, then the accent (without one, a lighter main). The local renderer paints"
+        " the background without photos from the main colour and the region, the rules and what is sung in the"
+        " accent; a render API's template takes the main colour for the names and title, the accent for the region",
     )
     font: FontFamily | None = Field(
         default=None, description="the family of the title and captions (where it draws the brief's language)"

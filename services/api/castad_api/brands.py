@@ -20,9 +20,10 @@ kits = tables.brand_kits
 COLUMNS = [kits.c[name] for name in ("tenant", "logo", "colors", "font", "caption_style", "updated_at")]
 
 
-def kit(conn: sa.Connection, tenant: str) -> records.BrandKit | None:
-    """The tenant's kit, if it set one."""
-    row = conn.execute(sa.select(*COLUMNS).where(kits.c.tenant == tenant)).fetchone()
+def kit(conn: sa.Connection, tenant: str, locked: bool = False) -> records.BrandKit | None:
+    """The tenant's kit, if it set one; `locked`: its row held (FOR SHARE) until the transaction ends."""
+    query = sa.select(*COLUMNS).where(kits.c.tenant == tenant)
+    row = conn.execute(query.with_for_update(read=True) if locked else query).fetchone()
     return None if row is None else records.BrandKit(**row._mapping)
 
 
@@ -53,8 +54,10 @@ def delete(conn: sa.Connection, tenant: str) -> bool:
 def for_pipeline(conn: sa.Connection, tenant: str) -> brief.Brand | None:
     """The tenant's kit as a pipeline made now begins with it: its logo named as a photo is, and locked as one is.
 
-    A logo no longer found (a kit set by a gateway of a release that did not keep it from retention) is left out."""
-    found = kit(conn, tenant)
+    The kit's row is held until the pipeline commits, so that a kit changed meanwhile waits for it: the logo it
+    names is then still the kit's, which retention keeps. Were it not found all the same, it is left out rather
+    than failing the pipeline."""
+    found = kit(conn, tenant, locked=True)
     if found is None:
         return None
     logo = None

@@ -87,7 +87,8 @@ async def upload_image(request: Request, gw: GatewayDep, who: Submitter) -> api.
     It is decoded whole (refused past CASTAD_API_IMAGE_MAX_PIXELS pixels or CASTAD_API_IMAGE_MAX_BYTES bytes),
     turned as its EXIF orientation says and encoded again without any of its metadata (location, camera, comments,
     colour profile); its id, and the size and sha256 of what was kept, are answered. The same image uploaded again
-    by the tenant is the same image, kept CASTAD_API_RETENTION_IMAGES_S from then on unless a pipeline names it. A
+    by the tenant is the same image, kept CASTAD_API_RETENTION_IMAGES_S from then on unless a pipeline or a brand
+    kit names it. A
     tenant uploads at most CASTAD_API_IMAGE_UPLOAD_BURST images at once, then CASTAD_API_IMAGE_UPLOADS_PER_MINUTE a
     minute (429 with Retry-After), and holds at most CASTAD_API_IMAGE_MAX_PER_TENANT images of
     CASTAD_API_IMAGE_MAX_BYTES_PER_TENANT bytes in all (409). A gateway process decodes one upload at a time; past

@@ -235,8 +235,8 @@ class ApiSettings(settings.StoreSettings):
         default=7 * settings.DAY_S,
         ge=3600,
         description="an uploaded image is deleted (its record and its file) this long after its last upload once no"
-        " pipeline names it; one a pipeline names is kept as long as that pipeline (CASTAD_API_RETENTION_PIPELINES_S"
-        " after it ended)",
+        " pipeline or brand kit names it; one a pipeline names (a photo, its brand's logo) is kept as long as that"
+        " pipeline (CASTAD_API_RETENTION_PIPELINES_S after it ended), a kit's logo as long as the kit shows it",
     )
     trace_url: str | None = Field(
         default=None,

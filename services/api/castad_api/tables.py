@@ -284,7 +284,8 @@ brand_kits = sa.Table(
 
 # Images a tenant uploaded (image_routes.py), each kept once in the artifact store under its owner's place, named
 # by its bytes (`uri`): the same bytes uploaded again by the same tenant are the same image, and its file is that
-# row's alone. `uploaded_at` is its last upload: retention deletes it some time after, once no pipeline names it.
+# row's alone. `uploaded_at` is its last upload: retention deletes it some time after, once no pipeline or brand kit
+# names it.
 images = sa.Table(
     "images",
     metadata,

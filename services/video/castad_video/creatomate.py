@@ -128,7 +128,6 @@ def needed(done: events.SongCompleted) -> frozenset[str]:
     """The template's elements the video cannot do without: all it is sent but the blanked captions."""
     lines = min(len(done.timed_lines), MAX_CAPTIONS)
     photo = {"Photo-1"} if done.brief.photos else set()  # without one, the brief's photos would not show at all
-    photo |= {"Logo"} if done.brief.brand is not None and done.brief.brand.logo is not None else set()
     return frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, lines + 1)} | photo)
 
 
@@ -446,15 +445,19 @@ class CreatomateApi:
         values: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The render object of a render asked for: the template filled with the pipeline's `values` (or made now)."""
+        elements = self.template_elements(cancel, template_id=template_id)  # as read before it is paid for
         if not done.brief.formats:  # (each format's template is checked before any is asked for: _template_for)
-            elements = self.template_elements(cancel, template_id=template_id)
             if elements is not None and needed(done) - elements:  # read again before failing: it may have been fixed
                 elements = self.template_elements(cancel, fresh=True, template_id=template_id)
             if elements is not None:
                 check_template(elements, done)
+        values = values or self._values(job, done)
+        if "Logo.source" in values and elements is not None and "Logo" not in elements:
+            log.warning("template %s has no Logo element: the brand's logo is not in its video", template_id)
+            values = {name: value for name, value in values.items() if name != "Logo.source"}
         body: dict[str, Any] = {
             "template_id": template_id,
-            "modifications": values or self._values(job, done),
+            "modifications": values,
             # The API takes no idempotency key; the attempt's key tags the render (it comes back in the render
             # object and the webhook), so that renders one attempt made twice can be told (docs/providers.md).
             "metadata": job.submission_key,

@@ -44,10 +44,9 @@ class Font:
 _NANUM = tuple(
     pathlib.Path("/usr/share/fonts/truetype/nanum", name) for name in ("NanumGothicBold.ttf", "NanumGothic.ttf")
 )
+_NOTO_DIRS = ("/usr/share/fonts/opentype/noto", "/usr/share/fonts/truetype/noto")
 _NOTO_CJK = tuple(
-    pathlib.Path(folder, name)
-    for folder in ("/usr/share/fonts/opentype/noto", "/usr/share/fonts/truetype/noto")
-    for name in ("NotoSansCJK-Bold.ttc", "NotoSansCJK-Regular.ttc")
+    pathlib.Path(folder, name) for folder in _NOTO_DIRS for name in ("NotoSansCJK-Bold.ttc", "NotoSansCJK-Regular.ttc")
 )
 # Noto Sans CJK collections hold one face per region, each with that region's glyph forms.
 _NOTO_CJK_FACE = {
@@ -56,16 +55,15 @@ _NOTO_CJK_FACE = {
     brief.Language.CHINESE: 2,
     brief.Language.ENGLISH: 1,
 }
-_NANUM_DIR = pathlib.Path("/usr/share/fonts/truetype/nanum")
-_NOTO_DIR = pathlib.Path("/usr/share/fonts/opentype/noto")
-# The file of each family a brand may name (brief.FontFamily), bold as the captions are: for the Noto collections,
-# the face of each language's region (_NOTO_CJK_FACE).
+_NANUM_DIR = _NANUM[0].parent
+# The files of each family a brand may name (brief.FontFamily), bold as the captions are, where Debian's packages put
+# them: for the Noto collections, the face of each language's region (_NOTO_CJK_FACE).
 FAMILY_FILES = {
-    brief.FontFamily.NANUM_GOTHIC: _NANUM_DIR / "NanumGothicBold.ttf",
-    brief.FontFamily.NANUM_MYEONGJO: _NANUM_DIR / "NanumMyeongjoBold.ttf",
-    brief.FontFamily.NANUM_SQUARE_ROUND: _NANUM_DIR / "NanumSquareRoundB.ttf",
-    brief.FontFamily.NOTO_SANS_CJK: _NOTO_DIR / "NotoSansCJK-Bold.ttc",
-    brief.FontFamily.NOTO_SERIF_CJK: _NOTO_DIR / "NotoSerifCJK-Bold.ttc",
+    brief.FontFamily.NANUM_GOTHIC: (_NANUM_DIR / "NanumGothicBold.ttf",),
+    brief.FontFamily.NANUM_MYEONGJO: (_NANUM_DIR / "NanumMyeongjoBold.ttf",),
+    brief.FontFamily.NANUM_SQUARE_ROUND: (_NANUM_DIR / "NanumSquareRoundB.ttf",),
+    brief.FontFamily.NOTO_SANS_CJK: tuple(pathlib.Path(folder, "NotoSansCJK-Bold.ttc") for folder in _NOTO_DIRS),
+    brief.FontFamily.NOTO_SERIF_CJK: tuple(pathlib.Path(folder, "NotoSerifCJK-Bold.ttc") for folder in _NOTO_DIRS),
 }
 KNOWN_FONTS: dict[brief.Language, tuple[Font, ...]] = {
     language: (
@@ -193,9 +191,11 @@ def find_font(language: brief.Language, explicit: pathlib.Path | None = None) ->
 
 def family_font(family: brief.FontFamily, language: brief.Language) -> Font | None:
     """The font of a brand's family for a language, if it is installed and draws the language."""
-    path = FAMILY_FILES[family]
-    font = Font(path, _NOTO_CJK_FACE[language] if path.suffix == ".ttc" else 0)
-    return font if path.is_file() and draws(font, language) else None
+    for path in FAMILY_FILES[family]:
+        font = Font(path, _NOTO_CJK_FACE[language] if path.suffix == ".ttc" else 0)
+        if path.is_file() and draws(font, language):
+            return font
+    return None
 
 
 def frame_size(shape: brief.Format, short_side: int) -> tuple[int, int]:
@@ -306,8 +306,11 @@ class FrameRenderer:
         self._style = brief.brand.caption_style if brief.brand is not None else None
         self._fonts: dict[int, ImageFont.FreeTypeFont] = {}
         self._clear = scrim(size) if photos else Image.new("RGBA", size, (0, 0, 0, 0))
+        # Beside the logo's corner a low caption keeps clear of it (its width on each side of the middle).
+        self._beside_logo = 0.0
         if logo is not None:  # on every layer: the title card and each caption
             self._clear = self._with_logo(self._clear, logo)
+            self._beside_logo = (LOGO_SIDE + LOGO_MARGIN + 0.02) * min(size)
         self._headed: Image.Image | None = None
 
     @property
@@ -407,7 +410,10 @@ class FrameRenderer:
         height_share: float = 0.56,
     ) -> None:
         width, height = self._size
-        caption = self._caption(text, round(scale * min(self._size)), 0.86 * width, MAX_CAPTION_LINES)
+        widest = 0.86 * width
+        if height_share > CAPTION_CENTRE[brief.CaptionPosition.MIDDLE]:  # low: by the logo's corner
+            widest = min(widest, width - 2 * self._beside_logo)
+        caption = self._caption(text, round(scale * min(self._size)), widest, MAX_CAPTION_LINES)
         centre = (width / 2, height_share * height)
         draw = ImageDraw.Draw(image)
         _drop_shadow(image, caption, centre, caption.box(draw, centre))

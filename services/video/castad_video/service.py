@@ -139,10 +139,10 @@ def checked_photos(
 def checked_logo(
     config: VideoSettings, done: events.SongCompleted, begun: dt.datetime | None = None
 ) -> brief.Photo | None:
-    """The brief's brand's logo, if it has one, its seal checked as a photo's is (`checked_photos`)."""
+    """The brief's brand's logo, if it has one, its seal checked as a photo's is (`checked_photos`), never unsealed."""
     logo = done.brief.brand.logo if done.brief.brand is not None else None
-    if logo is not None:
-        _check_seal(config, done, logo, "the brand's logo", begun)
+    if logo is not None:  # no cut-off: every gateway that names a logo seals it
+        _check_seal(config, done, logo, "the brand's logo", None)
     return logo
 
 

@@ -24,7 +24,12 @@ export function render(root, { may }) {
     try {
       kit = await call("/v1/brand");
     } catch (error) {
-      if (error.status !== 404) result.textContent = problem(error);
+      if (gone) return;
+      if (error.status !== 404) {
+        // Not known: no editor, whose saving would replace a kit the page could not read.
+        fill(shown, h("p", { class: "problem" }, problem(error)), h("button", { type: "button", onclick: load }, t("error.retry")));
+        return;
+      }
       kit = null;
     }
     if (gone) return;
@@ -103,7 +108,8 @@ export function render(root, { may }) {
       try {
         let logo = keep.checked ? kit?.logo ?? null : null;
         if (file.files.length > 0) logo = (await call("/v1/images", { method: "POST", file: file.files[0] })).id;
-        const body = { colors: [main.value, accent.value], font: font.value || null, logo, caption_style: { position: position.value, size: size.value } };
+        const colors = accent.value === main.value ? [main.value] : [main.value, accent.value]; // one: no accent of its own
+        const body = { colors, font: font.value || null, logo, caption_style: { position: position.value, size: size.value } };
         kit = await call("/v1/brand", { method: "PUT", body });
         result.textContent = t("brand.saved");
         drawKit();
