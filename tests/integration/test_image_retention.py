@@ -81,6 +81,16 @@ def _there(store: artifacts.ArtifactStore, photo: brief.Photo) -> bool:
     return True
 
 
+def pipeline_gone(gw: deps.Gateway, pipeline_id: uuid.UUID, image_id: uuid.UUID) -> None:
+    """The pipeline deleted by retention (90 days after it ended), and the image it named due to be looked at again."""
+    p, i = tables.pipelines, tables.images
+    with db.transaction(gw.engine) as conn:
+        ended = repository.now(conn) - 91 * DAY
+        conn.execute(p.update().where(p.c.id == pipeline_id).values(status="CANCELED", finished_at=ended))
+        assert api_retention.forget_pipelines(conn, gw.config.retention_pipelines_s, 10) == 1
+        conn.execute(i.update().where(i.c.id == image_id).values(uploaded_at=repository.now(conn) - 8 * DAY))
+
+
 def prune(gw: deps.Gateway, store: Any = None) -> int:
     """One batch of the images' retention, with the gateway's store or `store` (anything that deletes images)."""
     return api_retention.forget_images(gw.engine, store or gw.store, gw.config.retention_images_s, 100)
@@ -116,12 +126,7 @@ def test_an_image_no_pipeline_names_goes_with_its_file_and_one_a_pipeline_names_
     assert {"images_uploaded", "pipelines_photos"} <= indexes_used(gw.engine, statements)
     assert prune(gw) == 0  # the one found named is looked at again a period later
     # Once the pipeline is deleted (90 days after it ended), so is the image it named, when it is looked at again.
-    p, i = tables.pipelines, tables.images
-    with db.transaction(gw.engine) as conn:
-        ended = repository.now(conn) - 91 * DAY
-        conn.execute(p.update().where(p.c.id == pipeline_id).values(status="CANCELED", finished_at=ended))
-        assert api_retention.forget_pipelines(conn, gw.config.retention_pipelines_s, 10) == 1
-        conn.execute(i.update().where(i.c.id == named).values(uploaded_at=repository.now(conn) - 8 * DAY))
+    pipeline_gone(gw, pipeline_id, named)
     assert prune(gw) == 1
     assert kept(gw) == {recent: True, again: True} and files(installation) == 2
 
@@ -228,10 +233,5 @@ def test_a_brand_kits_logo_stays_while_the_kit_shows_it_and_then_while_a_pipelin
 
     assert kept(gw) == {logo: True}
     assert "pipelines_brand_logo" in indexes_used(gw.engine, statements)
-    p, i = tables.pipelines, tables.images
-    with db.transaction(gw.engine) as conn:
-        ended = repository.now(conn) - 91 * DAY
-        conn.execute(p.update().where(p.c.id == pipeline_id).values(status="CANCELED", finished_at=ended))
-        assert api_retention.forget_pipelines(conn, gw.config.retention_pipelines_s, 10) == 1
-        conn.execute(i.update().where(i.c.id == logo).values(uploaded_at=repository.now(conn) - 8 * DAY))
+    pipeline_gone(gw, pipeline_id, logo)
     assert prune(gw) == 1 and kept(gw) == {}

@@ -35,6 +35,7 @@ from PIL import Image
 from pydantic import SecretStr
 
 from tests.support.links import LINK_SECRET, signed_path, stage_link_secret
+from tests.unit.test_video_stage_photos import renders_of
 
 GATEWAY = "http://gateway.test:8000"
 TEMPLATE = "tpl-castad-9x16"
@@ -688,14 +689,7 @@ def test_each_format_is_a_render_of_its_own_template_and_kept_with_its_snapshot_
     assert creatomate.format_renders(job.handle) is not None and len(creatomate.format_renders(job.handle)) == 3
     output = poll_until_done(work, job)
 
-    first = events.Render(
-        format=brief.Format.VERTICAL,
-        artifact=output.artifact,
-        width=output.details["width"],
-        height=output.details["height"],
-        poster=output.details["poster"],
-    )
-    renders = [first, *output.details["more_formats"]]
+    renders = renders_of(output, brief.Format.VERTICAL)
     assert [(render.format, render.width, render.height) for render in renders] == [
         ("9:16", 360, 640),
         ("1:1", 360, 360),

@@ -60,6 +60,19 @@ def song_completed_with(song: events.Artifact, photos: list[brief.Photo | brief.
     return done.model_dump(mode="json")
 
 
+def renders_of(output: service.runner.Output, first: brief.Format) -> list[events.Render]:
+    """Every format the stage made, the first (its own artifact, size and poster) in `first`'s shape."""
+    details = output.details
+    made = events.Render(
+        format=first,
+        artifact=output.artifact,
+        width=details["width"],
+        height=details["height"],
+        poster=details["poster"],
+    )
+    return [made, *details["more_formats"]]
+
+
 def job(input_: dict) -> repository.Job:
     return repository.Job(
         id=uuid.uuid4(),
@@ -143,14 +156,7 @@ def test_each_format_the_brief_asks_for_is_a_video_of_its_own_frame_with_its_pos
 
     output = work(job(asked), cancellation.Cancellation())
 
-    first = events.Render(
-        format=brief.Format.SQUARE,
-        artifact=output.artifact,
-        width=output.details["width"],
-        height=output.details["height"],
-        poster=output.details["poster"],
-    )
-    renders = [first, *output.details["more_formats"]]
+    renders = renders_of(output, brief.Format.SQUARE)
     assert [(render.format, render.width, render.height) for render in renders] == [
         ("1:1", 234, 234),
         ("16:9", 416, 234),

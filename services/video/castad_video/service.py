@@ -224,6 +224,13 @@ def logo_url(
     return None if logo is None else _upload_url(config, store, done, logo)
 
 
+def output(renders: list[events.Render], **details: object) -> runner.Output:
+    """What the stage made, as video.completed tells it: the first format's file, size and poster, then the others."""
+    first, *more = renders
+    size = {"width": first.width, "height": first.height}
+    return runner.Output(first.artifact, {**size, "poster": first.poster, "more_formats": tuple(more), **details})
+
+
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
     assert config.creatomate_template_id is not None
     client = config.provider_client("the render API")
@@ -267,11 +274,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
     def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
         done = job.trigger(events.SongCompleted)
         told = video.details.get("renders") or [{"format": done.brief.frames[0], "url": video.url, **video.details}]
-        first, *more = (
-            kept(job, brief.Format(render["format"]), remote.Finished(render["url"], render), cancel) for render in told
-        )
-        details = {"width": first.width, "height": first.height, "poster": first.poster, "more_formats": tuple(more)}
-        return runner.Output(first.artifact, details)
+        return output([kept(job, brief.Format(r["format"]), remote.Finished(r["url"], r), cancel) for r in told])
 
     api = creatomate.CreatomateApi(
         client,
@@ -386,17 +389,8 @@ def make_work(config: VideoSettings) -> runner.Work:
                 logo_path = None if logo is None else files.enter_context(store.image_copy(logo))
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
-            first, *more = (
-                rendered(job, done, shape, song_path, paths, logo_path, cancel) for shape in done.brief.frames
-            )
-        details = {
-            "width": first.width,
-            "height": first.height,
-            "fetched_photos": tuple(fetched),
-            "poster": first.poster,
-            "more_formats": tuple(more),
-        }
-        return runner.Output(first.artifact, details)
+            renders = [rendered(job, done, shape, song_path, paths, logo_path, cancel) for shape in done.brief.frames]
+        return output(renders, fetched_photos=tuple(fetched))
 
     return work
 
