@@ -20,7 +20,6 @@ import uvicorn
 from castad_contracts import api, events
 from castad_contracts import brief as brief_
 from castad_lyric import instant as lyric_instant
-from castad_lyric import service as lyric_service
 from castad_runtime import artifacts
 from castad_runtime.stage import cancellation
 from castad_song import instant as song_instant
@@ -40,7 +39,7 @@ app = FastAPI()
 def write_lyrics(pipeline_id: str, brief: dict[str, Any]) -> dict[str, Any]:
     lyrics = LYRICS.write(brief_.Brief.model_validate(brief), seed=pipeline_id, cancel=cancellation.Cancellation())
     with STORE.scratch(pipeline_id, events.Stage.LYRIC, 1, ".txt") as scratch:
-        scratch.write_text(lyric_service.render_text(lyrics), encoding="utf-8")
+        scratch.write_text(lyrics.text(), encoding="utf-8")
         artifact = STORE.keep(scratch, pipeline_id, events.Stage.LYRIC, "text/plain; charset=utf-8")
     return {"lyrics": lyrics.model_dump(mode="json"), "artifact": artifact.model_dump(mode="json")}
 

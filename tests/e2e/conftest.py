@@ -265,7 +265,7 @@ class SharedCastad(RunningCastad):
             self.services.wait_ready(self.base_url)
         going_on = [  # of any tenant (the admin key sees all): a test may make tenants of its own
             item["id"]
-            for status in ("PENDING", "RUNNING", "CANCELING")
+            for status in ("PENDING", "RUNNING", "AWAITING_REVIEW", "CANCELING")
             for item in self.admin.http.get("/v1/pipelines", params={"status": status, "limit": 100}).json()["items"]
         ]
         for pipeline_id in going_on:

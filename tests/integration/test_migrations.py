@@ -61,6 +61,7 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.images,
         api_tables.upload_buckets,
         api_tables.brand_kits,
+        api_tables.pipeline_reviews,
     ),
     "lyric": STAGE_TABLES,
     "song": STAGE_TABLES,

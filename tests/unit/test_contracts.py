@@ -133,7 +133,8 @@ def test_every_stage_fact_is_registered_with_a_current_version():
 def test_each_stage_consumes_what_the_previous_one_completes():
     subscriptions = topology.SUBSCRIPTIONS
     operator = ("pipeline.cancel_requested", "pipeline.retry_requested", "outbox.republish_requested")
-    assert subscriptions["lyric"].routing_keys == (events.PIPELINE_REQUESTED, "provider.lyric.called_back", *operator)
+    lyric = (events.PIPELINE_REQUESTED, "provider.lyric.called_back", *operator, "pipeline.review_decided")
+    assert subscriptions["lyric"].routing_keys == lyric  # it drafts for a review, and takes the decision
     assert subscriptions["song"].routing_keys == ("lyric.completed", "provider.song.called_back", *operator)
     assert subscriptions["video"].routing_keys == ("song.completed", "provider.video.called_back", *operator)
     assert set(subscriptions["api"].routing_keys) == {"lyric.*", "song.*", "video.*"}
@@ -385,7 +386,7 @@ def brief_carrying(event_type: str, version: int, brief_data: dict[str, object])
 
 
 # The newest version of each event carrying a brief.
-NEWEST = {events.PIPELINE_REQUESTED: 6, "lyric.completed": 7, "song.completed": 8, "video.completed": 9}
+NEWEST = {events.PIPELINE_REQUESTED: 7, "lyric.completed": 7, "song.completed": 8, "video.completed": 9}
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,

@@ -93,8 +93,9 @@ def test_every_service_that_takes_the_type_must_read_it():
 def test_each_stage_handles_every_type_its_queue_takes_so_its_word_holds_none_for_ever(stage):
     """A type routed to a queue whose consumer does not handle it would wait in its outbox for good."""
     fake = types.SimpleNamespace(runner=types.SimpleNamespace(stage=stage))
-    for name in ("on_trigger", "on_called_back", "on_cancel", "on_retry", "on_republish"):
+    for name in ("on_trigger", "on_called_back", "on_cancel", "on_retry", "on_republish", "on_review_decided"):
         setattr(fake, name, name)
+    fake.drafts = object() if stage in events.DRAFTED else None
 
     table = handlers.StageHandlers.table(fake, events.TRIGGERS[stage])  # type: ignore[arg-type]
 

@@ -22,6 +22,11 @@ LEGAL = {
     (Status.RUNNING, Status.AWAITING),
     (Status.AWAITING, Status.RUNNING),
     (Status.AWAITING, Status.CANCELED),
+    # A draft for a person to decide on: waiting holds no worker; approved, edited or timed out it is done.
+    (Status.RUNNING, Status.REVIEW),
+    (Status.REVIEW, Status.SUCCEEDED),
+    (Status.REVIEW, Status.PENDING),
+    (Status.REVIEW, Status.CANCELED),
     # An operator's retry, and the trigger of a job a retry reopened before it came.
     (Status.FAILED, Status.PENDING),
     (Status.CANCELED, Status.PENDING),

@@ -83,6 +83,13 @@ class Client:
             self._call("POST", f"/v1/pipelines/{pipeline_id}/retry", json=body.model_dump(mode="json"))
         )
 
+    def review(self, pipeline_id: str) -> api.ReviewView:
+        return api.ReviewView.model_validate(self._call("GET", f"/v1/pipelines/{pipeline_id}/review"))
+
+    def decide(self, pipeline_id: str, decision: api.ReviewDecision) -> api.ReviewAccepted:
+        body = decision.model_dump(exclude_none=True)
+        return api.ReviewAccepted.model_validate(self._call("POST", f"/v1/pipelines/{pipeline_id}/review", json=body))
+
     def brand(self) -> api.BrandKit:
         return api.BrandKit.model_validate(self._call("GET", "/v1/brand"))
 

@@ -1,6 +1,7 @@
 """The `castad` command line: submit, watch, show, cancel and retry pipelines.
 
-`castad` submits a brief (uploading its photos), watches it, shows it and its timeline, cancels or retries it;
+`castad` submits a brief (uploading its photos), watches it, shows it and its timeline, reviews its draft, cancels or
+retries it;
 `castad stats` shows the gateway's numbers; `castad dead-letters ...` deals with dead letters.
 
 Every error is one line on stderr and an exit status: 2 the input was refused (also by the
@@ -26,13 +27,14 @@ import typer
 from castad_contracts import api, brief, events
 from rich.table import Table
 
-from castad_cli import brand, dead_letters, progress, reports
+from castad_cli import brand, dead_letters, progress, reports, review
 from castad_cli import client as client_
 from castad_cli.terminal import Options, connected, console, errors
 
 app = typer.Typer(help="Talk to a Castad gateway.", no_args_is_help=True, add_completion=False)
 app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(brand.app, name="brand")
+app.command()(review.review)
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 EXIT_BY_STATUS = {None: 3, 400: 2, 401: 7, 403: 7, 404: 4, 409: 5, 413: 2, 415: 2, 422: 2, 429: 8, 503: 6}
 DEFAULT_KEY_FILE = pathlib.Path("~/.config/castad/api-key")
@@ -95,6 +97,15 @@ def submit(
     branded: Annotated[
         bool, typer.Option("--brand/--no-brand", help="the tenant's brand kit (castad brand), or none")
     ] = True,
+    review_: Annotated[
+        bool, typer.Option("--review", help="approve, edit or regenerate the lyrics (castad review) before the song")
+    ] = False,
+    review_timeout_s: Annotated[
+        int, typer.Option(help="with --review: how long each draft waits for a decision")
+    ] = brief.DEFAULT_REVIEW_TIMEOUT_S,
+    on_timeout: Annotated[
+        str, typer.Option(help="with --review: what an undecided draft comes to, approve or cancel")
+    ] = "cancel",
     idempotency_key: Annotated[str | None, typer.Option(help="default: a new random key")] = None,
     watch_: Annotated[bool, typer.Option("--watch/--no-watch", help="follow progress until done")] = True,
 ) -> None:
@@ -109,6 +120,7 @@ def submit(
         **({"orientation": orientation} if orientation else {}),
         **({"formats": format_} if format_ else {}),
         **({} if branded else {"brand": "none"}),
+        **({"review": {"timeout_s": review_timeout_s, "on_timeout": on_timeout}} if review_ else {}),
     }
     named = photo or []
     files = _photo_files(named)

@@ -47,4 +47,9 @@ def _describe(data: dict[str, Any]) -> tuple[float, str]:
         return 100, f"[green]done[/] ({size:,} bytes)"
     if status == "failed":
         return 0, f"[red]failed[/] {error.get('code')}: {error.get('message')}"
+    if status == "drafted":
+        until = (data.get("draft") or {}).get("review_until", "?")
+        return RUNNING_SHARE, f"[magenta]awaiting review[/] until {until} (castad review)"
+    if status == "review_decided":
+        return RUNNING_SHARE, f"[cyan]reviewed[/]: {(data.get('draft') or {}).get('decision')}"
     return 0, str(status)

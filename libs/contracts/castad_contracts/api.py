@@ -167,6 +167,91 @@ class StageView(BaseModel):
 ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELED"})
 
 
+class DraftView(BaseModel):
+    """A draft a stage made for a person to decide on, and what became of it."""
+
+    id: str = Field(description="what a decision names (`draft`)")
+    stage: events.Stage
+    round: int = Field(description="new drafts asked for before this one")
+    text: str = Field(description="the lyrics as a person reads and edits them: the title, then `[verse]` ... lines")
+    drafted_at: dt.datetime
+    review_until: dt.datetime = Field(description="when it comes to `on_timeout` if no one decided")
+    on_timeout: Literal["approve", "cancel"]
+    regenerations_left: int = Field(description="new drafts a `regenerate` may still ask for")
+    decision: str | None = Field(
+        description="approve, edit or regenerate, as a key decided; approve or cancel when it timed out; null while"
+        " it waits"
+    )
+    edited_text: str | None = Field(default=None, description="for edit: the final lyrics, sung as written")
+    note: str | None = Field(default=None, description="for regenerate: what it asked to change")
+    decided_at: dt.datetime | None = None
+    decided_by_key_id: str | None = Field(default=None, description="the key that decided (null: its timeout)")
+    expired_at: dt.datetime | None = Field(default=None, description="when it timed out undecided")
+
+
+class ReviewView(BaseModel):
+    """The review a pipeline asked for, and its current draft."""
+
+    asked: brief.Review
+    draft: DraftView | None = Field(description="the newest draft (null until the first is made)")
+
+
+class ReviewChoice(BaseModel):
+    """A person's decision on a draft (a notice's link names the draft)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "edit", "regenerate"] = Field(
+        description="approve: the song is made of the draft; edit: of `lyrics` instead, exactly as written;"
+        " regenerate: a new draft is written (told `note`, if given)"
+    )
+    lyrics: str | None = Field(
+        default=None,
+        max_length=events.MAX_LYRICS_CHARS,
+        validate_default=True,
+        description="for edit, and only then: the final lyrics as the draft's `text` writes them (a title line,"
+        f" then sections: a `[verse]`, `[chorus]` or `[bridge]` line and its lines; at most {events.MAX_SECTIONS}"
+        f" sections of {events.MAX_SECTION_LINES} lines of {events.MAX_LINE_CHARS} characters)",
+    )
+    note: str | None = Field(
+        default=None, max_length=500, description="for regenerate, and only then: what to change (optional)"
+    )
+
+    @field_validator("lyrics")
+    @classmethod
+    def _lyrics_for_edit(cls, lyrics: str | None, info: ValidationInfo) -> str | None:
+        decision = info.data.get("decision")
+        if decision == "edit" and not (lyrics or "").strip():
+            raise ValueError("an edit gives the final lyrics")
+        if decision not in ("edit", None) and lyrics is not None:
+            raise ValueError(f"only an edit gives lyrics, not {decision}")
+        return lyrics
+
+    @field_validator("note")
+    @classmethod
+    def _note_for_regenerate(cls, note: str | None, info: ValidationInfo) -> str | None:
+        decision = info.data.get("decision")
+        if decision not in ("regenerate", None) and note is not None:
+            raise ValueError(f"only a regenerate gives a note, not {decision}")
+        return note
+
+
+class ReviewDecision(ReviewChoice):
+    """A person's decision on a pipeline's current draft."""
+
+    draft: str = Field(pattern=brief.UUID_PATTERN, description="the draft decided on: the pipeline's current one")
+
+
+class ReviewAccepted(BaseModel):
+    """A decision recorded: the stage applies it; the pipeline's status and event stream follow."""
+
+    id: str
+    draft: str
+    decision: str
+    status: str = Field(description="the pipeline's status now (AWAITING_REVIEW until the stage has applied it)")
+    links: Links
+
+
 class PipelineView(BaseModel):
     id: str
     status: str
@@ -181,7 +266,11 @@ class PipelineView(BaseModel):
     cancel_requested_at: dt.datetime | None = Field(description="set while a cancel is pending or decided it")
     cancel_reason: str | None
     retries: int = Field(description="operator retries so far")
-    deadline_at: dt.datetime | None = Field(description="canceled (deadline_exceeded) if not ended by then")
+    deadline_at: dt.datetime | None = Field(
+        description="canceled (deadline_exceeded) if not ended by then; it stands still while a draft waits for a"
+        " person (AWAITING_REVIEW), and moves on by as long"
+    )
+    review: ReviewView | None = Field(default=None, description="the review the brief asked for (null: none)")
     stages: list[StageView]
     links: Links
 
@@ -263,6 +352,12 @@ class PipelineRequest(brief.BriefV2):
         examples=[["9:16", "1:1", "16:9"]],
     )
 
+    review: brief.Review | None = Field(
+        default=None,
+        description="Ask a person to approve, edit or regenerate the lyrics before the song is paid for"
+        " (POST /v1/pipelines/{id}/review); null: the pipeline runs straight through.",
+        examples=[{"lyrics": True, "timeout_s": 86400, "on_timeout": "cancel"}],
+    )
     brand: Literal["tenant", "none"] = Field(
         default="tenant",
         exclude_if=lambda brand: brand == "tenant",  # as formats
@@ -283,7 +378,7 @@ class PipelineRequest(brief.BriefV2):
         self, photos: tuple[brief.Photo | brief.PhotoLink, ...], brand: brief.Brand | None = None
     ) -> brief.Brief:
         """The brief as the stages get it: the photos named by reference, its `brand`, without the callback URL."""
-        fields = self.model_dump(exclude={"callback_url", "photos", "brand"}, exclude_none=True)
+        fields = self.model_dump(exclude={"callback_url", "photos", "brand", "review"}, exclude_none=True)
         return brief.Brief.model_validate({**fields, "photos": photos, "brand": brand})
 
 
@@ -468,8 +563,9 @@ class TimelineEntry(BaseModel):
     event_type: str = Field(description="e.g. song.retrying, pipeline.cancel_requested, dead_letter.replayed")
     step: str = Field(description="lyric, song, video, or pipeline for what concerns the whole pipeline")
     status: str = Field(
-        description="what happened: requested, started, retrying, completed, failed, canceled, cancel_requested,"
-        " retry_requested, dead_letter_recorded, dead_letter_replayed, dead_letter_discarded"
+        description="what happened: requested, started, retrying, drafted, review_decided, review_expired, completed,"
+        " failed, canceled, cancel_requested, retry_requested, dead_letter_recorded, dead_letter_replayed,"
+        " dead_letter_discarded"
     )
     pipeline_status: str = Field(description="the pipeline's status after it")
     progress: int = Field(ge=0, le=100, description="the pipeline's progress after it, in percent")
@@ -496,6 +592,11 @@ class TimelineEntry(BaseModel):
     artifact: ArtifactLink | None = Field(default=None, description="completed: the stage's file")
     artifacts: dict[events.Stage, ArtifactLink] | None = Field(
         default=None, description="on the pipeline's end: every file it has"
+    )
+    draft: dict[str, Any] | None = Field(
+        default=None,
+        description="drafted: the draft for review (id, round, text, review_until, on_timeout); review_decided: the"
+        " decision (id, decision, note); review_expired: the draft that timed out (id, on_timeout)",
     )
 
 

@@ -383,6 +383,32 @@ class Brief(BriefV5):
         return self.formats or (ORIENTATION_FORMAT[self.orientation],)
 
 
+MIN_REVIEW_TIMEOUT_S = 5
+MAX_REVIEW_TIMEOUT_S = 30 * 86_400
+DEFAULT_REVIEW_TIMEOUT_S = 3 * 86_400
+MAX_REGENERATIONS = 5  # new drafts a review may ask for, after the first
+
+
+class Review(BaseModel):
+    """What a person reviews before the song is paid for, for how long, and what a draft left undecided comes to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lyrics: bool = Field(default=True, description="the lyrics wait for a decision before the song is made")
+    timeout_s: int = Field(
+        default=DEFAULT_REVIEW_TIMEOUT_S,
+        ge=MIN_REVIEW_TIMEOUT_S,
+        le=MAX_REVIEW_TIMEOUT_S,
+        description="how long each draft waits for a decision, in seconds (5 s to 30 days; default 3 days). The"
+        " pipeline's deadline does not run meanwhile",
+    )
+    on_timeout: Literal["approve", "cancel"] = Field(
+        default="cancel",
+        description="what a draft that no one decided on comes to: approve (the song is made of it) or cancel (the"
+        " pipeline ends CANCELED, review_timeout; nothing more is paid for)",
+    )
+
+
 # What version 1 of the events carrying a brief allowed (see castad_contracts.events).
 V1Language = Literal["Korean", "English"]
 

@@ -31,6 +31,7 @@ class ErrorCode(enum.StrEnum):
     # The gateway's own.
     CANCELED = "canceled", "the pipeline was canceled (see its cancel_reason)"
     DEADLINE_EXCEEDED = "deadline_exceeded", "the pipeline did not end before its deadline and was canceled"
+    REVIEW_TIMEOUT = "review_timeout", "no one decided on the draft in time, and the review said to cancel then"
     # The stage machine's (castad_runtime.stage.runner): the machinery, tried again, never counted but the first.
     ATTEMPT_TIMEOUT = "attempt_timeout", "the attempt took longer than a stage allows"
     INTERNAL_ERROR = "internal_error", "the stage failed for a reason of its own; it is tried again"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
+import typing
 import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Self
@@ -91,6 +93,72 @@ class Lyrics(BaseModel):
     def lines(self) -> list[str]:
         return [line for section in self.sections for line in section.lines]
 
+    def text(self) -> str:
+        """As a person reads and edits them (the lyric stage's file): the title, then each `[kind]` and its lines."""
+        parts = [self.title, ""]
+        for section in self.sections:
+            parts.append(f"[{section.kind}]")
+            parts.extend(section.lines)
+            parts.append("")
+        return "\n".join(parts)
+
+
+# What lyrics may hold: a person's edit is held to the limits a writer's lyrics are (castad_lyric.chat).
+MAX_SECTIONS = 12
+MAX_SECTION_LINES = 12
+MAX_LINE_CHARS = 120
+MAX_LYRICS_CHARS = 8_000
+_SECTION_HEADING = re.compile(r"^\[(\w+)\]$")
+
+
+def lyrics_from_text(text: str, language: brief_.Language) -> Lyrics:
+    """Lyrics written as `Lyrics.text` writes them; ValueError saying what breaks the limits, and where."""
+    if len(text) > MAX_LYRICS_CHARS:
+        raise ValueError(f"are {len(text)} characters long, more than {MAX_LYRICS_CHARS}")
+    title, kind = "", None
+    sections: list[tuple[str, list[str], int]] = []
+    lines: list[str] = []
+    kinds = typing.get_args(LyricSection.model_fields["kind"].annotation)
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        if any(ord(char) < 32 and char != "\t" for char in line):
+            raise ValueError(f"line {number} holds a control character")
+        if len(line) > MAX_LINE_CHARS:
+            raise ValueError(f"line {number} is {len(line)} characters long, more than {MAX_LINE_CHARS}")
+        heading = _SECTION_HEADING.match(line)
+        if not title and heading is None:
+            title = line
+        elif heading is not None:
+            if heading.group(1) not in kinds:
+                raise ValueError(f"line {number}: [{heading.group(1)}] is not a section ({', '.join(kinds)})")
+            if kind is not None:
+                sections.append((kind, lines, number))
+            kind, lines = heading.group(1), []
+        elif kind is None:
+            raise ValueError(f"line {number} comes before the first section heading, such as [verse]")
+        else:
+            lines.append(line)
+    if kind is not None:
+        sections.append((kind, lines, len(text.splitlines())))
+    if not title:
+        raise ValueError("have no title: the first line is the title")
+    if not sections:
+        raise ValueError("have no section: write [verse], [chorus] or [bridge], then its lines")
+    if len(sections) > MAX_SECTIONS:
+        raise ValueError(f"have {len(sections)} sections, more than {MAX_SECTIONS}")
+    for kind, lines, number in sections:
+        if not lines:
+            raise ValueError(f"the [{kind}] before line {number} has no lines")
+        if len(lines) > MAX_SECTION_LINES:
+            raise ValueError(f"a [{kind}] has {len(lines)} lines, more than {MAX_SECTION_LINES}")
+    return Lyrics(
+        title=title,
+        language=language,
+        sections=tuple(LyricSection(kind=kind, lines=tuple(lines)) for kind, lines, _ in sections),
+    )
+
 
 class TimedLineV2(BaseModel):
     """A lyric line and when it is sung (versions 1 and 2 of song.completed)."""
@@ -121,11 +189,19 @@ class TimedLine(TimedLineV2):
     )
 
 
-class PipelineRequested(Payload):
+class PipelineRequestedV6(Payload):
     brief: brief_.Brief
     requested_at: dt.datetime
     max_attempts: dict[Stage, int] | None = Field(
         default=None, description="Per-stage override of the configured maximum attempts."
+    )
+
+
+class PipelineRequested(PipelineRequestedV6):
+    review: brief_.Review | None = Field(
+        default=None,
+        exclude_if=lambda review: review is None,  # as a brief's formats: one without it reads as before reviews
+        description="a person decides on the lyrics' draft before the song is made (None: no review)",
     )
 
 
@@ -311,6 +387,45 @@ OPERATION = (
 )
 
 
+class LyricDrafted(Payload):
+    """The lyric stage's draft waits for a person's decision (the pipeline asked for a review); it holds no worker."""
+
+    stage: Stage
+    job_id: str
+    attempt: int = Field(ge=1, description="the attempt that wrote the draft")
+    draft_id: str = Field(description="what a decision names: only the newest draft of a pipeline is decided on")
+    round: int = Field(ge=0, description="drafts the review asked for again before this one (regenerate)")
+    lyrics: Lyrics
+    artifact: Artifact = Field(description="the draft as text, as `Lyrics.text` writes it")
+    review_until: dt.datetime = Field(description="when the draft, undecided, comes to `on_timeout`")
+    on_timeout: Literal["approve", "cancel"]
+    drafted_at: dt.datetime
+
+
+class StageReviewExpired(Payload):
+    """No decision came for a draft in time: approved as it is (its `completed` follows), or the pipeline to cancel.
+
+    The stage keeps the draft waiting until the gateway's cancel comes; it says this again while it waits."""
+
+    stage: Stage
+    job_id: str
+    attempt: int = Field(ge=1)
+    draft_id: str
+    on_timeout: Literal["approve", "cancel"]
+    expired_at: dt.datetime
+
+
+class PipelineReviewDecided(Payload):
+    """A person's decision on a draft, as the gateway recorded it: the stage applies it once, to that draft alone."""
+
+    draft_id: str
+    decision: Literal["approve", "edit", "regenerate"]
+    lyrics: Lyrics | None = Field(default=None, description="for edit: the final lyrics, sung exactly as written")
+    note: str | None = Field(default=None, max_length=500, description="for regenerate: what to change, if said")
+    decided_by: str = Field(description="the acting key's id")
+    decided_at: dt.datetime
+
+
 class StageCanceled(Payload):
     """A stage stopped its job for a cancel request, or, having none yet, will never start one."""
 
@@ -328,7 +443,7 @@ class StageCanceled(Payload):
 BriefV5 = brief_.BriefV5
 
 
-class PipelineRequestedV5(PipelineRequested):
+class PipelineRequestedV5(PipelineRequestedV6):
     brief: BriefV5  # type: ignore[assignment]
 
 
@@ -347,7 +462,7 @@ class SongCompletedV7(SongCompleted):
 BriefV4 = brief_.BriefV4
 
 
-class PipelineRequestedV4(PipelineRequested):
+class PipelineRequestedV4(PipelineRequestedV6):
     brief: BriefV4  # type: ignore[assignment]
 
 
@@ -364,7 +479,7 @@ class SongCompletedV5(SongCompleted):
 BriefV3 = brief_.BriefV3
 
 
-class PipelineRequestedV3(PipelineRequested):
+class PipelineRequestedV3(PipelineRequestedV6):
     brief: BriefV3  # type: ignore[assignment]
 
 
@@ -381,7 +496,7 @@ class VideoCompletedV3(VideoCompletedV4):
 BriefV2 = brief_.BriefV2
 
 
-class PipelineRequestedV2(PipelineRequested):
+class PipelineRequestedV2(PipelineRequestedV6):
     brief: BriefV2  # type: ignore[assignment]
 
 
@@ -478,7 +593,17 @@ PIPELINE_CANCEL_REQUESTED = "pipeline.cancel_requested"
 PIPELINE_RETRY_REQUESTED = "pipeline.retry_requested"
 OUTBOX_REPUBLISH_REQUESTED = "outbox.republish_requested"
 OPERATOR_REQUESTS = (PIPELINE_CANCEL_REQUESTED, PIPELINE_RETRY_REQUESTED, OUTBOX_REPUBLISH_REQUESTED)
-StageFact = Literal["started", "retrying", "completed", "failed", "canceled"]
+PIPELINE_REVIEW_DECIDED = "pipeline.review_decided"
+StageFact = Literal["started", "retrying", "completed", "failed", "canceled", "drafted", "review_expired"]
+# The stages that draft for a review, and the model of their `drafted` event.
+DRAFTED: dict[Stage, type[Payload]] = {Stage.LYRIC: LyricDrafted}
+REVIEW_FACTS = ("drafted", "review_expired")  # told only by a stage that drafts
+
+
+def stage_facts(stage: Stage) -> tuple[StageFact, ...]:
+    """What `stage` tells of its jobs."""
+    facts: tuple[StageFact, ...] = typing.get_args(StageFact)
+    return tuple(fact for fact in facts if stage in DRAFTED or fact not in REVIEW_FACTS)
 
 
 def stage_event(stage: Stage, fact: StageFact) -> str:
@@ -740,7 +865,7 @@ for _stage, _version in ((Stage.LYRIC, 6), (Stage.SONG, 7), (Stage.VIDEO, 7)):
 REGISTRY.register(stage_event(Stage.VIDEO, "completed"), 8, VideoCompletedV8, lambda data: {**data, "poster": None})
 # Then a brief may ask for several formats (pipeline.requested v6, lyric v7, song v8), and video.completed (v9) names
 # each one's video and poster; an older event's brief asks for its orientation's format alone.
-REGISTRY.register(PIPELINE_REQUESTED, 6, PipelineRequested, _same)
+REGISTRY.register(PIPELINE_REQUESTED, 6, PipelineRequestedV6, _same)
 _COMPLETED: dict[Stage, type[Payload]] = {
     Stage.LYRIC: LyricCompleted,
     Stage.SONG: SongCompleted,
@@ -748,3 +873,9 @@ _COMPLETED: dict[Stage, type[Payload]] = {
 }
 for _stage, _version in ((Stage.LYRIC, 7), (Stage.SONG, 8), (Stage.VIDEO, 9)):
     REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same)
+# Then a pipeline may ask for a review of its lyrics (pipeline.requested v7): the lyric stage drafts, a person decides
+# (pipeline.review_decided), and the stage goes on; an older pipeline.requested asks for none.
+REGISTRY.register(PIPELINE_REQUESTED, 7, PipelineRequested, _same)
+REGISTRY.register(stage_event(Stage.LYRIC, "drafted"), 1, LyricDrafted)
+REGISTRY.register(stage_event(Stage.LYRIC, "review_expired"), 1, StageReviewExpired)
+REGISTRY.register(PIPELINE_REVIEW_DECIDED, 1, PipelineReviewDecided)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import typing
 
 from castad_contracts import events
 
@@ -64,7 +63,15 @@ def _all_stage_facts() -> tuple[str, ...]:
 SUBSCRIPTIONS: dict[str, Subscription] = {
     "api": Subscription("api", _all_stage_facts()),
     **{
-        stage.value: Subscription(stage.value, (trigger, events.provider_called_back(stage), *events.OPERATOR_REQUESTS))
+        stage.value: Subscription(
+            stage.value,
+            (
+                trigger,
+                events.provider_called_back(stage),
+                *events.OPERATOR_REQUESTS,
+                *((events.PIPELINE_REVIEW_DECIDED,) if stage in events.DRAFTED else ()),
+            ),
+        )
         for stage, trigger in events.TRIGGERS.items()
     },
 }
@@ -109,13 +116,9 @@ WORKERS = (RELAY, *STAGES)  # serving no API: their probes and metrics on a port
 # The service that produces each event type: the only one whose outbox the relay publishes it from.
 PRODUCERS: dict[str, str] = {
     events.PIPELINE_REQUESTED: GATEWAY,
-    **{request: GATEWAY for request in events.OPERATOR_REQUESTS},
+    **{request: GATEWAY for request in (*events.OPERATOR_REQUESTS, events.PIPELINE_REVIEW_DECIDED)},
     **{events.provider_called_back(stage): GATEWAY for stage in events.Stage},
-    **{
-        events.stage_event(stage, fact): stage.value
-        for stage in events.Stage
-        for fact in typing.get_args(events.StageFact)
-    },
+    **{events.stage_event(stage, fact): stage.value for stage in events.Stage for fact in events.stage_facts(stage)},
 }
 # The envelope `source` each producing service writes (and every consumer expects of its types).
 SOURCES: dict[str, str] = {service: f"/castad/{service}" for service in dict.fromkeys(PRODUCERS.values())}

@@ -16,7 +16,10 @@ no key. Who signs what, which the gateway checks:
   purpose `artifact`; no other stage's file has a link;
 - `/v1/links/pipelines/{pipeline}/photos/{image}`: video (its render API fetches the brief's
   uploaded photos), purpose `photo`; the gateway opens it only for an image that pipeline's brief
-  names, of the pipeline's tenant.
+  names, of the pipeline's tenant;
+- `/v1/links/pipelines/{pipeline}/review/{draft}`: the gateway itself, with a key of its own derived
+  from the root, purpose `review`: the link of a `review.requested` notice, which shows that one
+  draft and takes one decision on it, until the draft's review times out.
 
 The gateway refuses a link for another path, altered, expired, or whose expiry is further off
 than it allows (CASTAD_API_LINK_MAX_S): a stage signs for its provider's give-up time and
@@ -45,6 +48,9 @@ _SALT = b"castad links v1"
 _CALLBACK = re.compile(r"^/v1/provider-callbacks/(?P<stage>song|video)/[^/]+$")
 _ARTIFACT = re.compile(r"^/v1/links/pipelines/[^/]+/artifacts/(?P<stage>song)$")
 _PHOTO = re.compile(r"^/v1/links/pipelines/[^/]+/photos/[^/]+$")
+_REVIEW = re.compile(r"^/v1/links/pipelines/[^/]+/review/[^/]+$")
+GATEWAY = "gateway"  # the signer of the links to review a draft: the gateway, with a key of its own
+REVIEW_LINK_MAX_S = brief.MAX_REVIEW_TIMEOUT_S + MARGIN_S  # a review link lives as long as its draft's review
 FILE_SIGNER = {events.Stage.SONG: events.Stage.VIDEO}  # a stage's file: the stage whose provider fetches it
 SIGNERS = (events.Stage.SONG, events.Stage.VIDEO)  # the stages that sign links, each with a key of its own
 
@@ -55,6 +61,7 @@ class Purpose(enum.StrEnum):
     CALLBACK = "callback"
     ARTIFACT = "artifact"
     PHOTO = "photo"
+    REVIEW = "review"
     SEAL = "seal"  # not a link: an uploaded photo of a brief, sealed for its pipeline (`photo_seal`)
 
 
@@ -69,8 +76,8 @@ def hkdf(key: bytes, *, salt: bytes, info: bytes, length: int = 32) -> bytes:
 
 
 def stage_secret(root: SecretStr, stage: events.Stage | str) -> SecretStr:
-    """The key of one stage (hex), derived from the gateway's root secret."""
-    info = f"stage:{events.Stage(stage).value}".encode()
+    """The key of one stage (hex), derived from the gateway's root secret; the gateway's own for GATEWAY."""
+    info = (GATEWAY if stage == GATEWAY else f"stage:{events.Stage(stage).value}").encode()
     return SecretStr(hkdf(root.get_secret_value().encode(), salt=_SALT, info=info).hex())
 
 
@@ -123,14 +130,25 @@ def stage_keys(root: SecretStr) -> dict[str, str]:
     }
 
 
-def signer(path: str) -> tuple[events.Stage, Purpose] | None:
-    """The stage that signs links for `path`, and for which purpose; None for a path no link is for."""
+def review_link(root: SecretStr, pipeline_id: str, draft_id: str, expires: int) -> str:
+    """The gateway's link to one draft of a pipeline's review (a path and its query), valid until `expires`.
+
+    The same link for the same draft and expiry: a notice sent again carries it unchanged."""
+    path = f"/v1/links/pipelines/{pipeline_id}/review/{draft_id}"
+    given = signature(stage_secret(root, GATEWAY), Purpose.REVIEW, path, expires)
+    return f"{path}?{urllib.parse.urlencode({'expires': expires, 'signature': given})}"
+
+
+def signer(path: str) -> tuple[events.Stage | str, Purpose] | None:
+    """The stage (or GATEWAY) that signs links for `path`, and for which purpose; None for a path no link is for."""
     if found := _CALLBACK.match(path):
         return events.Stage(found["stage"]), Purpose.CALLBACK
     if found := _ARTIFACT.match(path):
         return FILE_SIGNER[events.Stage(found["stage"])], Purpose.ARTIFACT
     if _PHOTO.match(path):
         return events.Stage.VIDEO, Purpose.PHOTO
+    if _REVIEW.match(path):
+        return GATEWAY, Purpose.REVIEW
     return None
 
 
@@ -138,10 +156,12 @@ def accepted(root: SecretStr, path: str, expires: int, given: str, *, max_s: flo
     """Whether the gateway takes a link.
 
     Signed for this very path by the stage that signs it, for its purpose, not expired, and expiring within
-    `max_s`.
+    `max_s` (a review link: within REVIEW_LINK_MAX_S, as long as a draft may wait).
     """
     who = signer(path)
     now = time.time()
+    if who is not None and who[1] is Purpose.REVIEW:
+        max_s = REVIEW_LINK_MAX_S  # as long as the draft's review may wait
     if who is None or not now <= expires <= now + max_s:
         return False
     stage, purpose = who

@@ -361,6 +361,19 @@ def drop_previous_submitted_at_v19() -> None:
     op.drop_column("jobs", "previous_submitted_at")
 
 
+def add_reviews_v20() -> None:
+    """A draft waiting for a person's decision (status REVIEW) is kept in its job's row, due when it times out."""
+    op.add_column("jobs", sa.Column("review", pg.JSONB))
+    op.create_index("jobs_review_due", "jobs", ["due_at"], postgresql_where=sa.text("status = 'REVIEW'"))
+
+
+def drop_reviews_v20() -> None:
+    # A release before reviews drafts again, and its draft goes on without one.
+    op.execute("UPDATE jobs SET status = 'RETRY_WAIT', due_at = now() WHERE status = 'REVIEW'")
+    op.drop_index("jobs_review_due", "jobs")
+    op.drop_column("jobs", "review")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

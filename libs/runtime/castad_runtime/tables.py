@@ -131,12 +131,16 @@ jobs = sa.Table(
     # or waits on it while it is still at work: since `previous_submitted_at` at most the give-up time.
     sa.Column("previous_handle", sa.Text),
     sa.Column("previous_submitted_at", TZ),
+    # The draft a person decides on (status REVIEW, due when its review times out), and what they decided
+    # (castad_runtime.stage.reviews).
+    sa.Column("review", pg.JSONB),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),
     # When retention last deleted the stage's files of this job; earlier than finished_at: it ended again since.
     sa.Column("artifacts_swept_at", TZ),
     sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")),
+    sa.Index("jobs_review_due", "due_at", postgresql_where=sa.text("status = 'REVIEW'")),
     # While a prober polls the jobs waiting at a provider (castad_runtime.stage.probes): what a claim takes, and
     # what the prober asks about (castad_runtime.stage.repository: READY and CLAIM_PROBES).
     sa.Index("jobs_claimable", "due_at", postgresql_where=sa.text(CLAIMABLE_JOB)),

@@ -32,6 +32,7 @@ from castad_api import (
     image_routes,
     key_routes,
     pipeline_routes,
+    review_routes,
     stats_routes,
     timeline_routes,
 )
@@ -123,6 +124,7 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     app.include_router(dead_letter_routes.router)
     app.include_router(key_routes.router)
     app.include_router(brand_routes.router)
+    app.include_router(review_routes.router)
     if gw.config.health_port is None:
         app.include_router(health)
     console_routes.mount(app, gw.config)

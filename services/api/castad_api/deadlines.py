@@ -1,5 +1,7 @@
 """The gateway wakes its own due records: pipelines past their deadline are canceled (deadline_exceeded).
 
+So are those whose draft timed out with a review that said to cancel then (review_timeout; reviews.py).
+
 So that even an event lost to a bug cannot leave a pipeline open for ever. Several gateway
 replicas share the work: each takes the overdue pipelines the others have not locked.
 """
@@ -38,6 +40,8 @@ class DeadlineSweeper:
             try:
                 with db.transaction(self.engine) as conn:
                     canceled = operations.cancel_overdue(conn, BATCH)
+                with db.transaction(self.engine) as conn:
+                    timed_out = operations.cancel_timed_out(conn, BATCH)
             except Exception as error:
                 if not outages.is_outage(error):
                     log.exception("looking for overdue pipelines failed; trying again")
@@ -48,5 +52,7 @@ class DeadlineSweeper:
             delays.tries = 0
             if canceled:
                 log.warning("canceled %d pipelines past their deadline", canceled)
-            if canceled < BATCH:
+            if timed_out:
+                log.info("canceled %d pipelines whose draft timed out undecided", timed_out)
+            if canceled < BATCH and timed_out < BATCH:
                 self._stop.wait(self.poll_s)

@@ -26,6 +26,7 @@ from castad_contracts import api, codes, events
 class PipelineStatus(enum.StrEnum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"
+    AWAITING_REVIEW = "AWAITING_REVIEW"  # a stage's draft waits for a person's decision; its deadline stands still
     CANCELING = "CANCELING"  # a cancel was requested; not every stage has answered yet
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -40,6 +41,7 @@ class StageStatus(enum.StrEnum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     RETRY_WAIT = "RETRY_WAIT"
+    AWAITING_REVIEW = "AWAITING_REVIEW"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELED = "CANCELED"
@@ -55,17 +57,19 @@ STATUS_AFTER = {
     "completed": StageStatus.SUCCEEDED,
     "failed": StageStatus.FAILED,
     "canceled": StageStatus.CANCELED,
+    "drafted": StageStatus.AWAITING_REVIEW,
 }
 
 Position = tuple[int, int, int]
 
 
 def position(fact: str, attempt: int) -> Position:
+    """Where an event leaves its stage: a draft after its attempt's start and retries, before its end."""
     if fact == "canceled":
         return (3, attempt, 0)
     if fact in ("completed", "failed"):
         return (2, attempt, 0)
-    return (1, attempt, 0 if fact == "started" else 1)
+    return (1, attempt, {"started": 0, "retrying": 1, "drafted": 2}[fact])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +105,7 @@ class AttemptOutcome(enum.StrEnum):
     FAILED = "failed"  # the work failed for good (not retryable, or the last attempt)
     INTERRUPTED = "interrupted"  # the machinery lost it: handed back, not counted, tried again
     CANCELED = "canceled"  # an operator's cancel (or the deadline) stopped it
+    REDRAFTED = "redrafted"  # it drafted for a review, and the review asked for a new draft
 
 
 def attempt_change(fact: str, payload: events.Payload, event_time: dt.datetime) -> dict[str, Any] | None:
@@ -169,6 +174,8 @@ def pipeline_status(stage_status: dict[events.Stage, StageStatus], cancel_pendin
     if cancel_pending:
         ended = all(stage_status.get(stage, StageStatus.PENDING).terminal for stage in events.STAGE_ORDER)
         return PipelineStatus.CANCELED if ended else PipelineStatus.CANCELING
+    if StageStatus.AWAITING_REVIEW in stage_status.values():
+        return PipelineStatus.AWAITING_REVIEW
     if stage_status:
         return PipelineStatus.RUNNING
     return PipelineStatus.PENDING
@@ -232,6 +239,16 @@ def sse_data(
         data["artifact"] = payload.artifact.model_dump(mode="json")
     if isinstance(payload, events.StageCanceled):
         data["reason"] = payload.reason
+    if isinstance(payload, events.LyricDrafted):
+        data["draft"] = {
+            "id": payload.draft_id,
+            "round": payload.round,
+            "text": payload.lyrics.text(),
+            "review_until": payload.review_until.isoformat(),
+            "on_timeout": payload.on_timeout,
+        }
+    if isinstance(payload, events.StageReviewExpired):
+        data["draft"] = {"id": payload.draft_id, "on_timeout": payload.on_timeout}
     if artifacts is not None:
         data["artifacts"] = artifacts
     return data

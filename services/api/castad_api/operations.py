@@ -1,6 +1,7 @@
 """What a client asks of a pipeline.
 
-Its creation, and an operator's levers: cancel, retry from the stage that did not succeed, deadlines.
+Its creation, a person's decision on its draft (reviews.py), and an operator's levers: cancel, retry from the stage
+that did not succeed, deadlines.
 
 Each is a request recorded in the gateway's database with the event that announces it
 (`pipeline.cancel_requested`, `pipeline.retry_requested`); the stages do the rest. The
@@ -23,7 +24,7 @@ from castad_contracts import envelope as envelope_
 from castad_runtime import artifacts, db, links, outbound, outbox, telemetry
 from pydantic import SecretStr
 
-from castad_api import brands, errors, model, projection, records, repository, retention
+from castad_api import brands, errors, model, projection, records, repository, retention, reviews
 
 SOURCE = topology.SOURCES[topology.GATEWAY]
 
@@ -65,7 +66,9 @@ def create(
     # The envelope first: the pipeline keeps its trace id, the one trace its events all belong to.
     # As the stages get it; the pipeline keeps it unsealed, as its tenant sent it.
     told = source if link_secret is None else _sealed(source, link_secret, str(pipeline_id))
-    requested = events.PipelineRequested(pipeline_id=str(pipeline_id), brief=told, requested_at=dt.datetime.now(dt.UTC))
+    requested = events.PipelineRequested(
+        pipeline_id=str(pipeline_id), brief=told, requested_at=dt.datetime.now(dt.UTC), review=body.review
+    )
     env = envelope_.wrap(requested, events.PIPELINE_REQUESTED, SOURCE, *telemetry.current_trace_headers())
     created = repository.create_pipeline(
         conn,
@@ -77,6 +80,7 @@ def create(
         body.callback_url,
         deadline_s,
         model.trace_id(env.traceparent),
+        body.review.model_dump(mode="json") if body.review else None,
     )
     if created.new:
         outbox.append(conn, env)
@@ -146,12 +150,13 @@ def check_photo_urls(body: api.PipelineRequest, allow_private: bool) -> None:
 
 
 def request_hash(body: api.PipelineRequest) -> str:
-    """The request's digest; without a callback_url, photos or formats, of the rest alone (as before there were any).
+    """The request's digest; without a callback_url, photos, formats or review, of the rest alone (as before them).
 
     The orientation as the brief has it, whether the request said it or not (before formats it always had one)."""
     unset = {"callback_url"} if body.callback_url is None else set()
     unset |= {"photos"} if not body.photos else set()
     unset |= {"formats"} if not body.formats else set()
+    unset |= {"review"} if body.review is None else set()
     fields = body.model_dump(mode="json", exclude=unset or None)
     fields["orientation"] = body.for_stages(()).orientation.value
     canonical = json.dumps(fields, sort_keys=True, ensure_ascii=False)
@@ -270,6 +275,87 @@ def retry(
         **_acting(key),
     )
     return Requested(pipeline_id, status, operation), resume
+
+
+def decide(
+    conn: sa.Connection,
+    pipeline_id: uuid.UUID,
+    body: api.ReviewDecision,
+    tenant: str | None,
+    key: dict[str, str] | None,
+) -> model.PipelineStatus:
+    """Record a decision on the pipeline's current draft and carry it to the stage; the pipeline's status.
+
+    Of `tenant`'s pipeline, if given; by the API key `key` (keys.Principal.acting; None: a signed link). NotFound,
+    a Conflict for any draft but the current one, one decided or timed out, a pipeline that no longer waits, or a
+    regenerate past the limit; InvalidField for lyrics that break the stage's limits.
+    """
+    pipeline = repository.lock_pipeline(conn, pipeline_id, tenant)
+    if pipeline is None:
+        raise errors.NotFound(f"no pipeline {pipeline_id}")
+    status = model.PipelineStatus(pipeline.status)
+    draft = reviews.current(conn, [pipeline_id]).get(pipeline_id)
+    if draft is None or str(draft.draft_id) != body.draft:
+        now = f"its current draft is {draft.draft_id}" if draft else "it has no draft yet"
+        raise errors.Conflict(f"draft {body.draft} is not pipeline {pipeline_id}'s current draft: {now}", status.value)
+    if not draft.open:
+        came = f"{draft.decision} ({'its timeout' if draft.decided_by is None else 'by a key'})"
+        raise errors.Conflict(f"draft {body.draft} was already decided: {came}", status.value)
+    if status is not model.PipelineStatus.AWAITING_REVIEW:
+        raise errors.Conflict(f"pipeline {pipeline_id} is {status.value}, not waiting for a review", status.value)
+    if body.decision == "regenerate" and draft.round >= brief.MAX_REGENERATIONS:
+        raise errors.Conflict(
+            f"draft {body.draft} is the last new draft a review may ask for ({brief.MAX_REGENERATIONS}): approve or"
+            " edit it",
+            status.value,
+        )
+    edited = None
+    if body.decision == "edit":
+        assert body.lyrics is not None  # the model's: an edit gives lyrics
+        language = brief.Language(events.Lyrics.model_validate(draft.lyrics).language)
+        try:
+            edited = events.lyrics_from_text(body.lyrics, language)
+        except ValueError as error:
+            raise errors.InvalidField(("body", "lyrics"), f"the lyrics {error}") from None
+    key_id = uuid.UUID(key["id"]) if key else None
+    decided = events.PipelineReviewDecided(
+        pipeline_id=str(pipeline_id),
+        draft_id=body.draft,
+        decision=body.decision,
+        lyrics=edited,
+        note=body.note,
+        decided_by=str(key_id) if key_id else "link",
+        decided_at=dt.datetime.now(dt.UTC),
+    )
+    reviews.decided(conn, draft, body.decision, decided.decided_at, key_id, edited, body.note)
+    env = outbox.add(conn, decided, events.PIPELINE_REVIEW_DECIDED, SOURCE)
+    stage = events.Stage(draft.stage)
+    if body.decision == "regenerate":  # its attempt ends here; the stage makes the next draft on a new one
+        ended = {"ended_at": decided.decided_at, "outcome": model.AttemptOutcome.REDRAFTED.value}
+        repository.save_attempt(conn, pipeline_id, stage, draft.attempt, ended)
+    return projection.record(
+        conn,
+        pipeline,
+        env.id,
+        env.type,
+        stage,
+        "review_decided",
+        occurred_at=env.time,
+        draft={"id": body.draft, "decision": body.decision, "note": body.note},
+        actor="signed link" if key is None else "key",
+        **_acting(key),
+    )
+
+
+def cancel_timed_out(conn: sa.Connection, limit: int = 100) -> int:
+    """Cancel the pipelines whose draft timed out to cancel (reason review_timeout); how many drafts were settled."""
+    due = reviews.lock_timed_out(conn, limit)
+    for draft in due:
+        pipeline = repository.get_pipeline(conn, draft.pipeline_id)
+        if pipeline is not None and not model.PipelineStatus(pipeline.status).terminal:
+            cancel(conn, draft.pipeline_id, codes.ErrorCode.REVIEW_TIMEOUT, actor="review timeout")
+        reviews.decided(conn, draft, reviews.TIMED_OUT, draft.expired_at)
+    return len(due)
 
 
 def _acting(key: dict[str, str] | None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from castad_api import (
     operations,
     records,
     repository,
+    reviews,
     served,
     streams,
     timeline,
@@ -258,7 +259,10 @@ def provider_callback(stage: events.Stage, pipeline_id: uuid.UUID, gw: GatewayDe
 
 
 def _view(
-    row: records.Pipeline, stage_rows: list[records.Stage], viewer: disclosure.Viewer = disclosure.INTERNAL
+    row: records.Pipeline,
+    stage_rows: list[records.Stage],
+    viewer: disclosure.Viewer = disclosure.INTERNAL,
+    draft: reviews.Draft | None = None,
 ) -> api.PipelineView:
     pid = str(row.id)
     by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}
@@ -304,7 +308,8 @@ def _view(
         cancel_requested_at=row.cancel_requested_at,
         cancel_reason=row.cancel_reason,
         retries=row.retries,
-        deadline_at=row.deadline_at,
+        deadline_at=None if row.deadline_paused_at else row.deadline_at,
+        review=reviews.view(row, draft),
         stages=stages,
         links=links(pid),
     )
@@ -316,7 +321,9 @@ def _load(gw: Gateway, pipeline_id: uuid.UUID, who: keys.Principal) -> api.Pipel
         row = repository.get_pipeline(conn, pipeline_id, who.tenant_filter())
         if row is None:
             raise errors.NotFound(f"no pipeline {pipeline_id}")
-        return _view(row, repository.get_stages(conn, [pipeline_id])[pipeline_id], gw.viewer(who))
+        stage_rows = repository.get_stages(conn, [pipeline_id])[pipeline_id]
+        drafts = reviews.current(conn, [pipeline_id]) if row.review else {}
+        return _view(row, stage_rows, gw.viewer(who), drafts.get(pipeline_id))
 
 
 @router.get("/pipelines/{pipeline_id}", response_model=api.PipelineView, responses={404: {"model": api.Problem}})
@@ -367,9 +374,11 @@ def list_pipelines(
         rows = repository.list_pipelines(conn, shown, limit + 1)
         page = rows[:limit]
         stage_rows = repository.get_stages(conn, [row.id for row in page])
+        drafts = reviews.current(conn, [row.id for row in page if row.review])
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
     viewer = gw.viewer(who)
-    return api.PipelinePage(items=[_view(row, stage_rows[row.id], viewer) for row in page], next_cursor=next_cursor)
+    items = [_view(row, stage_rows[row.id], viewer, drafts.get(row.id)) for row in page]
+    return api.PipelinePage(items=items, next_cursor=next_cursor)
 
 
 def _search(q: str | None) -> str | uuid.UUID | None:

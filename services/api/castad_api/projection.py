@@ -21,7 +21,7 @@ from castad_contracts import codes, events
 from castad_contracts import envelope as envelope_
 from castad_runtime import db, groups, inbox, logs, telemetry
 
-from castad_api import metrics, model, records, repository, webhooks
+from castad_api import metrics, model, records, repository, reviews, webhooks
 from castad_api import writes as writes_
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,21 @@ def _apply(
     change = model.attempt_change(fact, payload, env.time)
     if change is not None:
         writes.attempt(pipeline_id, stage, attempt, change)
+    if isinstance(payload, events.StageReviewExpired):  # no stage moves: its draft is approved, or to cancel
+        reviews.expired(writes.conn, payload)
+        record(
+            writes.conn,
+            pipeline,
+            env.id,
+            env.type,
+            stage,
+            fact,
+            payload,
+            occurred_at=env.time,
+            projected=projected,
+            writes=writes,
+        )
+        return metrics.APPLIED
     operation = int(getattr(payload, "operation", 0))
     superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
     applied = projected.applied(stage)
@@ -164,6 +179,9 @@ def _apply(
     values, pos = _stage_values(fact, payload), model.position(fact, attempt)
     writes.stage(pipeline_id, stage, pos, values)
     projected.saved(stage, pos, values)
+    if isinstance(payload, events.LyricDrafted):
+        reviews.drafted(writes.conn, pipeline_id, payload)
+        webhooks.enqueue_review(writes.conn, pipeline, payload)
     record(
         writes.conn,
         pipeline,
@@ -209,9 +227,14 @@ def record(
     elif status is model.PipelineStatus.FAILED:  # the failure came first (model.pipeline_status): this ends it
         details.setdefault("error", {"code": pipeline.error_code, "message": pipeline.error_message})
     if status is model.PipelineStatus.CANCELED:
-        deadline = pipeline.cancel_reason == codes.ErrorCode.DEADLINE_EXCEEDED
-        code = codes.ErrorCode.DEADLINE_EXCEEDED if deadline else codes.ErrorCode.CANCELED
+        own = pipeline.cancel_reason in (codes.ErrorCode.DEADLINE_EXCEEDED, codes.ErrorCode.REVIEW_TIMEOUT)
+        code = pipeline.cancel_reason if own else codes.ErrorCode.CANCELED
         changes.update(error_code=code, error_message=pipeline.cancel_reason)
+    reviewing, before = model.PipelineStatus.AWAITING_REVIEW, model.PipelineStatus(pipeline.status)
+    if status is reviewing and before is not reviewing:  # a draft waits for a person: the deadline stands still
+        reviews.pause_deadline(writes.conn, pipeline.id)
+    elif before is reviewing and status is not reviewing:
+        reviews.resume_deadline(writes.conn, pipeline.id)
     if status.terminal and not model.PipelineStatus(pipeline.status).terminal:
         changes["finished_at"] = repository.NOW
     writes.pipeline(pipeline.id, **changes)

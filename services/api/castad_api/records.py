@@ -38,6 +38,8 @@ class Pipeline:
     deadline_at: dt.datetime | None
     callback_url: str | None
     trace_id: str | None
+    review: dict[str, Any] | None  # brief.Review its request asked for (None: none)
+    deadline_paused_at: dt.datetime | None  # its deadline stands still since (a draft waits for a person)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,9 +69,10 @@ def _stage_applied(row: Any) -> records.StageApplied:
 
 
 _CREATE_PIPELINE = """
-INSERT INTO pipelines (id, tenant, idempotency_key, request_hash, brief, callback_url, status, deadline_at, trace_id)
+INSERT INTO pipelines (id, tenant, idempotency_key, request_hash, brief, callback_url, status, deadline_at, trace_id,
+                       review)
 VALUES (%(id)s, %(tenant)s, %(key)s, %(request_hash)s, %(brief)s, %(callback_url)s, %(status)s,
-        now() + make_interval(secs => %(deadline_s)s), %(trace_id)s)
+        now() + make_interval(secs => %(deadline_s)s), %(trace_id)s, %(review)s)
 ON CONFLICT (idempotency_key) DO NOTHING RETURNING id
 """
 
@@ -86,6 +87,7 @@ def create_pipeline(
     callback_url: str | None,
     deadline_s: float,
     trace_id: str | None = None,
+    review: dict[str, Any] | None = None,
 ) -> Created:
     """Insert unless the tenant used the key already; then return what the key points at."""
     key = tenant_key(tenant, key)
@@ -102,6 +104,7 @@ def create_pipeline(
             "status": model.PipelineStatus.PENDING.value,
             "deadline_s": deadline_s,
             "trace_id": trace_id,
+            "review": None if review is None else Jsonb(review),
         },
     ).fetchone()
     if inserted is not None:
@@ -231,7 +234,9 @@ def artifacts(conn: sa.Connection, pipeline_id: uuid.UUID) -> dict[str, Any]:
 
 
 def overdue(conn: sa.Connection, limit: int) -> list[uuid.UUID]:
-    """Pipelines past their deadline that no cancel was asked for yet, locked (others skip them)."""
+    """Pipelines past their deadline that no cancel was asked for yet, locked (others skip them).
+
+    Not one whose deadline stands still while a draft waits for a person (reviews.pause_deadline)."""
     return list(
         conn.execute(
             sa.select(pipelines.c.id)
@@ -239,6 +244,7 @@ def overdue(conn: sa.Connection, limit: int) -> list[uuid.UUID]:
                 pipelines.c.status.not_in(TERMINAL),
                 pipelines.c.deadline_at <= sa.func.now(),
                 pipelines.c.cancel_requested_at.is_(None),
+                pipelines.c.deadline_paused_at.is_(None),
             )
             .order_by(pipelines.c.deadline_at)
             .limit(limit)

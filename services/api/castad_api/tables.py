@@ -43,6 +43,10 @@ pipelines = sa.Table(
     sa.Column("callback_url", sa.Text),
     # Of the traceparent of its pipeline.requested: one trace per pipeline (null: no tracing then).
     sa.Column("trace_id", sa.Text),
+    # The review its request asked for (brief.Review; null: none), and since when its deadline stands still while
+    # a draft waits for a person (null: it runs).
+    sa.Column("review", pg.JSONB),
+    sa.Column("deadline_paused_at", TZ),
     sa.Index("pipelines_listing", "created_at", "id"),
     sa.Index("pipelines_tenant_listing", "tenant", "created_at", "id"),
     sa.Index("pipelines_due", "deadline_at", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
@@ -314,4 +318,30 @@ upload_buckets = sa.Table(
     sa.Column("tenant", sa.Text, primary_key=True),
     sa.Column("tokens", sa.Float, nullable=False),
     sa.Column("at", TZ, nullable=False),
+)
+
+# Each draft a stage made for a person to decide on (`<stage>.drafted`), and what became of it: a key's decision, or
+# its timeout (`<stage>.review_expired`). A pipeline's current draft is its latest round's.
+pipeline_reviews = sa.Table(
+    "pipeline_reviews",
+    metadata,
+    sa.Column("draft_id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("pipeline_id", pg.UUID(as_uuid=True), sa.ForeignKey("pipelines.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("stage", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("round", sa.Integer, nullable=False),
+    sa.Column("lyrics", pg.JSONB, nullable=False),  # events.Lyrics, as drafted
+    sa.Column("review_until", TZ, nullable=False),
+    sa.Column("on_timeout", sa.Text, nullable=False),
+    sa.Column("drafted_at", TZ, nullable=False),
+    sa.Column("decision", sa.Text),  # approve, edit or regenerate (null: none yet)
+    sa.Column("edited", pg.JSONB),  # events.Lyrics of an edit
+    sa.Column("note", sa.Text),  # what a regenerate asked to change
+    sa.Column("decided_by", pg.UUID(as_uuid=True)),  # the acting key
+    sa.Column("decided_at", TZ),
+    sa.Column("expired_at", TZ),  # no decision came in time
+    sa.Index("pipeline_reviews_by_pipeline", "pipeline_id", "round"),
+    sa.Index(
+        "pipeline_reviews_waiting", "drafted_at", postgresql_where=sa.text("decision IS NULL AND expired_at IS NULL")
+    ),
 )

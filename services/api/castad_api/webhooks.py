@@ -1,8 +1,11 @@
-"""Notices to a brief's `callback_url` when its pipeline ends, signed as Standard Webhooks.
+"""Notices to a brief's `callback_url` when its pipeline ends or a draft waits, signed as Standard Webhooks.
 
 When the projection moves a pipeline to SUCCEEDED, FAILED or CANCELED, it adds a delivery
 row in the same transaction (`enqueue`): a notice is never lost and never made twice for one
-ending. The gateway wakes its own due deliveries (`Deliverer`), several at once (so many per receiving
+ending. So it does for each draft a stage made for a person to decide on (`review.requested`,
+`enqueue_review`), whose notice carries the draft and a link, signed by the gateway, that shows it
+and takes one decision on it without an API key (castad_runtime.links.review_link) until its review
+times out. The gateway wakes its own due deliveries (`Deliverer`), several at once (so many per receiving
 host, webhook_slots.py, so that a slow receiver delays only its own): it POSTs the notice with the
 `webhook-id` (the same on every try), `webhook-timestamp` and `webhook-signature` headers
 (HMAC-SHA256 with each valid `whsec_` secret of the pipeline's tenant, webhook_secrets.py,
@@ -43,9 +46,10 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 from castad_contracts import api, events, ids
-from castad_runtime import backoff, db, outages, outbound, redact
+from castad_runtime import backoff, db, links, outages, outbound, redact
 from castad_runtime.stage import cancellation
 from psycopg.types.json import Jsonb
+from pydantic import SecretStr
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from castad_api import model, records, webhook_secrets, webhook_slots
@@ -113,6 +117,48 @@ def enqueue(
     # Time-ordered: one a pipeline, at the pipeline rate; the receiver checks the signature, not the id.
     row = (ids.time_ordered(), pipeline.id, url, webhook_slots.host(url), ended, Jsonb(payload))
     db.run(conn, _ENQUEUE, row)  # in the projection's pipeline
+
+
+REVIEW_REQUESTED = "review.requested"
+
+
+def enqueue_review(
+    conn: sa.Connection, pipeline: records.Pipeline | records.Locked, draft: events.LyricDrafted
+) -> None:
+    """Add the notice that a draft waits for a person's decision, if the brief asked for notices."""
+    url = pipeline.callback_url
+    if not url:
+        return
+    pipeline_id = str(pipeline.id)
+    data = {
+        "id": pipeline_id,
+        "tenant": pipeline.tenant,
+        "status": model.PipelineStatus.AWAITING_REVIEW.value,
+        "draft": {
+            "id": draft.draft_id,
+            "stage": draft.stage.value,
+            "round": draft.round,
+            "text": draft.lyrics.text(),
+            "review_until": draft.review_until.isoformat(),
+            "on_timeout": draft.on_timeout,
+        },
+        "links": {"self": f"/v1/pipelines/{pipeline_id}", "review": f"/v1/pipelines/{pipeline_id}/review"},
+    }
+    payload = {"type": REVIEW_REQUESTED, "timestamp": draft.drafted_at.isoformat(), "data": data}
+    row = (ids.time_ordered(), pipeline.id, url, webhook_slots.host(url), REVIEW_REQUESTED, Jsonb(payload))
+    db.run(conn, _ENQUEUE, row)
+
+
+def with_decide_link(payload: dict[str, Any], link_secret: SecretStr | None) -> dict[str, Any]:
+    """A `review.requested` notice with its signed link to decide (`links.decide`), given the gateway's secret.
+
+    Made at each try, the same each time (the link expires with the draft's review)."""
+    if payload.get("type") != REVIEW_REQUESTED or link_secret is None:
+        return payload
+    data, draft = payload["data"], payload["data"]["draft"]
+    expires = int(dt.datetime.fromisoformat(draft["review_until"]).timestamp())
+    decide = links.review_link(link_secret, data["id"], draft["id"], expires)
+    return {**payload, "data": {**data, "links": {**data["links"], "decide": decide}}}
 
 
 def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
@@ -308,7 +354,8 @@ class Deliverer:
             if isinstance(signing, str):  # nothing to sign with: a failed try, tried again (a secret may come)
                 outcome = Outcome(error=signing)
             else:
-                body = json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":")).encode()
+                payload = with_decide_link(delivery.payload, self.config.link_secret)
+                body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
                 outcome = self.sender.send(str(delivery.id), delivery.url, body, signing)
         except Exception as error:  # a failed try, recorded as such
             log.exception("sending notice %s failed", delivery.id)

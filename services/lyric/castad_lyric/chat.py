@@ -27,14 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from castad_lyric import provider
 
-Line = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=120)]
+Line = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=events.MAX_LINE_CHARS)]
 
 SYSTEM_PROMPT = (
     "You write the lyrics of a short, catchy marketing song for a local business. The user message is the"
     " brief as JSON. Write every word in the brief's `language`. Sing the business's name (customer_name)"
     " and its region by name, use what detail_region_info says about the place, and fit the genre. Follow"
     " `sections` in order, each with about `lines_per_section` short singable lines (at most"
-    " `max_chars_per_line` characters). Answer with the JSON the schema asks for, nothing else."
+    " `max_chars_per_line` characters). If `change_asked` is given, a person read an earlier draft and asks for"
+    " that change: write new lyrics that make it. Answer with the JSON the schema asks for, nothing else."
 )
 
 RESPONSE_FORMAT: dict[str, Any] = {
@@ -70,7 +71,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["verse", "chorus", "bridge"]
-    lines: list[Line] = Field(min_length=1, max_length=12)
+    lines: list[Line] = Field(min_length=1, max_length=events.MAX_SECTION_LINES)
 
 
 class _Written(BaseModel):
@@ -79,7 +80,7 @@ class _Written(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     title: Line
-    sections: list[_Section] = Field(min_length=1, max_length=12)
+    sections: list[_Section] = Field(min_length=1, max_length=events.MAX_SECTIONS)
 
 
 MAX_CHARS_PER_LINE = 40
@@ -94,8 +95,12 @@ def room(sections: int, lines_per_section: int, attempt: int = 1) -> int:
     return min(MAX_ROOM, asked * 2 ** min(max(attempt, 1) - 1, 8))
 
 
-def request_body(source: brief.Brief, seed: str, model: str, attempt: int = 1) -> dict[str, Any]:
-    """The request of a pipeline's `attempt`: the same for the same pipeline, but for its room (`room`)."""
+def request_body(
+    source: brief.Brief, seed: str, model: str, attempt: int = 1, note: str | None = None
+) -> dict[str, Any]:
+    """The request of a pipeline's `attempt`: the same for the same pipeline, but for its room (`room`).
+
+    `note`: what a person reviewing the last draft asked to change (`change_asked`), for a new draft."""
     kinds = provider.structure(source.duration_s)
     lines = provider.lines_per_section(source.duration_s, len(kinds))
     wanted = {
@@ -105,6 +110,7 @@ def request_body(source: brief.Brief, seed: str, model: str, attempt: int = 1) -
         "sections": list(kinds),
         "lines_per_section": lines,
         "max_chars_per_line": MAX_CHARS_PER_LINE,
+        **({"change_asked": note} if note else {}),
     }
     return {
         "model": model,
@@ -163,10 +169,15 @@ class ChatLyricProvider:
         self._model = model
 
     def write(
-        self, source: brief.Brief, seed: str, cancel: cancellation.Cancellation, attempt: int = 1
+        self,
+        source: brief.Brief,
+        seed: str,
+        cancel: cancellation.Cancellation,
+        attempt: int = 1,
+        note: str | None = None,
     ) -> events.Lyrics:
         # The API takes no idempotency key (docs/providers.md): past the fence, a request is a new completion.
-        body = request_body(source, seed, self._model, attempt)
+        body = request_body(source, seed, self._model, attempt, note)
         answer = self._client.submit("chat/completions", cancel, json=body)
         try:
             return lyrics_of(answer, source.language)

@@ -10,7 +10,12 @@ class InstantLyricProvider:
     """Lyrics of a single verse line naming the business and its region, without any work."""
 
     def write(
-        self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation | None = None, attempt: int = 1
+        self,
+        brief: brief.Brief,
+        seed: str,
+        cancel: cancellation.Cancellation | None = None,
+        attempt: int = 1,
+        note: str | None = None,
     ) -> events.Lyrics:
         line = f"{brief.customer_name}, {brief.region}"
         return events.Lyrics(

@@ -23,9 +23,17 @@ MAX_KEYWORDS = 10
 
 class LyricProvider(Protocol):
     def write(
-        self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation, attempt: int = 1
+        self,
+        brief: brief.Brief,
+        seed: str,
+        cancel: cancellation.Cancellation,
+        attempt: int = 1,
+        note: str | None = None,
     ) -> events.Lyrics:
-        """The lyrics of `brief`, the same for the same `seed` (a pipeline); `attempt`: the job's counted attempt."""
+        """The lyrics of `brief`, the same for the same `seed` (a pipeline); `attempt`: the job's counted attempt.
+
+        `note`: what a person reviewing the last draft asked to change (a writer that cannot follow it writes anew
+        from its new seed)."""
         ...
 
 
@@ -762,7 +770,12 @@ class LocalLyricProvider:
     """Writes lyrics offline from phrase templates, deterministically for a seed."""
 
     def write(
-        self, brief: brief.Brief, seed: str, cancel: cancellation.Cancellation | None = None, attempt: int = 1
+        self,
+        brief: brief.Brief,
+        seed: str,
+        cancel: cancellation.Cancellation | None = None,
+        attempt: int = 1,
+        note: str | None = None,
     ) -> events.Lyrics:
         book = _PHRASEBOOKS[brief.language]
         vocabulary = Vocabulary(

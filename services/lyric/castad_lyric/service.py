@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 from typing import Literal
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, repository, runner
+from castad_runtime.stage import cancellation, repository, reviews, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
@@ -38,15 +39,6 @@ class LyricSettings(stage_service.StageSettings):
     openai_max_answer_bytes: stage_service.ProviderMaxAnswer = 1_000_000
 
 
-def render_text(lyrics: events.Lyrics) -> str:
-    parts = [lyrics.title, ""]
-    for section in lyrics.sections:
-        parts.append(f"[{section.kind}]")
-        parts.extend(section.lines)
-        parts.append("")
-    return "\n".join(parts)
-
-
 def make_writer(config: LyricSettings) -> provider.LyricProvider:
     if config.provider == "instant":
         return instant.InstantLyricProvider()
@@ -57,24 +49,47 @@ def make_writer(config: LyricSettings) -> provider.LyricProvider:
 
 def make_work(config: LyricSettings) -> runner.Work:
     writer = make_writer(config)
-    store = artifacts.make_store(config)
+    keep = make_keep(config)
 
-    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Drafted:
         request = job.trigger(events.PipelineRequested)
-        lyrics = writer.write(request.brief, seed=job.pipeline_id, cancel=cancel, attempt=job.attempts)
+        # A review that asked for a new draft: written from another seed, and told what to change if it said.
+        review = job.review or {}
+        round_ = review["round"] + 1 if "round" in review else 0
+        seed = job.pipeline_id if round_ == 0 else f"{job.pipeline_id}/{round_}"
+        lyrics = writer.write(request.brief, seed=seed, cancel=cancel, attempt=job.attempts, note=review.get("note"))
         cancel.check()
-        with store.scratch(job.pipeline_id, events.Stage.LYRIC, job.attempts, ".txt") as scratch:
-            scratch.write_text(render_text(lyrics), encoding="utf-8")
-            artifact = store.keep(scratch, job.pipeline_id, events.Stage.LYRIC, "text/plain; charset=utf-8")
-        return runner.Output(artifact, {"lyrics": lyrics})
+        output = keep(job.pipeline_id, lyrics, job.attempts)
+        asked = request.review
+        return runner.Drafted(output, asked) if asked is not None and asked.lyrics else output
 
     return work
+
+
+def make_keep(config: LyricSettings) -> Callable[[str, events.Lyrics, int], runner.Output]:
+    """How the stage keeps lyrics as its output: their text as a file (`Lyrics.text`), and the lyrics themselves."""
+    store = artifacts.make_store(config)
+
+    def keep(pipeline_id: str, lyrics: events.Lyrics, attempt: int = 0) -> runner.Output:
+        with store.scratch(pipeline_id, events.Stage.LYRIC, attempt, ".txt") as scratch:
+            scratch.write_text(lyrics.text(), encoding="utf-8")
+            artifact = store.keep(scratch, pipeline_id, events.Stage.LYRIC, "text/plain; charset=utf-8")
+        return runner.Output(artifact, {"lyrics": lyrics})
+
+    return keep
+
+
+def make_edit(config: LyricSettings) -> reviews.Edit:
+    """A person's edit of a draft is kept as the writer's lyrics are."""
+    keep = make_keep(config)
+    return lambda pipeline_id, lyrics: keep(pipeline_id, lyrics, 0)
 
 
 DEFINITION = stage_service.StageDefinition[LyricSettings](
     stage=events.Stage.LYRIC,
     completed_model=events.LyricCompleted,
     make_work=make_work,
+    make_edit=make_edit,
 )
 
 

@@ -4,7 +4,8 @@
 - `pipeline.cancel_requested`: the job canceled, or, before the trigger came, prevented;
 - `pipeline.retry_requested`: the job reopened with a fresh budget, where the pipeline resumes;
 - `outbox.republish_requested`: a row of this service's outbox that the relay parked handed back;
-- `provider.<stage>.called_back`: the provider says the job's work moved on: its poll is due now.
+- `provider.<stage>.called_back`: the provider says the job's work moved on: its poll is due now;
+- `pipeline.review_decided`, in a stage that drafts for a review: a person's decision on its draft.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from castad_contracts import events
 from castad_runtime import consumer, inbox, outbox
 from castad_runtime import metrics as metrics_
 from castad_runtime.stage import faults as faults_
-from castad_runtime.stage import repository
+from castad_runtime.stage import repository, reviews
 from castad_runtime.stage import runner as runner_
 
 T = TypeVar("T")
@@ -58,8 +59,10 @@ class StageHandlers:
         scheduler: Slots,
         faults: faults_.FaultInjector | None = None,
         metrics: metrics_.ConsumerMetrics | None = None,
+        drafts: reviews.Reviews | None = None,
     ) -> None:
         self.engine = engine
+        self.drafts = drafts
         self.runner = runner
         self.scheduler = scheduler
         self.wake: Callable[[], None] = scheduler.wake  # a job is due
@@ -73,6 +76,7 @@ class StageHandlers:
             events.PIPELINE_CANCEL_REQUESTED: self.on_cancel,
             events.PIPELINE_RETRY_REQUESTED: self.on_retry,
             events.OUTBOX_REPUBLISH_REQUESTED: self.on_republish,
+            **({events.PIPELINE_REVIEW_DECIDED: self.on_review_decided} if self.drafts is not None else {}),
         }
 
     def on_trigger(self, env: envelope_.Envelope, payload: events.Payload) -> None:
@@ -122,6 +126,13 @@ class StageHandlers:
 
     def on_called_back(self, env: envelope_.Envelope, payload: events.Payload) -> None:
         if self._once(env, lambda conn: repository.poll_now(conn, payload.pipeline_id)):
+            self.wake()
+
+    def on_review_decided(self, env: envelope_.Envelope, payload: events.Payload) -> None:
+        assert isinstance(payload, events.PipelineReviewDecided) and self.drafts is not None
+        drafts = self.drafts
+        edited = drafts.edited(payload)
+        if self._once(env, lambda conn: drafts.decide(conn, payload, edited)):
             self.wake()
 
     def on_republish(self, env: envelope_.Envelope, payload: events.Payload) -> None:

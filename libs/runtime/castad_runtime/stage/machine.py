@@ -8,10 +8,15 @@ PENDING --claim--> RUNNING --ok--> SUCCEEDED
 FAILED, CANCELED --operator retry--> PENDING (or WAITING when its trigger has not come yet)
 WAITING --its trigger comes--> PENDING
 RUNNING --submitted to a provider, or its job there still runs--> AWAITING --due: poll--> RUNNING
+RUNNING --drafted, for a person to decide on--> REVIEW --approved, edited or timed out--> SUCCEEDED
+REVIEW --regenerate--> PENDING (a new draft, on a new attempt that no failure counted)
 
 AWAITING holds no worker: the provider's handle is in the row and a poll is due at `due_at`
 (sooner when the provider calls back). The attempt that submitted the work goes on through
 its polls; it ends when a poll finds the provider's job done or failed.
+
+REVIEW holds no worker either: the draft is in the row (`review`), and `due_at` is when its review times out
+(castad_runtime.stage.reviews). It is neither claimable nor at a provider (no quota's in-flight count).
 
 A job canceled before its trigger came is a CANCELED row without input: the trigger, when it
 comes, is kept in it but starts nothing.
@@ -32,6 +37,7 @@ class Status(enum.StrEnum):
     RUNNING = "RUNNING"
     RETRY_WAIT = "RETRY_WAIT"
     AWAITING = "AWAITING"  # submitted to a provider: a poll is due at due_at
+    REVIEW = "REVIEW"  # a draft waits for a person's decision until due_at
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELED = "CANCELED"
@@ -48,9 +54,12 @@ NEW_ATTEMPT = frozenset({Status.PENDING, Status.RETRY_WAIT})  # a claim of these
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WAITING: frozenset({Status.PENDING, Status.CANCELED}),
     Status.PENDING: frozenset({Status.RUNNING, Status.CANCELED}),
-    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.RETRY_WAIT, Status.AWAITING, Status.FAILED, Status.CANCELED}),
+    Status.RUNNING: frozenset(
+        {Status.SUCCEEDED, Status.RETRY_WAIT, Status.AWAITING, Status.REVIEW, Status.FAILED, Status.CANCELED}
+    ),
     Status.RETRY_WAIT: frozenset({Status.RUNNING, Status.CANCELED}),
     Status.AWAITING: frozenset({Status.RUNNING, Status.CANCELED}),
+    Status.REVIEW: frozenset({Status.SUCCEEDED, Status.PENDING, Status.CANCELED}),
     Status.SUCCEEDED: frozenset(),
     Status.FAILED: frozenset({Status.PENDING}),
     Status.CANCELED: frozenset({Status.PENDING, Status.WAITING}),

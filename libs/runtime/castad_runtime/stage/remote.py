@@ -190,7 +190,9 @@ class RemoteWork:
     probe: Probe
     readiness: Mapping[str, Callable[[], str]] = dataclasses.field(default_factory=dict)
 
-    def __call__(self, job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
+    def __call__(
+        self, job: repository.Job, cancel: cancellation.Cancellation
+    ) -> runner.Output | runner.Awaiting | runner.Drafted:
         return self.run(job, cancel)
 
 

@@ -25,7 +25,7 @@ P = TypeVar("P", bound=events.Payload)
 JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
     tracestate, handle, submitted_at, polls, coalesce(extract(epoch FROM now() - submitted_at), 0) AS waited_s,
     reopened, previous_handle, extract(epoch FROM now() - previous_submitted_at) AS previous_waited_s, input_version,
-    created_at"""
+    created_at, review"""
 
 # A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
 # PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
@@ -188,6 +188,7 @@ class Job:
     previous_waited_s: float | None = None  # since that work was submitted (None: not known, or no such work)
     input_version: int | None = None  # the version of the stage's trigger `input` is stored as (None: the newest)
     created_at: dt.datetime | None = None  # when the stage first heard of the job (None: not said)
+    review: dict[str, Any] | None = None  # its draft and what a person decided (castad_runtime.stage.reviews)
 
     def trigger(self, model: type[P], registry: events.Registry = events.REGISTRY) -> P:
         """The job's input as `model`, the release's model of the stage's trigger.
@@ -338,7 +339,7 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
             updated_at=sa.func.now(),
         )
     )
-    if held.status in (machine.Status.RUNNING, machine.Status.AWAITING):
+    if held.status in (machine.Status.RUNNING, machine.Status.AWAITING, machine.Status.REVIEW):
         conn.execute(
             attempts.update()
             .where(attempts.c.job_id == held.id, attempts.c.number == held.attempts, attempts.c.outcome == "running")
@@ -555,6 +556,104 @@ def await_provider(conn: sa.Connection, job: Job, handle: str, poll_in_s: float,
             .values(notes="\n".join(notes))
         )
     return updated.rowcount == 1
+
+
+def draft(conn: sa.Connection, job: Job, review: dict[str, Any], wait_s: float) -> bool:
+    """The attempt drafted: the job waits for a person's decision on `review` for `wait_s`, holding no worker.
+
+    CAS on version, like finish_attempt. The attempt stays open: it ends with the review."""
+    machine.check_transition(job.status, machine.Status.REVIEW)
+    updated = conn.execute(
+        jobs.update()
+        .where(jobs.c.id == job.id, jobs.c.version == job.version, jobs.c.status == machine.Status.RUNNING)
+        .values(
+            status=machine.Status.REVIEW,
+            version=jobs.c.version + 1,
+            lease_owner=None,
+            lease_expires_at=None,
+            review=review,
+            due_at=db.seconds_from_now(wait_s),
+            updated_at=sa.func.now(),
+        )
+    )
+    return updated.rowcount == 1
+
+
+REDRAFTED = "redrafted"  # an attempt's outcome: its draft was reviewed, and a new one asked for
+_REVIEW_COLUMNS = JOB_COLUMNS.replace("coalesce(extract(epoch FROM now() - submitted_at), 0)", "0")
+
+
+def lock_job(conn: sa.Connection, pipeline_id: str) -> Job | None:
+    """The pipeline's job, locked (None: there is none yet)."""
+    row = conn.execute(
+        sa.text(f"SELECT {_REVIEW_COLUMNS} FROM jobs WHERE pipeline_id = :pipeline_id FOR UPDATE"),
+        {"pipeline_id": pipeline_id},
+    ).fetchone()
+    return None if row is None else _job(row)
+
+
+def due_reviews(conn: sa.Connection, limit: int) -> list[Job]:
+    """Jobs whose draft's review timed out (jobs_review_due), locked; others skip them."""
+    rows = conn.execute(
+        sa.text(
+            f"SELECT {_REVIEW_COLUMNS} FROM jobs WHERE status = 'REVIEW' AND due_at <= now()"
+            " ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED"
+        ),
+        {"limit": limit},
+    ).fetchall()
+    return [_job(row) for row in rows]
+
+
+def end_review(conn: sa.Connection, job: Job, review: dict[str, Any], result: dict[str, Any]) -> None:
+    """The draft was approved, edited or timed out approved: the job SUCCEEDED and its attempt with it.
+
+    `job` is locked (lock_job, due_reviews) and in REVIEW."""
+    machine.check_transition(job.status, machine.Status.SUCCEEDED)
+    conn.execute(
+        jobs.update()
+        .where(jobs.c.id == job.id)
+        .values(
+            status=machine.Status.SUCCEEDED,
+            version=jobs.c.version + 1,
+            review=review,
+            result=result,
+            finished_at=sa.func.now(),
+            updated_at=sa.func.now(),
+        )
+    )
+    conn.execute(
+        attempts.update()
+        .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts, attempts.c.outcome == "running")
+        .values(finished_at=sa.func.now(), outcome="succeeded")
+    )
+
+
+def review_again(
+    conn: sa.Connection, job: Job, review: dict[str, Any], status: machine.Status, due_in_s: float
+) -> None:
+    """The locked job in REVIEW, its `review` changed: PENDING to draft again, or still in REVIEW, due later.
+
+    A new draft ends the attempt that made the last one (REDRAFTED); the next one is not counted against the job's
+    attempts."""
+    if status != job.status:
+        machine.check_transition(job.status, status)
+    conn.execute(
+        jobs.update()
+        .where(jobs.c.id == job.id)
+        .values(
+            status=status,
+            version=jobs.c.version + 1,
+            review=review,
+            due_at=db.seconds_from_now(due_in_s),
+            updated_at=sa.func.now(),
+        )
+    )
+    if status is machine.Status.PENDING:
+        conn.execute(
+            attempts.update()
+            .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts, attempts.c.outcome == "running")
+            .values(finished_at=sa.func.now(), outcome=REDRAFTED)
+        )
 
 
 @dataclasses.dataclass(frozen=True)

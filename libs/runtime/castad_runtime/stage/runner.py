@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import codes, events, topology
+from castad_contracts import brief, codes, events, topology
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -73,7 +73,17 @@ class Awaiting:
     notes: tuple[str, ...] = ()
 
 
-Work = Callable[[repository.Job, cancellation.Cancellation], Output | Awaiting]
+@dataclasses.dataclass(frozen=True)
+class Drafted:
+    """The work made a draft for a person to decide on, as `review` asks (castad_runtime.stage.reviews).
+
+    `output` is what the stage completes with if the draft is approved as it is."""
+
+    output: Output
+    review: brief.Review
+
+
+Work = Callable[[repository.Job, cancellation.Cancellation], Output | Awaiting | Drafted]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +150,7 @@ class HandedBack:
     throttled_s: float | None = None
 
 
-Outcome = Succeeded | Awaiting | Failed | HandedBack
+Outcome = Succeeded | Awaiting | Drafted | Failed | HandedBack
 
 
 class StageRunner:
@@ -383,7 +393,7 @@ class StageRunner:
         )
         if not job.polling:
             with trace.use_span(span):
-                self._emit(conn, job, "started", events.StageStarted, started_at=_now(), worker=self.worker_id)
+                self.emit(conn, job, "started", events.StageStarted, started_at=_now(), worker=self.worker_id)
         return Claim(job, span, began)
 
     def execute(self, claim: Claim, claim_next: Callable[[], bool] = lambda: False) -> Ran:
@@ -478,7 +488,7 @@ class StageRunner:
     ) -> Outcome | None:
         if ended and "output" in result:
             output = result["output"]
-            return output if isinstance(output, Awaiting) else Succeeded(output)
+            return output if isinstance(output, Awaiting | Drafted) else Succeeded(output)
         if not ended:
             log.error(
                 "%s provider still running %g s after its cancellation (%s); its slot stays taken until it returns",
@@ -590,6 +600,8 @@ class StageRunner:
             written = self._write_success(conn, job, outcome.output)
         elif isinstance(outcome, Awaiting):
             written = self._write_awaiting(conn, job, outcome)
+        elif isinstance(outcome, Drafted):
+            written = self._write_drafted(conn, job, outcome)
         elif isinstance(outcome, Failed):
             written = self._write_failure(conn, job, outcome)
         else:
@@ -603,7 +615,7 @@ class StageRunner:
         throttled_s = getattr(outcome, "throttled_s", None)
         if throttled_s is not None:
             quota.throttled(conn, self.provider, throttled_s)
-        elif isinstance(outcome, Succeeded | Awaiting):
+        elif isinstance(outcome, Succeeded | Awaiting | Drafted):
             quota.relieved(conn, self.provider)
 
     def _write_awaiting(self, conn: sa.Connection, job: repository.Job, awaiting: Awaiting) -> bool:
@@ -614,13 +626,55 @@ class StageRunner:
             log.info("%s attempt %d: %s %s", self.stage.value, job.attempts, done, awaiting.handle)
         return True
 
+    def _write_drafted(self, conn: sa.Connection, job: repository.Job, drafted: Drafted) -> bool:
+        """The job waits for a person's decision on the draft (castad_runtime.stage.reviews), and says so."""
+        earlier = job.review or {}
+        review = {
+            "draft_id": str(uuid.uuid4()),
+            "round": earlier["round"] + 1 if "round" in earlier else 0,
+            "artifact": drafted.output.artifact.model_dump(mode="json"),
+            "details": _as_json(drafted.output.details),
+            "on_timeout": drafted.review.on_timeout,
+        }
+        if not repository.draft(conn, job, review, drafted.review.timeout_s):
+            return False
+        self.emit(
+            conn,
+            job,
+            "drafted",
+            events.DRAFTED[self.stage],
+            draft_id=review["draft_id"],
+            round=review["round"],
+            artifact=drafted.output.artifact,
+            review_until=repository.due_at(conn, job.id),
+            on_timeout=drafted.review.on_timeout,
+            drafted_at=_now(),
+            **drafted.output.details,
+        )
+        log.info("%s attempt %d drafted %s for review", self.stage.value, job.attempts, review["draft_id"])
+        return True
+
+    def complete_review(
+        self, conn: sa.Connection, job: repository.Job, output: Output, decided: dict[str, Any]
+    ) -> None:
+        """In the caller's transaction: the job in REVIEW, locked, SUCCEEDED with `output`, as `decided`."""
+        result = {"artifact": output.artifact.model_dump(mode="json")}
+        repository.end_review(conn, job, {**(job.review or {}), "decided": decided}, result)
+        self._emit_completed(conn, job, output)
+        db.after_commit(conn, lambda: self.metrics.attempt_ended("succeeded", None, None))
+
     def _write_success(self, conn: sa.Connection, job: repository.Job, output: Output) -> bool:
         result = {"artifact": output.artifact.model_dump(mode="json")}
         if not repository.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
             return False
+        self._emit_completed(conn, job, output)
+        log.info("%s succeeded on attempt %d", self.stage.value, job.attempts)
+        return True
+
+    def _emit_completed(self, conn: sa.Connection, job: repository.Job, output: Output) -> None:
         trigger = job.trigger(self.registry.model(self.trigger_type, self.reads), self.registry)
-        assert isinstance(trigger, events.PipelineRequested | events.StageCompleted)  # what triggers a stage
-        self._emit(
+        assert isinstance(trigger, events.PipelineRequestedV6 | events.StageCompleted)  # what triggers a stage
+        self.emit(
             conn,
             job,
             "completed",
@@ -631,8 +685,6 @@ class StageRunner:
             max_attempts=trigger.max_attempts,
             **output.details,
         )
-        log.info("%s succeeded on attempt %d", self.stage.value, job.attempts)
-        return True
 
     def _write_failure(self, conn: sa.Connection, job: repository.Job, failure: Failed) -> bool:
         counted = job.counted_attempts + 1
@@ -664,7 +716,7 @@ class StageRunner:
             )
         else:
             log.error("%s failed for good on attempt %d: %s", self.stage.value, job.attempts, failure.code)
-            self._emit(
+            self.emit(
                 conn,
                 job,
                 "failed",
@@ -700,7 +752,7 @@ class StageRunner:
     def _emit_retrying(
         self, conn: sa.Connection, job: repository.Job, code: codes.ErrorCode, message: str, last_attempt: int
     ) -> None:
-        self._emit(
+        self.emit(
             conn,
             job,
             "retrying",
@@ -711,7 +763,8 @@ class StageRunner:
             next_attempt_at=repository.due_at(conn, job.id),
         )
 
-    def _emit(self, conn: sa.Connection, job: repository.Job, fact: Any, model: type[Any], **fields: Any) -> None:
+    def emit(self, conn: sa.Connection, job: repository.Job, fact: Any, model: type[Any], **fields: Any) -> None:
+        """In the caller's transaction: the event of `fact` about `job`'s attempt, in the outbox."""
         payload = model(
             pipeline_id=job.pipeline_id, stage=self.stage, job_id=str(job.id), attempt=job.attempts, **fields
         )
@@ -729,3 +782,11 @@ class StageRunner:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def _as_json(details: dict[str, Any]) -> dict[str, Any]:
+    """An output's details as a job's row keeps them (its models dumped)."""
+    return {
+        name: value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+        for name, value in details.items()
+    }

@@ -1,4 +1,4 @@
-"""Wakes a stage service's own due work: new jobs, due retries, expired leases.
+"""Wakes a stage service's own due work: new jobs, due retries, expired leases, drafts whose review timed out.
 
 Jobs are claimed from the database only when a slot of the local pool is free, so
 nothing waits in worker memory: a due retry stays a row with `due_at` until a slot
@@ -9,7 +9,8 @@ that claim); a freed slot wakes the scheduler only if that backlog remains, or i
 attempt that held it did not succeed (its job may be due again at once);
 `poll_s` bounds how late a retry or an expired lease is noticed. Expired leases are
 looked for once per `poll_s`, not on every wake-up: a wake-up is about new work, and
-a look costs a transaction. While the database is out, the loop backs off.
+a look costs a transaction; so are drafts whose review timed out (castad_runtime.stage.reviews), in a stage
+that drafts. While the database is out, the loop backs off.
 
 A trigger's handler may claim its new job itself, in its own transaction, when a slot is free
 and the scheduler's last look found nothing else due (`reserve`, then `run_claimed` once that
@@ -30,6 +31,7 @@ import threading
 import time
 
 from castad_runtime import backoff, outages, redact
+from castad_runtime.stage import reviews as reviews_
 from castad_runtime.stage import runner as runner_
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,18 @@ HAND_BACK_S = 10.0  # after the grace period: time for cancelled attempts to rec
 
 
 class JobScheduler:
-    def __init__(self, runner: runner_.StageRunner, concurrency: int, poll_s: float, grace_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        runner: runner_.StageRunner,
+        concurrency: int,
+        poll_s: float,
+        grace_s: float = 20.0,
+        drafts: reviews_.Reviews | None = None,
+    ) -> None:
         if concurrency < 1 or poll_s <= 0 or grace_s < 0:
             raise ValueError("concurrency must be >= 1, poll_s > 0 and grace_s >= 0")
         self.runner = runner
+        self.drafts = drafts
         self.poll_s = poll_s
         self.grace_s = grace_s
         self._slots = threading.Semaphore(concurrency)
@@ -122,6 +132,8 @@ class JobScheduler:
             self._wake.clear()
             try:
                 due = time.monotonic() >= recover_at
+                if due and self.drafts is not None:
+                    self.drafts.expire_due()
                 if due and self.runner.recover_expired_leases(RECOVER_BATCH) < RECOVER_BATCH:
                     recover_at = time.monotonic() + self.poll_s
                 self._fill_slots()

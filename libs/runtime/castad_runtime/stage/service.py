@@ -41,6 +41,7 @@ from castad_runtime.stage import (
     quota,
     remote,
     repository,
+    reviews,
     runner,
     scheduler,
 )
@@ -274,6 +275,8 @@ class StageDefinition(Generic[S]):
     stage: events.Stage
     completed_model: type[events.StageCompleted]
     make_work: Callable[[S], runner.Work]
+    # A stage that drafts for a review (events.DRAFTED): how it keeps a person's edit (castad_runtime.stage.reviews).
+    make_edit: Callable[[S], reviews.Edit] | None = None
 
 
 def run(definition: StageDefinition[S], config: S) -> None:
@@ -287,7 +290,9 @@ def run(definition: StageDefinition[S], config: S) -> None:
     )
     work = definition.make_work(config)
 
-    def faulty_work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
+    def faulty_work(
+        job: repository.Job, cancel: cancellation.Cancellation
+    ) -> runner.Output | runner.Awaiting | runner.Drafted:
         return injector.call(lambda: work(job, cancel), cancel)
 
     limits = runner.Limits(config.retry_policy(), config.lease_s, config.attempt_timeout_s)
@@ -328,8 +333,9 @@ def run(definition: StageDefinition[S], config: S) -> None:
         metrics=measured.stage,
         probed=prober is not None,
     )
-    jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s, config.stop_grace_s)
-    stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs, injector, measured.consumer)
+    drafts = None if definition.make_edit is None else reviews.Reviews(stage_runner, definition.make_edit(config))
+    jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s, config.stop_grace_s, drafts)
+    stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs, injector, measured.consumer, drafts)
 
     messaging.declare_own_when_reachable(config.amqp_url, topo, service)
     broker = messaging.make_broker(config.amqp_url, topo, service)

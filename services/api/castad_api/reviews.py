@@ -1,0 +1,200 @@
+"""Reviews of a pipeline's drafts: what the gateway records of them, and a decision, carried to the stage.
+
+The stage that drafted owns the wait (castad_runtime.stage.reviews). The gateway:
+
+- records each draft as its projection applies `<stage>.drafted` (`drafted`), and its timeout
+  (`<stage>.review_expired`, `expired`);
+- stops the pipeline's deadline while it is AWAITING_REVIEW and moves it on by as long after (`pause_deadline`,
+  `resume_deadline`, from the projection's `record`);
+- takes one decision on the current draft (operations.decide, POST /v1/pipelines/{id}/review or a signed link of
+  its notice), recorded with the acting key (`decided`) and carried to the stage as `pipeline.review_decided`
+  through its outbox;
+- cancels a pipeline whose draft timed out to cancel (operations.cancel_timed_out, woken with the deadlines), for
+  the stage, which waits for that cancel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from castad_contracts import api, brief, events
+from castad_runtime import db
+from psycopg.types.json import Jsonb
+
+from castad_api import records
+from castad_api.tables import pipeline_reviews, pipelines
+
+TIMED_OUT = "cancel"  # the decision recorded for a draft whose timeout canceled its pipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class Draft:
+    """A draft as the gateway recorded it (a row of pipeline_reviews)."""
+
+    draft_id: uuid.UUID
+    pipeline_id: uuid.UUID
+    stage: str
+    attempt: int
+    round: int
+    lyrics: dict[str, Any]
+    review_until: dt.datetime
+    on_timeout: str
+    drafted_at: dt.datetime
+    decision: str | None
+    edited: dict[str, Any] | None
+    note: str | None
+    decided_by: uuid.UUID | None
+    decided_at: dt.datetime | None
+    expired_at: dt.datetime | None
+
+    @property
+    def open(self) -> bool:
+        """Whether it still waits for a decision."""
+        return self.decision is None and self.expired_at is None
+
+    def view(self) -> api.DraftView:
+        lyrics = events.Lyrics.model_validate(self.lyrics)
+        return api.DraftView(
+            id=str(self.draft_id),
+            stage=events.Stage(self.stage),
+            round=self.round,
+            text=lyrics.text(),
+            drafted_at=self.drafted_at,
+            review_until=self.review_until,
+            on_timeout=self.on_timeout,
+            regenerations_left=max(brief.MAX_REGENERATIONS - self.round, 0),
+            decision=self.decision,
+            edited_text=events.Lyrics.model_validate(self.edited).text() if self.edited else None,
+            note=self.note,
+            decided_at=self.decided_at,
+            decided_by_key_id=str(self.decided_by) if self.decided_by else None,
+            expired_at=self.expired_at,
+        )
+
+
+_COLUMNS = [pipeline_reviews.c[field.name] for field in dataclasses.fields(Draft)]
+
+
+# The projection's statements, as plain SQL (castad_runtime.db.run): it runs them in a pipelined block.
+_DRAFTED = """
+INSERT INTO pipeline_reviews (draft_id, pipeline_id, stage, attempt, round, lyrics, review_until, on_timeout,
+                              drafted_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (draft_id) DO NOTHING
+"""
+# A draft timed out undecided: approved by its stage, or waiting for operations.cancel_timed_out.
+_EXPIRED = """
+UPDATE pipeline_reviews SET expired_at = %(at)s,
+    decision = CASE WHEN %(approved)s THEN 'approve' END, decided_at = CASE WHEN %(approved)s THEN %(at)s END
+WHERE draft_id = %(draft_id)s AND expired_at IS NULL AND decision IS NULL
+"""
+_PAUSE_DEADLINE = "UPDATE pipelines SET deadline_paused_at = now() WHERE id = %s AND deadline_paused_at IS NULL"
+# The deadline runs again, moved on by as long as it stood still.
+_RESUME_DEADLINE = """
+UPDATE pipelines SET deadline_at = deadline_at + (now() - deadline_paused_at), deadline_paused_at = NULL
+WHERE id = %s AND deadline_paused_at IS NOT NULL
+"""
+
+
+def drafted(conn: sa.Connection, pipeline_id: uuid.UUID, payload: events.LyricDrafted) -> None:
+    """Record a draft the projection applied (a redelivered one changes nothing)."""
+    row = (
+        uuid.UUID(payload.draft_id),
+        pipeline_id,
+        payload.stage.value,
+        payload.attempt,
+        payload.round,
+        Jsonb(payload.lyrics.model_dump(mode="json")),
+        payload.review_until,
+        payload.on_timeout,
+        payload.drafted_at,
+    )
+    db.run(conn, _DRAFTED, row)
+
+
+def expired(conn: sa.Connection, payload: events.StageReviewExpired) -> None:
+    params = {"draft_id": uuid.UUID(payload.draft_id), "at": payload.expired_at}
+    db.run(conn, _EXPIRED, {**params, "approved": payload.on_timeout == "approve"})
+
+
+def pause_deadline(conn: sa.Connection, pipeline_id: uuid.UUID) -> None:
+    db.run(conn, _PAUSE_DEADLINE, (pipeline_id,))
+
+
+def resume_deadline(conn: sa.Connection, pipeline_id: uuid.UUID) -> None:
+    db.run(conn, _RESUME_DEADLINE, (pipeline_id,))
+
+
+def current(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Draft]:
+    """Each pipeline's newest draft, of those that have one."""
+    if not pipeline_ids:
+        return {}
+    rows = conn.execute(
+        sa.select(*_COLUMNS)
+        .where(pipeline_reviews.c.pipeline_id.in_(pipeline_ids))
+        .order_by(pipeline_reviews.c.pipeline_id, pipeline_reviews.c.round.desc())
+        .distinct(pipeline_reviews.c.pipeline_id)
+    )
+    return {row.pipeline_id: Draft(**row._asdict()) for row in rows}
+
+
+def view(row: records.Pipeline, draft: Draft | None) -> api.ReviewView | None:
+    if row.review is None:
+        return None
+    return api.ReviewView(asked=brief.Review.model_validate(row.review), draft=draft and draft.view())
+
+
+def decided(
+    conn: sa.Connection,
+    draft: Draft,
+    decision: str,
+    at: dt.datetime | None,
+    key_id: uuid.UUID | None = None,
+    edited: events.Lyrics | None = None,
+    note: str | None = None,
+) -> None:
+    conn.execute(
+        pipeline_reviews.update()
+        .where(pipeline_reviews.c.draft_id == draft.draft_id)
+        .values(
+            decision=decision,
+            edited=edited and edited.model_dump(mode="json"),
+            note=note,
+            decided_by=key_id,
+            decided_at=at,
+        )
+    )
+
+
+def lock_timed_out(conn: sa.Connection, limit: int) -> list[Draft]:
+    """Drafts that timed out to cancel, whose pipeline is not canceled yet, locked (others skip them)."""
+    rows = conn.execute(
+        sa.select(*_COLUMNS)
+        .where(
+            pipeline_reviews.c.expired_at.is_not(None),
+            pipeline_reviews.c.decision.is_(None),
+            pipeline_reviews.c.on_timeout == "cancel",
+        )
+        .order_by(pipeline_reviews.c.expired_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [Draft(**row._asdict()) for row in rows]
+
+
+def waiting(conn: sa.Connection, tenant: str | None = None) -> list[tuple[uuid.UUID, dt.datetime]]:
+    """The drafts that wait for a decision now (pipeline_reviews_waiting), the oldest first: pipeline, drafted at."""
+    query = (
+        sa.select(pipeline_reviews.c.pipeline_id, pipeline_reviews.c.drafted_at)
+        .where(pipeline_reviews.c.decision.is_(None), pipeline_reviews.c.expired_at.is_(None))
+        .order_by(pipeline_reviews.c.drafted_at)
+    )
+    if tenant is not None:
+        query = query.join(pipelines, pipelines.c.id == pipeline_reviews.c.pipeline_id).where(
+            pipelines.c.tenant == tenant
+        )
+    return [(row.pipeline_id, row.drafted_at) for row in conn.execute(query)]

@@ -1,0 +1,19 @@
+"""lyric service: a draft waiting for a person's decision is kept in its job's row.
+
+Revision ID: 0020
+"""
+
+from castad_runtime import migration_ops
+
+revision = "0020"
+down_revision = "0019"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    migration_ops.add_reviews_v20()
+
+
+def downgrade() -> None:
+    migration_ops.drop_reviews_v20()
