@@ -128,6 +128,12 @@ def stats(numbers: api.Stats) -> Group:
                 one.pipeline_id, one.stage.value, str(one.attempt), one.worker or "?", f"{one.running_s:.0f} s"
             )
         parts.append(stuck)
+    reviews = numbers.reviews
+    if reviews.waiting:
+        waiting = _table(f"drafts waiting for review: {reviews.waiting}", "pipeline", "drafted", "waiting", "until")
+        for one in reviews.oldest:
+            waiting.add_row(one.pipeline_id, _clock(one.drafted_at), f"{one.waiting_s:.0f} s", _clock(one.review_until))
+        parts.append(waiting)
     letters = numbers.dead_letters
     open_ = ", ".join(f"{kind} {n}" for kind, n in sorted(letters.open.items())) or "none"
     parts.append(Text(f"dead letters open: {open_}"))

@@ -702,7 +702,7 @@ class StageStats(BaseModel):
 
 class PipelineCounts(BaseModel):
     in_flight: int = Field(description="pipelines that have not ended")
-    in_flight_by_status: dict[str, int] = Field(description="PENDING, RUNNING and CANCELING")
+    in_flight_by_status: dict[str, int] = Field(description="PENDING, RUNNING, AWAITING_REVIEW and CANCELING")
     created: int = Field(description="pipelines created in the window")
     finished: dict[str, int] = Field(description="pipelines that ended in the window: SUCCEEDED, FAILED, CANCELED")
 
@@ -732,6 +732,18 @@ class StuckAttempt(BaseModel):
     running_s: float
 
 
+class WaitingReview(BaseModel):
+    pipeline_id: str
+    drafted_at: dt.datetime
+    waiting_s: float
+    review_until: dt.datetime
+
+
+class ReviewCounts(BaseModel):
+    waiting: int = Field(description="drafts that wait for a person's decision now")
+    oldest: list[WaitingReview] = Field(description="the drafts that waited longest, oldest first (up to 20)")
+
+
 class DeadLetterCounts(BaseModel):
     open: dict[str, int] = Field(description="dead letters still `dead` by kind (message, parked, unrecordable)")
     received: dict[str, dict[str, int]] = Field(
@@ -752,5 +764,9 @@ class Stats(BaseModel):
     pipelines: PipelineCounts
     stages: list[StageStats]
     stuck: list[StuckAttempt] = Field(description="the longest-running stuck attempts, oldest first (up to 20)")
+    reviews: ReviewCounts = Field(
+        default_factory=lambda: ReviewCounts(waiting=0, oldest=[]),
+        description="drafts waiting for a person's decision (AWAITING_REVIEW), with how long they waited",
+    )
     dead_letters: DeadLetterCounts
     throughput: Throughput

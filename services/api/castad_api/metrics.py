@@ -15,7 +15,7 @@ from castad_runtime import metrics, scrape
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from castad_api import repository
+from castad_api import repository, reviews
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # a path no route takes: its template is unknown, and the path itself is free text
@@ -133,6 +133,35 @@ class DeadLetters:
         return [family]
 
 
+class Reviews:
+    """Drafts waiting for a person's decision, and the longest wait, read from the gateway's table at scrape time."""
+
+    part = "reviews"
+    ttl_s = 0.0
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def families(self) -> list[Metric]:
+        return list(self._families())
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("castad_reviews_waiting", "Drafts waiting for a person's decision"),
+            GaugeMetricFamily(
+                "castad_review_oldest_wait_seconds", "How long the draft waiting longest for a decision has waited"
+            ),
+        )
+
+    def read(self) -> list[Metric]:
+        with self.engine.connect() as conn:
+            waiting, longest_s = reviews.waiting(conn)
+        count, oldest = self._families()
+        count.add_metric([], waiting)
+        oldest.add_metric([], longest_s)
+        return [count, oldest]
+
+
 def instruments(database_url: str, amqp_url: str, topo: topology.Topology) -> GatewayMetrics:
     """The gateway's metrics, with the gauges a scrape reads.
 
@@ -144,6 +173,7 @@ def instruments(database_url: str, amqp_url: str, topo: topology.Topology) -> Ga
         gateway.registry,
         [
             DeadLetters(scrape.engine(database_url)),
+            Reviews(scrape.engine(database_url)),
             scrape.QueueDepth.of_service(amqp_url, topo.queue("api"), topo.dead_letter_queue),
         ],
     )

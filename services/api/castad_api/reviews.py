@@ -27,7 +27,7 @@ from castad_runtime import db
 from psycopg.types.json import Jsonb
 
 from castad_api import records
-from castad_api.tables import pipeline_reviews, pipelines
+from castad_api.tables import pipeline_reviews
 
 TIMED_OUT = "cancel"  # the decision recorded for a draft whose timeout canceled its pipeline
 
@@ -133,11 +133,13 @@ def current(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid
     """Each pipeline's newest draft, of those that have one."""
     if not pipeline_ids:
         return {}
-    rows = conn.execute(
-        sa.select(*_COLUMNS)
+    newest = (
+        sa.select(pipeline_reviews.c.pipeline_id, sa.func.max(pipeline_reviews.c.round))
         .where(pipeline_reviews.c.pipeline_id.in_(pipeline_ids))
-        .order_by(pipeline_reviews.c.pipeline_id, pipeline_reviews.c.round.desc())
-        .distinct(pipeline_reviews.c.pipeline_id)
+        .group_by(pipeline_reviews.c.pipeline_id)
+    )
+    rows = conn.execute(
+        sa.select(*_COLUMNS).where(sa.tuple_(pipeline_reviews.c.pipeline_id, pipeline_reviews.c.round).in_(newest))
     )
     return {row.pipeline_id: Draft(**row._asdict()) for row in rows}
 
@@ -186,15 +188,11 @@ def lock_timed_out(conn: sa.Connection, limit: int) -> list[Draft]:
     return [Draft(**row._asdict()) for row in rows]
 
 
-def waiting(conn: sa.Connection, tenant: str | None = None) -> list[tuple[uuid.UUID, dt.datetime]]:
-    """The drafts that wait for a decision now (pipeline_reviews_waiting), the oldest first: pipeline, drafted at."""
-    query = (
-        sa.select(pipeline_reviews.c.pipeline_id, pipeline_reviews.c.drafted_at)
-        .where(pipeline_reviews.c.decision.is_(None), pipeline_reviews.c.expired_at.is_(None))
-        .order_by(pipeline_reviews.c.drafted_at)
-    )
-    if tenant is not None:
-        query = query.join(pipelines, pipelines.c.id == pipeline_reviews.c.pipeline_id).where(
-            pipelines.c.tenant == tenant
-        )
-    return [(row.pipeline_id, row.drafted_at) for row in conn.execute(query)]
+def waiting(conn: sa.Connection) -> tuple[int, float]:
+    """The drafts that wait for a decision now (pipeline_reviews_waiting), and the longest wait in seconds."""
+    row = conn.execute(
+        sa.select(
+            sa.func.count(), sa.func.extract("epoch", sa.func.now() - sa.func.min(pipeline_reviews.c.drafted_at))
+        ).where(pipeline_reviews.c.decision.is_(None), pipeline_reviews.c.expired_at.is_(None))
+    ).one()
+    return row[0], float(row[1] or 0.0)

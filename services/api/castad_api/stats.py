@@ -117,6 +117,11 @@ FROM pipeline_attempts WHERE ended_at >= :since GROUP BY stage, outcome, error_c
     "attempt_durations": f"""
 SELECT stage, count(*) AS timed, {_PERCENTILES} (ORDER BY extract(epoch FROM ended_at - started_at)) AS duration
 FROM pipeline_attempts WHERE ended_at >= :since AND started_at IS NOT NULL GROUP BY stage""",
+    # Drafts waiting for a decision (pipeline_reviews_waiting): how many, and the oldest.
+    "reviews_waiting": "SELECT count(*) AS n FROM pipeline_reviews WHERE decision IS NULL AND expired_at IS NULL",
+    "reviews_oldest": f"""
+SELECT pipeline_id, drafted_at, review_until FROM pipeline_reviews WHERE decision IS NULL AND expired_at IS NULL
+ORDER BY drafted_at LIMIT {STUCK_SHOWN}""",
     "dead_letters_open": "SELECT kind, count(*) AS n FROM dead_letters WHERE status = 'dead' GROUP BY kind",
     "dead_letters_received": """
 SELECT kind, status, count(*) AS n FROM dead_letters WHERE received_at >= :since GROUP BY kind, status""",
@@ -181,6 +186,18 @@ def assemble(rows: dict[str, list[Any]], values: dict[str, Any], stuck_after_s: 
             )
             for row in rows["stuck"]
         ],
+        reviews=api.ReviewCounts(
+            waiting=rows["reviews_waiting"][0].n,
+            oldest=[
+                api.WaitingReview(
+                    pipeline_id=str(row.pipeline_id),
+                    drafted_at=row.drafted_at,
+                    waiting_s=(at - row.drafted_at).total_seconds(),
+                    review_until=row.review_until,
+                )
+                for row in rows["reviews_oldest"]
+            ],
+        ),
         dead_letters=_dead_letters(rows),
         throughput=_throughput(rows, values, created, finished),
     )
