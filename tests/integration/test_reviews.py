@@ -37,7 +37,14 @@ def submit(client, review: dict[str, Any] | None = None, callback_url: str | Non
     return accepted.json()["id"]
 
 
-def draft(gateway: Projection, pipeline_id: str, attempt: int = 1, round_: int = 0, wait_s: float = 600) -> str:
+def draft(
+    gateway: Projection,
+    pipeline_id: str,
+    attempt: int = 1,
+    round_: int = 0,
+    wait_s: float = 600,
+    on_timeout: str = "cancel",
+) -> str:
     """The lyric stage's draft of `attempt`, projected; its id."""
     at = now()
     gateway.event(pipeline_id, events.Stage.LYRIC, "started", attempt, at)
@@ -51,7 +58,7 @@ def draft(gateway: Projection, pipeline_id: str, attempt: int = 1, round_: int =
         lyrics=LYRICS,
         artifact=events.Artifact(uri="file:///artifacts/lyric", sha256="0" * 64, size=1, media_type="text/plain"),
         review_until=at + dt.timedelta(seconds=wait_s),
-        on_timeout="cancel",
+        on_timeout=on_timeout,  # type: ignore[arg-type]
         drafted_at=at,
     )
     gateway.deliver(envelope.wrap(made, "lyric.drafted", "/castad/lyric"))
@@ -251,3 +258,35 @@ def test_waiting_drafts_are_counted_with_their_age_in_the_stats_and_the_metrics(
     assert all(one.waiting_s >= 0 for one in numbers.reviews.oldest)
     assert gauges["castad_reviews_waiting"] == numbers.reviews.waiting
     assert gauges["castad_review_oldest_wait_seconds"] >= 0
+
+
+def expire(gateway: Projection, pipeline_id: str, draft_id: str, on_timeout: str) -> None:
+    said = events.StageReviewExpired(
+        pipeline_id=pipeline_id,
+        stage=events.Stage.LYRIC,
+        job_id="job-lyric",
+        attempt=1,
+        draft_id=draft_id,
+        on_timeout=on_timeout,  # type: ignore[arg-type]
+        expired_at=now(),
+    )
+    gateway.deliver(envelope.wrap(said, "lyric.review_expired", "/castad/lyric"))
+
+
+def test_a_decision_after_the_review_is_refused_and_one_the_stage_timed_out_first_shows_as_overtaken(
+    engines, api, gateway
+):
+    running = api()
+    hana = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ))
+    late, overtaken = submit(hana), submit(hana)
+    past = draft(gateway, late, wait_s=-1)
+    in_time = draft(gateway, overtaken, on_timeout="approve")
+
+    refused = hana.post(f"/v1/pipelines/{late}/review", json={"draft": past, "decision": "approve"})
+    edited = hana.post(f"/v1/pipelines/{overtaken}/review", json={"draft": in_time, "decision": "edit", "lyrics": EDIT})
+    expire(gateway, overtaken, in_time, "approve")  # the stage, down, timed it out before the edit reached it
+
+    assert refused.status_code == 409 and "timed out" in refused.json()["detail"]
+    assert edited.status_code == 202
+    shown = hana.get(f"/v1/pipelines/{overtaken}/review").json()["draft"]
+    assert (shown["decision"], shown["overtaken"], shown["decided_by_key_id"]) == ("approve", "edit", None)

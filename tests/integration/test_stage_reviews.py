@@ -176,6 +176,8 @@ def test_a_draft_past_its_review_comes_to_its_on_timeout(engine, on_timeout):
         assert after.status == "SUCCEEDED" and "lyric.completed" in kinds
     else:
         assert after.status == "REVIEW" and "lyric.completed" not in kinds
+        late = decision(held, "approve")  # taken in time, but on its way while the stage timed the draft out
+        assert decide(drafts, engine, late) is False and job(engine, held.pipeline_id).status == "REVIEW"
         cancel = events.PipelineCancelRequested(pipeline_id=held.pipeline_id, operation=1, reason="review_timeout")
         with db.transaction(engine) as conn:
             stage.apply_cancel(conn, cancel)

@@ -187,6 +187,11 @@ class DraftView(BaseModel):
     decided_at: dt.datetime | None = None
     decided_by_key_id: str | None = Field(default=None, description="the key that decided (null: its timeout)")
     expired_at: dt.datetime | None = Field(default=None, description="when it timed out undecided")
+    overtaken: str | None = Field(
+        default=None,
+        description="a decision taken in time that reached the stage only after it had timed the draft out (its"
+        " service was down, say): not applied; `decision` is what the timeout made of it",
+    )
 
 
 class ReviewView(BaseModel):

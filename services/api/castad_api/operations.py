@@ -301,6 +301,12 @@ def decide(
     if not draft.open:
         came = f"{draft.decision} ({'its timeout' if draft.decided_by is None else 'by a key'})"
         raise errors.Conflict(f"draft {body.draft} was already decided: {came}", status.value)
+    if repository.now(conn) > draft.review_until:
+        raise errors.Conflict(
+            f"draft {body.draft}'s review timed out at {draft.review_until.isoformat()}: it comes to"
+            f" {draft.on_timeout}",
+            status.value,
+        )
     if status is not model.PipelineStatus.AWAITING_REVIEW:
         raise errors.Conflict(f"pipeline {pipeline_id} is {status.value}, not waiting for a review", status.value)
     if body.decision == "regenerate" and draft.round >= brief.MAX_REGENERATIONS:

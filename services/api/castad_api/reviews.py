@@ -51,6 +51,7 @@ class Draft:
     decided_by: uuid.UUID | None
     decided_at: dt.datetime | None
     expired_at: dt.datetime | None
+    overtaken: str | None
 
     @property
     def open(self) -> bool:
@@ -74,6 +75,7 @@ class Draft:
             decided_at=self.decided_at,
             decided_by_key_id=str(self.decided_by) if self.decided_by else None,
             expired_at=self.expired_at,
+            overtaken=self.overtaken,
         )
 
 
@@ -86,11 +88,13 @@ INSERT INTO pipeline_reviews (draft_id, pipeline_id, stage, attempt, round, lyri
                               drafted_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (draft_id) DO NOTHING
 """
-# A draft timed out undecided: approved by its stage, or waiting for operations.cancel_timed_out.
+# A draft the stage timed out: approved by it, or waiting for operations.cancel_timed_out. A decision recorded in
+# time that had not reached the stage yet is overtaken: kept as such, not the draft's.
 _EXPIRED = """
-UPDATE pipeline_reviews SET expired_at = %(at)s,
-    decision = CASE WHEN %(approved)s THEN 'approve' END, decided_at = CASE WHEN %(approved)s THEN %(at)s END
-WHERE draft_id = %(draft_id)s AND expired_at IS NULL AND decision IS NULL
+UPDATE pipeline_reviews SET expired_at = %(at)s, overtaken = decision,
+    decision = CASE WHEN %(approved)s THEN 'approve' END, decided_at = CASE WHEN %(approved)s THEN %(at)s END,
+    decided_by = NULL
+WHERE draft_id = %(draft_id)s AND expired_at IS NULL
 """
 _PAUSE_DEADLINE = "UPDATE pipelines SET deadline_paused_at = now() WHERE id = %s AND deadline_paused_at IS NULL"
 # The deadline runs again, moved on by as long as it stood still.

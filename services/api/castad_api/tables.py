@@ -340,6 +340,8 @@ pipeline_reviews = sa.Table(
     sa.Column("decided_by", pg.UUID(as_uuid=True)),  # the acting key
     sa.Column("decided_at", TZ),
     sa.Column("expired_at", TZ),  # no decision came in time
+    # A decision the gateway took in time that reached the stage after it timed the draft out: not applied.
+    sa.Column("overtaken", sa.Text),
     sa.Index("pipeline_reviews_by_pipeline", "pipeline_id", "round"),
     sa.Index(
         "pipeline_reviews_waiting", "drafted_at", postgresql_where=sa.text("decision IS NULL AND expired_at IS NULL")

@@ -7,7 +7,8 @@ due when its review times out. Then, once each, whatever is redelivered:
 - a decision (`pipeline.review_decided`, which the gateway recorded) on the job's current draft, and on no other:
   approve and edit complete the job (an edit's words as the stage's output, exactly as written); regenerate makes it
   PENDING for a new draft, on an attempt that no failure counted;
-- its timeout, which the stage's own scheduler finds (`expire_due`): `review_expired` is said, then approve
+- its timeout, which the stage's own scheduler finds (`expire_due`), a grace after the review's end for a decision
+  made in time still on its way: `review_expired` is said, then approve
   completes the job with the draft, and cancel leaves it waiting for the cancel the gateway asks for on that word
   (said again every `ASK_AGAIN_S` until it comes).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +41,14 @@ Edit = Callable[[str, events.Lyrics], runner_.Output]
 
 
 class Reviews:
-    def __init__(self, runner: runner_.StageRunner, edit: Edit) -> None:
+    """`grace_s`: how long a decision made in time may still be on its way (the gateway takes none later than the
+    draft's review): a draft's timeout comes that much after it (the runner's Limits.review_grace_s), and none comes
+    until the service has consumed that long since its start (a decision queued while it was down comes first)."""
+
+    def __init__(self, runner: runner_.StageRunner, edit: Edit, grace_s: float = 0.0) -> None:
         self.runner = runner
         self.edit = edit
+        self._first_timeout_at = time.monotonic() + grace_s
 
     def edited(self, decision: events.PipelineReviewDecided) -> runner_.Output | None:
         """Before the decision's transaction: an edit's words kept as a file (None for any other decision)."""
@@ -56,7 +63,8 @@ class Reviews:
         """In the handler's transaction: apply a person's decision to the job's current draft; True if a job is due."""
         job = repository.lock_job(conn, decision.pipeline_id)
         current = (job.review or {}).get("draft_id") if job is not None else None
-        if job is None or job.status is not machine.Status.REVIEW or current != decision.draft_id:
+        timed_out = job is not None and "expired_at" in (job.review or {})  # said so: the gateway cancels
+        if job is None or job.status is not machine.Status.REVIEW or current != decision.draft_id or timed_out:
             log.warning(
                 "%s on draft %s left alone: the job is %s, its draft %s",
                 decision.decision,
@@ -79,6 +87,8 @@ class Reviews:
 
     def expire_due(self, limit: int = EXPIRE_BATCH) -> int:
         """The drafts whose review timed out, each as its `on_timeout` says; how many."""
+        if time.monotonic() < self._first_timeout_at:
+            return 0
         with db.transaction(self.runner.engine) as conn:
             due = repository.due_reviews(conn, limit)
             for job in due:

@@ -45,6 +45,7 @@ def upgrade() -> None:
         sa.Column("decided_by", pg.UUID(as_uuid=True)),
         sa.Column("decided_at", TZ),
         sa.Column("expired_at", TZ),
+        sa.Column("overtaken", sa.Text),
     )
     op.create_index("pipeline_reviews_by_pipeline", "pipeline_reviews", ["pipeline_id", "round"])
     op.create_index(
