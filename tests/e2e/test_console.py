@@ -406,3 +406,91 @@ def test_the_brand_page_sets_the_kit_with_a_new_logo_changes_it_and_removes_it_a
     assert httpx.get(f"{running.base_url}/v1/brand", headers=headers).status_code == 404
     texts_complete(console)
     assert console.errors == [] and reading.errors == []
+
+
+def select_line(console: browser_.Console, area: str, number: int) -> None:
+    """Select the line `number` (from 0) of a textarea, as a person would before typing over it."""
+    console.page.get_by_test_id(area).evaluate(
+        "(area, number) => { const lines = area.value.split('\\n');"
+        " const start = lines.slice(0, number).join('\\n').length + (number ? 1 : 0);"
+        " area.focus(); area.setSelectionRange(start, start + lines[number].length); }",
+        number,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_a_draft_waiting_for_review_is_found_on_the_board_edited_in_place_and_decided_once(shared, browser):
+    asked = api.PipelineRequest(**briefs.sample("검토책방").model_dump(), review=brief.Review(timeout_s=600))
+    pipeline_id = shared.client.submit(asked).id
+    reader = access.create_key(shared.tenant, frozenset({keys.Scope.READ}), "review reader", shared.installation.env())
+    console = browser_.console_page(browser, shared.base_url)
+    page = console.page
+    console.allow("status of 422")  # the edit refused on purpose below
+    console.open()
+    console.log_in(shared.api_key)
+
+    # The board marks the pipeline as waiting, says for how long, and lists only the waiting ones on a click.
+    waiting = row(console, pipeline_id)
+    expect(waiting).to_have_attribute("data-status", "AWAITING_REVIEW", timeout=WAIT_MS)
+    expect(waiting.get_by_test_id("review-age")).to_contain_text("waiting")
+    page.get_by_test_id("filter-reviews").click()
+    expect(page.get_by_test_id("filter-status")).to_have_value("AWAITING_REVIEW")
+    waiting.locator("a.customer").click()
+    expect(page.get_by_test_id("review-call")).to_contain_text("waits for a decision")
+    page.get_by_test_id("open-review").click()
+
+    view = shared.client.status(pipeline_id)
+    assert view.review is not None and view.review.draft is not None
+    draft = view.review.draft
+    expect(page.get_by_test_id("review-text")).to_have_value(draft.text, timeout=WAIT_MS)
+    expect(page.get_by_test_id("review-left")).to_contain_text(re.compile(r"^\d+ mins?( \d+ secs?)? left$"))
+    expect(page.get_by_test_id("review-on-timeout")).to_have_attribute("data-on-timeout", "cancel")
+    expect(page.get_by_test_id("review-round")).to_have_text("number 1")
+    expect(page.get_by_test_id("review-regenerations-left")).to_have_text(str(draft.regenerations_left))
+    expect(page.get_by_test_id("review-edit")).to_be_disabled()  # nothing changed yet
+
+    # A key without submit sees the same draft, and nothing to decide with.
+    reading = browser_.console_page(browser, shared.base_url)
+    reading.open()
+    reading.log_in(reader)
+    expect(reading.page.get_by_test_id("tenant")).to_have_text(shared.tenant)
+    reading.page.goto(f"{shared.base_url}/ui/#/pipelines/{pipeline_id}/review")
+    expect(reading.page.get_by_test_id("review-read-only")).to_be_visible(timeout=WAIT_MS)
+    expect(reading.page.get_by_test_id("review-draft-text")).to_contain_text(draft.text.splitlines()[0])
+    for control in ("review-text", "review-approve", "review-edit", "review-regenerate"):
+        expect(reading.page.get_by_test_id(control)).to_have_count(0)
+
+    # A line typed over in place: too long first (refused, the field and the reason said), then as meant.
+    lines = draft.text.split("\n")
+    sung = lines.index("[verse]") + 1
+    select_line(console, "review-text", sung)
+    page.keyboard.insert_text("파도" * 61)
+    page.get_by_test_id("review-edit").click()
+    refused = page.get_by_test_id("review-error")
+    expect(refused).to_have_attribute("data-status", "422")
+    expect(refused.locator('[data-field="lyrics"]')).to_contain_text("Lyrics:")
+    expect(refused).to_contain_text("122 characters long, more than 120")
+    expect(page.get_by_test_id("review-text")).to_have_attribute("aria-invalid", "true")
+    select_line(console, "review-text", sung)
+    page.keyboard.insert_text("파도 소리 책장 넘기는 소리")
+    edited = "\n".join([*lines[:sung], "파도 소리 책장 넘기는 소리", *lines[sung + 1 :]])
+    expect(page.get_by_test_id("review-text")).to_have_value(edited)
+    expect(page.get_by_test_id("review-changed")).to_have_text("Changed, not saved yet.")
+    console.screenshot("review")
+    page.get_by_test_id("review-edit").click()
+
+    # Decided: shown read-only, with nothing left to decide with, here and after a reload.
+    expect(page.get_by_test_id("review-decided")).to_have_attribute("data-decision", "edit", timeout=WAIT_MS)
+    expect(page.get_by_test_id("review-result")).to_have_text("Edit saved: the song is sung as written.")
+    assert page.get_by_test_id("review-edited").text_content() == edited
+    expect(page.get_by_test_id("pipeline-status")).to_have_attribute("data-status", "SUCCEEDED", timeout=WAIT_MS)
+    page.reload()
+    expect(page.get_by_test_id("review-decision")).to_have_attribute("data-decision", "edit", timeout=WAIT_MS)
+    for control in ("review-text", "review-approve", "review-edit", "review-regenerate"):
+        expect(page.get_by_test_id(control)).to_have_count(0)
+
+    final = shared.wait_terminal([pipeline_id])[pipeline_id]
+    assert final.status == "SUCCEEDED" and final.review is not None and final.review.draft is not None
+    assert (final.review.draft.decision, final.review.draft.edited_text) == ("edit", edited)
+    texts_complete(console)
+    assert console.errors == [] and reading.errors == []

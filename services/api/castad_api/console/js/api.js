@@ -9,9 +9,10 @@ const DEFAULT_ACTOR = "console";
 let whenUnauthorized = () => {};
 
 export class ApiError extends Error {
-  constructor(status, detail) {
+  constructor(status, detail, fields = []) {
     super(detail);
     this.status = status;
+    this.fields = fields; // a 422's: each refused field's place in the request (loc) and why (msg)
   }
 }
 
@@ -67,18 +68,20 @@ export function authorization() {
   return { Authorization: `Bearer ${session.key()}` };
 }
 
-/** The gateway's reason: its `detail`, a validation error's fields and messages, or the status. */
-async function reason(response) {
+/** The gateway's refusal as an ApiError: its `detail`, a validation error's fields and messages, or the status. */
+async function refusal(response) {
+  let body = null;
   try {
-    const body = await response.json();
-    if (typeof body.detail === "string") return body.detail;
-    if (Array.isArray(body.detail)) {
-      return body.detail.map((error) => `${(error.loc || []).join(".")}: ${error.msg}`).join("; ");
-    }
+    body = await response.json();
   } catch {
     // not JSON: the status says it
   }
-  return `${response.status} ${response.statusText}`;
+  if (typeof body?.detail === "string") return new ApiError(response.status, body.detail);
+  if (Array.isArray(body?.detail)) {
+    const fields = body.detail.map((error) => ({ loc: error.loc || [], msg: error.msg }));
+    return new ApiError(response.status, fields.map((f) => `${f.loc.join(".")}: ${f.msg}`).join("; "), fields);
+  }
+  return new ApiError(response.status, `${response.status} ${response.statusText}`);
 }
 
 /** A request of the gateway with the session's key: `body` sent as JSON, or `file` (a File or Blob) as it is. */
@@ -95,9 +98,9 @@ async function send(path, { method = "GET", params, body, file } = {}) {
   });
   if (response.status === 401) {
     unauthorized();
-    throw new ApiError(401, await reason(response));
+    throw await refusal(response);
   }
-  if (!response.ok) throw new ApiError(response.status, await reason(response));
+  if (!response.ok) throw await refusal(response);
   return response;
 }
 
@@ -117,6 +120,6 @@ export async function download(path) {
 /** The key's tenant, name and scopes, or an ApiError (401 for a wrong key) without ending any session. */
 export async function whoIs(key) {
   const response = await reach("/v1/me", { headers: { Authorization: `Bearer ${key}` }, cache: "no-store" });
-  if (!response.ok) throw new ApiError(response.status, await reason(response));
+  if (!response.ok) throw await refusal(response);
   return response.json();
 }

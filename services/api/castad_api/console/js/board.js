@@ -1,16 +1,18 @@
 // The live board: counts per status and stage, the newest pipelines filtered by status, stage or a
-// search, kept up to date from the stream of every pipeline's timeline entries (no reload).
+// search, kept up to date from the stream of every pipeline's timeline entries (no reload). A pipeline whose
+// draft waits for a review says for how long, and a link lists only those.
 
 import { call, problem } from "./api.js";
 import { fill, h } from "./dom.js";
 import * as format from "./format.js";
 import { t } from "./i18n.js";
-import { ENDED, IN_FLIGHT, STAGES, STATUSES, badge, countCell, isEnded, progressBar } from "./model.js";
+import { AWAITING_REVIEW, ENDED, IN_FLIGHT, STAGES, STATUSES, badge, countCell, isEnded, progressBar } from "./model.js";
 import { follow } from "./sse.js";
 
 const PAGE = 50;
 const HEADINGS = ["board.customer", "board.status", "board.stage", "board.progress", "board.created", "board.updated", "board.id"];
 const COUNTS_EVERY_MS = 2000; // an admin's counts come from /v1/stats, read again at most this often
+const AGES_EVERY_MS = 15000; // how often the reviews' waiting times are written again
 
 function itemOf(view) {
   return {
@@ -22,7 +24,13 @@ function itemOf(view) {
     progress: view.progress,
     created: view.created_at,
     updated: view.updated_at,
+    waitingSince: view.status === AWAITING_REVIEW ? view.review?.draft?.drafted_at ?? view.updated_at : null,
   };
+}
+
+/** How long a draft has waited for a review, beside the pipeline's status. */
+function waited(since) {
+  return h("small", { class: "waited", "data-testid": "review-age", "data-since": since }, t("board.waited", { time: format.age(since) }));
 }
 
 function isId(text) {
@@ -65,7 +73,7 @@ export function render(root, { params, may, go }) {
         h("a", { href: `#/pipelines/${item.id}`, class: "customer" }, item.customer),
         h("small", { class: "region" }, item.region),
       ),
-      h("td", {}, badge(item.status)),
+      h("td", {}, badge(item.status), item.status === AWAITING_REVIEW && item.waitingSince && waited(item.waitingSince)),
       // On a phone a row is a card, whose cells say what they are (console.css).
       h("td", { "data-label": t("board.stage") }, item.stage ? t(`stage.${item.stage}`) : "–"),
       h("td", {}, progressBar(item.progress)),
@@ -131,7 +139,9 @@ export function render(root, { params, may, go }) {
     const known = items.get(entry.pipeline_id);
     const stage = STAGES.includes(entry.step) ? entry.step : null;
     if (known) {
-      put({ ...known, status: entry.pipeline_status, progress: entry.progress, stage: stage ?? known.stage, updated: entry.time }, true);
+      let waitingSince = null;
+      if (entry.pipeline_status === AWAITING_REVIEW) waitingSince = entry.status === "drafted" ? entry.time : known.waitingSince ?? entry.time;
+      put({ ...known, status: entry.pipeline_status, progress: entry.progress, stage: stage ?? known.stage, updated: entry.time, waitingSince }, true);
     } else if (entry.status === "requested") {
       // A new pipeline: its entry says all the board shows of it.
       const item = {
@@ -143,6 +153,7 @@ export function render(root, { params, may, go }) {
         progress: entry.progress,
         created: entry.time,
         updated: entry.time,
+        waitingSince: null,
       };
       if (matches(item)) put(item, true);
     } else if (matches({ id: entry.pipeline_id, customer: entry.customer_name, status: entry.pipeline_status, stage })) {
@@ -218,7 +229,8 @@ export function render(root, { params, may, go }) {
   const status = h("select", { name: "status", "data-testid": "filter-status" }, h("option", { value: "" }, t("board.any_status")), STATUSES.map((s) => h("option", { value: s, selected: s === filters.status }, t(`status.${s}`))));
   const stage = h("select", { name: "stage", "data-testid": "filter-stage" }, h("option", { value: "" }, t("board.any_stage")), STAGES.map((s) => h("option", { value: s, selected: s === filters.stage }, t(`stage.${s}`))));
   const search = h("input", { type: "search", name: "q", value: filters.q, maxlength: 80, placeholder: t("board.search_hint"), "data-testid": "search" });
-  const form = h("form", { class: "filters" }, status, stage, search, h("button", { type: "submit" }, t("board.search")));
+  const reviews = h("a", { href: `#/board?status=${AWAITING_REVIEW}`, class: "reviews-link", "data-testid": "filter-reviews" }, t("board.reviews"));
+  const form = h("form", { class: "filters" }, status, stage, search, h("button", { type: "submit" }, t("board.search")), reviews);
   const apply = (event) => {
     event?.preventDefault();
     const query = new URLSearchParams();
@@ -257,8 +269,12 @@ export function render(root, { params, may, go }) {
       }
     },
   });
+  const ages = setInterval(() => {
+    for (const shown of body.querySelectorAll("[data-since]")) shown.textContent = t("board.waited", { time: format.age(shown.dataset.since) });
+  }, AGES_EVERY_MS);
   return () => {
     stream.close();
     clearTimeout(countsTimer);
+    clearInterval(ages);
   };
 }

@@ -29,6 +29,29 @@ export function seconds(value) {
   return `${number(value / 3600, 1)} h`;
 }
 
+const UNITS = [["day", 86400], ["hour", 3600], ["minute", 60], ["second", 1]];
+
+function inUnit(n, unit) {
+  return new Intl.NumberFormat(locale(), { style: "unit", unit, unitDisplay: "short" }).format(n);
+}
+
+/** A length of time as people say it, in its largest unit and the next one: "2 days 3 hr", "9 min 58 sec". */
+export function span(totalSeconds) {
+  const whole = Math.max(0, Math.floor(totalSeconds));
+  const first = UNITS.findIndex(([, size]) => whole >= size);
+  if (first === -1) return inUnit(0, "second");
+  const [unit, size] = UNITS[first];
+  const parts = [inUnit(Math.floor(whole / size), unit)];
+  const next = UNITS[first + 1];
+  if (next && whole % size >= next[1]) parts.push(inUnit(Math.floor((whole % size) / next[1]), next[0]));
+  return parts.join(" ");
+}
+
+/** How long ago `value` (a time) was, as span() writes it. */
+export function age(value) {
+  return span((Date.now() - Date.parse(value)) / 1000);
+}
+
 export function bytes(size) {
   const units = ["B", "KiB", "MiB", "GiB"];
   let value = size;

@@ -10,11 +10,13 @@ import { fill, h } from "./dom.js";
 import { LANGUAGES, language, setLanguage, t } from "./i18n.js";
 import * as login from "./login.js";
 import * as pipeline from "./pipeline.js";
+import * as review from "./review.js";
 import * as stats from "./stats.js";
 
 const ROUTES = [
   { pattern: /^board$/, render: board.render, title: "nav.board" },
   { pattern: /^pipelines\/([0-9a-f-]{36})$/, render: pipeline.render, title: "nav.pipeline" },
+  { pattern: /^pipelines\/([0-9a-f-]{36})\/review$/, render: review.render, title: "nav.review" },
   { pattern: /^brand$/, render: brand.render, title: "nav.brand", scope: "read" },
   { pattern: /^stats$/, render: stats.render, title: "nav.stats", scope: "admin" },
   { pattern: /^dead-letters$/, render: deadLetters.list, title: "nav.dead_letters", scope: "admin" },

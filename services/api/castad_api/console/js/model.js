@@ -4,8 +4,9 @@ import { h } from "./dom.js";
 import * as format from "./format.js";
 import { t } from "./i18n.js";
 
-export const STATUSES = ["PENDING", "RUNNING", "CANCELING", "SUCCEEDED", "FAILED", "CANCELED"];
-export const IN_FLIGHT = ["PENDING", "RUNNING", "CANCELING"];
+export const STATUSES = ["PENDING", "RUNNING", "AWAITING_REVIEW", "CANCELING", "SUCCEEDED", "FAILED", "CANCELED"];
+export const IN_FLIGHT = ["PENDING", "RUNNING", "AWAITING_REVIEW", "CANCELING"];
+export const AWAITING_REVIEW = "AWAITING_REVIEW"; // a draft waits for a person's decision
 export const ENDED = ["SUCCEEDED", "FAILED", "CANCELED"];
 export const STAGES = ["lyric", "song", "video"];
 

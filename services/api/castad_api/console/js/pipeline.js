@@ -1,17 +1,17 @@
 // One pipeline: its brief and state, its photos, a card per stage, previews of what the stages made (lyrics, the song,
-// the video), its attempts and timeline, links to its files and its trace, and the operator's Cancel and
-// Retry; all kept live from the pipeline's own event stream.
+// the video), its attempts and timeline, links to its files and its trace, the way to its review when the brief asked
+// for one, and the operator's Cancel and Retry; all kept live from the pipeline's own event stream.
 
 import { call, download, problem } from "./api.js";
 import { confirmAction } from "./dialog.js";
 import { definition as field, fill, h } from "./dom.js";
 import * as format from "./format.js";
 import { t, tOr } from "./i18n.js";
-import { badge, isEnded, progressBar } from "./model.js";
+import { AWAITING_REVIEW, badge, isEnded, progressBar } from "./model.js";
 import { follow } from "./sse.js";
 
 const EXTENSIONS = { "audio/wav": ".wav", "video/mp4": ".mp4", "text/plain": ".txt", "image/jpeg": ".jpg", "application/x-subrip": ".srt", "text/vtt": ".vtt" };
-const CANCELABLE = ["PENDING", "RUNNING"];
+const CANCELABLE = ["PENDING", "RUNNING", AWAITING_REVIEW];
 const RETRYABLE = ["FAILED", "CANCELED"];
 
 function extension(mediaType) {
@@ -38,6 +38,7 @@ export function render(root, { arg: id, may }) {
   const cancelButton = h("button", { type: "button", class: "danger", "data-testid": "cancel", onclick: () => cancel() }, t("action.cancel"));
   const retryButton = h("button", { type: "button", class: "primary", "data-testid": "retry", onclick: () => retry() }, t("action.retry"));
   const result = h("p", { class: "notice", role: "status", "data-testid": "action-result" });
+  const review = h("section", { class: "review-call", "data-testid": "review-call", hidden: true });
   const stages = h("section", { class: "stages", "data-testid": "stages" });
   const photos = h("ul", { class: "photos", "data-testid": "photos" });
   let photosShown = false; // a brief never changes: its photos are fetched once
@@ -182,6 +183,20 @@ export function render(root, { arg: id, may }) {
     }
   }
 
+  /** Where the brief's review stands, and the way to its page: called out while a draft waits for a decision. */
+  function drawReview() {
+    const draft = view.review?.draft;
+    review.hidden = !view.review;
+    if (!view.review) return;
+    const waiting = view.status === AWAITING_REVIEW && draft && draft.decision === null;
+    review.classList.toggle("waiting", Boolean(waiting));
+    let said;
+    if (waiting) said = t("review.call_waiting", { time: format.dateTime(draft.review_until), then: t(`review.then.${draft.on_timeout}`) });
+    else if (draft?.decision) said = t("review.call_decided", { decision: t(`review.decision.${draft.decision}`) });
+    else said = t("review.call_asked");
+    fill(review, h("span", {}, said), " ", h("a", { href: `#/pipelines/${id}/review`, "data-testid": "open-review" }, waiting ? t("review.open") : t("review.see")));
+  }
+
   function drawLinks() {
     const files = view.stages
       .filter((s) => s.artifact)
@@ -264,6 +279,9 @@ export function render(root, { arg: id, may }) {
     if (entry.reason) parts.push(entry.reason);
     if (entry.resume) parts.push(t("pipeline.resumes_at", { stage: t(`stage.${entry.resume}`) }));
     if (entry.detail) parts.push(entry.detail);
+    if (entry.draft?.decision) parts.push(t(`review.decision.${entry.draft.decision}`));
+    if (entry.draft?.note) parts.push(entry.draft.note);
+    if (entry.draft?.review_until) parts.push(t("review.waits_until", { time: format.dateTime(entry.draft.review_until) }));
     if (entry.next_attempt_at) parts.push(t("pipeline.next_at", { time: format.time(entry.next_attempt_at) }));
     return parts.flatMap((part, i) => (i ? [" · ", part] : [part]));
   }
@@ -304,6 +322,7 @@ export function render(root, { arg: id, may }) {
       try {
         [view, timeline] = await Promise.all([call(`/v1/pipelines/${id}`), call(`/v1/pipelines/${id}/timeline`)]);
         drawHead();
+        drawReview();
         drawPhotos();
         drawStages();
         drawLinks();
@@ -356,6 +375,7 @@ export function render(root, { arg: id, may }) {
   const headings = (keys) => h("thead", {}, h("tr", {}, keys.map((key) => h("th", {}, t(key)))));
   root.append(
     head,
+    review,
     actions,
     result,
     h("section", { class: "photos-box" }, h("h2", {}, t("pipeline.photos")), photos),
