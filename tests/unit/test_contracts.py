@@ -109,7 +109,7 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(
         pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
     )
-    with pytest.raises(TypeError, match="lyric.completed v7 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v8 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -386,7 +386,7 @@ def brief_carrying(event_type: str, version: int, brief_data: dict[str, object])
 
 
 # The newest version of each event carrying a brief.
-NEWEST = {events.PIPELINE_REQUESTED: 7, "lyric.completed": 7, "song.completed": 8, "video.completed": 9}
+NEWEST = {events.PIPELINE_REQUESTED: 7, "lyric.completed": 8, "song.completed": 9, "video.completed": 9}
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,

@@ -83,6 +83,15 @@ class Client:
             self._call("POST", f"/v1/pipelines/{pipeline_id}/retry", json=body.model_dump(mode="json"))
         )
 
+    def remake(
+        self, pipeline_id: str, body: api.RemakeRequest, idempotency_key: str | None = None
+    ) -> api.PipelineAccepted:
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        sent = body.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        return api.PipelineAccepted.model_validate(
+            self._call("POST", f"/v1/pipelines/{pipeline_id}/remake", json=sent, headers=headers)
+        )
+
     def review(self, pipeline_id: str) -> api.ReviewView:
         return api.ReviewView.model_validate(self._call("GET", f"/v1/pipelines/{pipeline_id}/review"))
 

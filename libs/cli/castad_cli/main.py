@@ -294,6 +294,49 @@ def _format_file(made: api.StageView, pipeline_id: str, shape: brief.Format, pos
 
 
 @app.command()
+def remake(
+    ctx: typer.Context,
+    pipeline_id: str,
+    from_: Annotated[
+        str, typer.Option("--from", help="the first stage made again: song (same lyrics) or video (same song)")
+    ],
+    genre: Annotated[str | None, typer.Option(help="the song's genre (--from song)")] = None,
+    orientation: Annotated[brief.Orientation | None, typer.Option(help="the video's orientation")] = None,
+    format_: Annotated[
+        list[brief.Format] | None, typer.Option("--format", help="a format to make (repeatable)")
+    ] = None,
+    photo: Annotated[
+        list[str] | None, typer.Option(help="a photo to show instead: an uploaded image's id or an https URL")
+    ] = None,
+    brand_: Annotated[str | None, typer.Option("--brand", help="tenant (the kit as it is now) or none")] = None,
+    watch_: Annotated[bool, typer.Option("--watch/--no-watch", help="follow progress until done")] = True,
+) -> None:
+    """Make an ended pipeline again from one stage on, with changes; the stages before reuse their files."""
+    changes = {
+        name: value
+        for name, value in (
+            ("genre", genre),
+            ("orientation", orientation),
+            ("formats", format_),
+            ("photos", photo),
+            ("brand", brand_),
+        )
+        if value is not None
+    }
+    try:
+        body = api.RemakeRequest.model_validate({"from": from_, "changes": changes})
+    except pydantic.ValidationError as error:
+        for problem in error.errors():
+            errors.print(f"castad: {'.'.join(map(str, problem['loc']))}: {problem['msg']}", markup=False)
+        raise typer.Exit(2) from None
+    with connected(ctx) as client:
+        accepted = client.remake(pipeline_id, body)
+        console.print(f"pipeline [bold]{accepted.id}[/] {accepted.status} (a remake of {pipeline_id} from {from_})")
+        if watch_:
+            raise typer.Exit(_watch(client, accepted.id))
+
+
+@app.command()
 def cancel(
     ctx: typer.Context,
     pipeline_id: str,

@@ -131,8 +131,10 @@ def stats(numbers: api.Stats) -> Group:
     reviews = numbers.reviews
     if reviews.waiting:
         waiting = _table(f"drafts waiting for review: {reviews.waiting}", "pipeline", "drafted", "waiting", "until")
-        for one in reviews.oldest:
-            waiting.add_row(one.pipeline_id, _clock(one.drafted_at), f"{one.waiting_s:.0f} s", _clock(one.review_until))
+        for draft in reviews.oldest:
+            waiting.add_row(
+                draft.pipeline_id, _clock(draft.drafted_at), f"{draft.waiting_s:.0f} s", _clock(draft.review_until)
+            )
         parts.append(waiting)
     letters = numbers.dead_letters
     open_ = ", ".join(f"{kind} {n}" for kind, n in sorted(letters.open.items())) or "none"

@@ -161,6 +161,11 @@ class StageView(BaseModel):
         description="with its artifact, the video in each format the brief asked for, the first the artifact itself"
         " (the video stage; empty for a video recorded by a gateway of a release before formats)",
     )
+    reused_from: str | None = Field(
+        default=None,
+        description="a remake's stage before the one it made again: the remade pipeline, whose file it copied"
+        " (no provider was asked)",
+    )
 
 
 # A pipeline's statuses once it ended (PipelineView.status); only an operator's retry moves it on again.
@@ -276,6 +281,10 @@ class PipelineView(BaseModel):
         " person (AWAITING_REVIEW), and moves on by as long"
     )
     review: ReviewView | None = Field(default=None, description="the review the brief asked for (null: none)")
+    remake_of: RemakeLink | None = Field(
+        default=None, description="the pipeline this one remakes, and from which stage (null: not a remake)"
+    )
+    remakes: list[str] = Field(default_factory=list, description="the pipelines that remake this one, oldest first")
     stages: list[StageView]
     links: Links
 
@@ -385,6 +394,60 @@ class PipelineRequest(brief.BriefV2):
         """The brief as the stages get it: the photos named by reference, its `brand`, without the callback URL."""
         fields = self.model_dump(exclude={"callback_url", "photos", "brand", "review"}, exclude_none=True)
         return brief.Brief.model_validate({**fields, "photos": photos, "brand": brand})
+
+
+# What a remake may change, by the first stage it makes again: the song's genre, and what the video shows.
+SONG_CHANGES = frozenset({"genre"})
+VIDEO_CHANGES = frozenset({"orientation", "formats", "photos", "brand"})
+
+
+class RemakeChanges(BaseModel):
+    """What a remake changes of the brief; what it does not name stays as the remade pipeline had it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    genre: brief.GenreText | None = Field(default=None, description="the song's genre (a remake from song)")
+    orientation: brief.Orientation | None = Field(default=None, description="the video's orientation")
+    formats: brief.Formats | None = Field(default=None, max_length=len(brief.Format), description="the video's formats")
+    photos: Annotated[list[PhotoName], AfterValidator(distinct)] | None = Field(
+        default=None, max_length=brief.MAX_PHOTOS, description="the photos to show instead, as a brief names them"
+    )
+    brand: Literal["tenant", "none"] | None = Field(
+        default=None,
+        description="tenant: the tenant's brand kit as it is now; none: no kit (default: the remade pipeline's kit)",
+    )
+
+
+class RemakeRequest(BaseModel):
+    """Make a finished pipeline again from one stage on, with changes; the stages before reuse their files."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    from_: Literal["song", "video"] = Field(
+        alias="from",
+        description="the first stage made again: song (a new song and video of the same lyrics) or video (a new"
+        " video of the same song)",
+    )
+    changes: RemakeChanges = Field(default_factory=RemakeChanges)
+    callback_url: CallbackUrl | None = Field(default=None, description="where to POST a notice when the remake ends")
+
+    @field_validator("changes")
+    @classmethod
+    def _made_again(cls, changes: RemakeChanges, info: ValidationInfo) -> RemakeChanges:
+        """A remake from video keeps the song: it may change only what the video shows."""
+        allowed = VIDEO_CHANGES | (SONG_CHANGES if info.data.get("from_") == "song" else frozenset())
+        refused = sorted(name for name in changes.model_fields_set if name not in allowed)
+        if refused:
+            raise ValueError(f"a remake from {info.data.get('from_')} keeps the song: it cannot change {refused[0]}")
+        return changes
+
+
+class RemakeLink(BaseModel):
+    id: str = Field(description="the pipeline remade")
+    from_: events.Stage = Field(alias="from", description="the first stage made again; the ones before reused")
+    links: Links
+
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class BrandKitRequest(BaseModel):

@@ -32,6 +32,7 @@ class ErrorCode(enum.StrEnum):
     CANCELED = "canceled", "the pipeline was canceled (see its cancel_reason)"
     DEADLINE_EXCEEDED = "deadline_exceeded", "the pipeline did not end before its deadline and was canceled"
     REVIEW_TIMEOUT = "review_timeout", "no one decided on the draft in time, and the review said to cancel then"
+    REMAKE_SOURCE_GONE = "remake_source_gone", "the pipeline a remake reuses no longer has this stage's output"
     # The stage machine's (castad_runtime.stage.runner): the machinery, tried again, never counted but the first.
     ATTEMPT_TIMEOUT = "attempt_timeout", "the attempt took longer than a stage allows"
     INTERNAL_ERROR = "internal_error", "the stage failed for a reason of its own; it is tried again"

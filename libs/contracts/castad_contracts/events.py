@@ -189,6 +189,22 @@ class TimedLine(TimedLineV2):
     )
 
 
+class Remake(BaseModel):
+    """A pipeline made again from `stage` on, with changes, of the pipeline `of`: the stages before reuse its output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    of: PipelineId
+    stage: Stage = Field(description="the first stage made again; each one before it copies its own output of `of`")
+
+
+REMAKE = Field(
+    default=None,
+    exclude_if=lambda remake: remake is None,  # as a brief's formats: one without it reads as before remakes
+    description="the pipeline this one remakes, and from which stage (None: not a remake)",
+)
+
+
 class PipelineRequestedV6(Payload):
     brief: brief_.Brief
     requested_at: dt.datetime
@@ -203,6 +219,7 @@ class PipelineRequested(PipelineRequestedV6):
         exclude_if=lambda review: review is None,  # as a brief's formats: one without it reads as before reviews
         description="a person decides on the lyrics' draft before the song is made (None: no review)",
     )
+    remake: Remake | None = REMAKE
 
 
 class StageStartedV1(Payload):
@@ -255,6 +272,7 @@ class StageCompleted(Payload):
 
 class LyricCompleted(StageCompleted):
     lyrics: Lyrics
+    remake: Remake | None = REMAKE  # passed on, so that each stage before the one made again reuses its output
 
 
 class SongCompletedV2(StageCompleted):
@@ -280,6 +298,7 @@ class SongCompleted(SongCompletedV4):
     """The song is made (version 5: photos named by URL too, and when each bar of the song begins)."""
 
     brief: brief_.Brief
+    remake: Remake | None = REMAKE
     bars_s: tuple[float, ...] = Field(
         default=(),
         description="when each bar of the song begins, in seconds from its start; empty when the music provider"
@@ -653,6 +672,11 @@ def _kept_in_stage_place(payload: Any) -> bool:
     return any(in_stage_place(file.uri, payload.pipeline_id, payload.stage) for file in files)
 
 
+def _remade(payload: Any) -> bool:
+    """Whether a completed event is of a remake (its `remake` is passed on)."""
+    return payload.remake is not None
+
+
 class SchemaError(LookupError):
     """An event this registry cannot read."""
 
@@ -879,3 +903,7 @@ REGISTRY.register(PIPELINE_REQUESTED, 7, PipelineRequested, _same)
 REGISTRY.register(stage_event(Stage.LYRIC, "drafted"), 1, LyricDrafted)
 REGISTRY.register(stage_event(Stage.LYRIC, "review_expired"), 1, StageReviewExpired)
 REGISTRY.register(PIPELINE_REVIEW_DECIDED, 1, PipelineReviewDecided)
+# Then a pipeline may remake another from one of its stages on (pipeline.requested v7 above, lyric v8, song v9): the
+# stages before it reuse their output of the other; an event of a pipeline that is not a remake is written as before.
+for _stage, _version in ((Stage.LYRIC, 8), (Stage.SONG, 9)):
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same, needed=_remade)

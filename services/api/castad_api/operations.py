@@ -18,6 +18,7 @@ import json
 import uuid
 from typing import Any
 
+import pydantic
 import sqlalchemy as sa
 from castad_contracts import api, brief, codes, events, topology
 from castad_contracts import envelope as envelope_
@@ -43,14 +44,15 @@ def create(
     key: str,
     deadline_s: float,
     link_secret: SecretStr | None = None,
+    remake: Remade | None = None,
 ) -> Accepted:
     """Accept a brief and publish pipeline.requested.
 
     The same key and body again: the same pipeline. The same key with another body is a Conflict. The callback URL
     stays with the gateway. With the gateway's link secret, each uploaded photo the event names is sealed for the
-    pipeline (`links.sealed`), which the video stage checks.
+    pipeline (`links.sealed`), which the video stage checks. `remake`: the brief remakes another pipeline (`remake`).
     """
-    digest = request_hash(body)
+    digest = remake.digest if remake else request_hash(body)
     try:
         named = photos(conn, body, tenant)
     except errors.InvalidField:
@@ -59,7 +61,11 @@ def create(
         if made is None:
             raise
         return _replayed(conn, made, key, digest)
-    source = body.for_stages(named, brands.for_pipeline(conn, tenant) if body.brand == "tenant" else None)
+    if remake is not None and not remake.tenants_kit:
+        kit = remake.kit
+    else:
+        kit = brands.for_pipeline(conn, tenant) if body.brand == "tenant" else None
+    source = body.for_stages(named, kit)
     # Random, not time-ordered (castad_contracts.ids): every URL of the pipeline names it, and it must not be
     # guessed nor tell when the pipeline was made.
     pipeline_id = uuid.uuid4()
@@ -67,7 +73,11 @@ def create(
     # As the stages get it; the pipeline keeps it unsealed, as its tenant sent it.
     told = source if link_secret is None else _sealed(source, link_secret, str(pipeline_id))
     requested = events.PipelineRequested(
-        pipeline_id=str(pipeline_id), brief=told, requested_at=dt.datetime.now(dt.UTC), review=body.review
+        pipeline_id=str(pipeline_id),
+        brief=told,
+        requested_at=dt.datetime.now(dt.UTC),
+        review=body.review,
+        remake=remake.what if remake else None,
     )
     env = envelope_.wrap(requested, events.PIPELINE_REQUESTED, SOURCE, *telemetry.current_trace_headers())
     created = repository.create_pipeline(
@@ -81,12 +91,90 @@ def create(
         deadline_s,
         model.trace_id(env.traceparent),
         body.review.model_dump(mode="json") if body.review else None,
+        remake.what if remake else None,
     )
     if created.new:
         outbox.append(conn, env)
         projection.record_request(conn, created.pipeline_id, env)
         return Accepted(created.pipeline_id, model.PipelineStatus.PENDING, True)
     return _replayed(conn, created, key, digest)
+
+
+@dataclasses.dataclass(frozen=True)
+class Remade:
+    """What makes a brief a remake (`remake`): the remade pipeline and stage, its key's digest, its brand kit.
+
+    `kit`: the remade pipeline's kit, or none; `tenants_kit`: the tenant's kit as it is now instead."""
+
+    what: events.Remake
+    digest: str
+    kit: brief.Brand | None
+    tenants_kit: bool = False
+
+
+def remake(
+    conn: sa.Connection,
+    pipeline_id: uuid.UUID,
+    body: api.RemakeRequest,
+    tenant: str,
+    key: str,
+    deadline_s: float,
+    policy: retention.Policy,
+    link_secret: SecretStr | None = None,
+    allow_private: bool = False,
+) -> Accepted:
+    """Make the tenant's ended pipeline again from `body.from_` on, with `body.changes`: a new pipeline.
+
+    The stages before reuse their output of it (castad_runtime.stage.remakes). NotFound; a Conflict if a stage before
+    did not succeed, or retention deletes its files before the remake could copy them; InvalidField naming the
+    change a brief cannot take. The same key and body again: the same remake.
+    """
+    source = repository.get_pipeline(conn, pipeline_id, tenant)
+    if source is None:
+        raise errors.NotFound(f"no pipeline {pipeline_id}")
+    status = model.PipelineStatus(source.status)
+    start = events.Stage(body.from_)
+    stages = {row.stage: row for row in repository.get_stages(conn, [pipeline_id])[pipeline_id]}
+    reused = events.STAGE_ORDER[: events.STAGE_ORDER.index(start)]
+    if not status.terminal or any(
+        (row := stages.get(stage.value)) is None or row.status is not model.StageStatus.SUCCEEDED for stage in reused
+    ):
+        raise errors.Conflict(
+            f"pipeline {pipeline_id} is {status.value}: a remake from {start.value} needs it ended, with"
+            f" {' and '.join(stage.value for stage in reused)} succeeded",
+            status.value,
+        )
+    ended = {row.stage: row.finished_at for row in stages.values() if row.finished_at is not None}
+    refused = policy.retry_refusal(ended, repository.now(conn))
+    if refused:
+        raise errors.Conflict(f"pipeline {pipeline_id} can no longer be remade: {refused}", status.value)
+    was = brief.Brief.model_validate(source.brief)
+    photos = [photo.id if isinstance(photo, brief.Photo) else photo.url for photo in was.photos]
+    fields = {
+        **was.model_dump(mode="json", exclude={"photos", "brand"}),
+        "photos": photos,
+        "callback_url": body.callback_url,
+        **body.changes.model_dump(mode="json", exclude_unset=True, exclude={"brand"}),
+    }
+    if body.changes.orientation is not None and body.changes.formats is None:
+        fields["formats"] = []  # the new orientation's one format, unless formats are given too
+    try:
+        request = api.PipelineRequest.model_validate(fields)
+    except pydantic.ValidationError as error:
+        first = error.errors()[0]
+        loc = ("body", "changes", *first["loc"][:1]) if first["loc"] else ("body", "changes")
+        raise errors.InvalidField(loc, f"the remade brief: {first['msg']}") from None
+    try:
+        check_photo_urls(request, allow_private)
+    except errors.InvalidField as unfetchable:
+        loc = ("body", "changes", *unfetchable.loc[1:])
+        raise errors.InvalidField(loc, str(unfetchable), unfetchable.given) from None
+    given = body.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    digest = hashlib.sha256(json.dumps({"remake": str(pipeline_id), **given}, sort_keys=True).encode()).hexdigest()
+    what = events.Remake(of=str(pipeline_id), stage=start)
+    kit = None if body.changes.brand == "none" else was.brand
+    remade = Remade(what, digest, kit, tenants_kit=body.changes.brand == "tenant")
+    return create(conn, request, tenant, key, deadline_s, link_secret, remade)
 
 
 def _sealed(source: brief.Brief, link_secret: SecretStr, pipeline_id: str) -> brief.Brief:

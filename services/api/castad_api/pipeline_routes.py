@@ -135,6 +135,60 @@ def create_pipeline(
 
 
 @router.post(
+    "/pipelines/{pipeline_id}/remake",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=api.PipelineAccepted,
+    dependencies=[deps.SUBMIT_ONLY, Depends(require_json)],
+    responses={
+        404: {"model": api.Problem},
+        409: {
+            "model": api.Conflict,
+            "description": "the pipeline has not ended with the stages before the one made again succeeded, retention"
+            " deletes their files before the remake could copy them, or the Idempotency-Key was used with another"
+            " body",
+        },
+        429: {"model": api.Problem, "description": "the key made too many pipelines this minute (see Retry-After)"},
+    },
+)
+def remake_pipeline(
+    pipeline_id: uuid.UUID, body: api.RemakeRequest, key: IdempotencyKey, gw: GatewayDep, who: Submitter
+) -> api.PipelineAccepted:
+    """Make an ended pipeline again from `from` on, with `changes`: a new pipeline, linked both ways.
+
+    The stages before `from` copy their files of it (no provider is asked again, nothing is paid for again): from
+    `video`, a new video of the same song (orientation, formats, photos, brand); from `song`, a new song of the same
+    lyrics (its genre too) and its video. It counts as a creation of the key.
+    """
+    refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
+    if refused:
+        raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
+    if who.minute.created >= gw.config.creations_per_minute:
+        raise _too_many(gw, who.minute.retry_after_s())
+    try:
+        with db.transaction(gw.engine) as conn:
+            accepted = operations.remake(
+                conn,
+                pipeline_id,
+                body,
+                who.tenant,
+                key,
+                gw.config.pipeline_deadline_s,
+                gw.config.retention_policy(),
+                gw.config.link_secret,
+                gw.config.photo_allow_private,
+            )
+            wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
+            if wait_s is not None:
+                raise _OverLimit(wait_s)
+    except _OverLimit as over:
+        raise _too_many(gw, over.wait_s) from None
+    if accepted.created:
+        gw.metrics.pipelines_created.inc()
+    made = str(accepted.pipeline_id)
+    return api.PipelineAccepted(id=made, status=accepted.status.value, created=accepted.created, links=links(made))
+
+
+@router.post(
     "/pipelines/{pipeline_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=api.ActionAccepted,
@@ -263,8 +317,10 @@ def _view(
     stage_rows: list[records.Stage],
     viewer: disclosure.Viewer = disclosure.INTERNAL,
     draft: reviews.Draft | None = None,
+    remakes: list[uuid.UUID] | None = None,
 ) -> api.PipelineView:
     pid = str(row.id)
+    reused = events.STAGE_ORDER[: events.STAGE_ORDER.index(events.Stage(row.remade_from))] if row.remade_from else ()
     by_stage = {stage_row.stage: stage_row for stage_row in stage_rows}
     stages = []
     for stage in events.STAGE_ORDER:
@@ -292,6 +348,7 @@ def _view(
                 poster=poster,
                 captions=captions_,
                 formats=formats,
+                reused_from=str(row.remake_of) if stage in reused else None,
             )
         )
     return api.PipelineView(
@@ -310,6 +367,10 @@ def _view(
         retries=row.retries,
         deadline_at=None if row.deadline_paused_at else row.deadline_at,
         review=reviews.view(row, draft),
+        remake_of=None
+        if row.remake_of is None
+        else api.RemakeLink(id=str(row.remake_of), from_=row.remade_from, links=links(str(row.remake_of))),
+        remakes=[str(remake) for remake in remakes or ()],
         stages=stages,
         links=links(pid),
     )
@@ -323,7 +384,8 @@ def _load(gw: Gateway, pipeline_id: uuid.UUID, who: keys.Principal) -> api.Pipel
             raise errors.NotFound(f"no pipeline {pipeline_id}")
         stage_rows = repository.get_stages(conn, [pipeline_id])[pipeline_id]
         drafts = reviews.current(conn, [pipeline_id]) if row.review else {}
-        return _view(row, stage_rows, gw.viewer(who), drafts.get(pipeline_id))
+        remade = repository.remakes(conn, [pipeline_id])[pipeline_id]
+        return _view(row, stage_rows, gw.viewer(who), drafts.get(pipeline_id), remade)
 
 
 @router.get("/pipelines/{pipeline_id}", response_model=api.PipelineView, responses={404: {"model": api.Problem}})
@@ -375,9 +437,10 @@ def list_pipelines(
         page = rows[:limit]
         stage_rows = repository.get_stages(conn, [row.id for row in page])
         drafts = reviews.current(conn, [row.id for row in page if row.review])
+        remade = repository.remakes(conn, [row.id for row in page])
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
     viewer = gw.viewer(who)
-    items = [_view(row, stage_rows[row.id], viewer, drafts.get(row.id)) for row in page]
+    items = [_view(row, stage_rows[row.id], viewer, drafts.get(row.id), remade[row.id]) for row in page]
     return api.PipelinePage(items=items, next_cursor=next_cursor)
 
 

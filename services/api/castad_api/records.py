@@ -40,6 +40,8 @@ class Pipeline:
     trace_id: str | None
     review: dict[str, Any] | None  # brief.Review its request asked for (None: none)
     deadline_paused_at: dt.datetime | None  # its deadline stands still since (a draft waits for a person)
+    remake_of: uuid.UUID | None  # the pipeline it remakes (None: not a remake)
+    remade_from: str | None  # and the first stage it made again
 
 
 @dataclasses.dataclass(frozen=True)

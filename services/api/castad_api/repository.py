@@ -70,9 +70,9 @@ def _stage_applied(row: Any) -> records.StageApplied:
 
 _CREATE_PIPELINE = """
 INSERT INTO pipelines (id, tenant, idempotency_key, request_hash, brief, callback_url, status, deadline_at, trace_id,
-                       review)
+                       review, remake_of, remade_from)
 VALUES (%(id)s, %(tenant)s, %(key)s, %(request_hash)s, %(brief)s, %(callback_url)s, %(status)s,
-        now() + make_interval(secs => %(deadline_s)s), %(trace_id)s, %(review)s)
+        now() + make_interval(secs => %(deadline_s)s), %(trace_id)s, %(review)s, %(remake_of)s, %(remade_from)s)
 ON CONFLICT (idempotency_key) DO NOTHING RETURNING id
 """
 
@@ -88,6 +88,7 @@ def create_pipeline(
     deadline_s: float,
     trace_id: str | None = None,
     review: dict[str, Any] | None = None,
+    remake: events.Remake | None = None,
 ) -> Created:
     """Insert unless the tenant used the key already; then return what the key points at."""
     key = tenant_key(tenant, key)
@@ -105,6 +106,8 @@ def create_pipeline(
             "deadline_s": deadline_s,
             "trace_id": trace_id,
             "review": None if review is None else Jsonb(review),
+            "remake_of": remake and uuid.UUID(remake.of),
+            "remade_from": remake and remake.stage.value,
         },
     ).fetchone()
     if inserted is not None:
@@ -151,6 +154,20 @@ def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | Non
 def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline | None:
     row = conn.execute(_one(pipeline_id, tenant)).first()
     return None if row is None else _pipeline(row)
+
+
+def remakes(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[uuid.UUID]]:
+    """The remakes of each pipeline (pipelines_remakes), oldest first."""
+    found: dict[uuid.UUID, list[uuid.UUID]] = {pid: [] for pid in pipeline_ids}
+    if pipeline_ids:
+        rows = conn.execute(
+            sa.select(pipelines.c.remake_of, pipelines.c.id)
+            .where(pipelines.c.remake_of.in_(pipeline_ids))
+            .order_by(pipelines.c.created_at)
+        )
+        for row in rows:
+            found[row.remake_of].append(row.id)
+    return found
 
 
 def get_stages(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[records.Stage]]:

@@ -47,12 +47,16 @@ pipelines = sa.Table(
     # a draft waits for a person (null: it runs).
     sa.Column("review", pg.JSONB),
     sa.Column("deadline_paused_at", TZ),
+    # A remake: the pipeline it remakes, and the first stage it made again (the ones before reused their output).
+    sa.Column("remake_of", pg.UUID(as_uuid=True)),
+    sa.Column("remade_from", sa.Text),
     sa.Index("pipelines_listing", "created_at", "id"),
     sa.Index("pipelines_tenant_listing", "tenant", "created_at", "id"),
     sa.Index("pipelines_due", "deadline_at", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
     sa.Index("pipelines_ended", "finished_at", postgresql_where=sa.text(ENDED)),
     # The statistics (stats.py) read only what is in flight, or ended within their window (pipelines_ended).
     sa.Index("pipelines_in_flight", "status", postgresql_where=sa.text(f"status NOT IN {OPEN_ENDED}")),
+    sa.Index("pipelines_remakes", "remake_of", postgresql_where=sa.text("remake_of IS NOT NULL")),
 )
 # A part of a customer's name, found by its trigrams (pg_trgm; every script, Hangul too).
 sa.Index(

@@ -41,7 +41,9 @@ Edit = Callable[[str, events.Lyrics], runner_.Output]
 
 
 class Reviews:
-    """`grace_s`: how long a decision made in time may still be on its way (the gateway takes none later than the
+    """A stage's drafts: the decisions on them, and their timeouts.
+
+    `grace_s`: how long a decision made in time may still be on its way (the gateway takes none later than the
     draft's review): a draft's timeout comes that much after it (the runner's Limits.review_grace_s), and none comes
     until the service has consumed that long since its start (a decision queued while it was down comes first)."""
 

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pydantic
 import sqlalchemy as sa
 from castad_contracts import brief, codes, events, topology
 from opentelemetry import context as otel_context
@@ -369,6 +370,11 @@ class StageRunner:
         job = repository.claim_pending(conn, pipeline_id, self.worker_id, self.limits.lease_s)
         return None if job is None else self._claimed(conn, job, began)
 
+    @property
+    def passes_remakes(self) -> bool:
+        """Whether the stage's `completed` passes a remake on: a stage a remake may reuse (all but the last)."""
+        return "remake" in self.completed_model.model_fields
+
     def clock(self) -> float:
         """The time on the clock the leases are known by (see castad_runtime.stage.leases)."""
         return self._leases.clock()
@@ -660,13 +666,17 @@ class StageRunner:
         self, conn: sa.Connection, job: repository.Job, output: Output, decided: dict[str, Any]
     ) -> None:
         """In the caller's transaction: the job in REVIEW, locked, SUCCEEDED with `output`, as `decided`."""
-        result = {"artifact": output.artifact.model_dump(mode="json")}
+        result: dict[str, Any] = {"artifact": output.artifact.model_dump(mode="json")}
+        if self.passes_remakes:
+            result["details"] = _as_json(output.details)
         repository.end_review(conn, job, {**(job.review or {}), "decided": decided}, result)
         self._emit_completed(conn, job, output)
         db.after_commit(conn, lambda: self.metrics.attempt_ended("succeeded", None, None))
 
     def _write_success(self, conn: sa.Connection, job: repository.Job, output: Output) -> bool:
-        result = {"artifact": output.artifact.model_dump(mode="json")}
+        result: dict[str, Any] = {"artifact": output.artifact.model_dump(mode="json")}
+        if self.passes_remakes:  # what a remake of the pipeline reuses (castad_runtime.stage.remakes)
+            result["details"] = _as_json(output.details)
         if not repository.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
             return False
         self._emit_completed(conn, job, output)
@@ -685,6 +695,7 @@ class StageRunner:
             completed_at=_now(),
             brief=trigger.brief.model_dump(mode="json"),  # as this release's model of it
             max_attempts=trigger.max_attempts,
+            **({"remake": remake} if self.passes_remakes and (remake := getattr(trigger, "remake", None)) else {}),
             **output.details,
         )
 
@@ -787,8 +798,9 @@ def _now() -> dt.datetime:
 
 
 def _as_json(details: dict[str, Any]) -> dict[str, Any]:
-    """An output's details as a job's row keeps them (its models dumped)."""
-    return {
-        name: value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-        for name, value in details.items()
-    }
+    """An output's details as a job's row keeps them (its models, and tuples of them, as JSON)."""
+    kept: dict[str, Any] = _DETAILS.dump_python(details, mode="json")
+    return kept
+
+
+_DETAILS = pydantic.TypeAdapter(dict[str, Any])

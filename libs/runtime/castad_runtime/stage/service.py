@@ -39,6 +39,7 @@ from castad_runtime.stage import (
     machine,
     probes,
     quota,
+    remakes,
     remote,
     repository,
     reviews,
@@ -331,10 +332,15 @@ def run(definition: StageDefinition[S], config: S) -> None:
             timeout_s=config.attempt_timeout_s,
             metrics=measured.stage,
         )
+    # A remake's stage before the one made again copies its output, outside the faults of its provider.
+    trigger = events.REGISTRY.model(
+        events.TRIGGERS[definition.stage], events.REGISTRY.current_version(events.TRIGGERS[definition.stage])
+    )
+    reused = remakes.reusing(definition.stage, engine, artifacts.make_store(config), faulty_work, trigger)
     stage_runner = runner.StageRunner(
         definition.stage,
         engine,
-        faulty_work,
+        reused,
         definition.completed_model,
         limits,
         process.worker_id(service),

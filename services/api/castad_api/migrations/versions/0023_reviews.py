@@ -1,8 +1,10 @@
-"""api service: reviews of a pipeline's drafts, and its deadline stopped while a draft waits for a person.
+"""api service: reviews of a pipeline's drafts, its deadline stopped while a draft waits, and remakes.
 
 - `pipelines.review`: the review the request asked for (null: none).
 - `pipelines.deadline_paused_at`: since when the deadline stands still (a draft waits for a decision); when the
   pipeline goes on, its deadline is moved on by as long.
+- `pipelines.remake_of`, `remade_from`: the pipeline a remake remakes, and its first stage made again; indexed
+  (`pipelines_remakes`) to list a pipeline's remakes.
 - `pipeline_reviews`: each draft a stage made for a review (`lyric.drafted`), the decision a key made on it, or its
   timeout (`lyric.review_expired`).
 
@@ -26,6 +28,9 @@ TZ = sa.DateTime(timezone=True)
 def upgrade() -> None:
     op.add_column("pipelines", sa.Column("review", pg.JSONB))
     op.add_column("pipelines", sa.Column("deadline_paused_at", TZ))
+    op.add_column("pipelines", sa.Column("remake_of", pg.UUID(as_uuid=True)))
+    op.add_column("pipelines", sa.Column("remade_from", sa.Text))
+    op.create_index("pipelines_remakes", "pipelines", ["remake_of"], postgresql_where=sa.text("remake_of IS NOT NULL"))
     op.create_table(
         "pipeline_reviews",
         sa.Column("draft_id", pg.UUID(as_uuid=True), primary_key=True),
@@ -58,5 +63,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("pipeline_reviews")
+    op.drop_index("pipelines_remakes", "pipelines")
+    op.drop_column("pipelines", "remade_from")
+    op.drop_column("pipelines", "remake_of")
     op.drop_column("pipelines", "deadline_paused_at")
     op.drop_column("pipelines", "review")
