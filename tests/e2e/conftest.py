@@ -55,7 +55,6 @@ FAST = {
     "CASTAD_RELAY_RETRY_DELAY_S": "0.2",
     "CASTAD_API_SSE_POLL_S": "0.5",
     "CASTAD_API_SSE_PING_S": "1",
-    "CASTAD_LYRIC_REVIEW_GRACE_S": "1",
     **{
         f"CASTAD_{stage}_{name}": value
         for stage in STAGES

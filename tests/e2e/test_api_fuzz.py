@@ -82,6 +82,7 @@ def test_without_a_key_every_route_but_the_probes_metrics_and_the_console_answer
         "image_id": str(uuid.uuid4()),
         "photo": "0",
         "form": "vtt",
+        "draft_id": str(uuid.uuid4()),
     }
     signed = {"expires": "4102444800", "signature": "0" * 64}  # well formed, not signed by anyone
     tried = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 
 import pytest
 from castad_cli import client as client_
@@ -70,8 +71,8 @@ def test_an_edit_made_while_the_stage_restarted_is_sung_and_captioned_as_written
     assert (job["status"], job["lease_owner"], job["review"]["draft_id"]) == ("REVIEW", None, draft.id)
     assert shared.dbs.jobs_of("song", [pipeline_id]) == []
 
+    # The lyric service stops while the draft waits; the edit is decided, and waits in its queue, meanwhile.
     shared.services.stop("lyric")
-    shared.services.start("lyric")
     edit = tmp_path / "lyrics.txt"
     edit.write_text(EDITED, encoding="utf-8")
     decided = cli(shared.base_url, "review", pipeline_id, "--edit", str(edit), key=shared.api_key)
@@ -81,6 +82,11 @@ def test_an_edit_made_while_the_stage_restarted_is_sung_and_captioned_as_written
     with pytest.raises(client_.GatewayError) as refused:
         shared.client.decide(pipeline_id, api.ReviewDecision(draft=draft.id, decision="approve"))
     assert refused.value.status == 409
+    lyric_queue = shared.installation.topology.queue("lyric")
+    shared.wait_until("the decision waiting in the stopped stage's queue", lambda: shared.broker.ready(lyric_queue))
+    [job] = shared.dbs.jobs_of("lyric", [pipeline_id])
+    assert job["status"] == "REVIEW"
+    shared.services.start("lyric")
 
     final = shared.wait_terminal([pipeline_id])[pipeline_id]
     assert final.status == "SUCCEEDED" and final.deadline_at is not None
@@ -127,7 +133,10 @@ def test_a_draft_no_one_decides_on_comes_to_what_its_review_says(shared: SharedC
 @pytest.mark.timeout(120)
 def test_a_decision_sent_the_moment_the_draft_exists_is_applied_and_none_before_it_is_lost(shared: SharedCastad):
     pipeline_id = submit(shared)
-    refused_before = 0
+    with pytest.raises(client_.GatewayError) as early:  # before the draft exists, a client is told so
+        shared.client.decide(pipeline_id, api.ReviewDecision(draft=str(uuid.uuid4()), decision="approve"))
+    assert early.value.status == 409
+    refused_before = 1
     deadline = time.monotonic() + 60
     while True:  # a client deciding as soon as it can: before the draft exists, it is told so
         view = shared.client.status(pipeline_id)

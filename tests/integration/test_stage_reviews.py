@@ -160,25 +160,39 @@ def test_a_regenerate_drafts_again_on_an_attempt_no_failure_counted_told_the_not
     assert [tuple(row) for row in outcomes] == [(1, "redrafted"), (2, "running")]
 
 
-@pytest.mark.parametrize("on_timeout", ["approve", "cancel"])
-def test_a_draft_past_its_review_comes_to_its_on_timeout(engine, on_timeout):
-    stage, drafts, held = drafted_job(engine, brief.Review(timeout_s=600, on_timeout=on_timeout))  # type: ignore[arg-type]
+def past_its_review(engine: sa.Engine, held: repository.Job) -> None:
     with db.transaction(engine) as conn:
         conn.execute(tables.jobs.update().where(tables.jobs.c.id == held.id).values(due_at=sa.func.now()))
 
+
+def test_a_draft_past_its_review_is_said_to_have_timed_out_and_waits_for_the_gateways_word(engine):
+    _, drafts, held = drafted_job(engine)
+    past_its_review(engine, held)
+
     assert drafts.expire_due() >= 1
-    assert drafts.expire_due() == 0  # done, or waiting for the gateway's cancel an hour more
+    assert drafts.expire_due() == 0  # said; said again in an hour if no word came
 
     after = job(engine, held.pipeline_id)
     kinds = [kind for kind, _ in told(engine, held.pipeline_id)]
-    assert "lyric.review_expired" in kinds
-    if on_timeout == "approve":
-        assert after.status == "SUCCEEDED" and "lyric.completed" in kinds
-    else:
-        assert after.status == "REVIEW" and "lyric.completed" not in kinds
-        late = decision(held, "approve")  # taken in time, but on its way while the stage timed the draft out
-        assert decide(drafts, engine, late) is False and job(engine, held.pipeline_id).status == "REVIEW"
-        cancel = events.PipelineCancelRequested(pipeline_id=held.pipeline_id, operation=1, reason="review_timeout")
-        with db.transaction(engine) as conn:
-            stage.apply_cancel(conn, cancel)
-        assert job(engine, held.pipeline_id).status == "CANCELED"
+    assert after.status == "REVIEW" and after.review is not None and "expired_at" in after.review
+    assert kinds.count("lyric.review_expired") == 1 and "lyric.completed" not in kinds
+    # The gateway's word: a decision it took in time, however late it comes, or the approval its timeout sends.
+    assert decide(drafts, engine, decision(held, "edit", lyrics=EDITED)) is False
+    assert job(engine, held.pipeline_id).status == "SUCCEEDED"
+    [completed] = [data for kind, data in told(engine, held.pipeline_id) if kind == "lyric.completed"]
+    assert events.Lyrics.model_validate(completed["lyrics"]) == EDITED
+
+
+def test_a_cancel_ends_a_draft_waiting_for_review_and_its_attempt(engine):
+    stage, _, held = drafted_job(engine)
+    cancel = events.PipelineCancelRequested(pipeline_id=held.pipeline_id, operation=1, reason="review_timeout")
+
+    with db.transaction(engine) as conn:
+        stage.apply_cancel(conn, cancel)
+
+    assert job(engine, held.pipeline_id).status == "CANCELED"
+    with engine.connect() as conn:
+        [outcome] = conn.execute(
+            sa.select(tables.attempts.c.outcome).where(tables.attempts.c.job_id == held.id)
+        ).scalars()
+    assert outcome == "canceled"

@@ -199,7 +199,7 @@ def test_the_lyric_stage_asks_each_attempt_of_a_job_with_more_room_operator_retr
     rooms: list[int] = []
 
     class Recording:
-        def write(self, source, seed, cancel, attempt=1):
+        def write(self, source, seed, cancel, attempt=1, note=None):
             rooms.append(attempt)
             return events.Lyrics(
                 title="t", language=source.language, sections=(events.LyricSection(kind="verse", lines=("a",)),)

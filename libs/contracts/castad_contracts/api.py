@@ -192,11 +192,6 @@ class DraftView(BaseModel):
     decided_at: dt.datetime | None = None
     decided_by_key_id: str | None = Field(default=None, description="the key that decided (null: its timeout)")
     expired_at: dt.datetime | None = Field(default=None, description="when it timed out undecided")
-    overtaken: str | None = Field(
-        default=None,
-        description="a decision taken in time that reached the stage only after it had timed the draft out (its"
-        " service was down, say): not applied; `decision` is what the timeout made of it",
-    )
 
 
 class ReviewView(BaseModel):
@@ -223,7 +218,7 @@ class ReviewChoice(BaseModel):
         f" then sections: a `[verse]`, `[chorus]` or `[bridge]` line and its lines; at most {events.MAX_SECTIONS}"
         f" sections of {events.MAX_SECTION_LINES} lines of {events.MAX_LINE_CHARS} characters)",
     )
-    note: str | None = Field(
+    note: brief.Details | None = Field(
         default=None, max_length=500, description="for regenerate, and only then: what to change (optional)"
     )
 

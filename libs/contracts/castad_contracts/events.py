@@ -128,7 +128,9 @@ def lyrics_from_text(text: str, language: brief_.Language) -> Lyrics:
         if len(line) > MAX_LINE_CHARS:
             raise ValueError(f"line {number} is {len(line)} characters long, more than {MAX_LINE_CHARS}")
         heading = _SECTION_HEADING.match(line)
-        if not title and heading is None:
+        if not title and heading is not None:
+            raise ValueError(f"line {number}: the first line is the title, before any section heading")
+        if not title:
             title = line
         elif heading is not None:
             if heading.group(1) not in kinds:
@@ -440,8 +442,8 @@ class PipelineReviewDecided(Payload):
     draft_id: str
     decision: Literal["approve", "edit", "regenerate"]
     lyrics: Lyrics | None = Field(default=None, description="for edit: the final lyrics, sung exactly as written")
-    note: str | None = Field(default=None, max_length=500, description="for regenerate: what to change, if said")
-    decided_by: str = Field(description="the acting key's id")
+    note: brief_.Details | None = Field(default=None, description="for regenerate: what to change, if said")
+    decided_by: str = Field(description="the acting key's id; `link` for a notice's link, `timeout` for its timeout")
     decided_at: dt.datetime
 
 

@@ -1,6 +1,7 @@
 """The gateway wakes its own due records: pipelines past their deadline are canceled (deadline_exceeded).
 
-So are those whose draft timed out with a review that said to cancel then (review_timeout; reviews.py).
+And drafts whose review timed out undecided are settled: approved, or their pipeline canceled (review_timeout),
+as their review says (reviews.py).
 
 So that even an event lost to a bug cannot leave a pipeline open for ever. Several gateway
 replicas share the work: each takes the overdue pipelines the others have not locked.
@@ -41,7 +42,7 @@ class DeadlineSweeper:
                 with db.transaction(self.engine) as conn:
                     canceled = operations.cancel_overdue(conn, BATCH)
                 with db.transaction(self.engine) as conn:
-                    timed_out = operations.cancel_timed_out(conn, BATCH)
+                    timed_out = operations.settle_timed_out(conn, BATCH)
             except Exception as error:
                 if not outages.is_outage(error):
                     log.exception("looking for overdue pipelines failed; trying again")
@@ -53,6 +54,6 @@ class DeadlineSweeper:
             if canceled:
                 log.warning("canceled %d pipelines past their deadline", canceled)
             if timed_out:
-                log.info("canceled %d pipelines whose draft timed out undecided", timed_out)
+                log.info("settled %d drafts whose review timed out undecided", timed_out)
             if canceled < BATCH and timed_out < BATCH:
                 self._stop.wait(self.poll_s)

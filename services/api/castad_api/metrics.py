@@ -133,7 +133,7 @@ class DeadLetters:
         return [family]
 
 
-class Reviews:
+class WaitingReviews:
     """Drafts waiting for a person's decision, and the longest wait, read from the gateway's table at scrape time."""
 
     part = "reviews"
@@ -173,7 +173,7 @@ def instruments(database_url: str, amqp_url: str, topo: topology.Topology) -> Ga
         gateway.registry,
         [
             DeadLetters(scrape.engine(database_url)),
-            Reviews(scrape.engine(database_url)),
+            WaitingReviews(scrape.engine(database_url)),
             scrape.QueueDepth.of_service(amqp_url, topo.queue("api"), topo.dead_letter_queue),
         ],
     )

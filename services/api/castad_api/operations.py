@@ -174,7 +174,17 @@ def remake(
     what = events.Remake(of=str(pipeline_id), stage=start)
     kit = None if body.changes.brand == "none" else was.brand
     remade = Remade(what, digest, kit, tenants_kit=body.changes.brand == "tenant")
-    return create(conn, request, tenant, key, deadline_s, link_secret, remade)
+    try:
+        return create(conn, request, tenant, key, deadline_s, link_secret, remade)
+    except errors.InvalidField as unknown:
+        if unknown.loc[:2] != ("body", "photos"):
+            raise
+        if body.changes.photos is not None:  # one of the changes' photos
+            raise errors.InvalidField(("body", "changes", *unknown.loc[1:]), str(unknown), unknown.given) from None
+        raise errors.Conflict(
+            f"pipeline {pipeline_id} can no longer be remade: a photo it showed is no longer kept ({unknown})",
+            status.value,
+        ) from None
 
 
 def _sealed(source: brief.Brief, link_secret: SecretStr, pipeline_id: str) -> brief.Brief:
@@ -418,10 +428,11 @@ def decide(
         decision=body.decision,
         lyrics=edited,
         note=body.note,
-        decided_by=str(key_id) if key_id else "link",
+        decided_by=str(key_id) if key_id else reviews.BY_LINK,
         decided_at=dt.datetime.now(dt.UTC),
     )
-    reviews.decided(conn, draft, body.decision, decided.decided_at, key_id, edited, body.note)
+    if not reviews.decided(conn, draft, body.decision, decided.decided_at, key_id, edited, body.note):
+        raise errors.Conflict(f"draft {body.draft} was settled meanwhile (its review timed out)", status.value)
     env = outbox.add(conn, decided, events.PIPELINE_REVIEW_DECIDED, SOURCE)
     stage = events.Stage(draft.stage)
     if body.decision == "regenerate":  # its attempt ends here; the stage makes the next draft on a new one
@@ -441,14 +452,43 @@ def decide(
     )
 
 
-def cancel_timed_out(conn: sa.Connection, limit: int = 100) -> int:
-    """Cancel the pipelines whose draft timed out to cancel (reason review_timeout); how many drafts were settled."""
-    due = reviews.lock_timed_out(conn, limit)
+def settle_timed_out(conn: sa.Connection, limit: int = 100) -> int:
+    """Settle the drafts whose review timed out with no decision taken; how many.
+
+    As each one's `on_timeout` says: the draft's approval sent to its stage, or the pipeline canceled
+    (review_timeout). A draft of a pipeline that no longer waits (canceled meanwhile) is only marked settled.
+    """
+    due = reviews.due(conn, limit)
     for draft in due:
-        pipeline = repository.get_pipeline(conn, draft.pipeline_id)
-        if pipeline is not None and not model.PipelineStatus(pipeline.status).terminal:
-            cancel(conn, draft.pipeline_id, codes.ErrorCode.REVIEW_TIMEOUT, actor="review timeout")
-        reviews.decided(conn, draft, reviews.TIMED_OUT, draft.expired_at)
+        pipeline = repository.lock_pipeline(conn, draft.pipeline_id)  # first, as a decision locks it
+        waits = pipeline is not None and pipeline.status is model.PipelineStatus.AWAITING_REVIEW
+        settled = reviews.CANCELED if not waits or draft.on_timeout == "cancel" else "approve"
+        if not reviews.decided(conn, draft, settled, draft.review_until):
+            continue  # a decision, or another gateway, settled it meanwhile
+        if settled == reviews.CANCELED:
+            if waits:
+                cancel(conn, draft.pipeline_id, codes.ErrorCode.REVIEW_TIMEOUT, actor="review timeout")
+            continue
+        assert pipeline is not None
+        approved = events.PipelineReviewDecided(
+            pipeline_id=str(draft.pipeline_id),
+            draft_id=str(draft.draft_id),
+            decision="approve",
+            decided_by=reviews.BY_TIMEOUT,
+            decided_at=draft.review_until,
+        )
+        env = outbox.add(conn, approved, events.PIPELINE_REVIEW_DECIDED, SOURCE)
+        projection.record(
+            conn,
+            pipeline,
+            env.id,
+            env.type,
+            events.Stage(draft.stage),
+            "review_decided",
+            occurred_at=env.time,
+            draft={"id": str(draft.draft_id), "decision": "approve", "timed_out": True},
+            actor="review timeout",
+        )
     return len(due)
 
 

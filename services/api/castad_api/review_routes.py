@@ -10,7 +10,7 @@ import uuid
 
 from castad_contracts import api
 from castad_runtime import db
-from fastapi import APIRouter, Depends, status
+from fastapi import APIRouter, Depends, HTTPException, status
 
 from castad_api import deps, errors, keys, operations, pipeline_routes, repository, reviews
 from castad_api.deps import Gateway, GatewayDep, Reader, Submitter
@@ -18,6 +18,7 @@ from castad_api.deps import Gateway, GatewayDep, Reader, Submitter
 router = APIRouter(prefix="/v1", tags=["reviews"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 DECISION_ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": api.Problem},
+    415: {"model": api.Problem},
     409: {
         "model": api.Conflict,
         "description": "the draft is not the pipeline's current one, was decided already or timed out, the pipeline"
@@ -76,11 +77,14 @@ def decide(pipeline_id: uuid.UUID, body: api.ReviewDecision, gw: GatewayDep, who
     "/links/pipelines/{pipeline_id}/review/{draft_id}",
     response_model=api.ReviewView,
     dependencies=pipeline_routes.SIGNED_LINK,
-    responses=pipeline_routes.LINK_ERRORS,
+    responses={**pipeline_routes.LINK_ERRORS, 410: {"model": api.Problem}},
 )
 def linked_review(pipeline_id: uuid.UUID, draft_id: uuid.UUID, gw: GatewayDep) -> api.ReviewView:
-    """The review of a `review.requested` notice's link, without an API key (the link names one draft)."""
-    return _review(gw, pipeline_id, None)
+    """The review of a `review.requested` notice's link, without an API key: 410 once a new draft replaced its own."""
+    shown = _review(gw, pipeline_id, None)
+    if shown.draft is None or shown.draft.id != str(draft_id):
+        raise HTTPException(status.HTTP_410_GONE, f"draft {draft_id} was replaced by a new draft")
+    return shown
 
 
 @router.post(

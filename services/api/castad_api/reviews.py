@@ -6,11 +6,14 @@ The stage that drafted owns the wait (castad_runtime.stage.reviews). The gateway
   (`<stage>.review_expired`, `expired`);
 - stops the pipeline's deadline while it is AWAITING_REVIEW and moves it on by as long after (`pause_deadline`,
   `resume_deadline`, from the projection's `record`);
-- takes one decision on the current draft (operations.decide, POST /v1/pipelines/{id}/review or a signed link of
-  its notice), recorded with the acting key (`decided`) and carried to the stage as `pipeline.review_decided`
-  through its outbox;
-- cancels a pipeline whose draft timed out to cancel (operations.cancel_timed_out, woken with the deadlines), for
-  the stage, which waits for that cancel.
+- takes one decision on the current draft until its review times out (operations.decide, POST
+  /v1/pipelines/{id}/review or a signed link of its notice), recorded with the acting key (`decided`) and carried
+  to the stage as `pipeline.review_decided` through its outbox;
+- settles each draft the stage says timed out that no decision was taken on (operations.settle_timed_out, woken
+  with the deadlines): it sends the draft's approval, or cancels the pipeline, as its review's `on_timeout` says.
+  The gateway alone takes decisions and settles timeouts, one at a time for a draft (`decided` takes only an
+  unsettled one), so a decision taken in time is the draft's however late it reaches the stage. Should the stage
+  never say (down for long), the gateway settles a draft `BACKSTOP_S` after its review anyway.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from psycopg.types.json import Jsonb
 from castad_api import records
 from castad_api.tables import pipeline_reviews
 
-TIMED_OUT = "cancel"  # the decision recorded for a draft whose timeout canceled its pipeline
+CANCELED = "cancel"  # a draft's settlement when its pipeline is canceled (by its timeout, or before it)
+BY_LINK, BY_TIMEOUT = "link", "timeout"  # who decided, when no key did (PipelineReviewDecided.decided_by)
+BACKSTOP_S = 3600.0  # a draft is settled this long after its review even if its stage never said it timed out
+# Drafts waiting for a decision now: not settled, not timed out, of a pipeline that waits (pipeline_reviews_open).
+WAITING = """
+FROM pipeline_reviews r JOIN pipelines p ON p.id = r.pipeline_id
+WHERE r.decision IS NULL AND r.expired_at IS NULL AND p.status = 'AWAITING_REVIEW'"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +60,6 @@ class Draft:
     decided_by: uuid.UUID | None
     decided_at: dt.datetime | None
     expired_at: dt.datetime | None
-    overtaken: str | None
 
     @property
     def open(self) -> bool:
@@ -75,7 +83,6 @@ class Draft:
             decided_at=self.decided_at,
             decided_by_key_id=str(self.decided_by) if self.decided_by else None,
             expired_at=self.expired_at,
-            overtaken=self.overtaken,
         )
 
 
@@ -88,14 +95,8 @@ INSERT INTO pipeline_reviews (draft_id, pipeline_id, stage, attempt, round, lyri
                               drafted_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (draft_id) DO NOTHING
 """
-# A draft the stage timed out: approved by it, or waiting for operations.cancel_timed_out. A decision recorded in
-# time that had not reached the stage yet is overtaken: kept as such, not the draft's.
-_EXPIRED = """
-UPDATE pipeline_reviews SET expired_at = %(at)s, overtaken = decision,
-    decision = CASE WHEN %(approved)s THEN 'approve' END, decided_at = CASE WHEN %(approved)s THEN %(at)s END,
-    decided_by = NULL
-WHERE draft_id = %(draft_id)s AND expired_at IS NULL
-"""
+# The stage said the draft's review timed out: settled by operations.settle_timed_out, unless a decision was taken.
+_EXPIRED = "UPDATE pipeline_reviews SET expired_at = %s WHERE draft_id = %s AND expired_at IS NULL"
 _PAUSE_DEADLINE = "UPDATE pipelines SET deadline_paused_at = now() WHERE id = %s AND deadline_paused_at IS NULL"
 # The deadline runs again, moved on by as long as it stood still.
 _RESUME_DEADLINE = """
@@ -121,8 +122,7 @@ def drafted(conn: sa.Connection, pipeline_id: uuid.UUID, payload: events.LyricDr
 
 
 def expired(conn: sa.Connection, payload: events.StageReviewExpired) -> None:
-    params = {"draft_id": uuid.UUID(payload.draft_id), "at": payload.expired_at}
-    db.run(conn, _EXPIRED, {**params, "approved": payload.on_timeout == "approve"})
+    db.run(conn, _EXPIRED, (payload.expired_at, uuid.UUID(payload.draft_id)))
 
 
 def pause_deadline(conn: sa.Connection, pipeline_id: uuid.UUID) -> None:
@@ -162,10 +162,11 @@ def decided(
     key_id: uuid.UUID | None = None,
     edited: events.Lyrics | None = None,
     note: str | None = None,
-) -> None:
-    conn.execute(
+) -> bool:
+    """Settle the draft with `decision`, if nothing settled it before; whether this did."""
+    settled = conn.execute(
         pipeline_reviews.update()
-        .where(pipeline_reviews.c.draft_id == draft.draft_id)
+        .where(pipeline_reviews.c.draft_id == draft.draft_id, pipeline_reviews.c.decision.is_(None))
         .values(
             decision=decision,
             edited=edited and edited.model_dump(mode="json"),
@@ -174,29 +175,32 @@ def decided(
             decided_at=at,
         )
     )
+    return settled.rowcount == 1
 
 
-def lock_timed_out(conn: sa.Connection, limit: int) -> list[Draft]:
-    """Drafts that timed out to cancel, whose pipeline is not canceled yet, locked (others skip them)."""
+def due(conn: sa.Connection, limit: int) -> list[Draft]:
+    """Drafts to settle: timed out, as their stage said or BACKSTOP_S ago, with no decision (pipeline_reviews_open).
+
+    Not locked: whoever settles one locks its pipeline first, as a decision does, and settles it only if nothing did
+    meanwhile (`decided`)."""
+    now = sa.func.now()
     rows = conn.execute(
         sa.select(*_COLUMNS)
         .where(
-            pipeline_reviews.c.expired_at.is_not(None),
             pipeline_reviews.c.decision.is_(None),
-            pipeline_reviews.c.on_timeout == "cancel",
+            pipeline_reviews.c.review_until <= now,
+            sa.or_(
+                pipeline_reviews.c.expired_at.is_not(None),
+                pipeline_reviews.c.review_until <= now - sa.func.make_interval(0, 0, 0, 0, 0, 0, BACKSTOP_S),
+            ),
         )
-        .order_by(pipeline_reviews.c.expired_at)
+        .order_by(pipeline_reviews.c.review_until)
         .limit(limit)
-        .with_for_update(skip_locked=True)
     )
     return [Draft(**row._asdict()) for row in rows]
 
 
 def waiting(conn: sa.Connection) -> tuple[int, float]:
-    """The drafts that wait for a decision now (pipeline_reviews_waiting), and the longest wait in seconds."""
-    row = conn.execute(
-        sa.select(
-            sa.func.count(), sa.func.extract("epoch", sa.func.now() - sa.func.min(pipeline_reviews.c.drafted_at))
-        ).where(pipeline_reviews.c.decision.is_(None), pipeline_reviews.c.expired_at.is_(None))
-    ).one()
+    """The drafts that wait for a decision now (`WAITING`), and the longest wait in seconds."""
+    row = conn.execute(sa.text(f"SELECT count(*), extract(epoch FROM now() - min(r.drafted_at)) {WAITING}")).one()
     return row[0], float(row[1] or 0.0)

@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 from castad_contracts import api, events
 
-from castad_api import errors, model, tables
+from castad_api import errors, model, reviews, tables
 
 MIN_WINDOW_S = 60
 MAX_WINDOW_S = 7 * 86_400
@@ -117,11 +117,10 @@ FROM pipeline_attempts WHERE ended_at >= :since GROUP BY stage, outcome, error_c
     "attempt_durations": f"""
 SELECT stage, count(*) AS timed, {_PERCENTILES} (ORDER BY extract(epoch FROM ended_at - started_at)) AS duration
 FROM pipeline_attempts WHERE ended_at >= :since AND started_at IS NOT NULL GROUP BY stage""",
-    # Drafts waiting for a decision (pipeline_reviews_waiting): how many, and the oldest.
-    "reviews_waiting": "SELECT count(*) AS n FROM pipeline_reviews WHERE decision IS NULL AND expired_at IS NULL",
+    # Drafts waiting for a decision: how many, and the oldest.
+    "reviews_waiting": f"SELECT count(*) AS n {reviews.WAITING}",
     "reviews_oldest": f"""
-SELECT pipeline_id, drafted_at, review_until FROM pipeline_reviews WHERE decision IS NULL AND expired_at IS NULL
-ORDER BY drafted_at LIMIT {STUCK_SHOWN}""",
+SELECT r.pipeline_id, r.drafted_at, r.review_until {reviews.WAITING} ORDER BY r.drafted_at LIMIT {STUCK_SHOWN}""",
     "dead_letters_open": "SELECT kind, count(*) AS n FROM dead_letters WHERE status = 'dead' GROUP BY kind",
     "dead_letters_received": """
 SELECT kind, status, count(*) AS n FROM dead_letters WHERE received_at >= :since GROUP BY kind, status""",

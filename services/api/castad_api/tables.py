@@ -338,16 +338,14 @@ pipeline_reviews = sa.Table(
     sa.Column("review_until", TZ, nullable=False),
     sa.Column("on_timeout", sa.Text, nullable=False),
     sa.Column("drafted_at", TZ, nullable=False),
-    sa.Column("decision", sa.Text),  # approve, edit or regenerate (null: none yet)
+    # approve, edit or regenerate by a key or a link; approve or cancel by its timeout (null: not settled yet)
+    sa.Column("decision", sa.Text),
     sa.Column("edited", pg.JSONB),  # events.Lyrics of an edit
     sa.Column("note", sa.Text),  # what a regenerate asked to change
-    sa.Column("decided_by", pg.UUID(as_uuid=True)),  # the acting key
+    sa.Column("decided_by", pg.UUID(as_uuid=True)),  # the acting key (null: a link, or the timeout)
     sa.Column("decided_at", TZ),
-    sa.Column("expired_at", TZ),  # no decision came in time
-    # A decision the gateway took in time that reached the stage after it timed the draft out: not applied.
-    sa.Column("overtaken", sa.Text),
+    sa.Column("expired_at", TZ),  # when its stage said it timed out (the gateway settles it: reviews.py)
     sa.Index("pipeline_reviews_by_pipeline", "pipeline_id", "round"),
-    sa.Index(
-        "pipeline_reviews_waiting", "drafted_at", postgresql_where=sa.text("decision IS NULL AND expired_at IS NULL")
-    ),
+    # Drafts not settled yet: those waiting, and those timed out until the gateway settles them.
+    sa.Index("pipeline_reviews_open", "review_until", postgresql_where=sa.text("decision IS NULL")),
 )

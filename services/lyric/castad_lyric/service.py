@@ -54,10 +54,9 @@ def make_work(config: LyricSettings) -> runner.Work:
     def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Drafted:
         request = job.trigger(events.PipelineRequested)
         # A review that asked for a new draft: written from another seed, and told what to change if it said.
-        review = job.review or {}
-        round_ = review["round"] + 1 if "round" in review else 0
+        round_, note = job.next_round, (job.review or {}).get("note")
         seed = job.pipeline_id if round_ == 0 else f"{job.pipeline_id}/{round_}"
-        lyrics = writer.write(request.brief, seed=seed, cancel=cancel, attempt=job.attempts, note=review.get("note"))
+        lyrics = writer.write(request.brief, seed=seed, cancel=cancel, attempt=job.attempts, note=note)
         cancel.check()
         output = keep(job.pipeline_id, lyrics, job.attempts)
         asked = request.review

@@ -201,6 +201,11 @@ class Job:
         return payload
 
     @property
+    def next_round(self) -> int:
+        """The round of the job's next draft for a review: 0 for its first, one more than its last's after."""
+        return self.review["round"] + 1 if self.review and "round" in self.review else 0
+
+    @property
     def polling(self) -> bool:
         """The attempt has submitted its work to a provider: this claim asks how it goes."""
         return self.handle is not None
@@ -580,7 +585,10 @@ def draft(conn: sa.Connection, job: Job, review: dict[str, Any], wait_s: float) 
 
 
 REDRAFTED = "redrafted"  # an attempt's outcome: its draft was reviewed, and a new one asked for
-_REVIEW_COLUMNS = JOB_COLUMNS.replace("coalesce(extract(epoch FROM now() - submitted_at), 0)", "0")
+# A job in REVIEW, as JOB_COLUMNS, locked by a statement of its own (no provider's work to have waited on).
+_REVIEW_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, max_attempts, input, traceparent,
+    tracestate, handle, submitted_at, polls, 0 AS waited_s, reopened, previous_handle,
+    extract(epoch FROM now() - previous_submitted_at) AS previous_waited_s, input_version, created_at, review"""
 
 
 def lock_job(conn: sa.Connection, pipeline_id: str) -> Job | None:

@@ -7,20 +7,20 @@ due when its review times out. Then, once each, whatever is redelivered:
 - a decision (`pipeline.review_decided`, which the gateway recorded) on the job's current draft, and on no other:
   approve and edit complete the job (an edit's words as the stage's output, exactly as written); regenerate makes it
   PENDING for a new draft, on an attempt that no failure counted;
-- its timeout, which the stage's own scheduler finds (`expire_due`), a grace after the review's end for a decision
-  made in time still on its way: `review_expired` is said, then approve
-  completes the job with the draft, and cancel leaves it waiting for the cancel the gateway asks for on that word
-  (said again every `ASK_AGAIN_S` until it comes).
+- its timeout, which the stage's own scheduler finds (`expire_due`): the stage says `review_expired` and goes on
+  waiting, saying so again every `ASK_AGAIN_S`, for the gateway's word. The gateway, which alone took decisions
+  until then, settles it once: a decision it took in time is on its way and applies; without one, it sends the
+  draft's approval, or cancels the pipeline, as `on_timeout` says (castad_api.operations.settle_timed_out). So a
+  decision taken in time is never overtaken by the timeout, however late the machinery brings it.
 
 The pipeline's deadline does not run while its draft waits: the gateway stops it on `drafted` and starts it again
-on the decision or the stage's next word.
+on the stage's next word.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +33,7 @@ from castad_runtime.stage import runner as runner_
 
 log = logging.getLogger(__name__)
 
-ASK_AGAIN_S = 3600.0  # a draft timed out to cancel says so again this often until the gateway's cancel comes
+ASK_AGAIN_S = 3600.0  # a draft that timed out says so again this often until the gateway's word comes
 EXPIRE_BATCH = 20
 
 # Keeps a person's edit as the stage's output (its file kept): given the pipeline and the edited lyrics.
@@ -41,16 +41,11 @@ Edit = Callable[[str, events.Lyrics], runner_.Output]
 
 
 class Reviews:
-    """A stage's drafts: the decisions on them, and their timeouts.
+    """A stage's drafts: the decisions on them, and their timeouts."""
 
-    `grace_s`: how long a decision made in time may still be on its way (the gateway takes none later than the
-    draft's review): a draft's timeout comes that much after it (the runner's Limits.review_grace_s), and none comes
-    until the service has consumed that long since its start (a decision queued while it was down comes first)."""
-
-    def __init__(self, runner: runner_.StageRunner, edit: Edit, grace_s: float = 0.0) -> None:
+    def __init__(self, runner: runner_.StageRunner, edit: Edit) -> None:
         self.runner = runner
         self.edit = edit
-        self._first_timeout_at = time.monotonic() + grace_s
 
     def edited(self, decision: events.PipelineReviewDecided) -> runner_.Output | None:
         """Before the decision's transaction: an edit's words kept as a file (None for any other decision)."""
@@ -65,8 +60,7 @@ class Reviews:
         """In the handler's transaction: apply a person's decision to the job's current draft; True if a job is due."""
         job = repository.lock_job(conn, decision.pipeline_id)
         current = (job.review or {}).get("draft_id") if job is not None else None
-        timed_out = job is not None and "expired_at" in (job.review or {})  # said so: the gateway cancels
-        if job is None or job.status is not machine.Status.REVIEW or current != decision.draft_id or timed_out:
+        if job is None or job.status is not machine.Status.REVIEW or current != decision.draft_id:
             log.warning(
                 "%s on draft %s left alone: the job is %s, its draft %s",
                 decision.decision,
@@ -88,9 +82,7 @@ class Reviews:
         return False
 
     def expire_due(self, limit: int = EXPIRE_BATCH) -> int:
-        """The drafts whose review timed out, each as its `on_timeout` says; how many."""
-        if time.monotonic() < self._first_timeout_at:
-            return 0
+        """Say of each draft whose review timed out that it did, for the gateway to settle; how many."""
         with db.transaction(self.runner.engine) as conn:
             due = repository.due_reviews(conn, limit)
             for job in due:
@@ -111,16 +103,9 @@ class Reviews:
             on_timeout=review["on_timeout"],
             expired_at=now,
         )
-        if review["on_timeout"] == "approve":
-            decided = {"decision": "approve", "by": None, "at": now.isoformat(), "timed_out": True}
-            self.runner.complete_review(conn, job, drafted_output(job), decided)
-            log.info("%s draft %s: no decision in time, approved", self.runner.stage.value, review["draft_id"])
-            return
         expired = {**review, "expired_at": review.get("expired_at", now.isoformat())}
         repository.review_again(conn, job, expired, machine.Status.REVIEW, ASK_AGAIN_S)
-        log.info(
-            "%s draft %s: no decision in time, the pipeline to cancel", self.runner.stage.value, review["draft_id"]
-        )
+        log.info("%s draft %s: its review timed out", self.runner.stage.value, review["draft_id"])
 
 
 def drafted_output(job: repository.Job) -> runner_.Output:

@@ -93,7 +93,6 @@ class Limits:
     lease_s: float = 30.0
     attempt_timeout_s: float = 600.0
     cancel_grace_s: float = 5.0  # a cancelled provider must have stopped within this
-    review_grace_s: float = 0.0  # a draft's timeout waits this much longer for a decision made in time
 
     def __post_init__(self) -> None:
         if self.lease_s <= 0 or self.attempt_timeout_s <= 0 or self.cancel_grace_s <= 0:
@@ -635,17 +634,15 @@ class StageRunner:
 
     def _write_drafted(self, conn: sa.Connection, job: repository.Job, drafted: Drafted) -> bool:
         """The job waits for a person's decision on the draft (castad_runtime.stage.reviews), and says so."""
-        earlier = job.review or {}
         review = {
             "draft_id": str(uuid.uuid4()),
-            "round": earlier["round"] + 1 if "round" in earlier else 0,
+            "round": job.next_round,
             "artifact": drafted.output.artifact.model_dump(mode="json"),
             "details": _as_json(drafted.output.details),
             "on_timeout": drafted.review.on_timeout,
         }
-        if not repository.draft(conn, job, review, drafted.review.timeout_s + self.limits.review_grace_s):
+        if not repository.draft(conn, job, review, drafted.review.timeout_s):
             return False
-        until = repository.due_at(conn, job.id) - dt.timedelta(seconds=self.limits.review_grace_s)
         self.emit(
             conn,
             job,
@@ -654,7 +651,7 @@ class StageRunner:
             draft_id=review["draft_id"],
             round=review["round"],
             artifact=drafted.output.artifact,
-            review_until=until,
+            review_until=repository.due_at(conn, job.id),
             on_timeout=drafted.review.on_timeout,
             drafted_at=_now(),
             **drafted.output.details,

@@ -132,11 +132,11 @@ class JobScheduler:
             self._wake.clear()
             try:
                 due = time.monotonic() >= recover_at
-                if due and self.drafts is not None:
-                    self.drafts.expire_due()
                 if due and self.runner.recover_expired_leases(RECOVER_BATCH) < RECOVER_BATCH:
                     recover_at = time.monotonic() + self.poll_s
                 self._fill_slots()
+                if due:
+                    self._expire_drafts()
             except Exception as error:
                 if not outages.is_outage(error):
                     log.exception("scheduler turn failed; trying again")
@@ -146,6 +146,17 @@ class JobScheduler:
                 continue
             delays.tries = 0
             self._wake.wait(self.poll_s)
+
+    def _expire_drafts(self) -> None:
+        """Say which drafts' reviews timed out; a failure of its own is logged, and claiming goes on."""
+        if self.drafts is None:
+            return
+        try:
+            self.drafts.expire_due()
+        except Exception as error:
+            if outages.is_outage(error):
+                raise  # the loop's backoff
+            log.exception("looking for drafts whose review timed out failed; trying again")
 
     def _fill_slots(self) -> None:
         self._backlog = True

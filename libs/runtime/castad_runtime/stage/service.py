@@ -78,13 +78,6 @@ class StageSettings(settings.StoreSettings):
     concurrency: int = Field(default=2, ge=1, le=64, description="attempts running at once in this process")
     consumer_threads: int = Field(default=2, ge=1, le=64, description="Dramatiq threads handling events")
     poll_s: float = Field(default=0.5, gt=0, le=60, description="how often due retries and lost leases are checked")
-    review_grace_s: float = Field(
-        default=30.0,
-        ge=0,
-        le=3600,
-        description="a stage that drafts for a review: how much longer than its review a draft waits for a decision"
-        " made in time, still on its way (and, after a start, how long before any draft is timed out)",
-    )
     db_idle_in_transaction_s: settings.IdleInTransactionS = 10.0
     db_lock_wait_s: settings.LockWaitS = 5.0
     db_statement_s: settings.StatementS = 60.0
@@ -303,9 +296,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     ) -> runner.Output | runner.Awaiting | runner.Drafted:
         return injector.call(lambda: work(job, cancel), cancel)
 
-    limits = runner.Limits(
-        config.retry_policy(), config.lease_s, config.attempt_timeout_s, review_grace_s=config.review_grace_s
-    )
+    limits = runner.Limits(config.retry_policy(), config.lease_s, config.attempt_timeout_s)
     quota_limits = config.quota_limits()
     if quota_limits is not None:
 
@@ -350,7 +341,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     )
     drafts = None
     if definition.make_edit is not None:
-        drafts = reviews.Reviews(stage_runner, definition.make_edit(config), config.review_grace_s)
+        drafts = reviews.Reviews(stage_runner, definition.make_edit(config))
     jobs = scheduler.JobScheduler(stage_runner, config.concurrency, config.poll_s, config.stop_grace_s, drafts)
     stage_handlers = handlers.StageHandlers(engine, stage_runner, jobs, injector, measured.consumer, drafts)
 

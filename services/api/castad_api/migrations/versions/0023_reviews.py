@@ -50,14 +50,10 @@ def upgrade() -> None:
         sa.Column("decided_by", pg.UUID(as_uuid=True)),
         sa.Column("decided_at", TZ),
         sa.Column("expired_at", TZ),
-        sa.Column("overtaken", sa.Text),
     )
     op.create_index("pipeline_reviews_by_pipeline", "pipeline_reviews", ["pipeline_id", "round"])
     op.create_index(
-        "pipeline_reviews_waiting",
-        "pipeline_reviews",
-        ["drafted_at"],
-        postgresql_where=sa.text("decision IS NULL AND expired_at IS NULL"),
+        "pipeline_reviews_open", "pipeline_reviews", ["review_until"], postgresql_where=sa.text("decision IS NULL")
     )
 
 
