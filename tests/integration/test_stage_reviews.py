@@ -18,6 +18,7 @@ from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, repository, reviews, runner
 
 from tests.integration.helpers import now, output, pipeline_requested, stage_runner
+from tests.integration.test_stage_runner import emitted
 
 pytestmark = pytest.mark.integration
 
@@ -71,15 +72,6 @@ def job(engine: sa.Engine, pipeline_id: str) -> repository.Job:
     return found
 
 
-def told(engine: sa.Engine, pipeline_id: str) -> list[tuple[str, dict[str, Any]]]:
-    o = tables.outbox
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(o.c.routing_key, o.c.envelope).where(o.c.pipeline_id == pipeline_id).order_by(o.c.id)
-        )
-        return [(row.routing_key, row.envelope["data"]) for row in rows]
-
-
 def decision(held: repository.Job, decided: str, **fields: Any) -> events.PipelineReviewDecided:
     assert held.review is not None
     return events.PipelineReviewDecided(
@@ -107,7 +99,7 @@ def test_a_draft_waits_holding_no_worker_and_is_no_job_to_claim(engine):
         row = conn.execute(sa.select(tables.jobs).where(tables.jobs.c.id == held.id)).one()
     assert row.lease_owner is None and row.due_at > now() + dt.timedelta(seconds=590)
     assert stage.claim_next() is None
-    [(kind, data)] = [each for each in told(engine, held.pipeline_id) if each[0] == "lyric.drafted"]
+    [(kind, data)] = [each for each in emitted(engine, held.pipeline_id) if each[0] == "lyric.drafted"]
     assert data["draft_id"] == held.review["draft_id"] and data["on_timeout"] == "approve"
     assert events.Lyrics.model_validate(data["lyrics"]) == output().details["lyrics"]
 
@@ -122,7 +114,7 @@ def test_an_edit_completes_the_job_with_its_words_once_whatever_is_redelivered(e
 
     done = job(engine, held.pipeline_id)
     assert done.status == "SUCCEEDED" and done.review is not None and done.review["decided"]["decision"] == "edit"
-    [completed] = [data for kind, data in told(engine, held.pipeline_id) if kind == "lyric.completed"]
+    [completed] = [data for kind, data in emitted(engine, held.pipeline_id) if kind == "lyric.completed"]
     assert events.Lyrics.model_validate(completed["lyrics"]) == EDITED
     assert completed["artifact"]["uri"] == "file:///edit.txt" and completed["attempt"] == 1
 
@@ -133,7 +125,7 @@ def test_a_decision_for_another_draft_changes_nothing(engine):
     assert decide(drafts, engine, decision(held, "approve", draft_id=str(uuid.uuid4()))) is False
 
     assert job(engine, held.pipeline_id).status == "REVIEW"
-    assert not [kind for kind, _ in told(engine, held.pipeline_id) if kind == "lyric.completed"]
+    assert not [kind for kind, _ in emitted(engine, held.pipeline_id) if kind == "lyric.completed"]
 
 
 def test_a_regenerate_drafts_again_on_an_attempt_no_failure_counted_told_the_note(engine):
@@ -173,13 +165,13 @@ def test_a_draft_past_its_review_is_said_to_have_timed_out_and_waits_for_the_gat
     assert drafts.expire_due() == 0  # said; said again in an hour if no word came
 
     after = job(engine, held.pipeline_id)
-    kinds = [kind for kind, _ in told(engine, held.pipeline_id)]
+    kinds = [kind for kind, _ in emitted(engine, held.pipeline_id)]
     assert after.status == "REVIEW" and after.review is not None and "expired_at" in after.review
     assert kinds.count("lyric.review_expired") == 1 and "lyric.completed" not in kinds
     # The gateway's word: a decision it took in time, however late it comes, or the approval its timeout sends.
     assert decide(drafts, engine, decision(held, "edit", lyrics=EDITED)) is False
     assert job(engine, held.pipeline_id).status == "SUCCEEDED"
-    [completed] = [data for kind, data in told(engine, held.pipeline_id) if kind == "lyric.completed"]
+    [completed] = [data for kind, data in emitted(engine, held.pipeline_id) if kind == "lyric.completed"]
     assert events.Lyrics.model_validate(completed["lyrics"]) == EDITED
 
 

@@ -148,40 +148,10 @@ def _apply(
     change = model.attempt_change(fact, payload, env.time)
     if change is not None:
         writes.attempt(pipeline_id, stage, attempt, change)
-    if isinstance(payload, events.StageReviewExpired):  # no stage moves: its draft is approved, or to cancel
+    if isinstance(payload, events.StageReviewExpired):  # no stage moves: the gateway settles its draft
         reviews.expired(writes.conn, payload)
-        record(
-            writes.conn,
-            pipeline,
-            env.id,
-            env.type,
-            stage,
-            fact,
-            payload,
-            occurred_at=env.time,
-            projected=projected,
-            writes=writes,
-        )
-        return metrics.APPLIED
-    operation = int(getattr(payload, "operation", 0))
-    superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
-    applied = projected.applied(stage)
-    if superseded or model.is_stale(fact, attempt, operation, applied):
-        row = projected.stages.get(stage)
-        if row is not None and model.fills_start(fact, attempt, row.applied, row.started_at):
-            kept = {"status": row.status.value, "started_at": _stage_values(fact, payload)["started_at"]}
-            writes.stage(pipeline_id, stage, row.applied.position, kept)
-            projected.saved(stage, row.applied.position, kept)
-            log.info("late %s (attempt %d): its start kept, its stage not moved back", env.type, attempt)
-        else:
-            log.info("stale %s (attempt %d) ignored", env.type, attempt)
+    elif not _moved(writes, env, stage, fact, attempt, payload, projected):
         return metrics.STALE
-    values, pos = _stage_values(fact, payload), model.position(fact, attempt)
-    writes.stage(pipeline_id, stage, pos, values)
-    projected.saved(stage, pos, values)
-    if isinstance(payload, events.LyricDrafted):
-        reviews.drafted(writes.conn, pipeline_id, payload)
-        webhooks.enqueue_review(writes.conn, pipeline, payload)
     record(
         writes.conn,
         pipeline,
@@ -195,6 +165,39 @@ def _apply(
         writes=writes,
     )
     return metrics.APPLIED
+
+
+def _moved(
+    writes: writes_.Writes,
+    env: envelope_.Envelope,
+    stage: events.Stage,
+    fact: str,
+    attempt: int,
+    payload: events.Payload,
+    projected: repository.Projected,
+) -> bool:
+    """Move the event's stage on; False if the event is stale for it (its start may still be kept)."""
+    pipeline, pipeline_id = projected.pipeline, projected.pipeline.id
+    operation = int(getattr(payload, "operation", 0))
+    superseded = fact == "canceled" and operation < pipeline.operations  # a retry came after that cancel
+    applied = projected.applied(stage)
+    if superseded or model.is_stale(fact, attempt, operation, applied):
+        row = projected.stages.get(stage)
+        if row is not None and model.fills_start(fact, attempt, row.applied, row.started_at):
+            kept = {"status": row.status.value, "started_at": _stage_values(fact, payload)["started_at"]}
+            writes.stage(pipeline_id, stage, row.applied.position, kept)
+            projected.saved(stage, row.applied.position, kept)
+            log.info("late %s (attempt %d): its start kept, its stage not moved back", env.type, attempt)
+        else:
+            log.info("stale %s (attempt %d) ignored", env.type, attempt)
+        return False
+    values, pos = _stage_values(fact, payload), model.position(fact, attempt)
+    writes.stage(pipeline_id, stage, pos, values)
+    projected.saved(stage, pos, values)
+    if isinstance(payload, events.LyricDrafted):
+        reviews.drafted(writes.conn, pipeline_id, payload)
+        webhooks.enqueue_review(writes.conn, pipeline, payload)
+    return True
 
 
 def record(

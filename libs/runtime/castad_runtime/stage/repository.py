@@ -345,13 +345,18 @@ def cancel(conn: sa.Connection, held: Held, operation: int, reason: str) -> None
         )
     )
     if held.status in (machine.Status.RUNNING, machine.Status.AWAITING, machine.Status.REVIEW):
-        conn.execute(
-            attempts.update()
-            .where(attempts.c.job_id == held.id, attempts.c.number == held.attempts, attempts.c.outcome == "running")
-            .values(
-                finished_at=sa.func.now(), outcome="canceled", error_code=codes.ErrorCode.CANCELED, error_message=reason
-            )
+        _end_attempt(
+            conn, held.id, held.attempts, "canceled", error_code=codes.ErrorCode.CANCELED, error_message=reason
         )
+
+
+def _end_attempt(conn: sa.Connection, job_id: uuid.UUID, number: int, outcome: str, **errors: str) -> None:
+    """End the job's attempt `number` with `outcome`, if it is still running."""
+    conn.execute(
+        attempts.update()
+        .where(attempts.c.job_id == job_id, attempts.c.number == number, attempts.c.outcome == "running")
+        .values(finished_at=sa.func.now(), outcome=outcome, **errors)
+    )
 
 
 def reopen(
@@ -629,11 +634,7 @@ def end_review(conn: sa.Connection, job: Job, review: dict[str, Any], result: di
             updated_at=sa.func.now(),
         )
     )
-    conn.execute(
-        attempts.update()
-        .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts, attempts.c.outcome == "running")
-        .values(finished_at=sa.func.now(), outcome="succeeded")
-    )
+    _end_attempt(conn, job.id, job.attempts, "succeeded")
 
 
 def review_again(
@@ -657,11 +658,7 @@ def review_again(
         )
     )
     if status is machine.Status.PENDING:
-        conn.execute(
-            attempts.update()
-            .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts, attempts.c.outcome == "running")
-            .values(finished_at=sa.func.now(), outcome=REDRAFTED)
-        )
+        _end_attempt(conn, job.id, job.attempts, REDRAFTED)
 
 
 @dataclasses.dataclass(frozen=True)
