@@ -147,6 +147,7 @@ def create_pipeline(
             " deletes their files before the remake could copy them, or the Idempotency-Key was used with another"
             " body",
         },
+        413: {"model": api.Problem},
         415: {"model": api.Problem},
         429: {"model": api.Problem, "description": "the key made too many pipelines this minute (see Retry-After)"},
     },

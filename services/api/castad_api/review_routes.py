@@ -18,6 +18,7 @@ from castad_api.deps import Gateway, GatewayDep, Reader, Submitter
 router = APIRouter(prefix="/v1", tags=["reviews"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 DECISION_ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": api.Problem},
+    413: {"model": api.Problem},
     415: {"model": api.Problem},
     409: {
         "model": api.Conflict,
