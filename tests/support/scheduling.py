@@ -6,9 +6,9 @@ from xdist.scheduler import LoadScopeScheduling
 
 END_TO_END = "tests/e2e/"
 # End-to-end modules that assert no timing, most starting a stack of their own (reviews and remakes share one, the
-# worker's): one worker runs them in turn beside the others (about 270 s on the 2-core host). The fault suite, which measures how soon work is taken
-# over, comes last in the other unit; in clean runs this one and the rest were over by then, though nothing waits
-# for them: on a slower host the fault suite may start beside their last tests.
+# worker's): one worker runs them in turn beside the others (about 270 s on the 2-core host). The fault suite, which
+# measures how soon work is taken over, comes last in the other unit; in clean runs this one and the rest were over
+# by then, though nothing waits for them: on a slower host the fault suite may start beside their last tests.
 BESIDE = tuple(
     f"{END_TO_END}test_{name}.py"
     for name in (
