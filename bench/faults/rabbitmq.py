@@ -131,18 +131,22 @@ class RabbitCluster:
         }
         self._import_definitions(_definitions(vhost, wanted))
 
-    def leader_of(self, queue: str, vhost: str = "/", timeout_s: float = 30.0) -> str:
+    def leader_of(self, queue: str, vhost: str = "/", timeout_s: float = 150.0) -> str:
         """The node that leads quorum queue `queue`, once its members agree on one.
 
-        An election after its leader's loss takes a few seconds.
+        An election after its leader's loss takes a few seconds. Each look asks the next running node: one that
+        does not answer (just started again, on a loaded host: a full run of `make test` once saw no answer in
+        COMMAND_TIMEOUT_S) is not asked twice in a row, and the wait outlasts two such looks.
         """
         found: list[str] = []
+        looks: list[int] = [0]
         status = ("quorum_status", queue, "--vhost", vhost, "--formatter", "json")
 
         def elected() -> bool:
-            rows = json.loads(
-                self._run(engines.RABBITMQ_BIN / "rabbitmq-queues", *status, node=self._any_running().name)
-            )
+            running = [node for node in self.nodes if node.running] or [self._any_running()]
+            asked = running[looks[0] % len(running)]
+            looks[0] += 1
+            rows = json.loads(self._run(engines.RABBITMQ_BIN / "rabbitmq-queues", *status, node=asked.name))
             found[:] = [row["Node Name"] for row in rows if row.get("Raft State") == "leader"]
             return len(found) == 1
 
