@@ -163,6 +163,9 @@ def test_a_draft_past_its_review_is_said_to_have_timed_out_and_waits_for_the_gat
 
     assert drafts.expire_due() >= 1
     assert drafts.expire_due() == 0  # said; said again in an hour if no word came
+    with engine.connect() as conn:
+        due_at = conn.execute(sa.select(tables.jobs.c.due_at).where(tables.jobs.c.id == held.id)).scalar_one()
+    assert due_at > now() + dt.timedelta(seconds=reviews.ASK_AGAIN_S - 60)
 
     after = job(engine, held.pipeline_id)
     kinds = [kind for kind, _ in emitted(engine, held.pipeline_id)]

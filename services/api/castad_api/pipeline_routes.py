@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import sqlalchemy as sa
@@ -106,19 +107,37 @@ def create_pipeline(
     same key makes another pipeline).
     """
     operations.check_photo_urls(body, gw.config.photo_allow_private)
-    refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
-    if body.callback_url and not refused:
+    return _accepted(
+        gw,
+        who,
+        body.callback_url,
+        lambda conn: operations.create(
+            conn, body, who.tenant, key, gw.config.pipeline_deadline_s, gw.config.link_secret
+        ),
+    )
+
+
+def _accepted(
+    gw: Gateway,
+    who: keys.Principal,
+    callback_url: str | None,
+    make: Callable[[sa.Connection], operations.Accepted],
+) -> api.PipelineAccepted:
+    """A pipeline `make` creates in a transaction, as a creation of the key (a new brief, a remake).
+
+    Refused first for a callback URL no notice may go to, or a key that made too many pipelines this minute.
+    """
+    refused = callback_url and webhooks.refusal(callback_url, gw.config)
+    if callback_url and not refused:
         with gw.engine.connect() as conn:
             refused = webhooks.tenant_refusal(conn, who.tenant, gw.config)
     if refused:
-        raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
+        raise errors.invalid(("body", "callback_url"), refused, callback_url)
     if who.minute.created >= gw.config.creations_per_minute:  # used up when the key was read: no work at all
         raise _too_many(gw, who.minute.retry_after_s())
     try:
         with db.transaction(gw.engine) as conn:
-            accepted = operations.create(
-                conn, body, who.tenant, key, gw.config.pipeline_deadline_s, gw.config.link_secret
-            )
+            accepted = make(conn)
             # Counted last: every creation of the key waits for the lock of its counter, held until the commit.
             # This count decides: creations of other requests or replicas may have come since the key was read.
             wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
@@ -161,33 +180,22 @@ def remake_pipeline(
     `video`, a new video of the same song (orientation, formats, photos, brand); from `song`, a new song of the same
     lyrics (its genre too) and its video. It counts as a creation of the key.
     """
-    refused = body.callback_url and webhooks.refusal(body.callback_url, gw.config)
-    if refused:
-        raise errors.invalid(("body", "callback_url"), refused, body.callback_url)
-    if who.minute.created >= gw.config.creations_per_minute:
-        raise _too_many(gw, who.minute.retry_after_s())
-    try:
-        with db.transaction(gw.engine) as conn:
-            accepted = operations.remake(
-                conn,
-                pipeline_id,
-                body,
-                who.tenant,
-                key,
-                gw.config.pipeline_deadline_s,
-                gw.config.retention_policy(),
-                gw.config.link_secret,
-                gw.config.photo_allow_private,
-            )
-            wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
-            if wait_s is not None:
-                raise _OverLimit(wait_s)
-    except _OverLimit as over:
-        raise _too_many(gw, over.wait_s) from None
-    if accepted.created:
-        gw.metrics.pipelines_created.inc()
-    made = str(accepted.pipeline_id)
-    return api.PipelineAccepted(id=made, status=accepted.status.value, created=accepted.created, links=links(made))
+    return _accepted(
+        gw,
+        who,
+        body.callback_url,
+        lambda conn: operations.remake(
+            conn,
+            pipeline_id,
+            body,
+            who.tenant,
+            key,
+            gw.config.pipeline_deadline_s,
+            gw.config.retention_policy(),
+            gw.config.link_secret,
+            gw.config.photo_allow_private,
+        ),
+    )
 
 
 @router.post(

@@ -618,7 +618,7 @@ def due_reviews(conn: sa.Connection, limit: int) -> list[Job]:
 
 
 def end_review(conn: sa.Connection, job: Job, review: dict[str, Any], result: dict[str, Any]) -> None:
-    """The draft was approved, edited or timed out approved: the job SUCCEEDED and its attempt with it.
+    """The draft was approved (by a person or its timeout) or edited: the job SUCCEEDED and its attempt with it.
 
     `job` is locked (lock_job, due_reviews) and in REVIEW."""
     machine.check_transition(job.status, machine.Status.SUCCEEDED)

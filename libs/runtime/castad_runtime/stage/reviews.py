@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 ASK_AGAIN_S = 3600.0  # a draft that timed out says so again this often until the gateway's word comes
 EXPIRE_BATCH = 20
+LOOK_S = 2.0  # how often timed-out drafts are looked for (a transaction of its own), less often than the poll
 
 # Keeps a person's edit as the stage's output (its file kept): given the pipeline and the edited lyrics.
 Edit = Callable[[str, events.Lyrics], runner_.Output]
@@ -46,6 +48,7 @@ class Reviews:
     def __init__(self, runner: runner_.StageRunner, edit: Edit) -> None:
         self.runner = runner
         self.edit = edit
+        self._next_look = 0.0
 
     def edited(self, decision: events.PipelineReviewDecided) -> runner_.Output | None:
         """Before the decision's transaction: an edit's words kept as a file (None for any other decision)."""
@@ -82,12 +85,17 @@ class Reviews:
         return False
 
     def expire_due(self, limit: int = EXPIRE_BATCH) -> int:
-        """Say of each draft whose review timed out that it did, for the gateway to settle; how many."""
+        """Say of each draft whose review timed out that it did, for the gateway to settle; how many.
+
+        At most every LOOK_S, unless the last look found a full batch."""
+        if time.monotonic() < self._next_look:
+            return 0
         with db.transaction(self.runner.engine) as conn:
             due = repository.due_reviews(conn, limit)
             for job in due:
                 with logs.bound(job.pipeline_id):
                     self._expire(conn, job)
+        self._next_look = 0.0 if len(due) == limit else time.monotonic() + LOOK_S
         return len(due)
 
     def _expire(self, conn: sa.Connection, job: repository.Job) -> None:
