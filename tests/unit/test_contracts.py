@@ -109,7 +109,7 @@ def test_wrap_refuses_a_payload_of_the_wrong_type():
     started = events.StageStarted(
         pipeline_id=PIPELINE, stage=events.Stage.LYRIC, job_id="j", attempt=1, started_at=NOW, worker="w"
     )
-    with pytest.raises(TypeError, match="lyric.completed v8 carries LyricCompleted, not StageStarted"):
+    with pytest.raises(TypeError, match="lyric.completed v9 carries LyricCompleted, not StageStarted"):
         envelope.wrap(started, "lyric.completed", "/castad/lyric")
 
 
@@ -386,7 +386,7 @@ def brief_carrying(event_type: str, version: int, brief_data: dict[str, object])
 
 
 # The newest version of each event carrying a brief.
-NEWEST = {events.PIPELINE_REQUESTED: 7, "lyric.completed": 8, "song.completed": 9, "video.completed": 9}
+NEWEST = {events.PIPELINE_REQUESTED: 8, "lyric.completed": 9, "song.completed": 10, "video.completed": 10}
 # The last version of each event carrying a brief that knew no photos.
 BEFORE_PHOTOS = {
     events.PIPELINE_REQUESTED: 2,
@@ -579,6 +579,9 @@ def test_a_brief_asking_for_several_formats_needs_the_new_version_and_one_format
     assert events.REGISTRY.oldest_carrying(event_type, current)[0] <= version
     several = current.brief.model_validate({**data["brief"], "formats": ["1:1", "9:16"]})
     asking = current.model_copy(update={"brief": several})
+    if event_type == "video.completed":  # and it made each
+        made = events.Render(format=brief.Format.VERTICAL, artifact=ARTIFACT, width=144, height=256)
+        asking = asking.model_copy(update={"more_formats": (made,)})
     written_as, written = events.REGISTRY.oldest_carrying(event_type, asking)
     assert written_as == version + 1 and written["brief"]["formats"] == ["1:1", "9:16"]
     with pytest.raises(events.NewerSchemaVersion):  # a release before formats holds it for a replica that reads it
@@ -806,3 +809,55 @@ def test_a_field_a_later_version_added_is_left_out_of_an_older_one_when_it_holds
     assert envelope.wrap(song, "song.completed", "/castad/song").schemaversion == 1
     with_bars = envelope.wrap(song.model_copy(update={"bars_s": (0.0, 2.0)}), "song.completed", "/castad/song")
     assert with_bars.schemaversion == 5 and with_bars.data["bars_s"] == [0.0, 2.0]
+
+
+# The last version of each event carrying a brief that told no share and no provider calls.
+BEFORE_SHARES = {events.PIPELINE_REQUESTED: 7, "lyric.completed": 8, "song.completed": 9, "video.completed": 9}
+
+
+@pytest.mark.parametrize(("event_type", "version"), BEFORE_SHARES.items())
+def test_a_share_or_provider_calls_need_the_new_version_and_an_event_with_neither_is_written_as_before(
+    event_type, version
+):
+    data = brief_carrying(event_type, version, BRIEF.model_dump(mode="json", exclude={"photos"}))
+    current = events.REGISTRY.read(event_type, version, data)
+    assert events.REGISTRY.oldest_carrying(event_type, current)[0] <= version  # a release before reads it
+
+    told = {"share": events.Share(tenant="acme", weight=3)} if "share" in type(current).model_fields else {}
+    if event_type != events.PIPELINE_REQUESTED:
+        told["provider_calls"] = 2
+    if event_type == "video.completed":
+        told["duration_s"] = 3.0
+    for field, value in told.items():
+        newer = current.model_copy(update={field: value})
+        written_as, written = events.REGISTRY.oldest_carrying(event_type, newer)
+        assert written_as == version + 1 and written[field] == (
+            value.model_dump(mode="json") if isinstance(value, events.Share) else value
+        )
+        assert events.REGISTRY.read(event_type, written_as, written) == newer
+
+
+@pytest.mark.parametrize("fact", ["retrying", "failed", "canceled"])
+def test_an_attempts_end_telling_provider_calls_needs_version_2_and_one_telling_none_is_version_1(fact):
+    model = events.REGISTRY.model(f"song.{fact}", 2)
+    fields = {
+        "pipeline_id": PIPELINE,
+        "stage": "song",
+        "job_id": "j",
+        "attempt": 1,
+        "max_attempts": 3,
+        "error_code": "provider_error",
+        "error_message": "m",
+        "next_attempt_at": NOW,
+        "failed_at": NOW,
+        "operation": 1,
+        "reason": "r",
+        "canceled_at": NOW,
+    }
+    payload = model(**{name: value for name, value in fields.items() if name in model.model_fields})
+
+    assert events.REGISTRY.oldest_carrying(f"song.{fact}", payload)[0] == 1
+    told = payload.model_copy(update={"provider_calls": 1})
+    assert events.REGISTRY.oldest_carrying(f"song.{fact}", told) == (2, {**told.model_dump(mode="json")})
+    with pytest.raises(pydantic.ValidationError):
+        events.Share(tenant="acme", weight=events.MAX_SHARE_WEIGHT + 1)

@@ -207,6 +207,38 @@ REMAKE = Field(
 )
 
 
+MAX_SHARE_WEIGHT = 100
+
+
+class Share(BaseModel):
+    """Whose work a pipeline is, as the stages share their provider's turns out: fairly across tenants, by weight.
+
+    Each stage takes the jobs that wait for its workers or its provider's quota in turn across tenants, so that a
+    tenant's backlog never holds another's work back for more than a turn or two; within a tenant, oldest first
+    (castad_runtime.stage.fair). Told by the gateway with the brief, and passed on by each stage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant: str = Field(min_length=1, max_length=200, description="the tenant whose key made the pipeline")
+    weight: int = Field(
+        default=1, ge=1, le=MAX_SHARE_WEIGHT, description="turns the tenant gets for another's one, both waiting"
+    )
+
+
+SHARE = Field(
+    default=None,
+    exclude_if=lambda share: share is None,  # as a remake: an event without it reads as one of a release before
+    description="whose work it is, and its weight, for the stages' fair turns (None: a release before told none)",
+)
+PROVIDER_CALLS = Field(
+    default=None,
+    ge=1,
+    exclude_if=lambda calls: calls is None,
+    description="requests for work this attempt sent its provider since its last event said (each a task the"
+    " provider bills; looking up how work goes is not one); null: none, or a release before metering",
+)
+
+
 class PipelineRequestedV6(Payload):
     brief: brief_.Brief
     requested_at: dt.datetime
@@ -222,6 +254,7 @@ class PipelineRequested(PipelineRequestedV6):
         description="a person decides on the lyrics' draft before the song is made (None: no review)",
     )
     remake: Remake | None = REMAKE
+    share: Share | None = SHARE
 
 
 class StageStartedV1(Payload):
@@ -251,6 +284,7 @@ class StageRetrying(Payload):
     error_code: str
     error_message: str
     next_attempt_at: dt.datetime
+    provider_calls: int | None = PROVIDER_CALLS
 
 
 class StageFailed(Payload):
@@ -260,6 +294,7 @@ class StageFailed(Payload):
     error_code: str
     error_message: str
     failed_at: dt.datetime
+    provider_calls: int | None = PROVIDER_CALLS
 
 
 class StageCompleted(Payload):
@@ -270,11 +305,13 @@ class StageCompleted(Payload):
     completed_at: dt.datetime
     brief: brief_.Brief
     max_attempts: dict[Stage, int] | None = None
+    provider_calls: int | None = PROVIDER_CALLS
 
 
 class LyricCompleted(StageCompleted):
     lyrics: Lyrics
     remake: Remake | None = REMAKE  # passed on, so that each stage before the one made again reuses its output
+    share: Share | None = SHARE  # passed on, so that each stage takes its turns fairly
 
 
 class SongCompletedV2(StageCompleted):
@@ -301,6 +338,7 @@ class SongCompleted(SongCompletedV4):
 
     brief: brief_.Brief
     remake: Remake | None = REMAKE
+    share: Share | None = SHARE
     bars_s: tuple[float, ...] = Field(
         default=(),
         description="when each bar of the song begins, in seconds from its start; empty when the music provider"
@@ -372,13 +410,19 @@ class Render(BaseModel):
 
 
 class VideoCompleted(VideoCompletedV8):
-    """The video is made (version 9: in each format the brief asks for)."""
+    """The video is made (version 9: in each format the brief asks for; version 10: and how long it lasts)."""
 
     brief: brief_.Brief
     more_formats: tuple[Render, ...] = Field(
         default=(),
         description="the brief's formats after its first, in its order, each made; the first is this event's"
         " artifact, width, height and poster (empty: one format, or an earlier version's event)",
+    )
+    duration_s: float | None = Field(
+        default=None,
+        ge=0,
+        exclude_if=lambda seconds: seconds is None,
+        description="how long each format's video lasts, in seconds: its song's length (version 10; null before)",
     )
 
     @model_validator(mode="after")
@@ -421,6 +465,7 @@ class LyricDrafted(Payload):
     review_until: dt.datetime = Field(description="when the draft, undecided, comes to `on_timeout`")
     on_timeout: Literal["approve", "cancel"]
     drafted_at: dt.datetime
+    provider_calls: int | None = PROVIDER_CALLS
 
 
 class StageReviewExpired(Payload):
@@ -456,6 +501,7 @@ class StageCanceled(Payload):
     operation: int = Field(ge=1, description="the cancel request this answers")
     reason: str
     canceled_at: dt.datetime
+    provider_calls: int | None = PROVIDER_CALLS
 
 
 # Before a brief named formats (pipeline.requested up to v5, lyric.completed up to v6, song.completed up to v7,
@@ -677,6 +723,11 @@ def _kept_in_stage_place(payload: Any) -> bool:
 def _remade(payload: Any) -> bool:
     """Whether a completed event is of a remake (its `remake` is passed on)."""
     return payload.remake is not None
+
+
+def _shared_or_metered(payload: Any) -> bool:
+    """Whether an event tells whose work it is (`share`), or what its attempt asked of its provider or made."""
+    return any(getattr(payload, field, None) is not None for field in ("share", "provider_calls", "duration_s"))
 
 
 class SchemaError(LookupError):
@@ -909,3 +960,19 @@ REGISTRY.register(PIPELINE_REVIEW_DECIDED, 1, PipelineReviewDecided)
 # stages before it reuse their output of the other; an event of a pipeline that is not a remake is written as before.
 for _stage, _version in ((Stage.LYRIC, 8), (Stage.SONG, 9)):
     REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same, needed=_remade)
+# Then the stages take their turns fairly across tenants (pipeline.requested v8 tells whose work a pipeline is, lyric
+# v9 and song v10 pass it on), and every event that ends an attempt tells the requests for work it sent its provider
+# (lyric v9, song v10, video v10; retrying, failed and canceled v2; lyric.drafted v2), which the gateway meters. An
+# event with neither is written as before.
+REGISTRY.register(PIPELINE_REQUESTED, 8, PipelineRequested, _same, needed=_shared_or_metered)
+for _stage, _version in ((Stage.LYRIC, 9), (Stage.SONG, 10), (Stage.VIDEO, 10)):
+    REGISTRY.register(stage_event(_stage, "completed"), _version, _COMPLETED[_stage], _same, needed=_shared_or_metered)
+_ENDS: tuple[tuple[StageFact, type[Payload]], ...] = (
+    ("retrying", StageRetrying),
+    ("failed", StageFailed),
+    ("canceled", StageCanceled),
+)
+for _stage in STAGE_ORDER:
+    for _fact, _model in _ENDS:
+        REGISTRY.register(stage_event(_stage, _fact), 2, _model, _same, needed=_shared_or_metered)
+REGISTRY.register(stage_event(Stage.LYRIC, "drafted"), 2, LyricDrafted, _same, needed=_shared_or_metered)

@@ -374,6 +374,33 @@ def drop_reviews_v20() -> None:
     op.drop_column("jobs", "review")
 
 
+def add_fair_share_v21() -> None:
+    """Whose work each job is (its claims take turns across tenants), and the requests for work no event told yet."""
+    op.add_column("jobs", sa.Column("tenant", sa.Text, nullable=False, server_default=""))
+    op.add_column("jobs", sa.Column("weight", sa.Integer, nullable=False, server_default="1"))
+    op.create_index(
+        "jobs_fair",
+        "jobs",
+        ["tenant", "due_at"],
+        postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')"),
+    )
+    op.create_table(
+        "shares",
+        sa.Column("tenant", sa.Text, primary_key=True),
+        sa.Column("start", sa.Float, nullable=False),
+        sa.Column("finish", sa.Float, nullable=False),
+    )
+    op.add_column("attempts", sa.Column("untold_calls", sa.Integer, nullable=False, server_default="0"))
+
+
+def drop_fair_share_v21() -> None:
+    op.drop_column("attempts", "untold_calls")
+    op.drop_table("shares")
+    op.drop_index("jobs_fair", "jobs")
+    op.drop_column("jobs", "weight")
+    op.drop_column("jobs", "tenant")
+
+
 def add_submissions_v8() -> None:
     """What a stage sent to a provider.
 

@@ -134,6 +134,10 @@ jobs = sa.Table(
     # The draft a person decides on (status REVIEW, due when its review times out), and what they decided
     # (castad_runtime.stage.reviews).
     sa.Column("review", pg.JSONB),
+    # Whose work it is and its weight, as its trigger told (events.Share; '' and 1: none told): the claims take
+    # turns across tenants (castad_runtime.stage.fair).
+    sa.Column("tenant", sa.Text, nullable=False, server_default=""),
+    sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
     sa.Column("finished_at", TZ),
@@ -141,6 +145,9 @@ jobs = sa.Table(
     sa.Column("artifacts_swept_at", TZ),
     sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")),
     sa.Index("jobs_review_due", "due_at", postgresql_where=sa.text("status = 'REVIEW'")),
+    sa.Index(
+        "jobs_fair", "tenant", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")
+    ),
     # While a prober polls the jobs waiting at a provider (castad_runtime.stage.probes): what a claim takes, and
     # what the prober asks about (castad_runtime.stage.repository: READY and CLAIM_PROBES).
     sa.Index("jobs_claimable", "due_at", postgresql_where=sa.text(CLAIMABLE_JOB)),
@@ -210,7 +217,20 @@ attempts = sa.Table(
     sa.Column("submitted_at", TZ),
     sa.Column("submission_key", sa.Text),
     sa.Column("notes", sa.Text),  # the provider's advisory warnings on the submitted work, one per line
+    # Requests for work that left for the provider (each recorded as it left) that no event of the attempt has told
+    # yet: the next one tells them (events.PROVIDER_CALLS), for the gateway's metering.
+    sa.Column("untold_calls", sa.Integer, nullable=False, server_default="0"),
     sa.UniqueConstraint("job_id", "number", name="attempts_job_number"),
+)
+
+# Each tenant's place in the stages' fair turns (castad_runtime.stage.fair): the virtual time its last claim started
+# at and the one its next may start at, at the earliest.
+shares = sa.Table(
+    "shares",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("start", sa.Float, nullable=False),
+    sa.Column("finish", sa.Float, nullable=False),
 )
 
 # Faults injected into a stage's provider calls while it runs, for tests and demos (castad_runtime.stage.faults):

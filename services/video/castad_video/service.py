@@ -224,10 +224,12 @@ def logo_url(
     return None if logo is None else _upload_url(config, store, done, logo)
 
 
-def output(renders: list[events.Render], **details: object) -> runner.Output:
-    """What the stage made, as video.completed tells it: the first format's file, size and poster, then the others."""
+def output(renders: list[events.Render], done: events.SongCompleted, **details: object) -> runner.Output:
+    """What the stage made of `done`, as video.completed tells it.
+
+    The first format's file, size and poster, then the others, and how long each lasts (its song's length)."""
     first, *more = renders
-    size = {"width": first.width, "height": first.height}
+    size = {"width": first.width, "height": first.height, "duration_s": done.song_duration_s}
     return runner.Output(first.artifact, {**size, "poster": first.poster, "more_formats": tuple(more), **details})
 
 
@@ -274,7 +276,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
     def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
         done = job.trigger(events.SongCompleted)
         told = video.details.get("renders") or [{"format": done.brief.frames[0], "url": video.url, **video.details}]
-        return output([kept(job, brief.Format(r["format"]), remote.Finished(r["url"], r), cancel) for r in told])
+        return output([kept(job, brief.Format(r["format"]), remote.Finished(r["url"], r), cancel) for r in told], done)
 
     api = creatomate.CreatomateApi(
         client,
@@ -390,7 +392,7 @@ def make_work(config: VideoSettings) -> runner.Work:
             except artifacts.ArtifactMissing as error:
                 raise errors.PermanentProviderError(codes.ErrorCode.PHOTO_UNREACHABLE, str(error)) from None
             renders = [rendered(job, done, shape, song_path, paths, logo_path, cancel) for shape in done.brief.frames]
-        return output(renders, fetched_photos=tuple(fetched))
+        return output(renders, done, fetched_photos=tuple(fetched))
 
     return work
 

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_runtime import db, tables
-from castad_runtime.stage import machine, quota
+from castad_runtime.stage import fair, machine, quota
 
 jobs = tables.jobs
 attempts = tables.attempts
@@ -30,42 +30,55 @@ JOB_COLUMNS = """id, pipeline_id, status, version, attempts, counted_attempts, m
 # A trigger: a PENDING job due now. A job reopened by a retry before its trigger came (WAITING) becomes
 # PENDING; a job that has its input already (a duplicate trigger, or a job canceled first) is left alone.
 ACCEPT_TRIGGER = """
-INSERT INTO jobs (id, pipeline_id, status, max_attempts, due_at, input, input_version, traceparent, tracestate)
+INSERT INTO jobs (id, pipeline_id, status, max_attempts, due_at, input, input_version, traceparent, tracestate,
+                  tenant, weight)
 VALUES (%(id)s, %(pipeline_id)s, 'PENDING', %(max_attempts)s, now(), %(input)s, %(input_version)s, %(traceparent)s,
-        %(tracestate)s)
+        %(tracestate)s, %(tenant)s, %(weight)s)
 ON CONFLICT (pipeline_id) DO UPDATE
 SET input = EXCLUDED.input, input_version = EXCLUDED.input_version, traceparent = EXCLUDED.traceparent,
-    tracestate = EXCLUDED.tracestate,
+    tracestate = EXCLUDED.tracestate, tenant = EXCLUDED.tenant, weight = EXCLUDED.weight,
     status = CASE WHEN jobs.status = 'WAITING' THEN 'PENDING' ELSE jobs.status END,
     due_at = now(), version = jobs.version + 1, updated_at = now()
 WHERE jobs.input IS NULL
 RETURNING status
 """
 
-# Compare-and-set the most overdue claimable job to RUNNING under a lease (a job AWAITING its provider goes
-# on with the attempt that submitted its work; any other starts a new one). Only a job whose input this release
-# reads (`reads`: the newest version of the stage's trigger it knows; NULL, stored before versions were kept, as
-# the release that stored it read it): one stored by a newer release waits, untouched, for a replica of it.
-_CLAIM = """
+# Compare-and-set a claimable job to RUNNING under a lease (a job AWAITING its provider goes on with the attempt
+# that submitted its work; any other starts a new one): the job {chosen} names, if it is still claimable.
+_UPDATE = (
+    """
 UPDATE jobs
 SET status = 'RUNNING', version = version + 1,
     attempts = CASE WHEN status = 'AWAITING' THEN attempts ELSE attempts + 1 END,
     lease_owner = %(worker)s, lease_expires_at = now() + make_interval(secs => %(lease_s)s), updated_at = now()
-WHERE id = (
+WHERE id = {chosen} AND status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')
+RETURNING """
+    + JOB_COLUMNS
+)
+# Which job: the next fair turn's (castad_runtime.stage.fair), or, oldest first, the most overdue claimable job.
+# Either only one whose input this release reads (`reads`: the newest version of the stage's trigger it knows; NULL,
+# stored before versions were kept, as the release that stored it read it): one stored by a newer release waits,
+# untouched, for a replica of it.
+_OLDEST = """(
     SELECT id FROM jobs WHERE {claimable} AND due_at <= now() AND coalesce(input_version, 0) <= %(reads)s
     ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED
-) AND status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')
-RETURNING {columns}
-"""
-CLAIM = _CLAIM.format(claimable="status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')", columns=JOB_COLUMNS)
-CLAIM_POLL = _CLAIM.format(claimable="status = 'AWAITING'", columns=JOB_COLUMNS)  # no new attempt may start
+)"""
+
+
+def _claims(claimable: str) -> tuple[str, str]:
+    """The claim statements of jobs `claimable` (SQL): by fair turns, and oldest first."""
+    return fair.claim(claimable, _UPDATE), _UPDATE.format(chosen=_OLDEST.format(claimable=claimable))
+
+
+CLAIM, CLAIM_OLDEST = _claims("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")
+CLAIM_POLL, CLAIM_POLL_OLDEST = _claims("status = 'AWAITING'")  # no new attempt may start
 
 # While the service's prober asks the provider in batches how waiting work goes (castad_runtime.stage.probes), a
 # claim takes a job AWAITING its provider only once it is ready: its poll brought forward to its submit (a callback,
 # or a probe that found the work done or failed). The same predicate as the partial index jobs_claimable.
 READY = "status = 'AWAITING' AND due_at <= submitted_at"
-CLAIM_PROBED = _CLAIM.format(claimable=f"(status IN ('PENDING', 'RETRY_WAIT') OR ({READY}))", columns=JOB_COLUMNS)
-CLAIM_POLL_PROBED = _CLAIM.format(claimable=READY, columns=JOB_COLUMNS)
+CLAIM_PROBED, CLAIM_PROBED_OLDEST = _claims(f"(status IN ('PENDING', 'RETRY_WAIT') OR ({READY}))")
+CLAIM_POLL_PROBED, CLAIM_POLL_PROBED_OLDEST = _claims(READY)
 
 # Up to `limit` jobs AWAITING their provider whose poll is due and not brought forward, for one batch of probes:
 # each is due again `lease_s` later, so that nothing else asks for it meanwhile (and it is asked again should this
@@ -124,7 +137,7 @@ WITH claim AS (
         AND lease_expires_at > clock_timestamp() + make_interval(secs => %(margin_s)s)
     FOR SHARE
 )
-UPDATE attempts SET submitted_at = clock_timestamp(), submission_key = %(key)s
+UPDATE attempts SET submitted_at = clock_timestamp(), submission_key = %(key)s, untold_calls = untold_calls + 1
 FROM claim
 WHERE attempts.job_id = claim.id AND attempts.number = %(number)s AND attempts.outcome = 'running'
 RETURNING extract(epoch FROM claim.lease_expires_at - clock_timestamp()) AS lease_left_s
@@ -237,8 +250,9 @@ def accept_trigger(
     max_attempts: int,
     traceparent: str | None,
     tracestate: str | None,
+    share: events.Share | None = None,
 ) -> bool:
-    """Record the stage's trigger, `job_input` as version `input_version` of its type.
+    """Record the stage's trigger, `job_input` as version `input_version` of its type, and whose work it is.
 
     A PENDING job, due now. A job reopened by a retry before its trigger came (WAITING) becomes PENDING; a job
     canceled before its trigger came keeps it for a later retry. True if a job is now due.
@@ -254,6 +268,8 @@ def accept_trigger(
             "input_version": input_version,
             "traceparent": traceparent,
             "tracestate": tracestate,
+            "tenant": share.tenant if share else "",
+            "weight": share.weight if share else 1,
         },
     ).fetchone()
     return row is not None and row.status == machine.Status.PENDING
@@ -406,8 +422,12 @@ def claim_next(
     provider: str | None = None,
     probed: bool = False,
     reads: int | None = None,
+    fair: bool = True,
 ) -> Job | QuotaWait | None:
-    """Claim the most overdue claimable job whose input this release reads under a lease, and open its attempt.
+    """Claim a claimable job whose input this release reads under a lease, and open its attempt.
+
+    The job of the next fair turn across tenants (castad_runtime.stage.fair), oldest first within its tenant; or,
+    not `fair`, the most overdue of all, as before fair turns (bench/fairness.py measures both).
 
     `reads`: the newest version of the stage's trigger this release knows (None: any); a job stored as a newer
     one is left for a replica of a newer release.
@@ -428,9 +448,10 @@ def claim_next(
         if not gate.new_work:
             claimable = frozenset({machine.Status.AWAITING})
     if claimable == machine.CLAIMABLE:
-        statement = CLAIM_PROBED if probed else CLAIM
+        statements = (CLAIM_PROBED, CLAIM_PROBED_OLDEST) if probed else (CLAIM, CLAIM_OLDEST)
     else:
-        statement = CLAIM_POLL_PROBED if probed else CLAIM_POLL
+        statements = (CLAIM_POLL_PROBED, CLAIM_POLL_PROBED_OLDEST) if probed else (CLAIM_POLL, CLAIM_POLL_OLDEST)
+    statement = statements[0] if fair else statements[1]
     reads_up_to = READS_ANY if reads is None else reads
     row = db.run(conn, statement, {"worker": worker, "lease_s": lease_s, "reads": reads_up_to}).fetchone()
     if row is None:
@@ -741,8 +762,23 @@ def unrecord_submission(conn: sa.Connection, job: Job) -> None:
     conn.execute(
         attempts.update()
         .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts)
-        .values(submitted_at=None, submission_key=None)
+        .values(submitted_at=None, submission_key=None, untold_calls=sa.func.greatest(attempts.c.untold_calls - 1, 0))
     )
+
+
+# The requests for work the attempt sent its provider that no event told yet, told now (castad_runtime.stage.runner).
+TELL_CALLS = """
+WITH untold AS (
+    SELECT id, untold_calls FROM attempts WHERE job_id = %s AND number = %s AND untold_calls > 0 FOR UPDATE
+)
+UPDATE attempts SET untold_calls = 0 FROM untold WHERE attempts.id = untold.id RETURNING untold.untold_calls
+"""
+
+
+def tell_calls(conn: sa.Connection, job_id: uuid.UUID, number: int) -> int | None:
+    """The requests for work attempt `number` sent its provider since its last event, now told (None: none)."""
+    row = db.run(conn, TELL_CALLS, (job_id, number)).fetchone()
+    return None if row is None else int(row.untold_calls)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -210,7 +210,14 @@ class StageRunner:
         # release, mid-rollout, takes every job it can read.
         version, data = self.registry.oldest_carrying(self.trigger_type, trigger)
         return repository.accept_trigger(
-            conn, trigger.pipeline_id, data, version, max_attempts, traceparent, tracestate
+            conn,
+            trigger.pipeline_id,
+            data,
+            version,
+            max_attempts,
+            traceparent,
+            tracestate,
+            getattr(trigger, "share", None),
         )
 
     def apply_cancel(self, conn: sa.Connection, request: events.PipelineCancelRequested) -> uuid.UUID | None:
@@ -294,6 +301,7 @@ class StageRunner:
             operation=request.operation,
             reason=request.reason,
             canceled_at=_now(),
+            provider_calls=repository.tell_calls(conn, job_id, attempt) if attempt else None,
         )
         outbox.add(conn, payload, events.stage_event(self.stage, "canceled"), self.source)
 
@@ -372,7 +380,11 @@ class StageRunner:
     @property
     def passes_remakes(self) -> bool:
         """Whether the stage's `completed` passes a remake on: a stage a remake may reuse (all but the last)."""
-        return "remake" in self.completed_model.model_fields
+        return self.passes_on("remake")
+
+    def passes_on(self, field: str) -> bool:
+        """Whether the stage's `completed` passes its trigger's `field` on to the next stage (all but the last)."""
+        return field in self.completed_model.model_fields
 
     def clock(self) -> float:
         """The time on the clock the leases are known by (see castad_runtime.stage.leases)."""
@@ -693,6 +705,7 @@ class StageRunner:
             brief=trigger.brief.model_dump(mode="json"),  # as this release's model of it
             max_attempts=trigger.max_attempts,
             **({"remake": remake} if self.passes_remakes and (remake := getattr(trigger, "remake", None)) else {}),
+            **({"share": share} if self.passes_on("share") and (share := getattr(trigger, "share", None)) else {}),
             **output.details,
         )
 
@@ -774,7 +787,11 @@ class StageRunner:
         )
 
     def emit(self, conn: sa.Connection, job: repository.Job, fact: Any, model: type[Any], **fields: Any) -> None:
-        """In the caller's transaction: the event of `fact` about `job`'s attempt, in the outbox."""
+        """In the caller's transaction: the event of `fact` about `job`'s attempt, in the outbox.
+
+        Any but `started` tells the requests for work the attempt sent its provider since its last event."""
+        if fact != "started" and (calls := repository.tell_calls(conn, job.id, job.attempts)) is not None:
+            fields["provider_calls"] = calls
         payload = model(
             pipeline_id=job.pipeline_id, stage=self.stage, job_id=str(job.id), attempt=job.attempts, **fields
         )
