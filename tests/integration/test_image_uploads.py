@@ -189,8 +189,12 @@ def test_a_brief_names_its_tenants_photos_and_its_event_carries_references_not_b
                 runtime_tables.outbox.c.pipeline_id == answer.json()["id"]
             )
         ).scalars()
-    # Uploads only: the version that first carried uploaded photos, which a stage of that release reads.
-    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 3)
+    # The newest version, which tells the tenant's share for the stages' fair turns; without it, uploads only are the
+    # version that first carried uploaded photos, which a stage of that release reads.
+    assert (envelope["type"], envelope["schemaversion"]) == ("pipeline.requested", 8)
+    requested = events.REGISTRY.read("pipeline.requested", 8, envelope["data"])
+    unshared = requested.model_copy(update={"share": None})
+    assert events.REGISTRY.oldest_carrying("pipeline.requested", unshared)[0] == 3
     assert envelope["data"]["brief"]["photos"] == references
     assert len(str(envelope)) < 2_000  # references only: no image's bytes
 
@@ -309,9 +313,14 @@ def test_each_upload_a_brief_names_is_sealed_for_its_pipeline_in_the_event_and_o
     assert isinstance(upload_, brief.Photo) and isinstance(link, brief.PhotoLink)
     assert upload_.seal == links.photo_seal(stage_link_secret("video"), pipeline, upload_)
     assert link.seal == links.photo_seal(stage_link_secret("video"), pipeline, link)
-    assert told[pipeline]["schemaversion"] == 5  # the version that first carried seals (a brief without formats)
+    assert told[pipeline]["schemaversion"] == 8  # it tells the tenant's share (pipeline.requested v8)
+    unshared = [
+        events.REGISTRY.oldest_carrying("pipeline.requested", made.model_copy(update={"share": None}))[0]
+        for made in (requested, events.REGISTRY.read("pipeline.requested", 8, told[unsealed]["data"]))
+    ]
+    assert unshared[0] == 5  # without the share, the version that first carried seals (a brief without formats)
     assert "seal" not in told[unsealed]["data"]["brief"]["photos"][0]  # read by a release before seals too
-    assert told[unsealed]["schemaversion"] < told[pipeline]["schemaversion"]
+    assert unshared[1] < unshared[0]
     shown = sealing.get(f"/v1/pipelines/{pipeline}").json()["brief"]["photos"]
     assert shown[0] == upload_.model_copy(update={"seal": None}).model_dump(mode="json")  # as the tenant sent it
 

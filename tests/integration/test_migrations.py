@@ -38,6 +38,7 @@ STAGE_TABLES = (
     tables.quota_shards,
     tables.in_flight_counts,
     tables.injected_faults,
+    tables.shares,
 )
 SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
     "api": (
@@ -62,6 +63,9 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.upload_buckets,
         api_tables.brand_kits,
         api_tables.pipeline_reviews,
+        api_tables.tenants,
+        api_tables.budgets,
+        api_tables.usage,
     ),
     "lyric": STAGE_TABLES,
     "song": STAGE_TABLES,

@@ -10,7 +10,7 @@ import uuid
 from typing import Annotated
 
 import typer
-from castad_api import key_commands, secret_commands
+from castad_api import key_commands, secret_commands, tenant_commands
 from castad_cli import client as client_
 from castad_cli import main as cli_main
 from castad_cli import progress
@@ -25,6 +25,7 @@ from castad_local import REPO_ROOT, access, charts, demo_photos, privileges, quo
 app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
 app.add_typer(key_commands.app, name="keys")
 app.add_typer(secret_commands.app, name="webhook-secrets")
+app.add_typer(tenant_commands.app, name="tenants")
 console = Console()
 
 DEMO_BRIEF = brief.Brief(

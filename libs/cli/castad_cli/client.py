@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import pathlib
 import uuid
@@ -70,6 +71,12 @@ class Client:
 
     def stats(self, window: str) -> api.Stats:
         return api.Stats.model_validate(self._call("GET", "/v1/stats", params={"window": window}))
+
+    def usage(self, first: dt.date | None = None, last: dt.date | None = None, tenant: str | None = None) -> api.Usage:
+        """What the key's tenant used per day (an admin key: every tenant's, or `tenant`'s), with its budgets."""
+        asked = {"from": first, "to": last, "tenant": tenant}
+        params = {name: str(value) for name, value in asked.items() if value is not None}
+        return api.Usage.model_validate(self._call("GET", "/v1/usage", params=params))
 
     def cancel(self, pipeline_id: str, reason: str | None = None) -> api.ActionAccepted:
         body = api.CancelRequest(reason=reason) if reason else api.CancelRequest()

@@ -7,8 +7,8 @@ retries it;
 Every error is one line on stderr and an exit status: 2 the input was refused (also by the
 gateway: 400, 413, 415, 422), 3 the gateway cannot be reached, 4 not found (404), 5 a conflict
 (409: the pipeline's state does not allow it), 6 the gateway is unavailable (503), 7 the API key
-is missing, wrong or lacks the scope (401, 403), 8 too many requests (429), 1 anything else, and
-for `watch`/`submit`/`retry --watch` a pipeline that did not succeed.
+is missing, wrong or lacks the scope (401, 403), 8 too many requests or the tenant's budget reached (429,
+402), 1 anything else, and for `watch`/`submit`/`retry --watch` a pipeline that did not succeed.
 
 The API key comes from `--api-key`, CASTAD_API_KEY, or the file CASTAD_API_KEY_FILE (default
 ~/.config/castad/api-key; `make setup` writes a local one there).
@@ -16,6 +16,7 @@ The API key comes from `--api-key`, CASTAD_API_KEY, or the file CASTAD_API_KEY_F
 
 from __future__ import annotations
 
+import datetime as dt
 import getpass
 import pathlib
 import re
@@ -36,7 +37,7 @@ app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(brand.app, name="brand")
 app.command()(review.review)
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
-EXIT_BY_STATUS = {None: 3, 400: 2, 401: 7, 403: 7, 404: 4, 409: 5, 413: 2, 415: 2, 422: 2, 429: 8, 503: 6}
+EXIT_BY_STATUS = {None: 3, 400: 2, 401: 7, 403: 7, 404: 4, 402: 8, 409: 5, 413: 2, 415: 2, 422: 2, 429: 8, 503: 6}
 DEFAULT_KEY_FILE = pathlib.Path("~/.config/castad/api-key")
 SUFFIXES = {"video/mp4": ".mp4", "audio/mpeg": ".mp3", "audio/wav": ".wav", "text/plain; charset=utf-8": ".txt"}
 
@@ -228,6 +229,27 @@ def stats(
     with connected(ctx) as client:
         numbers = client.stats(window)
     console.print(reports.stats(numbers))
+
+
+@app.command()
+def usage(
+    ctx: typer.Context,
+    first: Annotated[
+        dt.datetime | None,
+        typer.Option("--from", formats=["%Y-%m-%d"], help="the first UTC day (default: this month's)"),
+    ] = None,
+    last: Annotated[
+        dt.datetime | None, typer.Option("--to", formats=["%Y-%m-%d"], help="the last UTC day (default: today)")
+    ] = None,
+    tenant: Annotated[str | None, typer.Option(help="an admin key: whose (default: every tenant's)")] = None,
+) -> None:
+    """What the key's tenant used per day: pipelines, provider calls, seconds made, bytes kept, estimated cost.
+
+    With its budgets and what it used of them, and its weight in the stages' fair turns.
+    """
+    with connected(ctx) as client:
+        used = client.usage(first and first.date(), last and last.date(), tenant)
+    console.print(reports.usage(used))
 
 
 @app.command()

@@ -67,7 +67,24 @@ def timeline(shown: api.PipelineTimeline) -> Group:
 
 # Columns that wrap in a narrow terminal, and their least width; every other keeps each value on one line.
 WRAPPED = {"what": 20, "error": 16, "errors": 20, "worker": 12}
-NUMBERS = ("seq", "#", "took", "pending", "running", "retry wait", "stuck", "succeeded", "failed", "canceled")
+NUMBERS = (
+    "pipelines",
+    "calls l/s/v",
+    "song s",
+    "video s",
+    "stored",
+    "cost",
+    "seq",
+    "#",
+    "took",
+    "pending",
+    "running",
+    "retry wait",
+    "stuck",
+    "succeeded",
+    "failed",
+    "canceled",
+)
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -91,6 +108,46 @@ def _percentiles(values: api.Percentiles | None) -> str:
 
 def _rate(value: float | None) -> str:
     return f"{value:.1%}" if value is not None else ""
+
+
+def usage(used: api.Usage) -> Group:
+    whose = used.tenant or "every tenant"
+    lines: list[Text | Table] = [Text(f"{whose}, {used.from_} to {used.to} (UTC), costs in {used.currency}")]
+    if used.weight is not None:
+        lines.append(Text(f"weight in the stages' fair turns: {used.weight}"))
+    days = _table("per day", "day", "tenant", *USAGE_COLUMNS)
+    for day in used.days:
+        days.add_row(str(day.day), day.tenant, *_meters(day))
+    days.add_row("total", "", *_meters(used.total))
+    lines.append(days)
+    if used.budgets:
+        budgets = _table("budgets", "period", "limit", "used", "resets")
+        for budget in used.budgets:
+            for name, limit, value in (
+                ("pipelines", budget.pipelines, budget.used.pipelines),
+                ("song seconds", budget.song_seconds, budget.used.song_seconds),
+                ("cost", budget.cost, budget.used.estimated_cost),
+            ):
+                if limit is not None:
+                    budgets.add_row(budget.period, f"{name} {limit:g}", f"{value:g}", _clock(budget.resets_at))
+        lines.append(budgets)
+    return Group(*lines)
+
+
+USAGE_COLUMNS = ("pipelines", "calls l/s/v", "song s", "video s", "stored", "cost")
+
+
+def _meters(meters: api.Meters) -> tuple[str, ...]:
+    calls = f"{meters.lyric_calls}/{meters.song_calls}/{meters.video_calls}"
+    stored = f"{meters.stored_bytes / 1e6:.1f} MB"
+    return (
+        str(meters.pipelines),
+        calls,
+        f"{meters.song_seconds:.0f}",
+        f"{meters.video_seconds:.0f}",
+        stored,
+        f"{meters.estimated_cost:.2f}",
+    )
 
 
 def stats(numbers: api.Stats) -> Group:

@@ -8,6 +8,7 @@ gateway keeps (deps.Gateway.readiness), so a probe never opens one.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 
 from castad_api import (
     brand_routes,
+    buckets,
     console_routes,
     dead_letter_routes,
     errors,
@@ -35,6 +37,7 @@ from castad_api import (
     review_routes,
     stats_routes,
     timeline_routes,
+    usage_routes,
 )
 from castad_api import metrics as metrics_
 from castad_api.deps import Gateway, GatewayDep
@@ -125,6 +128,7 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     app.include_router(key_routes.router)
     app.include_router(brand_routes.router)
     app.include_router(review_routes.router)
+    app.include_router(usage_routes.router)
     if gw.config.health_port is None:
         app.include_router(health)
     console_routes.mount(app, gw.config)
@@ -159,6 +163,13 @@ async def _refused(request: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
     if isinstance(exc, errors.NotFound):
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, errors.OverBudget):
+        wait_s = (exc.resets_at - dt.datetime.now(dt.UTC)).total_seconds()
+        return JSONResponse(
+            {"detail": str(exc), "resets_at": exc.resets_at.isoformat()},
+            status_code=status.HTTP_402_PAYMENT_REQUIRED if exc.payment else status.HTTP_429_TOO_MANY_REQUESTS,
+            headers={"Retry-After": buckets.retry_after(wait_s)},
+        )
     if isinstance(exc, errors.InvalidField):
         return await _invalid_request(request, errors.invalid(exc.loc, str(exc), exc.given))
     return await _invalid_request(request, errors.invalid(("path",), str(exc)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from fastapi.exceptions import RequestValidationError
 
 
@@ -23,6 +25,15 @@ class Conflict(GatewayError):
 
 class Full(GatewayError):
     """The tenant holds as many images, or as many bytes of them, as it may (409): nothing was stored."""
+
+
+class OverBudget(GatewayError):
+    """A creation past a budget of the tenant (usage.py): 429 for its pipelines, 402 for its seconds or its cost."""
+
+    def __init__(self, message: str, resets_at: dt.datetime, payment: bool) -> None:
+        super().__init__(message)
+        self.resets_at = resets_at
+        self.payment = payment
 
 
 class NotReplayable(GatewayError):

@@ -10,12 +10,12 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import topology
+from castad_contracts import api, topology
 from castad_runtime import metrics, scrape
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from castad_api import repository, reviews
+from castad_api import repository, reviews, usage
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # a path no route takes: its template is unknown, and the path itself is free text
@@ -49,6 +49,13 @@ class GatewayMetrics:
             "Pipelines accepted (a replayed Idempotency-Key creates none)",
             registry=self.registry,
         )
+        self.usage = Counter(
+            "castad_usage_total",
+            "What tenants used, by tenant and meter (GET /v1/usage): pipelines made, requests for work sent to each"
+            " stage's provider, seconds of song and video made, bytes of files kept",
+            ["tenant", "meter"],
+            registry=self.registry,
+        )
         self.projected = Counter(
             "castad_projection_events_total",
             "Stage events the projection was given, by event type and what became of them",
@@ -73,6 +80,10 @@ class GatewayMetrics:
             " link or no regular file at the name), or that changed while they were sent",
             registry=self.registry,
         )
+
+    def used(self, tenant: str, amounts: dict[api.Meter, float]) -> None:
+        for meter, amount in amounts.items():
+            self.usage.labels(tenant, meter.value).inc(amount)
 
     def answered(self, method: str, route: str, status: int, duration_s: float) -> None:
         method = method if method in METHODS else "other"
@@ -133,6 +144,34 @@ class DeadLetters:
         return [family]
 
 
+class Budgets:
+    """Each tenant's budgets used so far in their period, as a share of each limit, read at scrape time."""
+
+    part = "budgets"
+    ttl_s = 0.0
+
+    def __init__(self, engine: sa.Engine, prices: usage.Prices) -> None:
+        self.engine = engine
+        self.prices = prices
+
+    def families(self) -> list[Metric]:
+        return [self._family()]
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "castad_budget_used_ratio",
+            "A tenant's budget used so far this UTC day or month, as a share of its limit (1: reached)",
+            labels=["tenant", "period", "limit"],
+        )
+
+    def read(self) -> list[Metric]:
+        family = self._family()
+        with self.engine.connect() as conn:
+            for tenant, period, limit, ratio in usage.budget_ratios(conn, self.prices):
+                family.add_metric([tenant, period, limit], ratio)
+        return [family]
+
+
 class WaitingReviews:
     """Drafts waiting for a person's decision, and the longest wait, read from the gateway's table at scrape time."""
 
@@ -162,7 +201,9 @@ class WaitingReviews:
         return [count, oldest]
 
 
-def instruments(database_url: str, amqp_url: str, topo: topology.Topology) -> GatewayMetrics:
+def instruments(
+    database_url: str, amqp_url: str, topo: topology.Topology, prices: usage.Prices | None = None
+) -> GatewayMetrics:
     """The gateway's metrics, with the gauges a scrape reads.
 
     Its dead letters, its queue, its delay queue and the dead-letter queue. Nothing connects until a scrape reads
@@ -174,6 +215,7 @@ def instruments(database_url: str, amqp_url: str, topo: topology.Topology) -> Ga
         [
             DeadLetters(scrape.engine(database_url)),
             WaitingReviews(scrape.engine(database_url)),
+            Budgets(scrape.engine(database_url), prices or {}),
             scrape.QueueDepth.of_service(amqp_url, topo.queue("api"), topo.dead_letter_queue),
         ],
     )

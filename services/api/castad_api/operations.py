@@ -25,7 +25,7 @@ from castad_contracts import envelope as envelope_
 from castad_runtime import artifacts, db, links, outbound, outbox, telemetry
 from pydantic import SecretStr
 
-from castad_api import brands, errors, model, projection, records, repository, retention, reviews
+from castad_api import brands, errors, model, projection, records, repository, retention, reviews, usage
 
 SOURCE = topology.SOURCES[topology.GATEWAY]
 
@@ -78,6 +78,7 @@ def create(
         requested_at=dt.datetime.now(dt.UTC),
         review=body.review,
         remake=remake.what if remake else None,
+        share=usage.share(conn, tenant),
     )
     env = envelope_.wrap(requested, events.PIPELINE_REQUESTED, SOURCE, *telemetry.current_trace_headers())
     created = repository.create_pipeline(

@@ -37,6 +37,7 @@ from castad_api import (
     served,
     streams,
     timeline,
+    usage,
     webhooks,
 )
 from castad_api.deps import Actor, Gateway, GatewayDep, Operator, Reader, Submitter
@@ -53,6 +54,16 @@ IdempotencyKey = Annotated[
     ),
 ]
 router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
+
+
+# A creation past its tenant's budget (usage.py): the message names the limit and when it resets.
+OVER_BUDGET: dict[int | str, dict[str, Any]] = {
+    402: {
+        "model": api.Problem,
+        "description": "the tenant's budget of seconds of song or of estimated cost for the day or month is reached"
+        " (see Retry-After: when it resets)",
+    }
+}
 
 
 class _OverLimit(Exception):
@@ -91,10 +102,11 @@ def links(pipeline_id: str) -> api.Links:
         409: {"model": api.Problem, "description": "the Idempotency-Key was used with another body"},
         413: {"model": api.Problem},
         415: {"model": api.Problem},
+        402: OVER_BUDGET[402],
         429: {
             "model": api.Problem,
-            "description": "the key made too many pipelines this minute, or its client address failed authentication"
-            " too often (see Retry-After)",
+            "description": "the key made too many pipelines this minute, its tenant's budget of pipelines is reached,"
+            " or its client address failed authentication too often (see Retry-After)",
         },
     },
 )
@@ -125,7 +137,8 @@ def _accepted(
 ) -> api.PipelineAccepted:
     """A pipeline `make` creates in a transaction, as a creation of the key (a new brief, a remake).
 
-    Refused first for a callback URL no notice may go to, or a key that made too many pipelines this minute.
+    Refused first for a callback URL no notice may go to, or a key that made too many pipelines this minute; then,
+    made, if it takes its tenant past a budget.
     """
     refused = callback_url and webhooks.refusal(callback_url, gw.config)
     if callback_url and not refused:
@@ -138,6 +151,9 @@ def _accepted(
     try:
         with db.transaction(gw.engine) as conn:
             accepted = make(conn)
+            if accepted.created:  # counted in the tenant's usage, within its budgets (or rolled back: OverBudget)
+                usage.admit(conn, who.tenant, gw.config.prices)
+                db.after_commit(conn, lambda: gw.metrics.used(who.tenant, {api.Meter.PIPELINES: 1}))
             # Counted last: every creation of the key waits for the lock of its counter, held until the commit.
             # This count decides: creations of other requests or replicas may have come since the key was read.
             wait_s = keys.count_creation(conn, who.key_id, gw.config.creations_per_minute)
@@ -168,7 +184,12 @@ def _accepted(
         },
         413: {"model": api.Problem},
         415: {"model": api.Problem},
-        429: {"model": api.Problem, "description": "the key made too many pipelines this minute (see Retry-After)"},
+        402: OVER_BUDGET[402],
+        429: {
+            "model": api.Problem,
+            "description": "the key made too many pipelines this minute, or its tenant's budget of pipelines is reached"
+            " (see Retry-After)",
+        },
     },
 )
 def remake_pipeline(

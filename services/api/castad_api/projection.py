@@ -21,7 +21,7 @@ from castad_contracts import codes, events
 from castad_contracts import envelope as envelope_
 from castad_runtime import db, groups, inbox, logs, telemetry
 
-from castad_api import metrics, model, records, repository, reviews, webhooks
+from castad_api import metrics, model, records, repository, reviews, usage, webhooks
 from castad_api import writes as writes_
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def apply(
         engine,
         env,
         lambda conn: repository.lock_projected(conn, pipeline_id),
-        lambda conn, projected: _apply(writes_.Writes(conn), env, payload, projected),
+        lambda conn, projected: _apply(writes_.Writes(conn), env, payload, projected, measured),
         measured.consumer.duplicate,
     )
     if outcome is not None:
@@ -128,14 +128,18 @@ def apply_all(
                     continue
                 new.discard(env.id)  # given twice: the second one is a duplicate
                 with logs.bound(env.subject, str(env.id)), telemetry.continued(env.traceparent, env.tracestate):
-                    outcome = _apply(merged, env, payload, held)
+                    outcome = _apply(merged, env, payload, held, measured)
                 db.after_commit(conn, measured.projected.labels(env.type, outcome).inc)
             merged.flush()
     return results
 
 
 def _apply(
-    writes: writes_.Writes, env: envelope_.Envelope, payload: events.Payload, projected: repository.Projected | None
+    writes: writes_.Writes,
+    env: envelope_.Envelope,
+    payload: events.Payload,
+    projected: repository.Projected | None,
+    measured: metrics.GatewayMetrics,
 ) -> str:
     """What became of the event (metrics.APPLIED, ...), given its pipeline, locked, and its stages."""
     if projected is None:
@@ -144,6 +148,7 @@ def _apply(
     pipeline = projected.pipeline
     pipeline_id = pipeline.id
     stage, fact = model.split_type(env.type)
+    _meter(writes, env, payload, stage, pipeline, measured)
     attempt = int(getattr(payload, "attempt", 0))
     change = model.attempt_change(fact, payload, env.time)
     if change is not None:
@@ -165,6 +170,24 @@ def _apply(
         writes=writes,
     )
     return metrics.APPLIED
+
+
+def _meter(
+    writes: writes_.Writes,
+    env: envelope_.Envelope,
+    payload: events.Payload,
+    stage: events.Stage,
+    pipeline: records.Locked,
+    measured: metrics.GatewayMetrics,
+) -> None:
+    """Count what the event says its stage used, in its tenant's usage of the event's UTC day (stale or not)."""
+    reused = pipeline.remade_from is not None and events.STAGE_ORDER.index(stage) < events.STAGE_ORDER.index(
+        events.Stage(pipeline.remade_from)
+    )
+    amounts = usage.metered(payload, stage, reused)
+    if amounts:
+        writes.usage(pipeline.tenant, env.time.astimezone(dt.UTC).date(), amounts)
+        db.after_commit(writes.conn, functools.partial(measured.used, pipeline.tenant, amounts))
 
 
 def _moved(

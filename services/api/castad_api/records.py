@@ -194,6 +194,7 @@ class Locked:
     error_message: str | None
     callback_url: str | None
     tenant: str
+    remade_from: str | None = None  # a remake's first stage made again (the ones before reuse their output)
 
 
 @dataclasses.dataclass(frozen=True)

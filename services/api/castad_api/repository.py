@@ -576,7 +576,7 @@ VALUES (%s, %s, %s, %s, coalesce(%s, now()))
 
 _LOCK_PROJECTED = """
 SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
-       tenant
+       tenant, remade_from
 FROM pipelines WHERE id = %s FOR UPDATE
 """
 # Read once the pipeline is locked, by a statement of its own: a statement that waited for the lock still
@@ -639,7 +639,7 @@ def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | N
 
 _LOCK_ALL_PROJECTED = """
 SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
-       tenant
+       tenant, remade_from
 FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED
 """
 _ALL_PROJECTED_STAGES = """

@@ -45,6 +45,7 @@ from castad_api import (
     projection,
     retention,
     secret_commands,
+    tenant_commands,
     webhooks,
 )
 from castad_api import settings as settings_
@@ -62,7 +63,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
         engine=engine,
         notifications=notifications.PipelineNotifications(config.database_url, config.sse_sweep_s),
         store=artifacts.make_store(config),
-        metrics=metrics.instruments(config.database_url, config.amqp_url, topo),
+        metrics=metrics.instruments(config.database_url, config.amqp_url, topo, config.prices),
     )
     messaging.declare_own_when_reachable(config.amqp_url, topo, "api")
     broker = messaging.make_broker(config.amqp_url, topo, "api")
@@ -157,6 +158,7 @@ def run(config: settings_.ApiSettings) -> None:
 app = cli.service_app("api", settings_.ApiSettings, run, MIGRATIONS)
 app.add_typer(key_commands.app, name="keys")
 app.add_typer(secret_commands.app, name="webhook-secrets")
+app.add_typer(tenant_commands.app, name="tenants")
 
 
 @app.command("link-secrets")

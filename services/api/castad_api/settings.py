@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import string
-from typing import Self
+from typing import Annotated, Self
 
+from castad_contracts import api
 from castad_runtime import settings
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -137,6 +138,12 @@ class ApiSettings(settings.StoreSettings):
         default=600, ge=1, description="pipelines one API key may create a minute (more: 429 with Retry-After)"
     )
     page_size_max: int = Field(default=100, ge=1, le=1000, description="largest page of a listing")
+    prices: dict[api.Meter, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
+        default={},
+        description="the estimated cost of one unit of each meter (GET /v1/usage), as JSON, e.g."
+        ' {"song_calls": 0.05, "video_seconds": 0.01}; a meter left out costs nothing',
+    )
+    currency: str = Field(default="USD", min_length=1, max_length=10, description="of the prices")
     pipeline_deadline_s: float = Field(
         default=7200.0, gt=0, description="a pipeline not ended this long after its request (or retry) is canceled"
     )

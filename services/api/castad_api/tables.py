@@ -349,3 +349,39 @@ pipeline_reviews = sa.Table(
     # Drafts not settled yet: those waiting, and those timed out until the gateway settles them.
     sa.Index("pipeline_reviews_open", "review_until", postgresql_where=sa.text("decision IS NULL")),
 )
+
+# Each tenant's settings an operator made (castad-admin tenants): its weight in the stages' fair turns. A tenant
+# without a row has weight 1.
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
+)
+
+# A tenant's budget for each UTC day or month (usage.py): at most so many pipelines, seconds of song and estimated
+# cost (null: no limit on it). A brief past one is refused when it is made; work accepted before goes on.
+budgets = sa.Table(
+    "budgets",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("period", sa.Text, primary_key=True),  # day or month
+    sa.Column("pipelines", sa.Integer),
+    sa.Column("song_seconds", sa.Float),
+    sa.Column("cost", sa.Float),
+    sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
+)
+
+# What each tenant used each UTC day, by meter (api.Meter): pipelines made, requests for work sent to each stage's
+# provider, seconds of song and video made, bytes of files kept. Added to by the projection from the stages' events
+# (each applied once) and by each creation.
+usage = sa.Table(
+    "usage",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("meter", sa.Text, primary_key=True),
+    sa.Column("amount", sa.Float, nullable=False),
+    sa.Index("usage_by_day", "day"),
+)

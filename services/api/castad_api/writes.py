@@ -20,12 +20,13 @@ from collections import defaultdict
 from typing import Any
 
 import sqlalchemy as sa
-from castad_contracts import events
+from castad_contracts import api, events
 from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_api import model, repository, tables
+from castad_api import usage as usage_
 
 _CANCELED = model.AttemptOutcome.CANCELED.value
 _ENDS = ("ended_at", "outcome", "error_code", "error_message")
@@ -55,6 +56,9 @@ class Writes:
         occurred_at: dt.datetime | None,
     ) -> None:
         repository.append_timeline(self.conn, pipeline_id, event_id, event_type, data, occurred_at)
+
+    def usage(self, tenant: str, day: dt.date, amounts: dict[api.Meter, float]) -> None:
+        usage_.add(self.conn, [(tenant, day, meter, amount) for meter, amount in amounts.items()])
 
 
 def merge_attempt(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +93,7 @@ class Merged(Writes):
         self._stages: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
         self._pipelines: dict[uuid.UUID, dict[str, Any]] = {}
         self._timeline: list[dict[str, Any]] = []
+        self._used: defaultdict[tuple[str, dt.date, api.Meter], float] = defaultdict(float)
 
     def attempt(self, pipeline_id: uuid.UUID, stage: events.Stage, attempt: int, change: dict[str, Any]) -> None:
         key = (pipeline_id, stage.value, attempt)
@@ -123,8 +128,14 @@ class Merged(Writes):
             }
         )
 
+    def usage(self, tenant: str, day: dt.date, amounts: dict[api.Meter, float]) -> None:
+        for meter, amount in amounts.items():
+            self._used[(tenant, day, meter)] += amount
+
     def flush(self) -> None:
         """Make the merged writes: a statement a table and set of columns (sent at once in `db.pipelined`)."""
+        if self._used:
+            usage_.add(self.conn, [(*key, amount) for key, amount in self._used.items()])
         if self._attempts:
             attempts = [
                 {"pipeline_id": pipeline_id, "stage": stage, "attempt": attempt, **change}
