@@ -23,6 +23,7 @@ BESIDE = tuple(
         "slideshow",
         "reviews",
         "remakes",
+        "usage",
     )
 )
 
