@@ -2,9 +2,10 @@
 
 The browser is Debian's chromium, driven by playwright. The board follows pipelines live without a reload, a
 pipeline's page shows its photos, stages, attempts, timeline and previews and retries and cancels through its
-buttons, the stats page charts the window, the dead-letter page replays and discards, a key sees only what its
-scopes allow. Each test fails on any console error or uncaught exception of the page, and writes its screenshots
-(into var/console; `make screenshots` refreshes those of docs/console).
+buttons, the stats page charts the window, the usage page counts a tenant's day and shows its budgets, the
+dead-letter page replays and discards, a key sees only what its scopes allow. Each test fails on any console error
+or uncaught exception of the page, and writes its screenshots (into var/console; `make screenshots` refreshes those
+of docs/console).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import uuid
 import httpx
 import pika
 import pytest
-from castad_api import keys, tables
+from castad_api import keys, tables, usage
 from castad_contracts import api, brief
 from castad_local import access, demo_photos
 from castad_local.fakes.chat import FakeChat, Reply
+from castad_runtime import db
 from playwright.sync_api import expect
 
 from tests.e2e import browser as browser_
@@ -406,6 +408,58 @@ def test_the_brand_page_sets_the_kit_with_a_new_logo_changes_it_and_removes_it_a
     assert httpx.get(f"{running.base_url}/v1/brand", headers=headers).status_code == 404
     texts_complete(console)
     assert console.errors == [] and reading.errors == []
+
+
+@pytest.mark.timeout(90)
+def test_the_usage_page_counts_the_tenants_pipeline_today_charts_it_and_an_admin_picks_the_tenant(shared, browser):
+    engine = db.make_engine(shared.installation.database_urls["api"])
+    try:
+        with db.transaction(engine) as conn:
+            usage.set_budget(conn, shared.tenant, usage.Limits("month", 50, 600.0, None))
+    finally:
+        engine.dispose()
+    pipeline_id = shared.submit(briefs.sample("사용량책방"))
+    assert shared.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+
+    def counted(console: browser_.Console) -> None:
+        """The tenant's row of today counts its pipeline; both charts are drawn; its budgets are shown."""
+        page = console.page
+        mine = page.locator(f'[data-testid=usage-days] tbody tr[data-day="{today}"][data-tenant="{shared.tenant}"]')
+        expect(mine.locator('td[data-meter="pipelines"]')).to_have_text("1", timeout=WAIT_MS)
+        expect(mine.locator('td[data-meter="calls"]')).to_have_text("0 / 0 / 0")  # the local providers: none
+        for chart in ("usage-cost", "usage-song-seconds"):
+            expect(page.locator(f'figure[data-chart="{chart}"] .series.key-tenant-0 circle').first).to_be_attached()
+        expect(page.locator('[data-testid=budgets] tr[data-period="month"][data-limit="pipelines"]')).to_contain_text(
+            "50"
+        )
+        expect(page.get_by_test_id("budget-share")).to_have_count(2)  # pipelines and seconds of song
+        expect(page.get_by_test_id("usage-weight")).to_contain_text("1")
+
+    # The tenant's own key (read): its own usage, no tenant to pick.
+    console = browser_.console_page(browser, shared.base_url)
+    console.open()
+    console.log_in(shared.api_key)
+    console.page.get_by_test_id("nav-usage").click()
+    counted(console)
+    expect(console.page.get_by_test_id("usage-tenant")).to_have_count(0)
+
+    # An admin key: every tenant's, then the test's tenant typed into the filter.
+    admin = browser_.console_page(browser, shared.base_url)
+    admin.open()
+    admin.log_in(shared.installation.api_key)
+    admin.page.get_by_test_id("nav-usage").click()
+    expect(admin.page.locator(f'[data-testid=usage-days] tr[data-tenant="{shared.tenant}"]')).to_have_count(
+        1, timeout=WAIT_MS
+    )
+    expect(admin.page.get_by_test_id("tenant-limits")).to_have_count(0)  # every tenant's: no budgets
+    admin.page.get_by_test_id("usage-tenant").fill(shared.tenant)
+    admin.page.get_by_test_id("usage-show").click()
+    expect(admin.page).to_have_url(re.compile(rf"#/usage\?.*tenant={shared.tenant}"))
+    counted(admin)
+    admin.screenshot("usage")
+    texts_complete(console)
+    assert console.errors == [] and admin.errors == []
 
 
 def select_line(console: browser_.Console, area: str, number: int) -> None:

@@ -67,3 +67,19 @@ export function bytes(size) {
 export function shortId(id) {
   return String(id).slice(0, 8);
 }
+
+/** A UTC day (YYYY-MM-DD) as the page's language writes it; `short`: its day and month only (a chart's axis). */
+export function day(value, short = false) {
+  if (!value) return "";
+  const style = short ? { day: "numeric", month: "short" } : { dateStyle: "medium" };
+  return new Intl.DateTimeFormat(locale(), { ...style, timeZone: "UTC" }).format(new Date(`${value}T00:00:00Z`));
+}
+
+/** An amount in `currency`: as money when it is an ISO 4217 code Intl knows, else the number and the name. */
+export function money(value, currency) {
+  try {
+    return new Intl.NumberFormat(locale(), { style: "currency", currency, maximumFractionDigits: 4 }).format(value);
+  } catch {
+    return `${number(value, 4)} ${currency}`;
+  }
+}

@@ -12,12 +12,14 @@ import * as login from "./login.js";
 import * as pipeline from "./pipeline.js";
 import * as review from "./review.js";
 import * as stats from "./stats.js";
+import * as usage from "./usage.js";
 
 const ROUTES = [
   { pattern: /^board$/, render: board.render, title: "nav.board" },
   { pattern: /^pipelines\/([0-9a-f-]{36})$/, render: pipeline.render, title: "nav.pipeline" },
   { pattern: /^pipelines\/([0-9a-f-]{36})\/review$/, render: review.render, title: "nav.review" },
   { pattern: /^brand$/, render: brand.render, title: "nav.brand", scope: "read" },
+  { pattern: /^usage$/, render: usage.render, title: "nav.usage", scope: "read" },
   { pattern: /^stats$/, render: stats.render, title: "nav.stats", scope: "admin" },
   { pattern: /^dead-letters$/, render: deadLetters.list, title: "nav.dead_letters", scope: "admin" },
   { pattern: /^dead-letters\/([0-9]+)$/, render: deadLetters.detail, title: "nav.dead_letters", scope: "admin" },
@@ -61,6 +63,7 @@ function drawHeader(path) {
         {},
         link("#/board", "nav.board", "nav-board"),
         may("read") && link("#/brand", "nav.brand", "nav-brand"),
+        may("read") && link("#/usage", "nav.usage", "nav-usage"),
         may("admin") && link("#/stats", "nav.stats", "nav-stats"),
         may("admin") && link("#/dead-letters", "nav.dead_letters", "nav-dead-letters"),
       )
