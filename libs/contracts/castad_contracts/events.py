@@ -219,7 +219,7 @@ class Share(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tenant: str = Field(min_length=1, max_length=200, description="the tenant whose key made the pipeline")
+    tenant: str = Field(min_length=1, description="the tenant whose key made the pipeline")
     weight: int = Field(
         default=1, ge=1, le=MAX_SHARE_WEIGHT, description="turns the tenant gets for another's one, both waiting"
     )

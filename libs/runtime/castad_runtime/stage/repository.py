@@ -762,8 +762,20 @@ def unrecord_submission(conn: sa.Connection, job: Job) -> None:
     conn.execute(
         attempts.update()
         .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts)
-        .values(submitted_at=None, submission_key=None, untold_calls=sa.func.greatest(attempts.c.untold_calls - 1, 0))
+        .values(submitted_at=None, submission_key=None, untold_calls=_ONE_CALL_FEWER)
     )
+
+
+def refused_call(conn: sa.Connection, job: Job) -> None:
+    """The provider refused the attempt's request for work outright ("too many"): no task it bills, not counted."""
+    conn.execute(
+        attempts.update()
+        .where(attempts.c.job_id == job.id, attempts.c.number == job.attempts)
+        .values(untold_calls=_ONE_CALL_FEWER)
+    )
+
+
+_ONE_CALL_FEWER = sa.func.greatest(attempts.c.untold_calls - 1, 0)
 
 
 # The requests for work the attempt sent its provider that no event told yet, told now (castad_runtime.stage.runner).

@@ -767,6 +767,8 @@ class StageRunner:
         )
         if not done:
             return False
+        if back.throttled_s is not None:  # its request for work was refused, not taken: the provider bills none
+            repository.refused_call(conn, job)
         log.warning("%s attempt %d handed back (%s), not counted", self.stage.value, job.attempts, back.code)
         last_attempt = job.attempts - job.counted_attempts + job.max_attempts
         self._emit_retrying(conn, job, back.code, back.message[:ERROR_MESSAGE_MAX], last_attempt=last_attempt)
@@ -789,8 +791,9 @@ class StageRunner:
     def emit(self, conn: sa.Connection, job: repository.Job, fact: Any, model: type[Any], **fields: Any) -> None:
         """In the caller's transaction: the event of `fact` about `job`'s attempt, in the outbox.
 
-        Any but `started` tells the requests for work the attempt sent its provider since its last event."""
-        if fact != "started" and (calls := repository.tell_calls(conn, job.id, job.attempts)) is not None:
+        One that can tells the requests for work the attempt sent its provider since its last event said
+        (`started` cannot: none has left yet)."""
+        if "provider_calls" in model.model_fields and (calls := repository.tell_calls(conn, job.id, job.attempts)):
             fields["provider_calls"] = calls
         payload = model(
             pipeline_id=job.pipeline_id, stage=self.stage, job_id=str(job.id), attempt=job.attempts, **fields
