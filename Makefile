@@ -8,7 +8,7 @@ PYTHON_DIRS := libs services infra/local infra/docs tests bench
 TEST_WORKERS ?= 4
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test pytest check lint docs release bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults upgrade-test images lock schemas screenshots
+.PHONY: setup demo up test pytest check lint docs release bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-fairness bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults upgrade-test images lock schemas screenshots
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -65,6 +65,9 @@ bench-wakeups: setup  ## commits a second of 32 writers with no wake-up, a NOTIF
 
 bench-quota: setup  ## claims a second of 32 claimers through a provider's quota with 10,000 jobs in flight, through its one locked row before and its shards now; writes docs/reports/quota.md
 	@$(BIN)/python -m bench.quota
+
+bench-fairness: setup  ## waits per tenant behind another's backlog of 200 at a slow music API, oldest first before and in fair turns now, and what a claim costs each way (about a minute); writes docs/reports/fairness.md
+	@$(BIN)/python -m bench.fairness
 
 bench-polls: setup  ## 100,000 jobs waiting at a provider polled as they fall due, each a claim of its own before and in batches now (about 5 minutes); writes docs/reports/polls.md
 	@$(BIN)/python -m bench.polls

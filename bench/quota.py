@@ -64,8 +64,8 @@ def one_row_claim(conn: sa.Connection, worker: str) -> bool:
     if gate.blocked or gate.tokens < 1:
         return False
     in_flight = db.run(conn, ONE_ROW_IN_FLIGHT).fetchone()[0]
-    statement = repository.CLAIM if in_flight < gate.max_in_flight else repository.CLAIM_POLL
-    row = db.run(conn, statement, {"worker": worker, "lease_s": 300.0}).fetchone()
+    statement = repository.CLAIM_OLDEST if in_flight < gate.max_in_flight else repository.CLAIM_POLL_OLDEST
+    row = db.run(conn, statement, {"worker": worker, "lease_s": 300.0, "reads": repository.READS_ANY}).fetchone()
     if row is None:
         return False
     db.run(conn, repository.OPEN_ATTEMPT, (row.id, row.attempts, worker))
