@@ -4,6 +4,7 @@ tenant's weight told to the stages with its pipelines."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import uuid
 
@@ -163,3 +164,46 @@ def test_a_pipeline_tells_the_stages_its_tenant_and_weight(engines, api):
         row = conn.execute(sa.select(outbox).where(outbox.c.pipeline_id == made.json()["id"])).one()
     requested = envelope.Envelope.model_validate(row.envelope).payload()
     assert isinstance(requested, events.PipelineRequested) and requested.share == events.Share(tenant=who, weight=3)
+
+
+def test_concurrent_briefs_of_a_tenant_with_a_budget_are_counted_one_after_the_other(engines, api):
+    engine = engines["api"]
+    who = tenant()
+    with db.transaction(engine) as conn:
+        usage.set_budget(conn, who, usage.Limits("month", 3, None, None))
+    key = make_key(engine, who, keys.Scope.SUBMIT)
+    running = [api(), api()]  # two gateway replicas (each a process of its own in a deployment)
+    clients = [running[n % 2].client(key) for n in range(8)]
+    for client in clients[:2]:  # each app builds its routes once, at its first request (FastAPI): not two at once here
+        assert client.get("/v1/me").status_code == 200
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda client: client.post("/v1/pipelines", json=BRIEF, headers={"Idempotency-Key": str(uuid.uuid4())}),
+                clients,
+            )
+        )
+
+    assert sorted(answer.status_code for answer in answers) == [202] * 3 + [429] * 5
+    with engine.connect() as conn:
+        made = conn.execute(sa.text("SELECT count(*) FROM pipelines WHERE tenant = :t"), {"t": who}).scalar_one()
+        counted = conn.execute(
+            sa.text("SELECT sum(amount) FROM usage WHERE tenant = :t AND meter = 'pipelines'"), {"t": who}
+        ).scalar_one()
+    assert made == counted == 3
+
+
+def test_a_cost_budget_takes_the_pipelines_own_price_up_to_the_limit_and_not_past_it(engines, api):
+    engine = engines["api"]
+    who = tenant()
+    with db.transaction(engine) as conn:
+        usage.set_budget(conn, who, usage.Limits("day", None, None, 1.0))
+    client = api(prices={"pipelines": 0.5}).client(make_key(engine, who, keys.Scope.SUBMIT))
+
+    statuses = [
+        client.post("/v1/pipelines", json=BRIEF, headers={"Idempotency-Key": str(uuid.uuid4())}).status_code
+        for _ in range(3)
+    ]
+
+    assert statuses == [202, 202, 402]  # 0.5 and 1.0 are within a budget of 1.0; a third would make 1.5

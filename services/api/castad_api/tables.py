@@ -358,6 +358,7 @@ tenants = sa.Table(
     sa.Column("tenant", sa.Text, primary_key=True),
     sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
     sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
+    sa.CheckConstraint("weight BETWEEN 1 AND 100", name="tenants_weight"),  # events.MAX_SHARE_WEIGHT
 )
 
 # A tenant's budget for each UTC day or month (usage.py): at most so many pipelines, seconds of song and estimated
@@ -382,6 +383,8 @@ usage = sa.Table(
     sa.Column("tenant", sa.Text, primary_key=True),
     sa.Column("day", sa.Date, primary_key=True),
     sa.Column("meter", sa.Text, primary_key=True),
+    # Each transaction adds to rows of one shard of the 16 (usage.SHARDS), so that two do not wait for each other.
+    sa.Column("shard", sa.SmallInteger, primary_key=True, autoincrement=False),
     sa.Column("amount", sa.Float, nullable=False),
     sa.Index("usage_by_day", "day"),
 )

@@ -13,8 +13,8 @@
 - **Weights.** A tenant's weight (castad-admin tenants weight) goes with each of its pipelines to the stages
   (events.Share): a tenant of weight 3 gets three of their turns for another's one.
 
-Concurrent creations of a tenant take turns on the row of its pipelines today, so a budget's count is exact however
-many replicas create at once.
+Concurrent creations of a tenant with budgets are counted one after the other (`admit`), so a budget's count of
+pipelines is exact however many replicas create at once.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import calendar
 import dataclasses
 import datetime as dt
+import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -36,11 +37,17 @@ PERIODS: tuple[api.BudgetPeriod, ...] = ("day", "month")
 EVERY = {"day": "daily", "month": "monthly"}
 MAX_DAYS = 366  # the longest span GET /v1/usage reads at once
 
-# Added to what a tenant used on a day (one row a meter): a statement for any number of rows.
+# Added to what a tenant used on a day, one row a meter and shard (a statement for any number of rows; a day left
+# null is the database's today, UTC). A transaction adds to the rows of one shard, chosen at random, in the order of
+# their keys: two transactions adding to one tenant's day wait for each other only if they chose the same shard,
+# and never deadlock.
+SHARDS = 16
 ADD = """
-INSERT INTO usage (tenant, day, meter, amount)
-SELECT * FROM unnest(%s::text[], %s::date[], %s::text[], %s::float8[])
-ON CONFLICT (tenant, day, meter) DO UPDATE SET amount = usage.amount + EXCLUDED.amount
+INSERT INTO usage (tenant, day, meter, shard, amount)
+SELECT tenant, coalesce(day, (now() AT TIME ZONE 'UTC')::date), meter, %s, amount
+FROM unnest(%s::text[], %s::date[], %s::text[], %s::float8[]) AS added(tenant, day, meter, amount)
+ORDER BY 1, 2, 3
+ON CONFLICT (tenant, day, meter, shard) DO UPDATE SET amount = usage.amount + EXCLUDED.amount
 """
 
 
@@ -64,12 +71,13 @@ def metered(payload: events.Payload, stage: events.Stage, reused: bool) -> dict[
     return amounts
 
 
-def add(conn: sa.Connection, used: Iterable[tuple[str, dt.date, api.Meter, float]]) -> None:
-    """Add to what tenants used: (tenant, day, meter, amount) each."""
+def add(conn: sa.Connection, used: Iterable[tuple[str, dt.date | None, api.Meter, float]]) -> None:
+    """Add to what tenants used: (tenant, day, meter, amount) each (a day of None: today, by the database's clock)."""
     rows = [row for row in used if row[3]]
     if rows:
         tenants, days, meters, amounts = (list(column) for column in zip(*rows, strict=True))
-        db.run(conn, ADD, (tenants, days, [meter.value for meter in meters], [float(amount) for amount in amounts]))
+        shard = random.randrange(SHARDS)
+        db.run(conn, ADD, (shard, tenants, days, [meter.value for meter in meters], [float(n) for n in amounts]))
 
 
 def cost(amounts: Mapping[api.Meter, float], prices: Prices) -> float:
@@ -156,7 +164,7 @@ def budgets(conn: sa.Connection, tenant: str, prices: Prices, now: dt.datetime |
     shown = []
     for limits in _limits(conn, tenant):
         first, resets_at = period_of(limits.period, now)
-        used = _meters(_summed(_used(conn, tenant, first, now.date())), prices)
+        used = _meters(_summed(_used(conn, tenant, first, now.astimezone(dt.UTC).date())), prices)
         shown.append(api.Budget(**dataclasses.asdict(limits), used=used, resets_at=resets_at))
     return shown
 
@@ -164,10 +172,17 @@ def budgets(conn: sa.Connection, tenant: str, prices: Prices, now: dt.datetime |
 def admit(conn: sa.Connection, tenant: str, prices: Prices) -> None:
     """Count a pipeline the tenant makes now, in its creation's transaction; OverBudget if a budget of its refuses.
 
-    The pipelines' row of the day is written first: the tenant's concurrent creations wait for it, each then counting
-    what the ones before committed."""
-    now = dt.datetime.now(dt.UTC)
-    add(conn, [(tenant, now.date(), api.Meter.PIPELINES, 1)])
+    A tenant with budgets takes a lock of its own first (a transaction-level advisory lock), so that its concurrent
+    creations, on any replica, are counted one after the other, each after the ones before committed; the day and
+    the month are the database's (UTC)."""
+    limits = _limits(conn, tenant)
+    if limits:
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(f"castad-budget:{tenant}", 0))))
+    add(conn, [(tenant, None, api.Meter.PIPELINES, 1)])
+    if not limits:
+        return
+    now = conn.execute(sa.select(sa.func.now())).scalar_one()
+    this_one = prices.get(api.Meter.PIPELINES, 0.0)  # what the pipeline costs by being made
     for budget in budgets(conn, tenant, prices, now):
         used, which = budget.used, f"{tenant}'s {EVERY[budget.period]}"
         resets = f"it resets at {budget.resets_at.isoformat()}"
@@ -182,10 +197,10 @@ def admit(conn: sa.Connection, tenant: str, prices: Prices) -> None:
                 budget.resets_at,
                 payment=True,
             )
-        if budget.cost is not None and used.estimated_cost >= budget.cost:
+        before = used.estimated_cost - this_one
+        if budget.cost is not None and (before >= budget.cost or used.estimated_cost > budget.cost):
             raise errors.OverBudget(
-                f"{which} budget of {budget.cost:g} in estimated cost is reached ({used.estimated_cost:.2f} used);"
-                f" {resets}",
+                f"{which} budget of {budget.cost:g} in estimated cost is reached ({before:.2f} used); {resets}",
                 budget.resets_at,
                 payment=True,
             )

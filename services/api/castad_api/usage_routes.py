@@ -29,7 +29,12 @@ def get_usage(
     to: Annotated[dt.date | None, Query(description="the last UTC day, counted too (default: today)")] = None,
     tenant: Annotated[
         str | None,
-        Query(max_length=200, description="an admin key: whose usage (default: every tenant's); any other: its own"),
+        Query(
+            min_length=1,
+            max_length=200,
+            pattern=r"^[^\x00-\x1f\x7f]*$",
+            description="an admin key: whose usage (default: every tenant's); any other: its own",
+        ),
     ] = None,
 ) -> api.Usage:
     """What the key's tenant used per UTC day, by meter, with its estimated cost, its budgets and its weight.

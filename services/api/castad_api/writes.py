@@ -93,7 +93,7 @@ class Merged(Writes):
         self._stages: dict[tuple[uuid.UUID, str], dict[str, Any]] = {}
         self._pipelines: dict[uuid.UUID, dict[str, Any]] = {}
         self._timeline: list[dict[str, Any]] = []
-        self._used: defaultdict[tuple[str, dt.date, api.Meter], float] = defaultdict(float)
+        self._used: defaultdict[tuple[str, dt.date, api.Meter], float] = defaultdict(float)  # usage_.add orders them
 
     def attempt(self, pipeline_id: uuid.UUID, stage: events.Stage, attempt: int, change: dict[str, Any]) -> None:
         key = (pipeline_id, stage.value, attempt)

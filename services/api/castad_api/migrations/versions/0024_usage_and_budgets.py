@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("tenant", sa.Text, primary_key=True),
         sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
         sa.Column("updated_at", TZ, nullable=False, server_default=sa.func.now()),
+        sa.CheckConstraint("weight BETWEEN 1 AND 100", name="tenants_weight"),
     )
     op.create_table(
         "budgets",
@@ -41,6 +42,7 @@ def upgrade() -> None:
         sa.Column("tenant", sa.Text, primary_key=True),
         sa.Column("day", sa.Date, primary_key=True),
         sa.Column("meter", sa.Text, primary_key=True),
+        sa.Column("shard", sa.SmallInteger, primary_key=True, autoincrement=False),
         sa.Column("amount", sa.Float, nullable=False),
     )
     op.create_index("usage_by_day", "usage", ["day"])
