@@ -102,6 +102,10 @@ def test_a_key_reads_its_own_tenants_usage_only_and_a_bad_span_names_its_field(e
     too_long = client.get("/v1/usage", params={"from": "2024-01-01", "to": "2026-01-01"})
     assert too_long.status_code == 422 and too_long.json()["detail"][0]["loc"] == ["query", "to"]
     assert client.get("/v1/usage", params={"from": "yesterday"}).status_code == 422
+    admin = api().client(make_key(engine, "ops", keys.Scope.ADMIN))
+    for bad in ("", "\x00", "a\nb"):
+        refused = admin.get("/v1/usage", params={"tenant": bad})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "tenant"], bad
 
 
 def test_a_brief_past_the_days_pipelines_is_refused_with_the_limit_and_when_it_resets(engines, api):
