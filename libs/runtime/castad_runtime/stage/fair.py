@@ -10,8 +10,7 @@ turns):
   the clock (the latest start any claim took) if its `finish` is behind it; ties go to the tenant served least
   lately (the lower `finish`), then by name. Within the tenant, its oldest due job, as before.
 - The claim moves the tenant's start there and its `finish` on by `1 / weight` (the claimed job's
-  `events.Share.weight`).
-  So two waiting tenants alternate; one of weight 3 gets three turns for the other's one.
+  `events.Share.weight`). So two waiting tenants alternate; one of weight 3 gets three turns for the other's one.
 - A tenant that was idle starts at the clock: its idle time is not saved up as turns to take from the others later.
   A new tenant's first job waits for at most one turn of each other waiting tenant.
 
@@ -23,8 +22,10 @@ next: a claim finds work while any is due that no other claim holds. Claims of o
 commit on its `shares` row while another tenant waits too; a tenant waiting alone takes its claims without moving
 its place (its turns then matter to no one), so a single tenant's claims go as fast as before fair turns.
 
-A job whose trigger told no share (written by a release before) belongs to tenant '' of weight 1: it takes its
-turns as one more tenant. A `shares` row is a tenant's, kept for good (a few bytes each).
+A trigger whose handler finds a free slot of its stage (one that no provider's quota limits) claims its own job at
+once, as before: a slot is free, so no job waits for one. A job whose trigger told no share (written by a release
+before) belongs to tenant '' of weight 1: it takes its turns as one more tenant. A `shares` row is a tenant's, kept
+for good (a few bytes each).
 """
 
 from __future__ import annotations
