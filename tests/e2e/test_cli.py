@@ -50,6 +50,7 @@ def test_every_error_is_one_line_and_its_own_exit_status():
     one_line_error(cli(down, "dead-letters", "list"), 3, "cannot reach the gateway")
     one_line_error(cli(down, "timeline", str(uuid.uuid4())), 3, "cannot reach the gateway")
     one_line_error(cli(down, "stats", "--window", "15m"), 3, "cannot reach the gateway")
+    one_line_error(cli(down, "usage"), 3, "cannot reach the gateway")
     one_line_error(cli(down, "retry", str(uuid.uuid4()), "--max-attempts", "lyrics=2"), 2, "STAGE=N")
     both = cli(down, "download", str(uuid.uuid4()), "--captions", "vtt", "--poster")
     one_line_error(both, 2, "give one of them")
@@ -78,6 +79,11 @@ def test_cancel_retry_and_dead_letters_from_the_command_line(shared):
     assert "done" in retried.stdout
     one_line_error(cli(gateway, "cancel", hanging), 5, "has already ended SUCCEEDED")
     one_line_error(cli(gateway, "retry", hanging), 5, "only a FAILED or CANCELED pipeline")
+
+    used = cli(gateway, "usage", "--tenant", running.tenant)  # the pipeline made, counted for its tenant
+    assert used.returncode == 0 and running.tenant in used.stdout and "per day" in used.stdout, used.stderr
+    assert "total" in used.stdout and "Traceback" not in used.stderr
+    one_line_error(cli(gateway, "usage", "--from", "2026-12-05", "--to", "2026-12-01"), 2, "query.from")
 
     listed = cli(gateway, "dead-letters", "list", "--status", "dead")
     assert listed.returncode == 0 and "0 dead letters" in listed.stdout

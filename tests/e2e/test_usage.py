@@ -48,7 +48,7 @@ def whose(body: object, owners: dict[str, str]) -> str:
 
 @pytest.mark.timeout(240)
 def test_each_tenants_usage_is_what_the_providers_counted_and_a_budget_reached_mid_burst_refuses_the_next(
-    castad, providers
+    castad, providers, dbs
 ):
     lyrics, music, render = providers
     port = stack.free_port()
@@ -80,6 +80,9 @@ def test_each_tenants_usage_is_what_the_providers_counted_and_a_budget_reached_m
     assert f"{first}'s daily budget of 3 pipelines is reached; it resets at {tomorrow.isoformat()}" in str(error)
     views = running.wait_terminal(list(accepted), timeout_s=150)
     assert {view.status for view in views.values()} == {"SUCCEEDED"}  # every accepted one finishes
+    for stage in ("lyric", "song", "video"):  # each stage took its turns by whose work it was
+        jobs = dbs.jobs_of(stage, list(accepted))
+        assert {job["pipeline_id"]: job["tenant"] for job in jobs} == accepted, stage
 
     owners = {pipeline_id: tenant for pipeline_id, tenant in accepted.items()}
     owners |= {customer: tenant for tenant, names in customers.items() for customer in names}

@@ -51,9 +51,10 @@ class GatewayMetrics:
         )
         self.usage = Counter(
             "castad_usage_total",
-            "What tenants used, by tenant and meter (GET /v1/usage): pipelines made, requests for work sent to each"
+            "What tenants used, by tenant (a digest of its name: castad-admin tenants list) and meter (GET"
+            " /v1/usage): pipelines made, requests for work sent to each"
             " stage's provider, seconds of song and video made, bytes of files kept",
-            ["tenant", "meter"],
+            ["tenant_ref", "meter"],
             registry=self.registry,
         )
         self.projected = Counter(
@@ -83,7 +84,7 @@ class GatewayMetrics:
 
     def used(self, tenant: str, amounts: dict[api.Meter, float]) -> None:
         for meter, amount in amounts.items():
-            self.usage.labels(tenant, meter.value).inc(amount)
+            self.usage.labels(usage.metrics_label(tenant), meter.value).inc(amount)
 
     def answered(self, method: str, route: str, status: int, duration_s: float) -> None:
         method = method if method in METHODS else "other"
@@ -160,15 +161,16 @@ class Budgets:
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(
             "castad_budget_used_ratio",
-            "A tenant's budget used so far this UTC day or month, as a share of its limit (1: reached)",
-            labels=["tenant", "period", "limit"],
+            "A tenant's budget used so far this UTC day or month, as a share of its limit (1: reached); the tenant by"
+            " a digest of its name (castad-admin tenants list)",
+            labels=["tenant_ref", "period", "limit"],
         )
 
     def read(self) -> list[Metric]:
         family = self._family()
         with self.engine.connect() as conn:
             for tenant, period, limit, ratio in usage.budget_ratios(conn, self.prices):
-                family.add_metric([tenant, period, limit], ratio)
+                family.add_metric([usage.metrics_label(tenant), period, limit], ratio)
         return [family]
 
 

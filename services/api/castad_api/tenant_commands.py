@@ -69,7 +69,9 @@ def weight(
 
 @app.command("list")
 def listing() -> None:
-    """Every tenant with a weight or budget set, one a line, tab-separated: tenant, weight, then each budget."""
+    """Every tenant with a weight or budget set, one a line, tab-separated.
+
+    Its name, the label its metrics have (`tenant_ref`), its weight, then each budget."""
     config = cli.load_settings(ApiSettings)
     with gateway_db(config) as conn:
         for tenant, (tenant_weight, limits) in usage.settings(conn).items():
@@ -78,7 +80,8 @@ def listing() -> None:
                 f" cost={_shown(limit.cost)}"
                 for limit in limits
             ]
-            console.print("\t".join([tenant, str(tenant_weight), *budgets]), markup=False)
+            row = [tenant, usage.metrics_label(tenant), str(tenant_weight), *budgets]
+            console.print("\t".join(row), markup=False)
 
 
 def _shown(value: float | None) -> str:
