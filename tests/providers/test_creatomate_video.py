@@ -459,7 +459,12 @@ def test_a_finished_render_is_kept_as_the_mp4_the_api_served_with_its_size(fake,
     assert kept.is_relative_to(artifacts_dir / "video" / job.pipeline_id) and kept.read_bytes() == served
     assert kept.suffix == ".mp4"
     poster = output.details.pop("poster")  # the render's snapshot, kept as the video's poster
-    assert output.details == {"width": fake_creatomate.WIDTH, "height": fake_creatomate.HEIGHT, "more_formats": ()}
+    assert output.details == {
+        "width": fake_creatomate.WIDTH,
+        "height": fake_creatomate.HEIGHT,
+        "duration_s": 9.0,  # the song's, as long as each format's video
+        "more_formats": (),
+    }
     assert (poster.media_type, poster.sha256) == ("image/jpeg", hashlib.sha256(media.jpeg()).hexdigest())
     assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(poster.uri).path)).suffix == ".jpg"
 

@@ -31,10 +31,10 @@ for good (a few bytes each).
 from __future__ import annotations
 
 # The tenants with claimable jobs are found by a loose scan of the index jobs_fair (tenant, due_at), one probe a
-# tenant, and whether each has a job due by one more probe (the index's range up to now): not one a job. Ranked by
-# where their next claim starts, they are read in that order (a MATERIALIZED CTE keeps its rows' order), and the
-# first whose oldest due job no other claim holds gives the job: the LATERAL runs tenant after tenant until one
-# does (LIMIT 1), locking only that job, so a claim finds work while any is due that no other claim holds.
+# tenant, not one a job. Ranked by where their next claim starts, they are read in that order (a MATERIALIZED CTE
+# keeps its rows' order), and the first with a due job no other claim holds gives its oldest: the LATERAL runs
+# tenant after tenant (one probe each: the index's range up to now) until one does (LIMIT 1), locking only that
+# job, so a claim finds work while any is due that no other claim holds.
 # `{claimable}` names the statuses a claim may take; `{claim}` is the claim's UPDATE (repository._UPDATE), given
 # the chosen job's id. With a single tenant waiting, its place is not moved: no row every claim would wait for.
 TURN = """
@@ -50,10 +50,7 @@ WITH RECURSIVE waiting AS (
     SELECT waiting.tenant, greatest(coalesce(shares.finish, 0), clock.now) AS start,
         coalesce(shares.finish, 0) AS finish
     FROM waiting CROSS JOIN clock LEFT JOIN shares ON shares.tenant = waiting.tenant
-    WHERE waiting.tenant IS NOT NULL AND EXISTS (
-        SELECT FROM jobs WHERE jobs.tenant = waiting.tenant AND {claimable} AND due_at <= now()
-            AND coalesce(input_version, 0) <= %(reads)s
-    )
+    WHERE waiting.tenant IS NOT NULL
     ORDER BY 2, 3, 1
 ), chosen AS MATERIALIZED (
     SELECT job.id, job.weight, ranked.tenant, ranked.start, (SELECT count(*) FROM ranked) AS waiting
