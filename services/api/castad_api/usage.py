@@ -159,11 +159,17 @@ def _limits(conn: sa.Connection, tenant: str) -> list[Limits]:
     return [Limits(row.period, row.pipelines, row.song_seconds, row.cost) for row in rows]
 
 
-def budgets(conn: sa.Connection, tenant: str, prices: Prices, now: dt.datetime | None = None) -> list[api.Budget]:
-    """The tenant's budgets, each with what it used so far in its period."""
+def budgets(
+    conn: sa.Connection,
+    tenant: str,
+    prices: Prices,
+    now: dt.datetime | None = None,
+    set_limits: list[Limits] | None = None,
+) -> list[api.Budget]:
+    """The tenant's budgets (`set_limits`, if the caller read them already), each with what it used this period."""
     now = now or dt.datetime.now(dt.UTC)
     shown = []
-    for limits in _limits(conn, tenant):
+    for limits in _limits(conn, tenant) if set_limits is None else set_limits:
         first, resets_at = period_of(limits.period, now)
         used = _meters(_summed(_used(conn, tenant, first, now.astimezone(dt.UTC).date())), prices)
         shown.append(api.Budget(**dataclasses.asdict(limits), used=used, resets_at=resets_at))
@@ -184,7 +190,7 @@ def admit(conn: sa.Connection, tenant: str, prices: Prices) -> None:
         return
     now = conn.execute(sa.select(sa.func.now())).scalar_one()
     this_one = prices.get(api.Meter.PIPELINES, 0.0)  # what the pipeline costs by being made
-    for budget in budgets(conn, tenant, prices, now):
+    for budget in budgets(conn, tenant, prices, now, limits):
         used, which = budget.used, f"{tenant}'s {EVERY[budget.period]}"
         resets = f"it resets at {budget.resets_at.isoformat()}"
         if budget.pipelines is not None and used.pipelines > budget.pipelines:
@@ -261,7 +267,7 @@ def budget_ratios(conn: sa.Connection, prices: Prices) -> list[tuple[str, api.Bu
     for tenant, (_, set_limits) in settings(conn).items():
         if not set_limits:
             continue
-        for budget in budgets(conn, tenant, prices):
+        for budget in budgets(conn, tenant, prices, set_limits=set_limits):
             used = budget.used
             for name, limit, value in (
                 ("pipelines", budget.pipelines, used.pipelines),
