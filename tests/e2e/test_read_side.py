@@ -13,6 +13,7 @@ import io
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -34,17 +35,24 @@ FIREHOSE_S = 20  # the gateway closes each stream of every pipeline after this (
 
 
 def follow(running, received: list, opened: threading.Event, last: Callable[[dict], bool], **params: str) -> None:
-    """Every entry /v1/events sends, up to the `last` one (or until the gateway closes it after FIREHOSE_S)."""
-    with httpx_sse.connect_sse(
-        running.http, "GET", "/v1/events", params=params, timeout=httpx.Timeout(10.0, read=15.0)
-    ) as source:
-        assert source.response.status_code == 200, source.response.read()
-        opened.set()
-        for sse in source.iter_sse():
-            if sse.data:
-                received.append((sse.id, sse.event, json.loads(sse.data)))
-                if last(received[-1][2]):
-                    return
+    """Every entry /v1/events sends, up to the `last` one, resumed from the last id seen as EventSource resumes.
+
+    The gateway closes each stream after FIREHOSE_S; a pipeline slowed by a busy machine may outlast it.
+    """
+    headers: dict[str, str] = {}
+    until = time.monotonic() + 150  # within the test's own timeout
+    while time.monotonic() < until:
+        with httpx_sse.connect_sse(
+            running.http, "GET", "/v1/events", params=params, headers=headers, timeout=httpx.Timeout(10.0, read=15.0)
+        ) as source:
+            assert source.response.status_code == 200, source.response.read()
+            opened.set()
+            for sse in source.iter_sse():
+                if sse.data:
+                    received.append((sse.id, sse.event, json.loads(sse.data)))
+                    headers["Last-Event-ID"] = sse.id
+                    if last(received[-1][2]):
+                        return
 
 
 MAGENTA = np.array([230, 0, 200])
@@ -78,7 +86,9 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     followers = []
     for name, params in (("every", {}), ("video", {"stage": "video"})):
         opened = threading.Event()
-        follower = threading.Thread(target=follow, args=(running, streams[name], opened, ends[name]), kwargs=params)
+        follower = threading.Thread(
+            target=follow, args=(running, streams[name], opened, ends[name]), kwargs=params, daemon=True
+        )
         followers.append(follower)
         follower.start()
         assert opened.wait(10), f"the {name} stream did not open"
