@@ -58,7 +58,17 @@ def install(ref: str) -> Release:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     env.pop("VIRTUAL_ENV", None)
     subprocess.run(
-        [str(uv), "sync", "--frozen", "--all-packages", "--no-dev", "--python", sys.executable, "--quiet"],
+        [
+            str(uv),
+            "sync",
+            "--frozen",
+            "--all-packages",
+            "--no-dev",
+            "--python",
+            sys.executable,
+            "--quiet",
+            "--compile-bytecode",
+        ],
         cwd=tree,
         env=env,
         check=True,

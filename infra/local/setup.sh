@@ -42,8 +42,10 @@ if [ ! -x "$UV" ]; then
   "$PYTHON" -m venv "var/tools/uv-$UV_VERSION"
   "var/tools/uv-$UV_VERSION/bin/pip" install -q "uv==$UV_VERSION"
 fi
-# Every workspace package editable, every other dependency at its locked version; a no-op when in sync.
-UV_PYTHON_DOWNLOADS=never "$UV" sync --frozen --all-packages --python "$PYTHON" --quiet
+# Every workspace package editable, every other dependency at its locked version; a no-op when in sync. Compiled to
+# bytecode as it is installed: where PYTHONDONTWRITEBYTECODE is set (as in many CI images), every process would
+# otherwise compile each module it imports again, about 1.5 s of CPU for each service, worker or CLI it starts.
+UV_PYTHON_DOWNLOADS=never "$UV" sync --frozen --all-packages --python "$PYTHON" --quiet --compile-bytecode
 
 # 2. PostgreSQL on 127.0.0.1:5432, user postgres without a password.
 if ! port_open $PG_HOST $PG_PORT; then
