@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pydantic
 import pytest
 from castad_contracts import brief, events
 from castad_lyric import provider
@@ -233,3 +234,30 @@ def test_chinese_lyrics_are_han_without_kana_name_the_place_and_fit_a_caption(se
 )
 def test_keywords_of_japanese_and_chinese_text_are_its_noun_like_runs(detail, language, expected) -> None:
     assert provider.keywords(detail, language) == expected
+
+
+@pytest.mark.parametrize("language", list(brief.Language))
+def test_each_languages_phrasebook_has_a_mood_for_every_style_and_only_slots_the_writer_fills(language) -> None:
+    book = provider.phrasebook(language)
+    words = provider.Vocabulary("바다", "속초", ("책방",), ("책",), book.moods[brief.DEFAULT_STYLE])
+    assert set(book.moods) == set(brief.Style)
+    templates = [*book.titles, *book.openers, *book.details, *book.verses, *book.hooks, *book.choruses, *book.bridges]
+    for template in templates:
+        values = {slot: words.options(slot)[0] for slot in provider.slots(template)}  # KeyError: a slot unknown
+        assert "{" not in provider._FORMATTER.format(template, **values), template  # a particle it knows
+
+
+def test_a_phrasebook_file_with_a_field_unknown_or_missing_is_refused_naming_it(tmp_path, monkeypatch) -> None:
+    for language in brief.Language:
+        name = f"{language.name.lower()}.toml"
+        (tmp_path / name).write_text((provider.PHRASEBOOKS / name).read_text("utf-8"), "utf-8")
+    korean = tmp_path / "korean.toml"
+    korean.write_text(korean.read_text("utf-8").replace("choruses = [", "chorus = ["), "utf-8")
+    monkeypatch.setattr(provider, "PHRASEBOOKS", tmp_path)
+    provider._phrasebooks.cache_clear()
+    try:
+        with pytest.raises(pydantic.ValidationError) as refused:
+            provider.phrasebook(brief.Language.ENGLISH)
+    finally:
+        provider._phrasebooks.cache_clear()
+    assert {error["loc"][0] for error in refused.value.errors()} == {"choruses", "chorus"}

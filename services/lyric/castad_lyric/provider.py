@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.resources
 import random
 import re
 import string
+import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
+import pydantic
 from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
 
@@ -41,6 +45,8 @@ class LyricProvider(Protocol):
 class Mood:
     """Words that colour a genre: adjectives, nouns, times of day and sung calls."""
 
+    __pydantic_config__ = pydantic.ConfigDict(extra="forbid")
+
     adjectives: tuple[str, ...]
     nouns: tuple[str, ...]
     times: tuple[str, ...]
@@ -50,6 +56,8 @@ class Mood:
 @dataclasses.dataclass(frozen=True)
 class Phrasebook:
     """Line templates of one language. Fields in braces are slots; `{x:이}` adds a Korean particle."""
+
+    __pydantic_config__ = pydantic.ConfigDict(extra="forbid")
 
     max_chars: int
     titles: tuple[str, ...]
@@ -62,460 +70,24 @@ class Phrasebook:
     moods: Mapping[brief.Style, Mood]
 
 
-KOREAN = Phrasebook(
-    max_chars=22,
-    titles=("{region}의 {name}", "{name}의 노래", "{adj} {name}", "{region}, {name}", "안녕, {name}"),
-    openers=(
-        "{region}에 {noun:이} 내리면",
-        "{adj} {region}의 {time}",
-        "{region} 바람 따라 걸어",
-        "발길이 닿은 곳 {region}",
-        "{time}, {region}에서",
-        "{region} 골목 끝에서",
-        "{adj} {region:으로} 가요",
-        "{region}의 {noun:을} 따라",
-    ),
-    details=(
-        "{phrase}",
-        "{phrase}, 거기서 만나",
-        "{phrase} 그곳으로",
-        "{kw:이} 기다리는 곳",
-        "{kw:과} 함께하는 {time}",
-        "{kw} 이야기 가득한 곳",
-        "{kw}, 그리고 {noun}",
-        "{adj} {kw:을} 만나러",
-    ),
-    verses=(
-        "{adj} {noun:을} 따라서",
-        "{adj} 하루 끝에 찾은 곳",
-        "창밖엔 {noun}, 곁엔 너",
-        "마음이 먼저 닿는 곳",
-        "{noun:이} 머무는 자리",
-        "{name:이} 문을 열면",
-        "{name}에서 쉬어 가요",
-        "우리 함께 걸어요",
-        "{noun} 아래 웃음꽃",
-        "다시 오고 싶은 곳",
-        "{adj} 기억 하나 둘",
-        "잠시 쉬어 가도 좋아",
-    ),
-    hooks=(
-        "{call}, {name}",
-        "{region}엔 {name:이} 있어",
-        "오늘도 {name}에서 만나",
-        "{adj} 그곳 {name}",
-        "{name:으로} 놀러 와요",
-        "{region}의 자랑 {name}",
-        "언제라도 {name}",
-        "여기가 바로 {name:이야}",
-    ),
-    choruses=(
-        "{name:과} 함께라면",
-        "{region}에서 만나요",
-        "{call} {call}",
-        "{adj} 오늘을 노래해",
-        "{kw:과} 너, 그리고 나",
-        "돌아와 {region:으로}",
-        "우리의 {adj} 시간",
-        "{noun:을} 담아 노래해",
-        "손을 잡고 {region}에서",
-        "{name}, {name}",
-    ),
-    bridges=(
-        "시간이 흘러가도",
-        "잊지 못할 {noun}",
-        "{phrase}",
-        "다시 여기 {region}",
-        "{adj} 꿈을 꾸던 밤",
-        "언젠가 또 만나요",
-        "마음속에 {name}",
-    ),
-    moods={
-        brief.Style.KPOP: Mood(
-            ("반짝이는", "설레는", "눈부신", "두근대는"),
-            ("햇살", "별빛", "리듬", "무지개"),
-            ("오늘 밤", "이번 주말", "지금 이 순간"),
-            ("예이예", "랄랄라", "오오오"),
-        ),
-        brief.Style.BALLAD: Mood(
-            ("그리운", "따스한", "잔잔한", "포근한"),
-            ("노을", "추억", "달빛", "바람"),
-            ("해 질 무렵", "조용한 밤", "어느 저녁"),
-            ("음음", "오오"),
-        ),
-        brief.Style.HIPHOP: Mood(
-            ("거침없는", "뜨거운", "자유로운", "당당한"),
-            ("비트", "에너지", "리듬", "골목"),
-            ("오늘 밤", "지금 당장", "매일 매일"),
-            ("예", "렛츠 고", "요"),
-        ),
-        brief.Style.ROCK: Mood(
-            ("뜨거운", "힘찬", "거침없는", "끝없는"),
-            ("함성", "불꽃", "바람", "질주"),
-            ("이 밤", "지금", "밤새도록"),
-            ("헤이", "워어", "예"),
-        ),
-        brief.Style.JAZZ: Mood(
-            ("느긋한", "은은한", "낭만적인", "부드러운"),
-            ("선율", "커피 향", "달빛", "밤공기"),
-            ("늦은 밤", "어느 저녁", "비 오는 날"),
-            ("두비두바", "샤바다", "음"),
-        ),
-        brief.Style.TROT: Mood(
-            ("정다운", "흥겨운", "구성진", "신나는"),
-            ("인연", "사랑", "웃음꽃", "정"),
-            ("오늘 하루", "이 밤", "좋은 날"),
-            ("얼씨구", "좋다 좋아", "어기야"),
-        ),
-        brief.Style.ACOUSTIC: Mood(
-            ("소박한", "싱그러운", "포근한", "맑은"),
-            ("햇살", "바람", "기타 소리", "풀내음"),
-            ("아침 햇살 속", "주말 오후", "산책길"),
-            ("라라라", "음", "랄라"),
-        ),
-    },
-)
+PHRASEBOOKS = importlib.resources.files(__package__) / "phrasebooks"  # one TOML file a language
 
-ENGLISH = Phrasebook(
-    max_chars=40,
-    titles=("{name} Song", "Hello, {name}", "{region} Days at {name}", "Meet Me at {name}", "{adj} {name}"),
-    openers=(
-        "Down the streets of {region}",
-        "{time} in {region}",
-        "Where the {noun} meets {region}",
-        "Take me back to {region}",
-        "{adj} days in {region}",
-        "There's a place in {region}",
-        "{region} is calling me",
-    ),
-    details=(
-        "{phrase}",
-        "{phrase}, that's where I'll be",
-        "{phrase}, come and see",
-        "Come and find the {kw}",
-        "Good friends and {kw}",
-        "All the {kw} you need",
-        "{kw} and {noun}, {time}",
-    ),
-    verses=(
-        "Every {noun} leads me there",
-        "{adj} hearts and {noun}",
-        "Open doors at {name}",
-        "Slow down, stay a while",
-        "Under the {adj} {noun}",
-        "A little {noun} every day",
-        "{time} and we're alive",
-        "Step inside {name}",
-        "Leave your worries at the door",
-        "Smiles on every face",
-    ),
-    hooks=(
-        "{call}, {name}",
-        "Meet me at {name}",
-        "{name}, {name}",
-        "{region}'s own {name}",
-        "Here at {name}, {time}",
-        "Come on down to {name}",
-        "Oh {name}, take me home",
-    ),
-    choruses=(
-        "{adj} and free in {region}",
-        "We sing it loud, {call}",
-        "Every day's a {adj} day",
-        "{kw} and you and me",
-        "This is where we belong",
-        "Light it up, {region}",
-        "Nowhere else I'd rather be",
-        "Hold on to this {noun}",
-    ),
-    bridges=(
-        "When the {noun} fades away",
-        "{phrase}",
-        "Remember {region}",
-        "We'll come back, we always do",
-        "{adj} dreams at {name}",
-        "Just one more {noun}",
-    ),
-    moods={
-        brief.Style.KPOP: Mood(
-            ("shining", "electric", "sparkling", "brand new"),
-            ("sunlight", "starlight", "rhythm", "rainbow"),
-            ("tonight", "this weekend", "right now"),
-            ("oh-oh", "la-la", "hey hey"),
-        ),
-        brief.Style.BALLAD: Mood(
-            ("tender", "golden", "quiet", "gentle"),
-            ("sunset", "memory", "moonlight", "breeze"),
-            ("at dusk", "late at night", "this evening"),
-            ("oh", "ooh"),
-        ),
-        brief.Style.HIPHOP: Mood(
-            ("bold", "fresh", "wild", "real"),
-            ("beat", "groove", "energy", "block"),
-            ("tonight", "all day", "every day"),
-            ("yeah", "uh", "let's go"),
-        ),
-        brief.Style.ROCK: Mood(
-            ("burning", "loud", "restless", "endless"),
-            ("fire", "thunder", "highway", "roar"),
-            ("tonight", "right now", "all night"),
-            ("hey", "whoa", "oh yeah"),
-        ),
-        brief.Style.JAZZ: Mood(
-            ("mellow", "smoky", "velvet", "easy"),
-            ("melody", "coffee", "moonlight", "night air"),
-            ("after hours", "late tonight", "this evening"),
-            ("doo-bee-doo", "ba-da", "oh"),
-        ),
-        brief.Style.TROT: Mood(
-            ("cheerful", "joyful", "lively", "warm"),
-            ("fortune", "love", "laughter", "good times"),
-            ("all day long", "tonight", "this season"),
-            ("hey", "ya-ho", "oh-ho"),
-        ),
-        brief.Style.ACOUSTIC: Mood(
-            ("simple", "fresh", "gentle", "bright"),
-            ("sunshine", "breeze", "guitar", "meadow"),
-            ("this morning", "all afternoon", "on Sunday"),
-            ("la-la", "hmm", "oh"),
-        ),
-    },
-)
 
-JAPANESE = Phrasebook(
-    max_chars=16,
-    titles=("{region}の{name}", "{name}のうた", "{adj}{name}", "こんにちは、{name}", "{region}、{name}"),
-    openers=(
-        "{region}に{noun}が降れば",
-        "{adj}{region}の{time}",
-        "{region}の風に誘われて",
-        "たどり着いたよ{region}",
-        "{time}、{region}で",
-        "{region}の路地の先",
-        "{region}へ行こう",
-        "{region}の{noun}をたどって",
-    ),
-    details=(
-        "{phrase}",
-        "{phrase}、そこで会おう",
-        "{phrase}、あの場所へ",
-        "{kw}が待つところ",
-        "{kw}と過ごす{time}",
-        "{kw}の物語",
-        "{kw}、そして{noun}",
-        "{adj}{kw}に会いに",
-    ),
-    verses=(
-        "{adj}{noun}をたどって",
-        "{adj}一日の終わりに",
-        "窓の外には{noun}",
-        "心が先に着く場所",
-        "{noun}が休む場所",
-        "{name}の扉を開けば",
-        "{name}でひと休み",
-        "一緒に歩こう",
-        "{noun}の下で笑顔",
-        "また来たい場所",
-        "{adj}思い出ひとつ",
-        "少し休んでいこう",
-    ),
-    hooks=(
-        "{call}、{name}",
-        "{region}には{name}",
-        "今日も{name}で会おう",
-        "{adj}場所{name}",
-        "{name}へおいでよ",
-        "{region}の誇り{name}",
-        "いつでも{name}",
-        "ここが{name}",
-    ),
-    choruses=(
-        "{name}と一緒なら",
-        "{region}で会いましょう",
-        "{call}{call}",
-        "{adj}今日を歌おう",
-        "{kw}と君と僕",
-        "帰っておいで{region}",
-        "僕らの{adj}時間",
-        "{noun}をこめて歌おう",
-        "手をつないで{region}で",
-        "{name}、{name}",
-    ),
-    bridges=(
-        "時が流れても",
-        "忘れられない{noun}",
-        "{phrase}",
-        "もう一度ここ{region}",
-        "{adj}夢を見た夜",
-        "いつかまた会おう",
-        "心の中に{name}",
-    ),
-    moods={
-        brief.Style.KPOP: Mood(
-            ("きらめく", "ときめく", "まぶしい", "弾ける"),
-            ("光", "星空", "リズム", "虹"),
-            ("今夜", "この週末", "今この瞬間"),
-            ("イェイイェイ", "ラララ", "オーオー"),
-        ),
-        brief.Style.BALLAD: Mood(
-            ("なつかしい", "あたたかい", "静かな", "やさしい"),
-            ("夕焼け", "思い出", "月明かり", "風"),
-            ("夕暮れ", "夜更け", "今宵"),
-            ("ラララ", "ウー"),
-        ),
-        brief.Style.HIPHOP: Mood(
-            ("熱い", "新しい", "ワイルドな", "リアルな"),
-            ("ビート", "グルーヴ", "エナジー", "ストリート"),
-            ("今夜", "一日中", "毎日"),
-            ("イェー", "ヘイ", "レッツゴー"),
-        ),
-        brief.Style.ROCK: Mood(
-            ("燃える", "響く", "止まらない", "果てしない"),
-            ("炎", "雷", "ハイウェイ", "叫び"),
-            ("今夜", "今すぐ", "夜通し"),
-            ("ヘイ", "ウォー", "オーイェー"),
-        ),
-        brief.Style.JAZZ: Mood(
-            ("甘い", "ほろ苦い", "ゆるやかな", "しっとりした"),
-            ("メロディー", "コーヒー", "月明かり", "夜風"),
-            ("真夜中", "今夜遅く", "この夜"),
-            ("ドゥビドゥ", "バダ", "オー"),
-        ),
-        brief.Style.TROT: Mood(
-            ("陽気な", "楽しい", "にぎやかな", "あたたかい"),
-            ("福", "恋", "笑い声", "いい時間"),
-            ("一日中", "今夜", "この季節"),
-            ("ヘイ", "ヤッホー", "ソレ"),
-        ),
-        brief.Style.ACOUSTIC: Mood(
-            ("素朴な", "さわやかな", "やさしい", "明るい"),
-            ("陽だまり", "そよ風", "ギター", "野原"),
-            ("朝", "昼下がり", "日曜日"),
-            ("ラララ", "フフン", "オー"),
-        ),
-    },
-)
+def phrasebook(language: brief.Language) -> Phrasebook:
+    """The line templates of `language`, from its file in PHRASEBOOKS (read once)."""
+    return _phrasebooks()[language]
 
-CHINESE = Phrasebook(
-    max_chars=14,
-    titles=("{region}的{name}", "{name}之歌", "{adj}{name}", "你好，{name}", "{region}，{name}"),
-    openers=(
-        "走在{region}的街头",
-        "{region}的{time}",
-        "{region}的风吹过来",
-        "来到了{region}",
-        "{time}，在{region}",
-        "{region}小巷的尽头",
-        "一起去{region}",
-        "沿着{region}的{noun}",
-    ),
-    details=(
-        "{phrase}",
-        "{phrase}，在那里相见",
-        "{phrase}，就在那里",
-        "{kw}在等着你",
-        "和{kw}一起的{time}",
-        "满是{kw}的故事",
-        "{kw}，还有{noun}",
-        "去见{adj}{kw}",
-    ),
-    verses=(
-        "追着{adj}{noun}",
-        "{adj}一天的尽头",
-        "窗外是{noun}",
-        "心先到达的地方",
-        "{noun}停留的地方",
-        "推开{name}的门",
-        "在{name}歇一歇",
-        "我们一起走",
-        "{noun}下的笑容",
-        "还想再来的地方",
-        "{adj}回忆一个个",
-        "停下来歇一会",
-    ),
-    hooks=(
-        "{call}，{name}",
-        "{region}有{name}",
-        "今天也在{name}见",
-        "{adj}地方{name}",
-        "快来{name}吧",
-        "{region}的骄傲{name}",
-        "随时都在{name}",
-        "这里就是{name}",
-    ),
-    choruses=(
-        "和{name}在一起",
-        "在{region}相见",
-        "{call}{call}",
-        "歌唱{adj}今天",
-        "{kw}和你和我",
-        "回到{region}来",
-        "我们{adj}时光",
-        "把{noun}唱进歌里",
-        "牵着手在{region}",
-        "{name}，{name}",
-    ),
-    bridges=(
-        "就算时光流逝",
-        "难忘的{noun}",
-        "{phrase}",
-        "再一次来到{region}",
-        "{adj}梦的夜晚",
-        "总有一天再相见",
-        "心中的{name}",
-    ),
-    moods={
-        brief.Style.KPOP: Mood(
-            ("闪亮的", "心动的", "耀眼的", "跳动的"),
-            ("阳光", "星光", "节奏", "彩虹"),
-            ("今晚", "这个周末", "此时此刻"),
-            ("耶耶", "啦啦啦", "哦哦哦"),
-        ),
-        brief.Style.BALLAD: Mood(
-            ("思念的", "温暖的", "宁静的", "温柔的"),
-            ("晚霞", "回忆", "月光", "微风"),
-            ("黄昏", "深夜", "今夜"),
-            ("啦啦啦", "呜"),
-        ),
-        brief.Style.HIPHOP: Mood(
-            ("大胆的", "新鲜的", "狂野的", "真实的"),
-            ("节拍", "律动", "能量", "街头"),
-            ("今晚", "一整天", "每一天"),
-            ("耶", "嘿", "走吧"),
-        ),
-        brief.Style.ROCK: Mood(
-            ("燃烧的", "响亮的", "不停的", "无尽的"),
-            ("火焰", "雷声", "公路", "呐喊"),
-            ("今晚", "现在", "整夜"),
-            ("嘿", "哇哦", "哦耶"),
-        ),
-        brief.Style.JAZZ: Mood(
-            ("醇厚的", "慵懒的", "丝绒般的", "轻松的"),
-            ("旋律", "咖啡", "月光", "夜风"),
-            ("午夜", "今晚", "这个夜晚"),
-            ("嘟比嘟", "叭哒", "哦"),
-        ),
-        brief.Style.TROT: Mood(
-            ("欢快的", "快乐的", "热闹的", "温暖的"),
-            ("福气", "爱情", "笑声", "好时光"),
-            ("一整天", "今晚", "这个季节"),
-            ("嘿", "呀吼", "哦吼"),
-        ),
-        brief.Style.ACOUSTIC: Mood(
-            ("朴素的", "清新的", "温柔的", "明亮的"),
-            ("阳光", "微风", "吉他", "草地"),
-            ("清晨", "午后", "星期天"),
-            ("啦啦", "嗯哼", "哦"),
-        ),
-    },
-)
 
-_PHRASEBOOKS = {
-    brief.Language.KOREAN: KOREAN,
-    brief.Language.ENGLISH: ENGLISH,
-    brief.Language.JAPANESE: JAPANESE,
-    brief.Language.CHINESE: CHINESE,
-}
+@functools.cache
+def _phrasebooks() -> dict[brief.Language, Phrasebook]:
+    read = pydantic.TypeAdapter(Phrasebook)  # lists as tuples, styles by name; a field missing or unknown refused
+    return {
+        language: read.validate_python(
+            tomllib.loads((PHRASEBOOKS / f"{language.name.lower()}.toml").read_text("utf-8"))
+        )
+        for language in brief.Language
+    }
+
 
 _PHRASE_SPLIT = {
     brief.Language.KOREAN: re.compile(r"[,.;:!?·/\n]+|\s+그리고\s+|\s+및\s+"),
@@ -777,7 +349,7 @@ class LocalLyricProvider:
         attempt: int = 1,
         note: str | None = None,
     ) -> events.Lyrics:
-        book = _PHRASEBOOKS[brief.language]
+        book = phrasebook(brief.language)
         vocabulary = Vocabulary(
             name=brief.customer_name,
             region=brief.region,
