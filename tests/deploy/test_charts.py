@@ -240,6 +240,14 @@ def test_a_providers_key_comes_from_a_secret_and_never_from_plain_values(chart_d
     ]
 
 
+def test_a_layer_of_the_values_schema_for_no_known_services_is_refused_naming_it(tmp_path, monkeypatch):
+    mistyped = tmp_path / "values.schema.yaml"
+    mistyped.write_text(charts.SCHEMA.read_text().replace("- for: stages\n", "- for: stage\n"))
+    monkeypatch.setattr(charts, "SCHEMA", mistyped)
+    with pytest.raises(ValueError, match="'stage'"):
+        charts.values_schema("song")
+
+
 def test_the_committed_settings_blocks_and_schemas_are_current():
     for service in SERVICES:
         directory = REPO_ROOT / "infra" / "helm" / service

@@ -12,6 +12,7 @@ import pathlib
 import typing
 from typing import Any
 
+import yaml
 from castad_api import settings as api_settings
 from castad_contracts import topology
 from castad_lyric import service as lyric
@@ -119,59 +120,8 @@ def values_yaml(service: str) -> str:
     return text[:start] + settings_block(service) + text[end:]
 
 
-def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"type": "object", "additionalProperties": False, "properties": properties, "required": list(required)}
-
-
-STRING = {"type": "string"}
-NAME = {"type": "string", "minLength": 1}
-BOOLEAN = {"type": "boolean"}
-FREE = {"type": "object"}
-LIST = {"type": "array"}
-PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
-QUANTITY = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"}
-SECRET = _object({"existingSecret": NAME, "key": NAME}, ("existingSecret", "key"))
-RESOURCES = _object(
-    {
-        kind: {"type": "object", "additionalProperties": False, "properties": {"cpu": {}, "memory": {}}}
-        for kind in ("requests", "limits")
-    }
-)
-WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
-# NetworkPolicy's parts, written once in each schema's `definitions` and referred to from where they are used.
-CIDR = {
-    "type": "string",
-    "pattern": r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$|^[0-9a-fA-F:]*:[0-9a-fA-F:]*/[0-9]{1,3}$",
-}
-LABEL_SELECTOR = {"$ref": "#/definitions/labelSelector"}
-DESTINATIONS = {"$ref": "#/definitions/destinations"}
-PORTS = {"$ref": "#/definitions/ports"}
-TARGET = {"$ref": "#/definitions/target"}  # an egress rule: peers and ports
-DEFINITIONS = {
-    "labelSelector": _object(
-        {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}, "matchExpressions": LIST}
-    ),
-    "peer": {
-        **_object(
-            {
-                "podSelector": LABEL_SELECTOR,
-                "namespaceSelector": LABEL_SELECTOR,
-                "ipBlock": _object({"cidr": CIDR, "except": {"type": "array", "items": CIDR}}, ("cidr",)),
-            }
-        ),
-        "minProperties": 1,
-    },
-    # an egress rule with no peer would reach everything on its ports
-    "destinations": {"type": "array", "items": {"$ref": "#/definitions/peer"}, "minItems": 1},
-    "ports": {"type": "array", "items": PORT, "minItems": 1},
-    "target": _object({"to": DESTINATIONS, "ports": PORTS}, ("to", "ports")),
-}
-
-
-def _peers(description: str) -> dict[str, Any]:
-    return {"type": "array", "items": {"$ref": "#/definitions/peer"}, "description": description}
-
-
+SCHEMA = pathlib.Path(__file__).with_name("values.schema.yaml")  # what no setting decides, in layers
+LAYERS = {"every": topology.SERVICES, "with-database": topology.WITH_DATABASE, "stages": topology.STAGES}
 COMMON_SETTINGS = (
     "CASTAD_NAMESPACE",
     "CASTAD_LOG_LEVEL",
@@ -188,251 +138,58 @@ COMMON_SETTINGS = (
 )
 
 
-def network_policy_schema(service: str) -> dict[str, Any]:
-    """`networkPolicy`: where the service's pods take connections from and what they reach (castad-common's
-    _network.tpl): the same for every service, with the gateway's webhooks, a stage's provider and the video
-    stage's photo hosts besides."""
-    properties: dict[str, Any] = {
-        "enabled": BOOLEAN,
-        "metricsFrom": _peers("who reaches the probes port's /metrics (empty: anyone)"),
-        "dns": TARGET,
-        "postgresql": TARGET,
-        "rabbitmq": TARGET,
-        "otel": _object({"to": DESTINATIONS}, ("to",)),
-        "extraEgress": {
-            "type": "array",
-            "items": {"type": "object"},
-            "description": "NetworkPolicy egress rules rendered as written",
-        },
-    }
-    required = ["enabled", "dns", "postgresql", "rabbitmq", "otel"]
-    if service == "api":
-        properties["apiFrom"] = _peers("who reaches the API port (empty: anyone)")
-        properties["webhooks"] = TARGET
-        required.append("webhooks")
-    elif service != "relay":
-        properties["provider"] = TARGET
-        required.append("provider")
-    if service == "video":
-        properties["photos"] = TARGET
-        required.append("photos")
-    if service != "relay":
-        properties["objectStore"] = TARGET
-        required.append("objectStore")
-    return _object(properties, tuple(required))
-
-
 def values_schema(service: str) -> dict[str, Any]:
-    """The chart's values.schema.json: every key typed, none other allowed, one property per setting."""
+    """The chart's values.schema.json: every key typed, none other allowed, one property per setting.
+
+    SCHEMA's layers for the service, merged in order, and what the service's settings and the topology decide.
+    """
+    written = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {}, "required": []}
+    for layer in written["layers"]:
+        if layer["for"] not in {*LAYERS, *topology.SERVICES}:
+            raise ValueError(f"{SCHEMA.name}: a layer is for {layer['for']!r}, none of {[*LAYERS, *topology.SERVICES]}")
+        if service in LAYERS.get(layer["for"], (layer["for"],)):
+            _merge(schema, {key: value for key, value in layer.items() if key != "for"})
+    properties = schema["properties"]
     settings_ = chart_settings(service)
-    properties: dict[str, Any] = {
-        "component": {"const": service},
-        "enabled": {"type": "boolean", "description": "the umbrella chart's switch for this service"},
-        "fullnameOverride": STRING,
-        "castad-common": {"type": "object", "description": "the library chart's (empty) values, added by Helm"},
-        "image": _object(
-            {
-                "registry": NAME,
-                "repository": NAME,
-                "tag": {"type": "string", "description": "empty: the chart's appVersion"},
-                "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
-            },
-            ("registry", "repository", "pullPolicy"),
-        ),
-        "imagePullSecrets": {"type": "array", "items": _object({"name": NAME}, ("name",))},
-        "replicaCount": {"type": "integer", "minimum": 1 if service == "relay" else 0},
-        "containerPort": PORT,
-        "portName": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$"},
-        "broker": SECRET,
-        "otel": _object({"endpoint": {"type": "string", "pattern": "^(https?://.+)?$"}}),
-        "terminationGracePeriodSeconds": {"type": "integer", "minimum": 1},
-        "resources": RESOURCES,
-        "podSecurityContext": FREE,
-        "securityContext": FREE,
-        "tmpSizeLimit": QUANTITY,
-        "serviceAccount": _object({"create": BOOLEAN, "name": STRING, "annotations": FREE}, ("create",)),
-        "podDisruptionBudget": _object(
-            {"enabled": BOOLEAN, "maxUnavailable": {"type": ["integer", "string"], "pattern": "^[0-9]+%$"}},
-            ("enabled", "maxUnavailable"),
-        ),
-        "metrics": _object(
-            {
-                "scrape": {"type": "boolean", "description": "annotate the pods prometheus.io/scrape, /port, /path"},
-                "podMonitor": _object(
-                    {
-                        "enabled": BOOLEAN,
-                        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-                        "labels": FREE,
-                    },
-                    ("enabled", "interval"),
-                ),
-            },
-            ("scrape", "podMonitor"),
-        ),
-        "podAnnotations": FREE,
-        "nodeSelector": FREE,
-        "tolerations": LIST,
-        "affinity": FREE,
-        "spread": {
-            **_object(
-                {
-                    "enabled": {"type": "boolean", "description": "false: the chart adds no spread constraint"},
-                    "nodes": {
-                        "enum": list(WHEN_UNSATISFIABLE),
-                        "description": "DoNotSchedule: never two replicas on one node (a replica waits for a node);"
-                        " ScheduleAnyway: replicas share nodes when there are too few",
-                    },
-                    "zones": {
-                        "enum": list(WHEN_UNSATISFIABLE),
-                        "description": "ScheduleAnyway: spread over zones where the cluster has them; DoNotSchedule:"
-                        " a replica waits rather than unbalance the zones",
-                    },
-                },
-                ("enabled", "nodes", "zones"),
-            ),
-            "description": "replicas over nodes (kubernetes.io/hostname) and zones (topology.kubernetes.io/zone)",
-        },
-        "topologySpreadConstraints": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["maxSkew", "topologyKey", "whenUnsatisfiable"],
-                "properties": {"whenUnsatisfiable": {"enum": list(WHEN_UNSATISFIABLE)}},
-            },
-            "description": "constraints of your own in place of `spread`; one without a labelSelector counts this"
-            " service's replicas",
-        },
-        "global": {
-            "type": "object",
-            "description": "values the umbrella chart gives every service",
-            "properties": {
-                "imageRegistry": STRING,
-                "otel": _object({"endpoint": {"type": "string", "pattern": "^(https?://.+)?$"}}),
-                "artifacts": _object({"claimName": NAME}),
-                "settings": _object({name: _without_default(settings_[name]) for name in COMMON_SETTINGS}),
-                "networkPolicy": _object(
-                    {
-                        "enabled": BOOLEAN,
-                        "metricsFrom": _peers("who reaches the probes port's /metrics (empty: anyone)"),
-                        **{
-                            name: _object({"to": DESTINATIONS, "ports": PORTS})
-                            for name in ("dns", "postgresql", "rabbitmq")
-                        },
-                        "otel": _object({"to": DESTINATIONS}),
-                    }
-                ),
-            },
-        },
-        "networkPolicy": network_policy_schema(service),
-        "settings": {
-            **_object({name: _without_default(schema) for name, schema in settings_.items()}),
-            "description": "every CASTAD_* setting of the service that its chart does not set itself",
-        },
-        "secretSettings": {
-            **_object({name: SECRET for name in secret_settings(service)}),
-            "description": "settings that are secrets (a provider's key), each from an existing Secret",
-        },
+    properties["component"] = {"const": service}
+    properties["global"]["properties"]["settings"] = _object(
+        {name: _without_default(settings_[name]) for name in COMMON_SETTINGS}
+    )
+    properties["settings"] = {
+        **_object({name: _without_default(value) for name, value in settings_.items()}),
+        "description": "every CASTAD_* setting of the service that its chart does not set itself",
     }
-    required = [
-        "component",
-        "image",
-        "replicaCount",
-        "containerPort",
-        "portName",
-        "broker",
-        "metrics",
-        "networkPolicy",
-        "settings",
-    ]
+    properties["secretSettings"] = {
+        **_object({name: {"$ref": "#/definitions/secret"} for name in secret_settings(service)}),
+        "description": "settings that are secrets (a provider's key), each from an existing Secret",
+    }
     if service == "relay":
-        source = _object(
-            {"name": {"enum": list(topology.WITH_DATABASE)}, "existingSecret": NAME, "key": NAME},
-            ("name", "existingSecret", "key"),
-        )
-        properties["sources"] = {"type": "array", "minItems": 1, "items": source}
-        required.append("sources")
-    else:
-        properties["database"] = SECRET
-        properties["artifacts"] = _object(
-            {
-                "store": {
-                    "enum": ["volume", "s3"],
-                    "description": "volume: a shared ReadWriteMany volume; s3: a bucket (settings"
-                    " CASTAD_ARTIFACTS_S3_*; see docs/deploy.md)",
-                },
-                "claimName": NAME,
-                "mountPath": {"type": "string", "pattern": "^/"},
-                "scratchSizeLimit": QUANTITY,
-                "credentialsSecret": {
-                    "type": "string",
-                    "description": "s3: a Secret whose keys become the environment (AWS_ACCESS_KEY_ID,"
-                    " AWS_SECRET_ACCESS_KEY); empty: the pod's own identity",
-                },
-            },
-            ("store", "claimName", "mountPath"),
-        )
-        if service != "api":
-            properties["artifacts"]["properties"] |= {
-                "reads": {
-                    "type": "array",
-                    "uniqueItems": True,
-                    "items": {"enum": [*(s for s in topology.STAGES if s != service), "images"]},
-                    "description": "volume: the places of the volume this stage reads, mounted read-only",
-                },
-                "wholeVolume": {
-                    "type": "boolean",
-                    "description": "volume: mount the whole volume read-write, as releases up to 0.2 did; for a"
-                    " volume that still holds their files, until `relayout` has moved them (CHANGELOG)",
-                },
-            }
-        properties["migrations"] = _object(
-            {
-                "enabled": BOOLEAN,
-                "backoffLimit": {"type": "integer", "minimum": 0},
-                "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
-                "resources": RESOURCES,
-            },
-            ("enabled",),
-        )
-        properties["topology"] = _object(
-            {
-                "enabled": BOOLEAN,
-                "existingSecret": {
-                    "type": "string",
-                    "description": "a Secret holding the AMQP URL of a broker user that may configure the vhost",
-                },
-                "key": NAME,
-                "backoffLimit": {"type": "integer", "minimum": 0},
-                "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
-            },
-            ("enabled",),
-        )
-        properties["autoscaling"] = _object(
-            {
-                "enabled": BOOLEAN,
-                "minReplicas": {"type": "integer", "minimum": 1},
-                "maxReplicas": {"type": "integer", "minimum": 1},
-                "targetCPUUtilizationPercentage": {"type": "integer", "minimum": 1, "maximum": 100},
-            },
-            ("enabled",),
-        )
-        required += ["database", "artifacts"]
-    if service == "api":
-        properties["service"] = _object(
-            {"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "port": PORT}, ("type", "port")
-        )
-        properties["probesPort"] = {
-            "type": ["integer", "null"],
-            "minimum": 1,
-            "maximum": 65535,
-            "description": "the port of /healthz, /readyz and /metrics (CASTAD_API_HEALTH_PORT); null: the API's",
-        }
+        properties["sources"]["items"]["properties"]["name"]["enum"] = list(topology.WITH_DATABASE)
+    elif service in topology.STAGES:
+        others = [stage for stage in topology.STAGES if stage != service]
+        properties["artifacts"]["properties"]["reads"]["items"]["enum"] = [*others, "images"]
     return {
         "$schema": "https://json-schema.org/draft-07/schema#",
         "title": f"castad-{service} chart values",
-        **_object(properties, tuple(required)),
-        "definitions": DEFINITIONS,
+        **schema,
+        "definitions": written["definitions"],
     }
+
+
+def _merge(into: dict[str, Any], layer: dict[str, Any]) -> None:
+    """Merge `layer` into `into`: objects key by key, lists joined, anything else replaced."""
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        elif isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] = [*into[key], *value]
+        else:
+            into[key] = value
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "properties": properties, "required": []}
 
 
 def _without_default(schema: dict[str, Any]) -> dict[str, Any]:
