@@ -5,7 +5,8 @@ user message and a strict JSON Schema as `response_format`, so the answer is the
 as data. The answer is validated into the lyrics model; what the model refuses to write
 (`refusal`, or `finish_reason: content_filter`) fails for good, as do 400, 401, 403 and
 404; a rate limit, a server error, a timeout or an answer that does not fit is retried
-(after the server's `Retry-After` when it sends one). See castad_runtime.stage.http.
+(after the server's `Retry-After` when it sends one). See castad_runtime.stage.http, and what each error
+costs an attempt: castad_runtime.stage.failures.
 
 Each request says how many tokens the answer may take (`max_completion_tokens`): room for the lyrics asked for
 (`room`), so a server's own small default does not cut them off. An answer cut off all the same

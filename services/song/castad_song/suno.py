@@ -85,7 +85,10 @@ def request_body(done: events.LyricCompleted, model: str, callback_url: str | No
 def code_error(
     code: int, said: str | None, *, retry_after_s: float | None = None, status: int | None = None
 ) -> errors.ProviderError:
-    """The ProviderError an error code of the API stands for, whether in the body or as the HTTP status."""
+    """The ProviderError an error code of the API stands for, whether in the body or as the HTTP status.
+
+    What each then costs an attempt: castad_runtime.stage.failures.
+    """
     message = f"the music API answered code {code}"  # what it said is the operators' (detail), not the tenant's
     if code in (405, 430):
         return errors.ProviderError(

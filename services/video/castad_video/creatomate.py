@@ -1,6 +1,6 @@
 """Videos from Creatomate's render API, v2 (creatomate.com/docs/api, "the render object", read 2026-11).
 
-Submit, then poll (castad_runtime.stage.remote):
+Submit, then poll (castad_runtime.stage.remote); what each error costs an attempt: castad_runtime.stage.failures.
 - `POST /v2/renders` with a template of the user's and the pipeline's words and song as its
   modifications, `webhook_url` when the gateway is reachable, and the attempt's submission key (it
   starts with `castad-` and the pipeline id) as `metadata`

@@ -102,7 +102,7 @@ def reason(body: bytes) -> str:
 
 
 def classify(provider: str, status: int, headers: Mapping[str, str], body: bytes) -> errors.ProviderError:
-    """The ProviderError an error answer stands for."""
+    """The ProviderError an error answer stands for (what it then costs: castad_runtime.stage.failures)."""
     said = reason(body) or None
     message = f"{provider} answered {status}"
     if status == 429 and _error_code(body) == "insufficient_quota":  # OpenAI's "out of credits": not a rate

@@ -25,9 +25,9 @@ from castad_contracts import brief, codes, events, topology
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from castad_runtime import consumer, db, logs, outages, outbox, redact, telemetry
+from castad_runtime import consumer, db, logs, outages, outbox, telemetry
 from castad_runtime import metrics as metrics_
-from castad_runtime.stage import cancellation, errors, fence, leases, machine, quota, repository
+from castad_runtime.stage import cancellation, errors, failures, fence, leases, machine, quota, repository
 
 log = logging.getLogger(__name__)
 
@@ -514,57 +514,39 @@ class StageRunner:
                 self.limits.cancel_grace_s,
                 cancel.reason,
             )
-        # A cancellation explains whatever the cancelled work raised (a killed child, say).
-        if cancel.reason is cancellation.Reason.TIMEOUT and job.polling:  # the work at the provider goes on
-            return HandedBack(
-                codes.ErrorCode.POLL_TIMEOUT, f"a poll took more than {self.limits.attempt_timeout_s:g} s", 0.0
-            )
-        if cancel.reason is cancellation.Reason.TIMEOUT:
-            return Failed(
-                codes.ErrorCode.ATTEMPT_TIMEOUT, f"no result within {self.limits.attempt_timeout_s:g} s", True
-            )
-        if cancel.reason is cancellation.Reason.SHUTDOWN:
-            return HandedBack(codes.ErrorCode.WORKER_STOPPED, "the service stopped before the attempt finished")
-        if cancel.reason in (cancellation.Reason.SUPERSEDED, cancellation.Reason.CANCELED):
+        error = result.get("error")
+        end = failures.end_of(error, cancel, job.polling, self.limits.attempt_timeout_s)
+        judged = failures.verdict(end)
+        if judged is failures.Verdict.NOTHING:
             log.warning("%s attempt %d stopped: %s", self.stage.value, job.attempts, cancel.reason)
             return None
-        error = result["error"]
-        if isinstance(error, errors.ProviderError) and error.detail:  # the operators' part: logs only (masked)
-            log.warning("%s attempt %d: %s (%s)", self.stage.value, job.attempts, error.code, error.detail)
+        if end.kind is failures.Kind.PROVIDER and isinstance(error, errors.ProviderError) and error.detail:
+            log.warning("%s attempt %d: %s (%s)", self.stage.value, job.attempts, error.code, error.detail)  # masked
+        if end.kind is failures.Kind.CRASH:
+            log.error("%s attempt crashed", self.stage.value, exc_info=error)
+        return self._judged(job, end, judged)
+
+    def _judged(self, job: repository.Job, end: failures.End, judged: failures.Verdict) -> Failed | HandedBack:
+        """The outcome of an attempt that ended as `end`, by its verdict (castad_runtime.stage.failures)."""
         uncounted = job.attempts - 1 - job.counted_attempts  # earlier attempts handed back
-        if isinstance(error, fence.Fenced):  # its work did not leave: the machinery's failure
-            delay = self.limits.policy.delay_s(uncounted + 1, self.rng) if error.code == codes.ErrorCode.OUTAGE else 0.0
-            return HandedBack(error.code, error.message, delay)
-        if (
-            isinstance(error, errors.ProviderError)
-            and error.code == codes.ErrorCode.PROVIDER_MAINTENANCE
-            and error.retryable
-        ):
-            # The provider is down for maintenance: like an outage, it costs no attempt however long it lasts.
-            asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
-            return HandedBack(
-                error.code, error.message, max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
-            )
-        if (
-            isinstance(error, errors.ProviderError)
-            and error.code == codes.ErrorCode.PROVIDER_RATE_LIMITED
-            and error.retryable
-        ):
-            asked = min(error.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
-            if uncounted < FREE_RATE_LIMITS:  # waiting for the provider is not the work failing...
+        asked = min(end.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
+        match judged:
+            case failures.Verdict.COUNTED:
+                return Failed(end.code, end.message, end.retryable, end.retry_after_s)
+            case failures.Verdict.HANDED_BACK:
+                return HandedBack(end.code, end.message)
+            case failures.Verdict.HANDED_BACK_AFTER_BACKOFF:
+                return HandedBack(end.code, end.message, self.limits.policy.delay_s(uncounted + 1, self.rng))
+            case failures.Verdict.HANDED_BACK_WHEN_ASKED:
+                return HandedBack(
+                    end.code, end.message, max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
+                )
+            case failures.Verdict.HANDED_BACK_WHILE_FREE if uncounted < FREE_RATE_LIMITS:
                 delay = max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
-                return HandedBack(error.code, error.message, min(delay, machine.MAX_RETRY_AFTER_S), throttled_s=asked)
-            return Failed(error.code, error.message, True, asked)  # ...unless it never stops saying "too many"
-        if isinstance(error, errors.ProviderError):
-            return Failed(error.code, error.message, error.retryable, error.retry_after_s)
-        if outages.is_resource_shortage(error):
-            return HandedBack(
-                codes.ErrorCode.OUTAGE, redact.describe(error), self.limits.policy.delay_s(uncounted + 1, self.rng)
-            )
-        log.error("%s attempt crashed", self.stage.value, exc_info=error)
-        return Failed(
-            codes.ErrorCode.INTERNAL_ERROR, "the stage failed on an error of its own (its logs say which)", True
-        )
+                return HandedBack(end.code, end.message, min(delay, machine.MAX_RETRY_AFTER_S), throttled_s=asked)
+            case failures.Verdict.HANDED_BACK_WHILE_FREE:
+                return Failed(end.code, end.message, True, asked)
+        raise AssertionError(judged)  # NOTHING is the caller's
 
     def _record(
         self, job: repository.Job, outcome: Outcome, claim_next: Callable[[], bool] | None = None
