@@ -12,7 +12,7 @@ import json
 import threading
 
 import pytest
-from castad_api import secret_commands
+from castad_api.commands import webhook_secrets as secret_commands
 from castad_local import access
 from castad_local.fakes import server
 from standardwebhooks import Webhook

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_api import brands, deps, errors, image_routes, notifications, operations, repository, tables, upload_limits
+from castad_api import brands, deps, errors, notifications, operations, repository, tables, upload_limits
 from castad_api import retention as api_retention
 from castad_api import settings as api_settings
+from castad_api.routes import images as image_routes
 from castad_contracts import api, brief
 from castad_runtime import artifacts, db, images, outages
 

@@ -15,7 +15,8 @@ import httpx
 import httpx_sse
 import pytest
 import sqlalchemy as sa
-from castad_api import disclosure, keyring, keys, model, projection, repository, timeline, timeline_routes
+from castad_api import disclosure, keyring, keys, model, projection, repository, timeline
+from castad_api.routes import timeline as timeline_routes
 from castad_contracts import envelope, events
 from castad_runtime import db
 from opentelemetry.sdk.trace import TracerProvider

@@ -14,8 +14,9 @@ import uuid
 import httpx
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, secret_commands, tables, webhook_secrets, webhooks
+from castad_api import keys, tables, webhook_secrets, webhooks
 from castad_api import settings as api_settings
+from castad_api.commands import webhook_secrets as secret_commands
 from castad_contracts import events
 from castad_runtime import db
 from standardwebhooks import Webhook

@@ -12,7 +12,8 @@ import re
 
 import httpx
 import sqlalchemy as sa
-from castad_api import app, console_routes, deps, notifications, settings
+from castad_api import app, deps, notifications, settings
+from castad_api.routes import console as console_routes
 from castad_runtime import artifacts
 
 FILES = console_routes.FILES

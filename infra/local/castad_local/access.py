@@ -1,6 +1,6 @@
 """API keys of a local Castad: the key `make setup` leaves for the `castad` command line in
 ~/.config/castad/api-key, and keys for tests and benchmarks of an installation (its variables in
-`env`). `castad-admin keys ...` is the gateway's own `keys` command (castad_api.key_commands).
+`env`). `castad-admin keys ...` is the gateway's own `keys` command (castad_api.commands.keys).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pathlib
 import uuid
 from collections.abc import Mapping
 
-from castad_api import key_commands, keys
+from castad_api import keys
+from castad_api.commands import keys as key_commands
 from castad_api.settings import ApiSettings
 
 LOCAL_KEY_FILE = pathlib.Path.home() / ".config" / "castad" / "api-key"

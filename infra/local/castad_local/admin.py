@@ -10,7 +10,7 @@ import uuid
 from typing import Annotated
 
 import typer
-from castad_api import key_commands, secret_commands, tenant_commands
+from castad_api.commands import keys, tenants, webhook_secrets
 from castad_cli import client as client_
 from castad_cli import main as cli_main
 from castad_cli import progress
@@ -23,9 +23,9 @@ from rich.console import Console
 from castad_local import REPO_ROOT, access, charts, demo_photos, privileges, quorum, stack
 
 app = typer.Typer(help="Operate a local Castad.", no_args_is_help=True, add_completion=False)
-app.add_typer(key_commands.app, name="keys")
-app.add_typer(secret_commands.app, name="webhook-secrets")
-app.add_typer(tenant_commands.app, name="tenants")
+app.add_typer(keys.app, name="keys")
+app.add_typer(webhook_secrets.app, name="webhook-secrets")
+app.add_typer(tenants.app, name="tenants")
 console = Console()
 
 DEMO_BRIEF = brief.Brief(

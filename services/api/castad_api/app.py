@@ -25,22 +25,23 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from castad_api import (
-    brand_routes,
-    buckets,
-    console_routes,
-    dead_letter_routes,
-    errors,
-    image_routes,
-    key_routes,
-    pipeline_routes,
-    review_routes,
-    stats_routes,
-    timeline_routes,
-    usage_routes,
-)
+from castad_api import buckets, errors
 from castad_api import metrics as metrics_
 from castad_api.deps import Gateway, GatewayDep
+from castad_api.routes import (
+    brand,
+    console,
+    dead_letters,
+    downloads,
+    images,
+    keys,
+    pipelines,
+    reviews,
+    stats,
+    timeline,
+    usage,
+    webhooks,
+)
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 2  # what a client is told to wait when the database is out
@@ -120,20 +121,13 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     for database_error in (sa.exc.SQLAlchemyError, psycopg.Error):
         app.add_exception_handler(database_error, _unavailable)
     app.add_exception_handler(outages.StoreUnavailable, _store_unavailable)
-    app.include_router(pipeline_routes.router)
-    app.include_router(image_routes.router)
-    app.include_router(timeline_routes.router)
-    app.include_router(stats_routes.router)
-    app.include_router(dead_letter_routes.router)
-    app.include_router(key_routes.router)
-    app.include_router(brand_routes.router)
-    app.include_router(review_routes.router)
-    app.include_router(usage_routes.router)
+    for routes in (pipelines, downloads, webhooks, images, timeline, stats, dead_letters, keys, brand, reviews, usage):
+        app.include_router(routes.router)
     if gw.config.health_port is None:
         app.include_router(health)
-    console_routes.mount(app, gw.config)
-    image_upload = gw.config.image_max_bytes + image_routes.MULTIPART_OVERHEAD_BYTES
-    app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes, larger={image_routes.UPLOAD_PATH: image_upload})
+    console.mount(app, gw.config)
+    image_upload = gw.config.image_max_bytes + images.MULTIPART_OVERHEAD_BYTES
+    app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes, larger={images.UPLOAD_PATH: image_upload})
     app.add_middleware(metrics_.RequestMetrics, metrics=gw.metrics)  # outermost: counts the 413s too
     return app
 

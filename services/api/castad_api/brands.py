@@ -1,4 +1,4 @@
-"""Each tenant's brand kit: set and read through /v1/brand (brand_routes.py), and what a pipeline begins with.
+"""Each tenant's brand kit: set and read through /v1/brand (routes/brand.py), and what a pipeline begins with.
 
 A kit's logo is an image the tenant uploaded (POST /v1/images, through the same guards as a photo). Setting the kit
 locks that image as creating a pipeline locks the photos it names (repository.tenant_images), so that retention,

@@ -1,7 +1,7 @@
 """What every route gets: the gateway's parts, built once by the composition root, and who calls.
 
 Every route but the probes, `/metrics`, the providers' callbacks and the console's static files
-(console_routes.py) needs an API key (`Authorization: Bearer <key>`, see keys.py) with the route's
+(routes/console.py) needs an API key (`Authorization: Bearer <key>`, see keys.py) with the route's
 scope (GET /v1/me: any): none or a wrong one is a 401, a missing scope a 403, and a client address
 that failed too often a 429 (auth.py). A key sees only its tenant's pipelines (an admin key every
 tenant's); another tenant's pipeline is a 404, as if it did not exist.

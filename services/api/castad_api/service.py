@@ -39,16 +39,16 @@ from castad_api import (
     dead_letters,
     deadlines,
     deps,
-    key_commands,
     metrics,
     notifications,
     projection,
     retention,
-    secret_commands,
-    tenant_commands,
     webhooks,
 )
 from castad_api import settings as settings_
+from castad_api.commands import keys as key_commands
+from castad_api.commands import tenants as tenant_commands
+from castad_api.commands import webhook_secrets as secret_commands
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 

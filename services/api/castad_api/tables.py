@@ -275,7 +275,7 @@ sa.Index(
 LOGO_OF = pipelines.c.brief.op("#>>")(sa.literal_column("'{brand,logo,id}'"))  # `brief #>> '{brand,logo,id}'`
 sa.Index("pipelines_brand_logo", LOGO_OF.label("logo"), postgresql_where=sa.text("brief ? 'brand'"))
 
-# Each tenant's brand kit (brand_routes.py): every brief of the tenant uses it as it is when the pipeline is made.
+# Each tenant's brand kit (routes/brand.py): every brief of the tenant uses it as it is when the pipeline is made.
 # Its logo is an image of the tenant's, which retention keeps while the kit shows it.
 brand_kits = sa.Table(
     "brand_kits",
@@ -290,7 +290,7 @@ brand_kits = sa.Table(
     sa.Index("brand_kits_logo", "logo", postgresql_where=sa.text("logo IS NOT NULL")),
 )
 
-# Images a tenant uploaded (image_routes.py), each kept once in the artifact store under its owner's place, named
+# Images a tenant uploaded (routes/images.py), each kept once in the artifact store under its owner's place, named
 # by its bytes (`uri`): the same bytes uploaded again by the same tenant are the same image, and its file is that
 # row's alone. `uploaded_at` is its last upload: retention deletes it some time after, once no pipeline or brand kit
 # names it.

@@ -28,8 +28,9 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, pipeline_routes, records, repository, served, upload_limits
+from castad_api import decoding, deps, errors, records, repository, served, upload_limits
 from castad_api.deps import GatewayDep, Reader, Submitter
+from castad_api.routes import common
 
 log = logging.getLogger(__name__)
 UPLOAD_PATH = "/v1/images"
@@ -235,8 +236,8 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
     "/links/pipelines/{pipeline_id}/photos/{image_id}",
     response_class=FileResponse,
     tags=["providers"],
-    responses=pipeline_routes.LINK_ERRORS,
-    dependencies=pipeline_routes.SIGNED_LINK,
+    responses=common.LINK_ERRORS,
+    dependencies=common.SIGNED_LINK,
 )
 def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) -> Response:
     """A photo of a pipeline's brief, or its brand's logo, by a link the video stage signed for its render API.

@@ -12,8 +12,9 @@ from castad_contracts import api
 from castad_runtime import db
 from fastapi import APIRouter, Depends, HTTPException, status
 
-from castad_api import deps, errors, keys, operations, pipeline_routes, repository, reviews
+from castad_api import deps, errors, keys, operations, repository, reviews
 from castad_api.deps import Gateway, GatewayDep, Reader, Submitter
+from castad_api.routes import common
 
 router = APIRouter(prefix="/v1", tags=["reviews"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 DECISION_ERRORS: dict[int | str, dict[str, object]] = {
@@ -48,7 +49,7 @@ def _decide(
         )
     pid = str(pipeline_id)
     return api.ReviewAccepted(
-        id=pid, draft=body.draft, decision=body.decision, status=now.value, links=pipeline_routes.links(pid)
+        id=pid, draft=body.draft, decision=body.decision, status=now.value, links=common.links(pid)
     )
 
 
@@ -62,7 +63,7 @@ def get_review(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Revie
     "/pipelines/{pipeline_id}/review",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=api.ReviewAccepted,
-    dependencies=[deps.SUBMIT_ONLY, Depends(pipeline_routes.require_json)],
+    dependencies=[deps.SUBMIT_ONLY, Depends(common.require_json)],
     responses=DECISION_ERRORS,
 )
 def decide(pipeline_id: uuid.UUID, body: api.ReviewDecision, gw: GatewayDep, who: Submitter) -> api.ReviewAccepted:
@@ -77,8 +78,8 @@ def decide(pipeline_id: uuid.UUID, body: api.ReviewDecision, gw: GatewayDep, who
 @router.get(
     "/links/pipelines/{pipeline_id}/review/{draft_id}",
     response_model=api.ReviewView,
-    dependencies=pipeline_routes.SIGNED_LINK,
-    responses={**pipeline_routes.LINK_ERRORS, 410: {"model": api.Problem}},
+    dependencies=common.SIGNED_LINK,
+    responses={**common.LINK_ERRORS, 410: {"model": api.Problem}},
 )
 def linked_review(pipeline_id: uuid.UUID, draft_id: uuid.UUID, gw: GatewayDep) -> api.ReviewView:
     """The review of a `review.requested` notice's link, without an API key: 410 once a new draft replaced its own."""
@@ -92,8 +93,8 @@ def linked_review(pipeline_id: uuid.UUID, draft_id: uuid.UUID, gw: GatewayDep) -
     "/links/pipelines/{pipeline_id}/review/{draft_id}",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=api.ReviewAccepted,
-    dependencies=[*pipeline_routes.SIGNED_LINK, Depends(pipeline_routes.require_json)],
-    responses={**pipeline_routes.LINK_ERRORS, **DECISION_ERRORS},
+    dependencies=[*common.SIGNED_LINK, Depends(common.require_json)],
+    responses={**common.LINK_ERRORS, **DECISION_ERRORS},
 )
 def linked_decide(
     pipeline_id: uuid.UUID, draft_id: uuid.UUID, body: api.ReviewChoice, gw: GatewayDep

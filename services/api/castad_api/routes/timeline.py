@@ -13,8 +13,9 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import deps, disclosure, errors, model, notifications, pipeline_routes, repository, streams, timeline
+from castad_api import deps, disclosure, errors, model, notifications, repository, streams, timeline
 from castad_api.deps import GatewayDep, Reader
+from castad_api.routes import common
 
 router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 SCAN = 500  # timeline entries the stream of every pipeline looks at per read, whatever its filters keep
@@ -49,7 +50,7 @@ def pipeline_timeline(
             raise errors.NotFound(f"no pipeline {pipeline_id}")
         rows = repository.timeline_after(conn, pipeline_id, after, limit + 1)
         attempts = repository.pipeline_attempts(conn, pipeline_id)
-    links = pipeline_routes.links(str(pipeline_id))
+    links = common.links(str(pipeline_id))
     more = len(rows) > limit
     return timeline.build(pipeline, rows[:limit], attempts, more, gw.config.trace_url, links, gw.viewer(who))
 

@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 
 from castad_api import settings as settings_
 
-FILES = pathlib.Path(__file__).parent / "console"
+FILES = pathlib.Path(__file__).parent.parent / "console"  # castad_api/console/
 PATH = "/ui"
 AWS_S3 = "https://*.amazonaws.com"  # where presigned URLs point without CASTAD_ARTIFACTS_S3_ENDPOINT_URL
 

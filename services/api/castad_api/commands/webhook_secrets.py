@@ -18,7 +18,7 @@ from castad_runtime import cli
 from rich.console import Console
 
 from castad_api import webhook_secrets
-from castad_api.key_commands import gateway_db
+from castad_api.commands.keys import gateway_db
 from castad_api.settings import ApiSettings
 
 app = typer.Typer(

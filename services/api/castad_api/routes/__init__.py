@@ -1,0 +1,8 @@
+"""The gateway's HTTP routes, a module for each thing they serve; app.py includes their routers in this order.
+
+pipelines (create, remake, read, list, follow, cancel, retry; providers' callbacks), downloads (a pipeline's
+files), webhooks (the notices of a pipeline's end), images (uploads), timeline (a pipeline's timeline and the
+stream of every pipeline), stats, dead_letters, keys, brand, reviews, usage; console (the operator's console,
+mounted beside the API); common (what several of them share). Each calls the data access and the operations of
+the package around it: repository.py (reads), operations.py (writes), and the module named for what it serves.
+"""
