@@ -184,7 +184,7 @@ def add_dead_letter(engine: sa.Engine, queue: str, received_ago: dt.timedelta, s
         assert letter_id is not None
         if status != "dead":
             action = {"replayed": "replay", "discarded": "discard"}[status]
-            repository.dead_letter_acted(conn, letter_id, action, "tests", "done", status)
+            dead_letters.dead_letter_acted(conn, letter_id, action, "tests", "done", status)
         then = repository.now(conn) - received_ago
         letters = tables.dead_letters
         conn.execute(letters.update().where(letters.c.id == letter_id).values(received_at=then, updated_at=then))
@@ -291,7 +291,7 @@ def test_a_replay_is_refused_with_a_409_once_its_event_is_older_than_consumers_r
     assert accepted.status_code == 202 and "sent back to" in accepted.json()["detail"]
     assert bulk.json()["replayed"] == [] and "CASTAD_RETENTION_INBOX_S" in bulk.json()["refused"][str(too_old)]
     with db.transaction(engine) as conn:
-        assert repository.get_dead_letter(conn, too_old).status == "dead"
+        assert dead_letters.get_dead_letter(conn, too_old).status == "dead"
 
 
 def test_a_download_of_a_file_retention_deleted_is_a_410(engine, http, installation):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_api import brands, deps, errors, notifications, operations, repository, tables, upload_limits
+from castad_api import brands, deps, errors, notifications, operations, repository, tables, upload_limits, uploaded
 from castad_api import retention as api_retention
 from castad_api import settings as api_settings
 from castad_api.routes import images as image_routes
@@ -65,8 +65,8 @@ def create(conn: sa.Connection, *image_ids: uuid.UUID) -> uuid.UUID:
 def kept(gw: deps.Gateway) -> dict[uuid.UUID, bool]:
     """Each image recorded, and whether its file is in the store."""
     with gw.engine.connect() as conn:
-        rows = repository.get_images(conn, conn.execute(sa.select(tables.images.c.id)).scalars().all())
-    return {row.id: _there(gw.store, repository.photo(row)) for row in rows}
+        rows = uploaded.get_images(conn, conn.execute(sa.select(tables.images.c.id)).scalars().all())
+    return {row.id: _there(gw.store, uploaded.photo(row)) for row in rows}
 
 
 def files(installation: Installation) -> int:
@@ -157,7 +157,7 @@ def test_a_pipeline_created_while_retention_deletes_its_image_is_refused_naming_
         with pytest.raises(errors.InvalidField, match=f"no image {image} was uploaded"):
             pool.submit(created).result(5)  # nothing to wait for: the image is not found any more
         with gw.engine.connect() as conn:
-            assert repository.get_image(conn, image, TENANT) is None
+            assert uploaded.get_image(conn, image, TENANT) is None
         held.go.set()
         assert pruning.result(10) == 1
     assert kept(gw) == {}
@@ -198,7 +198,7 @@ def test_a_store_that_fails_stops_the_batch_and_what_it_deleted_before_is_record
 
     assert kept(gw) == {second: True} and first not in kept(gw)
     with gw.engine.connect() as conn:  # the one not deleted is found again, until the next round chooses it again
-        assert repository.get_image(conn, second, TENANT) is not None
+        assert uploaded.get_image(conn, second, TENANT) is not None
     assert prune(gw) == 1 and kept(gw) == {}
 
 

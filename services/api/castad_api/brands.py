@@ -1,7 +1,7 @@
 """Each tenant's brand kit: set and read through /v1/brand (routes/brand.py), and what a pipeline begins with.
 
 A kit's logo is an image the tenant uploaded (POST /v1/images, through the same guards as a photo). Setting the kit
-locks that image as creating a pipeline locks the photos it names (repository.tenant_images), so that retention,
+locks that image as creating a pipeline locks the photos it names (uploaded.tenant_images), so that retention,
 which keeps an image while a kit or a pipeline shows it, cannot choose it meanwhile. A pipeline records the brand it
 began with in its brief: a kit changed since does not change it.
 """
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from castad_contracts import api, brief
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import errors, records, repository, tables
+from castad_api import errors, records, tables, uploaded
 
 kits = tables.brand_kits
 COLUMNS = [kits.c[name] for name in ("tenant", "logo", "colors", "font", "caption_style", "updated_at")]
@@ -62,8 +62,8 @@ def for_pipeline(conn: sa.Connection, tenant: str) -> brief.Brand | None:
         return None
     logo = None
     if found.logo is not None:
-        image = repository.tenant_images(conn, [found.logo], tenant).get(found.logo)
-        logo = None if image is None else repository.photo(image)
+        image = uploaded.tenant_images(conn, [found.logo], tenant).get(found.logo)
+        logo = None if image is None else uploaded.photo(image)
     return brief.Brand(
         logo=logo,
         colors=tuple(found.colors),
@@ -86,5 +86,5 @@ def view(found: records.BrandKit) -> api.BrandKit:
 
 def _logo(conn: sa.Connection, logo: str | None, tenant: str) -> None:
     """Lock the logo's image (InvalidField unless it is one the tenant uploaded, in the words a photo's gets)."""
-    if logo is not None and not repository.tenant_images(conn, [uuid.UUID(logo)], tenant):
+    if logo is not None and not uploaded.tenant_images(conn, [uuid.UUID(logo)], tenant):
         raise errors.InvalidField(("body", "logo"), f"no image {logo} was uploaded by this tenant", logo)

@@ -41,8 +41,10 @@ import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
 from castad_contracts import events, ids, topology
 from castad_runtime import amqp, backoff, consumer, db, encoder, outages, outbox, redact
+from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import errors, projection, records, repository, retention
+from castad_api import errors, projection, records, repository, retention, tables
+from castad_api.repository import columns, typed
 
 log = logging.getLogger(__name__)
 SOURCE = topology.SOURCES[topology.GATEWAY]
@@ -200,7 +202,7 @@ def _bare(fields: dict[str, Any], error: Exception) -> dict[str, Any]:
 
 def record(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
     """Record a dead letter once; an entry in its pipeline's timeline if it is one of ours. Its id, None if seen."""
-    letter_id = repository.add_dead_letter(conn, fields)
+    letter_id = add_dead_letter(conn, fields)
     if letter_id is not None:
         _note(conn, fields.get("pipeline_id"), "dead_letter.recorded", dead_letter=letter_id, reason=fields["reason"])
     return letter_id
@@ -217,7 +219,7 @@ def replay(
     if letter.status == "discarded":
         raise errors.Conflict(f"dead letter {letter_id} was discarded", letter.status)
     detail = _republish(conn, letter) if letter.kind == "parked" else _send_back(conn, letter, policy)
-    repository.dead_letter_acted(conn, letter_id, "replay", actor, detail, status="replayed", key=key)
+    dead_letter_acted(conn, letter_id, "replay", actor, detail, status="replayed", key=key)
     acting = {"actor_key": key} if key else {}
     _note(conn, letter.pipeline_id, "dead_letter.replayed", dead_letter=letter_id, actor=actor, detail=detail, **acting)
     return detail
@@ -225,7 +227,7 @@ def replay(
 
 def discard(conn: sa.Connection, letter_id: int, actor: str, reason: str, key: dict[str, str] | None = None) -> None:
     letter = _get(conn, letter_id)
-    repository.dead_letter_acted(conn, letter_id, "discard", actor, reason, status="discarded", key=key)
+    dead_letter_acted(conn, letter_id, "discard", actor, reason, status="discarded", key=key)
     acting = {"actor_key": key} if key else {}
     _note(
         conn, letter.pipeline_id, "dead_letter.discarded", dead_letter=letter_id, actor=actor, detail=reason, **acting
@@ -234,7 +236,7 @@ def discard(conn: sa.Connection, letter_id: int, actor: str, reason: str, key: d
 
 def replay_matching(
     conn: sa.Connection,
-    filters: repository.LetterFilters,
+    filters: LetterFilters,
     actor: str,
     limit: int,
     policy: retention.Policy,
@@ -243,7 +245,7 @@ def replay_matching(
     """Replay every dead letter still `dead` that matches, up to `limit`: ids replayed, and why others were not."""
     replayed, refused = [], {}
     matching = dataclasses.replace(filters, status="dead")
-    for letter in repository.dead_letters(conn, matching, before_id=None, limit=limit):
+    for letter in dead_letters(conn, matching, before_id=None, limit=limit):
         try:
             replay(conn, letter.id, actor, policy, key)
         except errors.GatewayError as error:
@@ -254,7 +256,7 @@ def replay_matching(
 
 
 def _get(conn: sa.Connection, letter_id: int) -> records.DeadLetter:
-    letter = repository.lock_dead_letter(conn, letter_id)
+    letter = lock_dead_letter(conn, letter_id)
     if letter is None:
         raise errors.NotFound(f"no dead letter {letter_id}")
     return letter
@@ -400,3 +402,101 @@ class Recorder:
         except outages.Stopped:
             return False
         return True
+
+
+# -- Their statements -------------------------------------------------------------------------------------------
+
+letters = tables.dead_letters
+
+
+@dataclasses.dataclass(frozen=True)
+class LetterFilters:
+    status: str | None = None
+    service: str | None = None
+    event_type: str | None = None
+    reason: str | None = None  # a part of the reason
+    pipeline_id: str | None = None
+
+
+def add_dead_letter(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
+    """Record a dead letter unless its message id is recorded already; its id, or None."""
+    return conn.execute(
+        pg.insert(letters)
+        .values(**fields)
+        .on_conflict_do_nothing(index_elements=[letters.c.message_id])
+        .returning(letters.c.id)
+    ).scalar()
+
+
+LETTER_COLUMNS = columns(letters, records.DeadLetter)
+
+
+def lock_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
+    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id).with_for_update()).first()
+    return None if row is None else typed(records.DeadLetter, row)
+
+
+def get_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
+    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id)).first()
+    return None if row is None else typed(records.DeadLetter, row)
+
+
+def dead_letters(
+    conn: sa.Connection, filters: LetterFilters, before_id: int | None, limit: int
+) -> list[records.DeadLetter]:
+    """Newest first; `before_id` is the id of the last row of the previous page."""
+    query = sa.select(*LETTER_COLUMNS).order_by(letters.c.id.desc()).limit(limit)
+    for column, value in (
+        (letters.c.status, filters.status),
+        (letters.c.service, filters.service),
+        (letters.c.event_type, filters.event_type),
+        (letters.c.pipeline_id, filters.pipeline_id),
+    ):
+        if value is not None:
+            query = query.where(column == value)
+    if filters.reason:
+        query = query.where(letters.c.reason.contains(filters.reason, autoescape=True))
+    if before_id is not None:
+        query = query.where(letters.c.id < before_id)
+    return [typed(records.DeadLetter, row) for row in conn.execute(query)]
+
+
+def dead_letter_acted(
+    conn: sa.Connection,
+    letter_id: int,
+    action: str,
+    actor: str,
+    detail: str,
+    status: str,
+    key: dict[str, str] | None = None,
+) -> None:
+    """Record an action on a dead letter, by `actor` with the API key `key` (keys.Principal.acting)."""
+    acting = {"key_id": key["id"], "key_name": key["name"]} if key else {}
+    conn.execute(
+        tables.dead_letter_actions.insert().values(
+            dead_letter_id=letter_id, action=action, actor=actor, detail=detail, **acting
+        )
+    )
+    values: dict[str, Any] = {"status": status, "updated_at": sa.func.now()}
+    if action == "replay":
+        values["replays"] = letters.c.replays + 1
+    conn.execute(letters.update().where(letters.c.id == letter_id).values(**values))
+
+
+def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[records.DeadLetterAction]:
+    actions = tables.dead_letter_actions
+    query = (
+        sa.select(*columns(actions, records.DeadLetterAction))
+        .where(actions.c.dead_letter_id == letter_id)
+        .order_by(actions.c.id)
+    )
+    return [typed(records.DeadLetterAction, row) for row in conn.execute(query)]
+
+
+DEAD_LETTER_STATUSES = ("dead", "replayed", "discarded")
+
+
+def dead_letter_counts(conn: sa.Connection) -> dict[str, int]:
+    """Recorded dead letters by status (an index-only scan of dead_letters_by_status), for the metrics."""
+    counted = conn.execute(sa.select(letters.c.status, sa.func.count()).group_by(letters.c.status)).all()
+    return dict.fromkeys(DEAD_LETTER_STATUSES, 0) | {status: count for status, count in counted}

@@ -15,7 +15,7 @@ from castad_runtime import metrics, scrape
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from castad_api import repository, reviews, usage
+from castad_api import dead_letters, reviews, usage
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # a path no route takes: its template is unknown, and the path itself is free text
@@ -138,7 +138,7 @@ class DeadLetters:
 
     def read(self) -> list[Metric]:
         with self.engine.connect() as conn:
-            counts = repository.dead_letter_counts(conn)
+            counts = dead_letters.dead_letter_counts(conn)
         family = self._family()
         for status, count in counts.items():
             family.add_metric([status], count)

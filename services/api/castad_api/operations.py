@@ -25,7 +25,7 @@ from castad_contracts import envelope as envelope_
 from castad_runtime import artifacts, db, links, outbound, outbox, telemetry
 from pydantic import SecretStr
 
-from castad_api import brands, errors, model, projection, records, repository, retention, reviews, usage
+from castad_api import brands, errors, model, projection, records, repository, retention, reviews, uploaded, usage
 
 SOURCE = topology.SOURCES[topology.GATEWAY]
 
@@ -217,7 +217,7 @@ def photos(conn: sa.Connection, body: api.PipelineRequest, tenant: str) -> tuple
     uploaded (another tenant's is refused in the same words as one that does not exist).
     """
     ids = [uuid.UUID(name) for name in body.photos if "://" not in name]
-    found = repository.tenant_images(conn, ids, tenant)
+    found = uploaded.tenant_images(conn, ids, tenant)
     owner = artifacts.image_owner(tenant)
     named: list[brief.Photo | brief.PhotoLink] = []
     for index, name in enumerate(body.photos):

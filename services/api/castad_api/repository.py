@@ -1,4 +1,9 @@
-"""Every SQL statement of the gateway."""
+"""The pipelines, their stages, attempts and timelines: every statement of the gateway on them.
+
+The other aggregates keep their statements in modules of their own: dead letters in dead_letters.py, uploaded
+images in uploaded.py, keys in keys.py, webhooks in webhooks.py and webhook_secrets.py, usage and budgets in
+usage.py, brand kits in brands.py, reviews in reviews.py; retention.py deletes what outlived its retention of each.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,9 @@ from collections.abc import Collection, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from castad_contracts import brief, events
-from castad_runtime import artifacts as artifacts_
+from castad_contracts import events
 from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
-from sqlalchemy.dialects import postgresql as pg
 
 from castad_api import model, records, tables
 
@@ -22,8 +25,6 @@ pipelines = tables.pipelines
 stages = tables.stages
 attempts = tables.attempts
 timeline = tables.timeline
-letters = tables.dead_letters
-images = tables.images
 PIPELINE_EVENTS_CHANNEL = "castad_pipeline_events"
 TERMINAL = [status.value for status in model.PipelineStatus if status.terminal]
 
@@ -38,34 +39,34 @@ class Created:
 T = TypeVar("T")
 
 
-def _fields(cls: type[Any]) -> tuple[str, ...]:
+def fields_of(cls: type[Any]) -> tuple[str, ...]:
     return tuple(field.name for field in dataclasses.fields(cls))
 
 
-def _columns(table: sa.Table, cls: type[Any]) -> list[sa.Column[Any]]:
+def columns(table: sa.Table, cls: type[Any]) -> list[sa.Column[Any]]:
     """The columns of `table` that the typed row `cls` holds, in its order."""
-    return [table.c[name] for name in _fields(cls)]
+    return [table.c[name] for name in fields_of(cls)]
 
 
-def _typed(cls: type[T], row: Any, **converted: Any) -> T:
+def typed(cls: type[T], row: Any, **converted: Any) -> T:
     """A typed row from a row of SQL with a column named as each field of `cls`; `converted`: fields made typed."""
-    return cls(**{name: getattr(row, name) for name in _fields(cls)} | converted)
+    return cls(**{name: getattr(row, name) for name in fields_of(cls)} | converted)
 
 
 def _pipeline(row: Any) -> records.Pipeline:
-    return _typed(records.Pipeline, row, status=model.PipelineStatus(row.status))
+    return typed(records.Pipeline, row, status=model.PipelineStatus(row.status))
 
 
 def _stage(row: Any) -> records.Stage:
-    return _typed(records.Stage, row, status=model.StageStatus(row.status))
+    return typed(records.Stage, row, status=model.StageStatus(row.status))
 
 
 def _locked(row: Any) -> records.Locked:
-    return _typed(records.Locked, row, status=model.PipelineStatus(row.status))
+    return typed(records.Locked, row, status=model.PipelineStatus(row.status))
 
 
 def _stage_applied(row: Any) -> records.StageApplied:
-    return _typed(records.StageApplied, row, status=model.StageStatus(row.status))
+    return typed(records.StageApplied, row, status=model.StageStatus(row.status))
 
 
 _CREATE_PIPELINE = """
@@ -133,9 +134,9 @@ def tenant_key(tenant: str, key: str) -> str:
     return f"{len(tenant)}:{tenant}/{key}"
 
 
-PIPELINE_COLUMNS = _columns(pipelines, records.Pipeline)
+PIPELINE_COLUMNS = columns(pipelines, records.Pipeline)
 STAGE_COLUMNS = [
-    *(stages.c[name] for name in _fields(records.Stage) if name != "captioned"),
+    *(stages.c[name] for name in fields_of(records.Stage) if name != "captioned"),
     stages.c.sung_lines.is_not(None).label("captioned"),  # the lines themselves are read for the captions alone
 ]
 
@@ -229,11 +230,11 @@ def pipeline_attempts(conn: sa.Connection, pipeline_id: uuid.UUID) -> list[recor
     """Every attempt of the pipeline, by stage order and number."""
     order = sa.case({stage.value: n for n, stage in enumerate(events.STAGE_ORDER)}, value=attempts.c.stage)
     query = (
-        sa.select(*_columns(attempts, records.Attempt))
+        sa.select(*columns(attempts, records.Attempt))
         .where(attempts.c.pipeline_id == pipeline_id)
         .order_by(order, attempts.c.attempt)
     )
-    return [_typed(records.Attempt, row) for row in conn.execute(query)]
+    return [typed(records.Attempt, row) for row in conn.execute(query)]
 
 
 def stage_statuses(conn: sa.Connection, pipeline_id: uuid.UUID) -> dict[events.Stage, model.StageStatus]:
@@ -314,7 +315,7 @@ def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limi
         .offset(after)
         .limit(limit)
     )
-    return [_typed(records.Entry, row) for row in conn.execute(query)]
+    return [typed(records.Entry, row) for row in conn.execute(query)]
 
 
 def count_entries(conn: sa.Connection, pipeline_id: uuid.UUID) -> int:
@@ -382,7 +383,7 @@ def entries_of_all(
         .select_from(scanned.outerjoin(pipelines, sa.and_(*matches)))
         .order_by(scanned.c.seq)
     )
-    return [_typed(records.Scanned, row) for row in conn.execute(query)]
+    return [typed(records.Scanned, row) for row in conn.execute(query)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,99 +474,6 @@ def _named(name: sa.ColumnElement[str], search: str) -> sa.ColumnElement[bool]:
     return sa.or_(name.ilike(f"{escaped}%", escape="/"), name.ilike(f"% {escaped}%", escape="/"))
 
 
-@dataclasses.dataclass(frozen=True)
-class LetterFilters:
-    status: str | None = None
-    service: str | None = None
-    event_type: str | None = None
-    reason: str | None = None  # a part of the reason
-    pipeline_id: str | None = None
-
-
-def add_dead_letter(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
-    """Record a dead letter unless its message id is recorded already; its id, or None."""
-    return conn.execute(
-        pg.insert(letters)
-        .values(**fields)
-        .on_conflict_do_nothing(index_elements=[letters.c.message_id])
-        .returning(letters.c.id)
-    ).scalar()
-
-
-LETTER_COLUMNS = _columns(letters, records.DeadLetter)
-
-
-def lock_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
-    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id).with_for_update()).first()
-    return None if row is None else _typed(records.DeadLetter, row)
-
-
-def get_dead_letter(conn: sa.Connection, letter_id: int) -> records.DeadLetter | None:
-    row = conn.execute(sa.select(*LETTER_COLUMNS).where(letters.c.id == letter_id)).first()
-    return None if row is None else _typed(records.DeadLetter, row)
-
-
-def dead_letters(
-    conn: sa.Connection, filters: LetterFilters, before_id: int | None, limit: int
-) -> list[records.DeadLetter]:
-    """Newest first; `before_id` is the id of the last row of the previous page."""
-    query = sa.select(*LETTER_COLUMNS).order_by(letters.c.id.desc()).limit(limit)
-    for column, value in (
-        (letters.c.status, filters.status),
-        (letters.c.service, filters.service),
-        (letters.c.event_type, filters.event_type),
-        (letters.c.pipeline_id, filters.pipeline_id),
-    ):
-        if value is not None:
-            query = query.where(column == value)
-    if filters.reason:
-        query = query.where(letters.c.reason.contains(filters.reason, autoescape=True))
-    if before_id is not None:
-        query = query.where(letters.c.id < before_id)
-    return [_typed(records.DeadLetter, row) for row in conn.execute(query)]
-
-
-def dead_letter_acted(
-    conn: sa.Connection,
-    letter_id: int,
-    action: str,
-    actor: str,
-    detail: str,
-    status: str,
-    key: dict[str, str] | None = None,
-) -> None:
-    """Record an action on a dead letter, by `actor` with the API key `key` (keys.Principal.acting)."""
-    acting = {"key_id": key["id"], "key_name": key["name"]} if key else {}
-    conn.execute(
-        tables.dead_letter_actions.insert().values(
-            dead_letter_id=letter_id, action=action, actor=actor, detail=detail, **acting
-        )
-    )
-    values: dict[str, Any] = {"status": status, "updated_at": sa.func.now()}
-    if action == "replay":
-        values["replays"] = letters.c.replays + 1
-    conn.execute(letters.update().where(letters.c.id == letter_id).values(**values))
-
-
-def dead_letter_actions(conn: sa.Connection, letter_id: int) -> list[records.DeadLetterAction]:
-    actions = tables.dead_letter_actions
-    query = (
-        sa.select(*_columns(actions, records.DeadLetterAction))
-        .where(actions.c.dead_letter_id == letter_id)
-        .order_by(actions.c.id)
-    )
-    return [_typed(records.DeadLetterAction, row) for row in conn.execute(query)]
-
-
-DEAD_LETTER_STATUSES = ("dead", "replayed", "discarded")
-
-
-def dead_letter_counts(conn: sa.Connection) -> dict[str, int]:
-    """Recorded dead letters by status (an index-only scan of dead_letters_by_status), for the metrics."""
-    counted = conn.execute(sa.select(letters.c.status, sa.func.count()).group_by(letters.c.status)).all()
-    return dict.fromkeys(DEAD_LETTER_STATUSES, 0) | {status: count for status, count in counted}
-
-
 _APPEND_TIMELINE = """
 INSERT INTO pipeline_events (pipeline_id, event_id, event_type, data, occurred_at)
 VALUES (%s, %s, %s, %s, coalesce(%s, now()))
@@ -620,8 +528,8 @@ class Projected:
         self.pipeline = dataclasses.replace(self.pipeline, **kept)
 
 
-_LOCKED = frozenset(_fields(records.Locked))
-_STAGE_APPLIED = frozenset(_fields(records.StageApplied))
+_LOCKED = frozenset(fields_of(records.Locked))
+_STAGE_APPLIED = frozenset(fields_of(records.StageApplied))
 
 
 def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
@@ -763,101 +671,3 @@ def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) 
     now = frozenset(column for column, value in values.items() if value is NOW)
     params = {column: value for column, value in values.items() if value is not NOW}
     db.run(conn, _pipeline_update(tuple(sorted(values)), now), {"id": pipeline_id, **params})
-
-
-IMAGE_COLUMNS = _columns(images, records.Image)
-
-
-# An image is found once its file is kept, and until retention chose to delete it.
-_FOUND = sa.and_(images.c.keeping_since.is_(None), images.c.deleting_since.is_(None))
-
-
-def begin_image(
-    conn: sa.Connection, tenant: str, sha256: str, media_type: str, size: int, width: int, height: int
-) -> records.Image | None:
-    """Record a tenant's upload of these bytes, before its file is kept (`image_kept`).
-
-    A new image is not found until then. The one the tenant has already if it uploaded these bytes before, its last
-    upload moved to now, which keeps retention from choosing it meanwhile. None if retention is deleting that one:
-    its row goes once its file is gone.
-    """
-    row = conn.execute(
-        pg.insert(images)
-        .values(
-            id=uuid.uuid4(),
-            tenant=tenant,
-            sha256=sha256,
-            media_type=media_type,
-            size=size,
-            width=width,
-            height=height,
-            uri="",  # the store's, once kept
-            keeping_since=sa.func.now(),
-        )
-        .on_conflict_do_update(
-            constraint="images_tenant_sha256",
-            set_={"uploaded_at": sa.func.now()},
-            where=images.c.deleting_since.is_(None),
-        )
-        .returning(*IMAGE_COLUMNS)
-    ).one_or_none()
-    return None if row is None else _typed(records.Image, row)
-
-
-def image_kept(conn: sa.Connection, image_id: uuid.UUID, kept: events.Artifact) -> records.Image | None:
-    """Record that an image's file is kept (found from now on); None if retention chose it, or deleted it, meanwhile."""
-    row = conn.execute(
-        images.update()
-        .where(images.c.id == image_id, images.c.deleting_since.is_(None))
-        .values(uri=kept.uri, keeping_since=None)
-        .returning(*IMAGE_COLUMNS)
-    ).one_or_none()
-    return None if row is None else _typed(records.Image, row)
-
-
-def forget_image_begun(conn: sa.Connection, image_id: uuid.UUID) -> None:
-    """Delete an image whose file could not be kept, unless another upload of it kept it meanwhile."""
-    conn.execute(images.delete().where(images.c.id == image_id, images.c.keeping_since.is_not(None)))
-
-
-def photo(image: records.Image) -> brief.Photo:
-    """An image as events name it: a reference to its file in the store."""
-    return brief.Photo(
-        id=str(image.id),
-        owner=artifacts_.image_owner(image.tenant),
-        sha256=image.sha256,
-        media_type=image.media_type,
-        size=image.size,
-    )
-
-
-def get_image(conn: sa.Connection, image_id: uuid.UUID, tenant: str | None) -> records.Image | None:
-    """The image, unless it is not `tenant`'s (None: anyone's), or not found (its file not kept, or being deleted)."""
-    query = sa.select(*IMAGE_COLUMNS).where(images.c.id == image_id, _FOUND)
-    if tenant is not None:
-        query = query.where(images.c.tenant == tenant)
-    row = conn.execute(query).fetchone()
-    return None if row is None else _typed(records.Image, row)
-
-
-def get_images(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> list[records.Image]:
-    """These images (those found), whoever's they are."""
-    return [
-        _typed(records.Image, row) for row in conn.execute(sa.select(*IMAGE_COLUMNS).where(images.c.id.in_(image_ids)))
-    ]
-
-
-def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant: str) -> dict[uuid.UUID, records.Image]:
-    """The found images among these that are `tenant`'s, by id, each locked (FOR KEY SHARE) until it commits.
-
-    The lock is what keeps retention from choosing an image a pipeline is being created with: retention skips
-    locked images, and checks again, once it holds the lock, that no pipeline names one. An image retention chose to
-    delete is not found."""
-    if not image_ids:
-        return {}
-    query = (
-        sa.select(*IMAGE_COLUMNS)
-        .where(images.c.id.in_(list(image_ids)), images.c.tenant == tenant, _FOUND)
-        .with_for_update(read=True, key_share=True)
-    )
-    return {row.id: _typed(records.Image, row) for row in conn.execute(query)}

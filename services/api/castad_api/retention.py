@@ -17,7 +17,7 @@ A pipeline that has not ended is never touched.
 
 An image is chosen for deletion with its row locked, and only if no pipeline names it by a check made once the
 lock is held (a statement of its own, whose snapshot sees every pipeline committed before): a pipeline created at
-the same moment locks the images it names (repository.tenant_images), so either retention skips it, or the creation
+the same moment locks the images it names (uploaded.tenant_images), so either retention skips it, or the creation
 waits for the choice to commit and then finds no such image (422). The choice (`images.deleting_since`) commits
 before the file goes, outside any transaction; the row goes after it. An upload of the same bytes meanwhile finds
 the image chosen and waits a few seconds for its row to go (then answers 503 with Retry-After), then records and
@@ -46,7 +46,7 @@ from castad_runtime import artifacts, db, settings
 from castad_runtime import retention as runtime_retention
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import keys, repository, tables, upload_limits
+from castad_api import keys, tables, upload_limits, uploaded
 
 MARGIN_S = 3600.0
 PIPELINE_ROWS = 14  # a pipeline, its stages and their attempts, its notices and their tries, about
@@ -237,14 +237,14 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
         kept = named_among(conn, locked)
         if kept:
             conn.execute(i.update().where(i.c.id.in_(kept)).values(uploaded_at=sa.func.now()))
-        doomed = [row for row in repository.get_images(conn, locked) if row.id not in kept]
+        doomed = [row for row in uploaded.get_images(conn, locked) if row.id not in kept]
         if doomed:
             conn.execute(i.update().where(i.c.id.in_([row.id for row in doomed])).values(deleting_since=sa.func.now()))
     gone: list[uuid.UUID] = []  # files deleted; the last of them, from `recorded` on, with their rows still there
     recorded = 0
     try:
         for row in doomed:
-            store.delete_image(repository.photo(row))
+            store.delete_image(uploaded.photo(row))
             gone.append(row.id)
             if len(gone) - recorded == IMAGES_AT_ONCE or len(gone) == len(doomed):
                 _forget_deleted(engine, gone[recorded:])

@@ -3,6 +3,8 @@
 pipelines (create, remake, read, list, follow, cancel, retry; providers' callbacks), downloads (a pipeline's
 files), webhooks (the notices of a pipeline's end), images (uploads), timeline (a pipeline's timeline and the
 stream of every pipeline), stats, dead_letters, keys, brand, reviews, usage; console (the operator's console,
-mounted beside the API); common (what several of them share). Each calls the data access and the operations of
-the package around it: repository.py (reads), operations.py (writes), and the module named for what it serves.
+mounted beside the API); common (what several of them share). Each calls the module of the package around it
+that holds its aggregate's statements (repository.py: pipelines, stages and timelines; dead_letters.py;
+uploaded.py: images; keys.py; brands.py; reviews.py; usage.py; webhooks.py), and operations.py for what moves a
+pipeline.
 """

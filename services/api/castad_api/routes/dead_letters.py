@@ -9,7 +9,7 @@ from castad_contracts import api
 from castad_runtime import db
 from fastapi import APIRouter, Path, Query, status
 
-from castad_api import dead_letters, errors, records, repository
+from castad_api import dead_letters, errors, records
 from castad_api.deps import ADMIN_ONLY, AUTH_ERRORS, UNREADABLE, Actor, Admin, GatewayDep
 
 router = APIRouter(
@@ -51,10 +51,10 @@ def list_dead_letters(
     cursor: Annotated[str | None, Query(pattern="^[0-9]{1,18}$")] = None,
 ) -> api.DeadLetterPage:
     """Newest first, filtered by status, service, event type, a part of the reason, pipeline."""
-    filters = repository.LetterFilters(status_, service, event_type, reason, pipeline_id)
+    filters = dead_letters.LetterFilters(status_, service, event_type, reason, pipeline_id)
     limit = min(limit, gw.config.page_size_max)
     with gw.engine.connect() as conn:
-        rows = repository.dead_letters(conn, filters, int(cursor) if cursor else None, limit + 1)
+        rows = dead_letters.dead_letters(conn, filters, int(cursor) if cursor else None, limit + 1)
     page = rows[:limit]
     next_cursor = str(page[-1].id) if len(rows) > limit else None
     return api.DeadLetterPage(items=[_summary(row) for row in page], next_cursor=next_cursor)
@@ -64,10 +64,10 @@ def list_dead_letters(
 def get_dead_letter(letter_id: LetterId, gw: GatewayDep) -> api.DeadLetterDetail:
     """One dead letter with its headers, its body as received (capped) and what operators did with it."""
     with gw.engine.connect() as conn:
-        row = repository.get_dead_letter(conn, letter_id)
+        row = dead_letters.get_dead_letter(conn, letter_id)
         if row is None:
             raise errors.NotFound(f"no dead letter {letter_id}")
-        actions = repository.dead_letter_actions(conn, letter_id)
+        actions = dead_letters.dead_letter_actions(conn, letter_id)
     body = bytes(row.body)
     try:
         text, encoding = body.decode("utf-8"), "utf-8"
@@ -122,7 +122,7 @@ def replay_dead_letters(
     body: api.DeadLetterFilter, gw: GatewayDep, who: Admin, actor: Actor = "anonymous"
 ) -> api.BulkReplayed:
     """Replay every dead letter still `dead` that matches the filter, up to `limit`."""
-    filters = repository.LetterFilters(None, body.service, body.event_type, body.reason, body.pipeline_id)
+    filters = dead_letters.LetterFilters(None, body.service, body.event_type, body.reason, body.pipeline_id)
     with db.transaction(gw.engine) as conn:
         replayed, refused = dead_letters.replay_matching(
             conn, filters, actor, body.limit, gw.config.retention_policy(), who.acting()
@@ -137,6 +137,6 @@ def discard_dead_letter(
     """Give up on it, with a reason: it stays listed as discarded."""
     with db.transaction(gw.engine) as conn:
         dead_letters.discard(conn, letter_id, actor, body.reason, who.acting())
-        row = repository.get_dead_letter(conn, letter_id)
+        row = dead_letters.get_dead_letter(conn, letter_id)
     assert row is not None  # discarded just now, in this transaction
     return _summary(row)

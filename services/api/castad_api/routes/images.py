@@ -28,7 +28,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 
-from castad_api import decoding, deps, errors, records, repository, served, upload_limits
+from castad_api import decoding, deps, errors, records, repository, served, upload_limits, uploaded
 from castad_api.deps import GatewayDep, Reader, Submitter
 from castad_api.routes import common
 
@@ -160,7 +160,7 @@ def _counted(gw: deps.Gateway, tenant: str) -> None:
 def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
     """Keep a cleaned upload for the tenant, if it has room for it (errors.Full if not), and describe it.
 
-    Recorded first (`repository.begin_image`), its file then kept outside any transaction, then recorded kept. An
+    Recorded first (`uploaded.begin_image`), its file then kept outside any transaction, then recorded kept. An
     image of the same bytes that retention is deleting is waited for a few seconds (its row goes once its file is
     gone), then the upload is refused with 503 and Retry-After. An upload whose file was not kept (the store refused
     it, say) takes its record back.
@@ -170,9 +170,7 @@ def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
     for pause_s in (*DELETION_PAUSES_S, None):
         with db.transaction(gw.engine) as conn:
             upload_limits.check_room(conn, tenant, digest, size, gw.config.upload_limits())
-            begun = repository.begin_image(
-                conn, tenant, digest, cleaned.media_type, size, cleaned.width, cleaned.height
-            )
+            begun = uploaded.begin_image(conn, tenant, digest, cleaned.media_type, size, cleaned.width, cleaned.height)
         if begun is not None:
             try:
                 kept = gw.store.keep_image(cleaned.data, tenant, cleaned.media_type)
@@ -180,7 +178,7 @@ def keep(gw: deps.Gateway, tenant: str, cleaned: images.Cleaned) -> api.Image:
                 _forget_begun(gw, begun.id)
                 raise
             with db.transaction(gw.engine) as conn:
-                row = repository.image_kept(conn, begun.id, kept)
+                row = uploaded.image_kept(conn, begun.id, kept)
             if row is not None:
                 return _image(row)
         if pause_s is not None:  # retention is deleting the image of these bytes, or deleted it meanwhile
@@ -196,7 +194,7 @@ def _forget_begun(gw: deps.Gateway, image_id: uuid.UUID) -> None:
     """Delete the record of an upload whose file was not kept; if the database is out too, retention will."""
     try:
         with db.transaction(gw.engine) as conn:
-            repository.forget_image_begun(conn, image_id)
+            uploaded.forget_image_begun(conn, image_id)
     except Exception:
         log.warning("the record of upload %s, whose file was not kept, is left to retention", image_id, exc_info=True)
 
@@ -205,7 +203,7 @@ def _forget_begun(gw: deps.Gateway, image_id: uuid.UUID) -> None:
 def get_image(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> api.Image:
     """What was kept of an image the key's tenant uploaded."""
     with gw.engine.connect() as conn:
-        row = repository.get_image(conn, image_id, who.tenant_filter())
+        row = uploaded.get_image(conn, image_id, who.tenant_filter())
     if row is None:
         raise errors.NotFound(f"no image {image_id}")
     return _image(row)
@@ -226,7 +224,7 @@ def image_content(image_id: uuid.UUID, gw: GatewayDep, who: Reader) -> Response:
     It was kept upright, without metadata.
     """
     with gw.engine.connect() as conn:
-        row = repository.get_image(conn, image_id, who.tenant_filter())
+        row = uploaded.get_image(conn, image_id, who.tenant_filter())
     if row is None:
         raise errors.NotFound(f"no image {image_id}")
     return _content(gw, row)
@@ -249,7 +247,7 @@ def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) ->
         logo = ((pipeline.brief.get("brand") or {}).get("logo") or {}) if pipeline is not None else {}
         shown = [*pipeline.brief.get("photos", ()), logo] if pipeline is not None else []
         named = any(p.get("id") == str(image_id) for p in shown)
-        row = repository.get_image(conn, image_id, pipeline.tenant) if pipeline is not None and named else None
+        row = uploaded.get_image(conn, image_id, pipeline.tenant) if pipeline is not None and named else None
     if row is None:
         raise errors.NotFound(f"no image {image_id} in the brief of pipeline {pipeline_id}")
     return _content(gw, row)
@@ -258,7 +256,7 @@ def linked_photo(pipeline_id: uuid.UUID, image_id: uuid.UUID, gw: GatewayDep) ->
 def _content(gw: deps.Gateway, row: records.Image) -> Response:
     """The kept file of an image, or a redirect to a presigned URL of it."""
     try:
-        where = gw.store.serve_image(repository.photo(row))
+        where = gw.store.serve_image(uploaded.photo(row))
     except artifacts.ArtifactMissing:
         raise errors.NotFound(f"image {row.id} is not in this store") from None
     return gw.file(where, served.Recorded(row.sha256, row.size), row.media_type, str(row.id))
