@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import pydantic
 import pytest
 from castad_contracts import brief, events
 from castad_lyric import provider
@@ -247,17 +246,47 @@ def test_each_languages_phrasebook_has_a_mood_for_every_style_and_only_slots_the
         assert "{" not in provider._FORMATTER.format(template, **values), template  # a particle it knows
 
 
-def test_a_phrasebook_file_with_a_field_unknown_or_missing_is_refused_naming_it(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (("choruses = [", "chorus = ["), "chorus"),  # one field misspelt: the unknown one and the missing one
+        (('titles = ["', 'titles = [] #["'), "titles"),  # an empty list a line would draw from
+        (('[moods."trot"]', '[moods."polka"]'), "polka"),  # a style briefs do not have
+        (('[moods."trot"]', "[unused]"), "unused"),
+        (("max_chars = 22", "max_chars = 22 22"), "korean.toml"),  # not TOML
+    ],
+)
+def test_a_phrasebook_file_that_is_not_right_is_refused_naming_the_file_and_the_field(
+    tmp_path, monkeypatch, change, named
+):
     for language in brief.Language:
         name = f"{language.name.lower()}.toml"
         (tmp_path / name).write_text((provider.PHRASEBOOKS / name).read_text("utf-8"), "utf-8")
     korean = tmp_path / "korean.toml"
-    korean.write_text(korean.read_text("utf-8").replace("choruses = [", "chorus = ["), "utf-8")
+    text = korean.read_text("utf-8")
+    assert change[0] in text
+    korean.write_text(text.replace(change[0], change[1], 1), "utf-8")
     monkeypatch.setattr(provider, "PHRASEBOOKS", tmp_path)
-    provider._phrasebooks.cache_clear()
+    provider.phrasebooks.cache_clear()
     try:
-        with pytest.raises(pydantic.ValidationError) as refused:
+        with pytest.raises(provider.PhrasebookError, match=r"phrasebook korean\.toml") as refused:
+            provider.LocalLyricProvider()  # when the service starts, not at its first brief
+    finally:
+        provider.phrasebooks.cache_clear()
+    assert named in str(refused.value)
+
+
+def test_a_phrasebook_without_words_for_a_style_is_refused_naming_the_style(tmp_path, monkeypatch):
+    for language in brief.Language:
+        name = f"{language.name.lower()}.toml"
+        (tmp_path / name).write_text((provider.PHRASEBOOKS / name).read_text("utf-8"), "utf-8")
+    english = tmp_path / "english.toml"
+    text = english.read_text("utf-8")
+    english.write_text(text[: text.index('[moods."trot"]')] + text[text.index('[moods."acoustic"]') :], "utf-8")
+    monkeypatch.setattr(provider, "PHRASEBOOKS", tmp_path)
+    provider.phrasebooks.cache_clear()
+    try:
+        with pytest.raises(provider.PhrasebookError, match=r"phrasebook english\.toml: moods: no words for trot"):
             provider.phrasebook(brief.Language.ENGLISH)
     finally:
-        provider._phrasebooks.cache_clear()
-    assert {error["loc"][0] for error in refused.value.errors()} == {"choruses", "chorus"}
+        provider.phrasebooks.cache_clear()

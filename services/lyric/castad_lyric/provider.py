@@ -10,7 +10,7 @@ import re
 import string
 import tomllib
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import pydantic
 from castad_contracts import brief, events
@@ -41,16 +41,19 @@ class LyricProvider(Protocol):
         ...
 
 
+Words = Annotated[tuple[str, ...], pydantic.Field(min_length=1)]  # a list a line may draw from: never empty
+
+
 @dataclasses.dataclass(frozen=True)
 class Mood:
     """Words that colour a genre: adjectives, nouns, times of day and sung calls."""
 
     __pydantic_config__ = pydantic.ConfigDict(extra="forbid")
 
-    adjectives: tuple[str, ...]
-    nouns: tuple[str, ...]
-    times: tuple[str, ...]
-    calls: tuple[str, ...]
+    adjectives: Words
+    nouns: Words
+    times: Words
+    calls: Words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,34 +62,44 @@ class Phrasebook:
 
     __pydantic_config__ = pydantic.ConfigDict(extra="forbid")
 
-    max_chars: int
-    titles: tuple[str, ...]
-    openers: tuple[str, ...]
-    details: tuple[str, ...]
-    verses: tuple[str, ...]
-    hooks: tuple[str, ...]
-    choruses: tuple[str, ...]
-    bridges: tuple[str, ...]
+    max_chars: Annotated[int, pydantic.Field(gt=0)]
+    titles: Words
+    openers: Words
+    details: Words
+    verses: Words
+    hooks: Words
+    choruses: Words
+    bridges: Words
     moods: Mapping[brief.Style, Mood]
 
 
 PHRASEBOOKS = importlib.resources.files(__package__) / "phrasebooks"  # one TOML file a language
 
 
+class PhrasebookError(ValueError):
+    """A phrasebook file that cannot be read, named with what is wrong in it."""
+
+
 def phrasebook(language: brief.Language) -> Phrasebook:
     """The line templates of `language`, from its file in PHRASEBOOKS (read once)."""
-    return _phrasebooks()[language]
+    return phrasebooks()[language]
 
 
 @functools.cache
-def _phrasebooks() -> dict[brief.Language, Phrasebook]:
-    read = pydantic.TypeAdapter(Phrasebook)  # lists as tuples, styles by name; a field missing or unknown refused
-    return {
-        language: read.validate_python(
-            tomllib.loads((PHRASEBOOKS / f"{language.name.lower()}.toml").read_text("utf-8"))
-        )
-        for language in brief.Language
-    }
+def phrasebooks() -> dict[brief.Language, Phrasebook]:
+    """Every language's phrasebook; a PhrasebookError naming the file and the field for one that is not right."""
+    read = pydantic.TypeAdapter(Phrasebook)  # lists as tuples, styles as briefs name them ("k-pop")
+    books = {}
+    for language in brief.Language:
+        name = f"{language.name.lower()}.toml"
+        try:
+            book = read.validate_python(tomllib.loads((PHRASEBOOKS / name).read_text("utf-8")))
+        except (OSError, tomllib.TOMLDecodeError, pydantic.ValidationError) as error:
+            raise PhrasebookError(f"phrasebook {name}: {error}") from error
+        if missing := [style.value for style in brief.Style if style not in book.moods]:
+            raise PhrasebookError(f"phrasebook {name}: moods: no words for {', '.join(missing)}")
+        books[language] = book
+    return books
 
 
 _PHRASE_SPLIT = {
@@ -340,6 +353,9 @@ def _bridge(writer: _Writer, book: Phrasebook, count: int) -> tuple[str, ...]:
 
 class LocalLyricProvider:
     """Writes lyrics offline from phrase templates, deterministically for a seed."""
+
+    def __init__(self) -> None:
+        phrasebooks()  # read when the service starts: a file that is not right stops it there, naming the file
 
     def write(
         self,
