@@ -8,7 +8,7 @@ PYTHON_DIRS := libs services infra/local infra/docs tests bench
 TEST_WORKERS ?= 4
 UV = var/tools/uv-$(shell sed -n 's/^required-version = "==\(.*\)"$$/\1/p' pyproject.toml)/bin/uv
 
-.PHONY: setup demo up test pytest check lint docs release bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-fairness bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention faults upgrade-test images lock schemas screenshots
+.PHONY: setup demo up test pytest check lint docs release bench profile bench-providers bench-stats bench-song bench-wakeups bench-quota bench-fairness bench-polls bench-capacity bench-replicas bench-webhooks bench-streams bench-retention bench-footprint faults upgrade-test images lock schemas screenshots
 
 setup:  ## venv from the lock file, PostgreSQL and RabbitMQ, databases, topology
 	@bash infra/local/setup.sh
@@ -74,6 +74,9 @@ bench-polls: setup  ## 100,000 jobs waiting at a provider polled as they fall du
 
 bench-retention: setup  ## inserts with random against time-ordered keys into 1.5 million rows, and retention's deletions a second before and now (about 4 minutes); writes docs/reports/retention.md
 	@$(BIN)/python -m bench.retention
+
+bench-footprint: setup  ## each service's seconds to ready and resident memory started alone, and after a brief in each language (about 5 minutes); writes docs/reports/footprint.md
+	@$(BIN)/python -m bench.footprint
 
 bench-capacity: setup  ## what a pipeline and a waiting job cost each part, the ceilings here, and what 5,000 pipelines/s would need (about 6 minutes); writes docs/reports/capacity.md
 	@$(BIN)/python -m bench.capacity
