@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.typing import RcKeyType
 
 SIZE = (7.0, 3.2)  # inches: the width of the docs site's text column at its default zoom
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "svg.hashsalt": "castad",  # element ids from a fixed salt instead of a random one
     "svg.fonttype": "none",  # text kept as text: smaller files, read by screen readers and searched in tests
     "font.size": 9.0,

@@ -22,7 +22,9 @@ def read(databases: Iterable[str], settle: bool = True) -> dict[str, int]:
     if settle:
         time.sleep(FLUSH_S)
     with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
-        rows = dict(conn.execute("SELECT datname, xact_commit FROM pg_stat_database WHERE datname = ANY(%s)", (names,)))
+        rows: dict[str, int] = dict(
+            conn.execute("SELECT datname, xact_commit FROM pg_stat_database WHERE datname = ANY(%s)", (names,))
+        )
     return {name: int(rows.get(name, 0)) for name in names}
 
 

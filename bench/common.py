@@ -98,6 +98,6 @@ def stage_database(cleanup: Cleanup, name: str, pool_size: int) -> sa.Engine:
     migrations.ensure_database(url)
     cleanup.push(f"drop {name}", lambda: migrations.drop_database(url))
     migrations.upgrade(url, lyric.migrations_dir)
-    engine = db.make_engine(url, pool_size=pool_size)
+    engine: sa.Engine = db.make_engine(url, pool_size=pool_size)
     cleanup.push(f"dispose the engine on {name}", engine.dispose)
     return engine

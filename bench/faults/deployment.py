@@ -110,8 +110,9 @@ class Deployment:
         self.cleanup.push("destroy rabbitmq", self.rabbitmq.destroy)
         self.cleanup.push("destroy postgresql", self.postgres.destroy)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:  # each waits mostly on its own servers
-            for started in [pool.submit(self.rabbitmq.start), pool.submit(self.postgres.start)]:
-                started.result()
+            rabbitmq, postgres = pool.submit(self.rabbitmq.start), pool.submit(self.postgres.start)
+            rabbitmq.result()
+            postgres.result()
         self.music.start()
         self.cleanup.push("stop the music api", self.music.stop)
         if not self.keep:

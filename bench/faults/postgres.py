@@ -284,9 +284,9 @@ class PostgresCluster:
         """How far into the WAL the standby has it (received, or replayed from its archive): bytes."""
         with self._connect(standby) as conn:
             row = conn.execute(
-                "SELECT greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) - '0/0'::pg_lsn"
+                "SELECT (greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) - '0/0'::pg_lsn)::bigint"
             ).fetchone()
-        return int(row[0]) if row and row[0] is not None else 0
+        return row[0] if row and isinstance(row[0], int) else 0
 
     def _write_node_conf(self, node: PostgresNode) -> None:
         _write_as_postgres(node.data / "node.conf", f"port = {node.port}\n")

@@ -31,7 +31,7 @@ import pathlib
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -264,7 +264,7 @@ class FaultRun:
 
     def _together(
         self,
-        each: list[tuple[str, str, Callable[[], object], Callable[[], object]]],
+        each: Sequence[tuple[str, str, Callable[[], object], Callable[[], object]]],
         last_s: float,
         *,
         detail: str = "",
