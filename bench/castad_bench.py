@@ -219,8 +219,12 @@ class CastadBench:
         for client in self._clients:
             client.close()
 
+    def brief_of(self, number: int) -> brief.Brief:
+        """The brief of the benchmark's `number`th pipeline."""
+        return sample_brief(number)
+
     def submit(self, number: int) -> Record:
-        body = sample_brief(number).model_dump_json()
+        body = self.brief_of(number).model_dump_json()
         headers = {"Content-Type": "application/json", "Idempotency-Key": f"bench-{uuid.uuid4()}"}
         posted = time.time()
         response = self._client().post("/v1/pipelines", content=body, headers=headers)

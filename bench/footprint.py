@@ -17,12 +17,11 @@ import pathlib
 import statistics
 import tempfile
 import time
-import uuid
 from typing import Any
 
 import httpx
 import jinja2
-from castad_contracts import topology
+from castad_contracts import brief, topology
 from castad_local import stack as stack_
 from castad_song import reading
 
@@ -74,6 +73,12 @@ class Footprint(castad_bench.CastadBench):
         env["CASTAD_VIDEO_SHORT_SIDE"] = "144"  # small media, as the tests make them
         return env | {f"CASTAD_{service.upper()}_HEALTH_PORT": str(port) for service, port in self.probes.items()}
 
+    def brief_of(self, number: int) -> brief.Brief:
+        """The fault harness's briefs, the `number`th in LANGUAGES' `number`th language, of 10 s songs."""
+        sample = traffic.make_brief(number, duration_s=10)
+        assert sample.language is LANGUAGES[number], (number, sample.language)
+        return sample
+
     def ready_url(self, service: str) -> str:
         return f"{self.base_url}/readyz" if service == "api" else f"http://127.0.0.1:{self.probes[service]}/readyz"
 
@@ -116,16 +121,7 @@ def after_work(castad: Footprint) -> dict[str, dict[str, float]]:
     """Every service's resident MiB when a brief in each language has ended, and after the reader's idle time."""
     castad.start()
     assert castad.stack is not None
-    records = []
-    for number, language in enumerate(LANGUAGES):
-        sample = traffic.make_brief(number, duration_s=10)  # the fault harness's briefs, a language each
-        assert sample.language is language, (number, sample.language)
-        body = sample.model_dump_json()
-        headers = {"Content-Type": "application/json", "Idempotency-Key": f"footprint-{uuid.uuid4()}"}
-        answer = castad._client().post("/v1/pipelines", content=body, headers=headers)  # noqa: SLF001
-        if answer.status_code != 202:
-            raise RuntimeError(f"gateway answered {answer.status_code}: {answer.text[:300]}")
-        records.append(castad_bench.Record(answer.json()["id"], time.time()))
+    records = [castad.submit(number) for number in range(len(LANGUAGES))]
     for record, language in zip(records, LANGUAGES, strict=True):
         if (ended := castad.follow(record)) != "SUCCEEDED":
             raise RuntimeError(f"the {language.value} brief ended {ended}; logs in {castad.log_dir}")
@@ -163,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         with common.interrupt_on_sigterm(), cleanup.scope(), tempfile.TemporaryDirectory(prefix="footprint-") as work:
             castad = Footprint(cleanup, pathlib.Path(work))
             castad.setup()
-            measured = {"starts": starts(castad), "work": after_work(castad)}
+            measured: dict[str, Any] = {"starts": starts(castad), "work": after_work(castad)}
         measured["facts"] = machine.brief_facts(load)
         kept.write_text(json.dumps(measured, indent=1) + "\n")
     args.output.write_text(render(json.loads(kept.read_text())))
