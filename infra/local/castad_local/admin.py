@@ -7,6 +7,7 @@ import pathlib
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -92,7 +93,7 @@ def demo(
         console.print(f"submitted {DEMO_BRIEF.customer_name} ({DEMO_BRIEF.region}): pipeline {accepted.id}")
         deadline = time.monotonic() + timeout_s
 
-        def stream() -> client_.Iterator[tuple[str, dict[str, object]]]:
+        def stream() -> Iterator[tuple[str, dict[str, object]]]:
             for item in client.events(accepted.id):
                 services.check_alive()
                 if time.monotonic() > deadline:

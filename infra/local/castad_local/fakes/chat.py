@@ -54,7 +54,9 @@ def lyrics_content(user_content: str, seed: str) -> str:
     )
 
 
-def completion(model: str, content: str | None, finish_reason: str = "stop", refusal: str | None = None) -> dict:
+def completion(
+    model: str, content: str | None, finish_reason: str = "stop", refusal: str | None = None
+) -> dict[str, object]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -71,7 +73,7 @@ def completion(model: str, content: str | None, finish_reason: str = "stop", ref
     }
 
 
-def api_error(message: str, kind: str, code: str | None = None) -> dict:
+def api_error(message: str, kind: str, code: str | None = None) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 

@@ -10,6 +10,9 @@ attempts, entry times (the time the gateway wrote them stands in) or trace ids.
 Revision ID: 0007
 """
 
+from collections.abc import Sequence
+from typing import TypedDict
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql as pg
@@ -59,7 +62,16 @@ def upgrade() -> None:
     )
 
 
-_CONCURRENT_INDEXES = (
+class _IndexOptions(TypedDict, total=False):
+    """The PostgreSQL options of create_index these indexes take."""
+
+    postgresql_where: sa.TextClause
+    postgresql_using: str
+    postgresql_ops: dict[str, str]
+
+
+# Each index: its name, its table, its columns or expressions, and its options.
+_CONCURRENT_INDEXES: tuple[tuple[str, str, Sequence[str | sa.TextClause], _IndexOptions], ...] = (
     ("pipelines_in_flight", "pipelines", ["status"], {"postgresql_where": sa.text(f"status NOT IN {OPEN_ENDED}")}),
     (
         "pipelines_customer_name",
