@@ -20,12 +20,11 @@ import time
 from typing import Any
 
 import httpx
-import jinja2
 from castad_contracts import brief, topology
 from castad_local import stack as stack_
 from castad_song import reading
 
-from bench import castad_bench, common, machine
+from bench import castad_bench, common, machine, pages
 from bench.faults import traffic
 
 ROUNDS = 3
@@ -34,7 +33,6 @@ READY_TIMEOUT_S = 120.0
 LANGUAGES = traffic.LANGUAGES
 AFTER_IDLE_S = reading.IDLE_S + 15.0
 OUT = common.REPORTS / "footprint.md"
-TEMPLATES = pathlib.Path(__file__).with_name("templates")
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -133,10 +131,8 @@ def after_work(castad: Footprint) -> dict[str, dict[str, float]]:
 
 def render(measured: dict[str, Any]) -> str:
     """The page, from the template and the measurements."""
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-    )
-    return environment.get_template("footprint.md.j2").render(
+    return pages.render(
+        "footprint.md.j2",
         **measured,
         services=list(topology.SERVICES),
         languages=[language.value for language in LANGUAGES],

@@ -1,0 +1,62 @@
+"""The benchmarks' pages, written from their measurements by the templates in bench/templates.
+
+Each page's words, headings and tables are its template's (`<page>.md.j2`); the benchmark passes the measurements
+it keeps and what it derives from them. A name the template uses and the benchmark did not pass fails the page
+(`jinja2.StrictUndefined`) instead of leaving a gap. Block tags take their line with them (`trim_blocks`,
+`lstrip_blocks`), so a template's lines are the page's.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any
+
+import jinja2
+
+TEMPLATES = pathlib.Path(__file__).with_name("templates")
+
+
+def number(value: float | None, digits: int = 1) -> str:
+    """Return `value` with its thousands separated and `digits` decimals, or n/a for a figure not measured."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def fixed(value: float, digits: int = 1) -> str:
+    """Return `value` with `digits` decimals and no thousands separator."""
+    return f"{value:.{digits}f}"
+
+
+def thousands(value: int) -> str:
+    """Return the whole number `value` with its thousands separated."""
+    return f"{value:,}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """Return a / b as a factor (1.25×), or n/a where either is missing or zero."""
+    if not a or not b or math.isnan(a) or math.isnan(b):
+        return "n/a"
+    return f"{a / b:.2f}×"
+
+
+def percent(share: float | None) -> str:
+    """Return a share (0.42) as a whole percentage (42%), or n/a where it was not measured."""
+    return "n/a" if share is None else f"{100 * share:.0f}%"
+
+
+_ENVIRONMENT = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENVIRONMENT.filters.update(number=number, fixed=fixed, thousands=thousands, percent=percent)
+_ENVIRONMENT.globals.update(ratio=ratio)
+
+
+def render(template: str, /, **context: Any) -> str:
+    """Return the page `template` (a file name in bench/templates) writes from `context`."""
+    return _ENVIRONMENT.get_template(template).render(**context)
