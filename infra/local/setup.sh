@@ -132,8 +132,8 @@ fi
 # 4. Caption fonts for every language a brief may have: Korean and English (fonts-nanum),
 #    Japanese and Chinese (fonts-noto-cjk). ffmpeg itself comes from imageio-ffmpeg.
 fonts_found() {
-  .venv/bin/python -c 'from castad_contracts import brief; from castad_video import provider
-for language in brief.Language: provider.find_font(language)' 2>/dev/null
+  .venv/bin/python -c 'from castad_contracts import brief; from castad_video import fonts
+for language in brief.Language: fonts.find_font(language)' 2>/dev/null
 }
 if ! fonts_found; then
   if is_root; then

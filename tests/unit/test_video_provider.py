@@ -19,7 +19,7 @@ import pytest
 from castad_contracts import brief, codes, events
 from castad_runtime import outages
 from castad_runtime.stage import cancellation, errors
-from castad_video import provider, slideshow
+from castad_video import ffmpeg, fonts, layers, provider, shots, slideshow
 from PIL import Image, ImageChops
 
 SONG_S = 4.0
@@ -187,8 +187,8 @@ CAPTIONS = {
 
 @pytest.mark.parametrize("language", list(brief.Language))
 def test_the_caption_renderer_draws_every_languages_glyphs_not_missing_glyph_boxes(language) -> None:
-    font = provider.find_font(language)
-    renderer = provider.FrameRenderer(BRIEF, provider.frame_size(BRIEF.frames[0], 360), font, "s")
+    font = fonts.find_font(language)
+    renderer = layers.FrameRenderer(BRIEF, provider.frame_size(BRIEF.frames[0], 360), font, "s")
 
     background = renderer.background().convert("RGBA")
     empty, drawn, missing = (
@@ -202,38 +202,38 @@ def test_the_caption_renderer_draws_every_languages_glyphs_not_missing_glyph_box
 
 @pytest.mark.parametrize("language", list(brief.Language))
 def test_the_found_font_draws_the_language(language) -> None:
-    assert provider.draws(provider.find_font(language), language)
+    assert fonts.draws(fonts.find_font(language), language)
 
 
 def test_a_korean_only_font_is_not_taken_for_japanese_or_chinese() -> None:
-    nanum = provider.Font(pathlib.Path("/usr/share/fonts/truetype/nanum/NanumGothic.ttf"))
-    assert provider.draws(nanum, brief.Language.KOREAN)
-    assert not provider.draws(nanum, brief.Language.JAPANESE)
-    assert not provider.draws(nanum, brief.Language.CHINESE)
-    assert provider.find_font(brief.Language.JAPANESE, explicit=nanum.path) != nanum
+    nanum = fonts.Font(pathlib.Path("/usr/share/fonts/truetype/nanum/NanumGothic.ttf"))
+    assert fonts.draws(nanum, brief.Language.KOREAN)
+    assert not fonts.draws(nanum, brief.Language.JAPANESE)
+    assert not fonts.draws(nanum, brief.Language.CHINESE)
+    assert fonts.find_font(brief.Language.JAPANESE, explicit=nanum.path) != nanum
 
 
 def test_an_explicit_font_that_draws_the_language_is_used(tmp_path: pathlib.Path) -> None:
-    explicit = provider.find_font(brief.Language.KOREAN).path
+    explicit = fonts.find_font(brief.Language.KOREAN).path
 
-    assert provider.find_font(brief.Language.KOREAN, explicit).path == explicit
+    assert fonts.find_font(brief.Language.KOREAN, explicit).path == explicit
 
 
 def test_an_explicit_font_that_does_not_exist_falls_back_to_an_installed_one(tmp_path: pathlib.Path) -> None:
-    found = provider.find_font(brief.Language.KOREAN, tmp_path / "missing.ttf")
+    found = fonts.find_font(brief.Language.KOREAN, tmp_path / "missing.ttf")
 
-    assert found.path.is_file() and provider.draws(found, brief.Language.KOREAN)
+    assert found.path.is_file() and fonts.draws(found, brief.Language.KOREAN)
 
 
 def test_no_font_tells_how_to_install_one(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     not_a_font = tmp_path / "not-a-font.ttf"
     not_a_font.write_text("plain text")
-    fonts = (provider.Font(not_a_font), provider.Font(tmp_path / "absent.ttf"))
-    monkeypatch.setattr(provider, "KNOWN_FONTS", {language: fonts for language in brief.Language})
+    broken = (fonts.Font(not_a_font), fonts.Font(tmp_path / "absent.ttf"))
+    monkeypatch.setattr(fonts, "KNOWN_FONTS", {language: broken for language in brief.Language})
     monkeypatch.setenv("PATH", str(tmp_path))
 
-    with pytest.raises(provider.FontNotFound, match="fonts-noto-cjk.*CASTAD_VIDEO_FONT_PATH"):
-        provider.find_font(brief.Language.CHINESE)
+    with pytest.raises(fonts.FontNotFound, match="fonts-noto-cjk.*CASTAD_VIDEO_FONT_PATH"):
+        fonts.find_font(brief.Language.CHINESE)
 
 
 @pytest.mark.parametrize(
@@ -253,16 +253,16 @@ def test_frame_sizes_have_an_exact_aspect_and_even_sides(
 
 
 def test_shots_start_with_the_title_card_and_last_as_long_as_the_song() -> None:
-    shots = provider.shots(LYRICS, TIMED, SONG_S)
+    plan = shots.shots(LYRICS, TIMED, SONG_S)
 
-    assert [shot.text for shot in shots] == [None, *(line.text for line in TIMED)]
-    assert [shot.chorus for shot in shots] == [False, False, True]
-    assert sum(shot.duration_s for shot in shots) == pytest.approx(SONG_S)
+    assert [shot.text for shot in plan] == [None, *(line.text for line in TIMED)]
+    assert [shot.chorus for shot in plan] == [False, False, True]
+    assert sum(shot.duration_s for shot in plan) == pytest.approx(SONG_S)
 
 
 def test_long_captions_wrap_within_the_frame() -> None:
-    font = provider.find_font(brief.Language.KOREAN).at(40)
-    lines = provider.wrap("바다가 보이는 조용한 한옥 스테이에서 쉬어 가요", font, 300)
+    font = fonts.find_font(brief.Language.KOREAN).at(40)
+    lines = layers.wrap("바다가 보이는 조용한 한옥 스테이에서 쉬어 가요", font, 300)
 
     assert len(lines) > 1
     assert all(font.getlength(line) <= 300 for line in lines)
@@ -449,14 +449,14 @@ def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_su
         check=True,
     ).stdout
     frames = np.frombuffer(raw, dtype=np.uint8).reshape(-1, height, width, 3).astype(np.float64)
-    plan = provider.shots(LYRICS, SUNG, SONG_S)
-    stills = provider.FrameRenderer(BRIEF, (width, height), renderer.fonts[LYRICS.language], "s")
+    plan = shots.shots(LYRICS, SUNG, SONG_S)
+    stills = layers.FrameRenderer(BRIEF, (width, height), renderer.fonts[LYRICS.language], "s")
     background = stills.background().convert("RGBA")
-    layers = [
+    drawn = [
         stills.title_card(LYRICS.title) if shot.text is None else stills.caption(shot.text, shot.chorus, shot.sung)
         for shot in plan
     ]
-    expected = [np.asarray(Image.alpha_composite(background, layer).convert("RGB"), np.float64) for layer in layers]
+    expected = [np.asarray(Image.alpha_composite(background, layer).convert("RGB"), np.float64) for layer in drawn]
 
     # Which planned still each decoded frame shows, by the nearest picture.
     band = slice(int(0.4 * height), int(0.72 * height))  # where the caption is drawn
@@ -473,7 +473,7 @@ def test_karaoke_captions_change_on_screen_within_a_fifth_of_a_second_of_each_su
 
 
 def test_captions_change_only_with_the_lyrics_whatever_the_photos() -> None:
-    plan = provider.shots(LYRICS, TIMED, SONG_S)
+    plan = shots.shots(LYRICS, TIMED, SONG_S)
 
     starts = [sum(shot.duration_s for shot in plan[:number]) for number in range(len(plan))]
     assert starts == pytest.approx([0.0, TIMED[0].start_s, TIMED[1].start_s])
@@ -571,7 +571,7 @@ def as_shown(photo: pathlib.Path, size: tuple[int, int], progress: float = 0.0) 
     y = height * (0.5 + (drawn.end[1] - 0.5) * progress)
     box = (x - width / zoom / 2, y - height / zoom / 2, x + width / zoom / 2, y + height / zoom / 2)
     view = drawn.image.resize(size, Image.Resampling.BILINEAR, box=box).convert("RGBA")
-    return np.asarray(Image.alpha_composite(view, provider.scrim(size)).convert("RGB"), dtype=np.float64)
+    return np.asarray(Image.alpha_composite(view, layers.scrim(size)).convert("RGB"), dtype=np.float64)
 
 
 def decoded(video: pathlib.Path, size: tuple[int, int]) -> npt.NDArray[np.float64]:
@@ -649,10 +649,10 @@ def test_a_large_photo_is_held_only_as_large_as_it_takes_to_fill_the_frame(tmp_p
 
 def test_the_title_card_shows_the_business_and_its_region_in_the_middle() -> None:
     size = provider.frame_size(BRIEF.frames[0], 360)
-    font = provider.find_font(brief.Language.KOREAN)
+    font = fonts.find_font(brief.Language.KOREAN)
 
     def middle(source: brief.Brief) -> Image.Image:
-        renderer = provider.FrameRenderer(source, size, font, "s", photos=True)
+        renderer = layers.FrameRenderer(source, size, font, "s", photos=True)
         card = Image.alpha_composite(Image.new("RGBA", size, (120, 120, 120, 255)), renderer.title_card("노래"))
         return card.crop((0, size[1] // 4, size[0], 3 * size[1] // 4)).convert("RGB")
 
@@ -665,8 +665,6 @@ def test_the_title_card_shows_the_business_and_its_region_in_the_middle() -> Non
 
 def test_an_encode_that_stalls_is_killed_and_run_once_more_and_a_second_stall_is_retryable(monkeypatch):
     """ffmpeg's pipeline can stop for good: an encode past its time is killed and run again, twice at most."""
-    renderer = provider.LocalVideoProvider.__new__(provider.LocalVideoProvider)
-    renderer._ffmpeg = "ffmpeg"  # noqa: SLF001
     runs: list[float | None] = []
     done = subprocess.CompletedProcess(["ffmpeg"], 0, "", "")
 
@@ -678,7 +676,7 @@ def test_an_encode_that_stalls_is_killed_and_run_once_more_and_a_second_stall_is
 
     cancel = cancellation.Cancellation()
     monkeypatch.setattr(cancel, "run", stalls_once)
-    assert renderer._run_encoder(["ffmpeg"], 30.0, cancel) is done  # noqa: SLF001
+    assert ffmpeg.run_encode(["ffmpeg"], 30.0, cancel) is done
     assert runs == [300.0, 300.0]  # ten seconds a second of video
 
     def stalls(command, timeout_s=None):
@@ -686,7 +684,7 @@ def test_an_encode_that_stalls_is_killed_and_run_once_more_and_a_second_stall_is
 
     monkeypatch.setattr(cancel, "run", stalls)
     with pytest.raises(errors.RetryableProviderError) as raised:
-        renderer._run_encoder(["ffmpeg"], 3.0, cancel)  # noqa: SLF001
+        ffmpeg.run_encode(["ffmpeg"], 3.0, cancel)
     assert raised.value.code == codes.ErrorCode.RENDER_INTERRUPTED and "120 s, 2 times" in raised.value.message
 
 
@@ -733,9 +731,7 @@ def test_a_brands_font_draws_the_captions_where_it_draws_the_language_and_the_la
 
     assert local.font_for(branded, brief.Language.KOREAN).path.name == "NanumMyeongjoBold.ttf"
     assert local.font_for(branded, brief.Language.JAPANESE) == local.fonts[brief.Language.JAPANESE]  # no kana
-    assert local.font_for(serif, brief.Language.JAPANESE) == provider.Font(
-        provider.FAMILY_FILES[serif.brand.font][0], 0
-    )
+    assert local.font_for(serif, brief.Language.JAPANESE) == fonts.Font(fonts.FAMILY_FILES[serif.brand.font][0], 0)
     assert local.font_for(BRIEF, brief.Language.KOREAN) == local.fonts[brief.Language.KOREAN]  # no brand
 
 
@@ -746,7 +742,7 @@ def test_a_brands_caption_style_puts_the_sung_line_lower_and_larger(local: provi
     drawn = {}
     for name, brand in (("plain", None), ("styled", {"colors": ["#102030"], "caption_style": styled})):
         source = BRIEF.model_validate({**BRIEF.model_dump(mode="json"), "brand": brand})
-        renderer = provider.FrameRenderer(source, size, font, "s")
+        renderer = layers.FrameRenderer(source, size, font, "s")
         layer = np.asarray(renderer.caption("바다 책방에서 만나요"))[..., 3] > 0  # its drawn pixels
         header = np.asarray(renderer.caption(""))[..., 3] > 0
         drawn[name] = np.argwhere(layer & ~header)
@@ -761,7 +757,7 @@ def test_a_low_caption_keeps_clear_of_the_logo_in_every_format(local: provider.L
     logo = Image.new("RGBA", (64, 64), (230, 0, 200, 255))
     styled = {"colors": ["#102030"], "caption_style": {"position": "bottom", "size": "large"}}
     source = BRIEF.model_validate({**BRIEF.model_dump(mode="json"), "brand": styled})
-    renderer = provider.FrameRenderer(source, size, local.fonts[brief.Language.KOREAN], "s", logo=logo)
+    renderer = layers.FrameRenderer(source, size, local.fonts[brief.Language.KOREAN], "s", logo=logo)
 
     layer = np.asarray(renderer.caption("속초 바닷가 작은 책방에서 파도 소리 들으며 만나요"))
     header = np.asarray(renderer.caption(""))

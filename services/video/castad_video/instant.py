@@ -11,7 +11,7 @@ import imageio_ffmpeg
 from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
 
-from castad_video import provider
+from castad_video import ffmpeg, provider
 
 SHORT_SIDE = 18  # 18x32 or 32x18 pixels
 CLIP_S = 1.0
@@ -48,7 +48,7 @@ class InstantVideoProvider:
         shape: brief.Format | None = None,
         logo: pathlib.Path | None = None,  # nor a brand
     ) -> provider.Video:
-        provider.song_duration(song_path)
+        ffmpeg.song_duration(song_path)
         shape = shape or brief.frames[0]
         width, height = self.frame(shape)
         out_path.write_bytes(self._clips[shape])

@@ -16,7 +16,7 @@ from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from castad_video import creatomate, instant, photos, provider
+from castad_video import creatomate, ffmpeg, instant, photos, provider
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 log = logging.getLogger(__name__)
@@ -373,7 +373,7 @@ def make_work(config: VideoSettings) -> runner.Work:
             still = files.enter_context(
                 store.scratch(job.pipeline_id, events.Stage.VIDEO, job.attempts, f".{shape.slug}.jpg")
             )
-            provider.still(scratch, video.poster_s, still, cancel, config.ffmpeg)
+            ffmpeg.still(scratch, video.poster_s, still, cancel, config.ffmpeg)
             artifact = store.keep(scratch, job.pipeline_id, events.Stage.VIDEO, "video/mp4", made_as=video_key)
             poster = store.keep(still, job.pipeline_id, events.Stage.VIDEO, "image/jpeg", made_as=poster_key)
         return events.Render(format=shape, artifact=artifact, width=video.width, height=video.height, poster=poster)
