@@ -29,7 +29,7 @@ from castad_local.fakes.creatomate import DEFAULT_KEY, FakeCreatomate, Plan
 from castad_local.fakes.server import Reply
 from castad_runtime import artifacts, links
 from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
-from castad_video import creatomate, service
+from castad_video import creatomate, creatomate_template, service
 from castad_video.service import VideoSettings, make_creatomate_work
 from PIL import Image
 from pydantic import SecretStr
@@ -230,7 +230,7 @@ def test_submit_sends_the_template_filled_with_the_pipelines_words_song_and_capt
         "Caption-3.time": 7.5,
         "Caption-3.duration": 0.1,
         # the template's captions past the song's last line are blanked, not left with the template's text
-        **{f"Caption-{n}": "" for n in range(4, creatomate.MAX_CAPTIONS + 1)},
+        **{f"Caption-{n}": "" for n in range(4, creatomate_template.MAX_CAPTIONS + 1)},
     }
     assert body["metadata"] == job.submission_key == f"castad-{job.pipeline_id}-0-1"  # tagged with the attempt
     assert signed_path(body["webhook_url"], GATEWAY) == f"/v1/provider-callbacks/video/{job.pipeline_id}"
@@ -258,7 +258,7 @@ def test_the_adapter_sends_no_webhook_without_a_callback_url_and_at_most_sixty_c
     assert "webhook_url" not in body
     assert body["modifications"]["Music.source"] == f"https://cdn.test/{done.pipeline_id}.mp3"
     captions = [name for name in body["modifications"] if name.startswith("Caption-") and "." not in name]
-    assert len(captions) == creatomate.MAX_CAPTIONS and "Caption-60" in captions
+    assert len(captions) == creatomate_template.MAX_CAPTIONS and "Caption-60" in captions
     assert isinstance(api.poll(handle, cancellation.Cancellation()), remote.Pending)
 
 

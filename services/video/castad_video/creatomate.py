@@ -10,17 +10,8 @@ Submit, then poll (castad_runtime.stage.remote); what each error costs an attemp
   canceled at the provider (`cancelled`, or `canceled`: no page Castad read names it, the safer
   reading is that it may come) fails the stage for good, as an operator there meant it to stop.
 
-The template's elements are filled by name (docs/providers.md):
-`Title`, `Business`, `Region`, `Music.source` (the song's URL), and for each sung line n (from 1)
-`Caption-n` with `Caption-n.time` and `Caption-n.duration` in seconds; `Caption-n` past the song's
-last line (up to MAX_CAPTIONS) is blanked, so the template's own text never shows. With photos in
-the brief, `Photo-n.source` for n from 1 to MAX_PHOTOS, the brief's photos in order and again from
-the first when there are fewer, so no image element of the template shows its own picture (an
-image element's source is set by a modification as the audio's is: creatomate.com/docs, "API
-automation"): each a URL the render API fetches, which `photo_urls` gives (a presigned URL of
-the bucket or a signed link of the gateway for an upload; a photo named by an https URL, that
-URL). A brief without photos sends no `Photo-n`: the template's pictures show. A modification
-that matches no element of the template renders the template's placeholder instead, so before it
+The template's elements are filled by name (castad_video.creatomate_template says which; docs/providers.md). A
+modification that matches no element of the template renders the template's placeholder instead, so before it
 pays for a render the adapter reads the template's own elements (`GET /v1/templates/{id}`, its
 RenderScript `source`, compositions' elements included; read again every `TEMPLATE_RECHECK_S`, so an
 edited template is seen) and fails the stage for good (`template_mismatch`), nothing submitted, when
@@ -36,7 +27,6 @@ A brief naming formats is a render per format, each of a template of that format
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import re
@@ -50,151 +40,13 @@ from castad_contracts import brief, codes, events
 from castad_runtime import health, redact
 from castad_runtime.stage import cancellation, errors, http, remote, repository
 
+from castad_video import creatomate_template
+
 log = logging.getLogger(__name__)
 
 PENDING = frozenset({"planned", "waiting", "transcribing", "rendering"})
 CANCELED = frozenset({"cancelled", "canceled"})
-MAX_CAPTIONS = 60
-MAX_PHOTOS = brief.MAX_PHOTOS
-QUOTED = re.compile(r"""['"`]([^'"`]{1,100})['"`]""")
 TEMPLATE_RECHECK_S = 300.0  # how long the template's elements, once read, are taken as they were
-ALWAYS_NEEDED = frozenset({"Title", "Business", "Region", "Music", "Caption-1"})  # what every video fills
-
-
-_LANGUAGE_REGION = {
-    brief.Language.KOREAN: "KR",
-    brief.Language.ENGLISH: "KR",
-    brief.Language.JAPANESE: "JP",
-    brief.Language.CHINESE: "SC",
-}
-
-
-def font_family(family: brief.FontFamily, language: brief.Language) -> str | None:
-    """The render API's name of a brand's font for a language (a Google Fonts family), if it draws the language.
-
-    The Nanum families draw Korean and English; Nanum Square Round is not one the render API has."""
-    if family is brief.FontFamily.NOTO_SANS_CJK:
-        return f"Noto Sans {_LANGUAGE_REGION[language]}"
-    if family is brief.FontFamily.NOTO_SERIF_CJK:
-        return f"Noto Serif {_LANGUAGE_REGION[language]}"
-    nanum = family in (brief.FontFamily.NANUM_GOTHIC, brief.FontFamily.NANUM_MYEONGJO)
-    return family.value if nanum and language in (brief.Language.KOREAN, brief.Language.ENGLISH) else None
-
-
-def brand_modifications(done: events.SongCompleted, logo_url: str | None) -> dict[str, Any]:
-    """The brief's brand on the template: its colours on the names and title, its font on every text, its logo."""
-    brand = done.brief.brand
-    if brand is None:
-        return {}
-    main, accent = brand.colors[0], brand.colors[-1]
-    values: dict[str, Any] = {"Title.fill_color": main, "Business.fill_color": main, "Region.fill_color": accent}
-    family = font_family(brand.font, done.lyrics.language) if brand.font is not None else None
-    if family is not None:
-        texts = [
-            "Title",
-            "Business",
-            "Region",
-            *(f"Caption-{n}" for n in range(1, min(len(done.timed_lines), MAX_CAPTIONS) + 1)),
-        ]
-        values |= {f"{name}.font_family": family for name in texts}
-    if logo_url is not None:
-        values["Logo.source"] = logo_url
-    return values
-
-
-def modifications(
-    done: events.SongCompleted, song_url: str, photo_urls: Sequence[str] = (), logo_url: str | None = None
-) -> dict[str, Any]:
-    """The template's elements by name and what each shows (the module's docstring says which)."""
-    values: dict[str, Any] = {
-        "Title": done.lyrics.title,
-        "Business": done.brief.customer_name,
-        "Region": done.brief.region,
-        "Music.source": song_url,
-    }
-    for n, line in enumerate(done.timed_lines[:MAX_CAPTIONS], start=1):
-        values[f"Caption-{n}"] = line.text
-        values[f"Caption-{n}.time"] = round(line.start_s, 3)
-        values[f"Caption-{n}.duration"] = round(max(line.end_s - line.start_s, 0.1), 3)
-    for n in range(len(done.timed_lines) + 1, MAX_CAPTIONS + 1):  # the template's own text must not show
-        values[f"Caption-{n}"] = ""
-    if photo_urls:  # every image element shows one of the brief's photos, none the template's own
-        for n in range(1, MAX_PHOTOS + 1):
-            values[f"Photo-{n}.source"] = photo_urls[(n - 1) % len(photo_urls)]
-    return values | brand_modifications(done, logo_url)
-
-
-def needed(done: events.SongCompleted) -> frozenset[str]:
-    """The template's elements the video cannot do without: all it is sent but the blanked captions."""
-    lines = min(len(done.timed_lines), MAX_CAPTIONS)
-    photo = {"Photo-1"} if done.brief.photos else set()  # without one, the brief's photos would not show at all
-    return frozenset({"Title", "Business", "Region", "Music"} | {f"Caption-{n}" for n in range(1, lines + 1)} | photo)
-
-
-def notes(render: dict[str, Any]) -> list[str]:
-    """The render's `errors` and `warnings` as text (strings, or objects with a message)."""
-    said: list[str] = []
-    for field in ("errors", "warnings"):
-        items = render.get(field)
-        for item in items if isinstance(items, list) else []:
-            text = item.get("message") or item.get("text") or item if isinstance(item, dict) else item
-            said.append(redact.mask(str(text))[:300])
-    return said
-
-
-def element_names(source: Any) -> frozenset[str]:
-    """Every element's name in a template's RenderScript source, the elements of its compositions included."""
-    names: set[str] = set()
-    pending = [source]
-    while pending:
-        item = pending.pop()
-        if not isinstance(item, dict):
-            continue
-        if isinstance(item.get("name"), str):
-            names.add(item["name"])
-        children = item.get("elements")
-        pending.extend(children if isinstance(children, list) else [])
-    return frozenset(names)
-
-
-def check_template(elements: frozenset[str], done: events.SongCompleted) -> None:
-    """Fail for good, before anything is paid for, if the template lacks an element the video needs."""
-    missing = sorted(needed(done) - elements)
-    if missing:
-        raise errors.ProviderError(
-            codes.ErrorCode.TEMPLATE_MISMATCH,
-            f"the video template has no element {', '.join(missing[:5])} (named in docs/providers.md)",
-            retryable=False,
-            detail=f"the template's elements: {', '.join(sorted(elements))}"[:1000],
-        )
-
-
-def check_notes(render: dict[str, Any], done: events.SongCompleted) -> tuple[str, ...]:
-    """Log what the API said of the render's modifications and give it back for the attempt.
-
-    Fail if it found errors, or names an element the video needs.
-    """
-    said = notes(render)
-    if not said:
-        return ()
-    log.warning("the render API's notes on render %s: %s", render.get("id"), " | ".join(said))
-    if isinstance(render.get("errors"), list) and render["errors"]:
-        raise errors.ProviderError(
-            codes.ErrorCode.TEMPLATE_MISMATCH,
-            "the render API found errors in what the stage sent the template",
-            retryable=False,
-            detail="; ".join(said)[:1000],
-        )
-    must = needed(done)
-    missing = sorted({name.split(".")[0] for text in said for name in QUOTED.findall(text)} & must)
-    if missing:
-        raise errors.ProviderError(
-            codes.ErrorCode.TEMPLATE_MISMATCH,
-            f"the video template has no element {', '.join(missing[:5])} (named in docs/providers.md)",
-            retryable=False,
-            detail="; ".join(said)[:1000],
-        )
-    return tuple(said)
 
 
 def render_of(answer: Any) -> dict[str, Any]:
@@ -228,22 +80,6 @@ def finished(render: dict[str, Any]) -> remote.Pending | remote.Finished:
     if isinstance(render.get("snapshot_url"), str):  # the template sets snapshot_time: the video's poster
         details["snapshot_url"] = render["snapshot_url"]
     return remote.Finished(url, details)
-
-
-@dataclasses.dataclass(frozen=True)
-class Template:
-    """What a template's RenderScript source says of it: its elements' names and its frame size (None: not said)."""
-
-    elements: frozenset[str] | None
-    size: tuple[int, int] | None = None
-
-
-def shape_of(size: tuple[int, int]) -> brief.Format | None:
-    """The format a frame of `size` has (within 1%), if any."""
-    width, height = size
-    return next(
-        (shape for shape in brief.Format if abs(width * shape.ratio[1] / (height * shape.ratio[0]) - 1) < 0.01), None
-    )
 
 
 FORMAT_PART = re.compile("(" + "|".join(re.escape(shape.value) for shape in brief.Format) + ")=([^;=]+)")
@@ -297,12 +133,14 @@ class CreatomateApi:
         self._format_templates = dict(format_templates or {})
         self._song_url = song_url
         self._photo_urls = photo_urls
-        self._templates: dict[str, tuple[float, Template]] = {}  # when each was read, and what it says
+        self._templates: dict[
+            str, tuple[float, creatomate_template.Template]
+        ] = {}  # when each was read, and what it says
         self._lock = threading.Lock()
 
     def template(
         self, cancel: cancellation.Cancellation, fresh: bool = False, template_id: str | None = None
-    ) -> Template:
+    ) -> creatomate_template.Template:
         """What a template (the stage's own by default) says of itself.
 
         Read at most every TEMPLATE_RECHECK_S (`fresh`: read now). A template the API does not have fails for
@@ -326,7 +164,7 @@ class CreatomateApi:
             log.warning("template %s could not be read (%s): taken as last read", template_id, error.code)
             return last[1]
         source = answer.get("source") if isinstance(answer, dict) else None
-        read = Template(element_names(source), _size(source)) if isinstance(source, dict) else Template(None)
+        read = creatomate_template.described(source)
         if read.elements is None and (last is None or last[1].elements is not None):  # said once, until it shows some
             log.warning("the render API shows no elements of template %s: rendering unchecked", template_id)
         with self._lock:
@@ -350,7 +188,7 @@ class CreatomateApi:
             except errors.ProviderError as error:
                 said += [f"template {template_id}: {error.message}"] if not error.retryable else []
                 continue
-            missing = sorted(ALWAYS_NEEDED - elements) if elements is not None else []
+            missing = sorted(creatomate_template.ALWAYS_NEEDED - elements) if elements is not None else []
             said += [f"template {template_id} has no element {', '.join(missing)}"] if missing else []
         return "; ".join(said) or health.OK
 
@@ -361,7 +199,7 @@ class CreatomateApi:
         if not done.brief.formats:  # one render, as before there were formats
             template_id = self._format_templates.get(done.brief.frames[0], self._template_id)
             render = self._render(job, done, template_id, callback_url, cancel)
-            return remote.Submitted(str(render["id"]), check_notes(render, done))
+            return remote.Submitted(str(render["id"]), creatomate_template.check_notes(render, done))
         templates = {shape: self._template_for(shape, done, cancel) for shape in done.brief.frames}  # all, or none paid
         kept = self._kept(job, cancel)  # every look-up made before anything is paid for
         values = self._values(job, done)  # every format's
@@ -392,7 +230,7 @@ class CreatomateApi:
                 missing = [(left, UNSENT) for left in list(templates)[len(renders) :]]
                 return remote.Submitted(format_handle([*renders, *missing]), tuple(notes))
             asked = True
-            notes += check_notes(render, done)
+            notes += creatomate_template.check_notes(render, done)
             renders.append((shape, str(render["id"])))
         return remote.Submitted(format_handle(renders), tuple(notes))
 
@@ -418,9 +256,9 @@ class CreatomateApi:
         """The template of a format, checked: it has the format's shape and every element the video needs."""
         template_id = self._format_templates.get(shape, self._template_id)
         read = self.template(cancel, template_id=template_id)
-        if read.size is None or shape_of(read.size) != shape:
+        if read.size is None or creatomate_template.shape_of(read.size) != shape:
             read = self.template(cancel, fresh=True, template_id=template_id)  # it may have been edited since
-        if read.size is None or shape_of(read.size) != shape:
+        if read.size is None or creatomate_template.shape_of(read.size) != shape:
             if shape not in self._format_templates:
                 raise errors.ProviderError(
                     codes.ErrorCode.FORMAT_UNSUPPORTED,
@@ -432,7 +270,7 @@ class CreatomateApi:
                 codes.ErrorCode.TEMPLATE_MISMATCH, f"the {shape} template {template_id} has {size}", retryable=False
             )
         if read.elements is not None:
-            check_template(read.elements, done)
+            creatomate_template.check_template(read.elements, done)
         return template_id
 
     def _render(
@@ -447,10 +285,12 @@ class CreatomateApi:
         """The render object of a render asked for: the template filled with the pipeline's `values` (or made now)."""
         elements = self.template_elements(cancel, template_id=template_id)  # as read before it is paid for
         if not done.brief.formats:  # (each format's template is checked before any is asked for: _template_for)
-            if elements is not None and needed(done) - elements:  # read again before failing: it may have been fixed
+            if (
+                elements is not None and creatomate_template.needed(done) - elements
+            ):  # read again before failing: it may have been fixed
                 elements = self.template_elements(cancel, fresh=True, template_id=template_id)
             if elements is not None:
-                check_template(elements, done)
+                creatomate_template.check_template(elements, done)
         values = values or self._values(job, done)
         if "Logo.source" in values and elements is not None and "Logo" not in elements:
             log.warning("template %s has no Logo element: the brand's logo is not in its video", template_id)
@@ -470,7 +310,7 @@ class CreatomateApi:
         """The modifications of the job's renders: where the song, photos and logo are, and the brief's words."""
         begun = job.created_at
         logo = self._logo_url(done, begun) if self._logo_url is not None else None
-        return modifications(done, self._song_url(done), self._photo_urls(done, begun), logo)
+        return creatomate_template.modifications(done, self._song_url(done), self._photo_urls(done, begun), logo)
 
     def poll(self, handle: str, cancel: cancellation.Cancellation) -> remote.Pending | remote.Finished:
         renders = format_renders(handle)
@@ -509,11 +349,3 @@ class CreatomateApi:
                     codes.ErrorCode.PROVIDER_JOB_LOST, f"the render API no longer knows {render_id}"
                 ) from None
             raise
-
-
-def _size(source: dict[str, Any]) -> tuple[int, int] | None:
-    """A RenderScript source's frame size, if it says one."""
-    width, height = source.get("width"), source.get("height")
-    if isinstance(width, int | float) and isinstance(height, int | float) and width > 0 and height > 0:
-        return int(width), int(height)
-    return None
