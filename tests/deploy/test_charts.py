@@ -21,7 +21,6 @@ from castad_runtime import release
 
 from tests.deploy.rendering import KUBERNETES_VERSIONS, by_kind, env_of, render
 
-SERVICES = tuple(charts.SETTINGS)
 RELEASE = release.of("api")  # what every chart's appVersion names (tests/unit/test_release.py)
 
 # Value sets besides the defaults: a production-like one and a pared-down one.
@@ -72,7 +71,7 @@ def value_sets(service: str) -> dict[str, dict[str, Any]]:
     return {"defaults": {}, "production": production, "minimal": minimal}
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_every_value_set_renders_manifests_kubernetes_accepts(chart_dir, service):
     for label, values in value_sets(service).items():
         documents = render(chart_dir, service, values)
@@ -95,7 +94,7 @@ def test_every_value_set_renders_manifests_kubernetes_accepts(chart_dir, service
                     pytest.fail(f"{service}/{label}: {document['kind']} invalid on Kubernetes {version}: {error}")
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_the_deployment_is_locked_down_probed_and_labelled(chart_dir, service):
     (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
     labels = deployment["metadata"]["labels"]
@@ -124,7 +123,7 @@ def test_the_deployment_is_locked_down_probed_and_labelled(chart_dir, service):
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_every_setting_the_service_reads_is_reachable_from_its_values(chart_dir, service):
     (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
     env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
@@ -249,7 +248,7 @@ def test_a_layer_of_the_values_schema_for_no_known_services_is_refused_naming_it
 
 
 def test_the_committed_settings_blocks_and_schemas_are_current():
-    for service in SERVICES:
+    for service in topology.SERVICES:
         directory = REPO_ROOT / "infra" / "helm" / service
         assert (directory / "values.yaml").read_text() == charts.values_yaml(service), "run castad-admin charts"
         committed = yaml.safe_load((directory / "values.schema.json").read_text())
@@ -360,7 +359,7 @@ def test_the_umbrella_installs_every_service_sharing_one_volume_and_global_setti
     deployments = {
         doc["metadata"]["labels"]["app.kubernetes.io/component"]: doc for doc in by_kind(documents, "Deployment")
     }
-    assert set(deployments) == set(SERVICES)
+    assert set(deployments) == set(topology.SERVICES)
     (claim,) = by_kind(documents, "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     for service, deployment in deployments.items():
@@ -375,18 +374,18 @@ def test_the_umbrella_installs_every_service_sharing_one_volume_and_global_setti
 
     without_video = render(chart_dir, "castad", {"video": {"enabled": False}})
     assert {doc["metadata"]["name"] for doc in by_kind(without_video, "Deployment")} == {
-        f"prod-castad-{service}" for service in SERVICES if service != "video"
+        f"prod-castad-{service}" for service in topology.SERVICES if service != "video"
     }
 
 
-@pytest.mark.parametrize("name", (*SERVICES, "castad"))
+@pytest.mark.parametrize("name", (*topology.SERVICES, "castad"))
 def test_helm_lint_finds_nothing(chart_dir, name):
     report = helm.lint(chart_dir / name, strict=True, kube_version=f"v{KUBERNETES_VERSIONS[-1]}")
     problems = [message for message in report["messages"] if message["severity"] >= 2]
     assert problems == [] and report["errors"] == [], report
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_pods_are_annotated_for_prometheus_and_a_pod_monitor_is_there_only_when_asked(chart_dir, service):
     documents = render(chart_dir, service, {"podAnnotations": {"castad.example/team": "media"}})
     (deployment,) = by_kind(documents, "Deployment")
@@ -504,7 +503,7 @@ def node_spread(deployment: dict) -> dict:
     return nodes
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_every_service_keeps_its_replicas_on_separate_nodes_by_default(chart_dir, service):
     (deployment,) = by_kind(render(chart_dir, service, {}), "Deployment")
     assert deployment["spec"]["replicas"] == 2
@@ -525,7 +524,7 @@ def test_every_service_keeps_its_replicas_on_separate_nodes_by_default(chart_dir
     assert len({pod.node for pod in pods}) == 2
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_a_one_node_cluster_cannot_hold_two_replicas_of_a_service(chart_dir, service):
     # The point: with replicaCount 2 the rendered constraints leave the second replica Pending on a 1-node cluster,
     # rather than putting both where one node's loss takes the whole service.
@@ -576,7 +575,7 @@ def test_with_an_autoscaler_its_minimum_replicas_never_share_a_node_and_more_spr
     assert sorted(pod.node for pod in start_replicas(deployment, cluster)) == ["node-1", "node-1", "node-2", "node-2"]
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_an_operator_can_let_replicas_share_nodes_replace_the_spread_or_turn_it_off(chart_dir, service):
     shared = {"replicaCount": 2, "spread": {"enabled": True, "nodes": "ScheduleAnyway", "zones": "ScheduleAnyway"}}
     (deployment,) = by_kind(render(chart_dir, service, shared), "Deployment")

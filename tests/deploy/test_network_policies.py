@@ -24,12 +24,10 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 from castad_contracts import topology
-from castad_local import charts
+from castad_runtime import links
 
 from tests.deploy.rendering import KUBERNETES_VERSIONS, by_kind, render
 
-SERVICES = tuple(charts.SETTINGS)
-STAGES = topology.STAGES
 NAMESPACE = "media"  # the release's (rendering.render)
 
 # Where cloud providers answer with a node's (or a pod's) credentials: AWS, GCP, Azure, OpenStack, Oracle,
@@ -73,7 +71,7 @@ def network_values(service: str) -> dict[str, Any]:
     if service == "video":
         values["settings"] |= {"CASTAD_VIDEO_PROVIDER": "creatomate", "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "t"}
         values["secretSettings"]["CASTAD_VIDEO_CREATOMATE_API_KEY"] = secret
-    if service in ("song", "video"):  # the stages that sign links for their provider (lyric signs none)
+    if service in links.SIGNERS:  # the stages that sign links for their provider
         values["settings"][f"CASTAD_{upper}_GATEWAY_URL"] = "https://castad.example.com"
         values["secretSettings"][f"CASTAD_{upper}_LINK_SECRET"] = secret
     if service == "api":
@@ -168,7 +166,7 @@ def pod_of(documents: list[dict]) -> tuple[dict[str, str], dict]:
     return template["metadata"]["labels"], template["spec"]["containers"][0]
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_every_service_renders_a_network_policy_that_selects_its_pods_both_ways(chart_dir, service):
     for values in ({}, network_values(service)):
         documents = render(chart_dir, service, values)
@@ -183,7 +181,7 @@ def test_every_service_renders_a_network_policy_that_selects_its_pods_both_ways(
             kubernetes_validate.validate(policy, version, strict=True)
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_no_service_reaches_a_cloud_metadata_address(chart_dir, service):
     everywhere = [{"namespaceSelector": {}}, {"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
     wide_open = network_values(service) | {
@@ -232,7 +230,7 @@ def test_a_peer_inside_a_metadata_range_is_refused_naming_it(chart_dir, cidr, wi
         render(chart_dir, "lyric", values)
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_each_service_reaches_only_what_it_must(chart_dir, service):
     for label, values in (("offline", {}), ("networked", network_values(service))):
         documents = render(chart_dir, service, values)
@@ -301,7 +299,7 @@ def test_traces_go_to_the_collectors_port_and_nowhere_when_exporting_is_off(char
     assert not allowed(policies(documents), pod, "egress", JAEGER, 4318)
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", topology.SERVICES)
 def test_pods_take_connections_only_on_their_ports_and_metrics_only_from_inside_the_cluster(chart_dir, service):
     documents = render(chart_dir, service, {})
     pod, container = pod_of(documents)
@@ -347,7 +345,7 @@ def test_an_operator_narrows_the_databases_and_the_broker_to_addresses_or_turns_
             },
         }
     }
-    for service in SERVICES:
+    for service in topology.SERVICES:
         documents = render(chart_dir, service, values)
         pod, _ = pod_of(documents)
         found = policies(documents)
@@ -361,7 +359,7 @@ def test_the_umbrella_gives_every_service_the_same_database_and_broker_peers(cha
     shared = {"postgresql": {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [5432]}}
     documents = render(chart_dir, "castad", {"global": {"networkPolicy": shared}})
     found = policies(documents)
-    assert len(found) == len(SERVICES)
+    assert len(found) == len(topology.SERVICES)
     for deployment in by_kind(documents, "Deployment"):
         pod = deployment["spec"]["template"]["metadata"]["labels"]
         assert allowed(found, pod, "egress", "10.20.1.5", 5432) and not allowed(found, pod, "egress", POSTGRES, 5432)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from castad_contracts import topology
+from castad_contracts import events, topology
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.e2e
@@ -71,8 +71,7 @@ def test_a_pipeline_moves_the_metrics_of_every_service(shared):
         assert value(relay, "castad_scrape_success", part=f"outbox_{source}") == 1
         assert value(relay, "castad_outbox_backlog", source=source) == 0
 
-    triggers = {"lyric": "pipeline.requested", "song": "lyric.completed", "video": "song.completed"}
-    for stage, trigger in triggers.items():
+    for stage, trigger in events.TRIGGERS.items():
         samples = after[stage]
         assert moved(stage, "castad_attempts_total", stage=stage, outcome="succeeded", error_code="none") == 1
         assert moved(stage, "castad_attempt_duration_seconds_count", stage=stage, outcome="succeeded") == 1

@@ -13,12 +13,10 @@ import uuid
 from collections.abc import Iterator, Mapping
 
 from castad_contracts import topology
-from castad_local import stack
 from castad_runtime import messaging, migrations, wakeups
 
 from tests.support import servers
 
-SERVICES = tuple(database.service for database in stack.DATABASES)  # each with a database of its own
 TEST_KEY_TENANT = "tests"
 TEST_KEYS: dict[str, str] = {}  # made once per session in the template of the gateway's database
 
@@ -27,7 +25,7 @@ class Databases(Mapping[str, str]):
     """Service -> URL of its database, the database cloned from its template on first use."""
 
     def __init__(self, prefix: str, templates: Mapping[str, str]) -> None:
-        self._urls = {service: servers.database_url(f"{prefix}_{service}") for service in SERVICES}
+        self._urls = {service: servers.database_url(f"{prefix}_{service}") for service in topology.WITH_DATABASE}
         self._templates = templates
         self.made: list[str] = []
 

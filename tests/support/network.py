@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from castad_contracts import topology
 from castad_local.fakes import chat, creatomate, suno
+from castad_runtime import links
 
 from tests.support.links import link_secrets
 
@@ -43,8 +44,9 @@ def env(running: Fakes, gateway: str, first_poll_s: float) -> dict[str, str]:
         "CASTAD_VIDEO_CREATOMATE_BASE_URL": render.url,
         "CASTAD_VIDEO_CREATOMATE_API_KEY": creatomate.DEFAULT_KEY,
         "CASTAD_VIDEO_CREATOMATE_TEMPLATE_ID": "castad-e2e",
-        **{f"CASTAD_{stage.upper()}_GATEWAY_URL": gateway for stage in ("song", "video")},
-        **{f"CASTAD_{stage.upper()}_POLL_FIRST_S": str(first_poll_s) for stage in ("song", "video")},
+        # The stages whose providers work on their own (a Suno song, a Creatomate render): called back, and polled.
+        **{f"CASTAD_{stage.upper()}_GATEWAY_URL": gateway for stage in links.SIGNERS},
+        **{f"CASTAD_{stage.upper()}_POLL_FIRST_S": str(first_poll_s) for stage in links.SIGNERS},
         # The fakes listen on 127.0.0.1, over http.
         **{f"CASTAD_{stage.upper()}_ALLOW_PRIVATE": "true" for stage in topology.STAGES},
     }

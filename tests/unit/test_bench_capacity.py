@@ -30,9 +30,9 @@ def _measured() -> dict[str, Any]:
                 "rabbitmq": 1.0,
                 "client": 3.0,
             },  # fmt: skip
-            "commits": {"api": 5.0, "lyric": 3.0, "song": 3.0, "video": 3.0},
-            "rows": {"api": 20.0, "lyric": 10.0, "song": 10.0, "video": 10.0},
-            "wal_bytes": {"api": 10_000.0, "lyric": 5_000.0, "song": 5_000.0, "video": 5_000.0, "no relation": 900.0},
+            "commits": {"api": 5.0, **dict.fromkeys(topology.STAGES, 3.0)},
+            "rows": {"api": 20.0, **dict.fromkeys(topology.STAGES, 10.0)},
+            "wal_bytes": {"api": 10_000.0, **dict.fromkeys(topology.STAGES, 5_000.0), "no relation": 900.0},
             "events": {svc: {"events": 2.0, "deliveries": 3.0} for svc in topology.WITH_DATABASE},
         },
         "ceilings": {

@@ -19,7 +19,7 @@ def test_each_source_is_named_by_its_service_or_by_its_databases_name():
     config = settings.RelaySettings(sources=f"lyric={LYRIC}, {SONG}")
 
     assert config.sources == {"lyric": LYRIC, "song": SONG}
-    assert list(settings.RelaySettings().sources) == ["api", "lyric", "song", "video"]
+    assert list(settings.RelaySettings().sources) == list(topology.WITH_DATABASE)
 
 
 @pytest.mark.parametrize(
