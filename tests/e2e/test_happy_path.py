@@ -18,6 +18,7 @@ from http import server
 
 import numpy as np
 import pytest
+from castad_contracts import topology
 from PIL import Image
 
 from tests.e2e.conftest import RunningCastad
@@ -80,7 +81,7 @@ def test_a_brief_becomes_lyrics_a_song_and_a_video_and_one_with_photos_shows_the
 
     view = views[pipeline_id]
     assert view.status == "SUCCEEDED"
-    assert [stage.stage.value for stage in view.stages] == ["lyric", "song", "video"]
+    assert [stage.stage.value for stage in view.stages] == list(topology.STAGES)
     for stage in view.stages:
         assert stage.status == "SUCCEEDED"
         assert stage.artifact is not None

@@ -11,6 +11,7 @@ import re
 
 import httpx
 import pytest
+from castad_contracts import topology
 
 from tests.support import briefs
 
@@ -29,7 +30,7 @@ def test_a_pipeline_keeps_every_artifact_in_the_bucket_and_the_gateway_redirects
     assert view.status == "SUCCEEDED"
     listed = object_store.client().list_objects_v2(Bucket=bucket)["Contents"]
     keys = sorted(item["Key"] for item in listed)  # each in its stage's own place
-    named = [f"{s}/{pipeline_id}/{s}" for s in ("lyric", "song", "video", "video")]  # the video and its poster
+    named = sorted(f"{s}/{pipeline_id}/{s}" for s in (*topology.STAGES, "video"))  # every stage's file, the poster
     assert [re.sub(r"(-[0-9a-f]{16})+\.\w+$", "", key) for key in keys] == named  # less the digests in each name
     for stage in view.stages:
         assert stage.artifact is not None  # by its gateway path, never by its bucket key

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from castad_contracts import topology
 
 from tests.support import briefs
 
@@ -38,6 +39,6 @@ def test_a_stage_that_starts_after_its_producer_finished_gets_the_event_that_wai
     view = running.wait_terminal([pipeline_id], timeout_s=90)[pipeline_id]
 
     assert view.status == "SUCCEEDED"
-    assert {stage.stage.value: stage.attempts for stage in view.stages} == {"lyric": 1, "song": 1, "video": 1}
+    assert {stage.stage.value: stage.attempts for stage in view.stages} == dict.fromkeys(topology.STAGES, 1)
     [sent] = lyrics_written()
     assert sent["publish_attempts"] == 0 and sent["parked_at"] is None

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from castad_api import keys, usage
 from castad_cli import client as client_
+from castad_contracts import topology
 from castad_local import stack
 from castad_runtime import db
 
@@ -80,7 +81,7 @@ def test_each_tenants_usage_is_what_the_providers_counted_and_a_budget_reached_m
     assert f"{first}'s daily budget of 3 pipelines is reached; it resets at {tomorrow.isoformat()}" in str(error)
     views = running.wait_terminal(list(accepted), timeout_s=150)
     assert {view.status for view in views.values()} == {"SUCCEEDED"}  # every accepted one finishes
-    for stage in ("lyric", "song", "video"):  # each stage took its turns by whose work it was
+    for stage in topology.STAGES:  # each stage took its turns by whose work it was
         jobs = dbs.jobs_of(stage, list(accepted))
         assert {job["pipeline_id"]: job["tenant"] for job in jobs} == accepted, stage
 

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 from castad_api.commands import webhook_secrets as secret_commands
+from castad_contracts import topology
 from castad_local import access
 from castad_local.fakes import server
 from standardwebhooks import Webhook
@@ -78,6 +79,6 @@ def test_the_end_of_a_pipeline_is_told_to_its_callback_url_signed_and_retried(ca
         "SUCCEEDED",
         TEST_KEY_TENANT,
     )
-    assert set(notice["data"]["artifacts"]) == {"lyric", "song", "video"}
+    assert set(notice["data"]["artifacts"]) == set(topology.STAGES)
     assert "callback_url" not in view.brief.model_dump()  # it stays with the gateway: no stage sees it
     assert json.loads(first.body) == json.loads(second.body)
