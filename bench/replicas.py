@@ -11,7 +11,7 @@ before the round is timed.
 Each round: pipelines a second, CPU per pipeline of each service's processes (summed over its replicas), and how
 the work was spread: attempts per replica (`attempts.worker`) and which relay led each outbox at the round's end
 (`outbox_leader`, with the takeovers during the round). After the last round, every pipeline of the run is
-checked (bench.faults.checker's rules, without faults): each SUCCEEDED with exactly one job, one succeeded
+checked (castad_faults.checker's rules, without faults): each SUCCEEDED with exactly one job, one succeeded
 attempt and one `completed` event per stage, no dead letter, no parked or unpublished outbox row, each producer's
 events of a pipeline routed by the broker in the order written (a queue of the harness bound to every event saw
 them) and published in that order (`outbox.published_at`), and each pipeline's gateway timeline in stage order. A
@@ -37,12 +37,13 @@ from typing import Any
 import pika
 import psycopg
 from castad_contracts import topology
+from castad_faults import checker
 from castad_local import stack as stack_
+from castad_testkit import machine, scratch
 
-from bench import castad_bench, common, machine, report
-from bench.faults import checker
+from bench import castad_bench, pages, report
 
-OUT = common.REPORTS / "replicas.md"
+OUT = scratch.REPORTS / "replicas.md"
 REPLICATED = topology.WORKERS  # the gateway stays one process: the client talks to it alone
 REPLICAS = 2
 STAGES = castad_bench.STAGES
@@ -62,7 +63,7 @@ def order(rounds: int) -> list[str]:
 class Installation:
     """The one installation of the run, switched between one and two replicas of every worker."""
 
-    def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path) -> None:
+    def __init__(self, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> None:
         self.bench = castad_bench.CastadBench(cleanup, workdir)
         self.replicas = 1
         self.per_replica: dict[str, int] = {}  # stage -> consumers of its queue in one process
@@ -107,7 +108,7 @@ class Installation:
 
     def _consumers(self) -> dict[str, int]:
         """Stage -> consumers of its queue now."""
-        connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+        connection = pika.BlockingConnection(pika.URLParameters(scratch.AMQP_URL))
         try:
             channel = connection.channel()
             return {
@@ -123,7 +124,7 @@ class Installation:
         """Database -> (the process leading its outbox, its lease's term)."""
         result = {}
         for service, url in self.bench.urls.items():
-            with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+            with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
                 row = conn.execute("SELECT holder, term FROM outbox_leader").fetchone()
             result[service] = ("none", 0) if row is None else (self._name(row[0]), int(row[1]))
         return result
@@ -132,7 +133,7 @@ class Installation:
         """Stage -> process -> attempts it ran of these pipelines."""
         spread: dict[str, dict[str, int]] = {}
         for stage in STAGES:
-            with psycopg.connect(common.dsn(self.bench.urls[stage]), autocommit=True) as conn:
+            with psycopg.connect(scratch.dsn(self.bench.urls[stage]), autocommit=True) as conn:
                 rows = conn.execute(
                     "SELECT a.worker, count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id"
                     " WHERE j.pipeline_id = ANY(%s) GROUP BY a.worker",
@@ -173,8 +174,8 @@ class Installation:
 
     def _ids(self, first: int, count: int) -> list[str]:
         """The ids of the pipelines whose briefs were numbered first .. first + count - 1."""
-        names = [castad_bench.sample_brief(number).customer_name for number in range(first, first + count)]
-        with psycopg.connect(common.dsn(self.bench.urls["api"]), autocommit=True) as conn:
+        names = [self.bench.brief_of(number).customer_name for number in range(first, first + count)]
+        with psycopg.connect(scratch.dsn(self.bench.urls["api"]), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT id::text FROM pipelines WHERE brief->>'customer_name' = ANY(%s)", (names,)
             ).fetchall()
@@ -182,7 +183,7 @@ class Installation:
 
 
 def run(
-    cleanup: common.Cleanup, workdir: pathlib.Path, pipelines: int, concurrency: int, rounds: int, warmup: int
+    cleanup: scratch.Cleanup, workdir: pathlib.Path, pipelines: int, concurrency: int, rounds: int, warmup: int
 ) -> dict[str, Any]:
     """`rounds` pairs of rounds, two replicas of every worker against one, then every pipeline checked."""
     with cleanup.scope():
@@ -198,7 +199,7 @@ def run(
             measured = installation.round(pipelines, concurrency, first, warmup)
             first += warmup + pipelines
             done.append(measured)
-            common.log.info(
+            scratch.log.info(
                 "replicas: %s: %.1f pipelines/s, %.1f ms CPU a pipeline",
                 config,
                 measured["rate"],
@@ -224,7 +225,7 @@ def run(
 
 def check(bench: castad_bench.CastadBench, routed: tuple[str, ...], started: float) -> tuple[dict[str, Any], list[str]]:
     """Check every pipeline of the run: what was checked, and the findings (none: nothing lost or reordered)."""
-    snapshot = checker.collect(bench.urls, bench.topology.dead_letter_queue, common.AMQP_URL)
+    snapshot = checker.collect(bench.urls, bench.topology.dead_letter_queue, scratch.AMQP_URL)
     expect = checker.Expectations(
         accepted=frozenset(snapshot.pipelines),
         poison=(),
@@ -250,7 +251,7 @@ def check(bench: castad_bench.CastadBench, routed: tuple[str, ...], started: flo
     if held:
         parked = sum(row["parked_at"] is not None for row in held)
         findings.append(f"{len(held)} outbox rows not published, {parked} of them parked")
-    with psycopg.connect(common.dsn(bench.urls["api"]), autocommit=True) as conn:
+    with psycopg.connect(scratch.dsn(bench.urls["api"]), autocommit=True) as conn:
         timeline = conn.execute("SELECT pipeline_id::text, event_type FROM pipeline_events ORDER BY seq").fetchall()
     findings += timelines_in_order(timeline)
     routed_once = set(routed)
@@ -303,22 +304,7 @@ def timelines_in_order(entries: Iterable[tuple[str, str]]) -> list[str]:
 
 def render(measured: dict[str, Any]) -> str:
     """Return the page: where it comes from, the machine, then the section `make bench` shows too."""
-    facts = measured["facts"]
-    lines = [
-        "# Replicas",
-        "",
-        "Generated by `make bench-replicas` (`.venv/bin/python -m bench.replicas`); do not edit by hand, run it "
-        "again (`--render` writes this page again from `replicas.json` beside it, running nothing). `make bench` "
-        "runs the same part and shows it in the [benchmarks](benchmarks.md).",
-        "",
-        f"Run on {facts['date']}: {facts['cores']} cores, {facts['cpu']}; {facts['postgres']['version']}, "
-        f"RabbitMQ {facts['rabbitmq']}, both on 127.0.0.1; load average "
-        f"{' / '.join(f'{value:.2f}' for value in facts['load'])} at the start, {measured['seconds']:.0f} s in all"
-        + (f", run with `{' '.join(measured['options'])}`." if measured.get("options") else "."),
-        "",
-        *report.replicas({"replicas": measured}),
-    ]
-    return "\n".join(lines)
+    return pages.render("replicas.md.j2", replicas=report.replicas(measured))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,12 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     kept = args.output.with_suffix(".json")
     if not args.render:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-        common.log.setLevel(logging.INFO)
-        workdir = (common.REPO_ROOT / "var" / "bench" / common.RUN_ID).resolve()
-        cleanup = common.Cleanup()
+        scratch.log.setLevel(logging.INFO)
+        workdir = (scratch.REPO_ROOT / "var" / "bench" / scratch.RUN_ID).resolve()
+        cleanup = scratch.Cleanup()
         started = time.monotonic()
         try:
-            with common.interrupt_on_sigterm():
+            with scratch.interrupt_on_sigterm():
                 facts = {**machine.facts(), "load": list(machine.load())}
                 measured = run(cleanup, workdir, args.pipelines, args.concurrency, args.rounds, args.warmup)
         finally:
@@ -350,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         kept.write_text(json.dumps(measured, indent=1, default=str) + "\n")
     measured = json.loads(kept.read_text())
     args.output.write_text(render(measured))
-    common.log.info("wrote %s", args.output)
+    scratch.log.info("wrote %s", args.output)
     for finding in measured["findings"]:
-        common.log.error("finding: %s", finding)
+        scratch.log.error("finding: %s", finding)
     return 1 if measured["findings"] else 0
 
 

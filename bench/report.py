@@ -2,35 +2,97 @@
 
 `make bench` runs the benchmark, keeps its measurements beside the report (benchmarks.json) and writes the
 report and its charts from them; `python -m bench.report` writes both again from those measurements without
-running anything. Each section of the report is a function of the measurements; how the benchmark came to
-be run as it is, and what each change measured with it moved, are dated pages written by hand under
-docs/performance/, to which the report links.
+running anything. The report's words, headings and tables are its template's, bench/templates/benchmarks.md.j2
+(the section on replicas in replicas-rounds.md.j2, which bench-replicas' page shows too); this module derives the
+figures it shows from the measurements. How the benchmark came to be run as it is, and what each change measured
+with it moved, are dated pages written by hand under docs/performance/, to which the report links.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from bench import charts, common, paired
+from castad_testkit import charts, scratch
+
+from bench import pages, paired
 
 HANDOFF_P50_MS = 5.0
 HANDOFF_P99_MS = 25.0
 CHANGES_PAGE = "../performance/changes-2026-11-27.md"  # the hand-written record of the changes, from the report
-OUTPUT = common.REPORTS / "benchmarks.md"
-
-Section = Callable[[dict[str, Any]], list[str]]
+OUTPUT = scratch.REPORTS / "benchmarks.md"
 
 
 def render(r: dict[str, Any]) -> str:
-    """Return the report's Markdown: each section in turn, from one run's results."""
-    return "\n".join(line for section in SECTIONS for line in section(r))
+    """Return the report's Markdown, written by its template from one run's results."""
+    return pages.render("benchmarks.md.j2", **context(r))
+
+
+def context(r: dict[str, Any]) -> dict[str, Any]:
+    """Return what the report's template reads: the run's results, `r`, and the figures derived from them."""
+    castad, peer = r["castad"], r["peer"]["defaults"]
+    idle, tput = castad["idle"], castad["throughput"]
+    rounds = r["paired"]["rounds"]
+    ratios, medians = _paired_ratios(rounds)
+    drain_ratios = [measured["ratio"] for measured in r["drain"]["rounds"]]
+    in_order = [_in_order(measured["order"], measured["relay"]["rows"]) for measured in r["drain"]["rounds"]]
+    cpu_castad = paired.cpu_ms(tput)
+    used, cores = cpu_castad * tput["rate"] / 1000, r["facts"]["cores"] or 1
+    return {
+        "r": r,
+        "handoff_p50_ms": HANDOFF_P50_MS,
+        "handoff_p99_ms": HANDOFF_P99_MS,
+        "changes_page": CHANGES_PAGE,
+        "charts": {name: _chart_file(name) for name in ("idle", "throughput", "steady")},
+        "cpu": {
+            "castad": cpu_castad,
+            "dbos": paired.cpu_ms(r["dbos"]["throughput"]),
+            "peer": sum(peer["throughput"]["cpu_ms_per_pipeline"].values()),
+        },
+        "commits_castad": sum(tput["commits_per_pipeline"].values()),
+        "ratios": ratios,
+        "medians": medians,
+        "paired_cpu": [{side: paired.cpu_ms(one[side]["throughput"]) for side in ("castad", "dbos")} for one in rounds],
+        "drain": {
+            "ratios": drain_ratios,
+            "median": statistics.median(drain_ratios),
+            "in_order": in_order,
+            "ordered": all(in_order),
+        },
+        "idle_time": {
+            "handoffs": sum(hop["total"]["p50"] for hop in idle["handoff_per_hop"].values()),
+            "stages": sum(stage["handler_to_completed_commit_ms"]["p50"] for stage in idle["inside_stage"].values()),
+        },
+        "cores_used": {"used": used, "cores": cores, "cpu_bound": used >= 0.7 * cores},
+        "replicas": replicas(r["replicas"]) if "replicas" in r else None,
+    }
+
+
+def replicas(measured: dict[str, Any]) -> dict[str, Any]:
+    """Return what the replicas' section (replicas-rounds.md.j2) reads: the part's measurements and their means.
+
+    The installations (two of each worker, one of each) by name, the mean rate of each over its rounds, and each
+    part's CPU a pipeline, the mean over each installation's rounds.
+    """
+    rounds = measured["rounds"]
+    configs = sorted({one["config"] for one in rounds}, reverse=True)
+    return {
+        "measured": measured,
+        "configs": configs,
+        "rates": {c: statistics.mean(one["rate"] for one in rounds if one["config"] == c) for c in configs},
+        "cpu_means": {
+            service: [
+                statistics.mean(one["cpu_ms_per_pipeline"].get(service, 0.0) for one in rounds if one["config"] == c)
+                for c in configs
+            ]
+            for service in sorted({name for one in rounds for name in one["cpu_ms_per_pipeline"]})
+        },
+    }
 
 
 def figures(r: dict[str, Any]) -> dict[str, str]:
@@ -68,816 +130,6 @@ def write(r: dict[str, Any], output: pathlib.Path) -> None:
     output.write_text(render(r))
 
 
-def heading(r: dict[str, Any]) -> list[str]:
-    """Return the title, and where the figures come from."""
-    lines: list[str] = []
-    add = lines.append
-    add("# Benchmarks")
-    add("")
-    add(
-        "Generated by `make bench` (`.venv/bin/python -m bench.run`, the harness in `bench/`); "
-        "do not edit by hand, run it again. Every figure below comes from the one run described here."
-    )
-    add("")
-    return lines
-
-
-def servers(r: dict[str, Any]) -> list[str]:
-    """Return the machine, the servers' versions and settings, and how busy the machine was."""
-    facts, pg = r["facts"], r["facts"]["postgres"]
-    lines: list[str] = []
-    add = lines.append
-    add("## Machine and servers")
-    add("")
-    add("| | |")
-    add("|---|---|")
-    add(f"| date | {facts['date']} (run `{r['run_id']}`, {r['seconds']:.0f} s in all) |")
-    add(f"| CPU | {facts['cores']} cores, {facts['cpu']}; {facts['memory']} memory; {facts['kernel']} |")
-    add(f"| Python | {facts['python']} ({', '.join(f'{k} {v}' for k, v in facts['packages'].items())}) |")
-    add(
-        f"| PostgreSQL | {pg['version']} on 127.0.0.1 (synchronous_commit={pg['synchronous_commit']}, "
-        f"fsync={pg['fsync']}, wal_sync_method={pg['wal_sync_method']}, shared_buffers={pg['shared_buffers']}"
-        + "".join(f", {name}={pg[name]}" for name in ("checkpoint_timeout", "autovacuum") if name in pg)
-        + ") |"
-    )
-    add(f"| RabbitMQ | {facts['rabbitmq']} on 127.0.0.1 |")
-    rtt = facts["postgres_round_trip_ms"]
-    add(
-        f"| PostgreSQL round trip (`SELECT 1`, median) | {_f(rtt['hot'], 2)} ms back to back, "
-        f"{_f(rtt['after_pause'], 2)} ms after 10 ms idle |"
-    )
-    loads = "; ".join(f"{name}: {_load(values)}" for name, values in r["load"].items())
-    add(f"| load average (1/5/15 min) | {loads} |")
-    add("")
-    add(
-        "The machine is shared: other work (test suites starting their own Castad stacks and "
-        "databases) may run at the same time, and everything here (five Castad processes, the "
-        "Dramatiq workers, PostgreSQL, RabbitMQ and the client) shares the same cores. The load "
-        "averages above say how busy it was; figures from a busy machine are slower and noisier."
-    )
-    add("")
-    return lines
-
-
-def summary(r: dict[str, Any]) -> list[str]:
-    """Return Castad beside DBOS and plain Dramatiq, then every target and whether it was met."""
-    castad, peer = r["castad"], r["peer"]["defaults"]
-    idle, tput = castad["idle"], castad["throughput"]
-    handoff, peer_handoff = idle["handoff_stages"]["total"], peer["idle"]["handoff"]
-    n = tput["pipelines"]
-    lines: list[str] = []
-    add = lines.append
-    dbos, drained, steady = r["dbos"], r["drain"], r["sustained"]
-    dtput = dbos["throughput"]
-    cpu_castad = paired.cpu_ms(tput)
-    cpu_dbos = paired.cpu_ms(dtput)
-    cpu_peer = sum(peer["throughput"]["cpu_ms_per_pipeline"].values())
-    commits_castad = sum(tput["commits_per_pipeline"].values())
-    e2e, de2e = idle["e2e_projection_ms"], dbos["idle"]["e2e_database_ms"]
-    pe2e = peer["idle"]["e2e_ms"]
-    add("## Summary")
-    add("")
-    add(
-        "| | Castad (instant providers) | DBOS, three steps in a workflow | Castad / DBOS | plain Dramatiq, no "
-        "durability | Castad / Dramatiq |"
-    )
-    add("|---|---|---|---|---|---|")
-    add(
-        f"| throughput, {n} pipelines (pipelines/s) | {_f(tput['rate'])} | {_f(dtput['rate'])} "
-        f"| {_ratio(tput['rate'], dtput['rate'])} | {_f(peer['throughput']['rate'])} "
-        f"| {_ratio(tput['rate'], peer['throughput']['rate'])} |"
-    )
-    add(
-        f"| CPU per pipeline, every process and PostgreSQL (ms) | {_f(cpu_castad)} | {_f(cpu_dbos)} "
-        f"| {_ratio(cpu_castad, cpu_dbos)} | {_f(cpu_peer)} | {_ratio(cpu_castad, cpu_peer)} |"
-    )
-    add(
-        f"| commits per pipeline (PostgreSQL) | {_f(commits_castad)} | {_f(dtput['commits_per_pipeline'])} "
-        f"| {_ratio(commits_castad, dtput['commits_per_pipeline'])} | 0 | |"
-    )
-    for q in ("p50", "p99"):
-        add(
-            f"| idle end to end {q} (ms) | {_f(e2e[q])} | {_f(de2e[q])} | {_ratio(e2e[q], de2e[q])} "
-            f"| {_f(pe2e[q])} | {_ratio(e2e[q], pe2e[q])} |"
-        )
-    for q in ("p50", "p99"):
-        add(
-            f"| idle stage handoff {q} (ms) | {_f(handoff[q])} | (in one process) | | {_f(peer_handoff[q])} "
-            f"| {_ratio(handoff[q], peer_handoff[q])} |"
-        )
-    add("")
-    add(f"![{_IDLE_ALT}]({_chart_file('idle')})")
-    add("")
-    rounds = r["paired"]["rounds"]
-    ratios, medians = _paired_ratios(rounds)
-
-    def spread(name: str) -> str:
-        return f"median of {len(rounds)} paired rounds {medians[name]:.2f}× (rounds {_range(ratios[name])})"
-
-    add(
-        f"Throughput and CPU above are those of the paired round whose throughput ratio is the median (see "
-        f"*Paired rounds* below); idle end to end is from the detailed idle runs in A and D. The targets that are "
-        f"ratios to DBOS stand on the median over the {len(rounds)} paired rounds of the ratio within each."
-    )
-    add("")
-    add("### Targets")
-    add("")
-    add("| target | measured | |")
-    add("|---|---|---|")
-    add(
-        f"| throughput ≥ 1.0× DBOS's | {spread('throughput')}; in the median round {_f(tput['rate'])} vs "
-        f"{_f(dtput['rate'])} pipelines/s | {_met(medians['throughput'] >= 1.0)} |"
-    )
-    add(
-        f"| CPU per pipeline ≤ 1.5× DBOS's | {spread('cpu')}; in the median round {_f(cpu_castad)} vs "
-        f"{_f(cpu_dbos)} ms | {_met(medians['cpu'] <= 1.5)} |"
-    )
-    add(
-        f"| stage handoff p50 ≤ {HANDOFF_P50_MS:g} ms at idle | {_f(handoff['p50'])} ms "
-        f"| {_met(handoff['p50'] <= HANDOFF_P50_MS)} |"
-    )
-    add(
-        f"| stage handoff p99 ≤ {HANDOFF_P99_MS:g} ms at idle | {_f(handoff['p99'])} ms "
-        f"| {_met(handoff['p99'] <= HANDOFF_P99_MS)} |"
-    )
-    add(
-        f"| idle end to end p50 ≤ 2× DBOS's | {spread('idle_e2e_p50')}; detailed runs {_f(e2e['p50'])} vs "
-        f"{_f(de2e['p50'])} ms ({_ratio(e2e['p50'], de2e['p50'])}) | {_met(medians['idle_e2e_p50'] <= 2.0)} |"
-    )
-    per_service = ", ".join(f"{svc} {_f(v)}" for svc, v in tput["commits_per_pipeline"].items())
-    add(
-        f"| commits per pipeline, reported (aim: one per state-changing step, 3 per stage and 7 in the "
-        f"gateway) | {_f(commits_castad)} ({per_service}) | reported |"
-    )
-    relay_rate, raw_rate = drained["relay"]["rate"], drained["raw"]["rate"]
-    drain_ratios = [measured["ratio"] for measured in drained["rounds"]]
-    ordered = all(_in_order(measured["order"], measured["relay"]["rows"]) for measured in drained["rounds"])
-    add(
-        f"| a {drained['relay']['rows']:,}-row outbox backlog drained at ≥ 0.5× a raw publish with confirms, in "
-        f"order | median of {len(drain_ratios)} rounds {_f(statistics.median(drain_ratios), 2)}× (rounds "
-        f"{_range(drain_ratios)}); in the median round {_f(relay_rate, 0)} vs "
-        f"{_f(raw_rate, 0)} rows/s; {'in order, once each' if ordered else 'ORDER OR COUNT BROKEN'} "
-        f"| {_met(statistics.median(drain_ratios) >= 0.5 and ordered)} |"
-    )
-    add(
-        f"| p99 flat (≤ 1.5× the first minute's) over {len(steady['minutes'])} minutes at half the maximum "
-        f"rate | worst minute {_f(steady['worst_minute_p99_ms'], 0)} ms vs first "
-        f"{_f(steady['first_minute_p99_ms'], 0)} ms | {_met(steady['flat'])} |"
-    )
-    add("")
-    return lines
-
-
-def paired_rounds(r: dict[str, Any]) -> list[str]:
-    """Return each paired round of Castad and DBOS, the ratios within it, their medians and their chart."""
-    ratios, medians = _paired_ratios(r["paired"]["rounds"])
-    lines: list[str] = []
-    add = lines.append
-    rounds, lot = r["paired"]["rounds"], r["paired"]["idle_lot"]
-    counting = {name: r[name]["commits_run"] for name in ("castad", "dbos")}
-    add("### Paired rounds")
-    add("")
-    add(
-        f"This host's speed drifts within minutes (see step 10 in [what each change moved]({CHANGES_PAGE})), so "
-        "Castad and DBOS run side by side: "
-        "both installations up at once (the other one idle meanwhile), each round a throughput run of each "
-        f"({r['castad']['throughput']['pipelines']} pipelines, as above) and then {lot} pipelines of each one at "
-        "a time (end to end from the databases, as in A and D), who goes first alternating from round to round "
-        "(`bench/paired.py`). Commits are counted in a throughput run of each before the rounds, which also "
-        f"warms each up under load ({_f(counting['castad']['rate'])} and {_f(counting['dbos']['rate'])} "
-        "pipelines/s)."
-    )
-    add("")
-    add(
-        "| round | first | pipelines/s Castad / DBOS | ratio | CPU ms Castad / DBOS | ratio "
-        "| idle end to end p50 ms Castad / DBOS | ratio | Castad: stages done / gateway done (s) |"
-    )
-    add("|---|---|---|---|---|---|---|---|---|")
-    for number, (one, tput, cpu, idle) in enumerate(
-        zip(rounds, ratios["throughput"], ratios["cpu"], ratios["idle_e2e_p50"], strict=True), start=1
-    ):
-        c, d = one["castad"], one["dbos"]
-        add(
-            f"| {number} | {one['order'][0]} | {_f(c['throughput']['rate'])} / {_f(d['throughput']['rate'])} "
-            f"| {tput:.2f}× | {_f(paired.cpu_ms(c['throughput']))} / {_f(paired.cpu_ms(d['throughput']))} "
-            f"| {cpu:.2f}× | {_f(c['idle_e2e_ms']['p50'])} / {_f(d['idle_e2e_ms']['p50'])} | {idle:.2f}× "
-            f"| {_f(c['throughput']['stages_seconds'], 2)} / {_f(c['throughput']['seconds'], 2)} |"
-        )
-    add(f"| median | | | {medians['throughput']:.2f}× | | {medians['cpu']:.2f}× | | {medians['idle_e2e_p50']:.2f}× | |")
-    add("")
-    add(
-        "*Stages done*: from the first POST to the video stage's last success; *gateway done*: to the last "
-        "pipeline's end in the gateway's database, the end of the throughput run (see A)."
-    )
-    add("")
-    add(f"![{_THROUGHPUT_ALT}]({_chart_file('throughput')})")
-    add("")
-    return lines
-
-
-def castad(r: dict[str, Any]) -> list[str]:
-    """Return A: Castad's throughput, idle latency, handoffs and their parts, inside a stage, CPU by process."""
-    castad = r["castad"]
-    idle, tput = castad["idle"], castad["throughput"]
-    n = tput["pipelines"]
-    lines: list[str] = []
-    add = lines.append
-    add("## A. Castad end to end, instant providers")
-    add("")
-    env = castad["env"]
-    add(
-        "Five processes (api, relay, lyric, song, video) started from `infra/local/Procfile` by "
-        "`castad_local.stack.Stack`, each with its own database (`castad_bench_<run>_<service>`, made and "
-        "migrated by `castad_local.stack.prepare`), namespace `" + env["CASTAD_NAMESPACE"] + "` on RabbitMQ, "
-        "`CASTAD_<STAGE>_PROVIDER=instant` (each stage writes a tiny but valid artifact through its "
-        "ArtifactStore: one lyric line, a 0.25 s silent WAV, an 18×32 one-frame H.264 MP4) and every "
-        "other setting at its documented default (`OTEL_TRACES_EXPORTER=none`) but the per-key creation "
-        "limit (`CASTAD_API_CREATIONS_PER_MINUTE=1000000`: still counted on every POST, never reached)."
-    )
-    add("")
-    add(
-        f"- **Throughput**: {n} briefs POSTed through the gateway, at most {tput['concurrency']} requests in "
-        f"flight (all accepted after {_f(tput['submit_seconds'], 2)} s), until the gateway's database shows every "
-        "one SUCCEEDED. Rate = pipelines / (last `pipelines.finished_at` − first POST). Latency of a pipeline "
-        f"under that load: p50 {_f(tput['latency_ms']['p50'], 0)} ms, p99 {_f(tput['latency_ms']['p99'], 0)} ms. "
-        f"The video stage recorded its last success {_f(tput['stages_seconds'], 2)} s after the first POST, "
-        f"the gateway the last pipeline's end {_f(tput['seconds'] - tput['stages_seconds'], 2)} s after that; "
-        "from the video stage's success (`jobs.finished_at`) to the gateway's `finished_at` of the same "
-        "pipeline, that is the relay's hop and the gateway's projection with the events queued before it, "
-        f"took p50 {_f(tput['gateway_lag_ms']['p50'], 0)} ms, p99 {_f(tput['gateway_lag_ms']['p99'], 0)} ms."
-    )
-    add(
-        f"- **Idle**: after {r['args']['warmup']} warm-up pipelines, {idle['pipelines']} pipelines one at a time "
-        "(submit, follow the SSE stream to the terminal event, 20 ms pause). End to end = "
-        "`pipelines.finished_at − pipelines.created_at` in the gateway's database (the projection transaction "
-        "that records SUCCEEDED minus the transaction that accepted the POST). Seen by the client "
-        f"(POST sent → SSE terminal event read): p50 {_f(idle['e2e_client_ms']['p50'])} ms, "
-        f"p99 {_f(idle['e2e_client_ms']['p99'])} ms."
-    )
-    add(
-        "- **Handoff** = handler start in the consuming service − COMMIT of the outbox row in the producing "
-        "service. COMMIT time: a deferred constraint trigger the harness adds to each outbox (its own "
-        "databases, idle run only) stores `clock_timestamp()` when the writing transaction commits, before "
-        "the commit's WAL flush. Handler start: `inbox.received_at`, `now()` of the handler's transaction, "
-        "whose first statement is the inbox insert. *Stage handoff* = the three hops that start a stage: "
-        "pipeline.requested (api → lyric), lyric.completed (lyric → song), song.completed (song → video)."
-    )
-    add(
-        "- **Parts** of a handoff, timed over "
-        f"{idle['observed']['pipelines']} more pipelines run the same way with the harness's observers on: "
-        "*commit → NOTIFY seen* (the NOTIFY the writer's process sends once its COMMIT returned, in a short "
-        "transaction of its waker's (castad_runtime.wakeups), seen by a LISTEN "
-        "connection of the harness next to the relay's), *NOTIFY → broker* (the relay wakes, reads the rows, "
-        "publishes; seen on a tap queue of the harness bound to the exchange with `#`), *broker → handler* "
-        "(Dramatiq consumer, worker thread, envelope parsing, pool checkout and BEGIN). The harness's "
-        "observers run in one Python process, so a late observer moves time between neighbouring parts "
-        "(a part can even be negative). The observers also slow what they time (RabbitMQ routes every event to "
-        "the tap queue too, PostgreSQL wakes one more listener on every commit, and the observing threads take "
-        "their share of the two cores), so the totals and every other column come from the pipelines run "
-        "without them, and *observed total* shows what the same hops took with them. *Confirmed* = "
-        "`outbox.published_at` − COMMIT, not on the handler's path: the relay marks a row once RabbitMQ "
-        "confirmed its batch. *From transaction start* = handler start − "
-        "`outbox.created_at` (`now()`, the start of the writing transaction), an upper bound that adds the "
-        "writer's own transaction."
-    )
-    add("")
-    add(
-        "| hop (ms) | n | total p50 | total p99 | observed total p50 | commit → NOTIFY p50 | NOTIFY → broker p50 "
-        "| broker → handler p50 | confirmed p50 | from transaction start p50 |"
-    )
-    add("|---|---|---|---|---|---|---|---|---|---|")
-    observed = idle["observed"]
-    rows = [("**stage handoff (3 hops)**", idle["handoff_stages"], observed["handoff_stages"])]
-    rows += [(kind, parts, observed["handoff_per_hop"][kind]) for kind, parts in idle["handoff_per_hop"].items()]
-    rows += [("stage events → api projection", idle["handoff_to_projection"], observed["handoff_to_projection"])]
-    for name, parts, seen in rows:
-        t = parts["total"]
-        add(
-            f"| {name} | {t['n']} | {_f(t['p50'])} | {_f(t['p99'])} | {_f(seen['total']['p50'])} "
-            f"| {_f(seen['commit_to_notify']['p50'])} | {_f(seen['notify_to_broker']['p50'])} "
-            f"| {_f(seen['broker_to_handler']['p50'])} | {_f(parts['confirmed']['p50'])} "
-            f"| {_f(parts['from_tx_start']['p50'])} |"
-        )
-    add("")
-    add(
-        "Inside a stage at idle (instant provider), from the handler's transaction (`jobs.created_at`): the "
-        "attempt claimed, the handler's transaction committed with the `started` event, the transaction that "
-        "records the outcome begun (`attempts.finished_at`: between the two, the hand-over to a thread of the "
-        "scheduler's pool and the provider's own thread), the `completed` event committed. p50 / p99 (ms):"
-    )
-    add("")
-    add("| stage | → attempt claimed | → `started` committed | → outcome's recording begun | → `completed` committed |")
-    add("|---|---|---|---|---|")
-    steps = (
-        "handler_to_claim_ms",
-        "handler_to_started_commit_ms",
-        "handler_to_recording_ms",
-        "handler_to_completed_commit_ms",
-    )
-    for stage, parts in idle["inside_stage"].items():
-        cells = [parts.get(step) for step in steps]  # runs before step 9 recorded the first and last only
-        add(f"| {stage} | " + " | ".join(f"{_f(c['p50'])} / {_f(c['p99'])}" if c else "" for c in cells) + " |")
-    add("")
-    add(f"CPU time per pipeline during the throughput run ({n} pipelines), by process (ms):")
-    add("")
-    cpu = tput["cpu_ms_per_pipeline"]
-    add("| " + " | ".join(cpu) + " | all |")
-    add("|" + "---|" * (len(cpu) + 1))
-    add("| " + " | ".join(_f(v) for v in cpu.values()) + f" | {_f(sum(cpu.values()))} |")
-    add("")
-    add(
-        "`postgres` = the server processes of this run's connections; `rabbitmq` = the whole broker "
-        "(shared with anything else using it); `client` = the harness."
-    )
-    add("")
-    return lines
-
-
-def dramatiq(r: dict[str, Any]) -> list[str]:
-    """Return B: the plain Dramatiq pipeline, with and without publisher confirms."""
-    peer, confirms = r["peer"]["defaults"], r["peer"]["confirms"]
-    n = r["castad"]["throughput"]["pipelines"]
-    lines: list[str] = []
-    add = lines.append
-    add("## B. The peer: a plain Dramatiq pipeline")
-    add("")
-    add(
-        f"Three no-op actors chained (`bench/peer_actors.py`: step1 sends step2, step2 sends step3) on the "
-        f"same RabbitMQ with queues of their own, run by Dramatiq's command line "
-        f"(`python -m dramatiq bench.peer_actors --processes {peer['processes']} --threads {peer['threads']}`, "
-        "its defaults spelled out). `RabbitmqBroker` with its defaults (persistent messages on durable "
-        "queues, no publisher confirms); the *publisher confirms* column sets `confirm_delivery=True` as "
-        "Castad's relay does. The client enqueues step1 messages from this process."
-    )
-    add("")
-    add(
-        f"- **Throughput**: {n} pipelines enqueued at once (in {_f(peer['throughput']['submit_seconds'], 2)} s), "
-        "rate = pipelines / (last step3 start − first enqueue). With no-op actors the client's enqueueing "
-        "is a large part of that time, and the run is short."
-    )
-    sustained = peer.get("sustained")
-    if sustained:
-        add(
-            f"- **Longer run** (defaults): {sustained['pipelines']} pipelines the same way, "
-            f"{_f(sustained['rate'])} pipelines/s (enqueued in {_f(sustained['submit_seconds'], 2)} s, "
-            f"{_f(sustained['seconds'], 2)} s in all; latency p50 {_f(sustained['latency_ms']['p50'])} ms, "
-            f"p99 {_f(sustained['latency_ms']['p99'])} ms)."
-        )
-    add(
-        "- **Handoff** = next actor's first line − just before `.send()` of the previous one (`time.time()`); "
-        "**end to end** = step3 starts − the client's enqueue. Castad's end to end has one hop more (the "
-        "gateway's projection of video.completed) and an HTTP request."
-    )
-    add("")
-    add("| (ms) | defaults p50 | defaults p99 | confirms p50 | confirms p99 |")
-    add("|---|---|---|---|---|")
-    for name in peer["idle"]["handoff_per_hop"]:
-        a, b = peer["idle"]["handoff_per_hop"][name], confirms["idle"]["handoff_per_hop"][name]
-        add(f"| handoff {name} | {_f(a['p50'])} | {_f(a['p99'])} | {_f(b['p50'])} | {_f(b['p99'])} |")
-    a, b = peer["idle"]["e2e_ms"], confirms["idle"]["e2e_ms"]
-    add(f"| end to end at idle | {_f(a['p50'])} | {_f(a['p99'])} | {_f(b['p50'])} | {_f(b['p99'])} |")
-    a, b = peer["throughput"]["latency_ms"], confirms["throughput"]["latency_ms"]
-    add(f"| end to end under the throughput run | {_f(a['p50'])} | {_f(a['p99'])} | {_f(b['p50'])} | {_f(b['p99'])} |")
-    add("")
-    for name, data in (("defaults", peer), ("confirms", confirms)):
-        cpu = data["throughput"]["cpu_ms_per_pipeline"]
-        add(f"CPU per pipeline ({name}): " + ", ".join(f"{k} {_f(v, 2)} ms" for k, v in cpu.items()) + ".")
-        add("")
-    return lines
-
-
-def dbos(r: dict[str, Any]) -> list[str]:
-    """Return D: the same three steps as one DBOS workflow."""
-    dbos = r["dbos"]
-    dtput, de2e = dbos["throughput"], dbos["idle"]["e2e_database_ms"]
-    cpu_dbos = paired.cpu_ms(dtput)
-    lines: list[str] = []
-    add = lines.append
-    add("## D. The durable peer: DBOS")
-    add("")
-    add(
-        "The same three steps as one DBOS workflow (`bench/dbos_app.py`): three `@DBOS.step()` functions that "
-        "run Castad's own instant providers and artifact store (the same files, hashed and renamed the same "
-        "way), behind a FastAPI front like Castad's gateway: a POST validates the brief with Castad's request "
-        "model and starts the workflow under its `Idempotency-Key` as workflow id (DBOS runs a workflow id "
-        "once). One process, workflows started directly (no queue), DBOS's defaults otherwise (LISTEN/NOTIFY "
-        "on), its system database a PostgreSQL database of this run on the same server. DBOS checkpoints the "
-        "workflow's input, each step's output and the workflow's end in PostgreSQL, in one process: it has no "
-        "broker, no separate services, no per-stage retries or leases of its own beyond recovery at restart."
-    )
-    add("")
-    add(
-        f"- **Throughput**: {dtput['pipelines']} briefs POSTed, at most {dtput['concurrency']} in flight, until "
-        f"`dbos.workflow_status` shows every one SUCCESS: {_f(dtput['rate'])} workflows/s (latency p50 "
-        f"{_f(dtput['latency_ms']['p50'], 0)} ms, p99 {_f(dtput['latency_ms']['p99'], 0)} ms)."
-    )
-    dcpu = dtput["cpu_ms_per_pipeline"]
-    add(
-        "- **CPU per workflow**: "
-        + ", ".join(f"{k} {_f(v)} ms" for k, v in dcpu.items())
-        + f" ({_f(cpu_dbos)} in all)."
-    )
-    add(f"- **Commits per workflow** (`pg_stat_database`): {_f(dtput['commits_per_pipeline'])}.")
-    add(
-        f"- **Idle**: {dbos['idle']['pipelines']} workflows one at a time; end to end = `updated_at − created_at` "
-        f"of its `workflow_status` row: p50 {_f(de2e['p50'])} ms, p99 {_f(de2e['p99'])} ms (the client waits "
-        "with DBOS's `get_result`, which polls once a second, so the client's own figure says nothing)."
-    )
-    add("")
-    return lines
-
-
-def drain(r: dict[str, Any]) -> list[str]:
-    """Return E: an outbox backlog drained by the relay and by a raw publisher, round by round."""
-    drained = r["drain"]
-    raw_rate = drained["raw"]["rate"]
-    lines: list[str] = []
-    add = lines.append
-    add("## E. Draining an outbox backlog")
-    add("")
-    add(
-        f"An outbox of its own filled with {drained['relay']['rows']:,} real envelopes ({drained['per_pipeline']} per "
-        f"pipeline, written with COPY in {_f(drained['fill_seconds'], 1)} s) while no relay ran, then the relay "
-        "started on it with its defaults; a queue bound to `#` collects every message and is read back to check "
-        "that each pipeline's events arrived in order, once each. The raw peer publishes the same bodies with the "
-        f"same properties to the same exchange with aiormq, {drained['raw']['window']} unconfirmed publishes at a "
-        "time on one channel in confirm mode, no database. The harness sees the end by one look every 50 ms in "
-        "the relay's own partial index (whether a row is left to publish). Every drain figure before run df2cfb9e "
-        f"(all those in [what each change moved]({CHANGES_PAGE})) was measured while the harness counted the "
-        "unpublished rows instead, with a filter that index does not cover: a read of the whole outbox 20 times "
-        "a second, on the same two cores as the relay, and counted in the drain's PostgreSQL CPU."
-    )
-    add("")
-    rel = drained["relay"]
-    add(
-        f"Relay and raw publisher run in {len(drained['rounds'])} rounds, who goes first alternating, the outbox "
-        "emptied and filled again between them (this host's speed drifts within minutes, see *Paired rounds*); "
-        "the target stands on the median of the ratios within rounds, and the table below is the median round."
-    )
-    add("")
-    add("| round | first | relay rows/s | raw rows/s | ratio | read back |")
-    add("|---|---|---|---|---|---|")
-    for number, measured in enumerate(drained["rounds"], 1):
-        read = "in order, once each" if _in_order(measured["order"], measured["relay"]["rows"]) else "BROKEN"
-        add(
-            f"| {number} | {measured['first']} | {_f(measured['relay']['rate'], 0)} | {_f(measured['raw']['rate'], 0)} "
-            f"| {_f(measured['ratio'], 2)}× | {read} |"
-        )
-    add("")
-    add("| median round | rows/s | seconds | note |")
-    add("|---|---|---|---|")
-    add(
-        f"| relay, from its start to the last row marked published | {_f(rel['rate'], 0)} "
-        f"| {_f(rel['seconds_from_start'], 1)} | publishing alone took {_f(rel['seconds_publishing'], 1)} s |"
-    )
-    add(f"| raw aiormq, publisher confirms | {_f(raw_rate, 0)} | {_f(drained['raw']['seconds'], 1)} | |")
-    add("")
-    order = drained["order"]
-    add(
-        f"Read back: {order['received']:,} messages, {order['out_of_order']} out of order, {order['duplicates']} "
-        "twice. CPU per 1,000 rows: "
-        + ", ".join(f"{k} {_f(v, 0)} ms" for k, v in rel["cpu_ms_per_1000_rows"].items())
-        + "."
-    )
-    add("")
-    return lines
-
-
-def steady(r: dict[str, Any]) -> list[str]:
-    """Return F: the steady run's latency and what the servers did, minute by minute, and its chart."""
-    steady = r["sustained"]
-    lines: list[str] = []
-    add = lines.append
-    add("## F. A long run at a steady rate")
-    add("")
-    add(
-        f"Castad as in A, briefs POSTed open loop at {_f(steady['rate'])} pipelines/s (half of A's throughput) "
-        f"for {len(steady['minutes'])} minutes ({steady['pipelines']:,} pipelines, {steady['submitted_late']} "
-        "sent more than a second late); latency = `finished_at − created_at` in the gateway's database, by the "
-        "minute the pipeline was created."
-    )
-    add("")
-    add(
-        "What the servers did in each minute, beside it (sampled every 5 s): PostgreSQL checkpoints finished "
-        "(a timed one spreads its writes over most of `checkpoint_timeout`, then fsyncs), full-page images "
-        "written to the WAL (the first change of each page after a checkpoint starts logs the whole page), WAL "
-        "written, autovacuum and autoanalyze runs on the installation's tables, the highest one-minute load "
-        "average of the machine, and the share of the machine's CPU time that was busy, waiting for I/O, or "
-        "stolen by the hypervisor (from /proc/stat)."
-    )
-    add("")
-    add(
-        "| minute | pipelines | p50 (ms) | p99 (ms) | checkpoints finished | full-page images | WAL (MB) "
-        "| autovacuum runs | load | busy | iowait | steal |"
-    )
-    add("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    servers = steady.get("servers", {})
-    for minute, summary in steady["minutes"].items():
-        seen = servers.get(str(minute), servers.get(minute))
-        beside = (
-            f"{seen['checkpoints']:.0f} | {seen['full_page_images']:,.0f} | {_f(seen['wal_mb'], 1)} "
-            f"| {seen['autovacuums']:.0f} | {_f(seen['load'], 2)} | "
-            + " | ".join(_percent(seen.get(state)) for state in ("busy", "iowait", "steal"))
-            if seen
-            else " | | | | | | | "
-        )
-        add(f"| {int(minute) + 1} | {summary['n']} | {_f(summary['p50'], 0)} | {_f(summary['p99'], 0)} | {beside} |")
-    add("")
-    add(f"![{_STEADY_ALT}]({_chart_file('steady')})")
-    add("")
-    _steady_cpu_and_tail(add, steady)
-    return lines
-
-
-def idle_handoff(r: dict[str, Any]) -> list[str]:
-    """Return where an idle handoff's and an idle pipeline's time goes, and what bounds throughput."""
-    facts, castad, peer = r["facts"], r["castad"], r["peer"]["defaults"]
-    idle, tput = castad["idle"], castad["throughput"]
-    handoff, peer_handoff = idle["handoff_stages"]["total"], peer["idle"]["handoff"]
-    e2e = idle["e2e_projection_ms"]
-    cpu_castad = paired.cpu_ms(tput)
-    commits_castad = sum(tput["commits_per_pipeline"].values())
-    lines: list[str] = []
-    add = lines.append
-    add("## Where an idle handoff's time goes")
-    add("")
-    parts = idle["observed"]["handoff_stages"]
-    rtt = facts["postgres_round_trip_ms"]
-    add(
-        f"A stage handoff took {_f(handoff['p50'])} ms at the median ({_f(parts['total']['p50'])} ms with the "
-        f"harness's observers on): {_f(parts['commit_to_notify']['p50'])} ms "
-        f"from the COMMIT to the NOTIFY reaching a listener, {_f(parts['notify_to_broker']['p50'])} ms until the "
-        f"relay's message came out of the broker on the tap queue and {_f(parts['broker_to_handler']['p50'])} ms "
-        "from there to the next handler's transaction. On that path, in order: the writer's COMMIT (a WAL "
-        "flush), its waker's NOTIFY (a transaction of its own, after the commit), the relay woken by the "
-        "notification, "
-        "its SELECT of the new rows, its publish, RabbitMQ routing and delivering to the consumer's Dramatiq "
-        "consumer thread, the hand-over to a worker thread, the envelope and payload validation, the BEGIN and "
-        "the inbox insert: five PostgreSQL round trips and a broker hop, passing through the writer, its waker, "
-        "the relay and the consumer, each of them "
-        "(and each server process) woken from sleep at idle. On this machine a PostgreSQL round trip "
-        f"after 10 ms of idleness takes {_f(rtt['after_pause'], 2)} ms against {_f(rtt['hot'], 2)} ms back to "
-        f"back. For comparison, the whole hop of the plain Dramatiq pipeline (send → next actor, one process to "
-        f"another through the same RabbitMQ) took {_f(peer_handoff['p50'])} ms at the median. Dramatiq's worker "
-        "settings are not on this path: its consumer threads block on the socket (no polling interval) and "
-        "prefetch only matters when messages queue up."
-    )
-    add("")
-    chain = sum(idle["handoff_per_hop"][kind]["total"]["p50"] for kind in idle["handoff_per_hop"])
-    inside = sum(v["handler_to_completed_commit_ms"]["p50"] for v in idle["inside_stage"].values())
-    add(
-        f"An idle pipeline took {_f(e2e['p50'])} ms at the median. Its four handoffs (three stages and the "
-        f"gateway's projection of video.completed) add up to {_f(chain)} ms of medians; the three stages, from "
-        f"the handler's transaction to the committed `completed` event, to {_f(inside)} ms: with an instant "
-        "provider that is the stage machine's own work (the job claimed in the trigger's own transaction with "
-        "its `started` event, a provider thread per attempt under the process's one heartbeat, the artifact's "
-        "sha256 and rename, "
-        "the completing transaction)."
-    )
-    add("")
-    used = cpu_castad * tput["rate"] / 1000
-    cores = facts["cores"] or 1
-    bound = (
-        "so CPU, not waiting, bounds Castad's throughput here"
-        if used >= 0.7 * cores
-        else "so waiting, not only CPU, bounds Castad's throughput here"
-    )
-    add(
-        "Castad spends far more CPU per pipeline than the no-op peer (see the CPU rows): every stage records "
-        "its inbox entry, job, attempt and two outbox events in its own database, the relay reads, publishes and "
-        "marks seven events, and the gateway projects six of them (its timeline, attempts and read model), "
-        f"{_f(commits_castad, 0)} commits per pipeline for the durable, once-only, observable behaviour that the "
-        "plain pipeline does not have, in five processes that hand each other every step through a broker. During the "
-        f"throughput run this run's processes used {used:.1f} of the {cores} cores ({_f(cpu_castad)} ms × "
-        f"{_f(tput['rate'])} pipelines/s), {bound}."
-    )
-    add("")
-    return lines
-
-
-def notify(r: dict[str, Any]) -> list[str]:
-    """Return C: NOTIFY inside the transaction against after the commit, from Python and from pgbench."""
-    notify = r["notify"]
-    lines: list[str] = []
-    add = lines.append
-    add("## C. NOTIFY inside the transaction or after the commit")
-    add("")
-    py = notify["python"]
-    add(
-        f"{py['threads']} threads on a scratch database, each running {py['per_thread']} transactions per round "
-        f"({py['rounds']} rounds, variants interleaved, table truncated and CHECKPOINT before each), every "
-        "transaction inserting one outbox row, while one connection LISTENs on the outbox channel. "
-        "*none*: no NOTIFY; *after_commit*: after the commit, the NOTIFY as an autocommit statement on the same "
-        "connection (Castad's way until its outbox had a trigger); *in_transaction*: a trigger on the outbox "
-        "NOTIFYs before COMMIT (Castad's way until the waker); *waker*: the process's waker NOTIFYs from a thread "
-        "of its own once the writer committed, coalescing what came meanwhile (Castad's way now). The Python "
-        "writers go through SQLAlchemy as the services do; pgbench (PostgreSQL's C client, same statements) "
-        "shows the server's side without the Python cost (it has no waker)."
-    )
-    add("")
-    t = py["totals"]
-    waker = "waker" in t  # runs before the waker measured three variants
-    add(
-        "| writers | none (commits/s) | after_commit | in_transaction | after_commit / in_transaction |"
-        + (" waker | waker / none |" if waker else "")
-    )
-    add("|---|---|---|---|---|" + ("---|---|" if waker else ""))
-    add(
-        f"| Python, {py['threads']} threads | {_f(t['none']['rate'], 0)} | {_f(t['after_commit']['rate'], 0)} "
-        f"| {_f(t['in_transaction']['rate'], 0)} | {_ratio(t['after_commit']['rate'], t['in_transaction']['rate'])} |"
-        + (f" {_f(t['waker']['rate'], 0)} | {_ratio(t['waker']['rate'], t['none']['rate'])} |" if waker else "")
-    )
-    pgb = notify.get("pgbench")
-    if pgb:
-        t = pgb["totals"]
-        add(
-            f"| pgbench, {pgb['threads']} clients | {_f(t['none']['rate'], 0)} | {_f(t['after_commit']['rate'], 0)} "
-            f"| {_f(t['in_transaction']['rate'], 0)} "
-            f"| {_ratio(t['after_commit']['rate'], t['in_transaction']['rate'])} |" + (" - | - |" if waker else "")
-        )
-    add("")
-    t = py["totals"]
-    add(
-        "Python writers, latency of one transaction (p50 / p99 ms): "
-        + "; ".join(f"{v}: {_f(t[v]['latency_p50_ms'], 2)} / {_f(t[v]['latency_p99_ms'], 2)}" for v in t)
-        + ". Rates per round: "
-        + "; ".join(f"{v}: {', '.join(_f(x, 0) for x in t[v]['round_rates'])}" for v in t)
-        + "."
-    )
-    if pgb:
-        t = pgb["totals"]
-        add(
-            f"pgbench ({pgb['pgbench']}) average latency (ms): "
-            + "; ".join(f"{v}: {_f(t[v]['latency_avg_ms'], 2)}" for v in t)
-            + ". Rates per round: "
-            + "; ".join(f"{v}: {', '.join(_f(x, 0) for x in t[v]['round_rates'])}" for v in t)
-            + "."
-        )
-    add("")
-    add(
-        "A NOTIFY makes PostgreSQL take one lock for the whole cluster at COMMIT and hold it until the "
-        "commit is done (its WAL flush included), so that notifications queue in commit order: writers "
-        "that notify inside their transaction commit one at a time. After the commit, the NOTIFY is a "
-        "transaction of its own that changes nothing, so its commit does not wait for a WAL flush and "
-        "holds the lock only briefly, at the price of another round trip per transaction. The pgbench row "
-        "shows the server's side; the Python row what Castad's own writers see. The waker keeps both off the "
-        "writer: no NOTIFY in its transaction, no round trip after it; one short NOTIFY transaction of the "
-        "process's own, not durable, for every wake-up that came while the last was sent. Castad's outbox and "
-        "timeline wake their listeners so ([waking the relay](wakeups.md) measures it with 32 writers); before, "
-        "a trigger notified inside the transaction, see [what each change moved]"
-        f"({CHANGES_PAGE})."
-    )
-    add("")
-    return lines
-
-
-def replicas(r: dict[str, Any]) -> list[str]:
-    """Return the rounds with two replicas of every worker beside one of each, how the work spread, the checks.
-
-    Runs before this part was measured have none: no section.
-    """
-    if "replicas" not in r:
-        return []
-    m = r["replicas"]
-    rounds, checked = m["rounds"], m["checked"]
-    lines: list[str] = []
-    add = lines.append
-    add("## G. Two replicas of every worker beside one")
-    add("")
-    add(
-        f"One gateway (the client talks to it alone); {', '.join(m['replicated'])} each as {m['replicas']} "
-        f"processes in some rounds and one in the others, alternating (two, one, one, two, ...), on the one "
-        f"PostgreSQL and RabbitMQ, with the instant providers: {m['pipelines']:,} pipelines a round at "
-        f"{m['concurrency']} requests in flight. CPU is of every process of the installation (a service's "
-        "replicas summed), PostgreSQL's backends, RabbitMQ and the client."
-    )
-    add("")
-    add(
-        f"**This machine has {m['cores']} cores; two replicas share the same cores one replica has, so these "
-        "rounds cannot show what replicas add.** They show that nothing is lost, duplicated or reordered while "
-        "replicas compete for the same jobs, events and outboxes, and what competing costs here. On a machine "
-        "shared with other work, more processes may also take a larger share of it, whatever they add."
-    )
-    add("")
-    add("| round | workers | pipelines/s | CPU ms a pipeline | of it PostgreSQL | latency p50 / p99 ms |")
-    add("|---|---|---|---|---|---|")
-    for number, one in enumerate(rounds, 1):
-        cpu = one["cpu_ms_per_pipeline"]
-        latency = one["latency_ms"]
-        add(
-            f"| {number} | {one['config']} | {_f(one['rate'])} | {_f(sum(cpu.values()))} | "
-            f"{_f(cpu.get('postgres'))} | {_f(latency['p50'], 0)} / {_f(latency['p99'], 0)} |"
-        )
-    configs = sorted({one["config"] for one in rounds}, reverse=True)
-    rates = {c: statistics.mean(one["rate"] for one in rounds if one["config"] == c) for c in configs}
-    add("")
-    if len(configs) == 2:
-        two, one_each = configs
-        add(
-            f"Mean over its rounds: {two} {_f(rates[two])} pipelines/s, {one_each} {_f(rates[one_each])}: "
-            f"{_ratio(rates[two], rates[one_each])} the throughput."
-        )
-        add("")
-    services = sorted({name for one in rounds for name in one["cpu_ms_per_pipeline"]})
-    add("CPU ms a pipeline by part, the mean over each installation's rounds:")
-    add("")
-    add("| part | " + " | ".join(configs) + " |")
-    add("|---" * (1 + len(configs)) + "|")
-    for service in services:
-        means = [
-            statistics.mean(one["cpu_ms_per_pipeline"].get(service, 0.0) for one in rounds if one["config"] == c)
-            for c in configs
-        ]
-        add(f"| {service} | " + " | ".join(_f(value) for value in means) + " |")
-    add("")
-    add(
-        "How the work spread in each round: the attempts each process ran (`attempts.worker` in the stage's "
-        "database), and the relay leading each outbox at the round's end (`outbox_leader`), with the takeovers "
-        "during the round."
-    )
-    add("")
-    outboxes = list(rounds[0]["leaders"])
-    add(
-        "| round | "
-        + " | ".join(f"{stage} attempts" for stage in rounds[0]["attempts"])
-        + " | "
-        + " | ".join(f"{db} outbox led by" for db in outboxes)
-        + " |"
-    )
-    add("|---" * (1 + len(rounds[0]["attempts"]) + len(outboxes)) + "|")
-    for number, one in enumerate(rounds, 1):
-        spread = [", ".join(f"{name} {count:,}" for name, count in by.items()) for by in one["attempts"].values()]
-        led = [
-            f"{lead['holder']}" + (f" ({lead['takeovers']} takeovers)" if lead["takeovers"] else "")
-            for lead in one["leaders"].values()
-        ]
-        add(f"| {number} | " + " | ".join(spread + led) + " |")
-    add("")
-    findings = m["findings"]
-    add(
-        f"Checked after the last round, every pipeline of the run (the rounds' and the warm-ups'): "
-        f"{checked['succeeded']:,} of {checked['pipelines']:,} SUCCEEDED; `completed` events "
-        + ", ".join(f"{stage} {count:,}" for stage, count in checked["completed_events"].items())
-        + f" (one per stage and pipeline); {checked['outbox_rows']:,} outbox rows, {checked['parked']} parked; "
-        f"{checked['routed']:,} events routed by the broker, each producer's of a pipeline in the order written "
-        f"and published in that order; {checked['timeline_entries']:,} gateway timeline entries, each pipeline's "
-        f"in stage order; {checked['dead_letters']} dead letters."
-    )
-    add("")
-    if findings:
-        add(f"**{len(findings)} findings: the run failed.**")
-        add("")
-        lines.extend(f"- {finding}" for finding in findings[:20])
-    else:
-        add("**No finding**: nothing lost, duplicated or reordered.")
-    add("")
-    return lines
-
-
-def reproduce(r: dict[str, Any]) -> list[str]:
-    """Return how to run the benchmark again, and where its measurements are kept."""
-    lines: list[str] = []
-    add = lines.append
-    add("## How to reproduce")
-    add("")
-    add("```")
-    add("make bench                        # = .venv/bin/python -m bench.run; rewrites this page and its charts")
-    add(".venv/bin/python -m bench.report   # this page and its charts again from benchmarks.json, nothing run")
-    add(".venv/bin/python -m bench.run --help   # sizes: --pipelines, --idle, --concurrency, --notify-per-thread, ...")
-    add("```")
-    add("")
-    add(
-        "It needs PostgreSQL (127.0.0.1:5432, user postgres) and RabbitMQ (127.0.0.1:5672) as `make setup` "
-        "leaves them, takes a few minutes, and removes its databases, queues, processes and files at the "
-        "end, also on Ctrl-C or an error (then the services' logs stay in `var/bench/<run>/logs`). The "
-        "measurements of the run this page shows are kept beside it in `docs/reports/benchmarks.json`, those "
-        "of the last run, partial ones included, in `var/bench/last-run.json`. Run it on an otherwise idle "
-        "machine for figures that compare across runs."
-    )
-    add("")
-    return lines
-
-
-SECTIONS: tuple[Section, ...] = (
-    heading,
-    servers,
-    summary,
-    paired_rounds,
-    castad,
-    dramatiq,
-    dbos,
-    drain,
-    steady,
-    idle_handoff,
-    notify,
-    replicas,
-    reproduce,
-)
-_IDLE_ALT = "Idle end to end and stage handoff, p50 and p99 in ms: Castad, DBOS and plain Dramatiq"
-_THROUGHPUT_ALT = "Pipelines a second in each paired round, Castad beside DBOS"
-_STEADY_ALT = "The steady run's p50 and p99 in ms, minute by minute"
-
-
 def _chart_file(name: str) -> str:
     return f"benchmarks-{name}.svg"
 
@@ -887,7 +139,7 @@ def _paired_ratios(rounds: list[dict[str, Any]]) -> tuple[dict[str, list[float]]
     return ratios, {name: statistics.median(values) for name, values in ratios.items()}
 
 
-def _idle_latencies(r: dict[str, Any]) -> dict[str, list[float | None]]:
+def _idle_latencies(r: dict[str, Any]) -> dict[str, Sequence[float | None]]:
     """Return idle end to end and stage handoff, p50 and p99, of each installation (DBOS has no handoff)."""
     idle, peer = r["castad"]["idle"], r["peer"]["defaults"]["idle"]
     quantiles = ("p50", "p99")
@@ -899,65 +151,9 @@ def _idle_latencies(r: dict[str, Any]) -> dict[str, list[float | None]]:
     }
 
 
-def _range(values: list[float]) -> str:
-    return f"{min(values):.2f}-{max(values):.2f}×"
-
-
-def _f(value: float | None, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:,.{digits}f}"
-
-
-def _percent(share: float | None) -> str:
-    return "n/a" if share is None else f"{100 * share:.0f}%"
-
-
-def _steady_cpu_and_tail(add: Callable[[str], None], steady: dict[str, Any]) -> None:
-    """Add the steady run's CPU per process and where its slowest pipelines spent their time, per minute.
-
-    Runs before these were recorded have neither.
-    """
-    servers, tails = steady.get("servers", {}), steady.get("tail_parts")
-    if not tails:
-        return
-    names = list(next(iter(servers.values()))["cpu_s"]) if servers else []
-    add(
-        "CPU seconds each process of the installation used in each minute (the client is the harness's "
-        "process), beside where that minute's slowest pipelines (those at or above its p99) spent their time, "
-        "as the mean in ms of each part: `to <stage>` from the moment before (the pipeline's creation or the "
-        "previous stage's finish) to the stage's start, then the stage itself, then `to finished` from the "
-        "last stage's finish to the gateway's `finished_at` (stages' times by their own clocks, on this one "
-        "machine)."
-    )
-    add("")
-    parts = list(next(iter(tails.values())))
-    add("| minute | " + " | ".join(f"{name} CPU (s)" for name in names) + " | " + " | ".join(parts) + " |")
-    add("|---" * (1 + len(names) + len(parts)) + "|")
-    for minute, tail in tails.items():
-        seen = servers.get(str(minute), servers.get(minute)) or {"cpu_s": {}}
-        cpu = [_f(seen["cpu_s"].get(name), 1) for name in names]
-        add(f"| {int(minute) + 1} | " + " | ".join(cpu + [_f(tail[part], 0) for part in parts]) + " |")
-    add("")
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    if not a or not b or math.isnan(a) or math.isnan(b):
-        return "n/a"
-    return f"{a / b:.2f}×"
-
-
 def _in_order(read_back: dict[str, Any], rows: int) -> bool:
     """Whether a drain's queue gave back every row once, each pipeline's in order."""
-    return read_back["out_of_order"] == 0 and read_back["duplicates"] == 0 and read_back["received"] == rows
-
-
-def _met(ok: bool) -> str:
-    return "**met**" if ok else "**not met**"
-
-
-def _load(values: Any) -> str:
-    return " / ".join(f"{v:.2f}" for v in values)
+    return bool(read_back["out_of_order"] == 0 and read_back["duplicates"] == 0 and read_back["received"] == rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import pathlib
 import re
 from typing import Any
 
+import jinja2
 import pytest
 from castad_contracts import topology
 
@@ -252,10 +253,17 @@ def _rows(lines: list[str], first_cell: str) -> list[list[str]]:
     ]
 
 
-def test_the_report_is_its_sections_in_order_each_from_the_measurements() -> None:
-    r = results()
-    page = report.render(r)
-    assert page == "\n".join(line for section in report.SECTIONS for line in section(r))
+def _section(page: str, heading: str) -> list[str]:
+    """Return the lines of the page's section `heading` (its `#` marks included), up to the next of its level."""
+    lines = page.split("\n")
+    start = lines.index(heading)
+    level = heading.split(" ")[0]
+    ends = [n for n, line in enumerate(lines) if n > start and line.split(" ")[0] in (level, level[:-1], "#")]
+    return lines[start : ends[0] if ends else len(lines)]
+
+
+def test_the_report_shows_its_sections_in_order_each_from_the_measurements() -> None:
+    page = report.render(results())
     assert re.findall(r"^## (.*)$", page, re.M) == [
         "Machine and servers",
         "Summary",
@@ -269,22 +277,40 @@ def test_the_report_is_its_sections_in_order_each_from_the_measurements() -> Non
         "G. Two replicas of every worker beside one",
         "How to reproduce",
     ]
-    assert "run `a1b2c3d4`" in page
+    assert "run `a1b2c3d4`" in page and page.endswith("compare across runs.\n")
+
+
+def test_the_template_writes_every_figure_of_a_sample_run_and_names_none_it_was_not_given() -> None:
+    page = report.render(results())
+    assert "{{" not in page and "{%" not in page and "n/a" not in page
+    [python] = _rows(page.split("\n"), "Python, 4 threads")
+    assert python == ["Python, 4 threads", "900", "900", "900", "1.00×"]
+    assert "| PostgreSQL | 16.4 on 127.0.0.1 (synchronous_commit=on, fsync=on, wal_sync_method=fdatasync," in page
+    assert "start: 0.50 / 0.40 / 0.30; after sustained: 2.10 / 1.80 / 1.20" in page
+    [cpu] = _rows(_section(page, "## A. Castad end to end, instant providers"), "7.0 ")
+    assert cpu == ["7.0", "3.0", "10.0", "20.0"]
+
+
+def test_a_measurement_missing_from_the_kept_file_fails_the_report_instead_of_leaving_a_gap() -> None:
+    r = results()
+    del r["drain"]["relay"]["seconds_publishing"]
+    with pytest.raises(jinja2.UndefinedError):
+        report.render(r)
 
 
 def test_the_summary_meets_the_throughput_target_only_when_the_median_round_does() -> None:
     r = results()
-    [throughput] = _rows(report.summary(r), "throughput ≥ 1.0× DBOS's")
+    [throughput] = _rows(_section(report.render(r), "## Summary"), "throughput ≥ 1.0× DBOS's")
     assert throughput[1].startswith("median of 3 paired rounds 0.79× (rounds 0.75-0.85×)")
     assert throughput[2] == "**not met**"
     for one in r["paired"]["rounds"]:
         one["castad"]["throughput"]["rate"] = 1.1 * one["dbos"]["throughput"]["rate"]
-    [throughput] = _rows(report.summary(r), "throughput ≥ 1.0× DBOS's")
+    [throughput] = _rows(_section(report.render(r), "## Summary"), "throughput ≥ 1.0× DBOS's")
     assert throughput[2] == "**met**"
 
 
 def test_the_paired_rounds_show_each_round_its_ratios_and_the_throughput_chart() -> None:
-    lines = report.paired_rounds(results())
+    lines = _section(report.render(results()), "### Paired rounds")
     rounds = _rows(lines, "1 ") + _rows(lines, "2 ") + _rows(lines, "3 ")
     assert [row[:4] for row in rounds] == [
         ["1", "castad", "60.0 / 80.0", "0.75×"],
@@ -298,15 +324,17 @@ def test_the_paired_rounds_show_each_round_its_ratios_and_the_throughput_chart()
 
 def test_a_drain_round_that_lost_a_pipelines_order_is_shown_broken_and_misses_its_target() -> None:
     r = results()
-    assert [row[5] for row in _rows(report.drain(r), "1 ")] == ["in order, once each"]
+    drain = "## E. Draining an outbox backlog"
+    assert [row[5] for row in _rows(_section(report.render(r), drain), "1 ")] == ["in order, once each"]
     r["drain"]["rounds"][0]["order"]["out_of_order"] = 1
-    assert [row[5] for row in _rows(report.drain(r), "1 ")] == ["BROKEN"]
-    [target] = _rows(report.summary(r), "a 1,000-row outbox backlog")
+    page = report.render(r)
+    assert [row[5] for row in _rows(_section(page, drain), "1 ")] == ["BROKEN"]
+    [target] = _rows(_section(page, "## Summary"), "a 1,000-row outbox backlog")
     assert "ORDER OR COUNT BROKEN" in target[1] and target[2] == "**not met**"
 
 
 def test_the_steady_run_lists_each_minute_beside_what_the_servers_did_and_its_chart() -> None:
-    lines = report.steady(results())
+    lines = _section(report.render(results()), "## F. A long run at a steady rate")
     minutes = [_rows(lines, f"{minute} | 1900")[0] for minute in (1, 2, 3)]
     assert [row[2:4] for row in minutes] == [["60", "84"], ["62", "503"], ["58", "90"]]
     assert minutes[0][4:] == ["0", "1,200", "30.5", "0", "1.50", "80%", "1%", "0%"]
@@ -315,7 +343,7 @@ def test_the_steady_run_lists_each_minute_beside_what_the_servers_did_and_its_ch
 
 def test_the_replicas_section_shows_each_round_the_spread_and_the_two_cores_note_and_fails_on_a_finding() -> None:
     r = results()
-    lines = report.replicas(r)
+    lines = _section(report.render(r), "## G. Two replicas of every worker beside one")
     rows = [_rows(lines, f"{number} | ")[0] for number in range(1, 5)]
     assert [row[1:3] for row in rows] == [
         ["two of each", "50.0"],
@@ -330,7 +358,7 @@ def test_the_replicas_section_shows_each_round_the_spread_and_the_two_cores_note
     assert "This machine has 2 cores" in page and "cannot show what replicas add" in page
     assert "**No finding**" in page
     r["replicas"]["findings"] = ["p1: lyric SUCCEEDED with 1 succeeded attempts and 2 completed events"]
-    page = "\n".join(report.replicas(r))
+    page = "\n".join(_section(report.render(r), "## G. Two replicas of every worker beside one"))
     assert "**1 findings: the run failed.**" in page and "- p1: lyric SUCCEEDED" in page
     assert "No finding" not in page
 
@@ -338,7 +366,6 @@ def test_the_replicas_section_shows_each_round_the_spread_and_the_two_cores_note
 def test_a_run_without_the_replicas_part_has_no_replicas_section() -> None:
     r = results()
     del r["replicas"]
-    assert report.replicas(r) == []
     assert "## G." not in report.render(r)
 
 
@@ -346,7 +373,7 @@ def test_the_summary_shows_the_idle_latency_chart() -> None:
     chart = (
         "![Idle end to end and stage handoff, p50 and p99 in ms: Castad, DBOS and plain Dramatiq](benchmarks-idle.svg)"
     )
-    assert chart in report.summary(results())
+    assert chart in _section(report.render(results()), "## Summary")
 
 
 def test_the_charts_are_the_same_file_for_the_same_measurements_and_follow_them() -> None:
