@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pytest
 from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
-from castad_song import g2p, instant, provider
+from castad_song import g2p, instant, provider, score, styles
 
 BRIEF = brief.Brief(customer_name="스테이 머뭄", region="군산", genre=brief.Style.KPOP.value, duration_s=12)
 LYRICS = events.Lyrics(
@@ -110,11 +110,11 @@ def test_the_same_inputs_sound_the_same(tmp_path: pathlib.Path) -> None:
 
 
 def test_hip_hop_is_faster_and_busier_than_a_ballad() -> None:
-    ballad = provider.arrange(BRIEF.model_copy(update={"genre": brief.Style.BALLAD.value}), LYRICS, "s")
-    hiphop = provider.arrange(BRIEF.model_copy(update={"genre": brief.Style.HIPHOP.value}), LYRICS, "s")
-    drums: frozenset[provider.Voice] = frozenset({"kick", "snare", "hat"})
+    ballad = score.arrange(BRIEF.model_copy(update={"genre": brief.Style.BALLAD.value}), LYRICS, "s")
+    hiphop = score.arrange(BRIEF.model_copy(update={"genre": brief.Style.HIPHOP.value}), LYRICS, "s")
+    drums: frozenset[score.Voice] = frozenset({"kick", "snare", "hat"})
 
-    assert provider.tempo_bpm(brief.Style.BALLAD) < provider.tempo_bpm(brief.Style.HIPHOP)
+    assert styles.tempo_bpm(brief.Style.BALLAD) < styles.tempo_bpm(brief.Style.HIPHOP)
     assert hiphop.onsets_per_second(drums) > 2 * ballad.onsets_per_second(drums)
 
 
@@ -145,7 +145,7 @@ def test_each_style_has_its_own_sound(tmp_path: pathlib.Path) -> None:
 def test_a_free_text_genre_is_sung_in_the_closest_style_it_names_first(genre: str, style: brief.Style) -> None:
     source = BRIEF.model_copy(update={"genre": genre})
     assert source.style is style
-    assert provider.arrange(source, LYRICS, "s").style.bpm == provider.tempo_bpm(style)
+    assert score.arrange(source, LYRICS, "s").style.bpm == styles.tempo_bpm(style)
 
 
 def test_every_lyric_line_is_timed_in_order_within_the_song(tmp_path: pathlib.Path) -> None:
@@ -160,7 +160,7 @@ def test_every_lyric_line_is_timed_in_order_within_the_song(tmp_path: pathlib.Pa
 
 
 def test_every_syllable_is_sung_as_one_note_inside_its_line() -> None:
-    arrangement = provider.arrange(BRIEF, LYRICS, "s")
+    arrangement = score.arrange(BRIEF, LYRICS, "s")
     lead = [note for note in arrangement.notes if note.voice == "lead"]
 
     for line in arrangement.timed_lines:
@@ -170,10 +170,10 @@ def test_every_syllable_is_sung_as_one_note_inside_its_line() -> None:
 
 
 def test_the_chorus_is_sung_higher_and_louder_than_the_verses() -> None:
-    arrangement = provider.arrange(BRIEF, LYRICS, "s")
+    arrangement = score.arrange(BRIEF, LYRICS, "s")
     chorus_lines = set(LYRICS.sections[1].lines)
 
-    def lead_notes(chorus: bool) -> list[provider.Note]:
+    def lead_notes(chorus: bool) -> list[score.Note]:
         windows = [line for line in arrangement.timed_lines if (line.text in chorus_lines) == chorus]
         return [
             note
@@ -189,8 +189,8 @@ def test_the_chorus_is_sung_higher_and_louder_than_the_verses() -> None:
 
 @pytest.mark.parametrize("style", [brief.Style.KPOP, brief.Style.BALLAD, brief.Style.JAZZ])
 def test_the_bars_are_the_grooves_bar_lines_four_beats_apart_over_the_whole_song(style: brief.Style) -> None:
-    arrangement = provider.arrange(BRIEF.model_copy(update={"genre": style.value}), LYRICS, "s")
-    bar_s = provider.BEATS_PER_BAR * 60.0 / provider.tempo_bpm(style)
+    arrangement = score.arrange(BRIEF.model_copy(update={"genre": style.value}), LYRICS, "s")
+    bar_s = score.BEATS_PER_BAR * 60.0 / styles.tempo_bpm(style)
     bars = np.array(arrangement.bars_s)
     kicks = sorted(note.start_s for note in arrangement.notes if note.voice == "kick")
 
@@ -207,6 +207,6 @@ def test_the_composed_song_tells_its_bars_and_the_instant_one_none(tmp_path: pat
         BRIEF, LYRICS, tmp_path / "instant.wav", seed="s", cancel=cancellation.Cancellation()
     )
 
-    assert song.bars_s == provider.arrange(BRIEF.model_copy(update={"duration_s": 5}), LYRICS, "pipeline-1").bars_s
+    assert song.bars_s == score.arrange(BRIEF.model_copy(update={"duration_s": 5}), LYRICS, "pipeline-1").bars_s
     assert len(song.bars_s) == 3  # 118 bpm: bars of 2.03 s in 5 s
     assert silence.bars_s == ()  # silence has no tempo
