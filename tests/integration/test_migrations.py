@@ -19,6 +19,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from castad_api import tables as api_tables
+from castad_contracts import topology
 from castad_local import stack
 from castad_runtime import migrations, tables
 
@@ -67,9 +68,7 @@ SERVICE_TABLES: dict[str, tuple[sa.Table, ...]] = {
         api_tables.budgets,
         api_tables.usage,
     ),
-    "lyric": STAGE_TABLES,
-    "song": STAGE_TABLES,
-    "video": STAGE_TABLES,
+    **dict.fromkeys(topology.STAGES, STAGE_TABLES),
 }
 MIGRATIONS = {database.service: database.migrations_dir for database in stack.DATABASES}
 
