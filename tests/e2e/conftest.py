@@ -28,7 +28,7 @@ import httpx_sse
 import pika
 import pytest
 import sqlalchemy as sa
-from castad_api import keys
+from castad_api import keys, model
 from castad_api import tables as api_tables
 from castad_cli import client as client_
 from castad_contracts import api, brief, topology
@@ -265,7 +265,8 @@ class SharedCastad(RunningCastad):
             self.services.wait_ready(self.base_url)
         going_on = [  # of any tenant (the admin key sees all): a test may make tenants of its own
             item["id"]
-            for status in ("PENDING", "RUNNING", "AWAITING_REVIEW", "CANCELING")
+            for status in model.PipelineStatus
+            if not status.terminal
             for item in self.admin.http.get("/v1/pipelines", params={"status": status, "limit": 100}).json()["items"]
         ]
         for pipeline_id in going_on:
