@@ -37,10 +37,11 @@ import psycopg
 from castad_contracts import topology
 from castad_local.fakes import chat, creatomate, suno
 from castad_runtime.stage import service as stage_service
+from castad_testkit import machine, scratch
 
-from bench import castad_bench, commits, common, cpu, drain, machine, notify, providers
+from bench import castad_bench, commits, cpu, drain, notify, pages, providers
 
-OUT = common.REPORTS / "capacity.md"
+OUT = scratch.REPORTS / "capacity.md"
 TARGET_RATE = 5_000  # pipelines a second of orchestration the model is asked about (issue 37)
 TARGET_WAITING = 1_000_000  # jobs waiting at providers at once
 CORE_SHARE = 0.7  # a replica is planned at 70 % of a core busy, leaving room for bursts
@@ -51,7 +52,7 @@ DB_SHARE = 0.5  # a database server is planned at half its measured commit ceili
 
 
 def _database_stats(names: list[str]) -> dict[str, dict[str, int]]:
-    with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
+    with psycopg.connect(scratch.admin_dsn(), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT datname, oid, tup_inserted, tup_updated, tup_deleted FROM pg_stat_database d"
             " JOIN pg_database USING (datname) WHERE datname = ANY(%s)",
@@ -61,7 +62,7 @@ def _database_stats(names: list[str]) -> dict[str, dict[str, int]]:
 
 
 def _wal_lsn() -> str:
-    with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
+    with psycopg.connect(scratch.admin_dsn(), autocommit=True) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     assert row is not None
     return str(row[0])
@@ -73,7 +74,7 @@ def wal_by_database(start: str, end: str, oids: dict[int, str]) -> dict[str, int
     A block reference reads `rel <tablespace>/<database>/<relation>`; a record without one (a commit, a
     checkpoint) goes under "no relation"; databases not asked about under "other"."""
     totals: dict[str, int] = {name: 0 for name in oids.values()} | {"no relation": 0, "other": 0}
-    with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
+    with psycopg.connect(scratch.admin_dsn(), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         rows = conn.execute(
             "SELECT (regexp_match(block_ref, 'rel \\d+/(\\d+)/'))[1]::oid AS db, sum(record_length)::bigint"
@@ -91,7 +92,7 @@ def _events(bench: castad_bench.CastadBench, ids: list[str]) -> dict[str, dict[s
     routes = topology.Topology(bench.namespace)
     found: dict[str, dict[str, float]] = {}
     for service, url in bench.urls.items():
-        with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
             keys = conn.execute(
                 "SELECT routing_key, count(*) FROM outbox WHERE pipeline_id = ANY(%s) GROUP BY 1", (ids,)
             ).fetchall()
@@ -104,7 +105,7 @@ def _events(bench: castad_bench.CastadBench, ids: list[str]) -> dict[str, dict[s
     return found
 
 
-def orchestration(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+def orchestration(args: argparse.Namespace, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
     with cleanup.scope():
         bench = castad_bench.CastadBench(cleanup, workdir)
         bench.setup()
@@ -117,7 +118,7 @@ def orchestration(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pa
         measured = bench.throughput(args.pipelines, args.concurrency, first, count_commits=True)
         lsn_after = _wal_lsn()  # throughput waited for the statistics to flush: the run's writes are in
         stats_after = _database_stats(bench.databases)
-        with psycopg.connect(common.dsn(bench.urls["api"]), autocommit=True) as conn:  # the measured run's: the last
+        with psycopg.connect(scratch.dsn(bench.urls["api"]), autocommit=True) as conn:  # the measured run's: the last
             query = "SELECT id::text FROM pipelines ORDER BY created_at DESC LIMIT %s"
             ids = [row[0] for row in conn.execute(query, (args.pipelines,))]
         names = dict(zip(bench.databases, bench.urls, strict=True))
@@ -141,7 +142,7 @@ def orchestration(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pa
 # -- 2. ceilings of the shared parts ----------------------------------------------------------------
 
 
-def ceilings(cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+def ceilings(cleanup: scratch.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
     commits_ = notify.run(threads=32, per_thread=150, rounds=1, cleanup=cleanup)["totals"]["none"]
     relay = drain.run(cleanup, workdir, rows=30_000, per_pipeline=5, window=1000, rounds=1)
     return {
@@ -156,7 +157,7 @@ def ceilings(cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
 
 
 def _awaiting(bench: castad_bench.CastadBench) -> int:
-    with psycopg.connect(common.dsn(bench.urls["song"]), autocommit=True) as conn:
+    with psycopg.connect(scratch.dsn(bench.urls["song"]), autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM jobs WHERE status = 'AWAITING'").fetchone()
     return int(row[0]) if row else 0
 
@@ -165,10 +166,11 @@ def _polls(fake: suno.FakeSuno) -> int:
     return sum(1 for request in fake.received if isinstance(request, dict) and request.get("method") == "GET")
 
 
-def waiting(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+def waiting(args: argparse.Namespace, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+    music = suno.FakeSuno(song_s=24 * 3600.0, audio_s=4.0)  # never finishes within the run
     fakes = {
         "chat": chat.FakeChat().start(),
-        "suno": suno.FakeSuno(song_s=24 * 3600.0, audio_s=4.0).start(),  # never finishes within the run
+        "suno": music.start(),
         "creatomate": creatomate.FakeCreatomate(render_s=5.0).start(),
     }
     try:
@@ -196,11 +198,11 @@ def waiting(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.
             before = {name: cpu.snapshot(select) for name, select in parts.items()}
             commits_before, polls_before, started = (
                 commits.read([song_db], settle=False),
-                _polls(fakes["suno"]),
+                _polls(music),
                 time.monotonic(),
             )
             time.sleep(args.window_s)
-            polls, seconds = _polls(fakes["suno"]) - polls_before, time.monotonic() - started
+            polls, seconds = _polls(music) - polls_before, time.monotonic() - started
             after = {name: cpu.snapshot(select) for name, select in parts.items()}
             transactions = commits.read([song_db], settle=False)[song_db] - commits_before[song_db]
     finally:
@@ -270,183 +272,17 @@ def model(measured: dict[str, Any], rate: float = TARGET_RATE, waiting_jobs: int
 # -- the report ------------------------------------------------------------------------------------------
 
 
-def _n(value: float, digits: int = 1) -> str:
-    return f"{value:,.{digits}f}"
-
-
 def render(measured: dict[str, Any]) -> str:
-    run, ceiling, wait, facts = (measured[k] for k in ("orchestration", "ceilings", "waiting", "facts"))
-    plan = model(measured)
-    lines = [
-        "# Capacity model",
-        "",
-        "Generated by `make bench-capacity` (bench/capacity.py) from the measurements kept beside it in"
-        " capacity.json; `python -m bench.capacity --render` writes it again from them. **Measured** figures"
-        " come from this machine; **projected** ones are those figures multiplied out, nothing more: two cores"
-        " cannot show whether a part really scales as projected.",
-        "",
-        f"Run {facts['date']}: {facts['cores']} cores ({facts['cpu']}), {facts['postgres']}; load average at"
-        f" the start {facts['load']}. The machine may have been shared with other work.",
-        "",
-        "## Measured: what one pipeline costs",
-        "",
-        f"{run['pipelines']} pipelines with the instant providers, {run['concurrency']} submitted at a time; they"
-        f" ran at **{_n(run['rate'])} pipelines/s**, the ceiling of this machine, where every process shares two"
-        " cores.",
-        "",
-        "| part | CPU ms per pipeline |",
-        "|---|---:|",
-        *(f"| {name} | {_n(ms)} |" for name, ms in sorted(run["cpu_ms"].items())),
-        "",
-        "PostgreSQL's CPU is that of the backends serving the four databases (not its WAL writer or checkpointer);"
-        " the client is the harness submitting and following.",
-        "",
-        "| database | commits | rows written | WAL bytes | events published | deliveries |",
-        "|---|---:|---:|---:|---:|---:|",
-        *(
-            f"| {svc} | {_n(run['commits'][svc])} | {_n(run['rows'][svc])} | {_n(run['wal_bytes'].get(svc, 0), 0)}"
-            f" | {_n(run['events'][svc]['events'])} | {_n(run['events'][svc]['deliveries'])} |"
-            for svc in run["commits"]
-        ),
-        "",
-        f"WAL records that name no relation (commit records mostly, of every database on the server):"
-        f" {_n(run['wal_bytes'].get('no relation', 0), 0)} bytes per pipeline. Rows written count inserts,"
-        " updates and deletes; deliveries are the queues the topology routes each event to.",
-        "",
-        "## Measured: ceilings of the shared parts on this machine",
-        "",
-        "| part | ceiling here | what it is |",
-        "|---|---:|---|",
-        f"| PostgreSQL commits | {_n(ceiling['commits_per_s'], 0)}/s | 32 writers, one insert a transaction"
-        " (bench.notify), every database on the server together |",
-        f"| one relay leader | {_n(ceiling['relay_rows_per_s'], 0)} rows/s | one outbox drained to RabbitMQ with"
-        f" confirms (bench.drain; relay {_n(ceiling['relay_cpu_ms_per_1000_rows']['relay'])} ms CPU per 1,000"
-        " rows) |",
-        f"| RabbitMQ, one publisher | {_n(ceiling['publish_rows_per_s'], 0)} messages/s | the same rows published"
-        " raw with confirms |",
-        f"| orchestration | {_n(run['rate'])} pipelines/s | the run above, CPU bound |",
-        "",
-        "## Measured: jobs waiting at a provider",
-        "",
-        f"{wait['waiting']} songs left waiting at the music API's fake, polled on the stage's schedule (first"
-        f" after {_n(wait['poll_first_s'], 0)} s, then 1.5 times longer each time, at most every"
-        f" {_n(wait['poll_max_s'], 0)} s). Over {_n(wait['window_s'], 0)} s the fake answered {wait['polls']}"
-        f" polls ({_n(wait['polls_per_s'])}/s); each cost {_n(wait['cpu_ms_per_poll']['song'], 2)} ms of the song"
-        f" service's CPU, {_n(wait['cpu_ms_per_poll']['postgres'], 2)} ms of PostgreSQL's and"
-        f" {_n(wait['commits_per_poll'], 2)} commits"
-        + (
-            f" (the prober claims up to {wait['probe_batch']} due polls in one transaction and records them in one;"
-            " the HTTP requests are in the song service's CPU). At this rate a batch holds a poll or two, and the"
-            " service's CPU includes what it spends idle: the projection below from these figures is an upper"
-            " bound. [Polls of waiting work](polls.md) measures the batches at 1,000 polls a second."
-            if "probe_batch" in wait
-            else " (a claim and a record, each its own transaction)."
-        ),
-        "",
-        f"## Projected: {plan['rate']:,} pipelines a second and {plan['waiting_jobs']:,} jobs waiting",
-        "",
-        f"Each part's cores are its measured CPU per pipeline times {plan['rate']:,}; replicas are planned at"
-        f" {CORE_SHARE:.0%} of a core each. **All projected.**",
-        "",
-        "| part | cores (projected) | replicas (projected) | scales with | next ceiling |",
-        "|---|---:|---:|---|---|",
-        *(
-            f"| {name} | {_n(part['cores'])} | {int(part['replicas']) if 'replicas' in part else ''} | {SCALES[name]} |"
-            f" {NEXT[name]} |"
-            for name, part in plan["parts"].items()
-        ),
-        f"| polls of waiting jobs | {_n(sum(plan['poll_cores'].values()))} | | replicas of the stage (a prober"
-        " each) | the stage's database: "
-        + ("a batch of polls is two commits |" if "probe_batch" in wait else "every poll is a claim and a record |"),
-        f"| **all** | **{_n(plan['total_cores'])}** | | | |",
-        "",
-        "Per database, at that rate (projected):",
-        "",
-        "| database | commits/s | rows written/s | WAL MB/s | events/s | servers at half the measured commit"
-        " ceiling | outbox leaders at the measured drain |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        *(
-            f"| {svc} | {_n(d['commits_per_s'], 0)} | {_n(d['rows_per_s'], 0)} | {_n(d['wal_mb_per_s'])}"
-            f" | {_n(d['events_per_s'], 0)} | {d['servers']} | {d['outbox_leaders']} |"
-            for svc, d in plan["databases"].items()
-        ),
-        "",
-        f"RabbitMQ (projected): {_n(plan['messages_per_s'], 0)} messages published a second and"
-        f" {_n(plan['deliveries_per_s'], 0)} deliveries, against {_n(ceiling['publish_rows_per_s'], 0)} a second for"
-        " one publisher with confirms here: a cluster spreads queues, not one queue, over its nodes, so each"
-        " service's queue would be split (a queue per partition of pipelines) before a node's ceiling is reached.",
-        "",
-        *_waiting_projection(plan, wait),
-        "",
-        "## Where the ceilings are",
-        "",
-        "- **Stages and gateway**: stateless workers; their replicas add throughput until their database's commits"
-        " are the limit. Measured: CPU per pipeline. Projected: the replicas above.",
-        "- **Each service's PostgreSQL**: the commits a second of one server. Measured here: the commit ceiling"
-        " above, on two cores with fsync on; a larger server with a faster log device commits more. Past one"
-        " server, a service's tables split by pipeline over several databases (the outbox, inbox and jobs are"
-        " all keyed by pipeline), each with its own outbox leader.",
-        "- **The relay**: one leader per outbox, leaderships spread over relay replicas (docs/concepts/outbox.md);"
-        " an outbox's drain is the ceiling of one database's event rate, so the outbox leaders column above is"
-        " also the number of database partitions a service needs for its events alone.",
-        "- **RabbitMQ**: per queue, one leader node; spread over nodes only by having more queues.",
-        "- **Waiting jobs**: "
-        + (
-            "polls in batches, two commits a batch, so the HTTP calls (the stage's CPU) are the cost, and the"
-            " provider's own rate limit is the ceiling long before the database's commits."
-            if "probe_batch" in wait
-            else "each poll a claim, a transaction and an HTTP call; the stage's database's commits, not the"
-            " workers, are the ceiling (see the polls' commits above)."
-        ),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _waiting_projection(plan: dict[str, Any], wait: dict[str, Any]) -> list[str]:
-    """What the waiting jobs need (projected), with callbacks and, where measured so, without."""
-    called_back = wait.get("poll_max_called_back_s")
-    longest = called_back if called_back is not None else wait["poll_max_s"]
-    lines = [
-        f"Jobs waiting (projected): {plan['waiting_jobs']:,} jobs at the longest poll wait of {_n(longest, 0)} s"
-        + (" (the providers call back: the polls are a safety net)" if called_back is not None else "")
-        + f" make {_n(plan['polls_per_s'], 0)} polls a second: {_n(plan['poll_cores'].get('song', 0))} cores of"
-        f" stage workers, {_n(plan['poll_cores'].get('postgres', 0))} of PostgreSQL and"
-        f" {_n(plan['poll_commits_per_s'], 0)} commits a second."
-    ]
-    if called_back is None:
-        lines[0] += (
-            " Callbacks cut this where the provider calls back (every network provider here does: the poll is then"
-            " only the safety net), and a longer longest wait divides it."
-        )
-    else:
-        without = plan["polls_per_s_without_callbacks"]
-        per_poll = sum(wait["cpu_ms_per_poll"].values())
-        lines[0] += (
-            f" Without callbacks, at the longest wait of {_n(wait['poll_max_s'], 0)} s, {_n(without, 0)} polls a"
-            f" second would need {_n(without * per_poll / 1000)} cores."
-        )
-    return lines
-
-
-SCALES = {
-    "api": "replicas (stateless); its database",
-    "lyric": "replicas; its database",
-    "song": "replicas; its database",
-    "video": "replicas; its database",
-    "relay": "outboxes (one leader each), spread over replicas",
-    "postgres": "a server per service database, then partitions by pipeline",
-    "rabbitmq": "nodes, by spreading queues",
-}
-NEXT = {
-    "api": "the gateway database's commits",
-    "lyric": "the lyric database's commits",
-    "song": "the song database's commits",
-    "video": "the video database's commits",
-    "relay": "one outbox's drain (one leader per outbox)",
-    "postgres": "commits a second of one server",
-    "rabbitmq": "one queue's leader node",
-}
+    """Return the page, written by bench/templates/capacity.md.j2 from the measurements and their projection."""
+    return pages.render(
+        "capacity.md.j2",
+        run=measured["orchestration"],
+        ceiling=measured["ceilings"],
+        wait=measured["waiting"],
+        facts=measured["facts"],
+        plan=model(measured),
+        core_share=CORE_SHARE,
+    )
 
 
 def facts() -> dict[str, Any]:
@@ -475,16 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     if not args.render:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
         logging.getLogger("bench").setLevel(logging.INFO)
-        workdir = (common.REPO_ROOT / "var" / "capacity" / common.RUN_ID).resolve()
-        cleanup = common.Cleanup()
-        with common.interrupt_on_sigterm():
+        workdir = (scratch.REPO_ROOT / "var" / "capacity" / scratch.RUN_ID).resolve()
+        cleanup = scratch.Cleanup()
+        with scratch.interrupt_on_sigterm():
             measured = {"facts": facts()}
             measured["orchestration"] = orchestration(args, cleanup, workdir)
             measured["ceilings"] = ceilings(cleanup, workdir)
             measured["waiting"] = waiting(args, cleanup, workdir)
         kept.write_text(json.dumps(measured, indent=1) + "\n")
     args.output.write_text(render(json.loads(kept.read_text())))
-    common.log.info("wrote %s", args.output)
+    scratch.log.info("wrote %s", args.output)
     return 0
 
 

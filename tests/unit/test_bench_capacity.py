@@ -7,6 +7,7 @@ import json
 import pathlib
 from typing import Any
 
+import jinja2
 import pytest
 from castad_contracts import topology
 
@@ -94,3 +95,20 @@ def test_with_callbacks_the_waiting_jobs_are_projected_at_the_safety_nets_longes
     page = (tmp_path / "capacity.md").read_text()
     assert "3,333 polls a second" in page and "33,333 polls a second would need 100.0 cores" in page
     assert "a batch of polls is two commits" in page
+
+
+def test_the_template_writes_every_figure_of_the_sample_and_names_none_it_was_not_given() -> None:
+    page = capacity.render(_measured())
+    assert "{{" not in page and "{%" not in page and "n/a" not in page
+    assert "| api | 5.0 | 20.0 | 10,000 | 2.0 | 3.0 |" in page  # measured, per database
+    assert "| api | 25,000 | 100,000 | 50.0 | 10,000 | 5 | 3 |" in page  # projected, per database
+    assert "## Projected: 5,000 pipelines a second and 1,000,000 jobs waiting" in page
+    assert "replicas are planned at 70% of a core each" in page
+    assert "(a claim and a record, each its own transaction)." in page
+
+
+def test_a_measurement_missing_from_the_kept_file_fails_the_page_instead_of_leaving_a_gap() -> None:
+    measured = _measured()
+    del measured["ceilings"]["publish_rows_per_s"]
+    with pytest.raises(jinja2.UndefinedError):
+        capacity.render(measured)
