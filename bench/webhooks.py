@@ -74,7 +74,7 @@ class _Answer(http.server.BaseHTTPRequestHandler):
 def measure(notices: int, answer_s: float, max_s: float) -> dict[str, Any]:
     """Deliver `notices` due notices with the gateway's deliverer (the one on the path) to a local receiver."""
     import sqlalchemy as sa
-    from castad_api import settings, webhooks
+    from castad_api import settings, webhook_deliverer
     from castad_local import stack
     from castad_runtime import migrations
 
@@ -100,7 +100,7 @@ def measure(notices: int, answer_s: float, max_s: float) -> dict[str, Any]:
                 {"url": target, "n": notices},
             )
         config = settings.ApiSettings(database_url=url, webhook_secret=SECRET, webhook_allow_private=True)
-        deliverer = webhooks.Deliverer(sa.create_engine(url, pool_size=4), config)
+        deliverer = webhook_deliverer.Deliverer(sa.create_engine(url, pool_size=4), config)
         started = time.monotonic()
         deliverer.start()
         delivered = 0

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from castad_api import settings as api_settings
-from castad_api import tables, webhooks
+from castad_api import tables, webhook_deliverer, webhook_sender
 from castad_contracts import events
 
 from tests.integration.gateway import ago
@@ -64,10 +64,10 @@ def ended_with_notices(gateway, hosts: list[str]) -> None:
             gateway.run(pipeline_id, stage, ago(minutes=5 - n), 1)
 
 
-def deliverer(engine: sa.Engine, url: str, receiver: SlowReceiver, **settings: float) -> webhooks.Deliverer:
+def deliverer(engine: sa.Engine, url: str, receiver: SlowReceiver, **settings: float) -> webhook_deliverer.Deliverer:
     config = api_settings.ApiSettings(database_url=url, webhook_secret=SECRET, **settings)
-    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(receiver))
-    return webhooks.Deliverer(engine, config, sender=sender)
+    sender = webhook_sender.Sender(False, 5, transport=httpx.MockTransport(receiver))
+    return webhook_deliverer.Deliverer(engine, config, sender=sender)
 
 
 def statuses(engine: sa.Engine) -> list[str]:

@@ -14,7 +14,7 @@ import uuid
 import httpx
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, tables, webhook_secrets, webhooks
+from castad_api import keys, tables, webhook_deliverer, webhook_secrets, webhook_sender
 from castad_api import settings as api_settings
 from castad_api.commands import webhook_secrets as secret_commands
 from castad_contracts import events
@@ -56,8 +56,8 @@ def deliver_end_of_a_pipeline(gateway, engine: sa.Engine, config, tenant: str) -
     for n, stage in enumerate(events.STAGE_ORDER):
         gateway.run(pipeline_id, stage, ago(minutes=5 - n), 1)
     receiver = Receiver()
-    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(receiver))
-    assert webhooks.Deliverer(engine, config, sender=sender).run_once() == 1
+    sender = webhook_sender.Sender(False, 5, transport=httpx.MockTransport(receiver))
+    assert webhook_deliverer.Deliverer(engine, config, sender=sender).run_once() == 1
     return receiver
 
 

@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from castad_api import settings, webhook_secrets, webhooks
+from castad_api import settings, webhook_secrets, webhook_sender, webhooks
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
@@ -50,7 +50,7 @@ def test_a_notice_signed_during_a_rotation_verifies_with_either_secret_and_no_ot
     old, new, other = (webhook_secrets.new_secret() for _ in range(3))
     timestamp = int(time.time())
     headers = {"webhook-id": "msg_1", "webhook-timestamp": str(timestamp)}
-    headers["webhook-signature"] = webhooks.signatures([new, old], "msg_1", timestamp, BODY)
+    headers["webhook-signature"] = webhook_sender.signatures([new, old], "msg_1", timestamp, BODY)
 
     assert len(headers["webhook-signature"].split(" ")) == 2
     assert Webhook(old).verify(BODY, headers)["data"]["tenant"] == "bob"

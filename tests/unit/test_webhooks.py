@@ -17,7 +17,7 @@ from http import server
 
 import httpx
 import pytest
-from castad_api import operations, settings, webhooks
+from castad_api import operations, settings, webhook_sender, webhooks
 from castad_contracts import api, brief
 from castad_runtime import outbound
 from standardwebhooks import Webhook
@@ -33,7 +33,7 @@ def config(**values) -> settings.ApiSettings:
 def test_a_signature_is_what_the_standard_webhooks_library_verifies():
     body = b'{"type":"pipeline.succeeded","data":{"id":"p"}}'
     headers = {"webhook-id": "msg_1", "webhook-timestamp": str(int(time.time()))}
-    headers["webhook-signature"] = webhooks.sign(SECRET, "msg_1", int(headers["webhook-timestamp"]), body)
+    headers["webhook-signature"] = webhook_sender.sign(SECRET, "msg_1", int(headers["webhook-timestamp"]), body)
 
     assert Webhook(SECRET).verify(body, headers) == {"type": "pipeline.succeeded", "data": {"id": "p"}}
     with pytest.raises(Exception, match="signature"):
@@ -60,10 +60,10 @@ def test_a_signature_is_what_the_standard_webhooks_library_verifies():
 def test_a_private_destination_is_refused_at_submit_and_at_delivery(url):
     assert webhooks.refusal(url, config()) is not None
     assert webhooks.refusal(url, config(webhook_allow_private=True)) is None
-    sender = webhooks.Sender(False, 5)
+    sender = webhook_sender.Sender(False, 5)
     outcome = sender.send("d-0", url, b"{}", [SECRET])
     sender.close()
-    assert outcome.blocked and outcome.error == webhooks.REFUSED
+    assert outcome.blocked and outcome.error == webhook_sender.REFUSED
 
 
 def test_a_public_address_or_a_name_is_accepted_and_nothing_without_a_secret():
@@ -85,7 +85,7 @@ def test_the_request_goes_to_its_url_with_signed_headers():
         seen.append(request)
         return httpx.Response(204)
 
-    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(answer))
+    sender = webhook_sender.Sender(False, 5, transport=httpx.MockTransport(answer))
     outcome = sender.send("d-1", f"https://{PUBLIC}:8080/hook?x=1", b"{}", [SECRET])
 
     assert outcome.delivered and outcome.status_code == 204
@@ -102,7 +102,7 @@ def test_a_redirect_is_a_failed_try_never_followed():
         seen.append(request)
         return httpx.Response(307, headers={"location": "http://169.254.169.254/latest"})
 
-    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(answer))
+    sender = webhook_sender.Sender(False, 5, transport=httpx.MockTransport(answer))
     outcome = sender.send("d-2", f"https://{PUBLIC}/first", b"{}", [SECRET])
 
     assert (outcome.delivered, outcome.blocked, outcome.status_code) == (False, False, 307)
@@ -124,7 +124,9 @@ def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
                 time.sleep(0.05)
                 yield b"x"
 
-    sender = webhooks.Sender(False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle())))
+    sender = webhook_sender.Sender(
+        False, 0.5, transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle()))
+    )
     started = time.monotonic()
     outcome = sender.send("d-3", f"https://{PUBLIC}/slow", b"{}", [SECRET])
 
@@ -133,7 +135,7 @@ def test_a_receiver_trickling_its_answer_cannot_hold_the_sender_past_its_time():
 
 
 def test_a_url_no_try_can_send_to_fails_the_notice_at_once():
-    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    sender = webhook_sender.Sender(False, 5, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
     assert sender.send("d-4", "https://example.com:99999/x", b"{}", [SECRET]).blocked
 
 
@@ -194,7 +196,7 @@ def test_a_name_is_sent_to_the_address_it_was_checked_at_with_its_own_host_heade
         return [(2, 1, 6, "", ("127.0.0.1", port))]
 
     monkeypatch.setattr(outbound, "_lookup", lookup)
-    sender = webhooks.Sender(True, 5)
+    sender = webhook_sender.Sender(True, 5)
     assert sender.send("d-5", f"http://receiver.test:{port}/hook", b"{}", [SECRET]).delivered
     sender.close()
 
@@ -206,7 +208,7 @@ def test_a_try_longer_than_its_deadline_is_a_failed_try_and_the_deliverer_goes_o
         time.sleep(2)
         return httpx.Response(200)
 
-    sender = webhooks.Sender(False, 5, transport=httpx.MockTransport(slow))
+    sender = webhook_sender.Sender(False, 5, transport=httpx.MockTransport(slow))
     sender.deadline_s = 0.3
     started = time.monotonic()
     outcome = sender.send("d-6", f"https://{PUBLIC}/hook", b"{}", [SECRET])

@@ -43,7 +43,7 @@ from castad_api import (
     notifications,
     projection,
     retention,
-    webhooks,
+    webhook_deliverer,
 )
 from castad_api import settings as settings_
 from castad_api.commands import keys as key_commands
@@ -82,7 +82,7 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     worker = process.ConsumerWorker(broker, config.consumer_threads)
     recorder = dead_letters.Recorder(config.amqp_url, topo.dead_letter_queue, engine, config.dead_letter_body_max_bytes)
     sweeper = deadlines.DeadlineSweeper(engine, config.deadline_poll_s)
-    deliverer = webhooks.Deliverer(engine, config)
+    deliverer = webhook_deliverer.Deliverer(engine, config)
     pruner = runtime_retention.Pruner.of(
         retention.steps(engine, config, config.retention_policy(), gateway.store, config.upload_limits()),
         config,

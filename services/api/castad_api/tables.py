@@ -6,9 +6,12 @@ import sqlalchemy as sa
 from castad_runtime import tables as runtime_tables
 from sqlalchemy.dialects import postgresql as pg
 
+from castad_api import model
+
 metadata = runtime_tables.metadata
 TZ = runtime_tables.TZ
-OPEN_ENDED = "('SUCCEEDED', 'FAILED', 'CANCELED')"  # pipeline statuses no deadline applies to
+# Pipeline statuses no deadline applies to.
+OPEN_ENDED = runtime_tables.sql_strings(status for status in model.PipelineStatus if status.terminal)
 # Retention's predicates (castad_api.retention), written once for its partial indexes and its queries alike.
 ENDED = f"status IN {OPEN_ENDED}"
 SETTLED_LETTER = "status IN ('replayed', 'discarded')"
@@ -214,7 +217,7 @@ gateway_keys = sa.Table(
     sa.Column("created_at", TZ, nullable=False, server_default=sa.func.now()),
 )
 
-# Notices to a brief's callback_url when its pipeline ends, delivered by the gateway itself (webhooks.py).
+# Notices to a brief's callback_url when its pipeline ends, delivered by the gateway itself (webhook_deliverer.py).
 webhook_deliveries = sa.Table(
     "webhook_deliveries",
     metadata,
