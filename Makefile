@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := libs/contracts libs/runtime libs/cli services/api services/relay services/lyric services/song services/video infra/local
+PACKAGES := libs/contracts libs/runtime libs/cli libs/testkit libs/faults services/api services/relay services/lyric services/song services/video infra/local
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 # pytest-xdist workers of make test: one runs the end-to-end tests in turn, the others the rest beside it.
 TEST_WORKERS ?= 4
@@ -88,7 +88,7 @@ upgrade-test: setup  ## a rolling upgrade from FROM (a tag or commit; default: t
 	@$(if $(SHORT),$(BIN)/pytest -m upgrade tests/upgrade,$(BIN)/python -m bench.upgrade $(if $(FROM),--from $(FROM)))
 
 faults: setup  ## the full fault run (two replicas of every service on a 3-node RabbitMQ cluster and a PostgreSQL primary with two synchronous standbys; 1,000 pipelines, every fault kind, 3-minute outages); writes docs/reports/faults.md and its chart
-	@$(BIN)/python -m bench.faults
+	@$(BIN)/python -m castad_faults
 
 images: setup  ## build every service's image with podman and run the stack from them to a finished video (root)
 	@$(BIN)/pytest -m images tests/images

@@ -31,13 +31,14 @@ from castad_api import operations, projection
 from castad_contracts import api, brief, envelope, events
 from castad_runtime import db, migrations
 from castad_runtime.stage import cancellation, handlers, machine, repository, runner, scheduler
+from castad_testkit import briefs, scratch
 
-from bench import castad_bench, common, cpu
+from bench import cpu
 
 LYRICS = events.Lyrics(
     title="Bench", language=brief.Language.ENGLISH, sections=(events.LyricSection(kind="verse", lines=("la",)),)
 )
-BRIEF = castad_bench.sample_brief(0)
+BRIEF = briefs.sample("Bench Cafe 0")  # the benchmark's first brief (castad_bench.CastadBench.brief_of)
 MEDIA = {events.Stage.LYRIC: "text/plain", events.Stage.SONG: "audio/wav", events.Stage.VIDEO: "video/mp4"}
 
 
@@ -144,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=300, help="pipelines (projection) or jobs (stage) per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    database = f"castad_alone_{common.RUN_ID}"
-    url = common.database_url(database)
-    cleanup = common.Cleanup()
+    database = f"castad_alone_{scratch.RUN_ID}"
+    url = scratch.database_url(database)
+    cleanup = scratch.Cleanup()
     with cleanup.scope():
         cleanup.push(f"drop {database}", functools.partial(migrations.drop_database, url))
         migrations.ensure_database(url, template="castad_api" if args.part == "projection" else "castad_lyric")

@@ -46,45 +46,16 @@ from castad_contracts import api, brief, events, topology
 from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import db, messaging, migrations
+from castad_testkit import briefs, handoffs, latency, scratch
 
-from bench import commits, common, cpu, latency
+from bench import commits, cpu
 
 SERVICES = topology.WITH_DATABASE
 STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
-# The chain of a pipeline: (event type, producing database, consuming database), each stage's trigger as the
-# contracts say it, then the last stage's result back to the gateway.
-_LAST = events.stage_event(events.STAGE_ORDER[-1], "completed")
-CHAIN = (
-    *((trigger, topology.PRODUCERS[trigger], stage.value) for stage, trigger in events.TRIGGERS.items()),
-    (_LAST, topology.PRODUCERS[_LAST], topology.GATEWAY),
-)
-
-COMMIT_CLOCK = """
-CREATE TABLE IF NOT EXISTS bench_commit (event_id uuid PRIMARY KEY, committed_at timestamptz NOT NULL);
-CREATE OR REPLACE FUNCTION bench_commit_time() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO bench_commit VALUES (NEW.event_id, clock_timestamp());
-    RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER bench_commit_time AFTER INSERT ON outbox
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION bench_commit_time();
-"""
-COMMIT_CLOCK_OFF = "DROP TRIGGER IF EXISTS bench_commit_time ON outbox; DROP FUNCTION IF EXISTS bench_commit_time();"
 
 
 def _ts(value: dt.datetime | None) -> float | None:
     return None if value is None else value.timestamp()
-
-
-def sample_brief(number: int) -> brief.Brief:
-    return brief.Brief(
-        customer_name=f"Bench Cafe {number}",
-        region="Busan",
-        detail_region_info="a small cafe by the sea",
-        language=brief.Language.ENGLISH,
-        genre="jazz",
-        duration_s=3,
-    )
 
 
 class Tap(threading.Thread):
@@ -92,7 +63,7 @@ class Tap(threading.Thread):
 
     def __init__(self, exchange: str) -> None:
         super().__init__(name="tap", daemon=True)
-        self.connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+        self.connection = pika.BlockingConnection(pika.URLParameters(scratch.AMQP_URL))
         self.channel = self.connection.channel()
         declared = self.channel.queue_declare("", exclusive=True, auto_delete=True)
         self.queue = declared.method.queue
@@ -122,7 +93,7 @@ class NotifyClock(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(name="notify-clock", daemon=True)
-        self.conn = psycopg.connect(common.dsn(url), autocommit=True)
+        self.conn = psycopg.connect(scratch.dsn(url), autocommit=True)
         self.conn.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
         self.arrivals: list[float] = []
         self.stopping = threading.Event()
@@ -146,11 +117,11 @@ class Record:
 
 
 class CastadBench:
-    def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path) -> None:
+    def __init__(self, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> None:
         self.cleanup = cleanup
-        self.namespace = f"bench-{common.RUN_ID}"
+        self.namespace = f"bench-{scratch.RUN_ID}"
         self.topology = topology.Topology(self.namespace)
-        self.urls = {svc: common.database_url(f"castad_bench_{common.RUN_ID}_{svc}") for svc in SERVICES}
+        self.urls = {svc: scratch.database_url(f"castad_bench_{scratch.RUN_ID}_{svc}") for svc in SERVICES}
         self.databases = [url.rsplit("/", 1)[-1] for url in self.urls.values()]
         self.artifacts_dir = workdir / "artifacts"
         self.log_dir = workdir / "logs"
@@ -163,7 +134,7 @@ class CastadBench:
 
     def env(self) -> dict[str, str]:
         return {
-            "CASTAD_AMQP_URL": common.AMQP_URL,
+            "CASTAD_AMQP_URL": scratch.AMQP_URL,
             "CASTAD_NAMESPACE": self.namespace,
             "CASTAD_ARTIFACTS_DIR": str(self.artifacts_dir),
             "CASTAD_RELAY_SOURCES": ",".join(f"{svc}={url}" for svc, url in self.urls.items()),
@@ -180,10 +151,10 @@ class CastadBench:
     def setup(self) -> None:
         for url in self.urls.values():
             self.cleanup.push(f"drop {url.rsplit('/', 1)[-1]}", functools.partial(migrations.drop_database, url))
-        self.cleanup.push("delete topology", lambda: messaging.delete_topology(common.AMQP_URL, self.topology))
+        self.cleanup.push("delete topology", lambda: messaging.delete_topology(scratch.AMQP_URL, self.topology))
         self.cleanup.push("remove artifacts", lambda: shutil.rmtree(self.artifacts_dir, ignore_errors=True))
         for line in stack_.prepare(self.env()):
-            common.log.info("castad: %s", line)
+            scratch.log.info("castad: %s", line)
         self.api_key = access.create_key("bench", frozenset(keys.Scope), "the benchmark", self.env())
 
     def start(self, names: Iterable[str] = ()) -> None:
@@ -200,8 +171,8 @@ class CastadBench:
 
     def commit_clock(self, on: bool) -> None:
         for url in self.urls.values():
-            with psycopg.connect(common.dsn(url), autocommit=True) as conn:
-                conn.execute(COMMIT_CLOCK if on else COMMIT_CLOCK_OFF)
+            with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
+                conn.execute(handoffs.COMMIT_CLOCK if on else handoffs.COMMIT_CLOCK_OFF)
 
     # -- driving -------------------------------------------------------------------------
 
@@ -221,7 +192,7 @@ class CastadBench:
 
     def brief_of(self, number: int) -> brief.Brief:
         """The brief of the benchmark's `number`th pipeline."""
-        return sample_brief(number)
+        return briefs.sample(f"Bench Cafe {number}")
 
     def submit(self, number: int) -> Record:
         body = self.brief_of(number).model_dump_json()
@@ -260,7 +231,7 @@ class CastadBench:
 
     def wait_all(self, ids: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["api"]), autocommit=True) as conn:
             while True:
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE status = 'SUCCEEDED'), count(*) FILTER (WHERE status = 'FAILED')"
@@ -298,7 +269,7 @@ class CastadBench:
         self.wait_all(ids, timeout_s)
         after = self.cpu_snapshot()
         per_database = counter.stop(count) if counter is not None else None
-        with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["api"]), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT id::text, created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[])", (ids,)
             ).fetchall()
@@ -331,7 +302,7 @@ class CastadBench:
         That is the transaction that also wrote its `completed` event: after that, only the relay's hop and the
         gateway's projection are left.
         """
-        with psycopg.connect(common.dsn(self.urls["video"]), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["video"]), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT pipeline_id, finished_at FROM jobs WHERE pipeline_id = ANY(%s) AND status = 'SUCCEEDED'",
                 (ids,),
@@ -383,7 +354,7 @@ class CastadBench:
 
 
 def _rows(url: str, query: str) -> list[dict[str, Any]]:
-    with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+    with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
         cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
         return cursor.execute(query).fetchall()
 
@@ -403,7 +374,7 @@ def _match_notifications(outbox: list[dict[str, Any]], arrivals: list[float], id
         if row["committed"] is not None and row["pipeline_id"] in ids
     )
     if len(committed) != len(arrivals):
-        common.log.warning("notify clock: %d commits, %d notifications; not paired", len(committed), len(arrivals))
+        scratch.log.warning("notify clock: %d commits, %d notifications; not paired", len(committed), len(arrivals))
         return {}
     return {event_id: arrival for (_, event_id), arrival in zip(committed, sorted(arrivals), strict=True)}
 
@@ -489,13 +460,13 @@ def analyse_idle(
     projection_kinds = [(f"{stage}.{fact}", stage, "api") for stage in STAGES for fact in ("started", "completed")]
     result: dict[str, Any] = {
         "pipelines": len(records),
-        "handoff_stages": hops(CHAIN[:3]),
-        "handoff_per_hop": {kind: hops([(kind, p, c)]) for kind, p, c in CHAIN},
+        "handoff_stages": hops(handoffs.CHAIN[:3]),
+        "handoff_per_hop": {kind: hops([(kind, p, c)]) for kind, p, c in handoffs.CHAIN},
         "handoff_to_projection": hops(projection_kinds),
         "observed": {
             "pipelines": len(observed),
-            "handoff_stages": hops(CHAIN[:3], observed_ids),
-            "handoff_per_hop": {kind: hops([(kind, p, c)], observed_ids) for kind, p, c in CHAIN},
+            "handoff_stages": hops(handoffs.CHAIN[:3], observed_ids),
+            "handoff_per_hop": {kind: hops([(kind, p, c)], observed_ids) for kind, p, c in handoffs.CHAIN},
             "handoff_to_projection": hops(projection_kinds, observed_ids),
         },
     }
@@ -547,7 +518,7 @@ def end_to_end(api_url: str, ids: set[str]) -> latency.Summary:
 
     From the transaction that accepted the POST to the projection's that recorded the pipeline's end.
     """
-    with psycopg.connect(common.dsn(api_url), autocommit=True) as conn:
+    with psycopg.connect(scratch.dsn(api_url), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT created_at, finished_at FROM pipelines WHERE id = ANY(%s::uuid[]) AND finished_at IS NOT NULL",
             (list(ids),),

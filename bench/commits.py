@@ -11,8 +11,7 @@ import time
 from collections.abc import Iterable
 
 import psycopg
-
-from bench import common
+from castad_testkit import scratch
 
 FLUSH_S = 11.0
 
@@ -21,7 +20,7 @@ def read(databases: Iterable[str], settle: bool = True) -> dict[str, int]:
     names = list(databases)
     if settle:
         time.sleep(FLUSH_S)
-    with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
+    with psycopg.connect(scratch.admin_dsn(), autocommit=True) as conn:
         rows: dict[str, int] = dict(
             conn.execute("SELECT datname, xact_commit FROM pg_stat_database WHERE datname = ANY(%s)", (names,))
         )

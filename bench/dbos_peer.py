@@ -24,15 +24,16 @@ import httpx
 import psycopg
 from castad_local import stack as stack_
 from castad_runtime import migrations
+from castad_testkit import briefs, latency, scratch
 
-from bench import castad_bench, commits, common, cpu, latency
+from bench import castad_bench, commits, cpu
 
 
 class DbosPeer:
-    def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path) -> None:
+    def __init__(self, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> None:
         self.cleanup = cleanup
-        self.database = f"castad_bench_{common.RUN_ID}_dbos"
-        self.url = common.database_url(self.database)
+        self.database = f"castad_bench_{scratch.RUN_ID}_dbos"
+        self.url = scratch.database_url(self.database)
         self.artifacts_dir = workdir / "dbos-artifacts"
         self.log = workdir / "logs" / "dbos.log"
         self.port = stack_.free_port()
@@ -48,8 +49,8 @@ class DbosPeer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
-            "PYTHONPATH": str(common.REPO_ROOT),
-            # DBOS parses a URL (not a libpq key=value string such as common.dsn makes), with its own driver.
+            "PYTHONPATH": str(scratch.REPO_ROOT),
+            # DBOS parses a URL (not a libpq key=value string such as scratch.dsn makes), with its own driver.
             "BENCH_DBOS_DATABASE_URL": self.url.replace("postgresql+psycopg://", "postgresql://", 1),
             "BENCH_DBOS_PORT": str(self.port),
             "BENCH_DBOS_ARTIFACTS": str(self.artifacts_dir),
@@ -58,7 +59,7 @@ class DbosPeer:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bench.dbos_app"],
-                cwd=common.REPO_ROOT,
+                cwd=scratch.REPO_ROOT,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -94,7 +95,7 @@ class DbosPeer:
             client.close()
 
     def submit(self, number: int) -> castad_bench.Record:
-        body = castad_bench.sample_brief(number).model_dump_json()
+        body = briefs.sample(f"Bench Cafe {number}").model_dump_json()  # as castad_bench.CastadBench.brief_of
         key = str(uuid.uuid4())
         headers = {"Content-Type": "application/json", "Idempotency-Key": key}
         posted = time.time()
@@ -104,7 +105,7 @@ class DbosPeer:
         return castad_bench.Record(key, posted)
 
     def _rows(self, ids: list[str]) -> list[tuple[str, str, int, int]]:
-        with psycopg.connect(common.dsn(self.url), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.url), autocommit=True) as conn:
             return conn.execute(
                 "SELECT workflow_uuid, status, created_at, updated_at FROM dbos.workflow_status"
                 " WHERE workflow_uuid = ANY(%s)",

@@ -36,9 +36,10 @@ from castad_contracts import envelope, events
 from castad_local import stack as stack_
 from castad_lyric import service as lyric_service
 from castad_runtime import migrations
+from castad_testkit import scratch
 from pamqp import commands as spec
 
-from bench import common, cpu, paired
+from bench import cpu, paired
 
 ROUTING_KEY = events.stage_event(events.Stage.LYRIC, "started")
 # Whether any row is left to publish, and how many the relay parked (none should be: a parked row would
@@ -48,12 +49,12 @@ PARKED = "SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at I
 
 
 class Drain:
-    def __init__(self, cleanup: common.Cleanup, workdir: Any, rows: int, per_pipeline: int) -> None:
+    def __init__(self, cleanup: scratch.Cleanup, workdir: Any, rows: int, per_pipeline: int) -> None:
         self.cleanup = cleanup
         self.rows, self.per_pipeline = rows, per_pipeline
-        self.database = f"castad_bench_{common.RUN_ID}_drain"
-        self.url = common.database_url(self.database)
-        self.namespace = f"bench-{common.RUN_ID}-drain"
+        self.database = f"castad_bench_{scratch.RUN_ID}_drain"
+        self.url = scratch.database_url(self.database)
+        self.namespace = f"bench-{scratch.RUN_ID}-drain"
         self.exchange = f"{self.namespace}.events"
         self.queue = f"{self.namespace}.tap"
         self.log = workdir / "logs" / "drain-relay.log"
@@ -71,7 +72,7 @@ class Drain:
     def _channel(self) -> Any:
         class Session:
             def __enter__(inner) -> Any:
-                inner.connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+                inner.connection = pika.BlockingConnection(pika.URLParameters(scratch.AMQP_URL))
                 return inner.connection.channel()
 
             def __exit__(inner, *exc: object) -> None:
@@ -103,7 +104,7 @@ class Drain:
         """Write the backlog with COPY; seconds it took."""
         started = time.monotonic()
         with (
-            psycopg.connect(common.dsn(self.url)) as conn,
+            psycopg.connect(scratch.dsn(self.url)) as conn,
             conn.cursor() as cursor,
             cursor.copy("COPY outbox (event_id, pipeline_id, routing_key, envelope) FROM STDIN") as copy,
         ):
@@ -115,7 +116,7 @@ class Drain:
         """Start the relay on the backlog; how fast it drained it."""
         env = {
             **os.environ,
-            "CASTAD_AMQP_URL": common.AMQP_URL,
+            "CASTAD_AMQP_URL": scratch.AMQP_URL,
             "CASTAD_NAMESPACE": self.namespace,
             "CASTAD_RELAY_SOURCES": f"lyric={self.url}",
             "OTEL_TRACES_EXPORTER": "none",
@@ -129,7 +130,7 @@ class Drain:
                 start_new_session=True,
             )  # fmt: skip
         try:
-            with psycopg.connect(common.dsn(self.url), autocommit=True) as conn:
+            with psycopg.connect(scratch.dsn(self.url), autocommit=True) as conn:
                 deadline = time.monotonic() + timeout_s
                 while True:
                     # One look in the relay's own partial index (a count, or a filter it does not match,
@@ -187,7 +188,7 @@ class Drain:
         Then empty the outbox for the next round to write the same rows again.
         """
         measured = {"fill_seconds": self.fill(envs), "relay": self.relay(), "order": self.check_order()}
-        with psycopg.connect(common.dsn(self.url), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.url), autocommit=True) as conn:
             conn.execute("TRUNCATE outbox")
         return measured
 
@@ -205,7 +206,7 @@ class Drain:
         ]  # fmt: skip
 
         async def publish() -> float:
-            connection = await aiormq.connect(common.AMQP_URL)
+            connection = await aiormq.connect(scratch.AMQP_URL)
             try:
                 channel = await connection.channel(publisher_confirms=True)
                 started = time.perf_counter()
@@ -228,7 +229,7 @@ class Drain:
 
 
 def run(
-    cleanup: common.Cleanup, workdir: Any, rows: int, per_pipeline: int, window: int, rounds: int
+    cleanup: scratch.Cleanup, workdir: Any, rows: int, per_pipeline: int, window: int, rounds: int
 ) -> dict[str, Any]:
     """`rounds` rounds of the relay's drain and the raw publish (odd: the median round is shown).
 
@@ -249,7 +250,7 @@ def run(
                 measured["raw"] = drain.raw(envs, window)
             measured["ratio"] = measured["relay"]["rate"] / measured["raw"]["rate"]
             done.append(measured)
-            common.log.info(
+            scratch.log.info(
                 "drain round %d: relay %.0f rows/s, raw %.0f rows/s (%.2fx)",
                 number + 1, measured["relay"]["rate"], measured["raw"]["rate"], measured["ratio"],
             )  # fmt: skip

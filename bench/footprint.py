@@ -23,16 +23,16 @@ import httpx
 from castad_contracts import brief, topology
 from castad_local import stack as stack_
 from castad_song import reading
+from castad_testkit import briefs, machine, scratch
 
-from bench import castad_bench, common, machine, pages
-from bench.faults import traffic
+from bench import castad_bench, pages
 
 ROUNDS = 3
 SETTLE_S = 10.0  # after readiness: what a service holds once started, before any work
 READY_TIMEOUT_S = 120.0
-LANGUAGES = traffic.LANGUAGES
+LANGUAGES = briefs.LANGUAGES
 AFTER_IDLE_S = reading.IDLE_S + 15.0
-OUT = common.REPORTS / "footprint.md"
+OUT = scratch.REPORTS / "footprint.md"
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -60,7 +60,7 @@ def tree_rss_mb(pid: int) -> float:
 class Footprint(castad_bench.CastadBench):
     """The benchmark's Castad with the local providers (a real song, a real video), each worker's probes on a port."""
 
-    def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path) -> None:
+    def __init__(self, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> None:
         super().__init__(cleanup, workdir)
         self.probes = {service: stack_.free_port() for service in topology.WORKERS}
 
@@ -73,7 +73,7 @@ class Footprint(castad_bench.CastadBench):
 
     def brief_of(self, number: int) -> brief.Brief:
         """The fault harness's briefs, the `number`th in LANGUAGES' `number`th language, of 10 s songs."""
-        sample = traffic.make_brief(number, duration_s=10)
+        sample = briefs.sample(number=number, duration_s=10)
         assert sample.language is LANGUAGES[number], (number, sample.language)
         return sample
 
@@ -111,7 +111,7 @@ def starts(castad: Footprint) -> dict[str, dict[str, float]]:
             finally:
                 services.stop_all()
         measured[service] = {"ready_s": statistics.median(seconds), "idle_mb": statistics.median(memory)}
-        common.log.info("footprint: %s ready in %.2f s, %.0f MiB idle", service, *measured[service].values())
+        scratch.log.info("footprint: %s ready in %.2f s, %.0f MiB idle", service, *measured[service].values())
     return measured
 
 
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     kept = args.output.with_suffix(".json")
     if not args.render:
         load = machine.load()
-        cleanup = common.Cleanup()
-        with common.interrupt_on_sigterm(), cleanup.scope(), tempfile.TemporaryDirectory(prefix="footprint-") as work:
+        cleanup = scratch.Cleanup()
+        with scratch.interrupt_on_sigterm(), cleanup.scope(), tempfile.TemporaryDirectory(prefix="footprint-") as work:
             castad = Footprint(cleanup, pathlib.Path(work))
             castad.setup()
             measured: dict[str, Any] = {"starts": starts(castad), "work": after_work(castad)}

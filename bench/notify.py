@@ -33,8 +33,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from castad_runtime import db, migrations, tables, wakeups
-
-from bench import common, latency
+from castad_testkit import latency, scratch
 
 VARIANTS = ("none", "after_commit", "in_transaction", "waker")
 PGBENCH_VARIANTS = VARIANTS[:3]
@@ -43,7 +42,7 @@ PGBENCH_VARIANTS = VARIANTS[:3]
 class _Listener(threading.Thread):
     def __init__(self, url: str) -> None:
         super().__init__(name="notify-listener", daemon=True)
-        self.conn = psycopg.connect(common.dsn(url), autocommit=True)
+        self.conn = psycopg.connect(scratch.dsn(url), autocommit=True)
         self.conn.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
         self.received = 0
         self.stopping = threading.Event()
@@ -137,11 +136,11 @@ def _one_run(engine: sa.Engine, variant: str, threads: int, per_thread: int) -> 
 
 
 def run(
-    threads: int = 8, per_thread: int = 1000, rounds: int = 2, cleanup: common.Cleanup | None = None
+    threads: int = 8, per_thread: int = 1000, rounds: int = 2, cleanup: scratch.Cleanup | None = None
 ) -> dict[str, Any]:
     """Commit rates of each variant; rounds interleave the variants (rotating their order)."""
-    url = common.database_url(f"castad_bench_{common.RUN_ID}_notify")
-    owned = cleanup or common.Cleanup()
+    url = scratch.database_url(f"castad_bench_{scratch.RUN_ID}_notify")
+    owned = cleanup or scratch.Cleanup()
     with owned.scope():
         migrations.drop_database(url)
         migrations.ensure_database(url)
@@ -164,7 +163,7 @@ def run(
                 result = _one_run(engine, variant, threads, per_thread)
                 result["round"] = number + 1
                 runs.append(result)
-                common.log.info(
+                scratch.log.info(
                     "notify %-14s round %d: %6.0f commits/s", variant, number + 1, result["commits"] / result["seconds"]
                 )
         received = listener.received
@@ -212,15 +211,15 @@ def pgbench_path() -> str | None:
 
 
 def run_pgbench(
-    workdir: str, threads: int = 8, per_thread: int = 1000, rounds: int = 2, cleanup: common.Cleanup | None = None
+    workdir: str, threads: int = 8, per_thread: int = 1000, rounds: int = 2, cleanup: scratch.Cleanup | None = None
 ) -> dict[str, Any] | None:
     """Commit rates of the same variants with pgbench as the writers; None without pgbench."""
     binary = pgbench_path()
     if binary is None:
         return None
-    url = common.database_url(f"castad_bench_{common.RUN_ID}_pgbench")
+    url = scratch.database_url(f"castad_bench_{scratch.RUN_ID}_pgbench")
     parsed = sa.engine.make_url(url)
-    owned = cleanup or common.Cleanup()
+    owned = cleanup or scratch.Cleanup()
     runs: list[dict[str, Any]] = []
     with owned.scope():
         migrations.drop_database(url)
@@ -255,7 +254,7 @@ def run_pgbench(
                 runs.append(
                     {"variant": variant, "round": number + 1, "rate": float(tps[1]), "latency_ms": float(latency[1])}
                 )
-                common.log.info("pgbench %-14s round %d: %6.0f commits/s", variant, number + 1, float(tps[1]))
+                scratch.log.info("pgbench %-14s round %d: %6.0f commits/s", variant, number + 1, float(tps[1]))
     totals = {
         variant: {
             "rate": statistics.fmean([r["rate"] for r in runs if r["variant"] == variant]),

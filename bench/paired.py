@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from bench import common, latency
+from castad_testkit import latency, scratch
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ def run(sides: Mapping[str, Side], rounds: int, pipelines: int, concurrency: int
             measured[name]["idle_e2e_ms"] = sides[name].idle_lot(idle, first)
             first += idle
         done.append({"order": order, **measured})
-        common.log.info(
+        scratch.log.info(
             "round %d: %s",
             number + 1,
             "; ".join(

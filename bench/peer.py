@@ -20,16 +20,17 @@ from typing import Any
 import dramatiq
 import pika
 from castad_local import stack as stack_
+from castad_testkit import latency, scratch
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from bench import common, cpu, latency
+from bench import cpu
 
 
 class Peer:
-    def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path, confirm: bool) -> None:
+    def __init__(self, cleanup: scratch.Cleanup, workdir: pathlib.Path, confirm: bool) -> None:
         self.cleanup = cleanup
         self.confirm = confirm
-        self.prefix = f"bench-{common.RUN_ID}-peer{'-confirm' if confirm else ''}"
+        self.prefix = f"bench-{scratch.RUN_ID}-peer{'-confirm' if confirm else ''}"
         self.queues = tuple(f"{self.prefix}.step{number}" for number in (1, 2, 3))
         self.results = workdir / f"{self.prefix}.jsonl"
         self.log = workdir / "logs" / f"{self.prefix}.log"
@@ -40,7 +41,7 @@ class Peer:
 
     def start(self, processes: int, threads: int) -> None:
         self.cleanup.push(f"delete {self.prefix} queues", self._delete_queues)
-        self.broker = RabbitmqBroker(url=common.AMQP_URL, confirm_delivery=self.confirm)
+        self.broker = RabbitmqBroker(url=scratch.AMQP_URL, confirm_delivery=self.confirm)
         self.cleanup.push(f"close {self.prefix} client", self.broker.close)
         for queue in self.queues:
             self.broker.declare_queue(queue, ensure=True)
@@ -48,17 +49,17 @@ class Peer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
-            "PYTHONPATH": str(common.REPO_ROOT),
+            "PYTHONPATH": str(scratch.REPO_ROOT),
             "BENCH_PEER_PREFIX": self.prefix,
             "BENCH_PEER_RESULTS": str(self.results),
             "BENCH_PEER_CONFIRM": "1" if self.confirm else "0",
-            "CASTAD_AMQP_URL": common.AMQP_URL,
+            "CASTAD_AMQP_URL": scratch.AMQP_URL,
         }
         command = [sys.executable, "-m", "dramatiq", "bench.peer_actors"]
         command += ["--processes", str(processes), "--threads", str(threads), "--queues", *self.queues]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                command, cwd=common.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command, cwd=scratch.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.cleanup.push(f"stop {self.prefix} worker", self.stop)
 
@@ -68,7 +69,7 @@ class Peer:
             stack_.stop_group(process)
 
     def _delete_queues(self) -> None:
-        connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+        connection = pika.BlockingConnection(pika.URLParameters(scratch.AMQP_URL))
         try:
             channel = connection.channel()
             for queue in self.queues:

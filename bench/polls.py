@@ -30,9 +30,10 @@ from castad_contracts import events
 from castad_runtime import db
 from castad_runtime.stage import cancellation, machine, probes, remote, repository, runner, scheduler
 from castad_runtime.stage import service as stage_service
+from castad_testkit import latency, scratch
+from castad_testkit import machine as bench_machine
 
-from bench import commits, common, cpu, latency
-from bench import machine as bench_machine
+from bench import commits, cpu
 
 JOBS = 100_000
 BEFORE_JOBS = 3_000
@@ -41,8 +42,8 @@ LEAD_S = 20.0  # from the start of a run (before the jobs are written) to the fi
 ANSWER_S = 0.02  # the provider's answer time
 LIMIT_S = 120.0  # a run gives up this long after its last poll was due
 ON_TIME_S = 2.0
-OUT = common.REPORTS / "polls.md"
-DATA = common.REPORTS / "polls.json"
+OUT = scratch.REPORTS / "polls.md"
+DATA = scratch.REPORTS / "polls.json"
 NEVER = remote.PollSchedule(first_s=3600.0, max_s=3600.0, give_up_s=7200.0)  # each job is polled once here
 
 
@@ -148,11 +149,11 @@ def one_run(engine: sa.Engine, name: str, variant: str, jobs: int, window_s: flo
     }
 
 
-def run(cleanup: common.Cleanup, jobs: int, before_jobs: int, window_s: float) -> dict[str, Any]:
-    name = f"castad_bench_{common.RUN_ID}_polls"
+def run(cleanup: scratch.Cleanup, jobs: int, before_jobs: int, window_s: float) -> dict[str, Any]:
+    name = f"castad_bench_{scratch.RUN_ID}_polls"
     results = []
     with cleanup.scope():
-        engine = common.stage_database(cleanup, name, pool_size=40)
+        engine = scratch.stage_database(cleanup, name, pool_size=40)
         for variant, count in (("claimed", before_jobs), ("batched", jobs)):
             results.append(one_run(engine, name, variant, count, window_s))
             got = results[-1]
@@ -231,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         OUT.write_text(render(json.loads(DATA.read_text())))
         return 0
     load = bench_machine.load()
-    cleanup = common.Cleanup()
-    with common.interrupt_on_sigterm():
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm():
         measured = run(cleanup, args.jobs, args.before_jobs, args.window_s)
     measured["facts"] = bench_machine.brief_facts(load)
     DATA.write_text(json.dumps(measured, indent=1) + "\n")

@@ -18,9 +18,11 @@ import subprocess
 import sys
 import time
 
-from bench import castad_bench, common
+from castad_testkit import scratch
 
-OUT = common.REPO_ROOT / "var" / "bench" / "profile"
+from bench import castad_bench
+
+OUT = scratch.REPO_ROOT / "var" / "bench" / "profile"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -69,11 +71,11 @@ def summarize(path: pathlib.Path, top: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    workdir = (common.REPO_ROOT / "var" / "bench" / common.RUN_ID).resolve()
-    cleanup = common.Cleanup()
+    workdir = (scratch.REPO_ROOT / "var" / "bench" / scratch.RUN_ID).resolve()
+    cleanup = scratch.Cleanup()
     samplers: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        with common.interrupt_on_sigterm():
+        with scratch.interrupt_on_sigterm():
             bench = castad_bench.CastadBench(cleanup, workdir)
             bench.setup()
             bench.start()

@@ -29,9 +29,10 @@ from typing import Any
 import psycopg
 from castad_local.fakes import chat, creatomate, suno
 from castad_runtime import links
+from castad_testkit import scratch
 from pydantic import SecretStr
 
-from bench import castad_bench, common, cpu
+from bench import castad_bench, cpu
 
 SAMPLE_S = 0.5
 
@@ -69,8 +70,8 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         assert self.bench.stack is not None
-        with psycopg.connect(common.admin_dsn(), autocommit=True) as admin:
-            urls = {stage: common.dsn(self.bench.urls[stage]) for stage in ("song", "video")}
+        with psycopg.connect(scratch.admin_dsn(), autocommit=True) as admin:
+            urls = {stage: scratch.dsn(self.bench.urls[stage]) for stage in ("song", "video")}
             stage_conns = {stage: psycopg.connect(url, autocommit=True) for stage, url in urls.items()}
             try:
                 while not self._halt.wait(SAMPLE_S):
@@ -86,7 +87,7 @@ class Sampler(threading.Thread):
             threads, sockets = _threads_and_sockets(pids)
             self.peaks.note("threads", name, threads)
             self.peaks.note("sockets", name, sockets)
-        prefix = f"castad_bench_{common.RUN_ID}_"
+        prefix = f"castad_bench_{scratch.RUN_ID}_"
         for database, count in admin.execute(
             "SELECT datname, count(*) FROM pg_stat_activity WHERE datname LIKE %s GROUP BY datname", (prefix + "%",)
         ):
@@ -103,7 +104,7 @@ class Sampler(threading.Thread):
 
 
 class ProvidersBench(castad_bench.CastadBench):
-    def __init__(self, cleanup: common.Cleanup, workdir: pathlib.Path, fakes: dict[str, Any]) -> None:
+    def __init__(self, cleanup: scratch.Cleanup, workdir: pathlib.Path, fakes: dict[str, Any]) -> None:
         super().__init__(cleanup, workdir)
         self.fakes = fakes
         self.link_secret = secrets.token_hex(32)  # the same for every service of the run
@@ -141,7 +142,7 @@ class ProvidersBench(castad_bench.CastadBench):
         """Per stage: jobs, attempts and their outcomes, jobs not SUCCEEDED."""
         found: dict[str, Any] = {}
         for stage in castad_bench.STAGES:
-            with psycopg.connect(common.dsn(self.urls[stage]), autocommit=True) as conn:
+            with psycopg.connect(scratch.dsn(self.urls[stage]), autocommit=True) as conn:
                 jobs = conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
                 attempts = conn.execute("SELECT outcome, count(*) FROM attempts GROUP BY outcome").fetchall()
                 completed = conn.execute(
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace, workdir: pathlib.Path) -> dict[str, Any]:
         "creatomate": creatomate.FakeCreatomate(render_s=args.render_s).start(),
     }
     try:
-        with common.Cleanup().scope() as cleanup:
+        with scratch.Cleanup().scope() as cleanup:
             bench = ProvidersBench(cleanup, workdir, fakes)
             bench.setup()
             bench.start()
@@ -276,16 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--song-s", type=float, default=30.0)
     parser.add_argument("--render-s", type=float, default=5.0)
     parser.add_argument("--timeout-s", type=float, default=900.0)
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "providers.md")
+    parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "providers.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("bench").setLevel(logging.INFO)
-    workdir = (common.REPO_ROOT / "var" / "providers" / common.RUN_ID).resolve()
-    with common.interrupt_on_sigterm():
+    workdir = (scratch.REPO_ROOT / "var" / "providers" / scratch.RUN_ID).resolve()
+    with scratch.interrupt_on_sigterm():
         result = run(args, workdir)
     found = findings(result, args.pipelines)
     args.output.write_text(render(result, found))
-    common.log.info("wrote %s", args.output)
+    scratch.log.info("wrote %s", args.output)
     for finding in found:
         print(f"finding: {finding}", file=sys.stderr)
     return 1 if found else 0

@@ -38,8 +38,9 @@ import psycopg
 import sqlalchemy as sa
 from castad_contracts import ids, topology
 from castad_runtime import db, migrations, retention, settings, tables
+from castad_testkit import machine, scratch
 
-from bench import capacity, common, machine
+from bench import capacity
 
 PREFILL = 1_500_000
 WRITERS = 4
@@ -52,7 +53,7 @@ KEYS: dict[str, Callable[[], uuid.UUID]] = {"uuid4": uuid.uuid4, "uuid7": ids.ti
 KEY_LABELS = {"uuid4": "random, version 4 (before)", "uuid7": "time-ordered, version 7 (now)"}
 PRUNERS = {"fixed": "batches of `batch` rows (before)", "growing": "batches that grow while a backlog lasts (now)"}
 STAGES = topology.STAGES
-OUT = common.REPORTS / "retention.md"
+OUT = scratch.REPORTS / "retention.md"
 
 # A version 7 UUID made by the database, for the rows already there: the time's milliseconds in the first 48 bits
 # of a random UUID, and its version bits (0100) made 0111.
@@ -125,7 +126,7 @@ def _writing(
 
     def writer(index: int) -> None:
         try:
-            with psycopg.connect(common.dsn(url)) as conn:
+            with psycopg.connect(scratch.dsn(url)) as conn:
                 conn.execute("SET synchronous_commit = off")
                 conn.commit()
                 barrier.wait()
@@ -138,7 +139,7 @@ def _writing(
             barrier.abort()
 
     threads = [threading.Thread(target=writer, args=(i,), name=f"writer-{i}") for i in range(writers)]
-    with psycopg.connect(common.dsn(url), autocommit=True) as admin:
+    with psycopg.connect(scratch.dsn(url), autocommit=True) as admin:
         admin.execute("CHECKPOINT")
         for thread in threads:
             thread.start()
@@ -165,17 +166,17 @@ def _insert_round(url: str, variant: str) -> dict[str, float]:
 
 
 def keys(url: str) -> dict[str, Any]:
-    with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+    with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
         for variant in KEYS:
             started = time.perf_counter()
             _prefill(conn, variant)
-            common.log.info("%s: %d rows in %.0f s", variant, PREFILL, time.perf_counter() - started)
+            scratch.log.info("%s: %d rows in %.0f s", variant, PREFILL, time.perf_counter() - started)
     rounds: dict[str, list[dict[str, float]]] = {variant: [] for variant in KEYS}
     for number in range(ROUNDS):
         for variant in KEYS if number % 2 == 0 else list(KEYS)[::-1]:
             rounds[variant].append(_insert_round(url, variant))
             last = rounds[variant][-1]
-            common.log.info("%s: %.0f inserts/s, %.0f WAL bytes each", variant, last["rate"], last["wal_per_insert"])
+            scratch.log.info("%s: %.0f inserts/s, %.0f WAL bytes each", variant, last["rate"], last["wal_per_insert"])
     return {"prefill": PREFILL, "writers": WRITERS, "round_s": ROUND_S, "rounds": rounds}
 
 
@@ -230,7 +231,7 @@ def _drain(url: str, step: retention.Step, pruner: str | None) -> dict[str, floa
     }
 
 
-def drains(url: str, cleanup: common.Cleanup) -> dict[str, Any]:
+def drains(url: str, cleanup: scratch.Cleanup) -> dict[str, Any]:
     engine = db.make_engine(url, pool_size=2)
     cleanup.push("dispose the retention engine", engine.dispose)
     tables.metadata.create_all(engine, tables=[tables.outbox])
@@ -242,7 +243,7 @@ def drains(url: str, cleanup: common.Cleanup) -> dict[str, Any]:
         for step, table in zip(steps, ("outbox", "inbox"), strict=True):
             found.setdefault(pruner, {})[table] = _drain(url, step, pruner)
             last = found[pruner][table]
-            common.log.info(
+            scratch.log.info(
                 "%s %s: %.0f rows/s (%d rows), the writers' %.0f/s",
                 pruner,
                 table,
@@ -432,23 +433,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args.render:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         load = machine.load()
-        url = common.database_url(f"castad_bench_{common.RUN_ID}_retention")
-        cleanup = common.Cleanup()
-        with common.interrupt_on_sigterm(), cleanup.scope():
+        url = scratch.database_url(f"castad_bench_{scratch.RUN_ID}_retention")
+        cleanup = scratch.Cleanup()
+        with scratch.interrupt_on_sigterm(), cleanup.scope():
             migrations.drop_database(url)
             migrations.ensure_database(url)
             cleanup.push("drop the retention database", lambda: migrations.drop_database(url))
-            with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+            with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
                 conn.execute(UUID7_SQL)
             engine = db.make_engine(url, pool_size=1)
             cleanup.push("dispose its engine", engine.dispose)
             tables.metadata.create_all(engine, tables=[tables.inbox])
             measured = {"facts": machine.brief_facts(load), "keys": keys(url), "retention": drains(url, cleanup)}
-        capacity_kept = json.loads((common.REPORTS / "capacity.json").read_text())
+        capacity_kept = json.loads((scratch.REPORTS / "capacity.json").read_text())
         measured["need"] = need(capacity_kept)
         kept.write_text(json.dumps(measured, indent=1) + "\n")
     args.output.write_text(render(json.loads(kept.read_text())))
-    common.log.info("wrote %s", args.output)
+    scratch.log.info("wrote %s", args.output)
     return 0
 
 

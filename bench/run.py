@@ -22,7 +22,9 @@ import sys
 import time
 from typing import Any
 
-from bench import castad_bench, common, dbos_peer, drain, machine, notify, paired, peer, replicas, report, sustained
+from castad_testkit import machine, scratch
+
+from bench import castad_bench, dbos_peer, drain, notify, paired, peer, replicas, report, sustained
 
 PARTS = ("castad", "dbos", "peer", "drain", "sustained", "notify", "replicas")
 
@@ -60,7 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=report.OUTPUT,
         help="the report; its measurements and charts go beside it",
     )
-    parser.add_argument("--json", type=pathlib.Path, default=common.REPO_ROOT / "var" / "bench" / "last-run.json")
+    parser.add_argument("--json", type=pathlib.Path, default=scratch.REPO_ROOT / "var" / "bench" / "last-run.json")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.rounds % 2 == 0 or args.drain_rounds < 1 or args.drain_rounds % 2 == 0:
         parser.error("--rounds and --drain-rounds must be odd (the report shows the median round)")
@@ -71,10 +73,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _phase(results: dict[str, Any], name: str) -> None:
     results.setdefault("load", {})[name] = machine.load()
-    common.log.info("%s (load average %.2f %.2f %.2f)", name, *machine.load())
+    scratch.log.info("%s (load average %.2f %.2f %.2f)", name, *machine.load())
 
 
-def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, parts: list[str]) -> Any:
+def run_durable(args: argparse.Namespace, cleanup: scratch.Cleanup, workdir: pathlib.Path, parts: list[str]) -> Any:
     """A and D, both up at once.
 
     The detailed idle run of each, a throughput run of each that counts its commits (and warms it up under load),
@@ -112,7 +114,7 @@ def run_durable(args: argparse.Namespace, cleanup: common.Cleanup, workdir: path
     return results
 
 
-def run_sustained(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path, rate: float) -> Any:
+def run_sustained(args: argparse.Namespace, cleanup: scratch.Cleanup, workdir: pathlib.Path, rate: float) -> Any:
     with cleanup.scope():
         bench = castad_bench.CastadBench(cleanup, workdir)
         bench.setup()
@@ -121,7 +123,7 @@ def run_sustained(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pa
         return sustained.run(bench, args.sustained_minutes, rate, concurrency=2 * args.concurrency)
 
 
-def run_peer(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+def run_peer(args: argparse.Namespace, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
     processes, threads = os.cpu_count() or 1, 8
     for name, confirm in (("defaults", False), ("confirms", True)):
@@ -136,7 +138,7 @@ def run_peer(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib
     return results
 
 
-def run_notify(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
+def run_notify(args: argparse.Namespace, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> dict[str, Any]:
     python = notify.run(args.notify_threads, args.notify_per_thread, args.notify_rounds, cleanup)
     pgbench = notify.run_pgbench(str(workdir), args.notify_threads, args.notify_per_thread, args.notify_rounds, cleanup)
     return {"python": python, "pgbench": pgbench}
@@ -145,16 +147,16 @@ def run_notify(args: argparse.Namespace, cleanup: common.Cleanup, workdir: pathl
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    common.log.setLevel(logging.INFO)
+    scratch.log.setLevel(logging.INFO)
     parts = args.only or list(PARTS)
-    workdir = (common.REPO_ROOT / "var" / "bench" / common.RUN_ID).resolve()
+    workdir = (scratch.REPO_ROOT / "var" / "bench" / scratch.RUN_ID).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    cleanup = common.Cleanup()
-    results: dict[str, Any] = {"run_id": common.RUN_ID, "args": {k: str(v) for k, v in vars(args).items()}}
+    cleanup = scratch.Cleanup()
+    results: dict[str, Any] = {"run_id": scratch.RUN_ID, "args": {k: str(v) for k, v in vars(args).items()}}
     started = time.monotonic()
     ok = False
     try:
-        with common.interrupt_on_sigterm():
+        with scratch.interrupt_on_sigterm():
             results["facts"] = machine.facts()
             _phase(results, "start")
             if {"castad", "dbos"} & set(parts):
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError(f"replicas: {len(results['replicas']['findings'])} findings")
         ok = True
     except KeyboardInterrupt:
-        common.log.error("interrupted; cleaning up")
+        scratch.log.error("interrupted; cleaning up")
     finally:
         cleanup.run()
         results["seconds"] = time.monotonic() - started
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if ok:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
-            common.log.error("logs kept in %s; raw results in %s", workdir, args.json)
+            scratch.log.error("logs kept in %s; raw results in %s", workdir, args.json)
     if not ok:
         return 1
     if set(parts) == set(PARTS):
@@ -202,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         kept = json.dumps(results, indent=1, default=str) + "\n"
         args.output.with_suffix(".json").write_text(kept)
         report.write(json.loads(kept), args.output)
-        common.log.info("wrote %s and its charts in %.0f s", args.output, results["seconds"])
+        scratch.log.info("wrote %s and its charts in %.0f s", args.output, results["seconds"])
     else:
-        common.log.info("partial run (%s): %s not rewritten; raw results in %s", parts, args.output.name, args.json)
+        scratch.log.info("partial run (%s): %s not rewritten; raw results in %s", parts, args.output.name, args.json)
     return 0
 
 

@@ -24,15 +24,14 @@ from castad_contracts import brief
 from castad_lyric import provider as lyric_provider
 from castad_runtime.stage import cancellation
 from castad_song import provider
-
-from bench import common, machine
+from castad_testkit import machine, scratch
 
 ROUNDS = 3
 DURATION_S = 30
 VOICES = ("female", "male", None)
 BUDGET_SUNG_S = 1.0  # CPU seconds per ten seconds of song
 BUDGET_INSTRUMENTAL_S = 0.33
-OUT = common.REPORTS / "song.md"
+OUT = scratch.REPORTS / "song.md"
 
 
 def cpu_s() -> float:
@@ -84,10 +83,10 @@ def render(results: dict[tuple[str, str], float], facts: dict[str, object]) -> s
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
     results: dict[tuple[str, str], float] = {}
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as folder:
         for language in brief.Language:
             for singer in VOICES:
-                seconds = per_ten_seconds(language, singer, pathlib.Path(scratch))
+                seconds = per_ten_seconds(language, singer, pathlib.Path(folder))
                 results[(language.value, singer or "none")] = seconds
                 print(f"{language.value:9} {singer or 'none':7} {seconds:.2f} s of CPU per 10 s", flush=True)
     facts = {

@@ -29,8 +29,7 @@ from castad_api import repository, stats
 from castad_api.repository import RECENT
 from castad_local import stack
 from castad_runtime import migrations
-
-from bench import common, machine
+from castad_testkit import machine, scratch
 
 WINDOWS = ("15m", "1h", "24h", "7d")
 EXPLAINED_WINDOWS = ("1h", "7d")
@@ -169,7 +168,7 @@ def load(engine: sa.Engine, pipelines: int, dead_letters: int) -> dict[str, floa
             conn.execute(sa.text("SET LOCAL synchronous_commit = off"))
             conn.execute(sa.text(sql), {"pipelines": pipelines, "dead_letters": dead_letters})
         seconds[table] = time.perf_counter() - started
-        common.log.info("loaded %s in %.1f s", table, seconds[table])
+        scratch.log.info("loaded %s in %.1f s", table, seconds[table])
     started = time.perf_counter()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM (ANALYZE)"))
@@ -207,7 +206,7 @@ def measure(engine: sa.Engine, repeat: int) -> dict[str, Any]:
                 if window in EXPLAINED_WINDOWS and not (name in IN_FLIGHT_ONLY and window != EXPLAINED_WINDOWS[0]):
                     plans[name if name in IN_FLIGHT_ONLY else f"{name}, window {window}"] = explain(conn, sql, values)
         whole[window] = median_ms(functools.partial(stats.read, engine, window_s, STUCK_AFTER_S), repeat)
-        common.log.info("window %s: /v1/stats reads in %.1f ms", window, whole[window])
+        scratch.log.info("window %s: /v1/stats reads in %.1f ms", window, whole[window])
     searches: list[tuple[str, str, int, float]] = []
     search_plans: dict[str, str] = {}
     with engine.connect() as conn:
@@ -291,13 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipelines", type=int, default=1_000_000)
     parser.add_argument("--dead-letters", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each statement; the median is kept")
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "stats.md")
+    parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "stats.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("bench").setLevel(logging.INFO)
-    url = common.database_url(f"castad_bench_stats_{common.RUN_ID}")
-    cleanup = common.Cleanup()
-    with common.interrupt_on_sigterm(), cleanup.scope():
+    url = scratch.database_url(f"castad_bench_stats_{scratch.RUN_ID}")
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm(), cleanup.scope():
         migrations.ensure_database(url)
         cleanup.push("drop the scratch database", lambda: migrations.drop_database(url))
         migrations.upgrade(url, API_MIGRATIONS)
@@ -308,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(engine, args.repeat)
         facts = machine.facts()
     args.output.write_text(render(facts, args, loaded, tables, result))
-    common.log.info("wrote %s", args.output)
+    scratch.log.info("wrote %s", args.output)
     return 0
 
 

@@ -32,9 +32,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bench import common, machine, webhooks
+from castad_testkit import machine, scratch
 
-OUT = common.REPORTS / "streams.md"
+from bench import webhooks
+
+OUT = scratch.REPORTS / "streams.md"
 OPENING_AT_ONCE = 100  # streams being opened at the same time
 TICKS_S = os.sysconf("SC_CLK_TCK")
 
@@ -99,7 +101,7 @@ def prepare(url: str, pipelines: int) -> tuple[str, list[str]]:
 def transactions(url: str) -> int:
     import psycopg
 
-    with psycopg.connect(common.dsn(url)) as conn:
+    with psycopg.connect(scratch.dsn(url)) as conn:
         name = conn.info.dbname
         row = conn.execute(
             "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (name,)
@@ -179,7 +181,7 @@ async def measure(
     """Open the streams on a gateway of `tree` (None: this tree's) and read what they cost while idle."""
     port = free_port()
     argv = [sys.executable, "-m", "bench.streams", "--serve", url, "--port", str(port), "--streams", str(args.streams)]
-    server = subprocess.Popen(argv, cwd=common.REPO_ROOT, env=webhooks.with_code_of(tree))
+    server = subprocess.Popen(argv, cwd=scratch.REPO_ROOT, env=webhooks.with_code_of(tree))
     streams = Streams(port, key)
     try:
         deadline = time.monotonic() + 60
@@ -280,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         serve(args.serve, args.port, args.streams)
         return 0
-    url = common.database_url(f"castad_bench_streams_{common.RUN_ID}")
-    cleanup = common.Cleanup()
-    with common.interrupt_on_sigterm(), cleanup.scope():
+    url = scratch.database_url(f"castad_bench_streams_{scratch.RUN_ID}")
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm(), cleanup.scope():
         from castad_runtime import migrations
 
         cleanup.push("drop the scratch database", lambda: migrations.drop_database(url))
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         after = asyncio.run(measure(url, key, ids, None, args))
     print(json.dumps({"before": before, "after": after}), file=sys.stderr)
     args.output.write_text(render(before, after, machine.facts(), args))
-    common.log.info("wrote %s", args.output)
+    scratch.log.info("wrote %s", args.output)
     return 0
 
 

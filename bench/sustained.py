@@ -29,11 +29,12 @@ from typing import Any
 
 import psycopg
 from castad_contracts.events import STAGE_ORDER
+from castad_testkit import latency, scratch
 
-from bench import castad_bench, common, cpu, latency
+from bench import castad_bench, cpu
 
 FLAT_WITHIN = 1.5
-OUT = common.REPO_ROOT / "var" / "bench" / "sustained.json"
+OUT = scratch.REPO_ROOT / "var" / "bench" / "sustained.json"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -87,7 +88,7 @@ class Servers(threading.Thread):
         every_s: float = 5.0,
     ) -> None:
         super().__init__(name="servers", daemon=True)
-        self.connections = [psycopg.connect(common.dsn(url), autocommit=True) for url in urls]
+        self.connections = [psycopg.connect(scratch.dsn(url), autocommit=True) for url in urls]
         self.started = started
         self.processes = processes
         self.every_s = every_s
@@ -206,7 +207,7 @@ def _submit(
         records = [future.result() for future in futures]
     ids = [record.pipeline_id for record in records]
     bench.wait_all(ids, timeout_s=600)
-    with psycopg.connect(common.dsn(bench.urls["api"]), autocommit=True) as conn:
+    with psycopg.connect(scratch.dsn(bench.urls["api"]), autocommit=True) as conn:
         rows = conn.execute(TIMES, (ids,)).fetchall()
     latencies: dict[int, list[float]] = {}
     timed: dict[int, list[list[float]]] = {}  # the moments of each pipeline that has all of them
@@ -236,10 +237,10 @@ def _submit(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    workdir = (common.REPO_ROOT / "var" / "bench" / common.RUN_ID).resolve()
-    cleanup = common.Cleanup()
+    workdir = (scratch.REPO_ROOT / "var" / "bench" / scratch.RUN_ID).resolve()
+    cleanup = scratch.Cleanup()
     try:
-        with common.interrupt_on_sigterm():
+        with scratch.interrupt_on_sigterm():
             bench = castad_bench.CastadBench(cleanup, workdir)
             bench.setup()
             bench.start()

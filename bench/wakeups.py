@@ -17,8 +17,9 @@ import time
 
 import psycopg
 from castad_runtime import db, migrations, tables, wakeups
+from castad_testkit import latency, machine, scratch
 
-from bench import common, latency, machine, notify
+from bench import notify
 
 WRITERS = 32
 PER_WRITER = 150  # transactions per writer and round
@@ -26,7 +27,7 @@ ROUNDS = 3
 PROBES = 200
 PROBE_GAP_S = 0.01
 TARGET = 0.10  # the waker's commits a second at most this far below no wake-up's
-OUT = common.REPORTS / "wakeups.md"
+OUT = scratch.REPORTS / "wakeups.md"
 LABELS = {
     "none": "no wake-up",
     "after_commit": "NOTIFY after the commit, on the writer's connection",
@@ -35,9 +36,9 @@ LABELS = {
 }
 
 
-def wake_latency_ms(variant: str, cleanup: common.Cleanup) -> list[float]:
+def wake_latency_ms(variant: str, cleanup: scratch.Cleanup) -> list[float]:
     """From each commit's return to a listener hearing of it, one commit at a time."""
-    url = common.database_url(f"castad_bench_{common.RUN_ID}_wake_{variant}")
+    url = scratch.database_url(f"castad_bench_{scratch.RUN_ID}_wake_{variant}")
     with cleanup.scope():
         migrations.drop_database(url)
         migrations.ensure_database(url)
@@ -48,7 +49,7 @@ def wake_latency_ms(variant: str, cleanup: common.Cleanup) -> list[float]:
         tables.outbox.create(engine)
         notify._prepare(engine, variant)  # noqa: SLF001 (the trigger of in_transaction)
         delays = []
-        with psycopg.connect(common.dsn(url), autocommit=True) as listener:
+        with psycopg.connect(scratch.dsn(url), autocommit=True) as listener:
             listener.execute(f"LISTEN {db.OUTBOX_CHANNEL}")
             for _ in range(PROBES):
                 notify._transaction(engine, variant, notify._row())  # noqa: SLF001
@@ -102,8 +103,8 @@ def render(rates: dict[str, dict], delays: dict[str, list[float]], facts: dict[s
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
     load = machine.load()
-    cleanup = common.Cleanup()
-    with common.interrupt_on_sigterm():
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm():
         rates = notify.run(WRITERS, PER_WRITER, ROUNDS, cleanup)["totals"]
         delays = {variant: wake_latency_ms(variant, cleanup) for variant in notify.VARIANTS if variant != "none"}
     facts = machine.brief_facts(load)

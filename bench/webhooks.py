@@ -29,11 +29,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from bench import common, machine
+from castad_testkit import machine, scratch
 
 BEFORE = "147662a1567ddbdf406ea0e0e794f366ccc7c036"  # the last commit whose gateway sent one notice at a time
 TARGET_S = 30.0  # the issue's bound for a thousand notices to a receiver answering in 1 s
-OUT = common.REPORTS / "webhooks.md"
+OUT = scratch.REPORTS / "webhooks.md"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
@@ -78,10 +78,10 @@ def measure(notices: int, answer_s: float, max_s: float) -> dict[str, Any]:
     from castad_local import stack
     from castad_runtime import migrations
 
-    url = common.database_url(f"castad_bench_webhooks_{common.RUN_ID}")
+    url = scratch.database_url(f"castad_bench_webhooks_{scratch.RUN_ID}")
     receiver = Receiver(answer_s)
     threading.Thread(target=receiver.serve_forever, name="receiver", daemon=True).start()
-    cleanup = common.Cleanup()
+    cleanup = scratch.Cleanup()
     with cleanup.scope():
         cleanup.push("stop the receiver", receiver.shutdown)
         migrations.ensure_database(url)
@@ -133,17 +133,17 @@ def measure(notices: int, answer_s: float, max_s: float) -> dict[str, Any]:
 @contextlib.contextmanager
 def checkout(revision: str) -> Iterator[pathlib.Path]:
     """A temporary worktree of `revision`, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="castad-before-") as scratch:
-        tree = pathlib.Path(scratch) / "tree"
+    with tempfile.TemporaryDirectory(prefix="castad-before-") as temporary:
+        tree = pathlib.Path(temporary) / "tree"
         subprocess.run(
-            ["git", "-C", str(common.REPO_ROOT), "worktree", "add", "--detach", "--quiet", str(tree), revision],
+            ["git", "-C", str(scratch.REPO_ROOT), "worktree", "add", "--detach", "--quiet", str(tree), revision],
             check=True,
         )
         try:
             yield tree
         finally:
             subprocess.run(
-                ["git", "-C", str(common.REPO_ROOT), "worktree", "remove", "--force", str(tree)], check=False
+                ["git", "-C", str(scratch.REPO_ROOT), "worktree", "remove", "--force", str(tree)], check=False
             )
 
 
@@ -165,7 +165,7 @@ def run_child(notices: int, answer_s: float, max_s: float, tree: pathlib.Path | 
     argv = [sys.executable, "-m", "bench.webhooks", "--child", str(notices), "--answer-s", str(answer_s)]
     done = subprocess.run(
         [*argv, "--max-s", str(max_s)],
-        cwd=common.REPO_ROOT,
+        cwd=scratch.REPO_ROOT,
         env=env,
         check=True,
         stdout=subprocess.PIPE,
@@ -225,13 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         print(json.dumps(measure(args.child, args.answer_s, args.max_s)))
         return 0
-    with common.interrupt_on_sigterm():
+    with scratch.interrupt_on_sigterm():
         with checkout(args.before) as tree:
             before = run_child(args.before_notices, args.answer_s, args.max_s, tree)
         after = run_child(args.notices, args.answer_s, args.max_s, None)
     facts = machine.facts()
     args.output.write_text(render(before, after, facts, args))
-    common.log.info("wrote %s", args.output)
+    scratch.log.info("wrote %s", args.output)
     return 0
 
 

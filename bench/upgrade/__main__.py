@@ -14,7 +14,8 @@ import pathlib
 import shutil
 import sys
 
-from bench import common
+from castad_testkit import scratch
+
 from bench.upgrade import releases, report, run
 
 
@@ -22,26 +23,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.upgrade", description=__doc__)
     parser.add_argument("--from", dest="old", default=None, help="the release to upgrade from (a tag or a commit)")
     parser.add_argument("--short", action="store_true", help="the short version of `make test`")
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "upgrade.md")
+    parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "upgrade.md")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("bench").setLevel(logging.INFO)
-    workdir = (releases.PLACE / "runs" / common.RUN_ID).resolve()
+    workdir = (releases.PLACE / "runs" / scratch.RUN_ID).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        with common.interrupt_on_sigterm():
+        with scratch.interrupt_on_sigterm():
             result = run.run(args.old or releases.previous(), run.SHORT if args.short else run.FULL, workdir)
     except KeyboardInterrupt:
-        common.log.error("interrupted; cleaned up; logs in %s", workdir)
+        scratch.log.error("interrupted; cleaned up; logs in %s", workdir)
         return 1
     report.write(result, args.output)
     for finding in result.findings:
         print(f"finding: {finding}", file=sys.stderr)
     if result.findings:
-        common.log.error("%d findings; logs in %s; report %s", len(result.findings), workdir, args.output)
+        scratch.log.error("%d findings; logs in %s; report %s", len(result.findings), workdir, args.output)
         return 1
     shutil.rmtree(workdir, ignore_errors=True)
-    common.log.info("no findings; wrote %s", args.output)
+    scratch.log.info("no findings; wrote %s", args.output)
     return 0
 
 

@@ -7,7 +7,8 @@ import datetime as dt
 import os
 import pathlib
 
-from bench import machine
+from castad_testkit import machine
+
 from bench.upgrade import run
 
 OUTCOMES = ("SUCCEEDED", "FAILED", "CANCELED")

@@ -27,13 +27,13 @@ from collections.abc import Iterable, Iterator, Mapping
 import httpx
 from castad_api import keys
 from castad_contracts import topology
+from castad_faults import checker, injections, plan, traffic
 from castad_local import access, demo_photos
 from castad_local import stack as stack_
 from castad_local.fakes import suno
 from castad_runtime import messaging, migrations
+from castad_testkit import scratch
 
-from bench import common
-from bench.faults import checker, injections, plan, traffic
 from bench.upgrade import releases
 
 # CHANGELOG's order: the relays, the gateway, then the stages one at a time from the last of the pipeline to the first
@@ -93,10 +93,10 @@ class Result:
 class Rollout:
     def __init__(self, old: releases.Release, new: releases.Release, settings: Settings, workdir: pathlib.Path):
         self.old, self.new, self.settings, self.workdir = old, new, settings, workdir
-        self.namespace = f"upgrade-{common.RUN_ID}"
+        self.namespace = f"upgrade-{scratch.RUN_ID}"
         self.topology = topology.Topology(self.namespace)
         self.urls = {
-            svc: common.database_url(f"castad_upgrade_{common.RUN_ID}_{svc}") for svc in topology.WITH_DATABASE
+            svc: scratch.database_url(f"castad_upgrade_{scratch.RUN_ID}_{svc}") for svc in topology.WITH_DATABASE
         }
         self.music = suno.FakeSuno(song_s=plan.SONG_S, audio_s=2.0)
         self.artifacts_dir = workdir / "artifacts"
@@ -110,7 +110,7 @@ class Rollout:
         return {
             **plan.service_settings(self.music.url, suno.DEFAULT_KEY),
             "CASTAD_HOLD_EVENTS_S": "3600",  # an event one release cannot read waits for the other, as in production
-            "CASTAD_AMQP_URL": common.AMQP_URL,
+            "CASTAD_AMQP_URL": scratch.AMQP_URL,
             "CASTAD_NAMESPACE": self.namespace,
             "CASTAD_ARTIFACTS_DIR": str(self.artifacts_dir),
             "CASTAD_RELAY_SOURCES": ",".join(f"{svc}={url}" for svc, url in self.urls.items()),
@@ -122,16 +122,16 @@ class Rollout:
         with self._gateways_lock:
             return [f"http://127.0.0.1:{port}" for port in self.api_ports.values()]
 
-    def install(self, cleanup: common.Cleanup) -> str:
+    def install(self, cleanup: scratch.Cleanup) -> str:
         """Databases at this release's schema, the topology, the music API; an admin key."""
         self.music.start()
         cleanup.push("stop the music api", self.music.stop)
         cleanup.push("remove artifacts", lambda: shutil.rmtree(self.artifacts_dir, ignore_errors=True))
         for url in self.urls.values():
             cleanup.push(f"drop {url}", functools.partial(migrations.drop_database, url))
-        cleanup.push("delete topology", lambda: messaging.delete_topology(common.AMQP_URL, self.topology))
+        cleanup.push("delete topology", lambda: messaging.delete_topology(scratch.AMQP_URL, self.topology))
         for line in stack_.prepare(self.env()):
-            common.log.info("upgrade: %s", line)
+            scratch.log.info("upgrade: %s", line)
         cleanup.push("stop services", self.stack.stop_all)
         return access.create_key("upgrade", frozenset(keys.Scope), "the upgrade test", self.env())
 
@@ -199,10 +199,10 @@ def run(old_ref: str, settings: Settings, workdir: pathlib.Path) -> Result:
     began = time.monotonic()
     old, new = releases.install(old_ref), releases.this()
     rollout = Rollout(old, new, settings, workdir)
-    cleanup = common.Cleanup()
+    cleanup = scratch.Cleanup()
     try:
         api_key = rollout.install(cleanup)
-        tap = injections.Tap(rollout.topology, f"{rollout.namespace}.tap", keep=0, amqp_url=common.AMQP_URL)
+        tap = injections.Tap(rollout.topology, f"{rollout.namespace}.tap", keep=0, amqp_url=scratch.AMQP_URL)
         cleanup.push("close the tap", tap.close)
         rollout.start([topology.RELAY, *topology.STAGES, topology.GATEWAY] * settings.replicas, old)
         photos = upload_photos(rollout.gateways[0], api_key)
@@ -226,7 +226,7 @@ def run(old_ref: str, settings: Settings, workdir: pathlib.Path) -> Result:
             phase.accepted.append(done.pipeline_id)
         outcomes = wait_ended(rollout.gateways[0], api_key, accepted, settings.settle_s)
         tap.close()
-        snapshot = checker.collect(rollout.urls, rollout.topology.dead_letter_queue, common.AMQP_URL)
+        snapshot = checker.collect(rollout.urls, rollout.topology.dead_letter_queue, scratch.AMQP_URL)
         expect = checker.Expectations(
             accepted=frozenset(accepted),
             poison=(),
@@ -250,7 +250,7 @@ class SteadyTraffic(traffic.Submitter):
     """Briefs at a steady rate to whichever gateways run now; every other one names the uploaded photos."""
 
     def __init__(self, rollout: Rollout, rate_per_s: float, api_key: str, photos: list[str]) -> None:
-        super().__init__(rollout.gateways, rate_per_s, f"upgrade-{common.RUN_ID}", api_key, photos=photos)
+        super().__init__(rollout.gateways, rate_per_s, f"upgrade-{scratch.RUN_ID}", api_key, photos=photos)
         self.rollout = rollout
 
     def targets(self) -> list[str]:

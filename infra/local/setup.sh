@@ -121,7 +121,7 @@ and start it (rabbitmq-server -detached); or point CASTAD_AMQP_URL at your broke
 fi
 
 # 3b. The programs of the clustered engines the fault harness and its tests start beside the servers above
-#     (bench/faults/engines.py): Debian's rabbitmq-server and postgresql, even where the servers above are
+#     (libs/faults/castad_faults/engines.py): Debian's rabbitmq-server and postgresql, even where the servers above are
 #     someone else's, and libfaketime, which runs a standby's clock ahead.
 if is_root && { [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1 \
     || ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; }; then

@@ -36,12 +36,13 @@ from castad_local import access
 from castad_local import stack as stack_
 from castad_runtime import db, tables
 from castad_runtime.stage import faults
+from castad_testkit import briefs
 from playwright.sync_api import Browser
 from sqlalchemy.pool import NullPool
 
 from tests.e2e import browser as browser_
-from tests.support import briefs, waits
 from tests.support import installation as installation_
+from tests.support import waits
 from tests.support.installation import Installation
 
 STAGE_SERVICES = topology.STAGES

@@ -14,8 +14,7 @@ import httpx
 import pytest
 from castad_api import keys, tables
 from castad_local import access, stack
-
-from tests.support import briefs
+from castad_testkit import briefs
 
 pytestmark = pytest.mark.e2e
 ALL = frozenset(keys.Scope)

@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 from castad_local import stack
+from castad_testkit import briefs
 
-from tests.support import briefs
 from tests.support.installation import TEST_KEYS
 
 pytestmark = pytest.mark.e2e

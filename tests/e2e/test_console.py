@@ -24,11 +24,11 @@ from castad_contracts import api, brief
 from castad_local import access, demo_photos
 from castad_local.fakes.chat import FakeChat, Reply
 from castad_runtime import db
+from castad_testkit import briefs
 from playwright.sync_api import expect
 
 from tests.e2e import browser as browser_
 from tests.e2e.test_network_providers import with_chat
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 WAIT_MS = 30_000  # the longest a state may take to show on the page

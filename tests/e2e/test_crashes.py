@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from castad_testkit import briefs
 
 from tests.e2e.conftest import STAGE_SERVICES, in_order, outbox_facts
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -7,9 +7,9 @@ import json
 import pika
 import pytest
 from castad_contracts import envelope as envelope_
+from castad_testkit import briefs
 
 from tests.e2e.conftest import STAGE_SERVICES
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

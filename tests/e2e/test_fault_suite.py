@@ -9,8 +9,8 @@ every invariant the full run checks (the handoffs of its quiet phase are measure
 from __future__ import annotations
 
 import pytest
+from castad_faults import plan, report, run
 
-from bench.faults import plan, report, run
 from tests.support.servers import require_servers
 
 pytestmark = pytest.mark.e2e

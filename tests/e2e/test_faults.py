@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 from castad_contracts import brief, envelope
+from castad_testkit import briefs
 
 from tests.e2e.conftest import FAST, STAGE_SERVICES, in_order, outbox_facts
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -19,10 +19,10 @@ from http import server
 import numpy as np
 import pytest
 from castad_contracts import topology
+from castad_testkit import briefs
 from PIL import Image
 
 from tests.e2e.conftest import RunningCastad
-from tests.support import briefs
 from tests.unit.test_video_provider import frame_at
 
 pytestmark = pytest.mark.e2e

@@ -27,13 +27,14 @@ import pytest
 import sqlalchemy as sa
 from castad_local import privileges, stack
 from castad_runtime import migrations
+from castad_testkit import briefs
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
 from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_operator import post
-from tests.support import briefs, servers
 from tests.support import installation as installation_
+from tests.support import servers
 from tests.support.installation import Installation
 
 pytestmark = pytest.mark.e2e

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 from castad_local.fakes.chat import DEFAULT_KEY, FakeChat, Reply
-
-from tests.support import briefs
+from castad_testkit import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,7 @@ import re
 import httpx
 import pytest
 from castad_contracts import topology
-
-from tests.support import briefs
+from castad_testkit import briefs
 
 pytestmark = pytest.mark.e2e
 

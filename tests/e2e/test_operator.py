@@ -11,9 +11,9 @@ import time
 
 import httpx
 import pytest
+from castad_testkit import briefs
 
 from tests.e2e.conftest import STAGE_SERVICES
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from castad_faults import outage
+from castad_testkit import briefs
 
-from bench.faults import outage
 from tests.e2e.conftest import SHARED, STAGE_SERVICES, STAGES, RunningCastad, SharedCastad, castad_of, view_of
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -22,11 +22,11 @@ import httpx_sse
 import numpy as np
 import pytest
 from castad_contracts import api, brief
+from castad_testkit import briefs
 from PIL import Image, ImageDraw
 
 from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_cli import cli, one_line_error
-from tests.support import briefs
 from tests.unit.test_video_provider import probe, two_photos
 
 pytestmark = pytest.mark.e2e

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 from castad_api import tables as api_tables
 from castad_runtime import tables
+from castad_testkit import briefs
 
 from tests.e2e.conftest import STAGE_SERVICES
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

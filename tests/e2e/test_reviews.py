@@ -14,10 +14,10 @@ import uuid
 import pytest
 from castad_cli import client as client_
 from castad_contracts import api, brief, envelope, events
+from castad_testkit import briefs
 
 from tests.e2e.conftest import SharedCastad
 from tests.e2e.test_cli import cli
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 from castad_contracts import topology
-
-from tests.support import briefs
+from castad_testkit import briefs
 
 
 @pytest.mark.timeout(120)

@@ -12,8 +12,7 @@ import signal
 import time
 
 import pytest
-
-from tests.support import briefs
+from castad_testkit import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -16,11 +16,10 @@ from collections.abc import Iterator
 import pytest
 from castad_contracts import topology
 from castad_runtime import release
+from castad_testkit import briefs
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
-
-from tests.support import briefs
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,9 @@ from castad_cli import client as client_
 from castad_contracts import topology
 from castad_local import stack
 from castad_runtime import db
+from castad_testkit import briefs
 
-from tests.support import briefs, network
+from tests.support import network
 
 pytestmark = pytest.mark.e2e
 

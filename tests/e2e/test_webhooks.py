@@ -16,9 +16,9 @@ from castad_api.commands import webhook_secrets as secret_commands
 from castad_contracts import topology
 from castad_local import access
 from castad_local.fakes import server
+from castad_testkit import briefs
 from standardwebhooks import Webhook
 
-from tests.support import briefs
 from tests.support.installation import TEST_KEY_TENANT
 
 pytestmark = pytest.mark.e2e

@@ -24,8 +24,8 @@ import pytest
 from castad_cli import client as client_
 from castad_contracts import api, topology
 from castad_local import REPO_ROOT, stack
+from castad_testkit import briefs
 
-from tests.support import briefs
 from tests.support.installation import Installation
 
 pytestmark = [pytest.mark.images, pytest.mark.integration]

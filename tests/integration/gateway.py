@@ -22,9 +22,10 @@ from castad_api import settings as api_settings
 from castad_contracts import api, brief, envelope, events
 from castad_local import stack
 from castad_runtime import artifacts, db, groups
+from castad_testkit import briefs
 
 from tests.integration.helpers import now
-from tests.support import briefs, waits
+from tests.support import waits
 
 LYRICS = events.Lyrics(
     title="바다", language=brief.Language.KOREAN, sections=(events.LyricSection(kind="verse", lines=("라",)),)

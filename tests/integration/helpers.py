@@ -22,8 +22,9 @@ import sqlalchemy as sa
 from castad_contracts import brief, envelope, events, topology
 from castad_runtime import consumer, db, inbox, outbox, tables
 from castad_runtime.stage import cancellation, handlers, leases, machine, repository, runner
+from castad_testkit import briefs
 
-from tests.support import briefs, waits
+from tests.support import waits
 
 T = TypeVar("T")
 

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from castad_api import keys
 from castad_contracts import brief, envelope, events
 from castad_runtime import artifacts, db
+from castad_testkit import briefs
 
 from tests.integration.gateway import LYRICS, make_key
 from tests.integration.helpers import now
-from tests.support import briefs
 from tests.unit.test_captions import BREAD, KOREAN
 from tests.unit.test_image_uploads import photo
 

@@ -1,4 +1,4 @@
-"""The clustered engines of the fault harness (bench/faults/rabbitmq.py, bench/faults/postgres.py) losing a node.
+"""The clustered engines of the fault harness (castad_faults.rabbitmq, castad_faults.postgres) losing a node.
 
 RabbitMQ: a quorum queue keeps every message it confirmed through kill -9 of the node that leads
 it, and a consumer on another node gets them; a node that was killed or stopped comes back into
@@ -23,11 +23,11 @@ import pika.exceptions
 import psycopg
 import pytest
 import sqlalchemy as sa
+from castad_faults import engines, rabbitmq
+from castad_faults import postgres as postgres_
 from castad_local import privileges
+from castad_testkit import scratch
 
-from bench import common
-from bench.faults import engines, rabbitmq
-from bench.faults import postgres as postgres_
 from tests.support import waits
 
 pytestmark = pytest.mark.integration
@@ -131,7 +131,7 @@ def test_the_services_broker_users_log_in_on_every_node_with_their_permissions(r
 def test_a_commit_goes_on_while_a_standby_is_lost_and_the_standby_catches_up_once_back(
     postgres: postgres_.PostgresCluster,
 ) -> None:
-    info = common.dsn(postgres.url("postgres"))
+    info = scratch.dsn(postgres.url("postgres"))
     lost, other = postgres.standbys
     with psycopg.connect(info, autocommit=True) as conn:
         conn.execute("CREATE TABLE commits (id int PRIMARY KEY)")
@@ -151,7 +151,7 @@ def test_a_commit_survives_kill_9_of_the_primary_and_the_promoted_standby_takes_
     postgres: postgres_.PostgresCluster,
 ) -> None:
     url = postgres.url("postgres")
-    info = common.dsn(url)
+    info = scratch.dsn(url)
     assert {
         key: value
         for key, value in psycopg.conninfo.conninfo_to_dict(info).items()

@@ -10,10 +10,9 @@ from collections.abc import Mapping
 
 import pytest
 import sqlalchemy as sa
+from castad_faults import outage
 from castad_runtime import db
 from castad_runtime.stage import cancellation, errors, faults
-
-from bench.faults import outage
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,10 @@ import pytest
 from castad_api import keys, tables
 from castad_contracts import envelope, events
 from castad_runtime import artifacts, db
+from castad_testkit import briefs
 
 from tests.integration.gateway import make_key
 from tests.integration.helpers import now
-from tests.support import briefs
 from tests.unit.test_image_uploads import photo
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from castad_contracts import envelope, events
+from castad_faults import outage
 from castad_runtime import outages, tables
 
-from bench.faults import outage
 from tests.integration.helpers import (
     Counted,
     count,

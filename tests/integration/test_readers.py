@@ -19,9 +19,10 @@ from castad_contracts import brief, events
 from castad_relay import connection, readers, statements
 from castad_relay import metrics as relay_metrics
 from castad_runtime import announcement, db, metrics, tables
+from castad_testkit import briefs
 
 from tests.integration.helpers import pipeline_requested, write_events
-from tests.support import briefs, waits
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 

@@ -24,12 +24,13 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from castad_contracts import events
+from castad_faults.proxy import address_of, running_proxy, through
 from castad_relay import bindings, leadership, publisher, pushback, relay, statements
 from castad_relay import metrics as relay_metrics
 from castad_relay import settings as relay_settings
 from castad_runtime import db, metrics, outbox, tables
+from castad_testkit import briefs
 
-from bench.faults.proxy import address_of, running_proxy, through
 from tests.integration.helpers import (
     UNHEARD,
     Delivered,
@@ -44,7 +45,7 @@ from tests.integration.helpers import (
     write_events,
     write_unroutable,
 )
-from tests.support import briefs, waits
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 

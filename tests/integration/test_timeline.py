@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from castad_api import disclosure, keyring, keys, model, projection, repository, timeline
 from castad_api.routes import timeline as timeline_routes
 from castad_contracts import envelope, events
+from castad_faults import outage
 from castad_runtime import db
 from opentelemetry.sdk.trace import TracerProvider
 
-from bench.faults import outage
 from tests.integration.gateway import ago, make_key
 from tests.support import waits
 from tests.support.installation import TEST_KEY_TENANT

@@ -14,10 +14,10 @@ from castad_api import keys, usage
 from castad_contracts import envelope, events
 from castad_runtime import db
 from castad_runtime import tables as runtime_tables
+from castad_testkit import briefs
 
 from tests.integration.gateway import LYRICS, MEDIA, make_key
 from tests.integration.helpers import now
-from tests.support import briefs
 
 pytestmark = pytest.mark.integration
 KEYS = {name: str(uuid.uuid4()) for name in ("one", "two", "three", "a", "w")}

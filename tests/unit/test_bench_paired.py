@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from castad_testkit import latency
 
-from bench import latency, paired
+from bench import paired
 
 
 class Side:

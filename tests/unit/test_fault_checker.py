@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import types
 
-from bench.faults import checker
+from castad_faults import checker
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 

@@ -1,4 +1,4 @@
-"""The fault report's chart (bench/faults/report.py).
+"""The fault report's chart (castad_faults.report).
 
 Each fault on the run's clock, the same file for the same faults.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from bench.faults import report, run
+from castad_faults import report, run
 
 
 def _faults(outage_s: float = 180.0) -> list[run.Fault]:

@@ -18,8 +18,7 @@ import pyworld
 from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
 from castad_song import espeak, g2p, provider, voice
-
-from tests.support import briefs
+from castad_testkit import briefs
 
 RATE = 22050
 FRAME_S = 0.005

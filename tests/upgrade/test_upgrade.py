@@ -12,8 +12,8 @@ photos, cancels and retries, judged by the fault checker's invariants.
 from __future__ import annotations
 
 import pytest
+from castad_testkit import scratch
 
-from bench import common
 from bench.upgrade import releases, report, run
 from tests.support import servers
 
@@ -25,7 +25,7 @@ def test_every_pipeline_ends_in_one_known_outcome_through_a_rolling_upgrade_from
     tmp_path, monkeypatch
 ):
     servers.require_servers()
-    monkeypatch.setattr(common, "PG_URL", servers.PG_URL)  # the tests' own server
+    monkeypatch.setattr(scratch, "PG_URL", servers.PG_URL)  # the tests' own server
 
     result = run.run(releases.previous(), run.SHORT, tmp_path)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import pathlib
 import shutil
 from collections.abc import Iterator
@@ -28,20 +29,22 @@ from castad_local import access
 from castad_local import stack as stack_
 from castad_local.fakes import suno
 from castad_runtime import messaging, migrations
+from castad_testkit import scratch
 
-from bench import common
-from bench.faults import injections, plan, postgres, proxy, rabbitmq
+from castad_faults import injections, plan, postgres, proxy, rabbitmq
+
+log = logging.getLogger("castad_faults.deployment")
 
 SERVICES = topology.WITH_DATABASE
 PROCESSES = (*topology.STAGES, topology.GATEWAY, topology.RELAY)  # in the order their replicas are killed
 
 
 class Deployment:
-    def __init__(self, workdir: pathlib.Path, cleanup: common.Cleanup, keep: bool = False) -> None:
+    def __init__(self, workdir: pathlib.Path, cleanup: scratch.Cleanup, keep: bool = False) -> None:
         self.workdir = workdir
         self.cleanup = cleanup
         self.keep = keep  # leave the databases, queues and files for a look afterwards
-        self.namespace = f"faults-{common.RUN_ID}"
+        self.namespace = f"faults-{scratch.RUN_ID}"
         self.topology = topology.Topology(self.namespace)
         self.rabbitmq = rabbitmq.RabbitCluster(workdir)
         self.postgres = postgres.PostgresCluster(
@@ -119,7 +122,7 @@ class Deployment:
             self.cleanup.push("remove artifacts", lambda: shutil.rmtree(self.artifacts_dir, ignore_errors=True))
         admin_env = self.env(self.amqp_url)
         for line in stack_.prepare(admin_env):
-            common.log.info("faults: %s", line)
+            log.info("faults: %s", line)
         if not self.keep:
             for url in self.urls.values():
                 self.cleanup.push(f"drop {url}", functools.partial(migrations.drop_database, url))

@@ -15,7 +15,7 @@ wait (the relay inside its park of a row it may not publish),
 kill -9 of a PostgreSQL standby (commits go on), kill -9 of the PostgreSQL primary and the promotion of a standby
 whose clock is ahead.
 
-`python -m bench.faults [--short]` runs FULL (or SHORT) and writes docs/reports/faults.md.
+`python -m castad_faults [--short]` runs FULL (or SHORT) and writes docs/reports/faults.md.
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ from typing import Any
 import psycopg
 from castad_local import stack as stack_
 from castad_local.fakes import suno
+from castad_testkit import handoffs, latency, scratch
 
-from bench import common, latency
-from bench.castad_bench import CHAIN, COMMIT_CLOCK
-from bench.faults import checker, counters, deployment, engines, injections, outage, plan, traffic
+from castad_faults import checker, counters, deployment, engines, injections, outage, plan, traffic
 
-log = logging.getLogger("bench.faults")
+log = logging.getLogger("castad_faults")
 SERVICES = deployment.SERVICES
 PROCESSES = deployment.PROCESSES
 DOWN_AFTER_KILL_S = 1.0
@@ -144,7 +143,7 @@ class Result:
 
 
 class FaultRun:
-    def __init__(self, chosen: plan.Plan, workdir: pathlib.Path, cleanup: common.Cleanup, keep: bool = False) -> None:
+    def __init__(self, chosen: plan.Plan, workdir: pathlib.Path, cleanup: scratch.Cleanup, keep: bool = False) -> None:
         self.plan = chosen
         self.cleanup = cleanup
         self.deployment = deployment.Deployment(workdir, cleanup, keep)
@@ -169,7 +168,7 @@ class FaultRun:
         )
         self.cleanup.push("close tap", tap.close)
         submitter = traffic.Submitter(
-            self.deployment.gateways, self.plan.rate_per_s, f"faults-{common.RUN_ID}", self.deployment.api_key
+            self.deployment.gateways, self.plan.rate_per_s, f"faults-{scratch.RUN_ID}", self.deployment.api_key
         ).start()
         self.cleanup.push("stop traffic", submitter.stop)
         operator = traffic.Operator(submitter, self.plan.operator_interval_s).start()
@@ -308,7 +307,7 @@ class FaultRun:
         """(an outbox row published, an event received) in this database after `since`; neither while it is out."""
         at = dt.datetime.fromtimestamp(since, dt.UTC)
         try:
-            with psycopg.connect(common.dsn(url), connect_timeout=5) as conn:
+            with psycopg.connect(scratch.dsn(url), connect_timeout=5) as conn:
                 row = conn.execute(WORKED, {"since": at}).fetchone()
         except psycopg.OperationalError:  # a standby being promoted, say: asked again at the next look
             return False, False
@@ -318,7 +317,7 @@ class FaultRun:
     def _until_a_pipeline_succeeded(self) -> None:
         """Before the first fault: the deployment did a whole pipeline (every part works)."""
         deadline = time.monotonic() + 120
-        with psycopg.connect(common.dsn(self.urls["api"]), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["api"]), autocommit=True) as conn:
             while not conn.execute("SELECT 1 FROM pipelines WHERE status = 'SUCCEEDED' LIMIT 1").fetchone():
                 if time.monotonic() > deadline:
                     raise RuntimeError("no pipeline succeeded within 120 s of the start")
@@ -456,7 +455,7 @@ class FaultRun:
 
     def _freeze_the_relay_leader(self) -> None:
         """SIGSTOP of the relay that leads the gateway's outbox, SIGCONT after `relay_freeze_s`."""
-        with psycopg.connect(common.dsn(self.urls["api"])) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["api"])) as conn:
             row = conn.execute("SELECT holder, term FROM outbox_leader").fetchone()
         if row is None:
             raise RuntimeError("no relay leads the gateway's outbox")
@@ -497,7 +496,7 @@ class FaultRun:
         goes on and another attempt is chosen. Such a freeze is a fault of its own (`_freeze_inside_transactions`):
         this one measures the takeover of an attempt by its lease.
         """
-        with psycopg.connect(common.dsn(self.urls["song"]), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["song"]), autocommit=True) as conn:
             for _ in range(FREEZE_TRIES):
                 job_id, worker, attempt = self._song_attempt_before_its_submit()
                 name = self.stack.process_of(worker)
@@ -528,7 +527,7 @@ class FaultRun:
         Its work is about to be submitted: the fault injector's latency holds it there a moment.
         """
         deadline = time.monotonic() + 120
-        with psycopg.connect(common.dsn(self.urls["song"]), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["song"]), autocommit=True) as conn:
             while time.monotonic() < deadline:
                 row = conn.execute(
                     "SELECT id, lease_owner, attempts FROM jobs WHERE status = 'RUNNING' AND handle IS NULL"
@@ -568,7 +567,7 @@ class FaultRun:
         fault, url, backend = stop()
         name = fault.target
         states: list[str] = []  # what the session did meanwhile, each change once
-        with psycopg.connect(common.dsn(url), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
             while time.time() < fault.started + plan.FROZEN_IN_TRANSACTION_S:
                 state = _session_state(conn, backend)
                 if state is None and fault.takeover_s is None:
@@ -593,7 +592,7 @@ class FaultRun:
         urls = dict(self.urls) if service == "relay" else {service: self.urls[service]}
         with contextlib.ExitStack() as opened:
             conns = {
-                db: opened.enter_context(psycopg.connect(common.dsn(url), autocommit=True)) for db, url in urls.items()
+                db: opened.enter_context(psycopg.connect(scratch.dsn(url), autocommit=True)) for db, url in urls.items()
             }
             deadline = time.monotonic() + WORKS_AGAIN_S
             tries = 0
@@ -643,7 +642,7 @@ class FaultRun:
         probe = injections.add_unroutable_row(url, due_in_s=REFUSAL_DUE_S)
         self.probes.append(probe)
         self.frozen_refusal = probe
-        with psycopg.connect(common.dsn(url), autocommit=True) as watcher, psycopg.connect(common.dsn(url)) as holder:
+        with psycopg.connect(scratch.dsn(url), autocommit=True) as watcher, psycopg.connect(scratch.dsn(url)) as holder:
             holder.execute("SELECT 1 FROM outbox WHERE event_id = %s FOR UPDATE", (probe,))
             holder_pid = holder.info.backend_pid
             deadline = time.monotonic() + WORKS_AGAIN_S
@@ -692,7 +691,7 @@ class FaultRun:
 
     def _commit(self, since: float) -> float:
         """Commit a row of the harness's own on the primary: seconds from `since` until it returned."""
-        with psycopg.connect(common.dsn(self.deployment.postgres.url("postgres")), autocommit=True) as conn:
+        with psycopg.connect(scratch.dsn(self.deployment.postgres.url("postgres")), autocommit=True) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS harness_commits (at timestamptz NOT NULL)")
             conn.execute("INSERT INTO harness_commits VALUES (now())")
         return time.time() - since
@@ -723,7 +722,7 @@ class FaultRun:
 
     def _wait_terminal(self, pipeline_ids: set[str], deadline: float, poll_s: float = 1.0) -> None:
         while True:
-            with psycopg.connect(common.dsn(self.urls["api"])) as conn:
+            with psycopg.connect(scratch.dsn(self.urls["api"])) as conn:
                 ended = conn.execute("SELECT id FROM pipelines WHERE status = ANY(%s)", (list(checker.TERMINAL),))
                 done = {str(row[0]) for row in ended}
             left = pipeline_ids - done
@@ -734,7 +733,7 @@ class FaultRun:
 
     def _wait_parked(self, event_id: str) -> None:
         deadline = time.time() + 120
-        with psycopg.connect(common.dsn(self.urls["api"])) as conn:
+        with psycopg.connect(scratch.dsn(self.urls["api"])) as conn:
             while time.time() < deadline:
                 row = conn.execute("SELECT parked_at FROM outbox WHERE event_id = %s", (event_id,)).fetchone()
                 conn.commit()
@@ -749,9 +748,9 @@ class FaultRun:
         Their handoffs show whether the parked row slows anybody else down.
         """
         for url in self.urls.values():
-            with psycopg.connect(common.dsn(url), autocommit=True) as conn:
-                conn.execute(COMMIT_CLOCK)
-        quiet = traffic.Submitter(self.deployment.gateways, 1.0, f"quiet-{common.RUN_ID}", self.deployment.api_key)
+            with psycopg.connect(scratch.dsn(url), autocommit=True) as conn:
+                conn.execute(handoffs.COMMIT_CLOCK)
+        quiet = traffic.Submitter(self.deployment.gateways, 1.0, f"quiet-{scratch.RUN_ID}", self.deployment.api_key)
         accepted = []
         for _ in range(self.plan.quiet_pipelines):
             accepted.append(quiet.submit())
@@ -764,7 +763,7 @@ class FaultRun:
         received: dict[tuple[str, str], float] = {}
         written: list[tuple[str, str, str]] = []  # (producer, event id, event type) of the quiet pipelines
         for service, url in self.urls.items():
-            with psycopg.connect(common.dsn(url)) as conn:
+            with psycopg.connect(scratch.dsn(url)) as conn:
                 for event_id, at in conn.execute("SELECT event_id, committed_at FROM bench_commit"):
                     committed[str(event_id)] = at.timestamp()
                 for event_id, at in conn.execute("SELECT event_id, received_at FROM inbox"):
@@ -774,14 +773,14 @@ class FaultRun:
                 ):
                     if pipeline_id in pipeline_ids:
                         written.append((service, str(event_id), event_type))
-        consumer_of = {(event_type, producer): consumer for event_type, producer, consumer in CHAIN}
+        consumer_of = {(event_type, producer): consumer for event_type, producer, consumer in handoffs.CHAIN}
         hops: dict[str, list[float]] = {}
         for producer, event_id, event_type in written:
             consumer = consumer_of.get((event_type, producer))
             if consumer and (consumer, event_id) in received and event_id in committed:
                 hops.setdefault(event_type, []).append(received[(consumer, event_id)] - committed[event_id])
         result = {event_type: latency.summary(latency.ms(values)) for event_type, values in hops.items()}
-        stage_hops = [value for event_type, _, _ in CHAIN[:3] for value in hops.get(event_type, [])]
+        stage_hops = [value for event_type, _, _ in handoffs.CHAIN[:3] for value in hops.get(event_type, [])]
         result["stage handoff"] = latency.summary(latency.ms(stage_hops))
         return result
 
@@ -943,7 +942,7 @@ def _process_group(application_name: str) -> int | None:
 
 def run(chosen: plan.Plan, workdir: pathlib.Path, keep: bool = False) -> Result:
     """One fault run, everything it made removed afterwards (unless `keep`; its logs stay in `workdir`)."""
-    cleanup = common.Cleanup()
+    cleanup = scratch.Cleanup()
     try:
         return FaultRun(chosen, workdir, cleanup, keep).run()
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import pika
 import psycopg
 
-from bench import common
+from castad_testkit import scratch
 
 
 def cpu_model() -> str:
@@ -40,7 +40,7 @@ def postgres() -> dict[str, str]:
         row = conn.execute(query).fetchone()
         return "?" if row is None else str(row[0])
 
-    with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
+    with psycopg.connect(scratch.admin_dsn(), autocommit=True) as conn:
         facts = {"version": " ".join(one(conn, "SELECT version()").split()[:2])}
         for name in (
             "synchronous_commit",
@@ -61,7 +61,7 @@ def postgres_round_trip_ms(samples: int = 100, pause_s: float = 0.01) -> dict[st
     On a virtual machine a process that slept must be woken first, which a round trip
     after a pause pays (every step of an idle handoff is such a round trip).
     """
-    with psycopg.connect(common.admin_dsn(), autocommit=True) as conn:
+    with psycopg.connect(scratch.admin_dsn(), autocommit=True) as conn:
         hot, paused = [], []
         for _ in range(samples):
             started = time.perf_counter()
@@ -76,7 +76,7 @@ def postgres_round_trip_ms(samples: int = 100, pause_s: float = 0.01) -> dict[st
 
 
 def rabbitmq() -> str:
-    connection = pika.BlockingConnection(pika.URLParameters(common.AMQP_URL))
+    connection = pika.BlockingConnection(pika.URLParameters(scratch.AMQP_URL))
     try:
         properties: dict[Any, Any] = connection._impl.server_properties  # no public accessor in pika
         version = properties.get("version", b"?")

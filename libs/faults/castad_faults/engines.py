@@ -22,7 +22,7 @@ from collections.abc import Callable
 import psycopg
 from castad_local import stack
 
-log = logging.getLogger("bench.faults.engines")
+log = logging.getLogger("castad_faults.engines")
 
 RABBITMQ_BIN = pathlib.Path("/usr/lib/rabbitmq/bin")
 

@@ -20,8 +20,7 @@ import pika
 import psycopg
 from castad_contracts import events, topology
 from castad_runtime import amqp
-
-from bench import common
+from castad_testkit import scratch
 
 # The event type each service's queue is bound to, to send it as a version it cannot know yet.
 TRIGGERS = {topology.GATEWAY: "lyric.started", **{stage.value: trigger for stage, trigger in events.TRIGGERS.items()}}
@@ -150,7 +149,7 @@ def add_unroutable_row(api_database_url: str, due_in_s: float = 0.0) -> str:
         "schemaversion": 1,
         "data": {},
     }
-    with psycopg.connect(common.dsn(api_database_url), autocommit=True) as conn:
+    with psycopg.connect(scratch.dsn(api_database_url), autocommit=True) as conn:
         conn.execute(
             "INSERT INTO outbox (event_id, pipeline_id, routing_key, envelope, retry_at)"
             " VALUES (%s, %s, %s, %s, CASE WHEN %s > 0 THEN now() + make_interval(secs => %s) END)",

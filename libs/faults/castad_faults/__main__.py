@@ -1,4 +1,4 @@
-"""`make faults` (`python -m bench.faults`).
+"""`make faults` (`python -m castad_faults`).
 
 A fault run, then docs/reports/faults.md; exit status 1 on any finding.
 
@@ -15,39 +15,40 @@ import pathlib
 import shutil
 import sys
 
-from bench import common
-from bench.faults import plan, report, run
+from castad_testkit import scratch
+
+from castad_faults import plan, report, run
+
+log = logging.getLogger("castad_faults")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m castad_faults", description=__doc__)
     parser.add_argument("--short", action="store_true", help="the short plan of `make test`")
-    parser.add_argument("--output", type=pathlib.Path, default=common.REPORTS / "faults.md")
+    parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "faults.md")
     parser.add_argument("--keep", action="store_true", help="leave the databases, queues and files of the run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("bench").setLevel(logging.INFO)
-    workdir = (common.REPO_ROOT / "var" / "faults" / common.RUN_ID).resolve()
+    log.setLevel(logging.INFO)
+    workdir = (scratch.REPO_ROOT / "var" / "faults" / scratch.RUN_ID).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        with common.interrupt_on_sigterm():
+        with scratch.interrupt_on_sigterm():
             result = run.run(plan.SHORT if args.short else plan.FULL, workdir, keep=args.keep)
     except KeyboardInterrupt:
-        common.log.error("interrupted; cleaned up; logs in %s", workdir)
+        log.error("interrupted; cleaned up; logs in %s", workdir)
         return 1
     report.write(result, args.output)
     for finding in result.findings:
         print(f"finding: {finding}", file=sys.stderr)
     if result.handoff_target_met is False:
-        common.log.warning(
-            "target missed: stage handoff p99 %.1f ms, over %g ms", result.handoff_p99_ms, run.HANDOFF_P99_MS
-        )
+        log.warning("target missed: stage handoff p99 %.1f ms, over %g ms", result.handoff_p99_ms, run.HANDOFF_P99_MS)
     if result.findings:
-        kept = f"; databases castad_faults_{common.RUN_ID}_* kept" if args.keep else ""
-        common.log.error("%d findings; logs in %s; report %s%s", len(result.findings), workdir, args.output, kept)
+        kept = f"; databases castad_faults_{scratch.RUN_ID}_* kept" if args.keep else ""
+        log.error("%d findings; logs in %s; report %s%s", len(result.findings), workdir, args.output, kept)
         return 1
     shutil.rmtree(workdir, ignore_errors=True)
-    common.log.info("no findings; wrote %s", args.output)
+    log.info("no findings; wrote %s", args.output)
     return 0
 
 

@@ -17,24 +17,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 import httpx
-from castad_contracts import brief
+from castad_testkit import briefs
 
-LANGUAGES = tuple(brief.Language)
-GENRES = ("pop, ambient", "acoustic folk", "lo-fi hip hop", "jazz", "trot", "indie rock", "ballad")
-ORIENTATIONS = tuple(brief.Orientation)
 GIVE_UP_S = 900.0  # no fault of a run keeps the gateway away this long
-
-
-def make_brief(number: int, duration_s: int | None = None) -> brief.Brief:
-    return brief.Brief(
-        customer_name=f"가게 {number}" if number % 2 else f"Shop {number}",
-        region="군산" if number % 3 else "Busan",
-        detail_region_info="바다가 보이는 한옥, 골목 산책",
-        language=LANGUAGES[number % len(LANGUAGES)],
-        genre=GENRES[number % len(GENRES)],
-        orientation=ORIENTATIONS[number % len(ORIENTATIONS)],
-        duration_s=duration_s or 3 + number % 4,
-    )
 
 
 class Stopped(Exception):
@@ -81,7 +66,7 @@ class Submitter:
         with self._lock:
             number = self._next
             self._next += 1
-        body = make_brief(number, duration_s).model_dump(mode="json")
+        body = briefs.sample(number=number, duration_s=duration_s).model_dump(mode="json")
         if self.photos and number % 2:
             body["photos"] = self.photos
         key = f"{self.prefix}-{number}"

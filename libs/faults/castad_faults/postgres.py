@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from bench.faults import engines
+from castad_faults import engines
 
 log = engines.log
 
@@ -43,7 +43,7 @@ class PostgresNode:
 
 
 SHARED_SETTINGS = """
-# bench/faults/postgres.py: one of a primary and its synchronous standbys (the same file on each)
+# castad_faults/postgres.py: one of a primary and its synchronous standbys (the same file on each)
 listen_addresses = '127.0.0.1'
 unix_socket_directories = ''  # TCP only
 max_connections = 300  # about ten service processes, each pooling 10 to 25 connections

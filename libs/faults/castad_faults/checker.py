@@ -32,10 +32,10 @@ from typing import Any
 
 import psycopg
 from castad_contracts import api, codes, events, topology
+from castad_testkit import scratch
 from psycopg.rows import dict_row
 
-from bench import common
-from bench.faults import injections
+from castad_faults import injections
 
 STAGES = tuple(stage.value for stage in events.STAGE_ORDER)
 # Each stage's trigger, and the service whose outbox writes it: the saga's order as the contracts say it.
@@ -60,7 +60,7 @@ class Snapshot:
 
 def collect(urls: Mapping[str, str], dead_letter_queue: str, amqp_url: str) -> Snapshot:
     def rows(service: str, query: str) -> list[Row]:
-        with psycopg.connect(common.dsn(urls[service]), row_factory=dict_row) as conn:
+        with psycopg.connect(scratch.dsn(urls[service]), row_factory=dict_row) as conn:
             return list(conn.execute(query))
 
     jobs = {stage: {row["pipeline_id"]: row for row in rows(stage, "SELECT * FROM jobs")} for stage in STAGES}

@@ -1,4 +1,4 @@
-"""What every part of the harness shares: server addresses, names of this run, clean-up."""
+"""A run of a benchmark or of the fault harness: its id, where its reports go, the servers it uses, its clean-up."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+import castad_local
 import psycopg
 import sqlalchemy as sa
-from castad_local import REPO_ROOT as REPO_ROOT  # the harness writes its results into the repository
 from castad_local import stack
 from castad_runtime import db, migrations, settings
 
-log = logging.getLogger("bench")
+log = logging.getLogger("bench")  # the benchmarks' log; `python -m bench.<name>` shows its INFO lines
 
 AMQP_URL = os.environ.get("CASTAD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 PG_URL = os.environ.get("CASTAD_BENCH_PG_URL", settings.DEFAULT_PG)  # postgresql+psycopg://user@host:port
 RUN_ID = uuid.uuid4().hex[:8]
+REPO_ROOT = castad_local.REPO_ROOT  # a run writes its reports, logs and files into the repository
 REPORTS = REPO_ROOT / "docs" / "reports"  # every generated report, under a stable name the docs site links to
 
 

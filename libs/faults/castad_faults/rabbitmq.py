@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from castad_contracts import topology
 from castad_local import privileges
 
-from bench.faults import engines
+from castad_faults import engines
 
 log = engines.log
 
