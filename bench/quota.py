@@ -26,7 +26,9 @@ from typing import Any
 import sqlalchemy as sa
 from castad_runtime import db
 from castad_runtime.stage import quota, repository
-from castad_testkit import latency, machine, scratch
+from castad_runtime.stage.repository import claiming
+
+from bench import common, latency, machine
 
 CLAIMERS = 32
 PER_CLAIMER = 20  # claims per claimer and round
@@ -37,7 +39,7 @@ DUE = CLAIMERS * PER_CLAIMER  # jobs due at each round's start: one for every cl
 PROVIDER = "bench"
 MAX_MISSED = 10 * PER_CLAIMER  # claims of a claimer that found nothing, at most
 VARIANTS = ("one_row", "sharded")
-OUT = scratch.REPORTS / "quota.md"
+OUT = common.REPORTS / "quota.md"
 LABELS = {
     "one_row": "one locked row, count(*) under its lock (before)",
     "sharded": "shards taken with SKIP LOCKED, a counted in-flight total (now)",
@@ -63,17 +65,17 @@ def one_row_claim(conn: sa.Connection, worker: str) -> bool:
     if gate.blocked or gate.tokens < 1:
         return False
     in_flight = db.run(conn, ONE_ROW_IN_FLIGHT).fetchone()[0]
-    statement = repository.CLAIM_OLDEST if in_flight < gate.max_in_flight else repository.CLAIM_POLL_OLDEST
-    row = db.run(conn, statement, {"worker": worker, "lease_s": 300.0, "reads": repository.READS_ANY}).fetchone()
+    statement = claiming.CLAIM_OLDEST if in_flight < gate.max_in_flight else claiming.CLAIM_POLL_OLDEST
+    row = db.run(conn, statement, {"worker": worker, "lease_s": 300.0, "reads": claiming.READS_ANY}).fetchone()
     if row is None:
         return False
-    db.run(conn, repository.OPEN_ATTEMPT, (row.id, row.attempts, worker))
+    db.run(conn, claiming.OPEN_ATTEMPT, (row.id, row.attempts, worker))
     db.run(conn, ONE_ROW_SPEND, {"provider": PROVIDER})
     return True
 
 
 def sharded_claim(conn: sa.Connection, worker: str) -> bool:
-    return isinstance(repository.claim_next(conn, worker, 300.0, PROVIDER), repository.Job)
+    return isinstance(claiming.claim_next(conn, worker, 300.0, PROVIDER), repository.Job)
 
 
 CLAIMS = {"one_row": one_row_claim, "sharded": sharded_claim}
@@ -175,10 +177,10 @@ def one_round(engine: sa.Engine, variant: str) -> dict[str, Any]:
     }
 
 
-def run(cleanup: scratch.Cleanup) -> dict[str, list[dict[str, Any]]]:
+def run(cleanup: common.Cleanup) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
     with cleanup.scope():
-        engine = scratch.stage_database(cleanup, f"castad_bench_{scratch.RUN_ID}_quota", pool_size=CLAIMERS)
+        engine = common.stage_database(cleanup, f"castad_bench_{common.RUN_ID}_quota", pool_size=CLAIMERS)
         prepare(engine)
         for number in range(ROUNDS):
             order = VARIANTS if number % 2 == 0 else VARIANTS[::-1]
@@ -235,8 +237,8 @@ def render(results: dict[str, list[dict[str, Any]]], facts: dict[str, object]) -
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
     load = machine.load()
-    cleanup = scratch.Cleanup()
-    with scratch.interrupt_on_sigterm():
+    cleanup = common.Cleanup()
+    with common.interrupt_on_sigterm():
         results = run(cleanup)
     facts = machine.brief_facts(load)
     OUT.write_text(render(results, facts))

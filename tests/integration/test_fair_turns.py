@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from castad_contracts import events
 from castad_runtime import db
 from castad_runtime.stage import machine, quota, repository
+from castad_runtime.stage.repository import attempts, claiming
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ def submit(engine: sa.Engine, tenant: str | None, count: int, weight: int = 1) -
     pipelines = [f"{tenant or 'none'}-{uuid.uuid4().hex[:12]}" for _ in range(count)]
     with db.transaction(engine) as conn:
         for pipeline_id in pipelines:
-            repository.accept_trigger(conn, pipeline_id, {"brief": {}}, 1, 3, None, None, share)
+            claiming.accept_trigger(conn, pipeline_id, {"brief": {}}, 1, 3, None, None, share)
     return pipelines
 
 
@@ -64,11 +65,11 @@ class MusicApi:
             for pipeline_id, job in list(self._working.items()):
                 if self.turn - self.started[pipeline_id] >= WORK_TURNS:
                     with db.transaction(self.engine) as conn:
-                        assert repository.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result={})
+                        assert attempts.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result={})
                     self.finished[pipeline_id] = self.turn
                     del self._working[pipeline_id]
             with db.transaction(self.engine) as conn:
-                job = repository.claim_next(conn, "worker", 60.0, self.provider, fair=self.fair)
+                job = claiming.claim_next(conn, "worker", 60.0, self.provider, fair=self.fair)
             if isinstance(job, repository.Job):
                 self.started[job.pipeline_id] = self.turn
                 self._working[job.pipeline_id] = job
@@ -150,8 +151,8 @@ def test_a_claim_passes_over_a_tenant_whose_due_jobs_other_claims_hold(engine):
     [first] = submit(engine, "a", 1)  # a's turn comes first (ties go by name)
     others = submit(engine, "b", 5)
     with engine.connect() as holding, holding.begin():
-        held = repository.claim_next(holding, "one", 60.0)  # not committed: a's only job stays locked
+        held = claiming.claim_next(holding, "one", 60.0)  # not committed: a's only job stays locked
         assert isinstance(held, repository.Job) and held.pipeline_id == first
         with db.transaction(engine) as conn:
-            taken = repository.claim_next(conn, "two", 60.0)
+            taken = claiming.claim_next(conn, "two", 60.0)
         assert isinstance(taken, repository.Job) and taken.pipeline_id in others  # not None while b's wait

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from castad_contracts import codes, events
-from castad_faults import outage
 from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, errors, leases, machine, remote, repository
+from castad_runtime.stage.repository import attempts
 
+from bench.faults import outage
 from tests.integration.test_remote_jobs import Provider, remote_runner, turn, turn_when_due
 from tests.integration.test_stage_runner import add_job, attempt_rows, job_row, status_of
 from tests.support import waits
@@ -89,9 +90,9 @@ def expire_lease(engine: sa.Engine, pipeline_id: str) -> None:
         )
 
 
-def submissions(engine: sa.Engine, pipeline_id: str) -> repository.Submissions | None:
+def submissions(engine: sa.Engine, pipeline_id: str) -> attempts.Submissions | None:
     with engine.connect() as conn:
-        return repository.submissions(conn, [pipeline_id]).get(pipeline_id)
+        return attempts.submissions(conn, [pipeline_id]).get(pipeline_id)
 
 
 def sample(stage: Any, outcome: str) -> float:
@@ -126,7 +127,7 @@ def test_a_submission_is_recorded_on_its_attempt_with_its_key_and_polls_record_n
     [attempt] = attempt_rows(engine, pipeline_id)
     assert attempt.submitted_at is not None and attempt.submitted_at >= attempt.started_at
     assert attempt.submission_key == job.submission_key == f"castad-{pipeline_id}-0-1"
-    assert submissions(engine, pipeline_id) == repository.Submissions(sent=1, keys=1)
+    assert submissions(engine, pipeline_id) == attempts.Submissions(sent=1, keys=1)
     assert (sample(stage, "sent"), sample(stage, "fenced")) == (1, 0)
 
 
@@ -160,7 +161,7 @@ def test_a_worker_frozen_past_its_lease_sends_nothing_and_the_attempt_claimed_ag
         (1, None),
         (2, lost.submission_key),
     ]
-    assert submissions(engine, pipeline_id) == repository.Submissions(sent=1, keys=1)
+    assert submissions(engine, pipeline_id) == attempts.Submissions(sent=1, keys=1)
 
 
 def test_a_worker_waking_after_another_took_its_attempt_over_sends_nothing_and_records_nothing(engine):
@@ -270,7 +271,7 @@ def test_a_submit_whose_answer_was_lost_goes_again_under_the_same_key_and_both_a
 
     assert taken is not None and taken.submission_key == claim.job.submission_key
     assert [handle for handle, _ in api.submitted] == ["task-1", "task-2"]
-    assert submissions(engine, pipeline_id) == repository.Submissions(sent=2, keys=1)
+    assert submissions(engine, pipeline_id) == attempts.Submissions(sent=2, keys=1)
     assert job_row(engine, pipeline_id).handle == "task-2"
 
 
@@ -290,7 +291,7 @@ def test_the_submission_key_is_new_after_a_counted_failure_and_for_an_operators_
 
     keys = [a.submission_key for a in attempt_rows(engine, pipeline_id)]
     assert keys == [f"castad-{pipeline_id}-0-1", f"castad-{pipeline_id}-0-2", f"castad-{pipeline_id}-1-1"]
-    assert submissions(engine, pipeline_id) == repository.Submissions(sent=3, keys=3)
+    assert submissions(engine, pipeline_id) == attempts.Submissions(sent=3, keys=3)
 
 
 def test_a_database_out_at_the_fence_hands_the_attempt_back_uncounted_and_nothing_leaves(engine, installation):

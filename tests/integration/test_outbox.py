@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import events
 from castad_runtime import db, outbox, tables, wakeups
-from castad_runtime.stage import repository
+from castad_runtime.stage.repository import claiming
 
 from tests.integration.helpers import count, lyric_started, outbox_rows, pipeline_requested
 
@@ -65,7 +65,7 @@ def notifications_before_probe(listener: psycopg.Connection, engine: sa.Engine) 
 def create_job(conn: sa.Connection, pipeline_id: str) -> None:
     trigger = pipeline_requested(pipeline_id)
     version, data = events.REGISTRY.oldest_carrying(events.PIPELINE_REQUESTED, trigger)
-    repository.accept_trigger(conn, pipeline_id, data, version, 3, None, None)
+    claiming.accept_trigger(conn, pipeline_id, data, version, 3, None, None)
 
 
 def test_outbox_row_commits_with_the_state_change_it_announces(engines):

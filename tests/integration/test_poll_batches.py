@@ -15,7 +15,8 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import codes
 from castad_runtime import db, metrics, tables
-from castad_runtime.stage import errors, machine, probes, remote, repository, runner
+from castad_runtime.stage import errors, machine, probes, remote, runner
+from castad_runtime.stage.repository import polls
 
 from tests.integration.test_remote_jobs import (
     FAST,
@@ -126,26 +127,26 @@ def test_a_claim_takes_a_waiting_job_only_once_it_is_ready(engine):
     assert job_row(engine, pipeline_id).status == Status.AWAITING
 
     with db.transaction(engine) as conn:
-        assert repository.poll_now(conn, pipeline_id)  # a callback makes it ready
+        assert polls.poll_now(conn, pipeline_id)  # a callback makes it ready
     waits.until(lambda: turn(stage) and job_row(engine, pipeline_id).status == Status.SUCCEEDED, timeout_s=5.0)
 
 
-def claimed_by_a_batch(engine: sa.Engine) -> tuple[str, repository.Probe]:
+def claimed_by_a_batch(engine: sa.Engine) -> tuple[str, polls.Probe]:
     """A job waiting at its provider, claimed by a batch of probes (with whatever else of other tests is due)."""
     stage = probed_runner(engine, Provider(remote.Pending("PENDING")))
     (pipeline_id,) = submitted(stage, 1)
     due_now(engine, [pipeline_id])
     handle = job_row(engine, pipeline_id).handle
     with db.transaction(engine) as conn:
-        (claimed,) = [job for job in repository.claim_probes(conn, 1000, 30.0) if job.handle == handle]
+        (claimed,) = [job for job in polls.claim_probes(conn, 1000, 30.0) if job.handle == handle]
     return pipeline_id, claimed
 
 
 def test_a_callback_during_a_batch_wins_over_what_the_batch_found(engine):
     pipeline_id, claimed = claimed_by_a_batch(engine)
     with db.transaction(engine) as conn:
-        assert repository.poll_now(conn, pipeline_id)
-        assert repository.record_probes(conn, [repository.Probed(claimed, ready=False, wait_s=3600.0)]) == 0
+        assert polls.poll_now(conn, pipeline_id)
+        assert polls.record_probes(conn, [polls.Probed(claimed, ready=False, wait_s=3600.0)]) == 0
 
     row = job_row(engine, pipeline_id)
     assert ready(row) and row.polls == 0
@@ -157,7 +158,7 @@ def test_a_cancel_during_a_batch_wins(engine):
         conn.execute(
             tables.jobs.update().where(tables.jobs.c.pipeline_id == pipeline_id).values(status=Status.CANCELED)
         )
-        assert repository.record_probes(conn, [repository.Probed(claimed, ready=True)]) == 0
+        assert polls.record_probes(conn, [polls.Probed(claimed, ready=True)]) == 0
     assert job_row(engine, pipeline_id).status == Status.CANCELED
 
 
@@ -189,7 +190,7 @@ def test_while_work_is_due_for_the_runner_the_prober_leaves_it_half_the_tokens(e
         )
     due_now(engine, pipelines[1:])
     with db.transaction(engine) as conn:
-        assert repository.poll_now(conn, pipelines[0])  # done, the provider called back: the runner's to complete
+        assert polls.poll_now(conn, pipelines[0])  # done, the provider called back: the runner's to complete
     api.polls = []  # the runner's poll finds it done
     stage.provider = name
 
@@ -289,7 +290,7 @@ def test_a_poll_that_hangs_past_its_time_is_cancelled_and_its_job_made_ready_for
 
 
 def test_a_fault_raised_around_a_poll_makes_its_job_ready_for_a_claim(engine):
-    def faulty(job: repository.Probe, cancel: Any) -> remote.Later | None:
+    def faulty(job: polls.Probe, cancel: Any) -> remote.Later | None:
         raise errors.ProviderError(codes.ErrorCode.INJECTED_FAULT, "fault injected")
 
     stage = probed_runner(engine, Provider())  # done: its own answer to the claim's poll

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from castad_runtime import db, tables
 from castad_runtime.stage import machine, quota, repository
+from castad_runtime.stage.repository import attempts, claiming, operations
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ def add_jobs(engine: sa.Engine, count: int) -> list[str]:
     pipelines = [f"p-{uuid.uuid4().hex[:12]}" for _ in range(count)]
     with db.transaction(engine) as conn:
         for pipeline_id in pipelines:
-            repository.accept_trigger(conn, pipeline_id, {"brief": {}}, 1, 1000, None, None)
+            claiming.accept_trigger(conn, pipeline_id, {"brief": {}}, 1, 1000, None, None)
     return pipelines
 
 
@@ -99,20 +100,20 @@ class Driver:
         """Claim within the quota (a lease that may run out at once), then move the claim on, or leave it."""
         lease_s = rng.choice([30.0, 0.0])
         with db.transaction(self.engine) as conn:
-            job = repository.claim_next(conn, f"w{rng.random()}", lease_s, self.name)
+            job = claiming.claim_next(conn, f"w{rng.random()}", lease_s, self.name)
         if not isinstance(job, repository.Job):
             return
         self.note("claimed")
         outcome = rng.choice(["succeeded", "failed", "retry", "awaiting", "awaiting", "left"])
         with db.transaction(self.engine) as conn:
             if outcome == "succeeded":
-                moved = repository.finish_attempt(conn, job, Status.SUCCEEDED, "succeeded", result={})
+                moved = attempts.finish_attempt(conn, job, Status.SUCCEEDED, "succeeded", result={})
             elif outcome == "failed":
-                moved = repository.finish_attempt(conn, job, Status.FAILED, "failed", error_code="x")
+                moved = attempts.finish_attempt(conn, job, Status.FAILED, "failed", error_code="x")
             elif outcome == "retry":
-                moved = repository.finish_attempt(conn, job, Status.RETRY_WAIT, "failed_retryable", retry_in_s=0.0)
+                moved = attempts.finish_attempt(conn, job, Status.RETRY_WAIT, "failed_retryable", retry_in_s=0.0)
             elif outcome == "awaiting":
-                moved = repository.await_provider(conn, job, job.handle or "work", 0.0)
+                moved = attempts.await_provider(conn, job, job.handle or "work", 0.0)
             else:
                 moved = True
         if moved:
@@ -121,24 +122,24 @@ class Driver:
     def operator(self, rng: random.Random) -> None:
         """Cancel a job that has not ended, or retry one that failed or was canceled."""
         with db.transaction(self.engine) as conn:
-            held = repository.lock(conn, rng.choice(self.pipelines))
+            held = operations.lock(conn, rng.choice(self.pipelines))
             assert held is not None
             if held.status in (Status.FAILED, Status.CANCELED):
-                repository.reopen(conn, held, held.last_operation + 1, Status.PENDING, 1000, held.input)
+                operations.reopen(conn, held, held.last_operation + 1, Status.PENDING, 1000, held.input)
                 self.note("retried")
             elif not held.status.terminal:
-                repository.cancel(conn, held, held.last_operation + 1, "test")
+                operations.cancel(conn, held, held.last_operation + 1, "test")
                 self.note("canceled")
 
     def recover(self, rng: random.Random) -> None:
         """Hand back the claims whose lease ran out, several in one transaction, as a recovering runner does."""
         with db.transaction(self.engine) as conn:
-            for job in repository.expired_leases(conn, limit=10):
+            for job in claiming.expired_leases(conn, limit=10):
                 if job.polling:
                     assert job.handle is not None
-                    moved = repository.await_provider(conn, job, job.handle, 0.0)
+                    moved = attempts.await_provider(conn, job, job.handle, 0.0)
                 else:
-                    moved = repository.finish_attempt(
+                    moved = attempts.finish_attempt(
                         conn, job, Status.RETRY_WAIT, "interrupted", retry_in_s=0.0, counted=False
                     )
                 if moved:
@@ -181,7 +182,7 @@ def test_the_count_follows_jobs_written_and_deleted_by_hand_and_a_truncate(engin
     name = provider(engine)
     add_jobs(engine, 3)
     with db.transaction(engine) as conn:
-        job = repository.claim_next(conn, "w", 30.0, name)
+        job = claiming.claim_next(conn, "w", 30.0, name)
         assert isinstance(job, repository.Job)
         conn.execute(tables.jobs.update().where(tables.jobs.c.status == Status.PENDING).values(status=Status.AWAITING))
     assert counted_and_real(engine) == (3, 3)
@@ -199,9 +200,9 @@ def test_a_cap_set_after_jobs_were_counted_still_holds(engine):
     name = provider(engine)
     for _ in range(2):
         with db.transaction(engine) as conn:
-            assert isinstance(repository.claim_next(conn, "w", 30.0, name), repository.Job)
+            assert isinstance(claiming.claim_next(conn, "w", 30.0, name), repository.Job)
     capped = provider(engine, max_in_flight=2)
 
     with db.transaction(engine) as conn:
-        assert repository.claim_next(conn, "w", 30.0, capped) == repository.QuotaWait(quota.IN_FLIGHT_CAP)
+        assert claiming.claim_next(conn, "w", 30.0, capped) == claiming.QuotaWait(quota.IN_FLIGHT_CAP)
     assert counted_and_real(engine) == (2, 2)

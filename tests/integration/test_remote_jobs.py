@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from castad_contracts import codes, events
 from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, errors, machine, quota, remote, repository, runner
+from castad_runtime.stage.repository import polls
 
 from tests.integration.helpers import output, stage_runner
 from tests.integration.test_stage_runner import add_job, attempt_rows, emitted, end_spans, job_row, race
@@ -159,12 +160,12 @@ def test_a_callback_brings_the_poll_forward(engine):
     assert stage.claim_next() is None  # the first poll is an hour away
 
     with db.transaction(engine) as conn:
-        assert repository.poll_now(conn, pipeline_id)
+        assert polls.poll_now(conn, pipeline_id)
     turn(stage)
 
     assert status_of(engine, pipeline_id) is Status.SUCCEEDED
     with db.transaction(engine) as conn:
-        assert not repository.poll_now(conn, pipeline_id)  # a late callback changes nothing
+        assert not polls.poll_now(conn, pipeline_id)  # a late callback changes nothing
 
 
 def call_back(engine: sa.Engine, pipeline_id: str) -> Callable[[], bool]:
@@ -172,7 +173,7 @@ def call_back(engine: sa.Engine, pipeline_id: str) -> Callable[[], bool]:
 
     def callback() -> bool:
         with db.transaction(engine) as conn:
-            return repository.poll_now(conn, pipeline_id)
+            return polls.poll_now(conn, pipeline_id)
 
     return callback
 
@@ -235,7 +236,7 @@ def test_of_callback_and_poll_racing_only_one_claim_completes_the_job(engine):
     pipeline_id = add_job(stages[0])
     turn(stages[0])
     with db.transaction(engine) as conn:
-        repository.poll_now(conn, pipeline_id)
+        polls.poll_now(conn, pipeline_id)
 
     claims = race(4, lambda i: stages[i].claim_next())
     won = [claim for claim in claims if claim is not None]

@@ -17,8 +17,8 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import events
 from castad_runtime import artifacts, db, inbox, outbox, retention, settings, tables
-from castad_runtime.stage import repository
 from castad_runtime.stage import retention as stage_retention
+from castad_runtime.stage.repository import ended
 
 from tests.integration.helpers import (
     count,
@@ -169,7 +169,7 @@ def test_finished_jobs_go_with_their_attempts_after_their_ttl_once_their_files_a
     files_kept = add_job(engine, "SUCCEEDED", OLD, swept=False)  # its files were not deleted yet
     unfinished = [add_job(engine, status, None) for status in UNFINISHED]
     step = retention.statement_step(
-        "jobs", engine, lambda conn, limit: repository.forget_finished(conn, TTL_S, limit), rows_each=3
+        "jobs", engine, lambda conn, limit: ended.forget_finished(conn, TTL_S, limit), rows_each=3
     )
 
     assert pruner(step).run_once() == {"jobs": 3}
@@ -186,10 +186,10 @@ def test_a_job_that_ended_again_after_its_files_were_deleted_keeps_its_new_files
     with db.transaction(engine) as conn:
         swept_before_it_ended = ago(conn, NEW + dt.timedelta(days=3))
         conn.execute(tables.jobs.update().values(artifacts_swept_at=swept_before_it_ended))
-        assert repository.unswept(conn, TTL_S, 10) == []  # not old enough
-        assert [job.pipeline_id for job in repository.unswept(conn, NEW.total_seconds() - 3600, 10)] == [pipeline_id]
+        assert ended.unswept(conn, TTL_S, 10) == []  # not old enough
+        assert [job.pipeline_id for job in ended.unswept(conn, NEW.total_seconds() - 3600, 10)] == [pipeline_id]
     with db.transaction(engine) as conn:  # nor is the job deleted before its new files are
-        assert repository.forget_finished(conn, NEW.total_seconds() - 3600, 10) == 0
+        assert ended.forget_finished(conn, NEW.total_seconds() - 3600, 10) == 0
 
 
 @pytest.fixture(params=["volume", "s3"])
@@ -240,10 +240,8 @@ def test_a_stage_deletes_every_file_of_its_finished_jobs_after_their_ttl_and_not
     assert present(store, made[recent], recent) and present(store, made[running], running)
     assert present(store, lyrics, old, events.Stage.LYRIC)
     with engine.connect() as conn:
-        assert repository.unswept(conn, TTL_S, 10) == []  # marked: not listed again
-    jobs_step = retention.statement_step(
-        "jobs", engine, lambda conn, limit: repository.forget_finished(conn, TTL_S, limit)
-    )
+        assert ended.unswept(conn, TTL_S, 10) == []  # marked: not listed again
+    jobs_step = retention.statement_step("jobs", engine, lambda conn, limit: ended.forget_finished(conn, TTL_S, limit))
     assert pruner(jobs_step).run_once() == {"jobs": 2}
     assert jobs_left(engine) == {recent, running}
 

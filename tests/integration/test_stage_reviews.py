@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from castad_contracts import brief, events
 from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, repository, reviews, runner
+from castad_runtime.stage.repository import drafts
 
 from tests.integration.helpers import now, output, pipeline_requested, stage_runner
 from tests.integration.test_stage_runner import emitted
@@ -67,7 +68,7 @@ def drafted_job(
 
 def job(engine: sa.Engine, pipeline_id: str) -> repository.Job:
     with engine.connect() as conn:
-        found = repository.lock_job(conn, pipeline_id)
+        found = drafts.lock_job(conn, pipeline_id)
     assert found is not None
     return found
 

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from castad_contracts import brief, envelope, events
-from castad_faults import outage
 from castad_runtime import db, outages, tables
 from castad_runtime.stage import cancellation, errors, handlers, machine, repository, runner, scheduler
-from castad_testkit import briefs
+from castad_runtime.stage.repository import claiming
 
+from bench.faults import outage
 from tests.integration.helpers import output, pipeline_requested, stage_runner, succeed
-from tests.support import waits
+from tests.support import briefs, waits
 
 pytestmark = pytest.mark.integration
 
@@ -830,8 +830,8 @@ def test_a_replica_of_an_earlier_release_runs_the_jobs_it_reads_and_leaves_the_o
     assert (left.status, left.attempts, left.counted_attempts, left.version) == ("PENDING", 0, 0, 0)
     assert attempt_rows(engine, linked) == []
     with engine.connect() as conn:
-        assert repository.counts(conn, earlier.reads).for_newer == 1
-        assert repository.counts(conn, current.reads).for_newer == 0
+        assert claiming.counts(conn, earlier.reads).for_newer == 1
+        assert claiming.counts(conn, current.reads).for_newer == 0
     said = [record.getMessage() for record in caplog.records if "newer release" in record.getMessage()]
     assert said == [
         "lyric: 1 due jobs hold a pipeline.requested newer than version 3, the newest this release reads: left,"

@@ -149,7 +149,7 @@ jobs = sa.Table(
         "jobs_fair", "tenant", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")
     ),
     # While a prober polls the jobs waiting at a provider (castad_runtime.stage.probes): what a claim takes, and
-    # what the prober asks about (castad_runtime.stage.repository: READY and CLAIM_PROBES).
+    # what the prober asks about (castad_runtime.stage.repository: claiming.READY, polls.CLAIM_PROBES).
     sa.Index("jobs_claimable", "due_at", postgresql_where=sa.text(CLAIMABLE_JOB)),
     sa.Index("jobs_probes", "due_at", postgresql_where=sa.text(PROBED_JOB)),
     sa.Index("jobs_leased", "lease_expires_at", postgresql_where=sa.text("status = 'RUNNING'")),

@@ -14,7 +14,7 @@ turns):
 - A tenant that was idle starts at the clock: its idle time is not saved up as turns to take from the others later.
   A new tenant's first job waits for at most one turn of each other waiting tenant.
 
-What the claim keeps: it is the same compare-and-set under a lease (`repository.claim_next`), on the job that
+What the claim keeps: it is the same compare-and-set under a lease (`repository.claiming.claim_next`), on the job that
 `FOR UPDATE SKIP LOCKED` gives it, and the quota's token is spent as before. Two claims at once may choose the same
 tenant; each then takes another of its jobs, and its `shares` row (updated by both, the second after the first
 commits) moves on by both turns. A tenant whose due jobs other claims hold at that instant is passed over for the
@@ -35,8 +35,8 @@ from __future__ import annotations
 # keeps its rows' order), and the first with a due job no other claim holds gives its oldest: the LATERAL runs
 # tenant after tenant (one probe each: the index's range up to now) until one does (LIMIT 1), locking only that
 # job, so a claim finds work while any is due that no other claim holds.
-# `{claimable}` names the statuses a claim may take; `{claim}` is the claim's UPDATE (repository._UPDATE), given
-# the chosen job's id. With a single tenant waiting, its place is not moved: no row every claim would wait for.
+# `{claimable}` names the statuses a claim may take; `{claim}` is the claim's UPDATE (repository.claiming._UPDATE),
+# given the chosen job's id. With a single tenant waiting, its place is not moved: no row every claim would wait for.
 TURN = """
 WITH RECURSIVE waiting AS (
     (SELECT tenant FROM jobs WHERE status IN ('PENDING', 'RETRY_WAIT', 'AWAITING') ORDER BY tenant LIMIT 1)

@@ -38,6 +38,7 @@ from castad_contracts import codes
 
 from castad_runtime import db, logs, outages, redact
 from castad_runtime.stage import leases, repository
+from castad_runtime.stage.repository import attempts
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class Fence:
         began = self.leases.clock()
         try:
             with db.transaction(self.engine) as conn:
-                left_s = repository.record_submission(conn, job, self.margin_s)
+                left_s = attempts.record_submission(conn, job, self.margin_s)
         except Exception as error:
             if not outages.is_outage(error):
                 raise
@@ -108,6 +109,6 @@ class Fence:
         """Take back the record of a submission that did not leave; a failure leaves it (and says so)."""
         try:
             with db.transaction(self.engine) as conn:
-                repository.unrecord_submission(conn, job)
+                attempts.unrecord_submission(conn, job)
         except Exception as error:
             log.warning("attempt %d: a submission that did not leave stays recorded (%s)", job.attempts, error)

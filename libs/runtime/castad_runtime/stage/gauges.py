@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from castad_contracts import events
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from castad_runtime.stage import repository
+from castad_runtime.stage.repository import claiming
 
 
 class Jobs:
@@ -50,7 +50,7 @@ class Jobs:
 
     def read(self) -> list[Metric]:
         with self.engine.connect() as conn:
-            counts = repository.counts(conn, self.reads)
+            counts = claiming.counts(conn, self.reads)
         by_status, due, for_newer, expired = self._families()
         for status, jobs in counts.by_status.items():
             by_status.add_metric([self.stage, status.value], jobs)

@@ -20,8 +20,9 @@ from castad_contracts import events
 from castad_runtime import consumer, inbox, outbox
 from castad_runtime import metrics as metrics_
 from castad_runtime.stage import faults as faults_
-from castad_runtime.stage import repository, reviews
+from castad_runtime.stage import reviews
 from castad_runtime.stage import runner as runner_
+from castad_runtime.stage.repository import polls
 
 T = TypeVar("T")
 
@@ -125,7 +126,7 @@ class StageHandlers:
             self.wake()
 
     def on_called_back(self, env: envelope_.Envelope, payload: events.Payload) -> None:
-        if self._once(env, lambda conn: repository.poll_now(conn, payload.pipeline_id)):
+        if self._once(env, lambda conn: polls.poll_now(conn, payload.pipeline_id)):
             self.wake()
 
     def on_review_decided(self, env: envelope_.Envelope, payload: events.Payload) -> None:

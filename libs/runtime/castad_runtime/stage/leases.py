@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from castad_runtime import clock as clock_
 from castad_runtime import db, outages, redact
 from castad_runtime.stage import repository
+from castad_runtime.stage.repository import claiming
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class Leases:
             began = self.clock()
             try:
                 with db.transaction(self.engine) as conn:
-                    renewed = repository.renew_leases(conn, [each.job for each in held.values()], self.lease_s)
+                    renewed = claiming.renew_leases(conn, [each.job for each in held.values()], self.lease_s)
             except Exception as error:
                 if not outages.is_outage(error):
                     log.exception("heartbeat of %d attempts failed; trying again", len(held))

@@ -5,11 +5,11 @@ supervision, and a transaction to record "not yet": 9.4 ms of the stage's CPU an
 (docs/reports/capacity.md), so that a million jobs waiting would need hundreds of cores (issue 37). The prober, a
 thread of the stage service, instead:
 
-1. claims up to `batch` jobs whose poll is due in one transaction (`repository.claim_probes`), taking their calls'
+1. claims up to `batch` jobs whose poll is due in one transaction (`polls.claim_probes`), taking their calls'
    tokens from the provider's quota in it (fewer jobs when fewer tokens are left), never more than its `threads`
    can ask at once and as many again waiting for a thread;
 2. polls each on one of its `threads`, outside any transaction (`remote.probe`);
-3. records the outcomes that came since its last look in one transaction (`repository.record_probes`): work not
+3. records the outcomes that came since its last look in one transaction (`polls.record_probes`): work not
    had yet is due again after its wait; work done or failed, or waited past its give-up time, is made ready, as
    a provider's callback makes it.
 
@@ -37,7 +37,8 @@ import time
 import sqlalchemy as sa
 
 from castad_runtime import backoff, db, metrics, outages, redact
-from castad_runtime.stage import cancellation, errors, quota, remote, repository
+from castad_runtime.stage import cancellation, errors, quota, remote
+from castad_runtime.stage.repository import claiming, polls
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Prober:
         self._lock = threading.Condition()
         self._asking: dict[cancellation.Cancellation, float] = {}  # polls under way: when each is up
         self._under_way = 0  # claimed, not yet recorded
-        self._answered: list[tuple[repository.Probe, remote.Later | None]] = []
+        self._answered: list[tuple[polls.Probe, remote.Later | None]] = []
         self._thread = threading.Thread(target=self._loop, name="prober", daemon=True)
 
     def start(self) -> None:
@@ -111,9 +112,9 @@ class Prober:
                 tokens = quota.hold_tokens(conn, self.provider)
                 # Work due for the runner (a job ready to complete, one to start) gets half the tokens at least:
                 # the prober looks far more often than a scheduler claims, and would otherwise take them all.
-                share = tokens.count // 2 if tokens.count and repository.claims_due(conn) else tokens.count
+                share = tokens.count // 2 if tokens.count and claiming.claims_due(conn) else tokens.count
                 limit = min(limit, share)
-            claimed = repository.claim_probes(conn, limit, self.lease_s) if limit > 0 else []
+            claimed = polls.claim_probes(conn, limit, self.lease_s) if limit > 0 else []
             if tokens is not None:
                 quota.spend_tokens(conn, tokens, len(claimed))
         with self._lock:
@@ -122,7 +123,7 @@ class Prober:
             self._pool.submit(self._ask, job)
         return len(claimed)
 
-    def _ask(self, job: repository.Probe) -> None:
+    def _ask(self, job: polls.Probe) -> None:
         """One poll; None makes the job ready for a claim, also when the poll itself broke (the claim sees why)."""
         cancel = cancellation.Cancellation()
         with self._lock:
@@ -154,9 +155,9 @@ class Prober:
         if not answered:
             return 0
         outcomes = [
-            repository.Probed(job, ready=True)
+            polls.Probed(job, ready=True)
             if answer is None
-            else repository.Probed(job, ready=False, wait_s=answer.wait_s, asked=answer.asked)
+            else polls.Probed(job, ready=False, wait_s=answer.wait_s, asked=answer.asked)
             for job, answer in answered
         ]
         went = any(answer is not None and answer.asked for _, answer in answered)
@@ -165,7 +166,7 @@ class Prober:
         ]
         try:
             with db.transaction(self.engine) as conn:
-                repository.record_probes(conn, outcomes)
+                polls.record_probes(conn, outcomes)
                 if self.provider is not None and throttled:
                     quota.throttled(conn, self.provider, max(throttled))
                 elif self.provider is not None and went:

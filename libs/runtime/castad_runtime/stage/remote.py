@@ -38,6 +38,7 @@ from castad_contracts import codes, events
 
 from castad_runtime import artifacts
 from castad_runtime.stage import cancellation, errors, http, machine, repository, runner
+from castad_runtime.stage.repository import polls
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def _not_listed_yet(error: errors.ProviderError, waited_s: float | None) -> bool
 
 Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
 CallbackUrl = Callable[[repository.Job], str | None]
-Probe = Callable[[repository.Probe, cancellation.Cancellation], Later | None]
+Probe = Callable[[polls.Probe, cancellation.Cancellation], Later | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,7 +271,7 @@ def probe(api: RemoteApi, schedule: PollSchedule) -> Probe:
     `work`.
     """
 
-    def ask(job: repository.Probe, cancel: cancellation.Cancellation) -> Later | None:
+    def ask(job: polls.Probe, cancel: cancellation.Cancellation) -> Later | None:
         if job.waited_s > schedule.give_up_s:
             return None
         try:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from castad_contracts import events
 
 from castad_runtime import artifacts, retention, settings
-from castad_runtime.stage import repository
+from castad_runtime.stage.repository import ended
 
 JOB_ROWS = 3  # a job and its attempts, about
 FILE_LISTINGS = 20  # a job's files cost a listing and a deletion in the store: far fewer of them per batch
@@ -39,7 +39,7 @@ def steps(
         retention.statement_step(
             "finished jobs",
             engine,
-            lambda conn, limit: repository.forget_finished(conn, config.retention_jobs_s, limit),
+            lambda conn, limit: ended.forget_finished(conn, config.retention_jobs_s, limit),
             rows_each=JOB_ROWS,
         ),
     ]
@@ -50,9 +50,9 @@ def sweep(
 ) -> int:
     """Delete the files of up to `limit` jobs that finished more than `older_than_s` ago; how many jobs."""
     with retention.transaction(engine) as conn:
-        finished = repository.unswept(conn, older_than_s, limit)
+        finished = ended.unswept(conn, older_than_s, limit)
     for job in finished:
         store.delete(job.pipeline_id, stage)
     with retention.transaction(engine) as conn:
-        repository.mark_swept(conn, finished)
+        ended.mark_swept(conn, finished)
     return len(finished)

@@ -31,6 +31,7 @@ from castad_contracts import events
 from castad_runtime import db, logs
 from castad_runtime.stage import machine, repository
 from castad_runtime.stage import runner as runner_
+from castad_runtime.stage.repository import drafts
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class Reviews:
         self, conn: sa.Connection, decision: events.PipelineReviewDecided, edited: runner_.Output | None
     ) -> bool:
         """In the handler's transaction: apply a person's decision to the job's current draft; True if a job is due."""
-        job = repository.lock_job(conn, decision.pipeline_id)
+        job = drafts.lock_job(conn, decision.pipeline_id)
         current = (job.review or {}).get("draft_id") if job is not None else None
         if job is None or job.status is not machine.Status.REVIEW or current != decision.draft_id:
             log.warning(
@@ -76,7 +77,7 @@ class Reviews:
         assert job.review is not None
         if decision.decision == "regenerate":
             review = {**job.review, "note": decision.note, "decided": decided}
-            repository.review_again(conn, job, review, machine.Status.PENDING, 0.0)
+            drafts.review_again(conn, job, review, machine.Status.PENDING, 0.0)
             log.info("%s draft %s: a new one asked for", self.runner.stage.value, decision.draft_id)
             return True
         output = edited if edited is not None else drafted_output(job)
@@ -91,7 +92,7 @@ class Reviews:
         if time.monotonic() < self._next_look:
             return 0
         with db.transaction(self.runner.engine) as conn:
-            due = repository.due_reviews(conn, limit)
+            due = drafts.due_reviews(conn, limit)
             for job in due:
                 with logs.bound(job.pipeline_id):
                     self._expire(conn, job)
@@ -112,7 +113,7 @@ class Reviews:
             expired_at=now,
         )
         expired = {**review, "expired_at": review.get("expired_at", now.isoformat())}
-        repository.review_again(conn, job, expired, machine.Status.REVIEW, ASK_AGAIN_S)
+        drafts.review_again(conn, job, expired, machine.Status.REVIEW, ASK_AGAIN_S)
         log.info("%s draft %s: its review timed out", self.runner.stage.value, review["draft_id"])
 
 

@@ -28,6 +28,7 @@ from opentelemetry import trace
 from castad_runtime import consumer, db, logs, outages, outbox, telemetry
 from castad_runtime import metrics as metrics_
 from castad_runtime.stage import cancellation, errors, failures, fence, leases, machine, quota, repository
+from castad_runtime.stage.repository import attempts, claiming, drafts, operations
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ class StageRunner:
         # Stored as the oldest version that carries it whole, as an event is written: a replica of an earlier
         # release, mid-rollout, takes every job it can read.
         version, data = self.registry.oldest_carrying(self.trigger_type, trigger)
-        return repository.accept_trigger(
+        return claiming.accept_trigger(
             conn,
             trigger.pipeline_id,
             data,
@@ -228,18 +229,18 @@ class StageRunner:
         """
         held = self._in_order(conn, request.pipeline_id, request.operation)
         if held is None:
-            job_id = repository.add_canceled(
+            job_id = operations.add_canceled(
                 conn, request.pipeline_id, request.operation, request.reason, self.limits.policy.max_attempts
             )
             if job_id is not None:
                 self._emit_canceled(conn, request, job_id, attempt=0)
                 return None
-            held = repository.lock(conn, request.pipeline_id)  # its trigger came meanwhile
+            held = operations.lock(conn, request.pipeline_id)  # its trigger came meanwhile
             assert held is not None
         if held.status.terminal:
-            repository.note_operation(conn, held, request.operation)
+            operations.note_operation(conn, held, request.operation)
             return None
-        repository.cancel(conn, held, request.operation, request.reason)
+        operations.cancel(conn, held, request.operation, request.reason)
         if held.status in (machine.Status.RUNNING, machine.Status.AWAITING):  # its attempt ends canceled
             db.after_commit(conn, lambda: self.metrics.attempt_ended("canceled", codes.ErrorCode.CANCELED))
         self._emit_canceled(conn, request, held.id, attempt=held.attempts)
@@ -258,20 +259,20 @@ class StageRunner:
         if held is None:
             # No trigger came yet. The request is recorded (a row WAITING for the trigger, which makes it
             # PENDING) so that the pipeline's next request is taken in order here too.
-            if repository.add_waiting(conn, request.pipeline_id, request.operation, budget) is not None:
+            if operations.add_waiting(conn, request.pipeline_id, request.operation, budget) is not None:
                 return False
-            held = repository.lock(conn, request.pipeline_id)  # its trigger came meanwhile
+            held = operations.lock(conn, request.pipeline_id)  # its trigger came meanwhile
             assert held is not None
         resumes_here = events.STAGE_ORDER.index(self.stage) >= events.STAGE_ORDER.index(request.stage)
         if not resumes_here or held.status not in (machine.Status.FAILED, machine.Status.CANCELED):
-            repository.note_operation(conn, held, request.operation)
+            operations.note_operation(conn, held, request.operation)
             return False
         if held.input is None:
-            repository.reopen(conn, held, request.operation, machine.Status.WAITING, budget, None)
+            operations.reopen(conn, held, request.operation, machine.Status.WAITING, budget, None)
             return False
         # Later stages get this retry's budgets from the events this stage writes next.
         job_input = {**held.input, "max_attempts": {stage.value: n for stage, n in overrides.items()} or None}
-        repository.reopen(conn, held, request.operation, machine.Status.PENDING, budget, job_input)
+        operations.reopen(conn, held, request.operation, machine.Status.PENDING, budget, job_input)
         log.info("%s job reopened by a retry, %d attempts", self.stage.value, budget)
         return True
 
@@ -282,9 +283,9 @@ class StageRunner:
         if running is not None:
             running.cancel(cancellation.Reason.CANCELED)
 
-    def _in_order(self, conn: sa.Connection, pipeline_id: str, operation: int) -> repository.Held | None:
+    def _in_order(self, conn: sa.Connection, pipeline_id: str, operation: int) -> operations.Held | None:
         """The job (None: no row), locked; Hold if an earlier operator request of the pipeline is still to come."""
-        held = repository.lock(conn, pipeline_id)
+        held = operations.lock(conn, pipeline_id)
         last = held.last_operation if held else 0
         if operation != last + 1:
             raise consumer.Hold(f"operator request {operation} of {pipeline_id} came before request {last + 1}")
@@ -301,7 +302,7 @@ class StageRunner:
             operation=request.operation,
             reason=request.reason,
             canceled_at=_now(),
-            provider_calls=repository.tell_calls(conn, job_id, attempt) if attempt else None,
+            provider_calls=attempts.tell_calls(conn, job_id, attempt) if attempt else None,
         )
         outbox.add(conn, payload, events.stage_event(self.stage, "canceled"), self.source)
 
@@ -336,10 +337,10 @@ class StageRunner:
 
         That transaction began at `began` or after (see `claim_accepted` on a transaction that does not commit).
         """
-        job = repository.claim_next(
+        job = claiming.claim_next(
             conn, self.worker_id, self.limits.lease_s, self.provider, self.probed, reads=self.reads
         )
-        if isinstance(job, repository.QuotaWait):
+        if isinstance(job, claiming.QuotaWait):
             assert self.provider is not None
             self.metrics.quota_wait(self.provider, job.reason)
             return None
@@ -354,7 +355,7 @@ class StageRunner:
         if now < self._next_look_for_newer:
             return
         self._next_look_for_newer = now + NEWER_RELEASE_LOOK_S
-        left = repository.counts(conn, self.reads).for_newer
+        left = claiming.counts(conn, self.reads).for_newer
         if left:
             log.warning(
                 "%s: %d due jobs hold a %s newer than version %d, the newest this release reads: left, untouched,"
@@ -374,7 +375,7 @@ class StageRunner:
         """
         if not self.claims_at_trigger:
             return None
-        job = repository.claim_pending(conn, pipeline_id, self.worker_id, self.limits.lease_s)
+        job = claiming.claim_pending(conn, pipeline_id, self.worker_id, self.limits.lease_s)
         return None if job is None else self._claimed(conn, job, began)
 
     @property
@@ -460,7 +461,7 @@ class StageRunner:
     def recover_expired_leases(self, limit: int = 20) -> int:
         """Jobs whose worker stopped renewing its lease: the attempt is handed back, not counted."""
         with db.transaction(self.engine) as conn:
-            lost = repository.expired_leases(conn, limit, exclude=self.active_jobs())
+            lost = claiming.expired_leases(conn, limit, exclude=self.active_jobs())
             for job in lost:
                 with telemetry.continued(job.traceparent, job.tracestate), logs.bound(job.pipeline_id):
                     log.warning("%s attempt %d lost its lease; handing it back", self.stage.value, job.attempts)
@@ -619,7 +620,7 @@ class StageRunner:
             quota.relieved(conn, self.provider)
 
     def _write_awaiting(self, conn: sa.Connection, job: repository.Job, awaiting: Awaiting) -> bool:
-        if not repository.await_provider(conn, job, awaiting.handle, awaiting.poll_in_s, awaiting.notes):
+        if not attempts.await_provider(conn, job, awaiting.handle, awaiting.poll_in_s, awaiting.notes):
             return False
         if not job.polling:
             done = "waits on an earlier attempt's" if awaiting.handle == job.previous_handle else "submitted as"
@@ -635,7 +636,7 @@ class StageRunner:
             "details": _as_json(drafted.output.details),
             "on_timeout": drafted.review.on_timeout,
         }
-        if not repository.draft(conn, job, review, drafted.review.timeout_s):
+        if not drafts.draft(conn, job, review, drafted.review.timeout_s):
             return False
         self.emit(
             conn,
@@ -645,7 +646,7 @@ class StageRunner:
             draft_id=review["draft_id"],
             round=review["round"],
             artifact=drafted.output.artifact,
-            review_until=repository.due_at(conn, job.id),
+            review_until=attempts.due_at(conn, job.id),
             on_timeout=drafted.review.on_timeout,
             drafted_at=_now(),
             **drafted.output.details,
@@ -660,7 +661,7 @@ class StageRunner:
         result: dict[str, Any] = {"artifact": output.artifact.model_dump(mode="json")}
         if self.passes_remakes:
             result["details"] = _as_json(output.details)
-        repository.end_review(conn, job, {**(job.review or {}), "decided": decided}, result)
+        drafts.end_review(conn, job, {**(job.review or {}), "decided": decided}, result)
         self._emit_completed(conn, job, output)
         db.after_commit(conn, lambda: self.metrics.attempt_ended("succeeded", None, None))
 
@@ -668,7 +669,7 @@ class StageRunner:
         result: dict[str, Any] = {"artifact": output.artifact.model_dump(mode="json")}
         if self.passes_remakes:  # what a remake of the pipeline reuses (castad_runtime.stage.remakes)
             result["details"] = _as_json(output.details)
-        if not repository.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
+        if not attempts.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
             return False
         self._emit_completed(conn, job, output)
         log.info("%s succeeded on attempt %d", self.stage.value, job.attempts)
@@ -697,7 +698,7 @@ class StageRunner:
             self.limits.policy, counted, job.max_attempts, failure.retryable, self.rng, failure.retry_after_s
         )
         message = failure.message[:ERROR_MESSAGE_MAX]
-        done = repository.finish_attempt(
+        done = attempts.finish_attempt(
             conn,
             job,
             decision.status,
@@ -736,8 +737,8 @@ class StageRunner:
         if job.polling:  # the work is still at the provider: only the poll is lost, it is due again
             assert job.handle is not None
             log.warning("%s attempt %d: poll handed back (%s)", self.stage.value, job.attempts, back.code)
-            return repository.await_provider(conn, job, job.handle, back.delay_s)
-        done = repository.finish_attempt(
+            return attempts.await_provider(conn, job, job.handle, back.delay_s)
+        done = attempts.finish_attempt(
             conn,
             job,
             machine.Status.RETRY_WAIT,
@@ -750,7 +751,7 @@ class StageRunner:
         if not done:
             return False
         if back.throttled_s is not None:  # its request for work was refused, not taken: the provider bills none
-            repository.refused_call(conn, job)
+            attempts.refused_call(conn, job)
         log.warning("%s attempt %d handed back (%s), not counted", self.stage.value, job.attempts, back.code)
         last_attempt = job.attempts - job.counted_attempts + job.max_attempts
         self._emit_retrying(conn, job, back.code, back.message[:ERROR_MESSAGE_MAX], last_attempt=last_attempt)
@@ -767,7 +768,7 @@ class StageRunner:
             max_attempts=last_attempt,
             error_code=code,
             error_message=message,
-            next_attempt_at=repository.due_at(conn, job.id),
+            next_attempt_at=attempts.due_at(conn, job.id),
         )
 
     def emit(self, conn: sa.Connection, job: repository.Job, fact: Any, model: type[Any], **fields: Any) -> None:
@@ -775,7 +776,7 @@ class StageRunner:
 
         One that can tells the requests for work the attempt sent its provider since its last event said
         (`started` cannot: none has left yet)."""
-        if "provider_calls" in model.model_fields and (calls := repository.tell_calls(conn, job.id, job.attempts)):
+        if "provider_calls" in model.model_fields and (calls := attempts.tell_calls(conn, job.id, job.attempts)):
             fields["provider_calls"] = calls
         payload = model(
             pipeline_id=job.pipeline_id, stage=self.stage, job_id=str(job.id), attempt=job.attempts, **fields

@@ -47,6 +47,7 @@ from castad_runtime.stage import (
     scheduler,
 )
 from castad_runtime.stage import retention as stage_retention
+from castad_runtime.stage.repository import polls
 
 OFFLINE_PROVIDERS = frozenset({"local", "instant"})  # every other provider is a network one, with a quota
 PROBE_LEASES = 4  # a batch of polls holds its jobs this many attempt leases (its polls wait for slow answers)
@@ -310,7 +311,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
     if isinstance(work, remote.RemoteWork) and config.probe_batch > 0:
         probe = work.probe
 
-        def faulty_probe(job: repository.Probe, cancel: cancellation.Cancellation) -> remote.Later | None:
+        def faulty_probe(job: polls.Probe, cancel: cancellation.Cancellation) -> remote.Later | None:
             return injector.call(lambda: probe(job, cancel), cancel)
 
         prober = probes.Prober(
