@@ -37,9 +37,8 @@ from castad_contracts import events
 from castad_runtime import db
 from castad_runtime.stage import machine, quota, repository
 from castad_runtime.stage.repository import attempts, claiming
-
-from bench import common, latency
-from bench import machine as bench_machine
+from castad_testkit import latency, scratch
+from castad_testkit import machine as bench_machine
 
 SLOTS = 4  # the music API's songs at once: its provider's cap on jobs in flight
 WORK_TURNS = 30  # turns a song takes at the API (15 s at TURN_S; an assumption, not Suno's figure)
@@ -59,7 +58,7 @@ VARIANTS = ("oldest", "fair")
 LABELS = {"oldest": "oldest first (before)", "fair": "fair turns (now)"}
 PROVIDER = "music"
 LEASE_S = 3600.0  # longer than any run: no lease runs out mid-song
-OUT = common.REPORTS / "fairness.md"
+OUT = scratch.REPORTS / "fairness.md"
 
 
 class MusicApi:
@@ -209,10 +208,10 @@ def claim_cost(engine: sa.Engine) -> list[dict[str, Any]]:
     return shapes
 
 
-def run(cleanup: common.Cleanup) -> dict[str, Any]:
+def run(cleanup: scratch.Cleanup) -> dict[str, Any]:
     runs, shared = {}, {}
     with cleanup.scope():
-        engine = common.stage_database(cleanup, f"castad_bench_{common.RUN_ID}_fairness", pool_size=1)
+        engine = scratch.stage_database(cleanup, f"castad_bench_{scratch.RUN_ID}_fairness", pool_size=1)
         for variant in VARIANTS:
             runs[variant] = backlog(engine, fair=variant == "fair")
             shared[variant] = weights(engine, fair=variant == "fair")
@@ -388,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     kept = args.output.with_suffix(".json")
     if not args.render:
         load = bench_machine.load()
-        cleanup = common.Cleanup()
-        with common.interrupt_on_sigterm():
+        cleanup = scratch.Cleanup()
+        with scratch.interrupt_on_sigterm():
             measured = run(cleanup)
         measured["facts"] = bench_machine.brief_facts(load)
         kept.write_text(json.dumps(measured, indent=1) + "\n")

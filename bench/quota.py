@@ -27,8 +27,7 @@ import sqlalchemy as sa
 from castad_runtime import db
 from castad_runtime.stage import quota, repository
 from castad_runtime.stage.repository import claiming
-
-from bench import common, latency, machine
+from castad_testkit import latency, machine, scratch
 
 CLAIMERS = 32
 PER_CLAIMER = 20  # claims per claimer and round
@@ -39,7 +38,7 @@ DUE = CLAIMERS * PER_CLAIMER  # jobs due at each round's start: one for every cl
 PROVIDER = "bench"
 MAX_MISSED = 10 * PER_CLAIMER  # claims of a claimer that found nothing, at most
 VARIANTS = ("one_row", "sharded")
-OUT = common.REPORTS / "quota.md"
+OUT = scratch.REPORTS / "quota.md"
 LABELS = {
     "one_row": "one locked row, count(*) under its lock (before)",
     "sharded": "shards taken with SKIP LOCKED, a counted in-flight total (now)",
@@ -177,10 +176,10 @@ def one_round(engine: sa.Engine, variant: str) -> dict[str, Any]:
     }
 
 
-def run(cleanup: common.Cleanup) -> dict[str, list[dict[str, Any]]]:
+def run(cleanup: scratch.Cleanup) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
     with cleanup.scope():
-        engine = common.stage_database(cleanup, f"castad_bench_{common.RUN_ID}_quota", pool_size=CLAIMERS)
+        engine = scratch.stage_database(cleanup, f"castad_bench_{scratch.RUN_ID}_quota", pool_size=CLAIMERS)
         prepare(engine)
         for number in range(ROUNDS):
             order = VARIANTS if number % 2 == 0 else VARIANTS[::-1]
@@ -237,8 +236,8 @@ def render(results: dict[str, list[dict[str, Any]]], facts: dict[str, object]) -
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
     load = machine.load()
-    cleanup = common.Cleanup()
-    with common.interrupt_on_sigterm():
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm():
         results = run(cleanup)
     facts = machine.brief_facts(load)
     OUT.write_text(render(results, facts))

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from castad_contracts import codes, events
+from castad_faults import outage
 from castad_runtime import db, tables
 from castad_runtime.stage import cancellation, errors, leases, machine, remote, repository
 from castad_runtime.stage.repository import attempts
 
-from bench.faults import outage
 from tests.integration.test_remote_jobs import Provider, remote_runner, turn, turn_when_due
 from tests.integration.test_stage_runner import add_job, attempt_rows, job_row, status_of
 from tests.support import waits

@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from castad_contracts import brief, envelope, events
+from castad_faults import outage
 from castad_runtime import db, outages, tables
 from castad_runtime.stage import cancellation, errors, handlers, machine, repository, runner, scheduler
 from castad_runtime.stage.repository import claiming
+from castad_testkit import briefs
 
-from bench.faults import outage
 from tests.integration.helpers import output, pipeline_requested, stage_runner, succeed
-from tests.support import briefs, waits
+from tests.support import waits
 
 pytestmark = pytest.mark.integration
 
