@@ -17,7 +17,8 @@ processes), then a model that multiplies them out:
    them, the HTTP requests included.
 
 The model (`model`) is arithmetic on those figures: every projected number is labelled so. Two cores cannot
-show what more hardware does; the report says which part is measured and which is projected.
+show what more hardware does; the report says which part is measured and which is projected. Its words are
+bench/templates/capacity.md.j2's.
 """
 
 from __future__ import annotations

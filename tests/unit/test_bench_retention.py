@@ -7,6 +7,7 @@ import json
 import pathlib
 from typing import Any
 
+import jinja2
 import pytest
 
 from bench import retention
@@ -67,3 +68,20 @@ def test_the_page_is_written_again_from_the_kept_measurements(tmp_path: pathlib.
     )
     assert "| api | 10,000 | 30,000 | 40,000 | 80,000 | 33.3 | 4.0 | 5 | 16,000 |" in page
     assert "## Whether to partition" in page
+
+
+def test_the_template_writes_every_figure_of_the_sample_and_names_none_it_was_not_given() -> None:
+    page = retention.render(_measured())
+    assert "{{" not in page and "{%" not in page and "n/a" not in page
+    assert "| random, version 4 (before) | 2,000 | 1.00x | 2,000, 2,000 | 4,000 | 1.00x |" in page
+    assert "| batches of `batch` rows (before) | outbox | 2,500 | 25,000 in 10.0 s | 4,500 | 0.90x |" in page
+    assert "## What retention must delete at 5,000 pipelines a second (projected)" in page
+    assert "deleting takes at most 20% of the pruner's time" in page
+    assert "One pruner deleted 2,400 rows a second before (the slower table's) and 20,000 now," in page
+
+
+def test_a_measurement_missing_from_the_kept_file_fails_the_page_instead_of_leaving_a_gap() -> None:
+    measured = _measured()
+    del measured["retention"]["max_batch"]
+    with pytest.raises(jinja2.UndefinedError):
+        retention.render(measured)
