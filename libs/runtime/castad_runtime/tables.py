@@ -6,17 +6,32 @@ migrated schema matches these definitions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
+
+from castad_runtime.stage import machine
 
 metadata = sa.MetaData()
 
 TZ = sa.DateTime(timezone=True)
+
+
+def sql_strings(values: Iterable[str]) -> str:
+    """Return `values` as SQL's parenthesised list of string literals, in their order: `('A', 'B')`.
+
+    For statuses an index predicate names: PostgreSQL keeps the order the migration wrote them in, and a test
+    compares the migrated index with the one these tables describe.
+    """
+    return "(" + ", ".join(f"'{value}'" for value in values) + ")"
+
+
 # Retention's predicates (castad_runtime.retention), written once for its partial indexes and its queries alike,
 # so that the planner sees the index's own predicate in the query.
 CLAIMABLE_JOB = "status IN ('PENDING', 'RETRY_WAIT') OR (status = 'AWAITING' AND due_at <= submitted_at)"
 PROBED_JOB = "status = 'AWAITING' AND due_at > submitted_at"
-FINISHED_JOB = "status IN ('SUCCEEDED', 'FAILED', 'CANCELED')"
+FINISHED_JOB = f"status IN {sql_strings(status for status in machine.Status if status.terminal)}"
 UNSWEPT_JOB = "(artifacts_swept_at IS NULL OR artifacts_swept_at < finished_at)"  # files not deleted since it ended
 
 outbox = sa.Table(

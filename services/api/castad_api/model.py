@@ -48,7 +48,7 @@ class StageStatus(enum.StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELED)
+        return self.value in api.ENDED  # a stage ends as a pipeline does
 
 
 STATUS_AFTER = {

@@ -64,6 +64,7 @@ def per_minute(count: int, window_s: int) -> float:
 
 
 IN_FLIGHT = f"SELECT id FROM pipelines WHERE status NOT IN {tables.OPEN_ENDED}"
+STAGE_ORDER = ", ".join(f"('{stage.value}', {position})" for position, stage in enumerate(events.STAGE_ORDER, 1))
 # Where each in-flight pipeline is: its first stage that has not succeeded (PENDING if not started yet), found
 # through the stages' primary key for each of them (LATERAL: never a scan of every pipeline's stages).
 PLACES = f"""
@@ -72,7 +73,7 @@ WITH places AS (
     FROM ({IN_FLIGHT}) AS flight
     CROSS JOIN LATERAL (
         SELECT stage_order.stage, coalesce(s.status, 'PENDING') AS status, s.attempt, s.started_at
-        FROM (VALUES ('lyric', 1), ('song', 2), ('video', 3)) AS stage_order (stage, position)
+        FROM (VALUES {STAGE_ORDER}) AS stage_order (stage, position)
         LEFT JOIN pipeline_stages s ON s.pipeline_id = flight.id AND s.stage = stage_order.stage
         WHERE coalesce(s.status, 'PENDING') <> 'SUCCEEDED'
         ORDER BY stage_order.position

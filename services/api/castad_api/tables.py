@@ -6,9 +6,12 @@ import sqlalchemy as sa
 from castad_runtime import tables as runtime_tables
 from sqlalchemy.dialects import postgresql as pg
 
+from castad_api import model
+
 metadata = runtime_tables.metadata
 TZ = runtime_tables.TZ
-OPEN_ENDED = "('SUCCEEDED', 'FAILED', 'CANCELED')"  # pipeline statuses no deadline applies to
+# Pipeline statuses no deadline applies to.
+OPEN_ENDED = runtime_tables.sql_strings(status for status in model.PipelineStatus if status.terminal)
 # Retention's predicates (castad_api.retention), written once for its partial indexes and its queries alike.
 ENDED = f"status IN {OPEN_ENDED}"
 SETTLED_LETTER = "status IN ('replayed', 'discarded')"

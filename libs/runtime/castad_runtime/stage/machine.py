@@ -28,6 +28,8 @@ import dataclasses
 import enum
 import random
 
+from castad_contracts import api
+
 from castad_runtime import backoff
 
 
@@ -47,7 +49,7 @@ class Status(enum.StrEnum):
         return self in TERMINAL
 
 
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELED})
+TERMINAL = frozenset(status for status in Status if status.value in api.ENDED)  # a job ends as a pipeline does
 CLAIMABLE = frozenset({Status.PENDING, Status.RETRY_WAIT, Status.AWAITING})
 NEW_ATTEMPT = frozenset({Status.PENDING, Status.RETRY_WAIT})  # a claim of these starts an attempt
 
