@@ -93,7 +93,7 @@ MAX_ROOM = 16_384
 def room(sections: int, lines_per_section: int, attempt: int = 1) -> int:
     """The tokens an answer may take: the lyrics asked for, twice that for each attempt after the first."""
     asked = sections * lines_per_section * MAX_CHARS_PER_LINE * ROOM_PER_CHAR + ROOM_FOR_JSON
-    return min(MAX_ROOM, asked * 2 ** min(max(attempt, 1) - 1, 8))
+    return min(MAX_ROOM, asked << min(max(attempt, 1) - 1, 8))
 
 
 def request_body(

@@ -63,7 +63,7 @@ class _KeepaliveTransport(TCPTransportFactory):
     def __init__(self, url: str) -> None:
         self._inner = TLSTransportFactory() if url.startswith("amqps://") else TCPTransportFactory()
 
-    async def create(self, url: Any, **kwargs: Any) -> Any:
+    async def create(self, url: Any, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         reader, writer = await self._inner.create(url, **kwargs)
         sock = writer.get_extra_info("socket")
         if sock is not None:

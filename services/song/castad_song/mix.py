@@ -62,6 +62,6 @@ def limit(samples: Signal, sample_rate: int) -> Signal:
     # each peak needs and still moves smoothly.
     from scipy import ndimage  # here: scipy loads only once a song is mastered, not when the service starts
 
-    gain = ndimage.minimum_filter1d(needed, size=2 * window + 1)
-    gain = ndimage.uniform_filter1d(gain, size=window)
+    least: Signal = ndimage.minimum_filter1d(needed, size=2 * window + 1)
+    gain: Signal = ndimage.uniform_filter1d(least, size=window)
     return np.clip(samples * gain, -PEAK, PEAK)

@@ -95,9 +95,10 @@ class Reader:
 
 def _readline(child: subprocess.Popen[str], timeout_s: float) -> str:
     """The child's next line of output; ReadingFailed (the child killed) if none comes within `timeout_s`."""
-    assert child.stdout is not None
+    stdout = child.stdout
+    assert stdout is not None
     got: list[str] = []
-    reading = threading.Thread(target=lambda: got.append(child.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reading = threading.Thread(target=lambda: got.append(stdout.readline()), daemon=True)
     reading.start()
     reading.join(timeout_s)
     if reading.is_alive():
