@@ -17,7 +17,7 @@ import pytest
 import pyworld
 from castad_contracts import brief, events
 from castad_runtime.stage import cancellation
-from castad_song import espeak, g2p, provider, voice
+from castad_song import espeak, g2p, mix, provider, score, synth, voice
 from castad_testkit import briefs
 
 RATE = 22050
@@ -50,9 +50,9 @@ def _singer() -> voice.Voice:
 
 
 @functools.cache
-def _sung(language: brief.Language) -> tuple[provider.Arrangement, Signal]:
+def _sung(language: brief.Language) -> tuple[score.Arrangement, Signal]:
     """The arrangement of a short song and its voice alone."""
-    arrangement = provider.arrange(
+    arrangement = score.arrange(
         briefs.sample("Stay", region="Gunsan", language=language, genre="ballad", duration_s=12),
         _lyrics(language),
         "seed",
@@ -68,7 +68,7 @@ def _pitch(track: Signal) -> tuple[Signal, Signal]:
     return times, np.where(f0 > 0, 69.0 + 12.0 * np.log2(np.maximum(f0, 1e-9) / 440.0), np.nan)
 
 
-def _written(arrangement: provider.Arrangement, times: Signal) -> Signal:
+def _written(arrangement: score.Arrangement, times: Signal) -> Signal:
     """The written melody at each time: each note until the next starts within its phrase, NaN in rests."""
     target = np.full(times.size, np.nan)
     for phrase in arrangement.phrases:
@@ -215,13 +215,13 @@ def test_the_sung_song_is_at_streaming_loudness_and_never_clips(tmp_path: pathli
 
 def test_the_voice_is_at_least_as_loud_as_the_lead_was() -> None:
     arrangement, track = _sung(brief.Language.KOREAN)
-    lead = provider.render(arrangement, RATE, voices=frozenset({"lead"}))
-    backing = provider.render(arrangement, RATE, voices=provider.BACKING)
-    mixed = provider.mix.mix(backing, lead, track)
+    lead = synth.render(arrangement, RATE, voices=frozenset({"lead"}))
+    backing = synth.render(arrangement, RATE, voices=score.BACKING)
+    mixed = mix.mix(backing, lead, track)
 
-    voice_in_mix = mixed - backing - provider.mix.LEAD_UNDER_VOICE * lead
+    voice_in_mix = mixed - backing - mix.LEAD_UNDER_VOICE * lead
 
-    assert provider.mix.level(voice_in_mix) >= provider.mix.level(lead)
+    assert mix.level(voice_in_mix) >= mix.level(lead)
 
 
 def test_syllables_are_timed_on_their_notes_in_the_event() -> None:
