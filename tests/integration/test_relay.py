@@ -51,7 +51,6 @@ pytestmark = pytest.mark.integration
 
 STARTED = events.stage_event(events.Stage.LYRIC, "started")  # bound to the gateway's queue
 SONG_STARTED = events.stage_event(events.Stage.SONG, "started")
-VIDEO_STARTED = events.stage_event(events.Stage.VIDEO, "started")
 
 
 def interleaved(
@@ -649,11 +648,8 @@ def leaders(engines: Mapping[str, sa.Engine]) -> Counter[str]:
 class Writes:
     """Rows written into every source database in rounds, and what the queues must have got from them."""
 
-    STAGES = {
-        "lyric": (events.Stage.LYRIC, STARTED),
-        "song": (events.Stage.SONG, SONG_STARTED),
-        "video": (events.Stage.VIDEO, VIDEO_STARTED),
-    }
+    # Each stage's database: its stage, and the type of the rows written there.
+    STAGES = {stage.value: (stage, events.stage_event(stage, "started")) for stage in events.Stage}
 
     def __init__(self, engines: Mapping[str, sa.Engine]) -> None:
         self.engines = engines

@@ -17,6 +17,8 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import events
 from castad_runtime import artifacts, db, inbox, outbox, retention, settings, tables
+from castad_runtime.artifacts import volume
+from castad_runtime.stage import machine
 from castad_runtime.stage import retention as stage_retention
 from castad_runtime.stage.repository import ended
 
@@ -159,12 +161,13 @@ def jobs_left(engine: sa.Engine) -> set[str]:
         return set(conn.execute(sa.select(tables.jobs.c.pipeline_id)).scalars())
 
 
-UNFINISHED = ("PENDING", "RUNNING", "RETRY_WAIT", "AWAITING", "WAITING")
+FINISHED = [status for status in machine.Status if status.terminal]
+UNFINISHED = [status for status in machine.Status if not status.terminal]
 
 
 def test_finished_jobs_go_with_their_attempts_after_their_ttl_once_their_files_are_gone(engines):
     engine = engines["video"]
-    gone = [add_job(engine, status, OLD, swept=True) for status in ("SUCCEEDED", "FAILED", "CANCELED")]
+    gone = [add_job(engine, status, OLD, swept=True) for status in FINISHED]
     recent = add_job(engine, "SUCCEEDED", NEW, swept=True)
     files_kept = add_job(engine, "SUCCEEDED", OLD, swept=False)  # its files were not deleted yet
     unfinished = [add_job(engine, status, None) for status in UNFINISHED]
@@ -311,7 +314,7 @@ def test_retention_skips_rows_a_running_transaction_holds_instead_of_waiting_for
     config = settings.CommonSettings(
         CASTAD_RETENTION_OUTBOX_S=TTL_S, CASTAD_RETENTION_JOBS_S=TTL_S, CASTAD_RETENTION_ARTIFACTS_S=TTL_S
     )
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
 
     started = time.monotonic()
     removed = pruner(*stage_retention.steps(engine, store, events.Stage.VIDEO, config)).run_once()
@@ -351,6 +354,6 @@ def test_every_retention_query_of_a_stage_finds_its_rows_through_an_index(engine
     config = settings.CommonSettings(CASTAD_RETENTION_JOBS_S=TTL_S, CASTAD_RETENTION_ARTIFACTS_S=TTL_S)
 
     with statements_of(engine) as statements:
-        pruner(*stage_retention.steps(engine, artifacts.VolumeStore(tmp_path), events.Stage.LYRIC, config)).run_once()
+        pruner(*stage_retention.steps(engine, volume.VolumeStore(tmp_path), events.Stage.LYRIC, config)).run_once()
 
     assert {"outbox_published", "inbox_received", "jobs_finished", "jobs_unswept"} <= indexes_used(engine, statements)
