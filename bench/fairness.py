@@ -17,8 +17,8 @@ tenants (castad_runtime.stage.fair, now).
   either way: `make bench-quota`). The variants alternate over `ROUNDS` rounds.
 
 Turns are counted, not timed, so the waits do not depend on this machine's speed. Written to
-docs/reports/fairness.md, the measurements kept beside it in fairness.json (`make bench-fairness`;
-`python -m bench.fairness --render` writes the page again from them).
+docs/reports/fairness.md by bench/templates/fairness.md.j2, the measurements kept beside it in fairness.json (`make
+bench-fairness`; `python -m bench.fairness --render` writes the page again from them).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pathlib
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,6 +39,8 @@ from castad_runtime.stage import machine, quota, repository
 from castad_runtime.stage.repository import attempts, claiming
 from castad_testkit import latency, scratch
 from castad_testkit import machine as bench_machine
+
+from bench import pages
 
 SLOTS = 4  # the music API's songs at once: its provider's cap on jobs in flight
 WORK_TURNS = 30  # turns a song takes at the API (15 s at TURN_S; an assumption, not Suno's figure)
@@ -54,8 +56,7 @@ MAX_TURNS = 20_000  # a run that has not ended by then is stuck: it stops with a
 # that the run stays short). 10,000 jobs due in each shape: only the number of tenants they belong to changes.
 SHAPES = ((10, 1_000, 200), (100, 100, 200), (1_000, 10, 50))
 ROUNDS = 3
-VARIANTS = ("oldest", "fair")
-LABELS = {"oldest": "oldest first (before)", "fair": "fair turns (now)"}
+VARIANTS = ("oldest", "fair")  # oldest first (before), fair turns (now)
 PROVIDER = "music"
 LEASE_S = 3600.0  # longer than any run: no lease runs out mid-song
 OUT = scratch.REPORTS / "fairness.md"
@@ -94,11 +95,11 @@ class MusicApi:
                 self.finished[pipeline_id] = self.turn
                 del self._working[pipeline_id]
         with db.transaction(self.engine) as conn:
-            job = claiming.claim_next(conn, "bench", LEASE_S, PROVIDER, fair=self.fair)
-        if isinstance(job, repository.Job):
-            self.started[job.pipeline_id] = self.turn
-            self.order.append(job.pipeline_id)
-            self._working[job.pipeline_id] = job
+            claimed = claiming.claim_next(conn, "bench", LEASE_S, PROVIDER, fair=self.fair)
+        if isinstance(claimed, repository.Job):
+            self.started[claimed.pipeline_id] = self.turn
+            self.order.append(claimed.pipeline_id)
+            self._working[claimed.pipeline_id] = claimed
             if len(self._working) > SLOTS:  # the cap is the quota's to keep, not this driver's
                 raise RuntimeError(f"the quota let {len(self._working)} songs at an API with room for {SLOTS}")
 
@@ -240,142 +241,36 @@ def shares(counts: Mapping[str, int]) -> dict[str, float]:
     return {tenant: count / total for tenant, count in counts.items()}
 
 
-def said(numbers: Iterable[int]) -> str:
-    """Numbers as prose lists them: "10, 100 or 1,000"."""
-    written = [f"{number:,}" for number in numbers]
-    return " or ".join(filter(None, (", ".join(written[:-1]), written[-1])))
-
-
-def minutes(turns: float, turn_s: float) -> str:
-    return f"{turns * turn_s / 60:,.1f} min"
-
-
 def render(measured: dict[str, Any]) -> str:
-    facts, turn_s, slots, work = measured["facts"], measured["turn_s"], measured["slots"], measured["work_turns"]
+    """Return the page, written by bench/templates/fairness.md.j2 from the measurements and what they come to."""
     queue, weighted, cost = measured["backlog"], measured["weights"], measured["claim_cost"]
     runs = queue["runs"]
     tenants = sorted({tenant for got in runs.values() for tenant in got["tenants"]})
-    wait_rows = []
-    for tenant in tenants:
-        for variant in VARIANTS:
-            got = runs[variant]["tenants"][tenant]
-            turns = summary(got["waits"])
-            wait_rows.append(
-                f"| {tenant} | {LABELS[variant]} | {len(got['waits']):,}"
-                f" | {turns['p50']:,.1f} / {turns['p95']:,.1f} / {turns['max']:,.0f}"
-                f" | {turns['p50'] * turn_s:,.1f} / {turns['p95'] * turn_s:,.1f} / {turns['max'] * turn_s:,.1f}"
-                f" | {got['last_done']:,} ({minutes(got['last_done'], turn_s)}) |"
-            )
-    late = queue["late"]
-    late_said = " and ".join(f"{tenant} submits {count}" for tenant, count in late.items())
-    worst = {variant: max(max(runs[variant]["tenants"][tenant]["waits"]) for tenant in late) for variant in VARIANTS}
-    a_done = {variant: runs[variant]["tenants"]["A"]["last_done"] for variant in VARIANTS}
-    share_rows = []
-    for variant in VARIANTS:
-        counts = weighted["runs"][variant]
-        parts = shares(counts)
-        share_rows.append(
-            f"| {LABELS[variant]} | "
-            + " | ".join(f"{counts[tenant]} ({parts[tenant]:.0%})" for tenant in weighted["weights"])
-            + " |"
-        )
-    cost_rows = []
-    for shape in cost["shapes"]:
-        p50 = {variant: statistics.median(r["p50"] for r in shape["rounds"][variant]) for variant in VARIANTS}
-        for variant in VARIANTS:
-            rounds = shape["rounds"][variant]
-            p95 = statistics.median(r["p95"] for r in rounds)
-            per_round = ", ".join(f"{r['p50']:.2f}" for r in rounds)
-            cost_rows.append(
-                f"| {shape['tenants']:,} × {shape['each']:,} | {LABELS[variant]} | {p50[variant]:.2f} / {p95:.2f}"
-                f" | {per_round} | {p50[variant] / p50['oldest']:.2f}x |"
-            )
-    due = {shape["tenants"] * shape["each"] for shape in cost["shapes"]}
-    return "\n".join(
-        [
-            "# Fair turns across tenants: waiting times, and what a claim costs",
-            "",
-            "Generated by `make bench-fairness` (`python -m bench.fairness`) from the measurements kept beside it",
-            "in fairness.json; `python -m bench.fairness --render` writes it again from them.",
-            "",
-            "Jobs are claimed on a scratch stage database as a stage claims them (`repository.claiming.claim_next`):",
-            "oldest first, as before fair turns (`fair=False`), and by fair turns across tenants, now",
-            "([how the turn is chosen](../operating/fairness.md)).",
-            "",
-            f"Run {facts['date']} on {facts['cores']} cores, {facts['cpu']}; {facts['postgres']};",
-            f"load average at the start {facts['load']}.",
-            "",
-            "## A backlog, and the few briefs behind it",
-            "",
-            "A slow music API, driven as `tests/integration/test_fair_turns.py` drives it: its provider's quota",
-            f"lets {slots} songs be at it at once, and a song takes {work} turns there. A turn is one claim",
-            "opportunity: the songs that are done end, then one claim through the quota, whether or not the API",
-            "has room (the quota's rate is far above the turns, so only its cap holds claims back). Tenant A",
-            f"submits {queue['jobs']} briefs; after turn {queue['arrive_turn']}, when A's songs have long had"
-            " every place at the API,",
-            f"{late_said}; the turns go on until every song is done. A brief's wait runs from its submission",
-            "to the turn its song started: a wait of 1 is the first claim after it was submitted.",
-            "",
-            "The seconds are the turns at Suno's published rate of 20 calls per 10 s, a claim opportunity",
-            f"every {turn_s:g} s. A song then takes {work * turn_s:g} s at the API: that is an assumption, not a"
-            " figure of",
-            "Suno's, and the waits behind a backlog grow with it. Turns are counted, not timed: these waits",
-            "do not depend on this machine.",
-            "",
-            "| tenant | order | briefs | wait, turns (p50 / p95 / max) | wait, s (p50 / p95 / max) |"
-            " last song done, turn |",
-            "|---|---|---:|---|---|---:|",
-            *wait_rows,
-            "",
-            "Oldest first, the late tenants' briefs wait for the whole of A's backlog: up to"
-            f" {worst['oldest']:,} turns",
-            f"({minutes(worst['oldest'], turn_s)}). With fair turns they wait at most {worst['fair']:,} turns"
-            f" ({worst['fair'] * turn_s:,.1f} s): for a place",
-            f"at the API to come free (a song there takes {work} turns), then for a turn or two of A's. A's own",
-            f"backlog is through at turn {a_done['fair']:,} with fair turns and {a_done['oldest']:,} oldest first:"
-            " the API does the",
-            "same work either way, in another order.",
-            "",
-            "## Weights",
-            "",
-            " and ".join(f"{tenant} of weight {weight}" for tenant, weight in weighted["weights"].items())
-            + f" each submit {weighted['jobs']} briefs to the same API,",
-            f"in that order. Of the first {weighted['first']} songs started (the first {weighted['first']} claims"
-            " that took a job),",
-            "each tenant's:",
-            "",
-            "| order | " + " | ".join(f"{t} (weight {w})" for t, w in weighted["weights"].items()) + " |",
-            "|---|" + "---:|" * len(weighted["weights"]),
-            *share_rows,
-            "",
-            "## What a claim costs",
-            "",
-            f"{said(sorted(due))} jobs due, of {said(shape['tenants'] for shape in cost['shapes'])} tenants (their"
-            " tenants",
-            "taken in turn, so each tenant's oldest job is near the front). Claims on one connection, each a",
-            "transaction of its own timed from its start to its commit, with no provider: the quota's part of a",
-            f"claim is the same either way ([its report](quota.md)). The variants alternate over {cost['rounds']}"
-            " rounds; the",
-            "claims of a round stay RUNNING until it ends, when they are made due again and the table is",
-            "vacuumed. Claims a round: "
-            + ", ".join(
-                f"{shape['claims']} of each variant at {shape['tenants']:,} tenants" for shape in cost["shapes"]
-            )
-            + ".",
-            "",
-            "| tenants × due jobs each | order | ms a claim, p50 / p95 (median round) | p50 per round |"
-            " of oldest first |",
-            "|---|---|---|---|---:|",
-            *cost_rows,
-            "",
-            "A fair claim finds the tenants with due jobs by a loose scan of an index, one probe a tenant: what",
-            "it costs grows with the tenants that have jobs due (about 20 µs a tenant here), where an",
-            "oldest-first claim reads the front of one index whatever their number. At 1,000 tenants waiting at",
-            "once a claim costs about 20 ms of the database; a set of waiting tenants kept by triggers, as the",
-            "jobs in flight are counted, would make it cheaper, and is not built. This process and PostgreSQL",
-            "share the machine's cores with whatever else runs at the time: the load average says how busy it was.",
-            "",
-        ]
+
+    def median_round(shape: dict[str, Any], quantile: str) -> dict[str, float]:
+        return {variant: statistics.median(r[quantile] for r in shape["rounds"][variant]) for variant in VARIANTS}
+
+    return pages.render(
+        "fairness.md.j2",
+        facts=measured["facts"],
+        turn_s=measured["turn_s"],
+        slots=measured["slots"],
+        work=measured["work_turns"],
+        queue=queue,
+        weighted=weighted,
+        cost=cost,
+        variants=VARIANTS,
+        waits={
+            tenant: {variant: summary(runs[variant]["tenants"][tenant]["waits"]) for variant in VARIANTS}
+            for tenant in tenants
+        },
+        worst={
+            variant: max(max(runs[variant]["tenants"][tenant]["waits"]) for tenant in queue["late"])
+            for variant in VARIANTS
+        },
+        shares={variant: shares(weighted["runs"][variant]) for variant in VARIANTS},
+        claims=[{"p50": median_round(shape, "p50"), "p95": median_round(shape, "p95")} for shape in cost["shapes"]],
+        due=sorted({shape["tenants"] * shape["each"] for shape in cost["shapes"]}),
     )
 
 

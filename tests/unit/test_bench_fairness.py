@@ -7,6 +7,7 @@ import json
 import pathlib
 from typing import Any
 
+import jinja2
 import pytest
 
 from bench import fairness
@@ -67,9 +68,32 @@ def test_each_tenants_share_is_its_part_of_the_songs_counted() -> None:
     assert fairness.shares({"A": 10, "D": 30}) == {"A": 0.25, "D": 0.75}
 
 
-def test_numbers_are_listed_as_prose_lists_them() -> None:
-    assert fairness.said([10, 100, 1_000]) == "10, 100 or 1,000"
-    assert fairness.said([10_000]) == "10,000"
+def test_the_page_lists_the_claims_shapes_as_prose_lists_numbers() -> None:
+    measured = _measured()
+    assert "10,000 jobs due, of 10 tenants (their tenants" in fairness.render(measured)
+    [shape] = measured["claim_cost"]["shapes"]
+    measured["claim_cost"]["shapes"] += [dict(shape, tenants=100, each=100), dict(shape, tenants=1_000, each=10)]
+    assert "10,000 jobs due, of 10, 100 or 1,000 tenants (their tenants" in fairness.render(measured)
+
+
+def test_the_template_writes_every_figure_of_the_sample_and_names_none_it_was_not_given() -> None:
+    page = fairness.render(_measured())
+    assert "{{" not in page and "{%" not in page and "n/a" not in page
+    assert "B submits 3 and C submits 1; the turns go on" in page
+    assert "A of weight 1 and D of weight 3 each submit 50 briefs to the same API," in page
+    assert (
+        "| order | A (weight 1) | D (weight 3) |\n|---|---:|---:|\n| oldest first (before) | 40 (100%) | 0 (0%) |"
+        in page
+    )
+    assert "A's own\nbacklog is through at turn 90 with fair turns and 61 oldest first" in page
+    assert "Claims a round: 200 of each variant at 10 tenants." in page
+
+
+def test_a_measurement_missing_from_the_kept_file_fails_the_page_instead_of_leaving_a_gap() -> None:
+    measured = _measured()
+    del measured["weights"]["first"]
+    with pytest.raises(jinja2.UndefinedError):
+        fairness.render(measured)
 
 
 def test_the_page_is_written_again_from_the_kept_measurements(tmp_path: pathlib.Path) -> None:
