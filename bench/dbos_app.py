@@ -20,14 +20,14 @@ import uvicorn
 from castad_contracts import api, events
 from castad_contracts import brief as brief_
 from castad_lyric import instant as lyric_instant
-from castad_runtime import artifacts
+from castad_runtime.artifacts import volume
 from castad_runtime.stage import cancellation
 from castad_song import instant as song_instant
 from castad_video import instant as video_instant
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from fastapi import FastAPI, Header, status
 
-STORE = artifacts.VolumeStore(pathlib.Path(os.environ.get("BENCH_DBOS_ARTIFACTS", "var/bench/dbos-artifacts")))
+STORE = volume.VolumeStore(pathlib.Path(os.environ.get("BENCH_DBOS_ARTIFACTS", "var/bench/dbos-artifacts")))
 LYRICS = lyric_instant.InstantLyricProvider()
 SONGS = song_instant.InstantSongProvider()
 VIDEOS = video_instant.InstantVideoProvider()

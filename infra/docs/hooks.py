@@ -18,7 +18,7 @@ import typer.main
 from castad_api import app, deps, notifications, settings
 from castad_cli import main as cli_main
 from castad_local import admin
-from castad_runtime import artifacts
+from castad_runtime.artifacts import volume
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
@@ -47,7 +47,7 @@ def openapi_document() -> dict[str, Any]:
         config=config,
         engine=sa.create_engine(config.database_url),  # never connected: only the document is built
         notifications=notifications.PipelineNotifications(config.database_url),
-        store=artifacts.VolumeStore(pathlib.Path(tempfile.gettempdir())),
+        store=volume.VolumeStore(pathlib.Path(tempfile.gettempdir())),
     )
     return app.create_app(gateway).openapi()
 

@@ -21,7 +21,8 @@ from castad_api import app, deps, keys, notifications, operations, projection, r
 from castad_api import settings as api_settings
 from castad_contracts import api, brief, envelope, events
 from castad_local import stack
-from castad_runtime import artifacts, db, groups
+from castad_runtime import db, groups
+from castad_runtime.artifacts import volume
 from castad_testkit import briefs
 
 from tests.integration.helpers import now
@@ -188,7 +189,7 @@ class RunningApi:
             config=config,
             engine=self.engine,
             notifications=notifications.PipelineNotifications(database_url),
-            store=artifacts.VolumeStore(artifacts_dir),
+            store=volume.VolumeStore(artifacts_dir),
         )
 
         @contextlib.asynccontextmanager

@@ -13,7 +13,8 @@ import pytest
 import sqlalchemy as sa
 from castad_api import keys
 from castad_contracts import brief, envelope, events
-from castad_runtime import artifacts, db
+from castad_runtime import db
+from castad_runtime.artifacts import volume
 from castad_testkit import briefs
 
 from tests.integration.gateway import LYRICS, make_key
@@ -92,7 +93,7 @@ def test_the_videos_poster_is_listed_with_it_and_served_to_its_tenant_alone(engi
     hana = running.client(make_key(engines["api"], "hana", keys.Scope.SUBMIT, keys.Scope.READ))
     mina = running.client(make_key(engines["api"], "mina", keys.Scope.READ))
     with_poster, without = (gateway.create(tenant="hana") for _ in range(2))
-    store = artifacts.VolumeStore(installation.artifacts_dir)
+    store = volume.VolumeStore(installation.artifacts_dir)
     still = photo("JPEG", (72, 128))
     with store.scratch(with_poster, events.Stage.VIDEO, 1, ".jpg") as scratch:
         scratch.write_bytes(still)
@@ -136,7 +137,7 @@ def videoed(gateway, pipeline_id: str, at: dt.datetime, poster: events.Artifact 
     return envelope.wrap(payload, "video.completed", "/castad/video")
 
 
-def kept(store: artifacts.VolumeStore, pipeline_id: str, data: bytes, suffix: str, media_type: str) -> events.Artifact:
+def kept(store: volume.VolumeStore, pipeline_id: str, data: bytes, suffix: str, media_type: str) -> events.Artifact:
     with store.scratch(pipeline_id, events.Stage.VIDEO, 1, suffix) as scratch:
         scratch.write_bytes(data)
         return store.keep(scratch, pipeline_id, events.Stage.VIDEO, media_type)
@@ -153,7 +154,7 @@ def test_each_format_of_the_video_is_listed_with_its_poster_and_served_to_its_te
     pipeline_id = accepted.json()["id"]
     asked = hana.get(f"/v1/pipelines/{pipeline_id}").json()["brief"]
     assert (asked["formats"], asked["orientation"]) == (["1:1", "16:9"], "vertical")
-    store = artifacts.VolumeStore(installation.artifacts_dir)
+    store = volume.VolumeStore(installation.artifacts_dir)
     square, wide = (kept(store, pipeline_id, f"{name} video".encode(), ".mp4", "video/mp4") for name in ("sq", "wd"))
     square_still = kept(store, pipeline_id, photo("JPEG", (72, 72)), ".jpg", "image/jpeg")
     start = now() - dt.timedelta(minutes=5)

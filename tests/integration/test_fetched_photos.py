@@ -11,7 +11,8 @@ import uuid
 import pytest
 from castad_api import keys, tables
 from castad_contracts import envelope, events
-from castad_runtime import artifacts, db
+from castad_runtime import db
+from castad_runtime.artifacts import volume
 from castad_testkit import briefs
 
 from tests.integration.gateway import make_key
@@ -64,7 +65,7 @@ def test_a_photo_the_video_stage_fetched_is_listed_with_the_pipelines_files_and_
     uploaded = hana.post("/v1/images", content=photo(), headers={"Content-Type": "image/jpeg"}).json()
     pipeline_id = submit(hana, photos=[uploaded["id"], URL]).json()["id"]
     data = photo("PNG", (48, 36))
-    kept = artifacts.VolumeStore(installation.artifacts_dir).keep_fetched(data, pipeline_id, VIDEO, URL, "image/png")
+    kept = volume.VolumeStore(installation.artifacts_dir).keep_fetched(data, pipeline_id, VIDEO, URL, "image/png")
     fetched = events.FetchedPhoto(photo=1, url=URL, file=kept, width=48, height=36)
 
     env = completed(gateway, pipeline_id, (fetched,))
@@ -111,7 +112,7 @@ def test_a_fetched_photo_outside_its_pipelines_video_place_is_never_served(engin
     """Trust no neighbour: whatever an event names, the gateway serves only a file of that pipeline's video stage."""
     running = api()
     hana = running.client(make_key(engines["api"], "hana", *SUBMIT_AND_READ))
-    store = artifacts.VolumeStore(installation.artifacts_dir)
+    store = volume.VolumeStore(installation.artifacts_dir)
     neighbour, pipeline_id = (submit(hana, photos=[URL]).json()["id"] for _ in range(2))
     theirs = store.keep_fetched(photo("PNG"), neighbour, VIDEO, URL, "image/png")
     songs = store.keep_fetched(photo("PNG"), pipeline_id, events.Stage.SONG, URL, "image/png")

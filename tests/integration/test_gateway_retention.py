@@ -22,6 +22,7 @@ from castad_api import retention as api_retention
 from castad_api import settings as api_settings
 from castad_contracts import api, brief, envelope, events
 from castad_runtime import artifacts, db, retention
+from castad_runtime.artifacts import volume
 
 from tests.integration.helpers import count, indexes_used, output, requested_envelope, statements_of
 from tests.support.installation import Installation
@@ -256,7 +257,7 @@ def http(installation: Installation, engine: sa.Engine, config: api_settings.Api
         config=config,
         engine=engine,
         notifications=notifications.PipelineNotifications(config.database_url),
-        store=artifacts.VolumeStore(installation.artifacts_dir),
+        store=volume.VolumeStore(installation.artifacts_dir),
     )
     return InProcess(app.create_app(gateway), {**installation.auth, "X-Castad-Actor": "tests"})
 
@@ -295,7 +296,7 @@ def test_a_replay_is_refused_with_a_409_once_its_event_is_older_than_consumers_r
 
 
 def test_a_download_of_a_file_retention_deleted_is_a_410(engine, http, installation):
-    store = artifacts.VolumeStore(installation.artifacts_dir)
+    store = volume.VolumeStore(installation.artifacts_dir)
 
     def lyrics(pipeline_id: str) -> events.Artifact:
         with store.scratch(pipeline_id, events.Stage.LYRIC, 1, ".txt") as scratch:
@@ -313,7 +314,7 @@ def test_a_download_of_a_file_retention_deleted_is_a_410(engine, http, installat
 
 
 def test_a_completed_event_naming_another_pipelines_or_stages_file_gets_a_404_not_the_file(engine, http, installation):
-    store = artifacts.VolumeStore(installation.artifacts_dir)
+    store = volume.VolumeStore(installation.artifacts_dir)
     made: dict[str, events.Artifact] = {}
 
     def file_of(stage: events.Stage, text: str):  # noqa: ANN202
@@ -345,7 +346,7 @@ def test_a_file_changed_on_the_volume_or_swapped_for_a_link_is_not_served_and_th
     engine, http, installation, tmp_path
 ):
     """Every stage mounts the volume: the gateway serves a file only with the bytes and size its event recorded."""
-    store = artifacts.VolumeStore(installation.artifacts_dir)
+    store = volume.VolumeStore(installation.artifacts_dir)
     kept: list[events.Artifact] = []
 
     def lyrics(pipeline_id: str) -> events.Artifact:

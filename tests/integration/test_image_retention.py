@@ -23,6 +23,7 @@ from castad_api import settings as api_settings
 from castad_api.routes import images as image_routes
 from castad_contracts import api, brief
 from castad_runtime import artifacts, db, images, outages
+from castad_runtime.artifacts import volume
 
 from tests.integration.helpers import indexes_used, statements_of
 from tests.support.installation import Installation
@@ -42,7 +43,7 @@ def gw(installation: Installation, engines: Mapping[str, sa.Engine]) -> deps.Gat
     """
     url = installation.database_urls["api"]
     config = api_settings.ApiSettings(database_url=url, artifacts_dir=installation.artifacts_dir)
-    store = artifacts.VolumeStore(installation.artifacts_dir)
+    store = volume.VolumeStore(installation.artifacts_dir)
     return deps.Gateway(config, engines["api"], notifications.PipelineNotifications(url), store)
 
 

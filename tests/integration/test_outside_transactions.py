@@ -12,7 +12,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_runtime import artifacts, db, outbound
+from castad_runtime import db, outbound
+from castad_runtime.artifacts import volume
 from castad_runtime.stage import cancellation
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def engine(installation):
 
 
 def test_a_store_write_and_a_call_out_are_refused_inside_a_transaction_and_go_on_after_it(engine, tmp_path):
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     client = outbound.Client(
         allow_private=False, timeout_s=5, transport=httpx.MockTransport(lambda _: httpx.Response(204))
     )
@@ -61,7 +62,7 @@ def test_a_store_write_and_a_call_out_are_refused_inside_a_transaction_and_go_on
 
 
 def test_a_transaction_that_failed_or_was_rolled_back_holds_nothing_open(engine, tmp_path):
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     with pytest.raises(ZeroDivisionError), db.transaction(engine) as conn:
         conn.execute(sa.text("SELECT 1"))
         raise ZeroDivisionError

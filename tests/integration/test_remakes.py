@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import envelope, events
 from castad_runtime import artifacts, db, tables
+from castad_runtime.artifacts import volume
 from castad_runtime.stage import cancellation, remakes, repository, runner
 
 from tests.integration.helpers import output, pipeline_requested, stage_runner
@@ -55,7 +56,7 @@ def told(engine: sa.Engine, pipeline_id: str) -> dict[str, Any]:
 
 
 def test_a_remake_copies_the_stages_output_and_passes_the_remake_on_without_a_call(engine, tmp_path: pathlib.Path):
-    store, calls = artifacts.VolumeStore(tmp_path), []
+    store, calls = volume.VolumeStore(tmp_path), []
     work = remakes.reusing(events.Stage.LYRIC, engine, store, writer(store, calls), events.PipelineRequested)
     stage = stage_runner(engine, work)
     source = pipeline_requested()
@@ -79,7 +80,7 @@ def test_a_remake_copies_the_stages_output_and_passes_the_remake_on_without_a_ca
 
 
 def test_a_remake_whose_source_is_gone_fails_for_good_naming_why(engine, tmp_path: pathlib.Path):
-    store, calls = artifacts.VolumeStore(tmp_path), []
+    store, calls = volume.VolumeStore(tmp_path), []
     work = remakes.reusing(events.Stage.LYRIC, engine, store, writer(store, calls), events.PipelineRequested)
     stage = stage_runner(engine, work)
     kept = pipeline_requested()

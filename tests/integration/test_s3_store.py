@@ -13,6 +13,7 @@ import httpx
 import pytest
 from castad_contracts import brief, events
 from castad_runtime import artifacts, outages, settings
+from castad_runtime.artifacts import s3
 
 pytestmark = pytest.mark.integration
 
@@ -25,11 +26,11 @@ def store(object_store, bucket, tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("CASTAD_ARTIFACTS_S3_PREFIX", "media/")
     made = artifacts.make_store(settings.StoreSettings())
-    assert isinstance(made, artifacts.S3Store)
+    assert isinstance(made, s3.S3Store)
     return made
 
 
-def kept(store: artifacts.S3Store, content: bytes, attempt: int = 1) -> events.Artifact:
+def kept(store: s3.S3Store, content: bytes, attempt: int = 1) -> events.Artifact:
     with store.scratch(PIPELINE, events.Stage.SONG, attempt, ".wav") as scratch:
         scratch.write_bytes(content)
         return store.keep(scratch, PIPELINE, events.Stage.SONG, "audio/wav")

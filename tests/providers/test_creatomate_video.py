@@ -28,6 +28,7 @@ from castad_local.fakes import media
 from castad_local.fakes.creatomate import DEFAULT_KEY, FakeCreatomate, Plan
 from castad_local.fakes.server import Reply
 from castad_runtime import artifacts, links
+from castad_runtime.artifacts import volume
 from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
 from castad_video import creatomate, creatomate_template, service
 from castad_video.service import VideoSettings, make_creatomate_work
@@ -90,7 +91,7 @@ def uploaded(artifacts_dir: pathlib.Path, colour: str) -> brief.Photo:
     out = io.BytesIO()
     Image.new("RGB", (8, 8), colour).save(out, "PNG")
     data = out.getvalue()
-    kept = artifacts.VolumeStore(artifacts_dir).keep_image(data, "hana", "image/png")
+    kept = volume.VolumeStore(artifacts_dir).keep_image(data, "hana", "image/png")
     owner = artifacts.image_owner("hana")
     return brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type="image/png", size=kept.size)
 

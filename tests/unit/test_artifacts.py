@@ -13,12 +13,13 @@ import boto3
 import pytest
 from castad_contracts import brief, events
 from castad_runtime import artifacts, outages
+from castad_runtime.artifacts import s3, volume
 
 PIPELINE = "pipeline-1"
 STAGE = events.Stage.VIDEO
 
 
-def kept(store: artifacts.VolumeStore, attempt: int, content: bytes) -> events.Artifact:
+def kept(store: volume.VolumeStore, attempt: int, content: bytes) -> events.Artifact:
     with store.scratch(PIPELINE, STAGE, attempt, ".mp4") as scratch:
         scratch.write_bytes(content)
         return store.keep(scratch, PIPELINE, STAGE, "video/mp4")
@@ -29,12 +30,12 @@ def place(root: pathlib.Path, pipeline_id: str = PIPELINE, stage: events.Stage =
     return root / stage.value / pipeline_id
 
 
-def visible_names(store: artifacts.VolumeStore) -> list[str]:
+def visible_names(store: volume.VolumeStore) -> list[str]:
     return sorted(path.name for path in place(store.root).iterdir() if not path.name.startswith("."))
 
 
 def test_a_final_name_is_the_stage_and_the_first_16_hex_of_the_sha256(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
 
     artifact = kept(store, 1, b"frames")
 
@@ -44,7 +45,7 @@ def test_a_final_name_is_the_stage_and_the_first_16_hex_of_the_sha256(tmp_path: 
 
 
 def test_a_late_keep_of_other_bytes_leaves_the_published_file_as_described(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     published = kept(store, 2, b"the attempt that won")
 
     late = kept(store, 1, b"an abandoned attempt, finishing late")
@@ -59,7 +60,7 @@ def test_a_late_keep_of_other_bytes_leaves_the_published_file_as_described(tmp_p
 
 
 def test_keeps_of_the_same_bytes_share_one_file(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
 
     first = kept(store, 1, b"same bytes")
     second = kept(store, 2, b"same bytes")
@@ -71,7 +72,7 @@ def test_keeps_of_the_same_bytes_share_one_file(tmp_path: pathlib.Path) -> None:
 
 
 def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     try:
         with store.scratch(PIPELINE, STAGE, 1, ".mp4") as scratch:
             scratch.write_bytes(b"half a video")
@@ -93,7 +94,7 @@ def test_an_attempt_that_fails_or_is_abandoned_leaves_no_scratch_file(tmp_path: 
 
 def test_an_attempts_second_scratch_file_leaves_its_first_and_clears_what_an_earlier_one_left(tmp_path: pathlib.Path):
     """A video and its poster: the poster's scratch file is made while the video's is still to be kept."""
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     with store.scratch(PIPELINE, STAGE, 4, ".mp4") as video:
         video.write_bytes(b"the video")
         (place(tmp_path) / ".video.attempt3.jpg").write_bytes(b"a killed worker's poster")
@@ -111,7 +112,7 @@ def test_an_attempts_second_scratch_file_leaves_its_first_and_clears_what_an_ear
 
 
 def test_deleting_a_stages_files_keeps_the_others_and_the_folder_goes_with_the_last_one(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     pipeline_id = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
     for stage, content in ((events.Stage.SONG, b"song"), (events.Stage.SONG, b"late song"), (STAGE, b"video")):
         with store.scratch(pipeline_id, stage, 1, ".bin") as scratch:
@@ -131,7 +132,7 @@ def test_deleting_a_stages_files_keeps_the_others_and_the_folder_goes_with_the_l
 
 
 def test_deleting_refuses_anything_but_a_pipeline_id(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path / "artifacts")
+    store = volume.VolumeStore(tmp_path / "artifacts")
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "video-1.mp4").write_bytes(b"not the store's")
 
@@ -155,7 +156,7 @@ def test_a_file_is_served_and_read_only_from_its_own_pipelines_and_stages_place(
     Whoever wrote the event could name any file of the store. A file is served (and read by a later stage) only
     from `<stage>/<pipeline id>/<stage>-…`, the place of the pipeline and stage asked for.
     """
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     with store.scratch(OWN, events.Stage.SONG, 1, ".wav") as scratch:
         scratch.write_bytes(b"the song")
         song = store.keep(scratch, OWN, events.Stage.SONG, "audio/wav")
@@ -179,7 +180,7 @@ def test_a_file_is_served_and_read_only_from_its_own_pipelines_and_stages_place(
 
 def test_a_file_another_stage_changed_on_the_volume_is_not_read_as_the_artifact(tmp_path: pathlib.Path) -> None:
     """Every stage mounts the volume: the video stage reads the song only with the bytes its event recorded."""
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     with store.scratch(OWN, events.Stage.SONG, 1, ".wav") as scratch:
         scratch.write_bytes(b"the song")
         song = store.keep(scratch, OWN, events.Stage.SONG, "audio/wav")
@@ -194,7 +195,7 @@ def test_a_file_another_stage_changed_on_the_volume_is_not_read_as_the_artifact(
 
 def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp_path: pathlib.Path) -> None:
     client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
-    store = artifacts.S3Store(client, "media", "castad/", tmp_path, presign_s=60)
+    store = s3.S3Store(client, "media", "castad/", tmp_path, presign_s=60)
     song = events.Artifact(
         uri=f"s3://media/castad/song/{OWN}/song-0123456789abcdef.wav", sha256="0" * 64, size=1, media_type="audio/wav"
     )
@@ -211,7 +212,7 @@ def test_an_object_is_presigned_only_from_its_own_pipelines_and_stages_place(tmp
 
 
 def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_once(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
 
     first = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
     again = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
@@ -228,7 +229,7 @@ def test_a_tenants_image_is_named_by_its_bytes_under_its_owners_place_and_kept_o
 
 
 def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_checked(tmp_path: pathlib.Path) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     kept = store.keep_image(b"\xff\xd8 photo", "hana", "image/jpeg")
     owner = artifacts.image_owner("hana")
     photo = brief.Photo(id=str(uuid.uuid4()), owner=owner, sha256=kept.sha256, media_type="image/jpeg", size=8)
@@ -249,7 +250,7 @@ def test_a_photo_a_brief_names_is_read_from_its_owners_place_with_its_bytes_chec
 def test_a_kept_image_gets_the_mode_of_every_artifact_and_is_on_disk_before_it_takes_its_name(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     video = kept(store, 1, b"frames")  # written as the stages write theirs
     synced: set[int] = set()
     named: list[bool] = []
@@ -276,7 +277,7 @@ def test_a_kept_image_gets_the_mode_of_every_artifact_and_is_on_disk_before_it_t
 def test_a_volume_that_refuses_an_image_is_the_store_unavailable_and_leaves_no_file(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
 
     def refused(*_: object, **__: object) -> None:
         raise OSError(errno.ENOSPC if failing == "fsync" else errno.EROFS, "refused")
@@ -291,7 +292,7 @@ def test_a_volume_that_refuses_an_image_is_the_store_unavailable_and_leaves_no_f
 def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_changed_and_deleted_with_it(
     tmp_path: pathlib.Path,
 ) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     pipeline, url = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f", "https://photos.example.com/hall.png"
     with store.fetched_copy(pipeline, events.Stage.VIDEO, url) as nothing:
         assert nothing is None
@@ -315,7 +316,7 @@ def test_a_fetched_file_is_the_pipelines_found_by_its_url_unless_its_bytes_chang
 def test_a_part_an_attempt_made_is_found_again_by_its_key_unless_its_bytes_changed_and_deleted_with_the_stage(
     tmp_path: pathlib.Path,
 ) -> None:
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     pipeline = "6f1c2b9e-3d4a-4c5b-9e8f-0a1b2c3d4e5f"
     assert store.made(pipeline, events.Stage.VIDEO, "1x1 video", "video/mp4") is None
     with store.scratch(pipeline, events.Stage.VIDEO, 1, ".1x1.mp4") as scratch:
@@ -337,7 +338,7 @@ def test_a_file_of_the_layout_before_is_read_where_its_event_names_it_then_in_it
     tmp_path: pathlib.Path,
 ) -> None:
     """Releases up to 0.2 kept each stage's files in the pipeline's folder: an event written then names that path."""
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     older = tmp_path / OWN / f"song-{_digest(b'an older song')}.wav"
     older.parent.mkdir()
     older.write_bytes(b"an older song")
@@ -372,7 +373,7 @@ def test_a_stage_writes_and_deletes_only_in_its_own_place(tmp_path: pathlib.Path
         path.parent.mkdir(parents=True)
         path.write_bytes(b"another stage's")
     before = {path for path in root.rglob("*")}
-    store = artifacts.VolumeStore(root)
+    store = volume.VolumeStore(root)
 
     with store.scratch(OWN, stage, 1, ".bin") as scratch:
         scratch.write_bytes(b"made")
@@ -389,7 +390,7 @@ def test_a_file_of_the_layout_before_is_not_found_through_a_link_out_of_its_stag
     tmp_path: pathlib.Path,
 ) -> None:
     """Its moved name is judged where it leads, as any other name: a link to another pipeline's place is refused."""
-    store = artifacts.VolumeStore(tmp_path)
+    store = volume.VolumeStore(tmp_path)
     others = place(tmp_path, OTHER, events.Stage.SONG)
     others.mkdir(parents=True)
     (others / "song-0123456789abcdef.wav").write_bytes(b"another tenant's song")

@@ -14,7 +14,7 @@ import httpx
 import sqlalchemy as sa
 from castad_api import app, deps, notifications, settings
 from castad_api.routes import console as console_routes
-from castad_runtime import artifacts
+from castad_runtime.artifacts import volume
 
 FILES = console_routes.FILES
 HTML_SINKS = re.compile(r"\.(innerHTML|outerHTML|insertAdjacentHTML)\b|document\.write|\beval\(|new Function\(")
@@ -26,7 +26,7 @@ def gateway(tmp_path: pathlib.Path) -> deps.Gateway:
         config=config,
         engine=sa.create_engine(config.database_url),  # never connected: static files need no database
         notifications=notifications.PipelineNotifications(config.database_url),
-        store=artifacts.VolumeStore(tmp_path),
+        store=volume.VolumeStore(tmp_path),
     )
 
 

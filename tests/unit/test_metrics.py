@@ -13,7 +13,8 @@ import httpx
 import sqlalchemy as sa
 from castad_api import app, deps, notifications, settings
 from castad_local import stack
-from castad_runtime import artifacts, health, metrics, scrape
+from castad_runtime import health, metrics, scrape
+from castad_runtime.artifacts import volume
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 
@@ -115,7 +116,7 @@ def test_the_gateway_counts_requests_by_route_template_and_serves_metrics_withou
         config=config,
         engine=sa.create_engine(config.database_url),  # never connected: no request here reaches the database
         notifications=notifications.PipelineNotifications(config.database_url),
-        store=artifacts.VolumeStore(tmp_path),
+        store=volume.VolumeStore(tmp_path),
     )
 
     async def requests() -> list[httpx.Response]:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 from castad_api import app, deps, notifications, settings
-from castad_runtime import artifacts
+from castad_runtime.artifacts import volume
 from fastapi import FastAPI
 
 
@@ -19,7 +19,7 @@ def gateway_app(tmp_path: pathlib.Path, **config: Any) -> FastAPI:
         config=settings_,
         engine=sa.create_engine(settings_.database_url),  # never connected: only the document is built
         notifications=notifications.PipelineNotifications(settings_.database_url),
-        store=artifacts.VolumeStore(tmp_path),
+        store=volume.VolumeStore(tmp_path),
     )
     return app.create_app(gateway)
 

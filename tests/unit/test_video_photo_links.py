@@ -19,6 +19,7 @@ import httpx
 import pytest
 from castad_contracts import brief, events
 from castad_runtime import artifacts
+from castad_runtime.artifacts import volume
 from castad_runtime.stage import cancellation, errors
 from castad_video import photos
 from PIL import Image
@@ -106,8 +107,8 @@ def host(running_host: Host) -> Host:
 
 
 @pytest.fixture
-def store(tmp_path: pathlib.Path) -> artifacts.VolumeStore:
-    return artifacts.VolumeStore(tmp_path / "artifacts")
+def store(tmp_path: pathlib.Path) -> volume.VolumeStore:
+    return volume.VolumeStore(tmp_path / "artifacts")
 
 
 def linked(store: artifacts.ArtifactStore, url: str, limits: photos.Limits = LIMITS, index: int = 1, **options):
@@ -116,7 +117,7 @@ def linked(store: artifacts.ArtifactStore, url: str, limits: photos.Limits = LIM
     )
 
 
-def kept_files(store: artifacts.VolumeStore) -> list[pathlib.Path]:
+def kept_files(store: volume.VolumeStore) -> list[pathlib.Path]:
     return [path for path in store.root.rglob("*") if path.is_file()]
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from castad_contracts import brief, events
 from castad_runtime import artifacts, links
+from castad_runtime.artifacts import volume
 from castad_runtime.stage import cancellation, errors, machine, repository
 from castad_video import provider, service
 from PIL import Image, ImageDraw
@@ -35,7 +36,7 @@ NOT_STORED = events.Artifact(
 
 
 def song_completed(
-    store: artifacts.VolumeStore, tmp_path: pathlib.Path, photos: list[brief.Photo | brief.PhotoLink]
+    store: volume.VolumeStore, tmp_path: pathlib.Path, photos: list[brief.Photo | brief.PhotoLink]
 ) -> dict:
     with store.scratch(PIPELINE, events.Stage.SONG, 1, ".wav") as scratch:
         write_tone(scratch, 4.0)
@@ -88,7 +89,7 @@ def job(input_: dict) -> repository.Job:
     )
 
 
-def uploaded(store: artifacts.VolumeStore, path: pathlib.Path, tenant: str = "hana") -> brief.Photo:
+def uploaded(store: volume.VolumeStore, path: pathlib.Path, tenant: str = "hana") -> brief.Photo:
     media_type = "image/jpeg" if path.suffix == ".jpg" else "image/png"
     kept = store.keep_image(path.read_bytes(), tenant, media_type)
     owner = artifacts.image_owner(tenant)
@@ -96,13 +97,13 @@ def uploaded(store: artifacts.VolumeStore, path: pathlib.Path, tenant: str = "ha
 
 
 @pytest.fixture
-def stage(tmp_path: pathlib.Path) -> tuple[artifacts.VolumeStore, service.runner.Work]:
+def stage(tmp_path: pathlib.Path) -> tuple[volume.VolumeStore, service.runner.Work]:
     # Private addresses allowed: the photo host of a test is on 127.0.0.1.
     # The store's folder goes by the variable's name (a setting every service shares), not by the field's.
     config = service.VideoSettings(
         CASTAD_ARTIFACTS_DIR=tmp_path / "artifacts", short_side=240, fps=6, allow_private=True
     )
-    return artifacts.VolumeStore(config.artifacts_dir), service.make_work(config)
+    return volume.VolumeStore(config.artifacts_dir), service.make_work(config)
 
 
 @pytest.fixture
@@ -214,7 +215,7 @@ def test_a_photo_that_is_not_in_the_store_fails_the_video_for_good(stage, tmp_pa
 ROOT = SecretStr("the gateway's root link secret, for the seal tests")
 
 
-def sealed_stage(tmp_path: pathlib.Path, **fields: object) -> tuple[artifacts.VolumeStore, service.VideoSettings]:
+def sealed_stage(tmp_path: pathlib.Path, **fields: object) -> tuple[volume.VolumeStore, service.VideoSettings]:
     """A video stage holding its key, derived from the gateway's root, as `python -m castad_api link-secrets` says."""
     config = service.VideoSettings(
         CASTAD_ARTIFACTS_DIR=tmp_path / "artifacts",
@@ -223,7 +224,7 @@ def sealed_stage(tmp_path: pathlib.Path, **fields: object) -> tuple[artifacts.Vo
         link_secret=links.stage_secret(ROOT, events.Stage.VIDEO),
         **fields,
     )
-    return artifacts.VolumeStore(config.artifacts_dir), config
+    return volume.VolumeStore(config.artifacts_dir), config
 
 
 def test_a_photo_the_gateway_sealed_for_the_pipeline_is_shown(tmp_path: pathlib.Path):

@@ -14,7 +14,7 @@ the caller gets 500 with a clear reason and none of the bytes, the operators a l
 castad_api_integrity_failures_total. A file gone since its record was read is `artifacts.ArtifactMissing` (404); any
 other failure to open it is the store's outage (`outages.StoreUnavailable`, 503). Either way a file is an attachment
 of an allowed media type (`artifacts.served_media_type`: never one a browser runs as a page); with an object store,
-the answer is a redirect to a presigned URL that says so (`artifacts.S3Store.serve`), and the object store's bytes
+the answer is a redirect to a presigned URL that says so (`artifacts.s3.S3Store.serve`), and the object store's bytes
 are not checked here.
 """
 
