@@ -15,7 +15,7 @@ from typing import Any
 import pika
 import pytest
 import sqlalchemy as sa
-from castad_api import dead_letters
+from castad_api import dead_letter_rows, dead_letters
 from castad_api import settings as api_settings
 from castad_contracts import events
 from castad_contracts import topology as contracts_topology
@@ -158,7 +158,7 @@ def test_a_bad_message_on_the_delay_queue_is_dead_lettered_and_acknowledged_ther
 
 def recorded(message: Delivered) -> dict[str, Any]:
     """The gateway's row of a message of the dead-letter queue."""
-    return dead_letters.describe(message.properties.message_id, message.headers, message.body, body_max=1 << 20)
+    return dead_letter_rows.describe(message.properties.message_id, message.headers, message.body, body_max=1 << 20)
 
 
 def _same_document(parked: bytes, published: bytes) -> bool:
@@ -209,7 +209,7 @@ def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered_after_the
 
     assert deliveries == contracts_topology.DELIVERY_LIMIT + 1
     assert json.loads(dead.body) == json.loads(poison.to_json())
-    row = dead_letters.describe(dead.properties.message_id, dead.headers, dead.body, body_max=1 << 20)
+    row = dead_letter_rows.describe(dead.properties.message_id, dead.headers, dead.body, body_max=1 << 20)
     assert (row["service"], row["queue"], row["event_id"]) == ("lyric", queue, poison.id)
     assert "never acknowledged" in row["reason"]
     assert amqp.depth(queue) == 0

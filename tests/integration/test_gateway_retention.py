@@ -17,7 +17,18 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from castad_api import app, dead_letters, deps, keys, notifications, operations, projection, repository, tables
+from castad_api import (
+    app,
+    dead_letter_rows,
+    dead_letters,
+    deps,
+    keys,
+    notifications,
+    operations,
+    projection,
+    repository,
+    tables,
+)
 from castad_api import retention as api_retention
 from castad_api import settings as api_settings
 from castad_contracts import api, brief, envelope, events
@@ -179,7 +190,7 @@ def test_a_pipeline_goes_with_everything_of_it_after_its_ttl_but_not_while_a_not
 def add_dead_letter(engine: sa.Engine, queue: str, received_ago: dt.timedelta, status: str = "dead") -> int:
     env = requested_envelope()
     headers = {"x-castad-queue": queue, "x-castad-service": "lyric", "x-castad-reason": "handler failed"}
-    fields = dead_letters.describe(str(uuid.uuid4()), headers, env.model_dump_json().encode(), 1 << 20)
+    fields = dead_letter_rows.describe(str(uuid.uuid4()), headers, env.model_dump_json().encode(), 1 << 20)
     with db.transaction(engine) as conn:
         letter_id = dead_letters.record(conn, fields)
         assert letter_id is not None

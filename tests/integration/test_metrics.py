@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 import sqlalchemy as sa
-from castad_api import dead_letters, operations, projection
+from castad_api import dead_letter_rows, dead_letters, operations, projection
 from castad_api import metrics as api_metrics
 from castad_contracts import api, codes, envelope, events
 from castad_relay import metrics as relay_metrics
@@ -247,7 +247,7 @@ def test_the_gateways_dead_letters_gauge_counts_them_by_status(engines):
     assert sample(registry, "castad_dead_letters", status="dead") == 0
     with db.transaction(engine) as conn:
         for n in range(2):
-            dead_letters.record(conn, dead_letters.describe(f"m-{n}", {"x-castad-reason": "poison"}, b"{}", 1024))
+            dead_letters.record(conn, dead_letter_rows.describe(f"m-{n}", {"x-castad-reason": "poison"}, b"{}", 1024))
 
     assert sample(registry, "castad_dead_letters", status="dead") == 2
     assert sample(registry, "castad_dead_letters", status="replayed") == 0

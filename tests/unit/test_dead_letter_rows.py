@@ -7,7 +7,7 @@ import json
 import types
 import uuid
 
-from castad_api import dead_letters
+from castad_api import dead_letter_recorder, dead_letter_rows
 from castad_runtime import consumer
 
 
@@ -18,7 +18,7 @@ def test_an_event_dead_letter_is_described_by_its_envelope_and_headers():
     ).encode()
     headers = {"x-castad-reason": "no handler", "x-castad-service": "api", "x-castad-queue": "castad.api"}
 
-    row = dead_letters.describe("m-1", headers, body, body_max=1024)
+    row = dead_letter_rows.describe("m-1", headers, body, body_max=1024)
 
     assert (row["message_id"], row["kind"], row["service"], row["queue"], row["reason"]) == (
         "m-1",
@@ -40,7 +40,7 @@ def test_nul_characters_never_reach_a_text_column_and_the_body_keeps_every_byte(
     body = b'{"type": "a\\u0000b", "\\u0000k": 1}\x00'
     headers = {"x-castad-reason": "\x00k: Extra inputs are not permitted", "x-\x00": ["\x00"]}
 
-    row = dead_letters.describe(None, headers, body, body_max=1024)
+    row = dead_letter_rows.describe(None, headers, body, body_max=1024)
 
     text = json.dumps({key: value for key, value in row.items() if key != "body"}, default=str)
     assert "\\u0000" not in text
@@ -49,16 +49,18 @@ def test_nul_characters_never_reach_a_text_column_and_the_body_keeps_every_byte(
 
 
 def test_a_message_without_an_id_gets_the_same_one_each_time_it_comes():
-    first = dead_letters.describe(None, {"x-castad-reason": "r"}, b"garbage", body_max=1024)
-    again = dead_letters.describe(None, {"x-castad-reason": "r"}, b"garbage", body_max=1024)
-    other = dead_letters.describe(None, {"x-castad-reason": "r"}, b"other garbage", body_max=1024)
+    first = dead_letter_rows.describe(None, {"x-castad-reason": "r"}, b"garbage", body_max=1024)
+    again = dead_letter_rows.describe(None, {"x-castad-reason": "r"}, b"garbage", body_max=1024)
+    other = dead_letter_rows.describe(None, {"x-castad-reason": "r"}, b"other garbage", body_max=1024)
 
     assert first["message_id"] == again["message_id"] != other["message_id"]
     assert first["message_id"].startswith("sha256:")
 
 
 def test_a_parked_row_notice_and_a_body_over_the_cap():
-    row = dead_letters.describe("p", {dead_letters.PARKED_HEADER: str(uuid.uuid4())}, b"x" * 5000, body_max=1024)
+    row = dead_letter_rows.describe(
+        "p", {dead_letter_rows.PARKED_HEADER: str(uuid.uuid4())}, b"x" * 5000, body_max=1024
+    )
     assert (row["kind"], row["body_size"], len(row["body"]), row["reason"]) == ("parked", 5000, 1024, "no reason given")
 
 
@@ -72,7 +74,7 @@ def test_a_message_its_queue_gave_up_on_is_described_by_the_brokers_x_death():
     body = json.dumps({"specversion": "1.0", "id": str(event_id), "type": "pipeline.requested"}).encode()
     headers = {"x-death": [{"count": 1, "reason": "delivery_limit", "queue": "castad.lyric", "exchange": ""}]}
 
-    row = dead_letters.describe(str(event_id), headers, body, body_max=1024)
+    row = dead_letter_rows.describe(str(event_id), headers, body, body_max=1024)
 
     assert (row["service"], row["queue"], row["event_type"]) == ("lyric", "castad.lyric", "pipeline.requested")
     assert row["reason"].startswith("taken more than 20 times and never acknowledged")
@@ -84,7 +86,7 @@ def test_a_retry_its_delay_queue_gave_up_on_is_described_by_the_event_inside_and
     body = json.dumps({"actor_name": "api.on_event", "queue_name": "castad.api.DQ", "args": [envelope]}).encode()
     headers = {"x-death": [{"count": 1, "reason": "delivery_limit", "queue": "castad.api.DQ", "exchange": ""}]}
 
-    row = dead_letters.describe(None, headers, body, body_max=1024)
+    row = dead_letter_rows.describe(None, headers, body, body_max=1024)
 
     assert (row["service"], row["queue"]) == ("api", "castad.api")
     assert (row["event_id"], row["event_type"], row["pipeline_id"]) == (event_id, "song.started", pipeline_id)
@@ -100,8 +102,8 @@ def test_a_dead_letter_that_cannot_be_read_is_described_bare_rather_than_left_in
     def broken(*_: object) -> dict[str, object]:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(dead_letters, "describe", broken)
-    recorder = dead_letters.Recorder("amqp://never-connected", "castad.dead-letter", engine=None, body_max=4)  # type: ignore[arg-type]
+    monkeypatch.setattr(dead_letter_rows, "describe", broken)
+    recorder = dead_letter_recorder.Recorder("amqp://never-connected", "castad.dead-letter", engine=None, body_max=4)  # type: ignore[arg-type]
     properties = types.SimpleNamespace(message_id=None, headers={"x": 1})
 
     row = recorder._described(properties, b"abcdefgh")
@@ -135,7 +137,7 @@ def test_a_dead_letter_a_consumer_filed_is_its_own_message_with_its_reason_from_
     original = json.dumps({"specversion": "1.0", "id": str(event_id), "type": "lyric.completed"}).encode()
     headers, body = filed("castad.song", original, "lyric.completed handler failed 21 times")
 
-    row = dead_letters.describe(None, headers, body, body_max=1024)
+    row = dead_letter_rows.describe(None, headers, body, body_max=1024)
 
     assert (row["kind"], row["service"], row["queue"]) == ("message", "song", "castad.song")
     assert row["reason"] == "lyric.completed handler failed 21 times"
@@ -149,9 +151,9 @@ def test_a_message_filed_twice_is_one_letter_of_its_queue_alone():
     back: the two letters die apart (their `x-death` differs) but are one row.
     """
     garbage = b"\x00\xff poison {not json"
-    first = dead_letters.describe(None, *filed("castad.video", garbage, "not JSON"), body_max=1024)
-    again = dead_letters.describe(None, *filed("castad.video", garbage, "not JSON", count=2), body_max=1024)
-    elsewhere = dead_letters.describe(None, *filed("castad.song", garbage, "not JSON"), body_max=1024)
+    first = dead_letter_rows.describe(None, *filed("castad.video", garbage, "not JSON"), body_max=1024)
+    again = dead_letter_rows.describe(None, *filed("castad.video", garbage, "not JSON", count=2), body_max=1024)
+    elsewhere = dead_letter_rows.describe(None, *filed("castad.song", garbage, "not JSON"), body_max=1024)
 
     assert first["message_id"] == again["message_id"]
     assert elsewhere["message_id"] != first["message_id"]
@@ -172,9 +174,9 @@ def test_the_queue_a_letter_died_in_is_the_brokers_word_not_what_its_headers_cla
         "x-castad-queue": "castad.song",
         "x-castad-service": "song",
         "x-first-death-queue": "castad.song",
-        dead_letters.PARKED_HEADER: str(uuid.uuid4()),
+        dead_letter_rows.PARKED_HEADER: str(uuid.uuid4()),
     }
 
-    row = dead_letters.describe(None, forged, body, body_max=1024)
+    row = dead_letter_rows.describe(None, forged, body, body_max=1024)
 
     assert (row["kind"], row["service"], row["queue"]) == ("message", "lyric", "castad.lyric")

@@ -1,19 +1,7 @@
-"""Dead letters where an operator can see, replay and discard them.
+"""Dead letters where an operator can see, replay and discard them: every statement of the gateway on them.
 
-`Recorder` moves every message of the dead-letter queue into the gateway's database (a
-message is acknowledged only once recorded, and recorded once however often it comes):
-messages a consumer could not handle (it filed each, with the reason, and rejected it on its
-own queue), messages a service's queue gave up on (taken and never acknowledged
-`topology.DELIVERY_LIMIT` times: they killed or stopped their consumers), and notices of outbox
-rows the relay parked.
-
-Where a letter came from is known from what nobody can forge. A message a queue dead-lettered
-carries the broker's `x-death`, whose newest entry names that queue (the broker puts it first,
-whatever the message's own headers say): that queue is the letter's, and nothing in its headers
-is believed about it. Only the relay, the gateway and an administrator may publish into the
-dead-letter exchange themselves (`topology.Topology.permissions`), so what arrives without an
-`x-death` is theirs, and their headers say where it came from (a parked row's notice, a message
-`castad-admin move-to-quorum` moved). A replay sends a message back to the queue it came from
+The dead-letter queue's messages are recorded by dead_letter_recorder.py, each as dead_letter_rows.py describes
+it. A replay sends a message back to the queue it came from
 (that one alone) through the gateway's outbox, upcast to the newest version of its type the
 gateway knows, keeping its producer's source (castad_relay.ownership); a parked row is handed back
 to the relay by the service whose outbox holds it. Replaying twice is harmless: the
@@ -25,179 +13,24 @@ pipeline's timeline.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import contextlib
 import dataclasses
-import hashlib
-import json
-import logging
-import threading
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 import sqlalchemy as sa
 from castad_contracts import envelope as envelope_
 from castad_contracts import events, ids, topology
-from castad_runtime import amqp, backoff, consumer, db, encoder, outages, outbox, redact
+from castad_runtime import db, outbox, redact
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import errors, projection, records, repository, retention, tables
+from castad_api import dead_letter_rows, errors, projection, records, repository, tables
 from castad_api.repository import columns, typed
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:  # retention.py runs this module's statements
+    from castad_api import retention
+
 SOURCE = topology.SOURCES[topology.GATEWAY]
-PARKED_HEADER = "x-castad-parked-event"
-
-
-def describe(message_id: str | None, headers: dict[str, Any], body: bytes, body_max: int) -> dict[str, Any]:
-    """The row of a dead-letter message.
-
-    Where it came from, why, and what it is, as far as it can be read. Texts lose their NUL characters, which
-    PostgreSQL cannot store (the body keeps every byte).
-    """
-    headers = _clean(json.loads(json.dumps(headers, default=str)))
-    fields: dict[str, Any] = {"message_id": _clean(message_id) or _fingerprint(headers, body), "headers": headers}
-    death = _first_death(headers)
-    reason: str | None
-    if death:  # a queue dead-lettered it: the broker's word of which, nothing the message says of itself
-        queue = _service_queue(death.get("queue"))
-        filed = _filed(body)
-        if filed is not None:
-            # The consumer's id of the letter (the same for the same message filed again), in its queue alone.
-            letter_id, body, reason = filed
-            fields["message_id"] = f"filed:{queue}:{letter_id}"
-        else:
-            reason = _text(headers.get("x-castad-reason")) or _broker_reason(death)
-        fields |= {"kind": "message", "service": _service_of(queue), "queue": queue}
-    else:  # published into the dead-letter exchange by the relay, the gateway or an administrator
-        queue = _text(headers.get("x-castad-queue"))
-        reason = _text(headers.get("x-castad-reason"))
-        fields |= {
-            "kind": "parked" if headers.get(PARKED_HEADER) else "message",
-            "service": _text(headers.get("x-castad-service")) or _service_of(queue),
-            "queue": queue,
-        }
-    fields |= {"reason": _clean(reason or "no reason given")[:2000], "body": body[:body_max], "body_size": len(body)}
-    document = _event_document(body)
-    if document is not None:
-        fields["event_type"] = _text(document.get("type"), limit=200)
-        fields["pipeline_id"] = _text(document.get("subject"), limit=200)
-        version = document.get("schemaversion")
-        fields["schema_version"] = version if isinstance(version, int) else None
-        with contextlib.suppress(ValueError):
-            fields["event_id"] = uuid.UUID(str(document.get("id")))
-    return fields
-
-
-def _event_document(body: bytes) -> dict[str, Any] | None:
-    """The event a dead letter carries, as a JSON object.
-
-    The body itself, or the envelope inside a Dramatiq message (a retry or a held event that was waiting in a delay
-    queue when its queue gave up on it).
-    """
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(document, dict):
-        return None
-    args = document.get("args")
-    if "actor_name" in document and isinstance(args, list) and args and isinstance(args[0], dict):
-        return args[0]
-    return document
-
-
-def _filed(body: bytes) -> tuple[str, bytes, str] | None:
-    """The letter's id, the message's bytes and the reason of a dead letter a consumer filed, if any.
-
-    None unless `body` is a dead letter filed by castad_runtime.consumer.
-    """
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(document, dict) or document.get("actor_name") != encoder.DEAD_LETTER_ACTOR:
-        return None
-    options, args = document.get("options"), document.get("args")
-    if not (isinstance(options, dict) and options.get(consumer.FILED_OPTION)):
-        return None
-    if not (isinstance(args, list) and len(args) == 2 and all(isinstance(arg, str) for arg in args)):
-        return None
-    try:
-        return _clean(str(document.get("message_id"))), base64.b64decode(args[0], validate=True), args[1]
-    except (binascii.Error, ValueError):
-        return None
-
-
-def _first_death(headers: dict[str, Any]) -> dict[str, Any]:
-    """Why and where the broker last dead-lettered a message, if it did.
-
-    That is the newest entry of its `x-death` header, which the broker puts first.
-    """
-    deaths = headers.get("x-death")
-    return deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
-
-
-def _broker_reason(death: dict[str, Any]) -> str | None:
-    why = death.get("reason")
-    if why is None:
-        return None
-    if why == "delivery_limit":
-        return (
-            f"taken more than {topology.DELIVERY_LIMIT} times and never acknowledged: its consumer died or was"
-            " stopped each time it had it (the queue's delivery limit)"
-        )
-    if why == "rejected":
-        return "rejected by its consumer"
-    return f"dead-lettered by the broker: {why}"
-
-
-def _service_queue(queue: object) -> str | None:
-    """A service's queue for one of its own queues: a delay queue's messages go back to the queue it serves."""
-    if not isinstance(queue, str):
-        return None
-    return queue.removesuffix(".DQ")
-
-
-def _service_of(queue: str | None) -> str | None:
-    service = (queue or "").rpartition(".")[2]
-    return service if service in topology.SUBSCRIPTIONS else None
-
-
-def _text(value: object, limit: int = 2000) -> str | None:
-    return _clean(value)[:limit] if isinstance(value, str) else None
-
-
-def _clean(value: Any) -> Any:
-    """`value` (a JSON document) without NUL characters in any of its strings."""
-    if isinstance(value, str):
-        return value.replace("\x00", "")
-    if isinstance(value, dict):
-        return {_clean(key): _clean(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_clean(item) for item in value]
-    return value
-
-
-def _fingerprint(headers: dict[str, Any], body: bytes) -> str:
-    """For a message without an id: the same message always gets the same one."""
-    digest = hashlib.sha256(body)
-    digest.update(json.dumps(headers, sort_keys=True, default=str).encode())
-    return f"sha256:{digest.hexdigest()}"
-
-
-def _bare(fields: dict[str, Any], error: Exception) -> dict[str, Any]:
-    """What can always be recorded of a dead letter: its id, its body and why the rest could not be."""
-    return {
-        "message_id": fields["message_id"],
-        "kind": "unrecordable",
-        "reason": f"could not be recorded as it is: {redact.describe(error)}",
-        "headers": {},
-        "body": fields["body"],
-        "body_size": fields["body_size"],
-    }
 
 
 def record(conn: sa.Connection, fields: dict[str, Any]) -> int | None:
@@ -270,7 +103,7 @@ def _send_back(conn: sa.Connection, letter: records.DeadLetter, policy: retentio
     if letter.queue.rpartition(".")[2] not in topology.SUBSCRIPTIONS:  # sent back through its requeue exchange
         raise errors.NotReplayable(f"dead letter {letter.id} came from {letter.queue}, no service's queue")
     try:
-        env = envelope_.Envelope.model_validate(_event_document(letter.body))
+        env = envelope_.Envelope.model_validate(dead_letter_rows.event_document(letter.body))
     except pydantic.ValidationError as error:
         raise errors.NotReplayable(
             f"dead letter {letter.id} is not an event ({redact.validation_summary(error, limit=2)}): discard it"
@@ -296,7 +129,7 @@ def _in_oldest_version(env: envelope_.Envelope) -> envelope_.Envelope:
 
 
 def _republish(conn: sa.Connection, letter: records.DeadLetter) -> str:
-    event_id = uuid.UUID(str(letter.headers[PARKED_HEADER]))
+    event_id = uuid.UUID(str(letter.headers[dead_letter_rows.PARKED_HEADER]))
     if outbox.republish(conn, [event_id]):
         return "handed back to the relay from the gateway's outbox"
     if letter.pipeline_id is None:
@@ -318,90 +151,6 @@ def _note(conn: sa.Connection, pipeline_id: str | None, event_type: str, **detai
     if pipeline is not None:
         fact = event_type.replace(".", "_")  # dead_letter_replayed, ...: clear on the event stream
         projection.record(conn, pipeline, ids.time_ordered(), event_type, None, fact, **details)
-
-
-class Recorder:
-    """A consumer of the dead-letter queue on a thread of its own, recording each message before its ack."""
-
-    def __init__(self, amqp_url: str, queue: str, engine: sa.Engine, body_max: int) -> None:
-        self.amqp_url = amqp_url
-        self.queue = queue
-        self.engine = engine
-        self.body_max = body_max
-        self.recorded = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dead-letters", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        delays = backoff.Backoff(first_s=0.5, max_s=10.0)
-        while not self._stop.is_set():
-            try:
-                self._consume()
-            except Exception as error:
-                if not outages.is_outage(error):
-                    log.exception("dead-letter recorder failed; starting over")
-                else:
-                    log.warning("dead-letter recorder lost the broker (%s); reconnecting", redact.describe(error))
-                delays.wait(self._stop)
-
-    def _consume(self) -> None:
-        connection = amqp.blocking_connection(self.amqp_url)
-        try:
-            channel = connection.channel()
-            channel.basic_qos(prefetch_count=20)
-            for method, properties, body in channel.consume(self.queue, inactivity_timeout=0.5):
-                if self._stop.is_set():
-                    return
-                if method is None:
-                    continue
-                fields = self._described(properties, body)
-                if not self._record(fields):
-                    return  # stopping: the message stays in the queue
-                channel.basic_ack(method.delivery_tag)
-        finally:
-            if connection.is_open:
-                connection.close()
-
-    def _described(self, properties: Any, body: bytes) -> dict[str, Any]:
-        """`describe`, or, where reading the message fails (a bug), its bare row: it must not come back for ever."""
-        try:
-            return describe(properties.message_id, dict(properties.headers or {}), body, self.body_max)
-        except Exception as error:
-            log.exception("cannot read dead letter %s; recording it bare", properties.message_id)
-            message_id = str(properties.message_id or f"sha256:{hashlib.sha256(body).hexdigest()}")
-            return _bare({"message_id": message_id, "body": body[: self.body_max], "body_size": len(body)}, error)
-
-    def _record(self, fields: dict[str, Any]) -> bool:
-        """Record through a database outage.
-
-        False if the recorder stops first. A message that cannot be recorded as it is (a bug) is recorded bare, so
-        that it does not hold up the queue behind it.
-        """
-
-        def write(row: dict[str, Any]) -> None:
-            with db.transaction(self.engine) as conn:
-                if record(conn, row) is not None:
-                    self.recorded += 1
-
-        try:
-            try:
-                outages.keep_trying(lambda: write(fields), "recording a dead letter", stop=self._stop, first_s=0.2)
-            except outages.Stopped:
-                raise
-            except Exception as error:
-                log.exception("cannot record dead letter %s as it is; recording it bare", fields["message_id"])
-                bare = _bare(fields, error)
-                outages.keep_trying(lambda: write(bare), "recording a dead letter", stop=self._stop, first_s=0.2)
-        except outages.Stopped:
-            return False
-        return True
 
 
 # -- Their statements -------------------------------------------------------------------------------------------
@@ -500,3 +249,28 @@ def dead_letter_counts(conn: sa.Connection) -> dict[str, int]:
     """Recorded dead letters by status (an index-only scan of dead_letters_by_status), for the metrics."""
     counted = conn.execute(sa.select(letters.c.status, sa.func.count()).group_by(letters.c.status)).all()
     return dict.fromkeys(DEAD_LETTER_STATUSES, 0) | {status: count for status, count in counted}
+
+
+# -- Retention's (retention.py) -----------------------------------------------------------------------------------
+
+
+def forget_settled(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` dead letters dealt with more than `older_than_s` ago; how many.
+
+    Dead letters replayed or discarded go with their actions; one still dead goes by `forget_left`.
+    """
+    settled = sa.select(letters.c.id).where(sa.text(tables.SETTLED_LETTER))
+    return _forget(conn, list(conn.execute(db.expired(settled, letters.c.updated_at, older_than_s, limit)).scalars()))
+
+
+def forget_left(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` dead letters still dead that came more than `older_than_s` ago, with their actions."""
+    left = sa.select(letters.c.id).where(letters.c.status == "dead")
+    return _forget(conn, list(conn.execute(db.expired(left, letters.c.received_at, older_than_s, limit)).scalars()))
+
+
+def _forget(conn: sa.Connection, ids: list[int]) -> int:
+    if ids:
+        conn.execute(tables.dead_letter_actions.delete().where(tables.dead_letter_actions.c.dead_letter_id.in_(ids)))
+        conn.execute(letters.delete().where(letters.c.id.in_(ids)))
+    return len(ids)

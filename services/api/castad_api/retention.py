@@ -46,7 +46,7 @@ from castad_runtime import artifacts, db, settings
 from castad_runtime import retention as runtime_retention
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import keys, tables, upload_limits, uploaded
+from castad_api import dead_letters, keys, tables, upload_limits, uploaded
 
 MARGIN_S = 3600.0
 PIPELINE_ROWS = 14  # a pipeline, its stages and their attempts, its notices and their tries, about
@@ -134,13 +134,13 @@ def steps(
         step(
             "dead letters",
             engine,
-            lambda conn, limit: forget_dead_letters(conn, policy.dead_letters_s, limit),
+            lambda conn, limit: dead_letters.forget_settled(conn, policy.dead_letters_s, limit),
             rows_each=LETTER_ROWS,
         ),
         step(
             "dead letters nobody dealt with",
             engine,
-            lambda conn, limit: forget_dead_letters_left(conn, policy.dead_letters_left_s, limit),
+            lambda conn, limit: dead_letters.forget_left(conn, policy.dead_letters_left_s, limit),
             rows_each=LETTER_ROWS,
         ),
         step("creation counts", engine, lambda conn, limit: keys.forget_windows(conn, KEY_WINDOW_KEPT_S, limit)),
@@ -188,34 +188,6 @@ def forget_pipelines(conn: sa.Connection, older_than_s: float, limit: int) -> in
         conn.execute(tables.stages.delete().where(tables.stages.c.pipeline_id.in_(doomed)))
         conn.execute(p.delete().where(p.c.id.in_(doomed)))
     return len(doomed)
-
-
-def forget_dead_letters(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` dead letters dealt with more than `older_than_s` ago; how many.
-
-    Dead letters replayed or discarded go with their actions; one still dead goes by `forget_dead_letters_left`.
-    """
-    letters = tables.dead_letters
-    settled = sa.select(letters.c.id).where(sa.text(tables.SETTLED_LETTER))
-    return _forget_letters(
-        conn, list(conn.execute(db.expired(settled, letters.c.updated_at, older_than_s, limit)).scalars())
-    )
-
-
-def forget_dead_letters_left(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` dead letters still dead that came more than `older_than_s` ago, with their actions."""
-    letters = tables.dead_letters
-    left = sa.select(letters.c.id).where(letters.c.status == "dead")
-    return _forget_letters(
-        conn, list(conn.execute(db.expired(left, letters.c.received_at, older_than_s, limit)).scalars())
-    )
-
-
-def _forget_letters(conn: sa.Connection, ids: list[int]) -> int:
-    if ids:
-        conn.execute(tables.dead_letter_actions.delete().where(tables.dead_letter_actions.c.dead_letter_id.in_(ids)))
-        conn.execute(tables.dead_letters.delete().where(tables.dead_letters.c.id.in_(ids)))
-    return len(ids)
 
 
 def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_s: float, limit: int) -> int:

@@ -36,7 +36,7 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from castad_api import app as app_
 from castad_api import (
-    dead_letters,
+    dead_letter_recorder,
     deadlines,
     deps,
     metrics,
@@ -80,7 +80,9 @@ def build(config: settings_.ApiSettings) -> FastAPI:
     )
     announcer = announcement.Announcer(engine, process.worker_id("api"), release.of("api"), event_consumer.reads())
     worker = process.ConsumerWorker(broker, config.consumer_threads)
-    recorder = dead_letters.Recorder(config.amqp_url, topo.dead_letter_queue, engine, config.dead_letter_body_max_bytes)
+    recorder = dead_letter_recorder.Recorder(
+        config.amqp_url, topo.dead_letter_queue, engine, config.dead_letter_body_max_bytes
+    )
     sweeper = deadlines.DeadlineSweeper(engine, config.deadline_poll_s)
     deliverer = webhook_deliverer.Deliverer(engine, config)
     pruner = runtime_retention.Pruner.of(

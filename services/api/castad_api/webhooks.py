@@ -15,7 +15,7 @@ import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from castad_contracts import api, events, ids
@@ -25,8 +25,10 @@ from pydantic import SecretStr
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from castad_api import model, records, webhook_secrets, webhook_slots
-from castad_api.settings import ApiSettings
 from castad_api.tables import pipelines, webhook_attempts, webhook_deliveries
+
+if TYPE_CHECKING:  # settings.py imports retention.py, which comes to this module through dead_letters and projection
+    from castad_api.settings import ApiSettings
 
 
 def event_type(status: model.PipelineStatus) -> str:
