@@ -8,8 +8,10 @@ it keeps and what it derives from them. A name the template uses and the benchma
 
 from __future__ import annotations
 
+import functools
 import math
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jinja2
@@ -46,6 +48,19 @@ def percent(share: float | None) -> str:
     return "n/a" if share is None else f"{100 * share:.0f}%"
 
 
+def _strict(format_: Callable[..., str]) -> Callable[..., str]:
+    """Make a filter given a name the page was not given fail as printing the name would, not with a TypeError."""
+
+    @functools.wraps(format_)
+    def checked(*values: Any) -> str:
+        for value in values:
+            if isinstance(value, jinja2.Undefined):
+                value._fail_with_undefined_error()
+        return format_(*values)
+
+    return checked
+
+
 _ENVIRONMENT = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
     undefined=jinja2.StrictUndefined,
@@ -53,8 +68,9 @@ _ENVIRONMENT = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENVIRONMENT.filters.update(number=number, fixed=fixed, thousands=thousands, percent=percent)
-_ENVIRONMENT.globals.update(ratio=ratio)
+for _name, _format in {"number": number, "fixed": fixed, "thousands": thousands, "percent": percent}.items():
+    _ENVIRONMENT.filters[_name] = _strict(_format)
+_ENVIRONMENT.globals["ratio"] = _strict(ratio)
 
 
 def render(template: str, /, **context: Any) -> str:
