@@ -146,7 +146,9 @@ class Drain:
                     raise RuntimeError(f"the relay parked {parked[0]} rows of the backlog; log in {self.log}")
                 relay_cpu = cpu.used({}, cpu.snapshot(cpu.in_group(process.pid)))
                 pg_cpu = cpu.used(before, cpu.snapshot(cpu.postgres_backends(self.database)))
-                first, last = conn.execute("SELECT min(published_at), max(published_at) FROM outbox").fetchone()
+                published = conn.execute("SELECT min(published_at), max(published_at) FROM outbox").fetchone()
+                assert published is not None  # an aggregate without GROUP BY returns a row
+                first, last = published
         finally:
             stack_.stop_group(process, 30)
         return {

@@ -148,6 +148,7 @@ class ProvidersBench(castad_bench.CastadBench):
                 completed = conn.execute(
                     "SELECT count(*) FROM outbox WHERE routing_key = %s", (f"{stage}.completed",)
                 ).fetchone()
+            assert completed is not None  # count(*) returns a row
             found[stage] = {"jobs": dict(jobs), "attempts": dict(attempts), "completed_events": completed[0]}
         return found
 

@@ -61,9 +61,12 @@ WHERE provider = %(provider)s
 def one_row_claim(conn: sa.Connection, worker: str) -> bool:
     """A claim through the quota as it was: gate under the row's lock, the claim, the spend."""
     gate = db.run(conn, ONE_ROW_GATE, {"provider": PROVIDER}).fetchone()
+    assert gate is not None  # the provider's row, made by the set-up
     if gate.blocked or gate.tokens < 1:
         return False
-    in_flight = db.run(conn, ONE_ROW_IN_FLIGHT).fetchone()[0]
+    counted = db.run(conn, ONE_ROW_IN_FLIGHT).fetchone()
+    assert counted is not None  # count(*) returns a row
+    in_flight = counted[0]
     statement = claiming.CLAIM_OLDEST if in_flight < gate.max_in_flight else claiming.CLAIM_POLL_OLDEST
     row = db.run(conn, statement, {"worker": worker, "lease_s": 300.0, "reads": claiming.READS_ANY}).fetchone()
     if row is None:

@@ -51,8 +51,8 @@ def render(result: run.Result) -> str:
             f" | {counts} | {late} |"
         )
     held: collections.Counter[str] = collections.Counter()
-    for counts in result.held.values():
-        held.update(counts)
+    for of_process in result.held.values():
+        held.update(of_process)
     lines += ["", "## Held or handed back", ""]
     if not held:
         lines.append("Nothing: no process held an event or a job for the other release, none handed an attempt back.")

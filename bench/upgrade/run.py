@@ -211,7 +211,12 @@ def run(old_ref: str, settings: Settings, workdir: pathlib.Path) -> Result:
         phases = [Phase(f"every service on {old.name}", rollout.running(), time.time())]
         submitter.start()
         operator.start()
-        cleanup.push("stop the traffic", lambda: (operator.stop(), submitter.stop()))
+
+        def stop_traffic() -> None:
+            operator.stop()
+            submitter.stop()
+
+        cleanup.push("stop the traffic", stop_traffic)
         time.sleep(settings.phase_s)
         for group in GROUPS:
             for name in rollout.roll(group):
