@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from castad_api import operations, projection
+from castad_api import creation, projection
 from castad_contracts import api, brief, envelope, events
 from castad_runtime import db, migrations
 from castad_runtime.stage import cancellation, handlers, machine, repository, runner, scheduler
@@ -68,7 +68,7 @@ def projection_round(engine: sa.Engine, count: int) -> tuple[int, Callable[[], N
     with db.transaction(engine) as conn:
         ids = [
             str(
-                operations.create(
+                creation.create(
                     conn,
                     api.PipelineRequest(customer_name="Bench Cafe", region="Busan"),
                     "bench",

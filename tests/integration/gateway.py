@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 import uvicorn
-from castad_api import app, deps, keys, notifications, operations, projection, repository
+from castad_api import app, creation, deps, keys, notifications, operations, projection, repository
 from castad_api import settings as api_settings
 from castad_contracts import api, brief, envelope, events
 from castad_local import stack
@@ -67,7 +67,7 @@ class Projection:
     ) -> str:
         body = api.PipelineRequest(customer_name=customer, region=region, callback_url=callback_url)
         with db.transaction(self.engine) as conn:
-            return str(operations.create(conn, body, tenant, str(uuid.uuid4()), 7200).pipeline_id)
+            return str(creation.create(conn, body, tenant, str(uuid.uuid4()), 7200).pipeline_id)
 
     def event(
         self,

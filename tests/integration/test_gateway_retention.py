@@ -19,12 +19,12 @@ import pytest
 import sqlalchemy as sa
 from castad_api import (
     app,
+    creation,
     dead_letter_rows,
     dead_letters,
     deps,
     keys,
     notifications,
-    operations,
     projection,
     repository,
     tables,
@@ -104,7 +104,7 @@ def ended_pipeline(
 def running_pipeline(engine: sa.Engine, created_ago: dt.timedelta = dt.timedelta(0)) -> uuid.UUID:
     body = api.PipelineRequest(customer_name="바다책방", region="속초")
     with db.transaction(engine) as conn:
-        accepted = operations.create(conn, body, "tests", str(uuid.uuid4()), 7200)
+        accepted = creation.create(conn, body, "tests", str(uuid.uuid4()), 7200)
         backdate(conn, accepted.pipeline_id, created_ago)
     return accepted.pipeline_id
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_api import brands, deps, errors, notifications, operations, repository, tables, upload_limits, uploaded
+from castad_api import brands, creation, deps, errors, notifications, repository, tables, upload_limits, uploaded
 from castad_api import retention as api_retention
 from castad_api import settings as api_settings
 from castad_api.routes import images as image_routes
@@ -60,7 +60,7 @@ def upload(gw: deps.Gateway, width: int, uploaded_ago: dt.timedelta = dt.timedel
 def create(conn: sa.Connection, *image_ids: uuid.UUID) -> uuid.UUID:
     """A pipeline of the tenant's whose brief names the images."""
     body = api.PipelineRequest(customer_name="바다책방", region="속초", photos=[str(i) for i in image_ids])
-    return operations.create(conn, body, TENANT, str(uuid.uuid4()), 7200).pipeline_id
+    return creation.create(conn, body, TENANT, str(uuid.uuid4()), 7200).pipeline_id
 
 
 def kept(gw: deps.Gateway) -> dict[uuid.UUID, bool]:

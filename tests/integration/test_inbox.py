@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
-from castad_api import operations, projection
+from castad_api import creation, projection
 from castad_api import tables as api_tables
 from castad_contracts import api, envelope, events
 from castad_runtime import db, inbox, outbox, tables
@@ -196,7 +196,7 @@ def test_a_redelivered_stage_event_changes_the_gateways_projection_once(installa
     """lyric.started delivered twice to the gateway: the stage, pipeline and timeline change once."""
     engine = engines["api"]
     with db.transaction(engine) as conn:
-        accepted = operations.create(
+        accepted = creation.create(
             conn, api.PipelineRequest(customer_name="Cafe Blue", region="Busan"), "tests", "key-1", 3600
         )
     handler = Counted(lambda env, payload: projection.apply(engine, env, payload))

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 import sqlalchemy as sa
-from castad_api import dead_letter_rows, dead_letters, operations, projection
+from castad_api import creation, dead_letter_rows, dead_letters, projection
 from castad_api import metrics as api_metrics
 from castad_contracts import api, codes, envelope, events
 from castad_relay import metrics as relay_metrics
@@ -157,7 +157,7 @@ def test_a_duplicate_is_counted_by_the_inbox_once_its_transaction_committed(engi
 def test_the_projection_counts_what_it_applied_what_was_stale_and_duplicates(engines):
     engine = engines["api"]
     with db.transaction(engine) as conn:
-        accepted = operations.create(conn, api.PipelineRequest(customer_name="Cafe", region="Busan"), "t", "k", 3600)
+        accepted = creation.create(conn, api.PipelineRequest(customer_name="Cafe", region="Busan"), "t", "k", 3600)
     measured = api_metrics.GatewayMetrics()
     pipeline_id = str(accepted.pipeline_id)
     later, earlier = (envelope.wrap(lyric_started(pipeline_id, n), "lyric.started", "/castad/lyric") for n in (2, 1))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, metrics, operations, repository, reviews, stats, webhooks
+from castad_api import decisions, keys, metrics, operations, repository, reviews, stats, webhooks
 from castad_contracts import brief, envelope, events
 from castad_runtime import db, links
 from castad_runtime import tables as runtime_tables
@@ -176,7 +176,7 @@ def test_only_the_current_draft_is_decided_and_a_regenerate_ends_its_attempt(eng
 
 def settle(engine: sa.Engine) -> int:
     with db.transaction(engine) as conn:
-        return operations.settle_timed_out(conn)
+        return decisions.settle_timed_out(conn)
 
 
 def test_a_draft_timed_out_to_cancel_has_its_pipeline_canceled_once(engines, api, gateway):

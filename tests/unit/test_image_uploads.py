@@ -20,7 +20,7 @@ import zlib
 import anyio
 import anyio.to_thread
 import pytest
-from castad_api import decoding, operations
+from castad_api import creation, decoding
 from castad_contracts import api
 from castad_runtime import images
 from PIL import Image, PngImagePlugin
@@ -231,13 +231,13 @@ def test_a_request_without_photos_or_formats_hashes_as_before_there_were_any_so_
         json.dumps({**before, "orientation": "vertical"}, sort_keys=True, ensure_ascii=False).encode()
     ).hexdigest()
 
-    assert operations.request_hash(api.PipelineRequest(**fields)) == digest
-    assert operations.request_hash(api.PipelineRequest(**fields, orientation="vertical")) == digest
+    assert creation.request_hash(api.PipelineRequest(**fields)) == digest
+    assert creation.request_hash(api.PipelineRequest(**fields, orientation="vertical")) == digest
     with_photo = api.PipelineRequest(**fields, photos=["0d7f3c4e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"])
-    assert operations.request_hash(with_photo) != digest
-    assert operations.request_hash(api.PipelineRequest(**fields, formats=["9:16", "1:1"])) != digest
-    assert operations.request_hash(api.PipelineRequest(**fields, brand="tenant")) == digest  # the default, said
-    assert operations.request_hash(api.PipelineRequest(**fields, brand="none")) != digest
+    assert creation.request_hash(with_photo) != digest
+    assert creation.request_hash(api.PipelineRequest(**fields, formats=["9:16", "1:1"])) != digest
+    assert creation.request_hash(api.PipelineRequest(**fields, brand="tenant")) == digest  # the default, said
+    assert creation.request_hash(api.PipelineRequest(**fields, brand="none")) != digest
 
 
 def test_a_gateway_process_decodes_one_upload_at_a_time_and_those_waiting_hold_no_worker_thread():

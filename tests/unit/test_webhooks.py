@@ -17,7 +17,7 @@ from http import server
 
 import httpx
 import pytest
-from castad_api import operations, settings, webhook_sender, webhooks
+from castad_api import creation, settings, webhook_sender, webhooks
 from castad_contracts import api, brief
 from castad_runtime import outbound
 from standardwebhooks import Webhook
@@ -221,6 +221,6 @@ def test_a_replay_without_a_callback_url_hashes_as_the_brief_alone_did():
     fields = {"customer_name": "머뭄", "region": "군산"}
     brief_alone = json.dumps(brief.Brief(**fields).model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
 
-    assert operations.request_hash(api.PipelineRequest(**fields)) == hashlib.sha256(brief_alone.encode()).hexdigest()
+    assert creation.request_hash(api.PipelineRequest(**fields)) == hashlib.sha256(brief_alone.encode()).hexdigest()
     with_callback = api.PipelineRequest(**fields, callback_url="https://example.com/x")
-    assert operations.request_hash(with_callback) != operations.request_hash(api.PipelineRequest(**fields))
+    assert creation.request_hash(with_callback) != creation.request_hash(api.PipelineRequest(**fields))

@@ -15,7 +15,7 @@ import threading
 import sqlalchemy as sa
 from castad_runtime import backoff, db, outages, redact
 
-from castad_api import operations
+from castad_api import decisions, operations
 
 log = logging.getLogger(__name__)
 BATCH = 100
@@ -42,7 +42,7 @@ class DeadlineSweeper:
                 with db.transaction(self.engine) as conn:
                     canceled = operations.cancel_overdue(conn, BATCH)
                 with db.transaction(self.engine) as conn:
-                    timed_out = operations.settle_timed_out(conn, BATCH)
+                    timed_out = decisions.settle_timed_out(conn, BATCH)
             except Exception as error:
                 if not outages.is_outage(error):
                     log.exception("looking for overdue pipelines failed; trying again")

@@ -6,10 +6,10 @@ The stage that drafted owns the wait (castad_runtime.stage.reviews). The gateway
   (`<stage>.review_expired`, `expired`);
 - stops the pipeline's deadline while it is AWAITING_REVIEW and moves it on by as long after (`pause_deadline`,
   `resume_deadline`, from the projection's `record`);
-- takes one decision on the current draft until its review times out (operations.decide, POST
+- takes one decision on the current draft until its review times out (decisions.decide, POST
   /v1/pipelines/{id}/review or a signed link of its notice), recorded with the acting key (`decided`) and carried
   to the stage as `pipeline.review_decided` through its outbox;
-- settles each draft the stage says timed out that no decision was taken on (operations.settle_timed_out, woken
+- settles each draft the stage says timed out that no decision was taken on (decisions.settle_timed_out, woken
   with the deadlines): it sends the draft's approval, or cancels the pipeline, as its review's `on_timeout` says.
   The gateway alone takes decisions and settles timeouts, one at a time for a draft (`decided` takes only an
   unsettled one), so a decision taken in time is the draft's however late it reaches the stage. Should the stage
@@ -95,7 +95,7 @@ INSERT INTO pipeline_reviews (draft_id, pipeline_id, stage, attempt, round, lyri
                               drafted_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (draft_id) DO NOTHING
 """
-# The stage said the draft's review timed out: settled by operations.settle_timed_out, unless a decision was taken.
+# The stage said the draft's review timed out: settled by decisions.settle_timed_out, unless a decision was taken.
 _EXPIRED = "UPDATE pipeline_reviews SET expired_at = %s WHERE draft_id = %s AND expired_at IS NULL"
 _PAUSE_DEADLINE = "UPDATE pipelines SET deadline_paused_at = now() WHERE id = %s AND deadline_paused_at IS NULL"
 # The deadline runs again, moved on by as long as it stood still.

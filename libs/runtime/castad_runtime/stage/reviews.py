@@ -10,7 +10,7 @@ due when its review times out. Then, once each, whatever is redelivered:
 - its timeout, which the stage's own scheduler finds (`expire_due`): the stage says `review_expired` and goes on
   waiting, saying so again every `ASK_AGAIN_S`, for the gateway's word. The gateway, which alone took decisions
   until then, settles it once: a decision it took in time is on its way and applies; without one, it sends the
-  draft's approval, or cancels the pipeline, as `on_timeout` says (castad_api.operations.settle_timed_out). So a
+  draft's approval, or cancels the pipeline, as `on_timeout` says (castad_api.decisions.settle_timed_out). So a
   decision taken in time is never overtaken by the timeout, however late the machinery brings it.
 
 The pipeline's deadline does not run while its draft waits: the gateway stops it on `drafted` and starts it again

@@ -24,6 +24,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from castad_api import (
     buckets,
+    creation,
     deps,
     disclosure,
     errors,
@@ -107,14 +108,12 @@ def create_pipeline(
     Replays of the same key and body are answered alike (an Idempotency-Key is the tenant's own: another tenant's
     same key makes another pipeline).
     """
-    operations.check_photo_urls(body, gw.config.photo_allow_private)
+    creation.check_photo_urls(body, gw.config.photo_allow_private)
     return _accepted(
         gw,
         who,
         body.callback_url,
-        lambda conn: operations.create(
-            conn, body, who.tenant, key, gw.config.pipeline_deadline_s, gw.config.link_secret
-        ),
+        lambda conn: creation.create(conn, body, who.tenant, key, gw.config.pipeline_deadline_s, gw.config.link_secret),
     )
 
 
@@ -122,7 +121,7 @@ def _accepted(
     gw: Gateway,
     who: keys.Principal,
     callback_url: str | None,
-    make: Callable[[sa.Connection], operations.Accepted],
+    make: Callable[[sa.Connection], creation.Accepted],
 ) -> api.PipelineAccepted:
     """A pipeline `make` creates in a transaction, as a creation of the key (a new brief, a remake).
 
@@ -194,7 +193,7 @@ def remake_pipeline(
         gw,
         who,
         body.callback_url,
-        lambda conn: operations.remake(
+        lambda conn: creation.remake(
             conn,
             pipeline_id,
             body,

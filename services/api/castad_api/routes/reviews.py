@@ -12,7 +12,7 @@ from castad_contracts import api
 from castad_runtime import db
 from fastapi import APIRouter, Depends, HTTPException, status
 
-from castad_api import deps, errors, keys, operations, repository, reviews
+from castad_api import decisions, deps, errors, keys, repository, reviews
 from castad_api.deps import Gateway, GatewayDep, Reader, Submitter
 from castad_api.routes import common
 
@@ -44,7 +44,7 @@ def _decide(
     gw: Gateway, pipeline_id: uuid.UUID, body: api.ReviewDecision, who: keys.Principal | None
 ) -> api.ReviewAccepted:
     with db.transaction(gw.engine) as conn:
-        now = operations.decide(
+        now = decisions.decide(
             conn, pipeline_id, body, who.tenant_filter() if who else None, who.acting() if who else None
         )
     pid = str(pipeline_id)
