@@ -45,8 +45,7 @@ from tests.support import installation as installation_
 from tests.support import waits
 from tests.support.installation import Installation
 
-STAGE_SERVICES = topology.STAGES
-STAGES = tuple(stage.upper() for stage in STAGE_SERVICES)  # as CASTAD_<STAGE>_* names them
+STAGES = tuple(stage.upper() for stage in topology.STAGES)  # as CASTAD_<STAGE>_* names them
 FAST = {
     "CASTAD_LOG_LEVEL": "INFO",
     "CASTAD_VIDEO_SHORT_SIDE": "144",
@@ -257,7 +256,7 @@ class SharedCastad(RunningCastad):
         self.broker = broker
 
     def finish(self) -> None:
-        for stage in STAGE_SERVICES:
+        for stage in topology.STAGES:
             self.faults(stage)
         missing = [name for name in self.services.commands if name not in self.services.processes]
         for name in missing:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from castad_contracts import topology
 from castad_testkit import briefs
 
-from tests.e2e.conftest import STAGE_SERVICES, in_order, outbox_facts
+from tests.e2e.conftest import in_order, outbox_facts
 
 pytestmark = pytest.mark.e2e
 
 
 def _stage_event_ids(dbs, pipeline_ids: list[str]) -> set:
-    return {r["event_id"] for s in STAGE_SERVICES for pid in pipeline_ids for r in dbs.outbox_of(s, pid)}
+    return {r["event_id"] for s in topology.STAGES for pid in pipeline_ids for r in dbs.outbox_of(s, pid)}
 
 
 def _inbox(dbs, service: str, pipeline_ids: list[str]) -> list:
@@ -39,7 +40,7 @@ def _stage_goes_on_without_the_relay(running, dbs, service: str, ids: list[str])
         if row["routing_key"] == f"{service}.completed" and row["published_at"] is None
     }
     assert set(unfinished) <= waiting
-    following = STAGE_SERVICES[STAGE_SERVICES.index(service) + 1]
+    following = topology.STAGES[topology.STAGES.index(service) + 1]
     assert dbs.jobs_of(following, unfinished) == []
     for pid in unfinished:
         stage = next(s for s in running.client.status(pid).stages if s.stage.value == service)
@@ -49,7 +50,7 @@ def _stage_goes_on_without_the_relay(running, dbs, service: str, ids: list[str])
 @pytest.mark.timeout(180)
 def test_the_relay_killed_and_stopped_mid_run_loses_nothing(shared):
     running, dbs = shared, shared.dbs
-    for service in STAGE_SERVICES:
+    for service in topology.STAGES:
         running.faults(service, latency_s=0.7)
     ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(8)]
 
@@ -76,7 +77,7 @@ def test_the_relay_killed_and_stopped_mid_run_loses_nothing(shared):
 
     assert {pid: view.status for pid, view in views.items()} == dict.fromkeys(ids, "SUCCEEDED")
     running.wait_until("every outbox row published", lambda: dbs.unpublished(ids) == {})
-    for service in STAGE_SERVICES:
+    for service in topology.STAGES:
         jobs = dbs.jobs_of(service, ids)
         assert sorted(job["pipeline_id"] for job in jobs) == sorted(ids), service
         assert {job["status"] for job in jobs} == {"SUCCEEDED"}

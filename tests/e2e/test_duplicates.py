@@ -7,9 +7,8 @@ import json
 import pika
 import pytest
 from castad_contracts import envelope as envelope_
+from castad_contracts import topology
 from castad_testkit import briefs
-
-from tests.e2e.conftest import STAGE_SERVICES
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +47,7 @@ def test_an_event_published_twice_has_one_effect(shared):
     running.wait_until("every outbox row published", lambda: dbs.unpublished([pipeline_id]) == {})
 
     # Every stage event of the pipeline has been projected by the gateway: nothing of it is in flight.
-    stage_events = {r["event_id"] for service in STAGE_SERVICES for r in dbs.outbox_of(service, pipeline_id)}
+    stage_events = {r["event_id"] for service in topology.STAGES for r in dbs.outbox_of(service, pipeline_id)}
     running.wait_until(
         "every stage event projected",
         lambda: {r["event_id"] for r in dbs.inbox_of("api", pipeline_id)} == stage_events,

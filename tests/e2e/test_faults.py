@@ -9,10 +9,10 @@ import urllib.parse
 import uuid
 
 import pytest
-from castad_contracts import brief, envelope
+from castad_contracts import brief, envelope, topology
 from castad_testkit import briefs
 
-from tests.e2e.conftest import FAST, STAGE_SERVICES, in_order, outbox_facts
+from tests.e2e.conftest import FAST, in_order, outbox_facts
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ def _sha256(path: pathlib.Path) -> str:
 @pytest.mark.timeout(240)
 def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_recorded(shared):
     running, dbs = shared, shared.dbs
-    for service in STAGE_SERVICES:
+    for service in topology.STAGES:
         running.faults(service, failure_rate=0.3)
     genres = [style.value for style in brief.Style]
     ids = [
@@ -54,9 +54,9 @@ def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_re
     views = running.wait_terminal(ids, timeout_s=180)
 
     assert {pid: view.status for pid, view in views.items()} == dict.fromkeys(ids, "SUCCEEDED")
-    failures = {service: 0 for service in STAGE_SERVICES}
+    failures = {service: 0 for service in topology.STAGES}
     published: dict[str, set[str]] = {pid: set() for pid in ids}
-    for service in STAGE_SERVICES:
+    for service in topology.STAGES:
         jobs = dbs.jobs_of(service, ids)
         # Exactly one job per pipeline in this stage's own database, and it succeeded.
         assert sorted(job["pipeline_id"] for job in jobs) == sorted(ids), service
@@ -104,13 +104,13 @@ def test_twenty_pipelines_with_flaky_providers_all_succeed_with_every_failure_re
     for pid in ids:
         names = {
             p.name
-            for stage in STAGE_SERVICES
+            for stage in topology.STAGES
             for p in (running.installation.artifacts_dir / stage / pid).iterdir()
             if not p.name.startswith(".")
         }
-        assert names == published[pid] and len(names) == len(STAGE_SERVICES) + 1, (pid, names)  # and the poster
+        assert names == published[pid] and len(names) == len(topology.STAGES) + 1, (pid, names)  # and the poster
     # Nothing outside the stages' places and the tenants' images: what lets each stage be given its own to write.
-    assert {path.name for path in running.installation.artifacts_dir.iterdir()} <= {*STAGE_SERVICES, "images"}
+    assert {path.name for path in running.installation.artifacts_dir.iterdir()} <= {*topology.STAGES, "images"}
 
     # Listing: newest first, cursor pagination covers every pipeline once.
     seen: list[str] = []

@@ -9,9 +9,8 @@ import uuid
 import httpx
 import pytest
 from castad_api import repository
+from castad_contracts import topology
 from castad_runtime import release
-
-from tests.e2e.conftest import STAGE_SERVICES
 
 pytestmark = pytest.mark.e2e
 
@@ -66,14 +65,14 @@ def test_one_idempotency_key_submitted_twenty_times_at_once_is_one_pipeline(shar
 
     # And it runs once: one job per stage.
     assert running.wait_terminal([pipeline_id])[pipeline_id].status == "SUCCEEDED"
-    for service in STAGE_SERVICES:
+    for service in topology.STAGES:
         assert [job["pipeline_id"] for job in dbs.jobs_of(service, [pipeline_id])] == [pipeline_id]
 
     # Its event stream resumes after the id it is given, with only the later events.
     events = running.events(pipeline_id)
     assert [(e["step"], e["status"]) for _, _, e in events][-1] == ("video", "completed")
     assert events[-1][2]["pipeline_status"] == "SUCCEEDED" and events[-1][2]["progress"] == 100
-    assert set(events[-1][2]["artifacts"]) == set(STAGE_SERVICES)
+    assert set(events[-1][2]["artifacts"]) == set(topology.STAGES)
     middle = len(events) // 2
     assert running.events(pipeline_id, last_event_id=events[middle][0]) == events[middle + 1 :]
     for bad_id in ("x1", "\u00b2".encode("latin-1"), "9" * 5000):

@@ -25,13 +25,13 @@ import pika.exceptions
 import psycopg
 import pytest
 import sqlalchemy as sa
+from castad_contracts import topology
 from castad_local import privileges, stack
 from castad_runtime import migrations
 from castad_testkit import briefs
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
-from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_operator import post
 from tests.support import installation as installation_
 from tests.support import servers
@@ -237,7 +237,7 @@ def test_no_broker_user_reaches_another_services_queue_and_only_the_relay_publis
     refused("lyric", lambda channel: channel.exchange_delete(topo.exchange))  # the gateway's, which declares it
     refused("lyric", lambda channel: channel.basic_get(topo.dead_letter_queue))
     # A stage's dead letter is its own queue's, by the broker's word: it cannot publish one naming another queue.
-    for service in STAGE_SERVICES:
+    for service in topology.STAGES:
         refused(service, lambda channel: channel.basic_publish(topo.dead_letter_exchange, "", b"{}"))
         refused(service, lambda channel: channel.basic_publish("", topo.dead_letter_queue, b"{}"))
     # The relay binds a consumer's queue to the events it takes, and does nothing else with it.

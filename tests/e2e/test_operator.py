@@ -11,9 +11,8 @@ import time
 
 import httpx
 import pytest
+from castad_contracts import topology
 from castad_testkit import briefs
-
-from tests.e2e.conftest import STAGE_SERVICES
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +51,7 @@ def test_a_cancel_stops_a_running_call_and_a_pending_job_and_nothing_later_start
         view = views[pipeline_id]
         assert (view.status, view.error_code, view.cancel_reason) == ("CANCELED", "canceled", "wrong brief")
         assert [s.status for s in view.stages] == ["CANCELED"] * 3
-        for service in STAGE_SERVICES:
+        for service in topology.STAGES:
             assert _job(dbs, service, pipeline_id)["status"] == "CANCELED"
         assert stage_facts(dbs, "song", pipeline_id) == stage_facts(dbs, "video", pipeline_id) == ["canceled"]
         events = timeline_types(running, pipeline_id)
@@ -125,7 +124,7 @@ def test_a_cancel_racing_the_last_stage_gives_one_outcome_each_time(shared):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("failing", STAGE_SERVICES)
+@pytest.mark.parametrize("failing", topology.STAGES)
 def test_a_retry_after_a_permanent_failure_resumes_at_that_stage_and_calls_no_earlier_provider(shared, failing):
     running, dbs = shared, shared.dbs
     running.faults(failing, failure_rate=1, retryable=False)
@@ -141,7 +140,7 @@ def test_a_retry_after_a_permanent_failure_resumes_at_that_stage_and_calls_no_ea
     assert answer.status_code == 202
     assert (answer.json()["resumes_at"], answer.json()["operation"]) == (failing, 1)
     assert (view.status, view.retries) == ("SUCCEEDED", 1)
-    before = STAGE_SERVICES[: STAGE_SERVICES.index(failing)]
+    before = topology.STAGES[: topology.STAGES.index(failing)]
     for service in before:  # their providers were not called again
         assert [a["outcome"] for a in dbs.attempts_of(service, _job(dbs, service, pipeline_id)["id"])] == ["succeeded"]
     job = _job(dbs, failing, pipeline_id)

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from castad_contracts import topology
 from castad_faults import outage
 from castad_testkit import briefs
 
-from tests.e2e.conftest import SHARED, STAGE_SERVICES, STAGES, RunningCastad, SharedCastad, castad_of, view_of
+from tests.e2e.conftest import SHARED, STAGES, RunningCastad, SharedCastad, castad_of, view_of
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +82,7 @@ def test_the_gateway_database_out_mid_run_gives_503s_and_then_every_pipeline_com
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("stage", STAGE_SERVICES)
+@pytest.mark.parametrize("stage", topology.STAGES)
 def test_a_stage_database_out_mid_run_costs_no_attempt(stack, stage):
     running, dbs, broker, installation = stack, stack.dbs, stack.broker, stack.installation
     ids = [running.submit(briefs.sample(f"가게 {n}")) for n in range(3)]

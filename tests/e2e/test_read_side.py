@@ -21,11 +21,10 @@ import httpx
 import httpx_sse
 import numpy as np
 import pytest
-from castad_contracts import api, brief
+from castad_contracts import api, brief, topology
 from castad_testkit import briefs
 from PIL import Image, ImageDraw
 
-from tests.e2e.conftest import STAGE_SERVICES
 from tests.e2e.test_cli import cli, one_line_error
 from tests.unit.test_video_provider import probe, two_photos
 
@@ -121,12 +120,12 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     # One trace: the one its request began, carried by every event of every stage.
     assert re.fullmatch(r"[0-9a-f]{32}", shown["trace_id"] or ""), shown["trace_id"]
     assert shown["trace_url"] == JAEGER.format(trace_id=shown["trace_id"])
-    for service in STAGE_SERVICES:
+    for service in topology.STAGES:
         for row in dbs.outbox_of(service, pipeline_id):
             assert trace_id_of(row["envelope"]["traceparent"]) == shown["trace_id"], row["routing_key"]
 
     # Each attempt as the stage that ran it recorded it: its worker, and its duration.
-    assert [(a["stage"], a["outcome"]) for a in shown["attempts"]] == [(s, "succeeded") for s in STAGE_SERVICES]
+    assert [(a["stage"], a["outcome"]) for a in shown["attempts"]] == [(s, "succeeded") for s in topology.STAGES]
     for attempt in shown["attempts"]:
         service = attempt["stage"]
         [job] = dbs.jobs_of(service, [pipeline_id])
@@ -159,7 +158,7 @@ def test_a_pipeline_run_by_the_stages_is_told_by_its_timeline_the_firehose_the_n
     numbers = running.http.get("/v1/stats", params={"window": "15m"}).json()
     assert numbers["pipelines"]["created"] == 1 and numbers["pipelines"]["finished"] == {"SUCCEEDED": 1}
     assert [(s["stage"], s["succeeded"], s["attempts"]) for s in numbers["stages"]] == [
-        (stage, 1, 1) for stage in STAGE_SERVICES
+        (stage, 1, 1) for stage in topology.STAGES
     ]
 
     gateway = running.base_url

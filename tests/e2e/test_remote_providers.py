@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from castad_contracts import codes
+from castad_contracts import codes, topology
 from castad_local import stack
 from castad_local.fakes import media, suno
 
-from tests.e2e.conftest import STAGE_SERVICES, RunningCastad
+from tests.e2e.conftest import RunningCastad
 from tests.e2e.test_languages import BRIEFS
 from tests.support import installation as installation_
 from tests.support import network as network_
@@ -75,7 +75,7 @@ def test_briefs_in_four_languages_go_through_the_three_network_providers_by_thei
         assert song.media_type == "audio/mpeg" and video.media_type == "video/mp4"
         poster = view.stages[2].poster  # the render's snapshot (the template sets snapshot_time)
         assert poster is not None and running.http.get(poster.download).content == media.jpeg()
-        for stage in STAGE_SERVICES:
+        for stage in topology.STAGES:
             assert job_attempts(dbs, stage, pipeline_id) == ["succeeded"]
             completed = [r for r in dbs.outbox_of(stage, pipeline_id) if r["routing_key"] == f"{stage}.completed"]
             assert len(completed) == 1

@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 from castad_api import tables as api_tables
+from castad_contracts import topology
 from castad_runtime import tables
 from castad_testkit import briefs
-
-from tests.e2e.conftest import STAGE_SERVICES
 
 pytestmark = pytest.mark.e2e
 
@@ -61,17 +60,17 @@ def test_every_service_deletes_what_outlived_its_retention_and_nothing_recent(ca
     assert {view.status for view in views.values()} == {"SUCCEEDED"}
     running.wait_until("every event published", lambda: not dbs.unpublished())
     before = kept(dbs, recent)
-    assert all((installation.artifacts_dir / stage / old).is_dir() for stage in STAGE_SERVICES)
+    assert all((installation.artifacts_dir / stage / old).is_dir() for stage in topology.STAGES)
 
     age(dbs, old)
     running.wait_until("every service deleted what it kept of the old pipeline", lambda: not kept(dbs, old))
 
-    assert not any((installation.artifacts_dir / stage / old).exists() for stage in STAGE_SERVICES)
+    assert not any((installation.artifacts_dir / stage / old).exists() for stage in topology.STAGES)
     assert kept(dbs, recent) == before
-    assert all(f"{service}.jobs" in before for service in STAGE_SERVICES)
+    assert all(f"{service}.jobs" in before for service in topology.STAGES)
     assert [
         sorted(path.name.split("-")[0] for path in (installation.artifacts_dir / stage / recent).iterdir())
-        for stage in STAGE_SERVICES
-    ] == [[stage] * (2 if stage == "video" else 1) for stage in STAGE_SERVICES]  # the video and its poster
+        for stage in topology.STAGES
+    ] == [[stage] * (2 if stage == "video" else 1) for stage in topology.STAGES]  # the video and its poster
     assert running.http.get(f"/v1/pipelines/{old}").status_code == 404
     assert running.http.get(f"/v1/pipelines/{recent}/artifacts/video").status_code == 200
