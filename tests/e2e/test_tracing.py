@@ -24,7 +24,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 pytestmark = pytest.mark.e2e
 
 SERVICES = ("castad-api", "castad-relay", "castad-lyric", "castad-song", "castad-video")
-STAGES = topology.STAGES
 
 
 def _routing_key(span: dict) -> object:
@@ -210,7 +209,7 @@ def test_one_pipeline_is_one_trace_across_all_five_services(castad, dbs, collect
     published = {_routing_key(s) for s in producers}
     assert published == {
         "pipeline.requested",
-        *(f"{stage}.{fact}" for stage in STAGES for fact in ("started", "completed")),
+        *(f"{stage}.{fact}" for stage in topology.STAGES for fact in ("started", "completed")),
     }
     for span in producers:
         assert span["service"] == "castad-relay" and span["name"] == f"publish {exchange}"
@@ -225,11 +224,11 @@ def test_one_pipeline_is_one_trace_across_all_five_services(castad, dbs, collect
         assert span["attributes"]["messaging.destination.name"] == exchange
         assert span["attributes"]["messaging.message.id"]
     names = {(s["service"], s["name"]) for s in spans}
-    for stage in STAGES:
+    for stage in topology.STAGES:
         assert (f"castad-{stage}", f"{stage} attempt") in names
 
     # The services' JSON logs about this pipeline carry the same trace id.
-    for stage in STAGES:
+    for stage in topology.STAGES:
         lines = [line for line in _log_lines(running.services.log_dir / f"{stage}.log")]
         mine = [line for line in lines if line.get("pipeline_id") == pipeline_id]
         assert mine, f"no {stage} log line about {pipeline_id}"

@@ -30,7 +30,6 @@ from tests.support.installation import Installation
 
 pytestmark = [pytest.mark.images, pytest.mark.integration]
 
-SERVICES = topology.SERVICES
 ARTIFACTS = "/var/lib/castad/artifacts"
 PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(REPO_ROOT / "infra" / "images" / "containers.conf")}
 
@@ -59,7 +58,7 @@ def images() -> dict[str, str]:
         [str(REPO_ROOT / "infra" / "images" / "build.sh")], capture_output=True, text=True, timeout=3600
     )
     assert built.returncode == 0, built.stdout + built.stderr
-    return {service: image(service) for service in SERVICES}
+    return {service: image(service) for service in topology.SERVICES}
 
 
 def test_each_image_is_slim_non_root_labelled_and_stops_on_sigterm(images):
@@ -84,7 +83,7 @@ def test_each_image_is_slim_non_root_labelled_and_stops_on_sigterm(images):
 @pytest.fixture
 def containers(images) -> Iterator[dict[str, str]]:
     run_id = uuid.uuid4().hex[:8]
-    names = {service: f"castad-test-{run_id}-{service}" for service in SERVICES}
+    names = {service: f"castad-test-{run_id}-{service}" for service in topology.SERVICES}
     yield names
     for name in names.values():
         podman("rm", "--force", "--time", "0", name, check=False)
@@ -106,21 +105,21 @@ def test_the_stack_runs_from_the_images_to_a_finished_video(images, containers, 
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     os.chown(artifacts, 10001, 10001)  # the images' user
-    ports = {service: stack.free_port() for service in SERVICES}
+    ports = {service: stack.free_port() for service in topology.SERVICES}
     env = {
         **{k: v for k, v in installation.env().items() if k != "CASTAD_ARTIFACTS_DIR"},
         "OTEL_TRACES_EXPORTER": "none",
         "CASTAD_API_PORT": str(ports["api"]),
-        **{f"CASTAD_{service.upper()}_HEALTH_PORT": str(ports[service]) for service in SERVICES if service != "api"},
+        **{f"CASTAD_{service.upper()}_HEALTH_PORT": str(ports[service]) for service in topology.WORKERS},
     }
     for service in topology.WITH_DATABASE:
         run_container(f"{containers[service]}-migrate", service, "migrate", env, artifacts, detach=False)
         podman("rm", f"{containers[service]}-migrate")
-    for service in SERVICES:
+    for service in topology.SERVICES:
         run_container(containers[service], service, "run", env, artifacts, detach=True)
 
     deadline = time.monotonic() + 120
-    waiting = set(SERVICES)
+    waiting = set(topology.SERVICES)
     while waiting and time.monotonic() < deadline:
         for service in list(waiting):
             try:

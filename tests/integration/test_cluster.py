@@ -23,6 +23,7 @@ import pika.exceptions
 import psycopg
 import pytest
 import sqlalchemy as sa
+from castad_contracts import topology
 from castad_faults import engines, rabbitmq
 from castad_faults import postgres as postgres_
 from castad_local import privileges
@@ -121,8 +122,8 @@ def test_the_services_broker_users_log_in_on_every_node_with_their_permissions(r
     users = privileges.Users.new("clustertest")
     rabbit.grant(users, vhost="clustertest")
 
-    relay = users.name(privileges.RELAY)
-    for url in rabbit.urls(relay, users.passwords[privileges.RELAY], "clustertest"):
+    relay = users.name(topology.RELAY)
+    for url in rabbit.urls(relay, users.passwords[topology.RELAY], "clustertest"):
         with channel_to(url) as channel, pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
             channel.queue_declare("clustertest.relay-may-not", durable=True)  # the relay only publishes
         assert refused.value.reply_code == 403

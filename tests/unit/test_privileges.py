@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+from castad_contracts import topology
 from castad_local import privileges
 
 
@@ -45,6 +46,6 @@ def test_the_instructions_give_each_databases_public_schema_to_its_service_for_p
     # There PUBLIC may create in schema public, and only the schema's owner (or a superuser) can take it back:
     # the service's `migrate` does, once its role owns the schema.
     lines = privileges.instructions("castad").splitlines()
-    for service in privileges.DATABASE_SERVICES:
+    for service in topology.WITH_DATABASE:
         at = lines.index(f"\\connect castad_{service}")
         assert lines[at + 1] == f"ALTER SCHEMA public OWNER TO castad_{service};"

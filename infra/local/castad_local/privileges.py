@@ -35,9 +35,7 @@ from sqlalchemy.engine import make_url
 
 from castad_local import REPO_ROOT
 
-RELAY = topology.RELAY
-DATABASE_SERVICES = topology.WITH_DATABASE
-USERS = (*DATABASE_SERVICES, RELAY)
+USERS = (*topology.WITH_DATABASE, topology.RELAY)
 CREDENTIALS_FILE = REPO_ROOT / "var" / "local" / "credentials.json"
 ENV_FILE = REPO_ROOT / "var" / "local" / "castad.env"  # `make up` gives it to honcho
 RABBITMQCTL_TIMEOUT_S = 60.0
@@ -92,7 +90,7 @@ class Users:
 
     def env(self, database_urls: Mapping[str, str], amqp_url: str) -> dict[str, str]:
         """Variables that run every service as its own user (superuser `database_urls` per service)."""
-        sources = (f"{service}={self.database_url(RELAY, url)}" for service, url in database_urls.items())
+        sources = (f"{service}={self.database_url(topology.RELAY, url)}" for service, url in database_urls.items())
         result = {"CASTAD_RELAY_SOURCES": ",".join(sources)}
         for service, url in database_urls.items():
             result[f"CASTAD_{service.upper()}_DATABASE_URL"] = self.database_url(service, url)
@@ -135,7 +133,7 @@ def grant_postgres(users: Users, database_urls: Mapping[str, str]) -> None:
         with _connect(url) as conn:
             _give_objects(conn, users.name(service))
             _give_public_schema(conn, users.name(service))
-        migrations.restrict_access(url, users.name(RELAY))
+        migrations.restrict_access(url, users.name(topology.RELAY))
 
 
 def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
@@ -262,15 +260,15 @@ def instructions(namespace: str = topology.DEFAULT_NAMESPACE, vhost: str = "/") 
     """The roles, grants and broker users to make by hand (passwords to choose), as commands."""
     users = Users(namespace, {service: f"<{service} password>" for service in USERS})
     topo = topology.Topology(namespace)
-    relay = users.name(RELAY)
+    relay = users.name(topology.RELAY)
     lines = ["-- PostgreSQL, as a superuser (each database named as in CASTAD_<SERVICE>_DATABASE_URL):"]
     for service in USERS:
         lines.append(f"CREATE ROLE {users.name(service)} LOGIN PASSWORD '<{service} password>';")
-    for service in DATABASE_SERVICES:
+    for service in topology.WITH_DATABASE:
         database = make_url(settings.database_url_default(service)).database
         lines.append(f"CREATE DATABASE {database} OWNER {users.name(service)};")
     lines.append("-- Before PostgreSQL 15 (or upgraded from one), where PUBLIC may create in schema public:")
-    for service in DATABASE_SERVICES:
+    for service in topology.WITH_DATABASE:
         database = make_url(settings.database_url_default(service)).database
         lines += [f"\\connect {database}", f"ALTER SCHEMA public OWNER TO {users.name(service)};"]
     lines += [
@@ -324,5 +322,5 @@ def _local_database_urls() -> dict[str, str]:
     """Each service's database as its settings name it: set-up's, a superuser's."""
     return {
         service: os.environ.get(f"CASTAD_{service.upper()}_DATABASE_URL", settings.database_url_default(service))
-        for service in DATABASE_SERVICES
+        for service in topology.WITH_DATABASE
     }
