@@ -8,8 +8,9 @@ but for private addresses, allowed for the local receiver) runs until every noti
 most `--max-s`, then stops. The code before is run from a temporary checkout of `--before` (its gateway,
 runtime and contracts packages first on the path); as it sends one notice at a time, a thousand would take
 a thousand seconds, so it is given `--before-notices` and what a thousand would take is projected from its
-rate, and said to be. Each measurement runs in a process of its own. Writes docs/reports/webhooks.md
-(`make bench-webhooks`).
+rate, and said to be. Each measurement runs in a process of its own. Writes docs/reports/webhooks.md by
+bench/templates/webhooks.md.j2, the measurements kept beside it in webhooks.json (`make bench-webhooks`;
+`--render` writes the page again from them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from castad_testkit import machine, scratch
+
+from bench import pages
 
 BEFORE = "147662a1567ddbdf406ea0e0e794f366ccc7c036"  # the last commit whose gateway sent one notice at a time
 TARGET_S = 30.0  # the issue's bound for a thousand notices to a receiver answering in 1 s
@@ -176,39 +179,14 @@ def run_child(notices: int, answer_s: float, max_s: float, tree: pathlib.Path | 
     return result
 
 
-def render(before: dict[str, Any], after: dict[str, Any], facts: dict[str, Any], args: argparse.Namespace) -> str:
-    per_s = before["delivered"] / before["seconds"]
-    projected = args.notices / per_s
-    verdict = "met" if after["delivered"] == after["notices"] and after["seconds"] <= TARGET_S else "not met"
-    settings = ", ".join(f"`CASTAD_API_{name.upper()}={value}`" for name, value in after["settings"].items())
-    return "\n".join(
-        [
-            "# Webhook notices from one gateway process",
-            "",
-            f"Written by `make bench-webhooks` (bench/webhooks.py) on {dt.date.today().isoformat()}: due notices,"
-            f" all to one receiver on 127.0.0.1 answering each in {args.answer_s:g} s, delivered by one gateway"
-            " process's deliverer with its default settings (private addresses allowed for the local receiver)."
-            f" The code before is commit `{args.before[:7]}`, which sent one notice at a time.",
-            "",
-            "| code | notices | delivered | seconds | notices/s | most at once at the receiver |",
-            "|---|---:|---:|---:|---:|---:|",
-            f"| before (`{args.before[:7]}`) | {before['notices']:,} | {before['delivered']:,}"
-            f" | {before['seconds']:.1f} | {per_s:.2f} | {before['peak_at_once']} |",
-            f"| this tree | {after['notices']:,} | {after['delivered']:,} | {after['seconds']:.1f}"
-            f" | {after['delivered'] / after['seconds']:.2f} | {after['peak_at_once']} |",
-            "",
-            f"- The code before was given {before['notices']:,} notices, not {args.notices:,}: at its measured"
-            f" rate, {args.notices:,} would take about {projected:,.0f} s (projected, not measured).",
-            f"- This tree delivered {after['delivered']:,} of {after['notices']:,} in {after['seconds']:.1f} s"
-            f" against a target of {TARGET_S:g} s: {verdict}. Its settings: {settings}. One receiving host"
-            " holds at most `CASTAD_API_WEBHOOK_PER_HOST` of the places, so the notices to one receiver go that"
-            " many at a time, and the other hosts' notices keep the rest.",
-            "",
-            "## Machine",
-            "",
-            *[f"- {name}: {value}" for name, value in facts.items()],
-            "",
-        ]
+def render(measured: dict[str, Any]) -> str:
+    """Return the page, written by bench/templates/webhooks.md.j2 from the measurements."""
+    before, after = measured["before"], measured["after"]
+    return pages.render(
+        "webhooks.md.j2",
+        **measured,
+        projected_s=measured["notices"] / (before["delivered"] / before["seconds"]),
+        met=after["delivered"] == after["notices"] and after["seconds"] <= measured["target_s"],
     )
 
 
@@ -219,18 +197,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-s", type=float, default=1.0, help="the receiver's time to answer")
     parser.add_argument("--max-s", type=float, default=120.0, help="the longest one measurement runs")
     parser.add_argument("--before", default=BEFORE, help="the commit of the code before")
+    parser.add_argument("--render", action="store_true", help="write the page again from webhooks.json, run nothing")
     parser.add_argument("--output", type=pathlib.Path, default=OUT)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # a measurement of this many, as JSON
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(measure(args.child, args.answer_s, args.max_s)))
         return 0
-    with scratch.interrupt_on_sigterm():
-        with checkout(args.before) as tree:
-            before = run_child(args.before_notices, args.answer_s, args.max_s, tree)
-        after = run_child(args.notices, args.answer_s, args.max_s, None)
-    facts = machine.facts()
-    args.output.write_text(render(before, after, facts, args))
+    kept = args.output.with_suffix(".json")
+    if not args.render:
+        with scratch.interrupt_on_sigterm():
+            with checkout(args.before) as tree:
+                before = run_child(args.before_notices, args.answer_s, args.max_s, tree)
+            after = run_child(args.notices, args.answer_s, args.max_s, None)
+        measured = {
+            "date": dt.date.today().isoformat(),
+            "answer_s": args.answer_s,
+            "before_commit": args.before,
+            "notices": args.notices,
+            "target_s": TARGET_S,
+            "before": before,
+            "after": after,
+            "facts": machine.facts(),
+        }
+        kept.write_text(json.dumps(measured, indent=1) + "\n")
+    args.output.write_text(render(json.loads(kept.read_text())))
     scratch.log.info("wrote %s", args.output)
     return 0
 
