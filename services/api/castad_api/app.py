@@ -35,6 +35,7 @@ from castad_api.routes import (
     downloads,
     images,
     keys,
+    pipeline_views,
     pipelines,
     reviews,
     stats,
@@ -121,7 +122,20 @@ def create_app(gw: Gateway, lifespan: Any = None) -> FastAPI:
     for database_error in (sa.exc.SQLAlchemyError, psycopg.Error):
         app.add_exception_handler(database_error, _unavailable)
     app.add_exception_handler(outages.StoreUnavailable, _store_unavailable)
-    for routes in (pipelines, downloads, webhooks, images, timeline, stats, dead_letters, keys, brand, reviews, usage):
+    for routes in (
+        pipelines,
+        pipeline_views,
+        downloads,
+        webhooks,
+        images,
+        timeline,
+        stats,
+        dead_letters,
+        keys,
+        brand,
+        reviews,
+        usage,
+    ):
         app.include_router(routes.router)
     if gw.config.health_port is None:
         app.include_router(health)

@@ -13,7 +13,7 @@ from castad_api import (
     webhooks,
 )
 from castad_api.deps import GatewayDep, Reader
-from castad_api.routes import pipelines
+from castad_api.routes import pipeline_views
 
 router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRORS, **deps.UNREADABLE})
 
@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1", tags=["pipelines"], responses={**deps.AUTH_ERRO
 )
 def pipeline_webhooks(pipeline_id: uuid.UUID, gw: GatewayDep, who: Reader) -> list[api.WebhookDelivery]:
     """The notices sent to the brief's callback_url when the pipeline ended (once per ending), with every try."""
-    pipelines.load(gw, pipeline_id, who)
+    pipeline_views.load(gw, pipeline_id, who)
     with gw.engine.connect() as conn:
         found = webhooks.deliveries(conn, pipeline_id)
     return [api.WebhookDelivery.model_validate({**dataclasses.asdict(d), "id": str(d.id)}) for d in found]
