@@ -11,8 +11,9 @@ raw sockets and reads what comes. Once every stream is open and `--settle-s` pas
 (from /proc) is read over `--window-s`, its resident memory before the streams opened and after, and the
 scratch database's transactions meanwhile (pg_stat_database: the streams' reads, and this script's few
 look-ups). The code before is run from a temporary checkout of `--before` (bench/webhooks.py). Each
-gateway is stopped and the database dropped at the end, whatever happens. Writes
-docs/reports/streams.md (`make bench-streams`).
+gateway is stopped and the database dropped at the end, whatever happens. Writes docs/reports/streams.md by
+bench/templates/streams.md.j2, the measurements kept beside it in streams.json (`make bench-streams`; `--render`
+writes the page again from them).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 from castad_testkit import machine, scratch
 
-from bench import webhooks
+from bench import pages, webhooks
 
 OUT = scratch.REPORTS / "streams.md"
 OPENING_AT_ONCE = 100  # streams being opened at the same time
@@ -229,44 +230,9 @@ async def measure(
             server.wait()
 
 
-def render(before: dict[str, Any], after: dict[str, Any], facts: dict[str, Any], args: argparse.Namespace) -> str:
-    def row(label: str, result: dict[str, Any]) -> str:
-        grown = result["memory_after_mib"] - result["memory_before_mib"]
-        return (
-            f"| {label} | {result['opened']:,} | {result['still_open']:,} | {100 * result['cpu_share']:.1f}%"
-            f" | {result['transactions_per_s']:,.1f} | {result['memory_before_mib']:.0f} MiB"
-            f" | {result['memory_after_mib']:.0f} MiB | {1024 * grown / max(result['opened'], 1):.0f} KiB |"
-        )
-
-    return "\n".join(
-        [
-            "# Idle event streams on one gateway process",
-            "",
-            f"Written by `make bench-streams` (bench/streams.py) on {dt.date.today().isoformat()}: {args.streams:,}"
-            f" event streams of {args.pipelines} running pipelines held open on one gateway process (its HTTP API"
-            " and its listener, default settings but for the streams a key may hold) while nothing changes;"
-            f" measured over {args.window_s:g} s once all were open. CPU is the gateway process's (user and"
-            " system) as a share of one core; transactions are the database's (the streams' reads), per second."
-            f" The code before is commit `{args.before[:7]}`, whose streams read the database every"
-            " `CASTAD_API_SSE_POLL_S` (2 s) whether or not anything changed.",
-            "",
-            "| code | opened | open at the end | gateway CPU | transactions/s | memory before | memory after"
-            " | memory per stream |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-            row(f"before (`{args.before[:7]}`)", before),
-            row("this tree", after),
-            "",
-            "What an idle stream still costs this tree: a keep-alive comment every `CASTAD_API_SSE_PING_S` (15 s)."
-            " What the process spends whatever the number of its streams: one look-up of each key holding streams"
-            " every `CASTAD_API_SSE_KEY_CHECK_S` (5 s), and one sweep for changes no notification told of every"
-            " `CASTAD_API_SSE_SWEEP_S` (45 s).",
-            "",
-            "## Machine",
-            "",
-            *[f"- {name}: {value}" for name, value in facts.items()],
-            "",
-        ]
-    )
+def render(measured: dict[str, Any]) -> str:
+    """Return the page, written by bench/templates/streams.md.j2 from the measurements."""
+    return pages.render("streams.md.j2", **measured)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=5.0, help="wait once every stream is open")
     parser.add_argument("--window-s", type=float, default=30.0, help="how long the idle streams are measured")
     parser.add_argument("--before", default=webhooks.BEFORE, help="the commit of the code before")
+    parser.add_argument("--render", action="store_true", help="write the page again from streams.json, run nothing")
     parser.add_argument("--output", type=pathlib.Path, default=OUT)
     parser.add_argument("--serve", help=argparse.SUPPRESS)  # a gateway on this database (a child process)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -283,18 +250,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         serve(args.serve, args.port, args.streams)
         return 0
-    url = scratch.database_url(f"castad_bench_streams_{scratch.RUN_ID}")
-    cleanup = scratch.Cleanup()
-    with scratch.interrupt_on_sigterm(), cleanup.scope():
-        from castad_runtime import migrations
+    kept = args.output.with_suffix(".json")
+    if not args.render:
+        url = scratch.database_url(f"castad_bench_streams_{scratch.RUN_ID}")
+        cleanup = scratch.Cleanup()
+        with scratch.interrupt_on_sigterm(), cleanup.scope():
+            from castad_runtime import migrations
 
-        cleanup.push("drop the scratch database", lambda: migrations.drop_database(url))
-        key, ids = prepare(url, args.pipelines)
-        with webhooks.checkout(args.before) as tree:
-            before = asyncio.run(measure(url, key, ids, tree, args))
-        after = asyncio.run(measure(url, key, ids, None, args))
-    print(json.dumps({"before": before, "after": after}), file=sys.stderr)
-    args.output.write_text(render(before, after, machine.facts(), args))
+            cleanup.push("drop the scratch database", lambda: migrations.drop_database(url))
+            key, ids = prepare(url, args.pipelines)
+            with webhooks.checkout(args.before) as tree:
+                before = asyncio.run(measure(url, key, ids, tree, args))
+            after = asyncio.run(measure(url, key, ids, None, args))
+        measured = {
+            "date": dt.date.today().isoformat(),
+            "streams": args.streams,
+            "pipelines": args.pipelines,
+            "window_s": args.window_s,
+            "before_commit": args.before,
+            "before": before,
+            "after": after,
+            "facts": machine.facts(),
+        }
+        kept.write_text(json.dumps(measured, indent=1) + "\n")
+    args.output.write_text(render(json.loads(kept.read_text())))
     scratch.log.info("wrote %s", args.output)
     return 0
 
