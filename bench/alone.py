@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from castad_api import creation, projection
 from castad_contracts import api, brief, envelope, events
 from castad_runtime import db, migrations
-from castad_runtime.stage import cancellation, handlers, machine, repository, runner, scheduler
+from castad_runtime.stage import cancellation, handlers, machine, outcomes, repository, runner, scheduler
 from castad_testkit import briefs, scratch
 
 from bench import cpu
@@ -113,9 +113,9 @@ class StageAlone:
         self.runner._count = lambda *args: (count(*args), self._recorded.release())  # type: ignore[method-assign]
 
     @staticmethod
-    def _work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def _work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         artifact = events.Artifact(uri="file:///lyric.txt", sha256="0" * 64, size=1, media_type="text/plain")
-        return runner.Output(artifact, {"lyrics": LYRICS})
+        return outcomes.Output(artifact, {"lyrics": LYRICS})
 
     def one(self) -> None:
         """A trigger handled, and its attempt's outcome recorded."""

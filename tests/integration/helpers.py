@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import brief, envelope, events, topology
 from castad_runtime import consumer, db, inbox, outbox, tables
-from castad_runtime.stage import cancellation, handlers, leases, machine, repository, runner
+from castad_runtime.stage import cancellation, handlers, leases, machine, outcomes, repository, runner
 from castad_testkit import briefs
 
 from tests.support import waits
@@ -92,16 +92,16 @@ def write_unroutable(engine: sa.Engine, pipeline_id: str) -> uuid.UUID:
     return env.id
 
 
-def output() -> runner.Output:
+def output() -> outcomes.Output:
     """What a lyric attempt returns: an artifact and the lyrics."""
     artifact = events.Artifact(uri="file:///lyric.txt", sha256="0" * 64, size=1, media_type="text/plain")
     lyrics = events.Lyrics(
         title="바다", language=brief.Language.KOREAN, sections=(events.LyricSection(kind="verse", lines=("라",)),)
     )
-    return runner.Output(artifact, {"lyrics": lyrics})
+    return outcomes.Output(artifact, {"lyrics": lyrics})
 
 
-def succeed(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+def succeed(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
     return output()
 
 

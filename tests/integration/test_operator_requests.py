@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import envelope, events
 from castad_runtime import consumer, db, tables
-from castad_runtime.stage import cancellation, errors, handlers, repository, runner
+from castad_runtime.stage import cancellation, errors, handlers, outcomes, repository, runner
 
 from tests.integration.helpers import output, pipeline_requested, stage_runner
 from tests.support import waits
@@ -132,7 +132,7 @@ def test_a_job_waiting_for_its_retry_is_canceled(engines):
 def test_a_running_attempt_is_stopped_at_once_and_records_nothing_more(engines):
     entered, reasons = threading.Event(), []
 
-    def long_call(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def long_call(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         entered.set()
         try:
             cancel.sleep(60)
@@ -186,7 +186,7 @@ def test_a_request_ahead_of_an_earlier_one_is_held_until_that_one_came(stage):
 
 
 def test_a_retry_reopens_a_failed_job_with_a_fresh_budget_and_carries_it_on(engines):
-    def fails_for_good_once(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def fails_for_good_once(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         if job.attempts == 1:
             raise errors.PermanentProviderError("bad", "cannot write these lyrics")
         return output()

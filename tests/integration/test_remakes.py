@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from castad_contracts import envelope, events
 from castad_runtime import artifacts, db, tables
 from castad_runtime.artifacts import volume
-from castad_runtime.stage import cancellation, remakes, repository, runner
+from castad_runtime.stage import cancellation, outcomes, remakes, repository, runner
 
 from tests.integration.helpers import output, pipeline_requested, stage_runner
 
@@ -29,13 +29,13 @@ def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
 def writer(store: artifacts.ArtifactStore, calls: list[str]) -> runner.Work:
     """The lyric stage's work as a provider: each call counted, its file kept in the store."""
 
-    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         calls.append(job.pipeline_id)
         lyrics = output().details["lyrics"]
         with store.scratch(job.pipeline_id, events.Stage.LYRIC, job.attempts, ".txt") as scratch:
             scratch.write_text(lyrics.text(), encoding="utf-8")
             kept = store.keep(scratch, job.pipeline_id, events.Stage.LYRIC, "text/plain; charset=utf-8")
-        return runner.Output(kept, {"lyrics": lyrics})
+        return outcomes.Output(kept, {"lyrics": lyrics})
 
     return work
 

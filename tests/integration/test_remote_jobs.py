@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import codes, events
 from castad_runtime import db, tables
-from castad_runtime.stage import cancellation, errors, machine, quota, remote, repository, runner
+from castad_runtime.stage import cancellation, errors, machine, outcomes, quota, remote, repository, runner
 from castad_runtime.stage.repository import polls
 
 from tests.integration.helpers import output, stage_runner
@@ -452,7 +452,7 @@ def test_a_provider_that_never_stops_saying_too_many_is_charged_after_its_free_a
         conn.execute(
             tables.jobs.update()
             .where(tables.jobs.c.pipeline_id == pipeline_id)
-            .values(attempts=runner.FREE_RATE_LIMITS)
+            .values(attempts=outcomes.FREE_RATE_LIMITS)
         )
 
     turn(stage)
@@ -510,7 +510,7 @@ def test_a_provider_down_for_maintenance_costs_no_attempt_however_often_it_says_
         conn.execute(
             tables.jobs.update()
             .where(tables.jobs.c.pipeline_id == pipeline_id)
-            .values(attempts=runner.FREE_RATE_LIMITS + 5)
+            .values(attempts=outcomes.FREE_RATE_LIMITS + 5)
         )
 
     turn(stage)

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from castad_contracts import brief, events
 from castad_runtime import db, tables
-from castad_runtime.stage import cancellation, repository, reviews, runner
+from castad_runtime.stage import cancellation, outcomes, repository, reviews, runner
 from castad_runtime.stage.repository import drafts
 
 from tests.integration.helpers import now, output, pipeline_requested, stage_runner
@@ -40,16 +40,16 @@ def engine(engines: Mapping[str, sa.Engine]) -> sa.Engine:
 def drafting(review: brief.Review) -> runner.Work:
     """A work that drafts, as the lyric service's does for a brief asking for `review`."""
 
-    def draft(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Drafted:
+    def draft(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Drafted:
         NOTES.append((job.review or {}).get("note"))
-        return runner.Drafted(output(), review)
+        return outcomes.Drafted(output(), review)
 
     return draft
 
 
-def keep_edit(pipeline_id: str, lyrics: events.Lyrics) -> runner.Output:
+def keep_edit(pipeline_id: str, lyrics: events.Lyrics) -> outcomes.Output:
     artifact = events.Artifact(uri="file:///edit.txt", sha256="1" * 64, size=2, media_type="text/plain")
-    return runner.Output(artifact, {"lyrics": lyrics})
+    return outcomes.Output(artifact, {"lyrics": lyrics})
 
 
 def drafted_job(

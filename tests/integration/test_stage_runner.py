@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from castad_contracts import brief, envelope, events
 from castad_faults import outage
 from castad_runtime import db, outages, tables
-from castad_runtime.stage import cancellation, errors, handlers, machine, repository, runner, scheduler
+from castad_runtime.stage import cancellation, errors, handlers, machine, outcomes, repository, runner, scheduler
 from castad_runtime.stage.repository import claiming
 from castad_testkit import briefs
 
@@ -40,7 +40,7 @@ class Script:
         self.calls = 0
         self._lock = threading.Lock()
 
-    def __call__(self, job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def __call__(self, job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         with self._lock:
             self.calls += 1
             step = self.steps.pop(0) if self.steps else None
@@ -294,7 +294,7 @@ def test_a_hung_provider_call_is_cancelled_at_its_timeout_and_really_stops(engin
     """
     cancelled: list[cancellation.Reason | None] = []
 
-    def hang(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def hang(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         try:
             cancel.sleep(None)
         finally:
@@ -330,7 +330,7 @@ def test_hangs_never_push_concurrency_past_its_setting(engine, run_scheduler):
     lock = threading.Lock()
     running, most = [0], [0]
 
-    def hang_then_succeed(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def hang_then_succeed(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
@@ -359,7 +359,7 @@ def test_a_provider_that_ignores_its_cancellation_keeps_its_slot_until_it_return
     """
     calls: list[tuple[str, float, float]] = []
 
-    def stubborn(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def stubborn(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         started = time.monotonic()
         if not calls:
             time.sleep(1.5)  # deaf to `cancel`
@@ -390,7 +390,7 @@ def test_a_stopping_service_hands_back_its_running_attempt_uncounted(engine):
     """
     entered = threading.Event()
 
-    def endless(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def endless(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         entered.set()
         cancel.sleep(None)
         return output()
@@ -448,7 +448,7 @@ def test_the_finish_of_an_attempt_rides_out_a_database_outage(engine, installati
     """
     url = installation.database_urls["lyric"]
 
-    def succeed_into_an_outage(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def succeed_into_an_outage(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         outage.block(url)
         threading.Timer(2.5, outage.unblock, [url]).start()
         return output()
@@ -473,7 +473,7 @@ def test_a_lost_claim_cancels_the_work_and_records_nothing(engine):
     reasons: list[cancellation.Reason | None] = []
     entered = threading.Event()
 
-    def wait(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def wait(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         entered.set()
         try:
             cancel.sleep(30)
@@ -507,7 +507,7 @@ def test_a_worker_never_recovers_the_lease_of_an_attempt_it_is_still_running(eng
     """
     release = threading.Event()
 
-    def wait(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def wait(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         release.wait(10)
         return output()
 
@@ -538,7 +538,7 @@ def test_slow_but_alive_attempts_keep_renewing_their_leases_and_are_not_stolen(e
     """
     finish = threading.Event()
 
-    def slow(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def slow(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         finish.wait(timeout=30)
         return output()
 
@@ -677,7 +677,7 @@ def test_with_work_waiting_for_a_slot_each_next_job_is_claimed_by_the_transactio
 def test_a_next_job_claimed_just_as_the_service_stops_is_handed_back_uncounted_and_not_run(engine, run_scheduler):
     calls: list[str] = []
 
-    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         calls.append(job.pipeline_id)
         return output()
 
@@ -705,7 +705,7 @@ def test_a_next_job_claimed_just_as_the_service_stops_is_handed_back_uncounted_a
 def test_a_trigger_finding_every_slot_busy_leaves_its_job_due_for_the_scheduler(engine, run_scheduler):
     release = threading.Event()
 
-    def slow(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def slow(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         release.wait(10)
         return output()
 
@@ -730,7 +730,7 @@ def test_a_trigger_before_the_schedulers_first_look_leaves_its_job_behind_work_t
     """
     calls: list[str] = []
 
-    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         calls.append(job.pipeline_id)
         return output()
 

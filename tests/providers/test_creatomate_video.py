@@ -29,7 +29,7 @@ from castad_local.fakes.creatomate import DEFAULT_KEY, FakeCreatomate, Plan
 from castad_local.fakes.server import Reply
 from castad_runtime import artifacts, links
 from castad_runtime.artifacts import volume
-from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
+from castad_runtime.stage import cancellation, errors, http, machine, outcomes, remote, repository, runner
 from castad_video import creatomate, creatomate_template, service
 from castad_video.service import VideoSettings, make_creatomate_work
 from PIL import Image
@@ -162,15 +162,15 @@ def submitted(work: runner.Work, job: repository.Job, *plans: Plan, fake=None) -
     if plans:
         fake.plan(*plans)
     waiting = work(job, cancellation.Cancellation())
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     return dataclasses.replace(job, handle=waiting.handle, submitted_at=dt.datetime.now(dt.UTC))
 
 
-def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10.0) -> runner.Output:
+def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10.0) -> outcomes.Output:
     deadline = time.monotonic() + within_s
     while True:
         outcome = work(job, cancellation.Cancellation())
-        if isinstance(outcome, runner.Output):
+        if isinstance(outcome, outcomes.Output):
             return outcome
         assert time.monotonic() < deadline, "the video was not done in time"
         time.sleep(min(outcome.poll_in_s, 0.1))
@@ -189,7 +189,7 @@ def failure_once_ended(work: runner.Work, job: repository.Job, within_s: float =
             outcome = work(job, cancellation.Cancellation())
         except errors.ProviderError as error:
             return error
-        assert isinstance(outcome, runner.Awaiting) and time.monotonic() < deadline, outcome
+        assert isinstance(outcome, outcomes.Awaiting) and time.monotonic() < deadline, outcome
         time.sleep(0.05)
 
 
@@ -235,10 +235,10 @@ def test_submit_sends_the_template_filled_with_the_pipelines_words_song_and_capt
     }
     assert body["metadata"] == job.submission_key == f"castad-{job.pipeline_id}-0-1"  # tagged with the attempt
     assert signed_path(body["webhook_url"], GATEWAY) == f"/v1/provider-callbacks/video/{job.pipeline_id}"
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     assert waiting.poll_in_s == FIRST_S and waiting.throttled_s is None
     polled = work_for(fake)(dataclasses.replace(job, handle=waiting.handle), cancellation.Cancellation())
-    assert isinstance(polled, runner.Awaiting)  # the handle is the render id the API gave: it knows it
+    assert isinstance(polled, outcomes.Awaiting)  # the handle is the render id the API gave: it knows it
     assert fake.received[-1]["path"] == f"/v2/renders/{waiting.handle}"
 
 
@@ -282,7 +282,7 @@ def test_the_briefs_photos_fill_every_image_element_as_links_the_render_api_may_
             assert url == terrace.url  # named by an https URL: the render API fetches it there
         else:
             assert signed_path(url, GATEWAY) == paths[n % 3 // 2]  # an upload: a link that opens that one image
-    assert isinstance(waiting, runner.Awaiting) and waiting.notes == ()
+    assert isinstance(waiting, outcomes.Awaiting) and waiting.notes == ()
 
 
 def test_a_template_with_fewer_image_elements_shows_the_first_photos_and_one_with_none_fails(artifacts_dir):
@@ -290,14 +290,14 @@ def test_a_template_with_fewer_image_elements_shows_the_first_photos_and_one_wit
     five = fake_creatomate.ELEMENTS - {f"Photo-{n}" for n in range(6, 21)}
     with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=five) as odd:
         waiting = work_for(odd)(job_for(song_completed(artifacts_dir, photos=photos)), cancellation.Cancellation())
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     assert any("Photo-6" in note for note in waiting.notes)  # warned of, kept on the attempt
     none = fake_creatomate.ELEMENTS - {f"Photo-{n}" for n in range(1, 21)}
     with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=none) as odd:
         error = failure(work_for(odd), job_for(song_completed(artifacts_dir, photos=photos)))
         waiting = work_for(odd)(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
     assert (error.code, error.retryable) == ("template_mismatch", False) and "Photo-1" in error.message
-    assert isinstance(waiting, runner.Awaiting)  # without photos the template needs no image element
+    assert isinstance(waiting, outcomes.Awaiting)  # without photos the template needs no image element
 
 
 def test_a_photo_the_render_api_cannot_be_given_fails_the_stage_for_good(fake, artifacts_dir):
@@ -357,7 +357,7 @@ def test_the_templates_elements_are_read_once_then_again_after_a_while_so_an_edi
         work = work_for(editable)
         for _ in range(3):
             assert isinstance(
-                work(job_for(song_completed(artifacts_dir)), cancellation.Cancellation()), runner.Awaiting
+                work(job_for(song_completed(artifacts_dir)), cancellation.Cancellation()), outcomes.Awaiting
             )
         assert editable.template_reads == 1
 
@@ -382,7 +382,7 @@ def test_a_template_fixed_since_it_was_read_is_read_again_before_failing_and_one
         monkeypatch.setattr(creatomate, "TEMPLATE_RECHECK_S", 0.0)
         again = work(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
 
-    assert isinstance(waiting, runner.Awaiting) and isinstance(again, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting) and isinstance(again, outcomes.Awaiting)
     assert len(renders_sent(fixed, 0)) == 2
     assert fixed.template_reads == 4  # once, again before failing; again before failing, found fixed; the outage
 
@@ -407,7 +407,7 @@ def test_captions_the_template_has_no_element_for_past_the_songs_lines_are_only_
     ten = fake_creatomate.ELEMENTS - {f"Caption-{n}" for n in range(11, 61)}  # a template with ten captions
     with FakeCreatomate(render_s=0.4, templates={TEMPLATE}, elements=ten) as odd:
         waiting = work_for(odd)(job_for(song_completed(artifacts_dir)), cancellation.Cancellation())
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     assert "Caption-11" in caplog.text and "no element" in caplog.text  # logged for operators
     assert any("Caption-11" in note for note in waiting.notes)  # and kept on the attempt
 
@@ -438,7 +438,7 @@ def test_submit_awaits_the_first_poll_and_polls_wait_longer_while_the_render_is_
 
     waits = [work(dataclasses.replace(job, polls=polls), cancellation.Cancellation()) for polls in range(7)]
 
-    assert all(isinstance(w, runner.Awaiting) and w.handle == job.handle and w.throttled_s is None for w in waits)
+    assert all(isinstance(w, outcomes.Awaiting) and w.handle == job.handle and w.throttled_s is None for w in waits)
     delays = [w.poll_in_s for w in waits]
     assert delays[0] == FIRST_S
     assert all(a < b for a, b in zip(delays[:5], delays[1:6], strict=True))  # growing ...
@@ -497,7 +497,7 @@ def test_a_rate_limit_on_a_poll_waits_at_least_the_retry_after_and_says_it_was_t
 
     waiting = work(job, cancellation.Cancellation())
 
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     assert waiting.handle == job.handle
     assert waiting.poll_in_s >= 7.0 and waiting.throttled_s == 7.0
 
@@ -519,7 +519,7 @@ def test_a_poll_that_fails_on_the_way_only_waits_for_the_next_poll(fake, job, re
     started = time.monotonic()
     waiting = work(dataclasses.replace(job, polls=2), cancellation.Cancellation())
 
-    assert isinstance(waiting, runner.Awaiting), "the render at the provider must not be given up"
+    assert isinstance(waiting, outcomes.Awaiting), "the render at the provider must not be given up"
     assert waiting.handle == job.handle
     assert waiting.poll_in_s >= max(FIRST_S * 1.5**2, 3.0 if reply.retry_after else 0.0)
     assert waiting.throttled_s is None
@@ -593,7 +593,7 @@ def test_a_render_canceled_at_the_api_fails_the_stage_for_good_and_is_not_render
 def test_a_render_never_done_times_out_once_the_give_up_time_has_passed(fake, job):
     work = work_for(fake)
     job = submitted(work, job, Plan(outcome="never"), fake=fake)
-    assert isinstance(work(job, cancellation.Cancellation()), runner.Awaiting)  # not yet
+    assert isinstance(work(job, cancellation.Cancellation()), outcomes.Awaiting)  # not yet
 
     old = dataclasses.replace(job, waited_s=GIVE_UP_S + 1)  # as the claim reads it off the database's clock
     error = failure(work, old)
@@ -843,7 +843,7 @@ def test_a_brand_colours_the_names_sets_the_font_of_every_text_and_shows_the_log
     assert fonts == ({f"{name}.font_family": family for name in texts} if family else {})
     logo = job.trigger(events.SongCompleted).brief.brand.logo
     assert signed_path(sent["Logo.source"], GATEWAY) == f"/v1/links/pipelines/{job.pipeline_id}/photos/{logo.id}"
-    assert isinstance(waiting, runner.Awaiting) and waiting.notes == ()  # every modification names an element
+    assert isinstance(waiting, outcomes.Awaiting) and waiting.notes == ()  # every modification names an element
 
 
 def test_a_template_without_a_logo_element_renders_the_brand_without_its_logo(artifacts_dir, caplog):
@@ -857,5 +857,5 @@ def test_a_template_without_a_logo_element_renders_the_brand_without_its_logo(ar
         (request,) = renders_sent(server, 0)
     sent = request["body"]["modifications"]
     assert "Logo.source" not in sent and sent["Business.fill_color"] == "#0b3d91"
-    assert isinstance(waiting, runner.Awaiting) and waiting.notes == ()
+    assert isinstance(waiting, outcomes.Awaiting) and waiting.notes == ()
     assert f"template {TEMPLATE} has no Logo element" in caplog.text

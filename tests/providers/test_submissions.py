@@ -27,7 +27,7 @@ from castad_local.fakes import creatomate as fake_creatomate
 from castad_local.fakes import suno as fake_suno
 from castad_lyric import chat
 from castad_runtime import links
-from castad_runtime.stage import cancellation, fence, http, repository, runner
+from castad_runtime.stage import cancellation, fence, http, outcomes, repository, runner
 from pydantic import SecretStr
 
 from tests.providers import test_chat_lyrics, test_creatomate_video, test_suno_song
@@ -62,7 +62,7 @@ def submitting(work: runner.Work, job: repository.Job) -> Callable[[cancellation
 
     def submit(cancel: cancellation.Cancellation) -> str:
         outcome = work(job, cancel)
-        assert isinstance(outcome, runner.Awaiting)
+        assert isinstance(outcome, outcomes.Awaiting)
         return outcome.handle
 
     return submit

@@ -22,7 +22,7 @@ import pytest
 from castad_contracts import brief, codes, events
 from castad_local.fakes import media
 from castad_local.fakes.suno import DEFAULT_KEY, FakeSuno, Plan, Reply
-from castad_runtime.stage import cancellation, errors, http, machine, remote, repository, runner
+from castad_runtime.stage import cancellation, errors, http, machine, outcomes, remote, repository, runner
 from castad_song import suno
 from castad_song.service import SongSettings, make_suno_work
 from pydantic import SecretStr
@@ -119,15 +119,15 @@ def submitted(work: runner.Work, *plans: Plan, fake=None) -> repository.Job:
         fake.plan(*plans)
     job = job_for()
     waiting = work(job, cancellation.Cancellation())
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     return dataclasses.replace(job, handle=waiting.handle, submitted_at=dt.datetime.now(dt.UTC))
 
 
-def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10.0) -> runner.Output:
+def poll_until_done(work: runner.Work, job: repository.Job, within_s: float = 10.0) -> outcomes.Output:
     deadline = time.monotonic() + within_s
     while True:
         outcome = work(job, cancellation.Cancellation())
-        if isinstance(outcome, runner.Output):
+        if isinstance(outcome, outcomes.Output):
             return outcome
         assert time.monotonic() < deadline, "the song was not done in time"
         time.sleep(min(outcome.poll_in_s, 0.1))
@@ -146,7 +146,7 @@ def failure_once_ended(work: runner.Work, job: repository.Job, within_s: float =
             outcome = work(job, cancellation.Cancellation())
         except errors.ProviderError as error:
             return error
-        assert isinstance(outcome, runner.Awaiting) and time.monotonic() < deadline, outcome
+        assert isinstance(outcome, outcomes.Awaiting) and time.monotonic() < deadline, outcome
         time.sleep(0.05)
 
 
@@ -184,10 +184,10 @@ def test_submit_sends_the_lyrics_with_section_tags_the_genre_as_written_the_titl
     assert body["style"] == GENRE
     assert body["title"] == LYRICS.title
     assert signed_path(body["callBackUrl"], GATEWAY) == f"/v1/provider-callbacks/song/{done.pipeline_id}"
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     assert waiting.poll_in_s == FIRST_S and waiting.throttled_s is None
     polled = work_for(fake)(job_for(done, handle=waiting.handle), cancellation.Cancellation())
-    assert isinstance(polled, runner.Awaiting)  # the handle is the task id the API gave: it knows it
+    assert isinstance(polled, outcomes.Awaiting)  # the handle is the task id the API gave: it knows it
     assert fake.received[-1]["query"] == f"taskId={waiting.handle}"
 
 
@@ -195,7 +195,7 @@ def test_without_a_gateway_a_callback_url_that_never_resolves_is_sent_and_the_po
     before = len(fake.received)
     waiting = work_for(fake)(job_for(), cancellation.Cancellation())
     (request,) = sent(fake, before)
-    assert isinstance(waiting, runner.Awaiting)  # the API requires callBackUrl on every generate
+    assert isinstance(waiting, outcomes.Awaiting)  # the API requires callBackUrl on every generate
     assert urllib.parse.urlsplit(request["body"]["callBackUrl"]).hostname.endswith(".invalid")
 
 
@@ -210,7 +210,7 @@ def test_lyrics_too_long_for_an_older_model_are_cut_at_a_line_to_what_it_takes(f
     waiting = work_for(fake, suno_model=model)(job_for(done), cancellation.Cancellation())
 
     (request,) = sent(fake, before)
-    assert isinstance(waiting, runner.Awaiting), "the API answers code 413 past the model's limits"
+    assert isinstance(waiting, outcomes.Awaiting), "the API answers code 413 past the model's limits"
     prompt = request["body"]["prompt"]
     assert len(prompt) <= 3000
     assert prompt.endswith(line) and prompt.startswith("[Verse]\n")  # whole lines, none cut in the middle
@@ -222,7 +222,7 @@ def test_an_overlong_title_is_cut_to_what_the_api_takes(fake):
     before = len(fake.received)
     waiting = work_for(fake)(job_for(done), cancellation.Cancellation())
     (request,) = sent(fake, before)
-    assert isinstance(waiting, runner.Awaiting)  # the fake, like the API, takes at most 80 characters
+    assert isinstance(waiting, outcomes.Awaiting)  # the fake, like the API, takes at most 80 characters
     assert request["body"]["title"] == "가" * suno.NEWER.title
 
 
@@ -251,7 +251,7 @@ def test_submit_awaits_the_first_poll_and_polls_wait_longer_while_the_song_is_at
 
     waits = [work(dataclasses.replace(job, polls=polls), cancellation.Cancellation()) for polls in range(7)]
 
-    assert all(isinstance(w, runner.Awaiting) and w.handle == job.handle and w.throttled_s is None for w in waits)
+    assert all(isinstance(w, outcomes.Awaiting) and w.handle == job.handle and w.throttled_s is None for w in waits)
     delays = [w.poll_in_s for w in waits]
     assert delays[0] == FIRST_S
     assert all(a < b for a, b in zip(delays[:5], delays[1:6], strict=True))  # growing ...
@@ -306,7 +306,7 @@ def test_a_rate_limit_on_a_poll_waits_at_least_the_retry_after_and_says_it_was_t
 
     waiting = work(job, cancellation.Cancellation())
 
-    assert isinstance(waiting, runner.Awaiting)
+    assert isinstance(waiting, outcomes.Awaiting)
     assert waiting.handle == job.handle
     assert waiting.poll_in_s >= 7.0 and waiting.throttled_s == 7.0
 
@@ -330,7 +330,7 @@ def test_a_poll_that_fails_on_the_way_only_waits_for_the_next_poll(fake, reply):
     started = time.monotonic()
     waiting = work(dataclasses.replace(job, polls=2), cancellation.Cancellation())
 
-    assert isinstance(waiting, runner.Awaiting), "the song at the provider must not be given up"
+    assert isinstance(waiting, outcomes.Awaiting), "the song at the provider must not be given up"
     assert waiting.handle == job.handle
     assert waiting.poll_in_s >= max(FIRST_S * 1.5**2, 3.0 if reply.retry_after else 0.0)
     assert waiting.throttled_s == (0.0 if reply.code == 430 else None)
@@ -397,7 +397,7 @@ def test_maintenance_or_a_rate_limit_in_the_http_status_of_a_poll_only_waits(fak
     for status in (455, 430):
         fake.script(Reply("code", code=status, in_status=True))
         waiting = work(job, cancellation.Cancellation())
-        assert isinstance(waiting, runner.Awaiting) and waiting.handle == job.handle
+        assert isinstance(waiting, outcomes.Awaiting) and waiting.handle == job.handle
         assert waiting.throttled_s == (0.0 if status == 430 else None)
 
 
@@ -419,7 +419,7 @@ def test_a_key_refused_on_a_poll_asks_again_later_so_a_rotation_loses_no_song(fa
     job = submitted(work, Plan(outcome="never"), fake=fake)
     fake.script(Reply("code", code=401))
     waiting = work(job, cancellation.Cancellation())
-    assert isinstance(waiting, runner.Awaiting) and waiting.handle == job.handle
+    assert isinstance(waiting, outcomes.Awaiting) and waiting.handle == job.handle
 
 
 def test_a_wrong_key_fails_for_good_and_the_key_never_shows(fake):
@@ -440,7 +440,7 @@ def test_a_fresh_task_the_api_does_not_list_yet_is_asked_again_and_paid_once():
         work = work_for(late)
         job = submitted(work)
         asked = work(job, cancellation.Cancellation())  # at once: not listed yet
-        assert isinstance(asked, runner.Awaiting) and asked.handle == job.handle
+        assert isinstance(asked, outcomes.Awaiting) and asked.handle == job.handle
 
         output = poll_until_done(work, dataclasses.replace(job, polls=1))
 
@@ -488,7 +488,7 @@ def test_lyrics_refused_for_sensitive_words_fail_for_good(fake):
 def test_a_song_never_done_times_out_once_the_give_up_time_has_passed(fake):
     work = work_for(fake)
     job = submitted(work, Plan(outcome="never"), fake=fake)
-    assert isinstance(work(job, cancellation.Cancellation()), runner.Awaiting)  # not yet
+    assert isinstance(work(job, cancellation.Cancellation()), outcomes.Awaiting)  # not yet
 
     old = dataclasses.replace(job, waited_s=GIVE_UP_S + 1)  # as the claim reads it off the database's clock
     error = failure(work, old)
@@ -522,7 +522,7 @@ def test_a_new_attempt_takes_the_song_an_earlier_attempt_left_finished_instead_o
 
     output = work(job_for(handle=None, previous_handle=earlier.handle), cancellation.Cancellation())
 
-    assert isinstance(output, runner.Output) and output.artifact.media_type == "audio/mpeg"
+    assert isinstance(output, outcomes.Output) and output.artifact.media_type == "audio/mpeg"
     assert fake.tasks_made == made
 
 
@@ -534,7 +534,7 @@ def test_a_new_attempt_submits_anew_when_the_earlier_song_failed(fake):
 
     waiting = work(job_for(handle=None, previous_handle=earlier.handle), cancellation.Cancellation())
 
-    assert isinstance(waiting, runner.Awaiting) and waiting.handle != earlier.handle
+    assert isinstance(waiting, outcomes.Awaiting) and waiting.handle != earlier.handle
     assert fake.tasks_made == made + 1
 
 

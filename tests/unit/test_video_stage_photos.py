@@ -19,7 +19,7 @@ import pytest
 from castad_contracts import brief, events
 from castad_runtime import artifacts, links
 from castad_runtime.artifacts import volume
-from castad_runtime.stage import cancellation, errors, machine, repository
+from castad_runtime.stage import cancellation, errors, machine, outcomes, repository
 from castad_video import provider, service
 from PIL import Image, ImageDraw
 from pydantic import SecretStr
@@ -61,7 +61,7 @@ def song_completed_with(song: events.Artifact, photos: list[brief.Photo | brief.
     return done.model_dump(mode="json")
 
 
-def renders_of(output: service.runner.Output, first: brief.Format) -> list[events.Render]:
+def renders_of(output: outcomes.Output, first: brief.Format) -> list[events.Render]:
     """Every format the stage made, the first (its own artifact, size and poster) in `first`'s shape."""
     details = output.details
     made = events.Render(

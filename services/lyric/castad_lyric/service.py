@@ -8,7 +8,7 @@ from typing import Literal
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, repository, reviews, runner
+from castad_runtime.stage import cancellation, outcomes, repository, reviews, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
@@ -51,7 +51,7 @@ def make_work(config: LyricSettings) -> runner.Work:
     writer = make_writer(config)
     keep = make_keep(config)
 
-    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Drafted:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output | outcomes.Drafted:
         request = job.trigger(events.PipelineRequested)
         # A review that asked for a new draft: written from another seed, and told what to change if it said.
         round_, note = job.next_round, (job.review or {}).get("note")
@@ -60,20 +60,20 @@ def make_work(config: LyricSettings) -> runner.Work:
         cancel.check()
         output = keep(job.pipeline_id, lyrics, job.attempts)
         asked = request.review
-        return runner.Drafted(output, asked) if asked is not None and asked.lyrics else output
+        return outcomes.Drafted(output, asked) if asked is not None and asked.lyrics else output
 
     return work
 
 
-def make_keep(config: LyricSettings) -> Callable[[str, events.Lyrics, int], runner.Output]:
+def make_keep(config: LyricSettings) -> Callable[[str, events.Lyrics, int], outcomes.Output]:
     """How the stage keeps lyrics as its output: their text as a file (`Lyrics.text`), and the lyrics themselves."""
     store = artifacts.make_store(config)
 
-    def keep(pipeline_id: str, lyrics: events.Lyrics, attempt: int = 0) -> runner.Output:
+    def keep(pipeline_id: str, lyrics: events.Lyrics, attempt: int = 0) -> outcomes.Output:
         with store.scratch(pipeline_id, events.Stage.LYRIC, attempt, ".txt") as scratch:
             scratch.write_text(lyrics.text(), encoding="utf-8")
             artifact = store.keep(scratch, pipeline_id, events.Stage.LYRIC, "text/plain; charset=utf-8")
-        return runner.Output(artifact, {"lyrics": lyrics})
+        return outcomes.Output(artifact, {"lyrics": lyrics})
 
     return keep
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from castad_contracts import events
 from castad_runtime import artifacts, cli, settings
-from castad_runtime.stage import cancellation, remote, repository, runner
+from castad_runtime.stage import cancellation, outcomes, remote, repository, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
@@ -53,7 +53,7 @@ def make_suno_work(config: SongSettings) -> runner.Work:
     client = config.provider_client("the music API", suno.classify)
     store = artifacts.make_store(config)
 
-    def fetch(job: repository.Job, song: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
+    def fetch(job: repository.Job, song: remote.Finished, cancel: cancellation.Cancellation) -> outcomes.Output:
         done = job.trigger(events.LyricCompleted)
         artifact = remote.keep_result(
             store,
@@ -68,7 +68,7 @@ def make_suno_work(config: SongSettings) -> runner.Work:
         )
         duration_s = song.details["duration_s"]
         timed = suno.spread(done.lyrics, duration_s)
-        return runner.Output(artifact, {"lyrics": done.lyrics, "timed_lines": timed, "song_duration_s": duration_s})
+        return outcomes.Output(artifact, {"lyrics": done.lyrics, "timed_lines": timed, "song_duration_s": duration_s})
 
     api = suno.SunoApi(client, config.suno_model)
     return remote.work(api, config.poll_schedule(), config.callback_url(events.Stage.SONG), fetch)
@@ -84,7 +84,7 @@ def make_work(config: SongSettings) -> runner.Work:
     )
     store = artifacts.make_store(config)
 
-    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         done = job.trigger(events.LyricCompleted)
         with store.scratch(job.pipeline_id, events.Stage.SONG, job.attempts, ".wav") as scratch:
             song = composer.compose(done.brief, done.lyrics, scratch, seed=job.pipeline_id, cancel=cancel)
@@ -95,7 +95,7 @@ def make_work(config: SongSettings) -> runner.Work:
             "song_duration_s": song.duration_s,
             "bars_s": song.bars_s,
         }
-        return runner.Output(artifact, details)
+        return outcomes.Output(artifact, details)
 
     return work
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Self
 
 from castad_contracts import brief, codes, events
 from castad_runtime import artifacts, cli, links, settings
-from castad_runtime.stage import cancellation, errors, remote, repository, runner
+from castad_runtime.stage import cancellation, errors, outcomes, remote, repository, runner
 from castad_runtime.stage import service as stage_service
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -224,13 +224,13 @@ def logo_url(
     return None if logo is None else _upload_url(config, store, done, logo)
 
 
-def output(renders: list[events.Render], done: events.SongCompleted, **details: object) -> runner.Output:
+def output(renders: list[events.Render], done: events.SongCompleted, **details: object) -> outcomes.Output:
     """What the stage made of `done`, as video.completed tells it.
 
     The first format's file, size and poster, then the others, and how long each lasts (its song's length)."""
     first, *more = renders
     size = {"width": first.width, "height": first.height, "duration_s": done.song_duration_s}
-    return runner.Output(first.artifact, {**size, "poster": first.poster, "more_formats": tuple(more), **details})
+    return outcomes.Output(first.artifact, {**size, "poster": first.poster, "more_formats": tuple(more), **details})
 
 
 def make_creatomate_work(config: VideoSettings) -> runner.Work:
@@ -273,7 +273,7 @@ def make_creatomate_work(config: VideoSettings) -> runner.Work:
         width, height = int(video.details.get("width", width)), int(video.details.get("height", height))
         return events.Render(format=shape, artifact=artifact, width=width, height=height, poster=poster)
 
-    def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> runner.Output:
+    def fetch(job: repository.Job, video: remote.Finished, cancel: cancellation.Cancellation) -> outcomes.Output:
         done = job.trigger(events.SongCompleted)
         told = video.details.get("renders") or [{"format": done.brief.frames[0], "url": video.url, **video.details}]
         return output([kept(job, brief.Format(r["format"]), remote.Finished(r["url"], r), cancel) for r in told], done)
@@ -378,7 +378,7 @@ def make_work(config: VideoSettings) -> runner.Work:
             poster = store.keep(still, job.pipeline_id, events.Stage.VIDEO, "image/jpeg", made_as=poster_key)
         return events.Render(format=shape, artifact=artifact, width=video.width, height=video.height, poster=poster)
 
-    def work(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output:
+    def work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
         done = job.trigger(events.SongCompleted)
         with contextlib.ExitStack() as files:
             try:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from castad_contracts import codes, events
 
 from castad_runtime import artifacts, tables
-from castad_runtime.stage import cancellation, errors, repository, runner
+from castad_runtime.stage import cancellation, errors, outcomes, repository, runner
 
 GONE = codes.ErrorCode.REMAKE_SOURCE_GONE
 
@@ -29,7 +29,9 @@ def reusing(
 
     `reads`: the model of the stage's trigger this release reads."""
 
-    def run(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting | runner.Drafted:
+    def run(
+        job: repository.Job, cancel: cancellation.Cancellation
+    ) -> outcomes.Output | outcomes.Awaiting | outcomes.Drafted:
         remake = getattr(job.trigger(reads), "remake", None)
         if remake is None or events.STAGE_ORDER.index(stage) >= events.STAGE_ORDER.index(remake.stage):
             return work(job, cancel)
@@ -40,7 +42,7 @@ def reusing(
 
 def again(
     stage: events.Stage, engine: sa.Engine, store: artifacts.ArtifactStore, job: repository.Job, of: str
-) -> runner.Output:
+) -> outcomes.Output:
     """The stage's output of pipeline `of`, its file copied into `job`'s pipeline's place; ProviderError if gone."""
     jobs = tables.jobs
     with engine.connect() as conn:
@@ -61,4 +63,4 @@ def again(
     except artifacts.ArtifactMissing:
         gone = f"the {stage.value} file of pipeline {of} is no longer kept"
         raise errors.ProviderError(GONE, gone, retryable=False) from None
-    return runner.Output(copied, dict(made.result["details"]))
+    return outcomes.Output(copied, dict(made.result["details"]))

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from castad_contracts import codes, events
 
 from castad_runtime import artifacts
-from castad_runtime.stage import cancellation, errors, http, machine, repository, runner
+from castad_runtime.stage import cancellation, errors, http, machine, outcomes, repository, runner
 from castad_runtime.stage.repository import polls
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def _not_listed_yet(error: errors.ProviderError, waited_s: float | None) -> bool
     return error.code == codes.ErrorCode.PROVIDER_JOB_LOST and waited_s is not None and waited_s < NOT_FOUND_GRACE_S
 
 
-Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], runner.Output]
+Fetch = Callable[[repository.Job, Finished, cancellation.Cancellation], outcomes.Output]
 CallbackUrl = Callable[[repository.Job], str | None]
 Probe = Callable[[polls.Probe, cancellation.Cancellation], Later | None]
 
@@ -193,14 +193,14 @@ class RemoteWork:
 
     def __call__(
         self, job: repository.Job, cancel: cancellation.Cancellation
-    ) -> runner.Output | runner.Awaiting | runner.Drafted:
+    ) -> outcomes.Output | outcomes.Awaiting | outcomes.Drafted:
         return self.run(job, cancel)
 
 
 def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetch: Fetch) -> RemoteWork:
     """The stage's work for a submit-then-poll provider: `fetch` turns its finished work into the output."""
 
-    def run(job: repository.Job, cancel: cancellation.Cancellation) -> runner.Output | runner.Awaiting:
+    def run(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output | outcomes.Awaiting:
         if job.handle is None:
             if job.previous_handle is not None:
                 earlier = look_up(job.previous_handle, job.previous_waited_s, cancel)
@@ -209,21 +209,21 @@ def work(api: RemoteApi, schedule: PollSchedule, callback_url: CallbackUrl, fetc
                     return fetch(job, earlier, cancel)
                 if earlier is not None:
                     log.info("the work %s an earlier attempt left is still at work: waited on", job.previous_handle)
-                    return runner.Awaiting(job.previous_handle, earlier.wait_s)
+                    return outcomes.Awaiting(job.previous_handle, earlier.wait_s)
             submitted = api.submit(job, callback_url(job), cancel)
-            return runner.Awaiting(submitted.handle, schedule.first_s, notes=submitted.notes)
+            return outcomes.Awaiting(submitted.handle, schedule.first_s, notes=submitted.notes)
         try:
             state = api.poll(job.handle, cancel)
             if isinstance(state, Finished):
                 return fetch(job, state, cancel)
             give_up(job)
-            return runner.Awaiting(job.handle, schedule.after(job.polls))
+            return outcomes.Awaiting(job.handle, schedule.after(job.polls))
         except errors.ProviderError as error:
             if (later := _later(error, schedule, job.polls, job.waited_s)) is None:
                 raise
             give_up(job)
             _asking_later(job.handle, error)
-            return runner.Awaiting(job.handle, later.wait_s, later.throttled_s)
+            return outcomes.Awaiting(job.handle, later.wait_s, later.throttled_s)
 
     def look_up(handle: str, waited_s: float | None, cancel: cancellation.Cancellation) -> Finished | Later | None:
         """The earlier attempt's work: finished, still at work within its give-up time (when to poll it), or None.

@@ -1,6 +1,6 @@
 """A draft a person decides on before the stage goes on: the stage that drafted owns the wait.
 
-A pipeline whose brief asks for a review has its stage draft (the work returns `runner.Drafted`): the draft, its
+A pipeline whose brief asks for a review has its stage draft (the work returns `outcomes.Drafted`): the draft, its
 `drafted` event and the job waiting in REVIEW are one transaction, and the job holds no worker while it waits,
 due when its review times out. Then, once each, whatever is redelivered:
 
@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from castad_contracts import events
 
 from castad_runtime import db, logs
-from castad_runtime.stage import machine, repository
+from castad_runtime.stage import machine, outcomes, repository
 from castad_runtime.stage import runner as runner_
 from castad_runtime.stage.repository import drafts
 
@@ -40,7 +40,7 @@ EXPIRE_BATCH = 20
 LOOK_S = 2.0  # how often timed-out drafts are looked for (a transaction of its own), less often than the poll
 
 # Keeps a person's edit as the stage's output (its file kept): given the pipeline and the edited lyrics.
-Edit = Callable[[str, events.Lyrics], runner_.Output]
+Edit = Callable[[str, events.Lyrics], outcomes.Output]
 
 
 class Reviews:
@@ -51,7 +51,7 @@ class Reviews:
         self.edit = edit
         self._next_look = 0.0
 
-    def edited(self, decision: events.PipelineReviewDecided) -> runner_.Output | None:
+    def edited(self, decision: events.PipelineReviewDecided) -> outcomes.Output | None:
         """Before the decision's transaction: an edit's words kept as a file (None for any other decision)."""
         if decision.decision != "edit":
             return None
@@ -59,7 +59,7 @@ class Reviews:
         return self.edit(decision.pipeline_id, decision.lyrics)
 
     def decide(
-        self, conn: sa.Connection, decision: events.PipelineReviewDecided, edited: runner_.Output | None
+        self, conn: sa.Connection, decision: events.PipelineReviewDecided, edited: outcomes.Output | None
     ) -> bool:
         """In the handler's transaction: apply a person's decision to the job's current draft; True if a job is due."""
         job = drafts.lock_job(conn, decision.pipeline_id)
@@ -117,7 +117,7 @@ class Reviews:
         log.info("%s draft %s: its review timed out", self.runner.stage.value, review["draft_id"])
 
 
-def drafted_output(job: repository.Job) -> runner_.Output:
+def drafted_output(job: repository.Job) -> outcomes.Output:
     """The output the job's current draft completes the stage with, as it was drafted."""
     assert job.review is not None
-    return runner_.Output(events.Artifact.model_validate(job.review["artifact"]), job.review["details"])
+    return outcomes.Output(events.Artifact.model_validate(job.review["artifact"]), job.review["details"])

@@ -2,7 +2,10 @@
 
 A stage service supplies `work` (provider call plus artifact) and the payload model of its
 `completed` event; everything else (claim, lease, heartbeat, attempts, backoff, outbox events)
-is here, the same for every stage. What an attempt comes to and what it costs:
+is the same for every stage. Here: an attempt's lifecycle (its claim, its work on a thread of its own under
+supervision, its outcome recorded through an outage, its lease recovered once its worker is lost), and a trigger
+or an operator's request applied in the handler's transaction. What the work returns, how an attempt is judged and
+how each outcome is written: castad_runtime.stage.outcomes. What an attempt comes to and what it costs:
 docs/concepts/stage-machine.md.
 """
 
@@ -19,24 +22,21 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import pydantic
 import sqlalchemy as sa
-from castad_contracts import brief, codes, events, topology
+from castad_contracts import codes, events
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from castad_runtime import consumer, db, logs, outages, outbox, telemetry
+from castad_runtime import consumer, db, logs, outages, telemetry
 from castad_runtime import metrics as metrics_
-from castad_runtime.stage import cancellation, errors, failures, fence, leases, machine, quota, repository
-from castad_runtime.stage.repository import attempts, claiming, drafts, operations
+from castad_runtime.stage import cancellation, errors, fence, leases, machine, outcomes, repository
+from castad_runtime.stage.repository import claiming, operations
 
 log = logging.getLogger(__name__)
 
-ERROR_MESSAGE_MAX = 2000
 SUPERVISE_STEP_S = 0.25  # how often a supervisor looks at its attempt's cancellation and clock
 STUCK_LOG_EVERY_S = 60.0  # while a provider ignores its cancellation, say so this often
 NEWER_RELEASE_LOOK_S = 60.0  # while nothing can be claimed, look this often for jobs only a newer release reads
-FREE_RATE_LIMITS = 20  # attempts a provider may turn away with "too many" before they count
 # Error codes the runner gives itself: always label values of its metrics, never crowded out by a provider's.
 OWN_CODES = frozenset(
     {
@@ -53,39 +53,7 @@ OWN_CODES = frozenset(
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """What a successful attempt made: the artifact and the stage's extra payload fields."""
-
-    artifact: events.Artifact
-    details: dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Awaiting:
-    """The work is at a provider under `handle`.
-
-    Poll it in `poll_in_s`. `throttled_s`: the provider said "too many" on the way (its Retry-After, 0 if it gave
-    none); `notes`: its warnings on the submission.
-    """
-
-    handle: str
-    poll_in_s: float
-    throttled_s: float | None = None
-    notes: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Drafted:
-    """The work made a draft for a person to decide on, as `review` asks (castad_runtime.stage.reviews).
-
-    `output` is what the stage completes with if the draft is approved as it is."""
-
-    output: Output
-    review: brief.Review
-
-
-Work = Callable[[repository.Job, cancellation.Cancellation], Output | Awaiting | Drafted]
+Work = Callable[[repository.Job, cancellation.Cancellation], outcomes.Output | outcomes.Awaiting | outcomes.Drafted]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,37 +92,6 @@ class Ran:
     next: Claim | None = None  # claimed for the same slot by the transaction that recorded the outcome
 
 
-@dataclasses.dataclass(frozen=True)
-class Succeeded:
-    output: Output
-
-
-@dataclasses.dataclass(frozen=True)
-class Failed:
-    """The work failed: counted against max_attempts."""
-
-    code: codes.ErrorCode
-    message: str
-    retryable: bool
-    retry_after_s: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class HandedBack:
-    """The machinery failed the attempt, or the provider asked us to slow down (`throttled_s`).
-
-    Not counted, the job is due again after `delay_s` (its poll, if its work is at a provider).
-    """
-
-    code: codes.ErrorCode
-    message: str
-    delay_s: float = 0.0
-    throttled_s: float | None = None
-
-
-Outcome = Succeeded | Awaiting | Drafted | Failed | HandedBack
-
-
 class StageRunner:
     def __init__(
         self,
@@ -174,19 +111,26 @@ class StageRunner:
         self.stage = stage
         self.engine = engine
         self.work = work
-        self.completed_model = completed_model
         self.limits = limits
         self.worker_id = worker_id
         self.provider = provider  # claims go through this provider's quota (castad_runtime.stage.quota)
         self.probed = probed  # a prober polls the jobs waiting at the provider (castad_runtime.stage.probes)
-        self.source = topology.SOURCES[stage.value]
         self.registry = registry  # the event versions this release knows
         self.trigger_type = events.TRIGGERS[stage]
         # The newest version of its trigger this release reads: a job stored as a newer one is left to a newer release.
         self.reads = registry.current_version(self.trigger_type)
         self.tracer = telemetry.tracer(f"castad.{stage.value}")
-        self.rng = rng or random.Random()
         self.metrics = metrics or metrics_.StageMetrics(metrics_.registry(), stage.value, OWN_CODES)
+        self._outcomes = outcomes.Outcomes(
+            stage,
+            completed_model,
+            limits.policy,
+            limits.attempt_timeout_s,
+            limits.cancel_grace_s,
+            rng or random.Random(),
+            self.metrics,
+            registry,
+        )
         self._active: dict[uuid.UUID, cancellation.Cancellation] = {}
         self._leases = leases.Leases(engine, limits.lease_s, stage.value, clock)
         submitted = functools.partial(self.metrics.provider_submission, provider or "none")
@@ -233,7 +177,7 @@ class StageRunner:
                 conn, request.pipeline_id, request.operation, request.reason, self.limits.policy.max_attempts
             )
             if job_id is not None:
-                self._emit_canceled(conn, request, job_id, attempt=0)
+                self._outcomes.emit_canceled(conn, request, job_id, attempt=0)
                 return None
             held = operations.lock(conn, request.pipeline_id)  # its trigger came meanwhile
             assert held is not None
@@ -243,7 +187,7 @@ class StageRunner:
         operations.cancel(conn, held, request.operation, request.reason)
         if held.status in (machine.Status.RUNNING, machine.Status.AWAITING):  # its attempt ends canceled
             db.after_commit(conn, lambda: self.metrics.attempt_ended("canceled", codes.ErrorCode.CANCELED))
-        self._emit_canceled(conn, request, held.id, attempt=held.attempts)
+        self._outcomes.emit_canceled(conn, request, held.id, attempt=held.attempts)
         log.info("%s job canceled (%s)", self.stage.value, request.reason)
         return held.id if held.status is machine.Status.RUNNING else None
 
@@ -290,21 +234,6 @@ class StageRunner:
         if operation != last + 1:
             raise consumer.Hold(f"operator request {operation} of {pipeline_id} came before request {last + 1}")
         return held
-
-    def _emit_canceled(
-        self, conn: sa.Connection, request: events.PipelineCancelRequested, job_id: uuid.UUID, attempt: int
-    ) -> None:
-        payload = events.StageCanceled(
-            pipeline_id=request.pipeline_id,
-            stage=self.stage,
-            job_id=str(job_id),
-            attempt=attempt,
-            operation=request.operation,
-            reason=request.reason,
-            canceled_at=_now(),
-            provider_calls=attempts.tell_calls(conn, job_id, attempt) if attempt else None,
-        )
-        outbox.add(conn, payload, events.stage_event(self.stage, "canceled"), self.source)
 
     def active_jobs(self) -> list[uuid.UUID]:
         """Jobs whose attempts run in this process now."""
@@ -378,15 +307,6 @@ class StageRunner:
         job = claiming.claim_pending(conn, pipeline_id, self.worker_id, self.limits.lease_s)
         return None if job is None else self._claimed(conn, job, began)
 
-    @property
-    def passes_remakes(self) -> bool:
-        """Whether the stage's `completed` passes a remake on: a stage a remake may reuse (all but the last)."""
-        return self.passes_on("remake")
-
-    def passes_on(self, field: str) -> bool:
-        """Whether the stage's `completed` passes its trigger's `field` on to the next stage (all but the last)."""
-        return field in self.completed_model.model_fields
-
     def clock(self) -> float:
         """The time on the clock the leases are known by (see castad_runtime.stage.leases)."""
         return self._leases.clock()
@@ -399,7 +319,7 @@ class StageRunner:
     def hand_back(self, claim: Claim, why: str) -> None:
         """A claim whose attempt will not run here: handed back at once (outcome interrupted, not counted)."""
         with trace.use_span(claim.span, end_on_exit=True):
-            back = HandedBack(codes.ErrorCode.WORKER_STOPPED, why)
+            back = outcomes.HandedBack(codes.ErrorCode.WORKER_STOPPED, why)
             if self._record(claim.job, back)[0]:
                 self._count(back, claim.job.polling, 0.0)
 
@@ -440,12 +360,12 @@ class StageRunner:
                 try:
                     worker, result = self._start_work(job, cancel)
                     ended = self._supervise(worker, cancel)
-                    outcome = self._outcome(job, result, cancel, ended)
+                    outcome = self._outcomes.judge(job, result, cancel, ended)
                     if outcome is not None:
                         recorded, following = self._record(job, outcome, claim_next if ended else None)
                         if recorded:
                             self._count(outcome, job.polling, claim.attempt_s())
-                            succeeded = isinstance(outcome, Succeeded)
+                            succeeded = isinstance(outcome, outcomes.Succeeded)
                 finally:
                     self._leases.release(job.id)
                 self._wait_until_stopped(worker, job)
@@ -465,8 +385,8 @@ class StageRunner:
             for job in lost:
                 with telemetry.continued(job.traceparent, job.tracestate), logs.bound(job.pipeline_id):
                     log.warning("%s attempt %d lost its lease; handing it back", self.stage.value, job.attempts)
-                    back = HandedBack(codes.ErrorCode.LEASE_EXPIRED, "the worker stopped renewing its lease")
-                    if self._write_hand_back(conn, job, back):
+                    back = outcomes.HandedBack(codes.ErrorCode.LEASE_EXPIRED, "the worker stopped renewing its lease")
+                    if self._outcomes.write_hand_back(conn, job, back):
                         db.after_commit(conn, functools.partial(self._count, back, job.polling, None))
         return len(lost)
 
@@ -502,55 +422,8 @@ class StageRunner:
         worker.join(self.limits.cancel_grace_s)
         return not worker.is_alive()
 
-    def _outcome(
-        self, job: repository.Job, result: dict[str, Any], cancel: cancellation.Cancellation, ended: bool
-    ) -> Outcome | None:
-        if ended and "output" in result:
-            output = result["output"]
-            return output if isinstance(output, Awaiting | Drafted) else Succeeded(output)
-        if not ended:
-            log.error(
-                "%s provider still running %g s after its cancellation (%s); its slot stays taken until it returns",
-                self.stage.value,
-                self.limits.cancel_grace_s,
-                cancel.reason,
-            )
-        error = result.get("error")
-        end = failures.end_of(error, cancel, job.polling, self.limits.attempt_timeout_s)
-        judged = failures.verdict(end)
-        if judged is failures.Verdict.NOTHING:
-            log.warning("%s attempt %d stopped: %s", self.stage.value, job.attempts, cancel.reason)
-            return None
-        if end.kind is failures.Kind.PROVIDER and isinstance(error, errors.ProviderError) and error.detail:
-            log.warning("%s attempt %d: %s (%s)", self.stage.value, job.attempts, error.code, error.detail)  # masked
-        if end.kind is failures.Kind.CRASH:
-            log.error("%s attempt crashed", self.stage.value, exc_info=error)
-        return self._judged(job, end, judged)
-
-    def _judged(self, job: repository.Job, end: failures.End, judged: failures.Verdict) -> Failed | HandedBack:
-        """The outcome of an attempt that ended as `end`, by its verdict (castad_runtime.stage.failures)."""
-        uncounted = job.attempts - 1 - job.counted_attempts  # earlier attempts handed back
-        asked = min(end.retry_after_s or 0.0, machine.MAX_RETRY_AFTER_S)
-        match judged:
-            case failures.Verdict.COUNTED:
-                return Failed(end.code, end.message, end.retryable, end.retry_after_s)
-            case failures.Verdict.HANDED_BACK:
-                return HandedBack(end.code, end.message)
-            case failures.Verdict.HANDED_BACK_AFTER_BACKOFF:
-                return HandedBack(end.code, end.message, self.limits.policy.delay_s(uncounted + 1, self.rng))
-            case failures.Verdict.HANDED_BACK_WHEN_ASKED:
-                return HandedBack(
-                    end.code, end.message, max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
-                )
-            case failures.Verdict.HANDED_BACK_WHILE_FREE if uncounted < FREE_RATE_LIMITS:
-                delay = max(asked, self.limits.policy.delay_s(uncounted + 1, self.rng))
-                return HandedBack(end.code, end.message, min(delay, machine.MAX_RETRY_AFTER_S), throttled_s=asked)
-            case failures.Verdict.HANDED_BACK_WHILE_FREE:
-                return Failed(end.code, end.message, True, asked)
-        raise AssertionError(judged)  # NOTHING is the caller's
-
     def _record(
-        self, job: repository.Job, outcome: Outcome, claim_next: Callable[[], bool] | None = None
+        self, job: repository.Job, outcome: outcomes.Outcome, claim_next: Callable[[], bool] | None = None
     ) -> tuple[bool, Claim | None]:
         """Record the outcome through an outage, and claim the next job in that transaction if asked.
 
@@ -563,7 +436,9 @@ class StageRunner:
             began = self._leases.clock()
             try:
                 with db.transaction(self.engine) as conn:
-                    recorded = self._write(conn, job, outcome)
+                    recorded = self._outcomes.write(conn, job, outcome)
+                    if recorded and self.provider is not None:
+                        outcomes.feed_quota(conn, self.provider, outcome)
                     if claim_next is not None and claim_next():
                         following = self._claim_next_in(conn, began)
             except BaseException:
@@ -582,206 +457,29 @@ class StageRunner:
             log.warning("%s attempt %d: not recorded, the job has moved on", self.stage.value, job.attempts)
         return recorded, following
 
-    def _count(self, outcome: Outcome, polling: bool, attempt_s: float | None) -> None:
+    def _count(self, outcome: outcomes.Outcome, polling: bool, attempt_s: float | None) -> None:
         """A recorded outcome in the metrics.
 
         The attempt's end (as the attempts table has it), if it ended, and the provider's "too many".
         """
         if getattr(outcome, "throttled_s", None) is not None and self.provider is not None:
             self.metrics.provider_throttled(self.provider)
-        if isinstance(outcome, Succeeded):
+        if isinstance(outcome, outcomes.Succeeded):
             self.metrics.attempt_ended("succeeded", None, attempt_s)
-        elif isinstance(outcome, Failed):
+        elif isinstance(outcome, outcomes.Failed):
             self.metrics.attempt_ended("failed_retryable" if outcome.retryable else "failed", outcome.code, attempt_s)
-        elif isinstance(outcome, HandedBack) and not polling:  # a poll handed back is only due again
+        elif isinstance(outcome, outcomes.HandedBack) and not polling:  # a poll handed back is only due again
             self.metrics.attempt_ended("interrupted", outcome.code, attempt_s)
 
-    def _write(self, conn: sa.Connection, job: repository.Job, outcome: Outcome) -> bool:
-        if isinstance(outcome, Succeeded):
-            written = self._write_success(conn, job, outcome.output)
-        elif isinstance(outcome, Awaiting):
-            written = self._write_awaiting(conn, job, outcome)
-        elif isinstance(outcome, Drafted):
-            written = self._write_drafted(conn, job, outcome)
-        elif isinstance(outcome, Failed):
-            written = self._write_failure(conn, job, outcome)
-        else:
-            written = self._write_hand_back(conn, job, outcome)
-        if written and self.provider is not None:
-            self._feed_quota(conn, outcome)
-        return written
-
-    def _feed_quota(self, conn: sa.Connection, outcome: Outcome) -> None:
-        assert self.provider is not None
-        throttled_s = getattr(outcome, "throttled_s", None)
-        if throttled_s is not None:
-            quota.throttled(conn, self.provider, throttled_s)
-        elif isinstance(outcome, Succeeded | Awaiting | Drafted):
-            quota.relieved(conn, self.provider)
-
-    def _write_awaiting(self, conn: sa.Connection, job: repository.Job, awaiting: Awaiting) -> bool:
-        if not attempts.await_provider(conn, job, awaiting.handle, awaiting.poll_in_s, awaiting.notes):
-            return False
-        if not job.polling:
-            done = "waits on an earlier attempt's" if awaiting.handle == job.previous_handle else "submitted as"
-            log.info("%s attempt %d: %s %s", self.stage.value, job.attempts, done, awaiting.handle)
-        return True
-
-    def _write_drafted(self, conn: sa.Connection, job: repository.Job, drafted: Drafted) -> bool:
-        """The job waits for a person's decision on the draft (castad_runtime.stage.reviews), and says so."""
-        review = {
-            "draft_id": str(uuid.uuid4()),
-            "round": job.next_round,
-            "artifact": drafted.output.artifact.model_dump(mode="json"),
-            "details": _as_json(drafted.output.details),
-            "on_timeout": drafted.review.on_timeout,
-        }
-        if not drafts.draft(conn, job, review, drafted.review.timeout_s):
-            return False
-        self.emit(
-            conn,
-            job,
-            "drafted",
-            events.DRAFTED[self.stage],
-            draft_id=review["draft_id"],
-            round=review["round"],
-            artifact=drafted.output.artifact,
-            review_until=attempts.due_at(conn, job.id),
-            on_timeout=drafted.review.on_timeout,
-            drafted_at=_now(),
-            **drafted.output.details,
-        )
-        log.info("%s attempt %d drafted %s for review", self.stage.value, job.attempts, review["draft_id"])
-        return True
-
     def complete_review(
-        self, conn: sa.Connection, job: repository.Job, output: Output, decided: dict[str, Any]
+        self, conn: sa.Connection, job: repository.Job, output: outcomes.Output, decided: dict[str, Any]
     ) -> None:
         """In the caller's transaction: the job in REVIEW, locked, SUCCEEDED with `output`, as `decided`."""
-        result: dict[str, Any] = {"artifact": output.artifact.model_dump(mode="json")}
-        if self.passes_remakes:
-            result["details"] = _as_json(output.details)
-        drafts.end_review(conn, job, {**(job.review or {}), "decided": decided}, result)
-        self._emit_completed(conn, job, output)
-        db.after_commit(conn, lambda: self.metrics.attempt_ended("succeeded", None, None))
-
-    def _write_success(self, conn: sa.Connection, job: repository.Job, output: Output) -> bool:
-        result: dict[str, Any] = {"artifact": output.artifact.model_dump(mode="json")}
-        if self.passes_remakes:  # what a remake of the pipeline reuses (castad_runtime.stage.remakes)
-            result["details"] = _as_json(output.details)
-        if not attempts.finish_attempt(conn, job, machine.Status.SUCCEEDED, "succeeded", result=result):
-            return False
-        self._emit_completed(conn, job, output)
-        log.info("%s succeeded on attempt %d", self.stage.value, job.attempts)
-        return True
-
-    def _emit_completed(self, conn: sa.Connection, job: repository.Job, output: Output) -> None:
-        trigger = job.trigger(self.registry.model(self.trigger_type, self.reads), self.registry)
-        assert isinstance(trigger, events.PipelineRequestedV6 | events.StageCompleted)  # what triggers a stage
-        self.emit(
-            conn,
-            job,
-            "completed",
-            self.completed_model,
-            artifact=output.artifact,
-            completed_at=_now(),
-            brief=trigger.brief.model_dump(mode="json"),  # as this release's model of it
-            max_attempts=trigger.max_attempts,
-            **({"remake": remake} if self.passes_remakes and (remake := getattr(trigger, "remake", None)) else {}),
-            **({"share": share} if self.passes_on("share") and (share := getattr(trigger, "share", None)) else {}),
-            **output.details,
-        )
-
-    def _write_failure(self, conn: sa.Connection, job: repository.Job, failure: Failed) -> bool:
-        counted = job.counted_attempts + 1
-        decision = machine.after_failure(
-            self.limits.policy, counted, job.max_attempts, failure.retryable, self.rng, failure.retry_after_s
-        )
-        message = failure.message[:ERROR_MESSAGE_MAX]
-        done = attempts.finish_attempt(
-            conn,
-            job,
-            decision.status,
-            "failed_retryable" if failure.retryable else "failed",
-            error_code=failure.code,
-            error_message=message,
-            retry_in_s=decision.delay_s,
-        )
-        if not done:
-            return False
-        if decision.status is machine.Status.RETRY_WAIT:
-            log.warning(
-                "%s attempt %d failed (%s); retry in %.2f s",
-                self.stage.value,
-                job.attempts,
-                failure.code,
-                decision.delay_s,
-            )
-            self._emit_retrying(
-                conn, job, failure.code, message, last_attempt=job.attempts - counted + job.max_attempts
-            )
-        else:
-            log.error("%s failed for good on attempt %d: %s", self.stage.value, job.attempts, failure.code)
-            self.emit(
-                conn,
-                job,
-                "failed",
-                events.StageFailed,
-                error_code=failure.code,
-                error_message=message,
-                failed_at=_now(),
-            )
-        return True
-
-    def _write_hand_back(self, conn: sa.Connection, job: repository.Job, back: HandedBack) -> bool:
-        if job.polling:  # the work is still at the provider: only the poll is lost, it is due again
-            assert job.handle is not None
-            log.warning("%s attempt %d: poll handed back (%s)", self.stage.value, job.attempts, back.code)
-            return attempts.await_provider(conn, job, job.handle, back.delay_s)
-        done = attempts.finish_attempt(
-            conn,
-            job,
-            machine.Status.RETRY_WAIT,
-            "interrupted",
-            error_code=back.code,
-            error_message=back.message[:ERROR_MESSAGE_MAX],
-            retry_in_s=back.delay_s,
-            counted=False,
-        )
-        if not done:
-            return False
-        if back.throttled_s is not None:  # its request for work was refused, not taken: the provider bills none
-            attempts.refused_call(conn, job)
-        log.warning("%s attempt %d handed back (%s), not counted", self.stage.value, job.attempts, back.code)
-        last_attempt = job.attempts - job.counted_attempts + job.max_attempts
-        self._emit_retrying(conn, job, back.code, back.message[:ERROR_MESSAGE_MAX], last_attempt=last_attempt)
-        return True
-
-    def _emit_retrying(
-        self, conn: sa.Connection, job: repository.Job, code: codes.ErrorCode, message: str, last_attempt: int
-    ) -> None:
-        self.emit(
-            conn,
-            job,
-            "retrying",
-            events.StageRetrying,
-            max_attempts=last_attempt,
-            error_code=code,
-            error_message=message,
-            next_attempt_at=attempts.due_at(conn, job.id),
-        )
+        self._outcomes.complete_review(conn, job, output, decided)
 
     def emit(self, conn: sa.Connection, job: repository.Job, fact: Any, model: type[Any], **fields: Any) -> None:
-        """In the caller's transaction: the event of `fact` about `job`'s attempt, in the outbox.
-
-        One that can tells the requests for work the attempt sent its provider since its last event said
-        (`started` cannot: none has left yet)."""
-        if "provider_calls" in model.model_fields and (calls := attempts.tell_calls(conn, job.id, job.attempts)):
-            fields["provider_calls"] = calls
-        payload = model(
-            pipeline_id=job.pipeline_id, stage=self.stage, job_id=str(job.id), attempt=job.attempts, **fields
-        )
-        outbox.add(conn, payload, events.stage_event(self.stage, fact), self.source)
+        """In the caller's transaction: the event of `fact` about `job`'s attempt, in the outbox (Outcomes.emit)."""
+        self._outcomes.emit(conn, job, fact, model, **fields)
 
     def _wait_until_stopped(self, worker: threading.Thread, job: repository.Job) -> None:
         """Hold the slot while a provider that ignores its cancellation still runs (unless the service stops)."""
@@ -795,12 +493,3 @@ class StageRunner:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _as_json(details: dict[str, Any]) -> dict[str, Any]:
-    """An output's details as a job's row keeps them (its models, and tuples of them, as JSON)."""
-    kept: dict[str, Any] = _DETAILS.dump_python(details, mode="json")
-    return kept
-
-
-_DETAILS = pydantic.TypeAdapter(dict[str, Any])

@@ -37,6 +37,7 @@ from castad_runtime.stage import (
     handlers,
     http,
     machine,
+    outcomes,
     probes,
     quota,
     remakes,
@@ -294,7 +295,7 @@ def run(definition: StageDefinition[S], config: S) -> None:
 
     def faulty_work(
         job: repository.Job, cancel: cancellation.Cancellation
-    ) -> runner.Output | runner.Awaiting | runner.Drafted:
+    ) -> outcomes.Output | outcomes.Awaiting | outcomes.Drafted:
         return injector.call(lambda: work(job, cancel), cancel)
 
     limits = runner.Limits(config.retry_policy(), config.lease_s, config.attempt_timeout_s)
