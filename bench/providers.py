@@ -1,7 +1,8 @@
 """`make bench-providers` (`python -m bench.providers`).
 
 Many pipelines through the three network providers at once, the music API slow, every stage service with 2 worker
-threads; writes docs/reports/providers.md.
+threads; writes docs/reports/providers.md by bench/templates/providers.md.j2, the measurements kept beside it in
+providers.json (`--render` writes the page again from them).
 
 The providers are the fake servers of castad_local.fakes, in this process, on 127.0.0.1: a Chat
 Completions server, a Suno-shaped music API taking `--song-s` per song, Creatomate's render API
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import json
 import logging
 import os
 import pathlib
@@ -32,7 +34,7 @@ from castad_runtime import links
 from castad_testkit import scratch
 from pydantic import SecretStr
 
-from bench import castad_bench, cpu
+from bench import castad_bench, cpu, pages
 
 SAMPLE_S = 0.5
 
@@ -223,52 +225,9 @@ def findings(result: dict[str, Any], pipelines: int) -> list[str]:
     return found
 
 
-def render(result: dict[str, Any], found: list[str]) -> str:
-    args, measured, peaks = result["args"], result["throughput"], result["peaks"]
-    lines = [
-        "# Network providers under load",
-        "",
-        "Written by `make bench-providers` (bench/providers.py); the figures vary between runs on a shared machine.",
-        "",
-        f"Run {result['when']}: {args['pipelines']} pipelines submitted {args['concurrency']} at a time; the music"
-        f" API takes {args['song_s']:g} s per song, the render API {args['render_s']:g} s per video; every stage"
-        " service runs 2 worker threads (`CASTAD_<STAGE>_CONCURRENCY=2`) and 2 consumer threads.",
-        "",
-        f"- **All done in {measured['seconds']:.1f} s** ({measured['rate']:.2f} pipelines/s); latency per pipeline"
-        f" p50 {measured['latency_ms']['p50'] / 1000:.1f} s, p99 {measured['latency_ms']['p99'] / 1000:.1f} s.",
-        f"- **Findings:** {'none' if not found else '; '.join(found)}.",
-        "",
-        "## At the peak",
-        "",
-        "| process | threads | open sockets |",
-        "|---|---:|---:|",
-        *(f"| {name} | {peaks['threads'][name]} | {peaks['sockets'][name]} |" for name in sorted(peaks["threads"])),
-        "",
-        "| database | connections |",
-        "|---|---:|",
-        *(f"| {name} | {count} |" for name, count in sorted(peaks["connections"].items())),
-        "",
-        "| stage | jobs AWAITING (no worker held) | jobs RUNNING (a worker each) |",
-        "|---|---:|---:|",
-        *(
-            f"| {stage} | {peaks['awaiting'].get(stage, 0)} | {peaks['running'].get(stage, 0)} |"
-            for stage in ("song", "video")
-        ),
-        "",
-        "## What the providers saw",
-        "",
-        *(f"- {name}: {counts}" for name, counts in result["provider_requests"].items()),
-        *(f"- callbacks of {name}: {counts}" for name, counts in result["callbacks"].items()),
-        "",
-        "## Jobs and attempts per stage",
-        "",
-        *(f"- {stage}: {seen}" for stage, seen in result["outcomes"].items()),
-        "",
-        "CPU per pipeline (ms, by process): "
-        + ", ".join(f"{name} {ms:.0f}" for name, ms in sorted(measured["cpu_ms_per_pipeline"].items())),
-        "",
-    ]
-    return "\n".join(lines)
+def render(measured: dict[str, Any]) -> str:
+    """Return the page, written by bench/templates/providers.md.j2 from the run's measurements and findings."""
+    return pages.render("providers.md.j2", **measured)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,19 +237,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--song-s", type=float, default=30.0)
     parser.add_argument("--render-s", type=float, default=5.0)
     parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--render", action="store_true", help="write the page again from providers.json, run nothing")
     parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "providers.md")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("bench").setLevel(logging.INFO)
-    workdir = (scratch.REPO_ROOT / "var" / "providers" / scratch.RUN_ID).resolve()
-    with scratch.interrupt_on_sigterm():
-        result = run(args, workdir)
-    found = findings(result, args.pipelines)
-    args.output.write_text(render(result, found))
+    kept = args.output.with_suffix(".json")
+    if not args.render:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+        logging.getLogger("bench").setLevel(logging.INFO)
+        workdir = (scratch.REPO_ROOT / "var" / "providers" / scratch.RUN_ID).resolve()
+        with scratch.interrupt_on_sigterm():
+            result = run(args, workdir)
+        kept.write_text(json.dumps({**result, "findings": findings(result, args.pipelines)}, indent=1) + "\n")
+    measured = json.loads(kept.read_text())
+    args.output.write_text(render(measured))
     scratch.log.info("wrote %s", args.output)
-    for finding in found:
+    for finding in measured["findings"]:
         print(f"finding: {finding}", file=sys.stderr)
-    return 1 if found else 0
+    return 1 if measured["findings"] else 0
 
 
 if __name__ == "__main__":
