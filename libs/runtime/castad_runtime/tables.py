@@ -1,6 +1,6 @@
 """Tables the shared runtime reads and writes in a service's own database.
 
-Migrations create them (castad_runtime.migration_ops); a test checks that the
+Migrations create them (castad_runtime.migration_ops, castad_runtime.stage.schema); a test checks that the
 migrated schema matches these definitions.
 """
 
@@ -204,7 +204,7 @@ quota_shards = sa.Table(
     sa.Column("refilled_at", TZ, nullable=False, server_default=sa.func.now()),
 )
 
-# The jobs RUNNING or AWAITING, counted by triggers on jobs (castad_runtime.migration_ops.add_sharded_quota_v12)
+# The jobs RUNNING or AWAITING, counted by triggers on jobs (castad_runtime.stage.schema.add_sharded_quota_v12)
 # over this many rows: their sum is the count. `cap`: the row's share of the provider's cap on jobs in flight.
 IN_FLIGHT_SHARDS = 64
 in_flight_counts = sa.Table(

@@ -4,6 +4,7 @@ Revision ID: 0003
 """
 
 from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0003"
 down_revision = "0002"
@@ -12,10 +13,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_operator_requests_v3()
+    schema.add_operator_requests_v3()
     migration_ops.add_outbox_destination_v3()
 
 
 def downgrade() -> None:
     migration_ops.drop_outbox_destination_v3()
-    migration_ops.drop_operator_requests_v3()
+    schema.drop_operator_requests_v3()

@@ -3,7 +3,7 @@
 Revision ID: 0004
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0004"
 down_revision = "0003"
@@ -12,8 +12,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_remote_jobs_v4()
+    schema.add_remote_jobs_v4()
 
 
 def downgrade() -> None:
-    migration_ops.drop_remote_jobs_v4()
+    schema.drop_remote_jobs_v4()

@@ -6,7 +6,7 @@ Expand only: a service of the previous version records no submissions and does n
 Revision ID: 0008
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0008"
 down_revision = "0007"
@@ -15,8 +15,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_submissions_v8()
+    schema.add_submissions_v8()
 
 
 def downgrade() -> None:
-    migration_ops.drop_submissions_v8()
+    schema.drop_submissions_v8()

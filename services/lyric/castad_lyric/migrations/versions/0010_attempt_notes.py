@@ -5,7 +5,7 @@ Expand only: a service of the previous version neither writes nor reads it.
 Revision ID: 0010
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0010"
 down_revision = "0009"
@@ -14,8 +14,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_attempt_notes_v10()
+    schema.add_attempt_notes_v10()
 
 
 def downgrade() -> None:
-    migration_ops.drop_attempt_notes_v10()
+    schema.drop_attempt_notes_v10()

@@ -8,7 +8,7 @@ are counted by the triggers like this version's.
 Revision ID: 0012
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0012"
 down_revision = "0011"
@@ -17,8 +17,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_sharded_quota_v12()
+    schema.add_sharded_quota_v12()
 
 
 def downgrade() -> None:
-    migration_ops.drop_sharded_quota_v12()
+    schema.drop_sharded_quota_v12()

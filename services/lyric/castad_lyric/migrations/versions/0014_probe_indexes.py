@@ -5,7 +5,7 @@ Expand only: a service of the previous version claims by the index jobs_due, as 
 Revision ID: 0014
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0014"
 down_revision = "0013"
@@ -14,8 +14,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_probe_indexes_v14()
+    schema.add_probe_indexes_v14()
 
 
 def downgrade() -> None:
-    migration_ops.drop_probe_indexes_v14()
+    schema.drop_probe_indexes_v14()

@@ -4,6 +4,7 @@ Revision ID: 0005
 """
 
 from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0005"
 down_revision = "0004"
@@ -13,9 +14,9 @@ depends_on = None
 
 def upgrade() -> None:
     migration_ops.add_retention_v5()
-    migration_ops.add_job_retention_v5()
+    schema.add_job_retention_v5()
 
 
 def downgrade() -> None:
-    migration_ops.drop_job_retention_v5()
+    schema.drop_job_retention_v5()
     migration_ops.drop_retention_v5()

@@ -3,7 +3,7 @@
 Revision ID: 0016
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0016"
 down_revision = "0015"
@@ -12,8 +12,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_injected_faults_v16()
+    schema.add_injected_faults_v16()
 
 
 def downgrade() -> None:
-    migration_ops.drop_injected_faults_v16()
+    schema.drop_injected_faults_v16()

@@ -4,6 +4,7 @@ Revision ID: 0002
 """
 
 from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0002"
 down_revision = "0001"
@@ -12,10 +13,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_counted_attempts_v2()
+    schema.add_counted_attempts_v2()
     migration_ops.add_outbox_parking_v2()
 
 
 def downgrade() -> None:
     migration_ops.drop_outbox_parking_v2()
-    migration_ops.drop_counted_attempts_v2()
+    schema.drop_counted_attempts_v2()

@@ -6,7 +6,7 @@ Expand only: a service of the previous version neither keeps nor reads it (its a
 Revision ID: 0009
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0009"
 down_revision = "0008"
@@ -15,8 +15,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_previous_handle_v9()
+    schema.add_previous_handle_v9()
 
 
 def downgrade() -> None:
-    migration_ops.drop_previous_handle_v9()
+    schema.drop_previous_handle_v9()

@@ -3,7 +3,7 @@
 Revision ID: 0015
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0015"
 down_revision = "0014"
@@ -12,8 +12,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_called_back_v15()
+    schema.add_called_back_v15()
 
 
 def downgrade() -> None:
-    migration_ops.drop_called_back_v15()
+    schema.drop_called_back_v15()

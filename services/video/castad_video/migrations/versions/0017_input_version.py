@@ -3,7 +3,7 @@
 Revision ID: 0017
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0017"
 down_revision = "0016"
@@ -12,8 +12,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_input_version_v17()
+    schema.add_input_version_v17()
 
 
 def downgrade() -> None:
-    migration_ops.drop_input_version_v17()
+    schema.drop_input_version_v17()

@@ -3,7 +3,7 @@
 Revision ID: 0019
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0019"
 down_revision = "0018"
@@ -12,8 +12,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_previous_submitted_at_v19()
+    schema.add_previous_submitted_at_v19()
 
 
 def downgrade() -> None:
-    migration_ops.drop_previous_submitted_at_v19()
+    schema.drop_previous_submitted_at_v19()

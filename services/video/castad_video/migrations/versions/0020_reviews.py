@@ -3,7 +3,7 @@
 Revision ID: 0020
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0020"
 down_revision = "0019"
@@ -12,8 +12,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_reviews_v20()
+    schema.add_reviews_v20()
 
 
 def downgrade() -> None:
-    migration_ops.drop_reviews_v20()
+    schema.drop_reviews_v20()

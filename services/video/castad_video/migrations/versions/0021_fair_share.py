@@ -3,7 +3,7 @@
 Revision ID: 0021
 """
 
-from castad_runtime import migration_ops
+from castad_runtime.stage import schema
 
 revision = "0021"
 down_revision = "0020"
@@ -12,8 +12,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    migration_ops.add_fair_share_v21()
+    schema.add_fair_share_v21()
 
 
 def downgrade() -> None:
-    migration_ops.drop_fair_share_v21()
+    schema.drop_fair_share_v21()
