@@ -5,9 +5,10 @@ Each statement timed, its plan recorded.
 A scratch database is migrated as the gateway's, filled with `INSERT ... SELECT generate_series` (1,000,000
 pipelines created over 30 days, their stages, their attempts, dead letters), vacuumed and analysed; then
 every statement of castad_api.stats runs for windows of 15 minutes to 7 days, `stats.read` as /v1/stats
-calls it, and the listing's search (castad_api.repository.listing) by id and by parts of names. Results,
-with `EXPLAIN (ANALYZE, BUFFERS)` of each, go to docs/reports/stats.md. The database is dropped at the end, however
-the run ends.
+calls it, and the listing's search (castad_api.listing.listing) by id and by parts of names. Results,
+with `EXPLAIN (ANALYZE, BUFFERS)` of each, go to docs/reports/stats.md, written by bench/templates/stats.md.j2 from
+the measurements kept beside it in stats.json (`--render` writes the page again from them). The database is dropped
+at the end, however the run ends.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import json
 import logging
 import pathlib
 import statistics
@@ -25,11 +27,13 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from castad_api import repository, stats
-from castad_api.repository import RECENT
+from castad_api import listing, stats
+from castad_api.listing import RECENT
 from castad_local import stack
 from castad_runtime import migrations
 from castad_testkit import machine, scratch
+
+from bench import pages
 
 WINDOWS = ("15m", "1h", "24h", "7d")
 EXPLAINED_WINDOWS = ("1h", "7d")
@@ -212,77 +216,25 @@ def measure(engine: sa.Engine, repeat: int) -> dict[str, Any]:
     with engine.connect() as conn:
         for label, term in SEARCHES:
             for tenant in SEARCHING_TENANTS:
-                shown = repository.Listing(tenant=tenant, search=term)
-                counted = repository.listing(shown, 10**7).subquery()
+                shown = listing.Listing(tenant=tenant, search=term)
+                counted = listing.listing(shown, 10**7).subquery()
                 matches = conn.execute(sa.select(sa.func.count()).select_from(counted)).scalar_one()
-                search = functools.partial(repository.list_pipelines, conn, shown, 21)
+                search = functools.partial(listing.list_pipelines, conn, shown, 21)
                 searches.append(
                     (f"{label}: {str(term)!r}", tenant or "(admin: all)", matches, median_ms(search, repeat))
                 )
                 ways = [("", None)] if isinstance(term, uuid.UUID) else [(", the newest first", RECENT), ("", None)]
                 for way, within in ways:
-                    sql, params = explain_statement(conn, repository.listing(shown, 21, within))
+                    sql, params = explain_statement(conn, listing.listing(shown, 21, within))
                     search_plans[f"{label}: {str(term)!r}, {tenant or 'admin'}{way}"] = "\n".join(
                         row[0] for row in conn.exec_driver_sql(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
                     )
     return {"timings": timings, "plans": plans, "whole": whole, "searches": searches, "search_plans": search_plans}
 
 
-def render(
-    facts: dict[str, Any], args: argparse.Namespace, loaded: dict[str, float], tables: list, result: dict
-) -> str:
-    timings, whole = result["timings"], result["whole"]
-    lines = [
-        "# The operator's statistics on a million pipelines",
-        "",
-        "Written by `make bench-stats` (bench/stats.py), which drops its database at the end; the figures vary",
-        "between runs on a shared machine.",
-        "",
-        f"Run {facts['date']} on {facts['cores']} cores ({facts['cpu']}), {facts['memory']},"
-        f" {facts['postgres']['version']} (shared_buffers {facts['postgres']['shared_buffers']}).",
-        "",
-        f"{args.pipelines:,} pipelines created over 30 days (~{args.pipelines / 720:,.0f} an hour), the newest 463"
-        " in flight and one in 10,007 older ones stuck in its song; their stages and attempts (one"
-        f" stage in ten needed two); {args.dead_letters:,} dead letters, 50 still open. Loaded with"
-        " `INSERT ... SELECT generate_series` into the gateway's migrated schema, then `VACUUM (ANALYZE)`:"
-        f" {', '.join(f'{name} {seconds:.0f} s' for name, seconds in loaded.items())}.",
-        "",
-        "| table | rows | table | its indexes |",
-        "|---|---:|---:|---:|",
-        *(f"| {name} | {rows:,} | {size} | {index_size} |" for name, rows, size, index_size in tables),
-        "",
-        f"## Each statement of /v1/stats (median of {args.repeat}, ms)",
-        "",
-        "The statements in flight (`in_flight`, `places`, `stuck`, `dead_letters_open`) read only the pipelines"
-        " that have not ended, whatever the window; the others read through an index on the time things ended"
-        " or began, so they grow with the window, not with the history.",
-        "",
-        "| statement | " + " | ".join(WINDOWS) + " |",
-        "|---|" + "---:|" * len(WINDOWS),
-        *(f"| `{name}` | " + " | ".join(f"{timings[name][w]:.1f}" for w in WINDOWS) + " |" for name in timings),
-        "| **`stats.read`, all of them in one transaction** | "
-        + " | ".join(f"**{whole[w]:.1f}**" for w in WINDOWS)
-        + " |",
-        "",
-        f"## The listing's search (`GET /v1/pipelines?q=`, a page of 20; median of {args.repeat}, ms)",
-        "",
-        f"A name is looked for among the newest {RECENT:,} pipelines (of the tenant) first: a frequent one fills"
-        " the page there. Only if they hold too few is every match found through the trigram index"
-        " `pipelines_customer_name` (pg_trgm, GIN), then the newest of them read: at most those"
-        f" {RECENT:,} rows, then as many as there are matches, however large the table. A term under three"
-        " characters matches the beginning of a word of the name (a trigram index finds that too). Tenant t0's"
-        " customers are all cafés, t3's none.",
-        "",
-        "| search | as | matches | ms |",
-        "|---|---|---:|---:|",
-        *(f"| {label} | {tenant} | {matches:,} | {ms:.1f} |" for label, tenant, matches, ms in result["searches"]),
-        "",
-        "## Plans",
-        "",
-    ]
-    for title, plan in [*result["plans"].items(), *(("search: " + k, v) for k, v in result["search_plans"].items())]:
-        lines += [f"### {title}", "", "```", plan, "```", ""]
-    return "\n".join(lines)
+def render(measured: dict[str, Any]) -> str:
+    """Return the page, written by bench/templates/stats.md.j2 from the measurements."""
+    return pages.render("stats.md.j2", **measured)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,23 +242,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipelines", type=int, default=1_000_000)
     parser.add_argument("--dead-letters", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each statement; the median is kept")
+    parser.add_argument("--render", action="store_true", help="write the page again from stats.json, run nothing")
     parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "stats.md")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("bench").setLevel(logging.INFO)
-    url = scratch.database_url(f"castad_bench_stats_{scratch.RUN_ID}")
-    cleanup = scratch.Cleanup()
-    with scratch.interrupt_on_sigterm(), cleanup.scope():
-        migrations.ensure_database(url)
-        cleanup.push("drop the scratch database", lambda: migrations.drop_database(url))
-        migrations.upgrade(url, API_MIGRATIONS)
-        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-        cleanup.push("close the engine", engine.dispose)
-        loaded = load(engine, args.pipelines, args.dead_letters)
-        tables = sizes(engine)
-        result = measure(engine, args.repeat)
-        facts = machine.facts()
-    args.output.write_text(render(facts, args, loaded, tables, result))
+    kept = args.output.with_suffix(".json")
+    if not args.render:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+        logging.getLogger("bench").setLevel(logging.INFO)
+        url = scratch.database_url(f"castad_bench_stats_{scratch.RUN_ID}")
+        cleanup = scratch.Cleanup()
+        with scratch.interrupt_on_sigterm(), cleanup.scope():
+            migrations.ensure_database(url)
+            cleanup.push("drop the scratch database", lambda: migrations.drop_database(url))
+            migrations.upgrade(url, API_MIGRATIONS)
+            engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+            cleanup.push("close the engine", engine.dispose)
+            loaded = load(engine, args.pipelines, args.dead_letters)
+            tables = sizes(engine)
+            result = measure(engine, args.repeat)
+            facts = machine.facts()
+        measured = {
+            "facts": facts,
+            "pipelines": args.pipelines,
+            "dead_letters": args.dead_letters,
+            "repeat": args.repeat,
+            "windows": WINDOWS,
+            "recent": RECENT,
+            "loaded": loaded,
+            "tables": tables,
+            **result,
+        }
+        kept.write_text(json.dumps(measured, indent=1) + "\n")
+    args.output.write_text(render(json.loads(kept.read_text())))
     scratch.log.info("wrote %s", args.output)
     return 0
 
