@@ -46,7 +46,7 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _stage_event(pipeline_id: str, stage: events.Stage, fact: str) -> envelope.Envelope:
+def _stage_event(pipeline_id: str, stage: events.Stage, fact: events.StageFact) -> envelope.Envelope:
     common_fields: dict[str, Any] = {"pipeline_id": pipeline_id, "stage": stage, "job_id": "job", "attempt": 1}
     payload: events.Payload
     if fact == "started":
@@ -78,11 +78,9 @@ def projection_round(engine: sa.Engine, count: int) -> tuple[int, Callable[[], N
             )
             for _ in range(count)
         ]
+    facts: tuple[events.StageFact, ...] = ("started", "completed")
     envelopes = [
-        _stage_event(pipeline_id, stage, fact)
-        for pipeline_id in ids
-        for stage in events.STAGE_ORDER
-        for fact in ("started", "completed")
+        _stage_event(pipeline_id, stage, fact) for pipeline_id in ids for stage in events.STAGE_ORDER for fact in facts
     ]
 
     def run() -> None:
@@ -110,7 +108,12 @@ class StageAlone:
         self.handlers = handlers.StageHandlers(engine, self.runner, self.jobs)
         self._recorded = threading.Semaphore(0)
         count = self.runner._count
-        self.runner._count = lambda *args: (count(*args), self._recorded.release())  # type: ignore[method-assign]
+
+        def counted(outcome: outcomes.Outcome, polling: bool, attempt_s: float | None) -> None:
+            count(outcome, polling, attempt_s)
+            self._recorded.release()
+
+        self.runner._count = counted  # type: ignore[method-assign]
 
     @staticmethod
     def _work(job: repository.Job, cancel: cancellation.Cancellation) -> outcomes.Output:
@@ -125,7 +128,11 @@ class StageAlone:
             raise TimeoutError("an attempt was not recorded within 30 s")
 
     def round(self, count: int) -> tuple[int, Callable[[], None]]:
-        return count, lambda: [self.one() for _ in range(count)]
+        def handle() -> None:
+            for _ in range(count):
+                self.one()
+
+        return count, handle
 
 
 def measure(database: str, prepare: Callable[[], tuple[int, Callable[[], None]]]) -> tuple[float, float, float]:
