@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 import uvicorn
-from castad_api import app, creation, deps, keys, notifications, operations, projection, repository
+from castad_api import app, creation, deps, keys, notifications, operations, projection, repository, tables
 from castad_api import settings as api_settings
 from castad_contracts import api, brief, envelope, events
 from castad_local import stack
@@ -160,7 +160,7 @@ class Projection:
 
     def backdate(self, pipeline_id: str, event_type: str, at: dt.datetime) -> None:
         """As if the gateway's own entry `event_type` (a request, an operator's action) was written `at`."""
-        timeline = repository.timeline
+        timeline = tables.timeline
         with db.transaction(self.engine) as conn:
             conn.execute(
                 timeline.update()

@@ -89,7 +89,7 @@ def pipeline_gone(gw: deps.Gateway, pipeline_id: uuid.UUID, image_id: uuid.UUID)
     with db.transaction(gw.engine) as conn:
         ended = repository.now(conn) - 91 * DAY
         conn.execute(p.update().where(p.c.id == pipeline_id).values(status="CANCELED", finished_at=ended))
-        assert api_retention.forget_pipelines(conn, gw.config.retention_pipelines_s, 10) == 1
+        assert repository.forget_ended(conn, gw.config.retention_pipelines_s, 10) == 1
         conn.execute(i.update().where(i.c.id == image_id).values(uploaded_at=repository.now(conn) - 8 * DAY))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from castad_api import projection, repository, settings, tables
+from castad_api import projection, settings, tables, timeline_rows
 from castad_contracts import events
 from castad_runtime import groups
 from castad_runtime import tables as runtime_tables
@@ -346,7 +346,7 @@ def test_the_entries_a_group_writes_wake_the_event_streams_of_their_pipelines(ga
     url = gateway.engine.url.render_as_string(hide_password=False)
     listener = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True)
     with listener:
-        listener.execute(f"LISTEN {repository.PIPELINE_EVENTS_CHANNEL}")
+        listener.execute(f"LISTEN {timeline_rows.PIPELINE_EVENTS_CHANNEL}")
         envs = [gateway.envelope(pipeline_id, LYRIC, "started", 1, ago(seconds=1)) for pipeline_id in (first, second)]
         assert projection.apply_all(gateway.engine, [(env, env.payload()) for env in envs]) == [None, None]
         heard = {notice.payload for notice in listener.notifies(timeout=5, stop_after=2)}

@@ -20,7 +20,7 @@ import httpx
 import httpx_sse
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, notifications, repository
+from castad_api import keys, notifications, timeline_rows
 from castad_cli import client as client_
 from castad_contracts import events
 from castad_runtime import db
@@ -201,7 +201,10 @@ def test_the_listener_wakes_its_pipelines_streams_and_every_stream_when_it_loses
                 await until(lambda: listener.listening, "listening")
                 mine.clear(), other.clear()
                 await asyncio.to_thread(
-                    run, "SELECT pg_notify(:channel, :id)", channel=repository.PIPELINE_EVENTS_CHANNEL, id=pipeline_id
+                    run,
+                    "SELECT pg_notify(:channel, :id)",
+                    channel=timeline_rows.PIPELINE_EVENTS_CHANNEL,
+                    id=pipeline_id,
                 )
                 await until(mine.is_set, "the pipeline's stream woken")
                 assert not other.is_set()

@@ -15,7 +15,7 @@ import httpx
 import httpx_sse
 import pytest
 import sqlalchemy as sa
-from castad_api import disclosure, keyring, keys, model, projection, repository, timeline
+from castad_api import disclosure, keyring, keys, listing, model, projection, repository, timeline, timeline_rows
 from castad_api.routes import timeline as timeline_routes
 from castad_contracts import envelope, events
 from castad_faults import outage
@@ -202,7 +202,7 @@ def test_an_attempt_is_told_whole_whatever_order_its_events_come_in_and_once_how
     }
     with engine.connect() as conn:
         stage = conn.execute(sa.select(repository.stages).where(repository.stages.c.pipeline_id == pipeline_id)).one()
-        entries = repository.timeline_after(conn, uuid.UUID(pipeline_id), 0)
+        entries = timeline_rows.timeline_after(conn, uuid.UUID(pipeline_id), 0)
     assert (stage.status, stage.attempt) == ("SUCCEEDED", 2)  # the stage never moved back
     # Events stale for their stage add no entry, but what they said of their attempts was kept.
     assert [e.event_type for e in entries] == ["pipeline.requested", "lyric.completed"]
@@ -212,7 +212,7 @@ def test_an_attempt_is_told_whole_whatever_order_its_events_come_in_and_once_how
     gateway.deliver(completed)
     assert attempts_of(engine, pipeline_id) == before
     with engine.connect() as conn:
-        assert len(repository.timeline_after(conn, uuid.UUID(pipeline_id), 0)) == 2
+        assert len(timeline_rows.timeline_after(conn, uuid.UUID(pipeline_id), 0)) == 2
 
     # A cancel found song's attempt 1 ended already (its retrying was still on its way): the attempt's own
     # end wins when it comes, whichever came first; the first real end is kept against a later one.
@@ -278,7 +278,7 @@ def test_the_stream_of_every_pipeline_waits_for_an_entry_still_to_commit_and_pas
     monkeypatch.setattr(timeline_routes, "GAP_WAIT_S", 0.5)
     first, second = gateway.create("First"), gateway.create("Second")
     with engine.connect() as conn:
-        start = timeline.Position(repository.newest_entry(conn))
+        start = timeline.Position(timeline_rows.newest_entry(conn))
 
     slow = _UncommittedEntry(engine, first)  # takes the next seq, commits later
     gateway.event(second, LYRIC, "started", 1, ago(seconds=3))
@@ -323,7 +323,7 @@ class _Clock:
 def test_the_stream_of_every_pipeline_shows_a_tenant_its_own_entries_that_match_its_filters(gateway, engines):
     engine = engines["api"]
     with engine.connect() as conn:
-        start = timeline.Position(repository.newest_entry(conn))
+        start = timeline.Position(timeline_rows.newest_entry(conn))
     ours = gateway.create("바다책방", tenant="alice", region="속초")
     theirs = gateway.create("Other", tenant="bob")
     gateway.event(ours, LYRIC, "started", 1, ago(seconds=9))
@@ -392,11 +392,11 @@ def test_the_new_routes_hold_to_tenants_and_scopes(gateway, engines, api):
     assert bad_resume.status_code == 422 and "Last-Event-ID" in bad_resume.text
 
 
-@pytest.mark.parametrize("recent", [repository.RECENT, 1], ids=["among the newest", "among every match"])
+@pytest.mark.parametrize("recent", [listing.RECENT, 1], ids=["among the newest", "among every match"])
 def test_the_listing_finds_a_pipeline_by_its_id_or_a_part_of_its_customers_name(
     gateway, engines, api, monkeypatch, recent
 ):
-    monkeypatch.setattr(repository, "RECENT", recent)  # 1: the newest pipeline never holds a page
+    monkeypatch.setattr(listing, "RECENT", recent)  # 1: the newest pipeline never holds a page
     engine = engines["api"]
     names = {"바다책방": "alice", "Cafe Blue": "alice", "BLUE Harbor": "alice", "50%_off": "alice", "Blue Bob": "bob"}
     made = {name: gateway.create(name, tenant=tenant) for name, tenant in names.items()}

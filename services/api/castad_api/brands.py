@@ -9,6 +9,7 @@ began with in its brief: a kit changed since does not change it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from castad_contracts import api, brief
@@ -88,3 +89,8 @@ def _logo(conn: sa.Connection, logo: str | None, tenant: str) -> None:
     """Lock the logo's image (InvalidField unless it is one the tenant uploaded, in the words a photo's gets)."""
     if logo is not None and not uploaded.tenant_images(conn, [uuid.UUID(logo)], tenant):
         raise errors.InvalidField(("body", "logo"), f"no image {logo} was uploaded by this tenant", logo)
+
+
+def showing(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of the images a brand kit shows as its logo (by the index brand_kits_logo; retention keeps them)."""
+    return set(conn.execute(sa.select(kits.c.logo).where(kits.c.logo.in_(list(image_ids)))).scalars())

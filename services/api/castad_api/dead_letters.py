@@ -25,7 +25,7 @@ from castad_runtime import db, outbox, redact
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_api import dead_letter_rows, errors, projection, records, repository, tables
-from castad_api.repository import columns, typed
+from castad_api.records import columns, typed
 
 if TYPE_CHECKING:  # retention.py runs this module's statements
     from castad_api import retention

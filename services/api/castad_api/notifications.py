@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import psycopg
 from castad_runtime import db
 
-from castad_api import repository
+from castad_api import timeline_rows
 
 log = logging.getLogger(__name__)
 EVERY_PIPELINE = "*"  # subscribe to this to hear of every pipeline (no pipeline id looks like it)
@@ -106,11 +106,11 @@ class PipelineNotifications:
     def _changed(self, pipelines: list[str], after: int | None) -> tuple[int, list[str]]:
         """The newest seq, and which of `pipelines` have entries after seq `after` (None: none asked)."""
         with psycopg.connect(**db.connect_kwargs(self.url), autocommit=True) as conn:
-            row = conn.execute(repository.NEWEST_ENTRY).fetchone()
+            row = conn.execute(timeline_rows.NEWEST_ENTRY).fetchone()
             newest = int(row[0]) if row else 0
             if after is None or not pipelines:
                 return newest, []
-            found = conn.execute(repository.PIPELINES_WITH_ENTRIES_AFTER, (pipelines, after)).fetchall()
+            found = conn.execute(timeline_rows.PIPELINES_WITH_ENTRIES_AFTER, (pipelines, after)).fetchall()
         return newest, [pipeline_id for (pipeline_id,) in found]
 
     async def _listen(self) -> None:
@@ -118,7 +118,7 @@ class PipelineNotifications:
             try:
                 connecting = psycopg.AsyncConnection.connect(**db.connect_kwargs(self.url), autocommit=True)
                 async with await connecting as conn:
-                    await conn.execute(f"LISTEN {repository.PIPELINE_EVENTS_CHANNEL}")
+                    await conn.execute(f"LISTEN {timeline_rows.PIPELINE_EVENTS_CHANNEL}")
                     self.listening = True
                     self._wake_all()  # what committed before it listened was not heard: every stream reads again
                     while True:

@@ -21,7 +21,7 @@ from castad_contracts import codes, events
 from castad_contracts import envelope as envelope_
 from castad_runtime import db, groups, inbox, logs, telemetry
 
-from castad_api import metrics, model, records, repository, reviews, usage, webhooks
+from castad_api import metrics, model, projection_locks, records, repository, reviews, timeline_rows, usage, webhooks
 from castad_api import writes as writes_
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def apply(
     outcome = inbox.once_read_first(
         engine,
         env,
-        lambda conn: repository.lock_projected(conn, pipeline_id),
+        lambda conn: projection_locks.lock_projected(conn, pipeline_id),
         lambda conn, projected: _apply(writes_.Writes(conn), env, payload, projected, measured),
         measured.consumer.duplicate,
     )
@@ -110,7 +110,9 @@ def apply_all(
     with db.transaction(engine) as conn:
         with db.pipelined(conn):
             first_seen = inbox.record_all(conn, [env for env, _ in group])
-            projected = repository.lock_all_projected(conn, [uuid.UUID(payload.pipeline_id) for _, payload in group])
+            projected = projection_locks.lock_all_projected(
+                conn, [uuid.UUID(payload.pipeline_id) for _, payload in group]
+            )
             new = first_seen()
         merged = writes_.Merged(conn)
         with db.pipelined(conn):
@@ -138,7 +140,7 @@ def _apply(
     writes: writes_.Writes,
     env: envelope_.Envelope,
     payload: events.Payload,
-    projected: repository.Projected | None,
+    projected: projection_locks.Projected | None,
     measured: metrics.GatewayMetrics,
 ) -> str:
     """What became of the event (metrics.APPLIED, ...), given its pipeline, locked, and its stages."""
@@ -197,7 +199,7 @@ def _moved(
     fact: str,
     attempt: int,
     payload: events.Payload,
-    projected: repository.Projected,
+    projected: projection_locks.Projected,
 ) -> bool:
     """Move the event's stage on; False if the event is stale for it (its start may still be kept)."""
     pipeline, pipeline_id = projected.pipeline, projected.pipeline.id
@@ -233,7 +235,7 @@ def record(
     payload: events.Payload | None = None,
     *,
     occurred_at: dt.datetime | None = None,
-    projected: repository.Projected | None = None,
+    projected: projection_locks.Projected | None = None,
     writes: writes_.Writes | None = None,
     **details: Any,
 ) -> model.PipelineStatus:
@@ -258,9 +260,9 @@ def record(
         changes.update(error_code=code, error_message=pipeline.cancel_reason)
     reviewing, before = model.PipelineStatus.AWAITING_REVIEW, model.PipelineStatus(pipeline.status)
     if status is reviewing and before is not reviewing:  # a draft waits for a person: the deadline stands still
-        reviews.pause_deadline(writes.conn, pipeline.id)
+        repository.pause_deadline(writes.conn, pipeline.id)
     elif before is reviewing and status is not reviewing:
-        reviews.resume_deadline(writes.conn, pipeline.id)
+        repository.resume_deadline(writes.conn, pipeline.id)
     if status.terminal and not model.PipelineStatus(pipeline.status).terminal:
         changes["finished_at"] = repository.NOW
     writes.pipeline(pipeline.id, **changes)
@@ -318,4 +320,4 @@ def _stage_values(fact: str, payload: events.Payload) -> dict[str, Any]:
 def record_request(conn: sa.Connection, pipeline_id: uuid.UUID, env: envelope_.Envelope) -> None:
     """The first timeline entry, written with the request itself."""
     data = model.sse_data(None, "requested", None, model.PipelineStatus.PENDING, 0)
-    repository.append_timeline(conn, pipeline_id, env.id, env.type, data, env.time)
+    timeline_rows.append_timeline(conn, pipeline_id, env.id, env.type, data, env.time)

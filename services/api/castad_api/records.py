@@ -9,9 +9,27 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from typing import Any
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
 
 from castad_api import model
+
+T = TypeVar("T")
+
+
+def fields_of(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+
+def columns(table: sa.Table, cls: type[Any]) -> list[sa.Column[Any]]:
+    """The columns of `table` that the typed row `cls` holds, in its order."""
+    return [table.c[name] for name in fields_of(cls)]
+
+
+def typed(cls: type[T], row: Any, **converted: Any) -> T:
+    """A typed row from a row of SQL with a column named as each field of `cls`; `converted`: fields made typed."""
+    return cls(**{name: getattr(row, name) for name in fields_of(cls)} | converted)
 
 
 @dataclasses.dataclass(frozen=True)

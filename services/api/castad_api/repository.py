@@ -1,8 +1,17 @@
-"""The pipelines, their stages, attempts and timelines: every statement of the gateway on them.
+"""The pipelines, their stages and attempts: every statement of the gateway on them; where the others' are.
 
-The other aggregates keep their statements in modules of their own: dead letters in dead_letters.py, uploaded
-images in uploaded.py, keys in keys.py, webhooks in webhooks.py and webhook_secrets.py, usage and budgets in
-usage.py, brand kits in brands.py, reviews in reviews.py; retention.py deletes what outlived its retention of each.
+A reader's first stop for a statement, by the tables it reads or writes:
+- pipelines, stages, attempts: here (a pipeline's deadline standing still for a review too); a listing of
+  pipelines: listing.py; the projection's locked read: projection_locks.py, and its writes many at once: writes.py;
+- a pipeline's timeline entries: timeline_rows.py (what clients see of them: timeline.py);
+- drafts and decisions: reviews.py; webhook notices and their tries: webhooks.py; webhook secrets:
+  webhook_secrets.py;
+- dead letters and their actions: dead_letters.py; uploaded images: uploaded.py; upload buckets: upload_limits.py;
+- API keys and their creation counts: keys.py; the gateway's own keys: keyring.py; brand kits: brands.py;
+- usage, budgets and tenants' weights: usage.py;
+- the operator's numbers, read over all of them at once: stats.py.
+retention.py and the projection run no statement of their own: each deletion or write is its aggregate's
+(`forget_...` here, in timeline_rows.py, webhooks.py, dead_letters.py and uploaded.py).
 """
 
 from __future__ import annotations
@@ -11,21 +20,21 @@ import dataclasses
 import datetime as dt
 import functools
 import uuid
-from collections.abc import Collection, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from castad_contracts import events
-from castad_runtime import db, wakeups
+from castad_runtime import db
 from psycopg.types.json import Jsonb
+from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import model, records, tables
+from castad_api import model, records, tables, timeline_rows, webhooks
+from castad_api.records import columns, fields_of, typed
 
 pipelines = tables.pipelines
 stages = tables.stages
 attempts = tables.attempts
-timeline = tables.timeline
-PIPELINE_EVENTS_CHANNEL = "castad_pipeline_events"
 TERMINAL = [status.value for status in model.PipelineStatus if status.terminal]
 
 
@@ -36,37 +45,13 @@ class Created:
     new: bool
 
 
-T = TypeVar("T")
-
-
-def fields_of(cls: type[Any]) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(cls))
-
-
-def columns(table: sa.Table, cls: type[Any]) -> list[sa.Column[Any]]:
-    """The columns of `table` that the typed row `cls` holds, in its order."""
-    return [table.c[name] for name in fields_of(cls)]
-
-
-def typed(cls: type[T], row: Any, **converted: Any) -> T:
-    """A typed row from a row of SQL with a column named as each field of `cls`; `converted`: fields made typed."""
-    return cls(**{name: getattr(row, name) for name in fields_of(cls)} | converted)
-
-
-def _pipeline(row: Any) -> records.Pipeline:
+def pipeline_row(row: Any) -> records.Pipeline:
+    """A pipeline's typed row from a row of SQL with its columns."""
     return typed(records.Pipeline, row, status=model.PipelineStatus(row.status))
 
 
 def _stage(row: Any) -> records.Stage:
     return typed(records.Stage, row, status=model.StageStatus(row.status))
-
-
-def _locked(row: Any) -> records.Locked:
-    return typed(records.Locked, row, status=model.PipelineStatus(row.status))
-
-
-def _stage_applied(row: Any) -> records.StageApplied:
-    return typed(records.StageApplied, row, status=model.StageStatus(row.status))
 
 
 _CREATE_PIPELINE = """
@@ -149,12 +134,12 @@ def _one(pipeline_id: uuid.UUID, tenant: str | None) -> sa.Select[Any]:
 
 def lock_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline | None:
     row = conn.execute(_one(pipeline_id, tenant).with_for_update()).first()
-    return None if row is None else _pipeline(row)
+    return None if row is None else pipeline_row(row)
 
 
 def get_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, tenant: str | None = None) -> records.Pipeline | None:
     row = conn.execute(_one(pipeline_id, tenant)).first()
-    return None if row is None else _pipeline(row)
+    return None if row is None else pipeline_row(row)
 
 
 def remakes(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[uuid.UUID]]:
@@ -254,7 +239,7 @@ def artifacts(conn: sa.Connection, pipeline_id: uuid.UUID) -> dict[str, Any]:
 def overdue(conn: sa.Connection, limit: int) -> list[uuid.UUID]:
     """Pipelines past their deadline that no cancel was asked for yet, locked (others skip them).
 
-    Not one whose deadline stands still while a draft waits for a person (reviews.pause_deadline)."""
+    Not one whose deadline stands still while a draft waits for a person (pause_deadline)."""
     return list(
         conn.execute(
             sa.select(pipelines.c.id)
@@ -271,305 +256,27 @@ def overdue(conn: sa.Connection, limit: int) -> list[uuid.UUID]:
     )
 
 
+# While a draft waits for a person (AWAITING_REVIEW) the deadline stands still; the projection runs these in its
+# pipelined block.
+_PAUSE_DEADLINE = "UPDATE pipelines SET deadline_paused_at = now() WHERE id = %s AND deadline_paused_at IS NULL"
+# The deadline runs again, moved on by as long as it stood still.
+_RESUME_DEADLINE = """
+UPDATE pipelines SET deadline_at = deadline_at + (now() - deadline_paused_at), deadline_paused_at = NULL
+WHERE id = %s AND deadline_paused_at IS NOT NULL
+"""
+
+
+def pause_deadline(conn: sa.Connection, pipeline_id: uuid.UUID) -> None:
+    db.run(conn, _PAUSE_DEADLINE, (pipeline_id,))
+
+
+def resume_deadline(conn: sa.Connection, pipeline_id: uuid.UUID) -> None:
+    db.run(conn, _RESUME_DEADLINE, (pipeline_id,))
+
+
 def now(conn: sa.Connection) -> dt.datetime:
     """The database's clock, the one retention's deletions go by."""
     return conn.execute(sa.select(sa.func.now())).scalar_one()
-
-
-def append_timeline(
-    conn: sa.Connection,
-    pipeline_id: uuid.UUID,
-    event_id: uuid.UUID,
-    event_type: str,
-    data: dict[str, Any],
-    occurred_at: dt.datetime | None = None,
-) -> None:
-    """An entry of the pipeline's timeline.
-
-    `occurred_at` is the event's own time (default: now). The pipeline's event streams are woken once the
-    transaction committed.
-    """
-    db.run(conn, _APPEND_TIMELINE, (pipeline_id, event_id, event_type, Jsonb(data), occurred_at))
-    wakeups.after_commit(conn, PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
-
-
-# When an entry happened: the event's own time, or for entries older than that column when it was written.
-ENTRY_TIME = sa.func.coalesce(timeline.c.occurred_at, timeline.c.created_at).label("time")
-
-
-# An entry's number among its pipeline's entries (1, 2, ...): what clients see as its `seq`. Stable: every
-# entry of a pipeline is written with the pipeline's row locked (the projection, the operators' requests, the
-# dead letters' notes), so they commit in the order of their seqs, and none is deleted but with all the others.
-NUMBER = sa.func.row_number().over(order_by=timeline.c.seq).label("number")
-
-
-def timeline_after(conn: sa.Connection, pipeline_id: uuid.UUID, after: int, limit: int = 100) -> list[records.Entry]:
-    """The pipeline's entries after the one numbered `after`, each with its `number`.
-
-    Each also has its `seq` in the whole gateway, which is not shown to clients.
-    """
-    query = (
-        sa.select(timeline.c.seq, timeline.c.event_type, timeline.c.data, ENTRY_TIME, NUMBER)
-        .where(timeline.c.pipeline_id == pipeline_id)
-        .order_by(timeline.c.seq)
-        .offset(after)
-        .limit(limit)
-    )
-    return [typed(records.Entry, row) for row in conn.execute(query)]
-
-
-def count_entries(conn: sa.Connection, pipeline_id: uuid.UUID) -> int:
-    """How many entries the pipeline's timeline holds (the number of its newest)."""
-    counted = sa.select(sa.func.count()).select_from(timeline).where(timeline.c.pipeline_id == pipeline_id)
-    return int(conn.execute(counted).scalar_one())
-
-
-def newest_entry(conn: sa.Connection) -> int:
-    """The seq of the newest timeline entry (0: none yet)."""
-    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(timeline.c.seq), 0))).scalar_one())
-
-
-# The event listener's sweep (notifications.py), on a connection of its own: the newest seq, and which of the
-# pipelines with open streams have entries after a seq (by pipeline_events_by_pipeline, one probe each).
-NEWEST_ENTRY = "SELECT coalesce(max(seq), 0) FROM pipeline_events"
-PIPELINES_WITH_ENTRIES_AFTER = (
-    "SELECT DISTINCT pipeline_id::text FROM pipeline_events WHERE pipeline_id = ANY(%s::uuid[]) AND seq > %s"
-)
-
-
-def entries_of_all(
-    conn: sa.Connection,
-    after_seq: int,
-    limit: int,
-    tenant: str | None = None,
-    status: model.PipelineStatus | None = None,
-    stage: events.Stage | None = None,
-) -> list[records.Scanned]:
-    """The next `limit` timeline entries of every pipeline after `after_seq`, each with `shown`.
-
-    Whether it is the tenant's (None: anyone's) and matches the filters (its pipeline's status after it, its step),
-    and for those its pipeline's tenant and customer and the entry's number among its pipeline's entries. Every
-    entry is returned, so that a gap in the seqs shows.
-    """
-    scanned = (
-        sa.select(timeline.c.seq, timeline.c.pipeline_id, timeline.c.event_type, timeline.c.data, ENTRY_TIME)
-        .where(timeline.c.seq > after_seq)
-        .order_by(timeline.c.seq)
-        .limit(limit)
-        .subquery()
-    )
-    matches = [pipelines.c.id == scanned.c.pipeline_id]
-    if tenant is not None:
-        matches.append(pipelines.c.tenant == tenant)
-    if status is not None:
-        matches.append(scanned.c.data["pipeline_status"].astext == status.value)
-    if stage is not None:
-        matches.append(scanned.c.data["step"].astext == stage.value)
-    earlier = timeline.alias("earlier")
-    number = (
-        sa.select(sa.func.count())
-        .where(earlier.c.pipeline_id == scanned.c.pipeline_id, earlier.c.seq <= scanned.c.seq)
-        .scalar_subquery()
-    )
-    query = (
-        sa.select(
-            scanned,
-            pipelines.c.id.is_not(None).label("shown"),
-            sa.case((pipelines.c.id.is_not(None), number)).label("number"),
-            pipelines.c.tenant,
-            pipelines.c.brief["customer_name"].astext.label("customer_name"),
-            pipelines.c.brief["region"].astext.label("region"),
-        )
-        .select_from(scanned.outerjoin(pipelines, sa.and_(*matches)))
-        .order_by(scanned.c.seq)
-    )
-    return [typed(records.Scanned, row) for row in conn.execute(query)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Listing:
-    """What a listing of pipelines shows.
-
-    `after` is the (created_at, id) of the last row of the previous page; `search` a pipeline id, or a part of the
-    customer's name (see _named).
-    """
-
-    status: model.PipelineStatus | None = None
-    stage: events.Stage | None = None
-    after: tuple[dt.datetime, uuid.UUID] | None = None
-    tenant: str | None = None
-    search: str | uuid.UUID | None = None
-
-
-def list_pipelines(conn: sa.Connection, shown: Listing, limit: int) -> list[records.Pipeline]:
-    """The page of pipelines `shown` selects, newest first.
-
-    A name is looked for among the newest RECENT pipelines first (a frequent one fills the page there at once), and
-    only if they hold too few, among all its matches through the trigram index pipelines_customer_name: either way
-    the page is the newest matches, and no search reads more than RECENT rows or its matches.
-    """
-    if isinstance(shown.search, str):
-        rows = [_pipeline(row) for row in conn.execute(listing(shown, limit, within=RECENT))]
-        if len(rows) == limit:
-            return rows
-    return [_pipeline(row) for row in conn.execute(listing(shown, limit))]
-
-
-RECENT = 2000
-
-
-def listing(shown: Listing, limit: int, within: int | None = None) -> sa.Select[Any]:
-    """A statement of list_pipelines (bench/stats.py explains them).
-
-    With a name to search, among the newest `within` pipelines, or (None) among every match of the trigram index.
-    """
-    conditions = []
-    if shown.tenant is not None:
-        conditions.append(pipelines.c.tenant == shown.tenant)
-    if isinstance(shown.search, uuid.UUID):
-        conditions.append(pipelines.c.id == shown.search)
-    if shown.status is not None:
-        conditions.append(pipelines.c.status == shown.status.value)
-    if shown.stage is not None:
-        conditions.append(pipelines.c.current_stage == shown.stage.value)
-    if shown.after is not None:
-        conditions.append(sa.tuple_(pipelines.c.created_at, pipelines.c.id) < sa.tuple_(*shown.after))
-    newest = (pipelines.c.created_at.desc(), pipelines.c.id.desc())
-    search = shown.search
-    if not isinstance(search, str):
-        return sa.select(pipelines).where(*conditions).order_by(*newest).limit(limit)
-    if within is not None:
-        recent = sa.select(pipelines).where(*conditions).order_by(*newest).limit(within).subquery()
-        named = _named(recent.c.brief["customer_name"].astext, search)
-        return sa.select(recent).where(named).order_by(recent.c.created_at.desc(), recent.c.id.desc()).limit(limit)
-    # Every match through the trigram index, materialised: left to itself, the planner may read the listing
-    # index from the newest down instead, betting that matches are everywhere, and lose the bet on every row
-    # of the table when a tenant has none (names go with tenants: they are their customers).
-    matches = (
-        sa.select(pipelines.c.id, pipelines.c.created_at)
-        .where(_named(CUSTOMER_NAME, search), *conditions)
-        .cte("matches")
-        .prefix_with("MATERIALIZED")
-    )
-    page = sa.select(matches).order_by(matches.c.created_at.desc(), matches.c.id.desc()).limit(limit).subquery()
-    return (
-        sa.select(pipelines)
-        .join(page, page.c.id == pipelines.c.id)
-        .order_by(page.c.created_at.desc(), page.c.id.desc())
-    )
-
-
-CUSTOMER_NAME = pipelines.c.brief["customer_name"].astext  # the expression of the index pipelines_customer_name
-TRIGRAM = 3
-
-
-def _named(name: sa.ColumnElement[str], search: str) -> sa.ColumnElement[bool]:
-    """Names that hold `search` (any case), or, shorter than a trigram, have a word that starts with it.
-
-    A trigram index finds both (ILIKE on the indexed expression itself, never wrapped in lower()).
-    """
-    escaped = search.replace("/", "//").replace("%", "/%").replace("_", "/_")
-    if len(search) >= TRIGRAM:
-        return name.ilike(f"%{escaped}%", escape="/")
-    return sa.or_(name.ilike(f"{escaped}%", escape="/"), name.ilike(f"% {escaped}%", escape="/"))
-
-
-_APPEND_TIMELINE = """
-INSERT INTO pipeline_events (pipeline_id, event_id, event_type, data, occurred_at)
-VALUES (%s, %s, %s, %s, coalesce(%s, now()))
-"""
-
-
-# -- The projection's hot path, as plain SQL (castad_runtime.db.run): a few statements per event ------------
-
-_LOCK_PROJECTED = """
-SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
-       tenant, remade_from
-FROM pipelines WHERE id = %s FOR UPDATE
-"""
-# Read once the pipeline is locked, by a statement of its own: a statement that waited for the lock still
-# sees what it read as it was before (READ COMMITTED), so one that read the stages with the lock would miss
-# what the transaction it waited for wrote.
-_PROJECTED_STAGES = """
-SELECT stage, status, rank, attempt, step, floor_attempt, operation, artifact, started_at FROM pipeline_stages
-WHERE pipeline_id = %s
-"""
-
-
-@dataclasses.dataclass
-class Projected:
-    """A pipeline locked for its projection, with what its stages have applied so far."""
-
-    pipeline: records.Locked
-    stages: dict[events.Stage, records.StageApplied]
-
-    def applied(self, stage: events.Stage) -> model.Applied | None:
-        row = self.stages.get(stage)
-        return None if row is None else row.applied
-
-    def statuses(self) -> dict[events.Stage, model.StageStatus]:
-        return {stage: row.status for stage, row in self.stages.items()}
-
-    def artifacts(self) -> dict[str, Any]:
-        return {stage.value: row.artifact for stage, row in self.stages.items() if row.artifact is not None}
-
-    def saved(self, stage: events.Stage, pos: model.Position, values: dict[str, Any]) -> None:
-        """What `save_stage` wrote (a new row has its columns' defaults), for the next event of the transaction."""
-        kept = {name: value for name, value in values.items() if name in _STAGE_APPLIED}
-        kept.update(status=model.StageStatus(values["status"]), rank=pos[0], attempt=pos[1], step=pos[2])
-        row = self.stages.get(stage)
-        self.stages[stage] = records.StageApplied(**kept) if row is None else dataclasses.replace(row, **kept)
-
-    def updated(self, changes: dict[str, Any]) -> None:
-        """What `update_pipeline` wrote to the row, for the next event of the same transaction."""
-        kept = {name: value for name, value in changes.items() if name in _LOCKED}
-        if "status" in kept:
-            kept["status"] = model.PipelineStatus(kept["status"])
-        self.pipeline = dataclasses.replace(self.pipeline, **kept)
-
-
-_LOCKED = frozenset(fields_of(records.Locked))
-_STAGE_APPLIED = frozenset(fields_of(records.StageApplied))
-
-
-def lock_projected(conn: sa.Connection, pipeline_id: uuid.UUID) -> Projected | None:
-    """The pipeline, locked, with its stages, in one round trip.
-
-    Both statements are sent before either answer is read (`db.pipelined`).
-    """
-    locked = db.run(conn, _LOCK_PROJECTED, (pipeline_id,))
-    stages = db.run(conn, _PROJECTED_STAGES, (pipeline_id,))
-    row = locked.fetchone()
-    if row is None:
-        return None
-    return Projected(_locked(row), {events.Stage(stage.stage): _stage_applied(stage) for stage in stages.fetchall()})
-
-
-_LOCK_ALL_PROJECTED = """
-SELECT id, status, operations, cancel_requested_at, cancel_reason, error_code, error_message, callback_url,
-       tenant, remade_from
-FROM pipelines WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED
-"""
-_ALL_PROJECTED_STAGES = """
-SELECT pipeline_id, stage, status, rank, attempt, step, floor_attempt, operation, artifact, started_at
-FROM pipeline_stages WHERE pipeline_id = ANY(%s)
-"""
-
-
-def lock_all_projected(conn: sa.Connection, pipeline_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, Projected]:
-    """`lock_projected` of several pipelines, leaving out any another transaction holds.
-
-    Two statements, sent together in `db.pipelined`, without waiting: a pipeline another transaction holds is left
-    out, as is one not found.
-    """
-    ids = sorted(set(pipeline_ids))
-    locked = db.run(conn, _LOCK_ALL_PROJECTED, (ids,), prepare=db.REPLAN)
-    stages = db.run(conn, _ALL_PROJECTED_STAGES, (ids,), prepare=db.REPLAN)
-    found = {row.id: Projected(_locked(row), {}) for row in locked.fetchall()}
-    for stage in stages.fetchall():
-        if (projected := found.get(stage.pipeline_id)) is not None:
-            projected.stages[events.Stage(stage.stage)] = _stage_applied(stage)
-    return found
 
 
 _CANCELED = model.AttemptOutcome.CANCELED.value
@@ -671,3 +378,38 @@ def update_pipeline(conn: sa.Connection, pipeline_id: uuid.UUID, **values: Any) 
     now = frozenset(column for column, value in values.items() if value is NOW)
     params = {column: value for column, value in values.items() if value is not NOW}
     db.run(conn, _pipeline_update(tuple(sorted(values)), now), {"id": pipeline_id, **params})
+
+
+# -- Retention's (retention.py) -----------------------------------------------------------------------------------
+
+
+def forget_ended(conn: sa.Connection, older_than_s: float, limit: int) -> int:
+    """Delete up to `limit` pipelines that ended more than `older_than_s` ago; how many.
+
+    Each goes with everything that refers to it, but for those with a notice still being tried.
+    """
+    ended = sa.select(pipelines.c.id).where(sa.text(f"pipelines.{tables.ENDED}"), ~webhooks.being_tried(pipelines.c.id))
+    doomed = list(conn.execute(db.expired(ended, pipelines.c.finished_at, older_than_s, limit)).scalars())
+    if doomed:
+        webhooks.forget(conn, doomed)
+        timeline_rows.forget(conn, doomed)
+        conn.execute(attempts.delete().where(attempts.c.pipeline_id.in_(doomed)))
+        conn.execute(stages.delete().where(stages.c.pipeline_id.in_(doomed)))
+        conn.execute(pipelines.delete().where(pipelines.c.id.in_(doomed)))
+    return len(doomed)
+
+
+def naming_images(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of the images a pipeline's brief names, as a photo or as its brand's logo.
+
+    One look-up of the index pipelines_photos an image, OR-ed: a check correlated with each image is planned as a
+    scan of every pipeline. The logos by the index pipelines_brand_logo.
+    """
+    has_photos = pipelines.c.brief.has_key(sa.literal_column(f"'{tables.PHOTOS}'"))  # a constant: the index's predicate
+    each = [tables.PHOTOS_OF.op("@>")(sa.literal([{"id": str(i)}], pg.JSONB)) for i in image_ids]
+    found = conn.execute(sa.select(tables.PHOTOS_OF).where(has_photos, sa.or_(*each))).scalars()
+    wanted = {str(i) for i in image_ids}
+    named = {uuid.UUID(photo["id"]) for photos in found for photo in photos if photo.get("id") in wanted}
+    has_brand = pipelines.c.brief.has_key(sa.literal_column("'brand'"))
+    logos = sa.select(tables.LOGO_OF).where(has_brand, tables.LOGO_OF.in_(wanted))
+    return named | {uuid.UUID(logo) for logo in conn.execute(logos).scalars()}

@@ -42,11 +42,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 import sqlalchemy as sa
-from castad_runtime import artifacts, db, settings
+from castad_runtime import artifacts, settings
 from castad_runtime import retention as runtime_retention
-from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import dead_letters, keys, tables, upload_limits, uploaded
+from castad_api import brands, dead_letters, keys, repository, timeline_rows, upload_limits, uploaded
 
 MARGIN_S = 3600.0
 PIPELINE_ROWS = 14  # a pipeline, its stages and their attempts, its notices and their tries, about
@@ -124,11 +123,13 @@ def steps(
     step = runtime_retention.statement_step
     return [
         *runtime_retention.shared_steps(engine, config),
-        step("timeline entries", engine, lambda conn, limit: forget_timelines(conn, policy.timeline_s, limit)),
+        step(
+            "timeline entries", engine, lambda conn, limit: timeline_rows.forget_ended(conn, policy.timeline_s, limit)
+        ),
         step(
             "pipelines",
             engine,
-            lambda conn, limit: forget_pipelines(conn, policy.pipelines_s, limit),
+            lambda conn, limit: repository.forget_ended(conn, policy.pipelines_s, limit),
             rows_each=PIPELINE_ROWS,
         ),
         step(
@@ -157,39 +158,6 @@ def steps(
     ]
 
 
-def forget_timelines(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` timeline entries of pipelines that ended more than `older_than_s` ago; how many."""
-    p, t = tables.pipelines, tables.timeline
-    ended = (
-        sa.select(t.c.seq)
-        .join(p, p.c.id == t.c.pipeline_id)
-        .where(sa.text(f"pipelines.{tables.ENDED}"), p.c.finished_at < db.seconds_from_now(-older_than_s))
-    )
-    doomed = db.expired(ended, t.c.created_at, older_than_s, limit)
-    return conn.execute(t.delete().where(t.c.seq.in_(doomed.scalar_subquery()))).rowcount
-
-
-def forget_pipelines(conn: sa.Connection, older_than_s: float, limit: int) -> int:
-    """Delete up to `limit` pipelines that ended more than `older_than_s` ago; how many.
-
-    Each goes with everything that refers to it, but for those with a notice still being tried.
-    """
-    p, deliveries = tables.pipelines, tables.webhook_deliveries
-    pending = sa.exists().where(deliveries.c.pipeline_id == p.c.id, deliveries.c.status == "pending")
-    ended = sa.select(p.c.id).where(sa.text(f"pipelines.{tables.ENDED}"), ~pending)
-    doomed = list(conn.execute(db.expired(ended, p.c.finished_at, older_than_s, limit)).scalars())
-    if doomed:
-        tries = tables.webhook_attempts
-        notices = sa.select(deliveries.c.id).where(deliveries.c.pipeline_id.in_(doomed))
-        conn.execute(tries.delete().where(tries.c.delivery_id.in_(notices)))
-        conn.execute(deliveries.delete().where(deliveries.c.pipeline_id.in_(doomed)))
-        conn.execute(tables.timeline.delete().where(tables.timeline.c.pipeline_id.in_(doomed)))
-        conn.execute(tables.attempts.delete().where(tables.attempts.c.pipeline_id.in_(doomed)))
-        conn.execute(tables.stages.delete().where(tables.stages.c.pipeline_id.in_(doomed)))
-        conn.execute(p.delete().where(p.c.id.in_(doomed)))
-    return len(doomed)
-
-
 def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_s: float, limit: int) -> int:
     """Deal with up to `limit` images last uploaded, or last found named, more than `older_than_s` ago.
 
@@ -199,19 +167,18 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
     every round). How many it dealt with. A store that fails stops the batch: the images deleted before are recorded
     deleted, the others are found again (the next round chooses them again), then its error is raised.
     """
-    i = tables.images
     with runtime_retention.transaction(engine) as conn:
-        locked = list(conn.execute(db.expired(sa.select(i.c.id), i.c.uploaded_at, older_than_s, limit)).scalars())
+        locked = uploaded.lock_expired(conn, older_than_s, limit)
         if not locked:
             return 0
         # Named or not, asked now that they are locked: this statement's snapshot sees every pipeline committed
         # before the locks were taken.
         kept = named_among(conn, locked)
         if kept:
-            conn.execute(i.update().where(i.c.id.in_(kept)).values(uploaded_at=sa.func.now()))
+            uploaded.found_named(conn, kept)
         doomed = [row for row in uploaded.get_images(conn, locked) if row.id not in kept]
         if doomed:
-            conn.execute(i.update().where(i.c.id.in_([row.id for row in doomed])).values(deleting_since=sa.func.now()))
+            uploaded.choose_to_delete(conn, [row.id for row in doomed])
     gone: list[uuid.UUID] = []  # files deleted; the last of them, from `recorded` on, with their rows still there
     recorded = 0
     try:
@@ -223,8 +190,7 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
                 recorded = len(gone)
     except BaseException:
         with runtime_retention.transaction(engine) as conn:
-            left = [row.id for row in doomed[len(gone) :]]
-            conn.execute(i.update().where(i.c.id.in_(left)).values(deleting_since=None))
+            uploaded.unchoose(conn, [row.id for row in doomed[len(gone) :]])
         _forget_deleted(engine, gone[recorded:])
         raise
     return len(kept) + len(gone)
@@ -232,27 +198,10 @@ def forget_images(engine: sa.Engine, store: artifacts.ArtifactStore, older_than_
 
 def _forget_deleted(engine: sa.Engine, image_ids: list[uuid.UUID]) -> None:
     """Delete the records of images whose files are gone."""
-    i = tables.images
     with runtime_retention.transaction(engine) as conn:
-        conn.execute(i.delete().where(i.c.id.in_(image_ids), i.c.deleting_since.is_not(None)))
+        uploaded.forget_deleted(conn, image_ids)
 
 
 def named_among(conn: sa.Connection, image_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-    """Those of the images a pipeline's brief names, as a photo or as its brand's logo, or a brand kit shows.
-
-    One look-up of the index pipelines_photos an image, OR-ed: a check correlated with each image is planned as a
-    scan of every pipeline. The logos by the indexes pipelines_brand_logo and brand_kits_logo.
-    """
-    p = tables.pipelines
-    has_photos = p.c.brief.has_key(sa.literal_column(f"'{tables.PHOTOS}'"))  # a constant: the index's predicate
-    each = [tables.PHOTOS_OF.op("@>")(sa.literal([{"id": str(i)}], pg.JSONB)) for i in image_ids]
-    found = conn.execute(sa.select(tables.PHOTOS_OF).where(has_photos, sa.or_(*each))).scalars()
-    wanted = {str(i) for i in image_ids}
-    named = {uuid.UUID(photo["id"]) for photos in found for photo in photos if photo.get("id") in wanted}
-    has_brand = p.c.brief.has_key(sa.literal_column("'brand'"))
-    named |= {
-        uuid.UUID(logo)
-        for logo in conn.execute(sa.select(tables.LOGO_OF).where(has_brand, tables.LOGO_OF.in_(wanted))).scalars()
-    }
-    kits = tables.brand_kits
-    return named | set(conn.execute(sa.select(kits.c.logo).where(kits.c.logo.in_(list(image_ids)))).scalars())
+    """Those of the images a pipeline's brief names, as a photo or as its brand's logo, or a brand kit shows."""
+    return repository.naming_images(conn, image_ids) | brands.showing(conn, image_ids)

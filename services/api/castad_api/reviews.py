@@ -4,8 +4,8 @@ The stage that drafted owns the wait (castad_runtime.stage.reviews). The gateway
 
 - records each draft as its projection applies `<stage>.drafted` (`drafted`), and its timeout
   (`<stage>.review_expired`, `expired`);
-- stops the pipeline's deadline while it is AWAITING_REVIEW and moves it on by as long after (`pause_deadline`,
-  `resume_deadline`, from the projection's `record`);
+- stops the pipeline's deadline while it is AWAITING_REVIEW and moves it on by as long after (repository.pause_deadline,
+  resume_deadline, from the projection's `record`);
 - takes one decision on the current draft until its review times out (decisions.decide, POST
   /v1/pipelines/{id}/review or a signed link of its notice), recorded with the acting key (`decided`) and carried
   to the stage as `pipeline.review_decided` through its outbox;
@@ -97,12 +97,6 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (draft_id) DO NOTHING
 """
 # The stage said the draft's review timed out: settled by decisions.settle_timed_out, unless a decision was taken.
 _EXPIRED = "UPDATE pipeline_reviews SET expired_at = %s WHERE draft_id = %s AND expired_at IS NULL"
-_PAUSE_DEADLINE = "UPDATE pipelines SET deadline_paused_at = now() WHERE id = %s AND deadline_paused_at IS NULL"
-# The deadline runs again, moved on by as long as it stood still.
-_RESUME_DEADLINE = """
-UPDATE pipelines SET deadline_at = deadline_at + (now() - deadline_paused_at), deadline_paused_at = NULL
-WHERE id = %s AND deadline_paused_at IS NOT NULL
-"""
 
 
 def drafted(conn: sa.Connection, pipeline_id: uuid.UUID, payload: events.LyricDrafted) -> None:
@@ -123,14 +117,6 @@ def drafted(conn: sa.Connection, pipeline_id: uuid.UUID, payload: events.LyricDr
 
 def expired(conn: sa.Connection, payload: events.StageReviewExpired) -> None:
     db.run(conn, _EXPIRED, (payload.expired_at, uuid.UUID(payload.draft_id)))
-
-
-def pause_deadline(conn: sa.Connection, pipeline_id: uuid.UUID) -> None:
-    db.run(conn, _PAUSE_DEADLINE, (pipeline_id,))
-
-
-def resume_deadline(conn: sa.Connection, pipeline_id: uuid.UUID) -> None:
-    db.run(conn, _RESUME_DEADLINE, (pipeline_id,))
 
 
 def current(conn: sa.Connection, pipeline_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Draft]:

@@ -111,7 +111,7 @@ def build(
 
 
 def firehose_entry(row: records.Scanned, viewer: disclosure.Viewer = disclosure.INTERNAL) -> api.FirehoseEntry:
-    """An entry of the stream of every pipeline (a row of repository.entries_of_all)."""
+    """An entry of the stream of every pipeline (a row of timeline_rows.entries_of_all)."""
     pipeline_id = str(row.pipeline_id)
     return api.FirehoseEntry.model_validate(
         {

@@ -19,7 +19,7 @@ import dataclasses
 import sqlalchemy as sa
 from castad_runtime import db
 
-from castad_api import errors, tables
+from castad_api import errors, tables, uploaded
 
 _TAKE = """
 INSERT INTO image_upload_buckets AS b (tenant, tokens, at) VALUES (%(tenant)s, %(burst)s - 1, now())
@@ -74,13 +74,7 @@ def check_room(conn: sa.Connection, tenant: str, sha256: str, size: int, limits:
     transaction ends.
     """
     conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtextextended(f"images/{tenant}", 0))))
-    i = tables.images
-    held = conn.execute(
-        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(i.c.size), 0)).where(
-            i.c.tenant == tenant, i.c.sha256 != sha256
-        )
-    ).one()
-    count, total = int(held[0]), int(held[1])
+    count, total = uploaded.held(conn, tenant, besides=sha256)
     if count + 1 > limits.max_images:
         raise errors.Full(
             f"this tenant holds {count} images, as many as it may (CASTAD_API_IMAGE_MAX_PER_TENANT); an image no"

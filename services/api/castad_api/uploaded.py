@@ -8,10 +8,11 @@ from collections.abc import Collection
 import sqlalchemy as sa
 from castad_contracts import brief, events
 from castad_runtime import artifacts as artifacts_
+from castad_runtime import db
 from sqlalchemy.dialects import postgresql as pg
 
 from castad_api import records, tables
-from castad_api.repository import columns, typed
+from castad_api.records import columns, typed
 
 images = tables.images
 IMAGE_COLUMNS = columns(images, records.Image)
@@ -110,3 +111,41 @@ def tenant_images(conn: sa.Connection, image_ids: Collection[uuid.UUID], tenant:
         .with_for_update(read=True, key_share=True)
     )
     return {row.id: typed(records.Image, row) for row in conn.execute(query)}
+
+
+def held(conn: sa.Connection, tenant: str, besides: str) -> tuple[int, int]:
+    """How many images the tenant holds, and their bytes, but those of the bytes whose SHA-256 is `besides`."""
+    count, total = conn.execute(
+        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(images.c.size), 0)).where(
+            images.c.tenant == tenant, images.c.sha256 != besides
+        )
+    ).one()
+    return int(count), int(total)
+
+
+# -- Retention's (retention.forget_images) ------------------------------------------------------------------------
+
+
+def lock_expired(conn: sa.Connection, older_than_s: float, limit: int) -> list[uuid.UUID]:
+    """Up to `limit` images last uploaded, or last found named, more than `older_than_s` ago, locked."""
+    return list(conn.execute(db.expired(sa.select(images.c.id), images.c.uploaded_at, older_than_s, limit)).scalars())
+
+
+def found_named(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> None:
+    """Move these images as far off retention as an upload would: a pipeline or a kit names them."""
+    conn.execute(images.update().where(images.c.id.in_(image_ids)).values(uploaded_at=sa.func.now()))
+
+
+def choose_to_delete(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> None:
+    """Mark these images chosen for deletion: none is found from this transaction's commit on."""
+    conn.execute(images.update().where(images.c.id.in_(image_ids)).values(deleting_since=sa.func.now()))
+
+
+def unchoose(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> None:
+    """Found again: these images' files were not deleted after all."""
+    conn.execute(images.update().where(images.c.id.in_(image_ids)).values(deleting_since=None))
+
+
+def forget_deleted(conn: sa.Connection, image_ids: Collection[uuid.UUID]) -> None:
+    """Delete the records of these images chosen for deletion, whose files are gone."""
+    conn.execute(images.delete().where(images.c.id.in_(image_ids), images.c.deleting_since.is_not(None)))

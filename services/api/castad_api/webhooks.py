@@ -244,7 +244,7 @@ def settle(conn: sa.Connection, delivery_id: uuid.UUID, attempts: int, values: d
     conn.execute(webhook_deliveries.update().where(mine).values(**values))
 
 
-# -- Retention's (retention.py, through repository.forget_pipelines) -----------------------------------------
+# -- Retention's (retention.py, through repository.forget_ended) -----------------------------------------
 
 
 def being_tried(pipeline_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:

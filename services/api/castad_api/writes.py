@@ -25,7 +25,7 @@ from castad_runtime import db, wakeups
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql as pg
 
-from castad_api import model, repository, tables
+from castad_api import model, repository, tables, timeline_rows
 from castad_api import usage as usage_
 
 _CANCELED = model.AttemptOutcome.CANCELED.value
@@ -55,7 +55,7 @@ class Writes:
         data: dict[str, Any],
         occurred_at: dt.datetime | None,
     ) -> None:
-        repository.append_timeline(self.conn, pipeline_id, event_id, event_type, data, occurred_at)
+        timeline_rows.append_timeline(self.conn, pipeline_id, event_id, event_type, data, occurred_at)
 
     def usage(self, tenant: str, day: dt.date, amounts: dict[api.Meter, float]) -> None:
         usage_.add(self.conn, [(tenant, day, meter, amount) for meter, amount in amounts.items()])
@@ -158,7 +158,7 @@ class Merged(Writes):
         if self._timeline:
             db.run(self.conn, _APPEND_ALL_TIMELINE, [_records(self._timeline)])
             for pipeline_id in dict.fromkeys(entry["pipeline_id"] for entry in self._timeline):
-                wakeups.after_commit(self.conn, repository.PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
+                wakeups.after_commit(self.conn, timeline_rows.PIPELINE_EVENTS_CHANNEL, str(pipeline_id))
 
 
 def _json_value(value: Any) -> Any:

@@ -24,12 +24,14 @@ from castad_api import (
     disclosure,
     errors,
     keys,
+    listing,
     model,
     records,
     repository,
     reviews,
     streams,
     timeline,
+    timeline_rows,
 )
 from castad_api.deps import Gateway, GatewayDep, Reader
 from castad_api.routes import downloads
@@ -158,8 +160,8 @@ def list_pipelines(
     limit = min(limit, gw.config.page_size_max)
     after = _decode_cursor(cursor) if cursor else None
     with gw.engine.connect() as conn:
-        shown = repository.Listing(status_, stage, after, who.tenant_filter(), _search(q))
-        rows = repository.list_pipelines(conn, shown, limit + 1)
+        shown = listing.Listing(status_, stage, after, who.tenant_filter(), _search(q))
+        rows = listing.list_pipelines(conn, shown, limit + 1)
         page = rows[:limit]
         stage_rows = repository.get_stages(conn, [row.id for row in page])
         drafts = reviews.current(conn, [row.id for row in page if row.review])
@@ -219,7 +221,7 @@ def _resumable(engine: sa.Engine, pipeline_id: uuid.UUID, after: int) -> int:
     none.
     """
     with engine.connect() as conn:
-        return after if after <= repository.count_entries(conn, pipeline_id) else 0
+        return after if after <= timeline_rows.count_entries(conn, pipeline_id) else 0
 
 
 def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, viewer: disclosure.Viewer, after: int) -> streams.Batch[int]:
@@ -231,7 +233,7 @@ def _progress(engine: sa.Engine, pipeline_id: uuid.UUID, viewer: disclosure.View
     with engine.connect() as conn:
         row = repository.get_pipeline(conn, pipeline_id)
         terminal = row is not None and model.PipelineStatus(row.status).terminal
-        rows = repository.timeline_after(conn, pipeline_id, after)
+        rows = timeline_rows.timeline_after(conn, pipeline_id, after)
     messages = [
         {
             "id": str(row.number),

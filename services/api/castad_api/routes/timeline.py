@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from sse_starlette.sse import EventSourceResponse
 
-from castad_api import deps, disclosure, errors, model, notifications, repository, streams, timeline
+from castad_api import deps, disclosure, errors, model, notifications, repository, streams, timeline, timeline_rows
 from castad_api.deps import GatewayDep, Reader
 from castad_api.routes import common
 
@@ -48,7 +48,7 @@ def pipeline_timeline(
         pipeline = repository.get_pipeline(conn, pipeline_id, who.tenant_filter())
         if pipeline is None:
             raise errors.NotFound(f"no pipeline {pipeline_id}")
-        rows = repository.timeline_after(conn, pipeline_id, after, limit + 1)
+        rows = timeline_rows.timeline_after(conn, pipeline_id, after, limit + 1)
         attempts = repository.pipeline_attempts(conn, pipeline_id)
     links = common.links(str(pipeline_id))
     more = len(rows) > limit
@@ -96,7 +96,7 @@ async def every_pipeline_events(
 
 def _newest(engine: sa.Engine) -> int:
     with engine.connect() as conn:
-        return repository.newest_entry(conn)
+        return timeline_rows.newest_entry(conn)
 
 
 def entries_after(
@@ -112,7 +112,7 @@ def entries_after(
     gap in the entries' seqs still waited for.
     """
     with engine.connect() as conn:
-        rows = repository.entries_of_all(conn, position.after, SCAN, viewer.tenant, status, stage)
+        rows = timeline_rows.entries_of_all(conn, position.after, SCAN, viewer.tenant, status, stage)
     settled = timeline.settle(position, [row.seq for row in rows], time.monotonic(), GAP_WAIT_S)
     messages = [
         {"id": viewer.cursor(row.seq), "event": "entry", "data": timeline.firehose_entry(row, viewer).model_dump_json()}
