@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
-from castad_api import keys, operations, tables
+from castad_api import creation, keys, tables
 from castad_runtime import tables as runtime_tables
 
 from tests.integration.gateway import make_key
@@ -55,7 +55,7 @@ def test_a_key_whose_minute_is_used_up_is_refused_before_any_work(engines, api, 
     def no_work(*args: object, **kwargs: object) -> None:
         raise AssertionError("a creation over the limit got as far as creating")
 
-    monkeypatch.setattr(operations, "create", no_work)
+    monkeypatch.setattr(creation, "create", no_work)
     answer = client.post("/v1/pipelines", json=BRIEF, headers={"Idempotency-Key": str(uuid.uuid4())})
 
     assert answer.status_code == 429, answer.text
