@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := libs/contracts libs/runtime libs/cli libs/testkit libs/faults services/api services/relay services/lyric services/song services/video infra/local
+PACKAGES := libs/contracts libs/runtime libs/cli libs/testkit libs/faults services/api services/relay services/lyric services/song services/video infra/local infra/docs bench
 PYTHON_DIRS := libs services infra/local infra/docs tests bench
 # pytest-xdist workers of make test: one runs the end-to-end tests in turn, the others the rest beside it.
 TEST_WORKERS ?= 4

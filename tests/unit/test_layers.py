@@ -3,7 +3,7 @@
 The picture, bottom to top: the contracts (the wire format) import nothing of Castad's; the runtime builds on
 the contracts; each service and the command line build on those two and never on each other (the saga moves by
 events, not calls); the local tooling wires every service together; the test kit, the fault harness and the
-benchmarks sit on top, and nothing in the product imports them.
+benchmarks sit on top (the tests above all), and nothing in the product imports them.
 """
 
 import ast
@@ -22,16 +22,18 @@ BELOW: dict[str, set[str]] = {
     "castad_cli": {"castad_contracts"},
     **{service: PRODUCT for service in SERVICES},
     "castad_local": PRODUCT | SERVICES | {"castad_cli"},
+    "castad_testkit": PRODUCT | {"castad_local"},
+    "castad_faults": PRODUCT | SERVICES | {"castad_local", "castad_testkit"},
 }
-CASTAD = set(BELOW) | {"castad_testkit", "castad_faults", "bench", "tests"}
+CASTAD = set(BELOW) | {"bench", "tests"}
 
 
 def _package_roots() -> dict[str, pathlib.Path]:
-    """Return each package's folder, found by its name under libs/, services/ and infra/."""
-    roots = {}
+    """Return each package's folder, found by its name under libs/, services/ and infra/, and the benchmarks'."""
+    roots = {"bench": ROOT / "bench"}
     for parent in ("libs", "services", "infra"):
         for folder in (ROOT / parent).glob("*/castad_*"):
-            if folder.is_dir():
+            if (folder / "__init__.py").is_file():
                 roots[folder.name] = folder
     return roots
 
@@ -47,9 +49,13 @@ def _imported(path: pathlib.Path) -> set[str]:
     return names
 
 
-def test_every_package_of_the_product_has_its_place_in_the_picture() -> None:
-    product = {name for name in _package_roots() if name not in {"castad_testkit", "castad_faults"}}
-    assert product == set(BELOW)
+def test_every_package_has_its_place_in_the_picture() -> None:
+    assert set(_package_roots()) == set(BELOW) | {"bench"}
+
+
+def test_the_benchmarks_import_anything_but_the_tests() -> None:
+    reaching = {f"{path.relative_to(ROOT)}" for path in (ROOT / "bench").rglob("*.py") if "tests" in _imported(path)}
+    assert not reaching, sorted(reaching)
 
 
 @pytest.mark.parametrize("package", sorted(BELOW))
