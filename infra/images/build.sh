@@ -12,7 +12,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 SERVICES=("$@")
-[ ${#SERVICES[@]} -gt 0 ] || SERVICES=(api relay lyric song video)
 WORK=var/images
 ROOTFS_PACKAGES=python3,python3-venv,tini,ca-certificates,fonts-nanum,fonts-noto-cjk,libespeak-ng1
 # Tagged by its package list, so a changed list makes a new root filesystem.
@@ -36,6 +35,9 @@ UV_VERSION=$(sed -n 's/^required-version = "==\(.*\)"$/\1/p' pyproject.toml)
 UV=var/tools/uv-$UV_VERSION/bin/uv
 PIP=var/tools/uv-$UV_VERSION/bin/pip
 [ -x "$UV" ] || die "run make setup first (it installs uv $UV_VERSION into var/tools)"
+# Every service, named where the topology names them (the contracts), when none is named on the command line.
+[ ${#SERVICES[@]} -gt 0 ] \
+  || read -ra SERVICES <<<"$(.venv/bin/python -c 'from castad_contracts import topology; print(*topology.SERVICES)')"
 
 # 1. The root filesystem.
 if [ "${REBUILD_ROOTFS:-0}" = 1 ] || ! podman image exists "$ROOTFS_IMAGE"; then
