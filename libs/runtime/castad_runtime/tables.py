@@ -27,11 +27,16 @@ def sql_strings(values: Iterable[str]) -> str:
     return "(" + ", ".join(f"'{value}'" for value in values) + ")"
 
 
+def job_statuses(statuses: frozenset[machine.Status]) -> str:
+    """Return the stage machine's `statuses` as SQL's list, in the order the machine declares them."""
+    return sql_strings(status for status in machine.Status if status in statuses)
+
+
 # Retention's predicates (castad_runtime.retention), written once for its partial indexes and its queries alike,
 # so that the planner sees the index's own predicate in the query.
-CLAIMABLE_JOB = "status IN ('PENDING', 'RETRY_WAIT') OR (status = 'AWAITING' AND due_at <= submitted_at)"
+CLAIMABLE_JOB = f"status IN {job_statuses(machine.NEW_ATTEMPT)} OR (status = 'AWAITING' AND due_at <= submitted_at)"
 PROBED_JOB = "status = 'AWAITING' AND due_at > submitted_at"
-FINISHED_JOB = f"status IN {sql_strings(status for status in machine.Status if status.terminal)}"
+FINISHED_JOB = f"status IN {job_statuses(machine.TERMINAL)}"
 UNSWEPT_JOB = "(artifacts_swept_at IS NULL OR artifacts_swept_at < finished_at)"  # files not deleted since it ended
 
 outbox = sa.Table(
@@ -158,11 +163,9 @@ jobs = sa.Table(
     sa.Column("finished_at", TZ),
     # When retention last deleted the stage's files of this job; earlier than finished_at: it ended again since.
     sa.Column("artifacts_swept_at", TZ),
-    sa.Index("jobs_due", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")),
+    sa.Index("jobs_due", "due_at", postgresql_where=sa.text(f"status IN {job_statuses(machine.CLAIMABLE)}")),
     sa.Index("jobs_review_due", "due_at", postgresql_where=sa.text("status = 'REVIEW'")),
-    sa.Index(
-        "jobs_fair", "tenant", "due_at", postgresql_where=sa.text("status IN ('PENDING', 'RETRY_WAIT', 'AWAITING')")
-    ),
+    sa.Index("jobs_fair", "tenant", "due_at", postgresql_where=sa.text(f"status IN {job_statuses(machine.CLAIMABLE)}")),
     # While a prober polls the jobs waiting at a provider (castad_runtime.stage.probes): what a claim takes, and
     # what the prober asks about (castad_runtime.stage.repository: claiming.READY, polls.CLAIM_PROBES).
     sa.Index("jobs_claimable", "due_at", postgresql_where=sa.text(CLAIMABLE_JOB)),
