@@ -7,6 +7,7 @@ themselves: no inline script or style, and no data ever put into the page as HTM
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import re
 
@@ -14,6 +15,7 @@ import httpx
 import sqlalchemy as sa
 from castad_api import app, deps, notifications, settings
 from castad_api.routes import console as console_routes
+from castad_contracts import topology
 from castad_runtime.artifacts import volume
 
 FILES = console_routes.FILES
@@ -82,3 +84,15 @@ def test_no_script_or_style_is_inline_and_no_data_reaches_the_page_as_html():
     page = (FILES / "index.html").read_text()
     assert re.findall(r"<script(?![^>]*\bsrc=)", page) == []  # every script comes from a file
     assert re.findall(r"\sstyle=|\son\w+=", page) == []
+
+
+def test_the_statuses_and_stages_the_console_names_come_from_the_contracts_not_from_its_files(tmp_path):
+    (served,) = fetch(tmp_path, "/ui/js/vocabulary.js")
+
+    assert served.status_code == 200 and "javascript" in served.headers["content-type"]
+    assert served.headers["content-security-policy"] == console_routes.content_security_policy(settings.ApiSettings())
+    assert f"export const STAGES = {json.dumps(list(topology.STAGES))};" in served.text
+    assert 'export const ENDED = ["SUCCEEDED", "FAILED", "CANCELED"];' in served.text
+    assert not (FILES / "js" / "vocabulary.js").exists()  # written by the gateway, never kept beside the others
+    written_again = re.compile(r'\[\s*"(PENDING|lyric|dead)"')
+    assert [path.name for path in FILES.glob("js/*.js") if written_again.search(path.read_text())] == []

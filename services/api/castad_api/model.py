@@ -37,6 +37,11 @@ class PipelineStatus(enum.StrEnum):
         return self.value in api.ENDED
 
 
+# What an operator may do to a pipeline by its status (castad_api.operations; the console offers the same).
+CANCELABLE = frozenset(status for status in PipelineStatus if not status.terminal) - {PipelineStatus.CANCELING}
+RETRYABLE = frozenset({PipelineStatus.FAILED, PipelineStatus.CANCELED})
+
+
 class StageStatus(enum.StrEnum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"

@@ -89,7 +89,7 @@ def retry(
     """
     pipeline = _locked(conn, pipeline_id, tenant)
     status = model.PipelineStatus(pipeline.status)
-    if status not in (model.PipelineStatus.FAILED, model.PipelineStatus.CANCELED):
+    if status not in model.RETRYABLE:
         raise errors.Conflict(
             f"pipeline {pipeline_id} is {status.value}: only a FAILED or CANCELED pipeline can be retried",
             status.value,

@@ -1,5 +1,9 @@
 """The operator console: static files (HTML, one CSS, ES modules; no build step) served at /ui.
 
+One module is written here rather than kept as a file: js/vocabulary.js, the statuses (and which of them a cancel
+or a retry takes), stages and dead letters' states the pages name, from the contracts and the gateway's model, so
+the console never lists them again.
+
 The page itself needs no key: it asks for one and sends it with every API call it makes, so the
 files say nothing about any tenant. They are not part of the OpenAPI document. Every answer
 carries a strict Content-Security-Policy: scripts and styles from the gateway only (no inline
@@ -10,13 +14,17 @@ with its key.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import urllib.parse
 from typing import Any
 
+from castad_contracts import topology
 from fastapi import FastAPI
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
+from castad_api import dead_letters, model
 from castad_api import settings as settings_
 
 FILES = pathlib.Path(__file__).parent.parent / "console"  # castad_api/console/
@@ -52,17 +60,40 @@ def content_security_policy(config: settings_.ApiSettings) -> str:
     return "; ".join(f"{name} {value}" for name, value in directives.items())
 
 
+def vocabulary() -> str:
+    """Return js/vocabulary.js: what the console names, in the order the contracts and the model give it."""
+    names = {
+        "STATUSES": [status.value for status in model.PipelineStatus],
+        "IN_FLIGHT": [status.value for status in model.PipelineStatus if not status.terminal],
+        "ENDED": [status.value for status in model.PipelineStatus if status.terminal],
+        "AWAITING_REVIEW": model.PipelineStatus.AWAITING_REVIEW.value,  # a draft waits for a person's decision
+        "CANCELABLE": [status.value for status in model.PipelineStatus if status in model.CANCELABLE],
+        "RETRYABLE": [status.value for status in model.PipelineStatus if status in model.RETRYABLE],
+        "STAGES": list(topology.STAGES),
+        "LETTER_STATUSES": list(dead_letters.DEAD_LETTER_STATUSES),
+    }
+    lines = [f"export const {name} = {json.dumps(value)};" for name, value in names.items()]
+    return (
+        "// What the console names, written by the gateway from Castad's contracts (castad_api.routes.console).\n\n"
+        + ("\n".join(lines) + "\n")
+    )
+
+
+def _headers(policy: str) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-security-policy", policy.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cache-control", b"no-cache"),  # revalidated (ETag) at every load: a new version shows at once
+    ]
+
+
 class ConsoleFiles:
     """The console's files (index.html for the folder) with the console's security headers."""
 
     def __init__(self, policy: str) -> None:
         self.files = StaticFiles(directory=FILES, html=True)
-        self.headers = [
-            (b"content-security-policy", policy.encode()),
-            (b"x-content-type-options", b"nosniff"),
-            (b"referrer-policy", b"no-referrer"),
-            (b"cache-control", b"no-cache"),  # revalidated (ETag) at every load: a new version shows at once
-        ]
+        self.headers = _headers(policy)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         async def with_headers(message: Any) -> None:
@@ -74,5 +105,13 @@ class ConsoleFiles:
 
 
 def mount(app: FastAPI, config: settings_.ApiSettings) -> None:
-    """Serve the console at /ui/ (/ui redirects there). Mounted apps are not in the OpenAPI document."""
-    app.mount(PATH, ConsoleFiles(content_security_policy(config)), name="console")
+    """Serve the console at /ui/ (/ui redirects there). Neither it nor its vocabulary is in the OpenAPI document."""
+    policy = content_security_policy(config)
+    written = vocabulary()
+    headers = {name.decode(): value.decode() for name, value in _headers(policy)}
+
+    @app.get(f"{PATH}/js/vocabulary.js", include_in_schema=False)
+    def _vocabulary() -> Response:  # before the mount, which would answer 404 for a file it does not hold
+        return Response(written, media_type="text/javascript", headers=headers)
+
+    app.mount(PATH, ConsoleFiles(policy), name="console")

@@ -6,9 +6,9 @@ import { confirmAction } from "./dialog.js";
 import { definition as field, fill, h } from "./dom.js";
 import * as format from "./format.js";
 import { t } from "./i18n.js";
+import { LETTER_STATUSES } from "./vocabulary.js";
 
 const FILTERS = ["status", "service", "event_type", "reason", "pipeline_id"];
-const LETTER_STATUSES = ["dead", "replayed", "discarded"];
 const PAGE = 50;
 
 function letterBadge(status, testid = null) {

@@ -3,12 +3,10 @@
 import { h } from "./dom.js";
 import * as format from "./format.js";
 import { t } from "./i18n.js";
+import { ENDED } from "./vocabulary.js";
 
-export const STATUSES = ["PENDING", "RUNNING", "AWAITING_REVIEW", "CANCELING", "SUCCEEDED", "FAILED", "CANCELED"];
-export const IN_FLIGHT = ["PENDING", "RUNNING", "AWAITING_REVIEW", "CANCELING"];
-export const AWAITING_REVIEW = "AWAITING_REVIEW"; // a draft waits for a person's decision
-export const ENDED = ["SUCCEEDED", "FAILED", "CANCELED"];
-export const STAGES = ["lyric", "song", "video"];
+// The statuses and stages, as the gateway writes them from the contracts (castad_api.routes.console).
+export { AWAITING_REVIEW, ENDED, IN_FLIGHT, STAGES, STATUSES } from "./vocabulary.js";
 
 export function isEnded(status) {
   return ENDED.includes(status);

@@ -9,10 +9,9 @@ import * as format from "./format.js";
 import { t, tOr } from "./i18n.js";
 import { AWAITING_REVIEW, badge, isEnded, progressBar } from "./model.js";
 import { follow } from "./sse.js";
+import { CANCELABLE, RETRYABLE } from "./vocabulary.js";
 
 const EXTENSIONS = { "audio/wav": ".wav", "video/mp4": ".mp4", "text/plain": ".txt", "image/jpeg": ".jpg", "application/x-subrip": ".srt", "text/vtt": ".vtt" };
-const CANCELABLE = ["PENDING", "RUNNING", AWAITING_REVIEW];
-const RETRYABLE = ["FAILED", "CANCELED"];
 
 function extension(mediaType) {
   return EXTENSIONS[mediaType.split(";")[0].trim()] || "";
