@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             measured = run(cleanup)
         measured["facts"] = bench_machine.brief_facts(load)
         kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(json.loads(kept.read_text())))
+    args.output.write_text(render(pages.measured(kept)))
     print(f"written to {args.output}")
     return 0
 

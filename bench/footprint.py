@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             measured: dict[str, Any] = {"starts": starts(castad), "work": after_work(castad)}
         measured["facts"] = machine.brief_facts(load)
         kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(json.loads(kept.read_text())))
+    args.output.write_text(render(pages.measured(kept)))
     print(f"written to {args.output}")
     return 0
 

@@ -9,6 +9,7 @@ it keeps and what it derives from them. A name the template uses and the benchma
 from __future__ import annotations
 
 import functools
+import json
 import math
 import pathlib
 from collections.abc import Callable
@@ -71,6 +72,14 @@ _ENVIRONMENT = jinja2.Environment(
 for _name, _format in {"number": number, "fixed": fixed, "thousands": thousands, "percent": percent}.items():
     _ENVIRONMENT.filters[_name] = _strict(_format)
 _ENVIRONMENT.globals["ratio"] = _strict(ratio)
+
+
+def measured(kept: pathlib.Path) -> Any:
+    """Return the measurements a benchmark kept in `kept`, or stop with one line saying how to make them."""
+    try:
+        return json.loads(kept.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"{kept} holds no measurements yet: run the benchmark once without --render") from None
 
 
 def render(template: str, /, **context: Any) -> str:

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="the polls fall due over this long")
     args = parser.parse_args(argv)
     if args.render:
-        OUT.write_text(render(json.loads(DATA.read_text())))
+        OUT.write_text(render(pages.measured(DATA)))
         return 0
     load = bench_machine.load()
     cleanup = scratch.Cleanup()

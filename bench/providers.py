@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         with scratch.interrupt_on_sigterm():
             result = run(args, workdir)
         kept.write_text(json.dumps({**result, "findings": findings(result, args.pipelines)}, indent=1) + "\n")
-    measured = json.loads(kept.read_text())
+    measured = pages.measured(kept)
     args.output.write_text(render(measured))
     scratch.log.info("wrote %s", args.output)
     for finding in measured["findings"]:

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": rounds,
         }
         kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(json.loads(kept.read_text())))
+    args.output.write_text(render(pages.measured(kept)))
     print(f"written to {args.output}")
     return 0
 

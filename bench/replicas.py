@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         options = argv if argv is not None else sys.argv[1:]
         measured = {"facts": facts, "options": options, **measured, "seconds": time.monotonic() - started}
         kept.write_text(json.dumps(measured, indent=1, default=str) + "\n")
-    measured = json.loads(kept.read_text())
+    measured = pages.measured(kept)
     args.output.write_text(render(measured))
     scratch.log.info("wrote %s", args.output)
     for finding in measured["findings"]:

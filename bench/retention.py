@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         capacity_kept = json.loads((scratch.REPORTS / "capacity.json").read_text())
         measured["need"] = need(capacity_kept)
         kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(json.loads(kept.read_text())))
+    args.output.write_text(render(pages.measured(kept)))
     scratch.log.info("wrote %s", args.output)
     return 0
 

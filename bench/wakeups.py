@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             "heard": {variant: latency.summary(found) for variant, found in delays.items() if found},
         }
         kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(json.loads(kept.read_text())))
+    args.output.write_text(render(pages.measured(kept)))
     print(f"written to {args.output}")
     return 0
 

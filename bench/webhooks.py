@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             "facts": machine.facts(),
         }
         kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(json.loads(kept.read_text())))
+    args.output.write_text(render(pages.measured(kept)))
     scratch.log.info("wrote %s", args.output)
     return 0
 
