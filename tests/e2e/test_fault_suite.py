@@ -9,7 +9,7 @@ every invariant the full run checks (the handoffs of its quiet phase are measure
 from __future__ import annotations
 
 import pytest
-from castad_faults import plan, report, run
+from castad_faults import freezes, outcome, plan, report, run
 
 from tests.support.servers import require_servers
 
@@ -31,13 +31,13 @@ def test_every_accepted_pipeline_ends_in_one_known_outcome_whatever_fails(tmp_pa
         "database outage",
         "connections cut",
         "connections stalled",
-        *run.NODE_LOSS,
-        run.FAILOVER,
-        run.FROZEN_IN_TRANSACTION,
-        run.STANDBY_LOSS,
+        *outcome.NODE_LOSS,
+        outcome.FAILOVER,
+        outcome.FROZEN_IN_TRANSACTION,
+        outcome.STANDBY_LOSS,
     }
-    frozen = [fault for fault in result.faults if fault.kind == run.FROZEN_IN_TRANSACTION]
-    assert {fault.target.rsplit("-", 1)[0] for fault in frozen} == {*run.FROZEN_IN_TRANSACTION_SERVICES, "relay"}
+    frozen = [fault for fault in result.faults if fault.kind == outcome.FROZEN_IN_TRANSACTION]
+    assert {fault.target.rsplit("-", 1)[0] for fault in frozen} == {*freezes.FROZEN_IN_TRANSACTION_SERVICES, "relay"}
     # PostgreSQL ended each frozen session, letting go of its row locks, within its timeout (the takeover bound).
     assert all(fault.takeover_s is not None for fault in frozen), frozen
     killed = {fault.target.rsplit("-", 1)[0] for fault in result.faults if fault.kind == "kill -9"}

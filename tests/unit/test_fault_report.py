@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import re
 
-from castad_faults import report, run
+from castad_faults import outcome, report
 
 
-def _faults(outage_s: float = 180.0) -> list[run.Fault]:
+def _faults(outage_s: float = 180.0) -> list[outcome.Fault]:
     return [
-        run.Fault(kind="kill -9", target="lyric-1", started=1060.0, ended=1061.0, recovered_s=1.0),
-        run.Fault(kind="database outage", target="api", started=1300.0, ended=1300.0 + outage_s, recovered_s=0.2),
-        run.Fault(kind="postgresql failover", target="primary", started=2000.0, ended=2005.3, recovered_s=None),
+        outcome.Fault(kind="kill -9", target="lyric-1", started=1060.0, ended=1061.0, recovered_s=1.0),
+        outcome.Fault(kind="database outage", target="api", started=1300.0, ended=1300.0 + outage_s, recovered_s=0.2),
+        outcome.Fault(kind="postgresql failover", target="primary", started=2000.0, ended=2005.3, recovered_s=None),
     ]
 
 

@@ -17,7 +17,7 @@ import sys
 
 from castad_testkit import scratch
 
-from castad_faults import plan, report, run
+from castad_faults import outcome, plan, report, run
 
 log = logging.getLogger("castad_faults")
 
@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     for finding in result.findings:
         print(f"finding: {finding}", file=sys.stderr)
     if result.handoff_target_met is False:
-        log.warning("target missed: stage handoff p99 %.1f ms, over %g ms", result.handoff_p99_ms, run.HANDOFF_P99_MS)
+        log.warning(
+            "target missed: stage handoff p99 %.1f ms, over %g ms", result.handoff_p99_ms, outcome.HANDOFF_P99_MS
+        )
     if result.findings:
         kept = f"; databases castad_faults_{scratch.RUN_ID}_* kept" if args.keep else ""
         log.error("%d findings; logs in %s; report %s%s", len(result.findings), workdir, args.output, kept)

@@ -14,7 +14,7 @@ import platform
 from castad_contracts import codes
 from castad_testkit import charts, machine
 
-from castad_faults import injections, plan, run
+from castad_faults import injections, outcome, plan
 
 TIMELINE = "faults-timeline.svg"
 
@@ -23,13 +23,13 @@ def _seconds(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.1f} s"
 
 
-def write(result: run.Result, output: pathlib.Path) -> None:
+def write(result: outcome.Result, output: pathlib.Path) -> None:
     """Write the report and its chart of the faults beside it."""
     (output.parent / TIMELINE).write_text(timeline(result.faults, result.started))
     output.write_text(render(result))
 
 
-def timeline(faults: list[run.Fault], started: float) -> str:
+def timeline(faults: list[outcome.Fault], started: float) -> str:
     """Return the faults in the order they came as an SVG chart.
 
     When each began and ended, in minutes since the run started, with how long it lasted and how soon the part it
@@ -47,9 +47,9 @@ def timeline(faults: list[run.Fault], started: float) -> str:
     return charts.timeline("Each fault on the run's clock", spans, unit="minutes since the run started")
 
 
-def render(result: run.Result) -> str:
+def render(result: outcome.Result) -> str:
     chosen = result.plan
-    figures = run.summarize(result)
+    figures = outcome.summarize(result)
     started = dt.datetime.fromtimestamp(result.started, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Fault runs",
@@ -100,7 +100,7 @@ def render(result: run.Result) -> str:
         "|---|---|",
         f"| accepted | {total} ({len(result.accepted)} during the faults, {len(result.quiet)} in the quiet phase) |",
     ]
-    lines += [f"| {outcome} | {count} |" for outcome, count in figures["outcomes"].items()]
+    lines += [f"| {status} | {count} |" for status, count in figures["outcomes"].items()]
     refusals = ", ".join(f"{what}: {count}" for what, count in sorted(result.refusals.items())) or "none"
     lines += [
         f"| POSTs sent again (same Idempotency-Key) | {refusals} |",
@@ -128,7 +128,7 @@ def render(result: run.Result) -> str:
         f"![Each fault on the run's clock: when it began, how long it lasted, how soon work resumed]({TIMELINE})",
     ]
     lines += _node_losses(result)
-    kinds = ", ".join(f"{kind} ×{count}" for kind, count in run.kinds(result.faults).items())
+    kinds = ", ".join(f"{kind} ×{count}" for kind, count in outcome.kinds(result.faults).items())
     acted = {(a.kind, a.answer): 0 for a in result.actions}
     for action in result.actions:
         acted[(action.kind, action.answer)] += 1
@@ -184,11 +184,11 @@ def render(result: run.Result) -> str:
             f" | {summary['max']:.1f} |"
         )
     verdict = "met" if result.handoff_target_met else f"**missed** ({result.handoff_p99_ms:.1f} ms on this machine)"
-    lines += ["", f"Target: stage handoff p99 under {run.HANDOFF_P99_MS:g} ms: {verdict}.", ""]
+    lines += ["", f"Target: stage handoff p99 under {outcome.HANDOFF_P99_MS:g} ms: {verdict}.", ""]
     return "\n".join(lines)
 
 
-def _node_losses(result: run.Result) -> list[str]:
+def _node_losses(result: outcome.Result) -> list[str]:
     losses = [fault for fault in result.faults if fault.takeover_bound_s is not None]
     lines = [
         "",
