@@ -41,7 +41,7 @@ from castad_faults import checker
 from castad_local import stack as stack_
 from castad_testkit import machine, scratch
 
-from bench import castad_bench, pages, report
+from bench import castad_bench, handoff_parts, pages, report
 
 OUT = scratch.REPORTS / "replicas.md"
 REPLICATED = topology.WORKERS  # the gateway stays one process: the client talks to it alone
@@ -189,7 +189,7 @@ def run(
     with cleanup.scope():
         installation = Installation(cleanup, workdir)
         installation.start()
-        tap = castad_bench.Tap(installation.bench.topology.exchange)
+        tap = handoff_parts.Tap(installation.bench.topology.exchange)
         tap.start()
         cleanup.push("stop the tap", tap.stop)
         started = time.time()
