@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import math
 import os
@@ -42,7 +41,6 @@ from castad_testkit import machine, scratch
 
 from bench import castad_bench, commits, cpu, drain, notify, pages, providers
 
-OUT = scratch.REPORTS / "capacity.md"
 TARGET_RATE = 5_000  # pipelines a second of orchestration the model is asked about (issue 37)
 TARGET_WAITING = 1_000_000  # jobs waiting at providers at once
 CORE_SHARE = 0.7  # a replica is planned at 70 % of a core busy, leaving room for bursts
@@ -298,17 +296,15 @@ def facts() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__)
+    parser = pages.arguments("capacity", __doc__)
     parser.add_argument("--pipelines", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--waiting", type=int, default=400, help="songs left waiting at the music API")
     parser.add_argument("--window-s", type=float, default=60.0, help="how long the waiting songs' polls are counted")
-    parser.add_argument("--render", action="store_true", help="write the page again from capacity.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
     args = parser.parse_args(argv)
     if args.pipelines < 1 or args.waiting < 1 or args.window_s <= 0:
         parser.error("--pipelines and --waiting must be at least 1, --window-s positive")
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
         logging.getLogger("bench").setLevel(logging.INFO)
@@ -319,9 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             measured["orchestration"] = orchestration(args, cleanup, workdir)
             measured["ceilings"] = ceilings(cleanup, workdir)
             measured["waiting"] = waiting(args, cleanup, workdir)
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    scratch.log.info("wrote %s", args.output)
+    pages.write(args.output, render, measured)
     return 0
 
 

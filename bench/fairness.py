@@ -23,9 +23,6 @@ bench-fairness`; `python -m bench.fairness --render` writes the page again from 
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
 import statistics
 import sys
 import time
@@ -59,7 +56,6 @@ ROUNDS = 3
 VARIANTS = ("oldest", "fair")  # oldest first (before), fair turns (now)
 PROVIDER = "music"
 LEASE_S = 3600.0  # longer than any run: no lease runs out mid-song
-OUT = scratch.REPORTS / "fairness.md"
 
 
 class MusicApi:
@@ -275,20 +271,16 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__)
-    parser.add_argument("--render", action="store_true", help="write the page again from fairness.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
+    parser = pages.arguments("fairness", __doc__)
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         load = bench_machine.load()
         cleanup = scratch.Cleanup()
         with scratch.interrupt_on_sigterm():
             measured = run(cleanup)
         measured["facts"] = bench_machine.brief_facts(load)
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    print(f"written to {args.output}")
+    pages.write(args.output, render, measured)
     return 0
 
 

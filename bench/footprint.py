@@ -11,8 +11,6 @@ about 5 minutes; `--render` writes the page again from the measurements alone).
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 import statistics
 import tempfile
@@ -32,7 +30,6 @@ SETTLE_S = 10.0  # after readiness: what a service holds once started, before an
 READY_TIMEOUT_S = 120.0
 LANGUAGES = briefs.LANGUAGES
 AFTER_IDLE_S = reading.IDLE_S + 15.0
-OUT = scratch.REPORTS / "footprint.md"
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -144,22 +141,18 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.footprint", description=__doc__)
-    parser.add_argument("--render", action="store_true", help="write the page again from footprint.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
+    parser = pages.arguments("footprint", __doc__)
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         load = machine.load()
         cleanup = scratch.Cleanup()
         with scratch.interrupt_on_sigterm(), cleanup.scope(), tempfile.TemporaryDirectory(prefix="footprint-") as work:
             castad = Footprint(cleanup, pathlib.Path(work))
             castad.setup()
-            measured: dict[str, Any] = {"starts": starts(castad), "work": after_work(castad)}
+            measured = {"starts": starts(castad), "work": after_work(castad)}
         measured["facts"] = machine.brief_facts(load)
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    print(f"written to {args.output}")
+    pages.write(args.output, render, measured)
     return 0
 
 

@@ -4,10 +4,15 @@ Each page's words, headings and tables are its template's (`<page>.md.j2`); the 
 it keeps and what it derives from them. A name the template uses and the benchmark did not pass fails the page
 (`jinja2.StrictUndefined`) instead of leaving a gap. Block tags take their line with them (`trim_blocks`,
 `lstrip_blocks`), so a template's lines are the page's.
+
+Every benchmark's command starts from `arguments` (its own options added to --render and --output) and ends with
+`write`: the measurements of a run kept beside the page in <page>.json, the page written from what is kept, so
+`--render` writes the same page from an earlier run's measurements without measuring anything.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import math
@@ -16,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jinja2
+from castad_testkit import scratch
 
 TEMPLATES = pathlib.Path(__file__).with_name("templates")
 
@@ -80,6 +86,36 @@ def measured(kept: pathlib.Path) -> Any:
         return json.loads(kept.read_text())
     except FileNotFoundError:
         raise SystemExit(f"{kept} holds no measurements yet: run the benchmark once without --render") from None
+
+
+def arguments(name: str, description: str | None) -> argparse.ArgumentParser:
+    """Return benchmark `name`'s parser with --render and --output (its page); the benchmark adds its own options."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=description)
+    parser.add_argument("--render", action="store_true", help=f"write the page again from {name}.json, run nothing")
+    parser.add_argument(
+        "--output",
+        type=pathlib.Path,
+        default=scratch.REPORTS / f"{name}.md",
+        help="the page (default: %(default)s); the measurements are kept beside it, in the same name's .json",
+    )
+    return parser
+
+
+def write(page: pathlib.Path, render: Callable[[Any], str], measurements: Any = None) -> Any:
+    """Keep `measurements` (when given) beside `page`, write the page from what is kept and return what is kept.
+
+    Without measurements (--render) the page is written from those kept by an earlier run, or nothing is written
+    and the benchmark stops with one line saying how to make them (`measured`).
+    """
+    kept = page.with_suffix(".json")
+    if measurements is not None:
+        page.parent.mkdir(parents=True, exist_ok=True)
+        # a value JSON has no form for (a date, a path) is kept as its text rather than losing the run at its end
+        kept.write_text(json.dumps(measurements, indent=1, default=str) + "\n")
+    found = measured(kept)
+    page.write_text(render(found))
+    print(f"written to {page}")
+    return found
 
 
 def render(template: str, /, **context: Any) -> str:

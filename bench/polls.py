@@ -19,8 +19,6 @@ bench-polls`; `--render` writes the page again from the JSON).
 
 from __future__ import annotations
 
-import argparse
-import json
 import threading
 import time
 from typing import Any
@@ -42,8 +40,6 @@ LEAD_S = 20.0  # from the start of a run (before the jobs are written) to the fi
 ANSWER_S = 0.02  # the provider's answer time
 LIMIT_S = 120.0  # a run gives up this long after its last poll was due
 ON_TIME_S = 2.0
-OUT = scratch.REPORTS / "polls.md"
-DATA = scratch.REPORTS / "polls.json"
 NEVER = remote.PollSchedule(first_s=3600.0, max_s=3600.0, give_up_s=7200.0)  # each job is polled once here
 
 
@@ -171,23 +167,19 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--render", action="store_true", help="write the page again from polls.json, run nothing")
+    parser = pages.arguments("polls", __doc__)
     parser.add_argument("--jobs", type=int, default=JOBS)
     parser.add_argument("--before-jobs", type=int, default=BEFORE_JOBS)
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="the polls fall due over this long")
     args = parser.parse_args(argv)
-    if args.render:
-        OUT.write_text(render(pages.measured(DATA)))
-        return 0
-    load = bench_machine.load()
-    cleanup = scratch.Cleanup()
-    with scratch.interrupt_on_sigterm():
-        measured = run(cleanup, args.jobs, args.before_jobs, args.window_s)
-    measured["facts"] = bench_machine.brief_facts(load)
-    DATA.write_text(json.dumps(measured, indent=1) + "\n")
-    OUT.write_text(render(measured))
-    print(f"written to {OUT}")
+    measured: dict[str, Any] | None = None
+    if not args.render:
+        load = bench_machine.load()
+        cleanup = scratch.Cleanup()
+        with scratch.interrupt_on_sigterm():
+            measured = run(cleanup, args.jobs, args.before_jobs, args.window_s)
+        measured["facts"] = bench_machine.brief_facts(load)
+    pages.write(args.output, render, measured)
     return 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import json
 import logging
 import os
 import pathlib
@@ -231,29 +230,25 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.providers", description=__doc__)
+    parser = pages.arguments("providers", __doc__)
     parser.add_argument("--pipelines", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8, help="submissions in flight at once")
     parser.add_argument("--song-s", type=float, default=30.0)
     parser.add_argument("--render-s", type=float, default=5.0)
     parser.add_argument("--timeout-s", type=float, default=900.0)
-    parser.add_argument("--render", action="store_true", help="write the page again from providers.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "providers.md")
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
         logging.getLogger("bench").setLevel(logging.INFO)
         workdir = (scratch.REPO_ROOT / "var" / "providers" / scratch.RUN_ID).resolve()
         with scratch.interrupt_on_sigterm():
             result = run(args, workdir)
-        kept.write_text(json.dumps({**result, "findings": findings(result, args.pipelines)}, indent=1) + "\n")
-    measured = pages.measured(kept)
-    args.output.write_text(render(measured))
-    scratch.log.info("wrote %s", args.output)
-    for finding in measured["findings"]:
+        measured = {**result, "findings": findings(result, args.pipelines)}
+    kept = pages.write(args.output, render, measured)
+    for finding in kept["findings"]:
         print(f"finding: {finding}", file=sys.stderr)
-    return 1 if measured["findings"] else 0
+    return 1 if kept["findings"] else 0
 
 
 if __name__ == "__main__":

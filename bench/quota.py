@@ -18,9 +18,6 @@ bench-quota`; `--render` writes the page again from them).
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
 import statistics
 import threading
 import time
@@ -43,7 +40,6 @@ DUE = CLAIMERS * PER_CLAIMER  # jobs due at each round's start: one for every cl
 PROVIDER = "bench"
 MAX_MISSED = 10 * PER_CLAIMER  # claims of a claimer that found nothing, at most
 VARIANTS = ("one_row", "sharded")
-OUT = scratch.REPORTS / "quota.md"
 
 # The gate and its spend before issue 37, on the columns the provider's row still has for services of then.
 ONE_ROW_GATE = """
@@ -209,11 +205,9 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.quota", description=__doc__)
-    parser.add_argument("--render", action="store_true", help="write the page again from quota.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
+    parser = pages.arguments("quota", __doc__)
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         load = machine.load()
         cleanup = scratch.Cleanup()
@@ -228,9 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "cap": CAP,
             "rounds": rounds,
         }
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    print(f"written to {args.output}")
+    pages.write(args.output, render, measured)
     return 0
 
 

@@ -23,9 +23,7 @@ replicas competing, not what replicas add on more cores.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import logging
 import os
 import pathlib
@@ -43,7 +41,6 @@ from castad_testkit import machine, scratch
 
 from bench import castad_bench, handoff_parts, pages, report
 
-OUT = scratch.REPORTS / "replicas.md"
 REPLICATED = topology.WORKERS  # the gateway stays one process: the client talks to it alone
 REPLICAS = 2
 STAGES = castad_bench.STAGES
@@ -308,17 +305,15 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.replicas", description=__doc__)
+    parser = pages.arguments("replicas", __doc__)
     parser.add_argument("--pipelines", type=int, default=150, help="pipelines of each round")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight while submitting")
     parser.add_argument("--rounds", type=int, default=2, help="pairs of rounds, two replicas and one")
     parser.add_argument("--warmup", type=int, default=5, help="pipelines run one at a time before each round")
-    parser.add_argument("--render", action="store_true", help="write the page again from replicas.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
     args = parser.parse_args(argv)
     if args.pipelines < 1 or args.rounds < 1 or args.concurrency < 1:
         parser.error("--pipelines, --rounds and --concurrency must be at least 1")
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
         scratch.log.setLevel(logging.INFO)
@@ -328,18 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with scratch.interrupt_on_sigterm():
                 facts = {**machine.facts(), "load": list(machine.load())}
-                measured = run(cleanup, workdir, args.pipelines, args.concurrency, args.rounds, args.warmup)
+                result = run(cleanup, workdir, args.pipelines, args.concurrency, args.rounds, args.warmup)
         finally:
             cleanup.run()
         options = argv if argv is not None else sys.argv[1:]
-        measured = {"facts": facts, "options": options, **measured, "seconds": time.monotonic() - started}
-        kept.write_text(json.dumps(measured, indent=1, default=str) + "\n")
-    measured = pages.measured(kept)
-    args.output.write_text(render(measured))
-    scratch.log.info("wrote %s", args.output)
-    for finding in measured["findings"]:
+        measured = {"facts": facts, "options": options, **result, "seconds": time.monotonic() - started}
+    kept = pages.write(args.output, render, measured)
+    for finding in kept["findings"]:
         scratch.log.error("finding: %s", finding)
-    return 1 if measured["findings"] else 0
+    return 1 if kept["findings"] else 0
 
 
 if __name__ == "__main__":

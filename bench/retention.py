@@ -22,10 +22,8 @@ retention.json (`make bench-retention`; `python -m bench.retention --render` wri
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import pathlib
 import statistics
 import sys
 import threading
@@ -52,7 +50,6 @@ SERVICE_WRITERS = 2  # the service's own inserts beside retention
 KEYS: dict[str, Callable[[], uuid.UUID]] = {"uuid4": uuid.uuid4, "uuid7": ids.time_ordered}
 PRUNERS = ("fixed", "growing")  # batches of the settings' size (before), batches that grow while a backlog lasts (now)
 STAGES = topology.STAGES
-OUT = scratch.REPORTS / "retention.md"
 
 # A version 7 UUID made by the database, for the rows already there: the time's milliseconds in the first 48 bits
 # of a random UUID, and its version bits (0100) made 0111.
@@ -315,11 +312,9 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.retention", description=__doc__)
-    parser.add_argument("--render", action="store_true", help="write the page again from retention.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
+    parser = pages.arguments("retention", __doc__)
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         load = machine.load()
@@ -337,9 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             measured = {"facts": machine.brief_facts(load), "keys": keys(url), "retention": drains(url, cleanup)}
         capacity_kept = json.loads((scratch.REPORTS / "capacity.json").read_text())
         measured["need"] = need(capacity_kept)
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    scratch.log.info("wrote %s", args.output)
+    pages.write(args.output, render, measured)
     return 0
 
 

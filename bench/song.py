@@ -11,9 +11,7 @@ voice was built to: about a second of CPU per ten seconds sung, a tenth of that 
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import os
 import pathlib
 import platform
@@ -27,7 +25,7 @@ from castad_contracts import brief
 from castad_lyric import provider as lyric_provider
 from castad_runtime.stage import cancellation
 from castad_song import provider
-from castad_testkit import machine, scratch
+from castad_testkit import machine
 
 from bench import pages
 
@@ -36,7 +34,6 @@ DURATION_S = 30
 VOICES = ("female", "male", None)
 BUDGET_SUNG_S = 1.0  # CPU seconds per ten seconds of song
 BUDGET_INSTRUMENTAL_S = 0.33
-OUT = scratch.REPORTS / "song.md"
 
 
 def cpu_s() -> float:
@@ -70,11 +67,9 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.song", description=__doc__)
-    parser.add_argument("--render", action="store_true", help="write the page again from song.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
+    parser = pages.arguments("song", __doc__)
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         songs = []
         with tempfile.TemporaryDirectory() as folder:
@@ -95,9 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             "budgets": {"sung_s": BUDGET_SUNG_S, "instrumental_s": BUDGET_INSTRUMENTAL_S},
             "songs": songs,
         }
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    print(f"written to {args.output}")
+    pages.write(args.output, render, measured)
     return 0
 
 

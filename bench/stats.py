@@ -13,12 +13,9 @@ at the end, however the run ends.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
-import json
 import logging
-import pathlib
 import statistics
 import sys
 import time
@@ -238,14 +235,12 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.stats", description=__doc__)
+    parser = pages.arguments("stats", __doc__)
     parser.add_argument("--pipelines", type=int, default=1_000_000)
     parser.add_argument("--dead-letters", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each statement; the median is kept")
-    parser.add_argument("--render", action="store_true", help="write the page again from stats.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "stats.md")
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
         logging.getLogger("bench").setLevel(logging.INFO)
@@ -272,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "tables": tables,
             **result,
         }
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    scratch.log.info("wrote %s", args.output)
+    pages.write(args.output, render, measured)
     return 0
 
 

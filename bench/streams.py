@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import os
 import pathlib
 import socket
@@ -37,7 +36,6 @@ from castad_testkit import machine, scratch
 
 from bench import pages, webhooks
 
-OUT = scratch.REPORTS / "streams.md"
 OPENING_AT_ONCE = 100  # streams being opened at the same time
 TICKS_S = os.sysconf("SC_CLK_TCK")
 
@@ -236,21 +234,19 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__)
+    parser = pages.arguments("streams", __doc__)
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--pipelines", type=int, default=100)
     parser.add_argument("--settle-s", type=float, default=5.0, help="wait once every stream is open")
     parser.add_argument("--window-s", type=float, default=30.0, help="how long the idle streams are measured")
     parser.add_argument("--before", default=webhooks.BEFORE, help="the commit of the code before")
-    parser.add_argument("--render", action="store_true", help="write the page again from streams.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
     parser.add_argument("--serve", help=argparse.SUPPRESS)  # a gateway on this database (a child process)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
         serve(args.serve, args.port, args.streams)
         return 0
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         url = scratch.database_url(f"castad_bench_streams_{scratch.RUN_ID}")
         cleanup = scratch.Cleanup()
@@ -272,9 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             "after": after,
             "facts": machine.facts(),
         }
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    scratch.log.info("wrote %s", args.output)
+    pages.write(args.output, render, measured)
     return 0
 
 

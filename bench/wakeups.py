@@ -13,9 +13,6 @@ The target (issue 37): the waker within 10% of no wake-up at all.
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
 import time
 from typing import Any
 
@@ -31,7 +28,6 @@ ROUNDS = 3
 PROBES = 200
 PROBE_GAP_S = 0.01
 TARGET = 0.10  # the waker's commits a second at most this far below no wake-up's
-OUT = scratch.REPORTS / "wakeups.md"
 
 
 def wake_latency_ms(variant: str, cleanup: scratch.Cleanup) -> list[float]:
@@ -66,11 +62,9 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.wakeups", description=__doc__)
-    parser.add_argument("--render", action="store_true", help="write the page again from wakeups.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
+    parser = pages.arguments("wakeups", __doc__)
     args = parser.parse_args(argv)
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         load = machine.load()
         cleanup = scratch.Cleanup()
@@ -90,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "heard": {variant: latency.summary(found) for variant, found in delays.items() if found},
         }
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    print(f"written to {args.output}")
+    pages.write(args.output, render, measured)
     return 0
 
 

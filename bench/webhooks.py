@@ -36,7 +36,6 @@ from bench import pages
 
 BEFORE = "147662a1567ddbdf406ea0e0e794f366ccc7c036"  # the last commit whose gateway sent one notice at a time
 TARGET_S = 30.0  # the bound for a thousand notices to a receiver answering in 1 s
-OUT = scratch.REPORTS / "webhooks.md"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
@@ -191,20 +190,18 @@ def render(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.webhooks", description=__doc__)
+    parser = pages.arguments("webhooks", __doc__)
     parser.add_argument("--notices", type=int, default=1000)
     parser.add_argument("--before-notices", type=int, default=30, help="given to the code before (one at a time)")
     parser.add_argument("--answer-s", type=float, default=1.0, help="the receiver's time to answer")
     parser.add_argument("--max-s", type=float, default=120.0, help="the longest one measurement runs")
     parser.add_argument("--before", default=BEFORE, help="the commit of the code before")
-    parser.add_argument("--render", action="store_true", help="write the page again from webhooks.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=OUT)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # a measurement of this many, as JSON
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(measure(args.child, args.answer_s, args.max_s)))
         return 0
-    kept = args.output.with_suffix(".json")
+    measured: dict[str, Any] | None = None
     if not args.render:
         with scratch.interrupt_on_sigterm():
             with checkout(args.before) as tree:
@@ -220,9 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             "after": after,
             "facts": machine.facts(),
         }
-        kept.write_text(json.dumps(measured, indent=1) + "\n")
-    args.output.write_text(render(pages.measured(kept)))
-    scratch.log.info("wrote %s", args.output)
+    pages.write(args.output, render, measured)
     return 0
 
 

@@ -9,27 +9,23 @@ Logs of the services stay in var/upgrade/runs/<run id>/logs when the run found a
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import pathlib
 import shutil
 import sys
 
 from castad_testkit import scratch
 
+from bench import pages
 from bench.upgrade import releases, report, run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.upgrade", description=__doc__)
+    parser = pages.arguments("upgrade", __doc__)
     parser.add_argument("--from", dest="old", default=None, help="the release to upgrade from (a tag or a commit)")
     parser.add_argument("--short", action="store_true", help="the short version of `make test`")
-    parser.add_argument("--render", action="store_true", help="write the page again from upgrade.json, run nothing")
-    parser.add_argument("--output", type=pathlib.Path, default=scratch.REPORTS / "upgrade.md")
     args = parser.parse_args(argv)
     if args.render:
-        args.output.write_text(report.render(json.loads(args.output.with_suffix(".json").read_text())))
+        pages.write(args.output, report.render)
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("bench").setLevel(logging.INFO)
@@ -48,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         scratch.log.error("%d findings; logs in %s; report %s", len(result.findings), workdir, args.output)
         return 1
     shutil.rmtree(workdir, ignore_errors=True)
-    scratch.log.info("no findings; wrote %s", args.output)
+    scratch.log.info("no findings")
     return 0
 
 

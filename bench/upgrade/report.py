@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-import json
 import os
 import pathlib
 from typing import Any
@@ -59,9 +58,7 @@ def measurements(result: run.Result) -> dict[str, Any]:
 
 def write(result: run.Result, path: pathlib.Path) -> None:
     """Keep the rollout's measurements beside the page and write the page from them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps(measurements(result), indent=1) + "\n")
-    path.write_text(render(json.loads(path.with_suffix(".json").read_text())))
+    pages.write(path, render, measurements(result))
 
 
 def render(measured: dict[str, Any]) -> str:
