@@ -270,17 +270,19 @@ def render(measured: dict[str, Any]) -> str:
     )
 
 
+def measure() -> dict[str, Any]:
+    """Run the rounds of both claims and return the measurements the page is written from, with the machine's."""
+    load = bench_machine.load()
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm():
+        measured = run(cleanup)
+    return {**measured, "facts": bench_machine.brief_facts(load)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = pages.arguments("fairness", __doc__)
     args = parser.parse_args(argv)
-    measured: dict[str, Any] | None = None
-    if not args.render:
-        load = bench_machine.load()
-        cleanup = scratch.Cleanup()
-        with scratch.interrupt_on_sigterm():
-            measured = run(cleanup)
-        measured["facts"] = bench_machine.brief_facts(load)
-    pages.write(args.output, render, measured)
+    pages.write(args.output, render, None if args.render else measure())
     return 0
 
 

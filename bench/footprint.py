@@ -140,19 +140,21 @@ def render(measured: dict[str, Any]) -> str:
     )
 
 
+def measure() -> dict[str, Any]:
+    """Start every service alone and again after work; return the measurements the page is written from."""
+    load = machine.load()
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm(), cleanup.scope(), tempfile.TemporaryDirectory(prefix="footprint-") as work:
+        castad = Footprint(cleanup, pathlib.Path(work))
+        castad.setup()
+        measured = {"starts": starts(castad), "work": after_work(castad)}
+    return {**measured, "facts": machine.brief_facts(load)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = pages.arguments("footprint", __doc__)
     args = parser.parse_args(argv)
-    measured: dict[str, Any] | None = None
-    if not args.render:
-        load = machine.load()
-        cleanup = scratch.Cleanup()
-        with scratch.interrupt_on_sigterm(), cleanup.scope(), tempfile.TemporaryDirectory(prefix="footprint-") as work:
-            castad = Footprint(cleanup, pathlib.Path(work))
-            castad.setup()
-            measured = {"starts": starts(castad), "work": after_work(castad)}
-        measured["facts"] = machine.brief_facts(load)
-    pages.write(args.output, render, measured)
+    pages.write(args.output, render, None if args.render else measure())
     return 0
 
 

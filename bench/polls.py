@@ -19,6 +19,7 @@ bench-polls`; `--render` writes the page again from the JSON).
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from typing import Any
@@ -166,20 +167,22 @@ def render(measured: dict[str, Any]) -> str:
     return pages.render("polls.md.j2", measured=measured, now=runs["batched"], before=runs["claimed"])
 
 
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run both ways of polling as `args` ask; return the measurements the page is written from."""
+    load = bench_machine.load()
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm():
+        measured = run(cleanup, args.jobs, args.before_jobs, args.window_s)
+    return {**measured, "facts": bench_machine.brief_facts(load)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = pages.arguments("polls", __doc__)
     parser.add_argument("--jobs", type=int, default=JOBS)
     parser.add_argument("--before-jobs", type=int, default=BEFORE_JOBS)
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="the polls fall due over this long")
     args = parser.parse_args(argv)
-    measured: dict[str, Any] | None = None
-    if not args.render:
-        load = bench_machine.load()
-        cleanup = scratch.Cleanup()
-        with scratch.interrupt_on_sigterm():
-            measured = run(cleanup, args.jobs, args.before_jobs, args.window_s)
-        measured["facts"] = bench_machine.brief_facts(load)
-    pages.write(args.output, render, measured)
+    pages.write(args.output, render, None if args.render else measure(args))
     return 0
 
 

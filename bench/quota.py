@@ -204,25 +204,27 @@ def render(measured: dict[str, Any]) -> str:
     return pages.render("quota.md.j2", **measured, medians=medians)
 
 
+def measure() -> dict[str, Any]:
+    """Run the rounds of both quotas and return the measurements the page is written from."""
+    load = machine.load()
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm():
+        rounds = run(cleanup)
+    return {
+        "facts": machine.brief_facts(load),
+        "claimers": CLAIMERS,
+        "per_claimer": PER_CLAIMER,
+        "round_count": ROUNDS,
+        "in_flight": IN_FLIGHT,
+        "cap": CAP,
+        "rounds": rounds,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = pages.arguments("quota", __doc__)
     args = parser.parse_args(argv)
-    measured: dict[str, Any] | None = None
-    if not args.render:
-        load = machine.load()
-        cleanup = scratch.Cleanup()
-        with scratch.interrupt_on_sigterm():
-            rounds = run(cleanup)
-        measured = {
-            "facts": machine.brief_facts(load),
-            "claimers": CLAIMERS,
-            "per_claimer": PER_CLAIMER,
-            "round_count": ROUNDS,
-            "in_flight": IN_FLIGHT,
-            "cap": CAP,
-            "rounds": rounds,
-        }
-    pages.write(args.output, render, measured)
+    pages.write(args.output, render, None if args.render else measure())
     return 0
 
 

@@ -66,31 +66,33 @@ def render(measured: dict[str, Any]) -> str:
     return pages.render("song.md.j2", **{**measured, "songs": songs})
 
 
+def measure() -> dict[str, Any]:
+    """Sing ten seconds in every language and voice; return the CPU each took, as the page is written from."""
+    songs = []
+    with tempfile.TemporaryDirectory() as folder:
+        for language in brief.Language:
+            for singer in VOICES:
+                seconds = per_ten_seconds(language, singer, pathlib.Path(folder))
+                songs.append({"language": language.value, "voice": singer or "none", "cpu_s": seconds})
+                print(f"{language.value:9} {singer or 'none':7} {seconds:.2f} s of CPU per 10 s", flush=True)
+    return {
+        "facts": {
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "cores": os.cpu_count(),
+            "cpu": machine.cpu_model(),
+            "python": platform.python_version(),
+        },
+        "duration_s": DURATION_S,
+        "rounds": ROUNDS,
+        "budgets": {"sung_s": BUDGET_SUNG_S, "instrumental_s": BUDGET_INSTRUMENTAL_S},
+        "songs": songs,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = pages.arguments("song", __doc__)
     args = parser.parse_args(argv)
-    measured: dict[str, Any] | None = None
-    if not args.render:
-        songs = []
-        with tempfile.TemporaryDirectory() as folder:
-            for language in brief.Language:
-                for singer in VOICES:
-                    seconds = per_ten_seconds(language, singer, pathlib.Path(folder))
-                    songs.append({"language": language.value, "voice": singer or "none", "cpu_s": seconds})
-                    print(f"{language.value:9} {singer or 'none':7} {seconds:.2f} s of CPU per 10 s", flush=True)
-        measured = {
-            "facts": {
-                "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                "cores": os.cpu_count(),
-                "cpu": machine.cpu_model(),
-                "python": platform.python_version(),
-            },
-            "duration_s": DURATION_S,
-            "rounds": ROUNDS,
-            "budgets": {"sung_s": BUDGET_SUNG_S, "instrumental_s": BUDGET_INSTRUMENTAL_S},
-            "songs": songs,
-        }
-    pages.write(args.output, render, measured)
+    pages.write(args.output, render, None if args.render else measure())
     return 0
 
 

@@ -61,30 +61,30 @@ def render(measured: dict[str, Any]) -> str:
     return pages.render("wakeups.md.j2", **measured, met=met)
 
 
+def measure() -> dict[str, Any]:
+    """Measure each variant's commit rate and how soon its waker is heard; return what the page is written from."""
+    load = machine.load()
+    cleanup = scratch.Cleanup()
+    with scratch.interrupt_on_sigterm():
+        rates = notify.run(WRITERS, PER_WRITER, ROUNDS, cleanup)["totals"]
+        delays = {variant: wake_latency_ms(variant, cleanup) for variant in notify.VARIANTS if variant != "none"}
+    return {
+        "facts": machine.brief_facts(load),
+        "writers": WRITERS,
+        "per_writer": PER_WRITER,
+        "rounds": ROUNDS,
+        "probes": PROBES,
+        "probe_gap_s": PROBE_GAP_S,
+        "target": TARGET,
+        "rates": {variant: {"rate": got["rate"], "round_rates": got["round_rates"]} for variant, got in rates.items()},
+        "heard": {variant: latency.summary(found) for variant, found in delays.items() if found},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = pages.arguments("wakeups", __doc__)
     args = parser.parse_args(argv)
-    measured: dict[str, Any] | None = None
-    if not args.render:
-        load = machine.load()
-        cleanup = scratch.Cleanup()
-        with scratch.interrupt_on_sigterm():
-            rates = notify.run(WRITERS, PER_WRITER, ROUNDS, cleanup)["totals"]
-            delays = {variant: wake_latency_ms(variant, cleanup) for variant in notify.VARIANTS if variant != "none"}
-        measured = {
-            "facts": machine.brief_facts(load),
-            "writers": WRITERS,
-            "per_writer": PER_WRITER,
-            "rounds": ROUNDS,
-            "probes": PROBES,
-            "probe_gap_s": PROBE_GAP_S,
-            "target": TARGET,
-            "rates": {
-                variant: {"rate": got["rate"], "round_rates": got["round_rates"]} for variant, got in rates.items()
-            },
-            "heard": {variant: latency.summary(found) for variant, found in delays.items() if found},
-        }
-    pages.write(args.output, render, measured)
+    pages.write(args.output, render, None if args.render else measure())
     return 0
 
 
