@@ -31,14 +31,14 @@ from castad_api import creation, projection
 from castad_contracts import api, brief, envelope, events
 from castad_runtime import db, migrations
 from castad_runtime.stage import cancellation, handlers, machine, outcomes, repository, runner, scheduler
-from castad_testkit import briefs, scratch
+from castad_testkit import scratch
 
-from bench import cpu
+from bench import castad_bench, cpu
 
 LYRICS = events.Lyrics(
     title="Bench", language=brief.Language.ENGLISH, sections=(events.LyricSection(kind="verse", lines=("la",)),)
 )
-BRIEF = briefs.sample("Bench Cafe 0")  # the benchmark's first brief (castad_bench.CastadBench.brief_of)
+BRIEF = castad_bench.bench_brief(0)  # the benchmarks' first brief
 MEDIA = {events.Stage.LYRIC: "text/plain", events.Stage.SONG: "audio/wav", events.Stage.VIDEO: "video/mp4"}
 
 

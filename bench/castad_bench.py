@@ -48,6 +48,17 @@ class Record:
     streamed: float | None = None  # client clock when the terminal event arrived on the SSE stream
 
 
+def bench_brief(number: int) -> brief.Brief:
+    """Return the brief every benchmark sends as its `number`th: an English jazz song for a cafe in Busan, 3 s."""
+    return briefs.sample(
+        f"Bench Cafe {number}",
+        region="Busan",
+        detail_region_info="a small cafe by the sea",
+        language=brief.Language.ENGLISH,
+        genre="jazz",
+    )
+
+
 class CastadBench:
     def __init__(self, cleanup: scratch.Cleanup, workdir: pathlib.Path) -> None:
         self.cleanup = cleanup
@@ -124,7 +135,7 @@ class CastadBench:
 
     def brief_of(self, number: int) -> brief.Brief:
         """The brief of the benchmark's `number`th pipeline."""
-        return briefs.sample(f"Bench Cafe {number}")
+        return bench_brief(number)
 
     def submit(self, number: int) -> Record:
         body = self.brief_of(number).model_dump_json()

@@ -24,7 +24,7 @@ import httpx
 import psycopg
 from castad_local import stack as stack_
 from castad_runtime import migrations
-from castad_testkit import briefs, latency, scratch
+from castad_testkit import latency, scratch
 
 from bench import castad_bench, commits, cpu
 
@@ -95,7 +95,7 @@ class DbosPeer:
             client.close()
 
     def submit(self, number: int) -> castad_bench.Record:
-        body = briefs.sample(f"Bench Cafe {number}").model_dump_json()  # as castad_bench.CastadBench.brief_of
+        body = castad_bench.bench_brief(number).model_dump_json()
         key = str(uuid.uuid4())
         headers = {"Content-Type": "application/json", "Idempotency-Key": key}
         posted = time.time()

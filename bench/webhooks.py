@@ -76,9 +76,14 @@ class _Answer(http.server.BaseHTTPRequestHandler):
 def measure(notices: int, answer_s: float, max_s: float) -> dict[str, Any]:
     """Deliver `notices` due notices with the gateway's deliverer (the one on the path) to a local receiver."""
     import sqlalchemy as sa
-    from castad_api import settings, webhook_deliverer
+    from castad_api import settings
     from castad_local import stack
     from castad_runtime import migrations
+
+    try:
+        from castad_api.webhook_deliverer import Deliverer
+    except ImportError:  # the release measured "before" kept the deliverer in castad_api.webhooks
+        from castad_api.webhooks import Deliverer  # type: ignore[attr-defined,no-redef]
 
     url = scratch.database_url(f"castad_bench_webhooks_{scratch.RUN_ID}")
     receiver = Receiver(answer_s)
@@ -102,7 +107,7 @@ def measure(notices: int, answer_s: float, max_s: float) -> dict[str, Any]:
                 {"url": target, "n": notices},
             )
         config = settings.ApiSettings(database_url=url, webhook_secret=SECRET, webhook_allow_private=True)
-        deliverer = webhook_deliverer.Deliverer(sa.create_engine(url, pool_size=4), config)
+        deliverer = Deliverer(sa.create_engine(url, pool_size=4), config)
         started = time.monotonic()
         deliverer.start()
         delivered = 0
@@ -152,11 +157,12 @@ def checkout(revision: str) -> Iterator[pathlib.Path]:
 def with_code_of(tree: pathlib.Path | None) -> dict[str, str]:
     """The environment of a process that runs the gateway of `tree` (None: of this tree, as installed).
 
-    The gateway and the libraries it uses are those of `tree`.
+    Every package is that of `tree` (the gateway, the libraries, the local tooling and the services it names), so
+    none of this tree's mixes with the older code.
     """
     env = dict(os.environ)
     if tree is not None:
-        packages = [tree / "services" / "api", tree / "libs" / "runtime", tree / "libs" / "contracts"]
+        packages = sorted(path.parent for path in tree.glob("*/*/pyproject.toml"))
         env["PYTHONPATH"] = os.pathsep.join([*map(str, packages), env.get("PYTHONPATH", "")])
     return env
 
