@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
+import importlib
+import inspect
 import json
+import pkgutil
 import re
 import uuid
 
@@ -861,3 +865,16 @@ def test_an_attempts_end_telling_provider_calls_needs_version_2_and_one_telling_
     assert events.REGISTRY.oldest_carrying(f"song.{fact}", told) == (2, {**told.model_dump(mode="json")})
     with pytest.raises(pydantic.ValidationError):
         events.Share(tenant="acme", weight=events.MAX_SHARE_WEIGHT + 1)
+
+
+def test_every_body_and_enumeration_of_the_api_is_read_from_api_itself():
+    """The API's modules are how it is kept; a client reads one vocabulary, `api.X`, nested bodies included."""
+    modules = [importlib.import_module(f"{api.__name__}.{found.name}") for found in pkgutil.iter_modules(api.__path__)]
+    kept_apart = [
+        f"{module.__name__}.{name}"
+        for module in modules
+        for name, value in vars(module).items()
+        if inspect.isclass(value) and value.__module__ == module.__name__ and not name.startswith("_")
+        if issubclass(value, pydantic.BaseModel | enum.Enum) and name not in api.__all__
+    ]
+    assert kept_apart == []

@@ -46,11 +46,13 @@ from castad_contracts.api.pipelines import (
     PipelinePage,
     PipelineRequest,
     PipelineView,
+    RemakeChanges,
     RemakeLink,
     RemakeRequest,
     RetryRequest,
     StageView,
     WebhookDelivery,
+    WebhookTry,
 )
 from castad_contracts.api.reviews import DraftView, ReviewAccepted, ReviewChoice, ReviewDecision, ReviewView
 from castad_contracts.api.stats import (
@@ -66,7 +68,14 @@ from castad_contracts.api.stats import (
     ThroughputBucket,
     WaitingReview,
 )
-from castad_contracts.api.timeline import AttemptView, FirehoseEntry, OperatorAction, PipelineTimeline, TimelineEntry
+from castad_contracts.api.timeline import (
+    AttemptView,
+    ErrorInfo,
+    FirehoseEntry,
+    OperatorAction,
+    PipelineTimeline,
+    TimelineEntry,
+)
 from castad_contracts.api.usage import Budget, BudgetPeriod, Meter, Meters, Usage, UsageDay, calls_meter
 
 __all__ = [
@@ -94,6 +103,7 @@ __all__ = [
     "DraftView",
     "ENDED",
     "ErrorCount",
+    "ErrorInfo",
     "FORMAT_OF_SLUG",
     "FORMAT_SLUG_PATTERN",
     "FetchedPhotoLink",
@@ -112,6 +122,7 @@ __all__ = [
     "PipelineTimeline",
     "PipelineView",
     "Problem",
+    "RemakeChanges",
     "RemakeLink",
     "RemakeRequest",
     "Replayed",
@@ -132,5 +143,6 @@ __all__ = [
     "UsageDay",
     "WaitingReview",
     "WebhookDelivery",
+    "WebhookTry",
     "calls_meter",
 ]
