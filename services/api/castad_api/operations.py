@@ -47,7 +47,7 @@ def cancel(
     status = model.PipelineStatus(pipeline.status)
     if status in (model.PipelineStatus.CANCELING, model.PipelineStatus.CANCELED):
         return Requested(pipeline_id, status, None)
-    if status.terminal:
+    if status not in model.CANCELABLE:
         raise errors.Conflict(f"pipeline {pipeline_id} has already ended {status.value}", status.value)
     operation = pipeline.operations + 1
     repository.update_pipeline(

@@ -1,7 +1,8 @@
-"""The gateway's rows, typed and frozen, as its repository returns them.
+"""The gateway's rows, typed and frozen, as every module holding an aggregate's statements returns them.
 
 What a caller reads of a pipeline, its stages, attempts and timeline, its dead letters and images: each
-a row of its table (or of a statement's columns), its statuses as the model's enums.
+a row of its table (or of a statement's columns), its statuses as the model's enums; and the helpers that make
+them (`typed`, `columns`, `fields_of`), which those modules share.
 """
 
 from __future__ import annotations
